@@ -1,0 +1,330 @@
+// SPDX-License-Identifier: Apache-2.0
+// bie.h: the whole public C API of libbie, a C engine for low-bit (binary, 4-bit, 8-bit)
+// linear and conv2d layers, forward and backward, on CPUs and (optionally) NVIDIA GPUs.
+//
+// Conventions that hold for every function below:
+// - Every function returns enum bie_status (BIE_STATUS_OK = 0) unless it is a pure query.
+//   On failure a readable message naming the argument is left in the context
+//   (bie_context_last_error). The library never aborts, exits or prints.
+// - Tensors are non-owning views (struct bie_tensor). Logical order follows PyTorch: NCHW
+//   activations, [out, in] and [O, C, kh, kw] weights. Strides are in ELEMENTS, so a
+//   channels-last tensor is an NCHW view with stride[1] == 1.
+// - Packed dtypes are addressed by element too: a BIE_DTYPE_B1 tensor is an array of bits
+//   (element offset e lives in bit e % 8 of byte e / 8, least-significant bit first) and a
+//   BIE_DTYPE_S4 tensor an array of 4-bit two's-complement nibbles (element offset e lives in
+//   byte e / 2, in the HIGH nibble when e is even). The public interchange formats
+//   (docs/formats.md) are such views with rows padded to whole bytes.
+// - A context is not thread-safe: use one context per thread.
+// - Numerical contract (docs/semantics.md): sign(v) = +1 if v >= 0 else -1; integer
+//   accumulations are exact and identical on every backend; rounding to integers is
+//   round-half-to-even; float outputs are (float)acc * (scale_a * scale_w) rounded to the
+//   output dtype.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define BIE_API __declspec(dllexport)
+#else
+#define BIE_API __attribute__((visibility("default")))
+#endif
+
+#define BIE_VERSION_MAJOR 0
+#define BIE_VERSION_MINOR 1
+#define BIE_VERSION_PATCH 0
+#define BIE_VERSION_STRING "0.1.0"
+
+#define BIE_MAX_DIMS 8
+
+//
+// Status, dtypes, devices
+//
+
+enum bie_status {
+    BIE_STATUS_OK = 0,
+    BIE_STATUS_INVALID_ARGUMENT = 1, // NULL pointer, bad shape/stride/dtype/scale, buffer too small
+    BIE_STATUS_UNSUPPORTED = 2,      // valid request, no implementation on this build/backend
+    BIE_STATUS_OUT_OF_MEMORY = 3,
+    BIE_STATUS_DEVICE_ERROR = 4,     // a CUDA call failed (message holds the CUDA error)
+    BIE_STATUS_IO_ERROR = 5,         // a file could not be opened, read or written
+    BIE_STATUS_FORMAT_ERROR = 6,     // a file is corrupt, truncated or of the wrong kind
+    BIE_STATUS_INTERNAL = 7,         // a bug in bie: please report it
+};
+
+// Static English name of a status ("ok", "invalid argument", ...). Never NULL.
+BIE_API const char * bie_status_string(enum bie_status status);
+
+enum bie_dtype {
+    BIE_DTYPE_F32 = 0,
+    BIE_DTYPE_F16 = 1,  // IEEE binary16
+    BIE_DTYPE_BF16 = 2, // bfloat16
+    BIE_DTYPE_I8 = 3,
+    BIE_DTYPE_U8 = 4,   // raw bytes
+    BIE_DTYPE_I32 = 5,
+    BIE_DTYPE_B1 = 6,   // packed bits, 1 <-> +1, 0 <-> -1, LSB first
+    BIE_DTYPE_S4 = 7,   // packed 4-bit two's complement, even element in the high nibble
+    BIE_DTYPE_F64 = 8,
+};
+
+// Static name of a dtype ("f32", "b1", ...); "?" for an unknown value.
+BIE_API const char * bie_dtype_name(enum bie_dtype dtype);
+
+enum bie_device_type {
+    BIE_DEVICE_CPU = 0,
+    BIE_DEVICE_CUDA = 1,
+};
+
+// A non-owning tensor view. shape[i] > 0 for i < ndim (ndim may be 0: a scalar).
+// stride[i] is in elements (bits for B1, nibbles for S4) and may be any non-negative value;
+// a stride of 0 (broadcast) is accepted for inputs only.
+struct bie_tensor {
+    void * data;
+    enum bie_dtype dtype;
+    int32_t ndim;
+    int64_t shape[BIE_MAX_DIMS];
+    int64_t stride[BIE_MAX_DIMS];
+    enum bie_device_type device_type;
+    int32_t device_index; // CUDA device ordinal; 0 for the CPU
+};
+
+// Fills *t as a dense row-major CPU view of `data`. For B1 and S4 the innermost dimension is
+// padded to whole bytes: stride[ndim-2] = 8*ceil(shape[ndim-1]/8) bits (B1) or
+// 2*ceil(shape[ndim-1]/2) nibbles (S4). This is the public packed interchange format.
+// Returns INVALID_ARGUMENT for ndim outside [0, BIE_MAX_DIMS], a shape <= 0 or an overflow.
+BIE_API enum bie_status bie_tensor_make(struct bie_tensor * t, void * data, enum bie_dtype dtype,
+                                        int32_t ndim, const int64_t * shape);
+
+// Reorders the dimensions of a view in place: new dim i is old dim perm[i].
+// Example: bie_tensor_make(shape = {N, H, W, C}) then perm {0, 3, 1, 2} gives the NCHW view of
+// channels-last memory.
+BIE_API enum bie_status bie_tensor_permute(struct bie_tensor * t, const int32_t * perm);
+
+// Bytes spanned by the view (from data to one past its last element, rounded up to a byte).
+BIE_API enum bie_status bie_tensor_nbytes(const struct bie_tensor * t, size_t * out_bytes);
+
+// Number of elements (product of the shape; 1 for a scalar).
+BIE_API int64_t bie_tensor_numel(const struct bie_tensor * t);
+
+//
+// Context
+//
+
+enum bie_backend {
+    BIE_BACKEND_AUTO = 0, // CUDA tensors -> CUDA backend; CPU tensors -> optimised CPU backend
+    BIE_BACKEND_REF = 1,  // plain-C reference for CPU tensors (the specification; slow)
+    BIE_BACKEND_CPU = 2,  // optimised CPU backend (falls back to the reference where it has no kernel)
+    BIE_BACKEND_CUDA = 3,
+};
+
+// Caps the CPU instruction set used by the optimised CPU backend. The environment variable
+// BIE_CPU_ISA=scalar|avx2|avx512|avx512vpopcnt caps it too (the lower of the two wins).
+enum bie_cpu_isa {
+    BIE_CPU_ISA_SCALAR = 0,
+    BIE_CPU_ISA_AVX2 = 1,
+    BIE_CPU_ISA_AVX512 = 2,          // AVX-512 F/BW/VL
+    BIE_CPU_ISA_AVX512_VPOPCNT = 3,  // plus VPOPCNTDQ and BITALG
+    BIE_CPU_ISA_BEST = 100,
+};
+
+struct bie_context_params {
+    enum bie_backend backend; // BIE_BACKEND_AUTO by default
+    int32_t num_threads;      // CPU threads; <= 0: OpenMP's default
+    enum bie_cpu_isa max_isa; // BIE_CPU_ISA_BEST by default
+};
+
+typedef struct bie_context bie_context_t;
+
+// Defaults: AUTO backend, OpenMP's thread count, best ISA.
+BIE_API void bie_context_params_default(struct bie_context_params * params);
+
+// Creates a context. params may be NULL (defaults). On failure *out_ctx is NULL.
+BIE_API enum bie_status bie_context_create(const struct bie_context_params * params,
+                                           bie_context_t ** out_ctx);
+
+// Frees the context and its workspaces. NULL is accepted.
+BIE_API void bie_context_destroy(bie_context_t * ctx);
+
+// The message of the last failed call on this context ("" after a success). Valid until the next
+// call on the context. Never NULL; accepts NULL (returns a static message).
+BIE_API const char * bie_context_last_error(const bie_context_t * ctx);
+
+BIE_API enum bie_status bie_context_set_backend(bie_context_t * ctx, enum bie_backend backend);
+BIE_API enum bie_status bie_context_set_num_threads(bie_context_t * ctx, int32_t num_threads);
+
+// The ISA the CPU backend of this context uses after capping, and its name.
+BIE_API enum bie_cpu_isa bie_context_cpu_isa(const bie_context_t * ctx);
+BIE_API const char * bie_cpu_isa_name(enum bie_cpu_isa isa);
+
+// Reserves workspace so later calls with shapes up to this size do not allocate.
+BIE_API enum bie_status bie_context_reserve(bie_context_t * ctx, enum bie_device_type device,
+                                            size_t bytes);
+
+//
+// Version and capabilities
+//
+
+// Library version; any pointer may be NULL.
+BIE_API void bie_version(int * major, int * minor, int * patch);
+BIE_API const char * bie_version_string(void);
+
+// 1 if this build has the backend and (for CUDA) a usable GPU is present, else 0.
+BIE_API int bie_backend_available(enum bie_backend backend);
+
+// The best CPU ISA that this machine and build support (before any cap).
+BIE_API enum bie_cpu_isa bie_cpu_isa_detected(void);
+
+//
+// Layers
+//
+// Shared notation (docs/semantics.md has the full equations):
+//   x' = x + bias_a (bias_a broadcast along the feature / channel axis; computed in f32)
+//   binary:  a = sign(x'),                     w = sign(W)
+//   n-bit :  a = clamp(rne(x'/scale_a), lo, hi), w = clamp(rne(W/scale_w), lo, hi)
+//            (4-bit: [-8, 7]; 8-bit: [-128, 127])
+//   acc = integer dot product / cross-correlation of a and w (exact, int32)
+//   y   = (float)acc * (scale_a * scale_w), rounded to y's dtype
+//
+
+enum bie_quant {
+    BIE_QUANT_BINARY = 1,
+    BIE_QUANT_INT4 = 4,
+    BIE_QUANT_INT8 = 8,
+};
+
+// Value used for the spatial padding of a binary conv (n-bit convs always pad with 0).
+enum bie_pad_value {
+    BIE_PAD_ZERO = 0,      // padded taps contribute 0: the float conv of the +-1 tensors
+    BIE_PAD_MINUS_ONE = 1, // padded taps are -1 (Bitorch Engine's CPU conv)
+    BIE_PAD_PLUS_ONE = 2,  // padded taps are +1
+};
+
+struct bie_linear_desc {
+    enum bie_quant quant;
+    int64_t in_features;  // K
+    int64_t out_features; // N
+};
+
+struct bie_conv2d_desc {
+    enum bie_quant quant;
+    int64_t in_channels;  // C
+    int64_t out_channels; // O
+    int32_t kernel[2];    // kh, kw
+    int32_t stride[2];    // >= 1
+    int32_t padding[2];   // >= 0
+    int32_t dilation[2];  // >= 1
+    int32_t groups;       // must be 1
+    enum bie_pad_value pad_value;
+};
+
+// Forward arguments. Linear: x is [..., K] (any rank >= 1, flattened to [M, K]); y is
+// [..., N] with the same leading shape. Conv: x is [N, C, H, W], y is [N, O, Ho, Wo] with
+// Ho = (H + 2*ph - dh*(kh-1) - 1)/sh + 1 (likewise Wo).
+//   x      : f32, f16 or bf16; or B1 for binary layers (already binarized; bias_a must be NULL)
+//   bias_a : [K] or [C] float, or NULL
+//   weight : [N, K] or [O, C, kh, kw]: f32/f16/bf16 (quantized on the fly), I8 (binary: int8
+//            latent weight, its sign is used; n-bit: the integer codes, clamped), or packed
+//            (B1 for binary, S4 for 4-bit)
+//   scale_a, scale_w: scalars (numel 1) of f32/f16/bf16, finite and > 0
+//   y      : f32/f16/bf16 (scaled), I32 (raw acc, unscaled) or, for binary layers, B1
+//            (sign(acc) packed: the input of the next binary layer without a float round trip)
+struct bie_forward_args {
+    const struct bie_tensor * x;
+    const struct bie_tensor * bias_a;
+    const struct bie_tensor * weight;
+    const struct bie_tensor * scale_a;
+    const struct bie_tensor * scale_w;
+    struct bie_tensor * y;
+};
+
+// Backward arguments: the same x, bias_a, weight and scales as the forward (x must be float),
+// grad_y shaped like y (float), and the gradients to write (each may be NULL; each is
+// overwritten, not accumulated):
+//   grad_x       like x (float)
+//   grad_weight  [N, K] / [O, C, kh, kw] float
+//   grad_scale_a scalar float
+//   grad_bias_a  [K] / [C] float (the sum of grad_x over all other axes)
+struct bie_backward_args {
+    const struct bie_tensor * x;
+    const struct bie_tensor * bias_a;
+    const struct bie_tensor * weight;
+    const struct bie_tensor * scale_a;
+    const struct bie_tensor * scale_w;
+    const struct bie_tensor * grad_y;
+    struct bie_tensor * grad_x;
+    struct bie_tensor * grad_weight;
+    struct bie_tensor * grad_scale_a;
+    struct bie_tensor * grad_bias_a;
+};
+
+// Binary, 4-bit or 8-bit linear layer, forward: y = scale_a*scale_w * (a . w^T).
+BIE_API enum bie_status bie_linear_forward(bie_context_t * ctx, const struct bie_linear_desc * desc,
+                                           const struct bie_forward_args * args);
+
+// Backward of bie_linear_forward (straight-through estimator; docs/semantics.md):
+//   binary: grad_x = (g @ (w*scale_w)) * 1{|x'/scale_a| <= 1}
+//           grad_W = g^T @ (a*scale_a)
+//           grad_scale_a = sum(grad_x * a) / sqrt(numel(x))
+//   n-bit : r = x'/scale_a, mid = 1{lo <= r <= hi}, gx = g @ (w*scale_w)
+//           grad_x = gx * mid,  grad_W = g^T @ (a*scale_a)
+//           grad_scale_a = sum(gx * (lo*1{r<lo} + hi*1{r>hi} + mid*(rne(r)-r))) / sqrt(numel(x)*hi)
+BIE_API enum bie_status bie_linear_backward(bie_context_t * ctx, const struct bie_linear_desc * desc,
+                                            const struct bie_backward_args * args);
+
+// Binary, 4-bit or 8-bit conv2d (cross-correlation, as PyTorch), forward.
+BIE_API enum bie_status bie_conv2d_forward(bie_context_t * ctx, const struct bie_conv2d_desc * desc,
+                                           const struct bie_forward_args * args);
+
+// Backward of bie_conv2d_forward: the exact gradients of the forward under the same
+// surrogate as the linear layer (padded taps contribute to grad_weight with their pad value).
+BIE_API enum bie_status bie_conv2d_backward(bie_context_t * ctx, const struct bie_conv2d_desc * desc,
+                                            const struct bie_backward_args * args);
+
+// Output spatial size of a conv; INVALID_ARGUMENT if it would be < 1.
+BIE_API enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * desc, int64_t h,
+                                               int64_t w, int64_t * out_h, int64_t * out_w);
+
+//
+// Packing and quantization utilities (any device the context's build supports)
+//
+
+// Converts src to the packed/quantized dtype of dst (shapes must be equal):
+//   dst B1: bit = (src >= 0); src float or I8; scale must be NULL
+//   dst S4: q = clamp(rne(src/scale), -8, 7); src float (scale NULL means 1) or I8 (clamped,
+//           scale must be NULL)
+//   dst I8: q = clamp(rne(src/scale), -128, 127); src float (scale NULL means 1)
+BIE_API enum bie_status bie_pack(bie_context_t * ctx, const struct bie_tensor * src,
+                                 const struct bie_tensor * scale, struct bie_tensor * dst);
+
+// The inverse: dst (f32/f16/bf16/I8, same shape) = value * scale, where value is +-1 (B1) or
+// the integer code (S4, I8); scale NULL means 1; an I8 dst needs scale NULL.
+BIE_API enum bie_status bie_unpack(bie_context_t * ctx, const struct bie_tensor * src,
+                                   const struct bie_tensor * scale, struct bie_tensor * dst);
+
+//
+// Layer protocol helpers (Bitorch Engine's prepare_params / lazy scale initialisation)
+//
+
+// Initial activation scale from the first input x (before bias_a), written to the scalar
+// out_scale: binary 2*mean|x| (4*mean|x| when symmetric == 0); 4/8-bit 2*mean|x|/11.269.
+BIE_API enum bie_status bie_activation_scale_init(bie_context_t * ctx, enum bie_quant quant,
+                                                  int symmetric, const struct bie_tensor * x,
+                                                  struct bie_tensor * out_scale);
+
+// Weight scale: binary mean|W|; 4-bit max(2*mean|W|/5.6345, 1e-5); 8-bit 2*mean|W|/11.269.
+BIE_API enum bie_status bie_weight_scale_init(bie_context_t * ctx, enum bie_quant quant,
+                                              const struct bie_tensor * w,
+                                              struct bie_tensor * out_scale);
+
+// int8 latent binary weight (prepare_params): c = W - mean(W); q = rne(c * 127 / max|c|)
+// (symmetric, max-abs); q == 0 becomes sign(c) (+1 for c >= 0). All-zero c gives all +1.
+BIE_API enum bie_status bie_weight_to_latent_int8(bie_context_t * ctx, const struct bie_tensor * w,
+                                                  struct bie_tensor * out_i8);
+
+#ifdef __cplusplus
+}
+#endif

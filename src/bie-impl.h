@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0
+// bie-impl.h: internal types shared by the core, the op layer and the backends.
+//
+// Flow of a layer call: src/ops validates the public arguments once (shapes, dtypes, strides,
+// devices, scales) and normalises them into a struct bie_layer_call, in which a linear layer
+// is a 1x1 convolution over 1x1 images (x [M, K] becomes the 4-D view [M, K, 1, 1]). It then
+// hands the call to a backend (struct bie_backend_ops). Backends never re-validate; they may return
+// BIE_DECLINED to hand the call to the next backend (CPU -> reference).
+#pragma once
+
+#include "bie.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+
+// Internal status: "this backend has no kernel for this case, try the next one". Never public.
+#define BIE_DECLINED ((enum bie_status)(-1))
+
+#define BIE_ERROR_CAP 512
+
+struct bie_cuda_state; // owned by src/cuda
+
+struct bie_context {
+    struct bie_context_params params;
+    enum bie_cpu_isa isa; // after capping by params and BIE_CPU_ISA
+    char error[BIE_ERROR_CAP];
+    void * host_ws; // host workspace, grown on demand, 64-byte aligned
+    size_t host_ws_size;
+    struct bie_cuda_state * cuda; // NULL until the first CUDA call
+};
+
+// Sets the context's message (printf-style) and returns status. ctx may be NULL.
+enum bie_status bie_set_error(bie_context_t * ctx, enum bie_status status, const char * fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void bie_clear_error(bie_context_t * ctx);
+
+// Host workspace of at least `bytes` bytes (64-byte aligned), owned by the context and valid until
+// the next call that asks for workspace. Grows (reallocates) when too small.
+enum bie_status bie_host_workspace(bie_context_t * ctx, size_t bytes, void ** out);
+
+// --- dtypes -------------------------------------------------------------------------------------
+
+bool bie_dtype_valid(enum bie_dtype dtype);
+bool bie_dtype_is_float(enum bie_dtype dtype); // f32, f16, bf16 (f64 is accepted by tests only)
+// Bits per element (1, 4, 8, 16, 32, 64).
+int bie_dtype_bits(enum bie_dtype dtype);
+
+float bie_f16_to_f32(uint16_t h);
+uint16_t bie_f32_to_f16(float f); // round to nearest even
+float bie_bf16_to_f32(uint16_t h);
+uint16_t bie_f32_to_bf16(float f); // round to nearest even, NaN kept quiet
+
+// Round half to even on floats (same result as rintf under the default rounding mode, and as
+// CUDA's __float2int_rn / torch.round).
+static inline float bie_rne(float v) { return __builtin_rintf(v); }
+
+// --- element access on any view (slow; for the reference and validation) -----------------------
+
+// Offset in elements of a multi-index.
+static inline int64_t bie_offset(const struct bie_tensor * t, const int64_t * idx) {
+    int64_t off = 0;
+    for (int32_t i = 0; i < t->ndim; i++) off += idx[i] * t->stride[i];
+    return off;
+}
+// Reads element `off` of a float, I8, U8, I32 tensor as double; of a B1 tensor as +1/-1; of an S4
+// tensor as its integer code.
+double bie_load(const struct bie_tensor * t, int64_t off);
+// Writes `v` to element `off`, rounding to the dtype (floats: RNE; integers: v must be integral
+// and in range; B1: bit = v >= 0; S4: the low 4 bits of the integer v).
+void bie_store(const struct bie_tensor * t, int64_t off, double v);
+// Reads a host scalar tensor (numel 1) as float.
+float bie_load_scalar(const struct bie_tensor * t);
+
+// --- validation helpers -------------------------------------------------------------------------
+
+// Checks that t is a well-formed view: data non-NULL, valid dtype, ndim, shapes > 0, strides >= 0
+// (0 only if allow_broadcast), no int64 overflow. `name` is used in the message.
+enum bie_status bie_check_tensor(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
+                                 bool allow_broadcast);
+
+// --- normalised layer call ----------------------------------------------------------------------
+
+// Geometry of a layer call; a linear layer is a conv with H = W = kh = kw = 1.
+struct bie_geometry {
+    int64_t batch;        // N (conv) or M (linear, all leading dims flattened)
+    int64_t C, H, W;      // input channels / features and spatial size
+    int64_t O, OH, OW;    // output channels / features and spatial size
+    int64_t kh, kw, sh, sw, ph, pw, dh, dw;
+    int64_t K;            // C * kh * kw: the reduction length
+    enum bie_pad_value pad_value;
+};
+
+struct bie_layer_call {
+    enum bie_quant quant;
+    bool is_conv;
+    struct bie_geometry g;
+    // 4-D views: x [batch, C, H, W]; weight [O, C, kh, kw]; y / grad_y [batch, O, OH, OW].
+    // bias_a / grad_bias_a are 1-D [C]. Absent tensors have data == NULL.
+    struct bie_tensor x, bias_a, weight, y;
+    struct bie_tensor grad_y, grad_x, grad_weight, grad_bias_a, grad_scale_a;
+    // Scales: the user's scalar tensors, and their values when they live on the host.
+    struct bie_tensor scale_a_t, scale_w_t;
+    bool scales_on_host;
+    float scale_a, scale_w;
+    enum bie_device_type device_type;
+    int32_t device_index;
+};
+
+// Quantization range of an n-bit layer: lo, hi (hi is also the LSQ factor's Qp).
+static inline int bie_quant_lo(enum bie_quant q) { return q == BIE_QUANT_INT4 ? -8 : -128; }
+static inline int bie_quant_hi(enum bie_quant q) { return q == BIE_QUANT_INT4 ? 7 : 127; }
+
+// A backend. Every slot may be NULL (= declined). Slots receive validated arguments.
+struct bie_backend_ops {
+    const char * name;
+    enum bie_status (*layer_forward)(bie_context_t * ctx, const struct bie_layer_call * call);
+    enum bie_status (*layer_backward)(bie_context_t * ctx, const struct bie_layer_call * call);
+    // dst = pack(src / scale) per bie_pack (scale 1 when the user gave none).
+    enum bie_status (*pack)(bie_context_t * ctx, const struct bie_tensor * src, float scale,
+                            const struct bie_tensor * dst);
+    enum bie_status (*unpack)(bie_context_t * ctx, const struct bie_tensor * src, float scale,
+                              const struct bie_tensor * dst);
+    // Sums over all elements: *sum_abs = sum|x|, *sum = sum x (in double).
+    enum bie_status (*reduce)(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
+                              double * sum);
+};
+
+extern const struct bie_backend_ops bie_ref_backend;
+extern const struct bie_backend_ops bie_cpu_backend;
+#ifdef BIE_HAVE_CUDA
+extern const struct bie_backend_ops bie_cuda_backend;
+#endif
+
+// CPU ISA detection (src/core/cpu-isa.c).
+enum bie_cpu_isa bie_cpu_isa_cap_from_env(enum bie_cpu_isa isa);
+
+// Advances a multi-index over t's shape (row-major order); false once it wraps to all zeros.
+// Start with idx all zeros; a 0-dim tensor yields exactly one index.
+static inline bool bie_next_index(const struct bie_tensor * t, int64_t * idx) {
+    for (int32_t i = t->ndim - 1; i >= 0; i--) {
+        if (++idx[i] < t->shape[i]) return true;
+        idx[i] = 0;
+    }
+    return false;
+}

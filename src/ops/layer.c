@@ -1,0 +1,371 @@
+// SPDX-License-Identifier: Apache-2.0
+// layer.c: the public linear and conv2d entry points. Validates every argument once, normalises
+// the call (a linear layer becomes a 1x1 conv over 1x1 images) and dispatches it to a backend.
+#include "bie-impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        enum bie_status s_ = (expr);                                                               \
+        if (s_ != BIE_STATUS_OK) return s_;                                                        \
+    } while (0)
+
+static const char * quant_name(enum bie_quant q) {
+    return q == BIE_QUANT_BINARY ? "binary" : q == BIE_QUANT_INT4 ? "4-bit" : "8-bit";
+}
+
+static bool quant_valid(enum bie_quant q) {
+    return q == BIE_QUANT_BINARY || q == BIE_QUANT_INT4 || q == BIE_QUANT_INT8;
+}
+
+// A 4-D view of `in`'s data with the given shape and strides.
+static void view4(struct bie_tensor * out, const struct bie_tensor * in, const int64_t shape[4],
+                  const int64_t stride[4]) {
+    *out = *in;
+    out->ndim = 4;
+    for (int i = 0; i < 4; i++) {
+        out->shape[i] = shape[i];
+        out->stride[i] = stride[i];
+    }
+    for (int i = 4; i < BIE_MAX_DIMS; i++) out->shape[i] = out->stride[i] = 0;
+}
+
+static enum bie_status check_device(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
+                                    const struct bie_tensor * t) {
+    if (t->device_type != c->device_type || t->device_index != c->device_index)
+        FAIL("%s: is on %s:%d but x is on %s:%d", name, t->device_type == BIE_DEVICE_CUDA ? "cuda" : "cpu",
+             (int)t->device_index, c->device_type == BIE_DEVICE_CUDA ? "cuda" : "cpu",
+             (int)c->device_index);
+    return BIE_STATUS_OK;
+}
+
+static enum bie_status check_float(bie_context_t * ctx, const char * name, const struct bie_tensor * t) {
+    if (!bie_dtype_is_float(t->dtype))
+        FAIL("%s: dtype %s is not supported (use f32, f16 or bf16)", name, bie_dtype_name(t->dtype));
+    return BIE_STATUS_OK;
+}
+
+static enum bie_status check_scale(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
+                                   const struct bie_tensor * t, struct bie_tensor * dst, float * value) {
+    TRY(bie_check_tensor(ctx, name, t, true));
+    if (bie_tensor_numel(t) != 1) FAIL("%s: must hold exactly one element, has %lld", name,
+                                       (long long)bie_tensor_numel(t));
+    TRY(check_float(ctx, name, t));
+    *dst = *t;
+    if (t->device_type == BIE_DEVICE_CPU) {
+        *value = bie_load_scalar(t);
+        if (!isfinite(*value) || !(*value > 0.0f))
+            FAIL("%s: = %g must be finite and > 0", name, (double)*value);
+    } else {
+        TRY(check_device(ctx, c, name, t));
+        c->scales_on_host = false;
+    }
+    return BIE_STATUS_OK;
+}
+
+// Shape check: t must have exactly `ndim` dims equal to `shape`.
+static enum bie_status check_shape(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
+                                   int32_t ndim, const int64_t * shape) {
+    bool ok = t->ndim == ndim;
+    for (int32_t i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char want[160] = "", have[160] = "";
+        for (int32_t i = 0; i < ndim; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "",
+                     (long long)shape[i]);
+        for (int32_t i = 0; i < t->ndim; i++)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", i ? ", " : "",
+                     (long long)t->shape[i]);
+        FAIL("%s: shape [%s] does not match the expected [%s]", name, have, want);
+    }
+    return BIE_STATUS_OK;
+}
+
+// Collapses the leading dims of a linear-layer tensor [..., F] into [M, F]: returns the row
+// stride, or -1 when the leading dims are not evenly strided (not flattenable without a copy).
+static int64_t row_stride(const struct bie_tensor * t) {
+    int64_t stride = -1, extent = 1; // stride of the innermost non-trivial leading dim
+    for (int32_t i = t->ndim - 2; i >= 0; i--) {
+        if (t->shape[i] == 1) continue;
+        if (stride < 0) stride = t->stride[i];
+        else if (t->stride[i] != stride * extent) return -1;
+        extent *= t->shape[i];
+    }
+    return stride < 0 ? 0 : stride;
+}
+
+static enum bie_status linear_view(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
+                                   const struct bie_tensor * like_x, int64_t features,
+                                   struct bie_tensor * out) {
+    if (t->ndim < 1) FAIL("%s: must have at least one dimension", name);
+    if (t->shape[t->ndim - 1] != features)
+        FAIL("%s: last dimension is %lld, expected %lld", name, (long long)t->shape[t->ndim - 1],
+             (long long)features);
+    if (like_x) { // same leading shape as x
+        bool ok = like_x->ndim == t->ndim;
+        for (int32_t i = 0; ok && i < t->ndim - 1; i++) ok = like_x->shape[i] == t->shape[i];
+        if (!ok) FAIL("%s: leading dimensions must equal those of x", name);
+    }
+    const int64_t rs = row_stride(t);
+    if (rs < 0) FAIL("%s: leading dimensions cannot be flattened without a copy (make them contiguous)", name);
+    const int64_t m = bie_tensor_numel(t) / features;
+    const int64_t shape[4] = {m, features, 1, 1}, stride[4] = {rs, t->stride[t->ndim - 1], 0, 0};
+    view4(out, t, shape, stride);
+    return BIE_STATUS_OK;
+}
+
+static enum bie_status check_weight_dtype(bie_context_t * ctx, enum bie_quant q, const struct bie_tensor * w) {
+    const enum bie_dtype d = w->dtype;
+    if (bie_dtype_is_float(d) || d == BIE_DTYPE_I8) return BIE_STATUS_OK;
+    if (d == BIE_DTYPE_B1 && q == BIE_QUANT_BINARY) return BIE_STATUS_OK;
+    if (d == BIE_DTYPE_S4 && q == BIE_QUANT_INT4) return BIE_STATUS_OK;
+    FAIL("weight: dtype %s is not supported by a %s layer", bie_dtype_name(d), quant_name(q));
+}
+
+// Common part of forward and backward for both layer kinds. `lin` or `conv` is non-NULL.
+static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                               const struct bie_conv2d_desc * conv, const struct bie_tensor * x,
+                               const struct bie_tensor * bias_a, const struct bie_tensor * weight,
+                               const struct bie_tensor * scale_a, const struct bie_tensor * scale_w,
+                               struct bie_layer_call * c) {
+    memset(c, 0, sizeof *c);
+    c->quant = lin ? lin->quant : conv->quant;
+    c->is_conv = conv != NULL;
+    if (!quant_valid(c->quant)) FAIL("desc: quant = %d must be 1, 4 or 8", (int)c->quant);
+    TRY(bie_check_tensor(ctx, "x", x, true));
+    TRY(bie_check_tensor(ctx, "weight", weight, true));
+    c->device_type = x->device_type;
+    c->device_index = x->device_index;
+    c->scales_on_host = true;
+    TRY(check_device(ctx, c, "weight", weight));
+    if (x->dtype == BIE_DTYPE_B1) {
+        if (c->quant != BIE_QUANT_BINARY) FAIL("x: a b1 input needs a binary layer");
+        if (bias_a) FAIL("bias_a: must be NULL when x is already binarized (b1)");
+    } else {
+        TRY(check_float(ctx, "x", x));
+    }
+    TRY(check_weight_dtype(ctx, c->quant, weight));
+    struct bie_geometry * g = &c->g;
+    if (lin) {
+        if (lin->in_features <= 0 || lin->out_features <= 0)
+            FAIL("desc: in_features = %lld and out_features = %lld must be positive",
+                 (long long)lin->in_features, (long long)lin->out_features);
+        TRY(linear_view(ctx, "x", x, NULL, lin->in_features, &c->x));
+        const int64_t wshape[2] = {lin->out_features, lin->in_features};
+        TRY(check_shape(ctx, "weight", weight, 2, wshape));
+        const int64_t s[4] = {lin->out_features, lin->in_features, 1, 1};
+        const int64_t st[4] = {weight->stride[0], weight->stride[1], 0, 0};
+        view4(&c->weight, weight, s, st);
+        g->batch = c->x.shape[0];
+        g->C = lin->in_features;
+        g->O = lin->out_features;
+        g->H = g->W = g->OH = g->OW = g->kh = g->kw = g->sh = g->sw = g->dh = g->dw = 1;
+        g->ph = g->pw = 0;
+        g->pad_value = BIE_PAD_ZERO;
+    } else {
+        if (conv->in_channels <= 0 || conv->out_channels <= 0)
+            FAIL("desc: in_channels = %lld and out_channels = %lld must be positive",
+                 (long long)conv->in_channels, (long long)conv->out_channels);
+        if (conv->groups != 1)
+            return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "desc: groups = %d (only 1 is supported)",
+                                 (int)conv->groups);
+        if ((unsigned)conv->pad_value > (unsigned)BIE_PAD_PLUS_ONE)
+            FAIL("desc: pad_value = %d is not a bie_pad_value", (int)conv->pad_value);
+        if (conv->pad_value != BIE_PAD_ZERO && c->quant != BIE_QUANT_BINARY)
+            FAIL("desc: pad_value must be BIE_PAD_ZERO for a %s conv", quant_name(c->quant));
+        if (x->ndim != 4) FAIL("x: a conv2d input must be 4-D [N, C, H, W], has %d dims", (int)x->ndim);
+        if (x->shape[1] != conv->in_channels)
+            FAIL("x: has %lld channels, desc.in_channels is %lld", (long long)x->shape[1],
+                 (long long)conv->in_channels);
+        int64_t oh, ow;
+        TRY(bie_conv2d_output_size(conv, x->shape[2], x->shape[3], &oh, &ow) == BIE_STATUS_OK
+                ? BIE_STATUS_OK
+                : bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
+                                "desc: kernel/stride/padding/dilation are invalid for a %lldx%lld input",
+                                (long long)x->shape[2], (long long)x->shape[3]));
+        const int64_t wshape[4] = {conv->out_channels, conv->in_channels, conv->kernel[0], conv->kernel[1]};
+        TRY(check_shape(ctx, "weight", weight, 4, wshape));
+        c->x = *x;
+        c->weight = *weight;
+        g->batch = x->shape[0];
+        g->C = conv->in_channels;
+        g->H = x->shape[2];
+        g->W = x->shape[3];
+        g->O = conv->out_channels;
+        g->OH = oh;
+        g->OW = ow;
+        g->kh = conv->kernel[0];
+        g->kw = conv->kernel[1];
+        g->sh = conv->stride[0];
+        g->sw = conv->stride[1];
+        g->ph = conv->padding[0];
+        g->pw = conv->padding[1];
+        g->dh = conv->dilation[0];
+        g->dw = conv->dilation[1];
+        g->pad_value = conv->pad_value;
+    }
+    if (__builtin_mul_overflow(g->C, g->kh * g->kw, &g->K) || g->K > INT32_MAX / 4)
+        FAIL("desc: the reduction length C*kh*kw is too large for 32-bit accumulation");
+    if (bias_a) {
+        TRY(bie_check_tensor(ctx, "bias_a", bias_a, true));
+        TRY(check_device(ctx, c, "bias_a", bias_a));
+        TRY(check_float(ctx, "bias_a", bias_a));
+        TRY(check_shape(ctx, "bias_a", bias_a, 1, &g->C));
+        c->bias_a = *bias_a;
+    }
+    TRY(check_scale(ctx, c, "scale_a", scale_a, &c->scale_a_t, &c->scale_a));
+    TRY(check_scale(ctx, c, "scale_w", scale_w, &c->scale_w_t, &c->scale_w));
+    return BIE_STATUS_OK;
+}
+
+// Checks an output-shaped tensor (y or grad_y) and stores its 4-D view.
+static enum bie_status out_view(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
+                                const struct bie_tensor * t, const struct bie_tensor * x,
+                                struct bie_tensor * out, bool is_output) {
+    TRY(bie_check_tensor(ctx, name, t, !is_output));
+    TRY(check_device(ctx, c, name, t));
+    if (c->is_conv) {
+        const int64_t shape[4] = {c->g.batch, c->g.O, c->g.OH, c->g.OW};
+        TRY(check_shape(ctx, name, t, 4, shape));
+        *out = *t;
+    } else {
+        TRY(linear_view(ctx, name, t, x, c->g.O, out));
+    }
+    return BIE_STATUS_OK;
+}
+
+static enum bie_status dispatch(bie_context_t * ctx, const struct bie_layer_call * c, bool backward) {
+    enum bie_status s = BIE_DECLINED;
+    if (c->device_type == BIE_DEVICE_CUDA) {
+#ifdef BIE_HAVE_CUDA
+        const struct bie_backend_ops * b = &bie_cuda_backend;
+        if (backward ? b->layer_backward : b->layer_forward)
+            s = backward ? b->layer_backward(ctx, c) : b->layer_forward(ctx, c);
+        if (s == BIE_DECLINED)
+            s = bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: no kernel for this %s %s %s",
+                              quant_name(c->quant), c->is_conv ? "conv2d" : "linear",
+                              backward ? "backward" : "forward");
+        return s;
+#else
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: is a CUDA tensor but this build has no CUDA backend");
+#endif
+    }
+    if (ctx->params.backend == BIE_BACKEND_CUDA)
+        FAIL("x: is a CPU tensor but the context's backend is CUDA");
+    const struct bie_backend_ops * order[2] = {&bie_cpu_backend, &bie_ref_backend};
+    for (int i = ctx->params.backend == BIE_BACKEND_REF ? 1 : 0; i < 2 && s == BIE_DECLINED; i++) {
+        const struct bie_backend_ops * b = order[i];
+        if (backward ? b->layer_backward : b->layer_forward)
+            s = backward ? b->layer_backward(ctx, c) : b->layer_forward(ctx, c);
+    }
+    if (s == BIE_DECLINED)
+        s = bie_set_error(ctx, BIE_STATUS_INTERNAL, "no CPU implementation for this %s %s",
+                          quant_name(c->quant), backward ? "backward" : "forward");
+    if (s == BIE_STATUS_OK) bie_clear_error(ctx);
+    return s;
+}
+
+static enum bie_status forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                               const struct bie_conv2d_desc * conv, const struct bie_forward_args * a) {
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    bie_clear_error(ctx);
+    if (!(lin || conv)) FAIL("desc: is NULL");
+    if (!a) FAIL("args: is NULL");
+    struct bie_layer_call c;
+    TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, &c));
+    TRY(out_view(ctx, &c, "y", a->y, a->x, &c.y, true));
+    const enum bie_dtype yd = a->y->dtype;
+    if (!(bie_dtype_is_float(yd) || yd == BIE_DTYPE_I32 || (yd == BIE_DTYPE_B1 && c.quant == BIE_QUANT_BINARY)))
+        FAIL("y: dtype %s is not supported (f32, f16, bf16, i32%s)", bie_dtype_name(yd),
+             c.quant == BIE_QUANT_BINARY ? " or b1" : "");
+    return dispatch(ctx, &c, false);
+}
+
+static enum bie_status grad_view(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
+                                 const struct bie_tensor * t, const struct bie_tensor * like,
+                                 struct bie_tensor * out, bool linear_rows) {
+    if (!t) return BIE_STATUS_OK;
+    TRY(bie_check_tensor(ctx, name, t, false));
+    TRY(check_device(ctx, c, name, t));
+    TRY(check_float(ctx, name, t));
+    if (linear_rows) return linear_view(ctx, name, t, like, like->shape[like->ndim - 1], out);
+    TRY(check_shape(ctx, name, t, like->ndim, like->shape));
+    *out = *t;
+    return BIE_STATUS_OK;
+}
+
+static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                                const struct bie_conv2d_desc * conv, const struct bie_backward_args * a) {
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    bie_clear_error(ctx);
+    if (!(lin || conv)) FAIL("desc: is NULL");
+    if (!a) FAIL("args: is NULL");
+    struct bie_layer_call c;
+    TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, &c));
+    if (a->x->dtype == BIE_DTYPE_B1) FAIL("x: the backward pass needs the float input, not b1");
+    TRY(out_view(ctx, &c, "grad_y", a->grad_y, a->x, &c.grad_y, false));
+    TRY(check_float(ctx, "grad_y", a->grad_y));
+    TRY(grad_view(ctx, &c, "grad_x", a->grad_x, a->x, &c.grad_x, !c.is_conv));
+    if (a->grad_weight) {
+        TRY(grad_view(ctx, &c, "grad_weight", a->grad_weight, a->weight, &c.grad_weight, false));
+        if (!c.is_conv) {
+            const int64_t s[4] = {c.g.O, c.g.C, 1, 1};
+            const int64_t st[4] = {a->grad_weight->stride[0], a->grad_weight->stride[1], 0, 0};
+            view4(&c.grad_weight, a->grad_weight, s, st);
+        }
+    }
+    if (a->grad_bias_a) {
+        TRY(bie_check_tensor(ctx, "grad_bias_a", a->grad_bias_a, false));
+        TRY(check_device(ctx, &c, "grad_bias_a", a->grad_bias_a));
+        TRY(check_float(ctx, "grad_bias_a", a->grad_bias_a));
+        TRY(check_shape(ctx, "grad_bias_a", a->grad_bias_a, 1, &c.g.C));
+        c.grad_bias_a = *a->grad_bias_a;
+    }
+    if (a->grad_scale_a) {
+        TRY(bie_check_tensor(ctx, "grad_scale_a", a->grad_scale_a, false));
+        TRY(check_device(ctx, &c, "grad_scale_a", a->grad_scale_a));
+        TRY(check_float(ctx, "grad_scale_a", a->grad_scale_a));
+        if (bie_tensor_numel(a->grad_scale_a) != 1) FAIL("grad_scale_a: must hold exactly one element");
+        c.grad_scale_a = *a->grad_scale_a;
+    }
+    return dispatch(ctx, &c, true);
+}
+
+enum bie_status bie_linear_forward(bie_context_t * ctx, const struct bie_linear_desc * desc,
+                                   const struct bie_forward_args * args) {
+    return forward(ctx, desc, NULL, args);
+}
+
+enum bie_status bie_linear_backward(bie_context_t * ctx, const struct bie_linear_desc * desc,
+                                    const struct bie_backward_args * args) {
+    return backward(ctx, desc, NULL, args);
+}
+
+enum bie_status bie_conv2d_forward(bie_context_t * ctx, const struct bie_conv2d_desc * desc,
+                                   const struct bie_forward_args * args) {
+    return forward(ctx, NULL, desc, args);
+}
+
+enum bie_status bie_conv2d_backward(bie_context_t * ctx, const struct bie_conv2d_desc * desc,
+                                    const struct bie_backward_args * args) {
+    return backward(ctx, NULL, desc, args);
+}
+
+enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * d, int64_t h, int64_t w,
+                                       int64_t * out_h, int64_t * out_w) {
+    if (!d || !out_h || !out_w || h <= 0 || w <= 0) return BIE_STATUS_INVALID_ARGUMENT;
+    for (int i = 0; i < 2; i++)
+        if (d->kernel[i] < 1 || d->stride[i] < 1 || d->padding[i] < 0 || d->dilation[i] < 1)
+            return BIE_STATUS_INVALID_ARGUMENT;
+    const int64_t eh = (int64_t)d->dilation[0] * (d->kernel[0] - 1) + 1;
+    const int64_t ew = (int64_t)d->dilation[1] * (d->kernel[1] - 1) + 1;
+    const int64_t ph = h + 2 * (int64_t)d->padding[0], pw = w + 2 * (int64_t)d->padding[1];
+    if (ph < eh || pw < ew) return BIE_STATUS_INVALID_ARGUMENT;
+    *out_h = (ph - eh) / d->stride[0] + 1;
+    *out_w = (pw - ew) / d->stride[1] + 1;
+    return BIE_STATUS_OK;
+}

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// pack.c: public packing / quantization utilities (bie_pack, bie_unpack): validation and dispatch.
+#include "bie-impl.h"
+
+#include <math.h>
+
+#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        enum bie_status s_ = (expr);                                                               \
+        if (s_ != BIE_STATUS_OK) return s_;                                                        \
+    } while (0)
+
+static bool is_packed(enum bie_dtype d) {
+    return d == BIE_DTYPE_B1 || d == BIE_DTYPE_S4 || d == BIE_DTYPE_I8;
+}
+
+static enum bie_status common(bie_context_t * ctx, const struct bie_tensor * src,
+                              const struct bie_tensor * scale, const struct bie_tensor * dst,
+                              float * scale_value) {
+    TRY(bie_check_tensor(ctx, "src", src, true));
+    TRY(bie_check_tensor(ctx, "dst", dst, false));
+    if (src->ndim != dst->ndim) FAIL("dst: has %d dims, src has %d", (int)dst->ndim, (int)src->ndim);
+    for (int32_t i = 0; i < src->ndim; i++)
+        if (src->shape[i] != dst->shape[i])
+            FAIL("dst: shape[%d] = %lld differs from src's %lld", (int)i, (long long)dst->shape[i],
+                 (long long)src->shape[i]);
+    if (src->device_type != dst->device_type || src->device_index != dst->device_index)
+        FAIL("dst: must be on the same device as src");
+    *scale_value = 1.0f;
+    if (scale) {
+        TRY(bie_check_tensor(ctx, "scale", scale, true));
+        if (bie_tensor_numel(scale) != 1) FAIL("scale: must hold exactly one element");
+        if (!bie_dtype_is_float(scale->dtype)) FAIL("scale: must be f32, f16 or bf16");
+        if (scale->device_type != BIE_DEVICE_CPU) FAIL("scale: must be a CPU tensor");
+        *scale_value = bie_load_scalar(scale);
+        if (!isfinite(*scale_value) || !(*scale_value > 0.0f))
+            FAIL("scale: = %g must be finite and > 0", (double)*scale_value);
+    }
+    return BIE_STATUS_OK;
+}
+
+typedef enum bie_status (*pack_fn)(bie_context_t *, const struct bie_tensor *, float,
+                                   const struct bie_tensor *);
+
+static enum bie_status run(bie_context_t * ctx, const struct bie_tensor * src, float scale,
+                           const struct bie_tensor * dst, bool unpack) {
+    enum bie_status s = BIE_DECLINED;
+    if (src->device_type == BIE_DEVICE_CUDA) {
+#ifdef BIE_HAVE_CUDA
+        pack_fn f = unpack ? bie_cuda_backend.unpack : bie_cuda_backend.pack;
+        if (f) s = f(ctx, src, scale, dst);
+        if (s == BIE_DECLINED)
+            s = bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: no %s kernel for %s -> %s",
+                              unpack ? "unpack" : "pack", bie_dtype_name(src->dtype),
+                              bie_dtype_name(dst->dtype));
+        if (s == BIE_STATUS_OK) bie_clear_error(ctx);
+        return s;
+#else
+        FAIL("src: is a CUDA tensor but this build has no CUDA backend");
+#endif
+    }
+    const struct bie_backend_ops * order[2] = {&bie_cpu_backend, &bie_ref_backend};
+    for (int i = ctx->params.backend == BIE_BACKEND_REF ? 1 : 0; i < 2 && s == BIE_DECLINED; i++) {
+        pack_fn f = unpack ? order[i]->unpack : order[i]->pack;
+        if (f) s = f(ctx, src, scale, dst);
+    }
+    if (s == BIE_DECLINED) s = bie_set_error(ctx, BIE_STATUS_INTERNAL, "no CPU pack implementation");
+    if (s == BIE_STATUS_OK) bie_clear_error(ctx);
+    return s;
+}
+
+enum bie_status bie_pack(bie_context_t * ctx, const struct bie_tensor * src,
+                         const struct bie_tensor * scale, struct bie_tensor * dst) {
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    bie_clear_error(ctx);
+    float sv;
+    TRY(common(ctx, src, scale, dst, &sv));
+    const bool src_float = bie_dtype_is_float(src->dtype);
+    switch (dst->dtype) {
+    case BIE_DTYPE_B1:
+        if (!src_float && src->dtype != BIE_DTYPE_I8) FAIL("src: dtype %s cannot be packed to b1", bie_dtype_name(src->dtype));
+        if (scale) FAIL("scale: must be NULL when packing to b1");
+        break;
+    case BIE_DTYPE_S4:
+        if (!src_float && src->dtype != BIE_DTYPE_I8) FAIL("src: dtype %s cannot be packed to s4", bie_dtype_name(src->dtype));
+        if (src->dtype == BIE_DTYPE_I8 && scale) FAIL("scale: must be NULL for an i8 src");
+        break;
+    case BIE_DTYPE_I8:
+        if (!src_float) FAIL("src: must be f32, f16 or bf16 to quantize to i8");
+        break;
+    default: FAIL("dst: dtype %s is not a packed dtype (b1, s4, i8)", bie_dtype_name(dst->dtype));
+    }
+    return run(ctx, src, sv, dst, false);
+}
+
+enum bie_status bie_unpack(bie_context_t * ctx, const struct bie_tensor * src,
+                           const struct bie_tensor * scale, struct bie_tensor * dst) {
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    bie_clear_error(ctx);
+    float sv;
+    TRY(common(ctx, src, scale, dst, &sv));
+    if (!is_packed(src->dtype)) FAIL("src: dtype %s is not a packed dtype (b1, s4, i8)", bie_dtype_name(src->dtype));
+    if (dst->dtype == BIE_DTYPE_I8) {
+        if (scale) FAIL("scale: must be NULL when unpacking to i8");
+    } else if (!bie_dtype_is_float(dst->dtype)) {
+        FAIL("dst: dtype %s is not supported (f32, f16, bf16, i8)", bie_dtype_name(dst->dtype));
+    }
+    return run(ctx, src, sv, dst, true);
+}

@@ -1,0 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
+// ref-backend.c: the reference backend's table.
+#include "ref/ref-impl.h"
+
+const struct bie_backend_ops bie_ref_backend = {
+    .name = "ref",
+    .layer_forward = bie_ref_layer_forward,
+    .layer_backward = bie_ref_layer_backward,
+    .pack = bie_ref_pack,
+    .unpack = bie_ref_unpack,
+    .reduce = bie_ref_reduce,
+};

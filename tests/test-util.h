@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: Apache-2.0
+// test-util.h: the tiny test harness shared by every test program: a seeded RNG, checks that
+// count failures and print what failed, and helpers to allocate tensors.
+//
+// The seed comes from BIE_TEST_SEED (default 12345) and is printed on every failure, so a failing
+// case can be replayed exactly.
+#pragma once
+
+#include "bie-impl.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int test_failures = 0;
+static int test_checks = 0;
+static uint64_t test_seed = 12345;
+static uint64_t test_rng_state = 12345;
+
+static inline void test_init(int argc, char ** argv) {
+    (void)argc;
+    (void)argv;
+    const char * s = getenv("BIE_TEST_SEED");
+    if (s && *s) test_seed = strtoull(s, NULL, 10);
+    test_rng_state = test_seed;
+}
+
+// splitmix64
+static inline uint64_t test_rand_u64(void) {
+    uint64_t z = (test_rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+// Uniform integer in [lo, hi].
+static inline int64_t test_rand_int(int64_t lo, int64_t hi) {
+    return lo + (int64_t)(test_rand_u64() % (uint64_t)(hi - lo + 1));
+}
+// Uniform float in [lo, hi).
+static inline float test_rand_float(float lo, float hi) {
+    return lo + (hi - lo) * (float)((test_rand_u64() >> 40) * 0x1p-24);
+}
+static inline int64_t test_pick(const int64_t * values, int n) { return values[test_rand_int(0, n - 1)]; }
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        test_checks++;                                                                             \
+        if (!(cond)) {                                                                             \
+            test_failures++;                                                                       \
+            if (test_failures <= 30) {                                                             \
+                fprintf(stderr, "FAIL %s:%d (seed %" PRIu64 "): %s: ", __FILE__, __LINE__,         \
+                        test_seed, #cond);                                                         \
+                fprintf(stderr, __VA_ARGS__);                                                      \
+                fprintf(stderr, "\n");                                                             \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+#define CHECK_OK(ctx, expr)                                                                        \
+    do {                                                                                           \
+        enum bie_status st_ = (expr);                                                              \
+        CHECK(st_ == BIE_STATUS_OK, "%s -> %s: %s", #expr, bie_status_string(st_),                 \
+              bie_context_last_error(ctx));                                                        \
+    } while (0)
+
+// Prints the summary line and returns the process exit code.
+static inline int test_finish(const char * name) {
+    printf("%s: %d checks, seed %" PRIu64 "\n", name, test_checks, test_seed);
+    printf("%d passed, %d failed\n", test_checks - test_failures, test_failures);
+    return test_failures ? 1 : 0;
+}
+
+// A CPU tensor owning its buffer (free with test_tensor_free). Dense row-major (sub-byte rows
+// padded to bytes), or with the given element strides when `stride` is non-NULL.
+static inline struct bie_tensor test_tensor(enum bie_dtype dtype, int32_t ndim, const int64_t * shape,
+                                            const int64_t * stride) {
+    struct bie_tensor t;
+    if (bie_tensor_make(&t, NULL, dtype, ndim, shape) != BIE_STATUS_OK) {
+        fprintf(stderr, "test_tensor: bad shape\n");
+        exit(2);
+    }
+    if (stride) memcpy(t.stride, stride, sizeof(int64_t) * (size_t)ndim);
+    size_t bytes = 0;
+    bie_tensor_nbytes(&t, &bytes);
+    t.data = calloc(1, bytes + 64);
+    if (!t.data) exit(2);
+    return t;
+}
+static inline void test_tensor_free(struct bie_tensor * t) {
+    free(t->data);
+    t->data = NULL;
+}
+// Fills every element with uniform values in [lo, hi) (rounded to the dtype).
+static inline void test_fill_uniform(const struct bie_tensor * t, float lo, float hi) {
+    int64_t idx[BIE_MAX_DIMS] = {0};
+    do {
+        double v = test_rand_float(lo, hi);
+        if (t->dtype == BIE_DTYPE_I8 || t->dtype == BIE_DTYPE_S4 || t->dtype == BIE_DTYPE_I32)
+            v = floor(v);
+        bie_store(t, bie_offset(t, idx), v);
+    } while (bie_next_index(t, idx));
+}
+// A scalar f32 tensor holding v (owning its buffer).
+static inline struct bie_tensor test_scalar(float v) {
+    struct bie_tensor t = test_tensor(BIE_DTYPE_F32, 0, NULL, NULL);
+    ((float *)t.data)[0] = v;
+    return t;
+}
