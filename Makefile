@@ -30,7 +30,7 @@ test-san:
 
 test-python:
 	@if [ -d python/tests ]; then \
-	  BIE_LIBRARY=$(CURDIR)/build/libbie.so PYTHONPATH=$(CURDIR)/python python3 -m pytest -q python/tests; \
+	  BIE_LIBRARY=$(CURDIR)/build/libbie.so PYTHONPATH=$(CURDIR)/python /usr/bin/python3 -m pytest -q python/tests; \
 	else echo "no python tests yet"; fi
 
 demo:
