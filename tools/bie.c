@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+// bie.c: the `bie` command-line program: subcommands train, eval, info and bench.
+#include "../bench/bench.h"
+#include "bie.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void usage(FILE * f) {
+    fprintf(f, "usage: bie <command> [options]\n\n"
+               "commands:\n"
+               "  bench    benchmark bie's layers against float baselines\n"
+               "  version  print the library version\n\n"
+               "Run `bie <command> --help` for a command's options.\n");
+}
+
+int main(int argc, char ** argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char * cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("bie %s\n", bie_version_string());
+        return 0;
+    }
+    if (!strcmp(cmd, "bench")) return bie_bench_main(argc - 1, argv + 1);
+    fprintf(stderr, "bie: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}
