@@ -2,6 +2,12 @@
 # The README's two commands: `make demo` (set up, train a binary network on Fashion-MNIST and
 # evaluate it) and `make test` (set up, build, run every test). Both work on a fresh Debian machine.
 JOBS ?= $(shell nproc)
+# CUDA's compiler, where the toolkit is installed but not on PATH.
+ifeq ($(shell command -v nvcc),)
+  ifneq ($(wildcard /usr/local/cuda/bin/nvcc),)
+    export PATH := $(PATH):/usr/local/cuda/bin
+  endif
+endif
 CMAKE_FLAGS ?=
 
 .PHONY: all build test test-unit test-san test-python demo clean
