@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // ref-impl.h: entry points of the plain-C reference backend (src/ref), the specification that
-// every faster path is tested against.
+// every faster path is tested against, and the small helpers its files share.
 #pragma once
 
 #include "bie-impl.h"
@@ -13,3 +13,44 @@ enum bie_status bie_ref_unpack(bie_context_t * ctx, const struct bie_tensor * sr
                                const struct bie_tensor * dst);
 enum bie_status bie_ref_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
                                double * sum);
+
+// --- src/ref/ref-codes.c: dense code arrays and the tap geometry ------------------------------
+//
+// Dense layouts used inside the reference (all row-major):
+//   x-shaped arrays  [batch][C][H][W]      index ((n*C + c)*H + h)*W + w
+//   weight arrays    [O][K], K = C*kh*kw   k = (c*kh + i)*kw + j
+//   y-shaped arrays  [batch][O][OH][OW]
+
+// clamp(rne(v / scale), lo, hi) with the division in f32; NaN gives lo.
+int bie_ref_quantize(float v, float scale, int lo, int hi);
+
+// x' = f32(x) + f32(bias_a[c]) for every element of a float x, dense.
+void bie_ref_x_shifted(const struct bie_layer_call * call, float * xp);
+
+// Activation codes a (binary +-1, n-bit clamp(rne(x'/scale_a), lo, hi)), dense. xp is the
+// output of bie_ref_x_shifted, or NULL when x is B1 (the codes are then its bits).
+void bie_ref_x_codes(const struct bie_layer_call * call, const float * xp, int8_t * a);
+
+// Weight codes w (binary +-1, n-bit clamped integer codes), dense [O][K].
+void bie_ref_w_codes(const struct bie_layer_call * call, int8_t * w);
+
+// The patch read by output position (n, oh, ow): for each k, idx[k] is the dense x index of the
+// tap or -1 when it falls in the padding, and val[k] is a_pad: the code a[idx[k]] inside the
+// image, the pad value (0, -1 or +1) outside it.
+void bie_ref_patch(const struct bie_geometry * g, const int8_t * a, int64_t n, int64_t oh, int64_t ow,
+                   int64_t * idx, int8_t * val);
+
+// Dense-to-view copies over a 4-D view t [d0][d1][d2][d3].
+void bie_ref_load4(const struct bie_tensor * t, double * dense);
+void bie_ref_store4(const struct bie_tensor * t, const double * dense);
+
+// Writes v to element `off` of a float tensor with ONE rounding to its dtype (f16 and bf16 go
+// through a round-to-odd f32, so no double rounding happens); other dtypes as bie_store.
+void bie_ref_store_rounded(const struct bie_tensor * t, int64_t off, double v);
+
+// Bump allocator over one workspace request: offsets are 64-byte aligned.
+struct bie_ref_arena {
+    size_t size;   // bytes planned so far
+    bool overflow; // a size did not fit in size_t
+};
+size_t bie_ref_arena_take(struct bie_ref_arena * a, size_t count, size_t elem_size);
