@@ -1,0 +1,250 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Loading libbie and declaring its C API for ctypes.
+
+The library is found, in this order, through
+  1. the environment variable BIE_LIBRARY (a path to libbie.so),
+  2. package data (libbie.so installed next to this file by ``pip install``),
+  3. the build directory of a source checkout (``build/libbie.so`` beside ``python/``),
+  4. the system's library path (``ctypes.util.find_library("bie")``).
+"""
+import ctypes
+import ctypes.util
+import os
+import threading
+
+BIE_MAX_DIMS = 8
+
+# enum bie_status
+STATUS_OK = 0
+STATUS_INVALID_ARGUMENT = 1
+STATUS_UNSUPPORTED = 2
+
+# enum bie_dtype
+DT_F32, DT_F16, DT_BF16, DT_I8, DT_U8, DT_I32, DT_B1, DT_S4, DT_F64 = range(9)
+
+# enum bie_device_type
+DEV_CPU, DEV_CUDA = 0, 1
+
+# enum bie_quant
+QUANT_BINARY, QUANT_INT4, QUANT_INT8 = 1, 4, 8
+
+# enum bie_pad_value
+PAD_ZERO, PAD_MINUS_ONE, PAD_PLUS_ONE = 0, 1, 2
+
+# enum bie_backend
+BACKEND_AUTO, BACKEND_REF, BACKEND_CPU, BACKEND_CUDA = 0, 1, 2, 3
+
+
+class BieError(RuntimeError):
+    """A libbie call failed. ``status`` is the C status code; the message is the library's own
+    (bie_context_last_error), prefixed with the C function's name."""
+
+    def __init__(self, function, status, message):
+        self.function = function
+        self.status = status
+        super().__init__(f"{function}: {message}")
+
+
+class Tensor(ctypes.Structure):
+    """struct bie_tensor: a non-owning view; strides in elements (bits for B1, nibbles for S4)."""
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * BIE_MAX_DIMS),
+        ("stride", ctypes.c_int64 * BIE_MAX_DIMS),
+        ("device_type", ctypes.c_int),
+        ("device_index", ctypes.c_int32),
+    ]
+
+
+class ContextParams(ctypes.Structure):
+    _fields_ = [("backend", ctypes.c_int), ("num_threads", ctypes.c_int32), ("max_isa", ctypes.c_int)]
+
+
+class LinearDesc(ctypes.Structure):
+    _fields_ = [("quant", ctypes.c_int), ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64)]
+
+
+class Conv2dDesc(ctypes.Structure):
+    _fields_ = [
+        ("quant", ctypes.c_int),
+        ("in_channels", ctypes.c_int64),
+        ("out_channels", ctypes.c_int64),
+        ("kernel", ctypes.c_int32 * 2),
+        ("stride", ctypes.c_int32 * 2),
+        ("padding", ctypes.c_int32 * 2),
+        ("dilation", ctypes.c_int32 * 2),
+        ("groups", ctypes.c_int32),
+        ("pad_value", ctypes.c_int),
+    ]
+
+
+_TP = ctypes.POINTER(Tensor)
+
+
+class ForwardArgs(ctypes.Structure):
+    _fields_ = [("x", _TP), ("bias_a", _TP), ("weight", _TP), ("scale_a", _TP), ("scale_w", _TP), ("y", _TP)]
+
+
+class BackwardArgs(ctypes.Structure):
+    _fields_ = [
+        ("x", _TP), ("bias_a", _TP), ("weight", _TP), ("scale_a", _TP), ("scale_w", _TP), ("grad_y", _TP),
+        ("grad_x", _TP), ("grad_weight", _TP), ("grad_scale_a", _TP), ("grad_bias_a", _TP),
+    ]
+
+
+def _candidates():
+    env = os.environ.get("BIE_LIBRARY")
+    if env:
+        yield env
+        return  # an explicit choice is never second-guessed
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "libbie.so")
+    root = os.path.dirname(os.path.dirname(here))  # python/bie -> repository root
+    yield os.path.join(root, "build", "libbie.so")
+    found = ctypes.util.find_library("bie")
+    if found:
+        yield found
+
+
+def _declare(lib):
+    c_int, c_void_p, c_char_p = ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p
+    sigs = {
+        "bie_status_string": (c_char_p, [c_int]),
+        "bie_version_string": (c_char_p, []),
+        "bie_context_params_default": (None, [ctypes.POINTER(ContextParams)]),
+        "bie_context_create": (c_int, [ctypes.POINTER(ContextParams), ctypes.POINTER(c_void_p)]),
+        "bie_context_destroy": (None, [c_void_p]),
+        "bie_context_last_error": (c_char_p, [c_void_p]),
+        "bie_context_set_backend": (c_int, [c_void_p, c_int]),
+        "bie_context_set_num_threads": (c_int, [c_void_p, ctypes.c_int32]),
+        "bie_backend_available": (c_int, [c_int]),
+        "bie_linear_forward": (c_int, [c_void_p, ctypes.POINTER(LinearDesc), ctypes.POINTER(ForwardArgs)]),
+        "bie_linear_backward": (c_int, [c_void_p, ctypes.POINTER(LinearDesc), ctypes.POINTER(BackwardArgs)]),
+        "bie_conv2d_forward": (c_int, [c_void_p, ctypes.POINTER(Conv2dDesc), ctypes.POINTER(ForwardArgs)]),
+        "bie_conv2d_backward": (c_int, [c_void_p, ctypes.POINTER(Conv2dDesc), ctypes.POINTER(BackwardArgs)]),
+        "bie_conv2d_output_size": (c_int, [ctypes.POINTER(Conv2dDesc), ctypes.c_int64, ctypes.c_int64,
+                                           ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]),
+        "bie_pack": (c_int, [c_void_p, _TP, _TP, _TP]),
+        "bie_unpack": (c_int, [c_void_p, _TP, _TP, _TP]),
+        "bie_activation_scale_init": (c_int, [c_void_p, c_int, c_int, _TP, _TP]),
+        "bie_weight_scale_init": (c_int, [c_void_p, c_int, _TP, _TP]),
+        "bie_weight_to_latent_int8": (c_int, [c_void_p, _TP, _TP]),
+    }
+    for name, (res, args) in sigs.items():
+        f = getattr(lib, name)
+        f.restype = res
+        f.argtypes = args
+    # include/bie-cuda.h (in every build; UNSUPPORTED without the CUDA backend).
+    if hasattr(lib, "bie_context_set_cuda_stream"):
+        lib.bie_context_set_cuda_stream.restype = c_int
+        lib.bie_context_set_cuda_stream.argtypes = [c_void_p, c_void_p]
+
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def library():
+    """The loaded libbie (ctypes.CDLL), loading it on first use."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is None:
+            tried = []
+            for path in _candidates():
+                if os.path.sep in path and not os.path.exists(path):
+                    tried.append(path + " (missing)")
+                    continue
+                try:
+                    lib = ctypes.CDLL(path)
+                except OSError as e:
+                    tried.append(f"{path} ({e})")
+                    continue
+                _declare(lib)
+                lib.bie_path = path
+                _lib = lib
+                break
+            if _lib is None:
+                raise ImportError("bie: libbie.so was not found; build it (make build) or set BIE_LIBRARY "
+                                  "to its path. Tried: " + "; ".join(tried))
+    return _lib
+
+
+def library_path():
+    return library().bie_path
+
+
+_cuda = None
+
+
+def cuda_available():
+    """True when this libbie has the CUDA backend (include/bie-cuda.h) and sees a GPU."""
+    global _cuda
+    if _cuda is None:
+        lib = library()
+        _cuda = hasattr(lib, "bie_context_set_cuda_stream") and lib.bie_backend_available(BACKEND_CUDA) == 1
+    return _cuda
+
+
+class _Context:
+    """One bie_context per thread (a context is not thread-safe; autograd runs CUDA backward
+    passes on its own threads)."""
+
+    def __init__(self):
+        lib = library()
+        self.lib = lib
+        params = ContextParams()
+        lib.bie_context_params_default(ctypes.byref(params))
+        backend = os.environ.get("BIE_BACKEND", "").lower()
+        params.backend = {"ref": BACKEND_REF, "cpu": BACKEND_CPU}.get(backend, BACKEND_AUTO)
+        try:
+            import torch
+            params.num_threads = torch.get_num_threads()
+        except Exception:  # pragma: no cover
+            params.num_threads = 0
+        self.num_threads = params.num_threads
+        h = ctypes.c_void_p()
+        s = lib.bie_context_create(ctypes.byref(params), ctypes.byref(h))
+        if s != STATUS_OK or not h.value:
+            raise BieError("bie_context_create", s, lib.bie_status_string(s).decode())
+        self.handle = h
+        self.stream = None
+
+    def __del__(self):
+        if getattr(self, "handle", None) is not None and self.handle.value:
+            self.lib.bie_context_destroy(self.handle)
+            self.handle = None
+
+    def check(self, function, status):
+        if status != STATUS_OK:
+            msg = self.lib.bie_context_last_error(self.handle).decode(errors="replace")
+            if not msg:
+                msg = self.lib.bie_status_string(status).decode()
+            raise BieError(function, status, msg)
+
+    def call(self, function, *args):
+        self.check(function, getattr(self.lib, function)(self.handle, *args))
+
+
+_tls = threading.local()
+
+
+def context():
+    """This thread's context; its thread count follows torch.get_num_threads()."""
+    ctx = getattr(_tls, "ctx", None)
+    if ctx is None:
+        ctx = _tls.ctx = _Context()
+    else:
+        import torch
+        n = torch.get_num_threads()
+        if n != ctx.num_threads:
+            ctx.call("bie_context_set_num_threads", n)
+            ctx.num_threads = n
+    return ctx
+
+
+def version():
+    return library().bie_version_string().decode()

@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: Apache-2.0
+"""torch.autograd.Function wrappers of libbie's layers, with Bitorch Engine's signatures:
+
+  BinaryLinearForward.apply(input, weight, scale_a, scale_w, gemm_kernel_id, is_train[, bias_a])
+  Q4LinearForward.apply(input, weight, scale_a, scale_w, is_train[, bias_a])
+  Q8LinearForward.apply(input, weight, scale_a, scale_w, is_train[, bias_a])
+  BinaryConv2dForward.apply(x, weight, scale_a, scale_w, is_train, kernel_size, stride, padding,
+                            dilation[, bias_a[, pad_value]])
+  Q4Conv2dForward.apply(x, weight, scale_a, scale_w, is_train, kernel_size, stride, padding,
+                        dilation[, bias_a])                  (alias: Q4Conv2dCutlassForward)
+  Q8Conv2dForward.apply(... as Q4Conv2dForward ...)
+
+The optional trailing bias_a (the learnable input shift, [in_features] or [C]) is added inside
+the libbie call instead of by a separate PyTorch op; its gradient is libbie's grad_bias_a.
+gemm_kernel_id is accepted for compatibility and ignored (libbie picks its kernels itself).
+
+Backward passes call bie_*_backward and give gradients to the input, the float weight, scale_a and
+bias_a (scale_w is not trained). An int8 latent binary weight cannot carry a gradient in stock
+PyTorch: when it has a `privileged_grad` attribute (a float32 tensor of its shape, set by the
+modules), the weight gradient is accumulated there instead (see bie.optim.DiodeMix).
+"""
+import torch
+
+from . import functional as F
+from .functional import QUANT_BINARY, QUANT_INT4, QUANT_INT8, PAD_ZERO, PAD_MINUS_ONE
+
+__all__ = ["BinaryLinearForward", "Q4LinearForward", "Q8LinearForward", "BinaryConv2dForward",
+           "Q4Conv2dForward", "Q4Conv2dCutlassForward", "Q8Conv2dForward"]
+
+
+def _save(ctx, is_train, quant, x, weight, scale_a, scale_w, bias_a, conv):
+    ctx.is_train = bool(is_train)
+    ctx.quant = quant
+    ctx.conv = conv
+    ctx.has_bias = bias_a is not None
+    if is_train:
+        ctx.save_for_backward(x, weight, scale_a, scale_w, bias_a if bias_a is not None else x.new_empty(0))
+        # the int8 latent weight's float gradient buffer, if any
+        ctx.grad_sink = getattr(weight, "privileged_grad", None) if weight.dtype == torch.int8 else None
+
+
+def _backward(ctx, grad_y, bias_index):
+    if not ctx.is_train:
+        raise RuntimeError("bie: backward through a layer call made with is_train=False")
+    x, weight, scale_a, scale_w, bias_a = ctx.saved_tensors
+    bias_a = bias_a if ctx.has_bias else None
+    need_x, need_w, need_s = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+    need_b = ctx.has_bias and ctx.needs_input_grad[bias_index]
+    sink = ctx.grad_sink
+    want_w = need_w or sink is not None
+    if not (need_x or want_w or need_s or need_b):
+        return None
+    needs = (need_x, want_w, need_s, need_b)
+    if ctx.conv is None:
+        gx, gw, gs, gb = F.linear_backward(ctx.quant, x, weight, scale_a, scale_w, grad_y, bias_a, needs)
+    else:
+        ks, st, pd, dl, pv = ctx.conv
+        gx, gw, gs, gb = F.conv2d_backward(ctx.quant, x, weight, scale_a, scale_w, grad_y, bias_a, ks, st, pd, dl,
+                                           pv, needs)
+    if sink is not None:
+        sink.add_(gw.to(sink.dtype))
+        gw = None
+    if gw is not None and not need_w:
+        gw = None
+    return gx, gw, (gs.reshape(scale_a.shape) if gs is not None else None), gb
+
+
+class BinaryLinearForward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, weight, scale_a, scale_w, gemm_kernel_id=None, is_train=True, bias_a=None):
+        _save(ctx, is_train, QUANT_BINARY, input, weight, scale_a, scale_w, bias_a, None)
+        return F.linear_forward(QUANT_BINARY, input, weight, scale_a, scale_w, bias_a)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        g = _backward(ctx, grad_y, 6)
+        if g is None:
+            return (None,) * 7
+        gx, gw, gs, gb = g
+        return gx, gw, gs, None, None, None, gb
+
+
+def _nbit_linear(quant):
+    class _NBitLinear(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, input, weight, scale_a, scale_w, is_train=True, bias_a=None):
+            _save(ctx, is_train, quant, input, weight, scale_a, scale_w, bias_a, None)
+            return F.linear_forward(quant, input, weight, scale_a, scale_w, bias_a)
+
+        @staticmethod
+        def backward(ctx, grad_y):
+            g = _backward(ctx, grad_y, 5)
+            if g is None:
+                return (None,) * 6
+            gx, gw, gs, gb = g
+            return gx, gw, gs, None, None, gb
+
+    return _NBitLinear
+
+
+class Q4LinearForward(_nbit_linear(QUANT_INT4)):
+    """4-bit linear: a = clamp(rne(x'/scale_a), -8, 7), w = clamp(rne(W/scale_w), -8, 7)."""
+
+
+class Q8LinearForward(_nbit_linear(QUANT_INT8)):
+    """8-bit linear: a = clamp(rne(x'/scale_a), -128, 127), w = clamp(rne(W/scale_w), -128, 127)."""
+
+
+def _conv(quant, default_pad):
+    class _Conv(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, weight, scale_a, scale_w, is_train, kernel_size, stride, padding, dilation, bias_a=None,
+                    pad_value=default_pad):
+            if quant != QUANT_BINARY and pad_value != PAD_ZERO:
+                raise ValueError("bie: n-bit convolutions pad with zero")
+            conv = (kernel_size, stride, padding, dilation, pad_value)
+            _save(ctx, is_train, quant, x, weight, scale_a, scale_w, bias_a, conv)
+            return F.conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a, *conv)
+
+        @staticmethod
+        def backward(ctx, grad_y):
+            g = _backward(ctx, grad_y, 9)
+            if g is None:
+                return (None,) * 11
+            gx, gw, gs, gb = g
+            return gx, gw, gs, None, None, None, None, None, None, gb, None
+
+    return _Conv
+
+
+class BinaryConv2dForward(_conv(QUANT_BINARY, PAD_MINUS_ONE)):
+    """Binary conv2d. Spatial padding taps are -1 by default (Bitorch Engine's and bitorch's
+    convention); pass pad_value=bie.PAD_ZERO for the float convolution of the +-1 tensors."""
+
+
+class Q4Conv2dForward(_conv(QUANT_INT4, PAD_ZERO)):
+    """4-bit conv2d (zero padding)."""
+
+
+Q4Conv2dCutlassForward = Q4Conv2dForward
+
+
+class Q8Conv2dForward(_conv(QUANT_INT8, PAD_ZERO)):
+    """8-bit conv2d (zero padding)."""

@@ -1,0 +1,405 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Low-level calls into libbie on torch tensors: the layer forward and backward passes, packing,
+and the layer-protocol helpers (scale initialisation, int8 latent weights).
+
+Every function takes tensors of any strides (f32/f16/bf16 activations, on the CPU or on a CUDA
+device) and allocates its outputs. CUDA calls run on the current CUDA stream without a host
+synchronisation. Weights may be float (quantized on the fly), int8 (binary: latent weight; n-bit:
+integer codes) or packed:
+
+- binary B1: ``torch.uint8``, rows of ceil(K/8) bytes, least-significant bit first; linear
+  ``[out, ceil(in/8)]``, conv ``[O, kh, kw, ceil(C/8)]`` (OHWI, channels fastest);
+- 4-bit S4: ``torch.int8``, rows of ceil(K/2) bytes, element 2i in the high nibble; linear
+  ``[out, ceil(in/2)]``, conv ``[O, kh, kw, ceil(C/2)]``.
+
+The math is libbie's (docs/semantics.md); nothing numerical is done here.
+"""
+import ctypes
+
+import torch
+
+from . import _lib
+from ._lib import BieError, QUANT_BINARY, QUANT_INT4, QUANT_INT8, PAD_ZERO, PAD_MINUS_ONE, PAD_PLUS_ONE
+
+__all__ = [
+    "BieError", "QUANT_BINARY", "QUANT_INT4", "QUANT_INT8", "PAD_ZERO", "PAD_MINUS_ONE", "PAD_PLUS_ONE",
+    "linear_forward", "linear_backward", "conv2d_forward", "conv2d_backward", "conv2d_output_size",
+    "pack_weight", "unpack_weight", "packed_shape", "quantize_int8", "activation_scale_init",
+    "weight_scale_init", "weight_to_latent_int8",
+]
+
+_DTYPES = {
+    torch.float32: _lib.DT_F32, torch.float16: _lib.DT_F16, torch.bfloat16: _lib.DT_BF16,
+    torch.int8: _lib.DT_I8, torch.uint8: _lib.DT_U8, torch.int32: _lib.DT_I32, torch.float64: _lib.DT_F64,
+}
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_QUANTS = {QUANT_BINARY: "binary", QUANT_INT4: "4-bit", QUANT_INT8: "8-bit"}
+
+
+def _check_float(t, name):
+    if t.dtype not in _FLOATS:
+        raise TypeError(f"bie: {name} must be float32, float16 or bfloat16, not {t.dtype}")
+
+
+def _device(t):
+    if t.device.type == "cpu":
+        return _lib.DEV_CPU, 0
+    if t.device.type == "cuda":
+        return _lib.DEV_CUDA, t.device.index if t.device.index is not None else torch.cuda.current_device()
+    raise TypeError(f"bie: tensors on {t.device.type} are not supported (CPU and CUDA only)")
+
+
+def _view(t, dtype=None, shape=None, stride=None):
+    """struct bie_tensor for a torch tensor (or, with dtype/shape/stride, a packed view of its
+    storage). The caller keeps `t` alive while the struct is used."""
+    v = _lib.Tensor()
+    v.data = t.data_ptr()
+    v.dtype = _DTYPES[t.dtype] if dtype is None else dtype
+    shape = tuple(t.shape) if shape is None else tuple(shape)
+    stride = tuple(t.stride()) if stride is None else tuple(stride)
+    if len(shape) > _lib.BIE_MAX_DIMS:
+        raise ValueError(f"bie: tensors have at most {_lib.BIE_MAX_DIMS} dimensions, got {len(shape)}")
+    v.ndim = len(shape)
+    for i, (n, s) in enumerate(zip(shape, stride)):
+        v.shape[i] = n
+        v.stride[i] = s
+    v.device_type, v.device_index = _device(t)
+    return v
+
+
+def _ptr(v):
+    return ctypes.pointer(v) if v is not None else None
+
+
+def _scalar(t, name):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"bie: {name} must be a tensor")
+    if t.numel() != 1:
+        raise ValueError(f"bie: {name} must hold exactly one element, has {t.numel()}")
+    _check_float(t, name)
+
+
+class _Call:
+    """Runs a libbie function on this thread's context; for CUDA tensors, with the context pointed
+    at the current CUDA stream of `ref`'s device (no synchronisation)."""
+
+    def __init__(self, ref):
+        self.ref = ref
+
+    def __call__(self, function, *args):
+        ctx = _lib.context()
+        if self.ref.device.type != "cuda":
+            ctx.call(function, *args)
+            return
+        if not _lib.cuda_available():
+            raise BieError("bie", _lib.STATUS_UNSUPPORTED,
+                           f"a {self.ref.device} tensor was given, but this libbie ({_lib.library_path()}) was "
+                           "built without the CUDA backend or sees no GPU (rebuild it with a CUDA toolkit, or use CPU tensors)")
+        with torch.cuda.device(self.ref.device):
+            stream = torch.cuda.current_stream(self.ref.device).cuda_stream
+            if ctx.stream != stream:
+                ctx.call("bie_context_set_cuda_stream", ctypes.c_void_p(stream))
+                ctx.stream = stream
+            ctx.call(function, *args)
+
+
+# --- weights ------------------------------------------------------------------------------------
+
+def _bits(quant):
+    return 1 if quant == QUANT_BINARY else 4
+
+
+def packed_shape(quant, shape):
+    """Storage shape of the packed form of a weight of logical `shape` ([O, K] or [O, C, kh, kw])."""
+    per = 8 // _bits(quant)
+    if len(shape) == 2:
+        return (shape[0], -(-shape[1] // per))
+    o, c, kh, kw = shape
+    return (o, kh, kw, -(-c // per))
+
+
+def _packed_view(quant, buf, shape):
+    """B1/S4 view with logical `shape` of a packed uint8/int8 buffer (see packed_shape)."""
+    per = 8 // _bits(quant)
+    if buf.stride(-1) != 1:
+        raise ValueError("bie: the last dimension of a packed weight must be contiguous")
+    s = [st * per for st in buf.stride()]
+    dtype = _lib.DT_B1 if quant == QUANT_BINARY else _lib.DT_S4
+    if len(shape) == 2:
+        return _view(buf, dtype, shape, (s[0], 1))
+    return _view(buf, dtype, shape, (s[0], 1, s[1], s[2]))
+
+
+def _weight_view(quant, weight, shape):
+    """View of a layer weight of logical `shape` in any of its accepted forms."""
+    shape = tuple(shape)
+    if weight.dtype in _FLOATS:
+        if tuple(weight.shape) != shape:
+            raise ValueError(f"bie: weight has shape {tuple(weight.shape)}, expected {shape}")
+        return _view(weight)
+    if weight.dtype == torch.uint8 and quant == QUANT_BINARY:
+        want = packed_shape(quant, shape)
+        if tuple(weight.shape) != want:
+            raise ValueError(f"bie: packed binary weight has shape {tuple(weight.shape)}, expected {want}")
+        return _packed_view(quant, weight, shape)
+    if weight.dtype == torch.int8:
+        if tuple(weight.shape) == shape:  # binary: int8 latent weight; n-bit: integer codes
+            return _view(weight)
+        if quant == QUANT_INT4 and tuple(weight.shape) == packed_shape(quant, shape):
+            return _packed_view(quant, weight, shape)
+        raise ValueError(f"bie: int8 weight has shape {tuple(weight.shape)}, expected {shape}"
+                         + (f" or the packed {packed_shape(quant, shape)}" if quant == QUANT_INT4 else ""))
+    raise TypeError(f"bie: a {_QUANTS.get(quant, quant)} layer does not take a {weight.dtype} weight")
+
+
+def _host_scale(scale):
+    return None if scale is None else scale.detach().reshape(()).to("cpu", torch.float32)
+
+
+def pack_weight(quant, weight, scale_w=None):
+    """Packs a float (or int8) weight [O, K] / [O, C, kh, kw] into its public packed form:
+    binary -> uint8 B1 (bit = W >= 0), 4-bit -> int8 S4 codes clamp(rne(W/scale_w), -8, 7).
+    Bytes past the last element of a row are zero."""
+    if quant not in (QUANT_BINARY, QUANT_INT4):
+        raise ValueError("bie: only binary and 4-bit weights have a packed form (8-bit: quantize_int8)")
+    shape = tuple(weight.shape)
+    buf = torch.zeros(packed_shape(quant, shape), dtype=torch.uint8 if quant == QUANT_BINARY else torch.int8,
+                      device=weight.device)
+    w = weight.detach()
+    src = _view(w)
+    dst = _packed_view(quant, buf, shape)
+    scale = _host_scale(scale_w) if quant == QUANT_INT4 and w.dtype != torch.int8 else None
+    sv = _view(scale) if scale is not None else None
+    _Call(w)("bie_pack", ctypes.byref(src), _ptr(sv), ctypes.byref(dst))
+    return buf
+
+
+def unpack_weight(quant, packed, shape, scale=None, dtype=torch.float32):
+    """The inverse of pack_weight: a `dtype` tensor of logical `shape` holding code * scale."""
+    out = torch.empty(tuple(shape), dtype=dtype, device=packed.device)
+    src = _packed_view(quant, packed, tuple(shape))
+    dst = _view(out)
+    scale = _host_scale(scale) if dtype != torch.int8 else None
+    sv = _view(scale) if scale is not None else None
+    _Call(packed)("bie_unpack", ctypes.byref(src), _ptr(sv), ctypes.byref(dst))
+    return out
+
+
+def quantize_int8(weight, scale_w):
+    """8-bit integer codes clamp(rne(W/scale_w), -128, 127) as an int8 tensor of W's shape."""
+    w = weight.detach()
+    out = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    src, dst, scale = _view(w), _view(out), _host_scale(scale_w)
+    sv = _view(scale)
+    _Call(w)("bie_pack", ctypes.byref(src), ctypes.byref(sv), ctypes.byref(dst))
+    return out
+
+
+def weight_to_latent_int8(weight):
+    """Bitorch Engine's int8 latent binary weight (prepare_params): c = W - mean(W),
+    q = rne(c * 127 / max|c|), q == 0 -> sign(c). Computed on the CPU by libbie."""
+    w = weight.detach().to("cpu")
+    out = torch.empty(w.shape, dtype=torch.int8)
+    src, dst = _view(w), _view(out)
+    _lib.context().call("bie_weight_to_latent_int8", ctypes.byref(src), ctypes.byref(dst))
+    return out.to(weight.device)
+
+
+def activation_scale_init(quant, x, symmetric=True):
+    """Initial scale_a from a first input (float32 CPU scalar): binary 2*mean|x| (4*mean|x| when
+    not symmetric); n-bit 2*mean|x|/11.269. Synchronises with the device (a one-off)."""
+    xd = x.detach()
+    _check_float(xd, "x")
+    out = torch.empty((), dtype=torch.float32)
+    src, dst = _view(xd), _view(out)
+    _Call(xd)("bie_activation_scale_init", int(quant), int(bool(symmetric)), ctypes.byref(src), ctypes.byref(dst))
+    return out
+
+
+def weight_scale_init(quant, weight):
+    """scale_w from a float weight (float32 CPU scalar): binary mean|W|; 4-bit
+    max(2*mean|W|/5.6345, 1e-5); 8-bit 2*mean|W|/11.269."""
+    w = weight.detach()
+    _check_float(w, "weight")
+    out = torch.empty((), dtype=torch.float32)
+    src, dst = _view(w), _view(out)
+    _Call(w)("bie_weight_scale_init", int(quant), ctypes.byref(src), ctypes.byref(dst))
+    return out
+
+
+# --- layers -------------------------------------------------------------------------------------
+
+def _common(x, bias_a, scale_a, scale_w):
+    _check_float(x, "x")
+    _scalar(scale_a, "scale_a")
+    _scalar(scale_w, "scale_w")
+    if bias_a is not None:
+        _check_float(bias_a, "bias_a")
+
+
+def _fwd_args(x, bias_a, weight_v, scale_a, scale_w, y):
+    keep = [_view(x), _view(bias_a) if bias_a is not None else None, weight_v, _view(scale_a),
+            _view(scale_w), _view(y)]
+    args = _lib.ForwardArgs(*[_ptr(v) for v in keep])
+    return args, keep
+
+
+def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=None):
+    """y[..., N] = scale_a*scale_w * (a . w^T), a = codes of x + bias_a (libbie's linear forward).
+    `out_dtype` (default x.dtype) may be a float dtype or torch.int32 (the raw accumulation)."""
+    _common(x, bias_a, scale_a, scale_w)
+    k = x.shape[-1]
+    n = weight.shape[0]
+    x2 = x.detach().reshape(-1, k)
+    y = torch.empty((x2.shape[0], n), dtype=out_dtype or x.dtype, device=x.device)
+    if x2.shape[0] == 0:
+        return y.reshape(*x.shape[:-1], n)
+    wv = _weight_view(quant, weight.detach(), (n, k))
+    desc = _lib.LinearDesc(int(quant), k, n)
+    args, keep = _fwd_args(x2, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
+                           scale_w.detach(), y)
+    _Call(x)("bie_linear_forward", ctypes.byref(desc), ctypes.byref(args))
+    del keep
+    return y.reshape(*x.shape[:-1], n)
+
+
+def _grad_outputs(x_like, weight, shape_w, scale_a, bias_a, needs, grad_weight_dtype):
+    gx = torch.empty(x_like.shape, dtype=x_like.dtype, device=x_like.device) if needs[0] else None
+    if needs[1]:
+        gdt = grad_weight_dtype or (weight.dtype if weight.dtype in _FLOATS else torch.float32)
+        gw = torch.empty(tuple(shape_w), dtype=gdt, device=x_like.device)
+    else:
+        gw = None
+    gs = torch.empty_like(scale_a, dtype=scale_a.dtype) if needs[2] else None
+    gb = torch.empty_like(bias_a) if (needs[3] and bias_a is not None) else None
+    return gx, gw, gs, gb
+
+
+def _bwd_args(x, bias_a, weight_v, scale_a, scale_w, grad_y, gx, gw, gs, gb):
+    keep = [_view(x), _view(bias_a) if bias_a is not None else None, weight_v, _view(scale_a), _view(scale_w),
+            _view(grad_y)] + [_view(t) if t is not None else None for t in (gx, gw, gs, gb)]
+    return _lib.BackwardArgs(*[_ptr(v) for v in keep]), keep
+
+
+def linear_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, needs=(True, True, True, True),
+                    grad_weight_dtype=None):
+    """Straight-through backward of linear_forward. Returns (grad_x, grad_weight, grad_scale_a,
+    grad_bias_a); an entry is None where `needs` says so. grad_weight is float (weight's dtype for a
+    float weight, float32 otherwise unless grad_weight_dtype is given)."""
+    _common(x, bias_a, scale_a, scale_w)
+    _check_float(grad_y, "grad_y")
+    k = x.shape[-1]
+    n = weight.shape[0]
+    x2 = x.detach().reshape(-1, k)
+    g2 = grad_y.reshape(-1, n)
+    gx, gw, gs, gb = _grad_outputs(x2, weight, (n, k), scale_a, bias_a, needs, grad_weight_dtype)
+    if x2.shape[0] == 0:
+        if gw is not None:
+            gw.zero_()
+        if gs is not None:
+            gs.zero_()
+        if gb is not None:
+            gb.zero_()
+    else:
+        wv = _weight_view(quant, weight.detach(), (n, k))
+        desc = _lib.LinearDesc(int(quant), k, n)
+        args, keep = _bwd_args(x2, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
+                               scale_w.detach(), g2, gx, gw, gs, gb)
+        _Call(x)("bie_linear_backward", ctypes.byref(desc), ctypes.byref(args))
+        del keep
+    if gx is not None:
+        gx = gx.reshape(x.shape)
+    return gx, gw, gs, gb
+
+
+def _pair(v):
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise ValueError(f"bie: expected an int or a pair, got {v}")
+        return int(v[0]), int(v[1])
+    return int(v), int(v)
+
+
+def conv2d_output_size(h, w, kernel_size, stride=1, padding=0, dilation=1):
+    kh, kw = _pair(kernel_size)
+    sh, sw = _pair(stride)
+    ph, pw = _pair(padding)
+    dh, dw = _pair(dilation)
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return oh, ow
+
+
+def _conv_desc(quant, c, o, kernel_size, stride, padding, dilation, pad_value):
+    d = _lib.Conv2dDesc()
+    d.quant = int(quant)
+    d.in_channels = c
+    d.out_channels = o
+    for name, v in (("kernel", kernel_size), ("stride", stride), ("padding", padding), ("dilation", dilation)):
+        a, b = _pair(v)
+        getattr(d, name)[0] = a
+        getattr(d, name)[1] = b
+    d.groups = 1
+    d.pad_value = int(pad_value)
+    return d
+
+
+def _conv_weight_shape(x, weight, kernel_size):
+    c = x.shape[1]
+    o = weight.shape[0]
+    if kernel_size is None:
+        if weight.dim() != 4:
+            raise ValueError("bie: conv weight must be 4-D")
+        # float / int8 codes [O, C, kh, kw]; packed [O, kh, kw, C']
+        kh, kw = (weight.shape[2], weight.shape[3]) if weight.shape[1] == c and weight.dtype != torch.uint8 \
+            else (weight.shape[1], weight.shape[2])
+    else:
+        kh, kw = _pair(kernel_size)
+    return (o, c, kh, kw)
+
+
+def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=None, stride=1, padding=0,
+                   dilation=1, pad_value=PAD_ZERO, out_dtype=None):
+    """y[N, O, OH, OW] = scale_a*scale_w * (a cross-correlated with w), libbie's conv2d forward."""
+    _common(x, bias_a, scale_a, scale_w)
+    if x.dim() != 4:
+        raise ValueError(f"bie: conv2d input must be 4-D [N, C, H, W], has {x.dim()} dimensions")
+    shape_w = _conv_weight_shape(x, weight, kernel_size)
+    oh, ow = conv2d_output_size(x.shape[2], x.shape[3], shape_w[2:], stride, padding, dilation)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"bie: conv2d output would be {oh}x{ow} for a {x.shape[2]}x{x.shape[3]} input")
+    y = torch.empty((x.shape[0], shape_w[0], oh, ow), dtype=out_dtype or x.dtype, device=x.device)
+    if x.shape[0] == 0:
+        return y
+    xd = x.detach()
+    wv = _weight_view(quant, weight.detach(), shape_w)
+    desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
+    args, keep = _fwd_args(xd, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
+                           scale_w.detach(), y)
+    _Call(x)("bie_conv2d_forward", ctypes.byref(desc), ctypes.byref(args))
+    del keep
+    return y
+
+
+def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, kernel_size=None, stride=1, padding=0,
+                    dilation=1, pad_value=PAD_ZERO, needs=(True, True, True, True), grad_weight_dtype=None):
+    """Straight-through backward of conv2d_forward: (grad_x, grad_weight, grad_scale_a, grad_bias_a)."""
+    _common(x, bias_a, scale_a, scale_w)
+    _check_float(grad_y, "grad_y")
+    shape_w = _conv_weight_shape(x, weight, kernel_size)
+    xd = x.detach()
+    gx, gw, gs, gb = _grad_outputs(xd, weight, shape_w, scale_a, bias_a, needs, grad_weight_dtype)
+    if gx is not None:
+        gx = torch.empty_like(xd)  # same strides as x (channels-last stays channels-last)
+    if x.shape[0] == 0:
+        for t in (gw, gs, gb):
+            if t is not None:
+                t.zero_()
+        return gx, gw, gs, gb
+    wv = _weight_view(quant, weight.detach(), shape_w)
+    desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
+    args, keep = _bwd_args(xd, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
+                           scale_w.detach(), grad_y, gx, gw, gs, gb)
+    _Call(x)("bie_conv2d_backward", ctypes.byref(desc), ctypes.byref(args))
+    del keep
+    return gx, gw, gs, gb

@@ -1,0 +1,373 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Drop-in modules mirroring Bitorch Engine's layers, with all the math in libbie.
+
+Every layer has
+  weight      float latent weight [out, in] / [O, C, kh, kw] (binary layers can hold Bitorch
+              Engine's int8 latent form instead: latent_int8=True, see prepare_params)
+  bias_a      learnable input shift [in] / [C] (zeros), added to x before quantization
+  scale_a     learnable activation scale (a Parameter; 0 until the first forward sets it from
+              that input: binary 2*mean|x|, or 4*mean|x| with symmetric=False; n-bit
+              2*mean|x|/11.269)
+  scale_w     weight scale (a buffer, not trained): binary mean|W|, 4-bit
+              max(2*mean|W|/5.6345, eps), 8-bit 2*mean|W|/11.269 (refreshed from the weight on
+              every training forward and before packing, as Bitorch Engine's Q8 layer does)
+  eps         1e-5
+  qweight     the packed weight (binary: uint8 bits; 4-bit: int8 nibbles; 8-bit: int8 codes),
+              made by generate_quantized_weight() or, in eval mode, on first use
+and the protocol: prepare_params() (call it once after construction or after loading float
+weights: prepare_bie_layers does it for a model), generate_quantized_weight(qweight_only=False),
+set_activation(x), set_weight_data(x), and opt_weight (the float/latent weight in training mode,
+qweight in eval mode). `bias=True` adds a float output bias (not in Bitorch Engine; kept when
+replacing an nn.Linear / nn.Conv2d that has one).
+"""
+import math
+
+import torch
+import torch.nn as nn
+
+from . import functional as F
+from .autograd import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dForward, Q4LinearForward,
+                       Q8Conv2dForward, Q8LinearForward)
+from .functional import PAD_MINUS_ONE, PAD_ZERO, QUANT_BINARY, QUANT_INT4, QUANT_INT8
+
+__all__ = ["BinaryLinear", "Q4Linear", "Q8Linear", "BinaryConv2d", "Q4Conv2d", "Q8Conv2d", "BieLayer"]
+
+
+def _q8_weight_scale(w):
+    """8-bit weight scale 2*mean|W|/11.269 (sum in float64, on the weight's device: no sync)."""
+    return (2.0 * w.detach().to(torch.float64).abs().mean() / 11.269).to(torch.float32)
+
+
+def _dist_mean(t, device):
+    """Average of a scalar over the ranks of an initialised torch.distributed group (else t)."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return t
+    u = t.to(device if dist.get_backend() == "nccl" else "cpu", torch.float64)
+    dist.all_reduce(u)
+    return (u / dist.get_world_size()).to(torch.float32)
+
+
+class BieLayer(nn.Module):
+    """Common base of the bie layers (not used directly)."""
+
+    quant = None
+    is_conv = False
+
+    def _init_common(self, in_size, out_size, device, dtype, symmetric, bias, latent_int8):
+        factory = dict(device=device, dtype=dtype)
+        self.dtype = dtype
+        self.symmetric = symmetric
+        self.latent_int8 = bool(latent_int8)
+        if self.latent_int8 and self.quant != QUANT_BINARY:
+            raise ValueError("bie: the int8 latent weight form is for binary layers only")
+        self.bias_a = nn.Parameter(torch.zeros(in_size, **factory))
+        self.scale_a = nn.Parameter(torch.tensor(0.0, **factory))
+        self.register_buffer("scale_w", torch.tensor(1.0, dtype=torch.float32, device=device))
+        self.register_buffer("eps", torch.tensor(1e-5, **factory))
+        self.register_buffer("qweight", None)
+        self.register_buffer("weight_grad", None, persistent=False)  # int8 latent weight's float gradient
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(out_size, **factory))
+        else:
+            self.register_parameter("bias", None)
+        self._scale_ready = False
+        self._qweight_key = None
+
+    def reset_parameters(self):
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+
+    # --- protocol ---------------------------------------------------------------------------
+
+    def prepare_params(self):
+        """Sets scale_w from the float weight; with latent_int8, replaces the float weight by
+        Bitorch Engine's int8 latent weight (centred, max-abs scaled to [-127, 127], zeros made
+        +-1; its gradient then lives in the float buffer weight_grad). Call it after construction
+        and after loading float weights, before training or inference."""
+        w = self.weight
+        if w is None:
+            return
+        if self.quant == QUANT_INT8:
+            with torch.no_grad():
+                self.scale_w.copy_(_q8_weight_scale(w))
+        elif w.dtype.is_floating_point:
+            s = F.weight_scale_init(self.quant, w)
+            with torch.no_grad():
+                self.scale_w.copy_(s)
+        if self.latent_int8 and w.dtype != torch.int8:
+            self.weight = nn.Parameter(F.weight_to_latent_int8(w), requires_grad=False)
+        self._qweight_key = None
+
+    def _weight_key(self):
+        return (id(self.weight), self.weight._version, self.scale_w._version, self.scale_w.data_ptr())
+
+    def generate_quantized_weight(self, qweight_only=False):
+        """Packs the weight into qweight (binary: uint8 bits, 4-bit: int8 nibbles, 8-bit: int8
+        codes; conv weights OHWI for the packed forms). qweight_only=True drops the float weight."""
+        w = self.weight
+        if w is None:
+            if self.qweight is None:
+                raise RuntimeError("bie: this layer has neither a weight nor a qweight")
+            return
+        if self.quant == QUANT_INT8:
+            with torch.no_grad():
+                self.scale_w.copy_(_q8_weight_scale(w))
+            qw = F.quantize_int8(w, self.scale_w)
+        elif self.quant == QUANT_INT4 and F.packed_shape(QUANT_INT4, tuple(w.shape)) == tuple(w.shape):
+            qw = F.quantize_int8(w, self.scale_w)  # one channel: codes (the packed form would look alike)
+        else:
+            qw = F.pack_weight(self.quant, w, self.scale_w)
+        self.qweight = qw
+        self._qweight_key = self._weight_key()
+        if qweight_only:
+            self.weight = None
+            self.weight_grad = None
+
+    @property
+    def opt_weight(self):
+        """The weight the forward uses: the float (or int8 latent) weight in training mode,
+        qweight in eval mode (generated on first use, and again after the weight changed)."""
+        if self.weight is None:
+            if self.qweight is None:
+                raise RuntimeError("bie: this layer has neither a weight nor a qweight")
+            return self.qweight
+        if self.training:
+            return self.weight
+        if self.qweight is None or self._qweight_key != self._weight_key():
+            self.generate_quantized_weight()
+        return self.qweight
+
+    def set_weight_data(self, x):
+        """Sets the weight from a (pre-trained) tensor and re-runs prepare_params."""
+        x = x.detach()
+        if self.weight is not None and self.weight.shape == x.shape and self.weight.dtype.is_floating_point:
+            with torch.no_grad():
+                self.weight.copy_(x)
+        else:
+            dev = self.scale_w.device
+            self.weight = nn.Parameter(x.to(dev, self.dtype).clone())
+        self.prepare_params()
+
+    def _channel_view(self, t):
+        return t.view(1, -1, 1, 1) if self.is_conv else t
+
+    def set_activation(self, x):
+        """Initialises scale_a from x if it is still 0, and returns x + bias_a (the forward adds
+        bias_a inside the libbie call instead)."""
+        self._init_scale_a(x)
+        return x + self._channel_view(self.bias_a)
+
+    def _init_scale_a(self, x):
+        if self._scale_ready:
+            return
+        if float(self.scale_a.detach()) == 0.0:  # a one-off synchronisation
+            s = F.activation_scale_init(self.quant, x, self.symmetric)
+            if self.training:  # under data parallelism, every rank starts from the same scale
+                s = _dist_mean(s, x.device)
+            with torch.no_grad():
+                self.scale_a.copy_(s)
+        self._scale_ready = True
+
+    def _latent_grad_sink(self, w):
+        """For an int8 latent weight: its float gradient buffer, attached for the autograd call."""
+        if w.dtype != torch.int8 or self.quant != QUANT_BINARY or w is not self.weight:
+            return
+        if self.weight_grad is None or self.weight_grad.shape != w.shape or self.weight_grad.device != w.device:
+            self.weight_grad = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+        w.privileged_grad = self.weight_grad
+
+    def _output(self, y):
+        if self.bias is not None:
+            y = y + (self.bias.view(1, -1, 1, 1) if self.is_conv else self.bias)
+        return y
+
+    def _prepare_forward(self, x):
+        self._init_scale_a(x)
+        if self.quant == QUANT_INT8 and self.training and self.weight is not None:
+            with torch.no_grad():
+                self.scale_w.copy_(_q8_weight_scale(self.weight))
+        w = self.opt_weight
+        if self.training:
+            self._latent_grad_sink(w)
+        return w
+
+    # --- state_dict ---------------------------------------------------------------------------
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        qk, wk = prefix + "qweight", prefix + "weight"
+        dev = self.scale_w.device
+        if qk in state_dict:
+            q = state_dict[qk]
+            if self.qweight is None or self.qweight.shape != q.shape or self.qweight.dtype != q.dtype:
+                self.qweight = torch.empty(q.shape, dtype=q.dtype, device=dev)
+        else:
+            self.qweight = None
+        if wk in state_dict:
+            w = state_dict[wk]
+            if self.weight is None or self.weight.dtype != w.dtype or self.weight.shape != w.shape:
+                self.weight = nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device=dev),
+                                           requires_grad=w.dtype.is_floating_point)
+        elif qk in state_dict:
+            self.weight = None  # a packed-only checkpoint
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        self._scale_ready = False
+        self._qweight_key = None
+        if self.qweight is not None and self.weight is not None:
+            self._qweight_key = self._weight_key()  # checkpointed together: consistent
+
+
+class _Linear(BieLayer):
+    def __init__(self, in_features, out_features, device=None, dtype=torch.float, symmetric=True, bias=False,
+                 latent_int8=False):
+        super().__init__()
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
+        self._init_common(in_features, out_features, device, dtype, symmetric, bias, latent_int8)
+        self.reset_parameters()
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+    def _check_forward(self, x):
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"bie: input has {x.shape[-1]} features, the layer expects {self.in_features}")
+
+
+class BinaryLinear(_Linear):
+    """Binary linear layer: y = scale_a*scale_w * sign(x + bias_a) . sign(W)^T (Bitorch Engine's
+    BinaryLinearCuda / BinaryLinearCutlass). gemm_kernel_id is kept for compatibility."""
+
+    quant = QUANT_BINARY
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gemm_kernel_id = 3
+
+    def forward(self, x, bmm_type=None):
+        self._check_forward(x)
+        w = self._prepare_forward(x)
+        y = BinaryLinearForward.apply(x, w, self.scale_a, self.scale_w, self.gemm_kernel_id, self.training,
+                                      self.bias_a)
+        return self._output(y)
+
+
+def _check_bits(a_bit, w_bit, bits):
+    if (a_bit is not None and a_bit != bits) or (w_bit is not None and w_bit != bits):
+        raise ValueError(f"bie: this layer is {bits}-bit (a_bit = w_bit = {bits})")
+
+
+class Q4Linear(_Linear):
+    """4-bit linear layer (Bitorch Engine's Q4LinearCutlass): codes clamp(rne(v/scale), -8, 7)."""
+
+    quant = QUANT_INT4
+
+    def __init__(self, in_channels, out_channels, a_bit=None, w_bit=None, device=None, dtype=torch.float, bias=False):
+        _check_bits(a_bit, w_bit, 4)
+        super().__init__(in_channels, out_channels, device=device, dtype=dtype, bias=bias)
+
+    def forward(self, x):
+        self._check_forward(x)
+        w = self._prepare_forward(x)
+        return self._output(Q4LinearForward.apply(x, w, self.scale_a, self.scale_w, self.training, self.bias_a))
+
+
+class Q8Linear(_Linear):
+    """8-bit linear layer (Bitorch Engine's Q8LinearCutlass): codes clamp(rne(v/scale), -128, 127)."""
+
+    quant = QUANT_INT8
+
+    def __init__(self, in_channels, out_channels, a_bit=None, w_bit=None, device=None, dtype=torch.float, bias=False):
+        _check_bits(a_bit, w_bit, 8)
+        super().__init__(in_channels, out_channels, device=device, dtype=dtype, bias=bias)
+
+    def forward(self, x):
+        self._check_forward(x)
+        w = self._prepare_forward(x)
+        return self._output(Q8LinearForward.apply(x, w, self.scale_a, self.scale_w, self.training, self.bias_a))
+
+
+def _pair(v):
+    return tuple(int(t) for t in v) if isinstance(v, (tuple, list)) else (int(v), int(v))
+
+
+class _Conv2d(BieLayer):
+    is_conv = True
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, device=None,
+                 dtype=torch.float, symmetric=True, bias=False, latent_int8=False):
+        super().__init__()
+        self.in_channels, self.out_channels = int(in_channels), int(out_channels)
+        self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
+        self.padding, self.dilation = _pair(padding), _pair(dilation)
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, *self.kernel_size, device=device,
+                                               dtype=dtype))
+        self._init_common(in_channels, out_channels, device, dtype, symmetric, bias, latent_int8)
+        self.reset_parameters()
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}, dilation={self.dilation}, bias={self.bias is not None}")
+
+    def _check_forward(self, x):
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"bie: input of shape {tuple(x.shape)} is not [N, {self.in_channels}, H, W]")
+
+    def _geometry(self):
+        return self.kernel_size, self.stride, self.padding, self.dilation
+
+
+class BinaryConv2d(_Conv2d):
+    """Binary conv2d (Bitorch Engine's BinaryConv2dCutlass, as a true cross-correlation).
+    pad_value: the value of the spatial padding taps, bie.PAD_MINUS_ONE (default, Bitorch
+    Engine's and bitorch's convention), bie.PAD_ZERO or bie.PAD_PLUS_ONE."""
+
+    quant = QUANT_BINARY
+
+    def __init__(self, *args, pad_value=PAD_MINUS_ONE, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pad_value = int(pad_value)
+
+    def forward(self, x):
+        self._check_forward(x)
+        w = self._prepare_forward(x)
+        y = BinaryConv2dForward.apply(x, w, self.scale_a, self.scale_w, self.training, *self._geometry(),
+                                      self.bias_a, self.pad_value)
+        return self._output(y)
+
+
+class Q4Conv2d(_Conv2d):
+    """4-bit conv2d (Bitorch Engine's Q4Conv2dCutlass, as a true NCHW cross-correlation)."""
+
+    quant = QUANT_INT4
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, a_bit=None,
+                 w_bit=None, device=None, dtype=torch.float, bias=False):
+        _check_bits(a_bit, w_bit, 4)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, device=device, dtype=dtype,
+                         bias=bias)
+
+    def forward(self, x):
+        self._check_forward(x)
+        w = self._prepare_forward(x)
+        return self._output(Q4Conv2dForward.apply(x, w, self.scale_a, self.scale_w, self.training, *self._geometry(),
+                                                  self.bias_a))
+
+
+class Q8Conv2d(_Conv2d):
+    """8-bit conv2d."""
+
+    quant = QUANT_INT8
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, a_bit=None,
+                 w_bit=None, device=None, dtype=torch.float, bias=False):
+        _check_bits(a_bit, w_bit, 8)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, device=device, dtype=dtype,
+                         bias=bias)
+
+    def forward(self, x):
+        self._check_forward(x)
+        w = self._prepare_forward(x)
+        return self._output(Q8Conv2dForward.apply(x, w, self.scale_a, self.scale_w, self.training, *self._geometry(),
+                                                  self.bias_a))
