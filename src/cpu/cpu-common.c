@@ -1,0 +1,84 @@
+// SPDX-License-Identifier: Apache-2.0
+// cpu-common.c: kernel table selection, thread count, element loads, and the tiled integer GEMM
+// driver shared by the binary and n-bit operators.
+#include "cpu/cpu-impl.h"
+
+#include <omp.h>
+
+const struct cpu_kernels * bie_cpu_kernels(enum bie_cpu_isa isa) {
+    if (isa > bie_cpu_isa_detected()) isa = bie_cpu_isa_detected();
+    switch (isa) {
+    case BIE_CPU_ISA_AVX512_VPOPCNT: return &bie_cpu_kernels_avx512vpopcnt;
+    case BIE_CPU_ISA_AVX512: return &bie_cpu_kernels_avx512;
+    case BIE_CPU_ISA_AVX2: return &bie_cpu_kernels_avx2;
+    default: return &bie_cpu_kernels_scalar;
+    }
+}
+
+int cpu_threads(const bie_context_t * ctx) {
+    return ctx->params.num_threads > 0 ? ctx->params.num_threads : omp_get_max_threads();
+}
+
+float cpu_load(const struct bie_tensor * t, int64_t off) {
+    switch (t->dtype) {
+    case BIE_DTYPE_F32: return ((const float *)t->data)[off];
+    case BIE_DTYPE_F16: return bie_f16_to_f32(((const uint16_t *)t->data)[off]);
+    case BIE_DTYPE_BF16: return bie_bf16_to_f32(((const uint16_t *)t->data)[off]);
+    case BIE_DTYPE_I8: return (float)((const int8_t *)t->data)[off];
+    case BIE_DTYPE_I32: return (float)((const int32_t *)t->data)[off];
+    case BIE_DTYPE_B1: return (((const uint8_t *)t->data)[off >> 3] >> (off & 7)) & 1 ? 1.0f : -1.0f;
+    case BIE_DTYPE_S4: {
+        const uint8_t byte = ((const uint8_t *)t->data)[off >> 1];
+        const int nib = (off & 1) ? (byte & 15) : (byte >> 4);
+        return (float)(nib >= 8 ? nib - 16 : nib);
+    }
+    default: return (float)bie_load(t, off);
+    }
+}
+
+void cpu_bias_dense(const struct bie_tensor * bias, int64_t C, float * out) {
+    for (int64_t c = 0; c < C; c++) out[c] = bias && bias->data ? cpu_load(bias, c * bias->stride[0]) : 0.0f;
+}
+
+// Tile sizes of the GEMM driver: MB rows (a multiple of CPU_MR) by at most NB_MAX columns (a
+// multiple of 8, so that tiles of a B1 output own whole bytes).
+#define MB 64
+#define NB_MAX 256
+
+size_t cpu_gemm_workspace(int threads) { return (size_t)threads * MB * NB_MAX * sizeof(int32_t); }
+
+void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool parallel_stores) {
+    const int nr = job->kind == 1 ? job->kern->bin_nr : job->kern->i16_nr;
+    const int64_t mtiles = (job->M + MB - 1) / MB;
+    int64_t nb = (int64_t)cpu_round_up((size_t)job->N, 8);
+    if (nb > NB_MAX) nb = NB_MAX;
+    // Enough tiles for every thread (small M: split N finer, down to 16 columns).
+    while (nb > 16 && mtiles * ((job->N + nb - 1) / nb) < 2 * threads) nb = (int64_t)cpu_round_up((size_t)nb / 2, 8);
+    const int64_t ntiles = (job->N + nb - 1) / nb;
+    const int64_t tiles = mtiles * ntiles;
+    if (!parallel_stores) threads = 1;
+    if (threads > tiles) threads = (int)tiles;
+    const size_t esz = job->kind == 1 ? 1 : sizeof(int16_t);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t mt = t / ntiles, ntile = t % ntiles;
+        const int64_t m0 = mt * MB, n0 = ntile * nb;
+        const int64_t mc = job->M - m0 < MB ? job->M - m0 : MB;
+        const int64_t nc = job->N - n0 < nb ? job->N - n0 : nb;
+        int32_t * acc = (int32_t *)tile_ws + (size_t)omp_get_thread_num() * MB * NB_MAX;
+        const size_t ldacc = NB_MAX;
+        for (int64_t j = 0; j < nc; j += nr) {
+            const uint8_t * bp = (const uint8_t *)job->b + (size_t)(n0 + j) * job->ldb * esz;
+            for (int64_t i = 0; i < mc; i += CPU_MR) {
+                const uint8_t * ap = (const uint8_t *)job->a + (size_t)(m0 + i) * job->lda * esz;
+                int32_t * cp = acc + (size_t)i * ldacc + (size_t)j;
+                if (job->kind == 1)
+                    job->kern->bin_tile(ap, job->lda, bp, job->ldb, job->k, cp, ldacc);
+                else
+                    job->kern->i16_tile((const int16_t *)ap, job->lda, (const int16_t *)bp, job->ldb, job->k,
+                                        cp, ldacc);
+            }
+        }
+        job->finish(job->finish_ctx, m0, mc, n0, nc, acc, ldacc);
+    }
+}

@@ -1,0 +1,150 @@
+// SPDX-License-Identifier: Apache-2.0
+// cpu-impl.h: internals of the optimised CPU backend (src/cpu).
+//
+// Layering (BLIS style): the operators (cpu-binary.c, cpu-nbit.c, cpu-backward.c) pack the
+// activations and weights into panels in the host workspace, run a register-blocked microkernel
+// over MR x NR output tiles, and finish each tile with a fused epilogue (cpu-epilogue.c). The
+// microkernels and the vectorised packing helpers live in one file per ISA
+// (cpu-kernels-scalar.c, -avx2.c, -avx512.c, -avx512vpopcnt.c), each compiled with its own flags;
+// bie_cpu_kernels() picks the table for the context's ISA (ctx->isa) at run time.
+//
+// Binary panel layout (shared by activations and weights): one row per output pixel (A) or
+// output channel (B); a row holds the K = C*kh*kw codes in tap-major, channel-minor order
+// (OHWI for weights), each tap padded to Cb = ceil(C/8) bytes, bit c%8 of byte c/8 (LSB first,
+// bit 1 <=> +1); the row is zero-padded to KBp = round_up(kh*kw*Cb, 64) bytes. The padding bits are
+// 0 in both operands, so XOR ignores them and acc = K - 2*popc(a XOR w) exactly.
+// With `bin_split` the row is stored as two planes of KBp bytes: the low nibbles (byte & 15) and
+// then the high nibbles (byte >> 4), which saves the nibble extraction in pshufb-lookup kernels.
+// Panels have a multiple of 4 rows (zero rows at the end).
+//
+// n-bit panel layout: the integer codes as int16, same K order (no per-tap padding), rows
+// zero-padded to Kp = round_up(K, 32) elements.
+#pragma once
+
+#include "bie-impl.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define CPU_MR 4       // rows of every microkernel tile
+#define CPU_KB_ALIGN 64 // binary rows are padded to this many bytes
+#define CPU_K16_ALIGN 32 // int16 rows are padded to this many elements
+
+struct cpu_kernels {
+    enum bie_cpu_isa isa;
+    int bin_nr;     // columns of the binary tile
+    bool bin_split; // binary panels hold nibble planes (see above)
+    int i16_nr;     // columns of the int16 tile
+    // c[i*ldc + j] = popcount(a_i XOR b_j) for i < CPU_MR, j < bin_nr; a_i = a + i*lda (bytes),
+    // b_j = b + j*ldb; kb = KBp (a multiple of 64) bytes per plane.
+    void (*bin_tile)(const uint8_t * a, size_t lda, const uint8_t * b, size_t ldb, size_t kb,
+                     int32_t * c, size_t ldc);
+    // c[i*ldc + j] = sum_k a_i[k] * b_j[k] (int32, wrapping) for i < CPU_MR, j < i16_nr;
+    // k a multiple of 32; lda/ldb in elements.
+    void (*i16_tile)(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k,
+                     int32_t * c, size_t ldc);
+    // out bit i = (x[i] + b_i >= 0) with b_i = bias[i] if bias else b0 (f32 add; NaN -> 0), for
+    // i < n; the unused high bits of the last byte are 0.
+    void (*sign_bits)(const float * x, const float * bias, float b0, int64_t n, uint8_t * out);
+    // out[i] = clamp(rne((x[i] + b_i) / scale), lo, hi) with b_i as above (f32 math).
+    void (*quantize)(const float * x, const float * bias, float b0, int64_t n, float scale, int lo,
+                     int hi, int16_t * out);
+    // lo[i] = in[i] & 15, hi[i] = in[i] >> 4 for i < n (n a multiple of 64).
+    void (*nibble_split)(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi);
+};
+
+extern const struct cpu_kernels bie_cpu_kernels_scalar;
+extern const struct cpu_kernels bie_cpu_kernels_avx2;
+extern const struct cpu_kernels bie_cpu_kernels_avx512;
+extern const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt;
+
+// The AVX-512 kernels that the VPOPCNTDQ table shares (cpu-kernels-avx512.c).
+void bie_cpu_bin_tile_4x4__avx512(const uint8_t * a, size_t lda, const uint8_t * b, size_t ldb,
+                                  size_t kb, int32_t * c, size_t ldc);
+void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t * b, size_t ldb,
+                                  size_t k, int32_t * c, size_t ldc);
+void bie_cpu_sign_bits__avx512(const float * x, const float * bias, float b0, int64_t n, uint8_t * out);
+void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int64_t n, float scale,
+                              int lo, int hi, int16_t * out);
+
+// The table for an ISA level (the best one not above it).
+const struct cpu_kernels * bie_cpu_kernels(enum bie_cpu_isa isa);
+
+// Scalar quantisation shared by every ISA's tail handling: clamp(rne(v / scale), lo, hi).
+// NaN maps to lo (the comparison v > lo is false), matching the reference.
+static inline int cpu_quantize1(float v, float scale, int lo, int hi) {
+    const float r = bie_rne(v / scale);
+    if (!(r >= (float)lo)) return lo;
+    if (r > (float)hi) return hi;
+    return (int)r;
+}
+
+// --- shared helpers (cpu-common.c) ----------------------------------------------------------------
+
+// Threads for a context: params.num_threads, or OpenMP's default when <= 0.
+int cpu_threads(const bie_context_t * ctx);
+
+static inline size_t cpu_round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// Carves aligned pieces out of the call's single workspace buffer.
+struct cpu_arena {
+    uint8_t * base;
+    size_t used, cap;
+};
+// Bytes to reserve for a piece of `bytes` (64-byte aligned).
+static inline size_t cpu_arena_size(size_t bytes) { return cpu_round_up(bytes, 64); }
+static inline void * cpu_arena_take(struct cpu_arena * a, size_t bytes) {
+    void * p = a->base + a->used;
+    a->used += cpu_arena_size(bytes);
+    return p;
+}
+
+// Reads element `off` of a float / I8 / I32 / B1 / S4 view as float (B1: +-1, S4: the code).
+float cpu_load(const struct bie_tensor * t, int64_t off);
+// bias_a as a dense f32 array of C values (zeros when absent).
+void cpu_bias_dense(const struct bie_tensor * bias, int64_t C, float * out);
+
+// Geometry helpers: the K order is (tap t = i*kw + j, channel c).
+static inline bool cpu_is_plain_1x1(const struct bie_geometry * g) {
+    return g->kh == 1 && g->kw == 1 && g->sh == 1 && g->sw == 1 && g->ph == 0 && g->pw == 0;
+}
+
+// Output transform of integer accumulators (fused epilogue, cpu-epilogue.c).
+// acc holds mc rows (output pixels m0 .. m0+mc-1) of nc values (channels n0 .. n0+nc-1), row
+// stride ldacc. Writes y = acc * scale (f32/f16/bf16, RNE), acc (I32) or (acc >= 0) (B1).
+struct cpu_epilogue {
+    const struct bie_layer_call * call;
+    float scale;      // scale_a * scale_w, computed once in f32
+    bool b1_bytes;    // y is B1 with whole-byte channel rows (stride[1] == 1, others % 8 == 0)
+};
+void cpu_epilogue_init(struct cpu_epilogue * e, const struct bie_layer_call * call);
+// True when the stores of different output pixels can run on different threads.
+bool cpu_epilogue_parallel_safe(const struct cpu_epilogue * e);
+void cpu_epilogue_store(const struct cpu_epilogue * e, int64_t m0, int64_t mc, int64_t n0, int64_t nc,
+                        const int32_t * acc, size_t ldacc);
+
+// Runs an integer GEMM over row panels a (Mp rows) and column panels b (Np rows) in tiles on
+// `threads` threads, then calls the epilogue on every tile. kind 1: binary (kern->bin_tile, the
+// tile gives popcounts, finish() turns them into acc); kind 16: int16 (kern->i16_tile).
+struct cpu_gemm {
+    const struct cpu_kernels * kern;
+    int kind;
+    const void * a;
+    const void * b;
+    size_t lda, ldb; // bytes (binary) or elements (int16), per row
+    size_t k;        // KBp bytes (binary) or Kp elements (int16)
+    int64_t M, N;    // valid rows / columns
+    // Called per tile with the raw tile (popcounts or acc), to fix it up and store it.
+    void (*finish)(void * ctx, int64_t m0, int64_t mc, int64_t n0, int64_t nc, int32_t * acc, size_t ldacc);
+    void * finish_ctx;
+};
+// Workspace bytes run_gemm needs for its per-thread tile buffers.
+size_t cpu_gemm_workspace(int threads);
+void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool parallel_stores);
+
+// Operators.
+enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_layer_call * call);
+enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer_call * call);
+enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_layer_call * call);
+enum bie_status bie_cpu_pack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
+                             const struct bie_tensor * dst);

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+// cpu-kernels-avx2.c: AVX2 microkernels and packing helpers (compiled with the AVX2 flags only).
+//
+// Binary tile: popcount(a XOR b) by the pshufb nibble lookup (Mula, Kurz & Lemire 2018) on
+// nibble-split panels: popc(a ^ b) = lut[lo(a) ^ lo(b)] + lut[hi(a) ^ hi(b)], two lookups per
+// 32-byte pair. Byte counters grow by <= 8 per step, so they are flushed into 64-bit sums with
+// vpsadbw every 31 steps (31 * 8 = 248 < 256).
+#include "cpu/cpu-impl.h"
+
+#include <immintrin.h>
+
+static inline int64_t hsum_epi64(__m256i v) {
+    const __m128i s = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    return _mm_cvtsi128_si64(s) + _mm_extract_epi64(s, 1);
+}
+
+static inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+// 4x2 tile; a and b rows are [lo plane kb][hi plane kb].
+static void bin_tile_4x2(const uint8_t * a, size_t lda, const uint8_t * b, size_t ldb, size_t kb,
+                         int32_t * c, size_t ldc) {
+    const __m256i lut = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1,
+                                         2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4);
+    const __m256i zero = _mm256_setzero_si256();
+    int64_t tot[CPU_MR][2] = {{0}};
+    size_t k = 0;
+    while (k < kb) {
+        const size_t kend = kb - k > 31 * 32 ? k + 31 * 32 : kb;
+        __m256i acc[CPU_MR][2];
+        for (int i = 0; i < CPU_MR; i++) acc[i][0] = acc[i][1] = zero;
+        for (; k < kend; k += 32) {
+            const __m256i bl0 = _mm256_load_si256((const __m256i *)(b + k));
+            const __m256i bh0 = _mm256_load_si256((const __m256i *)(b + kb + k));
+            const __m256i bl1 = _mm256_load_si256((const __m256i *)(b + ldb + k));
+            const __m256i bh1 = _mm256_load_si256((const __m256i *)(b + ldb + kb + k));
+            for (int i = 0; i < CPU_MR; i++) {
+                const __m256i al = _mm256_load_si256((const __m256i *)(a + i * lda + k));
+                const __m256i ah = _mm256_load_si256((const __m256i *)(a + i * lda + kb + k));
+                acc[i][0] = _mm256_add_epi8(acc[i][0],
+                                            _mm256_add_epi8(_mm256_shuffle_epi8(lut, _mm256_xor_si256(al, bl0)),
+                                                            _mm256_shuffle_epi8(lut, _mm256_xor_si256(ah, bh0))));
+                acc[i][1] = _mm256_add_epi8(acc[i][1],
+                                            _mm256_add_epi8(_mm256_shuffle_epi8(lut, _mm256_xor_si256(al, bl1)),
+                                                            _mm256_shuffle_epi8(lut, _mm256_xor_si256(ah, bh1))));
+            }
+        }
+        for (int i = 0; i < CPU_MR; i++)
+            for (int j = 0; j < 2; j++) tot[i][j] += hsum_epi64(_mm256_sad_epu8(acc[i][j], zero));
+    }
+    for (int i = 0; i < CPU_MR; i++)
+        for (int j = 0; j < 2; j++) c[i * ldc + j] = (int32_t)tot[i][j];
+}
+
+// 4x2 tile of int16 dot products: vpmaddwd gives exact int32 pair sums (no saturation).
+static void i16_tile_4x2(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k,
+                         int32_t * c, size_t ldc) {
+    __m256i acc[CPU_MR][2];
+    for (int i = 0; i < CPU_MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+    for (size_t p = 0; p < k; p += 16) {
+        const __m256i b0 = _mm256_load_si256((const __m256i *)(b + p));
+        const __m256i b1 = _mm256_load_si256((const __m256i *)(b + ldb + p));
+        for (int i = 0; i < CPU_MR; i++) {
+            const __m256i av = _mm256_load_si256((const __m256i *)(a + i * lda + p));
+            acc[i][0] = _mm256_add_epi32(acc[i][0], _mm256_madd_epi16(av, b0));
+            acc[i][1] = _mm256_add_epi32(acc[i][1], _mm256_madd_epi16(av, b1));
+        }
+    }
+    for (int i = 0; i < CPU_MR; i++)
+        for (int j = 0; j < 2; j++) c[i * ldc + j] = hsum_epi32(acc[i][j]);
+}
+
+static void sign_bits(const float * x, const float * bias, float b0, int64_t n, uint8_t * out) {
+    const __m256 bv0 = _mm256_set1_ps(b0), fz = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 bv = bias ? _mm256_loadu_ps(bias + i) : bv0;
+        const __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + i), bv);
+        out[i / 8] = (uint8_t)_mm256_movemask_ps(_mm256_cmp_ps(v, fz, _CMP_GE_OQ));
+    }
+    if (i < n) bie_cpu_kernels_scalar.sign_bits(x + i, bias ? bias + i : NULL, b0, n - i, out + i / 8);
+}
+
+static void quantize(const float * x, const float * bias, float b0, int64_t n, float scale, int lo,
+                     int hi, int16_t * out) {
+    const __m256 bv0 = _mm256_set1_ps(b0), sv = _mm256_set1_ps(scale);
+    const __m256 lov = _mm256_set1_ps((float)lo), hiv = _mm256_set1_ps((float)hi);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 bv = bias ? _mm256_loadu_ps(bias + i) : bv0;
+        __m256 r = _mm256_div_ps(_mm256_add_ps(_mm256_loadu_ps(x + i), bv), sv);
+        r = _mm256_round_ps(r, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm256_min_ps(_mm256_max_ps(r, lov), hiv); // max(NaN, lo) = lo
+        const __m256i q = _mm256_cvtps_epi32(r);
+        _mm_storeu_si128((__m128i *)(out + i),
+                         _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
+    }
+    if (i < n)
+        bie_cpu_kernels_scalar.quantize(x + i, bias ? bias + i : NULL, b0, n - i, scale, lo, hi, out + i);
+}
+
+static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi) {
+    const __m256i m = _mm256_set1_epi8(15);
+    for (size_t i = 0; i < n; i += 32) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(in + i));
+        _mm256_storeu_si256((__m256i *)(lo + i), _mm256_and_si256(v, m));
+        _mm256_storeu_si256((__m256i *)(hi + i), _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
+    }
+}
+
+const struct cpu_kernels bie_cpu_kernels_avx2 = {
+    .isa = BIE_CPU_ISA_AVX2,
+    .bin_nr = 2,
+    .bin_split = true,
+    .i16_nr = 2,
+    .bin_tile = bin_tile_4x2,
+    .i16_tile = i16_tile_4x2,
+    .sign_bits = sign_bits,
+    .quantize = quantize,
+    .nibble_split = nibble_split,
+};

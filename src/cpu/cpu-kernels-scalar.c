@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: Apache-2.0
+// cpu-kernels-scalar.c: portable microkernels and packing helpers (no ISA flags): the fallback
+// table, and the reference that the SIMD tables are tested against (tests/test-cpu-*.c).
+#include "cpu/cpu-impl.h"
+
+static inline uint64_t load64(const uint8_t * p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+// 4x4 tile of popcount(a_i XOR b_j) over kb bytes, 8 bytes per step (unsplit rows).
+static void bin_tile_4x4(const uint8_t * a, size_t lda, const uint8_t * b, size_t ldb, size_t kb,
+                         int32_t * c, size_t ldc) {
+    uint64_t s[CPU_MR][4] = {{0}};
+    for (size_t k = 0; k < kb; k += 8) {
+        uint64_t bv[4];
+        for (int j = 0; j < 4; j++) bv[j] = load64(b + j * ldb + k);
+        for (int i = 0; i < CPU_MR; i++) {
+            const uint64_t av = load64(a + i * lda + k);
+            for (int j = 0; j < 4; j++) s[i][j] += (uint64_t)__builtin_popcountll(av ^ bv[j]);
+        }
+    }
+    for (int i = 0; i < CPU_MR; i++)
+        for (int j = 0; j < 4; j++) c[i * ldc + j] = (int32_t)s[i][j];
+}
+
+// 4x4 tile of int16 dot products (wrapping int32 sums, as the SIMD kernels).
+static void i16_tile_4x4(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k,
+                         int32_t * c, size_t ldc) {
+    uint32_t s[CPU_MR][4] = {{0}};
+    for (size_t p = 0; p < k; p++) {
+        int32_t bv[4];
+        for (int j = 0; j < 4; j++) bv[j] = b[j * ldb + p];
+        for (int i = 0; i < CPU_MR; i++) {
+            const int32_t av = a[i * lda + p];
+            for (int j = 0; j < 4; j++) s[i][j] += (uint32_t)(av * bv[j]);
+        }
+    }
+    for (int i = 0; i < CPU_MR; i++)
+        for (int j = 0; j < 4; j++) c[i * ldc + j] = (int32_t)s[i][j];
+}
+
+static void sign_bits(const float * x, const float * bias, float b0, int64_t n, uint8_t * out) {
+    for (int64_t i0 = 0; i0 < n; i0 += 8) {
+        unsigned byte = 0;
+        for (int64_t i = i0; i < n && i < i0 + 8; i++)
+            byte |= (unsigned)(x[i] + (bias ? bias[i] : b0) >= 0.0f) << (i - i0);
+        out[i0 / 8] = (uint8_t)byte;
+    }
+}
+
+static void quantize(const float * x, const float * bias, float b0, int64_t n, float scale, int lo,
+                     int hi, int16_t * out) {
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (int16_t)cpu_quantize1(x[i] + (bias ? bias[i] : b0), scale, lo, hi);
+}
+
+static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi) {
+    for (size_t i = 0; i < n; i++) {
+        lo[i] = in[i] & 15;
+        hi[i] = in[i] >> 4;
+    }
+}
+
+const struct cpu_kernels bie_cpu_kernels_scalar = {
+    .isa = BIE_CPU_ISA_SCALAR,
+    .bin_nr = 4,
+    .bin_split = false,
+    .i16_nr = 4,
+    .bin_tile = bin_tile_4x4,
+    .i16_tile = i16_tile_4x4,
+    .sign_bits = sign_bits,
+    .quantize = quantize,
+    .nibble_split = nibble_split,
+};

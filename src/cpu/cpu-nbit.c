@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+// cpu-nbit.c: 4-bit and 8-bit linear / conv2d forward as an int16 GEMM (vpmaddwd: exact int32
+// pair sums, no VNNI needed).
+//   a = clamp(rne((x + bias_a) / scale_a), lo, hi),  w = clamp(rne(W / scale_w), lo, hi)
+//   (I8 weights: the codes, clamped; S4: the codes);  acc[m, o] = sum_{t,c} a_pad(m,t,c) * w[o,t,c]
+// with zero padding (n-bit convs always pad with 0, which is the code 0 in the im2col rows).
+// Steps: x -> codes NHWC (xq, int16), weight -> code rows (OHWI), im2col rows -> A, tiled GEMM
+// with the output transform fused per tile.
+#include "cpu/cpu-impl.h"
+
+#include <omp.h>
+
+struct nbit_plan {
+    const struct bie_layer_call * c;
+    const struct cpu_kernels * kern;
+    int lo, hi;
+    int64_t Kp, M, N, Mp, Np;
+    int16_t * xq;
+    int16_t * A;
+    int16_t * B;
+    struct cpu_epilogue ep;
+};
+
+static void quantize_x(const struct nbit_plan * pl, const float * bias, int threads, int16_t * tmp_ws) {
+    const struct bie_layer_call * c = pl->c;
+    const struct bie_geometry * g = &c->g;
+    const struct bie_tensor * x = &c->x;
+    const int64_t * xs = x->stride;
+    const int64_t C = g->C, H = g->H, W = g->W, NH = g->batch * H;
+    const float sa = c->scale_a;
+    if (x->dtype == BIE_DTYPE_F32 && xs[1] == 1) {
+#pragma omp parallel for num_threads(threads)
+        for (int64_t nh = 0; nh < NH; nh++)
+            for (int64_t w = 0; w < W; w++) {
+                const float * src = (const float *)x->data + (nh / H) * xs[0] + (nh % H) * xs[2] + w * xs[3];
+                pl->kern->quantize(src, bias, 0.0f, C, sa, pl->lo, pl->hi, pl->xq + (nh * W + w) * C);
+            }
+    } else if (x->dtype == BIE_DTYPE_F32 && xs[3] == 1) {
+#pragma omp parallel for num_threads(threads)
+        for (int64_t nh = 0; nh < NH; nh++) {
+            int16_t * tmp = tmp_ws + (size_t)omp_get_thread_num() * cpu_round_up((size_t)W, 32);
+            const float * src = (const float *)x->data + (nh / H) * xs[0] + (nh % H) * xs[2];
+            int16_t * dst = pl->xq + nh * W * C;
+            for (int64_t ch = 0; ch < C; ch++) {
+                pl->kern->quantize(src + ch * xs[1], NULL, bias ? bias[ch] : 0.0f, W, sa, pl->lo, pl->hi, tmp);
+                for (int64_t w = 0; w < W; w++) dst[w * C + ch] = tmp[w];
+            }
+        }
+    } else {
+#pragma omp parallel for num_threads(threads)
+        for (int64_t nh = 0; nh < NH; nh++)
+            for (int64_t w = 0; w < W; w++) {
+                const int64_t off = (nh / H) * xs[0] + (nh % H) * xs[2] + w * xs[3];
+                int16_t * d = pl->xq + (nh * W + w) * C;
+                for (int64_t ch = 0; ch < C; ch++)
+                    d[ch] = (int16_t)cpu_quantize1(cpu_load(x, off + ch * xs[1]) + (bias ? bias[ch] : 0.0f), sa,
+                                                   pl->lo, pl->hi);
+            }
+    }
+}
+
+static void pack_weights(const struct nbit_plan * pl, int threads) {
+    const struct bie_layer_call * c = pl->c;
+    const struct bie_geometry * g = &c->g;
+    const struct bie_tensor * w = &c->weight;
+    const int64_t * ws = w->stride;
+    const int64_t C = g->C, T = g->kh * g->kw;
+    const bool is_float = bie_dtype_is_float(w->dtype);
+    const bool f32_rows = w->dtype == BIE_DTYPE_F32 && ws[1] == 1;
+#pragma omp parallel for num_threads(threads)
+    for (int64_t o = 0; o < pl->Np; o++) {
+        int16_t * row = pl->B + o * pl->Kp;
+        memset(row, 0, (size_t)pl->Kp * sizeof(int16_t));
+        if (o >= g->O) continue;
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t off = o * ws[0] + (t / g->kw) * ws[2] + (t % g->kw) * ws[3];
+            int16_t * d = row + t * C;
+            if (f32_rows) {
+                pl->kern->quantize((const float *)w->data + off, NULL, 0.0f, C, c->scale_w, pl->lo, pl->hi, d);
+                continue;
+            }
+            for (int64_t ch = 0; ch < C; ch++) {
+                const float v = cpu_load(w, off + ch * ws[1]);
+                int q;
+                if (is_float) q = cpu_quantize1(v, c->scale_w, pl->lo, pl->hi);
+                else q = v < (float)pl->lo ? pl->lo : v > (float)pl->hi ? pl->hi : (int)v;
+                d[ch] = (int16_t)q;
+            }
+        }
+    }
+}
+
+static void pack_activations(const struct nbit_plan * pl, int threads) {
+    const struct bie_geometry * g = &pl->c->g;
+    const int64_t P = g->OH * g->OW, C = g->C, T = g->kh * g->kw;
+#pragma omp parallel for num_threads(threads)
+    for (int64_t m = 0; m < pl->Mp; m++) {
+        int16_t * row = pl->A + m * pl->Kp;
+        if (m >= pl->M) {
+            memset(row, 0, (size_t)pl->Kp * sizeof(int16_t));
+            continue;
+        }
+        const int64_t n = m / P, p = m % P, oh = p / g->OW, ow = p % g->OW;
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t ih = oh * g->sh - g->ph + (t / g->kw) * g->dh;
+            const int64_t iw = ow * g->sw - g->pw + (t % g->kw) * g->dw;
+            int16_t * d = row + t * C;
+            if (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W)
+                memset(d, 0, (size_t)C * sizeof(int16_t));
+            else
+                memcpy(d, pl->xq + ((n * g->H + ih) * g->W + iw) * C, (size_t)C * sizeof(int16_t));
+        }
+        memset(row + T * C, 0, (size_t)(pl->Kp - T * C) * sizeof(int16_t));
+    }
+}
+
+static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t nc, int32_t * acc,
+                        size_t ldacc) {
+    const struct nbit_plan * pl = vpl;
+    cpu_epilogue_store(&pl->ep, m0, mc, n0, nc, acc, ldacc);
+}
+
+enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer_call * c) {
+    const struct bie_geometry * g = &c->g;
+    struct nbit_plan pl = {.c = c, .kern = bie_cpu_kernels(ctx->isa)};
+    const int threads = cpu_threads(ctx);
+    pl.lo = bie_quant_lo(c->quant);
+    pl.hi = bie_quant_hi(c->quant);
+    pl.Kp = (int64_t)cpu_round_up((size_t)g->K, CPU_K16_ALIGN);
+    pl.M = g->batch * g->OH * g->OW;
+    pl.N = g->O;
+    pl.Mp = (int64_t)cpu_round_up((size_t)pl.M, CPU_MR);
+    pl.Np = (int64_t)cpu_round_up((size_t)pl.N, 8);
+    cpu_epilogue_init(&pl.ep, c);
+
+    const size_t sz_xq = (size_t)(g->batch * g->H * g->W * g->C) * sizeof(int16_t);
+    const size_t sz_tmp = (size_t)threads * cpu_round_up((size_t)g->W, 32) * sizeof(int16_t);
+    const size_t sz_a = (size_t)(pl.Mp * pl.Kp) * sizeof(int16_t);
+    const size_t sz_b = (size_t)(pl.Np * pl.Kp) * sizeof(int16_t);
+    const size_t sz_bias = (size_t)g->C * sizeof(float);
+    const size_t sz_tiles = cpu_gemm_workspace(threads);
+    const size_t total = cpu_arena_size(sz_xq) + cpu_arena_size(sz_tmp) + cpu_arena_size(sz_a) +
+                         cpu_arena_size(sz_b) + cpu_arena_size(sz_bias) + cpu_arena_size(sz_tiles);
+    void * ws;
+    enum bie_status st = bie_host_workspace(ctx, total, &ws);
+    if (st != BIE_STATUS_OK) return st;
+    struct cpu_arena ar = {.base = ws, .used = 0, .cap = total};
+    pl.xq = cpu_arena_take(&ar, sz_xq);
+    int16_t * tmp = cpu_arena_take(&ar, sz_tmp);
+    pl.A = cpu_arena_take(&ar, sz_a);
+    pl.B = cpu_arena_take(&ar, sz_b);
+    float * bias = cpu_arena_take(&ar, sz_bias);
+    void * tiles = cpu_arena_take(&ar, sz_tiles);
+
+    if (c->bias_a.data) cpu_bias_dense(&c->bias_a, g->C, bias);
+    quantize_x(&pl, c->bias_a.data ? bias : NULL, threads, tmp);
+    pack_weights(&pl, threads);
+    pack_activations(&pl, threads);
+
+    const struct cpu_gemm job = {
+        .kern = pl.kern, .kind = 16, .a = pl.A, .b = pl.B, .lda = (size_t)pl.Kp, .ldb = (size_t)pl.Kp,
+        .k = (size_t)pl.Kp, .M = pl.M, .N = pl.N, .finish = finish_tile, .finish_ctx = &pl,
+    };
+    cpu_gemm_run(&job, threads, tiles, true);
+    return BIE_STATUS_OK;
+}

@@ -1,0 +1,95 @@
+// SPDX-License-Identifier: Apache-2.0
+// test-cpu-common.h: shared helpers of the CPU backend tests (tests/test-cpu-*.c): contexts per
+// ISA level, random views in the layouts the fast paths take (contiguous, channels-last, packed)
+// and in odd ones (strided), and byte comparisons.
+#pragma once
+
+#include "test-util.h"
+
+static inline bool cpu_test_quick(void) {
+    const char * q = getenv("BIE_TEST_QUICK");
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+static inline bie_context_t * cpu_test_ctx(enum bie_backend backend, enum bie_cpu_isa isa, int threads) {
+    struct bie_context_params p;
+    bie_context_params_default(&p);
+    p.backend = backend;
+    p.max_isa = isa;
+    p.num_threads = threads;
+    bie_context_t * ctx = NULL;
+    if (bie_context_create(&p, &ctx) != BIE_STATUS_OK) {
+        fprintf(stderr, "cannot create a context\n");
+        exit(2);
+    }
+    return ctx;
+}
+
+// Runs body once per ISA level up to the detected one; prints which levels ran and were skipped.
+static inline int cpu_test_levels(enum bie_cpu_isa * out) {
+    const enum bie_cpu_isa det = bie_cpu_isa_detected();
+    int n = 0;
+    for (int i = BIE_CPU_ISA_SCALAR; i <= BIE_CPU_ISA_AVX512_VPOPCNT; i++) {
+        if (i <= (int)det) {
+            out[n++] = (enum bie_cpu_isa)i;
+            printf("isa %s: tested\n", bie_cpu_isa_name((enum bie_cpu_isa)i));
+        } else {
+            printf("isa %s: skipped (not on this machine)\n", bie_cpu_isa_name((enum bie_cpu_isa)i));
+        }
+    }
+    return n;
+}
+
+// A 4-D [d0, d1, d2, d3] view whose memory order is `order` (a permutation of 0..3: the dims from
+// slowest to fastest), e.g. {0, 2, 3, 1} for channels-last. Sub-byte dtypes pad the innermost
+// stored dim to whole bytes (the packed interchange layout).
+static inline struct bie_tensor cpu_test_view4(enum bie_dtype d, const int64_t shape[4], const int order[4]) {
+    int64_t stored[4];
+    for (int i = 0; i < 4; i++) stored[i] = shape[order[i]];
+    struct bie_tensor t = test_tensor(d, 4, stored, NULL);
+    int32_t inv[4];
+    for (int i = 0; i < 4; i++) inv[order[i]] = i;
+    struct bie_tensor v = t;
+    for (int i = 0; i < 4; i++) {
+        v.shape[i] = t.shape[inv[i]];
+        v.stride[i] = t.stride[inv[i]];
+    }
+    return v;
+}
+
+// A 2-D [rows, cols] view, contiguous, or with a gap after every row when `gap` (row stride
+// cols + 3, or for sub-byte dtypes one extra byte).
+static inline struct bie_tensor cpu_test_view2(enum bie_dtype d, int64_t rows, int64_t cols, bool gap) {
+    const int64_t shape[2] = {rows, cols};
+    struct bie_tensor t = test_tensor(d, 2, shape, NULL);
+    if (gap) {
+        free(t.data);
+        const int64_t extra = d == BIE_DTYPE_B1 ? 8 : d == BIE_DTYPE_S4 ? 2 : 3;
+        t.stride[0] += extra;
+        size_t bytes = 0;
+        bie_tensor_nbytes(&t, &bytes);
+        t.data = calloc(1, bytes + 64);
+    }
+    return t;
+}
+
+static inline size_t cpu_test_nbytes(const struct bie_tensor * t) {
+    size_t b = 0;
+    bie_tensor_nbytes(t, &b);
+    return b;
+}
+
+// Fills the whole buffer behind t (padding included) with random bytes.
+static inline void cpu_test_garbage(const struct bie_tensor * t) {
+    uint8_t * p = t->data;
+    for (size_t i = 0; i < cpu_test_nbytes(t); i++) p[i] = (uint8_t)test_rand_u64();
+}
+
+// A copy of t with its own buffer (same strides).
+static inline struct bie_tensor cpu_test_clone(const struct bie_tensor * t) {
+    struct bie_tensor c = *t;
+    const size_t b = cpu_test_nbytes(t);
+    c.data = malloc(b + 64);
+    memcpy(c.data, t->data, b);
+    return c;
+}

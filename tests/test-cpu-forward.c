@@ -1,0 +1,209 @@
+// SPDX-License-Identifier: Apache-2.0
+// test-cpu-forward.c: the optimised CPU backend's forward against the reference backend, at every
+// ISA level this machine has (contexts capped with max_isa): binary, 4-bit and 8-bit linear and
+// conv2d layers on random shapes (odd K, M, N, C, O; every kernel/stride/pad/dilation/pad value),
+// every x / weight / y dtype, contiguous, channels-last, packed and strided views. Every output is
+// a deterministic function of the integer accumulators, so the whole output buffer (gaps included)
+// must be byte-identical. Thread counts 1 and 2 must give identical bytes too.
+#include "test-cpu-common.h"
+
+static const int64_t k_list[] = {1, 7, 8, 9, 31, 33, 63, 64, 65, 127, 129, 511, 513, 1000};
+
+struct fcase {
+    enum bie_quant q;
+    bool conv;
+    struct bie_linear_desc lin;
+    struct bie_conv2d_desc cd;
+    struct bie_tensor x, bias, w, sa, sw, y;
+    bool has_bias;
+    char what[320];
+};
+
+static enum bie_dtype pick(const enum bie_dtype * d, int n) { return d[test_rand_int(0, n - 1)]; }
+
+static void fill_w(const struct fcase * fc) {
+    if (fc->w.dtype == BIE_DTYPE_I8) test_fill_uniform(&fc->w, -128, 128);
+    else if (fc->w.dtype == BIE_DTYPE_S4) test_fill_uniform(&fc->w, -8, 8);
+    else test_fill_uniform(&fc->w, -1, 1);
+}
+
+static enum bie_dtype pick_w(enum bie_quant q) {
+    static const enum bie_dtype bin[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_I8, BIE_DTYPE_B1, BIE_DTYPE_B1, BIE_DTYPE_F16};
+    static const enum bie_dtype n4[] = {BIE_DTYPE_F32, BIE_DTYPE_I8, BIE_DTYPE_S4, BIE_DTYPE_S4, BIE_DTYPE_BF16};
+    static const enum bie_dtype n8[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_I8, BIE_DTYPE_F16};
+    return q == BIE_QUANT_BINARY ? pick(bin, 6) : q == BIE_QUANT_INT4 ? pick(n4, 5) : pick(n8, 4);
+}
+
+static enum bie_dtype pick_x(enum bie_quant q) {
+    static const enum bie_dtype d[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_B1};
+    enum bie_dtype r = pick(d, 6);
+    return (r == BIE_DTYPE_B1 && q != BIE_QUANT_BINARY) ? BIE_DTYPE_F32 : r;
+}
+
+static enum bie_dtype pick_y(enum bie_quant q) {
+    static const enum bie_dtype d[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_I32, BIE_DTYPE_B1, BIE_DTYPE_B1};
+    enum bie_dtype r = pick(d, 7);
+    return (r == BIE_DTYPE_B1 && q != BIE_QUANT_BINARY) ? BIE_DTYPE_I32 : r;
+}
+
+static enum bie_quant pick_q(void) {
+    static const enum bie_quant q[] = {BIE_QUANT_BINARY, BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
+    return q[test_rand_int(0, 3)];
+}
+
+static void make_common(struct fcase * fc) {
+    if (fc->x.dtype == BIE_DTYPE_B1) test_fill_uniform(&fc->x, -1, 1);
+    else test_fill_uniform(&fc->x, -2, 2);
+    fill_w(fc);
+    const int64_t C = fc->conv ? fc->cd.in_channels : fc->lin.in_features;
+    fc->has_bias = fc->x.dtype != BIE_DTYPE_B1 && test_rand_int(0, 1);
+    if (fc->has_bias) {
+        fc->bias = test_tensor(test_rand_int(0, 3) ? BIE_DTYPE_F32 : BIE_DTYPE_F16, 1, &C, NULL);
+        test_fill_uniform(&fc->bias, -0.5f, 0.5f);
+    }
+    fc->sa = test_scalar(test_rand_float(0.05f, 0.4f));
+    fc->sw = test_scalar(test_rand_float(0.005f, 0.2f));
+    cpu_test_garbage(&fc->y);
+}
+
+// q and K are random when 0.
+static void make_linear(struct fcase * fc, enum bie_quant q, int64_t K) {
+    memset(fc, 0, sizeof *fc);
+    fc->q = q ? q : pick_q();
+    if (!K) K = test_pick(k_list, 14);
+    const int64_t M = test_rand_int(0, 5) ? test_rand_int(1, 40) : test_rand_int(41, 140);
+    const int64_t N = test_rand_int(0, 5) ? test_rand_int(1, 40) : test_rand_int(41, 140);
+    fc->lin = (struct bie_linear_desc){.quant = fc->q, .in_features = K, .out_features = N};
+    const enum bie_dtype xd = pick_x(fc->q), wd = pick_w(fc->q), yd = pick_y(fc->q);
+    const bool xg = test_rand_int(0, 3) == 0, wg = test_rand_int(0, 3) == 0, yg = test_rand_int(0, 3) == 0;
+    fc->x = cpu_test_view2(xd, M, K, xg);
+    fc->w = cpu_test_view2(wd, N, K, wg);
+    fc->y = cpu_test_view2(yd, M, N, yg);
+    make_common(fc);
+    snprintf(fc->what, sizeof fc->what, "linear q%d M=%lld K=%lld N=%lld x %s%s w %s%s y %s%s bias %d",
+             (int)fc->q, (long long)M, (long long)K, (long long)N, bie_dtype_name(xd), xg ? "(gap)" : "",
+             bie_dtype_name(wd), wg ? "(gap)" : "", bie_dtype_name(yd), yg ? "(gap)" : "", (int)fc->has_bias);
+}
+
+static const int nchw[4] = {0, 1, 2, 3}, nhwc[4] = {0, 2, 3, 1}, odd[4] = {1, 0, 3, 2};
+
+static void make_conv(struct fcase * fc, bool small) {
+    memset(fc, 0, sizeof *fc);
+    fc->q = pick_q();
+    static const int64_t cs[] = {1, 3, 8, 13, 32, 64, 65, 130};
+    struct bie_conv2d_desc * d = &fc->cd;
+    d->quant = fc->q;
+    d->in_channels = small ? test_rand_int(1, 9) : test_pick(cs, 8);
+    d->out_channels = test_rand_int(0, 3) ? test_rand_int(1, 40) : 64;
+    for (int i = 0; i < 2; i++) {
+        static const int ks[] = {1, 1, 2, 3, 3, 5};
+        d->kernel[i] = ks[test_rand_int(0, 5)];
+        d->stride[i] = (int)test_rand_int(1, 3);
+        d->padding[i] = (int)test_rand_int(0, 2);
+        d->dilation[i] = test_rand_int(0, 3) ? 1 : 2;
+    }
+    d->groups = 1;
+    d->pad_value = fc->q == BIE_QUANT_BINARY ? (enum bie_pad_value)test_rand_int(0, 2) : BIE_PAD_ZERO;
+    const int64_t N = test_rand_int(1, 3);
+    int64_t H = test_rand_int(1, 13), W = test_rand_int(1, 13);
+    const int64_t eh = (int64_t)d->dilation[0] * (d->kernel[0] - 1) + 1 - 2 * d->padding[0];
+    const int64_t ew = (int64_t)d->dilation[1] * (d->kernel[1] - 1) + 1 - 2 * d->padding[1];
+    if (H < eh) H = eh;
+    if (W < ew) W = ew;
+    int64_t OH, OW;
+    bie_conv2d_output_size(d, H, W, &OH, &OW);
+    const enum bie_dtype xd = pick_x(fc->q), wd = pick_w(fc->q), yd = pick_y(fc->q);
+    const int lx = (int)test_rand_int(0, 4), lw = (int)test_rand_int(0, 4), ly = (int)test_rand_int(0, 4);
+    // x: NCHW, channels-last (B1 x is channels-last when fast), odd; weight: OIHW / OHWI / odd.
+    const int * ox = lx == 0 ? odd : (xd == BIE_DTYPE_B1 || lx >= 3) ? nhwc : nchw;
+    const int * ow_ = lw == 0 ? odd : (wd == BIE_DTYPE_B1 || wd == BIE_DTYPE_S4) ? nhwc : lw >= 3 ? nhwc : nchw;
+    const int * oy = ly == 0 ? odd : (yd == BIE_DTYPE_B1 || ly >= 3) ? nhwc : nchw;
+    const int64_t xs[4] = {N, d->in_channels, H, W};
+    const int64_t wsh[4] = {d->out_channels, d->in_channels, d->kernel[0], d->kernel[1]};
+    const int64_t ysh[4] = {N, d->out_channels, OH, OW};
+    fc->conv = true;
+    fc->x = cpu_test_view4(xd, xs, ox);
+    fc->w = cpu_test_view4(wd, wsh, ow_);
+    fc->y = cpu_test_view4(yd, ysh, oy);
+    make_common(fc);
+    snprintf(fc->what, sizeof fc->what,
+             "conv q%d N=%lld C=%lld H=%lld W=%lld O=%lld k=%dx%d s=%dx%d p=%dx%d d=%dx%d pad=%d "
+             "x %s/%d w %s/%d y %s/%d bias %d",
+             (int)fc->q, (long long)N, (long long)d->in_channels, (long long)H, (long long)W,
+             (long long)d->out_channels, d->kernel[0], d->kernel[1], d->stride[0], d->stride[1], d->padding[0],
+             d->padding[1], d->dilation[0], d->dilation[1], (int)d->pad_value, bie_dtype_name(xd), lx,
+             bie_dtype_name(wd), lw, bie_dtype_name(yd), ly, (int)fc->has_bias);
+}
+
+static enum bie_status run(bie_context_t * ctx, struct fcase * fc, struct bie_tensor * y) {
+    struct bie_forward_args a = {.x = &fc->x, .bias_a = fc->has_bias ? &fc->bias : NULL, .weight = &fc->w,
+                                 .scale_a = &fc->sa, .scale_w = &fc->sw, .y = y};
+    return fc->conv ? bie_conv2d_forward(ctx, &fc->cd, &a) : bie_linear_forward(ctx, &fc->lin, &a);
+}
+
+static void free_case(struct fcase * fc) {
+    test_tensor_free(&fc->x);
+    test_tensor_free(&fc->w);
+    test_tensor_free(&fc->y);
+    test_tensor_free(&fc->sa);
+    test_tensor_free(&fc->sw);
+    if (fc->has_bias) test_tensor_free(&fc->bias);
+}
+
+static void check_case(struct fcase * fc, bie_context_t * ref, bie_context_t ** cpu, int nlev,
+                       bie_context_t * cpu1) {
+    struct bie_tensor yr = cpu_test_clone(&fc->y);
+    const enum bie_status sr = run(ref, fc, &yr);
+    CHECK(sr == BIE_STATUS_OK, "ref: %s (%s)", bie_context_last_error(ref), fc->what);
+    const size_t nb = cpu_test_nbytes(&fc->y);
+    for (int l = 0; l < nlev + 1; l++) {
+        bie_context_t * ctx = l < nlev ? cpu[l] : cpu1;
+        struct bie_tensor yc = cpu_test_clone(&fc->y);
+        const enum bie_status sc = run(ctx, fc, &yc);
+        CHECK(sc == BIE_STATUS_OK, "cpu: %s (%s)", bie_context_last_error(ctx), fc->what);
+        size_t first = nb;
+        for (size_t i = 0; i < nb && first == nb; i++)
+            if (((uint8_t *)yc.data)[i] != ((uint8_t *)yr.data)[i]) first = i;
+        CHECK(first == nb, "isa %s threads %d: first differing byte %zu of %zu (%s)",
+              bie_cpu_isa_name(bie_context_cpu_isa(ctx)), l < nlev ? 2 : 1, first, nb, fc->what);
+        test_tensor_free(&yc);
+    }
+    test_tensor_free(&yr);
+}
+
+int main(int argc, char ** argv) {
+    test_init(argc, argv);
+    enum bie_cpu_isa levels[4];
+    const int nlev = cpu_test_levels(levels);
+    bie_context_t * ref = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
+    bie_context_t * cpu[4];
+    for (int l = 0; l < nlev; l++) cpu[l] = cpu_test_ctx(BIE_BACKEND_CPU, levels[l], 2);
+    bie_context_t * cpu1 = cpu_test_ctx(BIE_BACKEND_CPU, BIE_CPU_ISA_BEST, 1);
+    const bool quick = cpu_test_quick();
+
+    // Every K of the list at least once per quant, then random linear cases.
+    for (int qi = 0; qi < 3; qi++)
+        for (int ki = 0; ki < 14; ki++) {
+            struct fcase fc;
+            make_linear(&fc, qi == 0 ? BIE_QUANT_BINARY : qi == 1 ? BIE_QUANT_INT4 : BIE_QUANT_INT8, k_list[ki]);
+            check_case(&fc, ref, cpu, nlev, cpu1);
+            free_case(&fc);
+        }
+    const int nlin = quick ? 20 : 150, nconv = quick ? 30 : 250;
+    for (int i = 0; i < nlin; i++) {
+        struct fcase fc;
+        make_linear(&fc, 0, 0);
+        check_case(&fc, ref, cpu, nlev, cpu1);
+        free_case(&fc);
+    }
+    for (int i = 0; i < nconv; i++) {
+        struct fcase fc;
+        make_conv(&fc, i % 3 == 0);
+        check_case(&fc, ref, cpu, nlev, cpu1);
+        free_case(&fc);
+    }
+    for (int l = 0; l < nlev; l++) bie_context_destroy(cpu[l]);
+    bie_context_destroy(cpu1);
+    bie_context_destroy(ref);
+    return test_finish("test-cpu-forward");
+}
