@@ -1,16 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
-// cuda-backend.cu: the CUDA backend's table, its per-context state and device queries.
-// Empty slots mean "no kernel yet" (the op layer reports UNSUPPORTED).
-#include <cuda_runtime.h>
+// cuda-backend.cu: the CUDA backend's table, its per-context state (the caller's stream, one device
+// workspace grown only when a larger shape arrives, the cuBLAS handle), device queries, error
+// mapping and the public stream entry points of bie-cuda.h.
+//
+// No entry point assumes a GPU: with no driver or device every call returns a status
+// (UNSUPPORTED), never crashes. Work is queued on the context's stream; nothing synchronises the
+// device except bie_context_reserve growing the workspace and the reductions that return host
+// values (they synchronise the stream only).
+#include "cuda-impl.cuh"
+
 #include <stdlib.h>
 
-extern "C" {
-#include "bie-impl.h"
+#include "bie-cuda.h"
 
-struct bie_cuda_state {
-    void * workspace;
-    size_t workspace_size;
-};
+extern "C" {
 
 int bie_cuda_device_count(void) {
     int n = 0;
@@ -23,29 +26,133 @@ int bie_cuda_device_count(void) {
 
 void bie_cuda_state_destroy(struct bie_cuda_state * state) {
     if (!state) return;
+    if (state->cublas) cublasDestroy(state->cublas);
     if (state->workspace) cudaFree(state->workspace);
     free(state);
 }
 
-enum bie_status bie_cuda_reserve(bie_context_t * ctx, size_t bytes) {
+static enum bie_status ensure_state(bie_context_t * ctx) {
+    if (ctx->cuda) return BIE_STATUS_OK;
     if (bie_cuda_device_count() == 0)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "device: no CUDA device is available");
-    if (!ctx->cuda) {
-        ctx->cuda = (struct bie_cuda_state *)calloc(1, sizeof *ctx->cuda);
-        if (!ctx->cuda) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: out of host memory");
-    }
-    if (ctx->cuda->workspace_size >= bytes) return BIE_STATUS_OK;
-    void * p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess)
-        return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cudaMalloc(%zu): %s", bytes, cudaGetErrorString(e));
-    if (ctx->cuda->workspace) cudaFree(ctx->cuda->workspace);
-    ctx->cuda->workspace = p;
-    ctx->cuda->workspace_size = bytes;
+    ctx->cuda = (struct bie_cuda_state *)calloc(1, sizeof *ctx->cuda);
+    if (!ctx->cuda) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: out of host memory");
+    cudaGetDevice(&ctx->cuda->device);
     return BIE_STATUS_OK;
 }
 
+} // extern "C"
+
+enum bie_status bie_cuda_fail(bie_context_t * ctx, cudaError_t e, const char * what) {
+    cudaGetLastError(); // clear a non-sticky error so the next call starts clean
+    return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
+                         cudaGetErrorName(e));
+}
+
+enum bie_status bie_cuda_check_launch(bie_context_t * ctx, const char * what) {
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? BIE_STATUS_OK : bie_cuda_fail(ctx, e, what);
+}
+
+enum bie_status bie_cuda_state_get(bie_context_t * ctx, int device_index, struct bie_cuda_state ** out) {
+    BIE_TRY(ensure_state(ctx));
+    int cur = -1;
+    CU_TRY(ctx, cudaGetDevice(&cur), "cudaGetDevice");
+    if (cur != device_index) CU_TRY(ctx, cudaSetDevice(device_index), "cudaSetDevice");
+    if (ctx->cuda->workspace && ctx->cuda->device != device_index)
+        return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
+                             "x: is on cuda:%d but this context's workspace is on cuda:%d (use one "
+                             "context per device)", device_index, ctx->cuda->device);
+    ctx->cuda->device = device_index;
+    *out = ctx->cuda;
+    return BIE_STATUS_OK;
+}
+
+enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** out) {
+    BIE_TRY(ensure_state(ctx));
+    struct bie_cuda_state * s = ctx->cuda;
+    if (bytes == 0) bytes = 256;
+    if (s->workspace_size < bytes) {
+        // Grow by at least 1/4 so a slowly growing sequence of shapes reallocates rarely.
+        size_t want = bytes + bytes / 4;
+        want = (want + 0xFFFFF) & ~(size_t)0xFFFFF;
+        if (s->workspace) {
+            // cudaFree waits for the work still using the old arena.
+            CU_TRY(ctx, cudaFree(s->workspace), "cudaFree(workspace)");
+            s->workspace = NULL;
+            s->workspace_size = 0;
+        }
+        void * p = NULL;
+        cudaError_t e = cudaMalloc(&p, want);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: cudaMalloc(%zu) for the workspace: %s",
+                                 want, cudaGetErrorString(e));
+        }
+        s->workspace = p;
+        s->workspace_size = want;
+    }
+    *out = s->workspace;
+    return BIE_STATUS_OK;
+}
+
+extern "C" enum bie_status bie_cuda_reserve(bie_context_t * ctx, size_t bytes) {
+    void * p;
+    return bie_cuda_workspace(ctx, bytes, &p);
+}
+
+enum bie_status bie_cuda_cublas(bie_context_t * ctx, cublasHandle_t * out) {
+    BIE_TRY(ensure_state(ctx));
+    struct bie_cuda_state * s = ctx->cuda;
+    if (!s->cublas) {
+        cublasStatus_t st = cublasCreate(&s->cublas);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            s->cublas = NULL;
+            return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cublasCreate: %s", cublasGetStatusString(st));
+        }
+        // Exact f32 GEMMs: no TF32 down-conversion unless the caller's f16/bf16 operands ask for it.
+        cublasSetMathMode(s->cublas, CUBLAS_PEDANTIC_MATH);
+    }
+    cublasStatus_t st = cublasSetStream(s->cublas, s->stream);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cublasSetStream: %s", cublasGetStatusString(st));
+    *out = s->cublas;
+    return BIE_STATUS_OK;
+}
+
+extern "C" {
+
+enum bie_status bie_context_set_cuda_stream(bie_context_t * ctx, void * stream) {
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    bie_clear_error(ctx);
+    BIE_TRY(ensure_state(ctx));
+    ctx->cuda->stream = (cudaStream_t)stream;
+    return BIE_STATUS_OK;
+}
+
+void * bie_context_cuda_stream(const bie_context_t * ctx) {
+    return ctx && ctx->cuda ? (void *)ctx->cuda->stream : NULL;
+}
+
+enum bie_status bie_context_cuda_synchronize(bie_context_t * ctx) {
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    bie_clear_error(ctx);
+    if (!ctx->cuda) return BIE_STATUS_OK;
+    CU_TRY(ctx, cudaStreamSynchronize(ctx->cuda->stream), "cudaStreamSynchronize");
+    return BIE_STATUS_OK;
+}
+
+// Slots (defined in the other files of src/cuda).
+enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call);
+enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const struct bie_layer_call * call);
+enum bie_status bie_cuda_pack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
+                              const struct bie_tensor * dst);
+enum bie_status bie_cuda_unpack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
+                                const struct bie_tensor * dst);
+enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
+                                double * sum);
+
 const struct bie_backend_ops bie_cuda_backend = {
-      "cuda", NULL, NULL, NULL, NULL, NULL,
+    "cuda", bie_cuda_layer_forward, bie_cuda_layer_backward, bie_cuda_pack, bie_cuda_unpack, bie_cuda_reduce,
 };
 }

@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-backward.cu: the backward pass of every layer on CUDA tensors. The gradient GEMMs carry the
+// real-valued grad_y, so they run through cuBLAS (cublasGemmEx, f32 accumulation) on operands of
+// grad_y's dtype: f16 and bf16 hold the +-1 and n-bit codes exactly (|code| <= 128), so no
+// precision is lost beyond f32 accumulation; an f32 grad_y uses exact f32 GEMMs (no TF32).
+// The conv is an implicit GEMM over rows (n, oh, ow) and columns k = (i*kw + j)*C + c:
+//   G    [M][O]  = grad_y                      (M = batch*OH*OW)
+//   dCol [M][K]  = G @ Wc,  Wc [O][K] = weight codes (+-1, or clamp(rne(W/scale_w)))
+//   gx[n,c,h,w]  = scale_w * sum over the taps (i,j) that read (h,w) of dCol[(n,oh,ow)][(i,j,c)]
+//   R    [O][K]  = G^T @ Acol, Acol = activation codes with the pad value on padded taps
+//   grad_W[o,c,i,j] = scale_a * R[o][(i,j,c)]
+// and one fused elementwise pass over x gives the STE mask, grad_x, the scale_a gradient terms
+// (docs/semantics.md) and the masked gradient that the per-channel bias_a reduction reads:
+//   binary: r = x'/scale_a, mask = 1{|r| <= 1}, grad_x = gx*mask, term = grad_x * sign(x')
+//   n-bit : mid = 1{lo <= r <= hi}, grad_x = gx*mid,
+//           term = gx * (lo*1{r<lo} + hi*1{r>hi} + mid*(rne(r) - r))
+//   grad_scale_a = sum(term) / sqrt(numel(x))  (n-bit: / sqrt(numel(x)*hi))
+#include "cuda-impl.cuh"
+
+#include <math.h>
+
+namespace {
+
+size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
+
+// Writes v as element e of a dense buffer of dtype gdt (F32, F16 or BF16).
+__device__ __forceinline__ void st_dense(void * p, int gdt, int64_t e, float v) {
+    if (gdt == BIE_DTYPE_F16) ((__half *)p)[e] = __float2half_rn(v);
+    else if (gdt == BIE_DTYPE_BF16) ((__nv_bfloat16 *)p)[e] = __float2bfloat16_rn(v);
+    else ((float *)p)[e] = v;
+}
+
+// G[m][o] = grad_y[n, o, oh, ow] (exact: same dtype).
+__global__ void gather_grad_y(struct dview gy, struct dgeom g, int gdt, void * G) {
+    const int64_t total = g.batch * g.OH * g.OW * g.O;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = e % g.O, m = e / g.O;
+        const int64_t ow = m % g.OW, oh = (m / g.OW) % g.OH, n = m / (g.OW * g.OH);
+        st_dense(G, gdt, e, ld_float(gy.data, gy.dtype, dview_off4(gy, n, o, oh, ow)));
+    }
+}
+
+// Wc[o][k] = weight code at (o, c, i, j), k = (i*kw + j)*C + c.
+__global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct dscale sw, int gdt, void * Wc) {
+    const float s = ld_scale(sw);
+    const int64_t total = g.O * g.K;
+    const int lo = qlo(quant), hi = qhi(quant);
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t k = e % g.K, o = e / g.K;
+        const int64_t c = k % g.C, tap = k / g.C;
+        const float v = ld_float(w.data, w.dtype, dview_off4(w, o, c, tap / g.kw, tap % g.kw));
+        float q;
+        if (quant == BIE_QUANT_BINARY) q = v >= 0.0f ? 1.0f : -1.0f;
+        else if (w.dtype == BIE_DTYPE_I8 || w.dtype == BIE_DTYPE_S4) q = fminf(fmaxf(v, (float)lo), (float)hi);
+        else q = (float)quant_code(v, s, lo, hi);
+        st_dense(Wc, gdt, e, q);
+    }
+}
+
+__device__ __forceinline__ float x_prime(const struct dview & x, const struct dview & bias, int64_t n, int64_t c,
+                                         int64_t h, int64_t w) {
+    float v = ld_float(x.data, x.dtype, dview_off4(x, n, c, h, w));
+    if (bias.data) v = __fadd_rn(v, ld_float(bias.data, bias.dtype, c * bias.stride[3]));
+    return v;
+}
+
+// Acol[m][k] = activation code at output row m, position k (pad value outside the image).
+__global__ void activation_codes(struct dview x, struct dview bias, struct dgeom g, int quant, struct dscale sa,
+                                 int gdt, void * Acol) {
+    const float s = ld_scale(sa);
+    const int64_t M = g.batch * g.OH * g.OW, total = M * g.K;
+    const int lo = qlo(quant), hi = qhi(quant);
+    const float pad = quant != BIE_QUANT_BINARY ? 0.0f
+                      : g.pad_value == BIE_PAD_PLUS_ONE ? 1.0f : g.pad_value == BIE_PAD_MINUS_ONE ? -1.0f : 0.0f;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t k = e % g.K, m = e / g.K;
+        const int64_t c = k % g.C, tap = k / g.C, i = tap / g.kw, j = tap % g.kw;
+        const int64_t ow = m % g.OW, oh = (m / g.OW) % g.OH, n = m / (g.OW * g.OH);
+        const int64_t h = oh * g.sh - g.ph + i * g.dh, w = ow * g.sw - g.pw + j * g.dw;
+        float q = pad;
+        if (h >= 0 && h < g.H && w >= 0 && w < g.W) {
+            const float v = x_prime(x, bias, n, c, h, w);
+            q = quant == BIE_QUANT_BINARY ? (v >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(v, s, lo, hi);
+        }
+        st_dense(Acol, gdt, e, q);
+    }
+}
+
+// The fused STE pass over x (one thread per element of x, row-major over [batch, C, H, W]).
+__global__ void ste_pass(struct dview x, struct dview bias, struct dgeom g, int quant, struct dscale sa,
+                         struct dscale sw, const float * dcol, struct dview gx_out, int write_gx,
+                         float * gxm /* [C][batch*H*W] or NULL */, double * term_sum) {
+    const float s_a = ld_scale(sa), s_w = ld_scale(sw);
+    const int64_t total = g.batch * g.C * g.H * g.W;
+    const int lo = qlo(quant), hi = qhi(quant);
+    double acc = 0.0;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t w = e % g.W, h = (e / g.W) % g.H, c = (e / (g.W * g.H)) % g.C, n = e / (g.W * g.H * g.C);
+        float sum = 0.0f;
+        for (int i = 0; i < g.kh; i++) {
+            const int64_t th = h + g.ph - (int64_t)i * g.dh;
+            if (th < 0 || th % g.sh) continue;
+            const int64_t oh = th / g.sh;
+            if (oh >= g.OH) continue;
+            for (int j = 0; j < g.kw; j++) {
+                const int64_t tw = w + g.pw - (int64_t)j * g.dw;
+                if (tw < 0 || tw % g.sw) continue;
+                const int64_t ow = tw / g.sw;
+                if (ow >= g.OW) continue;
+                sum += dcol[((n * g.OH + oh) * g.OW + ow) * g.K + (int64_t)(i * g.kw + j) * g.C + c];
+            }
+        }
+        const float gx = __fmul_rn(sum, s_w);
+        const float xp = x_prime(x, bias, n, c, h, w);
+        const float r = __fdiv_rn(xp, s_a);
+        float gxm_v, term;
+        if (quant == BIE_QUANT_BINARY) {
+            gxm_v = fabsf(r) <= 1.0f ? gx : 0.0f;
+            term = xp >= 0.0f ? gxm_v : -gxm_v;
+        } else {
+            const bool mid = r >= (float)lo && r <= (float)hi;
+            gxm_v = mid ? gx : 0.0f;
+            const float f = r < (float)lo ? (float)lo : r > (float)hi ? (float)hi : mid ? rintf(r) - r : 0.0f;
+            term = gx * f;
+        }
+        if (write_gx) st_float(gx_out.data, gx_out.dtype, dview_off4(gx_out, n, c, h, w), gxm_v);
+        if (gxm) gxm[c * (g.batch * g.H * g.W) + (n * g.H + h) * g.W + w] = gxm_v;
+        acc += (double)term;
+    }
+    if (!term_sum) return;
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    __shared__ double part[32];
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += part[i];
+        atomicAdd(term_sum, t);
+    }
+}
+
+// grad_bias_a[c] = sum of gxm[c][*] (a block per channel).
+__global__ void channel_sums(const float * gxm, int64_t per_channel, struct dview out) {
+    const int64_t c = blockIdx.x;
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < per_channel; i += blockDim.x) acc += (double)gxm[c * per_channel + i];
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    __shared__ double part[32];
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += part[i];
+        st_float(out.data, out.dtype, c * out.stride[3], (float)t);
+    }
+}
+
+__global__ void finish_scale_grad(const double * term_sum, double denom, struct dview out) {
+    st_float(out.data, out.dtype, 0, (float)(*term_sum / denom));
+}
+
+// grad_W[o,c,i,j] = scale_a * R[o][(i*kw+j)*C + c].
+__global__ void scatter_grad_w(const float * R, struct dgeom g, struct dscale sa, struct dview gw) {
+    const float s = ld_scale(sa);
+    const int64_t total = g.O * g.K;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t k = e % g.K, o = e / g.K, c = k % g.C, tap = k / g.C;
+        st_float(gw.data, gw.dtype, dview_off4(gw, o, c, tap / g.kw, tap % g.kw), __fmul_rn(R[e], s));
+    }
+}
+
+enum bie_status gemm_ex(bie_context_t * ctx, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
+                        int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, float * C, int64_t ldc,
+                        cudaDataType_t t, const char * what) {
+    cublasHandle_t h;
+    BIE_TRY(bie_cuda_cublas(ctx, &h));
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "%s: a dimension exceeds cuBLAS's 32-bit limit", what);
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st = cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, &one, A, t, (int)lda, B, t, (int)ldb, &zero,
+                                     C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cublasGemmEx (%s): %s", what, cublasGetStatusString(st));
+    return BIE_STATUS_OK;
+}
+
+} // namespace
+
+extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {
+    struct bie_cuda_state * st;
+    BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
+    const struct bie_geometry & geo = c->g;
+    const struct dgeom g = dgeom_make(geo);
+    const int64_t M = g.batch * g.OH * g.OW, O = g.O, K = g.K;
+    const int64_t xnumel = g.batch * g.C * g.H * g.W;
+    const int gdt = c->grad_y.dtype; // GEMM operand dtype: grad_y's (codes are exact in all three)
+    const cudaDataType_t ct = gdt == BIE_DTYPE_F16 ? CUDA_R_16F : gdt == BIE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const size_t es = gdt == BIE_DTYPE_F32 ? 4 : 2;
+    const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
+    const bool want_gw = c->grad_weight.data != NULL;
+    if (!want_gx && !want_gw) return BIE_STATUS_OK;
+
+    size_t off = 0;
+    const size_t oG = off; off = align256(off + (size_t)(M * O) * es);
+    const size_t oW = off; off = align256(off + (want_gx ? (size_t)(O * K) * es : 0));
+    const size_t col_bytes = (size_t)(M * K) * (want_gx ? 4 : es);
+    const size_t oCol = off; off = align256(off + col_bytes);               // dCol (f32), then Acol
+    const size_t oR = off; off = align256(off + (want_gw ? (size_t)(O * K) * 4 : 0));
+    const size_t oGxm = off; off = align256(off + (c->grad_bias_a.data ? (size_t)xnumel * 4 : 0));
+    const size_t oSum = off; off = align256(off + sizeof(double));
+    uint8_t * ws;
+    BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
+    cudaStream_t s = st->stream;
+
+    struct dview x, bias, gy;
+    dview_make(&c->x, &x);
+    bias.data = NULL;
+    if (c->bias_a.data) dview_make(&c->bias_a, &bias);
+    dview_make(&c->grad_y, &gy);
+    const struct dscale sa = dscale_make(c, true), sw = dscale_make(c, false);
+
+    gather_grad_y<<<grid_for(M * O, 256), 256, 0, s>>>(gy, g, gdt, ws + oG);
+    LAUNCHED(ctx, "gather grad_y");
+
+    if (want_gx) {
+        struct dview w;
+        dview_make(&c->weight, &w);
+        weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, ws + oW);
+        LAUNCHED(ctx, "weight codes");
+        // dCol (row-major [M][K]) = G [M][O] @ Wc [O][K]: column-major dCol^T = Wc^T G^T.
+        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, ws + oG, O, (float *)(ws + oCol), K, ct,
+                        "grad_x"));
+        struct dview gxo;
+        gxo.data = NULL;
+        if (c->grad_x.data) dview_make(&c->grad_x, &gxo);
+        double * sum = c->grad_scale_a.data ? (double *)(ws + oSum) : NULL;
+        if (sum) CU_TRY(ctx, cudaMemsetAsync(sum, 0, sizeof(double), s), "cudaMemsetAsync");
+        float * gxm = c->grad_bias_a.data ? (float *)(ws + oGxm) : NULL;
+        unsigned blocks = grid_for(xnumel, 256);
+        if (blocks > 4096) blocks = 4096;
+        ste_pass<<<blocks, 256, 0, s>>>(x, bias, g, (int)c->quant, sa, sw, (const float *)(ws + oCol), gxo,
+                                        c->grad_x.data != NULL, gxm, sum);
+        LAUNCHED(ctx, "STE pass");
+        if (gxm) {
+            struct dview gb;
+            dview_make(&c->grad_bias_a, &gb);
+            channel_sums<<<(unsigned)g.C, 256, 0, s>>>(gxm, g.batch * g.H * g.W, gb);
+            LAUNCHED(ctx, "grad_bias_a");
+        }
+        if (sum) {
+            struct dview gs;
+            dview_make(&c->grad_scale_a, &gs);
+            gs.stride[3] = 0;
+            const double denom = c->quant == BIE_QUANT_BINARY ? sqrt((double)xnumel)
+                                                               : sqrt((double)xnumel * bie_quant_hi(c->quant));
+            finish_scale_grad<<<1, 1, 0, s>>>(sum, denom, gs);
+            LAUNCHED(ctx, "grad_scale_a");
+        }
+    }
+    if (want_gw) {
+        activation_codes<<<grid_for(M * K, 256), 256, 0, s>>>(x, bias, g, (int)c->quant, sa, gdt, ws + oCol);
+        LAUNCHED(ctx, "activation codes");
+        // R (row-major [O][K]) = G^T @ Acol: column-major R^T [K][O] = Acol^T [K][M] . G [M][O].
+        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, ws + oG, O, (float *)(ws + oR), K, ct,
+                        "grad_weight"));
+        struct dview gw;
+        dview_make(&c->grad_weight, &gw);
+        scatter_grad_w<<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + oR), g, sa, gw);
+        LAUNCHED(ctx, "scatter grad_weight");
+    }
+    return BIE_STATUS_OK;
+}

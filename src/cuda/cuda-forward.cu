@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-forward.cu: the forward pass of every layer on CUDA tensors: operands are packed into the
+// workspace (activations binarized or quantized and laid out as implicit-GEMM rows; weights
+// likewise), then the tensor-core GEMM (cuda-gemm.cu) runs with the epilogue fused.
+//
+// Row layout (both operands): row m of A is output position (n, oh, ow) of the conv (a linear
+// layer is a conv with 1x1 images), row o of B is output channel o; position k of a row is
+// (tap t = i*kw + j, channel c) with k = t*C + c (channels fastest, NHWC order). Rows are padded
+// with zeros to a multiple of 128 bytes.
+//   binary: bit = (x' >= 0) with x' = f32(x) + f32(bias_a[c]) (NaN -> 0), a B1 x is copied as is;
+//           a tap outside the image holds the pad value's bit (PLUS_ONE -> 1, MINUS_ONE -> 0,
+//           ZERO -> 0 and the GEMM epilogue removes the tap, see cuda-gemm.cu); rowpop = popc(row)
+//   n-bit:  int8 code clamp(rne(x'/scale_a), lo, hi) (NaN -> lo), 0 outside the image;
+//           weights clamp(rne(W/scale_w)), an I8 weight clamped, an S4 weight as its code.
+#include "cuda-impl.cuh"
+
+namespace {
+
+struct pack_src {
+    struct dview t;    // x [batch, C, H, W] or weight [O, C, kh, kw]
+    struct dview bias; // [C] or data NULL
+    struct dgeom g;
+    int is_weight;
+    int quant;
+    struct dscale s;   // scale_a for x, scale_w for the weight
+};
+
+// One element's code: a bit (binary) or an int8 code; `c`, `tap` give the row position.
+__device__ __forceinline__ int src_code(const pack_src & p, float s, int64_t r0, int64_t r1, int64_t r2, int c,
+                                        int tap) {
+    const struct dgeom & g = p.g;
+    const int i = tap / g.kw, j = tap % g.kw;
+    float v;
+    int dt = p.t.dtype;
+    if (p.is_weight) {
+        v = ld_float(p.t.data, dt, dview_off4(p.t, r0, c, i, j));
+    } else {
+        const int64_t h = r1 * g.sh - g.ph + (int64_t)i * g.dh, w = r2 * g.sw - g.pw + (int64_t)j * g.dw;
+        if (h < 0 || h >= g.H || w < 0 || w >= g.W)
+            return p.quant == BIE_QUANT_BINARY && g.pad_value == BIE_PAD_PLUS_ONE ? 1 : 0;
+        v = ld_float(p.t.data, dt, dview_off4(p.t, r0, c, h, w));
+        if (p.bias.data) v = __fadd_rn(v, ld_float(p.bias.data, p.bias.dtype, c * p.bias.stride[3]));
+    }
+    if (p.quant == BIE_QUANT_BINARY) return v >= 0.0f ? 1 : 0; // B1: ld_float gives +-1
+    const int lo = qlo(p.quant), hi = qhi(p.quant);
+    if (dt == BIE_DTYPE_I8 || dt == BIE_DTYPE_S4) return (int)fminf(fmaxf(v, (float)lo), (float)hi);
+    return quant_code(v, s, lo, hi);
+}
+
+// A warp per row: each lane builds 32-bit words of the row (32 bits, or 4 int8 codes).
+__global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop) {
+    const float s = ld_scale(p.s);
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    const int64_t K = p.g.K, C = p.g.C;
+    const bool binary = p.quant == BIE_QUANT_BINARY;
+    const int per_word = binary ? 32 : 4;
+    for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
+        int64_t r0 = row, r1 = 0, r2 = 0;
+        if (!p.is_weight) {
+            r2 = row % p.g.OW;
+            r1 = (row / p.g.OW) % p.g.OH;
+            r0 = row / (p.g.OW * p.g.OH);
+        }
+        int cnt = 0;
+        uint32_t * dst = (uint32_t *)(out + row * kbytes);
+        for (int64_t wi = lane; wi < kbytes / 4; wi += 32) {
+            const int64_t k0 = wi * per_word;
+            uint32_t word = 0;
+            if (k0 < K) {
+                int tap = (int)(k0 / C), c = (int)(k0 % C);
+                for (int b = 0; b < per_word && k0 + b < K; b++) {
+                    const int q = src_code(p, s, r0, r1, r2, c, tap);
+                    word |= binary ? (uint32_t)q << b : ((uint32_t)q & 0xffu) << (8 * b);
+                    if (++c == C) {
+                        c = 0;
+                        tap++;
+                    }
+                }
+            }
+            dst[wi] = word;
+            cnt += __popc(word);
+        }
+        if (binary) {
+            for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+            if (lane == 0) pop[row] = cnt;
+        }
+    }
+}
+
+// tappop[o][t] = popc of weight row o over positions [t*C, (t+1)*C).
+__global__ void tap_popcounts(const uint8_t * B, int64_t O, int taps, int64_t C, int64_t kbytes, int * tappop) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < O * taps; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = e / taps, t = e % taps;
+        const uint8_t * row = B + o * kbytes;
+        int cnt = 0;
+        for (int64_t k = t * C; k < (t + 1) * C; k++) cnt += (row[k >> 3] >> (k & 7)) & 1;
+        tappop[e] = cnt;
+    }
+}
+
+size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
+
+} // namespace
+
+extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const struct bie_layer_call * c) {
+    struct bie_cuda_state * st;
+    BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
+    const struct bie_geometry & g = c->g;
+    const bool binary = c->quant == BIE_QUANT_BINARY;
+    const int taps = (int)(g.kh * g.kw);
+    const bool zero_pad_fix = binary && c->is_conv && g.pad_value == BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0);
+    if (zero_pad_fix && taps > 64)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "desc: a binary conv with zero padding supports at most 64 taps on CUDA");
+    const int64_t M = g.batch * g.OH * g.OW, N = g.O;
+    const int64_t kb_raw = binary ? (g.K + 7) / 8 : g.K;
+    const int64_t kbytes = (kb_raw + 127) / 128 * 128;
+    const bool b1_out = c->y.dtype == BIE_DTYPE_B1;
+    const int64_t ynumel = M * N;
+
+    size_t off = 0;
+    const size_t oA = off; off = align256(off + (size_t)(M * kbytes));
+    const size_t oB = off; off = align256(off + (size_t)(N * kbytes));
+    const size_t oRow = off; off = align256(off + (size_t)M * 4);
+    const size_t oCol = off; off = align256(off + (size_t)N * 4);
+    const size_t oTap = off; off = align256(off + (zero_pad_fix ? (size_t)(N * taps) * 4 : 0));
+    const size_t oSign = off; off = align256(off + (b1_out ? (size_t)ynumel : 0));
+    uint8_t * ws;
+    BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
+
+    pack_src px;
+    dview_make(&c->x, &px.t);
+    px.bias.data = NULL;
+    if (c->bias_a.data) dview_make(&c->bias_a, &px.bias);
+    px.g = dgeom_make(g);
+    px.is_weight = 0;
+    px.quant = (int)c->quant;
+    px.s = dscale_make(c, true);
+    pack_src pw = px;
+    dview_make(&c->weight, &pw.t);
+    pw.bias.data = NULL;
+    pw.is_weight = 1;
+    pw.s = dscale_make(c, false);
+
+    int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol), * tappop = (int *)(ws + oTap);
+    pack_rows<<<grid_for(M, 8), 256, 0, st->stream>>>(px, M, kbytes, ws + oA, rowpop);
+    LAUNCHED(ctx, "pack activations");
+    pack_rows<<<grid_for(N, 8), 256, 0, st->stream>>>(pw, N, kbytes, ws + oB, colpop);
+    LAUNCHED(ctx, "pack weight");
+    if (zero_pad_fix) {
+        tap_popcounts<<<grid_for(N * taps, 256), 256, 0, st->stream>>>(ws + oB, N, taps, g.C, kbytes, tappop);
+        LAUNCHED(ctx, "weight tap popcounts");
+    }
+
+    gemm_epilogue ep;
+    ep.binary = binary;
+    ep.rowpop = rowpop;
+    ep.colpop = colpop;
+    ep.tappop = zero_pad_fix ? tappop : NULL;
+    ep.g = px.g;
+    ep.sa = px.s;
+    ep.sw = pw.s;
+    dview_make(&c->y, &ep.y);
+    ep.sign = b1_out ? (int8_t *)(ws + oSign) : NULL;
+    BIE_TRY(bie_cuda_gemm(ctx, ws + oA, ws + oB, M, N, kbytes, ep));
+    if (b1_out) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
+    return BIE_STATUS_OK;
+}

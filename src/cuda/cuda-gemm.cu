@@ -1,0 +1,244 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-gemm.cu: the tensor-core GEMM of the forward pass, on packed operands, with the layer
+// epilogue fused.
+//
+//   binary: A [M][kbytes] and B [N][kbytes] hold bits (1 <-> +1); acc = popc(a AND b) through
+//           mma.sync m16n8k256 .and.popc (native BMMA on sm_80 and sm_90; the .xor form is
+//           emulated on sm_90 and never used). The +-1 dot product over the row's K valid
+//           positions is  dot = 4*popc(a&w) - 2*popc(a) - 2*popc(w) + K,  where padding bits are 0
+//           in both operands and so add nothing to any popcount. For a conv with BIE_PAD_ZERO the
+//           padded taps hold a = 0 bits and must contribute 0, not -w: summing only over the valid
+//           taps V of the output position gives
+//             dot = 4*popc(a&w) - 2*popc(a) - 2*(popc(w) - sum_{t not in V} popc(w_t)) + C*|V|
+//           (popc(w_t) = the weight's popcount on tap t, precomputed per output channel).
+//   n-bit:  A, B hold int8 codes (4-bit codes unpacked to int8: Hopper has no native int4 MMA);
+//           acc = dot through mma.sync m16n8k32 s8 (IMMA).
+//   y = (float)dot * (scale_a * scale_w) rounded to y's dtype; I32 y = dot; B1 y = (dot >= 0).
+//
+// Tiling: a CTA computes BM x BN = (64*WM) x (64*WN) outputs with WM*WN warps, each warp 64 x 64
+// (4 x 8 MMA tiles); K advances 128 bytes (1024 bits / 128 int8) per stage through a 3-stage
+// cp.async pipeline; shared-memory rows are 128 bytes with their 16-byte chunks XOR-swizzled by
+// the row so that ldmatrix reads are conflict-free. Rows past M or N are zero-filled.
+#include "cuda-impl.cuh"
+
+namespace {
+
+constexpr int BKB = 128; // bytes of K per stage
+constexpr int STAGES = 3;
+
+__device__ __forceinline__ void cp_async16(uint32_t smem, const void * gmem, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(n));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t & r0, uint32_t & r1, uint32_t & r2, uint32_t & r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+template <bool BINARY>
+__device__ __forceinline__ void mma(int * c, const uint32_t * a, const uint32_t * b) {
+    if (BINARY) {
+        asm volatile("mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    } else {
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+}
+
+// Row facts needed by the epilogue: output coordinates and the zero-padding correction.
+struct row_info {
+    int64_t nb, oh, ow;
+    int rowpop;
+    int64_t kterm;     // number of valid positions (K, or C*|V| for zero padding)
+    uint64_t invalid;  // taps outside the image (zero padding only, kh*kw <= 64)
+    bool valid;
+};
+
+__device__ __forceinline__ row_info make_row(const gemm_epilogue & ep, int64_t m, int64_t M) {
+    row_info r;
+    r.valid = m < M;
+    if (!r.valid) return r;
+    const struct dgeom & g = ep.g;
+    r.ow = m % g.OW;
+    r.oh = (m / g.OW) % g.OH;
+    r.nb = m / (g.OW * g.OH);
+    r.rowpop = ep.binary ? ep.rowpop[m] : 0;
+    r.kterm = g.K;
+    r.invalid = 0;
+    if (ep.tappop) {
+        int nvalid = 0;
+        for (int i = 0; i < g.kh; i++) {
+            const int64_t h = r.oh * g.sh - g.ph + (int64_t)i * g.dh;
+            for (int j = 0; j < g.kw; j++) {
+                const int64_t w = r.ow * g.sw - g.pw + (int64_t)j * g.dw;
+                if (h >= 0 && h < g.H && w >= 0 && w < g.W) nvalid++;
+                else r.invalid |= 1ull << (i * g.kw + j);
+            }
+        }
+        r.kterm = g.C * nvalid;
+    }
+    return r;
+}
+
+__device__ __forceinline__ void store_out(const gemm_epilogue & ep, const row_info & r, int64_t n, int acc,
+                                          float scale) {
+    int dot = acc;
+    if (ep.binary) {
+        int colterm = ep.colpop[n];
+        if (r.invalid) {
+            const int taps = ep.g.kh * ep.g.kw;
+            uint64_t inv = r.invalid;
+            while (inv) {
+                const int t = __ffsll((long long)inv) - 1;
+                inv &= inv - 1;
+                colterm -= ep.tappop[n * taps + t];
+            }
+        }
+        dot = 4 * acc - 2 * r.rowpop - 2 * colterm + (int)r.kterm;
+    }
+    const struct dview & y = ep.y;
+    if (y.dtype == BIE_DTYPE_B1) {
+        ep.sign[((r.nb * ep.g.O + n) * ep.g.OH + r.oh) * ep.g.OW + r.ow] = dot >= 0 ? 1 : 0;
+        return;
+    }
+    const int64_t off = dview_off4(y, r.nb, n, r.oh, r.ow);
+    if (y.dtype == BIE_DTYPE_I32) ((int32_t *)y.data)[off] = dot;
+    else st_float(y.data, y.dtype, off, __fmul_rn(__int2float_rn(dot), scale));
+}
+
+template <bool BINARY, int WM, int WN>
+__global__ void __launch_bounds__(WM * WN * 32, 1)
+    gemm_kernel(const uint8_t * __restrict__ A, const uint8_t * __restrict__ B, int64_t M, int64_t N,
+                int64_t kbytes, const gemm_epilogue ep) {
+    constexpr int BM = 64 * WM, BN = 64 * WN, NT = WM * WN * 32;
+    extern __shared__ __align__(128) uint8_t smem[];
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp / WN, wn = warp % WN;
+    const int64_t bm = (int64_t)blockIdx.x * BM, bn = (int64_t)blockIdx.y * BN;
+    const int64_t ktiles = kbytes / BKB;
+
+    auto load_stage = [&](int stage, int64_t kt) {
+        const uint32_t sA = sbase + stage * (BM + BN) * BKB;
+        for (int c = tid; c < (BM + BN) * 8; c += NT) {
+            const int row = c >> 3, chunk = c & 7;
+            const uint32_t dst = sA + row * BKB + ((chunk ^ (row & 7)) << 4);
+            const uint8_t * src;
+            bool valid;
+            if (row < BM) {
+                const int64_t gm = bm + row;
+                valid = gm < M;
+                src = A + (valid ? gm : 0) * kbytes + kt * BKB + chunk * 16;
+            } else {
+                const int64_t gn = bn + row - BM;
+                valid = gn < N;
+                src = B + (valid ? gn : 0) * kbytes + kt * BKB + chunk * 16;
+            }
+            cp_async16(dst, src, valid);
+        }
+    };
+
+    int acc[4][8][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) acc[i][j][k] = 0;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < ktiles) load_stage(s, s);
+        asm volatile("cp.async.commit_group;\n");
+    }
+
+    for (int64_t kt = 0; kt < ktiles; kt++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+        __syncthreads();
+        if (kt + STAGES - 1 < ktiles) load_stage((int)((kt + STAGES - 1) % STAGES), kt + STAGES - 1);
+        asm volatile("cp.async.commit_group;\n");
+        const uint32_t sA = sbase + (int)(kt % STAGES) * (BM + BN) * BKB;
+        const uint32_t sB = sA + BM * BKB;
+#pragma unroll
+        for (int ks = 0; ks < BKB / 32; ks++) {
+            uint32_t a[4][4], b[8][2];
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++) {
+                const int row = wm * 64 + mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int chunk = ks * 2 + (lane >> 4);
+                ldsm_x4(sA + row * BKB + ((chunk ^ (row & 7)) << 4), a[mi][0], a[mi][1], a[mi][2], a[mi][3]);
+            }
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                const int row = wn * 64 + p * 16 + (lane & 7) + (lane >> 4) * 8;
+                const int chunk = ks * 2 + ((lane >> 3) & 1);
+                ldsm_x4(sB + row * BKB + ((chunk ^ (row & 7)) << 4), b[2 * p][0], b[2 * p][1], b[2 * p + 1][0],
+                        b[2 * p + 1][1]);
+            }
+#pragma unroll
+            for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+                for (int nj = 0; nj < 8; nj++) mma<BINARY>(acc[mi][nj], a[mi], b[nj]);
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n");
+
+    const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const row_info r = make_row(ep, bm + wm * 64 + mi * 16 + g + 8 * h, M);
+            if (!r.valid) continue;
+#pragma unroll
+            for (int nj = 0; nj < 8; nj++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int64_t n = bn + wn * 64 + nj * 8 + 2 * t + e;
+                    if (n < N) store_out(ep, r, n, acc[mi][nj][2 * h + e], scale);
+                }
+        }
+}
+
+template <bool BINARY, int WM, int WN>
+enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
+                       int64_t kbytes, const gemm_epilogue & ep) {
+    constexpr int BM = 64 * WM, BN = 64 * WN;
+    const int smem = STAGES * (BM + BN) * BKB;
+    auto kern = gemm_kernel<BINARY, WM, WN>;
+    CU_TRY(ctx, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+           "cudaFuncSetAttribute(gemm)");
+    const int64_t gx = (M + BM - 1) / BM, gy = (N + BN - 1) / BN;
+    if (gy > 65535) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "weight: too many output features for one launch");
+    kern<<<dim3((unsigned)gx, (unsigned)gy), WM * WN * 32, smem, ctx->cuda->stream>>>(A, B, M, N, kbytes, ep);
+    LAUNCHED(ctx, "gemm");
+    return BIE_STATUS_OK;
+}
+
+template <bool BINARY>
+enum bie_status pick(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
+                     int64_t kbytes, const gemm_epilogue & ep) {
+    int dev = 0, sms = 132;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    auto tiles = [&](int bm, int bn) { return ((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
+    if (tiles(128, 256) >= sms) return launch<BINARY, 2, 4>(ctx, A, B, M, N, kbytes, ep);
+    if (tiles(128, 128) >= sms) return launch<BINARY, 2, 2>(ctx, A, B, M, N, kbytes, ep);
+    return launch<BINARY, 1, 1>(ctx, A, B, M, N, kbytes, ep);
+}
+
+} // namespace
+
+enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
+                              int64_t kbytes, const gemm_epilogue & ep) {
+    if (kbytes % BKB) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm: kbytes %% 128 != 0");
+    return ep.binary ? pick<true>(ctx, A, B, M, N, kbytes, ep) : pick<false>(ctx, A, B, M, N, kbytes, ep);
+}

@@ -1,0 +1,215 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-impl.cuh: what the CUDA backend's files share: the per-context state (stream, workspace,
+// cuBLAS handle), error mapping, the by-value tensor view that kernels take, and device-side
+// element access with the numerical contract's conversions (f16/bf16 round to nearest even,
+// f32 division and rintf for quantisation; every .cu is built without FMA contraction).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "bie-impl.h"
+}
+
+struct bie_cuda_state {
+    void * workspace;        // device arena, grown only when a larger call arrives
+    size_t workspace_size;
+    cudaStream_t stream;     // the caller's stream (NULL = legacy default stream)
+    cublasHandle_t cublas;   // created on first use, bound to `stream` before every use
+    int device;              // ordinal the workspace lives on
+};
+
+// Ensures ctx->cuda exists and the current device is usable; DEVICE_ERROR/UNSUPPORTED otherwise.
+enum bie_status bie_cuda_state_get(bie_context_t * ctx, int device_index, struct bie_cuda_state ** out);
+// Device workspace of at least `bytes` (256-byte aligned), valid until the next call that asks.
+enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** out);
+// Maps a CUDA error to DEVICE_ERROR with the CUDA message; what names the failing step.
+enum bie_status bie_cuda_fail(bie_context_t * ctx, cudaError_t e, const char * what);
+// Checks the last launch (cudaGetLastError) and maps it.
+enum bie_status bie_cuda_check_launch(bie_context_t * ctx, const char * what);
+enum bie_status bie_cuda_cublas(bie_context_t * ctx, cublasHandle_t * out);
+
+#define CU_TRY(ctx, expr, what)                                                                    \
+    do {                                                                                           \
+        cudaError_t e_ = (expr);                                                                   \
+        if (e_ != cudaSuccess) return bie_cuda_fail(ctx, e_, what);                                \
+    } while (0)
+#define BIE_TRY(expr)                                                                              \
+    do {                                                                                           \
+        enum bie_status s_ = (expr);                                                               \
+        if (s_ != BIE_STATUS_OK) return s_;                                                        \
+    } while (0)
+#define LAUNCHED(ctx, what) BIE_TRY(bie_cuda_check_launch(ctx, what))
+
+// A tensor view passed to kernels by value (up to 4 dims, right-aligned: a view of ndim < 4 fills
+// the LAST dims and the leading ones have shape 1, stride 0). Offsets are in elements (bits for B1,
+// nibbles for S4).
+struct dview {
+    char * data;
+    int dtype;
+    int ndim;
+    int64_t shape[4];
+    int64_t stride[4];
+};
+
+// Converts a host-side view (ndim <= 4) into a kernel view; false if ndim > 4.
+static inline bool dview_make(const struct bie_tensor * t, struct dview * v) {
+    if (t->ndim > 4) return false;
+    v->data = (char *)t->data;
+    v->dtype = (int)t->dtype;
+    v->ndim = t->ndim;
+    const int lead = 4 - t->ndim;
+    for (int i = 0; i < 4; i++) {
+        v->shape[i] = i < lead ? 1 : t->shape[i - lead];
+        v->stride[i] = i < lead ? 0 : t->stride[i - lead];
+    }
+    return true;
+}
+
+// A scalar scale: either a host value or a device scalar tensor read inside the kernel.
+struct dscale {
+    const void * ptr; // NULL: use value
+    int dtype;
+    float value;
+};
+
+static inline struct dscale dscale_make(const struct bie_layer_call * c, bool is_a) {
+    struct dscale s;
+    const struct bie_tensor * t = is_a ? &c->scale_a_t : &c->scale_w_t;
+    s.ptr = c->scales_on_host ? NULL : t->data;
+    s.dtype = (int)t->dtype;
+    s.value = is_a ? c->scale_a : c->scale_w;
+    if (!c->scales_on_host && t->device_type == BIE_DEVICE_CPU) s.ptr = NULL; // mixed: host value
+    return s;
+}
+
+__device__ __forceinline__ float ld_float(const char * p, int dtype, int64_t off) {
+    switch (dtype) {
+    case BIE_DTYPE_F32: return ((const float *)p)[off];
+    case BIE_DTYPE_F16: return __half2float(((const __half *)p)[off]);
+    case BIE_DTYPE_BF16: return __bfloat162float(((const __nv_bfloat16 *)p)[off]);
+    case BIE_DTYPE_I8: return (float)((const int8_t *)p)[off];
+    case BIE_DTYPE_U8: return (float)((const uint8_t *)p)[off];
+    case BIE_DTYPE_I32: return (float)((const int32_t *)p)[off];
+    case BIE_DTYPE_B1: return (((const uint8_t *)p)[off >> 3] >> (off & 7)) & 1 ? 1.0f : -1.0f;
+    case BIE_DTYPE_S4: {
+        const uint8_t b = ((const uint8_t *)p)[off >> 1];
+        const int nib = (off & 1) ? (b & 15) : (b >> 4);
+        return (float)(nib >= 8 ? nib - 16 : nib);
+    }
+    default: return 0.0f;
+    }
+}
+
+// Writes a float to a float / I32 element, rounding to nearest even.
+__device__ __forceinline__ void st_float(char * p, int dtype, int64_t off, float v) {
+    switch (dtype) {
+    case BIE_DTYPE_F32: ((float *)p)[off] = v; break;
+    case BIE_DTYPE_F16: ((__half *)p)[off] = __float2half_rn(v); break;
+    case BIE_DTYPE_BF16: ((__nv_bfloat16 *)p)[off] = __float2bfloat16_rn(v); break;
+    case BIE_DTYPE_I8: ((int8_t *)p)[off] = (int8_t)__float2int_rn(v); break;
+    case BIE_DTYPE_I32: ((int32_t *)p)[off] = __float2int_rn(v); break;
+    default: break;
+    }
+}
+
+__device__ __forceinline__ float ld_scale(struct dscale s) {
+    return s.ptr ? ld_float((const char *)s.ptr, s.dtype, 0) : s.value;
+}
+
+__host__ __device__ __forceinline__ int qlo(int quant) { return quant == BIE_QUANT_INT4 ? -8 : -128; }
+__host__ __device__ __forceinline__ int qhi(int quant) { return quant == BIE_QUANT_INT4 ? 7 : 127; }
+
+// n-bit quantisation of the contract: clamp(rne(v / s), lo, hi), NaN -> lo.
+__device__ __forceinline__ int quant_code(float v, float s, int lo, int hi) {
+    const float r = rintf(__fdiv_rn(v, s));
+    return (int)fminf(fmaxf(r, (float)lo), (float)hi);
+}
+
+__device__ __forceinline__ int64_t dview_off4(const struct dview & v, int64_t i0, int64_t i1, int64_t i2,
+                                              int64_t i3) {
+    return i0 * v.stride[0] + i1 * v.stride[1] + i2 * v.stride[2] + i3 * v.stride[3];
+}
+
+// Multi-index (row-major over the view's shape) of the linear element number e.
+__device__ __forceinline__ int64_t dview_off_linear(const struct dview & v, int64_t e) {
+    int64_t off = 0;
+    for (int d = 3; d >= 0; d--) {
+        const int64_t i = e % v.shape[d];
+        e /= v.shape[d];
+        off += i * v.stride[d];
+    }
+    return off;
+}
+
+// Drops the dimensions of extent 1 (the row-major element order is unchanged) and right-aligns
+// the rest, so that dim 3 is the innermost dimension that matters.
+static inline struct dview dview_squeeze(const struct dview & v) {
+    struct dview r = v;
+    int k = 3;
+    for (int d = 3; d >= 0; d--)
+        if (v.shape[d] != 1) {
+            r.shape[k] = v.shape[d];
+            r.stride[k] = v.stride[d];
+            k--;
+        }
+    for (; k >= 0; k--) {
+        r.shape[k] = 1;
+        r.stride[k] = 0;
+    }
+    return r;
+}
+
+static inline int64_t dview_numel(const struct dview & v) {
+    return v.shape[0] * v.shape[1] * v.shape[2] * v.shape[3];
+}
+
+static inline unsigned grid_for(int64_t n, int threads) {
+    int64_t b = (n + threads - 1) / threads;
+    if (b > 65536 * 8) b = 65536 * 8; // grid-stride loops cover the rest
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+// --- packed writes --------------------------------------------------------------------------------
+
+// Writes n elements of a packed (B1 / S4) view from per-element codes `codes` (int8, in the view's
+// row-major element order; B1: nonzero = bit 1). Every byte is written by one thread.
+enum bie_status bie_cuda_store_packed(bie_context_t * ctx, const int8_t * codes, const struct dview & dst);
+
+// --- kernels shared by forward and backward -----------------------------------------------------
+
+// Layer geometry as kernels see it (from struct bie_geometry).
+struct dgeom {
+    int64_t batch, C, H, W, O, OH, OW, K;
+    int kh, kw, sh, sw, ph, pw, dh, dw;
+    int pad_value;
+};
+
+static inline struct dgeom dgeom_make(const struct bie_geometry & g) {
+    struct dgeom d;
+    d.batch = g.batch; d.C = g.C; d.H = g.H; d.W = g.W; d.O = g.O; d.OH = g.OH; d.OW = g.OW; d.K = g.K;
+    d.kh = (int)g.kh; d.kw = (int)g.kw; d.sh = (int)g.sh; d.sw = (int)g.sw;
+    d.ph = (int)g.ph; d.pw = (int)g.pw; d.dh = (int)g.dh; d.dw = (int)g.dw;
+    d.pad_value = (int)g.pad_value;
+    return d;
+}
+
+// GEMM on packed operands: C[m][n] = sum over the row's bytes of A[m] . B[n], where rows are
+// `kbytes` bytes (a multiple of 128). binary = 1: bits with AND-popcount (acc = popc(a & b));
+// binary = 0: int8 codes. The epilogue turns acc into y.
+struct gemm_epilogue {
+    int binary;
+    const int * rowpop;  // [M] popc(a row) (binary)
+    const int * colpop;  // [N] popc(w row) (binary)
+    const int * tappop;  // [N][kh*kw] popc of w per tap (binary conv with zero padding), or NULL
+    struct dgeom g;
+    struct dscale sa, sw;
+    struct dview y;      // [batch, O, OH, OW]; y.dtype B1 -> write sign codes to `sign` instead
+    int8_t * sign;       // [M][N] codes of (acc >= 0) for a B1 y
+};
+enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
+                              int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);

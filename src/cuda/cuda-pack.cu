@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-pack.cu: bie_pack / bie_unpack / the scale-init reductions on CUDA tensors, and the packed
+// (B1 / S4) writer that the layers reuse for a B1 output.
+//   pack   B1: bit = (v >= 0);  S4: q = clamp(rne(v / scale), -8, 7);  I8: clamp(rne(v / scale), -128, 127)
+//          (an i8 source is clamped as it is, without scale)
+//   unpack dst = value * scale, value = +-1 (B1) or the integer code (S4, I8)
+//   reduce sum|x| and sum x in double
+// Packed destinations: several elements share a byte, so each destination byte is written by
+// exactly one thread (read-modify-write, keeping bits that belong to no element). That needs rows
+// that start on a byte: the innermost stride is 1 and every other stride a multiple of the
+// elements per byte; other views go through a one-thread kernel (correct, slow, rare).
+#include "cuda-impl.cuh"
+
+// Elementwise codes of src in row-major element order: B1 0/1, S4/I8 the clamped code.
+__global__ void codes_kernel(struct dview src, float scale, int dst_dtype, int8_t * codes, int64_t n) {
+    const bool int_src = src.dtype == BIE_DTYPE_I8;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const float v = ld_float(src.data, src.dtype, dview_off_linear(src, e));
+        int8_t q;
+        if (dst_dtype == BIE_DTYPE_B1) {
+            q = v >= 0.0f ? 1 : 0;
+        } else {
+            const int lo = dst_dtype == BIE_DTYPE_S4 ? -8 : -128, hi = dst_dtype == BIE_DTYPE_S4 ? 7 : 127;
+            q = (int8_t)(int_src ? (int)fminf(fmaxf(v, (float)lo), (float)hi) : quant_code(v, scale, lo, hi));
+        }
+        codes[e] = q;
+    }
+}
+
+// One thread per destination byte of row-aligned packed rows.
+__global__ void store_packed_rows(const int8_t * codes, struct dview dst, int64_t rows, int64_t row_bytes) {
+    const int per = dst.dtype == BIE_DTYPE_B1 ? 8 : 2; // elements per byte
+    const int64_t L = dst.shape[3];
+    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < rows * row_bytes;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = t / row_bytes, j = t % row_bytes;
+        const int64_t i2 = r % dst.shape[2], i1 = (r / dst.shape[2]) % dst.shape[1], i0 = r / (dst.shape[2] * dst.shape[1]);
+        const int64_t base = i0 * dst.stride[0] + i1 * dst.stride[1] + i2 * dst.stride[2]; // multiple of per
+        uint8_t * p = (uint8_t *)dst.data + base / per + j;
+        unsigned b = *p;
+        for (int k = 0; k < per; k++) {
+            const int64_t col = j * per + k;
+            if (col >= L) break;
+            const int q = codes[r * L + col];
+            if (per == 8) {
+                b = (b & ~(1u << k)) | ((q ? 1u : 0u) << k);
+            } else { // element 2i in the high nibble
+                const int sh = k == 0 ? 4 : 0;
+                b = (b & ~(15u << sh)) | (((unsigned)q & 15u) << sh);
+            }
+        }
+        *p = (uint8_t)b;
+    }
+}
+
+__global__ void store_packed_serial(const int8_t * codes, struct dview dst, int64_t n) {
+    for (int64_t e = 0; e < n; e++) {
+        const int64_t off = dview_off_linear(dst, e);
+        const int q = codes[e];
+        if (dst.dtype == BIE_DTYPE_B1) {
+            uint8_t * p = (uint8_t *)dst.data + (off >> 3);
+            *p = (uint8_t)((*p & ~(1u << (off & 7))) | ((q ? 1u : 0u) << (off & 7)));
+        } else if (dst.dtype == BIE_DTYPE_S4) {
+            uint8_t * p = (uint8_t *)dst.data + (off >> 1);
+            const int sh = (off & 1) ? 0 : 4;
+            *p = (uint8_t)((*p & ~(15u << sh)) | (((unsigned)q & 15u) << sh));
+        } else {
+            ((int8_t *)dst.data)[off] = (int8_t)q;
+        }
+    }
+}
+
+__global__ void store_i8(const int8_t * codes, struct dview dst, int64_t n) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x)
+        ((int8_t *)dst.data)[dview_off_linear(dst, e)] = codes[e];
+}
+
+enum bie_status bie_cuda_store_packed(bie_context_t * ctx, const int8_t * codes, const struct dview & dst_in) {
+    cudaStream_t st = ctx->cuda->stream;
+    const struct dview dst = dview_squeeze(dst_in);
+    const int64_t n = dview_numel(dst);
+    if (dst.dtype == BIE_DTYPE_I8) {
+        store_i8<<<grid_for(n, 256), 256, 0, st>>>(codes, dst, n);
+        LAUNCHED(ctx, "store i8");
+        return BIE_STATUS_OK;
+    }
+    const int per = dst.dtype == BIE_DTYPE_B1 ? 8 : 2;
+    bool rows_ok = dst.stride[3] == 1 || dst.shape[3] == 1;
+    for (int d = 0; d < 3; d++) rows_ok = rows_ok && (dst.shape[d] == 1 || dst.stride[d] % per == 0);
+    if (rows_ok) {
+        const int64_t rows = dst.shape[0] * dst.shape[1] * dst.shape[2];
+        const int64_t row_bytes = (dst.shape[3] + per - 1) / per;
+        store_packed_rows<<<grid_for(rows * row_bytes, 256), 256, 0, st>>>(codes, dst, rows, row_bytes);
+    } else {
+        store_packed_serial<<<1, 1, 0, st>>>(codes, dst, n);
+    }
+    LAUNCHED(ctx, "store packed");
+    return BIE_STATUS_OK;
+}
+
+static enum bie_status views(bie_context_t * ctx, const struct bie_tensor * a, const struct bie_tensor * b,
+                             struct dview * va, struct dview * vb) {
+    if (!dview_make(a, va) || !dview_make(b, vb))
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "src: CUDA packing supports up to 4 dimensions");
+    return BIE_STATUS_OK;
+}
+
+extern "C" enum bie_status bie_cuda_pack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
+                                         const struct bie_tensor * dst) {
+    struct bie_cuda_state * s;
+    BIE_TRY(bie_cuda_state_get(ctx, src->device_index, &s));
+    struct dview vs, vd;
+    BIE_TRY(views(ctx, src, dst, &vs, &vd));
+    const int64_t n = dview_numel(vs);
+    void * ws;
+    BIE_TRY(bie_cuda_workspace(ctx, (size_t)n, &ws));
+    codes_kernel<<<grid_for(n, 256), 256, 0, s->stream>>>(vs, scale, vd.dtype, (int8_t *)ws, n);
+    LAUNCHED(ctx, "pack");
+    return bie_cuda_store_packed(ctx, (const int8_t *)ws, vd);
+}
+
+__global__ void unpack_kernel(struct dview src, float scale, struct dview dst, int64_t n) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const float v = ld_float(src.data, src.dtype, dview_off_linear(src, e));
+        st_float(dst.data, dst.dtype, dview_off_linear(dst, e), dst.dtype == BIE_DTYPE_I8 ? v : __fmul_rn(v, scale));
+    }
+}
+
+extern "C" enum bie_status bie_cuda_unpack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
+                                           const struct bie_tensor * dst) {
+    struct bie_cuda_state * s;
+    BIE_TRY(bie_cuda_state_get(ctx, src->device_index, &s));
+    struct dview vs, vd;
+    BIE_TRY(views(ctx, src, dst, &vs, &vd));
+    const int64_t n = dview_numel(vs);
+    unpack_kernel<<<grid_for(n, 256), 256, 0, s->stream>>>(vs, scale, vd, n);
+    LAUNCHED(ctx, "unpack");
+    return BIE_STATUS_OK;
+}
+
+// Block sums in double, then one atomicAdd per block into out[0] (sum|x|) and out[1] (sum x).
+__global__ void reduce_kernel(struct dview x, int64_t n, double * out) {
+    double sa = 0.0, s = 0.0;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const double v = (double)ld_float(x.data, x.dtype, dview_off_linear(x, e));
+        sa += fabs(v);
+        s += v;
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        sa += __shfl_xor_sync(0xffffffffu, sa, o);
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    }
+    __shared__ double part[2][32];
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    if (l == 0) {
+        part[0][w] = sa;
+        part[1][w] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double a = 0.0, b = 0.0;
+        for (int i = 0; i < (int)(blockDim.x / 32); i++) {
+            a += part[0][i];
+            b += part[1][i];
+        }
+        atomicAdd(&out[0], a);
+        atomicAdd(&out[1], b);
+    }
+}
+
+extern "C" enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
+                                           double * sum) {
+    struct bie_cuda_state * s;
+    BIE_TRY(bie_cuda_state_get(ctx, x->device_index, &s));
+    struct dview vx, unused;
+    BIE_TRY(views(ctx, x, x, &vx, &unused));
+    void * ws;
+    BIE_TRY(bie_cuda_workspace(ctx, 2 * sizeof(double), &ws));
+    CU_TRY(ctx, cudaMemsetAsync(ws, 0, 2 * sizeof(double), s->stream), "cudaMemsetAsync");
+    const int64_t n = dview_numel(vx);
+    unsigned blocks = grid_for(n, 256);
+    if (blocks > 2048) blocks = 2048;
+    reduce_kernel<<<blocks, 256, 0, s->stream>>>(vx, n, (double *)ws);
+    LAUNCHED(ctx, "reduce");
+    double h[2];
+    CU_TRY(ctx, cudaMemcpyAsync(h, ws, sizeof h, cudaMemcpyDeviceToHost, s->stream), "cudaMemcpyAsync");
+    CU_TRY(ctx, cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
+    *sum_abs = h[0];
+    *sum = h[1];
+    return BIE_STATUS_OK;
+}

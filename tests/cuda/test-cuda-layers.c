@@ -1,0 +1,337 @@
+// SPDX-License-Identifier: Apache-2.0
+// test-cuda-layers.c: every layer (binary, 4-bit, 8-bit; linear and conv2d; forward and backward)
+// on CUDA tensors against the plain-C reference on host copies of the same operands.
+//   forward: bit-identical (y of every dtype: f32/f16/bf16 = (float)acc*(sa*sw) rounded RNE, I32,
+//            B1) over the whole byte span of y, so untouched gaps and padding bits must match too
+//            (y is poisoned identically on both sides first)
+//   backward: floats within a tolerance derived from f32 accumulation and the output dtype:
+//            max|got - ref| <= tol(dtype) * max|ref|, tol = 1e-4 (f32), 2^-9 (f16), 2^-6 (bf16)
+// Shapes are random and odd (any M, N, K, C, O, every padding value, strides, dilations), with
+// channels-last and gapped layouts, host and device scales, and zeros / ties / mask boundaries in
+// the inputs. A failure prints the seed and the case.
+#include "cuda-test.h"
+
+static bie_context_t * ref_ctx, * cu_ctx;
+
+struct lcase {
+    int conv;
+    enum bie_quant quant;
+    int64_t batch, C, H, W, O, lead2; // linear: x [batch, (lead2,) C]
+    struct bie_conv2d_desc cd;
+    struct bie_linear_desc ld;
+    enum bie_dtype xdt, wdt, ydt, gdt;
+    int bias, dev_scales, xkind, ykind;
+    float sa, sw;
+    char text[400];
+};
+
+static const enum bie_dtype float_dts[3] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16};
+
+static void describe(struct lcase * c) {
+    snprintf(c->text, sizeof c->text,
+             "%s q=%d batch=%lld C=%lld H=%lld W=%lld O=%lld k=%dx%d s=%dx%d p=%dx%d d=%dx%d pad=%d x=%s w=%s "
+             "y=%s g=%s bias=%d devscale=%d layouts=%d/%d sa=%g sw=%g",
+             c->conv ? "conv" : "linear", (int)c->quant, (long long)c->batch, (long long)c->C, (long long)c->H,
+             (long long)c->W, (long long)c->O, c->cd.kernel[0], c->cd.kernel[1], c->cd.stride[0], c->cd.stride[1],
+             c->cd.padding[0], c->cd.padding[1], c->cd.dilation[0], c->cd.dilation[1], (int)c->cd.pad_value,
+             bie_dtype_name(c->xdt), bie_dtype_name(c->wdt), bie_dtype_name(c->ydt), bie_dtype_name(c->gdt), c->bias,
+             c->dev_scales, c->xkind, c->ykind, (double)c->sa, (double)c->sw);
+}
+
+static void random_case(struct lcase * c, int big) {
+    memset(c, 0, sizeof *c);
+    c->conv = test_rand_int(0, 1);
+    static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
+    c->quant = qs[test_rand_int(0, 2)];
+    const int bin = c->quant == BIE_QUANT_BINARY;
+    if (big) {
+        c->conv = 0;
+        c->batch = 1100;
+        c->C = test_rand_int(40, 300);
+        c->O = 4100;
+    } else if (c->conv) {
+        for (;;) {
+            c->batch = test_rand_int(1, 3);
+            c->C = test_rand_int(1, 40);
+            c->H = test_rand_int(1, 11);
+            c->W = test_rand_int(1, 11);
+            c->O = test_rand_int(1, 45);
+            for (int i = 0; i < 2; i++) {
+                c->cd.kernel[i] = (int32_t)test_rand_int(1, 3);
+                c->cd.stride[i] = (int32_t)test_rand_int(1, 2);
+                c->cd.padding[i] = (int32_t)test_rand_int(0, 2);
+                c->cd.dilation[i] = (int32_t)test_rand_int(1, 2);
+            }
+            int64_t oh, ow;
+            c->cd.groups = 1;
+            if (bie_conv2d_output_size(&c->cd, c->H, c->W, &oh, &ow) == BIE_STATUS_OK) break;
+        }
+    } else {
+        c->batch = test_rand_int(1, 3) == 1 ? test_rand_int(130, 300) : test_rand_int(1, 70);
+        c->lead2 = test_rand_int(0, 3) == 0 ? test_rand_int(1, 3) : 0;
+        c->C = test_rand_int(0, 4) == 0 ? test_rand_int(1000, 2600) : test_rand_int(1, 700);
+        c->O = test_rand_int(0, 3) == 0 ? test_rand_int(257, 600) : test_rand_int(1, 200);
+    }
+    c->cd.quant = c->quant;
+    c->cd.in_channels = c->C;
+    c->cd.out_channels = c->O;
+    c->cd.pad_value = bin ? (enum bie_pad_value)test_rand_int(0, 2) : BIE_PAD_ZERO;
+    c->ld.quant = c->quant;
+    c->ld.in_features = c->C;
+    c->ld.out_features = c->O;
+    c->xdt = float_dts[test_rand_int(0, 2)];
+    if (bin && test_rand_int(0, 3) == 0) c->xdt = BIE_DTYPE_B1;
+    const int wpick = (int)test_rand_int(0, 4);
+    c->wdt = wpick < 3 ? float_dts[wpick] : wpick == 3 ? BIE_DTYPE_I8
+             : bin ? BIE_DTYPE_B1 : c->quant == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8;
+    static const enum bie_dtype ydts[5] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_I32, BIE_DTYPE_B1};
+    c->ydt = ydts[test_rand_int(0, bin ? 4 : 3)];
+    c->gdt = float_dts[test_rand_int(0, 2)];
+    c->bias = c->xdt != BIE_DTYPE_B1 && test_rand_int(0, 1);
+    c->dev_scales = test_rand_int(0, 2) == 0;
+    c->xkind = (int)test_rand_int(0, 2);
+    c->ykind = (int)test_rand_int(0, 2);
+    c->sa = test_rand_float(0.05f, 2.0f);
+    c->sw = test_rand_float(0.05f, 2.0f);
+    describe(c);
+}
+
+// Fills a float operand with values around `scale*range`, with exact zeros, +-scale (the STE mask
+// boundary) and rounding ties (k + 0.5)*scale sprinkled in.
+static void fill_operand(const struct bie_tensor * t, float scale, float range) {
+    int64_t idx[BIE_MAX_DIMS] = {0};
+    do {
+        const int64_t kind = test_rand_int(0, 19);
+        double v;
+        if (kind == 0) v = 0.0;
+        else if (kind == 1) v = test_rand_int(0, 1) ? scale : -scale;
+        else if (kind == 2) v = ((double)test_rand_int(-10, 9) + 0.5) * scale;
+        else v = test_rand_float(-range, range) * scale;
+        if (t->dtype == BIE_DTYPE_I8) v = (double)test_rand_int(-128, 127);
+        else if (t->dtype == BIE_DTYPE_S4) v = (double)test_rand_int(-8, 7);
+        else if (t->dtype == BIE_DTYPE_B1) v = test_rand_int(0, 1) ? 1 : -1;
+        bie_store(t, bie_offset(t, idx), v);
+    } while (bie_next_index(t, idx));
+}
+
+struct operands {
+    struct bie_tensor x, bias, w, sa, sw; // host
+    struct bie_tensor dx, dbias, dw, dsa, dsw; // device
+};
+
+static void make_operands(const struct lcase * c, struct operands * o) {
+    const float range = c->quant == BIE_QUANT_BINARY ? 2.0f : c->quant == BIE_QUANT_INT4 ? 10.0f : 150.0f;
+    if (c->conv) {
+        const int64_t xs[4] = {c->batch, c->C, c->H, c->W};
+        o->x = make4(c->xdt, xs, c->xkind);
+        const int64_t ws[4] = {c->O, c->C, c->cd.kernel[0], c->cd.kernel[1]};
+        o->w = make4(c->wdt, ws, (c->wdt == BIE_DTYPE_B1 || c->wdt == BIE_DTYPE_S4) ? 1 : (int)test_rand_int(0, 2));
+    } else {
+        const int64_t xs3[3] = {c->batch, c->lead2, c->C}, xs2[2] = {c->batch, c->C};
+        o->x = c->lead2 ? test_tensor(c->xdt, 3, xs3, NULL) : test_tensor(c->xdt, 2, xs2, NULL);
+        const int64_t ws[2] = {c->O, c->C};
+        o->w = test_tensor(c->wdt, 2, ws, NULL);
+    }
+    fill_operand(&o->x, c->sa, range);
+    fill_operand(&o->w, c->sw, range);
+    const int64_t bs[1] = {c->C};
+    o->bias = test_tensor(float_dts[test_rand_int(0, 2)], 1, bs, NULL);
+    fill_operand(&o->bias, c->sa * 0.25f, 1.0f);
+    o->sa = test_scalar(c->sa);
+    o->sw = test_scalar(c->sw);
+    o->dx = cuda_mirror(&o->x);
+    o->dw = cuda_mirror(&o->w);
+    o->dbias = cuda_mirror(&o->bias);
+    o->dsa = c->dev_scales ? cuda_mirror(&o->sa) : o->sa;
+    o->dsw = c->dev_scales ? cuda_mirror(&o->sw) : o->sw;
+}
+
+static void free_operands(const struct lcase * c, struct operands * o) {
+    test_tensor_free(&o->x);
+    test_tensor_free(&o->w);
+    test_tensor_free(&o->bias);
+    cuda_tensor_free(&o->dx);
+    cuda_tensor_free(&o->dw);
+    cuda_tensor_free(&o->dbias);
+    if (c->dev_scales) {
+        cuda_tensor_free(&o->dsa);
+        cuda_tensor_free(&o->dsw);
+    }
+    test_tensor_free(&o->sa);
+    test_tensor_free(&o->sw);
+}
+
+// An output-shaped host tensor (y or grad_y) of dtype dt.
+static struct bie_tensor make_out(const struct lcase * c, enum bie_dtype dt) {
+    if (c->conv) {
+        int64_t oh, ow;
+        bie_conv2d_output_size(&c->cd, c->H, c->W, &oh, &ow);
+        const int64_t s[4] = {c->batch, c->O, oh, ow};
+        return make4(dt, s, c->ykind);
+    }
+    const int64_t s3[3] = {c->batch, c->lead2, c->O}, s2[2] = {c->batch, c->O};
+    return c->lead2 ? test_tensor(dt, 3, s3, NULL) : test_tensor(dt, 2, s2, NULL);
+}
+
+static enum bie_status forward(bie_context_t * ctx, const struct lcase * c, struct bie_forward_args * a) {
+    return c->conv ? bie_conv2d_forward(ctx, &c->cd, a) : bie_linear_forward(ctx, &c->ld, a);
+}
+static enum bie_status backward(bie_context_t * ctx, const struct lcase * c, struct bie_backward_args * a) {
+    return c->conv ? bie_conv2d_backward(ctx, &c->cd, a) : bie_linear_backward(ctx, &c->ld, a);
+}
+
+static void test_forward(const struct lcase * c) {
+    struct operands o;
+    make_operands(c, &o);
+    struct bie_tensor y_ref = make_out(c, c->ydt), y_cu = make_out(c, c->ydt);
+    fill_poison(&y_ref);
+    memcpy(y_cu.data, y_ref.data, tensor_span(&y_ref));
+    struct bie_tensor dy = cuda_mirror(&y_cu);
+    struct bie_forward_args ar = {&o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &y_ref};
+    struct bie_forward_args ac = {&o.dx, c->bias ? &o.dbias : NULL, &o.dw, &o.dsa, &o.dsw, &dy};
+    enum bie_status sr = forward(ref_ctx, c, &ar);
+    enum bie_status sc = forward(cu_ctx, c, &ac);
+    CHECK(sr == BIE_STATUS_OK, "reference forward failed (%s) on %s", bie_context_last_error(ref_ctx), c->text);
+    CHECK(sc == BIE_STATUS_OK, "cuda forward failed (%s) on %s", bie_context_last_error(cu_ctx), c->text);
+    if (sr == BIE_STATUS_OK && sc == BIE_STATUS_OK) {
+        CHECK(bie_context_cuda_synchronize(cu_ctx) == BIE_STATUS_OK, "sync: %s", bie_context_last_error(cu_ctx));
+        cuda_fetch(&y_cu, &dy);
+        const int same = memcmp(y_cu.data, y_ref.data, tensor_span(&y_ref)) == 0;
+        CHECK(same, "forward y differs from the reference (%lld of %lld elements) on %s",
+              (long long)count_mismatch(&y_cu, &y_ref), (long long)bie_tensor_numel(&y_ref), c->text);
+    }
+    cuda_tensor_free(&dy);
+    test_tensor_free(&y_ref);
+    test_tensor_free(&y_cu);
+    free_operands(c, &o);
+}
+
+static double tol_for(enum bie_dtype dt) {
+    return dt == BIE_DTYPE_F32 ? 1e-4 : dt == BIE_DTYPE_F16 ? 0x1p-9 : 0x1p-6;
+}
+
+static void compare_grad(const char * name, const struct bie_tensor * got, const struct bie_tensor * ref,
+                         const struct lcase * c) {
+    double diff, mag;
+    max_diff(got, ref, &diff, &mag);
+    const double tol = tol_for(got->dtype) * (mag > 1e-30 ? mag : 1e-30);
+    CHECK(diff <= tol, "%s: max|got-ref| = %g > %g (max|ref| = %g) on %s", name, diff, tol, mag, c->text);
+}
+
+static void test_backward(struct lcase * c) {
+    if (c->xdt == BIE_DTYPE_B1) c->xdt = BIE_DTYPE_F32;
+    if (c->ydt == BIE_DTYPE_B1 || c->ydt == BIE_DTYPE_I32) c->ydt = BIE_DTYPE_F32;
+    describe(c);
+    struct operands o;
+    make_operands(c, &o);
+    struct bie_tensor g = make_out(c, c->gdt);
+    fill_operand(&g, 1.0f, 1.0f);
+    struct bie_tensor dg = cuda_mirror(&g);
+    const enum bie_dtype gxdt = float_dts[test_rand_int(0, 2)], gwdt = float_dts[test_rand_int(0, 2)];
+    const enum bie_dtype gbdt = float_dts[test_rand_int(0, 2)], gsdt = float_dts[test_rand_int(0, 2)];
+    struct bie_tensor gx_r, gx_c;
+    if (c->conv) {
+        gx_r = make4(gxdt, o.x.shape, (int)test_rand_int(0, 2));
+    } else {
+        gx_r = test_tensor(gxdt, o.x.ndim, o.x.shape, NULL);
+    }
+    gx_c = gx_r;
+    gx_c.data = malloc(tensor_span(&gx_r) + 64);
+    struct bie_tensor gw_r = test_tensor(gwdt, o.w.ndim, o.w.shape, NULL), gw_c = gw_r;
+    gw_c.data = malloc(tensor_span(&gw_r) + 64);
+    const int64_t bs[1] = {c->C};
+    struct bie_tensor gb_r = test_tensor(gbdt, 1, bs, NULL), gb_c = gb_r;
+    gb_c.data = malloc(tensor_span(&gb_r) + 64);
+    struct bie_tensor gs_r = test_tensor(gsdt, 0, NULL, NULL), gs_c = gs_r;
+    gs_c.data = malloc(16);
+    struct bie_tensor dgx = cuda_mirror(&gx_r), dgw = cuda_mirror(&gw_r), dgb = cuda_mirror(&gb_r),
+                      dgs = cuda_mirror(&gs_r);
+    const int only_w = test_rand_int(0, 5) == 0;
+    struct bie_backward_args ar = {&o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &g, &gx_r, &gw_r, &gs_r, &gb_r};
+    struct bie_backward_args ac = {&o.dx, c->bias ? &o.dbias : NULL, &o.dw, &o.dsa, &o.dsw, &dg,
+                                   only_w ? NULL : &dgx, &dgw, only_w ? NULL : &dgs, only_w ? NULL : &dgb};
+    enum bie_status sr = backward(ref_ctx, c, &ar);
+    enum bie_status sc = backward(cu_ctx, c, &ac);
+    CHECK(sr == BIE_STATUS_OK, "reference backward failed (%s) on %s", bie_context_last_error(ref_ctx), c->text);
+    CHECK(sc == BIE_STATUS_OK, "cuda backward failed (%s) on %s", bie_context_last_error(cu_ctx), c->text);
+    if (sr == BIE_STATUS_OK && sc == BIE_STATUS_OK) {
+        CHECK(bie_context_cuda_synchronize(cu_ctx) == BIE_STATUS_OK, "sync: %s", bie_context_last_error(cu_ctx));
+        cuda_fetch(&gw_c, &dgw);
+        compare_grad("grad_weight", &gw_c, &gw_r, c);
+        if (!only_w) {
+            cuda_fetch(&gx_c, &dgx);
+            cuda_fetch(&gb_c, &dgb);
+            cuda_fetch(&gs_c, &dgs);
+            compare_grad("grad_x", &gx_c, &gx_r, c);
+            compare_grad("grad_bias_a", &gb_c, &gb_r, c);
+            // grad_scale_a sums numel(x) terms, each bounded by max|gx| * hi: the f32 products and
+            // double sums differ from the reference by rounding of the terms only.
+            double d, m, dx, mx;
+            max_diff(&gs_c, &gs_r, &d, &m);
+            max_diff(&gx_c, &gx_r, &dx, &mx);
+            const double hi = c->quant == BIE_QUANT_BINARY ? 1 : c->quant == BIE_QUANT_INT4 ? 7 : 127;
+            const double n = (double)bie_tensor_numel(&o.x);
+            const double tol = tol_for(gsdt) * m + 1e-5 * sqrt(n) * (mx + 1e-6) * hi * 4;
+            CHECK(d <= tol, "grad_scale_a: |got-ref| = %g > %g (ref %g) on %s", d, tol, m, c->text);
+        }
+    }
+    cuda_tensor_free(&dg);
+    cuda_tensor_free(&dgx);
+    cuda_tensor_free(&dgw);
+    cuda_tensor_free(&dgb);
+    cuda_tensor_free(&dgs);
+    test_tensor_free(&g);
+    test_tensor_free(&gx_r);
+    test_tensor_free(&gx_c);
+    test_tensor_free(&gw_r);
+    test_tensor_free(&gw_c);
+    test_tensor_free(&gb_r);
+    test_tensor_free(&gb_c);
+    test_tensor_free(&gs_r);
+    test_tensor_free(&gs_c);
+    free_operands(c, &o);
+}
+
+// The caller's stream is used, and the status of a bad device pointer is a DEVICE_ERROR, not a crash.
+static void test_stream(void) {
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreate(&s));
+    CHECK_OK(cu_ctx, bie_context_set_cuda_stream(cu_ctx, s));
+    CHECK(bie_context_cuda_stream(cu_ctx) == (void *)s, "stream getter returns the stream set");
+    struct lcase c;
+    random_case(&c, 0);
+    test_forward(&c);
+    CHECK_OK(cu_ctx, bie_context_set_cuda_stream(cu_ctx, NULL));
+    CUDA_OK(cudaStreamDestroy(s));
+}
+
+int main(int argc, char ** argv) {
+    test_init(argc, argv);
+    cuda_test_require_gpu("test-cuda-layers");
+    struct bie_context_params p;
+    bie_context_params_default(&p);
+    p.backend = BIE_BACKEND_REF;
+    if (bie_context_create(&p, &ref_ctx) != BIE_STATUS_OK) return 1;
+    p.backend = BIE_BACKEND_AUTO;
+    if (bie_context_create(&p, &cu_ctx) != BIE_STATUS_OK) return 1;
+    const int n = cuda_test_quick() ? 20 : 150;
+    for (int i = 0; i < n; i++) {
+        struct lcase c;
+        random_case(&c, 0);
+        test_forward(&c);
+    }
+    for (int i = 0; i < 2; i++) {
+        struct lcase c;
+        random_case(&c, 1);
+        test_forward(&c);
+    }
+    for (int i = 0; i < n / 2; i++) {
+        struct lcase c;
+        random_case(&c, 0);
+        test_backward(&c);
+    }
+    test_stream();
+    bie_context_destroy(ref_ctx);
+    bie_context_destroy(cu_ctx);
+    return test_finish("test-cuda-layers");
+}

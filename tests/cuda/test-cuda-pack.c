@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: Apache-2.0
+// test-cuda-pack.c: bie_pack / bie_unpack on CUDA tensors (bit-identical to the reference over the
+// whole destination span, including bits of packed bytes that belong to no element), the
+// scale-init helpers' device reductions (sum in double: the f32 scale must match the reference's
+// to 1 ulp), and the no-GPU / error statuses.
+#include "cuda-test.h"
+
+static bie_context_t * ref_ctx, * cu_ctx;
+
+static void random_shape(int32_t * ndim, int64_t * shape) {
+    *ndim = (int32_t)test_rand_int(1, 4);
+    for (int32_t i = 0; i < *ndim; i++) shape[i] = test_rand_int(1, i == *ndim - 1 ? 70 : 9);
+}
+
+static struct bie_tensor make_any(enum bie_dtype dt, int32_t ndim, const int64_t * shape) {
+    // dense, or (for byte-sized dtypes) transposed last two dims
+    if (ndim >= 2 && dt != BIE_DTYPE_B1 && dt != BIE_DTYPE_S4 && test_rand_int(0, 1)) {
+        int64_t s[BIE_MAX_DIMS];
+        memcpy(s, shape, sizeof(int64_t) * (size_t)ndim);
+        s[ndim - 1] = shape[ndim - 2];
+        s[ndim - 2] = shape[ndim - 1];
+        struct bie_tensor t = test_tensor(dt, ndim, s, NULL);
+        int32_t perm[BIE_MAX_DIMS];
+        for (int32_t i = 0; i < ndim; i++) perm[i] = i;
+        perm[ndim - 1] = ndim - 2;
+        perm[ndim - 2] = ndim - 1;
+        bie_tensor_permute(&t, perm);
+        return t;
+    }
+    if (dt == BIE_DTYPE_B1 && ndim >= 2 && test_rand_int(0, 2) == 0) { // bits transposed: serial path
+        int64_t s[BIE_MAX_DIMS];
+        memcpy(s, shape, sizeof(int64_t) * (size_t)ndim);
+        s[ndim - 1] = shape[ndim - 2];
+        s[ndim - 2] = shape[ndim - 1];
+        struct bie_tensor t = test_tensor(dt, ndim, s, NULL);
+        int32_t perm[BIE_MAX_DIMS];
+        for (int32_t i = 0; i < ndim; i++) perm[i] = i;
+        perm[ndim - 1] = ndim - 2;
+        perm[ndim - 2] = ndim - 1;
+        bie_tensor_permute(&t, perm);
+        return t;
+    }
+    return test_tensor(dt, ndim, shape, NULL);
+}
+
+static void test_pack_unpack(void) {
+    static const enum bie_dtype srcs[4] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_I8};
+    static const enum bie_dtype dsts[3] = {BIE_DTYPE_B1, BIE_DTYPE_S4, BIE_DTYPE_I8};
+    static const enum bie_dtype outs[4] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_I8};
+    const int n = cuda_test_quick() ? 30 : 200;
+    for (int it = 0; it < n; it++) {
+        int32_t nd;
+        int64_t shape[BIE_MAX_DIMS];
+        random_shape(&nd, shape);
+        const enum bie_dtype dd = dsts[test_rand_int(0, 2)];
+        enum bie_dtype sd = srcs[test_rand_int(0, dd == BIE_DTYPE_I8 ? 2 : 3)];
+        const int with_scale = dd != BIE_DTYPE_B1 && sd != BIE_DTYPE_I8 && test_rand_int(0, 1);
+        const float scale = test_rand_float(0.1f, 3.0f);
+        struct bie_tensor src = make_any(sd, nd, shape);
+        int64_t idx[BIE_MAX_DIMS] = {0};
+        do {
+            const int64_t k = test_rand_int(0, 9);
+            double v = k == 0 ? 0.0 : k == 1 ? ((double)test_rand_int(-10, 9) + 0.5) * scale : test_rand_float(-200, 200) * (k == 2 ? 1 : 0.05) * scale;
+            if (sd == BIE_DTYPE_I8) v = (double)test_rand_int(-128, 127);
+            bie_store(&src, bie_offset(&src, idx), v);
+        } while (bie_next_index(&src, idx));
+        struct bie_tensor sc = test_scalar(scale);
+        struct bie_tensor d_ref = make_any(dd, nd, shape), d_cu = d_ref;
+        fill_poison(&d_ref);
+        d_cu.data = malloc(tensor_span(&d_ref) + 64);
+        struct bie_tensor dsrc = cuda_mirror(&src), ddst = cuda_mirror(&d_ref);
+        CHECK_OK(ref_ctx, bie_pack(ref_ctx, &src, with_scale ? &sc : NULL, &d_ref));
+        CHECK_OK(cu_ctx, bie_pack(cu_ctx, &dsrc, with_scale ? &sc : NULL, &ddst));
+        CHECK_OK(cu_ctx, bie_context_cuda_synchronize(cu_ctx));
+        cuda_fetch(&d_cu, &ddst);
+        CHECK(memcmp(d_cu.data, d_ref.data, tensor_span(&d_ref)) == 0, "pack %s -> %s (ndim %d, last %lld, scale %d) differs",
+              bie_dtype_name(sd), bie_dtype_name(dd), (int)nd, (long long)shape[nd - 1], with_scale);
+        // unpack the packed tensor back
+        const enum bie_dtype od = outs[test_rand_int(0, 3)];
+        const int uscale = od != BIE_DTYPE_I8 && test_rand_int(0, 1);
+        struct bie_tensor u_ref = make_any(od, nd, shape), u_cu = u_ref;
+        fill_poison(&u_ref);
+        u_cu.data = malloc(tensor_span(&u_ref) + 64);
+        struct bie_tensor du = cuda_mirror(&u_ref);
+        CHECK_OK(ref_ctx, bie_unpack(ref_ctx, &d_ref, uscale ? &sc : NULL, &u_ref));
+        CHECK_OK(cu_ctx, bie_unpack(cu_ctx, &ddst, uscale ? &sc : NULL, &du));
+        CHECK_OK(cu_ctx, bie_context_cuda_synchronize(cu_ctx));
+        cuda_fetch(&u_cu, &du);
+        CHECK(memcmp(u_cu.data, u_ref.data, tensor_span(&u_ref)) == 0, "unpack %s -> %s (ndim %d) differs",
+              bie_dtype_name(dd), bie_dtype_name(od), (int)nd);
+        cuda_tensor_free(&dsrc);
+        cuda_tensor_free(&ddst);
+        cuda_tensor_free(&du);
+        test_tensor_free(&src);
+        test_tensor_free(&sc);
+        test_tensor_free(&d_ref);
+        test_tensor_free(&d_cu);
+        test_tensor_free(&u_ref);
+        test_tensor_free(&u_cu);
+    }
+}
+
+static void test_scale_init(void) {
+    for (int it = 0; it < 20; it++) {
+        int32_t nd;
+        int64_t shape[BIE_MAX_DIMS];
+        random_shape(&nd, shape);
+        struct bie_tensor x = make_any(BIE_DTYPE_F32, nd, shape);
+        test_fill_uniform(&x, -3.0f, 2.0f);
+        struct bie_tensor dx = cuda_mirror(&x);
+        static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
+        const enum bie_quant q = qs[test_rand_int(0, 2)];
+        struct bie_tensor r1 = test_scalar(0), r2 = test_scalar(0), r3 = test_scalar(0), r4 = test_scalar(0);
+        CHECK_OK(ref_ctx, bie_activation_scale_init(ref_ctx, q, 1, &x, &r1));
+        CHECK_OK(cu_ctx, bie_activation_scale_init(cu_ctx, q, 1, &dx, &r2));
+        CHECK_OK(ref_ctx, bie_weight_scale_init(ref_ctx, q, &x, &r3));
+        CHECK_OK(cu_ctx, bie_weight_scale_init(cu_ctx, q, &dx, &r4));
+        const float a = *(float *)r1.data, b = *(float *)r2.data, c = *(float *)r3.data, d = *(float *)r4.data;
+        CHECK(fabsf(a - b) <= 1.2e-7f * fabsf(a), "activation scale %.9g vs reference %.9g", (double)b, (double)a);
+        CHECK(fabsf(c - d) <= 1.2e-7f * fabsf(c), "weight scale %.9g vs reference %.9g", (double)d, (double)c);
+        cuda_tensor_free(&dx);
+        test_tensor_free(&x);
+        test_tensor_free(&r1);
+        test_tensor_free(&r2);
+        test_tensor_free(&r3);
+        test_tensor_free(&r4);
+    }
+}
+
+// A CUDA error comes back as a status with the CUDA message (a device tensor pointing at host
+// memory that the device cannot read).
+static void test_errors(void) {
+    const int64_t shape[2] = {4, 100};
+    struct bie_tensor h = test_tensor(BIE_DTYPE_F32, 2, shape, NULL);
+    struct bie_tensor bogus = h;
+    bogus.device_type = BIE_DEVICE_CUDA;
+    bogus.data = (void *)(uintptr_t)0x10; // not a device allocation
+    struct bie_tensor out = test_scalar(0);
+    enum bie_status st = bie_weight_scale_init(cu_ctx, BIE_QUANT_BINARY, &bogus, &out);
+    CHECK(st == BIE_STATUS_DEVICE_ERROR, "a bad device pointer gives DEVICE_ERROR, got %s: %s", bie_status_string(st),
+          bie_context_last_error(cu_ctx));
+    // an illegal address is sticky: the process cannot use the device afterwards, so this is last
+    test_tensor_free(&h);
+    test_tensor_free(&out);
+}
+
+int main(int argc, char ** argv) {
+    test_init(argc, argv);
+    cuda_test_require_gpu("test-cuda-pack");
+    struct bie_context_params p;
+    bie_context_params_default(&p);
+    p.backend = BIE_BACKEND_REF;
+    if (bie_context_create(&p, &ref_ctx) != BIE_STATUS_OK) return 1;
+    p.backend = BIE_BACKEND_AUTO;
+    if (bie_context_create(&p, &cu_ctx) != BIE_STATUS_OK) return 1;
+    test_pack_unpack();
+    test_scale_init();
+    if (!getenv("BIE_TEST_NO_FAULT")) test_errors();
+    bie_context_destroy(ref_ctx);
+    bie_context_destroy(cu_ctx);
+    return test_finish("test-cuda-pack");
+}
