@@ -2,6 +2,7 @@
 // bie.c: the `bie` command-line program: subcommands train, eval, info and bench.
 #include "../bench/bench.h"
 #include "bie.h"
+#include "cli.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -9,9 +10,13 @@
 static void usage(FILE * f) {
     fprintf(f, "usage: bie <command> [options]\n\n"
                "commands:\n"
+               "  train    train a low-bit network on an IDX data set and export the packed model\n"
+               "  eval     evaluate a model file (accuracy, images/s)\n"
+               "  info     print a model file's layers and sizes\n"
                "  bench    benchmark bie's layers against float baselines\n"
                "  version  print the library version\n\n"
-               "Run `bie <command> --help` for a command's options.\n");
+               "Run `bie <command> --help` for a command's options.\n"
+               "Exit codes: 0 success, 1 run-time error (I/O, corrupt file, library error), 2 usage error.\n");
 }
 
 int main(int argc, char ** argv) {
@@ -29,6 +34,9 @@ int main(int argc, char ** argv) {
         return 0;
     }
     if (!strcmp(cmd, "bench")) return bie_bench_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train")) return bie_train_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return bie_eval_main(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info")) return bie_info_main(argc - 1, argv + 1);
     fprintf(stderr, "bie: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;
