@@ -1,0 +1,249 @@
+# SPDX-License-Identifier: Apache-2.0
+"""libbie's layer calls against the pure-PyTorch reference (bie.reference): forward exactly, backward
+within one rounding of the output dtype; the reference's backward against finite differences of its
+surrogate (gradcheck in float64)."""
+import math
+
+import pytest
+import torch
+
+import bie
+from bie import functional as F
+from bie import reference as R
+
+QUANTS = [bie.QUANT_BINARY, bie.QUANT_INT4, bie.QUANT_INT8]
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+LINEAR_SHAPES = [((1,), 1, 1), ((3,), 7, 5), ((2, 3), 65, 9), ((17,), 130, 33), ((4,), 8, 1)]
+CONV_SHAPES = [  # N, C, H, W, O, kernel, stride, padding, dilation
+    (1, 1, 5, 5, 1, (3, 3), 1, 0, 1),
+    (2, 3, 7, 6, 4, (3, 2), (2, 1), (1, 2), 1),
+    (1, 9, 6, 7, 5, (3, 3), 1, 1, (2, 1)),
+    (3, 17, 4, 5, 3, (1, 1), 2, 0, 1),
+    (2, 4, 9, 8, 6, (5, 3), (1, 2), 2, 1),
+]
+
+
+def scales(quant, x, device, dtype=torch.float32):
+    if quant == bie.QUANT_BINARY:
+        sa = 2 * x.float().abs().mean()
+        sw = torch.tensor(0.37)
+    else:
+        hi = 7 if quant == bie.QUANT_INT4 else 127
+        sa = x.float().abs().max() / hi * 0.8  # some inputs clip
+        sw = torch.tensor(1.5 / hi)
+    return sa.to(device, dtype).reshape(()), sw.to(device, dtype)
+
+
+def weight_forms(quant, w, sw):
+    """The float weight and the other forms a layer accepts, with the same codes."""
+    forms = [("float", w)]
+    if quant == bie.QUANT_BINARY:
+        forms.append(("int8", torch.randint(-127, 128, w.shape, dtype=torch.int8, device=w.device)))
+        forms.append(("packed", F.pack_weight(quant, w)))
+    else:
+        forms.append(("codes", F.quantize_int8(w, sw)))
+        if quant == bie.QUANT_INT4 and F.packed_shape(quant, tuple(w.shape)) != tuple(w.shape):
+            forms.append(("packed", F.pack_weight(quant, w, sw)))
+    return forms
+
+
+def strided(t, kind):
+    """A copy of t with other strides: a transposed layout, or a slice of a larger tensor."""
+    if kind == "contiguous":
+        return t.contiguous()
+    if kind == "slice":
+        big = torch.empty(*t.shape[:-1], t.shape[-1] * 2 + 1, dtype=t.dtype, device=t.device)
+        v = big[..., 1::2]
+        v.copy_(t)
+        return v
+    if kind == "channels_last":
+        return t.contiguous(memory_format=torch.channels_last)
+    if kind == "transposed":  # linear [M, K]: stored as [K, M]
+        return t.t().contiguous().t() if t.dim() == 2 else t
+    raise ValueError(kind)
+
+
+def assert_grad_close(got, want, dtype, what, bound=None):
+    """got (libbie, dtype) against want (float64 reference): each output is rounded once from a
+    float64 sum, so they may differ by one rounding of `dtype` (plus float64 summation order,
+    1e-12 of the sum of the terms' magnitudes `bound`)."""
+    assert got.dtype == dtype, what
+    eps = torch.finfo(dtype).eps
+    w = want.to(torch.float64)
+    g = got.to(torch.float64)
+    tol = eps * w.abs() + 1e-300
+    if bound is not None:
+        tol = tol + 1e-12 * bound
+    bad = (g - w).abs() > tol
+    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.numel()} differ, e.g. got {g[bad][:4].tolist()} " \
+                          f"want {w[bad][:4].tolist()}"
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("lead,k,n", LINEAR_SHAPES)
+def test_linear_forward_exact(device, quant, lead, k, n):
+    for dtype in FLOATS:
+        x = torch.randn(*lead, k, device=device).to(dtype)
+        w = torch.randn(n, k, device=device).to(dtype)
+        bias = (torch.randn(k, device=device) * 0.3).to(dtype)
+        sa, sw = scales(quant, x, device)
+        for name, wf in weight_forms(quant, w, sw):
+            for b in (None, bias):
+                for layout in ("contiguous", "slice", "transposed"):
+                    xs = strided(x, layout)
+                    y = F.linear_forward(quant, xs, wf, sa, sw, b)
+                    want = R.forward(quant, x, wf, sa, sw, b)
+                    assert y.dtype == dtype and y.shape == (*lead, n)
+                    assert torch.equal(y.cpu(), want.cpu()), f"{name} weight, {layout} x, {dtype}, bias {b is not None}"
+            acc = F.linear_forward(quant, x, wf, sa, sw, bias, out_dtype=torch.int32)
+            assert torch.equal(acc.cpu(), R.forward(quant, x, wf, sa, sw, bias, out_dtype=torch.int32).cpu())
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("shape", CONV_SHAPES)
+def test_conv2d_forward_exact(device, quant, shape):
+    n, c, h, w_, o, ks, st, pd, dl = shape
+    pads = [bie.PAD_ZERO, bie.PAD_MINUS_ONE, bie.PAD_PLUS_ONE] if quant == bie.QUANT_BINARY else [bie.PAD_ZERO]
+    for dtype in FLOATS:
+        x = torch.randn(n, c, h, w_, device=device).to(dtype)
+        wt = torch.randn(o, c, *ks, device=device).to(dtype)
+        bias = (torch.randn(c, device=device) * 0.3).to(dtype)
+        sa, sw = scales(quant, x, device)
+        for name, wf in weight_forms(quant, wt, sw):
+            for pv in pads:
+                geo = R.Geometry(st, pd, dl, pv)
+                want = R.forward(quant, x, wf, sa, sw, bias, geo, ks)
+                for layout in ("contiguous", "channels_last"):
+                    y = F.conv2d_forward(quant, strided(x, layout), wf, sa, sw, bias, ks, st, pd, dl, pv)
+                    assert y.dtype == dtype
+                    assert torch.equal(y.cpu(), want.cpu()), f"{name} weight, {layout}, pad {pv}, {dtype}"
+
+
+def _check_backward(quant, x, w, sa, sw, bias, g, geo=None, ks=None):
+    if geo is None:
+        gx, gw, gs, gb = F.linear_backward(quant, x, w, sa, sw, g, bias)
+    else:
+        gx, gw, gs, gb = F.conv2d_backward(quant, x, w, sa, sw, g, bias, ks, geo.stride, geo.padding,
+                                           geo.dilation, geo.pad_value)
+    rx, rw, rs, rb = R.backward(quant, x, w, sa, sw, g, bias, geo, ks)
+    # a bound on the magnitudes of the summed terms, for the float64 summation-order allowance
+    total = float((g.double().abs().sum() * (w.double().abs().max() + 1) * (sa.double().abs() + sw.double().abs() + 1)))
+    assert_grad_close(gx, rx, x.dtype, "grad_x", total)
+    assert_grad_close(gw, rw, w.dtype if w.dtype.is_floating_point else torch.float32, "grad_weight", total)
+    assert_grad_close(gs, rs, sa.dtype, "grad_scale_a", total * (x.abs().max().double() + 1))
+    if bias is not None:
+        assert_grad_close(gb, rb, bias.dtype, "grad_bias_a", total)
+    else:
+        assert gb is None
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("lead,k,n", LINEAR_SHAPES)
+def test_linear_backward(device, quant, lead, k, n):
+    for dtype in FLOATS:
+        x = torch.randn(*lead, k, device=device).to(dtype)
+        w = torch.randn(n, k, device=device).to(dtype)
+        bias = (torch.randn(k, device=device) * 0.3).to(dtype)
+        sa, sw = scales(quant, x, device)
+        g = torch.randn(*lead, n, device=device).to(dtype)
+        for name, wf in weight_forms(quant, w, sw):
+            _check_backward(quant, strided(x, "slice"), wf, sa, sw, bias, g)
+        _check_backward(quant, x, w, sa, sw, None, strided(g, "transposed"))
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("shape", CONV_SHAPES)
+def test_conv2d_backward(device, quant, shape):
+    n, c, h, w_, o, ks, st, pd, dl = shape
+    pads = [bie.PAD_ZERO, bie.PAD_MINUS_ONE, bie.PAD_PLUS_ONE] if quant == bie.QUANT_BINARY else [bie.PAD_ZERO]
+    for dtype in FLOATS:
+        x = torch.randn(n, c, h, w_, device=device).to(dtype)
+        wt = torch.randn(o, c, *ks, device=device).to(dtype)
+        bias = (torch.randn(c, device=device) * 0.3).to(dtype)
+        sa, sw = scales(quant, x, device)
+        oh, ow = F.conv2d_output_size(h, w_, ks, st, pd, dl)
+        g = torch.randn(n, o, oh, ow, device=device).to(dtype)
+        for pv in pads:
+            geo = R.Geometry(st, pd, dl, pv)
+            for name, wf in weight_forms(quant, wt, sw):
+                _check_backward(quant, strided(x, "channels_last"), wf, sa, sw, bias, g, geo, ks)
+        _check_backward(quant, x, wt, sa, sw, None, strided(g, "channels_last"), R.Geometry(st, pd, dl), ks)
+
+
+def _gradcheck(quant, x, b, w, sa, sw, geo=None, ks=None):
+    anchors = tuple(t.detach().clone() for t in (x, b, w, sa))
+    ins = [t.detach().clone().requires_grad_() for t in (x, b, w, sa)]
+    f = lambda x_, b_, w_, s_: R.surrogate(quant, x_, b_, w_, s_, sw, anchors, geo, ks)
+    assert torch.autograd.gradcheck(f, ins, eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_gradcheck_surrogate(quant):
+    d = torch.float64
+    for lead, k, n in LINEAR_SHAPES[:4]:
+        x = torch.randn(*lead, k, dtype=d)
+        sa, sw = scales(quant, x, "cpu", d)
+        _gradcheck(quant, x, torch.randn(k, dtype=d) * 0.3, torch.randn(n, k, dtype=d), sa, sw)
+    pads = [bie.PAD_ZERO, bie.PAD_MINUS_ONE, bie.PAD_PLUS_ONE] if quant == bie.QUANT_BINARY else [bie.PAD_ZERO]
+    for (n, c, h, w_, o, ks, st, pd, dl), pv in zip(CONV_SHAPES[1:4], pads * 3):
+        x = torch.randn(n, c, h, w_, dtype=d)
+        sa, sw = scales(quant, x, "cpu", d)
+        _gradcheck(quant, x, torch.randn(c, dtype=d) * 0.3, torch.randn(o, c, *ks, dtype=d), sa, sw,
+                   R.Geometry(st, pd, dl, pv), ks)
+
+
+@pytest.mark.parametrize("which", range(4))
+def test_gradcheck_catches_a_wrong_formula(monkeypatch, which):
+    """The gradcheck above can fail: it does when one of the four hand-written gradients is off
+    (a factor 1.01 on grad_x, grad_bias_a, grad_weight or grad_scale_a)."""
+    real = R.backward
+
+    def wrong(*args, **kwargs):
+        out = list(real(*args, **kwargs))
+        out[which] = out[which] * 1.01
+        return tuple(out)
+
+    monkeypatch.setattr(R, "backward", wrong)
+    x = torch.randn(4, 9, dtype=torch.float64)
+    sa, sw = scales(bie.QUANT_INT4, x, "cpu", torch.float64)
+    with pytest.raises(RuntimeError, match="Jacobian mismatch"):
+        _gradcheck(bie.QUANT_INT4, x, torch.randn(9, dtype=torch.float64), torch.randn(3, 9, dtype=torch.float64),
+                   sa, sw)
+
+
+def test_pack_round_trip(device):
+    for quant in (bie.QUANT_BINARY, bie.QUANT_INT4):
+        for shape in [(5, 13), (3, 4, 3, 2), (2, 1), (4, 9, 1, 1)]:
+            w = torch.randn(*shape, device=device)
+            sw = torch.tensor(0.3)
+            p = F.pack_weight(quant, w, sw)
+            assert tuple(p.shape) == F.packed_shape(quant, shape)
+            unpack = R.unpack_bits if quant == bie.QUANT_BINARY else R.unpack_nibbles
+            k = shape[1]
+            codes = unpack(p.cpu(), k) if len(shape) == 2 else unpack(p.cpu(), k).permute(0, 3, 1, 2)
+            assert torch.equal(codes.cpu(), R.weight_codes(quant, w, sw, shape).cpu())
+            back = F.unpack_weight(quant, p, shape, sw if quant == bie.QUANT_INT4 else None)
+            want = codes * (0.3 if quant == bie.QUANT_INT4 else 1.0)
+            assert torch.allclose(back.double().cpu(), want.cpu(), rtol=1e-6, atol=0)
+
+
+def test_errors_carry_the_c_message():
+    x = torch.randn(3, 8)
+    w = torch.randn(4, 8)
+    with pytest.raises(bie.BieError, match="scale_a"):
+        F.linear_forward(bie.QUANT_BINARY, x, w, torch.tensor(-1.0), torch.tensor(1.0))
+    with pytest.raises(bie.BieError, match="pad_value"):
+        F.conv2d_forward(bie.QUANT_INT4, torch.randn(1, 2, 4, 4), torch.randn(3, 2, 3, 3), torch.tensor(1.0),
+                         torch.tensor(1.0), None, 3, 1, 1, 1, bie.PAD_MINUS_ONE)
+    with pytest.raises(TypeError):
+        F.linear_forward(bie.QUANT_BINARY, x.double(), w, torch.tensor(1.0), torch.tensor(1.0))
+
+
+def test_cuda_tensor_without_cuda_backend():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if bie.cuda_available():
+        pytest.skip("libbie has the CUDA backend")
+    x = torch.randn(3, 8, device="cuda")
+    with pytest.raises(bie.BieError, match="without the CUDA backend"):
+        F.linear_forward(bie.QUANT_BINARY, x, torch.randn(4, 8, device="cuda"), torch.tensor(1.0), torch.tensor(1.0))
