@@ -13,4 +13,5 @@ static enum bie_status forward(bie_context_t * ctx, const struct bie_layer_call 
 const struct bie_backend_ops bie_cpu_backend = {
     .name = "cpu",
     .layer_forward = forward,
+    .layer_backward = bie_cpu_layer_backward,
 };

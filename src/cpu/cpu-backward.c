@@ -1,0 +1,300 @@
+// SPDX-License-Identifier: Apache-2.0
+// cpu-backward.c: backward of every layer through OpenBLAS sgemm (the float GEMMs of the
+// straight-through estimator), with the masks and reductions fused into one pass over x.
+//
+// With codes a (x-shaped: +-1 or n-bit codes), weight codes w [O][K] (K = C*kh*kw in (c, i, j)
+// order, as the weight) and g = grad_y:
+//   linear (x [M][K]):  gx     = g[M][O] @ (w*scale_w)[O][K]                 (sgemm NN)
+//                       grad_W = scale_a * g^T[O][M] @ a[M][K]               (sgemm TN)
+//   conv, per chunk of samples: col[K][n*P] = im2col of a_pad (P = OH*OW; pads at their value),
+//                       G[O][n*P] = g of those samples,
+//                       grad_W += scale_a * G @ col^T                         (sgemm NT)
+//                       dcol    = (w*scale_w)^T @ G;  gx = col2im(dcol)      (sgemm TN)
+// Then one pass over x (parallel over (n, c) planes) computes r = x'/scale_a, grad_x = gx * mask,
+// and per-plane double partials of the grad_scale_a and grad_bias_a sums, which are added in a
+// fixed order: the result does not depend on the thread count.
+//
+// Accuracy: sgemm sums in f32 (in its own order) where the reference sums in double, so float
+// outputs differ from it by at most about n*eps_f32*sum|terms| (n terms per output; see
+// tests/test-cpu-backward.c), while every mask and code is computed exactly as in the reference.
+#include "cpu/cpu-impl.h"
+
+#include <cblas.h>
+#include <math.h>
+
+static void store_float(const struct bie_tensor * t, int64_t off, float v) {
+    switch (t->dtype) {
+    case BIE_DTYPE_F32: ((float *)t->data)[off] = v; break;
+    case BIE_DTYPE_F16: ((uint16_t *)t->data)[off] = bie_f32_to_f16(v); break;
+    case BIE_DTYPE_BF16: ((uint16_t *)t->data)[off] = bie_f32_to_bf16(v); break;
+    default: bie_store(t, off, v); break;
+    }
+}
+
+struct bwd {
+    const struct bie_layer_call * c;
+    const struct bie_geometry * g;
+    int threads;
+    bool binary;
+    int lo, hi;
+    float * bias;  // dense [C]
+    float * acode; // dense NCHW codes of x (when grad_weight is wanted)
+    float * wf;    // [O][K] w * scale_w (when gx is wanted)
+    float * gx;    // dense NCHW
+};
+
+static inline float x_prime(const struct bwd * b, int64_t off, int64_t ch) {
+    return cpu_load(&b->c->x, off) + b->bias[ch];
+}
+
+static inline float code_of(const struct bwd * b, float xp) {
+    if (b->binary) return xp >= 0.0f ? 1.0f : -1.0f;
+    return (float)cpu_quantize1(xp, b->c->scale_a, b->lo, b->hi);
+}
+
+static void make_codes(const struct bwd * b) {
+    const struct bie_geometry * g = b->g;
+    const int64_t * xs = b->c->x.stride;
+    const int64_t planes = g->batch * g->C;
+#pragma omp parallel for num_threads(b->threads)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        const int64_t n = pl / g->C, ch = pl % g->C;
+        float * d = b->acode + pl * g->H * g->W;
+        for (int64_t h = 0; h < g->H; h++)
+            for (int64_t w = 0; w < g->W; w++)
+                d[h * g->W + w] = code_of(b, x_prime(b, n * xs[0] + ch * xs[1] + h * xs[2] + w * xs[3], ch));
+    }
+}
+
+static void make_wf(const struct bwd * b) {
+    const struct bie_geometry * g = b->g;
+    const struct bie_tensor * w = &b->c->weight;
+    const int64_t * ws = w->stride;
+    const bool is_float = bie_dtype_is_float(w->dtype);
+    const float sw = b->c->scale_w;
+#pragma omp parallel for num_threads(b->threads)
+    for (int64_t o = 0; o < g->O; o++)
+        for (int64_t ch = 0; ch < g->C; ch++)
+            for (int64_t i = 0; i < g->kh; i++)
+                for (int64_t j = 0; j < g->kw; j++) {
+                    const float v = cpu_load(w, o * ws[0] + ch * ws[1] + i * ws[2] + j * ws[3]);
+                    float q;
+                    if (b->binary) q = v >= 0.0f ? 1.0f : -1.0f;
+                    else if (is_float) q = (float)cpu_quantize1(v, sw, b->lo, b->hi);
+                    else q = v < (float)b->lo ? (float)b->lo : v > (float)b->hi ? (float)b->hi : v;
+                    b->wf[((o * g->C + ch) * g->kh + i) * g->kw + j] = q * sw;
+                }
+}
+
+// G[o][nl*P + p] = grad_y[n0 + nl, o, p] for nl < nb.
+static void gather_g(const struct bwd * b, int64_t n0, int64_t nb, float * G) {
+    const struct bie_geometry * g = b->g;
+    const struct bie_tensor * gy = &b->c->grad_y;
+    const int64_t * s = gy->stride;
+    const int64_t P = g->OH * g->OW, ld = nb * P;
+    const bool rows = gy->dtype == BIE_DTYPE_F32 && s[3] == 1 && s[2] == g->OW;
+#pragma omp parallel for num_threads(b->threads)
+    for (int64_t t = 0; t < g->O * nb; t++) {
+        const int64_t o = t / nb, nl = t % nb;
+        float * d = G + o * ld + nl * P;
+        const int64_t base = (n0 + nl) * s[0] + o * s[1];
+        if (rows) {
+            memcpy(d, (const float *)gy->data + base, (size_t)P * sizeof(float));
+        } else {
+            for (int64_t p = 0; p < P; p++) d[p] = cpu_load(gy, base + (p / g->OW) * s[2] + (p % g->OW) * s[3]);
+        }
+    }
+}
+
+// col[k][nl*P + p] = a_pad at tap k = (c, i, j) of output pixel p of sample n0 + nl.
+static void im2col(const struct bwd * b, int64_t n0, int64_t nb, float * col) {
+    const struct bie_geometry * g = b->g;
+    const int64_t P = g->OH * g->OW, ld = nb * P;
+    const float pad = !b->binary ? 0.0f : g->pad_value == BIE_PAD_MINUS_ONE ? -1.0f
+                                      : g->pad_value == BIE_PAD_PLUS_ONE ? 1.0f : 0.0f;
+#pragma omp parallel for num_threads(b->threads)
+    for (int64_t k = 0; k < g->K; k++) {
+        const int64_t ch = k / (g->kh * g->kw), i = (k / g->kw) % g->kh, j = k % g->kw;
+        for (int64_t nl = 0; nl < nb; nl++) {
+            const float * src = b->acode + ((n0 + nl) * g->C + ch) * g->H * g->W;
+            float * d = col + k * ld + nl * P;
+            for (int64_t oh = 0; oh < g->OH; oh++) {
+                const int64_t ih = oh * g->sh - g->ph + i * g->dh;
+                for (int64_t ow = 0; ow < g->OW; ow++) {
+                    const int64_t iw = ow * g->sw - g->pw + j * g->dw;
+                    d[oh * g->OW + ow] = (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W) ? pad : src[ih * g->W + iw];
+                }
+            }
+        }
+    }
+}
+
+// gx[n0 + nl, c] += sum over taps of dcol, one (sample, channel) plane per thread.
+static void col2im(const struct bwd * b, int64_t n0, int64_t nb, const float * dcol) {
+    const struct bie_geometry * g = b->g;
+    const int64_t P = g->OH * g->OW, ld = nb * P;
+#pragma omp parallel for num_threads(b->threads)
+    for (int64_t t = 0; t < nb * g->C; t++) {
+        const int64_t nl = t / g->C, ch = t % g->C;
+        float * dst = b->gx + ((n0 + nl) * g->C + ch) * g->H * g->W;
+        memset(dst, 0, (size_t)(g->H * g->W) * sizeof(float));
+        for (int64_t i = 0; i < g->kh; i++)
+            for (int64_t j = 0; j < g->kw; j++) {
+                const float * src = dcol + ((ch * g->kh + i) * g->kw + j) * ld + nl * P;
+                for (int64_t oh = 0; oh < g->OH; oh++) {
+                    const int64_t ih = oh * g->sh - g->ph + i * g->dh;
+                    if (ih < 0 || ih >= g->H) continue;
+                    for (int64_t ow = 0; ow < g->OW; ow++) {
+                        const int64_t iw = ow * g->sw - g->pw + j * g->dw;
+                        if (iw >= 0 && iw < g->W) dst[ih * g->W + iw] += src[oh * g->OW + ow];
+                    }
+                }
+            }
+    }
+}
+
+// grad_x, and the per-plane partials of grad_scale_a and grad_bias_a.
+static void finish_gx(const struct bwd * b, double * part_s, double * part_b) {
+    const struct bie_layer_call * c = b->c;
+    const struct bie_geometry * g = b->g;
+    const int64_t * xs = c->x.stride;
+    const int64_t * gs = c->grad_x.stride;
+    const int64_t planes = g->batch * g->C;
+    const float lo = (float)b->lo, hi = (float)b->hi, sa = c->scale_a;
+#pragma omp parallel for num_threads(b->threads)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        const int64_t n = pl / g->C, ch = pl % g->C;
+        const float * gxp = b->gx + pl * g->H * g->W;
+        double ssum = 0.0, bsum = 0.0;
+        for (int64_t h = 0; h < g->H; h++)
+            for (int64_t w = 0; w < g->W; w++) {
+                const float xp = x_prime(b, n * xs[0] + ch * xs[1] + h * xs[2] + w * xs[3], ch);
+                const float r = xp / sa, gxi = gxp[h * g->W + w];
+                float out;
+                if (b->binary) {
+                    out = fabsf(r) <= 1.0f ? gxi : 0.0f;
+                    ssum += (double)out * (xp >= 0.0f ? 1.0 : -1.0);
+                } else {
+                    const bool mid = r >= lo && r <= hi;
+                    out = mid ? gxi : 0.0f;
+                    const double d = r < lo ? lo : r > hi ? hi : mid ? (double)bie_rne(r) - (double)r : 0.0;
+                    ssum += (double)gxi * d;
+                }
+                bsum += out;
+                if (c->grad_x.data) store_float(&c->grad_x, n * gs[0] + ch * gs[1] + h * gs[2] + w * gs[3], out);
+            }
+        part_s[pl] = ssum;
+        part_b[pl] = bsum;
+    }
+}
+
+enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {
+    if (c->device_type != BIE_DEVICE_CPU || !c->scales_on_host) return BIE_DECLINED;
+    const struct bie_geometry * g = &c->g;
+    const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
+    const bool want_gw = c->grad_weight.data != NULL;
+    if (!want_gx && !want_gw) return BIE_STATUS_OK;
+    struct bwd b = {.c = c, .g = g, .threads = cpu_threads(ctx), .binary = c->quant == BIE_QUANT_BINARY,
+                    .lo = bie_quant_lo(c->quant), .hi = bie_quant_hi(c->quant)};
+    const int64_t K = g->K, O = g->O, P = g->OH * g->OW, nx = g->batch * g->C * g->H * g->W;
+    const bool linear = !c->is_conv;
+    // Conv: samples per chunk, so that a [K][n*P] column matrix stays near 32 MiB.
+    int64_t nb = linear ? g->batch : (int64_t)((32u << 20) / sizeof(float) / (size_t)(K * P));
+    if (nb < 1) nb = 1;
+    if (nb > g->batch) nb = g->batch;
+    // grad_W straight into grad_weight when it is a dense f32 [O][K] row block.
+    const int64_t * gws = c->grad_weight.stride;
+    const bool gw_direct = want_gw && c->grad_weight.dtype == BIE_DTYPE_F32 &&
+                           (linear ? gws[1] == 1 : (gws[3] == 1 && gws[2] == g->kw && gws[1] == g->kh * g->kw));
+    const size_t f = sizeof(float);
+    const size_t sz_bias = (size_t)g->C * f;
+    const size_t sz_acode = want_gw ? (size_t)nx * f : 0;
+    const size_t sz_wf = want_gx ? (size_t)(O * K) * f : 0;
+    const size_t sz_gx = want_gx ? (size_t)nx * f : 0;
+    const bool g_rows = linear && c->grad_y.dtype == BIE_DTYPE_F32 && c->grad_y.stride[1] == 1 &&
+                        (g->batch == 1 || c->grad_y.stride[0] >= O);
+    const size_t sz_g = g_rows ? 0 : (size_t)(O * nb * P) * f;
+    const size_t sz_col = !linear && want_gw ? (size_t)(K * nb * P) * f : 0;
+    const size_t sz_dcol = !linear && want_gx ? (size_t)(K * nb * P) * f : 0;
+    const size_t sz_gw = want_gw && !gw_direct ? (size_t)(O * K) * f : 0;
+    const size_t sz_part = want_gx ? (size_t)(g->batch * g->C) * sizeof(double) : 0;
+    const size_t total = cpu_arena_size(sz_bias) + cpu_arena_size(sz_acode) + cpu_arena_size(sz_wf) +
+                         cpu_arena_size(sz_gx) + cpu_arena_size(sz_g) + cpu_arena_size(sz_col) +
+                         cpu_arena_size(sz_dcol) + cpu_arena_size(sz_gw) + 2 * cpu_arena_size(sz_part);
+    void * ws;
+    enum bie_status st = bie_host_workspace(ctx, total, &ws);
+    if (st != BIE_STATUS_OK) return st;
+    struct cpu_arena ar = {.base = ws, .used = 0, .cap = total};
+    b.bias = cpu_arena_take(&ar, sz_bias);
+    b.acode = cpu_arena_take(&ar, sz_acode);
+    b.wf = cpu_arena_take(&ar, sz_wf);
+    b.gx = cpu_arena_take(&ar, sz_gx);
+    float * G = cpu_arena_take(&ar, sz_g);
+    float * col = cpu_arena_take(&ar, sz_col);
+    float * dcol = cpu_arena_take(&ar, sz_dcol);
+    float * gw = gw_direct ? (float *)c->grad_weight.data : cpu_arena_take(&ar, sz_gw);
+    const int ldgw = gw_direct ? (int)gws[0] : (int)K;
+    double * part_s = cpu_arena_take(&ar, sz_part);
+    double * part_b = cpu_arena_take(&ar, sz_part);
+
+    cpu_bias_dense(&c->bias_a, g->C, b.bias);
+    if (want_gw) make_codes(&b);
+    if (want_gx) make_wf(&b);
+    openblas_set_num_threads(b.threads);
+    for (int64_t n0 = 0; n0 < g->batch; n0 += nb) {
+        const int64_t cnt = g->batch - n0 < nb ? g->batch - n0 : nb, cols = cnt * P;
+        if (linear && g_rows) { // grad_y is a dense-row f32 [M][O]
+            const float * gy = c->grad_y.data;
+            const int ld = (int)(g->batch == 1 ? O : c->grad_y.stride[0]);
+            if (want_gx)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)cols, (int)K, (int)O, 1.0f, gy, ld,
+                            b.wf, (int)K, 0.0f, b.gx, (int)K);
+            if (want_gw)
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)K, (int)cols, c->scale_a, gy, ld,
+                            b.acode, (int)K, 0.0f, gw, ldgw);
+            continue;
+        }
+        gather_g(&b, n0, cnt, G);
+        if (linear) { // G is [O][M]: G^T is the [M][O] grad_y
+            if (want_gx)
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)cols, (int)K, (int)O, 1.0f, G,
+                            (int)cols, b.wf, (int)K, 0.0f, b.gx, (int)K);
+            if (want_gw)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)O, (int)K, (int)cols, c->scale_a, G,
+                            (int)cols, b.acode, (int)K, 0.0f, gw, ldgw);
+            continue;
+        }
+        if (want_gw) {
+            im2col(&b, n0, cnt, col);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)O, (int)K, (int)cols, c->scale_a, G,
+                        (int)cols, col, (int)cols, n0 == 0 ? 0.0f : 1.0f, gw, ldgw);
+        }
+        if (want_gx) {
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, (int)cols, (int)O, 1.0f, b.wf, (int)K,
+                        G, (int)cols, 0.0f, dcol, (int)cols);
+            col2im(&b, n0, cnt, dcol);
+        }
+    }
+    if (want_gw && !gw_direct) {
+        const int64_t * s = gws;
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t ch = k / (g->kh * g->kw), i = (k / g->kw) % g->kh, j = k % g->kw;
+                store_float(&c->grad_weight, o * s[0] + ch * s[1] + i * s[2] + j * s[3], gw[o * K + k]);
+            }
+    }
+    if (!want_gx) return BIE_STATUS_OK;
+    finish_gx(&b, part_s, part_b);
+    if (c->grad_scale_a.data) {
+        double s = 0.0;
+        for (int64_t i = 0; i < g->batch * g->C; i++) s += part_s[i];
+        store_float(&c->grad_scale_a, 0, (float)(s / sqrt((double)nx * (b.binary ? 1.0 : b.hi))));
+    }
+    if (c->grad_bias_a.data)
+        for (int64_t ch = 0; ch < g->C; ch++) {
+            double s = 0.0;
+            for (int64_t n = 0; n < g->batch; n++) s += part_b[n * g->C + ch];
+            store_float(&c->grad_bias_a, ch * c->grad_bias_a.stride[0], (float)s);
+        }
+    return BIE_STATUS_OK;
+}
