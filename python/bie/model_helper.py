@@ -53,15 +53,14 @@ def replace_layers(model, kind="binary", linear=True, conv=True, exclude=(), lat
             full = f"{name}.{child_name}" if name else child_name
             if full in exclude or isinstance(child, BieLayer):
                 continue
-            dev, dt = child.weight.device if hasattr(child, "weight") else None, None
             if linear and type(child) is nn.Linear:
-                dt = child.weight.dtype
+                dev, dt = child.weight.device, child.weight.dtype
                 new = lin_cls(child.in_features, child.out_features, device=dev, dtype=dt,
                               bias=child.bias is not None, **extra)
             elif conv and type(child) is nn.Conv2d:
                 if child.groups != 1 or child.padding_mode != "zeros" or isinstance(child.padding, str):
                     continue
-                dt = child.weight.dtype
+                dev, dt = child.weight.device, child.weight.dtype
                 new = conv_cls(child.in_channels, child.out_channels, child.kernel_size, child.stride, child.padding,
                                child.dilation, device=dev, dtype=dt, bias=child.bias is not None, **extra)
             else:

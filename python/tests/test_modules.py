@@ -1,0 +1,208 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The modules: packed (eval) path equals the training path exactly, gradients reach weight, bias_a
+and scale_a as the reference says, state_dict round trips, the int8 latent form with DiodeMix, layer
+replacement, and a small model that learns."""
+import io
+
+import pytest
+import torch
+import torch.nn as nn
+
+import bie
+from bie import reference as R
+
+LINEARS = [bie.BinaryLinear, bie.Q4Linear, bie.Q8Linear]
+CONVS = [bie.BinaryConv2d, bie.Q4Conv2d, bie.Q8Conv2d]
+
+
+def make(cls, device, dtype=torch.float32, **kw):
+    if cls in LINEARS:
+        m = cls(37, 11, device=device, dtype=dtype, **kw)
+        x = torch.randn(5, 3, 37, device=device, dtype=dtype)
+    else:
+        m = cls(5, 7, 3, 2, 1, 1, device=device, dtype=dtype, **kw)
+        x = torch.randn(3, 5, 9, 8, device=device, dtype=dtype)
+    with torch.no_grad():
+        m.bias_a.normal_(0, 0.2)
+    bie.prepare_bie_layers(m)
+    return m, x
+
+
+def geometry(m):
+    if not m.is_conv:
+        return None, None
+    return R.Geometry(m.stride, m.padding, m.dilation, getattr(m, "pad_value", bie.PAD_ZERO)), m.kernel_size
+
+
+@pytest.mark.parametrize("cls", LINEARS + CONVS)
+def test_eval_packed_equals_training(device, cls):
+    dtypes = [torch.float32] + ([torch.float16, torch.bfloat16] if device.type == "cuda" else [torch.bfloat16])
+    for dtype in dtypes:
+        for latent in ([False, True] if cls in (bie.BinaryLinear, bie.BinaryConv2d) else [False]):
+            m, x = make(cls, device, dtype, **({"latent_int8": True} if latent else {}))
+            m.train()
+            y_train = m(x)
+            m.eval()
+            y_eval = m(x)
+            assert m.qweight is not None and m.qweight.dtype in (torch.uint8, torch.int8)
+            assert torch.equal(y_train, y_eval), f"{cls.__name__} {dtype} latent_int8={latent}"
+            m.generate_quantized_weight(qweight_only=True)
+            assert m.weight is None
+            assert torch.equal(m(x), y_train)
+
+
+@pytest.mark.parametrize("cls", LINEARS + CONVS)
+def test_module_gradients_match_reference(device, cls):
+    m, x = make(cls, device)
+    x.requires_grad_()
+    y = m(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    geo, ks = geometry(m)
+    want_y = R.forward(m.quant, x, m.weight, m.scale_a, m.scale_w, m.bias_a, geo, ks)
+    assert torch.equal(y.detach(), want_y)
+    rx, rw, rs, rb = R.backward(m.quant, x, m.weight, m.scale_a, m.scale_w, g, m.bias_a, geo, ks)
+    for got, want, name in ((x.grad, rx, "x"), (m.weight.grad, rw, "weight"), (m.bias_a.grad, rb, "bias_a"),
+                            (m.scale_a.grad, rs, "scale_a")):
+        assert got is not None, name
+        torch.testing.assert_close(got.double(), want.to(got.device), rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_seed_signatures_bias_applied_before():
+    """Bitorch Engine's call style: set_activation adds bias_a, then Function.apply with the seed
+    signature; gradients still reach bias_a and scale_a."""
+    m, x = make(bie.BinaryLinear, "cpu")
+    xs = m.set_activation(x)
+    y = bie.BinaryLinearForward.apply(xs, m.opt_weight, m.scale_a, m.scale_w, 3, True)
+    y.sum().backward()
+    rx, rw, rs, rb = R.backward(m.quant, x, m.weight, m.scale_a, m.scale_w, torch.ones_like(y), m.bias_a)
+    torch.testing.assert_close(m.bias_a.grad.double(), rb, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m.scale_a.grad.double(), rs, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(m.weight.grad.double(), rw, rtol=1e-5, atol=1e-6)
+    for fn in (bie.Q4Conv2dForward, bie.Q4Conv2dCutlassForward, bie.BinaryConv2dForward, bie.Q8Conv2dForward):
+        c = bie.Q4Conv2d(4, 6, 3, 1, 1, 1)
+        bie.prepare_bie_layers(c)
+        xi = torch.randn(2, 4, 5, 5)
+        xs = c.set_activation(xi)
+        out = fn.apply(xs, c.opt_weight, c.scale_a, c.scale_w, True, 3, 1, 1, 1)
+        out.square().sum().backward()
+        assert out.shape == (2, 6, 5, 5) and c.bias_a.grad is not None and c.scale_a.grad is not None
+    lin = bie.Q8Linear(9, 4)
+    bie.prepare_bie_layers(lin)
+    xs = lin.set_activation(torch.randn(3, 9))
+    bie.Q8LinearForward.apply(xs, lin.opt_weight, lin.scale_a, lin.scale_w, True).sum().backward()
+    assert lin.scale_a.grad is not None and lin.bias_a.grad is not None
+    lin = bie.Q4Linear(9, 4)
+    bie.prepare_bie_layers(lin)
+    xs = lin.set_activation(torch.randn(3, 9))
+    out = bie.Q4LinearForward.apply(xs, lin.opt_weight, lin.scale_a, lin.scale_w, False)
+    with pytest.raises(RuntimeError, match="is_train=False"):
+        out.sum().backward()
+
+
+def _roundtrip(module_factory, m):
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    fresh = module_factory()
+    fresh.load_state_dict(torch.load(buf))
+    return fresh
+
+
+@pytest.mark.parametrize("cls", LINEARS + CONVS)
+def test_state_dict_round_trip(device, cls):
+    m, x = make(cls, device)
+    m.train()
+    y_train = m(x)  # sets scale_a
+    factory = lambda: make(cls, device)[0]
+    # float weights, then packed weights kept beside them, then packed only
+    for qweight_only in (None, False, True):
+        if qweight_only is not None:
+            m.generate_quantized_weight(qweight_only=qweight_only)
+        fresh = _roundtrip(factory, m)
+        fresh.eval()
+        assert (fresh.weight is None) == bool(qweight_only)
+        assert torch.equal(fresh.scale_a, m.scale_a) and torch.equal(fresh.scale_w, m.scale_w)
+        if qweight_only is not None:
+            assert torch.equal(fresh.qweight, m.qweight)
+        assert torch.equal(fresh(x), y_train), f"qweight_only={qweight_only}"
+
+
+def test_state_dict_int8_latent_into_float_module():
+    m, x = make(bie.BinaryConv2d, "cpu", latent_int8=True)
+    assert m.weight.dtype == torch.int8 and not m.weight.requires_grad
+    y = m(x)
+    fresh = _roundtrip(lambda: make(bie.BinaryConv2d, "cpu")[0], m)
+    assert fresh.weight.dtype == torch.int8 and torch.equal(fresh.weight, m.weight)
+    assert torch.equal(fresh(x), y)
+
+
+def test_int8_latent_gradient_and_diode():
+    """The int8 latent weight's gradient lands in its float buffer (equal to the float-weight
+    gradient of the same codes), and DiodeMix flips signs by its rule."""
+    m, x = make(bie.BinaryLinear, "cpu", latent_int8=True)
+    w0 = m.weight.detach().clone()
+    assert set(w0.abs().unique().tolist()) <= set(range(1, 128))
+    y = m(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    _, rw, _, _ = R.backward(m.quant, x, m.weight, m.scale_a, m.scale_w, g, m.bias_a)
+    torch.testing.assert_close(m.weight_grad.double(), rw, rtol=1e-5, atol=1e-6)
+    grad = m.weight_grad.clone()
+    # with (1 - beta2)*lr far above the 1e-3 of the initial state, one step sets
+    # sign(w) = -sign(grad) wherever grad != 0
+    opt = bie.DiodeMix([m.weight], lr=100.0)
+    opt.step()
+    assert m.weight_grad.abs().sum() == 0  # consumed
+    assert torch.equal(m.weight.abs(), w0.abs())  # magnitudes never change
+    nz = grad != 0
+    assert torch.equal(torch.sign(m.weight.float())[nz], -torch.sign(grad)[nz])
+    assert torch.equal(m.weight[~nz], w0[~nz])
+    assert (torch.sign(m.weight.float()) != torch.sign(w0.float())).any()
+    # gradient accumulation: two backward passes add up, zero_grad clears
+    opt.zero_grad()
+    for _ in range(2):
+        m(x).backward(g)
+    _, rw, _, _ = R.backward(m.quant, x, m.weight, m.scale_a, m.scale_w, g, m.bias_a)
+    torch.testing.assert_close(m.weight_grad.double(), 2 * rw, rtol=1e-5, atol=1e-6)
+    opt.zero_grad()
+    assert m.weight_grad.abs().sum() == 0
+
+
+def test_replace_layers():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, groups=2, padding=1),
+                          nn.Conv2d(8, 8, 3, stride=2, bias=False), nn.Flatten(), nn.Linear(8 * 3 * 3, 16),
+                          nn.ReLU(), nn.Linear(16, 4))
+    ref = [model[0].weight.detach().clone(), model[5].bias.detach().clone()]
+    names = bie.replace_layers(model, "q4", exclude=("0", "7"))
+    assert names == ["3", "5"]
+    assert isinstance(model[3], bie.Q4Conv2d) and isinstance(model[5], bie.Q4Linear)
+    assert type(model[2]) is nn.Conv2d and type(model[0]) is nn.Conv2d and type(model[7]) is nn.Linear
+    assert torch.equal(model[0].weight, ref[0]) and torch.equal(model[5].bias, ref[1])
+    assert float(model[3].scale_w) > 0
+    out = model(torch.randn(2, 3, 8, 8))
+    out.sum().backward()
+    assert out.shape == (2, 4) and model[3].scale_a.grad is not None
+
+
+@pytest.mark.parametrize("kind", ["binary", "q4", "q8"])
+def test_small_model_loss_falls(kind):
+    torch.manual_seed(0)
+    n, d, classes = 256, 32, 4
+    centres = torch.randn(classes, d) * 2
+    labels = torch.randint(0, classes, (n,))
+    data = centres[labels] + torch.randn(n, d) * 0.5
+    # every trainable parameter belongs to a bie layer
+    model = nn.Sequential(nn.Linear(d, 64), nn.BatchNorm1d(64, affine=False), nn.Linear(64, classes),
+                          nn.BatchNorm1d(classes, affine=False))
+    assert bie.replace_layers(model, kind) == ["0", "2"]
+    opt = bie.DiodeMix(model.parameters(), lr=1e-2)
+    lossf = nn.CrossEntropyLoss()
+    losses = []
+    for step in range(40):
+        opt.zero_grad()
+        loss = lossf(model(data), labels)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss))
+    assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
