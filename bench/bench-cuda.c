@@ -1,0 +1,490 @@
+// SPDX-License-Identifier: Apache-2.0
+// bench-cuda.c: the CUDA cases of `bie bench` (built only with the CUDA backend). Each case times
+// libbie and the baseline a user would otherwise pick in the same process: cuBLAS fp16 (and int8)
+// GEMMs, cuDNN fp16 NHWC convolution (when cuDNN was found at build time). Timing: CUDA events
+// around each call on one stream, warm-up first, median of the repeats, inputs rotated over
+// enough copies to exceed the L2 cache. Ratios are baseline time / libbie time.
+//
+// Entry point: bie_bench_cuda_main(argc, argv), the hook of bench.h (options: --quick, --json,
+// --case SUBSTRING of binary-gemm|binary-conv|int4-linear|train-step; others are ignored). With
+// -DBIE_BENCH_CUDA_MAIN it is also a program of its own.
+#include <cublas_v2.h>
+#include <stdint.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "bie-cuda.h"
+#include "bie.h"
+#ifdef BIE_HAVE_CUDNN
+#include <cudnn.h>
+#endif
+
+#define CK(expr)                                                                                   \
+    do {                                                                                           \
+        cudaError_t e_ = (expr);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "bench-cuda: %s: %s\n", #expr, cudaGetErrorString(e_));                \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define BK(ctx, expr)                                                                              \
+    do {                                                                                           \
+        enum bie_status s_ = (expr);                                                               \
+        if (s_ != BIE_STATUS_OK) {                                                                 \
+            fprintf(stderr, "bench-cuda: %s: %s\n", #expr, bie_context_last_error(ctx));           \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define CB(expr)                                                                                   \
+    do {                                                                                           \
+        cublasStatus_t s_ = (expr);                                                                \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+            fprintf(stderr, "bench-cuda: %s: %s\n", #expr, cublasGetStatusString(s_));            \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static int g_quick = 0, g_json = 0;
+static cudaStream_t g_stream;
+static cublasHandle_t g_blas;
+static const size_t ROTATE_BYTES = (size_t)160 << 20; // > L2 (50-60 MB on H100/H200)
+
+typedef void (*run_fn)(void * state, int rot);
+
+static int cmp_float(const void * a, const void * b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+// Median milliseconds of one call of fn, rotating over `rots` input sets.
+static double time_ms(run_fn fn, void * state, int rots) {
+    const int warm = g_quick ? 2 : 5, reps = g_quick ? 5 : 21;
+    for (int i = 0; i < warm; i++) fn(state, i % rots);
+    CK(cudaStreamSynchronize(g_stream));
+    float t[64];
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(a, g_stream));
+        fn(state, (warm + i) % rots);
+        CK(cudaEventRecord(b, g_stream));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&t[i], a, b));
+    }
+    CK(cudaGetLastError());
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    qsort(t, (size_t)reps, sizeof(float), cmp_float);
+    return t[reps / 2];
+}
+
+static void * dev_alloc_random(size_t bytes) {
+    void * p;
+    CK(cudaMalloc(&p, bytes));
+    // random bytes through a host buffer in chunks (bits / int8 / halves in a sane range)
+    const size_t chunk = (size_t)16 << 20;
+    unsigned char * h = malloc(chunk);
+    uint64_t s = 0x9e3779b97f4a7c15ull ^ bytes;
+    for (size_t off = 0; off < bytes; off += chunk) {
+        const size_t n = bytes - off < chunk ? bytes - off : chunk;
+        for (size_t i = 0; i < n; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            h[i] = (unsigned char)(s >> 56);
+        }
+        CK(cudaMemcpy((char *)p + off, h, n, cudaMemcpyHostToDevice));
+    }
+    free(h);
+    return p;
+}
+
+// Random f16 values of either sign with magnitudes in [2^-8, 1) (built from their bit fields).
+static void * dev_half_random(size_t n) {
+    uint16_t * h = malloc(n * sizeof(uint16_t));
+    uint64_t s = 0x2545F4914F6CDD1Dull ^ n;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        const unsigned sign = (unsigned)(s >> 63), exp = 7 + (unsigned)((s >> 40) % 8), man = (unsigned)(s >> 20) & 0x3ff;
+        h[i] = (uint16_t)(sign << 15 | exp << 10 | man);
+    }
+    void * p;
+    CK(cudaMalloc(&p, n * sizeof(uint16_t)));
+    CK(cudaMemcpy(p, h, n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    free(h);
+    return p;
+}
+
+static int rotations(size_t bytes_per_set) {
+    int r = (int)(ROTATE_BYTES / (bytes_per_set ? bytes_per_set : 1)) + 1;
+    return r < 1 ? 1 : r > 16 ? 16 : r;
+}
+
+static struct bie_tensor dev_tensor(void * data, enum bie_dtype dt, int nd, const int64_t * shape) {
+    struct bie_tensor t;
+    bie_tensor_make(&t, data, dt, nd, shape);
+    t.device_type = BIE_DEVICE_CUDA;
+    t.device_index = 0;
+    return t;
+}
+
+static void print_row(const char * name, const char * shape, double ms, const char * base_name, double base_ms,
+                      double ops) {
+    if (g_json) {
+        printf("{\"case\": \"%s %s\", \"backend\": \"cuda\", \"threads\": 0, \"bie_ms\": %.6f, \"baseline\": "
+               "\"%s\", \"baseline_ms\": %.6f, \"speedup\": %.4f, \"gops\": %.1f}\n",
+               name, shape, ms, base_name, base_ms, base_ms > 0 ? base_ms / ms : 0.0, ops / (ms * 1e-3) / 1e9);
+        fflush(stdout);
+        return;
+    }
+    printf("%-22s %-26s bie %9.4f ms  %-14s %9.4f ms  ratio %6.2fx  %8.1f TOPS\n", name, shape, ms, base_name,
+           base_ms, base_ms > 0 ? base_ms / ms : 0.0, ops / (ms * 1e-3) / 1e12);
+    fflush(stdout);
+}
+
+// --- cuBLAS baselines (row-major C[M][N] = A[M][K] . B[N][K]^T, i.e. TN in column-major) --------
+
+struct gemm_state {
+    int64_t M, N, K;
+    void * A[16], * B[16], * C[16];
+    int i8;
+};
+
+static void run_cublas(void * st, int r) {
+    struct gemm_state * s = st;
+    if (s->i8) {
+        const int32_t one = 1, zero = 0;
+        CB(cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)s->N, (int)s->M, (int)s->K, &one, s->B[r], CUDA_R_8I,
+                        (int)s->K, s->A[r], CUDA_R_8I, (int)s->K, &zero, s->C[r], CUDA_R_32I, (int)s->N,
+                        CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT));
+    } else {
+        const float one = 1.0f, zero = 0.0f;
+        CB(cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)s->N, (int)s->M, (int)s->K, &one, s->B[r], CUDA_R_16F,
+                        (int)s->K, s->A[r], CUDA_R_16F, (int)s->K, &zero, s->C[r], CUDA_R_16F, (int)s->N,
+                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+}
+
+static double time_cublas(int64_t M, int64_t N, int64_t K, int i8) {
+    struct gemm_state s = {M, N, K, {0}, {0}, {0}, i8};
+    const size_t es = i8 ? 1 : 2;
+    const int rots = rotations((size_t)(M * K + N * K) * es + (size_t)(M * N) * (i8 ? 4 : 2));
+    for (int r = 0; r < rots; r++) {
+        s.A[r] = i8 ? dev_alloc_random((size_t)(M * K)) : dev_half_random((size_t)(M * K));
+        s.B[r] = i8 ? dev_alloc_random((size_t)(N * K)) : dev_half_random((size_t)(N * K));
+        CK(cudaMalloc(&s.C[r], (size_t)(M * N) * (i8 ? 4 : 2)));
+    }
+    const double ms = time_ms(run_cublas, &s, rots);
+    for (int r = 0; r < rots; r++) {
+        cudaFree(s.A[r]);
+        cudaFree(s.B[r]);
+        cudaFree(s.C[r]);
+    }
+    return ms;
+}
+
+// --- libbie layers ------------------------------------------------------------------------------
+
+struct layer_state {
+    bie_context_t * ctx;
+    int conv;
+    struct bie_linear_desc ld;
+    struct bie_conv2d_desc cd;
+    struct bie_tensor x[16], w[16], y[16], sa, sw;
+    struct bie_tensor g[16], gx[16], gw[16]; // training step
+    int train;
+};
+
+static void run_layer(void * st, int r) {
+    struct layer_state * s = st;
+    struct bie_forward_args a = {&s->x[r], NULL, &s->w[r], &s->sa, &s->sw, &s->y[r]};
+    BK(s->ctx, s->conv ? bie_conv2d_forward(s->ctx, &s->cd, &a) : bie_linear_forward(s->ctx, &s->ld, &a));
+    if (s->train) {
+        struct bie_backward_args b = {&s->x[r], NULL, &s->w[r], &s->sa, &s->sw, &s->g[r], &s->gx[r], &s->gw[r], NULL, NULL};
+        BK(s->ctx, bie_linear_backward(s->ctx, &s->ld, &b));
+    }
+}
+
+static float g_one = 1.0f;
+
+static void layer_init(struct layer_state * s, bie_context_t * ctx) {
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    s->sa = dev_tensor(NULL, BIE_DTYPE_F32, 0, NULL);
+    s->sa.data = &g_one;
+    s->sa.device_type = BIE_DEVICE_CPU;
+    s->sw = s->sa;
+}
+
+static void layer_free(struct layer_state * s, int rots) {
+    for (int r = 0; r < rots; r++) {
+        cudaFree(s->x[r].data);
+        cudaFree(s->w[r].data);
+        cudaFree(s->y[r].data);
+        if (s->train) {
+            cudaFree(s->g[r].data);
+            cudaFree(s->gx[r].data);
+            cudaFree(s->gw[r].data);
+        }
+    }
+}
+
+// Binary or 4-bit linear: x [M, K] (xdt), weight [N, K] (wdt), y [M, N] f16.
+static double time_linear(bie_context_t * ctx, enum bie_quant q, enum bie_dtype xdt, enum bie_dtype wdt, int64_t M,
+                          int64_t N, int64_t K, int train) {
+    struct layer_state s;
+    layer_init(&s, ctx);
+    s.ld.quant = q;
+    s.ld.in_features = K;
+    s.ld.out_features = N;
+    s.train = train;
+    const int64_t xs[2] = {M, K}, ws[2] = {N, K}, ys[2] = {M, N};
+    struct bie_tensor probe;
+    size_t xb, wb;
+    bie_tensor_make(&probe, NULL, xdt, 2, xs);
+    bie_tensor_nbytes(&probe, &xb);
+    bie_tensor_make(&probe, NULL, wdt, 2, ws);
+    bie_tensor_nbytes(&probe, &wb);
+    const int rots = rotations(xb + wb + (size_t)(M * N) * 2);
+    for (int r = 0; r < rots; r++) {
+        void * xd = xdt == BIE_DTYPE_F16 ? dev_half_random((size_t)(M * K)) : dev_alloc_random(xb);
+        void * wd = wdt == BIE_DTYPE_F16 ? dev_half_random((size_t)(N * K)) : dev_alloc_random(wb);
+        void * yd;
+        CK(cudaMalloc(&yd, (size_t)(M * N) * 2));
+        s.x[r] = dev_tensor(xd, xdt, 2, xs);
+        s.w[r] = dev_tensor(wd, wdt, 2, ws);
+        s.y[r] = dev_tensor(yd, BIE_DTYPE_F16, 2, ys);
+        if (train) {
+            s.g[r] = dev_tensor(dev_half_random((size_t)(M * N)), BIE_DTYPE_F16, 2, ys);
+            void * gx, * gw;
+            CK(cudaMalloc(&gx, (size_t)(M * K) * 2));
+            CK(cudaMalloc(&gw, (size_t)(N * K) * 2));
+            s.gx[r] = dev_tensor(gx, BIE_DTYPE_F16, 2, xs);
+            s.gw[r] = dev_tensor(gw, BIE_DTYPE_F16, 2, ws);
+        }
+    }
+    const double ms = time_ms(run_layer, &s, rots);
+    layer_free(&s, rots);
+    return ms;
+}
+
+// fp16 dense training step: y = x W^T, gx = g W, gW = g^T x (three cuBLAS GEMMs).
+struct dense_step {
+    int64_t M, N, K;
+    void * x[4], * w[4], * y[4], * g[4], * gx[4], * gw[4];
+};
+static void run_dense_step(void * st, int r) {
+    struct dense_step * s = st;
+    const float one = 1.0f, zero = 0.0f;
+    const int M = (int)s->M, N = (int)s->N, K = (int)s->K;
+    CB(cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, s->w[r], CUDA_R_16F, K, s->x[r], CUDA_R_16F, K,
+                    &zero, s->y[r], CUDA_R_16F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CB(cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, K, M, N, &one, s->w[r], CUDA_R_16F, K, s->g[r], CUDA_R_16F, N,
+                    &zero, s->gx[r], CUDA_R_16F, K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CB(cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, &one, s->x[r], CUDA_R_16F, K, s->g[r], CUDA_R_16F, N,
+                    &zero, s->gw[r], CUDA_R_16F, K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+static double time_dense_step(int64_t M, int64_t N, int64_t K) {
+    struct dense_step s = {M, N, K, {0}, {0}, {0}, {0}, {0}, {0}};
+    const int rots = 2;
+    for (int r = 0; r < rots; r++) {
+        s.x[r] = dev_half_random((size_t)(M * K));
+        s.w[r] = dev_half_random((size_t)(N * K));
+        s.g[r] = dev_half_random((size_t)(M * N));
+        CK(cudaMalloc(&s.y[r], (size_t)(M * N) * 2));
+        CK(cudaMalloc(&s.gx[r], (size_t)(M * K) * 2));
+        CK(cudaMalloc(&s.gw[r], (size_t)(N * K) * 2));
+    }
+    const double ms = time_ms(run_dense_step, &s, rots);
+    for (int r = 0; r < rots; r++) {
+        cudaFree(s.x[r]);
+        cudaFree(s.w[r]);
+        cudaFree(s.g[r]);
+        cudaFree(s.y[r]);
+        cudaFree(s.gx[r]);
+        cudaFree(s.gw[r]);
+    }
+    return ms;
+}
+
+// Binary conv2d, channels-last: x [N, C, H, W] as NHWC bits (or f16), weight OHWI bits, y NHWC f16.
+static double time_conv(bie_context_t * ctx, int64_t N, int64_t C, int64_t H, int64_t O, enum bie_dtype xdt,
+                        enum bie_dtype ydt) {
+    struct layer_state s;
+    layer_init(&s, ctx);
+    s.conv = 1;
+    struct bie_conv2d_desc d = {BIE_QUANT_BINARY, C, O, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, BIE_PAD_ZERO};
+    s.cd = d;
+    const int64_t xs[4] = {N, H, H, C}, ws[4] = {O, 3, 3, C}, ys[4] = {N, H, H, O};
+    const int32_t perm[4] = {0, 3, 1, 2};
+    struct bie_tensor probe;
+    size_t xb, wb, yb;
+    bie_tensor_make(&probe, NULL, xdt, 4, xs);
+    bie_tensor_nbytes(&probe, &xb);
+    bie_tensor_make(&probe, NULL, BIE_DTYPE_B1, 4, ws);
+    bie_tensor_nbytes(&probe, &wb);
+    bie_tensor_make(&probe, NULL, ydt, 4, ys);
+    bie_tensor_nbytes(&probe, &yb);
+    const int rots = rotations(xb + wb + yb);
+    for (int r = 0; r < rots; r++) {
+        void * yd;
+        CK(cudaMalloc(&yd, yb));
+        s.x[r] = dev_tensor(xdt == BIE_DTYPE_F16 ? dev_half_random(xb / 2) : dev_alloc_random(xb), xdt, 4, xs);
+        s.w[r] = dev_tensor(dev_alloc_random(wb), BIE_DTYPE_B1, 4, ws);
+        s.y[r] = dev_tensor(yd, ydt, 4, ys);
+        bie_tensor_permute(&s.x[r], perm);
+        bie_tensor_permute(&s.w[r], perm);
+        bie_tensor_permute(&s.y[r], perm);
+    }
+    const double ms = time_ms(run_layer, &s, rots);
+    layer_free(&s, rots);
+    return ms;
+}
+
+#ifdef BIE_HAVE_CUDNN
+struct cudnn_state {
+    cudnnHandle_t h;
+    cudnnTensorDescriptor_t xd, yd;
+    cudnnFilterDescriptor_t wd;
+    cudnnConvolutionDescriptor_t cd;
+    cudnnConvolutionFwdAlgo_t algo;
+    void * ws;
+    size_t ws_size;
+    void * x[16], * w[16], * y[16];
+};
+static void run_cudnn(void * st, int r) {
+    struct cudnn_state * s = st;
+    const float one = 1.0f, zero = 0.0f;
+    cudnnStatus_t e = cudnnConvolutionForward(s->h, &one, s->xd, s->x[r], s->wd, s->w[r], s->cd, s->algo, s->ws,
+                                              s->ws_size, &zero, s->yd, s->y[r]);
+    if (e != CUDNN_STATUS_SUCCESS) {
+        fprintf(stderr, "bench-cuda: cudnnConvolutionForward: %s\n", cudnnGetErrorString(e));
+        exit(1);
+    }
+}
+static double time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
+    struct cudnn_state s;
+    memset(&s, 0, sizeof s);
+    if (cudnnCreate(&s.h) != CUDNN_STATUS_SUCCESS) return -1.0;
+    cudnnSetStream(s.h, g_stream);
+    cudnnCreateTensorDescriptor(&s.xd);
+    cudnnCreateTensorDescriptor(&s.yd);
+    cudnnCreateFilterDescriptor(&s.wd);
+    cudnnCreateConvolutionDescriptor(&s.cd);
+    cudnnSetTensor4dDescriptor(s.xd, CUDNN_TENSOR_NHWC, CUDNN_DATA_HALF, (int)N, (int)C, (int)H, (int)H);
+    cudnnSetTensor4dDescriptor(s.yd, CUDNN_TENSOR_NHWC, CUDNN_DATA_HALF, (int)N, (int)O, (int)H, (int)H);
+    cudnnSetFilter4dDescriptor(s.wd, CUDNN_DATA_HALF, CUDNN_TENSOR_NHWC, (int)O, (int)C, 3, 3);
+    cudnnSetConvolution2dDescriptor(s.cd, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT);
+    cudnnSetConvolutionMathType(s.cd, CUDNN_TENSOR_OP_MATH);
+    cudnnConvolutionFwdAlgoPerf_t perf[8];
+    int got = 0;
+    if (cudnnGetConvolutionForwardAlgorithm_v7(s.h, s.xd, s.wd, s.cd, s.yd, 8, &got, perf) != CUDNN_STATUS_SUCCESS || !got)
+        return -1.0;
+    s.algo = perf[0].algo;
+    s.ws_size = perf[0].memory;
+    if (s.ws_size) CK(cudaMalloc(&s.ws, s.ws_size));
+    const size_t xb = (size_t)(N * C * H * H) * 2, wb = (size_t)(O * C * 9) * 2, yb = (size_t)(N * O * H * H) * 2;
+    const int rots = rotations(xb + wb + yb);
+    for (int r = 0; r < rots; r++) {
+        s.x[r] = dev_half_random(xb / 2);
+        s.w[r] = dev_half_random(wb / 2);
+        CK(cudaMalloc(&s.y[r], yb));
+    }
+    const double ms = time_ms(run_cudnn, &s, rots);
+    for (int r = 0; r < rots; r++) {
+        cudaFree(s.x[r]);
+        cudaFree(s.w[r]);
+        cudaFree(s.y[r]);
+    }
+    if (s.ws) cudaFree(s.ws);
+    cudnnDestroy(s.h);
+    return ms;
+}
+#else
+static double time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
+    (void)N, (void)C, (void)H, (void)O;
+    return -1.0; // no cuDNN in this build: no baseline
+}
+#endif
+
+static int want(const char * only, const char * name) { return !only || strstr(name, only) != NULL; }
+
+int bie_bench_cuda_main(int argc, char ** argv) {
+    const char * only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) g_quick = 1;
+        else if (!strcmp(argv[i], "--json")) g_json = 1;
+        else if (!strcmp(argv[i], "--case") && i + 1 < argc) only = argv[++i];
+    }
+    if (!bie_backend_available(BIE_BACKEND_CUDA)) {
+        printf("bench cuda: skipped: no CUDA device is available\n");
+        return 0;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("bench cuda: %s, %d SMs, L2 %d MB; medians of CUDA-event timings; ratio = baseline / bie\n", prop.name,
+           prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    CK(cudaStreamCreate(&g_stream));
+    CB(cublasCreate(&g_blas));
+    CB(cublasSetStream(g_blas, g_stream));
+    bie_context_t * ctx;
+    if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK) return 1;
+    BK(ctx, bie_context_set_cuda_stream(ctx, g_stream));
+    char shape[64];
+
+    if (want(only, "binary-gemm")) {
+        const int64_t sizes[3][3] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16, 4096, 4096}};
+        for (int i = 0; i < 3; i++) {
+            const int64_t M = sizes[i][0], N = sizes[i][1], K = sizes[i][2];
+            const double base = time_cublas(M, N, K, 0);
+            snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
+            const double ops = 2.0 * (double)M * (double)N * (double)K;
+            print_row("binary-gemm b1->f16", shape, time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_B1, BIE_DTYPE_B1, M, N, K, 0),
+                      "cublas-fp16", base, ops);
+            print_row("binary-linear f16", shape, time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_B1, M, N, K, 0),
+                      "cublas-fp16", base, ops);
+        }
+    }
+    if (want(only, "binary-conv")) {
+        const int64_t layers[4][2] = {{64, 56}, {128, 28}, {256, 14}, {512, 7}};
+        const int64_t Nb = g_quick ? 32 : 128;
+        for (int i = 0; i < 4; i++) {
+            const int64_t C = layers[i][0], H = layers[i][1];
+            const double base = time_cudnn(Nb, C, H, C);
+            snprintf(shape, sizeof shape, "N%lld C%lld %lldx%lld 3x3", (long long)Nb, (long long)C, (long long)H,
+                     (long long)H);
+            const double ops = 2.0 * (double)Nb * H * H * C * C * 9;
+            print_row("binary-conv b1->f16", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_B1, BIE_DTYPE_F16), "cudnn-fp16",
+                      base, ops);
+            print_row("binary-conv b1->b1", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_B1, BIE_DTYPE_B1), "cudnn-fp16",
+                      base, ops);
+            print_row("binary-conv f16->f16", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_F16, BIE_DTYPE_F16),
+                      "cudnn-fp16", base, ops);
+        }
+    }
+    if (want(only, "int4-linear")) {
+        const int64_t M = 8192, N = 8192, K = 8192;
+        const double b16 = time_cublas(M, N, K, 0), b8 = time_cublas(M, N, K, 1);
+        const double ops = 2.0 * (double)M * N * K;
+        const double t = time_linear(ctx, BIE_QUANT_INT4, BIE_DTYPE_F16, BIE_DTYPE_S4, M, N, K, 0);
+        print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-fp16", b16, ops);
+        print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-int8", b8, ops);
+    }
+    if (want(only, "train-step")) {
+        const int64_t M = 8192, N = 4096, K = 4096;
+        const double base = time_dense_step(M, N, K);
+        const double t = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K, 1);
+        print_row("binary-train-step f16", "8192x4096x4096 fwd+bwd", t, "cublas-fp16x3", base, 6.0 * M * N * K);
+    }
+    bie_context_destroy(ctx);
+    cublasDestroy(g_blas);
+    cudaStreamDestroy(g_stream);
+    return 0;
+}
+
+#ifdef BIE_BENCH_CUDA_MAIN
+int main(int argc, char ** argv) { return bie_bench_cuda_main(argc, argv); }
+#endif
