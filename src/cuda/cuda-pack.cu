@@ -27,8 +27,10 @@ __global__ void codes_kernel(struct dview src, float scale, int dst_dtype, int8_
     }
 }
 
-// One thread per destination byte of row-aligned packed rows.
-__global__ void store_packed_rows(const int8_t * codes, struct dview dst, int64_t rows, int64_t row_bytes) {
+// One thread per destination byte of row-aligned packed rows; the code of element (i0, i1, i2, col)
+// is codes[i0*cst[0] + i1*cst[1] + i2*cst[2] + col*cst[3]].
+__global__ void store_packed_rows(const int8_t * codes, struct dview dst, int64_t cst0, int64_t cst1, int64_t cst2,
+                                  int64_t cst3, int64_t rows, int64_t row_bytes) {
     const int per = dst.dtype == BIE_DTYPE_B1 ? 8 : 2; // elements per byte
     const int64_t L = dst.shape[3];
     for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < rows * row_bytes;
@@ -36,12 +38,13 @@ __global__ void store_packed_rows(const int8_t * codes, struct dview dst, int64_
         const int64_t r = t / row_bytes, j = t % row_bytes;
         const int64_t i2 = r % dst.shape[2], i1 = (r / dst.shape[2]) % dst.shape[1], i0 = r / (dst.shape[2] * dst.shape[1]);
         const int64_t base = i0 * dst.stride[0] + i1 * dst.stride[1] + i2 * dst.stride[2]; // multiple of per
+        const int64_t cbase = i0 * cst0 + i1 * cst1 + i2 * cst2;
         uint8_t * p = (uint8_t *)dst.data + base / per + j;
         unsigned b = *p;
         for (int k = 0; k < per; k++) {
             const int64_t col = j * per + k;
             if (col >= L) break;
-            const int q = codes[r * L + col];
+            const int q = codes[cbase + col * cst3];
             if (per == 8) {
                 b = (b & ~(1u << k)) | ((q ? 1u : 0u) << k);
             } else { // element 2i in the high nibble
@@ -85,12 +88,27 @@ enum bie_status bie_cuda_store_packed(bie_context_t * ctx, const int8_t * codes,
         return BIE_STATUS_OK;
     }
     const int per = dst.dtype == BIE_DTYPE_B1 ? 8 : 2;
-    bool rows_ok = dst.stride[3] == 1 || dst.shape[3] == 1;
-    for (int d = 0; d < 3; d++) rows_ok = rows_ok && (dst.shape[d] == 1 || dst.stride[d] % per == 0);
+    // Row-major strides of the codes, then the dimension of stride 1 (if any) moved innermost.
+    struct dview v = dst;
+    int64_t cst[4];
+    cst[3] = 1;
+    for (int d = 2; d >= 0; d--) cst[d] = cst[d + 1] * v.shape[d + 1];
+    if (v.stride[3] != 1)
+        for (int d = 0; d < 3; d++)
+            if (v.stride[d] == 1 && v.shape[d] > 1) {
+                int64_t t;
+                t = v.shape[d], v.shape[d] = v.shape[3], v.shape[3] = t;
+                t = v.stride[d], v.stride[d] = v.stride[3], v.stride[3] = t;
+                t = cst[d], cst[d] = cst[3], cst[3] = t;
+                break;
+            }
+    bool rows_ok = v.stride[3] == 1 || v.shape[3] == 1;
+    for (int d = 0; d < 3; d++) rows_ok = rows_ok && (v.shape[d] == 1 || v.stride[d] % per == 0);
     if (rows_ok) {
-        const int64_t rows = dst.shape[0] * dst.shape[1] * dst.shape[2];
-        const int64_t row_bytes = (dst.shape[3] + per - 1) / per;
-        store_packed_rows<<<grid_for(rows * row_bytes, 256), 256, 0, st>>>(codes, dst, rows, row_bytes);
+        const int64_t rows = v.shape[0] * v.shape[1] * v.shape[2];
+        const int64_t row_bytes = (v.shape[3] + per - 1) / per;
+        store_packed_rows<<<grid_for(rows * row_bytes, 256), 256, 0, st>>>(codes, v, cst[0], cst[1], cst[2], cst[3],
+                                                                           rows, row_bytes);
     } else {
         store_packed_serial<<<1, 1, 0, st>>>(codes, dst, n);
     }
