@@ -30,7 +30,8 @@ from .autograd import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dForward
                        Q8Conv2dForward, Q8LinearForward)
 from .functional import PAD_MINUS_ONE, PAD_ZERO, QUANT_BINARY, QUANT_INT4, QUANT_INT8
 
-__all__ = ["BinaryLinear", "Q4Linear", "Q8Linear", "BinaryConv2d", "Q4Conv2d", "Q8Conv2d", "BieLayer"]
+__all__ = ["BinaryLinear", "Q4Linear", "Q8Linear", "BinaryConv2d", "Q4Conv2d", "Q8Conv2d", "BieLayer",
+           "set_data_parallel"]
 
 
 def _q8_weight_scale(w):
@@ -38,10 +39,45 @@ def _q8_weight_scale(w):
     return (2.0 * w.detach().to(torch.float64).abs().mean() / 11.269).to(torch.float32)
 
 
-def _dist_mean(t, device):
-    """Average of a scalar over the ranks of an initialised torch.distributed group (else t)."""
+_data_parallel = None  # None: automatic (torch.distributed initialised); True / False: forced
+
+
+def set_data_parallel(enabled=None):
+    """Whether training-mode layers take part in data parallelism over the default
+    torch.distributed group (None, the default: whenever it is initialised). Then
+    - the lazy initial scale_a is the average over the ranks of each rank's first-batch scale, so
+      every rank starts alike, as from the combined batch;
+    - grad_scale_a, whose straight-through formula divides by sqrt(numel(x)), is rescaled by
+      1/sqrt(world_size): after DistributedDataParallel averages it, it equals the gradient of
+      one process on the combined batch (the other gradients are linear in the batch already)."""
+    global _data_parallel
+    _data_parallel = enabled
+
+
+def _world():
     import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if _data_parallel is False or not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size()
+
+
+class _GradScale(torch.autograd.Function):
+    """Identity whose gradient is multiplied by `factor`."""
+
+    @staticmethod
+    def forward(ctx, t, factor):
+        ctx.factor = factor
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.factor, None
+
+
+def _dist_mean(t, device):
+    """Average of a scalar over the ranks of the data-parallel group (else t)."""
+    import torch.distributed as dist
+    if _world() == 1:
         return t
     u = t.to(device if dist.get_backend() == "nccl" else "cpu", torch.float64)
     dist.all_reduce(u)
@@ -176,6 +212,14 @@ class BieLayer(nn.Module):
             self.weight_grad = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
         w.privileged_grad = self.weight_grad
 
+    def _scale_a_arg(self):
+        """scale_a as passed to the layer call (see set_data_parallel)."""
+        if self.training:
+            world = _world()
+            if world > 1:
+                return _GradScale.apply(self.scale_a, 1.0 / math.sqrt(world))
+        return self.scale_a
+
     def _output(self, y):
         if self.bias is not None:
             y = y + (self.bias.view(1, -1, 1, 1) if self.is_conv else self.bias)
@@ -248,7 +292,7 @@ class BinaryLinear(_Linear):
     def forward(self, x, bmm_type=None):
         self._check_forward(x)
         w = self._prepare_forward(x)
-        y = BinaryLinearForward.apply(x, w, self.scale_a, self.scale_w, self.gemm_kernel_id, self.training,
+        y = BinaryLinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.gemm_kernel_id, self.training,
                                       self.bias_a)
         return self._output(y)
 
@@ -270,7 +314,7 @@ class Q4Linear(_Linear):
     def forward(self, x):
         self._check_forward(x)
         w = self._prepare_forward(x)
-        return self._output(Q4LinearForward.apply(x, w, self.scale_a, self.scale_w, self.training, self.bias_a))
+        return self._output(Q4LinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, self.bias_a))
 
 
 class Q8Linear(_Linear):
@@ -285,7 +329,7 @@ class Q8Linear(_Linear):
     def forward(self, x):
         self._check_forward(x)
         w = self._prepare_forward(x)
-        return self._output(Q8LinearForward.apply(x, w, self.scale_a, self.scale_w, self.training, self.bias_a))
+        return self._output(Q8LinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, self.bias_a))
 
 
 def _pair(v):
@@ -332,7 +376,7 @@ class BinaryConv2d(_Conv2d):
     def forward(self, x):
         self._check_forward(x)
         w = self._prepare_forward(x)
-        y = BinaryConv2dForward.apply(x, w, self.scale_a, self.scale_w, self.training, *self._geometry(),
+        y = BinaryConv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
                                       self.bias_a, self.pad_value)
         return self._output(y)
 
@@ -351,7 +395,7 @@ class Q4Conv2d(_Conv2d):
     def forward(self, x):
         self._check_forward(x)
         w = self._prepare_forward(x)
-        return self._output(Q4Conv2dForward.apply(x, w, self.scale_a, self.scale_w, self.training, *self._geometry(),
+        return self._output(Q4Conv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
                                                   self.bias_a))
 
 
@@ -369,5 +413,5 @@ class Q8Conv2d(_Conv2d):
     def forward(self, x):
         self._check_forward(x)
         w = self._prepare_forward(x)
-        return self._output(Q8Conv2dForward.apply(x, w, self.scale_a, self.scale_w, self.training, *self._geometry(),
+        return self._output(Q8Conv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
                                                   self.bias_a))
