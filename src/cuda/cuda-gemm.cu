@@ -87,22 +87,25 @@ __device__ __forceinline__ row_info make_row(const gemm_epilogue & ep, int64_t m
     return r;
 }
 
+// The layer's integer result from the GEMM's acc (binary: the +-1 dot product from AND-popcounts).
+__device__ __forceinline__ int binary_dot(const gemm_epilogue & ep, const row_info & r, int64_t n, int acc) {
+    if (!ep.binary) return acc;
+    int colterm = ep.colpop[n];
+    if (r.invalid) {
+        const int taps = ep.g.kh * ep.g.kw;
+        uint64_t inv = r.invalid;
+        while (inv) {
+            const int t = __ffsll((long long)inv) - 1;
+            inv &= inv - 1;
+            colterm -= ep.tappop[n * taps + t];
+        }
+    }
+    return 4 * acc - 2 * r.rowpop - 2 * colterm + (int)r.kterm;
+}
+
 __device__ __forceinline__ void store_out(const gemm_epilogue & ep, const row_info & r, int64_t n, int acc,
                                           float scale) {
-    int dot = acc;
-    if (ep.binary) {
-        int colterm = ep.colpop[n];
-        if (r.invalid) {
-            const int taps = ep.g.kh * ep.g.kw;
-            uint64_t inv = r.invalid;
-            while (inv) {
-                const int t = __ffsll((long long)inv) - 1;
-                inv &= inv - 1;
-                colterm -= ep.tappop[n * taps + t];
-            }
-        }
-        dot = 4 * acc - 2 * r.rowpop - 2 * colterm + (int)r.kterm;
-    }
+    const int dot = binary_dot(ep, r, n, acc);
     const struct dview & y = ep.y;
     if (y.dtype == BIE_DTYPE_B1) {
         ep.sign[((r.nb * ep.g.O + n) * ep.g.OH + r.oh) * ep.g.OW + r.ow] = dot >= 0 ? 1 : 0;
@@ -192,27 +195,80 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
 
     const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
     const int g = lane >> 2, t = lane & 3;
+    const struct dview & y = ep.y;
+    const bool staged = y.dtype != BIE_DTYPE_B1 && (y.stride[1] == 1 || N == 1);
+    if (!staged) {
+#pragma unroll
+        for (int mi = 0; mi < 4; mi++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const row_info r = make_row(ep, bm + wm * 64 + mi * 16 + g + 8 * h, M);
+                if (!r.valid) continue;
+#pragma unroll
+                for (int nj = 0; nj < 8; nj++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int64_t n = bn + wn * 64 + nj * 8 + 2 * t + e;
+                        if (n < N) store_out(ep, r, n, acc[mi][nj][2 * h + e], scale);
+                    }
+            }
+        return;
+    }
+    // Staged epilogue (rows of y contiguous along n): each warp puts its 64 x 64 results, as the
+    // f32 value (or the I32 dot), in shared memory, then writes every row with the whole warp.
+    __syncthreads(); // all warps are done reading the pipeline's shared memory
+    constexpr int LD = 64 + 4;
+    float * tile = (float *)smem + warp * 64 * LD;
+    const bool raw = y.dtype == BIE_DTYPE_I32;
 #pragma unroll
     for (int mi = 0; mi < 4; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const row_info r = make_row(ep, bm + wm * 64 + mi * 16 + g + 8 * h, M);
+            const int lr = mi * 16 + g + 8 * h;
+            const row_info r = make_row(ep, bm + wm * 64 + lr, M);
             if (!r.valid) continue;
 #pragma unroll
             for (int nj = 0; nj < 8; nj++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    const int64_t n = bn + wn * 64 + nj * 8 + 2 * t + e;
-                    if (n < N) store_out(ep, r, n, acc[mi][nj][2 * h + e], scale);
+                    const int lc = nj * 8 + 2 * t + e;
+                    const int64_t n = bn + wn * 64 + lc;
+                    if (n >= N) continue;
+                    const int dot = binary_dot(ep, r, n, acc[mi][nj][2 * h + e]);
+                    tile[lr * LD + lc] = raw ? __int_as_float(dot) : __fmul_rn(__int2float_rn(dot), scale);
                 }
         }
+    __syncwarp();
+    const int64_t n0 = bn + wn * 64 + 2 * lane;
+    for (int lr = 0; lr < 64; lr++) {
+        const int64_t m = bm + wm * 64 + lr;
+        if (m >= M) break;
+        if (n0 >= N) continue;
+        const int64_t ow = m % ep.g.OW, oh = (m / ep.g.OW) % ep.g.OH, nb = m / (ep.g.OW * ep.g.OH);
+        const int64_t off = nb * y.stride[0] + oh * y.stride[2] + ow * y.stride[3] + n0 * y.stride[1];
+        const float v0 = tile[lr * LD + 2 * lane], v1 = tile[lr * LD + 2 * lane + 1];
+        const bool two = n0 + 1 < N;
+        if (y.dtype == BIE_DTYPE_F16 && two && (off & 1) == 0 && (((uintptr_t)y.data) & 3) == 0) {
+            *(__half2 *)((__half *)y.data + off) = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+        } else if (y.dtype == BIE_DTYPE_BF16 && two && (off & 1) == 0 && (((uintptr_t)y.data) & 3) == 0) {
+            *(__nv_bfloat162 *)((__nv_bfloat16 *)y.data + off) =
+                __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+        } else if (raw) {
+            ((int32_t *)y.data)[off] = __float_as_int(v0);
+            if (two) ((int32_t *)y.data)[off + y.stride[1]] = __float_as_int(v1);
+        } else {
+            st_float(y.data, y.dtype, off, v0);
+            if (two) st_float(y.data, y.dtype, off + y.stride[1], v1);
+        }
+    }
 }
 
 template <bool BINARY, int WM, int WN>
 enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
                        int64_t kbytes, const gemm_epilogue & ep) {
     constexpr int BM = 64 * WM, BN = 64 * WN;
-    const int smem = STAGES * (BM + BN) * BKB;
+    const int pipe = STAGES * (BM + BN) * BKB, stage_out = WM * WN * 64 * (64 + 4) * 4;
+    const int smem = pipe > stage_out ? pipe : stage_out;
     auto kern = gemm_kernel<BINARY, WM, WN>;
     CU_TRY(ctx, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
            "cudaFuncSetAttribute(gemm)");
