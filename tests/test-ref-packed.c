@@ -41,17 +41,20 @@ static void run_case(bool conv) {
     case_random(&c, &o);
     const enum bie_dtype pd = q == BIE_QUANT_BINARY ? BIE_DTYPE_B1 : q == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8;
     const bool scaled = q != BIE_QUANT_BINARY && bie_dtype_is_float(c.w.dtype);
-    // packed weights: [0] OIHW-ordered (linear: [N, K] rows), [1] OHWI canonical (conv only)
-    struct bie_tensor pw[2];
-    const int nviews = conv ? 2 : 1;
+    // packed weights: [0] OIHW-ordered (linear: [N, K] rows), [1] OHWI canonical (conv only),
+    // [2] one flat OHWI row of K elements per output channel, padded to bytes at its end only
+    struct bie_tensor pw[3];
+    const int nviews = conv ? 3 : 1;
     for (int v = 0; v < nviews; v++) {
         if (v == 0) {
             const int64_t shape[4] = {c.O, c.C, c.kh, c.kw};
             pw[v] = test_tensor(pd, conv ? 4 : 2, shape, NULL);
         } else {
             const int64_t shape[4] = {c.O, c.kh, c.kw, c.C};
+            const int per = pd == BIE_DTYPE_B1 ? 8 : pd == BIE_DTYPE_S4 ? 2 : 1;
+            const int64_t K = lc_K(&c), flat[4] = {(K + per - 1) / per * per, c.kw * c.C, c.C, 1};
             static const int32_t perm[4] = {0, 3, 1, 2};
-            pw[v] = test_tensor(pd, 4, shape, NULL);
+            pw[v] = test_tensor(pd, 4, shape, v == 2 ? flat : NULL);
             bie_tensor_permute(&pw[v], perm);
         }
         CHECK_OK(ctx, bie_pack(ctx, &c.w, scaled ? &c.sw_t : NULL, &pw[v]));
@@ -67,7 +70,8 @@ static void run_case(bool conv) {
             const enum bie_status st1 = forward(&c, &pw[v], &y1);
             CHECK(st1 == BIE_STATUS_OK, "%s: packed path: %s", c.desc, bie_context_last_error(ctx));
             CHECK(memcmp(y0.data, y1.data, bytes) == 0, "%s: y %s differs between the %s weight and the %s %s-packed weight",
-                  c.desc, bie_dtype_name(ydt[d]), bie_dtype_name(c.w.dtype), v ? "OHWI" : "OIHW", bie_dtype_name(pd));
+                  c.desc, bie_dtype_name(ydt[d]), bie_dtype_name(c.w.dtype), v == 2 ? "flat-OHWI" : v ? "OHWI" : "OIHW",
+                  bie_dtype_name(pd));
             test_tensor_free(&y1);
         }
         test_tensor_free(&y0);
