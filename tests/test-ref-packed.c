@@ -2,9 +2,9 @@
 // test-ref-packed.c: the packed inference path equals the training path bit for bit. A layer
 // run with its float (or int8) weight and the same layer run with that weight packed by
 // bie_pack (B1 for binary, S4 for 4-bit, I8 for 8-bit; scale_w as the pack scale) must produce
-// identical bytes in y for every y dtype. Conv weights are packed both in the canonical OHWI
-// view (a [O, kh, kw, C] tensor permuted to [O, C, kh, kw]) and in an OIHW-ordered view. Run on
-// the reference and on the default backend.
+// identical bytes in y for every y dtype. Conv weights are packed in the canonical OHWI view (a
+// [O, kh, kw, C] tensor permuted to [O, C, kh, kw]), in an OIHW-ordered view and as one flat
+// OHWI row per output channel. Run on the reference and on the default backend.
 #include "test-oracle.h"
 
 static bie_context_t * ctx;
