@@ -9,6 +9,11 @@
 
 static bie_context_t * ctx;
 
+// Under AddressSanitizer a failed huge allocation must return NULL (as malloc does) instead of
+// stopping the program, so that the out-of-memory status can be checked.
+const char * __asan_default_options(void);
+const char * __asan_default_options(void) { return "allocator_may_return_null=1"; }
+
 #define EXPECT(call, want_status, name)                                                            \
     do {                                                                                           \
         const enum bie_status s_ = (call);                                                         \
@@ -453,6 +458,31 @@ static void test_pack_errors(void) {
     for (int i = 0; i < 8; i++) test_tensor_free(ts[i]);
 }
 
+// A valid call whose workspace cannot exist: a broadcast x of 2^46 elements (one float in
+// memory) read by a 1x1 conv with stride 2^23, so y is one pixel. The reference needs ~350 TB
+// of codes, more than the address space: OUT_OF_MEMORY, not a crash.
+static void test_out_of_memory(void) {
+    const int64_t xs[4] = {1, 1, (int64_t)1 << 23, (int64_t)1 << 23}, xst[4] = {0, 0, 0, 0};
+    const int64_t ws[4] = {1, 1, 1, 1}, ys[4] = {1, 1, 1, 1};
+    struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 4, xs, xst), w = test_tensor(BIE_DTYPE_F32, 4, ws, NULL);
+    struct bie_tensor y = test_tensor(BIE_DTYPE_F32, 4, ys, NULL), sa = test_scalar(1.0f), sw = test_scalar(1.0f);
+    const struct bie_conv2d_desc d = {.quant = BIE_QUANT_INT8, .in_channels = 1, .out_channels = 1, .kernel = {1, 1},
+                                      .stride = {1 << 23, 1 << 23}, .padding = {0, 0}, .dilation = {1, 1},
+                                      .groups = 1, .pad_value = BIE_PAD_ZERO};
+    const struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
+    EXPECT(bie_conv2d_forward(ctx, &d, &a), BIE_STATUS_OUT_OF_MEMORY, "workspace");
+    // the context still works afterwards
+    const int64_t xs1[4] = {1, 1, 1, 1};
+    struct bie_tensor x1 = test_tensor(BIE_DTYPE_F32, 4, xs1, NULL);
+    const struct bie_conv2d_desc d1 = {.quant = BIE_QUANT_INT8, .in_channels = 1, .out_channels = 1, .kernel = {1, 1},
+                                       .stride = {1, 1}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1,
+                                       .pad_value = BIE_PAD_ZERO};
+    const struct bie_forward_args a1 = {&x1, NULL, &w, &sa, &sw, &y};
+    CHECK_OK(ctx, bie_conv2d_forward(ctx, &d1, &a1));
+    struct bie_tensor * ts[6] = {&x, &w, &y, &sa, &sw, &x1};
+    for (int i = 0; i < 6; i++) test_tensor_free(ts[i]);
+}
+
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     struct bie_context_params p;
@@ -472,6 +502,7 @@ int main(int argc, char ** argv) {
     }
     test_conv_params();
     test_pack_errors();
+    test_out_of_memory();
     bie_context_destroy(ctx);
     return test_finish("test-errors");
 }
