@@ -136,6 +136,9 @@ static void pack_weights(const struct bin_plan * pl, int threads, uint8_t * rows
                     d[Cb - 1] &= tail_mask;
                 } else if (f32_rows) {
                     pl->kern->sign_bits((const float *)w->data + off, NULL, 0.0f, C, d);
+                } else if (w->dtype == BIE_DTYPE_I8 && ws[1] == 1) {
+                    const int8_t * src = (const int8_t *)w->data + off;
+                    for (int64_t ch = 0; ch < C; ch++) d[ch / 8] |= (uint8_t)((src[ch] >= 0) << (ch % 8));
                 } else {
                     for (int64_t ch = 0; ch < C; ch++)
                         d[ch / 8] |= (uint8_t)((cpu_load(w, off + ch * ws[1]) >= 0.0f) << (ch % 8));

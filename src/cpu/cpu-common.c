@@ -58,7 +58,7 @@ void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool
     const int64_t tiles = mtiles * ntiles;
     if (!parallel_stores) threads = 1;
     if (threads > tiles) threads = (int)tiles;
-    const size_t esz = job->kind == 1 ? 1 : sizeof(int16_t);
+    const size_t esz = job->kind == 16 ? sizeof(int16_t) : 1;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t mt = t / ntiles, ntile = t % ntiles;
@@ -74,6 +74,8 @@ void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool
                 int32_t * cp = acc + (size_t)i * ldacc + (size_t)j;
                 if (job->kind == 1)
                     job->kern->bin_tile(ap, job->lda, bp, job->ldb, job->k, cp, ldacc);
+                else if (job->kind == 4)
+                    job->kern->u4s4_tile(ap, job->lda, (const int8_t *)bp, job->ldb, job->k, cp, ldacc);
                 else
                     job->kern->i16_tile((const int16_t *)ap, job->lda, (const int16_t *)bp, job->ldb, job->k,
                                         cp, ldacc);

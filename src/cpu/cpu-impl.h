@@ -17,8 +17,9 @@
 // then the high nibbles (byte >> 4), which saves the nibble extraction in pshufb-lookup kernels.
 // Panels have a multiple of 4 rows (zero rows at the end).
 //
-// n-bit panel layout: the integer codes as int16, same K order (no per-tap padding), rows
-// zero-padded to Kp = round_up(K, 32) elements.
+// n-bit panel layout: same K order (no per-tap padding). 8-bit: the codes as int16, rows
+// zero-padded to Kp = round_up(K, 32) elements. 4-bit: activations as bytes code + 8 (in [0, 15]),
+// weights as signed bytes, rows zero-padded to round_up(K, 64) bytes; acc = sum (a+8)*w - 8*sum w.
 #pragma once
 
 #include "bie-impl.h"
@@ -29,6 +30,7 @@
 #define CPU_MR 4       // rows of every microkernel tile
 #define CPU_KB_ALIGN 64 // binary rows are padded to this many bytes
 #define CPU_K16_ALIGN 32 // int16 rows are padded to this many elements
+#define CPU_K4_ALIGN 64  // 4-bit byte rows are padded to this many elements
 
 struct cpu_kernels {
     enum bie_cpu_isa isa;
@@ -43,6 +45,10 @@ struct cpu_kernels {
     // k a multiple of 32; lda/ldb in elements.
     void (*i16_tile)(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k,
                      int32_t * c, size_t ldc);
+    // c[i*ldc + j] = sum_k a_i[k] * b_j[k] for i < CPU_MR, j < i16_nr, with a unsigned bytes in
+    // [0, 15] and b signed bytes in [-8, 7] (the 4-bit GEMM); k a multiple of 64; lda/ldb in bytes.
+    void (*u4s4_tile)(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k, int32_t * c,
+                      size_t ldc);
     // out bit i = (x[i] + b_i >= 0) with b_i = bias[i] if bias else b0 (f32 add; NaN -> 0), for
     // i < n; the unused high bits of the last byte are 0.
     void (*sign_bits)(const float * x, const float * bias, float b0, int64_t n, uint8_t * out);
@@ -63,6 +69,8 @@ void bie_cpu_bin_tile_4x4__avx512(const uint8_t * a, size_t lda, const uint8_t *
                                   size_t kb, int32_t * c, size_t ldc);
 void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t * b, size_t ldb,
                                   size_t k, int32_t * c, size_t ldc);
+void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
+                                   int32_t * c, size_t ldc);
 void bie_cpu_sign_bits__avx512(const float * x, const float * bias, float b0, int64_t n, uint8_t * out);
 void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int64_t n, float scale,
                               int lo, int hi, int16_t * out);
@@ -125,7 +133,8 @@ void cpu_epilogue_store(const struct cpu_epilogue * e, int64_t m0, int64_t mc, i
 
 // Runs an integer GEMM over row panels a (Mp rows) and column panels b (Np rows) in tiles on
 // `threads` threads, then calls the epilogue on every tile. kind 1: binary (kern->bin_tile, the
-// tile gives popcounts, finish() turns them into acc); kind 16: int16 (kern->i16_tile).
+// tile gives popcounts, finish() turns them into acc); kind 16: int16 (kern->i16_tile); kind 4:
+// unsigned x signed bytes (kern->u4s4_tile).
 struct cpu_gemm {
     const struct cpu_kernels * kern;
     int kind;

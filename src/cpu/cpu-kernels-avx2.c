@@ -74,6 +74,35 @@ static void i16_tile_4x2(const int16_t * a, size_t lda, const int16_t * b, size_
         for (int j = 0; j < 2; j++) c[i * ldc + j] = hsum_epi32(acc[i][j]);
 }
 
+// 4x2 tile of the 4-bit GEMM: vpmaddubsw (unsigned a in [0, 15] times signed w in [-8, 7]; a pair
+// sums to at most 240 in magnitude, no saturation) into int16 counters, widened with vpmaddwd
+// every 128 steps (128 * 240 < 32768).
+static void u4s4_tile_4x2(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k, int32_t * c,
+                          size_t ldc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i tot[CPU_MR][2];
+    for (int i = 0; i < CPU_MR; i++) tot[i][0] = tot[i][1] = _mm256_setzero_si256();
+    size_t p = 0;
+    while (p < k) {
+        const size_t pend = k - p > 128 * 32 ? p + 128 * 32 : k;
+        __m256i acc[CPU_MR][2];
+        for (int i = 0; i < CPU_MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
+        for (; p < pend; p += 32) {
+            const __m256i b0 = _mm256_load_si256((const __m256i *)(b + p));
+            const __m256i b1 = _mm256_load_si256((const __m256i *)(b + ldb + p));
+            for (int i = 0; i < CPU_MR; i++) {
+                const __m256i av = _mm256_load_si256((const __m256i *)(a + i * lda + p));
+                acc[i][0] = _mm256_add_epi16(acc[i][0], _mm256_maddubs_epi16(av, b0));
+                acc[i][1] = _mm256_add_epi16(acc[i][1], _mm256_maddubs_epi16(av, b1));
+            }
+        }
+        for (int i = 0; i < CPU_MR; i++)
+            for (int j = 0; j < 2; j++) tot[i][j] = _mm256_add_epi32(tot[i][j], _mm256_madd_epi16(acc[i][j], ones));
+    }
+    for (int i = 0; i < CPU_MR; i++)
+        for (int j = 0; j < 2; j++) c[i * ldc + j] = hsum_epi32(tot[i][j]);
+}
+
 static void sign_bits(const float * x, const float * bias, float b0, int64_t n, uint8_t * out) {
     const __m256 bv0 = _mm256_set1_ps(b0), fz = _mm256_setzero_ps();
     int64_t i = 0;
@@ -119,6 +148,7 @@ const struct cpu_kernels bie_cpu_kernels_avx2 = {
     .i16_nr = 2,
     .bin_tile = bin_tile_4x2,
     .i16_tile = i16_tile_4x2,
+    .u4s4_tile = u4s4_tile_4x2,
     .sign_bits = sign_bits,
     .quantize = quantize,
     .nibble_split = nibble_split,

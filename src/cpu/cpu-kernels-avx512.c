@@ -64,6 +64,35 @@ void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t *
         for (int j = 0; j < 4; j++) c[i * ldc + j] = _mm512_reduce_add_epi32(acc[i][j]);
 }
 
+// 4x4 tile of the 4-bit GEMM: vpmaddubsw (unsigned a in [0, 15] times signed w in [-8, 7], pair
+// sums <= 240 in magnitude) into int16 counters, widened with vpmaddwd every 128 steps.
+void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
+                                   int32_t * c, size_t ldc) {
+    const __m512i ones = _mm512_set1_epi16(1);
+    __m512i tot[CPU_MR][4];
+    for (int i = 0; i < CPU_MR; i++)
+        for (int j = 0; j < 4; j++) tot[i][j] = _mm512_setzero_si512();
+    size_t p = 0;
+    while (p < k) {
+        const size_t pend = k - p > 128 * 64 ? p + 128 * 64 : k;
+        __m512i acc[CPU_MR][4];
+        for (int i = 0; i < CPU_MR; i++)
+            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_si512();
+        for (; p < pend; p += 64) {
+            __m512i bv[4];
+            for (int j = 0; j < 4; j++) bv[j] = _mm512_load_si512((const void *)(b + j * ldb + p));
+            for (int i = 0; i < CPU_MR; i++) {
+                const __m512i av = _mm512_load_si512((const void *)(a + i * lda + p));
+                for (int j = 0; j < 4; j++) acc[i][j] = _mm512_add_epi16(acc[i][j], _mm512_maddubs_epi16(av, bv[j]));
+            }
+        }
+        for (int i = 0; i < CPU_MR; i++)
+            for (int j = 0; j < 4; j++) tot[i][j] = _mm512_add_epi32(tot[i][j], _mm512_madd_epi16(acc[i][j], ones));
+    }
+    for (int i = 0; i < CPU_MR; i++)
+        for (int j = 0; j < 4; j++) c[i * ldc + j] = _mm512_reduce_add_epi32(tot[i][j]);
+}
+
 void bie_cpu_sign_bits__avx512(const float * x, const float * bias, float b0, int64_t n, uint8_t * out) {
     const __m512 bv0 = _mm512_set1_ps(b0), fz = _mm512_setzero_ps();
     int64_t i = 0;
@@ -107,6 +136,7 @@ const struct cpu_kernels bie_cpu_kernels_avx512 = {
     .i16_nr = 4,
     .bin_tile = bie_cpu_bin_tile_4x4__avx512,
     .i16_tile = bie_cpu_i16_tile_4x4__avx512,
+    .u4s4_tile = bie_cpu_u4s4_tile_4x4__avx512,
     .sign_bits = bie_cpu_sign_bits__avx512,
     .quantize = bie_cpu_quantize__avx512,
     .nibble_split = nibble_split,

@@ -31,6 +31,7 @@ const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt = {
     .i16_nr = 4,
     .bin_tile = bin_tile_4x4,
     .i16_tile = bie_cpu_i16_tile_4x4__avx512,
+    .u4s4_tile = bie_cpu_u4s4_tile_4x4__avx512,
     .sign_bits = bie_cpu_sign_bits__avx512,
     .quantize = bie_cpu_quantize__avx512,
     .nibble_split = NULL, // unsplit panels

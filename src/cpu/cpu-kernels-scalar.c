@@ -41,6 +41,17 @@ static void i16_tile_4x4(const int16_t * a, size_t lda, const int16_t * b, size_
         for (int j = 0; j < 4; j++) c[i * ldc + j] = (int32_t)s[i][j];
 }
 
+// 4x4 tile of unsigned x signed byte dot products.
+static void u4s4_tile_4x4(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k, int32_t * c,
+                          size_t ldc) {
+    uint32_t s[CPU_MR][4] = {{0}};
+    for (size_t p = 0; p < k; p++)
+        for (int i = 0; i < CPU_MR; i++)
+            for (int j = 0; j < 4; j++) s[i][j] += (uint32_t)((int32_t)a[i * lda + p] * b[j * ldb + p]);
+    for (int i = 0; i < CPU_MR; i++)
+        for (int j = 0; j < 4; j++) c[i * ldc + j] = (int32_t)s[i][j];
+}
+
 static void sign_bits(const float * x, const float * bias, float b0, int64_t n, uint8_t * out) {
     for (int64_t i0 = 0; i0 < n; i0 += 8) {
         unsigned byte = 0;
@@ -70,6 +81,7 @@ const struct cpu_kernels bie_cpu_kernels_scalar = {
     .i16_nr = 4,
     .bin_tile = bin_tile_4x4,
     .i16_tile = i16_tile_4x4,
+    .u4s4_tile = u4s4_tile_4x4,
     .sign_bits = sign_bits,
     .quantize = quantize,
     .nibble_split = nibble_split,

@@ -15,9 +15,12 @@ struct nbit_plan {
     const struct cpu_kernels * kern;
     int lo, hi;
     int64_t Kp, M, N, Mp, Np;
+    bool four;     // 4-bit byte panels (else 8-bit int16 panels)
     int16_t * xq;
-    int16_t * A;
-    int16_t * B;
+    void * A;
+    void * B;
+    int32_t * sumw; // [Np] sum_k w (4-bit)
+    int16_t * rows; // per-thread row of Kp int16 codes
     struct cpu_epilogue ep;
 };
 
@@ -59,33 +62,53 @@ static void quantize_x(const struct nbit_plan * pl, const float * bias, int thre
     }
 }
 
-static void pack_weights(const struct nbit_plan * pl, int threads) {
+// The codes of one weight tap (C channels from element offset off, channel stride ws1).
+static void weight_codes(const struct nbit_plan * pl, int64_t off, int16_t * d) {
     const struct bie_layer_call * c = pl->c;
-    const struct bie_geometry * g = &c->g;
     const struct bie_tensor * w = &c->weight;
-    const int64_t * ws = w->stride;
+    const int64_t C = c->g.C, ws1 = w->stride[1];
+    if (w->dtype == BIE_DTYPE_F32 && ws1 == 1) {
+        pl->kern->quantize((const float *)w->data + off, NULL, 0.0f, C, c->scale_w, pl->lo, pl->hi, d);
+    } else if (w->dtype == BIE_DTYPE_I8 && ws1 == 1) {
+        const int8_t * src = (const int8_t *)w->data + off;
+        for (int64_t ch = 0; ch < C; ch++) d[ch] = (int16_t)(src[ch] < pl->lo ? pl->lo : src[ch] > pl->hi ? pl->hi : src[ch]);
+    } else if (w->dtype == BIE_DTYPE_S4 && ws1 == 1 && off % 2 == 0) {
+        const uint8_t * src = (const uint8_t *)w->data + off / 2; // element 2i: high nibble of byte i
+        for (int64_t i = 0; i < C / 2; i++) {
+            d[2 * i] = (int16_t)((int8_t)src[i] >> 4);
+            d[2 * i + 1] = (int16_t)((int8_t)(uint8_t)(src[i] << 4) >> 4);
+        }
+        if (C % 2) d[C - 1] = (int16_t)((int8_t)src[C / 2] >> 4);
+    } else {
+        const bool is_float = bie_dtype_is_float(w->dtype);
+        for (int64_t ch = 0; ch < C; ch++) {
+            const float v = cpu_load(w, off + ch * ws1);
+            int q;
+            if (is_float) q = cpu_quantize1(v, c->scale_w, pl->lo, pl->hi);
+            else q = v < (float)pl->lo ? pl->lo : v > (float)pl->hi ? pl->hi : (int)v;
+            d[ch] = (int16_t)q;
+        }
+    }
+}
+
+static void pack_weights(const struct nbit_plan * pl, int threads) {
+    const struct bie_geometry * g = &pl->c->g;
+    const int64_t * ws = pl->c->weight.stride;
     const int64_t C = g->C, T = g->kh * g->kw;
-    const bool is_float = bie_dtype_is_float(w->dtype);
-    const bool f32_rows = w->dtype == BIE_DTYPE_F32 && ws[1] == 1;
 #pragma omp parallel for num_threads(threads)
     for (int64_t o = 0; o < pl->Np; o++) {
-        int16_t * row = pl->B + o * pl->Kp;
+        int16_t * row = pl->four ? pl->rows + (size_t)omp_get_thread_num() * pl->Kp : (int16_t *)pl->B + o * pl->Kp;
         memset(row, 0, (size_t)pl->Kp * sizeof(int16_t));
-        if (o >= g->O) continue;
-        for (int64_t t = 0; t < T; t++) {
-            const int64_t off = o * ws[0] + (t / g->kw) * ws[2] + (t % g->kw) * ws[3];
-            int16_t * d = row + t * C;
-            if (f32_rows) {
-                pl->kern->quantize((const float *)w->data + off, NULL, 0.0f, C, c->scale_w, pl->lo, pl->hi, d);
-                continue;
+        for (int64_t t = 0; o < g->O && t < T; t++)
+            weight_codes(pl, o * ws[0] + (t / g->kw) * ws[2] + (t % g->kw) * ws[3], row + t * C);
+        if (pl->four) {
+            int8_t * dst = (int8_t *)pl->B + o * pl->Kp;
+            int32_t sum = 0;
+            for (int64_t k = 0; k < pl->Kp; k++) {
+                dst[k] = (int8_t)row[k];
+                sum += row[k];
             }
-            for (int64_t ch = 0; ch < C; ch++) {
-                const float v = cpu_load(w, off + ch * ws[1]);
-                int q;
-                if (is_float) q = cpu_quantize1(v, c->scale_w, pl->lo, pl->hi);
-                else q = v < (float)pl->lo ? pl->lo : v > (float)pl->hi ? pl->hi : (int)v;
-                d[ch] = (int16_t)q;
-            }
+            pl->sumw[o] = sum;
         }
     }
 }
@@ -95,9 +118,10 @@ static void pack_activations(const struct nbit_plan * pl, int threads) {
     const int64_t P = g->OH * g->OW, C = g->C, T = g->kh * g->kw;
 #pragma omp parallel for num_threads(threads)
     for (int64_t m = 0; m < pl->Mp; m++) {
-        int16_t * row = pl->A + m * pl->Kp;
+        int16_t * row = pl->four ? pl->rows + (size_t)omp_get_thread_num() * pl->Kp : (int16_t *)pl->A + m * pl->Kp;
         if (m >= pl->M) {
-            memset(row, 0, (size_t)pl->Kp * sizeof(int16_t));
+            if (pl->four) memset((uint8_t *)pl->A + m * pl->Kp, 0, (size_t)pl->Kp);
+            else memset(row, 0, (size_t)pl->Kp * sizeof(int16_t));
             continue;
         }
         const int64_t n = m / P, p = m % P, oh = p / g->OW, ow = p % g->OW;
@@ -110,13 +134,22 @@ static void pack_activations(const struct nbit_plan * pl, int threads) {
             else
                 memcpy(d, pl->xq + ((n * g->H + ih) * g->W + iw) * C, (size_t)C * sizeof(int16_t));
         }
-        memset(row + T * C, 0, (size_t)(pl->Kp - T * C) * sizeof(int16_t));
+        if (pl->four) { // a + 8 on the K codes, 0 on the row padding (which w also has as 0)
+            uint8_t * dst = (uint8_t *)pl->A + m * pl->Kp;
+            for (int64_t k = 0; k < T * C; k++) dst[k] = (uint8_t)(row[k] + 8);
+            memset(dst + T * C, 0, (size_t)(pl->Kp - T * C));
+        } else {
+            memset(row + T * C, 0, (size_t)(pl->Kp - T * C) * sizeof(int16_t));
+        }
     }
 }
 
 static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t nc, int32_t * acc,
                         size_t ldacc) {
     const struct nbit_plan * pl = vpl;
+    if (pl->four)
+        for (int64_t r = 0; r < mc; r++)
+            for (int64_t o = 0; o < nc; o++) acc[(size_t)r * ldacc + (size_t)o] -= 8 * pl->sumw[n0 + o];
     cpu_epilogue_store(&pl->ep, m0, mc, n0, nc, acc, ldacc);
 }
 
@@ -126,7 +159,9 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     const int threads = cpu_threads(ctx);
     pl.lo = bie_quant_lo(c->quant);
     pl.hi = bie_quant_hi(c->quant);
-    pl.Kp = (int64_t)cpu_round_up((size_t)g->K, CPU_K16_ALIGN);
+    pl.four = c->quant == BIE_QUANT_INT4;
+    pl.Kp = (int64_t)cpu_round_up((size_t)g->K, pl.four ? CPU_K4_ALIGN : CPU_K16_ALIGN);
+    const size_t esz = pl.four ? 1 : sizeof(int16_t);
     pl.M = g->batch * g->OH * g->OW;
     pl.N = g->O;
     pl.Mp = (int64_t)cpu_round_up((size_t)pl.M, CPU_MR);
@@ -135,12 +170,15 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
 
     const size_t sz_xq = (size_t)(g->batch * g->H * g->W * g->C) * sizeof(int16_t);
     const size_t sz_tmp = (size_t)threads * cpu_round_up((size_t)g->W, 32) * sizeof(int16_t);
-    const size_t sz_a = (size_t)(pl.Mp * pl.Kp) * sizeof(int16_t);
-    const size_t sz_b = (size_t)(pl.Np * pl.Kp) * sizeof(int16_t);
+    const size_t sz_a = (size_t)(pl.Mp * pl.Kp) * esz;
+    const size_t sz_b = (size_t)(pl.Np * pl.Kp) * esz;
+    const size_t sz_sumw = (size_t)pl.Np * sizeof(int32_t);
+    const size_t sz_rows = pl.four ? (size_t)threads * (size_t)pl.Kp * sizeof(int16_t) : 0;
     const size_t sz_bias = (size_t)g->C * sizeof(float);
     const size_t sz_tiles = cpu_gemm_workspace(threads);
     const size_t total = cpu_arena_size(sz_xq) + cpu_arena_size(sz_tmp) + cpu_arena_size(sz_a) +
-                         cpu_arena_size(sz_b) + cpu_arena_size(sz_bias) + cpu_arena_size(sz_tiles);
+                         cpu_arena_size(sz_b) + cpu_arena_size(sz_bias) + cpu_arena_size(sz_tiles) +
+                         cpu_arena_size(sz_sumw) + cpu_arena_size(sz_rows);
     void * ws;
     enum bie_status st = bie_host_workspace(ctx, total, &ws);
     if (st != BIE_STATUS_OK) return st;
@@ -151,6 +189,8 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     pl.B = cpu_arena_take(&ar, sz_b);
     float * bias = cpu_arena_take(&ar, sz_bias);
     void * tiles = cpu_arena_take(&ar, sz_tiles);
+    pl.sumw = cpu_arena_take(&ar, sz_sumw);
+    pl.rows = cpu_arena_take(&ar, sz_rows);
 
     if (c->bias_a.data) cpu_bias_dense(&c->bias_a, g->C, bias);
     quantize_x(&pl, c->bias_a.data ? bias : NULL, threads, tmp);
@@ -158,7 +198,7 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     pack_activations(&pl, threads);
 
     const struct cpu_gemm job = {
-        .kern = pl.kern, .kind = 16, .a = pl.A, .b = pl.B, .lda = (size_t)pl.Kp, .ldb = (size_t)pl.Kp,
+        .kern = pl.kern, .kind = pl.four ? 4 : 16, .a = pl.A, .b = pl.B, .lda = (size_t)pl.Kp, .ldb = (size_t)pl.Kp,
         .k = (size_t)pl.Kp, .M = pl.M, .N = pl.N, .finish = finish_tile, .finish_ctx = &pl,
     };
     cpu_gemm_run(&job, threads, tiles, true);
