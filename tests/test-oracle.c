@@ -211,6 +211,27 @@ static void test_hand_output_rounding(void) {
     test_tensor_free(&sw);
 }
 
+// An 8-bit sum past the int32 range wraps modulo 2^32, as every int32 accumulator does:
+// K = 131073 products of (-128)*(-128) = 2147500032 = 2^31 + 16384 -> -2147467264.
+static void test_hand_int32_wrap(void) {
+    const int64_t K = 131073, xshape[2] = {1, K}, yshape[2] = {1, 1};
+    struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 2, xshape, NULL), w = test_tensor(BIE_DTYPE_I8, 2, xshape, NULL);
+    for (int64_t i = 0; i < K; i++) {
+        ((float *)x.data)[i] = -1000.0f;
+        ((int8_t *)w.data)[i] = -128;
+    }
+    struct bie_tensor y = test_tensor(BIE_DTYPE_I32, 2, yshape, NULL), sa = test_scalar(1.0f), sw = test_scalar(1.0f);
+    const struct bie_linear_desc d = {BIE_QUANT_INT8, K, 1};
+    const struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
+    CHECK_OK(ctx, bie_linear_forward(ctx, &d, &a));
+    CHECK(((int32_t *)y.data)[0] == -2147467264, "int32 wrap: got %d, want -2147467264", ((int32_t *)y.data)[0]);
+    test_tensor_free(&x);
+    test_tensor_free(&w);
+    test_tensor_free(&y);
+    test_tensor_free(&sa);
+    test_tensor_free(&sw);
+}
+
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     struct bie_context_params p;
@@ -222,6 +243,7 @@ int main(int argc, char ** argv) {
     test_hand_pad_values();
     test_hand_conv();
     test_hand_output_rounding();
+    test_hand_int32_wrap();
     const int n_linear = test_quick() ? 40 : 600, n_conv = test_quick() ? 60 : 1500;
     for (int i = 0; i < n_linear; i++) run_random_case(false);
     for (int i = 0; i < n_conv; i++) run_random_case(true);
