@@ -366,10 +366,10 @@ int main(int argc, char ** argv) {
     test_hand_padded_taps();
     test_hand_lsq();
     const bool quick = test_quick();
-    for (int i = 0; i < (quick ? 30 : 300); i++) run_formula_case(false);
-    for (int i = 0; i < (quick ? 40 : 600); i++) run_formula_case(true);
-    for (int i = 0; i < (quick ? 15 : 150); i++) run_fd_case(false);
-    for (int i = 0; i < (quick ? 20 : 250); i++) run_fd_case(true);
+    for (int i = 0; i < (quick ? 60 : 300); i++) run_formula_case(false);
+    for (int i = 0; i < (quick ? 100 : 600); i++) run_formula_case(true);
+    for (int i = 0; i < (quick ? 30 : 150); i++) run_fd_case(false);
+    for (int i = 0; i < (quick ? 40 : 250); i++) run_fd_case(true);
     bie_context_destroy(ctx);
     return test_finish("test-grad");
 }

@@ -244,7 +244,7 @@ int main(int argc, char ** argv) {
     test_hand_conv();
     test_hand_output_rounding();
     test_hand_int32_wrap();
-    const int n_linear = test_quick() ? 40 : 600, n_conv = test_quick() ? 60 : 1500;
+    const int n_linear = test_quick() ? 100 : 600, n_conv = test_quick() ? 200 : 1500;
     for (int i = 0; i < n_linear; i++) run_random_case(false);
     for (int i = 0; i < n_conv; i++) run_random_case(true);
     bie_context_destroy(ctx);
