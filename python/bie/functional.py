@@ -41,30 +41,38 @@ def _check_float(t, name):
         raise TypeError(f"bie: {name} must be float32, float16 or bfloat16, not {t.dtype}")
 
 
+_DEVICES = {}
+_I64x8 = ctypes.c_int64 * _lib.BIE_MAX_DIMS
+
+
 def _device(t):
-    if t.device.type == "cpu":
-        return _lib.DEV_CPU, 0
-    if t.device.type == "cuda":
-        return _lib.DEV_CUDA, t.device.index if t.device.index is not None else torch.cuda.current_device()
-    raise TypeError(f"bie: tensors on {t.device.type} are not supported (CPU and CUDA only)")
+    d = t.device
+    r = _DEVICES.get(d)
+    if r is None:
+        if d.type == "cpu":
+            r = (_lib.DEV_CPU, 0)
+        elif d.type == "cuda":
+            if d.index is None:  # torch.device("cuda"): resolve each time, it is not cached
+                return _lib.DEV_CUDA, torch.cuda.current_device()
+            r = (_lib.DEV_CUDA, d.index)
+        else:
+            raise TypeError(f"bie: tensors on {d.type} are not supported (CPU and CUDA only)")
+        _DEVICES[d] = r
+    return r
 
 
 def _view(t, dtype=None, shape=None, stride=None):
     """struct bie_tensor for a torch tensor (or, with dtype/shape/stride, a packed view of its
     storage). The caller keeps `t` alive while the struct is used."""
-    v = _lib.Tensor()
-    v.data = t.data_ptr()
-    v.dtype = _DTYPES[t.dtype] if dtype is None else dtype
-    shape = tuple(t.shape) if shape is None else tuple(shape)
-    stride = tuple(t.stride()) if stride is None else tuple(stride)
-    if len(shape) > _lib.BIE_MAX_DIMS:
-        raise ValueError(f"bie: tensors have at most {_lib.BIE_MAX_DIMS} dimensions, got {len(shape)}")
-    v.ndim = len(shape)
-    for i, (n, s) in enumerate(zip(shape, stride)):
-        v.shape[i] = n
-        v.stride[i] = s
-    v.device_type, v.device_index = _device(t)
-    return v
+    if shape is None:
+        shape = t.shape
+        stride = t.stride()
+    nd = len(shape)
+    if nd > _lib.BIE_MAX_DIMS:
+        raise ValueError(f"bie: tensors have at most {_lib.BIE_MAX_DIMS} dimensions, got {nd}")
+    dev, idx = _device(t)
+    return _lib.Tensor(t.data_ptr(), _DTYPES[t.dtype] if dtype is None else dtype, nd, _I64x8(*shape),
+                       _I64x8(*stride), dev, idx)
 
 
 def _ptr(v):

@@ -10,6 +10,7 @@ import torch
 import bie
 from bie import functional as F
 from bie import reference as R
+from bie_testutil import check_backward as _check_backward
 
 QUANTS = [bie.QUANT_BINARY, bie.QUANT_INT4, bie.QUANT_INT8]
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
@@ -63,22 +64,6 @@ def strided(t, kind):
     raise ValueError(kind)
 
 
-def assert_grad_close(got, want, dtype, what, bound=None):
-    """got (libbie, dtype) against want (float64 reference): each output is rounded once from a
-    float64 sum, so they may differ by one rounding of `dtype` (plus float64 summation order,
-    1e-12 of the sum of the terms' magnitudes `bound`)."""
-    assert got.dtype == dtype, what
-    eps = torch.finfo(dtype).eps
-    w = want.to(torch.float64)
-    g = got.to(torch.float64)
-    tol = eps * w.abs() + 1e-300
-    if bound is not None:
-        tol = tol + 1e-12 * bound
-    bad = (g - w).abs() > tol
-    assert not bad.any(), f"{what}: {int(bad.sum())} of {bad.numel()} differ, e.g. got {g[bad][:4].tolist()} " \
-                          f"want {w[bad][:4].tolist()}"
-
-
 @pytest.mark.parametrize("quant", QUANTS)
 @pytest.mark.parametrize("lead,k,n", LINEAR_SHAPES)
 def test_linear_forward_exact(device, quant, lead, k, n):
@@ -117,24 +102,6 @@ def test_conv2d_forward_exact(device, quant, shape):
                     y = F.conv2d_forward(quant, strided(x, layout), wf, sa, sw, bias, ks, st, pd, dl, pv)
                     assert y.dtype == dtype
                     assert torch.equal(y.cpu(), want.cpu()), f"{name} weight, {layout}, pad {pv}, {dtype}"
-
-
-def _check_backward(quant, x, w, sa, sw, bias, g, geo=None, ks=None):
-    if geo is None:
-        gx, gw, gs, gb = F.linear_backward(quant, x, w, sa, sw, g, bias)
-    else:
-        gx, gw, gs, gb = F.conv2d_backward(quant, x, w, sa, sw, g, bias, ks, geo.stride, geo.padding,
-                                           geo.dilation, geo.pad_value)
-    rx, rw, rs, rb = R.backward(quant, x, w, sa, sw, g, bias, geo, ks)
-    # a bound on the magnitudes of the summed terms, for the float64 summation-order allowance
-    total = float((g.double().abs().sum() * (w.double().abs().max() + 1) * (sa.double().abs() + sw.double().abs() + 1)))
-    assert_grad_close(gx, rx, x.dtype, "grad_x", total)
-    assert_grad_close(gw, rw, w.dtype if w.dtype.is_floating_point else torch.float32, "grad_weight", total)
-    assert_grad_close(gs, rs, sa.dtype, "grad_scale_a", total * (x.abs().max().double() + 1))
-    if bias is not None:
-        assert_grad_close(gb, rb, bias.dtype, "grad_bias_a", total)
-    else:
-        assert gb is None
 
 
 @pytest.mark.parametrize("quant", QUANTS)
