@@ -55,6 +55,18 @@ static inline float code_of(const struct bwd * b, float xp) {
 static void make_codes(const struct bwd * b) {
     const struct bie_geometry * g = b->g;
     const int64_t * xs = b->c->x.stride;
+    if (!b->c->is_conv && b->c->x.dtype == BIE_DTYPE_F32 && xs[1] == 1) {
+#pragma omp parallel for num_threads(b->threads)
+        for (int64_t n = 0; n < g->batch; n++) {
+            const float * src = (const float *)b->c->x.data + n * xs[0];
+            float * d = b->acode + n * g->C;
+            if (b->binary)
+                for (int64_t ch = 0; ch < g->C; ch++) d[ch] = src[ch] + b->bias[ch] >= 0.0f ? 1.0f : -1.0f;
+            else
+                for (int64_t ch = 0; ch < g->C; ch++) d[ch] = code_of(b, src[ch] + b->bias[ch]);
+        }
+        return;
+    }
     const int64_t planes = g->batch * g->C;
 #pragma omp parallel for num_threads(b->threads)
     for (int64_t pl = 0; pl < planes; pl++) {
@@ -66,12 +78,31 @@ static void make_codes(const struct bwd * b) {
     }
 }
 
+// True when element (c, i, j) of every weight row sits at offset c*kh*kw + i*kw + j.
+static bool weight_rows_dense(const struct bie_geometry * g, const int64_t * ws) {
+    return (g->C == 1 || ws[1] == g->kh * g->kw) && (g->kh == 1 || ws[2] == g->kw) && (g->kw == 1 || ws[3] == 1);
+}
+
 static void make_wf(const struct bwd * b) {
     const struct bie_geometry * g = b->g;
     const struct bie_tensor * w = &b->c->weight;
     const int64_t * ws = w->stride;
     const bool is_float = bie_dtype_is_float(w->dtype);
     const float sw = b->c->scale_w;
+    if (w->dtype == BIE_DTYPE_F32 && weight_rows_dense(g, ws)) {
+        const int64_t K = g->K;
+#pragma omp parallel for num_threads(b->threads)
+        for (int64_t o = 0; o < g->O; o++) {
+            const float * src = (const float *)w->data + o * ws[0];
+            float * d = b->wf + o * K;
+            if (b->binary) {
+                for (int64_t k = 0; k < K; k++) d[k] = src[k] >= 0.0f ? sw : -sw;
+            } else {
+                for (int64_t k = 0; k < K; k++) d[k] = (float)cpu_quantize1(src[k], sw, b->lo, b->hi) * sw;
+            }
+        }
+        return;
+    }
 #pragma omp parallel for num_threads(b->threads)
     for (int64_t o = 0; o < g->O; o++)
         for (int64_t ch = 0; ch < g->C; ch++)
@@ -153,38 +184,78 @@ static void col2im(const struct bwd * b, int64_t n0, int64_t nb, const float * d
     }
 }
 
-// grad_x, and the per-plane partials of grad_scale_a and grad_bias_a.
-static void finish_gx(const struct bwd * b, double * part_s, double * part_b) {
+// One element of the final pass: returns grad_x and adds its grad_scale_a term to *ssum.
+static inline float mask_one(const struct bwd * b, float xp, float gxi, double * ssum) {
+    const float r = xp / b->c->scale_a;
+    if (b->binary) {
+        const float out = fabsf(r) <= 1.0f ? gxi : 0.0f;
+        *ssum += (double)out * (xp >= 0.0f ? 1.0 : -1.0);
+        return out;
+    }
+    const float lo = (float)b->lo, hi = (float)b->hi;
+    const bool mid = r >= lo && r <= hi;
+    const double d = r < lo ? lo : r > hi ? hi : mid ? (double)bie_rne(r) - (double)r : 0.0;
+    *ssum += (double)gxi * d;
+    return mid ? gxi : 0.0f;
+}
+
+// Pass 1: b->gx becomes grad_x (masked, in place; stored to grad_x too) and part_s[seg] gets the
+// grad_scale_a partial of each segment (a row of a linear x, an (n, c) plane of a conv x).
+static void finish_gx(const struct bwd * b, double * part_s) {
     const struct bie_layer_call * c = b->c;
     const struct bie_geometry * g = b->g;
     const int64_t * xs = c->x.stride;
     const int64_t * gs = c->grad_x.stride;
+    if (!c->is_conv) {
+        const bool fast = c->x.dtype == BIE_DTYPE_F32 && xs[1] == 1 && c->grad_x.dtype == BIE_DTYPE_F32 && gs[1] == 1;
+#pragma omp parallel for num_threads(b->threads)
+        for (int64_t n = 0; n < g->batch; n++) {
+            float * gxp = b->gx + n * g->C;
+            double ssum = 0.0;
+            if (fast) {
+                const float * xr = (const float *)c->x.data + n * xs[0];
+                for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, xr[ch] + b->bias[ch], gxp[ch], &ssum);
+                if (c->grad_x.data) memcpy((float *)c->grad_x.data + n * gs[0], gxp, (size_t)g->C * sizeof(float));
+            } else {
+                for (int64_t ch = 0; ch < g->C; ch++) {
+                    gxp[ch] = mask_one(b, x_prime(b, n * xs[0] + ch * xs[1], ch), gxp[ch], &ssum);
+                    if (c->grad_x.data) store_float(&c->grad_x, n * gs[0] + ch * gs[1], gxp[ch]);
+                }
+            }
+            part_s[n] = ssum;
+        }
+        return;
+    }
     const int64_t planes = g->batch * g->C;
-    const float lo = (float)b->lo, hi = (float)b->hi, sa = c->scale_a;
 #pragma omp parallel for num_threads(b->threads)
     for (int64_t pl = 0; pl < planes; pl++) {
         const int64_t n = pl / g->C, ch = pl % g->C;
-        const float * gxp = b->gx + pl * g->H * g->W;
-        double ssum = 0.0, bsum = 0.0;
+        float * gxp = b->gx + pl * g->H * g->W;
+        double ssum = 0.0;
         for (int64_t h = 0; h < g->H; h++)
             for (int64_t w = 0; w < g->W; w++) {
-                const float xp = x_prime(b, n * xs[0] + ch * xs[1] + h * xs[2] + w * xs[3], ch);
-                const float r = xp / sa, gxi = gxp[h * g->W + w];
-                float out;
-                if (b->binary) {
-                    out = fabsf(r) <= 1.0f ? gxi : 0.0f;
-                    ssum += (double)out * (xp >= 0.0f ? 1.0 : -1.0);
-                } else {
-                    const bool mid = r >= lo && r <= hi;
-                    out = mid ? gxi : 0.0f;
-                    const double d = r < lo ? lo : r > hi ? hi : mid ? (double)bie_rne(r) - (double)r : 0.0;
-                    ssum += (double)gxi * d;
-                }
-                bsum += out;
-                if (c->grad_x.data) store_float(&c->grad_x, n * gs[0] + ch * gs[1] + h * gs[2] + w * gs[3], out);
+                float * v = gxp + h * g->W + w;
+                *v = mask_one(b, x_prime(b, n * xs[0] + ch * xs[1] + h * xs[2] + w * xs[3], ch), *v, &ssum);
+                if (c->grad_x.data) store_float(&c->grad_x, n * gs[0] + ch * gs[1] + h * gs[2] + w * gs[3], *v);
             }
         part_s[pl] = ssum;
-        part_b[pl] = bsum;
+    }
+}
+
+// Pass 2: grad_bias_a[c] = sum over n, then h, w of grad_x, each channel summed by one thread in a
+// fixed order.
+static void bias_grad(const struct bwd * b) {
+    const struct bie_layer_call * c = b->c;
+    const struct bie_geometry * g = b->g;
+    const int64_t hw = g->H * g->W;
+#pragma omp parallel for num_threads(b->threads)
+    for (int64_t ch = 0; ch < g->C; ch++) {
+        double s = 0.0;
+        for (int64_t n = 0; n < g->batch; n++) {
+            const float * p = b->gx + (n * g->C + ch) * hw;
+            for (int64_t i = 0; i < hw; i++) s += p[i];
+        }
+        store_float(&c->grad_bias_a, ch * c->grad_bias_a.stride[0], (float)s);
     }
 }
 
@@ -217,10 +288,11 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     const size_t sz_col = !linear && want_gw ? (size_t)(K * nb * P) * f : 0;
     const size_t sz_dcol = !linear && want_gx ? (size_t)(K * nb * P) * f : 0;
     const size_t sz_gw = want_gw && !gw_direct ? (size_t)(O * K) * f : 0;
-    const size_t sz_part = want_gx ? (size_t)(g->batch * g->C) * sizeof(double) : 0;
+    const int64_t nseg = linear ? g->batch : g->batch * g->C;
+    const size_t sz_part = want_gx ? (size_t)nseg * sizeof(double) : 0;
     const size_t total = cpu_arena_size(sz_bias) + cpu_arena_size(sz_acode) + cpu_arena_size(sz_wf) +
                          cpu_arena_size(sz_gx) + cpu_arena_size(sz_g) + cpu_arena_size(sz_col) +
-                         cpu_arena_size(sz_dcol) + cpu_arena_size(sz_gw) + 2 * cpu_arena_size(sz_part);
+                         cpu_arena_size(sz_dcol) + cpu_arena_size(sz_gw) + cpu_arena_size(sz_part);
     void * ws;
     enum bie_status st = bie_host_workspace(ctx, total, &ws);
     if (st != BIE_STATUS_OK) return st;
@@ -235,7 +307,6 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     float * gw = gw_direct ? (float *)c->grad_weight.data : cpu_arena_take(&ar, sz_gw);
     const int ldgw = gw_direct ? (int)gws[0] : (int)K;
     double * part_s = cpu_arena_take(&ar, sz_part);
-    double * part_b = cpu_arena_take(&ar, sz_part);
 
     cpu_bias_dense(&c->bias_a, g->C, b.bias);
     if (want_gw) make_codes(&b);
@@ -284,17 +355,12 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
             }
     }
     if (!want_gx) return BIE_STATUS_OK;
-    finish_gx(&b, part_s, part_b);
+    finish_gx(&b, part_s);
     if (c->grad_scale_a.data) {
         double s = 0.0;
-        for (int64_t i = 0; i < g->batch * g->C; i++) s += part_s[i];
+        for (int64_t i = 0; i < nseg; i++) s += part_s[i];
         store_float(&c->grad_scale_a, 0, (float)(s / sqrt((double)nx * (b.binary ? 1.0 : b.hi))));
     }
-    if (c->grad_bias_a.data)
-        for (int64_t ch = 0; ch < g->C; ch++) {
-            double s = 0.0;
-            for (int64_t n = 0; n < g->batch; n++) s += part_b[n * g->C + ch];
-            store_float(&c->grad_bias_a, ch * c->grad_bias_a.stride[0], (float)s);
-        }
+    if (c->grad_bias_a.data) bias_grad(&b);
     return BIE_STATUS_OK;
 }
