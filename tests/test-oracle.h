@@ -235,8 +235,9 @@ static inline void case_random(struct layer_case * c, const struct case_opts * o
         c->kh = kernels[kk][0];
         c->kw = kernels[kk][1];
         c->N = test_rand_int(1, 3);
-        c->C = test_rand_int(1, 13);
-        c->O = test_rand_int(1, 11);
+        const bool wide = test_rand_int(0, 9) == 0; // patches of several 64-bit words per tap row
+        c->C = wide ? test_rand_int(60, 130) : test_rand_int(1, 13);
+        c->O = wide ? test_rand_int(12, 40) : test_rand_int(1, 11);
         c->sh = test_rand_int(1, 3);
         c->sw = test_rand_int(1, 3);
         c->ph = test_rand_int(0, 3);
