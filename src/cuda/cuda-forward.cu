@@ -25,25 +25,28 @@ struct pack_src {
     struct dscale s;   // scale_a for x, scale_w for the weight
 };
 
-// One element's code: a bit (binary) or an int8 code; `c`, `tap` give the row position.
-__device__ __forceinline__ int src_code(const pack_src & p, float s, int64_t r0, int64_t r1, int64_t r2, int c,
-                                        int tap) {
+// Where the elements of one tap of a row live: the offset of (row, c = 0, tap) and whether the tap
+// lies inside the image (always for weights).
+__device__ __forceinline__ bool tap_base(const pack_src & p, int64_t r0, int64_t r1, int64_t r2, int tap,
+                                         int64_t * base) {
     const struct dgeom & g = p.g;
     const int i = tap / g.kw, j = tap % g.kw;
-    float v;
-    int dt = p.t.dtype;
     if (p.is_weight) {
-        v = ld_float(p.t.data, dt, dview_off4(p.t, r0, c, i, j));
-    } else {
-        const int64_t h = r1 * g.sh - g.ph + (int64_t)i * g.dh, w = r2 * g.sw - g.pw + (int64_t)j * g.dw;
-        if (h < 0 || h >= g.H || w < 0 || w >= g.W)
-            return p.quant == BIE_QUANT_BINARY && g.pad_value == BIE_PAD_PLUS_ONE ? 1 : 0;
-        v = ld_float(p.t.data, dt, dview_off4(p.t, r0, c, h, w));
-        if (p.bias.data) v = __fadd_rn(v, ld_float(p.bias.data, p.bias.dtype, c * p.bias.stride[3]));
+        *base = r0 * p.t.stride[0] + i * p.t.stride[2] + j * p.t.stride[3];
+        return true;
     }
+    const int64_t h = r1 * g.sh - g.ph + (int64_t)i * g.dh, w = r2 * g.sw - g.pw + (int64_t)j * g.dw;
+    *base = r0 * p.t.stride[0] + h * p.t.stride[2] + w * p.t.stride[3];
+    return h >= 0 && h < g.H && w >= 0 && w < g.W;
+}
+
+// The code of one element inside the image (or of the weight): a bit, or an int8 code.
+__device__ __forceinline__ int elem_code(const pack_src & p, float s, int64_t off, int c) {
+    float v = ld_float(p.t.data, p.t.dtype, off);
+    if (p.bias.data) v = __fadd_rn(v, ld_float(p.bias.data, p.bias.dtype, c * p.bias.stride[3]));
     if (p.quant == BIE_QUANT_BINARY) return v >= 0.0f ? 1 : 0; // B1: ld_float gives +-1
     const int lo = qlo(p.quant), hi = qhi(p.quant);
-    if (dt == BIE_DTYPE_I8 || dt == BIE_DTYPE_S4) return (int)fminf(fmaxf(v, (float)lo), (float)hi);
+    if (p.t.dtype == BIE_DTYPE_I8 || p.t.dtype == BIE_DTYPE_S4) return (int)fminf(fmaxf(v, (float)lo), (float)hi);
     return quant_code(v, s, lo, hi);
 }
 
@@ -52,9 +55,10 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
     const float s = ld_scale(p.s);
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    const int64_t K = p.g.K, C = p.g.C;
+    const int64_t K = p.g.K, C = p.g.C, sc = p.t.stride[1];
     const bool binary = p.quant == BIE_QUANT_BINARY;
     const int per_word = binary ? 32 : 4;
+    const int pad_code = binary && p.g.pad_value == BIE_PAD_PLUS_ONE ? 1 : 0;
     for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
         int64_t r0 = row, r1 = 0, r2 = 0;
         if (!p.is_weight) {
@@ -69,12 +73,15 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
             uint32_t word = 0;
             if (k0 < K) {
                 int tap = (int)(k0 / C), c = (int)(k0 % C);
-                for (int b = 0; b < per_word && k0 + b < K; b++) {
-                    const int q = src_code(p, s, r0, r1, r2, c, tap);
+                int64_t base;
+                bool inside = tap_base(p, r0, r1, r2, tap, &base);
+                const int nb = (int)(K - k0 < per_word ? K - k0 : per_word);
+                for (int b = 0; b < nb; b++) {
+                    const int q = inside ? elem_code(p, s, base + c * sc, c) : pad_code;
                     word |= binary ? (uint32_t)q << b : ((uint32_t)q & 0xffu) << (8 * b);
-                    if (++c == C) {
+                    if (++c == C && b + 1 < nb) {
                         c = 0;
-                        tap++;
+                        inside = tap_base(p, r0, r1, r2, ++tap, &base);
                     }
                 }
             }
