@@ -11,7 +11,7 @@
 // Binary panel layout (shared by activations and weights): one row per output pixel (A) or
 // output channel (B); a row holds the K = C*kh*kw codes in tap-major, channel-minor order
 // (OHWI for weights), each tap padded to Cb = ceil(C/8) bytes, bit c%8 of byte c/8 (LSB first,
-// bit 1 <=> +1); the row is zero-padded to KBp = round_up(kh*kw*Cb, 64) bytes. The padding bits are
+// bit 1 <=> +1); the row is zero-padded to KBp = round_up(kh*kw*Cb, 32) bytes. The padding bits are
 // 0 in both operands, so XOR ignores them and acc = K - 2*popc(a XOR w) exactly.
 // With `bin_split` the row is stored as two planes of KBp bytes: the low nibbles (byte & 15) and
 // then the high nibbles (byte >> 4), which saves the nibble extraction in pshufb-lookup kernels.
@@ -28,7 +28,7 @@
 #include <string.h>
 
 #define CPU_MR 4       // rows of every microkernel tile
-#define CPU_KB_ALIGN 64 // binary rows are padded to this many bytes
+#define CPU_KB_ALIGN 32 // binary rows are padded to this many bytes
 #define CPU_K16_ALIGN 32 // int16 rows are padded to this many elements
 #define CPU_K4_ALIGN 64  // 4-bit byte rows are padded to this many elements
 
@@ -38,7 +38,7 @@ struct cpu_kernels {
     bool bin_split; // binary panels hold nibble planes (see above)
     int i16_nr;     // columns of the int16 tile
     // c[i*ldc + j] = popcount(a_i XOR b_j) for i < CPU_MR, j < bin_nr; a_i = a + i*lda (bytes),
-    // b_j = b + j*ldb; kb = KBp (a multiple of 64) bytes per plane.
+    // b_j = b + j*ldb; kb = KBp (a multiple of 32) bytes per plane.
     void (*bin_tile)(const uint8_t * a, size_t lda, const uint8_t * b, size_t ldb, size_t kb,
                      int32_t * c, size_t ldc);
     // c[i*ldc + j] = sum_k a_i[k] * b_j[k] (int32, wrapping) for i < CPU_MR, j < i16_nr;
@@ -55,7 +55,7 @@ struct cpu_kernels {
     // out[i] = clamp(rne((x[i] + b_i) / scale), lo, hi) with b_i as above (f32 math).
     void (*quantize)(const float * x, const float * bias, float b0, int64_t n, float scale, int lo,
                      int hi, int16_t * out);
-    // lo[i] = in[i] & 15, hi[i] = in[i] >> 4 for i < n (n a multiple of 64).
+    // lo[i] = in[i] & 15, hi[i] = in[i] >> 4 for i < n (n a multiple of 32).
     void (*nibble_split)(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi);
 };
 
