@@ -14,4 +14,6 @@ const struct bie_backend_ops bie_cpu_backend = {
     .name = "cpu",
     .layer_forward = forward,
     .layer_backward = bie_cpu_layer_backward,
+    .pack = bie_cpu_pack,
+    .unpack = bie_cpu_unpack,
 };

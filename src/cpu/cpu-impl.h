@@ -157,3 +157,5 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
 enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_layer_call * call);
 enum bie_status bie_cpu_pack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
                              const struct bie_tensor * dst);
+enum bie_status bie_cpu_unpack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
+                               const struct bie_tensor * dst);
