@@ -8,6 +8,7 @@ from .autograd import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dCutlass
 from .layers import BieLayer, BinaryConv2d, BinaryLinear, Q4Conv2d, Q4Linear, Q8Conv2d, Q8Linear, set_data_parallel
 from .model_helper import bie_layers, pack_bie_layers, prepare_bie_layers, replace_layers
 from .optim import DiodeMix
+from .export import export_model
 from . import functional, reference
 
 __version__ = "0.1.0"
@@ -18,6 +19,6 @@ __all__ = [
     "BinaryLinearForward", "Q4LinearForward", "Q8LinearForward", "BinaryConv2dForward", "Q4Conv2dForward",
     "Q4Conv2dCutlassForward", "Q8Conv2dForward",
     "BieLayer", "BinaryLinear", "BinaryConv2d", "Q4Linear", "Q4Conv2d", "Q8Linear", "Q8Conv2d",
-    "prepare_bie_layers", "pack_bie_layers", "bie_layers", "replace_layers", "DiodeMix", "set_data_parallel",
+    "prepare_bie_layers", "pack_bie_layers", "bie_layers", "replace_layers", "DiodeMix", "set_data_parallel", "export_model",
     "functional", "reference",
 ]

@@ -22,7 +22,7 @@ modules), the weight gradient is accumulated there instead (see bie.optim.DiodeM
 import torch
 
 from . import functional as F
-from .functional import QUANT_BINARY, QUANT_INT4, QUANT_INT8, PAD_ZERO, PAD_MINUS_ONE
+from .functional import QUANT_BINARY, QUANT_INT4, QUANT_INT8, PAD_ZERO
 
 __all__ = ["BinaryLinearForward", "Q4LinearForward", "Q8LinearForward", "BinaryConv2dForward",
            "Q4Conv2dForward", "Q4Conv2dCutlassForward", "Q8Conv2dForward"]
@@ -128,9 +128,10 @@ def _conv(quant, default_pad):
     return _Conv
 
 
-class BinaryConv2dForward(_conv(QUANT_BINARY, PAD_MINUS_ONE)):
-    """Binary conv2d. Spatial padding taps are -1 by default (Bitorch Engine's and bitorch's
-    convention); pass pad_value=bie.PAD_ZERO for the float convolution of the +-1 tensors."""
+class BinaryConv2dForward(_conv(QUANT_BINARY, PAD_ZERO)):
+    """Binary conv2d. Spatial padding taps count 0 by default (the float convolution of the +-1
+    tensors with zero padding, as libbie and the bie model format do); pass
+    pad_value=bie.PAD_MINUS_ONE for Bitorch Engine's CPU convention (padded taps are -1)."""
 
 
 class Q4Conv2dForward(_conv(QUANT_INT4, PAD_ZERO)):

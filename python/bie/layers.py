@@ -28,7 +28,7 @@ import torch.nn as nn
 from . import functional as F
 from .autograd import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dForward, Q4LinearForward,
                        Q8Conv2dForward, Q8LinearForward)
-from .functional import PAD_MINUS_ONE, PAD_ZERO, QUANT_BINARY, QUANT_INT4, QUANT_INT8
+from .functional import PAD_ZERO, QUANT_BINARY, QUANT_INT4, QUANT_INT8
 
 __all__ = ["BinaryLinear", "Q4Linear", "Q8Linear", "BinaryConv2d", "Q4Conv2d", "Q8Conv2d", "BieLayer",
            "set_data_parallel"]
@@ -364,12 +364,13 @@ class _Conv2d(BieLayer):
 
 class BinaryConv2d(_Conv2d):
     """Binary conv2d (Bitorch Engine's BinaryConv2dCutlass, as a true cross-correlation).
-    pad_value: the value of the spatial padding taps, bie.PAD_MINUS_ONE (default, Bitorch
-    Engine's and bitorch's convention), bie.PAD_ZERO or bie.PAD_PLUS_ONE."""
+    pad_value: the value of the spatial padding taps: bie.PAD_ZERO (default: the float
+    convolution of the +-1 tensors, as in libbie and the bie model format), bie.PAD_MINUS_ONE
+    (Bitorch Engine's CPU convolution and bitorch's default) or bie.PAD_PLUS_ONE."""
 
     quant = QUANT_BINARY
 
-    def __init__(self, *args, pad_value=PAD_MINUS_ONE, **kwargs):
+    def __init__(self, *args, pad_value=PAD_ZERO, **kwargs):
         super().__init__(*args, **kwargs)
         self.pad_value = int(pad_value)
 
