@@ -16,6 +16,8 @@
 // are computed exactly as in the reference, so masked-out elements must be exactly zero.
 #include "test-cpu-common.h"
 
+#include "cpu/cpu-impl.h"
+
 static const int64_t k_list[] = {1, 7, 8, 9, 31, 33, 63, 64, 65, 127, 129, 511, 513, 1000};
 
 struct bcase {
@@ -247,6 +249,9 @@ int main(int argc, char ** argv) {
         }
     const int nconv = quick ? 20 : 150;
     for (int i = 0; i < nconv; i++) {
+        // Every other case in many small tasks and waves of grad_W partials.
+        bie_cpu_bwd_task_pixels = i % 2 ? 2048 : test_rand_int(1, 64);
+        bie_cpu_bwd_wave_max = i % 2 ? 16 : test_rand_int(1, 3);
         struct bcase bc;
         make_conv(&bc, qs[i % 3]);
         check_case(&bc, ref, cpu2, cpu1);

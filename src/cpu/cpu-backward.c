@@ -6,13 +6,16 @@
 // order, as the weight) and g = grad_y:
 //   linear (x [M][K]):  gx     = g[M][O] @ (w*scale_w)[O][K]                 (sgemm NN)
 //                       grad_W = scale_a * g^T[O][M] @ a[M][K]               (sgemm TN)
-//   conv, per chunk of samples: col[K][n*P] = im2col of a_pad (P = OH*OW; pads at their value),
+//                       (OpenBLAS threads: these are large GEMMs)
+//   conv, in tasks of a few samples on OpenMP threads, each with a one-thread sgemm:
+//                       col[K][n*P] = im2col of a_pad (P = OH*OW; pads at their value),
 //                       G[O][n*P] = g of those samples,
-//                       grad_W += scale_a * G @ col^T                         (sgemm NT)
+//                       part_t = scale_a * G @ col^T                         (sgemm NT)
 //                       dcol    = (w*scale_w)^T @ G;  gx = col2im(dcol)      (sgemm TN)
-// Then one pass over x (parallel over (n, c) planes) computes r = x'/scale_a, grad_x = gx * mask,
-// and per-plane double partials of the grad_scale_a and grad_bias_a sums, which are added in a
-// fixed order: the result does not depend on the thread count.
+//                       grad_W = the sum of the parts in task order
+// Then one pass over x computes r = x'/scale_a, grad_x = gx * mask and per-row / per-plane
+// double partials of grad_scale_a, added in a fixed order, and grad_bias_a sums each channel on
+// one thread: the result does not depend on the thread count.
 //
 // Accuracy: sgemm sums in f32 (in its own order) where the reference sums in double, so float
 // outputs differ from it by at most about n*eps_f32*sum|terms| (n terms per output; see
@@ -21,6 +24,10 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
+
+int64_t bie_cpu_bwd_task_pixels = 2048;
+int64_t bie_cpu_bwd_wave_max = 16;
 
 static void store_float(const struct bie_tensor * t, int64_t off, float v) {
     switch (t->dtype) {
@@ -118,13 +125,13 @@ static void make_wf(const struct bwd * b) {
 }
 
 // G[o][nl*P + p] = grad_y[n0 + nl, o, p] for nl < nb.
-static void gather_g(const struct bwd * b, int64_t n0, int64_t nb, float * G) {
+static void gather_g(const struct bwd * b, int64_t n0, int64_t nb, float * G, int nt) {
     const struct bie_geometry * g = b->g;
     const struct bie_tensor * gy = &b->c->grad_y;
     const int64_t * s = gy->stride;
     const int64_t P = g->OH * g->OW, ld = nb * P;
     const bool rows = gy->dtype == BIE_DTYPE_F32 && s[3] == 1 && s[2] == g->OW;
-#pragma omp parallel for num_threads(b->threads)
+#pragma omp parallel for num_threads(nt) if (nt > 1)
     for (int64_t t = 0; t < g->O * nb; t++) {
         const int64_t o = t / nb, nl = t % nb;
         float * d = G + o * ld + nl * P;
@@ -138,12 +145,11 @@ static void gather_g(const struct bwd * b, int64_t n0, int64_t nb, float * G) {
 }
 
 // col[k][nl*P + p] = a_pad at tap k = (c, i, j) of output pixel p of sample n0 + nl.
-static void im2col(const struct bwd * b, int64_t n0, int64_t nb, float * col) {
+static void im2col(const struct bwd * b, int64_t n0, int64_t nb, float * col) { // one thread
     const struct bie_geometry * g = b->g;
     const int64_t P = g->OH * g->OW, ld = nb * P;
     const float pad = !b->binary ? 0.0f : g->pad_value == BIE_PAD_MINUS_ONE ? -1.0f
                                       : g->pad_value == BIE_PAD_PLUS_ONE ? 1.0f : 0.0f;
-#pragma omp parallel for num_threads(b->threads)
     for (int64_t k = 0; k < g->K; k++) {
         const int64_t ch = k / (g->kh * g->kw), i = (k / g->kw) % g->kh, j = k % g->kw;
         for (int64_t nl = 0; nl < nb; nl++) {
@@ -160,11 +166,10 @@ static void im2col(const struct bwd * b, int64_t n0, int64_t nb, float * col) {
     }
 }
 
-// gx[n0 + nl, c] += sum over taps of dcol, one (sample, channel) plane per thread.
+// gx[n0 + nl, c] = sum over taps of dcol (one thread).
 static void col2im(const struct bwd * b, int64_t n0, int64_t nb, const float * dcol) {
     const struct bie_geometry * g = b->g;
     const int64_t P = g->OH * g->OW, ld = nb * P;
-#pragma omp parallel for num_threads(b->threads)
     for (int64_t t = 0; t < nb * g->C; t++) {
         const int64_t nl = t / g->C, ch = t % g->C;
         float * dst = b->gx + ((n0 + nl) * g->C + ch) * g->H * g->W;
@@ -259,6 +264,52 @@ static void bias_grad(const struct bwd * b) {
     }
 }
 
+// The conv's GEMMs, in tasks of nb samples on OpenMP threads, each calling a one-thread sgemm (one
+// threading runtime: OpenBLAS's own threads never compete with OpenMP's):
+//   task t: G_t = grad_y of its samples [O][cols]; col_t = im2col [K][cols];
+//           part_t = scale_a * G_t @ col_t^T;  dcol_t = (w*scale_w)^T @ G_t;  gx = col2im(dcol_t)
+//   grad_W = sum of part_t in task order (waves of `wave` tasks).
+static void conv_tasks(const struct bwd * b, int64_t nb, int64_t wave, float * work, float * parts, float * gw,
+                       int ldgw) {
+    const struct bie_layer_call * c = b->c;
+    const struct bie_geometry * g = b->g;
+    const int64_t K = g->K, O = g->O, P = g->OH * g->OW;
+    const int64_t ntask = (g->batch + nb - 1) / nb;
+    const size_t per_thread = cpu_round_up((size_t)((O + K) * nb * P) * sizeof(float), 64) / sizeof(float);
+    const bool want_gw = c->grad_weight.data != NULL;
+    const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
+    openblas_set_num_threads(1);
+    for (int64_t w0 = 0; w0 < ntask; w0 += wave) {
+        const int64_t w1 = w0 + wave < ntask ? w0 + wave : ntask;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(b->threads)
+        for (int64_t t = w0; t < w1; t++) {
+            float * G = work + (size_t)omp_get_thread_num() * per_thread;
+            float * col = G + O * nb * P;
+            const int64_t n0 = t * nb, cnt = g->batch - n0 < nb ? g->batch - n0 : nb;
+            const int cols = (int)(cnt * P);
+            gather_g(b, n0, cnt, G, 1);
+            if (want_gw) {
+                im2col(b, n0, cnt, col);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)O, (int)K, cols, c->scale_a, G, cols, col,
+                            cols, 0.0f, parts + (size_t)(t - w0) * (size_t)(O * K), (int)K);
+            }
+            if (want_gx) {
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, cols, (int)O, 1.0f, b->wf, (int)K, G,
+                            cols, 0.0f, col, cols);
+                col2im(b, n0, cnt, col);
+            }
+        }
+        if (!want_gw) continue;
+#pragma omp parallel for num_threads(b->threads)
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t k = 0; k < K; k++) {
+                float v = w0 == 0 ? 0.0f : gw[o * ldgw + k];
+                for (int64_t t = 0; t < w1 - w0; t++) v += parts[(size_t)t * (size_t)(O * K) + (size_t)(o * K + k)];
+                gw[o * ldgw + k] = v;
+            }
+    }
+}
+
 enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {
     if (c->device_type != BIE_DEVICE_CPU || !c->scales_on_host) return BIE_DECLINED;
     const struct bie_geometry * g = &c->g;
@@ -269,10 +320,19 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
                     .lo = bie_quant_lo(c->quant), .hi = bie_quant_hi(c->quant)};
     const int64_t K = g->K, O = g->O, P = g->OH * g->OW, nx = g->batch * g->C * g->H * g->W;
     const bool linear = !c->is_conv;
-    // Conv: samples per chunk, so that a [K][n*P] column matrix stays near 32 MiB.
-    int64_t nb = linear ? g->batch : (int64_t)((32u << 20) / sizeof(float) / (size_t)(K * P));
+    // Conv tasks: `nb` samples each (about 2048 output pixels, and a [K][nb*P] column matrix of at most
+    // 4 Mi floats); grad_W partials of `wave` tasks at a time (at most 64 MiB), added in task order.
+    // Both depend on the shape only, so the result does not depend on the thread count.
+    int64_t nb = (bie_cpu_bwd_task_pixels + P - 1) / P;
+    if (nb * K * P > ((int64_t)4 << 20)) nb = ((int64_t)4 << 20) / (K * P);
     if (nb < 1) nb = 1;
     if (nb > g->batch) nb = g->batch;
+    const int64_t ntask = (g->batch + nb - 1) / nb;
+    int64_t wave = ((int64_t)64 << 20) / (int64_t)sizeof(float) / (O * K);
+    if (wave > bie_cpu_bwd_wave_max) wave = bie_cpu_bwd_wave_max;
+    if (wave < 1) wave = 1;
+    if (wave > ntask) wave = ntask;
+    const int nthr = b.threads;
     // grad_W straight into grad_weight when it is a dense f32 [O][K] row block.
     const int64_t * gws = c->grad_weight.stride;
     const bool gw_direct = want_gw && c->grad_weight.dtype == BIE_DTYPE_F32 &&
@@ -284,15 +344,16 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     const size_t sz_gx = want_gx ? (size_t)nx * f : 0;
     const bool g_rows = linear && c->grad_y.dtype == BIE_DTYPE_F32 && c->grad_y.stride[1] == 1 &&
                         (g->batch == 1 || c->grad_y.stride[0] >= O);
-    const size_t sz_g = g_rows ? 0 : (size_t)(O * nb * P) * f;
-    const size_t sz_col = !linear && want_gw ? (size_t)(K * nb * P) * f : 0;
-    const size_t sz_dcol = !linear && want_gx ? (size_t)(K * nb * P) * f : 0;
+    // Per-thread work buffer (conv: G [O][nb*P] and col [K][nb*P]); linear: G [O][M] unless g_rows.
+    const size_t sz_work = linear ? (g_rows ? 0 : (size_t)(O * g->batch) * f)
+                                  : (size_t)nthr * cpu_round_up((size_t)((O + K) * nb * P) * f, 64);
+    const size_t sz_parts = !linear && want_gw ? (size_t)(wave * O * K) * f : 0;
     const size_t sz_gw = want_gw && !gw_direct ? (size_t)(O * K) * f : 0;
     const int64_t nseg = linear ? g->batch : g->batch * g->C;
     const size_t sz_part = want_gx ? (size_t)nseg * sizeof(double) : 0;
     const size_t total = cpu_arena_size(sz_bias) + cpu_arena_size(sz_acode) + cpu_arena_size(sz_wf) +
-                         cpu_arena_size(sz_gx) + cpu_arena_size(sz_g) + cpu_arena_size(sz_col) +
-                         cpu_arena_size(sz_dcol) + cpu_arena_size(sz_gw) + cpu_arena_size(sz_part);
+                         cpu_arena_size(sz_gx) + cpu_arena_size(sz_work) + cpu_arena_size(sz_parts) +
+                         cpu_arena_size(sz_gw) + cpu_arena_size(sz_part);
     void * ws;
     enum bie_status st = bie_host_workspace(ctx, total, &ws);
     if (st != BIE_STATUS_OK) return st;
@@ -301,9 +362,8 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     b.acode = cpu_arena_take(&ar, sz_acode);
     b.wf = cpu_arena_take(&ar, sz_wf);
     b.gx = cpu_arena_take(&ar, sz_gx);
-    float * G = cpu_arena_take(&ar, sz_g);
-    float * col = cpu_arena_take(&ar, sz_col);
-    float * dcol = cpu_arena_take(&ar, sz_dcol);
+    float * work = cpu_arena_take(&ar, sz_work);
+    float * parts = cpu_arena_take(&ar, sz_parts);
     float * gw = gw_direct ? (float *)c->grad_weight.data : cpu_arena_take(&ar, sz_gw);
     const int ldgw = gw_direct ? (int)gws[0] : (int)K;
     double * part_s = cpu_arena_take(&ar, sz_part);
@@ -311,40 +371,29 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     cpu_bias_dense(&c->bias_a, g->C, b.bias);
     if (want_gw) make_codes(&b);
     if (want_gx) make_wf(&b);
-    openblas_set_num_threads(b.threads);
-    for (int64_t n0 = 0; n0 < g->batch; n0 += nb) {
-        const int64_t cnt = g->batch - n0 < nb ? g->batch - n0 : nb, cols = cnt * P;
-        if (linear && g_rows) { // grad_y is a dense-row f32 [M][O]
-            const float * gy = c->grad_y.data;
-            const int ld = (int)(g->batch == 1 ? O : c->grad_y.stride[0]);
-            if (want_gx)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)cols, (int)K, (int)O, 1.0f, gy, ld,
-                            b.wf, (int)K, 0.0f, b.gx, (int)K);
-            if (want_gw)
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)K, (int)cols, c->scale_a, gy, ld,
-                            b.acode, (int)K, 0.0f, gw, ldgw);
-            continue;
-        }
-        gather_g(&b, n0, cnt, G);
-        if (linear) { // G is [O][M]: G^T is the [M][O] grad_y
-            if (want_gx)
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)cols, (int)K, (int)O, 1.0f, G,
-                            (int)cols, b.wf, (int)K, 0.0f, b.gx, (int)K);
-            if (want_gw)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)O, (int)K, (int)cols, c->scale_a, G,
-                            (int)cols, b.acode, (int)K, 0.0f, gw, ldgw);
-            continue;
-        }
-        if (want_gw) {
-            im2col(&b, n0, cnt, col);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)O, (int)K, (int)cols, c->scale_a, G,
-                        (int)cols, col, (int)cols, n0 == 0 ? 0.0f : 1.0f, gw, ldgw);
-        }
-        if (want_gx) {
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, (int)cols, (int)O, 1.0f, b.wf, (int)K,
-                        G, (int)cols, 0.0f, dcol, (int)cols);
-            col2im(&b, n0, cnt, dcol);
-        }
+    if (!linear) {
+        conv_tasks(&b, nb, wave, work, parts, gw, ldgw);
+    } else if (g_rows) { // grad_y is a dense-row f32 [M][O]
+        openblas_set_num_threads(b.threads);
+        const float * gy = c->grad_y.data;
+        const int ld = (int)(g->batch == 1 ? O : c->grad_y.stride[0]), M = (int)g->batch;
+        if (want_gx)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, (int)K, (int)O, 1.0f, gy, ld, b.wf, (int)K,
+                        0.0f, b.gx, (int)K);
+        if (want_gw)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)K, M, c->scale_a, gy, ld, b.acode,
+                        (int)K, 0.0f, gw, ldgw);
+    } else { // G = grad_y^T as a dense [O][M]
+        openblas_set_num_threads(b.threads);
+        float * G = work;
+        const int M = (int)g->batch;
+        gather_g(&b, 0, g->batch, G, b.threads);
+        if (want_gx)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, (int)K, (int)O, 1.0f, G, M, b.wf, (int)K, 0.0f,
+                        b.gx, (int)K);
+        if (want_gw)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)O, (int)K, M, c->scale_a, G, M, b.acode,
+                        (int)K, 0.0f, gw, ldgw);
     }
     if (want_gw && !gw_direct) {
         const int64_t * s = gws;

@@ -151,6 +151,11 @@ struct cpu_gemm {
 size_t cpu_gemm_workspace(int threads);
 void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool parallel_stores);
 
+// Task sizes of the conv backward (output pixels per task; grad_W partials per wave). Shape-only
+// constants; tests lower them to exercise many tasks and waves.
+extern int64_t bie_cpu_bwd_task_pixels;
+extern int64_t bie_cpu_bwd_wave_max;
+
 // Operators.
 enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_layer_call * call);
 enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer_call * call);

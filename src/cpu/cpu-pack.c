@@ -98,8 +98,8 @@ enum bie_status bie_cpu_unpack(bie_context_t * ctx, const struct bie_tensor * sr
         } else if (src->dtype == BIE_DTYPE_S4) {
             const uint8_t * s = (const uint8_t *)src->data + so / 2;
             for (int64_t i = 0; i < cols; i++) {
-                const int8_t b = (int8_t)s[i / 2];
-                y[i] = (float)(i % 2 ? (int8_t)(uint8_t)(b << 4) >> 4 : b >> 4) * scale;
+                const uint8_t byte = s[i / 2];
+                y[i] = (float)(i % 2 ? (int8_t)(uint8_t)(byte << 4) >> 4 : (int8_t)byte >> 4) * scale;
             }
         } else {
             const int8_t * s = (const int8_t *)src->data + so;
