@@ -18,6 +18,16 @@
 
 #define BIE_ERROR_CAP 512
 
+// Returns from the calling function with the status of expr unless it is BIE_STATUS_OK.
+#define BIE_TRY(expr)                                                                              \
+    do {                                                                                           \
+        enum bie_status bie_try_status_ = (expr);                                                  \
+        if (bie_try_status_ != BIE_STATUS_OK) return bie_try_status_;                              \
+    } while (0)
+
+// Returns BIE_STATUS_INVALID_ARGUMENT with a printf-style message; needs `ctx` in scope.
+#define BIE_FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
+
 struct bie_cuda_state; // owned by src/cuda
 
 struct bie_context {

@@ -285,17 +285,12 @@ static enum bie_status forward(bie_context_t * ctx, const struct bie_linear_desc
     return dispatch(ctx, &c, false);
 }
 
-static enum bie_status grad_view(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
-                                 const struct bie_tensor * t, const struct bie_tensor * like,
-                                 struct bie_tensor * out, bool linear_rows) {
-    if (!t) return BIE_STATUS_OK;
+// Checks a gradient output: a well-formed, dense-enough float tensor on the call's device.
+static enum bie_status grad_check(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
+                                  const struct bie_tensor * t) {
     TRY(bie_check_tensor(ctx, name, t, false));
     TRY(check_device(ctx, c, name, t));
-    TRY(check_float(ctx, name, t));
-    if (linear_rows) return linear_view(ctx, name, t, like, like->shape[like->ndim - 1], out);
-    TRY(check_shape(ctx, name, t, like->ndim, like->shape));
-    *out = *t;
-    return BIE_STATUS_OK;
+    return check_float(ctx, name, t);
 }
 
 static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_desc * lin,
@@ -309,26 +304,30 @@ static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_des
     if (a->x->dtype == BIE_DTYPE_B1) FAIL("x: the backward pass needs the float input, not b1");
     TRY(out_view(ctx, &c, "grad_y", a->grad_y, a->x, &c.grad_y, false));
     TRY(check_float(ctx, "grad_y", a->grad_y));
-    TRY(grad_view(ctx, &c, "grad_x", a->grad_x, a->x, &c.grad_x, !c.is_conv));
-    if (a->grad_weight) {
-        TRY(grad_view(ctx, &c, "grad_weight", a->grad_weight, a->weight, &c.grad_weight, false));
-        if (!c.is_conv) {
-            const int64_t s[4] = {c.g.O, c.g.C, 1, 1};
-            const int64_t st[4] = {a->grad_weight->stride[0], a->grad_weight->stride[1], 0, 0};
-            view4(&c.grad_weight, a->grad_weight, s, st);
+    if (a->grad_x) {
+        TRY(grad_check(ctx, &c, "grad_x", a->grad_x));
+        if (c.is_conv) {
+            TRY(check_shape(ctx, "grad_x", a->grad_x, 4, a->x->shape));
+            c.grad_x = *a->grad_x;
+        } else {
+            TRY(linear_view(ctx, "grad_x", a->grad_x, a->x, c.g.C, &c.grad_x));
         }
     }
+    if (a->grad_weight) {
+        TRY(grad_check(ctx, &c, "grad_weight", a->grad_weight));
+        TRY(check_shape(ctx, "grad_weight", a->grad_weight, a->weight->ndim, a->weight->shape));
+        const int64_t s[4] = {c.g.O, c.g.C, 1, 1};
+        const int64_t st[4] = {a->grad_weight->stride[0], a->grad_weight->stride[1], 0, 0};
+        if (c.is_conv) c.grad_weight = *a->grad_weight;
+        else view4(&c.grad_weight, a->grad_weight, s, st);
+    }
     if (a->grad_bias_a) {
-        TRY(bie_check_tensor(ctx, "grad_bias_a", a->grad_bias_a, false));
-        TRY(check_device(ctx, &c, "grad_bias_a", a->grad_bias_a));
-        TRY(check_float(ctx, "grad_bias_a", a->grad_bias_a));
+        TRY(grad_check(ctx, &c, "grad_bias_a", a->grad_bias_a));
         TRY(check_shape(ctx, "grad_bias_a", a->grad_bias_a, 1, &c.g.C));
         c.grad_bias_a = *a->grad_bias_a;
     }
     if (a->grad_scale_a) {
-        TRY(bie_check_tensor(ctx, "grad_scale_a", a->grad_scale_a, false));
-        TRY(check_device(ctx, &c, "grad_scale_a", a->grad_scale_a));
-        TRY(check_float(ctx, "grad_scale_a", a->grad_scale_a));
+        TRY(grad_check(ctx, &c, "grad_scale_a", a->grad_scale_a));
         if (bie_tensor_numel(a->grad_scale_a) != 1) FAIL("grad_scale_a: must hold exactly one element");
         c.grad_scale_a = *a->grad_scale_a;
     }
