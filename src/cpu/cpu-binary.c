@@ -22,8 +22,10 @@ struct bin_plan {
     const struct bie_layer_call * c;
     const struct cpu_kernels * kern;
     int64_t Cb, T, KB, KBp, M, N, Mp, Np;
-    size_t rowb; // bytes per panel row: KBp, or 2*KBp when split
+    size_t rowb;        // bytes per A row: KBp, or 2*KBp when split
+    size_t group_bytes; // bytes per B group of bin_nr columns
     uint8_t * xb;
+    uint8_t * wrows; // [Np][KBp] unsplit weight rows, before interleaving
     uint8_t * A;
     uint8_t * B;
     int32_t * S;  // [Np][T], only when pad_mult != 0
@@ -111,8 +113,8 @@ static inline void put_row(const struct bin_plan * pl, const uint8_t * row, uint
         memcpy(dst, row, (size_t)pl->KBp);
 }
 
-// Step 2: weight rows (OHWI bits) and the tap sums S.
-static void pack_weights(const struct bin_plan * pl, int threads, uint8_t * rows_ws) {
+// Step 2: weight rows (OHWI bits), the tap sums S, and the interleaved B groups.
+static void pack_weights(const struct bin_plan * pl, int threads) {
     const struct bie_layer_call * c = pl->c;
     const struct bie_geometry * g = &c->g;
     const struct bie_tensor * w = &c->weight;
@@ -124,33 +126,51 @@ static void pack_weights(const struct bin_plan * pl, int threads, uint8_t * rows
     const bool f32_rows = w->dtype == BIE_DTYPE_F32 && ws[1] == 1;
 #pragma omp parallel for num_threads(threads)
     for (int64_t o = 0; o < pl->Np; o++) {
-        uint8_t * row = pl->kern->bin_split ? rows_ws + (size_t)omp_get_thread_num() * pl->KBp
-                                            : pl->B + (size_t)o * pl->rowb;
+        uint8_t * row = pl->wrows + (size_t)o * pl->KBp;
         memset(row, 0, (size_t)pl->KBp);
-        if (o < g->O) {
-            for (int64_t t = 0; t < T; t++) {
-                const int64_t off = o * ws[0] + (t / g->kw) * ws[2] + (t % g->kw) * ws[3];
-                uint8_t * d = row + t * Cb;
-                if (b1_bytes) {
-                    memcpy(d, (const uint8_t *)w->data + off / 8, (size_t)Cb);
-                    d[Cb - 1] &= tail_mask;
-                } else if (f32_rows) {
-                    pl->kern->sign_bits((const float *)w->data + off, NULL, 0.0f, C, d);
-                } else if (w->dtype == BIE_DTYPE_I8 && ws[1] == 1) {
-                    const int8_t * src = (const int8_t *)w->data + off;
-                    for (int64_t ch = 0; ch < C; ch++) d[ch / 8] |= (uint8_t)((src[ch] >= 0) << (ch % 8));
+        if (o >= g->O) continue;
+        for (int64_t t = 0; t < T; t++) {
+            const int64_t off = o * ws[0] + (t / g->kw) * ws[2] + (t % g->kw) * ws[3];
+            uint8_t * d = row + t * Cb;
+            if (b1_bytes) {
+                memcpy(d, (const uint8_t *)w->data + off / 8, (size_t)Cb);
+                d[Cb - 1] &= tail_mask;
+            } else if (f32_rows) {
+                pl->kern->sign_bits((const float *)w->data + off, NULL, 0.0f, C, d);
+            } else if (w->dtype == BIE_DTYPE_I8 && ws[1] == 1) {
+                const int8_t * src = (const int8_t *)w->data + off;
+                for (int64_t ch = 0; ch < C; ch++) d[ch / 8] |= (uint8_t)((src[ch] >= 0) << (ch % 8));
+            } else {
+                for (int64_t ch = 0; ch < C; ch++)
+                    d[ch / 8] |= (uint8_t)((cpu_load(w, off + ch * ws[1]) >= 0.0f) << (ch % 8));
+            }
+            if (pl->pad_mult) {
+                int64_t pc = 0;
+                for (int64_t b = 0; b < Cb; b++) pc += __builtin_popcount(d[b]);
+                pl->S[o * T + t] = (int32_t)(2 * pc - C);
+            }
+        }
+    }
+    // Interleave: word w of column j of group gi at B + gi*group_bytes + (w*nr + j)*8 (lo plane;
+    // the hi plane follows at + kw*nr*8 when split).
+    const int64_t nr = pl->kern->bin_nr, kw = pl->KBp / 8, groups = pl->Np / nr;
+    const uint64_t lo4 = 0x0f0f0f0f0f0f0f0full;
+#pragma omp parallel for num_threads(threads)
+    for (int64_t gi = 0; gi < groups; gi++) {
+        uint64_t * dst = (uint64_t *)(pl->B + (size_t)gi * pl->group_bytes);
+        for (int64_t j = 0; j < nr; j++) {
+            const uint8_t * row = pl->wrows + (size_t)(gi * nr + j) * pl->KBp;
+            for (int64_t wi = 0; wi < kw; wi++) {
+                uint64_t v;
+                memcpy(&v, row + wi * 8, 8);
+                if (pl->kern->bin_split) {
+                    dst[wi * nr + j] = v & lo4;
+                    dst[kw * nr + wi * nr + j] = (v >> 4) & lo4;
                 } else {
-                    for (int64_t ch = 0; ch < C; ch++)
-                        d[ch / 8] |= (uint8_t)((cpu_load(w, off + ch * ws[1]) >= 0.0f) << (ch % 8));
-                }
-                if (pl->pad_mult) {
-                    int64_t pc = 0;
-                    for (int64_t b = 0; b < Cb; b++) pc += __builtin_popcount(d[b]);
-                    pl->S[o * T + t] = (int32_t)(2 * pc - C);
+                    dst[wi * nr + j] = v;
                 }
             }
         }
-        put_row(pl, row, pl->B + (size_t)o * pl->rowb);
     }
 }
 
@@ -217,7 +237,8 @@ enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_lay
     pl.M = g->batch * g->OH * g->OW;
     pl.N = g->O;
     pl.Mp = (int64_t)cpu_round_up((size_t)pl.M, CPU_MR);
-    pl.Np = (int64_t)cpu_round_up((size_t)pl.N, 8);
+    pl.Np = (int64_t)cpu_round_up((size_t)pl.N, 16);
+    pl.group_bytes = (size_t)pl.KBp * (size_t)pl.kern->bin_nr * (pl.kern->bin_split ? 2 : 1);
     pl.pad_mult = (g->ph > 0 || g->pw > 0) ? (g->pad_value == BIE_PAD_ZERO ? 1 : g->pad_value == BIE_PAD_PLUS_ONE ? 2 : 0) : 0;
     cpu_epilogue_init(&pl.ep, c);
 
@@ -225,13 +246,14 @@ enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_lay
     const size_t sz_xb = (size_t)(g->batch * g->H * g->W * pl.Cb);
     const size_t sz_tmp = (size_t)threads * cpu_round_up((size_t)(pl.Cb * 8 * Wb), 64);
     const size_t sz_rows = (size_t)threads * (size_t)pl.KBp;
-    const size_t sz_a = (size_t)pl.Mp * pl.rowb, sz_b = (size_t)pl.Np * pl.rowb;
+    const size_t sz_a = (size_t)pl.Mp * pl.rowb, sz_b = (size_t)(pl.Np / pl.kern->bin_nr) * pl.group_bytes;
+    const size_t sz_wrows = (size_t)pl.Np * (size_t)pl.KBp;
     const size_t sz_s = pl.pad_mult ? (size_t)(pl.Np * pl.T) * sizeof(int32_t) : 0;
     const size_t sz_bias = (size_t)g->C * sizeof(float);
     const size_t sz_tiles = cpu_gemm_workspace(threads);
     const size_t total = cpu_arena_size(sz_xb) + cpu_arena_size(sz_tmp) + cpu_arena_size(sz_rows) +
                          cpu_arena_size(sz_a) + cpu_arena_size(sz_b) + cpu_arena_size(sz_s) +
-                         cpu_arena_size(sz_bias) + cpu_arena_size(sz_tiles);
+                         cpu_arena_size(sz_bias) + cpu_arena_size(sz_tiles) + cpu_arena_size(sz_wrows);
     void * ws;
     enum bie_status st = bie_host_workspace(ctx, total, &ws);
     if (st != BIE_STATUS_OK) return st;
@@ -244,14 +266,15 @@ enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_lay
     pl.S = cpu_arena_take(&ar, sz_s);
     float * bias = cpu_arena_take(&ar, sz_bias);
     void * tiles = cpu_arena_take(&ar, sz_tiles);
+    pl.wrows = cpu_arena_take(&ar, sz_wrows);
 
     if (c->bias_a.data) cpu_bias_dense(&c->bias_a, g->C, bias);
     pack_x_bits(&pl, c->bias_a.data ? bias : NULL, threads, tmp);
-    pack_weights(&pl, threads, rows);
+    pack_weights(&pl, threads);
     pack_activations(&pl, threads, rows);
 
     const struct cpu_gemm job = {
-        .kern = pl.kern, .kind = 1, .a = pl.A, .b = pl.B, .lda = pl.rowb, .ldb = pl.rowb,
+        .kern = pl.kern, .kind = 1, .a = pl.A, .b = pl.B, .lda = pl.rowb, .ldb = pl.group_bytes / (size_t)pl.kern->bin_nr,
         .k = (size_t)pl.KBp, .M = pl.M, .N = pl.N, .finish = finish_tile, .finish_ctx = &pl,
     };
     cpu_gemm_run(&job, threads, tiles, cpu_epilogue_parallel_safe(&pl.ep));

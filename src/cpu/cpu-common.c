@@ -41,7 +41,7 @@ void cpu_bias_dense(const struct bie_tensor * bias, int64_t C, float * out) {
 }
 
 // Tile sizes of the GEMM driver: MB rows (a multiple of CPU_MR) by at most NB_MAX columns (a
-// multiple of 8, so that tiles of a B1 output own whole bytes).
+// multiple of 16: whole B groups of every binary kernel, and whole bytes of a B1 output).
 #define MB 64
 #define NB_MAX 256
 
@@ -50,10 +50,10 @@ size_t cpu_gemm_workspace(int threads) { return (size_t)threads * MB * NB_MAX * 
 void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool parallel_stores) {
     const int nr = job->kind == 1 ? job->kern->bin_nr : job->kern->i16_nr;
     const int64_t mtiles = (job->M + MB - 1) / MB;
-    int64_t nb = (int64_t)cpu_round_up((size_t)job->N, 8);
+    int64_t nb = (int64_t)cpu_round_up((size_t)job->N, 16);
     if (nb > NB_MAX) nb = NB_MAX;
     // Enough tiles for every thread (small M: split N finer, down to 16 columns).
-    while (nb > 16 && mtiles * ((job->N + nb - 1) / nb) < 2 * threads) nb = (int64_t)cpu_round_up((size_t)nb / 2, 8);
+    while (nb > 16 && mtiles * ((job->N + nb - 1) / nb) < 2 * threads) nb = (int64_t)cpu_round_up((size_t)nb / 2, 16);
     const int64_t ntiles = (job->N + nb - 1) / nb;
     const int64_t tiles = mtiles * ntiles;
     if (!parallel_stores) threads = 1;
@@ -73,7 +73,7 @@ void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool
                 const uint8_t * ap = (const uint8_t *)job->a + (size_t)(m0 + i) * job->lda * esz;
                 int32_t * cp = acc + (size_t)i * ldacc + (size_t)j;
                 if (job->kind == 1)
-                    job->kern->bin_tile(ap, job->lda, bp, job->ldb, job->k, cp, ldacc);
+                    job->kern->bin_tile(ap, job->lda, bp, job->k, cp, ldacc);
                 else if (job->kind == 4)
                     job->kern->u4s4_tile(ap, job->lda, (const int8_t *)bp, job->ldb, job->k, cp, ldacc);
                 else

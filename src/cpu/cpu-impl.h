@@ -8,14 +8,18 @@
 // (cpu-kernels-scalar.c, -avx2.c, -avx512.c, -avx512vpopcnt.c), each compiled with its own flags;
 // bie_cpu_kernels() picks the table for the context's ISA (ctx->isa) at run time.
 //
-// Binary panel layout (shared by activations and weights): one row per output pixel (A) or
-// output channel (B); a row holds the K = C*kh*kw codes in tap-major, channel-minor order
-// (OHWI for weights), each tap padded to Cb = ceil(C/8) bytes, bit c%8 of byte c/8 (LSB first,
-// bit 1 <=> +1); the row is zero-padded to KBp = round_up(kh*kw*Cb, 32) bytes. The padding bits are
-// 0 in both operands, so XOR ignores them and acc = K - 2*popc(a XOR w) exactly.
-// With `bin_split` the row is stored as two planes of KBp bytes: the low nibbles (byte & 15) and
-// then the high nibbles (byte >> 4), which saves the nibble extraction in pshufb-lookup kernels.
-// Panels have a multiple of 4 rows (zero rows at the end).
+// Binary panel layout. The K = C*kh*kw codes of a row (output pixel) or column (output channel) are
+// in tap-major, channel-minor order (OHWI for weights), each tap padded to Cb = ceil(C/8) bytes,
+// bit c%8 of byte c/8 (LSB first, bit 1 <=> +1), zero-padded to KBp = round_up(kh*kw*Cb, 8) bytes,
+// i.e. kw = KBp/8 64-bit words. The padding bits are 0 in both operands, so XOR ignores them and
+// acc = K - 2*popc(a XOR w) exactly.
+//   A (activations): one row per output pixel, Mp = round_up(M, 4) rows.
+//   B (weights): groups of bin_nr columns, word-interleaved: word w of column j of group g at
+//     B + g*group_bytes + (w*bin_nr + j)*8, so that one vector load gives word w of bin_nr columns
+//     and the microkernel broadcasts A's word against it (outer-product form: no horizontal sums).
+// With `bin_split` every word is stored as two words: its low nibbles (byte & 15) and its high
+// nibbles (byte >> 4), in two planes (A: a row's lo plane of KBp bytes then its hi plane; B: a
+// group's lo words then its hi words), which saves the nibble extraction in pshufb-lookup kernels.
 //
 // n-bit panel layout: same K order (no per-tap padding). 8-bit: the codes as int16, rows
 // zero-padded to Kp = round_up(K, 32) elements. 4-bit: activations as bytes code + 8 (in [0, 15]),
@@ -28,19 +32,18 @@
 #include <string.h>
 
 #define CPU_MR 4       // rows of every microkernel tile
-#define CPU_KB_ALIGN 32 // binary rows are padded to this many bytes
+#define CPU_KB_ALIGN 8  // binary rows are padded to this many bytes (whole 64-bit words)
 #define CPU_K16_ALIGN 32 // int16 rows are padded to this many elements
 #define CPU_K4_ALIGN 64  // 4-bit byte rows are padded to this many elements
 
 struct cpu_kernels {
     enum bie_cpu_isa isa;
-    int bin_nr;     // columns of the binary tile
+    int bin_nr;     // columns of the binary tile (and of a B group): 4, 8 or 16
     bool bin_split; // binary panels hold nibble planes (see above)
     int i16_nr;     // columns of the int16 tile
-    // c[i*ldc + j] = popcount(a_i XOR b_j) for i < CPU_MR, j < bin_nr; a_i = a + i*lda (bytes),
-    // b_j = b + j*ldb; kb = KBp (a multiple of 32) bytes per plane.
-    void (*bin_tile)(const uint8_t * a, size_t lda, const uint8_t * b, size_t ldb, size_t kb,
-                     int32_t * c, size_t ldc);
+    // c[i*ldc + j] = popcount(a_i XOR b_j) for i < CPU_MR, j < bin_nr; a_i = a + i*lda (bytes), b
+    // the B group; kb = KBp bytes per plane (a multiple of 8).
+    void (*bin_tile)(const uint8_t * a, size_t lda, const uint8_t * b, size_t kb, int32_t * c, size_t ldc);
     // c[i*ldc + j] = sum_k a_i[k] * b_j[k] (int32, wrapping) for i < CPU_MR, j < i16_nr;
     // k a multiple of 32; lda/ldb in elements.
     void (*i16_tile)(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k,
@@ -55,7 +58,7 @@ struct cpu_kernels {
     // out[i] = clamp(rne((x[i] + b_i) / scale), lo, hi) with b_i as above (f32 math).
     void (*quantize)(const float * x, const float * bias, float b0, int64_t n, float scale, int lo,
                      int hi, int16_t * out);
-    // lo[i] = in[i] & 15, hi[i] = in[i] >> 4 for i < n (n a multiple of 32).
+    // lo[i] = in[i] & 15, hi[i] = in[i] >> 4 for i < n (n a multiple of 8).
     void (*nibble_split)(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi);
 };
 
@@ -65,8 +68,6 @@ extern const struct cpu_kernels bie_cpu_kernels_avx512;
 extern const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt;
 
 // The AVX-512 kernels that the VPOPCNTDQ table shares (cpu-kernels-avx512.c).
-void bie_cpu_bin_tile_4x4__avx512(const uint8_t * a, size_t lda, const uint8_t * b, size_t ldb,
-                                  size_t kb, int32_t * c, size_t ldc);
 void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t * b, size_t ldb,
                                   size_t k, int32_t * c, size_t ldc);
 void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
@@ -140,7 +141,7 @@ struct cpu_gemm {
     int kind;
     const void * a;
     const void * b;
-    size_t lda, ldb; // bytes (binary) or elements (int16), per row
+    size_t lda, ldb; // per row: bytes (binary, int8) or elements (int16); binary B: group bytes / bin_nr
     size_t k;        // KBp bytes (binary) or Kp elements (int16)
     int64_t M, N;    // valid rows / columns
     // Called per tile with the raw tile (popcounts or acc), to fix it up and store it.

@@ -2,17 +2,12 @@
 // cpu-kernels-avx2.c: AVX2 microkernels and packing helpers (compiled with the AVX2 flags only).
 //
 // Binary tile: popcount(a XOR b) by the pshufb nibble lookup (Mula, Kurz & Lemire 2018) on
-// nibble-split panels: popc(a ^ b) = lut[lo(a) ^ lo(b)] + lut[hi(a) ^ hi(b)], two lookups per
-// 32-byte pair. Byte counters grow by <= 8 per step, so they are flushed into 64-bit sums with
-// vpsadbw every 31 steps (31 * 8 = 248 < 256).
+// nibble-split panels: popc(a ^ b) = lut[lo(a) ^ lo(b)] + lut[hi(a) ^ hi(b)], in outer-product
+// form (a word of A broadcast against a word of 4 columns per vector). Byte counters grow by <= 8
+// per word, so they are summed per 64-bit lane with vpsadbw every 31 words (31 * 8 = 248 < 256).
 #include "cpu/cpu-impl.h"
 
 #include <immintrin.h>
-
-static inline int64_t hsum_epi64(__m256i v) {
-    const __m128i s = _mm_add_epi64(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    return _mm_cvtsi128_si64(s) + _mm_extract_epi64(s, 1);
-}
 
 static inline int32_t hsum_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -21,26 +16,31 @@ static inline int32_t hsum_epi32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-// 4x2 tile; a and b rows are [lo plane kb][hi plane kb].
-static void bin_tile_4x2(const uint8_t * a, size_t lda, const uint8_t * b, size_t ldb, size_t kb,
-                         int32_t * c, size_t ldc) {
+// 4x8 tile: word w of A row i (lo and hi nibble planes) is broadcast against word w of the
+// group's 8 columns (two vectors of 4 lanes per plane).
+static void bin_tile_4x8(const uint8_t * a, size_t lda, const uint8_t * b, size_t kb, int32_t * c, size_t ldc) {
     const __m256i lut = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1,
                                          2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4);
     const __m256i zero = _mm256_setzero_si256();
-    int64_t tot[CPU_MR][2] = {{0}};
-    size_t k = 0;
-    while (k < kb) {
-        const size_t kend = kb - k > 31 * 32 ? k + 31 * 32 : kb;
+    const size_t kw = kb / 8;
+    const uint8_t * bh = b + kw * 64; // hi words of the group
+    __m256i tot[CPU_MR][2];
+    for (int i = 0; i < CPU_MR; i++) tot[i][0] = tot[i][1] = zero;
+    size_t w = 0;
+    while (w < kw) {
+        const size_t wend = kw - w > 31 ? w + 31 : kw;
         __m256i acc[CPU_MR][2];
         for (int i = 0; i < CPU_MR; i++) acc[i][0] = acc[i][1] = zero;
-        for (; k < kend; k += 32) {
-            const __m256i bl0 = _mm256_load_si256((const __m256i *)(b + k));
-            const __m256i bh0 = _mm256_load_si256((const __m256i *)(b + kb + k));
-            const __m256i bl1 = _mm256_load_si256((const __m256i *)(b + ldb + k));
-            const __m256i bh1 = _mm256_load_si256((const __m256i *)(b + ldb + kb + k));
+        for (; w < wend; w++) {
+            const __m256i bl0 = _mm256_load_si256((const __m256i *)(b + w * 64));
+            const __m256i bl1 = _mm256_load_si256((const __m256i *)(b + w * 64 + 32));
+            const __m256i bh0 = _mm256_load_si256((const __m256i *)(bh + w * 64));
+            const __m256i bh1 = _mm256_load_si256((const __m256i *)(bh + w * 64 + 32));
             for (int i = 0; i < CPU_MR; i++) {
-                const __m256i al = _mm256_load_si256((const __m256i *)(a + i * lda + k));
-                const __m256i ah = _mm256_load_si256((const __m256i *)(a + i * lda + kb + k));
+                int64_t lo, hi;
+                memcpy(&lo, a + i * lda + w * 8, 8);
+                memcpy(&hi, a + i * lda + kb + w * 8, 8);
+                const __m256i al = _mm256_set1_epi64x(lo), ah = _mm256_set1_epi64x(hi);
                 acc[i][0] = _mm256_add_epi8(acc[i][0],
                                             _mm256_add_epi8(_mm256_shuffle_epi8(lut, _mm256_xor_si256(al, bl0)),
                                                             _mm256_shuffle_epi8(lut, _mm256_xor_si256(ah, bh0))));
@@ -50,10 +50,14 @@ static void bin_tile_4x2(const uint8_t * a, size_t lda, const uint8_t * b, size_
             }
         }
         for (int i = 0; i < CPU_MR; i++)
-            for (int j = 0; j < 2; j++) tot[i][j] += hsum_epi64(_mm256_sad_epu8(acc[i][j], zero));
+            for (int j = 0; j < 2; j++) tot[i][j] = _mm256_add_epi64(tot[i][j], _mm256_sad_epu8(acc[i][j], zero));
     }
     for (int i = 0; i < CPU_MR; i++)
-        for (int j = 0; j < 2; j++) c[i * ldc + j] = (int32_t)tot[i][j];
+        for (int j = 0; j < 2; j++) {
+            int64_t v[4];
+            memcpy(v, &tot[i][j], sizeof v);
+            for (int l = 0; l < 4; l++) c[i * ldc + j * 4 + l] = (int32_t)v[l];
+        }
 }
 
 // 4x2 tile of int16 dot products: vpmaddwd gives exact int32 pair sums (no saturation).
@@ -134,19 +138,21 @@ static void quantize(const float * x, const float * bias, float b0, int64_t n, f
 
 static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi) {
     const __m256i m = _mm256_set1_epi8(15);
-    for (size_t i = 0; i < n; i += 32) {
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
         const __m256i v = _mm256_loadu_si256((const __m256i *)(in + i));
         _mm256_storeu_si256((__m256i *)(lo + i), _mm256_and_si256(v, m));
         _mm256_storeu_si256((__m256i *)(hi + i), _mm256_and_si256(_mm256_srli_epi16(v, 4), m));
     }
+    if (i < n) bie_cpu_kernels_scalar.nibble_split(in + i, n - i, lo + i, hi + i);
 }
 
 const struct cpu_kernels bie_cpu_kernels_avx2 = {
     .isa = BIE_CPU_ISA_AVX2,
-    .bin_nr = 2,
+    .bin_nr = 8,
     .bin_split = true,
     .i16_nr = 2,
-    .bin_tile = bin_tile_4x2,
+    .bin_tile = bin_tile_4x8,
     .i16_tile = i16_tile_4x2,
     .u4s4_tile = u4s4_tile_4x2,
     .sign_bits = sign_bits,

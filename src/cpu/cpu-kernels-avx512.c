@@ -4,61 +4,51 @@
 //
 // Binary tile: the pshufb nibble lookup on nibble-split panels (cpu-impl.h):
 //   popc(a ^ b) = lut[lo(a) ^ lo(b)] + lut[hi(a) ^ hi(b)]
-// 6 vector ops per 64-byte pair (2 xor, 2 vpshufb, 2 add) on a 4x4 register block (16 byte
-// counters + 8 B registers + the table). Byte counters grow by <= 8 per step and are flushed with
-// vpsadbw every 31 steps.
+// in outer-product form: a word of A broadcast against the same word of 8 columns per vector, 6
+// vector ops per 512 bit-products (2 xor, 2 vpshufb, 2 add) on a 4x16 block (8 byte counters, 8
+// lane sums, 4 B registers, the table), no horizontal sums. Byte counters grow by <= 8 per word
+// and are summed per lane with vpsadbw every 31 words.
 #include "cpu/cpu-impl.h"
 
 #include <immintrin.h>
 
-void bie_cpu_bin_tile_4x4__avx512(const uint8_t * a, size_t lda, const uint8_t * b, size_t ldb,
-                                  size_t kb, int32_t * c, size_t ldc) {
+// 4x16 tile: word w of A row i (lo and hi planes) broadcast against word w of the group's 16
+// columns (two vectors of 8 lanes per plane).
+static void bin_tile_4x16(const uint8_t * a, size_t lda, const uint8_t * b, size_t kb, int32_t * c, size_t ldc) {
     const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4));
     const __m512i zero = _mm512_setzero_si512();
-    __m512i tot[CPU_MR][4];
-    for (int i = 0; i < CPU_MR; i++)
-        for (int j = 0; j < 4; j++) tot[i][j] = zero;
-    const size_t k64 = kb / 64 * 64;
-    size_t k = 0;
-    while (k < k64) {
-        const size_t kend = k64 - k > 31 * 64 ? k + 31 * 64 : k64;
-        __m512i acc[CPU_MR][4];
-        for (int i = 0; i < CPU_MR; i++)
-            for (int j = 0; j < 4; j++) acc[i][j] = zero;
-        for (; k < kend; k += 64) {
-            __m512i bl[4], bh[4];
-            for (int j = 0; j < 4; j++) {
-                bl[j] = _mm512_loadu_si512((const void *)(b + j * ldb + k));
-                bh[j] = _mm512_loadu_si512((const void *)(b + j * ldb + kb + k));
-            }
+    const size_t kw = kb / 8;
+    const uint8_t * bh = b + kw * 128; // hi words of the group
+    __m512i tot[CPU_MR][2];
+    for (int i = 0; i < CPU_MR; i++) tot[i][0] = tot[i][1] = zero;
+    size_t w = 0;
+    while (w < kw) {
+        const size_t wend = kw - w > 31 ? w + 31 : kw;
+        __m512i acc[CPU_MR][2];
+        for (int i = 0; i < CPU_MR; i++) acc[i][0] = acc[i][1] = zero;
+        for (; w < wend; w++) {
+            const __m512i bl0 = _mm512_load_si512((const void *)(b + w * 128));
+            const __m512i bl1 = _mm512_load_si512((const void *)(b + w * 128 + 64));
+            const __m512i bh0 = _mm512_load_si512((const void *)(bh + w * 128));
+            const __m512i bh1 = _mm512_load_si512((const void *)(bh + w * 128 + 64));
             for (int i = 0; i < CPU_MR; i++) {
-                const __m512i al = _mm512_loadu_si512((const void *)(a + i * lda + k));
-                const __m512i ah = _mm512_loadu_si512((const void *)(a + i * lda + kb + k));
-                for (int j = 0; j < 4; j++)
-                    acc[i][j] = _mm512_add_epi8(
-                        acc[i][j], _mm512_add_epi8(_mm512_shuffle_epi8(lut, _mm512_xor_si512(al, bl[j])),
-                                                   _mm512_shuffle_epi8(lut, _mm512_xor_si512(ah, bh[j]))));
+                int64_t lo, hi;
+                memcpy(&lo, a + i * lda + w * 8, 8);
+                memcpy(&hi, a + i * lda + kb + w * 8, 8);
+                const __m512i al = _mm512_set1_epi64(lo), ah = _mm512_set1_epi64(hi);
+                acc[i][0] = _mm512_add_epi8(acc[i][0],
+                                            _mm512_add_epi8(_mm512_shuffle_epi8(lut, _mm512_xor_si512(al, bl0)),
+                                                            _mm512_shuffle_epi8(lut, _mm512_xor_si512(ah, bh0))));
+                acc[i][1] = _mm512_add_epi8(acc[i][1],
+                                            _mm512_add_epi8(_mm512_shuffle_epi8(lut, _mm512_xor_si512(al, bl1)),
+                                                            _mm512_shuffle_epi8(lut, _mm512_xor_si512(ah, bh1))));
             }
         }
         for (int i = 0; i < CPU_MR; i++)
-            for (int j = 0; j < 4; j++) tot[i][j] = _mm512_add_epi64(tot[i][j], _mm512_sad_epu8(acc[i][j], zero));
-    }
-    if (k < kb) { // a 32-byte tail, in 256-bit halves of the same arithmetic
-        const __m256i lut256 = _mm512_castsi512_si256(lut), z256 = _mm256_setzero_si256();
-        for (int i = 0; i < CPU_MR; i++) {
-            const __m256i al = _mm256_loadu_si256((const __m256i *)(a + i * lda + k));
-            const __m256i ah = _mm256_loadu_si256((const __m256i *)(a + i * lda + kb + k));
-            for (int j = 0; j < 4; j++) {
-                const __m256i bl = _mm256_loadu_si256((const __m256i *)(b + j * ldb + k));
-                const __m256i bh = _mm256_loadu_si256((const __m256i *)(b + j * ldb + kb + k));
-                const __m256i cnt = _mm256_add_epi8(_mm256_shuffle_epi8(lut256, _mm256_xor_si256(al, bl)),
-                                                    _mm256_shuffle_epi8(lut256, _mm256_xor_si256(ah, bh)));
-                tot[i][j] = _mm512_add_epi64(tot[i][j], _mm512_zextsi256_si512(_mm256_sad_epu8(cnt, z256)));
-            }
-        }
+            for (int j = 0; j < 2; j++) tot[i][j] = _mm512_add_epi64(tot[i][j], _mm512_sad_epu8(acc[i][j], zero));
     }
     for (int i = 0; i < CPU_MR; i++)
-        for (int j = 0; j < 4; j++) c[i * ldc + j] = (int32_t)_mm512_reduce_add_epi64(tot[i][j]);
+        for (int j = 0; j < 2; j++) _mm256_storeu_si256((__m256i *)(c + i * ldc + j * 8), _mm512_cvtepi64_epi32(tot[i][j]));
 }
 
 // 4x4 tile of int16 dot products with vpmaddwd (exact int32 pair sums).
@@ -141,19 +131,15 @@ static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * h
         _mm512_storeu_si512((void *)(lo + i), _mm512_and_si512(v, m));
         _mm512_storeu_si512((void *)(hi + i), _mm512_and_si512(_mm512_srli_epi16(v, 4), m));
     }
-    if (i < n) { // 32-byte tail
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(in + i)), m32 = _mm512_castsi512_si256(m);
-        _mm256_storeu_si256((__m256i *)(lo + i), _mm256_and_si256(v, m32));
-        _mm256_storeu_si256((__m256i *)(hi + i), _mm256_and_si256(_mm256_srli_epi16(v, 4), m32));
-    }
+    if (i < n) bie_cpu_kernels_scalar.nibble_split(in + i, n - i, lo + i, hi + i);
 }
 
 const struct cpu_kernels bie_cpu_kernels_avx512 = {
     .isa = BIE_CPU_ISA_AVX512,
-    .bin_nr = 4,
+    .bin_nr = 16,
     .bin_split = true,
     .i16_nr = 4,
-    .bin_tile = bie_cpu_bin_tile_4x4__avx512,
+    .bin_tile = bin_tile_4x16,
     .i16_tile = bie_cpu_i16_tile_4x4__avx512,
     .u4s4_tile = bie_cpu_u4s4_tile_4x4__avx512,
     .sign_bits = bie_cpu_sign_bits__avx512,

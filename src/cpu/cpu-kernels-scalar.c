@@ -9,15 +9,14 @@ static inline uint64_t load64(const uint8_t * p) {
     return v;
 }
 
-// 4x4 tile of popcount(a_i XOR b_j) over kb bytes, 8 bytes per step (unsplit rows).
-static void bin_tile_4x4(const uint8_t * a, size_t lda, const uint8_t * b, size_t ldb, size_t kb,
-                         int32_t * c, size_t ldc) {
+// 4x4 tile of popcount(a_i XOR b_j) (unsplit panels; B group: 4 interleaved columns).
+static void bin_tile_4x4(const uint8_t * a, size_t lda, const uint8_t * b, size_t kb, int32_t * c, size_t ldc) {
     uint64_t s[CPU_MR][4] = {{0}};
-    for (size_t k = 0; k < kb; k += 8) {
+    for (size_t w = 0; w < kb / 8; w++) {
         uint64_t bv[4];
-        for (int j = 0; j < 4; j++) bv[j] = load64(b + j * ldb + k);
+        for (int j = 0; j < 4; j++) bv[j] = load64(b + (w * 4 + (size_t)j) * 8);
         for (int i = 0; i < CPU_MR; i++) {
-            const uint64_t av = load64(a + i * lda + k);
+            const uint64_t av = load64(a + i * lda + w * 8);
             for (int j = 0; j < 4; j++) s[i][j] += (uint64_t)__builtin_popcountll(av ^ bv[j]);
         }
     }
