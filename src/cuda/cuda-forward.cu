@@ -95,6 +95,25 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
     }
 }
 
+// colpop[o] = popc of the first K bits of row o (rows ldb bytes apart, 4-byte aligned): for a B1
+// weight used in place, whose bits past K may hold anything.
+__global__ void row_popcounts(const uint8_t * B, int64_t rows, int64_t K, int64_t ldb, int * pop) {
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
+        const uint32_t * r = (const uint32_t *)(B + row * ldb);
+        int cnt = 0;
+        for (int64_t wi = lane; wi * 32 < K; wi += 32) {
+            uint32_t v = r[wi];
+            const int64_t left = K - wi * 32;
+            if (left < 32) v &= (1u << left) - 1u;
+            cnt += __popc(v);
+        }
+        for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+        if (lane == 0) pop[row] = cnt;
+    }
+}
+
 // tappop[o][t] = popc of weight row o over positions [t*C, (t+1)*C).
 __global__ void tap_popcounts(const uint8_t * B, int64_t O, int taps, int64_t C, int64_t kbytes, int * tappop) {
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < O * taps; e += (int64_t)gridDim.x * blockDim.x) {
@@ -124,10 +143,20 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const int64_t kbytes = (kb_raw + 127) / 128 * 128;
     const bool b1_out = c->y.dtype == BIE_DTYPE_B1;
     const int64_t ynumel = M * N;
+    // A B1 weight whose rows already are the GEMM's rows (k = (i*kw + j)*C + c contiguous, LSB
+    // first, row starts 16-byte aligned, at least kbytes apart) is read in place: its bits past K
+    // may hold anything, but the activation rows have zeros there, so popc(a & w) ignores them;
+    // popc(w) is taken over the first K bits only.
+    const struct bie_tensor & wt = c->weight;
+    const int64_t wrow = wt.stride[0];
+    const bool w_direct = binary && wt.dtype == BIE_DTYPE_B1 && (g.C == 1 || wt.stride[1] == 1) &&
+                          (g.kw == 1 || wt.stride[3] == g.C) && (g.kh == 1 || wt.stride[2] == g.C * g.kw) &&
+                          (N == 1 || (wrow % 128 == 0 && wrow / 8 >= kbytes)) && ((uintptr_t)wt.data % 16) == 0;
+    const int64_t ldb = w_direct ? (N == 1 ? kbytes : wrow / 8) : kbytes;
 
     size_t off = 0;
     const size_t oA = off; off = align256(off + (size_t)(M * kbytes));
-    const size_t oB = off; off = align256(off + (size_t)(N * kbytes));
+    const size_t oB = off; off = align256(off + (w_direct ? 0 : (size_t)(N * kbytes)));
     const size_t oRow = off; off = align256(off + (size_t)M * 4);
     const size_t oCol = off; off = align256(off + (size_t)N * 4);
     const size_t oTap = off; off = align256(off + (zero_pad_fix ? (size_t)(N * taps) * 4 : 0));
@@ -152,10 +181,12 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol), * tappop = (int *)(ws + oTap);
     pack_rows<<<grid_for(M, 8), 256, 0, st->stream>>>(px, M, kbytes, ws + oA, rowpop);
     LAUNCHED(ctx, "pack activations");
-    pack_rows<<<grid_for(N, 8), 256, 0, st->stream>>>(pw, N, kbytes, ws + oB, colpop);
+    const uint8_t * Bm = w_direct ? (const uint8_t *)wt.data : ws + oB;
+    if (w_direct) row_popcounts<<<grid_for(N, 8), 256, 0, st->stream>>>(Bm, N, g.K, ldb, colpop);
+    else pack_rows<<<grid_for(N, 8), 256, 0, st->stream>>>(pw, N, kbytes, ws + oB, colpop);
     LAUNCHED(ctx, "pack weight");
     if (zero_pad_fix) {
-        tap_popcounts<<<grid_for(N * taps, 256), 256, 0, st->stream>>>(ws + oB, N, taps, g.C, kbytes, tappop);
+        tap_popcounts<<<grid_for(N * taps, 256), 256, 0, st->stream>>>(Bm, N, taps, g.C, ldb, tappop);
         LAUNCHED(ctx, "weight tap popcounts");
     }
 
@@ -169,7 +200,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     ep.sw = pw.s;
     dview_make(&c->y, &ep.y);
     ep.sign = b1_out ? (int8_t *)(ws + oSign) : NULL;
-    BIE_TRY(bie_cuda_gemm(ctx, ws + oA, ws + oB, M, N, kbytes, ep));
+    ep.ldb = ldb;
+    BIE_TRY(bie_cuda_gemm(ctx, ws + oA, Bm, M, N, kbytes, ep));
     if (b1_out) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
     return BIE_STATUS_OK;
 }

@@ -2,7 +2,7 @@
 // cuda-gemm.cu: the tensor-core GEMM of the forward pass, on packed operands, with the layer
 // epilogue fused.
 //
-//   binary: A [M][kbytes] and B [N][kbytes] hold bits (1 <-> +1); acc = popc(a AND b) through
+//   binary: A [M][kbytes] and B [N][kbytes] (rows ep.ldb bytes apart) hold bits (1 <-> +1); acc = popc(a AND b) through
 //           mma.sync m16n8k256 .and.popc (native BMMA on sm_80 and sm_90; the .xor form is
 //           emulated on sm_90 and never used). The +-1 dot product over the row's K valid
 //           positions is  dot = 4*popc(a&w) - 2*popc(a) - 2*popc(w) + K,  where padding bits are 0
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
             } else {
                 const int64_t gn = bn + row - BM;
                 valid = gn < N;
-                src = B + (valid ? gn : 0) * kbytes + kt * BKB + chunk * 16;
+                src = B + (valid ? gn : 0) * ep.ldb + kt * BKB + chunk * 16;
             }
             cp_async16(dst, src, valid);
         }

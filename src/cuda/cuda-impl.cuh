@@ -38,11 +38,13 @@ enum bie_status bie_cuda_cublas(bie_context_t * ctx, cublasHandle_t * out);
         cudaError_t e_ = (expr);                                                                   \
         if (e_ != cudaSuccess) return bie_cuda_fail(ctx, e_, what);                                \
     } while (0)
+#ifndef BIE_TRY // (bie-impl.h defines it too)
 #define BIE_TRY(expr)                                                                              \
     do {                                                                                           \
         enum bie_status s_ = (expr);                                                               \
         if (s_ != BIE_STATUS_OK) return s_;                                                        \
     } while (0)
+#endif
 #define LAUNCHED(ctx, what) BIE_TRY(bie_cuda_check_launch(ctx, what))
 
 // A tensor view passed to kernels by value (up to 4 dims, right-aligned: a view of ndim < 4 fills
@@ -210,6 +212,7 @@ struct gemm_epilogue {
     struct dscale sa, sw;
     struct dview y;      // [batch, O, OH, OW]; y.dtype B1 -> write sign codes to `sign` instead
     int8_t * sign;       // [M][N] codes of (acc >= 0) for a B1 y
+    int64_t ldb;         // bytes between rows of B (>= kbytes, a multiple of 16)
 };
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
                               int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);
