@@ -144,15 +144,17 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const bool b1_out = c->y.dtype == BIE_DTYPE_B1;
     const int64_t ynumel = M * N;
     // A B1 weight whose rows already are the GEMM's rows (k = (i*kw + j)*C + c contiguous, LSB
-    // first, row starts 16-byte aligned, at least kbytes apart) is read in place: its bits past K
-    // may hold anything, but the activation rows have zeros there, so popc(a & w) ignores them;
+    // first, row starts 16-byte aligned and at least kbytes apart, K filling the kbytes of every
+    // row so that no read passes the tensor's last element) is read in place: bits past K may
+    // hold anything, but the activation rows have zeros there, so popc(a & w) ignores them;
     // popc(w) is taken over the first K bits only.
     const struct bie_tensor & wt = c->weight;
     const int64_t wrow = wt.stride[0];
     const bool w_direct = binary && wt.dtype == BIE_DTYPE_B1 && (g.C == 1 || wt.stride[1] == 1) &&
                           (g.kw == 1 || wt.stride[3] == g.C) && (g.kh == 1 || wt.stride[2] == g.C * g.kw) &&
-                          (N == 1 || (wrow % 128 == 0 && wrow / 8 >= kbytes)) && ((uintptr_t)wt.data % 16) == 0;
-    const int64_t ldb = w_direct ? (N == 1 ? kbytes : wrow / 8) : kbytes;
+                          (g.K + 7) / 8 == kbytes && (N == 1 || (wrow % 128 == 0 && wrow / 8 >= kbytes)) &&
+                          ((uintptr_t)wt.data % 16) == 0;
+    const int64_t ldb = w_direct && N > 1 ? wrow / 8 : kbytes;
 
     size_t off = 0;
     const size_t oA = off; off = align256(off + (size_t)(M * kbytes));

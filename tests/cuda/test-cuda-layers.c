@@ -69,7 +69,8 @@ static void random_case(struct lcase * c, int big) {
     } else {
         c->batch = test_rand_int(1, 3) == 1 ? test_rand_int(130, 300) : test_rand_int(1, 70);
         c->lead2 = test_rand_int(0, 3) == 0 ? test_rand_int(1, 3) : 0;
-        c->C = test_rand_int(0, 4) == 0 ? test_rand_int(1000, 2600) : test_rand_int(1, 700);
+        const int64_t kpick = test_rand_int(0, 9);
+        c->C = kpick < 2 ? test_rand_int(1000, 2600) : kpick == 2 ? 1024 * test_rand_int(1, 2) : test_rand_int(1, 700);
         c->O = test_rand_int(0, 3) == 0 ? test_rand_int(257, 600) : test_rand_int(1, 200);
     }
     c->cd.quant = c->quant;
