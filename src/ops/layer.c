@@ -7,12 +7,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) return s_;                                                        \
-    } while (0)
 
 static const char * quant_name(enum bie_quant q) {
     return q == BIE_QUANT_BINARY ? "binary" : q == BIE_QUANT_INT4 ? "4-bit" : "8-bit";
@@ -37,7 +31,7 @@ static void view4(struct bie_tensor * out, const struct bie_tensor * in, const i
 static enum bie_status check_device(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
                                     const struct bie_tensor * t) {
     if (t->device_type != c->device_type || t->device_index != c->device_index)
-        FAIL("%s: is on %s:%d but x is on %s:%d", name, t->device_type == BIE_DEVICE_CUDA ? "cuda" : "cpu",
+        BIE_FAIL("%s: is on %s:%d but x is on %s:%d", name, t->device_type == BIE_DEVICE_CUDA ? "cuda" : "cpu",
              (int)t->device_index, c->device_type == BIE_DEVICE_CUDA ? "cuda" : "cpu",
              (int)c->device_index);
     return BIE_STATUS_OK;
@@ -45,23 +39,23 @@ static enum bie_status check_device(bie_context_t * ctx, struct bie_layer_call *
 
 static enum bie_status check_float(bie_context_t * ctx, const char * name, const struct bie_tensor * t) {
     if (!bie_dtype_is_float(t->dtype))
-        FAIL("%s: dtype %s is not supported (use f32, f16 or bf16)", name, bie_dtype_name(t->dtype));
+        BIE_FAIL("%s: dtype %s is not supported (use f32, f16 or bf16)", name, bie_dtype_name(t->dtype));
     return BIE_STATUS_OK;
 }
 
 static enum bie_status check_scale(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
                                    const struct bie_tensor * t, struct bie_tensor * dst, float * value) {
-    TRY(bie_check_tensor(ctx, name, t, true));
-    if (bie_tensor_numel(t) != 1) FAIL("%s: must hold exactly one element, has %lld", name,
+    BIE_TRY(bie_check_tensor(ctx, name, t, true));
+    if (bie_tensor_numel(t) != 1) BIE_FAIL("%s: must hold exactly one element, has %lld", name,
                                        (long long)bie_tensor_numel(t));
-    TRY(check_float(ctx, name, t));
+    BIE_TRY(check_float(ctx, name, t));
     *dst = *t;
     if (t->device_type == BIE_DEVICE_CPU) {
         *value = bie_load_scalar(t);
         if (!isfinite(*value) || !(*value > 0.0f))
-            FAIL("%s: = %g must be finite and > 0", name, (double)*value);
+            BIE_FAIL("%s: = %g must be finite and > 0", name, (double)*value);
     } else {
-        TRY(check_device(ctx, c, name, t));
+        BIE_TRY(check_device(ctx, c, name, t));
         c->scales_on_host = false;
     }
     return BIE_STATUS_OK;
@@ -80,7 +74,7 @@ static enum bie_status check_shape(bie_context_t * ctx, const char * name, const
         for (int32_t i = 0; i < t->ndim; i++)
             snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", i ? ", " : "",
                      (long long)t->shape[i]);
-        FAIL("%s: shape [%s] does not match the expected [%s]", name, have, want);
+        BIE_FAIL("%s: shape [%s] does not match the expected [%s]", name, have, want);
     }
     return BIE_STATUS_OK;
 }
@@ -101,17 +95,17 @@ static int64_t row_stride(const struct bie_tensor * t) {
 static enum bie_status linear_view(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
                                    const struct bie_tensor * like_x, int64_t features,
                                    struct bie_tensor * out) {
-    if (t->ndim < 1) FAIL("%s: must have at least one dimension", name);
+    if (t->ndim < 1) BIE_FAIL("%s: must have at least one dimension", name);
     if (t->shape[t->ndim - 1] != features)
-        FAIL("%s: last dimension is %lld, expected %lld", name, (long long)t->shape[t->ndim - 1],
+        BIE_FAIL("%s: last dimension is %lld, expected %lld", name, (long long)t->shape[t->ndim - 1],
              (long long)features);
     if (like_x) { // same leading shape as x
         bool ok = like_x->ndim == t->ndim;
         for (int32_t i = 0; ok && i < t->ndim - 1; i++) ok = like_x->shape[i] == t->shape[i];
-        if (!ok) FAIL("%s: leading dimensions must equal those of x", name);
+        if (!ok) BIE_FAIL("%s: leading dimensions must equal those of x", name);
     }
     const int64_t rs = row_stride(t);
-    if (rs < 0) FAIL("%s: leading dimensions cannot be flattened without a copy (make them contiguous)", name);
+    if (rs < 0) BIE_FAIL("%s: leading dimensions cannot be flattened without a copy (make them contiguous)", name);
     const int64_t m = bie_tensor_numel(t) / features;
     const int64_t shape[4] = {m, features, 1, 1}, stride[4] = {rs, t->stride[t->ndim - 1], 0, 0};
     view4(out, t, shape, stride);
@@ -123,7 +117,7 @@ static enum bie_status check_weight_dtype(bie_context_t * ctx, enum bie_quant q,
     if (bie_dtype_is_float(d) || d == BIE_DTYPE_I8) return BIE_STATUS_OK;
     if (d == BIE_DTYPE_B1 && q == BIE_QUANT_BINARY) return BIE_STATUS_OK;
     if (d == BIE_DTYPE_S4 && q == BIE_QUANT_INT4) return BIE_STATUS_OK;
-    FAIL("weight: dtype %s is not supported by a %s layer", bie_dtype_name(d), quant_name(q));
+    BIE_FAIL("weight: dtype %s is not supported by a %s layer", bie_dtype_name(d), quant_name(q));
 }
 
 // Common part of forward and backward for both layer kinds. `lin` or `conv` is non-NULL.
@@ -135,28 +129,28 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
     memset(c, 0, sizeof *c);
     c->quant = lin ? lin->quant : conv->quant;
     c->is_conv = conv != NULL;
-    if (!quant_valid(c->quant)) FAIL("desc: quant = %d must be 1, 4 or 8", (int)c->quant);
-    TRY(bie_check_tensor(ctx, "x", x, true));
-    TRY(bie_check_tensor(ctx, "weight", weight, true));
+    if (!quant_valid(c->quant)) BIE_FAIL("desc: quant = %d must be 1, 4 or 8", (int)c->quant);
+    BIE_TRY(bie_check_tensor(ctx, "x", x, true));
+    BIE_TRY(bie_check_tensor(ctx, "weight", weight, true));
     c->device_type = x->device_type;
     c->device_index = x->device_index;
     c->scales_on_host = true;
-    TRY(check_device(ctx, c, "weight", weight));
+    BIE_TRY(check_device(ctx, c, "weight", weight));
     if (x->dtype == BIE_DTYPE_B1) {
-        if (c->quant != BIE_QUANT_BINARY) FAIL("x: a b1 input needs a binary layer");
-        if (bias_a) FAIL("bias_a: must be NULL when x is already binarized (b1)");
+        if (c->quant != BIE_QUANT_BINARY) BIE_FAIL("x: a b1 input needs a binary layer");
+        if (bias_a) BIE_FAIL("bias_a: must be NULL when x is already binarized (b1)");
     } else {
-        TRY(check_float(ctx, "x", x));
+        BIE_TRY(check_float(ctx, "x", x));
     }
-    TRY(check_weight_dtype(ctx, c->quant, weight));
+    BIE_TRY(check_weight_dtype(ctx, c->quant, weight));
     struct bie_geometry * g = &c->g;
     if (lin) {
         if (lin->in_features <= 0 || lin->out_features <= 0)
-            FAIL("desc: in_features = %lld and out_features = %lld must be positive",
+            BIE_FAIL("desc: in_features = %lld and out_features = %lld must be positive",
                  (long long)lin->in_features, (long long)lin->out_features);
-        TRY(linear_view(ctx, "x", x, NULL, lin->in_features, &c->x));
+        BIE_TRY(linear_view(ctx, "x", x, NULL, lin->in_features, &c->x));
         const int64_t wshape[2] = {lin->out_features, lin->in_features};
-        TRY(check_shape(ctx, "weight", weight, 2, wshape));
+        BIE_TRY(check_shape(ctx, "weight", weight, 2, wshape));
         const int64_t s[4] = {lin->out_features, lin->in_features, 1, 1};
         const int64_t st[4] = {weight->stride[0], weight->stride[1], 0, 0};
         view4(&c->weight, weight, s, st);
@@ -168,27 +162,27 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
         g->pad_value = BIE_PAD_ZERO;
     } else {
         if (conv->in_channels <= 0 || conv->out_channels <= 0)
-            FAIL("desc: in_channels = %lld and out_channels = %lld must be positive",
+            BIE_FAIL("desc: in_channels = %lld and out_channels = %lld must be positive",
                  (long long)conv->in_channels, (long long)conv->out_channels);
         if (conv->groups != 1)
             return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "desc: groups = %d (only 1 is supported)",
                                  (int)conv->groups);
         if ((unsigned)conv->pad_value > (unsigned)BIE_PAD_PLUS_ONE)
-            FAIL("desc: pad_value = %d is not a bie_pad_value", (int)conv->pad_value);
+            BIE_FAIL("desc: pad_value = %d is not a bie_pad_value", (int)conv->pad_value);
         if (conv->pad_value != BIE_PAD_ZERO && c->quant != BIE_QUANT_BINARY)
-            FAIL("desc: pad_value must be BIE_PAD_ZERO for a %s conv", quant_name(c->quant));
-        if (x->ndim != 4) FAIL("x: a conv2d input must be 4-D [N, C, H, W], has %d dims", (int)x->ndim);
+            BIE_FAIL("desc: pad_value must be BIE_PAD_ZERO for a %s conv", quant_name(c->quant));
+        if (x->ndim != 4) BIE_FAIL("x: a conv2d input must be 4-D [N, C, H, W], has %d dims", (int)x->ndim);
         if (x->shape[1] != conv->in_channels)
-            FAIL("x: has %lld channels, desc.in_channels is %lld", (long long)x->shape[1],
+            BIE_FAIL("x: has %lld channels, desc.in_channels is %lld", (long long)x->shape[1],
                  (long long)conv->in_channels);
         int64_t oh, ow;
-        TRY(bie_conv2d_output_size(conv, x->shape[2], x->shape[3], &oh, &ow) == BIE_STATUS_OK
+        BIE_TRY(bie_conv2d_output_size(conv, x->shape[2], x->shape[3], &oh, &ow) == BIE_STATUS_OK
                 ? BIE_STATUS_OK
                 : bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
                                 "desc: kernel/stride/padding/dilation are invalid for a %lldx%lld input",
                                 (long long)x->shape[2], (long long)x->shape[3]));
         const int64_t wshape[4] = {conv->out_channels, conv->in_channels, conv->kernel[0], conv->kernel[1]};
-        TRY(check_shape(ctx, "weight", weight, 4, wshape));
+        BIE_TRY(check_shape(ctx, "weight", weight, 4, wshape));
         c->x = *x;
         c->weight = *weight;
         g->batch = x->shape[0];
@@ -209,16 +203,16 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
         g->pad_value = conv->pad_value;
     }
     if (__builtin_mul_overflow(g->C, g->kh * g->kw, &g->K) || g->K > INT32_MAX / 4)
-        FAIL("desc: the reduction length C*kh*kw is too large for 32-bit accumulation");
+        BIE_FAIL("desc: the reduction length C*kh*kw is too large for 32-bit accumulation");
     if (bias_a) {
-        TRY(bie_check_tensor(ctx, "bias_a", bias_a, true));
-        TRY(check_device(ctx, c, "bias_a", bias_a));
-        TRY(check_float(ctx, "bias_a", bias_a));
-        TRY(check_shape(ctx, "bias_a", bias_a, 1, &g->C));
+        BIE_TRY(bie_check_tensor(ctx, "bias_a", bias_a, true));
+        BIE_TRY(check_device(ctx, c, "bias_a", bias_a));
+        BIE_TRY(check_float(ctx, "bias_a", bias_a));
+        BIE_TRY(check_shape(ctx, "bias_a", bias_a, 1, &g->C));
         c->bias_a = *bias_a;
     }
-    TRY(check_scale(ctx, c, "scale_a", scale_a, &c->scale_a_t, &c->scale_a));
-    TRY(check_scale(ctx, c, "scale_w", scale_w, &c->scale_w_t, &c->scale_w));
+    BIE_TRY(check_scale(ctx, c, "scale_a", scale_a, &c->scale_a_t, &c->scale_a));
+    BIE_TRY(check_scale(ctx, c, "scale_w", scale_w, &c->scale_w_t, &c->scale_w));
     return BIE_STATUS_OK;
 }
 
@@ -226,14 +220,14 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
 static enum bie_status out_view(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
                                 const struct bie_tensor * t, const struct bie_tensor * x,
                                 struct bie_tensor * out, bool is_output) {
-    TRY(bie_check_tensor(ctx, name, t, !is_output));
-    TRY(check_device(ctx, c, name, t));
+    BIE_TRY(bie_check_tensor(ctx, name, t, !is_output));
+    BIE_TRY(check_device(ctx, c, name, t));
     if (c->is_conv) {
         const int64_t shape[4] = {c->g.batch, c->g.O, c->g.OH, c->g.OW};
-        TRY(check_shape(ctx, name, t, 4, shape));
+        BIE_TRY(check_shape(ctx, name, t, 4, shape));
         *out = *t;
     } else {
-        TRY(linear_view(ctx, name, t, x, c->g.O, out));
+        BIE_TRY(linear_view(ctx, name, t, x, c->g.O, out));
     }
     return BIE_STATUS_OK;
 }
@@ -255,7 +249,7 @@ static enum bie_status dispatch(bie_context_t * ctx, const struct bie_layer_call
 #endif
     }
     if (ctx->params.backend == BIE_BACKEND_CUDA)
-        FAIL("x: is a CPU tensor but the context's backend is CUDA");
+        BIE_FAIL("x: is a CPU tensor but the context's backend is CUDA");
     const struct bie_backend_ops * order[2] = {&bie_cpu_backend, &bie_ref_backend};
     for (int i = ctx->params.backend == BIE_BACKEND_REF ? 1 : 0; i < 2 && s == BIE_DECLINED; i++) {
         const struct bie_backend_ops * b = order[i];
@@ -273,14 +267,14 @@ static enum bie_status forward(bie_context_t * ctx, const struct bie_linear_desc
                                const struct bie_conv2d_desc * conv, const struct bie_forward_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     bie_clear_error(ctx);
-    if (!(lin || conv)) FAIL("desc: is NULL");
-    if (!a) FAIL("args: is NULL");
+    if (!(lin || conv)) BIE_FAIL("desc: is NULL");
+    if (!a) BIE_FAIL("args: is NULL");
     struct bie_layer_call c;
-    TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, &c));
-    TRY(out_view(ctx, &c, "y", a->y, a->x, &c.y, true));
+    BIE_TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, &c));
+    BIE_TRY(out_view(ctx, &c, "y", a->y, a->x, &c.y, true));
     const enum bie_dtype yd = a->y->dtype;
     if (!(bie_dtype_is_float(yd) || yd == BIE_DTYPE_I32 || (yd == BIE_DTYPE_B1 && c.quant == BIE_QUANT_BINARY)))
-        FAIL("y: dtype %s is not supported (f32, f16, bf16, i32%s)", bie_dtype_name(yd),
+        BIE_FAIL("y: dtype %s is not supported (f32, f16, bf16, i32%s)", bie_dtype_name(yd),
              c.quant == BIE_QUANT_BINARY ? " or b1" : "");
     return dispatch(ctx, &c, false);
 }
@@ -288,8 +282,8 @@ static enum bie_status forward(bie_context_t * ctx, const struct bie_linear_desc
 // Checks a gradient output: a well-formed, dense-enough float tensor on the call's device.
 static enum bie_status grad_check(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
                                   const struct bie_tensor * t) {
-    TRY(bie_check_tensor(ctx, name, t, false));
-    TRY(check_device(ctx, c, name, t));
+    BIE_TRY(bie_check_tensor(ctx, name, t, false));
+    BIE_TRY(check_device(ctx, c, name, t));
     return check_float(ctx, name, t);
 }
 
@@ -297,38 +291,38 @@ static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_des
                                 const struct bie_conv2d_desc * conv, const struct bie_backward_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     bie_clear_error(ctx);
-    if (!(lin || conv)) FAIL("desc: is NULL");
-    if (!a) FAIL("args: is NULL");
+    if (!(lin || conv)) BIE_FAIL("desc: is NULL");
+    if (!a) BIE_FAIL("args: is NULL");
     struct bie_layer_call c;
-    TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, &c));
-    if (a->x->dtype == BIE_DTYPE_B1) FAIL("x: the backward pass needs the float input, not b1");
-    TRY(out_view(ctx, &c, "grad_y", a->grad_y, a->x, &c.grad_y, false));
-    TRY(check_float(ctx, "grad_y", a->grad_y));
+    BIE_TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, &c));
+    if (a->x->dtype == BIE_DTYPE_B1) BIE_FAIL("x: the backward pass needs the float input, not b1");
+    BIE_TRY(out_view(ctx, &c, "grad_y", a->grad_y, a->x, &c.grad_y, false));
+    BIE_TRY(check_float(ctx, "grad_y", a->grad_y));
     if (a->grad_x) {
-        TRY(grad_check(ctx, &c, "grad_x", a->grad_x));
+        BIE_TRY(grad_check(ctx, &c, "grad_x", a->grad_x));
         if (c.is_conv) {
-            TRY(check_shape(ctx, "grad_x", a->grad_x, 4, a->x->shape));
+            BIE_TRY(check_shape(ctx, "grad_x", a->grad_x, 4, a->x->shape));
             c.grad_x = *a->grad_x;
         } else {
-            TRY(linear_view(ctx, "grad_x", a->grad_x, a->x, c.g.C, &c.grad_x));
+            BIE_TRY(linear_view(ctx, "grad_x", a->grad_x, a->x, c.g.C, &c.grad_x));
         }
     }
     if (a->grad_weight) {
-        TRY(grad_check(ctx, &c, "grad_weight", a->grad_weight));
-        TRY(check_shape(ctx, "grad_weight", a->grad_weight, a->weight->ndim, a->weight->shape));
+        BIE_TRY(grad_check(ctx, &c, "grad_weight", a->grad_weight));
+        BIE_TRY(check_shape(ctx, "grad_weight", a->grad_weight, a->weight->ndim, a->weight->shape));
         const int64_t s[4] = {c.g.O, c.g.C, 1, 1};
         const int64_t st[4] = {a->grad_weight->stride[0], a->grad_weight->stride[1], 0, 0};
         if (c.is_conv) c.grad_weight = *a->grad_weight;
         else view4(&c.grad_weight, a->grad_weight, s, st);
     }
     if (a->grad_bias_a) {
-        TRY(grad_check(ctx, &c, "grad_bias_a", a->grad_bias_a));
-        TRY(check_shape(ctx, "grad_bias_a", a->grad_bias_a, 1, &c.g.C));
+        BIE_TRY(grad_check(ctx, &c, "grad_bias_a", a->grad_bias_a));
+        BIE_TRY(check_shape(ctx, "grad_bias_a", a->grad_bias_a, 1, &c.g.C));
         c.grad_bias_a = *a->grad_bias_a;
     }
     if (a->grad_scale_a) {
-        TRY(grad_check(ctx, &c, "grad_scale_a", a->grad_scale_a));
-        if (bie_tensor_numel(a->grad_scale_a) != 1) FAIL("grad_scale_a: must hold exactly one element");
+        BIE_TRY(grad_check(ctx, &c, "grad_scale_a", a->grad_scale_a));
+        if (bie_tensor_numel(a->grad_scale_a) != 1) BIE_FAIL("grad_scale_a: must hold exactly one element");
         c.grad_scale_a = *a->grad_scale_a;
     }
     return dispatch(ctx, &c, true);

@@ -4,12 +4,6 @@
 
 #include <math.h>
 
-#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) return s_;                                                        \
-    } while (0)
 
 static bool is_packed(enum bie_dtype d) {
     return d == BIE_DTYPE_B1 || d == BIE_DTYPE_S4 || d == BIE_DTYPE_I8;
@@ -18,24 +12,24 @@ static bool is_packed(enum bie_dtype d) {
 static enum bie_status common(bie_context_t * ctx, const struct bie_tensor * src,
                               const struct bie_tensor * scale, const struct bie_tensor * dst,
                               float * scale_value) {
-    TRY(bie_check_tensor(ctx, "src", src, true));
-    TRY(bie_check_tensor(ctx, "dst", dst, false));
-    if (src->ndim != dst->ndim) FAIL("dst: has %d dims, src has %d", (int)dst->ndim, (int)src->ndim);
+    BIE_TRY(bie_check_tensor(ctx, "src", src, true));
+    BIE_TRY(bie_check_tensor(ctx, "dst", dst, false));
+    if (src->ndim != dst->ndim) BIE_FAIL("dst: has %d dims, src has %d", (int)dst->ndim, (int)src->ndim);
     for (int32_t i = 0; i < src->ndim; i++)
         if (src->shape[i] != dst->shape[i])
-            FAIL("dst: shape[%d] = %lld differs from src's %lld", (int)i, (long long)dst->shape[i],
+            BIE_FAIL("dst: shape[%d] = %lld differs from src's %lld", (int)i, (long long)dst->shape[i],
                  (long long)src->shape[i]);
     if (src->device_type != dst->device_type || src->device_index != dst->device_index)
-        FAIL("dst: must be on the same device as src");
+        BIE_FAIL("dst: must be on the same device as src");
     *scale_value = 1.0f;
     if (scale) {
-        TRY(bie_check_tensor(ctx, "scale", scale, true));
-        if (bie_tensor_numel(scale) != 1) FAIL("scale: must hold exactly one element");
-        if (!bie_dtype_is_float(scale->dtype)) FAIL("scale: must be f32, f16 or bf16");
-        if (scale->device_type != BIE_DEVICE_CPU) FAIL("scale: must be a CPU tensor");
+        BIE_TRY(bie_check_tensor(ctx, "scale", scale, true));
+        if (bie_tensor_numel(scale) != 1) BIE_FAIL("scale: must hold exactly one element");
+        if (!bie_dtype_is_float(scale->dtype)) BIE_FAIL("scale: must be f32, f16 or bf16");
+        if (scale->device_type != BIE_DEVICE_CPU) BIE_FAIL("scale: must be a CPU tensor");
         *scale_value = bie_load_scalar(scale);
         if (!isfinite(*scale_value) || !(*scale_value > 0.0f))
-            FAIL("scale: = %g must be finite and > 0", (double)*scale_value);
+            BIE_FAIL("scale: = %g must be finite and > 0", (double)*scale_value);
     }
     return BIE_STATUS_OK;
 }
@@ -57,7 +51,7 @@ static enum bie_status run(bie_context_t * ctx, const struct bie_tensor * src, f
         if (s == BIE_STATUS_OK) bie_clear_error(ctx);
         return s;
 #else
-        FAIL("src: is a CUDA tensor but this build has no CUDA backend");
+        BIE_FAIL("src: is a CUDA tensor but this build has no CUDA backend");
 #endif
     }
     const struct bie_backend_ops * order[2] = {&bie_cpu_backend, &bie_ref_backend};
@@ -75,21 +69,21 @@ enum bie_status bie_pack(bie_context_t * ctx, const struct bie_tensor * src,
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     bie_clear_error(ctx);
     float sv;
-    TRY(common(ctx, src, scale, dst, &sv));
+    BIE_TRY(common(ctx, src, scale, dst, &sv));
     const bool src_float = bie_dtype_is_float(src->dtype);
     switch (dst->dtype) {
     case BIE_DTYPE_B1:
-        if (!src_float && src->dtype != BIE_DTYPE_I8) FAIL("src: dtype %s cannot be packed to b1", bie_dtype_name(src->dtype));
-        if (scale) FAIL("scale: must be NULL when packing to b1");
+        if (!src_float && src->dtype != BIE_DTYPE_I8) BIE_FAIL("src: dtype %s cannot be packed to b1", bie_dtype_name(src->dtype));
+        if (scale) BIE_FAIL("scale: must be NULL when packing to b1");
         break;
     case BIE_DTYPE_S4:
-        if (!src_float && src->dtype != BIE_DTYPE_I8) FAIL("src: dtype %s cannot be packed to s4", bie_dtype_name(src->dtype));
-        if (src->dtype == BIE_DTYPE_I8 && scale) FAIL("scale: must be NULL for an i8 src");
+        if (!src_float && src->dtype != BIE_DTYPE_I8) BIE_FAIL("src: dtype %s cannot be packed to s4", bie_dtype_name(src->dtype));
+        if (src->dtype == BIE_DTYPE_I8 && scale) BIE_FAIL("scale: must be NULL for an i8 src");
         break;
     case BIE_DTYPE_I8:
-        if (!src_float) FAIL("src: must be f32, f16 or bf16 to quantize to i8");
+        if (!src_float) BIE_FAIL("src: must be f32, f16 or bf16 to quantize to i8");
         break;
-    default: FAIL("dst: dtype %s is not a packed dtype (b1, s4, i8)", bie_dtype_name(dst->dtype));
+    default: BIE_FAIL("dst: dtype %s is not a packed dtype (b1, s4, i8)", bie_dtype_name(dst->dtype));
     }
     return run(ctx, src, sv, dst, false);
 }
@@ -99,12 +93,12 @@ enum bie_status bie_unpack(bie_context_t * ctx, const struct bie_tensor * src,
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     bie_clear_error(ctx);
     float sv;
-    TRY(common(ctx, src, scale, dst, &sv));
-    if (!is_packed(src->dtype)) FAIL("src: dtype %s is not a packed dtype (b1, s4, i8)", bie_dtype_name(src->dtype));
+    BIE_TRY(common(ctx, src, scale, dst, &sv));
+    if (!is_packed(src->dtype)) BIE_FAIL("src: dtype %s is not a packed dtype (b1, s4, i8)", bie_dtype_name(src->dtype));
     if (dst->dtype == BIE_DTYPE_I8) {
-        if (scale) FAIL("scale: must be NULL when unpacking to i8");
+        if (scale) BIE_FAIL("scale: must be NULL when unpacking to i8");
     } else if (!bie_dtype_is_float(dst->dtype)) {
-        FAIL("dst: dtype %s is not supported (f32, f16, bf16, i8)", bie_dtype_name(dst->dtype));
+        BIE_FAIL("dst: dtype %s is not supported (f32, f16, bf16, i8)", bie_dtype_name(dst->dtype));
     }
     return run(ctx, src, sv, dst, true);
 }

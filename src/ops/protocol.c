@@ -10,36 +10,30 @@
 
 #include <math.h>
 
-#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) return s_;                                                        \
-    } while (0)
 
 static enum bie_status sums(bie_context_t * ctx, const char * name, const struct bie_tensor * x,
                             double * sum_abs, double * sum) {
-    TRY(bie_check_tensor(ctx, name, x, true));
-    if (!bie_dtype_is_float(x->dtype)) FAIL("%s: dtype %s is not supported (use f32, f16 or bf16)", name, bie_dtype_name(x->dtype));
+    BIE_TRY(bie_check_tensor(ctx, name, x, true));
+    if (!bie_dtype_is_float(x->dtype)) BIE_FAIL("%s: dtype %s is not supported (use f32, f16 or bf16)", name, bie_dtype_name(x->dtype));
     const struct bie_backend_ops * b = &bie_ref_backend;
     if (x->device_type == BIE_DEVICE_CUDA) {
 #ifdef BIE_HAVE_CUDA
         b = &bie_cuda_backend;
 #else
-        FAIL("%s: is a CUDA tensor but this build has no CUDA backend", name);
+        BIE_FAIL("%s: is a CUDA tensor but this build has no CUDA backend", name);
 #endif
     }
     if (!b->reduce) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "%s: no reduction on this device", name);
-    TRY(b->reduce(ctx, x, sum_abs, sum));
-    if (!isfinite(*sum_abs)) FAIL("%s: holds a value that is not finite", name);
+    BIE_TRY(b->reduce(ctx, x, sum_abs, sum));
+    if (!isfinite(*sum_abs)) BIE_FAIL("%s: holds a value that is not finite", name);
     return BIE_STATUS_OK;
 }
 
 static enum bie_status store_scale(bie_context_t * ctx, struct bie_tensor * out, double v) {
-    TRY(bie_check_tensor(ctx, "out_scale", out, false));
-    if (bie_tensor_numel(out) != 1) FAIL("out_scale: must hold exactly one element");
-    if (!bie_dtype_is_float(out->dtype)) FAIL("out_scale: must be f32, f16 or bf16");
-    if (out->device_type != BIE_DEVICE_CPU) FAIL("out_scale: must be a CPU tensor");
+    BIE_TRY(bie_check_tensor(ctx, "out_scale", out, false));
+    if (bie_tensor_numel(out) != 1) BIE_FAIL("out_scale: must hold exactly one element");
+    if (!bie_dtype_is_float(out->dtype)) BIE_FAIL("out_scale: must be f32, f16 or bf16");
+    if (out->device_type != BIE_DEVICE_CPU) BIE_FAIL("out_scale: must be a CPU tensor");
     bie_store(out, 0, (double)(float)v);
     bie_clear_error(ctx);
     return BIE_STATUS_OK;
@@ -53,12 +47,12 @@ enum bie_status bie_activation_scale_init(bie_context_t * ctx, enum bie_quant qu
                                           const struct bie_tensor * x, struct bie_tensor * out_scale) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     bie_clear_error(ctx);
-    if (!quant_valid(quant)) FAIL("quant: = %d must be 1, 4 or 8", (int)quant);
+    if (!quant_valid(quant)) BIE_FAIL("quant: = %d must be 1, 4 or 8", (int)quant);
     double sa, s;
-    TRY(sums(ctx, "x", x, &sa, &s));
+    BIE_TRY(sums(ctx, "x", x, &sa, &s));
     const double mean_abs = sa / (double)bie_tensor_numel(x);
     double v = quant == BIE_QUANT_BINARY ? (symmetric ? 2.0 : 4.0) * mean_abs : 2.0 * mean_abs / 11.269;
-    if (!(v > 0.0)) FAIL("x: is all zeros, so no scale can be derived from it");
+    if (!(v > 0.0)) BIE_FAIL("x: is all zeros, so no scale can be derived from it");
     return store_scale(ctx, out_scale, v);
 }
 
@@ -66,15 +60,15 @@ enum bie_status bie_weight_scale_init(bie_context_t * ctx, enum bie_quant quant,
                                       const struct bie_tensor * w, struct bie_tensor * out_scale) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     bie_clear_error(ctx);
-    if (!quant_valid(quant)) FAIL("quant: = %d must be 1, 4 or 8", (int)quant);
+    if (!quant_valid(quant)) BIE_FAIL("quant: = %d must be 1, 4 or 8", (int)quant);
     double sa, s;
-    TRY(sums(ctx, "w", w, &sa, &s));
+    BIE_TRY(sums(ctx, "w", w, &sa, &s));
     const double mean_abs = sa / (double)bie_tensor_numel(w);
     double v;
     if (quant == BIE_QUANT_BINARY) v = mean_abs;
     else if (quant == BIE_QUANT_INT4) v = fmax(2.0 * mean_abs / 5.6345, 1e-5);
     else v = 2.0 * mean_abs / 11.269;
-    if (!(v > 0.0)) FAIL("w: is all zeros, so no scale can be derived from it");
+    if (!(v > 0.0)) BIE_FAIL("w: is all zeros, so no scale can be derived from it");
     return store_scale(ctx, out_scale, v);
 }
 
@@ -83,14 +77,14 @@ enum bie_status bie_weight_to_latent_int8(bie_context_t * ctx, const struct bie_
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     bie_clear_error(ctx);
     double sa, s;
-    TRY(sums(ctx, "w", w, &sa, &s));
-    TRY(bie_check_tensor(ctx, "out_i8", out_i8, false));
-    if (out_i8->dtype != BIE_DTYPE_I8) FAIL("out_i8: dtype must be i8, is %s", bie_dtype_name(out_i8->dtype));
+    BIE_TRY(sums(ctx, "w", w, &sa, &s));
+    BIE_TRY(bie_check_tensor(ctx, "out_i8", out_i8, false));
+    if (out_i8->dtype != BIE_DTYPE_I8) BIE_FAIL("out_i8: dtype must be i8, is %s", bie_dtype_name(out_i8->dtype));
     if (w->device_type != BIE_DEVICE_CPU || out_i8->device_type != BIE_DEVICE_CPU)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "w: the int8 latent weight is computed on the CPU only");
-    if (out_i8->ndim != w->ndim) FAIL("out_i8: must have the shape of w");
+    if (out_i8->ndim != w->ndim) BIE_FAIL("out_i8: must have the shape of w");
     for (int32_t i = 0; i < w->ndim; i++)
-        if (out_i8->shape[i] != w->shape[i]) FAIL("out_i8: must have the shape of w");
+        if (out_i8->shape[i] != w->shape[i]) BIE_FAIL("out_i8: must have the shape of w");
     const float mean = (float)(s / (double)bie_tensor_numel(w));
     int64_t idx[BIE_MAX_DIMS] = {0};
     float amax = 0.0f;
