@@ -74,11 +74,21 @@ static void make_codes(const struct bwd * b) {
         }
         return;
     }
-    const int64_t planes = g->batch * g->C;
+    const int64_t planes = g->batch * g->C, HW = g->H * g->W;
+    const bool fast = b->c->x.dtype == BIE_DTYPE_F32 && (g->W == 1 || xs[3] == 1) && (g->H == 1 || xs[2] == g->W);
 #pragma omp parallel for num_threads(b->threads)
     for (int64_t pl = 0; pl < planes; pl++) {
         const int64_t n = pl / g->C, ch = pl % g->C;
-        float * d = b->acode + pl * g->H * g->W;
+        float * d = b->acode + pl * HW;
+        if (fast) {
+            const float * xp = (const float *)b->c->x.data + n * xs[0] + ch * xs[1];
+            const float bias = b->bias[ch];
+            if (b->binary)
+                for (int64_t e = 0; e < HW; e++) d[e] = xp[e] + bias >= 0.0f ? 1.0f : -1.0f;
+            else
+                for (int64_t e = 0; e < HW; e++) d[e] = code_of(b, xp[e] + bias);
+            continue;
+        }
         for (int64_t h = 0; h < g->H; h++)
             for (int64_t w = 0; w < g->W; w++)
                 d[h * g->W + w] = code_of(b, x_prime(b, n * xs[0] + ch * xs[1] + h * xs[2] + w * xs[3], ch));
@@ -144,23 +154,41 @@ static void gather_g(const struct bwd * b, int64_t n0, int64_t nb, float * G, in
     }
 }
 
-// col[k][nl*P + p] = a_pad at tap k = (c, i, j) of output pixel p of sample n0 + nl.
-static void im2col(const struct bwd * b, int64_t n0, int64_t nb, float * col) { // one thread
+// Output columns ow whose input column iw = ow*sw - pw + j*dw lies inside [0, W): [*lo, *hi).
+static void valid_range(int64_t out, int64_t in, int64_t s, int64_t p, int64_t off, int64_t * lo, int64_t * hi) {
+    // iw >= 0  <=>  ow >= ceil((p - off) / s);   iw < in  <=>  ow <= floor((in - 1 + p - off) / s)
+    const int64_t a = p - off, b = in - 1 + p - off;
+    int64_t l = a <= 0 ? 0 : (a + s - 1) / s;
+    int64_t h = b < 0 ? 0 : b / s + 1;
+    if (h > out) h = out;
+    if (l > h) l = h;
+    *lo = l;
+    *hi = h;
+}
+
+// col[k][nl*P + p] = a_pad at tap k = (c, i, j) of output pixel p of sample n0 + nl (one thread).
+static void im2col(const struct bwd * b, int64_t n0, int64_t nb, float * col) {
     const struct bie_geometry * g = b->g;
     const int64_t P = g->OH * g->OW, ld = nb * P;
     const float pad = !b->binary ? 0.0f : g->pad_value == BIE_PAD_MINUS_ONE ? -1.0f
                                       : g->pad_value == BIE_PAD_PLUS_ONE ? 1.0f : 0.0f;
     for (int64_t k = 0; k < g->K; k++) {
         const int64_t ch = k / (g->kh * g->kw), i = (k / g->kw) % g->kh, j = k % g->kw;
+        int64_t lo, hi;
+        valid_range(g->OW, g->W, g->sw, g->pw, j * g->dw, &lo, &hi);
         for (int64_t nl = 0; nl < nb; nl++) {
             const float * src = b->acode + ((n0 + nl) * g->C + ch) * g->H * g->W;
             float * d = col + k * ld + nl * P;
-            for (int64_t oh = 0; oh < g->OH; oh++) {
+            for (int64_t oh = 0; oh < g->OH; oh++, d += g->OW) {
                 const int64_t ih = oh * g->sh - g->ph + i * g->dh;
-                for (int64_t ow = 0; ow < g->OW; ow++) {
-                    const int64_t iw = ow * g->sw - g->pw + j * g->dw;
-                    d[oh * g->OW + ow] = (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W) ? pad : src[ih * g->W + iw];
+                if (ih < 0 || ih >= g->H) {
+                    for (int64_t ow = 0; ow < g->OW; ow++) d[ow] = pad;
+                    continue;
                 }
+                const int64_t base = ih * g->W - g->pw + j * g->dw; // + ow*sw: inside the row for lo <= ow < hi
+                for (int64_t ow = 0; ow < lo; ow++) d[ow] = pad;
+                for (int64_t ow = lo; ow < hi; ow++) d[ow] = src[base + ow * g->sw];
+                for (int64_t ow = hi; ow < g->OW; ow++) d[ow] = pad;
             }
         }
     }
@@ -176,14 +204,15 @@ static void col2im(const struct bwd * b, int64_t n0, int64_t nb, const float * d
         memset(dst, 0, (size_t)(g->H * g->W) * sizeof(float));
         for (int64_t i = 0; i < g->kh; i++)
             for (int64_t j = 0; j < g->kw; j++) {
+                int64_t lo, hi;
+                valid_range(g->OW, g->W, g->sw, g->pw, j * g->dw, &lo, &hi);
                 const float * src = dcol + ((ch * g->kh + i) * g->kw + j) * ld + nl * P;
                 for (int64_t oh = 0; oh < g->OH; oh++) {
                     const int64_t ih = oh * g->sh - g->ph + i * g->dh;
                     if (ih < 0 || ih >= g->H) continue;
-                    for (int64_t ow = 0; ow < g->OW; ow++) {
-                        const int64_t iw = ow * g->sw - g->pw + j * g->dw;
-                        if (iw >= 0 && iw < g->W) dst[ih * g->W + iw] += src[oh * g->OW + ow];
-                    }
+                    const int64_t base = ih * g->W - g->pw + j * g->dw;
+                    const float * sr = src + oh * g->OW;
+                    for (int64_t ow = lo; ow < hi; ow++) dst[base + ow * g->sw] += sr[ow];
                 }
             }
     }
@@ -219,7 +248,9 @@ static void finish_gx(const struct bwd * b, double * part_s) {
             double ssum = 0.0;
             if (fast) {
                 const float * xr = (const float *)c->x.data + n * xs[0];
-                for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, xr[ch] + b->bias[ch], gxp[ch], &ssum);
+                double lanes[8] = {0};
+                for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, xr[ch] + b->bias[ch], gxp[ch], &lanes[ch & 7]);
+                for (int l = 0; l < 8; l++) ssum += lanes[l];
                 if (c->grad_x.data) memcpy((float *)c->grad_x.data + n * gs[0], gxp, (size_t)g->C * sizeof(float));
             } else {
                 for (int64_t ch = 0; ch < g->C; ch++) {
@@ -231,12 +262,26 @@ static void finish_gx(const struct bwd * b, double * part_s) {
         }
         return;
     }
-    const int64_t planes = g->batch * g->C;
+    const int64_t planes = g->batch * g->C, HW = g->H * g->W;
+    // Dense f32 planes (NCHW-like x and grad_x): plain pointer loops.
+    const bool fast = c->x.dtype == BIE_DTYPE_F32 && (g->W == 1 || xs[3] == 1) && (g->H == 1 || xs[2] == g->W) &&
+                      (!c->grad_x.data || (c->grad_x.dtype == BIE_DTYPE_F32 && (g->W == 1 || gs[3] == 1) &&
+                                           (g->H == 1 || gs[2] == g->W)));
 #pragma omp parallel for num_threads(b->threads)
     for (int64_t pl = 0; pl < planes; pl++) {
         const int64_t n = pl / g->C, ch = pl % g->C;
-        float * gxp = b->gx + pl * g->H * g->W;
+        float * gxp = b->gx + pl * HW;
         double ssum = 0.0;
+        if (fast) {
+            const float * xp = (const float *)c->x.data + n * xs[0] + ch * xs[1];
+            const float bias = b->bias[ch];
+            double lanes[8] = {0}; // 8 independent sums (a fixed order), so the loop vectorises
+            for (int64_t e = 0; e < HW; e++) gxp[e] = mask_one(b, xp[e] + bias, gxp[e], &lanes[e & 7]);
+            for (int l = 0; l < 8; l++) ssum += lanes[l];
+            if (c->grad_x.data) memcpy((float *)c->grad_x.data + n * gs[0] + ch * gs[1], gxp, (size_t)HW * sizeof(float));
+            part_s[pl] = ssum;
+            continue;
+        }
         for (int64_t h = 0; h < g->H; h++)
             for (int64_t w = 0; w < g->W; w++) {
                 float * v = gxp + h * g->W + w;
