@@ -124,8 +124,8 @@ class BieLayer(nn.Module):
         if w is None:
             return
         if self.quant == QUANT_INT8:
-            with torch.no_grad():
-                self.scale_w.copy_(_q8_weight_scale(w))
+            self._q8_scale_key = None
+            self._refresh_q8_scale()
         elif w.dtype.is_floating_point:
             s = F.weight_scale_init(self.quant, w)
             with torch.no_grad():
@@ -133,6 +133,15 @@ class BieLayer(nn.Module):
         if self.latent_int8 and w.dtype != torch.int8:
             self.weight = nn.Parameter(F.weight_to_latent_int8(w), requires_grad=False)
         self._qweight_key = None
+
+    def _refresh_q8_scale(self):
+        """8-bit layers: scale_w = 2*mean|W|/11.269 of the current weight (recomputed only when the
+        weight changed, so that an unchanged weight keeps its packed form)."""
+        key = (id(self.weight), self.weight._version)
+        if getattr(self, "_q8_scale_key", None) != key:
+            with torch.no_grad():
+                self.scale_w.copy_(_q8_weight_scale(self.weight))
+            self._q8_scale_key = key
 
     def _weight_key(self):
         return (id(self.weight), self.weight._version, self.scale_w._version, self.scale_w.data_ptr())
@@ -146,8 +155,7 @@ class BieLayer(nn.Module):
                 raise RuntimeError("bie: this layer has neither a weight nor a qweight")
             return
         if self.quant == QUANT_INT8:
-            with torch.no_grad():
-                self.scale_w.copy_(_q8_weight_scale(w))
+            self._refresh_q8_scale()
             qw = F.quantize_int8(w, self.scale_w)
         elif self.quant == QUANT_INT4 and F.packed_shape(QUANT_INT4, tuple(w.shape)) == tuple(w.shape):
             qw = F.quantize_int8(w, self.scale_w)  # one channel: codes (the packed form would look alike)
@@ -228,8 +236,7 @@ class BieLayer(nn.Module):
     def _prepare_forward(self, x):
         self._init_scale_a(x)
         if self.quant == QUANT_INT8 and self.training and self.weight is not None:
-            with torch.no_grad():
-                self.scale_w.copy_(_q8_weight_scale(self.weight))
+            self._refresh_q8_scale()
         w = self.opt_weight
         if self.training:
             self._latent_grad_sink(w)
@@ -256,8 +263,11 @@ class BieLayer(nn.Module):
             self.weight = None  # a packed-only checkpoint
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        if prefix + "eps" in missing_keys:  # Bitorch Engine's binary layers have no eps buffer
+            missing_keys.remove(prefix + "eps")
         self._scale_ready = False
         self._qweight_key = None
+        self._q8_scale_key = None
         if self.qweight is not None and self.weight is not None:
             self._qweight_key = self._weight_key()  # checkpointed together: consistent
 

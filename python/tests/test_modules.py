@@ -211,3 +211,51 @@ def test_small_model_loss_falls(kind):
         opt.step()
         losses.append(float(loss))
     assert sum(losses[-5:]) / 5 < 0.5 * sum(losses[:5]) / 5, losses
+
+
+@pytest.mark.parametrize("cls", LINEARS + CONVS)
+def test_cuda_no_host_sync_and_side_stream(cls):
+    """On a CUDA device, after the one-off set-up (scale_a from the first batch, the packed weight),
+    training and eval calls make no host synchronisation that PyTorch can see, and calls on a side
+    stream give the default stream's results."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    if not bie.cuda_available():
+        pytest.skip("libbie has no CUDA backend")
+    m, x = make(cls, "cuda", torch.float16)
+    m.train()
+    m(x).float().sum().backward()
+    m.eval()
+    y_eval = m(x)
+    m.train()
+    y_train = m(x)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        m.zero_grad()
+        m(x).float().sum().backward()
+        m.eval()
+        m(x)
+        m.train()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ys = m(x)
+        m.eval()
+        ye = m(x)
+        m.train()
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(ys, y_train) and torch.equal(ye, y_eval)
+
+
+def test_bitorch_engine_style_checkpoint():
+    """A Bitorch Engine binary-layer state_dict (int8 latent weight, no eps buffer) loads strictly."""
+    m, x = make(bie.BinaryLinear, "cpu", latent_int8=True)
+    y = m(x)
+    sd = {k: v for k, v in m.state_dict().items() if k != "eps"}
+    fresh = bie.BinaryLinear(37, 11)
+    fresh.load_state_dict(sd)
+    assert fresh.weight.dtype == torch.int8
+    assert torch.equal(fresh(x), y)
