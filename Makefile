@@ -10,7 +10,7 @@ ifeq ($(shell command -v nvcc),)
 endif
 CMAKE_FLAGS ?=
 
-.PHONY: all build test test-unit test-san test-python demo clean
+.PHONY: all build test test-unit test-san test-python test-fuzz fuzz demo clean
 
 all: build
 
@@ -27,6 +27,7 @@ test:
 	ctest --test-dir build -L unit --output-on-failure -j$(JOBS)
 	$(MAKE) --no-print-directory test-san
 	$(MAKE) --no-print-directory test-python
+	$(MAKE) --no-print-directory test-fuzz
 
 test-san:
 	cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBIE_SANITIZE=ON -DBIE_CUDA=OFF $(CMAKE_FLAGS)
@@ -39,10 +40,39 @@ test-python:
 	  BIE_LIBRARY=$(CURDIR)/build/libbie.so PYTHONPATH=$(CURDIR)/python /usr/bin/python3 -m pytest -q python/tests; \
 	else echo "no python tests yet"; fi
 
+# libFuzzer targets of the file readers (fuzz/): `make fuzz` runs each for FUZZ_RUNS inputs
+# (default 1,000,000) from its seed corpus; `make test` runs each for FUZZ_SECONDS (default 20).
+FUZZ_RUNS ?= 1000000
+FUZZ_SECONDS ?= 20
+FUZZ_TARGETS = fuzz-safetensors fuzz-idx
+.PHONY: build-fuzz
+build-fuzz:
+	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBIE_FUZZ=ON -DBIE_CUDA=OFF $(CMAKE_FLAGS) >/dev/null
+	cmake --build build-fuzz -j$(JOBS) --target $(FUZZ_TARGETS)
+
+fuzz: build-fuzz
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus/$$t; \
+	  echo "$$t: $(FUZZ_RUNS) runs"; \
+	  build-fuzz/$$t -runs=$(FUZZ_RUNS) -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1 \
+	    build-fuzz/corpus/$$t fuzz/corpus-$${t#fuzz-} >build-fuzz/$$t.log 2>&1; rc=$$?; \
+	  grep -E "^(stat::number_of_executed_units|Done)" build-fuzz/$$t.log; \
+	  [ $$rc -eq 0 ] || { tail -n 40 build-fuzz/$$t.log; echo "$$t failed: see build-fuzz/$$t.log"; exit 1; }; \
+	done
+
+test-fuzz: build-fuzz
+	@for t in $(FUZZ_TARGETS); do \
+	  mkdir -p build-fuzz/corpus/$$t; \
+	  build-fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1 \
+	    build-fuzz/corpus/$$t fuzz/corpus-$${t#fuzz-} >build-fuzz/$$t.log 2>&1; rc=$$?; \
+	  grep -E "^(stat::number_of_executed_units|Done)" build-fuzz/$$t.log; \
+	  [ $$rc -eq 0 ] || { tail -n 40 build-fuzz/$$t.log; echo "$$t failed: see build-fuzz/$$t.log"; exit 1; }; \
+	done
+
 demo:
 	scripts/install-deps.sh demo
 	$(MAKE) --no-print-directory build
 	scripts/demo.sh
 
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-fuzz

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum bie_status bie_read_file(bie_context_t * ctx, const char * path, size_t max_size, uint8_t ** out,
@@ -71,6 +72,10 @@ enum bie_status bie_write_file_atomic(bie_context_t * ctx, const char * path, si
         free(tmp);
         return s;
     }
+    // mkstemp creates the file 0600; give it the mode a plain fopen would (0666 less the umask).
+    const mode_t mask = umask(0);
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
     FILE * f = fdopen(fd, "wb");
     bool ok = f != NULL;
     for (size_t i = 0; ok && i < n_parts; i++)

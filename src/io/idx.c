@@ -51,6 +51,16 @@ static enum bie_status gunzip(bie_context_t * ctx, const char * name, const uint
         int r = inflate(&z, Z_NO_FLUSH);
         consumed += avail_in0 - z.avail_in;
         len += avail_out0 - z.avail_out;
+        // Once the IDX header is out, nothing beyond the size it announces (plus one byte, to
+        // report padding) is inflated: a small "zip bomb" cannot make us allocate more.
+        if (len >= 4 && buf[3] >= 1 && buf[3] <= 4 && len >= 4 + 4 * (size_t)buf[3]) {
+            uint64_t want = 4 + 4 * (uint64_t)buf[3];
+            uint64_t numel = 1;
+            for (int i = 0; i < buf[3] && numel <= max; i++) numel *= bie_load_be32(buf + 4 + 4 * i);
+            want += numel + 1;
+            if (want < max) max = (size_t)want;
+            if (len >= max) break; // parse_raw reports the padding
+        }
         if (r == Z_STREAM_END) {
             if (consumed == n) break;
             // Another gzip member follows (concatenated .gz files are legal).

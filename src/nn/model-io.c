@@ -281,6 +281,22 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     if (!parse_u64(bie_safetensors_metadata(st, "bie.step"), &step) || step > (uint64_t)INT64_MAX ||
         !parse_u64(bie_safetensors_metadata(st, "bie.seed"), &seed))
         return FMT("bie.step or bie.seed is missing or not an unsigned integer");
+    // Before allocating anything: the weights the architecture declares must be in the file
+    // (at least one bit each), so a tiny hostile file cannot make us allocate gigabytes.
+    struct layer * layers = NULL;
+    int64_t n_layers = 0;
+    if (bie_model_parse_arch(ctx, arch, &layers, &n_layers) != BIE_STATUS_OK) {
+        char msg[BIE_ERROR_CAP];
+        snprintf(msg, sizeof msg, "%s", bie_context_last_error(ctx));
+        return FMT("bad bie.arch: %s", msg);
+    }
+    uint64_t min_bytes = 0, have = 0;
+    for (int64_t i = 0; i < n_layers; i++)
+        if (layers[i].kind == L_CONV || layers[i].kind == L_LINEAR) min_bytes += (uint64_t)(layers[i].O * layers[i].K) / 8;
+    free(layers);
+    for (size_t i = 0; i < bie_safetensors_count(st); i++) have += bie_safetensors_at(st, i)->nbytes;
+    if (min_bytes > have)
+        return FMT("the architecture needs at least %" PRIu64 " bytes of weights, the file holds %" PRIu64, min_bytes, have);
     bie_model_t * m = NULL;
     enum bie_status s = bie_model_create_empty(ctx, arch, lat, packed, &m);
     if (s != BIE_STATUS_OK) {
