@@ -20,6 +20,7 @@
 #define MAX_LAYERS 64
 #define BN_MOMENTUM 0.1f
 #define BN_EPS 1e-5f
+#define AUX_LR_FACTOR 0.1f // learning rate of bias_a and scale_a relative to the weights'
 
 // --- architecture -------------------------------------------------------------------------------
 
@@ -525,10 +526,11 @@ static enum bie_status qlayer_forward_float(bie_context_t * ctx, bie_model_t * m
     float * a = sp, * scratch = a + n * in_n;
     const float sa = L->scale_a.v[0];
     const int lo = L->q == Q_Q4 ? -8 : -128, hi = L->q == Q_Q4 ? 7 : 127;
-    const int64_t hw = L->in[1] * L->in[2];
+    // bias_a is per channel for a conv, per input feature (all of C*H*W) for a linear layer.
+    const int64_t hw = L->kind == L_CONV ? L->in[1] * L->in[2] : 1, nc = L->C;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n * in_n; i++) {
-        const float xp = x[i] + L->bias_a.v[(i / hw) % L->in[0]];
+        const float xp = x[i] + L->bias_a.v[(i / hw) % nc];
         a[i] = L->q == Q_B1 ? (xp >= 0 ? 1.0f : -1.0f) : fminf(fmaxf(bie_rne(xp / sa), (float)lo), (float)hi);
     }
     const float scale = sa * L->scale_w;
@@ -680,10 +682,15 @@ enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, f
             ap.weight_decay = 0;
             TRY(bie_adam_step(ctx, &ap, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
         } else if (L->kind == L_CONV || L->kind == L_LINEAR) {
-            ap.weight_decay = 0;
-            ap.clip = 0;
-            TRY(bie_adam_step(ctx, &ap, m->step, L->bias_a.n, L->bias_a.v, L->bias_a.g, L->bias_a.m, L->bias_a.s));
-            TRY(bie_adam_step(ctx, &ap, m->step, 1, L->scale_a.v, L->scale_a.g, L->scale_a.m, L->scale_a.s));
+            // bias_a and scale_a duplicate the preceding batch norm's beta and gamma (the pair only
+            // moves the threshold and the STE window): a tenth of the rate keeps Adam from driving
+            // the threshold out of the data's range, where the window would close for good.
+            struct bie_adam_params aux = ap;
+            aux.lr = ap.lr * AUX_LR_FACTOR;
+            aux.weight_decay = 0;
+            aux.clip = 0;
+            TRY(bie_adam_step(ctx, &aux, m->step, L->bias_a.n, L->bias_a.v, L->bias_a.g, L->bias_a.m, L->bias_a.s));
+            TRY(bie_adam_step(ctx, &aux, m->step, 1, L->scale_a.v, L->scale_a.g, L->scale_a.m, L->scale_a.s));
             if (!(L->scale_a.v[0] > 1e-6f)) L->scale_a.v[0] = 1e-6f; // the layer needs scale_a > 0
             if (L->w8) {
                 TRY(bie_diode_step(ctx, &dp, L->w.n, L->w8, L->w.g, L->w.m, L->w.s, NULL));

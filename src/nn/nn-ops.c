@@ -117,6 +117,23 @@ enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c,
 #pragma omp parallel for schedule(static)
     for (int64_t plane = 0; plane < n * c; plane++) {
         const float * xp = x + plane * h * w;
+        if (k == 2) { // the common case, without the inner loops: same order, same ties
+            for (int64_t oy = 0; oy < oh; oy++)
+                for (int64_t ox = 0; ox < ow; ox++) {
+                    const int64_t at0 = (2 * oy) * w + 2 * ox, at[4] = {at0, at0 + 1, at0 + w, at0 + w + 1};
+                    int64_t best = at0;
+                    float bv = xp[at0];
+                    for (int t = 1; t < 4; t++)
+                        if (xp[at[t]] > bv || (xp[at[t]] != xp[at[t]] && bv == bv)) {
+                            bv = xp[at[t]];
+                            best = at[t];
+                        }
+                    const int64_t o = plane * oh * ow + oy * ow + ox;
+                    y[o] = bv;
+                    if (argmax) argmax[o] = (int32_t)(plane * h * w + best);
+                }
+            continue;
+        }
         for (int64_t oy = 0; oy < oh; oy++)
             for (int64_t ox = 0; ox < ow; ox++) {
                 int64_t best = (oy * k) * w + ox * k;
