@@ -154,7 +154,8 @@ static int base_conv(void * v) { // per sample: col[K][P] = im2col(x), y[O][P] =
     const int64_t P = OH * OW, K = c->C * c->k * c->k;
     for (int64_t n = 0; n < c->B; n++) {
         const float * x = s->fx + n * c->C * c->H * c->W;
-#pragma omp parallel for num_threads(s->threads)
+        // im2col on the calling thread: OpenMP workers spinning next to OpenBLAS's would slow the
+        // sgemm down (and it is O(K*P) against the sgemm's O(O*K*P)).
         for (int64_t r = 0; r < K; r++) {
             const int64_t ch = r / (c->k * c->k), i = (r / c->k) % c->k, j = r % c->k;
             float * d = s->col + r * P;

@@ -59,9 +59,11 @@ void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool
     if (!parallel_stores) threads = 1;
     if (threads > tiles) threads = (int)tiles;
     const size_t esz = job->kind == 16 ? sizeof(int16_t) : 1;
+    // Consecutive tiles share the block of the larger operand, which then streams from memory once.
+    const bool n_major = (size_t)job->N * job->ldb > (size_t)job->M * job->lda;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t t = 0; t < tiles; t++) {
-        const int64_t mt = t / ntiles, ntile = t % ntiles;
+        const int64_t mt = n_major ? t % mtiles : t / ntiles, ntile = n_major ? t / mtiles : t % ntiles;
         const int64_t m0 = mt * MB, n0 = ntile * nb;
         const int64_t mc = job->M - m0 < MB ? job->M - m0 : MB;
         const int64_t nc = job->N - n0 < nb ? job->N - n0 : nb;
