@@ -7,19 +7,24 @@
 # exist, the PyTorch binding's tests and module benchmarks. Prints one summary table last.
 # Logs go to $OUT when that variable is set (else to build-gpu/logs).
 #
-# Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer]
+# Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer] [--no-python] [--profile]
+#   --profile: also time every kernel of the quick binary-GEMM and int4 benchmarks with Nsight
+#   Compute (gpu__time_duration per kernel)
 set -u
 cd "$(dirname "$0")/.."
-QUICK=0 BENCH=1 SAN=1
+QUICK=0 BENCH=1 SAN=1 PY=1 PROF=0
 for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
     --no-bench) BENCH=0 ;;
     --no-sanitizer) SAN=0 ;;
+    --no-python) PY=0 ;;
+    --profile) PROF=1 ;;
   esac
 done
 BUILD=build-gpu
-LOG=${OUT:-$BUILD/logs}
+LOG=$BUILD/logs
+rm -rf "$LOG"
 mkdir -p "$LOG"
 export PATH=/usr/local/cuda/bin:$PATH
 JOBS=$(nproc)
@@ -93,7 +98,18 @@ if [ $BENCH = 1 ]; then
   if grep -q "ratio" "$LOG/bench-cuda.txt" 2>/dev/null; then note bench "ok (bench-cuda.txt)"; else note bench "no result"; fi
 fi
 
-if [ -d python/tests ]; then
+if [ $PROF = 1 ] && command -v ncu >/dev/null; then
+  stage "kernel times (ncu)"
+  for c in binary-gemm int4-linear binary-conv; do
+    timeout 240 ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
+      $BUILD/bie_bench_cuda --quick --case $c >"$LOG/ncu-$c.txt" 2>&1
+    echo "-- $c (kernel: unit min max avg)"
+    awk '/^  [A-Za-z_]/ { name = substr($0, 3, 70) } /gpu__time_duration.sum/ { print name " : " $2, $3, $4, $5 }' \
+      "$LOG/ncu-$c.txt" | head -30
+  done
+fi
+
+if [ -d python/tests ] && [ $PY = 1 ]; then
   stage "python binding"
   if BIE_LIBRARY=$PWD/$BUILD/libbie.so PYTHONPATH=$PWD/python timeout 300 python3 -m pytest -q python/tests \
        >"$LOG/pytest.txt" 2>&1; then
@@ -112,4 +128,10 @@ fi
 stage "bench results"
 grep -E "ratio" "$LOG/bench-cuda.txt" 2>/dev/null
 stage "summary"
-for l in "${SUMMARY[@]}"; do echo "$l"; done
+for l in "${SUMMARY[@]}"; do echo "$l"; done | tee "$LOG/summary.txt"
+# Everything in one archive (the device tool brings back at most 8 files).
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/gpu-logs.tgz" -C "$BUILD" logs
+  cp "$LOG/summary.txt" "$OUT/" 2>/dev/null
+  cp "$LOG/bench-cuda.txt" "$OUT/" 2>/dev/null
+fi

@@ -61,10 +61,11 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
     const int pad_code = binary && p.g.pad_value == BIE_PAD_PLUS_ONE ? 1 : 0;
     for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
         int64_t r0 = row, r1 = 0, r2 = 0;
-        if (!p.is_weight) {
-            r2 = row % p.g.OW;
-            r1 = (row / p.g.OW) % p.g.OH;
-            r0 = row / (p.g.OW * p.g.OH);
+        if (!p.is_weight && (p.g.OH > 1 || p.g.OW > 1)) {
+            const uint32_t rr = (uint32_t)row, OW = (uint32_t)p.g.OW, OH = (uint32_t)p.g.OH;
+            r2 = rr % OW;
+            r1 = (rr / OW) % OH;
+            r0 = rr / (OW * OH);
         }
         int cnt = 0;
         uint32_t * dst = (uint32_t *)(out + row * kbytes);
@@ -155,9 +156,15 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
                           (g.K + 7) / 8 == kbytes && (N == 1 || (wrow % 128 == 0 && wrow / 8 >= kbytes)) &&
                           ((uintptr_t)wt.data % 16) == 0;
     const int64_t ldb = w_direct && N > 1 ? wrow / 8 : kbytes;
+    // A B1 x of a linear layer is read in place when K fills its rows' bytes exactly (no bits past
+    // K at all, so neither operand's padding can meet the other's) and its rows are 16-byte
+    // aligned, kbytes apart.
+    const struct bie_tensor & xt = c->x;
+    const bool x_direct = binary && !c->is_conv && xt.dtype == BIE_DTYPE_B1 && g.K == kbytes * 8 &&
+                          xt.stride[1] == 1 && (M == 1 || xt.stride[0] == kbytes * 8) && ((uintptr_t)xt.data % 16) == 0;
 
     size_t off = 0;
-    const size_t oA = off; off = align256(off + (size_t)(M * kbytes));
+    const size_t oA = off; off = align256(off + (x_direct ? 0 : (size_t)(M * kbytes)));
     const size_t oB = off; off = align256(off + (w_direct ? 0 : (size_t)(N * kbytes)));
     const size_t oRow = off; off = align256(off + (size_t)M * 4);
     const size_t oCol = off; off = align256(off + (size_t)N * 4);
@@ -181,7 +188,9 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     pw.s = dscale_make(c, false);
 
     int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol), * tappop = (int *)(ws + oTap);
-    pack_rows<<<grid_for(M, 8), 256, 0, st->stream>>>(px, M, kbytes, ws + oA, rowpop);
+    const uint8_t * Am = x_direct ? (const uint8_t *)xt.data : ws + oA;
+    if (x_direct) row_popcounts<<<grid_for(M, 8), 256, 0, st->stream>>>(Am, M, g.K, kbytes, rowpop);
+    else pack_rows<<<grid_for(M, 8), 256, 0, st->stream>>>(px, M, kbytes, ws + oA, rowpop);
     LAUNCHED(ctx, "pack activations");
     const uint8_t * Bm = w_direct ? (const uint8_t *)wt.data : ws + oB;
     if (w_direct) row_popcounts<<<grid_for(N, 8), 256, 0, st->stream>>>(Bm, N, g.K, ldb, colpop);
@@ -203,7 +212,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     dview_make(&c->y, &ep.y);
     ep.sign = b1_out ? (int8_t *)(ws + oSign) : NULL;
     ep.ldb = ldb;
-    BIE_TRY(bie_cuda_gemm(ctx, ws + oA, Bm, M, N, kbytes, ep));
+    BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, M, N, kbytes, ep));
     if (b1_out) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
     return BIE_STATUS_OK;
 }

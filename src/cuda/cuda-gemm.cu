@@ -66,9 +66,15 @@ __device__ __forceinline__ row_info make_row(const gemm_epilogue & ep, int64_t m
     r.valid = m < M;
     if (!r.valid) return r;
     const struct dgeom & g = ep.g;
-    r.ow = m % g.OW;
-    r.oh = (m / g.OW) % g.OH;
-    r.nb = m / (g.OW * g.OH);
+    if (g.OH == 1 && g.OW == 1) { // linear: no division
+        r.nb = m;
+        r.oh = r.ow = 0;
+    } else { // 32-bit divisions (M < 2^31 is checked on the host)
+        const uint32_t mm = (uint32_t)m, ow = (uint32_t)g.OW, oh = (uint32_t)g.OH;
+        r.ow = mm % ow;
+        r.oh = (mm / ow) % oh;
+        r.nb = mm / (ow * oh);
+    }
     r.rowpop = ep.binary ? ep.rowpop[m] : 0;
     r.kterm = g.K;
     r.invalid = 0;
@@ -126,9 +132,9 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp / WN, wn = warp % WN;
     const int64_t bm = (int64_t)blockIdx.x * BM, bn = (int64_t)blockIdx.y * BN;
-    const int64_t ktiles = kbytes / BKB;
+    const int ktiles = (int)(kbytes / BKB);
 
-    auto load_stage = [&](int stage, int64_t kt) {
+    auto load_stage = [&](int stage, int kt) {
         const uint32_t sA = sbase + stage * (BM + BN) * BKB;
         for (int c = tid; c < (BM + BN) * 8; c += NT) {
             const int row = c >> 3, chunk = c & 7;
@@ -138,11 +144,11 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
             if (row < BM) {
                 const int64_t gm = bm + row;
                 valid = gm < M;
-                src = A + (valid ? gm : 0) * kbytes + kt * BKB + chunk * 16;
+                src = A + (valid ? gm : 0) * kbytes + (int64_t)kt * BKB + chunk * 16;
             } else {
                 const int64_t gn = bn + row - BM;
                 valid = gn < N;
-                src = B + (valid ? gn : 0) * ep.ldb + kt * BKB + chunk * 16;
+                src = B + (valid ? gn : 0) * ep.ldb + (int64_t)kt * BKB + chunk * 16;
             }
             cp_async16(dst, src, valid);
         }
@@ -162,12 +168,12 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
         asm volatile("cp.async.commit_group;\n");
     }
 
-    for (int64_t kt = 0; kt < ktiles; kt++) {
+    for (int kt = 0; kt < ktiles; kt++) {
         asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
         __syncthreads();
-        if (kt + STAGES - 1 < ktiles) load_stage((int)((kt + STAGES - 1) % STAGES), kt + STAGES - 1);
+        if (kt + STAGES - 1 < ktiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
         asm volatile("cp.async.commit_group;\n");
-        const uint32_t sA = sbase + (int)(kt % STAGES) * (BM + BN) * BKB;
+        const uint32_t sA = sbase + (kt % STAGES) * (BM + BN) * BKB;
         const uint32_t sB = sA + BM * BKB;
 #pragma unroll
         for (int ks = 0; ks < BKB / 32; ks++) {
@@ -244,8 +250,14 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
         const int64_t m = bm + wm * 64 + lr;
         if (m >= M) break;
         if (n0 >= N) continue;
-        const int64_t ow = m % ep.g.OW, oh = (m / ep.g.OW) % ep.g.OH, nb = m / (ep.g.OW * ep.g.OH);
-        const int64_t off = nb * y.stride[0] + oh * y.stride[2] + ow * y.stride[3] + n0 * y.stride[1];
+        int64_t off = n0 * y.stride[1];
+        if (ep.g.OH == 1 && ep.g.OW == 1) {
+            off += m * y.stride[0];
+        } else {
+            const uint32_t mm = (uint32_t)m, OW = (uint32_t)ep.g.OW, OH = (uint32_t)ep.g.OH;
+            off += (int64_t)(mm / (OW * OH)) * y.stride[0] + (int64_t)((mm / OW) % OH) * y.stride[2] +
+                   (int64_t)(mm % OW) * y.stride[3];
+        }
         const float v0 = tile[lr * LD + 2 * lane], v1 = tile[lr * LD + 2 * lane + 1];
         const bool two = n0 + 1 < N;
         if (y.dtype == BIE_DTYPE_F16 && two && (off & 1) == 0 && (((uintptr_t)y.data) & 3) == 0) {
@@ -296,5 +308,7 @@ enum bie_status pick(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, 
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
                               int64_t kbytes, const gemm_epilogue & ep) {
     if (kbytes % BKB) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm: kbytes %% 128 != 0");
+    if (M >= ((int64_t)1 << 31) || kbytes / BKB >= ((int64_t)1 << 31))
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: more than 2^31 output rows in one call");
     return ep.binary ? pick<true>(ctx, A, B, M, N, kbytes, ep) : pick<false>(ctx, A, B, M, N, kbytes, ep);
 }

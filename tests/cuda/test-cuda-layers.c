@@ -184,8 +184,9 @@ static enum bie_status backward(bie_context_t * ctx, const struct lcase * c, str
 static void test_forward(const struct lcase * c) {
     struct operands o;
     make_operands(c, &o);
-    struct bie_tensor y_ref = make_out(c, c->ydt), y_cu = make_out(c, c->ydt);
+    struct bie_tensor y_ref = make_out(c, c->ydt), y_cu = y_ref; // one view, two buffers
     fill_poison(&y_ref);
+    y_cu.data = malloc(tensor_span(&y_ref) + 64);
     memcpy(y_cu.data, y_ref.data, tensor_span(&y_ref));
     struct bie_tensor dy = cuda_mirror(&y_cu);
     struct bie_forward_args ar = {&o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &y_ref};
