@@ -107,6 +107,13 @@ if [ $PROF = 1 ] && command -v ncu >/dev/null; then
     awk '/^  [A-Za-z_]/ { name = substr($0, 3, 70) } /gpu__time_duration.sum/ { print name " : " $2, $3, $4, $5 }' \
       "$LOG/ncu-$c.txt" | head -30
   done
+  # one binary GEMM kernel in detail (the second launch of the 4096^3 case)
+  timeout 200 ncu -k regex:gemm_kernel --launch-skip 14 --launch-count 1 --section SpeedOfLight \
+    --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --section LaunchStats --section Occupancy $BUILD/bie_bench_cuda --quick --case binary-gemm \
+    >"$LOG/ncu-gemm-detail.txt" 2>&1
+  grep -E "gemm_kernel|Duration|Throughput|Stall|Registers|Occupancy|Pipe|Issue|Warp Cycles|Eligible|Shared" \
+    "$LOG/ncu-gemm-detail.txt" | head -60
 fi
 
 if [ -d python/tests ] && [ $PY = 1 ]; then

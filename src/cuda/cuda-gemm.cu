@@ -282,8 +282,12 @@ enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B
     const int pipe = STAGES * (BM + BN) * BKB, stage_out = WM * WN * 64 * (64 + 4) * 4;
     const int smem = pipe > stage_out ? pipe : stage_out;
     auto kern = gemm_kernel<BINARY, WM, WN>;
-    CU_TRY(ctx, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-           "cudaFuncSetAttribute(gemm)");
+    static int smem_set_on = -1; // the device whose limit was raised (the attribute is per device)
+    if (smem_set_on != ctx->cuda->device) {
+        CU_TRY(ctx, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "cudaFuncSetAttribute(gemm)");
+        smem_set_on = ctx->cuda->device;
+    }
     const int64_t gx = (M + BM - 1) / BM, gy = (N + BN - 1) / BN;
     if (gy > 65535) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "weight: too many output features for one launch");
     kern<<<dim3((unsigned)gx, (unsigned)gy), WM * WN * 32, smem, ctx->cuda->stream>>>(A, B, M, N, kbytes, ep);
@@ -294,9 +298,12 @@ enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B
 template <bool BINARY>
 enum bie_status pick(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
                      int64_t kbytes, const gemm_epilogue & ep) {
-    int dev = 0, sms = 132;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    static int sms = 0, sms_dev = -1;
+    if (sms_dev != ctx->cuda->device) {
+        CU_TRY(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->cuda->device),
+               "cudaDeviceGetAttribute");
+        sms_dev = ctx->cuda->device;
+    }
     auto tiles = [&](int bm, int bn) { return ((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
     if (tiles(128, 256) >= sms) return launch<BINARY, 2, 4>(ctx, A, B, M, N, kbytes, ep);
     if (tiles(128, 128) >= sms) return launch<BINARY, 2, 2>(ctx, A, B, M, N, kbytes, ep);
