@@ -7,12 +7,12 @@
 # exist, the PyTorch binding's tests and module benchmarks. Prints one summary table last.
 # Logs go to $OUT when that variable is set (else to build-gpu/logs).
 #
-# Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer] [--no-python] [--profile]
+# Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer] [--no-python] [--no-unit] [--profile]
 #   --profile: also time every kernel of the quick binary-GEMM and int4 benchmarks with Nsight
 #   Compute (gpu__time_duration per kernel)
 set -u
 cd "$(dirname "$0")/.."
-QUICK=0 BENCH=1 SAN=1 PY=1 PROF=0
+QUICK=0 BENCH=1 SAN=1 PY=1 PROF=0 LABELS="unit cuda"
 for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
@@ -20,6 +20,7 @@ for a in "$@"; do
     --no-sanitizer) SAN=0 ;;
     --no-python) PY=0 ;;
     --profile) PROF=1 ;;
+    --no-unit) LABELS=cuda ;;
   esac
 done
 BUILD=build-gpu
@@ -61,7 +62,7 @@ if [ "${bmma:-0}" -gt 0 ] && [ "${xor:-0}" -eq 0 ]; then note "sass" "BMMA.AND p
 else note "sass" "CHECK: BMMA.AND lines=$bmma, XOR/S4 lines=$xor"; fi
 
 stage "ctest (unit + cuda)"
-for label in unit cuda; do
+for label in $LABELS; do
   if ctest --test-dir $BUILD -L $label --output-on-failure -j4 --timeout 600 >"$LOG/ctest-$label.txt" 2>&1; then
     note "ctest -L $label" "$(grep -E 'tests passed' "$LOG/ctest-$label.txt" | tail -1)"
   else
@@ -101,14 +102,14 @@ fi
 if [ $PROF = 1 ] && command -v ncu >/dev/null; then
   stage "kernel times (ncu)"
   for c in binary-gemm int4-linear binary-conv; do
-    timeout 240 ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
+    timeout 150 ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
       $BUILD/bie_bench_cuda --quick --case $c >"$LOG/ncu-$c.txt" 2>&1
     echo "-- $c (kernel: unit min max avg)"
     awk '/^  [A-Za-z_]/ { name = substr($0, 3, 70) } /gpu__time_duration.sum/ { print name " : " $2, $3, $4, $5 }' \
       "$LOG/ncu-$c.txt" | head -30
   done
   # one binary GEMM kernel in detail (the second launch of the 4096^3 case)
-  timeout 200 ncu -k regex:gemm_kernel --launch-skip 14 --launch-count 1 --section SpeedOfLight \
+  timeout 120 ncu -k regex:gemm_kernel --launch-skip 14 --launch-count 1 --section SpeedOfLight \
     --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     --section LaunchStats --section Occupancy $BUILD/bie_bench_cuda --quick --case binary-gemm \
     >"$LOG/ncu-gemm-detail.txt" 2>&1
