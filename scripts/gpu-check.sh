@@ -12,7 +12,7 @@
 #   Compute (gpu__time_duration per kernel)
 set -u
 cd "$(dirname "$0")/.."
-QUICK=0 BENCH=1 SAN=1 PY=1 PROF=0 LABELS="unit cuda"
+QUICK=0 BENCH=1 SAN=1 PY=1 PROF=0 LABELS="unit cuda" TARGETS=""
 for a in "$@"; do
   case "$a" in
     --quick) QUICK=1 ;;
@@ -20,7 +20,7 @@ for a in "$@"; do
     --no-sanitizer) SAN=0 ;;
     --no-python) PY=0 ;;
     --profile) PROF=1 ;;
-    --no-unit) LABELS=cuda ;;
+    --no-unit) LABELS=cuda TARGETS="--target cuda_test-cuda-layers cuda_test-cuda-pack bie_bench_cuda bie" ;;
   esac
 done
 BUILD=build-gpu
@@ -40,7 +40,7 @@ nvcc --version | tail -2 | tee -a "$LOG/device.txt"
 stage "build (Release, CUDA on)"
 t0=$(date +%s)
 if cmake -S . -B $BUILD -DCMAKE_BUILD_TYPE=Release -DBIE_CUDA=ON >"$LOG/cmake.txt" 2>&1 &&
-   cmake --build $BUILD -j"$JOBS" -- -k >"$LOG/build.txt" 2>&1; then
+   cmake --build $BUILD -j"$JOBS" $TARGETS -- -k >"$LOG/build.txt" 2>&1; then
   note build "ok ($(( $(date +%s) - t0 )) s)"
 else
   # keep going: other targets may still have built (the log names what failed)
