@@ -189,7 +189,7 @@ int main(int argc, char ** argv) {
             check_case(&fc, ref, cpu, nlev, cpu1);
             free_case(&fc);
         }
-    const int nlin = quick ? 20 : 150, nconv = quick ? 30 : 250;
+    const int nlin = quick ? 20 : 400, nconv = quick ? 30 : 600;
     for (int i = 0; i < nlin; i++) {
         struct fcase fc;
         make_linear(&fc, 0, 0);

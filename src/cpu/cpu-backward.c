@@ -42,6 +42,7 @@ struct bwd {
     const struct bie_layer_call * c;
     const struct bie_geometry * g;
     int threads;
+    const struct cpu_kernels * kern;
     bool binary;
     int lo, hi;
     float * bias;  // dense [C]
@@ -248,9 +249,13 @@ static void finish_gx(const struct bwd * b, double * part_s) {
             double ssum = 0.0;
             if (fast) {
                 const float * xr = (const float *)c->x.data + n * xs[0];
-                double lanes[8] = {0};
-                for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, xr[ch] + b->bias[ch], gxp[ch], &lanes[ch & 7]);
-                for (int l = 0; l < 8; l++) ssum += lanes[l];
+                if (b->binary) {
+                    ssum = b->kern->mask_binary(xr, b->bias, 0.0f, c->scale_a, gxp, g->C);
+                } else {
+                    double lanes[8] = {0};
+                    for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, xr[ch] + b->bias[ch], gxp[ch], &lanes[ch & 7]);
+                    for (int l = 0; l < 8; l++) ssum += lanes[l];
+                }
                 if (c->grad_x.data) memcpy((float *)c->grad_x.data + n * gs[0], gxp, (size_t)g->C * sizeof(float));
             } else {
                 for (int64_t ch = 0; ch < g->C; ch++) {
@@ -275,9 +280,13 @@ static void finish_gx(const struct bwd * b, double * part_s) {
         if (fast) {
             const float * xp = (const float *)c->x.data + n * xs[0] + ch * xs[1];
             const float bias = b->bias[ch];
-            double lanes[8] = {0}; // 8 independent sums (a fixed order), so the loop vectorises
-            for (int64_t e = 0; e < HW; e++) gxp[e] = mask_one(b, xp[e] + bias, gxp[e], &lanes[e & 7]);
-            for (int l = 0; l < 8; l++) ssum += lanes[l];
+            if (b->binary) {
+                ssum = b->kern->mask_binary(xp, NULL, bias, c->scale_a, gxp, HW);
+            } else {
+                double lanes[8] = {0}; // 8 independent sums (a fixed order)
+                for (int64_t e = 0; e < HW; e++) gxp[e] = mask_one(b, xp[e] + bias, gxp[e], &lanes[e & 7]);
+                for (int l = 0; l < 8; l++) ssum += lanes[l];
+            }
             if (c->grad_x.data) memcpy((float *)c->grad_x.data + n * gs[0] + ch * gs[1], gxp, (size_t)HW * sizeof(float));
             part_s[pl] = ssum;
             continue;
@@ -361,7 +370,7 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
     const bool want_gw = c->grad_weight.data != NULL;
     if (!want_gx && !want_gw) return BIE_STATUS_OK;
-    struct bwd b = {.c = c, .g = g, .threads = cpu_threads(ctx), .binary = c->quant == BIE_QUANT_BINARY,
+    struct bwd b = {.c = c, .g = g, .kern = bie_cpu_kernels(ctx->isa), .threads = cpu_threads(ctx), .binary = c->quant == BIE_QUANT_BINARY,
                     .lo = bie_quant_lo(c->quant), .hi = bie_quant_hi(c->quant)};
     const int64_t K = g->K, O = g->O, P = g->OH * g->OW, nx = g->batch * g->C * g->H * g->W;
     const bool linear = !c->is_conv;

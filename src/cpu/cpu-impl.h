@@ -58,6 +58,10 @@ struct cpu_kernels {
     // out[i] = clamp(rne((x[i] + b_i) / scale), lo, hi) with b_i as above (f32 math).
     void (*quantize)(const float * x, const float * bias, float b0, int64_t n, float scale, int lo,
                      int hi, int16_t * out);
+    // The binary backward's mask pass on a row: with v = x[i] + b_i (b_i = bias[i] if bias else
+    // b0) and r = v / scale (f32): gx[i] = |r| <= 1 ? gx[i] : 0 (in place); returns
+    // sum of gx[i] * (v >= 0 ? 1 : -1) over the row, in double, in an order fixed by n.
+    double (*mask_binary)(const float * x, const float * bias, float b0, float scale, float * gx, int64_t n);
     // lo[i] = in[i] & 15, hi[i] = in[i] >> 4 for i < n (n a multiple of 8).
     void (*nibble_split)(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi);
 };
@@ -72,6 +76,8 @@ void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t *
                                   size_t k, int32_t * c, size_t ldc);
 void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
                                    int32_t * c, size_t ldc);
+double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0, float scale, float * gx,
+                                   int64_t n);
 void bie_cpu_sign_bits__avx512(const float * x, const float * bias, float b0, int64_t n, uint8_t * out);
 void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int64_t n, float scale,
                               int lo, int hi, int16_t * out);

@@ -136,6 +136,31 @@ static void quantize(const float * x, const float * bias, float b0, int64_t n, f
         bie_cpu_kernels_scalar.quantize(x + i, bias ? bias + i : NULL, b0, n - i, scale, lo, hi, out + i);
 }
 
+static double mask_binary(const float * x, const float * bias, float b0, float scale, float * gx, int64_t n) {
+    const __m256 bv0 = _mm256_set1_ps(b0), sv = _mm256_set1_ps(scale), one = _mm256_set1_ps(1.0f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), fz = _mm256_setzero_ps();
+    const __m256 signbit = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + i), bias ? _mm256_loadu_ps(bias + i) : bv0);
+        const __m256 r = _mm256_and_ps(_mm256_div_ps(v, sv), absmask);
+        const __m256 out = _mm256_and_ps(_mm256_loadu_ps(gx + i), _mm256_cmp_ps(r, one, _CMP_LE_OQ));
+        _mm256_storeu_ps(gx + i, out);
+        // out * sign(v): flip the sign where v >= 0 is false
+        const __m256 t = _mm256_xor_ps(out, _mm256_andnot_ps(_mm256_cmp_ps(v, fz, _CMP_GE_OQ), signbit));
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(t)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(t, 1)));
+    }
+    double lanes[4], lanes1[4];
+    _mm256_storeu_pd(lanes, s0);
+    _mm256_storeu_pd(lanes1, s1);
+    double s = 0.0;
+    for (int l = 0; l < 4; l++) s += lanes[l] + lanes1[l];
+    if (i < n) s += bie_cpu_kernels_scalar.mask_binary(x + i, bias ? bias + i : NULL, b0, scale, gx + i, n - i);
+    return s;
+}
+
 static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi) {
     const __m256i m = _mm256_set1_epi8(15);
     size_t i = 0;
@@ -157,5 +182,6 @@ const struct cpu_kernels bie_cpu_kernels_avx2 = {
     .u4s4_tile = u4s4_tile_4x2,
     .sign_bits = sign_bits,
     .quantize = quantize,
+    .mask_binary = mask_binary,
     .nibble_split = nibble_split,
 };

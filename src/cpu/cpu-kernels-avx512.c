@@ -123,6 +123,31 @@ void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int
     }
 }
 
+double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0, float scale, float * gx,
+                                   int64_t n) {
+    const __m512 bv0 = _mm512_set1_ps(b0), sv = _mm512_set1_ps(scale), one = _mm512_set1_ps(1.0f);
+    const __m512 fz = _mm512_setzero_ps();
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 live = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(live, x + i), bias ? _mm512_maskz_loadu_ps(live, bias + i) : bv0);
+        const __m512 r = _mm512_abs_ps(_mm512_div_ps(v, sv));
+        const __mmask16 keep = _mm512_mask_cmp_ps_mask(live, r, one, _CMP_LE_OQ);
+        const __m512 out = _mm512_maskz_loadu_ps(keep, gx + i);
+        _mm512_mask_storeu_ps(gx + i, live, out);
+        const __mmask16 neg = _mm512_mask_cmp_ps_mask(live, v, fz, _CMP_NGE_UQ); // not (v >= 0), NaN too
+        const __m512 t = _mm512_mask_sub_ps(out, neg, fz, out);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(t)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(t), 1))));
+    }
+    double lanes[8], lanes1[8];
+    _mm512_storeu_pd(lanes, s0);
+    _mm512_storeu_pd(lanes1, s1);
+    double s = 0.0;
+    for (int l = 0; l < 8; l++) s += lanes[l] + lanes1[l];
+    return s;
+}
+
 static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi) {
     const __m512i m = _mm512_set1_epi8(15);
     size_t i = 0;
@@ -144,5 +169,6 @@ const struct cpu_kernels bie_cpu_kernels_avx512 = {
     .u4s4_tile = bie_cpu_u4s4_tile_4x4__avx512,
     .sign_bits = bie_cpu_sign_bits__avx512,
     .quantize = bie_cpu_quantize__avx512,
+    .mask_binary = bie_cpu_mask_binary__avx512,
     .nibble_split = nibble_split,
 };

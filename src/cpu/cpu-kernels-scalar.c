@@ -3,6 +3,8 @@
 // table, and the reference that the SIMD tables are tested against (tests/test-cpu-*.c).
 #include "cpu/cpu-impl.h"
 
+#include <math.h>
+
 static inline uint64_t load64(const uint8_t * p) {
     uint64_t v;
     memcpy(&v, p, 8);
@@ -66,6 +68,16 @@ static void quantize(const float * x, const float * bias, float b0, int64_t n, f
         out[i] = (int16_t)cpu_quantize1(x[i] + (bias ? bias[i] : b0), scale, lo, hi);
 }
 
+static double mask_binary(const float * x, const float * bias, float b0, float scale, float * gx, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const float v = x[i] + (bias ? bias[i] : b0);
+        gx[i] = fabsf(v / scale) <= 1.0f ? gx[i] : 0.0f;
+        s += (double)gx[i] * (v >= 0.0f ? 1.0 : -1.0);
+    }
+    return s;
+}
+
 static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi) {
     for (size_t i = 0; i < n; i++) {
         lo[i] = in[i] & 15;
@@ -83,5 +95,6 @@ const struct cpu_kernels bie_cpu_kernels_scalar = {
     .u4s4_tile = u4s4_tile_4x4,
     .sign_bits = sign_bits,
     .quantize = quantize,
+    .mask_binary = mask_binary,
     .nibble_split = nibble_split,
 };
