@@ -34,11 +34,11 @@ def term_bounds(quant, x, w, sa, sw, g, bias, geo, ks):
     if geo is None:
         n, k = shape_w
         bx = (G.reshape(-1, n) @ wc).reshape(x.shape)
-        bw = float(sa) * (G.reshape(-1, n).t() @ a.abs().reshape(-1, k))
+        bw = float(sa.detach()) * (G.reshape(-1, n).t() @ a.abs().reshape(-1, k))
         nx, nw = n, G.numel() // n
     else:
         bx = R._op_grad_p(G, wc, x.shape, geo)
-        bw = float(sa) * R._op_grad_q(G, a.abs(), shape_w, geo, 1.0)
+        bw = float(sa.detach()) * R._op_grad_q(G, a.abs(), shape_w, geo, 1.0)
         nx = shape_w[0] * shape_w[2] * shape_w[3]
         nw = G.numel() // shape_w[0]
     _, sfac = R._scale_terms(quant, a, r, x.numel())
