@@ -33,6 +33,26 @@ struct bin_plan {
     struct cpu_epilogue ep;
 };
 
+// Set bits of n bytes (SWAR: this file is built without the popcnt instruction).
+static inline int64_t popcount_bytes(const uint8_t * p, int64_t n) {
+    int64_t total = 0, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, p + i, 8);
+        v = v - ((v >> 1) & 0x5555555555555555ull);
+        v = (v & 0x3333333333333333ull) + ((v >> 2) & 0x3333333333333333ull);
+        v = (v + (v >> 4)) & 0x0f0f0f0f0f0f0f0full;
+        total += (int64_t)((v * 0x0101010101010101ull) >> 56);
+    }
+    for (; i < n; i++) {
+        unsigned v = p[i];
+        v = v - ((v >> 1) & 0x55u);
+        v = (v & 0x33u) + ((v >> 2) & 0x33u);
+        total += (int64_t)((v + (v >> 4)) & 0x0fu);
+    }
+    return total;
+}
+
 // Transposes an 8x8 bit matrix held as 8 bytes (bit j of byte i <-> bit i of byte j).
 static inline uint64_t transpose8x8(uint64_t x) {
     uint64_t t;
@@ -144,11 +164,7 @@ static void pack_weights(const struct bin_plan * pl, int threads) {
                 for (int64_t ch = 0; ch < C; ch++)
                     d[ch / 8] |= (uint8_t)((cpu_load(w, off + ch * ws[1]) >= 0.0f) << (ch % 8));
             }
-            if (pl->pad_mult) {
-                int64_t pc = 0;
-                for (int64_t b = 0; b < Cb; b++) pc += __builtin_popcount(d[b]);
-                pl->S[o * T + t] = (int32_t)(2 * pc - C);
-            }
+            if (pl->pad_mult) pl->S[o * T + t] = (int32_t)(2 * popcount_bytes(d, Cb) - C);
         }
     }
     // Interleave: word w of column j of group gi at B + gi*group_bytes + (w*nr + j)*8 (lo plane;
