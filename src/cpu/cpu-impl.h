@@ -11,7 +11,7 @@
 // Binary panel layout. The K = C*kh*kw codes of a row (output pixel) or column (output channel) are
 // in tap-major, channel-minor order (OHWI for weights), each tap padded to Cb = ceil(C/8) bytes,
 // bit c%8 of byte c/8 (LSB first, bit 1 <=> +1), zero-padded to KBp = round_up(kh*kw*Cb, 8) bytes,
-// i.e. kw = KBp/8 64-bit words. The padding bits are 0 in both operands, so XOR ignores them and
+// i.e. KBp/8 64-bit words. The padding bits are 0 in both operands, so XOR ignores them and
 // acc = K - 2*popc(a XOR w) exactly.
 //   A (activations): one row per output pixel, Mp = round_up(M, 4) rows.
 //   B (weights): groups of bin_nr columns, word-interleaved: word w of column j of group g at
