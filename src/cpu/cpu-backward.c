@@ -423,6 +423,7 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     double * part_s = cpu_arena_take(&ar, sz_part);
 
     cpu_bias_dense(&c->bias_a, g->C, b.bias);
+    const int blas_threads = openblas_get_num_threads(); // restored below: a process-wide setting
     if (want_gw) make_codes(&b);
     if (want_gx) make_wf(&b);
     if (!linear) {
@@ -457,6 +458,7 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
                 store_float(&c->grad_weight, o * s[0] + ch * s[1] + i * s[2] + j * s[3], gw[o * K + k]);
             }
     }
+    openblas_set_num_threads(blas_threads);
     if (!want_gx) return BIE_STATUS_OK;
     finish_gx(&b, part_s);
     if (c->grad_scale_a.data) {

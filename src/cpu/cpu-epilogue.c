@@ -41,6 +41,20 @@ void cpu_epilogue_store(const struct cpu_epilogue * e, int64_t m0, int64_t mc, i
     const int64_t * ys = y->stride;
     const int64_t P = g->OH * g->OW;
     const float s = e->scale;
+    if (y->dtype == BIE_DTYPE_F32 && ys[1] != 1 && (g->OW == 1 || ys[3] == 1) && (g->OH == 1 || ys[2] == g->OW)) {
+        // f32 planes (NCHW): per channel, a contiguous run of pixels of one sample at a time.
+        for (int64_t r0 = 0; r0 < mc;) {
+            const int64_t m = m0 + r0, n = m / P, p0 = m % P;
+            const int64_t run = mc - r0 < P - p0 ? mc - r0 : P - p0;
+            for (int64_t o = 0; o < nc; o++) {
+                float * d = (float *)y->data + n * ys[0] + (n0 + o) * ys[1] + p0;
+                const int32_t * a = acc + (size_t)r0 * ldacc + (size_t)o;
+                for (int64_t r = 0; r < run; r++) d[r] = (float)a[(size_t)r * ldacc] * s;
+            }
+            r0 += run;
+        }
+        return;
+    }
     for (int64_t r = 0; r < mc; r++) {
         const int64_t m = m0 + r, n = m / P, p = m % P, oh = p / g->OW, ow = p % g->OW;
         const int64_t base = n * ys[0] + oh * ys[2] + ow * ys[3];
