@@ -206,10 +206,25 @@ static void pack_activations(const struct bin_plan * pl, int threads, uint8_t * 
                 const int64_t ih = oh * g->sh - g->ph + (t / g->kw) * g->dh;
                 const int64_t iw = ow * g->sw - g->pw + (t % g->kw) * g->dw;
                 uint8_t * d = row + t * Cb;
-                if (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W)
-                    memset(d, 0, (size_t)Cb);
-                else
-                    memcpy(d, pl->xb + ((n * g->H + ih) * g->W + iw) * Cb, (size_t)Cb);
+                const bool out = ih < 0 || ih >= g->H || iw < 0 || iw >= g->W;
+                const uint8_t * src = out ? NULL : pl->xb + ((n * g->H + ih) * g->W + iw) * Cb;
+                switch (Cb) { // fixed-size copies of the common tap widths (no library call)
+                case 4: {
+                    uint32_t v = 0;
+                    if (src) memcpy(&v, src, 4);
+                    memcpy(d, &v, 4);
+                    break;
+                }
+                case 8: {
+                    uint64_t v = 0;
+                    if (src) memcpy(&v, src, 8);
+                    memcpy(d, &v, 8);
+                    break;
+                }
+                default:
+                    if (src) memcpy(d, src, (size_t)Cb);
+                    else memset(d, 0, (size_t)Cb);
+                }
             }
             memset(row + pl->KB, 0, (size_t)(pl->KBp - pl->KB));
         }

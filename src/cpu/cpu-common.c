@@ -68,7 +68,7 @@ void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool
         const int64_t mc = job->M - m0 < MB ? job->M - m0 : MB;
         const int64_t nc = job->N - n0 < nb ? job->N - n0 : nb;
         int32_t * acc = (int32_t *)tile_ws + (size_t)omp_get_thread_num() * MB * NB_MAX;
-        const size_t ldacc = NB_MAX;
+        const size_t ldacc = (size_t)nb; // a narrow tile stays in L1 for the epilogue's column reads
         for (int64_t j = 0; j < nc; j += nr) {
             const uint8_t * bp = (const uint8_t *)job->b + (size_t)(n0 + j) * job->ldb * esz;
             for (int64_t i = 0; i < mc; i += CPU_MR) {
