@@ -34,8 +34,8 @@ __device__ __forceinline__ void st_dense(void * p, int gdt, int64_t e, float v) 
 __global__ void gather_grad_y(struct dview gy, struct dgeom g, int gdt, void * G) {
     const int64_t total = g.batch * g.OH * g.OW * g.O;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t o = e % g.O, m = e / g.O;
-        const int64_t ow = m % g.OW, oh = (m / g.OW) % g.OH, n = m / (g.OW * g.OH);
+        const int64_t m = qdiv(e, g.O), o = e - m * g.O;
+        const int64_t mq = qdiv(m, g.OW), ow = m - mq * g.OW, n = qdiv(mq, g.OH), oh = mq - n * g.OH;
         st_dense(G, gdt, e, ld_float(gy.data, gy.dtype, dview_off4(gy, n, o, oh, ow)));
     }
 }
@@ -46,8 +46,8 @@ __global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct d
     const int64_t total = g.O * g.K;
     const int lo = qlo(quant), hi = qhi(quant);
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t k = e % g.K, o = e / g.K;
-        const int64_t c = k % g.C, tap = k / g.C;
+        const int64_t o = qdiv(e, g.K), k = e - o * g.K;
+        const int64_t tap = qdiv(k, g.C), c = k - tap * g.C;
         const float v = ld_float(w.data, w.dtype, dview_off4(w, o, c, tap / g.kw, tap % g.kw));
         float q;
         if (quant == BIE_QUANT_BINARY) q = v >= 0.0f ? 1.0f : -1.0f;
@@ -73,9 +73,9 @@ __global__ void activation_codes(struct dview x, struct dview bias, struct dgeom
     const float pad = quant != BIE_QUANT_BINARY ? 0.0f
                       : g.pad_value == BIE_PAD_PLUS_ONE ? 1.0f : g.pad_value == BIE_PAD_MINUS_ONE ? -1.0f : 0.0f;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t k = e % g.K, m = e / g.K;
-        const int64_t c = k % g.C, tap = k / g.C, i = tap / g.kw, j = tap % g.kw;
-        const int64_t ow = m % g.OW, oh = (m / g.OW) % g.OH, n = m / (g.OW * g.OH);
+        const int64_t m = qdiv(e, g.K), k = e - m * g.K;
+        const int64_t tap = qdiv(k, g.C), c = k - tap * g.C, i = tap / g.kw, j = tap % g.kw;
+        const int64_t mq = qdiv(m, g.OW), ow = m - mq * g.OW, n = qdiv(mq, g.OH), oh = mq - n * g.OH;
         const int64_t h = oh * g.sh - g.ph + i * g.dh, w = ow * g.sw - g.pw + j * g.dw;
         float q = pad;
         if (h >= 0 && h < g.H && w >= 0 && w < g.W) {
@@ -95,7 +95,7 @@ __global__ void ste_pass(struct dview x, struct dview bias, struct dgeom g, int 
     const int lo = qlo(quant), hi = qhi(quant);
     double acc = 0.0;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t w = e % g.W, h = (e / g.W) % g.H, c = (e / (g.W * g.H)) % g.C, n = e / (g.W * g.H * g.C);
+        const int64_t e1 = qdiv(e, g.W), w = e - e1 * g.W, e2 = qdiv(e1, g.H), h = e1 - e2 * g.H, n = qdiv(e2, g.C), c = e2 - n * g.C;
         float sum = 0.0f;
         for (int i = 0; i < g.kh; i++) {
             const int64_t th = h + g.ph - (int64_t)i * g.dh;
@@ -164,7 +164,7 @@ __global__ void scatter_grad_w(const float * R, struct dgeom g, struct dscale sa
     const float s = ld_scale(sa);
     const int64_t total = g.O * g.K;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t k = e % g.K, o = e / g.K, c = k % g.C, tap = k / g.C;
+        const int64_t o = qdiv(e, g.K), k = e - o * g.K, tap = qdiv(k, g.C), c = k - tap * g.C;
         st_float(gw.data, gw.dtype, dview_off4(gw, o, c, tap / g.kw, tap % g.kw), __fmul_rn(R[e], s));
     }
 }
@@ -219,8 +219,13 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     dview_make(&c->grad_y, &gy);
     const struct dscale sa = dscale_make(c, true), sw = dscale_make(c, false);
 
-    gather_grad_y<<<grid_for(M * O, 256), 256, 0, s>>>(gy, g, gdt, ws + oG);
-    LAUNCHED(ctx, "gather grad_y");
+    // A linear grad_y with dense rows already is G; otherwise gather it.
+    const bool g_direct = !c->is_conv && gy.stride[1] == 1 && (M == 1 || gy.stride[0] == O);
+    const void * G = g_direct ? (const void *)gy.data : (const void *)(ws + oG);
+    if (!g_direct) {
+        gather_grad_y<<<grid_for(M * O, 256), 256, 0, s>>>(gy, g, gdt, ws + oG);
+        LAUNCHED(ctx, "gather grad_y");
+    }
 
     if (want_gx) {
         struct dview w;
@@ -228,7 +233,7 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
         weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, ws + oW);
         LAUNCHED(ctx, "weight codes");
         // dCol (row-major [M][K]) = G [M][O] @ Wc [O][K]: column-major dCol^T = Wc^T G^T.
-        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, ws + oG, O, (float *)(ws + oCol), K, ct,
+        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, G, O, (float *)(ws + oCol), K, ct,
                         "grad_x"));
         struct dview gxo;
         gxo.data = NULL;
@@ -261,7 +266,7 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
         activation_codes<<<grid_for(M * K, 256), 256, 0, s>>>(x, bias, g, (int)c->quant, sa, gdt, ws + oCol);
         LAUNCHED(ctx, "activation codes");
         // R (row-major [O][K]) = G^T @ Acol: column-major R^T [K][O] = Acol^T [K][M] . G [M][O].
-        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, ws + oG, O, (float *)(ws + oR), K, ct,
+        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, G, O, (float *)(ws + oR), K, ct,
                         "grad_weight"));
         struct dview gw;
         dview_make(&c->grad_weight, &gw);

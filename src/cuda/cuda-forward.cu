@@ -50,15 +50,18 @@ __device__ __forceinline__ int elem_code(const pack_src & p, float s, int64_t of
     return quant_code(v, s, lo, hi);
 }
 
-// A warp per row: each lane builds 32-bit words of the row (32 bits, or 4 int8 codes).
+// A warp per row, 32 consecutive positions k at a time, one per lane (coalesced reads when the
+// channels are contiguous): binary bits are gathered into a word by a warp ballot; int8 codes
+// into words of 4 by two shuffles. Each lane walks its (tap, channel) position incrementally.
 __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop) {
     const float s = ld_scale(p.s);
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    const int64_t K = p.g.K, C = p.g.C, sc = p.t.stride[1];
+    const int K = (int)p.g.K, C = (int)p.g.C;
+    const int64_t sc = p.t.stride[1];
     const bool binary = p.quant == BIE_QUANT_BINARY;
-    const int per_word = binary ? 32 : 4;
     const int pad_code = binary && p.g.pad_value == BIE_PAD_PLUS_ONE ? 1 : 0;
+    const int64_t chunks = binary ? kbytes / 4 : kbytes / 32; // 32 positions each
     for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
         int64_t r0 = row, r1 = 0, r2 = 0;
         if (!p.is_weight && (p.g.OH > 1 || p.g.OW > 1)) {
@@ -67,32 +70,35 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
             r1 = (rr / OW) % OH;
             r0 = rr / (OW * OH);
         }
-        int cnt = 0;
         uint32_t * dst = (uint32_t *)(out + row * kbytes);
-        for (int64_t wi = lane; wi < kbytes / 4; wi += 32) {
-            const int64_t k0 = wi * per_word;
-            uint32_t word = 0;
-            if (k0 < K) {
-                int tap = (int)(k0 / C), c = (int)(k0 % C);
-                int64_t base;
-                bool inside = tap_base(p, r0, r1, r2, tap, &base);
-                const int nb = (int)(K - k0 < per_word ? K - k0 : per_word);
-                for (int b = 0; b < nb; b++) {
-                    const int q = inside ? elem_code(p, s, base + c * sc, c) : pad_code;
-                    word |= binary ? (uint32_t)q << b : ((uint32_t)q & 0xffu) << (8 * b);
-                    if (++c == C && b + 1 < nb) {
-                        c = 0;
-                        inside = tap_base(p, r0, r1, r2, ++tap, &base);
-                    }
+        int k = lane, tap = lane / C, c = lane % C, cnt = 0;
+        int64_t base = 0;
+        bool inside = k < K && tap_base(p, r0, r1, r2, tap, &base);
+        for (int64_t ch = 0; ch < chunks; ch++) {
+            const int q = k >= K ? 0 : inside ? elem_code(p, s, base + c * sc, c) : pad_code;
+            if (binary) {
+                const uint32_t word = __ballot_sync(0xffffffffu, q != 0);
+                if (lane == 0) {
+                    dst[ch] = word;
+                    cnt += __popc(word);
                 }
+            } else {
+                uint32_t v = (uint32_t)q & 0xffu;
+                v |= __shfl_down_sync(0xffffffffu, v, 1) << 8;
+                v |= __shfl_down_sync(0xffffffffu, v, 2) << 16;
+                if ((lane & 3) == 0) dst[ch * 8 + (lane >> 2)] = v;
             }
-            dst[wi] = word;
-            cnt += __popc(word);
+            k += 32;
+            c += 32;
+            if (c >= C) {
+                while (c >= C) {
+                    c -= C;
+                    tap++;
+                }
+                if (k < K) inside = tap_base(p, r0, r1, r2, tap, &base);
+            }
         }
-        if (binary) {
-            for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-            if (lane == 0) pop[row] = cnt;
-        }
+        if (binary && lane == 0) pop[row] = cnt;
     }
 }
 

@@ -109,9 +109,9 @@ __device__ __forceinline__ int binary_dot(const gemm_epilogue & ep, const row_in
     return 4 * acc - 2 * r.rowpop - 2 * colterm + (int)r.kterm;
 }
 
-__device__ __forceinline__ void store_out(const gemm_epilogue & ep, const row_info & r, int64_t n, int acc,
-                                          float scale) {
-    const int dot = binary_dot(ep, r, n, acc);
+// Stores one finished dot product (any y layout; B1 y: its sign code for the packed writer).
+__device__ __forceinline__ void store_dot(const gemm_epilogue & ep, const row_info & r, int64_t n, int dot,
+                                       float scale) {
     const struct dview & y = ep.y;
     if (y.dtype == BIE_DTYPE_B1) {
         ep.sign[((r.nb * ep.g.O + n) * ep.g.OH + r.oh) * ep.g.OW + r.ow] = dot >= 0 ? 1 : 0;
@@ -199,75 +199,55 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
     }
     asm volatile("cp.async.wait_group 0;\n");
 
-    const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
-    const int g = lane >> 2, t = lane & 3;
-    const struct dview & y = ep.y;
-    const bool staged = y.dtype != BIE_DTYPE_B1 && (y.stride[1] == 1 || N == 1);
-    if (!staged) {
+    // Epilogue, kept small (a fully unrolled one overflows the instruction cache): each warp puts
+    // its 64 x 64 raw accumulators in shared memory, then walks its rows with the whole warp, lane
+    // l owning columns 2l and 2l+1, so the layer math runs once per element in a rolled loop and
+    // rows of y are written coalesced.
+    __syncthreads(); // all warps are done reading the pipeline's shared memory
+    constexpr int LD = 64 + 4;
+    int * tile = (int *)smem + warp * 64 * LD;
+    {
+        const int g = lane >> 2, t = lane & 3;
 #pragma unroll
         for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const row_info r = make_row(ep, bm + wm * 64 + mi * 16 + g + 8 * h, M);
-                if (!r.valid) continue;
-#pragma unroll
-                for (int nj = 0; nj < 8; nj++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int64_t n = bn + wn * 64 + nj * 8 + 2 * t + e;
-                        if (n < N) store_out(ep, r, n, acc[mi][nj][2 * h + e], scale);
-                    }
+            for (int nj = 0; nj < 8; nj++) {
+                *(int2 *)&tile[(mi * 16 + g) * LD + nj * 8 + 2 * t] = make_int2(acc[mi][nj][0], acc[mi][nj][1]);
+                *(int2 *)&tile[(mi * 16 + g + 8) * LD + nj * 8 + 2 * t] = make_int2(acc[mi][nj][2], acc[mi][nj][3]);
             }
-        return;
     }
-    // Staged epilogue (rows of y contiguous along n): each warp puts its 64 x 64 results, as the
-    // f32 value (or the I32 dot), in shared memory, then writes every row with the whole warp.
-    __syncthreads(); // all warps are done reading the pipeline's shared memory
-    constexpr int LD = 64 + 4;
-    float * tile = (float *)smem + warp * 64 * LD;
-    const bool raw = y.dtype == BIE_DTYPE_I32;
-#pragma unroll
-    for (int mi = 0; mi < 4; mi++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int lr = mi * 16 + g + 8 * h;
-            const row_info r = make_row(ep, bm + wm * 64 + lr, M);
-            if (!r.valid) continue;
-#pragma unroll
-            for (int nj = 0; nj < 8; nj++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int lc = nj * 8 + 2 * t + e;
-                    const int64_t n = bn + wn * 64 + lc;
-                    if (n >= N) continue;
-                    const int dot = binary_dot(ep, r, n, acc[mi][nj][2 * h + e]);
-                    tile[lr * LD + lc] = raw ? __int_as_float(dot) : __fmul_rn(__int2float_rn(dot), scale);
-                }
-        }
     __syncwarp();
+    const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
+    const struct dview & y = ep.y;
+    const bool rows_contig = y.dtype != BIE_DTYPE_B1 && (y.stride[1] == 1 || N == 1);
     const int64_t n0 = bn + wn * 64 + 2 * lane;
+#pragma unroll 1
     for (int lr = 0; lr < 64; lr++) {
         const int64_t m = bm + wm * 64 + lr;
         if (m >= M) break;
         if (n0 >= N) continue;
-        int64_t off = n0 * y.stride[1];
-        if (ep.g.OH == 1 && ep.g.OW == 1) {
-            off += m * y.stride[0];
-        } else {
-            const uint32_t mm = (uint32_t)m, OW = (uint32_t)ep.g.OW, OH = (uint32_t)ep.g.OH;
-            off += (int64_t)(mm / (OW * OH)) * y.stride[0] + (int64_t)((mm / OW) % OH) * y.stride[2] +
-                   (int64_t)(mm % OW) * y.stride[3];
-        }
-        const float v0 = tile[lr * LD + 2 * lane], v1 = tile[lr * LD + 2 * lane + 1];
+        const row_info r = make_row(ep, m, M);
         const bool two = n0 + 1 < N;
-        if (y.dtype == BIE_DTYPE_F16 && two && (off & 1) == 0 && (((uintptr_t)y.data) & 3) == 0) {
+        const int d0 = binary_dot(ep, r, n0, tile[lr * LD + 2 * lane]);
+        const int d1 = two ? binary_dot(ep, r, n0 + 1, tile[lr * LD + 2 * lane + 1]) : 0;
+        if (!rows_contig) { // B1 y or a y whose features are strided: element by element
+            store_dot(ep, r, n0, d0, scale);
+            if (two) store_dot(ep, r, n0 + 1, d1, scale);
+            continue;
+        }
+        const int64_t off = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3] + n0 * y.stride[1];
+        const bool pair = two && (off & 1) == 0 && (((uintptr_t)y.data) & 3) == 0;
+        if (y.dtype == BIE_DTYPE_I32) {
+            ((int32_t *)y.data)[off] = d0;
+            if (two) ((int32_t *)y.data)[off + y.stride[1]] = d1;
+            continue;
+        }
+        const float v0 = __fmul_rn(__int2float_rn(d0), scale), v1 = __fmul_rn(__int2float_rn(d1), scale);
+        if (y.dtype == BIE_DTYPE_F16 && pair) {
             *(__half2 *)((__half *)y.data + off) = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
-        } else if (y.dtype == BIE_DTYPE_BF16 && two && (off & 1) == 0 && (((uintptr_t)y.data) & 3) == 0) {
+        } else if (y.dtype == BIE_DTYPE_BF16 && pair) {
             *(__nv_bfloat162 *)((__nv_bfloat16 *)y.data + off) =
                 __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
-        } else if (raw) {
-            ((int32_t *)y.data)[off] = __float_as_int(v0);
-            if (two) ((int32_t *)y.data)[off + y.stride[1]] = __float_as_int(v1);
         } else {
             st_float(y.data, y.dtype, off, v0);
             if (two) st_float(y.data, y.dtype, off + y.stride[1], v1);
@@ -279,7 +259,7 @@ template <bool BINARY, int WM, int WN>
 enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
                        int64_t kbytes, const gemm_epilogue & ep) {
     constexpr int BM = 64 * WM, BN = 64 * WN;
-    const int pipe = STAGES * (BM + BN) * BKB, stage_out = WM * WN * 64 * (64 + 4) * 4;
+    const int pipe = STAGES * (BM + BN) * BKB, stage_out = WM * WN * 64 * (64 + 4) * 4; // epilogue tiles
     const int smem = pipe > stage_out ? pipe : stage_out;
     auto kern = gemm_kernel<BINARY, WM, WN>;
     static int smem_set_on = -1; // the device whose limit was raised (the attribute is per device)

@@ -132,6 +132,15 @@ __device__ __forceinline__ int quant_code(float v, float s, int lo, int hi) {
     return (int)fminf(fmaxf(r, (float)lo), (float)hi);
 }
 
+// Index division with 32-bit hardware arithmetic whenever both operands fit (64-bit division is a
+// long software sequence on the GPU).
+__device__ __forceinline__ int64_t qdiv(int64_t a, int64_t b) {
+    return ((a | b) >> 32) ? a / b : (int64_t)((uint32_t)a / (uint32_t)b);
+}
+__device__ __forceinline__ int64_t qmod(int64_t a, int64_t b) {
+    return ((a | b) >> 32) ? a % b : (int64_t)((uint32_t)a % (uint32_t)b);
+}
+
 __device__ __forceinline__ int64_t dview_off4(const struct dview & v, int64_t i0, int64_t i1, int64_t i2,
                                               int64_t i3) {
     return i0 * v.stride[0] + i1 * v.stride[1] + i2 * v.stride[2] + i3 * v.stride[3];
@@ -141,9 +150,10 @@ __device__ __forceinline__ int64_t dview_off4(const struct dview & v, int64_t i0
 __device__ __forceinline__ int64_t dview_off_linear(const struct dview & v, int64_t e) {
     int64_t off = 0;
     for (int d = 3; d >= 0; d--) {
-        const int64_t i = e % v.shape[d];
-        e /= v.shape[d];
-        off += i * v.stride[d];
+        if (v.shape[d] == 1) continue;
+        const int64_t q = qdiv(e, v.shape[d]);
+        off += (e - q * v.shape[d]) * v.stride[d];
+        e = q;
     }
     return off;
 }
