@@ -5,8 +5,8 @@
 # Options for `bie train` can be passed through: scripts/demo.sh --epochs 2
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BIE=build/bie
-OUT=build/demo
+BIE=${BIE:-build/bie}
+OUT=${OUT:-build/demo}
 mkdir -p "$OUT"
 start=$(date +%s)
 "$BIE" train --model bcnn --out "$OUT/bcnn.safetensors" --checkpoint "$OUT/bcnn.ckpt.safetensors" "$@"
