@@ -144,8 +144,47 @@ static void test_errors(void) {
     test_tensor_free(&out);
 }
 
+// Without a usable GPU (no driver, no device) every CUDA entry point returns UNSUPPORTED with a
+// message, and touches no pointer.
+static void test_no_device(void) {
+    bie_context_t * ctx;
+    if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK) exit(1);
+    CHECK(bie_context_set_cuda_stream(ctx, NULL) == BIE_STATUS_UNSUPPORTED, "set stream: %s", bie_context_last_error(ctx));
+    CHECK(bie_context_cuda_stream(ctx) == NULL, "no stream");
+    CHECK(bie_context_reserve(ctx, BIE_DEVICE_CUDA, 1 << 20) == BIE_STATUS_UNSUPPORTED, "reserve: %s",
+          bie_context_last_error(ctx));
+    const int64_t shape[2] = {3, 40}, wshape[2] = {5, 40}, yshape[2] = {3, 5};
+    struct bie_tensor x, w, y, sa = test_scalar(1.0f), sw = test_scalar(1.0f);
+    bie_tensor_make(&x, (void *)(uintptr_t)0x1000, BIE_DTYPE_F32, 2, shape);
+    bie_tensor_make(&w, (void *)(uintptr_t)0x2000, BIE_DTYPE_F32, 2, wshape);
+    bie_tensor_make(&y, (void *)(uintptr_t)0x3000, BIE_DTYPE_F32, 2, yshape);
+    x.device_type = w.device_type = y.device_type = BIE_DEVICE_CUDA;
+    const struct bie_linear_desc d = {BIE_QUANT_BINARY, 40, 5};
+    struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
+    enum bie_status st = bie_linear_forward(ctx, &d, &a);
+    CHECK(st == BIE_STATUS_UNSUPPORTED, "forward on a CUDA tensor without a GPU: %s: %s", bie_status_string(st),
+          bie_context_last_error(ctx));
+    struct bie_tensor xb = x;
+    bie_tensor_make(&xb, (void *)(uintptr_t)0x4000, BIE_DTYPE_B1, 2, shape);
+    xb.device_type = BIE_DEVICE_CUDA;
+    st = bie_pack(ctx, &x, NULL, &xb);
+    CHECK(st == BIE_STATUS_UNSUPPORTED, "pack without a GPU: %s", bie_status_string(st));
+    struct bie_tensor out = test_scalar(0.0f);
+    st = bie_weight_scale_init(ctx, BIE_QUANT_BINARY, &x, &out);
+    CHECK(st == BIE_STATUS_UNSUPPORTED, "scale init without a GPU: %s", bie_status_string(st));
+    test_tensor_free(&sa);
+    test_tensor_free(&sw);
+    test_tensor_free(&out);
+    bie_context_destroy(ctx);
+}
+
 int main(int argc, char ** argv) {
     test_init(argc, argv);
+    if (!bie_backend_available(BIE_BACKEND_CUDA)) {
+        test_no_device();
+        if (test_failures) return test_finish("test-cuda-pack");
+        printf("test-cuda-pack: the no-device statuses hold (%d checks)\n", test_checks);
+    }
     cuda_test_require_gpu("test-cuda-pack");
     struct bie_context_params p;
     bie_context_params_default(&p);
