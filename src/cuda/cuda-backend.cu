@@ -63,6 +63,10 @@ enum bie_status bie_cuda_state_get(bie_context_t * ctx, int device_index, struct
         return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
                              "x: is on cuda:%d but this context's workspace is on cuda:%d (use one "
                              "context per device)", device_index, ctx->cuda->device);
+    if (ctx->cuda->device != device_index) { // per-device facts are read again
+        ctx->cuda->sm_count = 0;
+        ctx->cuda->gemm_smem_set = 0;
+    }
     ctx->cuda->device = device_index;
     *out = ctx->cuda;
     return BIE_STATUS_OK;
@@ -126,6 +130,10 @@ enum bie_status bie_context_set_cuda_stream(bie_context_t * ctx, void * stream) 
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     bie_clear_error(ctx);
     BIE_TRY(ensure_state(ctx));
+    // The workspace is ordered by the stream: before other work may reuse it, what the old stream
+    // still has queued must be done.
+    if (ctx->cuda->workspace && (cudaStream_t)stream != ctx->cuda->stream)
+        CU_TRY(ctx, cudaStreamSynchronize(ctx->cuda->stream), "cudaStreamSynchronize (old stream)");
     ctx->cuda->stream = (cudaStream_t)stream;
     return BIE_STATUS_OK;
 }

@@ -262,11 +262,11 @@ enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B
     const int pipe = STAGES * (BM + BN) * BKB, stage_out = WM * WN * 64 * (64 + 4) * 4; // epilogue tiles
     const int smem = pipe > stage_out ? pipe : stage_out;
     auto kern = gemm_kernel<BINARY, WM, WN>;
-    static int smem_set_on = -1; // the device whose limit was raised (the attribute is per device)
-    if (smem_set_on != ctx->cuda->device) {
+    const unsigned bit = 1u << ((BINARY ? 8 : 0) + WM * 4 + WN - 5); // one bit per instantiation
+    if (!(ctx->cuda->gemm_smem_set & bit)) { // once per context and device
         CU_TRY(ctx, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "cudaFuncSetAttribute(gemm)");
-        smem_set_on = ctx->cuda->device;
+        ctx->cuda->gemm_smem_set |= bit;
     }
     const int64_t gx = (M + BM - 1) / BM, gy = (N + BN - 1) / BN;
     if (gy > 65535) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "weight: too many output features for one launch");
@@ -278,12 +278,10 @@ enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B
 template <bool BINARY>
 enum bie_status pick(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
                      int64_t kbytes, const gemm_epilogue & ep) {
-    static int sms = 0, sms_dev = -1;
-    if (sms_dev != ctx->cuda->device) {
-        CU_TRY(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->cuda->device),
+    if (!ctx->cuda->sm_count)
+        CU_TRY(ctx, cudaDeviceGetAttribute(&ctx->cuda->sm_count, cudaDevAttrMultiProcessorCount, ctx->cuda->device),
                "cudaDeviceGetAttribute");
-        sms_dev = ctx->cuda->device;
-    }
+    const int sms = ctx->cuda->sm_count;
     auto tiles = [&](int bm, int bn) { return ((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
     if (tiles(128, 256) >= sms) return launch<BINARY, 2, 4>(ctx, A, B, M, N, kbytes, ep);
     if (tiles(128, 128) >= sms) return launch<BINARY, 2, 2>(ctx, A, B, M, N, kbytes, ep);

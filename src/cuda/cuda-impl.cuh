@@ -21,6 +21,8 @@ struct bie_cuda_state {
     cudaStream_t stream;     // the caller's stream (NULL = legacy default stream)
     cublasHandle_t cublas;   // created on first use, bound to `stream` before every use
     int device;              // ordinal the workspace lives on
+    int sm_count;            // of `device` (0: not read yet)
+    unsigned gemm_smem_set;  // GEMM kernels whose shared-memory limit was raised (bit per config)
 };
 
 // Ensures ctx->cuda exists and the current device is usable; DEVICE_ERROR/UNSUPPORTED otherwise.
