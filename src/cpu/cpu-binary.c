@@ -12,8 +12,10 @@
 // Steps: (1) x -> channel-packed bits NHWC (xb, Cb bytes per pixel), from f32 NCHW (a row of
 // sign bits per channel, then 8x8 bit transposes), f32 channels-last (sign bits per pixel),
 // byte-aligned channels-last B1 (copies), or any other view (element by element);
-// (2) weights -> B rows and S; (3) im2col rows of xb -> A (nibble-split when the ISA wants it);
-// (4) the tiled GEMM with the correction and the output transform fused per tile.
+// (2) weights -> OHWI bit rows and S, then word-interleaved groups of bin_nr channels (B);
+// (3) im2col rows of xb -> A (nibble-split when the ISA wants it); (4) the tiled GEMM
+// (outer-product microkernels, cpu-kernels-*.c) with the correction and the output transform
+// fused per tile.
 #include "cpu/cpu-impl.h"
 
 #include <omp.h>
