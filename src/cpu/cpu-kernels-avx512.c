@@ -105,7 +105,8 @@ void bie_cpu_sign_bits__avx512(const float * x, const float * bias, float b0, in
         const __m512 bv = bias ? _mm512_maskz_loadu_ps(live, bias + i) : bv0;
         const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(live, x + i), bv);
         const __mmask16 m = _mm512_mask_cmp_ps_mask(live, v, fz, _CMP_GE_OQ);
-        memcpy(out + i / 8, &m, n - i > 8 ? 2 : 1);
+        out[i / 8] = (uint8_t)m;
+        if (n - i > 8) out[i / 8 + 1] = (uint8_t)(m >> 8);
     }
 }
 
