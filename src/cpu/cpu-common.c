@@ -4,11 +4,30 @@
 #include "cpu/cpu-impl.h"
 
 #include <omp.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+// AVX512-VNNI: CPUID leaf 7, ECX bit 11 (the OS support for ZMM state is part of the AVX-512 levels).
+static bool has_avx512_vnni(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 7) return false;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (c >> 11) & 1;
+#else
+    return false;
+#endif
+}
 
 const struct cpu_kernels * bie_cpu_kernels(enum bie_cpu_isa isa) {
     if (isa > bie_cpu_isa_detected()) isa = bie_cpu_isa_detected();
     switch (isa) {
-    case BIE_CPU_ISA_AVX512_VPOPCNT: return &bie_cpu_kernels_avx512vpopcnt;
+    case BIE_CPU_ISA_AVX512_VPOPCNT: {
+        static int vnni = -1; // benign race: every thread computes the same value
+        if (vnni < 0) vnni = has_avx512_vnni();
+        return vnni ? &bie_cpu_kernels_avx512vpopcnt_vnni : &bie_cpu_kernels_avx512vpopcnt;
+    }
     case BIE_CPU_ISA_AVX512: return &bie_cpu_kernels_avx512;
     case BIE_CPU_ISA_AVX2: return &bie_cpu_kernels_avx2;
     default: return &bie_cpu_kernels_scalar;
@@ -44,6 +63,7 @@ void cpu_bias_dense(const struct bie_tensor * bias, int64_t C, float * out) {
 // multiple of 16: whole B groups of every binary kernel, and whole bytes of a B1 output).
 #define MB 64
 #define NB_MAX 256
+#define KC_BYTES 4096 // n-bit K block per row (a multiple of 64)
 
 size_t cpu_gemm_workspace(int threads) { return (size_t)threads * MB * NB_MAX * sizeof(int32_t); }
 
@@ -69,18 +89,36 @@ void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool
         const int64_t nc = job->N - n0 < nb ? job->N - n0 : nb;
         int32_t * acc = (int32_t *)tile_ws + (size_t)omp_get_thread_num() * MB * NB_MAX;
         const size_t ldacc = (size_t)nb; // a narrow tile stays in L1 for the epilogue's column reads
-        for (int64_t j = 0; j < nc; j += nr) {
-            const uint8_t * bp = (const uint8_t *)job->b + (size_t)(n0 + j) * job->ldb * esz;
-            for (int64_t i = 0; i < mc; i += CPU_MR) {
-                const uint8_t * ap = (const uint8_t *)job->a + (size_t)(m0 + i) * job->lda * esz;
-                int32_t * cp = acc + (size_t)i * ldacc + (size_t)j;
-                if (job->kind == 1)
-                    job->kern->bin_tile(ap, job->lda, bp, job->k, cp, ldacc);
-                else if (job->kind == 4)
-                    job->kern->u4s4_tile(ap, job->lda, (const int8_t *)bp, job->ldb, job->k, cp, ldacc);
-                else
-                    job->kern->i16_tile((const int16_t *)ap, job->lda, (const int16_t *)bp, job->ldb, job->k,
-                                        cp, ldacc);
+        if (job->kind == 1) {
+            for (int64_t j = 0; j < nc; j += nr) {
+                const uint8_t * bp = (const uint8_t *)job->b + (size_t)(n0 + j) * job->ldb;
+                for (int64_t i = 0; i < mc; i += CPU_MR)
+                    job->kern->bin_tile((const uint8_t *)job->a + (size_t)(m0 + i) * job->lda, job->lda, bp, job->k,
+                                        acc + (size_t)i * ldacc + (size_t)j, ldacc);
+            }
+        } else {
+            // n-bit: K in blocks of KC_BYTES per row, so that a kernel's A and B rows stay in L1;
+            // the blocks' int32 sums are added (wrapping, as one long sum would).
+            const size_t kc = KC_BYTES / esz;
+            for (size_t k0 = 0; k0 < job->k; k0 += kc) {
+                const size_t kn = job->k - k0 < kc ? job->k - k0 : kc;
+                for (int64_t j = 0; j < nc; j += nr) {
+                    const uint8_t * bp = (const uint8_t *)job->b + ((size_t)(n0 + j) * job->ldb + k0) * esz;
+                    for (int64_t i = 0; i < mc; i += CPU_MR) {
+                        const uint8_t * ap = (const uint8_t *)job->a + ((size_t)(m0 + i) * job->lda + k0) * esz;
+                        int32_t part[CPU_MR * 4];
+                        if (job->kind == 4)
+                            job->kern->u4s4_tile(ap, job->lda, (const int8_t *)bp, job->ldb, kn, part, 4);
+                        else
+                            job->kern->i16_tile((const int16_t *)ap, job->lda, (const int16_t *)bp, job->ldb, kn,
+                                                part, 4);
+                        for (int r = 0; r < CPU_MR; r++)
+                            for (int q = 0; q < nr; q++) {
+                                uint32_t * d = (uint32_t *)(acc + (size_t)(i + r) * ldacc + (size_t)(j + q));
+                                *d = (k0 == 0 ? 0u : *d) + (uint32_t)part[r * 4 + q];
+                            }
+                    }
+                }
             }
         }
         job->finish(job->finish_ctx, m0, mc, n0, nc, acc, ldacc);

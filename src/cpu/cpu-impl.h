@@ -40,7 +40,8 @@ struct cpu_kernels {
     enum bie_cpu_isa isa;
     int bin_nr;     // columns of the binary tile (and of a B group): 4, 8 or 16
     bool bin_split; // binary panels hold nibble planes (see above)
-    int i16_nr;     // columns of the int16 tile
+    int i16_nr;     // columns of the int16 tile (and of the byte tile)
+    bool u8s8_exact; // u4s4_tile is exact for all unsigned x signed bytes (VNNI), not only 4-bit ones
     // c[i*ldc + j] = popcount(a_i XOR b_j) for i < CPU_MR, j < bin_nr; a_i = a + i*lda (bytes), b
     // the B group; kb = KBp bytes per plane (a multiple of 8).
     void (*bin_tile)(const uint8_t * a, size_t lda, const uint8_t * b, size_t kb, int32_t * c, size_t ldc);
@@ -70,6 +71,7 @@ extern const struct cpu_kernels bie_cpu_kernels_scalar;
 extern const struct cpu_kernels bie_cpu_kernels_avx2;
 extern const struct cpu_kernels bie_cpu_kernels_avx512;
 extern const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt;
+extern const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt_vnni; // with AVX512-VNNI n-bit tiles
 
 // The AVX-512 kernels that the VPOPCNTDQ table shares (cpu-kernels-avx512.c).
 void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t * b, size_t ldb,
@@ -82,7 +84,8 @@ void bie_cpu_sign_bits__avx512(const float * x, const float * bias, float b0, in
 void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int64_t n, float scale,
                               int lo, int hi, int16_t * out);
 
-// The table for an ISA level (the best one not above it).
+// The table for an ISA level (the best one not above it); at the VPOPCNTDQ level, the VNNI variant
+// when the CPU has AVX512-VNNI.
 const struct cpu_kernels * bie_cpu_kernels(enum bie_cpu_isa isa);
 
 // Scalar quantisation shared by every ISA's tail handling: clamp(rne(v / scale), lo, hi).

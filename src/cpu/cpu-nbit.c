@@ -15,7 +15,8 @@ struct nbit_plan {
     const struct cpu_kernels * kern;
     int lo, hi;
     int64_t Kp, M, N, Mp, Np;
-    bool four;     // 4-bit byte panels (else 8-bit int16 panels)
+    bool bytes;    // byte panels: a + off (unsigned) times w (signed); else int16 panels
+    int off;       // 8 (4-bit) or 128 (8-bit, only with an exact u8 x s8 tile)
     int16_t * xq;
     void * A;
     void * B;
@@ -97,11 +98,11 @@ static void pack_weights(const struct nbit_plan * pl, int threads) {
     const int64_t C = g->C, T = g->kh * g->kw;
 #pragma omp parallel for num_threads(threads)
     for (int64_t o = 0; o < pl->Np; o++) {
-        int16_t * row = pl->four ? pl->rows + (size_t)omp_get_thread_num() * pl->Kp : (int16_t *)pl->B + o * pl->Kp;
+        int16_t * row = pl->bytes ? pl->rows + (size_t)omp_get_thread_num() * pl->Kp : (int16_t *)pl->B + o * pl->Kp;
         memset(row, 0, (size_t)pl->Kp * sizeof(int16_t));
         for (int64_t t = 0; o < g->O && t < T; t++)
             weight_codes(pl, o * ws[0] + (t / g->kw) * ws[2] + (t % g->kw) * ws[3], row + t * C);
-        if (pl->four) {
+        if (pl->bytes) {
             int8_t * dst = (int8_t *)pl->B + o * pl->Kp;
             int32_t sum = 0;
             for (int64_t k = 0; k < pl->Kp; k++) {
@@ -118,9 +119,9 @@ static void pack_activations(const struct nbit_plan * pl, int threads) {
     const int64_t P = g->OH * g->OW, C = g->C, T = g->kh * g->kw;
 #pragma omp parallel for num_threads(threads)
     for (int64_t m = 0; m < pl->Mp; m++) {
-        int16_t * row = pl->four ? pl->rows + (size_t)omp_get_thread_num() * pl->Kp : (int16_t *)pl->A + m * pl->Kp;
+        int16_t * row = pl->bytes ? pl->rows + (size_t)omp_get_thread_num() * pl->Kp : (int16_t *)pl->A + m * pl->Kp;
         if (m >= pl->M) {
-            if (pl->four) memset((uint8_t *)pl->A + m * pl->Kp, 0, (size_t)pl->Kp);
+            if (pl->bytes) memset((uint8_t *)pl->A + m * pl->Kp, 0, (size_t)pl->Kp);
             else memset(row, 0, (size_t)pl->Kp * sizeof(int16_t));
             continue;
         }
@@ -134,9 +135,9 @@ static void pack_activations(const struct nbit_plan * pl, int threads) {
             else
                 memcpy(d, pl->xq + ((n * g->H + ih) * g->W + iw) * C, (size_t)C * sizeof(int16_t));
         }
-        if (pl->four) { // a + 8 on the K codes, 0 on the row padding (which w also has as 0)
+        if (pl->bytes) { // a + off on the K codes, 0 on the row padding (which w also has as 0)
             uint8_t * dst = (uint8_t *)pl->A + m * pl->Kp;
-            for (int64_t k = 0; k < T * C; k++) dst[k] = (uint8_t)(row[k] + 8);
+            for (int64_t k = 0; k < T * C; k++) dst[k] = (uint8_t)(row[k] + pl->off);
             memset(dst + T * C, 0, (size_t)(pl->Kp - T * C));
         } else {
             memset(row + T * C, 0, (size_t)(pl->Kp - T * C) * sizeof(int16_t));
@@ -147,9 +148,9 @@ static void pack_activations(const struct nbit_plan * pl, int threads) {
 static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t nc, int32_t * acc,
                         size_t ldacc) {
     const struct nbit_plan * pl = vpl;
-    if (pl->four)
+    if (pl->bytes)
         for (int64_t r = 0; r < mc; r++)
-            for (int64_t o = 0; o < nc; o++) acc[(size_t)r * ldacc + (size_t)o] -= 8 * pl->sumw[n0 + o];
+            for (int64_t o = 0; o < nc; o++) acc[(size_t)r * ldacc + (size_t)o] -= (int32_t)((uint32_t)pl->off * (uint32_t)pl->sumw[n0 + o]);
     cpu_epilogue_store(&pl->ep, m0, mc, n0, nc, acc, ldacc);
 }
 
@@ -159,9 +160,10 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     const int threads = cpu_threads(ctx);
     pl.lo = bie_quant_lo(c->quant);
     pl.hi = bie_quant_hi(c->quant);
-    pl.four = c->quant == BIE_QUANT_INT4;
-    pl.Kp = (int64_t)cpu_round_up((size_t)g->K, pl.four ? CPU_K4_ALIGN : CPU_K16_ALIGN);
-    const size_t esz = pl.four ? 1 : sizeof(int16_t);
+    pl.bytes = c->quant == BIE_QUANT_INT4 || pl.kern->u8s8_exact;
+    pl.off = c->quant == BIE_QUANT_INT4 ? 8 : 128;
+    pl.Kp = (int64_t)cpu_round_up((size_t)g->K, pl.bytes ? CPU_K4_ALIGN : CPU_K16_ALIGN);
+    const size_t esz = pl.bytes ? 1 : sizeof(int16_t);
     pl.M = g->batch * g->OH * g->OW;
     pl.N = g->O;
     pl.Mp = (int64_t)cpu_round_up((size_t)pl.M, CPU_MR);
@@ -173,7 +175,7 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     const size_t sz_a = (size_t)(pl.Mp * pl.Kp) * esz;
     const size_t sz_b = (size_t)(pl.Np * pl.Kp) * esz;
     const size_t sz_sumw = (size_t)pl.Np * sizeof(int32_t);
-    const size_t sz_rows = pl.four ? (size_t)threads * (size_t)pl.Kp * sizeof(int16_t) : 0;
+    const size_t sz_rows = pl.bytes ? (size_t)threads * (size_t)pl.Kp * sizeof(int16_t) : 0;
     const size_t sz_bias = (size_t)g->C * sizeof(float);
     const size_t sz_tiles = cpu_gemm_workspace(threads);
     const size_t total = cpu_arena_size(sz_xq) + cpu_arena_size(sz_tmp) + cpu_arena_size(sz_a) +
@@ -198,7 +200,7 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     pack_activations(&pl, threads);
 
     const struct cpu_gemm job = {
-        .kern = pl.kern, .kind = pl.four ? 4 : 16, .a = pl.A, .b = pl.B, .lda = (size_t)pl.Kp, .ldb = (size_t)pl.Kp,
+        .kern = pl.kern, .kind = pl.bytes ? 4 : 16, .a = pl.A, .b = pl.B, .lda = (size_t)pl.Kp, .ldb = (size_t)pl.Kp,
         .k = (size_t)pl.Kp, .M = pl.M, .N = pl.N, .finish = finish_tile, .finish_ctx = &pl,
     };
     cpu_gemm_run(&job, threads, tiles, true);
