@@ -25,26 +25,9 @@ static void bin_tile_4x16(const uint8_t * a, size_t lda, const uint8_t * b, size
         for (int j = 0; j < 2; j++) _mm256_storeu_si256((__m256i *)(c + i * ldc + j * 8), _mm512_cvtepi64_epi32(acc[i][j]));
 }
 
-// With AVX512-VNNI (every VPOPCNTDQ CPU so far also has it; checked at run time): the n-bit tiles
-// with one fused multiply-add per 512 bits, vpdpwssd (int16 pairs) and vpdpbusd (unsigned x signed
-// byte quads), both wrapping int32 accumulations like the vpmaddwd / vpmaddubsw kernels.
-__attribute__((target("avx512vnni"))) static void i16_tile_4x4_vnni(const int16_t * a, size_t lda, const int16_t * b,
-                                                                    size_t ldb, size_t k, int32_t * c, size_t ldc) {
-    __m512i acc[CPU_MR][4];
-    for (int i = 0; i < CPU_MR; i++)
-        for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_si512();
-    for (size_t p = 0; p < k; p += 32) {
-        __m512i bv[4];
-        for (int j = 0; j < 4; j++) bv[j] = _mm512_load_si512((const void *)(b + j * ldb + p));
-        for (int i = 0; i < CPU_MR; i++) {
-            const __m512i av = _mm512_load_si512((const void *)(a + i * lda + p));
-            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_dpwssd_epi32(acc[i][j], av, bv[j]);
-        }
-    }
-    for (int i = 0; i < CPU_MR; i++)
-        for (int j = 0; j < 4; j++) c[i * ldc + j] = _mm512_reduce_add_epi32(acc[i][j]);
-}
-
+// With AVX512-VNNI (every VPOPCNTDQ CPU so far also has it; checked at run time): the byte tile with
+// vpdpbusd, one fused multiply-add of unsigned x signed byte quads per 512 bits into wrapping int32
+// sums, exact for any bytes; so both 4-bit and 8-bit layers use it (the int16 tile is not used).
 __attribute__((target("avx512vnni"))) static void u4s4_tile_4x4_vnni(const uint8_t * a, size_t lda, const int8_t * b,
                                                                      size_t ldb, size_t k, int32_t * c, size_t ldc) {
     __m512i acc[CPU_MR][4];
@@ -69,7 +52,7 @@ const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt_vnni = {
     .i16_nr = 4,
     .u8s8_exact = true, // vpdpbusd: no int16 intermediate, so the 8-bit layers use the byte tile
     .bin_tile = bin_tile_4x16,
-    .i16_tile = i16_tile_4x4_vnni,
+    .i16_tile = bie_cpu_i16_tile_4x4__avx512,
     .u4s4_tile = u4s4_tile_4x4_vnni,
     .sign_bits = bie_cpu_sign_bits__avx512,
     .quantize = bie_cpu_quantize__avx512,
