@@ -28,10 +28,10 @@ static void usage(FILE * f) {
             "  --arch STRING      any architecture (overrides --model; grammar in docs/model-format.md)\n"
             "  --latent f32|int8  latent weights of binary layers: float + Adam (default) or int8 + Diode\n"
             "training:\n"
-            "  --epochs N         epochs (default: bcnn 3, q4cnn 3, bmlp 4, --arch 3)\n"
+            "  --epochs N         epochs (default 3)\n"
             "  --batch N          mini-batch size (default 128)\n"
             "  --lr X             peak Adam learning rate of the cosine schedule (default: 0.002, bmlp 0.001)\n"
-            "  --diode-lr X       Diode's step (default 0.001)\n"
+            "  --diode-lr X       Diode's step fed into its sign accumulator (default 0.05)\n"
             "  --wd X             decoupled weight decay of float weights (default 0)\n"
             "  --seed N           seed of the initialisation and the shuffling (default 1)\n"
             "  --threads N        threads (default: all cores); a run is deterministic for a given seed\n"
@@ -146,7 +146,7 @@ static bool parse(int argc, char ** argv, struct opts * o, int * code) {
     o->input_bits = 32;
     o->batch = 128;
     o->seed = 1;
-    o->diode_lr = 0.001;
+    o->diode_lr = 0.05;
     *code = EXIT_USAGE;
     for (int i = 1; i < argc; i++) {
         const char * a = argv[i], * v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -202,7 +202,7 @@ static bool parse(int argc, char ** argv, struct opts * o, int * code) {
     }
     // Preset defaults, measured to reach the targets on 2 cores (docs/model-format.md).
     const bool mlp = !o->arch && o->model && !strcmp(o->model, "bmlp");
-    if (o->epochs == 0) o->epochs = mlp ? 4 : 3;
+    if (o->epochs == 0) o->epochs = 3;
     if (o->lr == 0) o->lr = mlp ? 0.001 : 0.002;
     return true;
 }
