@@ -543,8 +543,10 @@ BIE_API enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * mod
 // Backward of the last training forward: computes every parameter's gradient.
 BIE_API enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * model,
                                            const float * grad_logits);
-// One optimizer step on every parameter (Adam, or Diode for int8 latent weights) with learning
-// rate lr (Diode uses diode_lr).
+// One optimizer step on every parameter: Adam with learning rate lr (weight_decay applies to the
+// float layers' weights; bias_a and scale_a, which duplicate batch norm's beta and gamma, use
+// lr/10; float latent weights are clipped to [-1, 1] for b1 layers, to the quantizer's range for
+// q4/q8), or Diode with diode_lr for int8 latent weights.
 BIE_API enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * model, float lr,
                                        float weight_decay, float diode_lr);
 
