@@ -64,10 +64,12 @@ static enum bie_dtype pick_g(void) {
     return r == 0 ? BIE_DTYPE_BF16 : r == 1 ? BIE_DTYPE_F16 : BIE_DTYPE_F32;
 }
 
-static void make_linear(struct bcase * bc, enum bie_quant q, int64_t K) {
+// A linear case with K inputs and M rows, N outputs (random in [1, 45] when 0).
+static void make_linear(struct bcase * bc, enum bie_quant q, int64_t K, int64_t M, int64_t N) {
     memset(bc, 0, sizeof *bc);
     bc->q = q;
-    const int64_t M = test_rand_int(1, 45), N = test_rand_int(1, 45);
+    if (!M) M = test_rand_int(1, 45);
+    if (!N) N = test_rand_int(1, 45);
     bc->lin = (struct bie_linear_desc){.quant = q, .in_features = K, .out_features = N};
     const enum bie_dtype wd = pick_w(q), gxd = pick_g(), gwd = pick_g();
     const bool gap = test_rand_int(0, 3) == 0;
@@ -251,10 +253,20 @@ int main(int argc, char ** argv) {
         for (int ki = 0; ki < 14; ki++) {
             if (quick && ki % 3) continue;
             struct bcase bc;
-            make_linear(&bc, qs[qi], k_list[ki]);
+            make_linear(&bc, qs[qi], k_list[ki], 0, 0);
             check_case(&bc, ref, cpu2, nlev, cpu1);
             free_case(&bc);
         }
+    // Larger binary linear layers: the float-by-sign GEMM's several blocks of 512 reduction rows
+    // (N for grad_x, M for grad_W), split column ranges, partial row blocks.
+    static const int64_t big[][3] = {{3, 1100, 700}, {530, 5, 129}, {70, 600, 513}, {1, 1025, 65}};
+    for (int i = 0; i < 4; i++) {
+        if (quick && i % 2) continue;
+        struct bcase bc;
+        make_linear(&bc, BIE_QUANT_BINARY, big[i][2], big[i][0], big[i][1]);
+        check_case(&bc, ref, cpu2, nlev, cpu1);
+        free_case(&bc);
+    }
     const int nconv = quick ? 20 : 400;
     for (int i = 0; i < nconv; i++) {
         // Every other case in many small tasks and waves of grad_W partials.

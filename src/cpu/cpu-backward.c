@@ -6,7 +6,8 @@
 // order, as the weight) and g = grad_y:
 //   linear (x [M][K]):  gx     = g[M][O] @ (w*scale_w)[O][K]                 (sgemm NN)
 //                       grad_W = scale_a * g^T[O][M] @ a[M][K]               (sgemm TN)
-//                       (OpenBLAS threads: these are large GEMMs)
+//                       (OpenBLAS threads: these are large GEMMs; for binary layers on AVX-512
+//                       both are float-by-sign GEMMs over bits instead, cpu-signgemm.c)
 //   conv, in tasks of a few samples on OpenMP threads, each with a one-thread sgemm:
 //                       col[K][n*P] = im2col of a_pad (P = OH*OW; pads at their value),
 //                       G[O][n*P] = g of those samples,
@@ -19,7 +20,9 @@
 //
 // Accuracy: sgemm sums in f32 (in its own order) where the reference sums in double, so float
 // outputs differ from it by at most about n*eps_f32*sum|terms| (n terms per output; see
-// tests/test-cpu-backward.c), while every mask and code is computed exactly as in the reference.
+// tests/test-cpu-backward.c; the float-by-sign GEMM rounds each 4-term table entry, scaled, once
+// and then adds n/4 entries, within the same bound), while every mask and code is computed exactly
+// as in the reference.
 #include "cpu/cpu-impl.h"
 
 #include <cblas.h>
@@ -48,6 +51,7 @@ struct bwd {
     float * bias;  // dense [C]
     float * acode; // dense NCHW codes of x (when grad_weight is wanted)
     float * wf;    // [O][K] w * scale_w (when gx is wanted)
+    uint32_t * a_idx, * w_idx; // instead of acode and wf on the sign-GEMM path: their sign-index blocks
     float * gx;    // dense NCHW
 };
 
@@ -364,6 +368,39 @@ static void conv_tasks(const struct bwd * b, int64_t nb, int64_t wave, float * w
     }
 }
 
+// The binary linear GEMMs as float-by-sign GEMMs (cpu-signgemm.c) over the sign-index blocks of
+// a = sign(x + bias_a) [M][K] (b->a_idx) and of sign(W) [O][K] (b->w_idx):
+//   grad_x = scale_w * grad_y @ sign(W),   grad_W = scale_a * grad_y^T @ a
+// read grad_y(m, o) = F[m*fm + o*fo] from grad_y's dense rows (g_rows) or from the gathered G [O][M].
+static void linear_sign_gemms(const struct bwd * b, bool g_rows, float * work, float * gw, int ldgw, void * tab) {
+    const struct bie_layer_call * c = b->c;
+    const int64_t M = b->g->batch, O = b->g->O, K = b->g->K;
+    const bool want_gw = c->grad_weight.data != NULL;
+    const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
+    uint32_t * ia = b->a_idx, * iw = b->w_idx;
+    if (want_gw) cpu_signgemm_idx(b->kern, &c->x, M, K, c->x.stride[0], c->x.stride[1], b->bias, b->threads, ia);
+    if (want_gx)
+        cpu_signgemm_idx(b->kern, &c->weight, O, K, c->weight.stride[0], c->weight.stride[1], NULL, b->threads, iw);
+    const float * F = c->grad_y.data;
+    ptrdiff_t fm = M == 1 ? (ptrdiff_t)O : (ptrdiff_t)c->grad_y.stride[0], fo = 1;
+    if (!g_rows) {
+        gather_g(b, 0, M, work, b->threads);
+        F = work;
+        fm = 1;
+        fo = (ptrdiff_t)M;
+    }
+    if (want_gx) {
+        const struct cpu_signgemm job = {.f = F, .rs = fm, .cs = fo, .R = M, .J = O, .K = K, .alpha = c->scale_w,
+                                         .idx = iw, .c = b->gx, .ldc = (size_t)K};
+        cpu_signgemm_run(b->kern, &job, b->threads, tab);
+    }
+    if (want_gw) {
+        const struct cpu_signgemm job = {.f = F, .rs = fo, .cs = fm, .R = O, .J = M, .K = K, .alpha = c->scale_a,
+                                         .idx = ia, .c = gw, .ldc = (size_t)ldgw};
+        cpu_signgemm_run(b->kern, &job, b->threads, tab);
+    }
+}
+
 enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {
     if (c->device_type != BIE_DEVICE_CPU || !c->scales_on_host) return BIE_DECLINED;
     const struct bie_geometry * g = &c->g;
@@ -374,6 +411,10 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
                     .lo = bie_quant_lo(c->quant), .hi = bie_quant_hi(c->quant)};
     const int64_t K = g->K, O = g->O, P = g->OH * g->OW, nx = g->batch * g->C * g->H * g->W;
     const bool linear = !c->is_conv;
+    // Binary linear layers on a kernel table that has it: both GEMMs as float-by-sign GEMMs
+    // (cpu-signgemm.c) over sign bits of the weight and of x + bias_a, instead of sgemm over f32
+    // +-1 matrices.
+    const bool sign_gemm = linear && b.binary && b.kern->fsign_tile;
     // Conv tasks: `nb` samples each (about 2048 output pixels, and a [K][nb*P] column matrix of at most
     // 4 Mi floats); grad_W partials of `wave` tasks at a time (at most 64 MiB), added in task order.
     // Both depend on the shape only, so the result does not depend on the thread count.
@@ -393,8 +434,11 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
                            (linear ? gws[1] == 1 : (gws[3] == 1 && gws[2] == g->kw && gws[1] == g->kh * g->kw));
     const size_t f = sizeof(float);
     const size_t sz_bias = (size_t)g->C * f;
-    const size_t sz_acode = want_gw ? (size_t)nx * f : 0;
-    const size_t sz_wf = want_gx ? (size_t)(O * K) * f : 0;
+    const size_t sz_acode = want_gw && !sign_gemm ? (size_t)nx * f : 0;
+    const size_t sz_wf = want_gx && !sign_gemm ? (size_t)(O * K) * f : 0;
+    const size_t sz_aidx = want_gw && sign_gemm ? cpu_signgemm_idx_bytes(g->batch, K) : 0;
+    const size_t sz_widx = want_gx && sign_gemm ? cpu_signgemm_idx_bytes(O, K) : 0;
+    const size_t sz_tab = sign_gemm ? cpu_signgemm_workspace(nthr) : 0;
     const size_t sz_gx = want_gx ? (size_t)nx * f : 0;
     const bool g_rows = linear && c->grad_y.dtype == BIE_DTYPE_F32 && c->grad_y.stride[1] == 1 &&
                         (g->batch == 1 || c->grad_y.stride[0] >= O);
@@ -407,7 +451,8 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     const size_t sz_part = want_gx ? (size_t)nseg * sizeof(double) : 0;
     const size_t total = cpu_arena_size(sz_bias) + cpu_arena_size(sz_acode) + cpu_arena_size(sz_wf) +
                          cpu_arena_size(sz_gx) + cpu_arena_size(sz_work) + cpu_arena_size(sz_parts) +
-                         cpu_arena_size(sz_gw) + cpu_arena_size(sz_part);
+                         cpu_arena_size(sz_gw) + cpu_arena_size(sz_part) + cpu_arena_size(sz_tab) +
+                         cpu_arena_size(sz_aidx) + cpu_arena_size(sz_widx);
     void * ws;
     enum bie_status st = bie_host_workspace(ctx, total, &ws);
     if (st != BIE_STATUS_OK) return st;
@@ -421,14 +466,21 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     float * gw = gw_direct ? (float *)c->grad_weight.data : cpu_arena_take(&ar, sz_gw);
     const int ldgw = gw_direct ? (int)gws[0] : (int)K;
     double * part_s = cpu_arena_take(&ar, sz_part);
+    void * tab = cpu_arena_take(&ar, sz_tab);
+    b.a_idx = cpu_arena_take(&ar, sz_aidx);
+    b.w_idx = cpu_arena_take(&ar, sz_widx);
 
     cpu_bias_dense(&c->bias_a, g->C, b.bias);
     const int blas_threads = openblas_get_num_threads(); // restored below: a process-wide setting
-    if (want_gw) make_codes(&b);
-    if (want_gx) make_wf(&b);
-    if (!linear) {
+    if (sign_gemm) {
+        linear_sign_gemms(&b, g_rows, work, gw, ldgw, tab);
+    } else if (!linear) {
+        if (want_gw) make_codes(&b);
+        if (want_gx) make_wf(&b);
         conv_tasks(&b, nb, wave, work, parts, gw, ldgw);
     } else if (g_rows) { // grad_y is a dense-row f32 [M][O]
+        if (want_gw) make_codes(&b);
+        if (want_gx) make_wf(&b);
         openblas_set_num_threads(b.threads);
         const float * gy = c->grad_y.data;
         const int ld = (int)(g->batch == 1 ? O : c->grad_y.stride[0]), M = (int)g->batch;
@@ -439,6 +491,8 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)K, M, c->scale_a, gy, ld, b.acode,
                         (int)K, 0.0f, gw, ldgw);
     } else { // G = grad_y^T as a dense [O][M]
+        if (want_gw) make_codes(&b);
+        if (want_gx) make_wf(&b);
         openblas_set_num_threads(b.threads);
         float * G = work;
         const int M = (int)g->batch;

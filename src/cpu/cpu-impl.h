@@ -28,6 +28,7 @@
 
 #include "bie-impl.h"
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -65,6 +66,23 @@ struct cpu_kernels {
     double (*mask_binary)(const float * x, const float * bias, float b0, float scale, float * gx, int64_t n);
     // lo[i] = in[i] & 15, hi[i] = in[i] >> 4 for i < n (n a multiple of 8).
     void (*nibble_split)(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi);
+
+    // The float-by-sign GEMM of the binary backward (cpu-signgemm.c); NULL where the backward
+    // uses sgemm instead (below AVX-512, where a table lookup does not beat an FMA).
+    // sign_idx: dst[k] |= (src[k] + b_k >= 0) << t for k < n (f32 add; b_k = bias[k], or 0 when
+    // bias is NULL; NaN -> 0 bit).
+    void (*sign_idx)(const float * src, const float * bias, int64_t n, int t, uint32_t * dst);
+    // sign_tables: for i < CPU_MR and chunk q < nq, entry e of table (i, q) is
+    //   tab[(i*nq + q)*16 + e] = alpha * (((s0*f_i[4q] + s1*f_i[4q+1]) + s2*f_i[4q+2]) + s3*f_i[4q+3])
+    // with s_b = +1 if bit b of e is set, else -1, and f_i[j] = f[i*rs + j*cs] for i < mr, j < jn,
+    // else 0 (f32 operations in that order).
+    void (*sign_tables)(const float * f, ptrdiff_t rs, ptrdiff_t cs, int mr, int64_t jn, int64_t nq,
+                        float alpha, float * tab);
+    // fsign_tile: for i < mr, k < nk (nk <= 64; nq a multiple of 8):
+    //   c[i*ldc + k] = (acc ? c[i*ldc + k] : 0) + tab(i, 0)[e_0] + tab(i, 1)[e_1] + ... (f32, in order q)
+    // with e_q = (idx[(q/8)*ids + k] >> 4*(q%8)) & 15; idx must be readable for k < 64.
+    void (*fsign_tile)(const float * tab, int64_t nq, const uint32_t * idx, size_t ids, int mr, int64_t nk,
+                       bool acc, float * c, size_t ldc);
 };
 
 extern const struct cpu_kernels bie_cpu_kernels_scalar;
@@ -83,6 +101,11 @@ double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0
 void bie_cpu_sign_bits__avx512(const float * x, const float * bias, float b0, int64_t n, uint8_t * out);
 void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int64_t n, float scale,
                               int lo, int hi, int16_t * out);
+void bie_cpu_sign_idx__avx512(const float * src, const float * bias, int64_t n, int t, uint32_t * dst);
+void bie_cpu_sign_tables__avx512(const float * f, ptrdiff_t rs, ptrdiff_t cs, int mr, int64_t jn, int64_t nq,
+                                 float alpha, float * tab);
+void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * idx, size_t ids, int mr,
+                                int64_t nk, bool acc, float * c, size_t ldc);
 
 // The table for an ISA level (the best one not above it); at the VPOPCNTDQ level, the VNNI variant
 // when the CPU has AVX512-VNNI.
@@ -160,6 +183,31 @@ struct cpu_gemm {
 // Workspace bytes run_gemm needs for its per-thread tile buffers.
 size_t cpu_gemm_workspace(int threads);
 void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool parallel_stores);
+
+// Float-by-sign GEMM (cpu-signgemm.c), the two GEMMs of a binary linear layer's backward:
+//   c[r*ldc + k] = alpha * sum_{j<J} F(r, j) * S[j][k]    (r < R, k < K)
+// with F(r, j) = f[r*rs + j*cs] (f32) and S a +-1 matrix given as sign-index blocks: bit j%32 of
+// idx[(j/32)*ids + k] is set iff S[j][k] = +1 (ids = cpu_signgemm_ids(K); see cpu_signgemm_idx).
+// Every output is summed in the same order whatever the thread count.
+struct cpu_signgemm {
+    const float * f;
+    ptrdiff_t rs, cs;
+    int64_t R, J, K;
+    float alpha;
+    const uint32_t * idx;
+    float * c;
+    size_t ldc;
+};
+static inline size_t cpu_signgemm_ids(int64_t K) { return cpu_round_up((size_t)K, 64); }
+static inline size_t cpu_signgemm_idx_bytes(int64_t J, int64_t K) {
+    return (size_t)((J + 31) / 32) * cpu_signgemm_ids(K) * sizeof(uint32_t);
+}
+// The sign-index blocks of S[j][k] = (t[j*s0 + k*s1] + bias[k] >= 0 ? +1 : -1) for j < J, k < K (f32
+// add; bias NULL: none; an element of a B1 view reads as +-1).
+void cpu_signgemm_idx(const struct cpu_kernels * kern, const struct bie_tensor * t, int64_t J, int64_t K,
+                      int64_t s0, int64_t s1, const float * bias, int threads, uint32_t * idx);
+size_t cpu_signgemm_workspace(int threads);
+void cpu_signgemm_run(const struct cpu_kernels * kern, const struct cpu_signgemm * job, int threads, void * ws);
 
 // Task sizes of the conv backward (output pixels per task; grad_W partials per wave). Shape-only
 // constants; tests lower them to exercise many tasks and waves.

@@ -149,6 +149,73 @@ double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0
     return s;
 }
 
+// Float-by-sign GEMM (cpu-signgemm.c). The sign bits of 4 consecutive rows j of S at column k
+// form a nibble e, and sum_b f[4q+b] * S[4q+b][k] is entry e of a 16-float table made once per
+// (row of F, chunk q): vpermps looks up 16 columns at once, so one permute and one add do the work
+// of 4 FMAs. idx[k] holds the nibbles of 8 chunks (32 rows j); shifting it by 4 exposes the next
+// one (vpermps reads only the low 4 bits of each lane).
+void bie_cpu_sign_idx__avx512(const float * src, const float * bias, int64_t n, int t, uint32_t * dst) {
+    const __m512i bit = _mm512_set1_epi32((int)(1u << t));
+    const __m512 fz = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n; k += 16) {
+        const __mmask16 live = n - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - k)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(live, src + k);
+        if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(live, bias + k));
+        const __mmask16 ge = _mm512_mask_cmp_ps_mask(live, v, fz, _CMP_GE_OQ);
+        const __m512i d = _mm512_maskz_loadu_epi32(live, dst + k);
+        _mm512_mask_storeu_epi32(dst + k, live, _mm512_mask_or_epi32(d, ge, d, bit));
+    }
+}
+
+void bie_cpu_sign_tables__avx512(const float * f, ptrdiff_t rs, ptrdiff_t cs, int mr, int64_t jn, int64_t nq,
+                                 float alpha, float * tab) {
+    const __m512i e = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i one = _mm512_set1_epi32(1);
+    __m512i flip[4]; // the sign bit in lanes e whose bit b is 0
+    for (int b = 0; b < 4; b++) flip[b] = _mm512_slli_epi32(_mm512_andnot_si512(_mm512_srli_epi32(e, (unsigned)b), one), 31);
+    const __m512 av = _mm512_set1_ps(alpha);
+    for (int i = 0; i < CPU_MR; i++)
+        for (int64_t q = 0; q < nq; q++) {
+            float v[4];
+            for (int b = 0; b < 4; b++) {
+                const int64_t j = 4 * q + b;
+                v[b] = i < mr && j < jn ? f[i * rs + j * cs] : 0.0f;
+            }
+            __m512 t = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_set1_ps(v[0])), flip[0]));
+            for (int b = 1; b < 4; b++)
+                t = _mm512_add_ps(t, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_set1_ps(v[b])), flip[b])));
+            _mm512_store_ps(tab + (i * nq + q) * 16, _mm512_mul_ps(t, av));
+        }
+}
+
+// CPU_MR rows by 4 vectors of 16 columns: 16 accumulators, 4 index vectors, one table register.
+void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * idx, size_t ids, int mr,
+                                int64_t nk, bool acc, float * c, size_t ldc) {
+    __mmask16 km[4];
+    for (int v = 0; v < 4; v++) {
+        const int64_t rem = nk - 16 * v;
+        km[v] = rem >= 16 ? (__mmask16)0xffff : rem <= 0 ? (__mmask16)0 : (__mmask16)((1u << rem) - 1);
+    }
+    __m512 s[CPU_MR][4];
+    for (int i = 0; i < CPU_MR; i++)
+        for (int v = 0; v < 4; v++)
+            s[i][v] = acc && i < mr ? _mm512_maskz_loadu_ps(km[v], c + i * ldc + 16 * v) : _mm512_setzero_ps();
+    for (int64_t qb = 0; qb < nq / 8; qb++) {
+        __m512i ix[4];
+        for (int v = 0; v < 4; v++) ix[v] = _mm512_loadu_si512((const void *)(idx + (size_t)qb * ids + 16 * v));
+        const float * t = tab + qb * 8 * 16;
+        for (int q = 0; q < 8; q++) {
+            for (int i = 0; i < CPU_MR; i++) {
+                const __m512 tv = _mm512_load_ps(t + (i * nq + q) * 16);
+                for (int v = 0; v < 4; v++) s[i][v] = _mm512_add_ps(s[i][v], _mm512_permutexvar_ps(ix[v], tv));
+            }
+            for (int v = 0; v < 4; v++) ix[v] = _mm512_srli_epi32(ix[v], 4);
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, km[v], s[i][v]);
+}
+
 static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi) {
     const __m512i m = _mm512_set1_epi8(15);
     size_t i = 0;
@@ -172,4 +239,7 @@ const struct cpu_kernels bie_cpu_kernels_avx512 = {
     .quantize = bie_cpu_quantize__avx512,
     .mask_binary = bie_cpu_mask_binary__avx512,
     .nibble_split = nibble_split,
+    .sign_idx = bie_cpu_sign_idx__avx512,
+    .sign_tables = bie_cpu_sign_tables__avx512,
+    .fsign_tile = bie_cpu_fsign_tile__avx512,
 };

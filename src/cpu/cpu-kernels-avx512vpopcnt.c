@@ -58,6 +58,9 @@ const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt_vnni = {
     .quantize = bie_cpu_quantize__avx512,
     .mask_binary = bie_cpu_mask_binary__avx512,
     .nibble_split = NULL, // unsplit panels
+    .sign_idx = bie_cpu_sign_idx__avx512,
+    .sign_tables = bie_cpu_sign_tables__avx512,
+    .fsign_tile = bie_cpu_fsign_tile__avx512,
 };
 
 const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt = {
@@ -72,4 +75,7 @@ const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt = {
     .quantize = bie_cpu_quantize__avx512,
     .mask_binary = bie_cpu_mask_binary__avx512,
     .nibble_split = NULL, // unsplit panels
+    .sign_idx = bie_cpu_sign_idx__avx512,
+    .sign_tables = bie_cpu_sign_tables__avx512,
+    .fsign_tile = bie_cpu_fsign_tile__avx512,
 };
