@@ -7,7 +7,10 @@
 // must be byte-identical. Thread counts 1 and 2 must give identical bytes too.
 #include "test-cpu-common.h"
 
-static const int64_t k_list[] = {1, 7, 8, 9, 31, 33, 63, 64, 65, 127, 129, 511, 513, 1000};
+// The last two reach the long-row binary tiles (>= 256 bytes; 2100: 4 blocks of 8 words and a tail
+// word; 16400: more than 31 blocks, so the byte counters are folded on the way).
+static const int64_t k_list[] = {1, 7, 8, 9, 31, 33, 63, 64, 65, 127, 129, 511, 513, 1000, 2100, 16400};
+#define NK ((int)(sizeof k_list / sizeof k_list[0]))
 
 struct fcase {
     enum bie_quant q;
@@ -70,7 +73,7 @@ static void make_common(struct fcase * fc) {
 static void make_linear(struct fcase * fc, enum bie_quant q, int64_t K) {
     memset(fc, 0, sizeof *fc);
     fc->q = q ? q : pick_q();
-    if (!K) K = test_pick(k_list, 14);
+    if (!K) K = test_pick(k_list, NK);
     const int64_t M = test_rand_int(0, 5) ? test_rand_int(1, 40) : test_rand_int(41, 140);
     const int64_t N = test_rand_int(0, 5) ? test_rand_int(1, 40) : test_rand_int(41, 140);
     fc->lin = (struct bie_linear_desc){.quant = fc->q, .in_features = K, .out_features = N};
@@ -183,7 +186,7 @@ int main(int argc, char ** argv) {
 
     // Every K of the list at least once per quant, then random linear cases.
     for (int qi = 0; qi < 3; qi++)
-        for (int ki = 0; ki < 14; ki++) {
+        for (int ki = 0; ki < NK; ki++) {
             struct fcase fc;
             make_linear(&fc, qi == 0 ? BIE_QUANT_BINARY : qi == 1 ? BIE_QUANT_INT4 : BIE_QUANT_INT8, k_list[ki]);
             check_case(&fc, ref, cpu, nlev, cpu1);

@@ -12,7 +12,7 @@
 // Steps: (1) x -> channel-packed bits NHWC (xb, Cb bytes per pixel), from f32 NCHW (a row of
 // sign bits per channel, then 8x8 bit transposes), f32 channels-last (sign bits per pixel),
 // byte-aligned channels-last B1 (copies), or any other view (element by element);
-// (2) weights -> OHWI bit rows and S, then word-interleaved groups of bin_nr channels (B);
+// (2) weights -> OHWI bit rows and S, then word-interleaved groups of nr channels (B);
 // (3) im2col rows of xb -> A (nibble-split when the ISA wants it); (4) the tiled GEMM
 // (outer-product microkernels, cpu-kernels-*.c) with the correction and the output transform
 // fused per tile.
@@ -23,9 +23,10 @@
 struct bin_plan {
     const struct bie_layer_call * c;
     const struct cpu_kernels * kern;
+    const struct cpu_bin_tile * bt; // the binary tile for these rows
     int64_t Cb, T, KB, KBp, M, N, Mp, Np;
     size_t rowb;        // bytes per A row: KBp, or 2*KBp when split
-    size_t group_bytes; // bytes per B group of bin_nr columns
+    size_t group_bytes; // bytes per B group of bt->nr columns
     uint8_t * xb;
     uint8_t * wrows; // [Np][KBp] unsplit weight rows, before interleaving
     uint8_t * A;
@@ -129,7 +130,7 @@ static void pack_x_bits(const struct bin_plan * pl, const float * bias, int thre
 
 // Moves an unsplit row into panel row `dst` (splitting it into nibble planes when asked).
 static inline void put_row(const struct bin_plan * pl, const uint8_t * row, uint8_t * dst) {
-    if (pl->kern->bin_split)
+    if (pl->bt->split)
         pl->kern->nibble_split(row, (size_t)pl->KBp, dst, dst + pl->KBp);
     else if (row != dst)
         memcpy(dst, row, (size_t)pl->KBp);
@@ -171,7 +172,7 @@ static void pack_weights(const struct bin_plan * pl, int threads) {
     }
     // Interleave: word w of column j of group gi at B + gi*group_bytes + (w*nr + j)*8 (lo plane;
     // the hi plane follows at + kw*nr*8 when split).
-    const int64_t nr = pl->kern->bin_nr, kw = pl->KBp / 8, groups = pl->Np / nr;
+    const int64_t nr = pl->bt->nr, kw = pl->KBp / 8, groups = pl->Np / nr;
     const uint64_t lo4 = 0x0f0f0f0f0f0f0f0full;
 #pragma omp parallel for num_threads(threads)
     for (int64_t gi = 0; gi < groups; gi++) {
@@ -181,7 +182,7 @@ static void pack_weights(const struct bin_plan * pl, int threads) {
             for (int64_t wi = 0; wi < kw; wi++) {
                 uint64_t v;
                 memcpy(&v, row + wi * 8, 8);
-                if (pl->kern->bin_split) {
+                if (pl->bt->split) {
                     dst[wi * nr + j] = v & lo4;
                     dst[kw * nr + wi * nr + j] = (v >> 4) & lo4;
                 } else {
@@ -198,7 +199,7 @@ static void pack_activations(const struct bin_plan * pl, int threads, uint8_t * 
     const int64_t P = g->OH * g->OW, Cb = pl->Cb;
 #pragma omp parallel for num_threads(threads)
     for (int64_t m = 0; m < pl->Mp; m++) {
-        uint8_t * row = pl->kern->bin_split ? rows_ws + (size_t)omp_get_thread_num() * pl->KBp
+        uint8_t * row = pl->bt->split ? rows_ws + (size_t)omp_get_thread_num() * pl->KBp
                                             : pl->A + (size_t)m * pl->rowb;
         if (m >= pl->M) {
             memset(row, 0, (size_t)pl->KBp);
@@ -266,12 +267,13 @@ enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_lay
     pl.T = g->kh * g->kw;
     pl.KB = pl.T * pl.Cb;
     pl.KBp = (int64_t)cpu_round_up((size_t)pl.KB, CPU_KB_ALIGN);
-    pl.rowb = (size_t)pl.KBp * (pl.kern->bin_split ? 2 : 1);
+    pl.bt = cpu_bin_tile_for(pl.kern, (size_t)pl.KBp);
+    pl.rowb = (size_t)pl.KBp * (pl.bt->split ? 2 : 1);
     pl.M = g->batch * g->OH * g->OW;
     pl.N = g->O;
     pl.Mp = (int64_t)cpu_round_up((size_t)pl.M, CPU_MR);
     pl.Np = (int64_t)cpu_round_up((size_t)pl.N, 16);
-    pl.group_bytes = (size_t)pl.KBp * (size_t)pl.kern->bin_nr * (pl.kern->bin_split ? 2 : 1);
+    pl.group_bytes = (size_t)pl.KBp * (size_t)pl.bt->nr * (pl.bt->split ? 2 : 1);
     pl.pad_mult = (g->ph > 0 || g->pw > 0) ? (g->pad_value == BIE_PAD_ZERO ? 1 : g->pad_value == BIE_PAD_PLUS_ONE ? 2 : 0) : 0;
     cpu_epilogue_init(&pl.ep, c);
 
@@ -279,7 +281,7 @@ enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_lay
     const size_t sz_xb = (size_t)(g->batch * g->H * g->W * pl.Cb);
     const size_t sz_tmp = (size_t)threads * cpu_round_up((size_t)(pl.Cb * 8 * Wb), 64);
     const size_t sz_rows = (size_t)threads * (size_t)pl.KBp;
-    const size_t sz_a = (size_t)pl.Mp * pl.rowb, sz_b = (size_t)(pl.Np / pl.kern->bin_nr) * pl.group_bytes;
+    const size_t sz_a = (size_t)pl.Mp * pl.rowb, sz_b = (size_t)(pl.Np / pl.bt->nr) * pl.group_bytes;
     const size_t sz_wrows = (size_t)pl.Np * (size_t)pl.KBp;
     const size_t sz_s = pl.pad_mult ? (size_t)(pl.Np * pl.T) * sizeof(int32_t) : 0;
     const size_t sz_bias = (size_t)g->C * sizeof(float);
@@ -307,7 +309,7 @@ enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_lay
     pack_activations(&pl, threads, rows);
 
     const struct cpu_gemm job = {
-        .kern = pl.kern, .kind = 1, .a = pl.A, .b = pl.B, .lda = pl.rowb, .ldb = pl.group_bytes / (size_t)pl.kern->bin_nr,
+        .kern = pl.kern, .kind = 1, .bin = pl.bt, .a = pl.A, .b = pl.B, .lda = pl.rowb, .ldb = pl.group_bytes / (size_t)pl.bt->nr,
         .k = (size_t)pl.KBp, .M = pl.M, .N = pl.N, .finish = finish_tile, .finish_ctx = &pl,
     };
     cpu_gemm_run(&job, threads, tiles, cpu_epilogue_parallel_safe(&pl.ep));

@@ -68,7 +68,7 @@ void cpu_bias_dense(const struct bie_tensor * bias, int64_t C, float * out) {
 size_t cpu_gemm_workspace(int threads) { return (size_t)threads * MB * NB_MAX * sizeof(int32_t); }
 
 void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool parallel_stores) {
-    const int nr = job->kind == 1 ? job->kern->bin_nr : job->kern->i16_nr;
+    const int nr = job->kind == 1 ? job->bin->nr : job->kern->i16_nr;
     const int64_t mtiles = (job->M + MB - 1) / MB;
     int64_t nb = (int64_t)cpu_round_up((size_t)job->N, 16);
     if (nb > NB_MAX) nb = NB_MAX;
@@ -93,7 +93,7 @@ void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool
             for (int64_t j = 0; j < nc; j += nr) {
                 const uint8_t * bp = (const uint8_t *)job->b + (size_t)(n0 + j) * job->ldb;
                 for (int64_t i = 0; i < mc; i += CPU_MR)
-                    job->kern->bin_tile((const uint8_t *)job->a + (size_t)(m0 + i) * job->lda, job->lda, bp, job->k,
+                    job->bin->tile((const uint8_t *)job->a + (size_t)(m0 + i) * job->lda, job->lda, bp, job->k,
                                         acc + (size_t)i * ldacc + (size_t)j, ldacc);
             }
         } else {

@@ -14,10 +14,10 @@
 // i.e. KBp/8 64-bit words. The padding bits are 0 in both operands, so XOR ignores them and
 // acc = K - 2*popc(a XOR w) exactly.
 //   A (activations): one row per output pixel, Mp = round_up(M, 4) rows.
-//   B (weights): groups of bin_nr columns, word-interleaved: word w of column j of group g at
-//     B + g*group_bytes + (w*bin_nr + j)*8, so that one vector load gives word w of bin_nr columns
+//   B (weights): groups of nr columns (the tile's), word-interleaved: word w of column j of group g
+//     at B + g*group_bytes + (w*nr + j)*8, so that one vector load gives word w of nr columns
 //     and the microkernel broadcasts A's word against it (outer-product form: no horizontal sums).
-// With `bin_split` every word is stored as two words: its low nibbles (byte & 15) and its high
+// With `split` every word is stored as two words: its low nibbles (byte & 15) and its high
 // nibbles (byte >> 4), in two planes (A: a row's lo plane of KBp bytes then its hi plane; B: a
 // group's lo words then its hi words), which saves the nibble extraction in pshufb-lookup kernels.
 //
@@ -37,15 +37,22 @@
 #define CPU_K16_ALIGN 32 // int16 rows are padded to this many elements
 #define CPU_K4_ALIGN 64  // 4-bit byte rows are padded to this many elements
 
+// A binary microkernel and the panel layout it reads:
+// c[i*ldc + j] = popcount(a_i XOR b_j) for i < CPU_MR, j < nr; a_i = a + i*lda (bytes), b the B
+// group; kb = KBp bytes per plane (a multiple of 8).
+struct cpu_bin_tile {
+    int nr;     // columns of the tile (and of a B group): 4, 8 or 16
+    bool split; // the panels hold nibble planes (see above)
+    void (*tile)(const uint8_t * a, size_t lda, const uint8_t * b, size_t kb, int32_t * c, size_t ldc);
+};
+
 struct cpu_kernels {
     enum bie_cpu_isa isa;
-    int bin_nr;     // columns of the binary tile (and of a B group): 4, 8 or 16
-    bool bin_split; // binary panels hold nibble planes (see above)
+    struct cpu_bin_tile bin;      // the binary tile
+    struct cpu_bin_tile bin_long; // the one for rows of at least bin_long_kb bytes (tile NULL: none)
+    size_t bin_long_kb;
     int i16_nr;     // columns of the int16 tile (and of the byte tile)
     bool u8s8_exact; // u4s4_tile is exact for all unsigned x signed bytes (VNNI), not only 4-bit ones
-    // c[i*ldc + j] = popcount(a_i XOR b_j) for i < CPU_MR, j < bin_nr; a_i = a + i*lda (bytes), b
-    // the B group; kb = KBp bytes per plane (a multiple of 8).
-    void (*bin_tile)(const uint8_t * a, size_t lda, const uint8_t * b, size_t kb, int32_t * c, size_t ldc);
     // c[i*ldc + j] = sum_k a_i[k] * b_j[k] (int32, wrapping) for i < CPU_MR, j < i16_nr;
     // k a multiple of 32; lda/ldb in elements.
     void (*i16_tile)(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k,
@@ -111,6 +118,11 @@ void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * 
 // when the CPU has AVX512-VNNI.
 const struct cpu_kernels * bie_cpu_kernels(enum bie_cpu_isa isa);
 
+// The binary tile for rows of kbp bytes.
+static inline const struct cpu_bin_tile * cpu_bin_tile_for(const struct cpu_kernels * k, size_t kbp) {
+    return k->bin_long.tile && kbp >= k->bin_long_kb ? &k->bin_long : &k->bin;
+}
+
 // Scalar quantisation shared by every ISA's tail handling: clamp(rne(v / scale), lo, hi).
 // NaN maps to lo (the comparison v > lo is false), matching the reference.
 static inline int cpu_quantize1(float v, float scale, int lo, int hi) {
@@ -165,15 +177,16 @@ void cpu_epilogue_store(const struct cpu_epilogue * e, int64_t m0, int64_t mc, i
                         const int32_t * acc, size_t ldacc);
 
 // Runs an integer GEMM over row panels a (Mp rows) and column panels b (Np rows) in tiles on
-// `threads` threads, then calls the epilogue on every tile. kind 1: binary (kern->bin_tile, the
+// `threads` threads, then calls the epilogue on every tile. kind 1: binary (bin->tile, the
 // tile gives popcounts, finish() turns them into acc); kind 16: int16 (kern->i16_tile); kind 4:
 // unsigned x signed bytes (kern->u4s4_tile).
 struct cpu_gemm {
     const struct cpu_kernels * kern;
     int kind;
+    const struct cpu_bin_tile * bin; // kind 1
     const void * a;
     const void * b;
-    size_t lda, ldb; // per row: bytes (binary, int8) or elements (int16); binary B: group bytes / bin_nr
+    size_t lda, ldb; // per row: bytes (binary, int8) or elements (int16); binary B: group bytes / bin->nr
     size_t k;        // KBp bytes (binary) or Kp elements (int16)
     int64_t M, N;    // valid rows / columns
     // Called per tile with the raw tile (popcounts or acc), to fix it up and store it.

@@ -174,10 +174,8 @@ static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * h
 
 const struct cpu_kernels bie_cpu_kernels_avx2 = {
     .isa = BIE_CPU_ISA_AVX2,
-    .bin_nr = 8,
-    .bin_split = true,
+    .bin = {.nr = 8, .split = true, .tile = bin_tile_4x8},
     .i16_nr = 2,
-    .bin_tile = bin_tile_4x8,
     .i16_tile = i16_tile_4x2,
     .u4s4_tile = u4s4_tile_4x2,
     .sign_bits = sign_bits,

@@ -47,11 +47,9 @@ __attribute__((target("avx512vnni"))) static void u4s4_tile_4x4_vnni(const uint8
 
 const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt_vnni = {
     .isa = BIE_CPU_ISA_AVX512_VPOPCNT,
-    .bin_nr = 16,
-    .bin_split = false,
+    .bin = {.nr = 16, .split = false, .tile = bin_tile_4x16},
     .i16_nr = 4,
     .u8s8_exact = true, // vpdpbusd: no int16 intermediate, so the 8-bit layers use the byte tile
-    .bin_tile = bin_tile_4x16,
     .i16_tile = bie_cpu_i16_tile_4x4__avx512,
     .u4s4_tile = u4s4_tile_4x4_vnni,
     .sign_bits = bie_cpu_sign_bits__avx512,
@@ -65,10 +63,8 @@ const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt_vnni = {
 
 const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt = {
     .isa = BIE_CPU_ISA_AVX512_VPOPCNT,
-    .bin_nr = 16,
-    .bin_split = false,
+    .bin = {.nr = 16, .split = false, .tile = bin_tile_4x16},
     .i16_nr = 4,
-    .bin_tile = bin_tile_4x16,
     .i16_tile = bie_cpu_i16_tile_4x4__avx512,
     .u4s4_tile = bie_cpu_u4s4_tile_4x4__avx512,
     .sign_bits = bie_cpu_sign_bits__avx512,

@@ -87,10 +87,8 @@ static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * h
 
 const struct cpu_kernels bie_cpu_kernels_scalar = {
     .isa = BIE_CPU_ISA_SCALAR,
-    .bin_nr = 4,
-    .bin_split = false,
+    .bin = {.nr = 4, .split = false, .tile = bin_tile_4x4},
     .i16_nr = 4,
-    .bin_tile = bin_tile_4x4,
     .i16_tile = i16_tile_4x4,
     .u4s4_tile = u4s4_tile_4x4,
     .sign_bits = sign_bits,
