@@ -57,9 +57,12 @@ for o in $BUILD/CMakeFiles/bie_cuda_objects.dir/src/cuda/*.o; do
 done
 cat "$LOG"/*.o.sass 2>/dev/null | grep -oE "\b(BMMA|IMMA|HMMA|BGMMA|IGMMA)[A-Z0-9_.]*" | sort | uniq -c | tee "$SASS"
 bmma=$(grep -c "BMMA.*AND" "$SASS" || true)
+bgmma=$(grep -c "BGMMA.*AND" "$SASS" || true)
+igmma=$(grep -c "IGMMA" "$SASS" || true)
 xor=$(cat "$LOG"/*.o.sass 2>/dev/null | grep -cE "BMMA[^ ]*XOR|IMMA[^ ]*S4|IMMA[^ ]*U4" || true)
-if [ "${bmma:-0}" -gt 0 ] && [ "${xor:-0}" -eq 0 ]; then note "sass" "BMMA.AND present, no XOR/S4 MMA"
-else note "sass" "CHECK: BMMA.AND lines=$bmma, XOR/S4 lines=$xor"; fi
+if [ "${bmma:-0}" -gt 0 ] && [ "${bgmma:-0}" -gt 0 ] && [ "${igmma:-0}" -gt 0 ] && [ "${xor:-0}" -eq 0 ]; then
+  note "sass" "BMMA.AND, BGMMA.AND and IGMMA present, no XOR/S4 MMA"
+else note "sass" "CHECK: BMMA.AND=$bmma BGMMA.AND=$bgmma IGMMA=$igmma XOR/S4=$xor"; fi
 
 stage "ctest (unit + cuda)"
 for label in $LABELS; do
@@ -71,6 +74,15 @@ for label in $LABELS; do
   fi
 done
 grep -h -E "FAIL|skipped" $BUILD/Testing/Temporary/LastTest.log 2>/dev/null | head -40
+# The layer tests again on the mma.sync GEMM (the sm_80 path; Hopper uses wgmma by default).
+if [ -x $BUILD/tests/cuda_test-cuda-layers ]; then
+  if BIE_CUDA_GEMM=mma timeout 300 $BUILD/tests/cuda_test-cuda-layers >"$LOG/cuda-layers-mma.txt" 2>&1; then
+    note "layers on mma.sync" "$(tail -1 "$LOG/cuda-layers-mma.txt")"
+  else
+    tail -20 "$LOG/cuda-layers-mma.txt"
+    note "layers on mma.sync" "FAILED (cuda-layers-mma.txt)"
+  fi
+fi
 
 if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null; then
   stage "compute-sanitizer memcheck"

@@ -66,6 +66,8 @@ enum bie_status bie_cuda_state_get(bie_context_t * ctx, int device_index, struct
     if (ctx->cuda->device != device_index) { // per-device facts are read again
         ctx->cuda->sm_count = 0;
         ctx->cuda->gemm_smem_set = 0;
+        ctx->cuda->wgmma_smem_set = 0;
+        ctx->cuda->cc = 0;
     }
     ctx->cuda->device = device_index;
     *out = ctx->cuda;

@@ -19,7 +19,7 @@
 // (4 x 8 MMA tiles); K advances 128 bytes (1024 bits / 128 int8) per stage through a 3-stage
 // cp.async pipeline; shared-memory rows are 128 bytes with their 16-byte chunks XOR-swizzled by
 // the row so that ldmatrix reads are conflict-free. Rows past M or N are zero-filled.
-#include "cuda-impl.cuh"
+#include "cuda-epilogue.cuh"
 
 namespace {
 
@@ -50,76 +50,6 @@ __device__ __forceinline__ void mma(int * c, const uint32_t * a, const uint32_t 
                      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
-}
-
-// Row facts needed by the epilogue: output coordinates and the zero-padding correction.
-struct row_info {
-    int64_t nb, oh, ow;
-    int rowpop;
-    int64_t kterm;     // number of valid positions (K, or C*|V| for zero padding)
-    uint64_t invalid;  // taps outside the image (zero padding only, kh*kw <= 64)
-    bool valid;
-};
-
-__device__ __forceinline__ row_info make_row(const gemm_epilogue & ep, int64_t m, int64_t M) {
-    row_info r;
-    r.valid = m < M;
-    if (!r.valid) return r;
-    const struct dgeom & g = ep.g;
-    if (g.OH == 1 && g.OW == 1) { // linear: no division
-        r.nb = m;
-        r.oh = r.ow = 0;
-    } else { // 32-bit divisions (M < 2^31 is checked on the host)
-        const uint32_t mm = (uint32_t)m, ow = (uint32_t)g.OW, oh = (uint32_t)g.OH;
-        r.ow = mm % ow;
-        r.oh = (mm / ow) % oh;
-        r.nb = mm / (ow * oh);
-    }
-    r.rowpop = ep.binary ? ep.rowpop[m] : 0;
-    r.kterm = g.K;
-    r.invalid = 0;
-    if (ep.tappop) {
-        int nvalid = 0;
-        for (int i = 0; i < g.kh; i++) {
-            const int64_t h = r.oh * g.sh - g.ph + (int64_t)i * g.dh;
-            for (int j = 0; j < g.kw; j++) {
-                const int64_t w = r.ow * g.sw - g.pw + (int64_t)j * g.dw;
-                if (h >= 0 && h < g.H && w >= 0 && w < g.W) nvalid++;
-                else r.invalid |= 1ull << (i * g.kw + j);
-            }
-        }
-        r.kterm = g.C * nvalid;
-    }
-    return r;
-}
-
-// The layer's integer result from the GEMM's acc (binary: the +-1 dot product from AND-popcounts).
-__device__ __forceinline__ int binary_dot(const gemm_epilogue & ep, const row_info & r, int64_t n, int acc) {
-    if (!ep.binary) return acc;
-    int colterm = ep.colpop[n];
-    if (r.invalid) {
-        const int taps = ep.g.kh * ep.g.kw;
-        uint64_t inv = r.invalid;
-        while (inv) {
-            const int t = __ffsll((long long)inv) - 1;
-            inv &= inv - 1;
-            colterm -= ep.tappop[n * taps + t];
-        }
-    }
-    return 4 * acc - 2 * r.rowpop - 2 * colterm + (int)r.kterm;
-}
-
-// Stores one finished dot product (any y layout; B1 y: its sign code for the packed writer).
-__device__ __forceinline__ void store_dot(const gemm_epilogue & ep, const row_info & r, int64_t n, int dot,
-                                       float scale) {
-    const struct dview & y = ep.y;
-    if (y.dtype == BIE_DTYPE_B1) {
-        ep.sign[((r.nb * ep.g.O + n) * ep.g.OH + r.oh) * ep.g.OW + r.ow] = dot >= 0 ? 1 : 0;
-        return;
-    }
-    const int64_t off = dview_off4(y, r.nb, n, r.oh, r.ow);
-    if (y.dtype == BIE_DTYPE_I32) ((int32_t *)y.data)[off] = dot;
-    else st_float(y.data, y.dtype, off, __fmul_rn(__int2float_rn(dot), scale));
 }
 
 template <bool BINARY, int WM, int WN>
@@ -295,5 +225,7 @@ enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint
     if (kbytes % BKB) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm: kbytes %% 128 != 0");
     if (M >= ((int64_t)1 << 31) || kbytes / BKB >= ((int64_t)1 << 31))
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: more than 2^31 output rows in one call");
+    // Hopper: warpgroup MMA, except for a few rows, where the 64-row mma.sync tiles waste less.
+    if (M > 64 && bie_cuda_wgmma_usable(ctx)) return bie_cuda_gemm_wgmma(ctx, A, B, M, N, kbytes, ep);
     return ep.binary ? pick<true>(ctx, A, B, M, N, kbytes, ep) : pick<false>(ctx, A, B, M, N, kbytes, ep);
 }

@@ -23,6 +23,8 @@ struct bie_cuda_state {
     int device;              // ordinal the workspace lives on
     int sm_count;            // of `device` (0: not read yet)
     unsigned gemm_smem_set;  // GEMM kernels whose shared-memory limit was raised (bit per config)
+    unsigned long long wgmma_smem_set; // the same for the wgmma GEMM kernels
+    int cc;                  // compute capability of `device` as major*10 + minor (0: not read yet)
 };
 
 // Ensures ctx->cuda exists and the current device is usable; DEVICE_ERROR/UNSUPPORTED otherwise.
@@ -228,3 +230,9 @@ struct gemm_epilogue {
 };
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
                               int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);
+// The same GEMM through sm_90a warpgroup MMA (cuda-gemm-wgmma.cu); bie_cuda_gemm uses it when
+// bie_cuda_wgmma_usable says the device is a Hopper GPU (compute capability 9.0) and the driver
+// can encode tensor maps. BIE_CUDA_GEMM=mma in the environment forces the mma.sync kernel.
+bool bie_cuda_wgmma_usable(bie_context_t * ctx);
+enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
+                                    int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);

@@ -44,11 +44,25 @@ static void random_case(struct lcase * c, int big) {
     static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
     c->quant = qs[test_rand_int(0, 2)];
     const int bin = c->quant == BIE_QUANT_BINARY;
-    if (big) {
+    if (big == 1) { // more tiles than SMs, so every CTA of a persistent grid takes several
         c->conv = 0;
         c->batch = 1100;
-        c->C = test_rand_int(40, 300);
+        c->C = test_rand_int(40, 1200);
         c->O = 4100;
+    } else if (big == 2) { // a conv with several row tiles, column tiles and K stages
+        c->conv = 1;
+        c->batch = test_rand_int(1, 2);
+        c->C = test_rand_int(60, 140);
+        c->H = test_rand_int(12, 24);
+        c->W = test_rand_int(12, 24);
+        c->O = test_rand_int(60, 300);
+        for (int i = 0; i < 2; i++) {
+            c->cd.kernel[i] = 3;
+            c->cd.stride[i] = (int32_t)test_rand_int(1, 2);
+            c->cd.padding[i] = 1;
+            c->cd.dilation[i] = 1;
+        }
+        c->cd.groups = 1;
     } else if (c->conv) {
         for (;;) {
             c->batch = test_rand_int(1, 3);
@@ -322,9 +336,14 @@ int main(int argc, char ** argv) {
         random_case(&c, 0);
         test_forward(&c);
     }
-    for (int i = 0; i < (cuda_test_quick() ? 0 : 2); i++) { // the widest tiles
+    for (int i = 0; i < (cuda_test_quick() ? 0 : 4); i++) { // the widest tiles
         struct lcase c;
         random_case(&c, 1);
+        test_forward(&c);
+    }
+    for (int i = 0; i < (cuda_test_quick() ? 2 : 10); i++) { // larger convolutions
+        struct lcase c;
+        random_case(&c, 2);
         test_forward(&c);
     }
     for (int i = 0; i < n / 2; i++) {

@@ -1,0 +1,383 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-gemm-wgmma.cu: the Hopper (sm_90a) tensor-core GEMM of the forward pass: the same
+// operands, accumulators and fused epilogue as cuda-gemm.cu (whose header comment gives the
+// math), computed with warpgroup MMA fed by the tensor-memory accelerator.
+//
+//   binary: wgmma m64nNk256 .s32.b1.b1.and.popc (BGMMA in SASS, ~16 POPS on H100);
+//   n-bit:  wgmma m64nNk32 .s32.s8.s8 (IGMMA) on the int8 codes.
+// Both read 32 bytes of every row per instruction, so one shared-memory layout serves both.
+//
+// Layout: a CTA computes a BM x BN = 128 x BN tile (BN = 64, 128 or 256) of C with three
+// warpgroups: warpgroup 0 is the producer (one thread issues the bulk tensor copies), warpgroups 1
+// and 2 are the consumers, each owning 64 rows of the tile and BN/2 accumulators per thread.
+// K advances 128 bytes per stage through a ring of STAGES stages; each stage holds the A tile
+// (BM rows) and the B tile (BN rows), 128 bytes per row, in the 128-byte swizzle that the copy
+// engine writes and the MMA descriptors read (16-byte chunk c of row r lives at chunk c ^ (r % 8)).
+// A stage is "full" when its copies have landed (an mbarrier counting bytes) and "empty" when
+// all eight consumer warps have finished the MMAs that read it (an mbarrier counting arrivals).
+// The grid is persistent: CTA b takes tiles b, b + grid, ... (m fastest), and the producer runs
+// ahead into the next tile while the consumers store the last one. Rows past M or N are
+// zero-filled by the copy engine and never stored.
+#include "cuda-epilogue.cuh"
+
+#include <cuda.h> // CUtensorMap and its enums (the encoder is fetched from the driver at run time)
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+constexpr int BM = 128;       // rows of A per tile (two consumer warpgroups x 64)
+constexpr int BK = 128;       // bytes of K per stage (1024 bits / 128 int8 codes)
+constexpr int THREADS = 384;  // producer warpgroup + two consumer warpgroups
+constexpr int SMEM_RING = 196608; // bytes of the stage ring, for every BN (see stages_for)
+
+__host__ __device__ constexpr int stages_for(int bn) { return SMEM_RING / ((BM + bn) * BK); }
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define BIE_WGMMA_DEVICE 1
+#endif
+// The device code below exists only in the sm_90a pass (the kernels are empty elsewhere and are
+// never launched off Hopper).
+#if !defined(__CUDA_ARCH__) || defined(BIE_WGMMA_DEVICE)
+
+// --- PTX wrappers -------------------------------------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// Copies the box at (byte k0, row r0) of the tensor map into shared memory, completing on bar.
+__device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap * map, int k0, int r0, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"((uint64_t)map), "r"(k0), "r"(r0), "r"(bar)
+                 : "memory");
+}
+
+// Shared-memory matrix descriptor of a K-major tile with 128-byte rows in the 128-byte swizzle:
+// start address >> 4 (bits 0-13), leading offset 1 (unused for this layout, bits 16-29), stride
+// between 8-row groups 1024 bytes >> 4 (bits 32-45), swizzle mode 1 = 128 bytes (bits 62-63).
+// Advancing the start address by 32 bytes moves to the next 32-byte K slice of every row.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across an asynchronous MMA.
+template <int R> __device__ __forceinline__ void pin(int * d) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+r"(d[i])::"memory");
+}
+
+// One wgmma per (operand type, N): d holds the N/2 accumulators of this thread; scale_d = 0
+// overwrites them, 1 accumulates.
+#define WG_R0_31 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define WG_R32_63 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define WG_R64_95 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+#define WG_R96_127 "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+#define WG_O8(i) "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), "+r"(d[i + 6]), "+r"(d[i + 7])
+#define WG_O32(i) WG_O8(i), WG_O8(i + 8), WG_O8(i + 16), WG_O8(i + 24)
+#define WG_PRED(n) "{\n.reg .pred p;\nsetp.ne.b32 p, %" #n ", 0;\n"
+#define WG_DEF64(name, instr)                                                                      \
+    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
+        asm volatile(WG_PRED(34) instr " {" WG_R0_31 "}, %32, %33, p;\n}\n"                         \
+                     : WG_O32(0) : "l"(da), "l"(db), "r"(sc));                                     \
+    }
+#define WG_DEF128(name, instr)                                                                     \
+    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
+        asm volatile(WG_PRED(66) instr " {" WG_R0_31 "," WG_R32_63 "}, %64, %65, p;\n}\n"           \
+                     : WG_O32(0), WG_O32(32) : "l"(da), "l"(db), "r"(sc));                         \
+    }
+#define WG_DEF256(name, instr)                                                                     \
+    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
+        asm volatile(WG_PRED(130) instr " {" WG_R0_31 "," WG_R32_63 "," WG_R64_95 "," WG_R96_127      \
+                                        "}, %128, %129, p;\n}\n"                                   \
+                     : WG_O32(0), WG_O32(32), WG_O32(64), WG_O32(96) : "l"(da), "l"(db), "r"(sc)); \
+    }
+WG_DEF64(wg_b1_64, "wgmma.mma_async.sync.aligned.m64n64k256.s32.b1.b1.and.popc")
+WG_DEF128(wg_b1_128, "wgmma.mma_async.sync.aligned.m64n128k256.s32.b1.b1.and.popc")
+WG_DEF256(wg_b1_256, "wgmma.mma_async.sync.aligned.m64n256k256.s32.b1.b1.and.popc")
+WG_DEF64(wg_s8_64, "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8")
+WG_DEF128(wg_s8_128, "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8")
+WG_DEF256(wg_s8_256, "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8")
+
+template <bool BINARY, int BN>
+__device__ __forceinline__ void wg_mma(int * d, uint64_t da, uint64_t db, int sc) {
+    if (BINARY) {
+        if (BN == 64) wg_b1_64(d, da, db, sc);
+        else if (BN == 128) wg_b1_128(d, da, db, sc);
+        else wg_b1_256(d, da, db, sc);
+    } else {
+        if (BN == 64) wg_s8_64(d, da, db, sc);
+        else if (BN == 128) wg_s8_128(d, da, db, sc);
+        else wg_s8_256(d, da, db, sc);
+    }
+}
+
+// --- epilogue -----------------------------------------------------------------------------------
+
+// Any y (B1, I32, strided, zero-padded conv): the shared element-wise path, out of line so that
+// the unrolled fast path stays small.
+__device__ __noinline__ void store_pair_any(const gemm_epilogue * ep, row_info r, int64_t n, int64_t N, int a0,
+                                            int a1, float scale) {
+    store_dot(*ep, r, n, binary_dot(*ep, r, n, a0), scale);
+    if (n + 1 < N) store_dot(*ep, r, n + 1, binary_dot(*ep, r, n + 1, a1), scale);
+}
+
+template <typename T> __device__ __forceinline__ void store_pair(T * p, float v0, float v1);
+template <> __device__ __forceinline__ void store_pair<float>(float * p, float v0, float v1) {
+    *(float2 *)p = make_float2(v0, v1);
+}
+template <> __device__ __forceinline__ void store_pair<__half>(__half * p, float v0, float v1) {
+    *(__half2 *)p = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+}
+template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16 * p, float v0, float v1) {
+    *(__nv_bfloat162 *)p = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+}
+
+// Stores this thread's accumulators: in the wgmma layout, thread (warp w, lane l) of a consumer
+// warpgroup holds, for column group i (8 columns), d[4i + 2h + e] = C[w*16 + l/4 + 8h][8i + 2(l%4) + e].
+// FAST (decided on the host): y is f32/f16/bf16 with contiguous features and no zero-padding
+// correction, so a row's pairs go out as one 4- or 8-byte store each.
+template <bool BINARY, int BN, typename T, bool FAST>
+__device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, int64_t m0, int64_t n0,
+                                         int64_t M, int64_t N, float scale) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t m = m0 + 8 * h;
+        if (m >= M) continue;
+        const row_info r = make_row(ep, m, M);
+        const struct dview & y = ep.y;
+        const int64_t rb = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3];
+        const bool paired = FAST && ((rb & 1) == 0) && (((uintptr_t)y.data) % (2 * sizeof(T)) == 0);
+        const int rowterm = BINARY ? (int)r.kterm - 2 * r.rowpop : 0;
+        if (paired) {
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++) {
+                const int64_t n = n0 + 8 * i;
+                if (n >= N) break;
+                int v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
+                if (BINARY) {
+                    v0 = 4 * v0 + rowterm - 2 * __ldg(ep.colpop + n);
+                    v1 = n + 1 < N ? 4 * v1 + rowterm - 2 * __ldg(ep.colpop + n + 1) : 0;
+                }
+                const float f0 = __fmul_rn(__int2float_rn(v0), scale), f1 = __fmul_rn(__int2float_rn(v1), scale);
+                T * p = (T *)y.data + rb + n;
+                if (n + 1 < N) store_pair<T>(p, f0, f1);
+                else st_float(y.data, y.dtype, rb + n, f0);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++) {
+                const int64_t n = n0 + 8 * i;
+                if (n >= N) break;
+                store_pair_any(&ep, r, n, N, d[4 * i + 2 * h], d[4 * i + 2 * h + 1], scale);
+            }
+        }
+    }
+}
+
+#endif // sm_90a device code
+
+template <bool BINARY, int BN, typename T, bool FAST>
+__global__ void __launch_bounds__(THREADS, 1)
+    wgmma_gemm(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, int64_t M, int64_t N,
+               int ktiles, const __grid_constant__ gemm_epilogue ep) {
+#ifdef BIE_WGMMA_DEVICE
+    constexpr int STAGES = stages_for(BN);
+    constexpr int STAGE_BYTES = (BM + BN) * BK;
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u; // swizzle atoms
+    const uint32_t bars = base + STAGES * STAGE_BYTES; // full[STAGES], then empty[STAGES]
+    auto full = [&](int s) { return bars + 8 * s; };
+    auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
+    const int wg = threadIdx.x / 128;
+    const int64_t mt = (M + BM - 1) / BM, tiles = mt * ((N + BN - 1) / BN);
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(full(s), 1);
+            mbar_init(empty(s), 8); // one arrival per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) { // producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        if (threadIdx.x != 0) return;
+        int it = 0;
+        for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+            const int m_row = (int)((t % mt) * BM), n_row = (int)((t / mt) * BN);
+            for (int kt = 0; kt < ktiles; kt++, it++) {
+                const int s = it % STAGES;
+                mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
+                const uint32_t sa = base + s * STAGE_BYTES;
+                mbar_expect_tx(full(s), STAGE_BYTES);
+                tma_load(sa, &ta, kt * BK, m_row, full(s));
+                tma_load(sa + BM * BK, &tb, kt * BK, n_row, full(s));
+            }
+        }
+        return;
+    }
+
+    // consumers
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
+    int d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) d[i] = 0;
+    int it = 0;
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        int prev = -1;
+        for (int kt = 0; kt < ktiles; kt++, it++) {
+            const int s = it % STAGES;
+            mbar_wait(full(s), (it / STAGES) & 1);
+            const uint32_t sa = base + s * STAGE_BYTES;
+            const uint64_t da = smem_desc(sa + cw * 64 * BK), db = smem_desc(sa + BM * BK);
+            wg_fence();
+#pragma unroll
+            for (int k = 0; k < BK / 32; k++) wg_mma<BINARY, BN>(d, da + 2 * k, db + 2 * k, (kt | k) != 0);
+            wg_commit();
+            if (prev >= 0) { // the MMAs of the previous stage are done: hand it back
+                wg_wait<1>();
+                if (lane == 0) mbar_arrive(empty(prev));
+            }
+            prev = s;
+        }
+        wg_wait<0>();
+        pin<BN / 2>(d);
+        if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+        const int64_t m0 = (t % mt) * BM + cw * 64 + warp * 16 + lane / 4;
+        const int64_t n0 = (t / mt) * BN + 2 * (lane % 4);
+        epilogue<BINARY, BN, T, FAST>(ep, d, m0, n0, M, N, scale);
+    }
+#endif
+}
+
+// --- host side ----------------------------------------------------------------------------------
+
+typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                    const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's tensor-map encoder, fetched once (NULL when the driver lacks it).
+encode_tiled_fn encoder() {
+    static const encode_tiled_fn fn = [] {
+        void * p = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            cudaGetLastError();
+            return (encode_tiled_fn)NULL;
+        }
+        return (encode_tiled_fn)p;
+    }();
+    return fn;
+}
+
+// A 2-D byte tensor of `rows` rows of `kbytes` bytes, `ld` bytes apart, read in boxes of
+// 128 bytes x box_rows rows with the 128-byte swizzle; reads past the edges return zeros.
+bool make_map(CUtensorMap * map, const uint8_t * p, int64_t rows, int64_t kbytes, int64_t ld, int box_rows) {
+    const cuuint64_t dims[2] = {(cuuint64_t)kbytes, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)ld};
+    const cuuint32_t box[2] = {(cuuint32_t)BK, (cuuint32_t)box_rows};
+    const cuuint32_t estr[2] = {1, 1};
+    return encoder()(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, (void *)p, dims, strides, box, estr,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <bool BINARY, int BN, typename T, bool FAST>
+enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
+                       int ktiles, const gemm_epilogue & ep, int slot) {
+    auto kern = wgmma_gemm<BINARY, BN, T, FAST>;
+    const int smem = SMEM_RING + 1024 + 2 * 8 * stages_for(BN);
+    struct bie_cuda_state * st = ctx->cuda;
+    if (!(st->wgmma_smem_set & (1ull << slot))) {
+        CU_TRY(ctx, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+               "cudaFuncSetAttribute(wgmma gemm)");
+        st->wgmma_smem_set |= 1ull << slot;
+    }
+    const int64_t tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    const unsigned grid = (unsigned)(tiles < st->sm_count ? tiles : st->sm_count);
+    kern<<<grid, THREADS, smem, st->stream>>>(ta, tb, M, N, ktiles, ep);
+    LAUNCHED(ctx, "wgmma gemm");
+    return BIE_STATUS_OK;
+}
+
+template <bool BINARY, int BN>
+enum bie_status by_output(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
+                          int ktiles, const gemm_epilogue & ep, int slot) {
+    const struct dview & y = ep.y;
+    const bool fast = !ep.tappop && (y.stride[1] == 1 || N == 1);
+    slot *= 4;
+    if (fast && y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true>(ctx, ta, tb, M, N, ktiles, ep, slot);
+    if (fast && y.dtype == BIE_DTYPE_BF16)
+        return launch<BINARY, BN, __nv_bfloat16, true>(ctx, ta, tb, M, N, ktiles, ep, slot + 1);
+    if (fast && y.dtype == BIE_DTYPE_F32) return launch<BINARY, BN, float, true>(ctx, ta, tb, M, N, ktiles, ep, slot + 2);
+    return launch<BINARY, BN, float, false>(ctx, ta, tb, M, N, ktiles, ep, slot + 3);
+}
+
+template <bool BINARY>
+enum bie_status by_width(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int bn, int64_t M,
+                         int64_t N, int ktiles, const gemm_epilogue & ep) {
+    const int slot = BINARY ? 3 : 0;
+    if (bn == 64) return by_output<BINARY, 64>(ctx, ta, tb, M, N, ktiles, ep, slot);
+    if (bn == 128) return by_output<BINARY, 128>(ctx, ta, tb, M, N, ktiles, ep, slot + 1);
+    return by_output<BINARY, 256>(ctx, ta, tb, M, N, ktiles, ep, slot + 2);
+}
+
+} // namespace
+
+bool bie_cuda_wgmma_usable(bie_context_t * ctx) {
+    struct bie_cuda_state * st = ctx->cuda;
+    if (st->cc == 0) { // first use on this device: read it once
+        int major = 0, minor = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st->device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, st->device) != cudaSuccess) {
+            cudaGetLastError();
+            major = minor = 0;
+        }
+        st->cc = major * 10 + minor;
+    }
+    const char * force = getenv("BIE_CUDA_GEMM");
+    return st->cc == 90 && encoder() != NULL && !(force && strcmp(force, "mma") == 0);
+}
+
+enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
+                                    int64_t kbytes, const gemm_epilogue & ep) {
+    struct bie_cuda_state * st = ctx->cuda;
+    if (!st->sm_count)
+        CU_TRY(ctx, cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, st->device),
+               "cudaDeviceGetAttribute");
+    // The tile width: the narrowest that covers N when N is small (a conv with 64 channels wastes
+    // nothing), else 256 when that still gives every SM a tile, else 128.
+    const int64_t mt = (M + BM - 1) / BM;
+    const int bn = N <= 64 ? 64 : N <= 128 ? 128 : mt * ((N + 255) / 256) >= st->sm_count ? 256 : 128;
+    CUtensorMap ta, tb;
+    if (!make_map(&ta, A, M, kbytes, kbytes, BM) || !make_map(&tb, B, N, kbytes, ep.ldb, bn))
+        return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cuTensorMapEncodeTiled refused the GEMM operands");
+    const int ktiles = (int)(kbytes / BK);
+    return ep.binary ? by_width<true>(ctx, ta, tb, bn, M, N, ktiles, ep)
+                     : by_width<false>(ctx, ta, tb, bn, M, N, ktiles, ep);
+}
