@@ -9,8 +9,8 @@
 // pad value (-1, 0 or +1): replacing the -1 that the row holds by p adds (p + 1) * w per padded
 // tap. So the three pad values are exact, and only border pixels pay for the correction.
 //
-// Steps: (1) x -> channel-packed bits NHWC (xb, Cb bytes per pixel), from f32 NCHW (a row of
-// sign bits per channel, then 8x8 bit transposes), f32 channels-last (sign bits per pixel),
+// Steps: (1) x -> channel-packed bits NHWC (xb, Cb bytes per pixel), from f32 NCHW (sign bits of
+// 8 whole planes, or of rows when the planes are not dense, then 8x8 bit transposes), f32 channels-last (sign bits per pixel),
 // byte-aligned channels-last B1 (copies), or any other view (element by element);
 // (2) weights -> OHWI bit rows and S, then word-interleaved groups of nr channels (B);
 // (3) im2col rows of xb -> A (nibble-split when the ISA wants it); (4) the tiled GEMM
@@ -92,6 +92,31 @@ static void pack_x_bits(const struct bin_plan * pl, const float * bias, int thre
                 const float * src = (const float *)x->data + (nh / H) * xs[0] + (nh % H) * xs[2] + w * xs[3];
                 pl->kern->sign_bits(src, bias, 0.0f, C, pl->xb + (nh * W + w) * Cb);
             }
+    } else if (x->dtype == BIE_DTYPE_F32 && xs[3] == 1 && (H == 1 || xs[2] == W)) {
+        // Dense f32 planes: the sign bits of 8 whole planes (8 sequential streams), then 8x8 bit
+        // transposes into byte cb of each pixel. A task is (sample, channel byte).
+        const int64_t HW = H * W, HWb = (HW + 7) / 8;
+        const size_t per = cpu_round_up((size_t)(8 * HWb), 64);
+#pragma omp parallel for num_threads(threads)
+        for (int64_t task = 0; task < g->batch * Cb; task++) {
+            const int64_t n = task / Cb, cb = task % Cb;
+            uint8_t * tmp = tmp_ws + (size_t)omp_get_thread_num() * per;
+            for (int64_t r = 0; r < 8; r++) {
+                const int64_t ch = cb * 8 + r;
+                if (ch < C)
+                    pl->kern->sign_bits((const float *)x->data + n * xs[0] + ch * xs[1], NULL, bias ? bias[ch] : 0.0f, HW,
+                                        tmp + r * HWb);
+                else
+                    memset(tmp + r * HWb, 0, (size_t)HWb);
+            }
+            uint8_t * dst = pl->xb + n * HW * Cb + cb;
+            for (int64_t pb = 0; pb < HWb; pb++) {
+                uint64_t v = 0;
+                for (int r = 0; r < 8; r++) v |= (uint64_t)tmp[r * HWb + pb] << (8 * r);
+                v = transpose8x8(v);
+                for (int64_t p = 0; p < 8 && pb * 8 + p < HW; p++) dst[(pb * 8 + p) * Cb] = (uint8_t)(v >> (8 * p));
+            }
+        }
     } else if (x->dtype == BIE_DTYPE_F32 && xs[3] == 1) {
         const int64_t Wb = (W + 7) / 8;
         const size_t per = cpu_round_up((size_t)(Cb * 8 * Wb), 64);
@@ -275,11 +300,12 @@ enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_lay
     pl.Np = (int64_t)cpu_round_up((size_t)pl.N, 16);
     pl.group_bytes = (size_t)pl.KBp * (size_t)pl.bt->nr * (pl.bt->split ? 2 : 1);
     pl.pad_mult = (g->ph > 0 || g->pw > 0) ? (g->pad_value == BIE_PAD_ZERO ? 1 : g->pad_value == BIE_PAD_PLUS_ONE ? 2 : 0) : 0;
-    cpu_epilogue_init(&pl.ep, c);
+    cpu_epilogue_init(&pl.ep, c, pl.kern);
 
     const int64_t Wb = (g->W + 7) / 8;
     const size_t sz_xb = (size_t)(g->batch * g->H * g->W * pl.Cb);
-    const size_t sz_tmp = (size_t)threads * cpu_round_up((size_t)(pl.Cb * 8 * Wb), 64);
+    const size_t per_tmp = cpu_round_up((size_t)(pl.Cb * 8 * Wb), 64), per_tmp_planes = cpu_round_up((size_t)(g->H * g->W + 7) / 8 * 8, 64);
+    const size_t sz_tmp = (size_t)threads * (per_tmp > per_tmp_planes ? per_tmp : per_tmp_planes);
     const size_t sz_rows = (size_t)threads * (size_t)pl.KBp;
     const size_t sz_a = (size_t)pl.Mp * pl.rowb, sz_b = (size_t)(pl.Np / pl.bt->nr) * pl.group_bytes;
     const size_t sz_wrows = (size_t)pl.Np * (size_t)pl.KBp;

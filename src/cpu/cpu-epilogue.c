@@ -8,9 +8,13 @@
 // threads never share a byte. Other B1 views are written bit by bit from one thread.
 #include "cpu/cpu-impl.h"
 
-void cpu_epilogue_init(struct cpu_epilogue * e, const struct bie_layer_call * call) {
+void cpu_epilogue_init(struct cpu_epilogue * e, const struct bie_layer_call * call, const struct cpu_kernels * kern) {
     e->call = call;
+    e->kern = kern;
     e->scale = call->scale_a * call->scale_w;
+    size_t ybytes = 0;
+    bie_tensor_nbytes(&call->y, &ybytes);
+    e->stream = ybytes >= CPU_STREAM_BYTES;
     const struct bie_tensor * y = &call->y;
     e->b1_bytes = y->dtype == BIE_DTYPE_B1 && y->stride[1] == 1 && y->stride[0] % 8 == 0 &&
                   y->stride[2] % 8 == 0 && y->stride[3] % 8 == 0;
@@ -42,15 +46,12 @@ void cpu_epilogue_store(const struct cpu_epilogue * e, int64_t m0, int64_t mc, i
     const int64_t P = g->OH * g->OW;
     const float s = e->scale;
     if (y->dtype == BIE_DTYPE_F32 && ys[1] != 1 && (g->OW == 1 || ys[3] == 1) && (g->OH == 1 || ys[2] == g->OW)) {
-        // f32 planes (NCHW): per channel, a contiguous run of pixels of one sample at a time.
+        // f32 planes (NCHW): per sample, a contiguous run of pixels of every channel (a transpose).
         for (int64_t r0 = 0; r0 < mc;) {
             const int64_t m = m0 + r0, n = m / P, p0 = m % P;
             const int64_t run = mc - r0 < P - p0 ? mc - r0 : P - p0;
-            for (int64_t o = 0; o < nc; o++) {
-                float * d = (float *)y->data + n * ys[0] + (n0 + o) * ys[1] + p0;
-                const int32_t * a = acc + (size_t)r0 * ldacc + (size_t)o;
-                for (int64_t r = 0; r < run; r++) d[r] = (float)a[(size_t)r * ldacc] * s;
-            }
+            e->kern->store_cols_f32(acc + (size_t)r0 * ldacc, ldacc, run, nc, s,
+                                    (float *)y->data + n * ys[0] + n0 * ys[1] + p0, (size_t)ys[1], e->stream);
             r0 += run;
         }
         return;

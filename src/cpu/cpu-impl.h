@@ -36,6 +36,9 @@
 #define CPU_KB_ALIGN 8  // binary rows are padded to this many bytes (whole 64-bit words)
 #define CPU_K16_ALIGN 32 // int16 rows are padded to this many elements
 #define CPU_K4_ALIGN 64  // 4-bit byte rows are padded to this many elements
+#ifndef CPU_STREAM_BYTES
+#define CPU_STREAM_BYTES ((size_t)4 << 20) // f32 outputs from this size are stored past the caches
+#endif
 
 // A binary microkernel and the panel layout it reads:
 // c[i*ldc + j] = popcount(a_i XOR b_j) for i < CPU_MR, j < nr; a_i = a + i*lda (bytes), b the B
@@ -73,6 +76,11 @@ struct cpu_kernels {
     double (*mask_binary)(const float * x, const float * bias, float b0, float scale, float * gx, int64_t n);
     // lo[i] = in[i] & 15, hi[i] = in[i] >> 4 for i < n (n a multiple of 8).
     void (*nibble_split)(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi);
+    // The f32 NCHW store of the epilogue, a scaled transpose: dst[o*ldd + r] = (float)acc[r*ldacc + o]
+    // * s for r < rows, o < cols (f32 multiply). stream: the caller's output is much larger than the
+    // caches (non-temporal stores allowed; visible to other threads after the call returns).
+    void (*store_cols_f32)(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s, float * dst,
+                           size_t ldd, bool stream);
 
     // The float-by-sign GEMM of the binary backward (cpu-signgemm.c); NULL where the backward
     // uses sgemm instead (below AVX-512, where a table lookup does not beat an FMA).
@@ -98,6 +106,10 @@ extern const struct cpu_kernels bie_cpu_kernels_avx512;
 extern const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt;
 extern const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt_vnni; // with AVX512-VNNI n-bit tiles
 
+// The scalar store that the AVX2 table shares (cpu-kernels-scalar.c).
+void bie_cpu_store_cols_f32__scalar(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s,
+                                    float * dst, size_t ldd, bool stream);
+
 // The AVX-512 kernels that the VPOPCNTDQ table shares (cpu-kernels-avx512.c).
 void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t * b, size_t ldb,
                                   size_t k, int32_t * c, size_t ldc);
@@ -111,6 +123,8 @@ void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int
 void bie_cpu_sign_idx__avx512(const float * src, const float * bias, int64_t n, int t, uint32_t * dst);
 void bie_cpu_sign_tables__avx512(const float * f, ptrdiff_t rs, ptrdiff_t cs, int mr, int64_t jn, int64_t nq,
                                  float alpha, float * tab);
+void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s,
+                                    float * dst, size_t ldd, bool stream);
 void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * idx, size_t ids, int mr,
                                 int64_t nk, bool acc, float * c, size_t ldc);
 
@@ -167,10 +181,12 @@ static inline bool cpu_is_plain_1x1(const struct bie_geometry * g) {
 // stride ldacc. Writes y = acc * scale (f32/f16/bf16, RNE), acc (I32) or (acc >= 0) (B1).
 struct cpu_epilogue {
     const struct bie_layer_call * call;
+    const struct cpu_kernels * kern;
     float scale;      // scale_a * scale_w, computed once in f32
+    bool stream;      // y is large: stores may bypass the caches
     bool b1_bytes;    // y is B1 with whole-byte channel rows (stride[1] == 1, others % 8 == 0)
 };
-void cpu_epilogue_init(struct cpu_epilogue * e, const struct bie_layer_call * call);
+void cpu_epilogue_init(struct cpu_epilogue * e, const struct bie_layer_call * call, const struct cpu_kernels * kern);
 // True when the stores of different output pixels can run on different threads.
 bool cpu_epilogue_parallel_safe(const struct cpu_epilogue * e);
 void cpu_epilogue_store(const struct cpu_epilogue * e, int64_t m0, int64_t mc, int64_t n0, int64_t nc,

@@ -182,4 +182,5 @@ const struct cpu_kernels bie_cpu_kernels_avx2 = {
     .quantize = quantize,
     .mask_binary = mask_binary,
     .nibble_split = nibble_split,
+    .store_cols_f32 = bie_cpu_store_cols_f32__scalar,
 };

@@ -289,6 +289,55 @@ void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * 
         for (int v = 0; v < 4; v++) _mm512_mask_storeu_ps(c + i * ldc + 16 * v, km[v], s[i][v]);
 }
 
+// After the transpose below, column o of the block is in register (o & 12) | (o & 1) << 1 | (o >> 1 & 1):
+// the 64-bit interleave leaves the middle two of every 4 columns swapped.
+static inline int perm16(int o) { return (o & 12) | (o & 1) << 1 | (o >> 1 & 1); }
+
+// 16x16 blocks: 16 rows of acc (masked to the columns left), converted and scaled, transposed in
+// registers (32-bit, 64-bit and 128-bit interleaves), and stored as 16 runs of 16 pixels (masked to
+// the rows left).
+void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s,
+                                    float * dst, size_t ldd, bool stream) {
+    const __m512 sv = _mm512_set1_ps(s);
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+        const int64_t rn = rows - r0 < 16 ? rows - r0 : 16;
+        const __mmask16 rmask = (__mmask16)((1u << rn) - 1);
+        for (int64_t o0 = 0; o0 < cols; o0 += 16) {
+            const int64_t on = cols - o0 < 16 ? cols - o0 : 16;
+            const __mmask16 omask = (__mmask16)((1u << on) - 1);
+            __m512 v[16], t[16];
+            for (int r = 0; r < 16; r++)
+                v[r] = r < rn ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(omask, acc + (size_t)(r0 + r) * ldacc + (size_t)o0)), sv)
+                              : _mm512_setzero_ps();
+            // v[r] lane o -> t[o] lane r
+            for (int r = 0; r < 16; r += 2) {
+                t[r] = _mm512_unpacklo_ps(v[r], v[r + 1]);
+                t[r + 1] = _mm512_unpackhi_ps(v[r], v[r + 1]);
+            }
+            for (int r = 0; r < 16; r += 4)
+                for (int q = 0; q < 2; q++) {
+                    v[r + q] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[r + q]), _mm512_castps_pd(t[r + 2 + q])));
+                    v[r + 2 + q] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[r + q]), _mm512_castps_pd(t[r + 2 + q])));
+                }
+            for (int r = 0; r < 16; r += 8)
+                for (int q = 0; q < 4; q++) {
+                    t[r + q] = _mm512_shuffle_f32x4(v[r + q], v[r + 4 + q], 0x88);
+                    t[r + 4 + q] = _mm512_shuffle_f32x4(v[r + q], v[r + 4 + q], 0xdd);
+                }
+            for (int q = 0; q < 8; q++) {
+                v[q] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0x88);
+                v[q + 8] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0xdd);
+            }
+            for (int o = 0; o < on; o++) {
+                float * d = dst + (size_t)(o0 + o) * ldd + (size_t)r0;
+                if (stream && rn == 16 && ((uintptr_t)d & 63) == 0) _mm512_stream_ps(d, v[perm16(o)]);
+                else _mm512_mask_storeu_ps(d, rmask, v[perm16(o)]);
+            }
+        }
+    }
+    if (stream) _mm_sfence();
+}
+
 static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi) {
     const __m512i m = _mm512_set1_epi8(15);
     size_t i = 0;
@@ -312,6 +361,7 @@ const struct cpu_kernels bie_cpu_kernels_avx512 = {
     .quantize = bie_cpu_quantize__avx512,
     .mask_binary = bie_cpu_mask_binary__avx512,
     .nibble_split = nibble_split,
+    .store_cols_f32 = bie_cpu_store_cols_f32__avx512,
     .sign_idx = bie_cpu_sign_idx__avx512,
     .sign_tables = bie_cpu_sign_tables__avx512,
     .fsign_tile = bie_cpu_fsign_tile__avx512,

@@ -85,6 +85,13 @@ static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * h
     }
 }
 
+void bie_cpu_store_cols_f32__scalar(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s,
+                                    float * dst, size_t ldd, bool stream) {
+    (void)stream;
+    for (int64_t o = 0; o < cols; o++)
+        for (int64_t r = 0; r < rows; r++) dst[(size_t)o * ldd + (size_t)r] = (float)acc[(size_t)r * ldacc + (size_t)o] * s;
+}
+
 const struct cpu_kernels bie_cpu_kernels_scalar = {
     .isa = BIE_CPU_ISA_SCALAR,
     .bin = {.nr = 4, .split = false, .tile = bin_tile_4x4},
@@ -95,4 +102,5 @@ const struct cpu_kernels bie_cpu_kernels_scalar = {
     .quantize = quantize,
     .mask_binary = mask_binary,
     .nibble_split = nibble_split,
+    .store_cols_f32 = bie_cpu_store_cols_f32__scalar,
 };

@@ -168,7 +168,7 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     pl.N = g->O;
     pl.Mp = (int64_t)cpu_round_up((size_t)pl.M, CPU_MR);
     pl.Np = (int64_t)cpu_round_up((size_t)pl.N, 8);
-    cpu_epilogue_init(&pl.ep, c);
+    cpu_epilogue_init(&pl.ep, c, pl.kern);
 
     const size_t sz_xq = (size_t)(g->batch * g->H * g->W * g->C) * sizeof(int16_t);
     const size_t sz_tmp = (size_t)threads * cpu_round_up((size_t)g->W, 32) * sizeof(int16_t);
