@@ -72,7 +72,11 @@ static void weight_codes(const struct nbit_plan * pl, int64_t off, int16_t * d) 
         pl->kern->quantize((const float *)w->data + off, NULL, 0.0f, C, c->scale_w, pl->lo, pl->hi, d);
     } else if (w->dtype == BIE_DTYPE_I8 && ws1 == 1) {
         const int8_t * src = (const int8_t *)w->data + off;
-        for (int64_t ch = 0; ch < C; ch++) d[ch] = (int16_t)(src[ch] < pl->lo ? pl->lo : src[ch] > pl->hi ? pl->hi : src[ch]);
+        const int16_t lo = (int16_t)pl->lo, hi = (int16_t)pl->hi;
+        for (int64_t ch = 0; ch < C; ch++) { // branch-free (vectorised by the compiler)
+            const int16_t v = src[ch];
+            d[ch] = v < lo ? lo : v > hi ? hi : v;
+        }
     } else if (w->dtype == BIE_DTYPE_S4 && ws1 == 1 && off % 2 == 0) {
         const uint8_t * src = (const uint8_t *)w->data + off / 2; // element 2i: high nibble of byte i
         for (int64_t i = 0; i < C / 2; i++) {
