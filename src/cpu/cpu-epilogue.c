@@ -5,7 +5,9 @@
 //                   rounded (RNE) to the dtype;  y I32: acc;  y B1: bit = (acc >= 0).
 // A B1 y whose channel rows are whole bytes (stride[1] == 1, the channels-last packed input of the
 // next binary layer) is written a byte at a time; tiles start at multiples of 8 channels, so
-// threads never share a byte. Other B1 views are written bit by bit from one thread.
+// threads never share a byte. Other B1 views are written bit by bit from one thread. An f32 NCHW
+// y is written per sample as runs of pixels of every channel (the kernel table's scaled transpose),
+// past the caches when y is at least CPU_STREAM_BYTES.
 #include "cpu/cpu-impl.h"
 
 void cpu_epilogue_init(struct cpu_epilogue * e, const struct bie_layer_call * call, const struct cpu_kernels * kern) {
