@@ -472,15 +472,13 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
 
     cpu_bias_dense(&c->bias_a, g->C, b.bias);
     const int blas_threads = openblas_get_num_threads(); // restored below: a process-wide setting
+    if (want_gw && !sign_gemm) make_codes(&b);
+    if (want_gx && !sign_gemm) make_wf(&b);
     if (sign_gemm) {
         linear_sign_gemms(&b, g_rows, work, gw, ldgw, tab);
     } else if (!linear) {
-        if (want_gw) make_codes(&b);
-        if (want_gx) make_wf(&b);
         conv_tasks(&b, nb, wave, work, parts, gw, ldgw);
     } else if (g_rows) { // grad_y is a dense-row f32 [M][O]
-        if (want_gw) make_codes(&b);
-        if (want_gx) make_wf(&b);
         openblas_set_num_threads(b.threads);
         const float * gy = c->grad_y.data;
         const int ld = (int)(g->batch == 1 ? O : c->grad_y.stride[0]), M = (int)g->batch;
@@ -491,8 +489,6 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)K, M, c->scale_a, gy, ld, b.acode,
                         (int)K, 0.0f, gw, ldgw);
     } else { // G = grad_y^T as a dense [O][M]
-        if (want_gw) make_codes(&b);
-        if (want_gx) make_wf(&b);
         openblas_set_num_threads(b.threads);
         float * G = work;
         const int M = (int)g->batch;
