@@ -17,7 +17,10 @@
 // all eight consumer warps have finished the MMAs that read it (an mbarrier counting arrivals).
 // The grid is persistent: CTA b takes tiles b, b + grid, ... (m fastest), and the producer runs
 // ahead into the next tile while the consumers store the last one. Rows past M or N are
-// zero-filled by the copy engine and never stored.
+// zero-filled by the copy engine and never stored. The popcount terms of the epilogue are loaded
+// before a tile's MMAs and finished values leave through a per-warp shared-memory buffer as whole
+// 128-byte row segments (see epilogue()): with 4-byte fragment stores and in-loop loads the
+// epilogue took twice the time of the MMAs at 8192^3.
 #include "cuda-epilogue.cuh"
 
 #include <cuda.h> // CUtensorMap and its enums (the encoder is fetched from the driver at run time)
@@ -30,6 +33,10 @@ constexpr int BM = 128;       // rows of A per tile (two consumer warpgroups x 6
 constexpr int BK = 128;       // bytes of K per stage (1024 bits / 128 int8 codes)
 constexpr int THREADS = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int SMEM_RING = 196608; // bytes of the stage ring, for every BN (see stages_for)
+
+constexpr int EP_PITCH = 144;     // bytes between the rows that a consumer warp stages in its epilogue
+constexpr int EP_COLS = 16 * EP_PITCH; // then the column terms of the tile (up to 256 ints)
+constexpr int EP_WARP_BYTES = EP_COLS + 256 * 4;
 
 __host__ __device__ constexpr int stages_for(int bn) { return SMEM_RING / ((BM + bn) * BK); }
 
@@ -142,56 +149,90 @@ __device__ __noinline__ void store_pair_any(const gemm_epilogue * ep, row_info r
     if (n + 1 < N) store_dot(*ep, r, n + 1, binary_dot(*ep, r, n + 1, a1), scale);
 }
 
+// Two adjacent outputs, rounded to T, as one 4- or 8-byte store.
 template <typename T> __device__ __forceinline__ void store_pair(T * p, float v0, float v1);
 template <> __device__ __forceinline__ void store_pair<float>(float * p, float v0, float v1) {
     *(float2 *)p = make_float2(v0, v1);
 }
 template <> __device__ __forceinline__ void store_pair<__half>(__half * p, float v0, float v1) {
-    *(__half2 *)p = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+    *(__half2 *)p = __floats2half2_rn(v0, v1);
 }
 template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloat16 * p, float v0, float v1) {
-    *(__nv_bfloat162 *)p = __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+    *(__nv_bfloat162 *)p = __floats2bfloat162_rn(v0, v1);
 }
 
-// Stores this thread's accumulators: in the wgmma layout, thread (warp w, lane l) of a consumer
+// Stores this thread's accumulators. In the wgmma layout, thread (warp w, lane l) of a consumer
 // warpgroup holds, for column group i (8 columns), d[4i + 2h + e] = C[w*16 + l/4 + 8h][8i + 2(l%4) + e].
 // FAST (decided on the host): y is f32/f16/bf16 with contiguous features and no zero-padding
-// correction, so a row's pairs go out as one 4- or 8-byte store each.
+// correction. Each warp then finishes its 16 rows one 128-byte column chunk at a time in its own
+// shared-memory buffer (rows 144 bytes apart, so the fragment writes hit 32 distinct banks) and
+// writes the chunk back row by row, 16 bytes per lane: full 128-byte segments of y per row,
+// instead of the 4-byte scattered stores of the fragment layout. Other y go element by element.
 template <bool BINARY, int BN, typename T, bool FAST>
-__device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, int64_t m0, int64_t n0,
-                                         int64_t M, int64_t N, float scale) {
+__device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, uint8_t * stage, int64_t mw,
+                                         int64_t nt, int64_t M, int64_t N, float scale, const int * rowterm) {
+    const int lane = threadIdx.x % 32;
+    const struct dview & y = ep.y;
+    if (!FAST) {
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int64_t m = m0 + 8 * h;
-        if (m >= M) continue;
-        const row_info r = make_row(ep, m, M);
-        const struct dview & y = ep.y;
-        const int64_t rb = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3];
-        const bool paired = FAST && ((rb & 1) == 0) && (((uintptr_t)y.data) % (2 * sizeof(T)) == 0);
-        const int rowterm = BINARY ? (int)r.kterm - 2 * r.rowpop : 0;
-        if (paired) {
+        for (int h = 0; h < 2; h++) {
+            const int64_t m = mw + lane / 4 + 8 * h;
+            if (m >= M) continue;
+            const row_info r = make_row(ep, m, M);
 #pragma unroll
             for (int i = 0; i < BN / 8; i++) {
-                const int64_t n = n0 + 8 * i;
-                if (n >= N) break;
-                int v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
-                if (BINARY) {
-                    v0 = 4 * v0 + rowterm - 2 * __ldg(ep.colpop + n);
-                    v1 = n + 1 < N ? 4 * v1 + rowterm - 2 * __ldg(ep.colpop + n + 1) : 0;
-                }
-                const float f0 = __fmul_rn(__int2float_rn(v0), scale), f1 = __fmul_rn(__int2float_rn(v1), scale);
-                T * p = (T *)y.data + rb + n;
-                if (n + 1 < N) store_pair<T>(p, f0, f1);
-                else st_float(y.data, y.dtype, rb + n, f0);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < BN / 8; i++) {
-                const int64_t n = n0 + 8 * i;
+                const int64_t n = nt + 8 * i + 2 * (lane % 4);
                 if (n >= N) break;
                 store_pair_any(&ep, r, n, N, d[4 * i + 2 * h], d[4 * i + 2 * h + 1], scale);
             }
         }
+        return;
+    }
+    // Row facts: lane j < 16 holds row mw + j's offset in y; the fragment rows' dot terms.
+    int64_t rb_mine = 0;
+    if (lane < 16 && mw + lane < M) {
+        const row_info r = make_row(ep, mw + lane, M);
+        rb_mine = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3];
+    }
+    const int * const colterm = (const int *)(stage + EP_COLS); // -2 popc(w), written by the caller
+    constexpr int CC = 128 / (int)sizeof(T); // columns per chunk
+    T * const yd = (T *)y.data;
+    const bool aligned = ((uintptr_t)y.data % 16) == 0;
+#pragma unroll
+    for (int c = 0; c < BN / CC; c++) {
+#pragma unroll
+        for (int j = 0; j < CC / 8; j++) {
+            const int i = c * CC / 8 + j;
+            int2 ct = make_int2(0, 0);
+            if (BINARY) ct = *(const int2 *)(colterm + 8 * i + 2 * (lane % 4));
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
+                if (BINARY) {
+                    v0 = 4 * v0 + rowterm[h] + ct.x;
+                    v1 = 4 * v1 + rowterm[h] + ct.y;
+                }
+                store_pair<T>((T *)(stage + (lane / 4 + 8 * h) * EP_PITCH) + 8 * j + 2 * (lane % 4),
+                              __fmul_rn(__int2float_rn(v0), scale), __fmul_rn(__int2float_rn(v1), scale));
+            }
+        }
+        __syncwarp();
+        // 16 rows x 128 bytes: 8 lanes per row, 4 rows per pass.
+#pragma unroll
+        for (int pass = 0; pass < 4; pass++) {
+            const int row = pass * 4 + lane / 8;
+            const int64_t rb = __shfl_sync(0xffffffffu, rb_mine, row);
+            const int64_t n = nt + c * CC + (lane % 8) * (16 / (int)sizeof(T));
+            if (mw + row >= M || n >= N) continue;
+            const uint8_t * src = stage + row * EP_PITCH + (lane % 8) * 16;
+            T * dst = yd + rb + n;
+            if (aligned && ((rb + n) % (16 / (int)sizeof(T))) == 0 && n + 16 / (int)sizeof(T) <= N) {
+                *(uint4 *)dst = *(const uint4 *)src;
+            } else {
+                for (int k = 0; k < 16 / (int)sizeof(T) && n + k < N; k++) dst[k] = ((const T *)src)[k];
+            }
+        }
+        __syncwarp();
     }
 }
 
@@ -204,9 +245,13 @@ __global__ void __launch_bounds__(THREADS, 1)
 #ifdef BIE_WGMMA_DEVICE
     constexpr int STAGES = stages_for(BN);
     constexpr int STAGE_BYTES = (BM + BN) * BK;
+    constexpr int ACC = BN / 2; // accumulators per thread
     extern __shared__ uint8_t smem_raw[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u; // swizzle atoms
     const uint32_t bars = base + STAGES * STAGE_BYTES; // full[STAGES], then empty[STAGES]
+    // then the consumer warps' epilogue buffers
+    uint8_t * const ep_stage = smem_raw + (bars + 16 * STAGES - (uint32_t)__cvta_generic_to_shared(smem_raw)) +
+                               ((threadIdx.x / 32) - 4) * EP_WARP_BYTES;
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
     const int wg = threadIdx.x / 128;
@@ -221,7 +266,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     __syncthreads();
 
-    if (wg == 0) { // producer
+    if (wg == 0) { // producer: every stage of every tile of this CTA, in order
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x != 0) return;
         int it = 0;
@@ -239,16 +284,33 @@ __global__ void __launch_bounds__(THREADS, 1)
         return;
     }
 
-    // consumers
+    // Consumers: warpgroup cw computes rows [64 cw, 64 cw + 64) of every tile.
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
-    int d[BN / 2];
+    int d[ACC];
 #pragma unroll
-    for (int i = 0; i < BN / 2; i++) d[i] = 0;
-    int it = 0;
-    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-        int prev = -1;
+    for (int i = 0; i < ACC; i++) d[i] = 0;
+    for (int64_t j = 0;; j++) {
+        const int64_t t = blockIdx.x + j * gridDim.x;
+        if (t >= tiles) break;
+        const int64_t mt0 = (t % mt) * BM, nt = (t / mt) * BN;
+        // The epilogue's popcount terms, loaded now so that their latency hides behind the MMAs:
+        // popc(w) of the tile's columns (lane l: columns l, l + 32, ...) and K - 2 popc(x) of this
+        // thread's fragment rows.
+        constexpr int NCP = BINARY && FAST ? BN / 32 : 1, NR = 2;
+        int cpop[NCP], rterm[NR];
+#pragma unroll
+        for (int q = 0; q < NCP; q++) {
+            const int64_t n = nt + lane + 32 * q;
+            cpop[q] = BINARY && FAST && n < N ? __ldg(ep.colpop + n) : 0;
+        }
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const int64_t m = mt0 + cw * 64 + warp * 16 + lane / 4 + 8 * r;
+            rterm[r] = BINARY && FAST && m < M ? (int)ep.g.K - 2 * __ldg(ep.rowpop + m) : 0;
+        }
+        int it = (int)(j * ktiles), prev = -1;
         for (int kt = 0; kt < ktiles; kt++, it++) {
             const int s = it % STAGES;
             mbar_wait(full(s), (it / STAGES) & 1);
@@ -265,11 +327,15 @@ __global__ void __launch_bounds__(THREADS, 1)
             prev = s;
         }
         wg_wait<0>();
-        pin<BN / 2>(d);
+        pin<ACC>(d);
         if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
-        const int64_t m0 = (t % mt) * BM + cw * 64 + warp * 16 + lane / 4;
-        const int64_t n0 = (t / mt) * BN + 2 * (lane % 4);
-        epilogue<BINARY, BN, T, FAST>(ep, d, m0, n0, M, N, scale);
+        if (BINARY && FAST) {
+            int * const colterm = (int *)(ep_stage + EP_COLS);
+#pragma unroll
+            for (int q = 0; q < NCP; q++) colterm[lane + 32 * q] = -2 * cpop[q];
+            __syncwarp();
+        }
+        epilogue<BINARY, BN, T, FAST>(ep, d, ep_stage, mt0 + cw * 64 + warp * 16, nt, M, N, scale, rterm);
     }
 #endif
 }
@@ -311,7 +377,7 @@ template <bool BINARY, int BN, typename T, bool FAST>
 enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
                        int ktiles, const gemm_epilogue & ep, int slot) {
     auto kern = wgmma_gemm<BINARY, BN, T, FAST>;
-    const int smem = SMEM_RING + 1024 + 2 * 8 * stages_for(BN);
+    const int smem = SMEM_RING + 1024 + 2 * 8 * stages_for(BN) + 8 * EP_WARP_BYTES;
     struct bie_cuda_state * st = ctx->cuda;
     if (!(st->wgmma_smem_set & (1ull << slot))) {
         CU_TRY(ctx, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
