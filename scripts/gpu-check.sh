@@ -20,7 +20,7 @@ for a in "$@"; do
     --no-sanitizer) SAN=0 ;;
     --no-python) PY=0 ;;
     --profile) PROF=1 ;;
-    --no-unit) LABELS=cuda TARGETS="--target cuda_test-cuda-layers cuda_test-cuda-pack bie_bench_cuda bie" ;;
+    --no-unit) LABELS=cuda TARGETS="--target cuda_test-cuda-layers cuda_test-cuda-pack bie_bench_cuda bie bie_cli" ;;
   esac
 done
 BUILD=build-gpu
