@@ -55,7 +55,7 @@ for o in $BUILD/CMakeFiles/bie_cuda_objects.dir/src/cuda/*.o; do
   [ -f "$o" ] || continue
   cuobjdump -sass -arch sm_90a "$o" 2>/dev/null >"$LOG/$(basename "$o").sass" || true
 done
-cat "$LOG"/*.o.sass 2>/dev/null | grep -oE "\b(BMMA|IMMA|HMMA|BGMMA|IGMMA)[A-Z0-9_.]*" | sort | uniq -c | tee "$SASS"
+cat "$LOG"/*.o.sass 2>/dev/null | grep -oE "\b(BMMA|IMMA|HMMA|BGMMA|IGMMA)[A-Za-z0-9_.]*" | sort | uniq -c | tee "$SASS"
 bmma=$(grep -c "BMMA.*AND" "$SASS" || true)
 bgmma=$(grep -c "BGMMA.*AND" "$SASS" || true)
 igmma=$(grep -c "IGMMA" "$SASS" || true)
