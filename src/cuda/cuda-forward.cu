@@ -196,6 +196,51 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
     }
 }
 
+// Integer weights (I8 codes, or S4 nibbles with element 2i in the high nibble) whose rows are
+// contiguous: a warp per row, 16 codes per lane, clamped to the layer's range as in elem_code,
+// read as one 16-byte (I8) or 8-byte (S4) vector when the run lies inside an aligned row.
+__global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out) {
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    const int64_t K = p.g.K, runs = kbytes / 16;
+    const bool s4 = p.t.dtype == BIE_DTYPE_S4;
+    const int lo = qlo(p.quant), hi = qhi(p.quant);
+    for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
+        const int64_t e0 = row * p.t.stride[0]; // element (nibble for S4) offset of the row
+        const uint8_t * bytes = (const uint8_t *)p.t.data + (s4 ? e0 / 2 : e0);
+        const bool aligned = (!s4 || e0 % 2 == 0) && ((uintptr_t)bytes % (s4 ? 8 : 16)) == 0;
+        for (int64_t r = lane; r < runs; r += 32) {
+            int q[16];
+            if (aligned && r * 16 + 16 <= K) {
+                if (s4) {
+                    const uint2 v = ((const uint2 *)bytes)[r];
+#pragma unroll
+                    for (int e = 0; e < 16; e++) {
+                        const uint32_t word = e < 8 ? v.x : v.y, b = (word >> (8 * ((e % 8) / 2))) & 0xffu;
+                        const int nib = (e & 1) ? (int)(b & 15u) : (int)(b >> 4);
+                        q[e] = nib >= 8 ? nib - 16 : nib;
+                    }
+                } else {
+                    const uint4 v = ((const uint4 *)bytes)[r];
+                    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int e = 0; e < 16; e++) q[e] = (int)(int8_t)(w[e / 4] >> (8 * (e % 4)));
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < 16; e++) {
+                    const int64_t k = r * 16 + e;
+                    q[e] = k < K ? (int)ld_float(p.t.data, p.t.dtype, e0 + k) : 0;
+                }
+            }
+            uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int e = 0; e < 16; e++) w[e / 4] |= (uint32_t)(min(max(q[e], lo), hi) & 0xff) << (8 * (e % 4));
+            ((uint4 *)(out + row * kbytes))[r] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
 // Packs rows with pack_contiguous_rows when their K elements are contiguous floats (the weight of
 // a 1x1 kernel; the x of a linear layer, i.e. one output position per image and its one tap
 // inside), else with pack_rows.
@@ -211,6 +256,9 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
         pack_contiguous_rows<__half><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
     else if (contiguous && p.t.dtype == BIE_DTYPE_BF16)
         pack_contiguous_rows<__nv_bfloat16><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
+    else if (contiguous && p.is_weight && p.quant != BIE_QUANT_BINARY &&
+             (p.t.dtype == BIE_DTYPE_I8 || p.t.dtype == BIE_DTYPE_S4))
+        pack_int_rows<<<grid, 256, 0, stream>>>(p, rows, kbytes, out);
     else
         pack_rows<<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
     LAUNCHED(ctx, p.is_weight ? "pack weight" : "pack activations");
