@@ -112,25 +112,22 @@ template <> __device__ __forceinline__ void load8<float>(const float * p, float 
     const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
     v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
-template <> __device__ __forceinline__ void load8<__half>(const __half * p, float * v) {
+__device__ __forceinline__ float2 to_float2(__half2 h) { return __half22float2(h); }
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+// 8 two-byte floats (pairs of type T2) from one 16-byte load.
+template <typename T2> __device__ __forceinline__ void load8_pairs(const void * p, float * v) {
     const uint4 u = *(const uint4 *)p;
-    const __half2 * h = (const __half2 *)&u;
+    const T2 * h = (const T2 *)&u;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const float2 f = __half22float2(h[i]);
+        const float2 f = to_float2(h[i]);
         v[2 * i] = f.x;
         v[2 * i + 1] = f.y;
     }
 }
+template <> __device__ __forceinline__ void load8<__half>(const __half * p, float * v) { load8_pairs<__half2>(p, v); }
 template <> __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16 * p, float * v) {
-    const uint4 u = *(const uint4 *)p;
-    const __nv_bfloat162 * h = (const __nv_bfloat162 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 f = __bfloat1622float2(h[i]);
-        v[2 * i] = f.x;
-        v[2 * i + 1] = f.y;
-    }
+    load8_pairs<__nv_bfloat162>(p, v);
 }
 
 // Codes of 8 elements starting at element k0 of a row (0 past K), as in elem_code.
