@@ -238,6 +238,36 @@ __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t 
     }
 }
 
+// Implicit-GEMM rows of a binary conv whose x is B1 with whole 32-bit words of channels per pixel
+// (C % 32 == 0, channels contiguous, word-aligned pixels: NHWC bits): a tap's C bits are C/32
+// words of x, copied as they are (pad taps: all ones for PLUS_ONE, else zeros). A warp per row,
+// a word per lane, the row's popcount reduced over the warp.
+__global__ void im2col_words(const uint32_t * x, struct dgeom g, int64_t w0, int64_t w2, int64_t w3, int64_t rows,
+                             int64_t kbytes, uint32_t * out, int * pop) {
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    const int wpt = (int)(g.C / 32), taps = g.kh * g.kw, words = (int)(kbytes / 4);
+    const uint32_t pad = g.pad_value == BIE_PAD_PLUS_ONE ? 0xffffffffu : 0u;
+    for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
+        const uint32_t rr = (uint32_t)row, OW = (uint32_t)g.OW, OH = (uint32_t)g.OH;
+        const int64_t ow = rr % OW, oh = (rr / OW) % OH, n = rr / (OW * OH);
+        int cnt = 0;
+        for (int w = lane; w < words; w += 32) {
+            const int tap = w / wpt, cw = w - tap * wpt;
+            uint32_t v = 0;
+            if (tap < taps) {
+                const int i = tap / g.kw, j = tap - i * g.kw;
+                const int64_t h = oh * g.sh - g.ph + (int64_t)i * g.dh, ww = ow * g.sw - g.pw + (int64_t)j * g.dw;
+                v = h >= 0 && h < g.H && ww >= 0 && ww < g.W ? __ldg(x + n * w0 + h * w2 + ww * w3 + cw) : pad;
+            }
+            out[row * words + w] = v;
+            cnt += __popc(v);
+        }
+        for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+        if (lane == 0) pop[row] = cnt;
+    }
+}
+
 // Packs rows with pack_contiguous_rows when their K elements are contiguous floats (the weight of
 // a 1x1 kernel; the x of a linear layer, i.e. one output position per image and its one tap
 // inside), else with pack_rows.
@@ -247,7 +277,14 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
     const bool one_position = g.H == 1 && g.W == 1 && g.OH == 1 && g.OW == 1 && g.ph == 0 && g.pw == 0;
     const bool contiguous = g.kh == 1 && g.kw == 1 && (p.is_weight || one_position) && (g.C == 1 || p.t.stride[1] == 1);
     const unsigned grid = grid_for(rows, 8);
-    if (contiguous && p.t.dtype == BIE_DTYPE_F32)
+    const int64_t * st = p.t.stride;
+    const bool word_pixels = !p.is_weight && p.quant == BIE_QUANT_BINARY && p.t.dtype == BIE_DTYPE_B1 && g.C % 32 == 0 &&
+                             st[1] == 1 && st[0] % 32 == 0 && st[2] % 32 == 0 && st[3] % 32 == 0 &&
+                             ((uintptr_t)p.t.data % 4) == 0;
+    if (word_pixels)
+        im2col_words<<<grid, 256, 0, stream>>>((const uint32_t *)p.t.data, g, st[0] / 32, st[2] / 32, st[3] / 32, rows,
+                                               kbytes, (uint32_t *)out, pop);
+    else if (contiguous && p.t.dtype == BIE_DTYPE_F32)
         pack_contiguous_rows<float><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
     else if (contiguous && p.t.dtype == BIE_DTYPE_F16)
         pack_contiguous_rows<__half><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);

@@ -149,6 +149,20 @@ __device__ __noinline__ void store_pair_any(const gemm_epilogue * ep, row_info r
     if (n + 1 < N) store_dot(*ep, r, n + 1, binary_dot(*ep, r, n + 1, a1), scale);
 }
 
+// 2 * the popcount of weight column n over the taps in `invalid` (outside the image under zero
+// padding): what binary_dot subtracts from popc(w), added back to -2 popc(w). Out of line: only
+// border rows of a zero-padded conv call it.
+__device__ __noinline__ int tap_correction(const gemm_epilogue & ep, uint64_t invalid, int64_t n) {
+    const int taps = ep.g.kh * ep.g.kw;
+    int sum = 0;
+    while (invalid) {
+        const int t = __ffsll((long long)invalid) - 1;
+        invalid &= invalid - 1;
+        sum += __ldg(ep.tappop + n * taps + t);
+    }
+    return 2 * sum;
+}
+
 // Two adjacent outputs, rounded to T, as one 4- or 8-byte store.
 template <typename T> __device__ __forceinline__ void store_pair(T * p, float v0, float v1);
 template <> __device__ __forceinline__ void store_pair<float>(float * p, float v0, float v1) {
@@ -163,14 +177,14 @@ template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloa
 
 // Stores this thread's accumulators. In the wgmma layout, thread (warp w, lane l) of a consumer
 // warpgroup holds, for column group i (8 columns), d[4i + 2h + e] = C[w*16 + l/4 + 8h][8i + 2(l%4) + e].
-// FAST (decided on the host): y is f32/f16/bf16 with contiguous features and no zero-padding
-// correction. Each warp then finishes its 16 rows one 128-byte column chunk at a time in its own
+// FAST (decided on the host): y is f32/f16/bf16 with contiguous features. Each warp then finishes its 16 rows one 128-byte column chunk at a time in its own
 // shared-memory buffer (rows 144 bytes apart, so the fragment writes hit 32 distinct banks) and
 // writes the chunk back row by row, 16 bytes per lane: full 128-byte segments of y per row,
 // instead of the 4-byte scattered stores of the fragment layout. Other y go element by element.
-template <bool BINARY, int BN, typename T, bool FAST>
+template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, uint8_t * stage, int64_t mw,
-                                         int64_t nt, int64_t M, int64_t N, float scale, const int * rowterm) {
+                                         int64_t nt, int64_t M, int64_t N, float scale, const int * rowterm,
+                                         const uint64_t * rowinv) {
     const int lane = threadIdx.x % 32;
     const struct dview & y = ep.y;
     if (!FAST) {
@@ -211,6 +225,11 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
                 if (BINARY) {
                     v0 = 4 * v0 + rowterm[h] + ct.x;
                     v1 = 4 * v1 + rowterm[h] + ct.y;
+                    if (TAPS && rowinv[h]) { // a row at a zero-padded border
+                        const int64_t n = nt + 8 * i + 2 * (lane % 4);
+                        v0 += n < N ? tap_correction(ep, rowinv[h], n) : 0;
+                        v1 += n + 1 < N ? tap_correction(ep, rowinv[h], n + 1) : 0;
+                    }
                 }
                 store_pair<T>((T *)(stage + (lane / 4 + 8 * h) * EP_PITCH) + 8 * j + 2 * (lane % 4),
                               __fmul_rn(__int2float_rn(v0), scale), __fmul_rn(__int2float_rn(v1), scale));
@@ -238,7 +257,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
 
 #endif // sm_90a device code
 
-template <bool BINARY, int BN, typename T, bool FAST>
+template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 __global__ void __launch_bounds__(THREADS, 1)
     wgmma_gemm(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, int64_t M, int64_t N,
                int ktiles, const __grid_constant__ gemm_epilogue ep) {
@@ -300,6 +319,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         // thread's fragment rows.
         constexpr int NCP = BINARY && FAST ? BN / 32 : 1, NR = 2;
         int cpop[NCP], rterm[NR];
+        uint64_t rinv[NR];
 #pragma unroll
         for (int q = 0; q < NCP; q++) {
             const int64_t n = nt + lane + 32 * q;
@@ -308,7 +328,17 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int r = 0; r < NR; r++) {
             const int64_t m = mt0 + cw * 64 + warp * 16 + lane / 4 + 8 * r;
-            rterm[r] = BINARY && FAST && m < M ? (int)ep.g.K - 2 * __ldg(ep.rowpop + m) : 0;
+            rterm[r] = 0;
+            rinv[r] = 0;
+            if (BINARY && FAST && m < M) {
+                if (TAPS) { // a zero-padded conv: K counts the valid taps only
+                    const row_info ri = make_row(ep, m, M);
+                    rterm[r] = (int)ri.kterm - 2 * ri.rowpop;
+                    rinv[r] = ri.invalid;
+                } else {
+                    rterm[r] = (int)ep.g.K - 2 * __ldg(ep.rowpop + m);
+                }
+            }
         }
         int it = (int)(j * ktiles), prev = -1;
         for (int kt = 0; kt < ktiles; kt++, it++) {
@@ -335,7 +365,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int q = 0; q < NCP; q++) colterm[lane + 32 * q] = -2 * cpop[q];
             __syncwarp();
         }
-        epilogue<BINARY, BN, T, FAST>(ep, d, ep_stage, mt0 + cw * 64 + warp * 16, nt, M, N, scale, rterm);
+        epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, mt0 + cw * 64 + warp * 16, nt, M, N, scale, rterm, rinv);
     }
 #endif
 }
@@ -373,10 +403,10 @@ bool make_map(CUtensorMap * map, const uint8_t * p, int64_t rows, int64_t kbytes
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <bool BINARY, int BN, typename T, bool FAST>
+template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
                        int ktiles, const gemm_epilogue & ep, int slot) {
-    auto kern = wgmma_gemm<BINARY, BN, T, FAST>;
+    auto kern = wgmma_gemm<BINARY, BN, T, FAST, TAPS>;
     const int smem = SMEM_RING + 1024 + 2 * 8 * stages_for(BN) + 8 * EP_WARP_BYTES;
     struct bie_cuda_state * st = ctx->cuda;
     if (!(st->wgmma_smem_set & (1ull << slot))) {
@@ -395,13 +425,24 @@ template <bool BINARY, int BN>
 enum bie_status by_output(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
                           int ktiles, const gemm_epilogue & ep, int slot) {
     const struct dview & y = ep.y;
-    const bool fast = !ep.tappop && (y.stride[1] == 1 || N == 1);
+    const bool fast = y.stride[1] == 1 || N == 1;
+    if (BINARY && ep.tappop) { // a zero-padded binary conv: the border correction compiled in
+        slot = 2 * 4 * 3 + slot * 4; // after the 24 slots below
+        if (fast && y.dtype == BIE_DTYPE_F16)
+            return launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, slot);
+        if (fast && y.dtype == BIE_DTYPE_BF16)
+            return launch<BINARY, BN, __nv_bfloat16, true, true>(ctx, ta, tb, M, N, ktiles, ep, slot + 1);
+        if (fast && y.dtype == BIE_DTYPE_F32)
+            return launch<BINARY, BN, float, true, true>(ctx, ta, tb, M, N, ktiles, ep, slot + 2);
+        return launch<BINARY, BN, float, false, false>(ctx, ta, tb, M, N, ktiles, ep, slot + 3);
+    }
     slot *= 4;
-    if (fast && y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true>(ctx, ta, tb, M, N, ktiles, ep, slot);
+    if (fast && y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, false>(ctx, ta, tb, M, N, ktiles, ep, slot);
     if (fast && y.dtype == BIE_DTYPE_BF16)
-        return launch<BINARY, BN, __nv_bfloat16, true>(ctx, ta, tb, M, N, ktiles, ep, slot + 1);
-    if (fast && y.dtype == BIE_DTYPE_F32) return launch<BINARY, BN, float, true>(ctx, ta, tb, M, N, ktiles, ep, slot + 2);
-    return launch<BINARY, BN, float, false>(ctx, ta, tb, M, N, ktiles, ep, slot + 3);
+        return launch<BINARY, BN, __nv_bfloat16, true, false>(ctx, ta, tb, M, N, ktiles, ep, slot + 1);
+    if (fast && y.dtype == BIE_DTYPE_F32)
+        return launch<BINARY, BN, float, true, false>(ctx, ta, tb, M, N, ktiles, ep, slot + 2);
+    return launch<BINARY, BN, float, false, false>(ctx, ta, tb, M, N, ktiles, ep, slot + 3);
 }
 
 template <bool BINARY>

@@ -42,7 +42,7 @@ static void random_case(struct lcase * c, int big) {
     memset(c, 0, sizeof *c);
     c->conv = test_rand_int(0, 1);
     static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
-    c->quant = qs[test_rand_int(0, 2)];
+    c->quant = big == 3 ? BIE_QUANT_BINARY : qs[test_rand_int(0, 2)];
     const int bin = c->quant == BIE_QUANT_BINARY;
     if (big == 1) { // more tiles than SMs, so every CTA of a persistent grid takes several
         c->conv = 0;
@@ -63,13 +63,14 @@ static void random_case(struct lcase * c, int big) {
             c->cd.dilation[i] = 1;
         }
         c->cd.groups = 1;
-    } else if (c->conv) {
+    } else if (c->conv || big == 3) {
+        c->conv = 1;
         for (;;) {
             c->batch = test_rand_int(1, 3);
-            c->C = test_rand_int(1, 40);
-            c->H = test_rand_int(1, 11);
-            c->W = test_rand_int(1, 11);
-            c->O = test_rand_int(1, 45);
+            c->C = big == 3 ? 32 * test_rand_int(1, 3) : test_rand_int(1, 40);
+            c->H = test_rand_int(1, big == 3 ? 14 : 11);
+            c->W = test_rand_int(1, big == 3 ? 14 : 11);
+            c->O = test_rand_int(1, big == 3 ? 140 : 45);
             for (int i = 0; i < 2; i++) {
                 c->cd.kernel[i] = (int32_t)test_rand_int(1, 3);
                 c->cd.stride[i] = (int32_t)test_rand_int(1, 2);
@@ -108,6 +109,11 @@ static void random_case(struct lcase * c, int big) {
     c->ykind = (int)test_rand_int(0, 2);
     c->sa = test_rand_float(0.05f, 2.0f);
     c->sw = test_rand_float(0.05f, 2.0f);
+    if (big == 3) { // channels-last bits with whole words per pixel (the word-copy bit im2col)
+        c->xdt = BIE_DTYPE_B1;
+        c->xkind = 1;
+        c->bias = 0;
+    }
     describe(c);
 }
 
@@ -344,6 +350,11 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < (cuda_test_quick() ? 2 : 10); i++) { // larger convolutions
         struct lcase c;
         random_case(&c, 2);
+        test_forward(&c);
+    }
+    for (int i = 0; i < (cuda_test_quick() ? 3 : 24); i++) { // binary convs on NHWC bits
+        struct lcase c;
+        random_case(&c, 3);
         test_forward(&c);
     }
     for (int i = 0; i < n / 2; i++) {
