@@ -86,6 +86,63 @@ __global__ void activation_codes(struct dview x, struct dview bias, struct dgeom
     }
 }
 
+// The same codes for rows whose K elements are contiguous floats (a linear layer's weight and x):
+// out[r][k] = code of src[r][k] (+ bias[k] for x), 8 elements per thread with a 16-byte load when
+// the row is 16-byte aligned and the 8 lie inside it. Same values as weight_codes /
+// activation_codes (a linear layer has one tap, inside the image).
+template <typename T>
+__global__ void codes_rows(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias,
+                           int quant, struct dscale sc, int gdt, void * out) {
+    const float s = ld_scale(sc);
+    const int lo = qlo(quant), hi = qhi(quant);
+    const int64_t chunks = (K + 7) / 8, total = rows * chunks;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = qdiv(e, chunks), k0 = (e - r * chunks) * 8;
+        const T * row = src + r * row_stride;
+        const bool full = k0 + 8 <= K;
+        float q[8];
+        if (full && ((uintptr_t)(row + k0) % 16) == 0) load8<T>(row + k0, q);
+        else
+            for (int i = 0; i < 8; i++) q[i] = k0 + i < K ? ld_float((const char *)row, sdt, k0 + i) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float x = q[i];
+            if (bias.data && k0 + i < K) x = __fadd_rn(x, ld_float(bias.data, bias.dtype, (k0 + i) * bias.stride[3]));
+            q[i] = quant == BIE_QUANT_BINARY ? (x >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(x, s, lo, hi);
+        }
+        const int64_t o = r * K + k0;
+        if (full && K % 8 == 0 && gdt == BIE_DTYPE_F16) {
+            __half2 h[4];
+            for (int i = 0; i < 4; i++) h[i] = __floats2half2_rn(q[2 * i], q[2 * i + 1]);
+            *(uint4 *)((__half *)out + o) = *(const uint4 *)h;
+        } else if (full && K % 8 == 0 && gdt == BIE_DTYPE_BF16) {
+            __nv_bfloat162 h[4];
+            for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(q[2 * i], q[2 * i + 1]);
+            *(uint4 *)((__nv_bfloat16 *)out + o) = *(const uint4 *)h;
+        } else {
+            for (int i = 0; i < 8 && k0 + i < K; i++) st_dense(out, gdt, o + i, q[i]);
+        }
+    }
+}
+
+// Launches codes_rows when the rows of t ([rows, K] in its 4-D view: dim 0 rows, dim 1 the K
+// contiguous elements, dims 2-3 of extent 1) are contiguous floats; false otherwise.
+bool launch_codes_rows(const struct dview & t, bool one_position, int64_t rows, int64_t K, const struct dview & bias,
+                       int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream) {
+    if (!one_position || (K > 1 && t.stride[1] != 1)) return false;
+    const unsigned grid = grid_for(rows * ((K + 7) / 8), 256);
+    if (t.dtype == BIE_DTYPE_F32)
+        codes_rows<float><<<grid, 256, 0, stream>>>((const float *)t.data, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out);
+    else if (t.dtype == BIE_DTYPE_F16)
+        codes_rows<__half><<<grid, 256, 0, stream>>>((const __half *)t.data, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out);
+    else if (t.dtype == BIE_DTYPE_BF16)
+        codes_rows<__nv_bfloat16><<<grid, 256, 0, stream>>>((const __nv_bfloat16 *)t.data, t.dtype, t.stride[0], rows, K, bias,
+                                                            quant, sc, gdt, out);
+    else
+        return false;
+    return true;
+}
+
 // The fused STE pass over x (one thread per element of x, row-major over [batch, C, H, W]).
 __global__ void ste_pass(struct dview x, struct dview bias, struct dgeom g, int quant, struct dscale sa,
                          struct dscale sw, const float * dcol, struct dview gx_out, int write_gx,
@@ -230,7 +287,10 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     if (want_gx) {
         struct dview w;
         dview_make(&c->weight, &w);
-        weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, ws + oW);
+        struct dview nobias;
+        nobias.data = NULL;
+        if (!launch_codes_rows(w, g.kh == 1 && g.kw == 1, O, K, nobias, (int)c->quant, sw, gdt, ws + oW, s))
+            weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, ws + oW);
         LAUNCHED(ctx, "weight codes");
         // dCol (row-major [M][K]) = G [M][O] @ Wc [O][K]: column-major dCol^T = Wc^T G^T.
         BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, G, O, (float *)(ws + oCol), K, ct,
@@ -263,7 +323,10 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
         }
     }
     if (want_gw) {
-        activation_codes<<<grid_for(M * K, 256), 256, 0, s>>>(x, bias, g, (int)c->quant, sa, gdt, ws + oCol);
+        const bool one_position = g.kh == 1 && g.kw == 1 && g.H == 1 && g.W == 1 && g.OH == 1 && g.OW == 1 &&
+                                  g.ph == 0 && g.pw == 0; // a linear layer: row m of Acol is row m of x
+        if (!launch_codes_rows(x, one_position, M, K, bias, (int)c->quant, sa, gdt, ws + oCol, s))
+            activation_codes<<<grid_for(M * K, 256), 256, 0, s>>>(x, bias, g, (int)c->quant, sa, gdt, ws + oCol);
         LAUNCHED(ctx, "activation codes");
         // R (row-major [O][K]) = G^T @ Acol: column-major R^T [K][O] = Acol^T [K][M] . G [M][O].
         BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, G, O, (float *)(ws + oR), K, ct,

@@ -107,29 +107,6 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
 // of bits (binary) or 16 elements into 16 int8 codes, read with 16-byte loads when the run lies
 // inside the row and the row is 16-byte aligned. pack_rows reads one element per lane per step
 // and ran at ~0.4 TB/s on an H100; this kernel moves whole 16-byte vectors.
-template <typename T> __device__ __forceinline__ void load8(const T * p, float * v);
-template <> __device__ __forceinline__ void load8<float>(const float * p, float * v) {
-    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
-}
-__device__ __forceinline__ float2 to_float2(__half2 h) { return __half22float2(h); }
-__device__ __forceinline__ float2 to_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
-// 8 two-byte floats (pairs of type T2) from one 16-byte load.
-template <typename T2> __device__ __forceinline__ void load8_pairs(const void * p, float * v) {
-    const uint4 u = *(const uint4 *)p;
-    const T2 * h = (const T2 *)&u;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const float2 f = to_float2(h[i]);
-        v[2 * i] = f.x;
-        v[2 * i + 1] = f.y;
-    }
-}
-template <> __device__ __forceinline__ void load8<__half>(const __half * p, float * v) { load8_pairs<__half2>(p, v); }
-template <> __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16 * p, float * v) {
-    load8_pairs<__nv_bfloat162>(p, v);
-}
-
 // Codes of 8 elements starting at element k0 of a row (0 past K), as in elem_code.
 template <typename T>
 __device__ __forceinline__ void codes8(const pack_src & p, const T * row, int64_t k0, bool vec, float s, int * q) {

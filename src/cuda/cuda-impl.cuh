@@ -123,6 +123,31 @@ __device__ __forceinline__ void st_float(char * p, int dtype, int64_t off, float
     }
 }
 
+// 8 consecutive floats of type T (float, __half, __nv_bfloat16) from a 16-byte-aligned address,
+// with 16-byte loads, as f32.
+template <typename T> __device__ __forceinline__ void load8(const T * p, float * v);
+template <> __device__ __forceinline__ void load8<float>(const float * p, float * v) {
+    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ float2 to_float2(__half2 h) { return __half22float2(h); }
+__device__ __forceinline__ float2 to_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
+// 8 two-byte floats (pairs of type T2) from one 16-byte load.
+template <typename T2> __device__ __forceinline__ void load8_pairs(const void * p, float * v) {
+    const uint4 u = *(const uint4 *)p;
+    const T2 * h = (const T2 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 f = to_float2(h[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+}
+template <> __device__ __forceinline__ void load8<__half>(const __half * p, float * v) { load8_pairs<__half2>(p, v); }
+template <> __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16 * p, float * v) {
+    load8_pairs<__nv_bfloat162>(p, v);
+}
+
 __device__ __forceinline__ float ld_scale(struct dscale s) {
     return s.ptr ? ld_float((const char *)s.ptr, s.dtype, 0) : s.value;
 }
