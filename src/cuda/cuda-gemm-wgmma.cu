@@ -177,10 +177,12 @@ template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloa
 
 // Stores this thread's accumulators. In the wgmma layout, thread (warp w, lane l) of a consumer
 // warpgroup holds, for column group i (8 columns), d[4i + 2h + e] = C[w*16 + l/4 + 8h][8i + 2(l%4) + e].
-// FAST (decided on the host): y is f32/f16/bf16 with contiguous features. Each warp then finishes its 16 rows one 128-byte column chunk at a time in its own
-// shared-memory buffer (rows 144 bytes apart, so the fragment writes hit 32 distinct banks) and
-// writes the chunk back row by row, 16 bytes per lane: full 128-byte segments of y per row,
-// instead of the 4-byte scattered stores of the fragment layout. Other y go element by element.
+// FAST (decided on the host): y is f32/f16/bf16 with contiguous features. Each warp then finishes
+// its 16 rows one 128-byte column chunk at a time in its own shared-memory buffer (rows 144 bytes
+// apart, so the fragment writes hit 32 distinct banks) and writes the chunk back row by row, 16
+// bytes per lane: full 128-byte segments of y per row, instead of the 4-byte scattered stores of
+// the fragment layout. TAPS: a zero-padded binary conv, whose border rows add back the popcounts
+// of their taps outside the image. Other y go element by element.
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, uint8_t * stage, int64_t mw,
                                          int64_t nt, int64_t M, int64_t N, float scale, const int * rowterm,
