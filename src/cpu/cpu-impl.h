@@ -22,7 +22,10 @@
 // group's lo words then its hi words), which saves the nibble extraction in pshufb-lookup kernels.
 //
 // n-bit panel layout: same K order (no per-tap padding). 8-bit: the codes as int16, rows
-// zero-padded to Kp = round_up(K, 32) elements. 4-bit: activations as bytes code + 8 (in [0, 15]),
+// zero-padded to Kp = round_up(K, 32) elements; with an outer-product int16 tile (i16_outer_tile)
+// the rows are interleaved in pairs of k instead: a panel of w rows (CPU_OUTER_MR activation rows,
+// CPU_OUTER_NR weight columns) holds element k of its row r at (k/2)*2*w + 2*r + k%2, so that one
+// 32-bit broadcast gives an activation row's pair and one vector load gives 16 columns' pairs. 4-bit: activations as bytes code + 8 (in [0, 15]),
 // weights as signed bytes, rows zero-padded to round_up(K, 64) bytes; acc = sum (a+8)*w - 8*sum w.
 #pragma once
 
@@ -36,6 +39,8 @@
 #define CPU_KB_ALIGN 8  // binary rows are padded to this many bytes (whole 64-bit words)
 #define CPU_K16_ALIGN 32 // int16 rows are padded to this many elements
 #define CPU_K4_ALIGN 64  // 4-bit byte rows are padded to this many elements
+#define CPU_OUTER_MR 8   // rows of the outer-product int16 tile (activation panel width)
+#define CPU_OUTER_NR 32  // columns of the outer-product int16 tile (weight panel width)
 #ifndef CPU_STREAM_BYTES
 #define CPU_STREAM_BYTES ((size_t)4 << 20) // f32 outputs from this size are stored past the caches
 #endif
@@ -60,6 +65,13 @@ struct cpu_kernels {
     // k a multiple of 32; lda/ldb in elements.
     void (*i16_tile)(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k,
                      int32_t * c, size_t ldc);
+    // The outer-product form of the same sums on pair-interleaved panels (layout above; NULL: none):
+    // c[i*ldc + j] = (accumulate ? c[i*ldc + j] : 0) + sum_{k < 2*kp} a_i[k] * b_j[k] (int32,
+    // wrapping) for i < CPU_OUTER_MR, j < CPU_OUTER_NR; a, b point at pair kp0 of their panels.
+    void (*i16_outer_tile)(const int16_t * a, const int16_t * b, size_t kp, bool accumulate, int32_t * c,
+                           size_t ldc);
+    // With i16_outer_tile: the weight panel of CPU_OUTER_NR rows of kp codes (row stride kp, even).
+    void (*interleave_nr)(const int16_t * rows, size_t kp, int16_t * panel);
     // c[i*ldc + j] = sum_k a_i[k] * b_j[k] for i < CPU_MR, j < i16_nr, with a unsigned bytes in
     // [0, 15] and b signed bytes in [-8, 7] (the 4-bit GEMM); k a multiple of 64; lda/ldb in bytes.
     void (*u4s4_tile)(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k, int32_t * c,
@@ -113,6 +125,9 @@ void bie_cpu_store_cols_f32__scalar(const int32_t * acc, size_t ldacc, int64_t r
 // The AVX-512 kernels that the VPOPCNTDQ table shares (cpu-kernels-avx512.c).
 void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t * b, size_t ldb,
                                   size_t k, int32_t * c, size_t ldc);
+void bie_cpu_i16_outer_tile__avx512(const int16_t * a, const int16_t * b, size_t kp, bool accumulate, int32_t * c,
+                                    size_t ldc);
+void bie_cpu_interleave_nr__avx512(const int16_t * rows, size_t kp, int16_t * panel);
 void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
                                    int32_t * c, size_t ldc);
 double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0, float scale, float * gx,

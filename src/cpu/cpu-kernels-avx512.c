@@ -142,6 +142,34 @@ void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t *
         for (int j = 0; j < 4; j++) c[i * ldc + j] = _mm512_reduce_add_epi32(acc[i][j]);
 }
 
+// CPU_OUTER_MR x CPU_OUTER_NR outer-product tile on pair-interleaved panels (cpu-impl.h): per pair
+// of k, the two codes of row i broadcast as one 32-bit value against the pairs of 16 columns per
+// vector; vpmaddwd gives a0*b0 + a1*b1 per lane (exact) and vpaddd adds it to the tile's int32
+// lanes, 16 accumulators, no horizontal sums.
+void bie_cpu_i16_outer_tile__avx512(const int16_t * a, const int16_t * b, size_t kp, bool accumulate, int32_t * c,
+                                    size_t ldc) {
+    enum { MR = CPU_OUTER_MR, NV = CPU_OUTER_NR / 16 };
+    __m512i acc[MR][NV];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_si512();
+    for (size_t p = 0; p < kp; p++) {
+        __m512i bv[NV];
+        for (int j = 0; j < NV; j++) bv[j] = _mm512_load_si512((const void *)(b + (p * NV + j) * 32));
+        for (int i = 0; i < MR; i++) {
+            int32_t pair;
+            memcpy(&pair, a + (p * MR + i) * 2, sizeof pair);
+            const __m512i av = _mm512_set1_epi32(pair);
+            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_add_epi32(acc[i][j], _mm512_madd_epi16(av, bv[j]));
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NV; j++) {
+            int32_t * d = c + i * ldc + 16 * j;
+            const __m512i v = accumulate ? _mm512_add_epi32(acc[i][j], _mm512_loadu_si512((const void *)d)) : acc[i][j];
+            _mm512_storeu_si512((void *)d, v);
+        }
+}
+
 // 4x4 tile of the 4-bit GEMM: vpmaddubsw (unsigned a in [0, 15] times signed w in [-8, 7], pair
 // sums <= 240 in magnitude) into int16 counters, widened with vpmaddwd every 128 steps.
 void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
@@ -293,9 +321,48 @@ void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * 
 // the 64-bit interleave leaves the middle two of every 4 columns swapped.
 static inline int perm16(int o) { return (o & 12) | (o & 1) << 1 | (o >> 1 & 1); }
 
+// Transposes 16 rows of 16 lanes in registers (32-bit, 64-bit and 128-bit interleaves): lane o of
+// v[r] ends in lane r of v[perm16(o)].
+static inline void transpose16(__m512 v[16]) {
+    __m512 t[16];
+    for (int r = 0; r < 16; r += 2) {
+        t[r] = _mm512_unpacklo_ps(v[r], v[r + 1]);
+        t[r + 1] = _mm512_unpackhi_ps(v[r], v[r + 1]);
+    }
+    for (int r = 0; r < 16; r += 4)
+        for (int q = 0; q < 2; q++) {
+            v[r + q] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[r + q]), _mm512_castps_pd(t[r + 2 + q])));
+            v[r + 2 + q] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[r + q]), _mm512_castps_pd(t[r + 2 + q])));
+        }
+    for (int r = 0; r < 16; r += 8)
+        for (int q = 0; q < 4; q++) {
+            t[r + q] = _mm512_shuffle_f32x4(v[r + q], v[r + 4 + q], 0x88);
+            t[r + 4 + q] = _mm512_shuffle_f32x4(v[r + q], v[r + 4 + q], 0xdd);
+        }
+    for (int q = 0; q < 8; q++) {
+        v[q] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0x88);
+        v[q + 8] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0xdd);
+    }
+}
+
+// The weight panel (CPU_OUTER_NR rows, cpu-impl.h) by 16x16 transposes of 32-bit pairs.
+void bie_cpu_interleave_nr__avx512(const int16_t * rows, size_t kp, int16_t * panel) {
+    const size_t np = kp / 2;
+    size_t p = 0;
+    for (; p + 16 <= np; p += 16)
+        for (int r0 = 0; r0 < CPU_OUTER_NR; r0 += 16) {
+            __m512 v[16];
+            for (int r = 0; r < 16; r++) v[r] = _mm512_loadu_ps((const void *)(rows + (size_t)(r0 + r) * kp + 2 * p));
+            transpose16(v);
+            for (int o = 0; o < 16; o++) _mm512_storeu_ps((void *)(panel + ((p + (size_t)o) * CPU_OUTER_NR + (size_t)r0) * 2), v[perm16(o)]);
+        }
+    for (; p < np; p++)
+        for (int r = 0; r < CPU_OUTER_NR; r++)
+            memcpy(panel + (p * CPU_OUTER_NR + (size_t)r) * 2, rows + (size_t)r * kp + 2 * p, 2 * sizeof(int16_t));
+}
+
 // 16x16 blocks: 16 rows of acc (masked to the columns left), converted and scaled, transposed in
-// registers (32-bit, 64-bit and 128-bit interleaves), and stored as 16 runs of 16 pixels (masked to
-// the rows left).
+// registers (transpose16), and stored as 16 runs of 16 pixels (masked to the rows left).
 void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s,
                                     float * dst, size_t ldd, bool stream) {
     const __m512 sv = _mm512_set1_ps(s);
@@ -305,29 +372,11 @@ void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t r
         for (int64_t o0 = 0; o0 < cols; o0 += 16) {
             const int64_t on = cols - o0 < 16 ? cols - o0 : 16;
             const __mmask16 omask = (__mmask16)((1u << on) - 1);
-            __m512 v[16], t[16];
+            __m512 v[16];
             for (int r = 0; r < 16; r++)
                 v[r] = r < rn ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(omask, acc + (size_t)(r0 + r) * ldacc + (size_t)o0)), sv)
                               : _mm512_setzero_ps();
-            // v[r] lane o -> t[o] lane r
-            for (int r = 0; r < 16; r += 2) {
-                t[r] = _mm512_unpacklo_ps(v[r], v[r + 1]);
-                t[r + 1] = _mm512_unpackhi_ps(v[r], v[r + 1]);
-            }
-            for (int r = 0; r < 16; r += 4)
-                for (int q = 0; q < 2; q++) {
-                    v[r + q] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[r + q]), _mm512_castps_pd(t[r + 2 + q])));
-                    v[r + 2 + q] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[r + q]), _mm512_castps_pd(t[r + 2 + q])));
-                }
-            for (int r = 0; r < 16; r += 8)
-                for (int q = 0; q < 4; q++) {
-                    t[r + q] = _mm512_shuffle_f32x4(v[r + q], v[r + 4 + q], 0x88);
-                    t[r + 4 + q] = _mm512_shuffle_f32x4(v[r + q], v[r + 4 + q], 0xdd);
-                }
-            for (int q = 0; q < 8; q++) {
-                v[q] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0x88);
-                v[q + 8] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0xdd);
-            }
+            transpose16(v);
             for (int o = 0; o < on; o++) {
                 float * d = dst + (size_t)(o0 + o) * ldd + (size_t)r0;
                 if (stream && rn == 16 && ((uintptr_t)d & 63) == 0) _mm512_stream_ps(d, v[perm16(o)]);
@@ -356,6 +405,8 @@ const struct cpu_kernels bie_cpu_kernels_avx512 = {
     .bin_long_kb = 256, // measured in L1: the lookup tile is faster below 24 words, equal at 24, 7% slower at 36
     .i16_nr = 4,
     .i16_tile = bie_cpu_i16_tile_4x4__avx512,
+    .i16_outer_tile = bie_cpu_i16_outer_tile__avx512,
+    .interleave_nr = bie_cpu_interleave_nr__avx512,
     .u4s4_tile = bie_cpu_u4s4_tile_4x4__avx512,
     .sign_bits = bie_cpu_sign_bits__avx512,
     .quantize = bie_cpu_quantize__avx512,

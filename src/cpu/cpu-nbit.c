@@ -5,7 +5,9 @@
 //   (I8 weights: the codes, clamped; S4: the codes);  acc[m, o] = sum_{t,c} a_pad(m,t,c) * w[o,t,c]
 // with zero padding (n-bit convs always pad with 0, which is the code 0 in the im2col rows).
 // Steps: x -> codes NHWC (xq, int16), weight -> code rows (OHWI), im2col rows -> A, tiled GEMM
-// with the output transform fused per tile.
+// with the output transform fused per tile. Where the ISA has an outer-product int16 tile (8-bit
+// layers at the AVX-512 levels without VNNI), A and B are pair-interleaved panels (cpu-impl.h) and
+// the GEMM is blocked over K (outer_gemm below); otherwise plain rows for the dot-product tiles.
 #include "cpu/cpu-impl.h"
 
 #include <omp.h>
@@ -16,12 +18,13 @@ struct nbit_plan {
     int lo, hi;
     int64_t Kp, M, N, Mp, Np;
     bool bytes;    // byte panels: a + off (unsigned) times w (signed); else int16 panels
+    bool outer;    // int16 panels pair-interleaved for kern->i16_outer_tile
     int off;       // 8 (4-bit) or 128 (8-bit, only with an exact u8 x s8 tile)
     int16_t * xq;
     void * A;
     void * B;
     int32_t * sumw; // [Np] sum_k w (4-bit)
-    int16_t * rows; // per-thread row of Kp int16 codes
+    int16_t * rows; // per thread: a row of Kp int16 codes (byte panels), or a panel's rows (outer)
     struct cpu_epilogue ep;
 };
 
@@ -63,6 +66,16 @@ static void quantize_x(const struct nbit_plan * pl, const float * bias, int thre
     }
 }
 
+// A panel of w pair-interleaved rows (layout in cpu-impl.h) from w rows of Kp codes (row stride Kp),
+// in chunks of pairs whose part of the panel stays in L1.
+static void interleave_rows(const int16_t * rows, int64_t Kp, int w, int16_t * panel) {
+    for (int64_t p0 = 0; p0 < Kp / 2; p0 += 64) {
+        const int64_t p1 = Kp / 2 - p0 < 64 ? Kp / 2 : p0 + 64;
+        for (int64_t p = p0; p < p1; p++)
+            for (int r = 0; r < w; r++) memcpy(panel + (p * w + r) * 2, rows + r * Kp + 2 * p, 2 * sizeof(int16_t));
+    }
+}
+
 // The codes of one weight tap (C channels from element offset off, channel stride ws1).
 static void weight_codes(const struct nbit_plan * pl, int64_t off, int16_t * d) {
     const struct bie_layer_call * c = pl->c;
@@ -100,12 +113,16 @@ static void pack_weights(const struct nbit_plan * pl, int threads) {
     const struct bie_geometry * g = &pl->c->g;
     const int64_t * ws = pl->c->weight.stride;
     const int64_t C = g->C, T = g->kh * g->kw;
+    const int64_t step = pl->outer ? CPU_OUTER_NR : 1; // columns per panel
 #pragma omp parallel for num_threads(threads)
-    for (int64_t o = 0; o < pl->Np; o++) {
-        int16_t * row = pl->bytes ? pl->rows + (size_t)omp_get_thread_num() * pl->Kp : (int16_t *)pl->B + o * pl->Kp;
+    for (int64_t o0 = 0; o0 < pl->Np; o0 += step)
+    for (int64_t o = o0; o < o0 + step; o++) {
+        int16_t * tmp = pl->rows + (size_t)omp_get_thread_num() * (size_t)(step * pl->Kp);
+        int16_t * row = pl->outer ? tmp + (o - o0) * pl->Kp : pl->bytes ? tmp : (int16_t *)pl->B + o * pl->Kp;
         memset(row, 0, (size_t)pl->Kp * sizeof(int16_t));
         for (int64_t t = 0; o < g->O && t < T; t++)
             weight_codes(pl, o * ws[0] + (t / g->kw) * ws[2] + (t % g->kw) * ws[3], row + t * C);
+        if (pl->outer && o == o0 + step - 1) pl->kern->interleave_nr(tmp, (size_t)pl->Kp, (int16_t *)pl->B + o0 * pl->Kp);
         if (pl->bytes) {
             int8_t * dst = (int8_t *)pl->B + o * pl->Kp;
             int32_t sum = 0;
@@ -121,12 +138,17 @@ static void pack_weights(const struct nbit_plan * pl, int threads) {
 static void pack_activations(const struct nbit_plan * pl, int threads) {
     const struct bie_geometry * g = &pl->c->g;
     const int64_t P = g->OH * g->OW, C = g->C, T = g->kh * g->kw;
+    const int64_t step = pl->outer ? CPU_OUTER_MR : 1; // rows per panel
 #pragma omp parallel for num_threads(threads)
-    for (int64_t m = 0; m < pl->Mp; m++) {
-        int16_t * row = pl->bytes ? pl->rows + (size_t)omp_get_thread_num() * pl->Kp : (int16_t *)pl->A + m * pl->Kp;
+    for (int64_t m0 = 0; m0 < pl->Mp; m0 += step)
+    for (int64_t m = m0; m < m0 + step; m++) {
+        int16_t * tmp = pl->rows + (size_t)omp_get_thread_num() * (size_t)(step * pl->Kp);
+        int16_t * row = pl->outer ? tmp + (m - m0) * pl->Kp : pl->bytes ? tmp : (int16_t *)pl->A + m * pl->Kp;
+        const bool last = pl->outer && m == m0 + step - 1; // the panel's rows are complete
         if (m >= pl->M) {
             if (pl->bytes) memset((uint8_t *)pl->A + m * pl->Kp, 0, (size_t)pl->Kp);
             else memset(row, 0, (size_t)pl->Kp * sizeof(int16_t));
+            if (last) interleave_rows(tmp, pl->Kp, CPU_OUTER_MR, (int16_t *)pl->A + m0 * pl->Kp);
             continue;
         }
         const int64_t n = m / P, p = m % P, oh = p / g->OW, ow = p % g->OW;
@@ -145,6 +167,7 @@ static void pack_activations(const struct nbit_plan * pl, int threads) {
             memset(dst + T * C, 0, (size_t)(pl->Kp - T * C));
         } else {
             memset(row + T * C, 0, (size_t)(pl->Kp - T * C) * sizeof(int16_t));
+            if (last) interleave_rows(tmp, pl->Kp, CPU_OUTER_MR, (int16_t *)pl->A + m0 * pl->Kp);
         }
     }
 }
@@ -158,6 +181,45 @@ static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t 
     cpu_epilogue_store(&pl->ep, m0, mc, n0, nc, acc, ldacc);
 }
 
+// The GEMM on interleaved panels, in tasks of up to OUTER_MT rows by nt columns (one int32 tile
+// per task, finished by the epilogue once all of K is in). K runs in blocks of OUTER_KC codes: a
+// block of a weight panel (32 columns x OUTER_KC codes, 32 KB) stays in L1 while every activation
+// panel of the task passes over it, so the weights stream from memory once per OUTER_MT rows of M.
+// The blocks' int32 sums are added (wrapping, as one long sum would).
+#define OUTER_MT 256 // a multiple of CPU_OUTER_MR
+#define OUTER_NT 64  // a multiple of CPU_OUTER_NR
+#define OUTER_KC 512 // even
+
+static size_t outer_workspace(int threads) { return (size_t)threads * OUTER_MT * OUTER_NT * sizeof(int32_t); }
+
+static void outer_gemm(const struct nbit_plan * pl, int threads, int32_t * tiles) {
+    const int64_t mtiles = (pl->M + OUTER_MT - 1) / OUTER_MT;
+    int64_t nt = OUTER_NT;
+    if (mtiles * ((pl->N + nt - 1) / nt) < 2 * threads) nt = CPU_OUTER_NR; // small layers: more tasks
+    const int64_t ntiles = (pl->N + nt - 1) / nt, tasks = mtiles * ntiles;
+    const bool n_major = pl->N > pl->M; // consecutive tasks share the larger operand's panels
+    const int16_t * A = pl->A;
+    const int16_t * B = pl->B;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t t = 0; t < tasks; t++) {
+        const int64_t mt = n_major ? t % mtiles : t / ntiles, ntile = n_major ? t / mtiles : t % ntiles;
+        const int64_t m0 = mt * OUTER_MT, n0 = ntile * nt;
+        const int64_t mc = pl->M - m0 < OUTER_MT ? pl->M - m0 : OUTER_MT;
+        const int64_t nc = pl->N - n0 < nt ? pl->N - n0 : nt;
+        int32_t * acc = tiles + (size_t)omp_get_thread_num() * OUTER_MT * OUTER_NT;
+        for (int64_t k0 = 0; k0 < pl->Kp; k0 += OUTER_KC) {
+            const int64_t kn = pl->Kp - k0 < OUTER_KC ? pl->Kp - k0 : OUTER_KC;
+            for (int64_t j = 0; j < nc; j += CPU_OUTER_NR) {
+                const int16_t * b = B + (n0 + j) * pl->Kp + k0 * CPU_OUTER_NR;
+                for (int64_t i = 0; i < mc; i += CPU_OUTER_MR)
+                    pl->kern->i16_outer_tile(A + (m0 + i) * pl->Kp + k0 * CPU_OUTER_MR, b, (size_t)kn / 2, k0 > 0,
+                                             acc + i * nt + j, (size_t)nt);
+            }
+        }
+        finish_tile((void *)pl, m0, mc, n0, nc, acc, (size_t)nt);
+    }
+}
+
 enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer_call * c) {
     const struct bie_geometry * g = &c->g;
     struct nbit_plan pl = {.c = c, .kern = bie_cpu_kernels(ctx->isa)};
@@ -165,13 +227,14 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     pl.lo = bie_quant_lo(c->quant);
     pl.hi = bie_quant_hi(c->quant);
     pl.bytes = c->quant == BIE_QUANT_INT4 || pl.kern->u8s8_exact;
+    pl.outer = !pl.bytes && pl.kern->i16_outer_tile;
     pl.off = c->quant == BIE_QUANT_INT4 ? 8 : 128;
     pl.Kp = (int64_t)cpu_round_up((size_t)g->K, pl.bytes ? CPU_K4_ALIGN : CPU_K16_ALIGN);
     const size_t esz = pl.bytes ? 1 : sizeof(int16_t);
     pl.M = g->batch * g->OH * g->OW;
     pl.N = g->O;
-    pl.Mp = (int64_t)cpu_round_up((size_t)pl.M, CPU_MR);
-    pl.Np = (int64_t)cpu_round_up((size_t)pl.N, 8);
+    pl.Mp = (int64_t)cpu_round_up((size_t)pl.M, pl.outer ? CPU_OUTER_MR : CPU_MR);
+    pl.Np = (int64_t)cpu_round_up((size_t)pl.N, pl.outer ? CPU_OUTER_NR : 8);
     cpu_epilogue_init(&pl.ep, c, pl.kern);
 
     const size_t sz_xq = (size_t)(g->batch * g->H * g->W * g->C) * sizeof(int16_t);
@@ -179,9 +242,10 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     const size_t sz_a = (size_t)(pl.Mp * pl.Kp) * esz;
     const size_t sz_b = (size_t)(pl.Np * pl.Kp) * esz;
     const size_t sz_sumw = (size_t)pl.Np * sizeof(int32_t);
-    const size_t sz_rows = pl.bytes ? (size_t)threads * (size_t)pl.Kp * sizeof(int16_t) : 0;
+    const size_t rows_per_thread = pl.outer ? CPU_OUTER_NR : pl.bytes ? 1 : 0; // CPU_OUTER_NR >= CPU_OUTER_MR
+    const size_t sz_rows = (size_t)threads * rows_per_thread * (size_t)pl.Kp * sizeof(int16_t);
     const size_t sz_bias = (size_t)g->C * sizeof(float);
-    const size_t sz_tiles = cpu_gemm_workspace(threads);
+    const size_t sz_tiles = pl.outer ? outer_workspace(threads) : cpu_gemm_workspace(threads);
     const size_t total = cpu_arena_size(sz_xq) + cpu_arena_size(sz_tmp) + cpu_arena_size(sz_a) +
                          cpu_arena_size(sz_b) + cpu_arena_size(sz_bias) + cpu_arena_size(sz_tiles) +
                          cpu_arena_size(sz_sumw) + cpu_arena_size(sz_rows);
@@ -203,6 +267,10 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     pack_weights(&pl, threads);
     pack_activations(&pl, threads);
 
+    if (pl.outer) {
+        outer_gemm(&pl, threads, tiles);
+        return BIE_STATUS_OK;
+    }
     const struct cpu_gemm job = {
         .kern = pl.kern, .kind = pl.bytes ? 4 : 16, .a = pl.A, .b = pl.B, .lda = (size_t)pl.Kp, .ldb = (size_t)pl.Kp,
         .k = (size_t)pl.Kp, .M = pl.M, .N = pl.N, .finish = finish_tile, .finish_ctx = &pl,
