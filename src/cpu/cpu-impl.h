@@ -27,6 +27,9 @@
 // CPU_OUTER_NR weight columns) holds element k of its row r at (k/2)*2*w + 2*r + k%2, so that one
 // 32-bit broadcast gives an activation row's pair and one vector load gives 16 columns' pairs. 4-bit: activations as bytes code + 8 (in [0, 15]),
 // weights as signed bytes, rows zero-padded to round_up(K, 64) bytes; acc = sum (a+8)*w - 8*sum w.
+// With an outer-product byte tile (u4s4_outer_tile) the byte rows are interleaved in quads of k
+// the same way: byte k of row r of a panel of w rows at (k/4)*4*w + 4*r + k%4. Both interleaved
+// layouts are the same transpose of 32-bit units (a pair of int16 codes, a quad of byte codes).
 #pragma once
 
 #include "bie-impl.h"
@@ -54,6 +57,9 @@ struct cpu_bin_tile {
     void (*tile)(const uint8_t * a, size_t lda, const uint8_t * b, size_t kb, int32_t * c, size_t ldc);
 };
 
+// An outer-product tile (the slots below say what it sums): n 32-bit units of k per row.
+typedef void (*cpu_outer_tile_fn)(const void * a, const void * b, size_t n, bool accumulate, int32_t * c, size_t ldc);
+
 struct cpu_kernels {
     enum bie_cpu_isa isa;
     struct cpu_bin_tile bin;      // the binary tile
@@ -66,16 +72,20 @@ struct cpu_kernels {
     void (*i16_tile)(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k,
                      int32_t * c, size_t ldc);
     // The outer-product form of the same sums on pair-interleaved panels (layout above; NULL: none):
-    // c[i*ldc + j] = (accumulate ? c[i*ldc + j] : 0) + sum_{k < 2*kp} a_i[k] * b_j[k] (int32,
-    // wrapping) for i < CPU_OUTER_MR, j < CPU_OUTER_NR; a, b point at pair kp0 of their panels.
-    void (*i16_outer_tile)(const int16_t * a, const int16_t * b, size_t kp, bool accumulate, int32_t * c,
-                           size_t ldc);
-    // With i16_outer_tile: the weight panel of CPU_OUTER_NR rows of kp codes (row stride kp, even).
+    // c[i*ldc + j] = (accumulate ? c[i*ldc + j] : 0) + sum_{k < 2*n} a_i[k] * b_j[k] (int32,
+    // wrapping) for i < CPU_OUTER_MR, j < CPU_OUTER_NR; a, b (int16) point at pair p0 of their
+    // panels; n > 0.
+    cpu_outer_tile_fn i16_outer_tile;
+    // With an outer tile: the weight panel of CPU_OUTER_NR rows of kp int16 codes (row stride kp,
+    // even), i.e. the transpose of 32-bit units (byte rows of 2*kp bytes give the quad layout).
     void (*interleave_nr)(const int16_t * rows, size_t kp, int16_t * panel);
     // c[i*ldc + j] = sum_k a_i[k] * b_j[k] for i < CPU_MR, j < i16_nr, with a unsigned bytes in
     // [0, 15] and b signed bytes in [-8, 7] (the 4-bit GEMM); k a multiple of 64; lda/ldb in bytes.
     void (*u4s4_tile)(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k, int32_t * c,
                       size_t ldc);
+    // The outer-product form of those sums on quad-interleaved byte panels (NULL: none): as
+    // i16_outer_tile with sum_{k < 4*n}, a (unsigned) and b (signed) bytes pointing at quad q0.
+    cpu_outer_tile_fn u4s4_outer_tile;
     // out bit i = (x[i] + b_i >= 0) with b_i = bias[i] if bias else b0 (f32 add; NaN -> 0), for
     // i < n; the unused high bits of the last byte are 0.
     void (*sign_bits)(const float * x, const float * bias, float b0, int64_t n, uint8_t * out);
@@ -125,8 +135,10 @@ void bie_cpu_store_cols_f32__scalar(const int32_t * acc, size_t ldacc, int64_t r
 // The AVX-512 kernels that the VPOPCNTDQ table shares (cpu-kernels-avx512.c).
 void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t * b, size_t ldb,
                                   size_t k, int32_t * c, size_t ldc);
-void bie_cpu_i16_outer_tile__avx512(const int16_t * a, const int16_t * b, size_t kp, bool accumulate, int32_t * c,
+void bie_cpu_i16_outer_tile__avx512(const void * a, const void * b, size_t kp, bool accumulate, int32_t * c,
                                     size_t ldc);
+void bie_cpu_u4s4_outer_tile__avx512(const void * a, const void * b, size_t kq, bool accumulate, int32_t * c,
+                                     size_t ldc);
 void bie_cpu_interleave_nr__avx512(const int16_t * rows, size_t kp, int16_t * panel);
 void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
                                    int32_t * c, size_t ldc);

@@ -142,13 +142,26 @@ void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t *
         for (int j = 0; j < 4; j++) c[i * ldc + j] = _mm512_reduce_add_epi32(acc[i][j]);
 }
 
+// Adds (accumulate) or stores the tile's int32 lanes to c.
+static inline void outer_store(const __m512i acc[CPU_OUTER_MR][CPU_OUTER_NR / 16], bool accumulate, int32_t * c,
+                               size_t ldc) {
+    for (int i = 0; i < CPU_OUTER_MR; i++)
+        for (int j = 0; j < CPU_OUTER_NR / 16; j++) {
+            int32_t * d = c + i * ldc + 16 * j;
+            const __m512i v = accumulate ? _mm512_add_epi32(acc[i][j], _mm512_loadu_si512((const void *)d)) : acc[i][j];
+            _mm512_storeu_si512((void *)d, v);
+        }
+}
+
 // CPU_OUTER_MR x CPU_OUTER_NR outer-product tile on pair-interleaved panels (cpu-impl.h): per pair
 // of k, the two codes of row i broadcast as one 32-bit value against the pairs of 16 columns per
 // vector; vpmaddwd gives a0*b0 + a1*b1 per lane (exact) and vpaddd adds it to the tile's int32
 // lanes, 16 accumulators, no horizontal sums.
-void bie_cpu_i16_outer_tile__avx512(const int16_t * a, const int16_t * b, size_t kp, bool accumulate, int32_t * c,
+void bie_cpu_i16_outer_tile__avx512(const void * va, const void * vb, size_t kp, bool accumulate, int32_t * c,
                                     size_t ldc) {
     enum { MR = CPU_OUTER_MR, NV = CPU_OUTER_NR / 16 };
+    const int16_t * a = va;
+    const int16_t * b = vb;
     __m512i acc[MR][NV];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_si512();
@@ -162,12 +175,41 @@ void bie_cpu_i16_outer_tile__avx512(const int16_t * a, const int16_t * b, size_t
             for (int j = 0; j < NV; j++) acc[i][j] = _mm512_add_epi32(acc[i][j], _mm512_madd_epi16(av, bv[j]));
         }
     }
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NV; j++) {
-            int32_t * d = c + i * ldc + 16 * j;
-            const __m512i v = accumulate ? _mm512_add_epi32(acc[i][j], _mm512_loadu_si512((const void *)d)) : acc[i][j];
-            _mm512_storeu_si512((void *)d, v);
+    outer_store(acc, accumulate, c, ldc);
+}
+
+// The same outer-product tile for the 4-bit GEMM on quad-interleaved byte panels (cpu-impl.h): per
+// quad of k, the 4 codes of row i (unsigned, [0, 15]) broadcast as one 32-bit value against the
+// quads of 16 columns (signed, [-8, 7]) per vector; vpmaddubsw gives the two pair sums per lane
+// (each <= 240 in magnitude, so not saturated) and vpaddw adds them to int16 counters. 128 quads
+// add at most 128 * 240 = 30720 < 32767 per counter, so the counters are widened (vpmaddwd with
+// ones: exact) and added to the int32 tile every 128 quads.
+void bie_cpu_u4s4_outer_tile__avx512(const void * va, const void * vb, size_t kq, bool accumulate, int32_t * c,
+                                     size_t ldc) {
+    enum { MR = CPU_OUTER_MR, NV = CPU_OUTER_NR / 16, QMAX = 128 };
+    const uint8_t * a = va;
+    const uint8_t * b = vb;
+    const __m512i ones = _mm512_set1_epi16(1);
+    for (size_t q = 0; q < kq;) {
+        const size_t qend = kq - q > QMAX ? q + QMAX : kq;
+        __m512i acc[MR][NV];
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_si512();
+        for (; q < qend; q++) {
+            __m512i bv[NV];
+            for (int j = 0; j < NV; j++) bv[j] = _mm512_load_si512((const void *)(b + (q * NV + j) * 64));
+            for (int i = 0; i < MR; i++) {
+                int32_t quad;
+                memcpy(&quad, a + (q * MR + i) * 4, sizeof quad);
+                const __m512i av = _mm512_set1_epi32(quad);
+                for (int j = 0; j < NV; j++) acc[i][j] = _mm512_add_epi16(acc[i][j], _mm512_maddubs_epi16(av, bv[j]));
+            }
         }
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_madd_epi16(acc[i][j], ones);
+        outer_store(acc, accumulate, c, ldc);
+        accumulate = true;
+    }
 }
 
 // 4x4 tile of the 4-bit GEMM: vpmaddubsw (unsigned a in [0, 15] times signed w in [-8, 7], pair
@@ -408,6 +450,7 @@ const struct cpu_kernels bie_cpu_kernels_avx512 = {
     .i16_outer_tile = bie_cpu_i16_outer_tile__avx512,
     .interleave_nr = bie_cpu_interleave_nr__avx512,
     .u4s4_tile = bie_cpu_u4s4_tile_4x4__avx512,
+    .u4s4_outer_tile = bie_cpu_u4s4_outer_tile__avx512,
     .sign_bits = bie_cpu_sign_bits__avx512,
     .quantize = bie_cpu_quantize__avx512,
     .mask_binary = bie_cpu_mask_binary__avx512,

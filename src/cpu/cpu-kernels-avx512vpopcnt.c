@@ -70,6 +70,7 @@ const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt = {
     .i16_outer_tile = bie_cpu_i16_outer_tile__avx512,
     .interleave_nr = bie_cpu_interleave_nr__avx512,
     .u4s4_tile = bie_cpu_u4s4_tile_4x4__avx512,
+    .u4s4_outer_tile = bie_cpu_u4s4_outer_tile__avx512,
     .sign_bits = bie_cpu_sign_bits__avx512,
     .quantize = bie_cpu_quantize__avx512,
     .mask_binary = bie_cpu_mask_binary__avx512,

@@ -5,9 +5,11 @@
 //   (I8 weights: the codes, clamped; S4: the codes);  acc[m, o] = sum_{t,c} a_pad(m,t,c) * w[o,t,c]
 // with zero padding (n-bit convs always pad with 0, which is the code 0 in the im2col rows).
 // Steps: x -> codes NHWC (xq, int16), weight -> code rows (OHWI), im2col rows -> A, tiled GEMM
-// with the output transform fused per tile. Where the ISA has an outer-product int16 tile (8-bit
-// layers at the AVX-512 levels without VNNI), A and B are pair-interleaved panels (cpu-impl.h) and
-// the GEMM is blocked over K (outer_gemm below); otherwise plain rows for the dot-product tiles.
+// with the output transform fused per tile. Where the ISA has an outer-product tile for the layer's
+// codes (the AVX-512 levels without VNNI: int16 for 8-bit layers, bytes for 4-bit ones) and the
+// layer has enough rows, A and B are interleaved panels (cpu-impl.h: pairs of int16 codes, quads of
+// bytes) and the GEMM is blocked over K (outer_gemm below); otherwise plain rows for the
+// dot-product tiles.
 #include "cpu/cpu-impl.h"
 
 #include <omp.h>
@@ -18,13 +20,14 @@ struct nbit_plan {
     int lo, hi;
     int64_t Kp, M, N, Mp, Np;
     bool bytes;    // byte panels: a + off (unsigned) times w (signed); else int16 panels
-    bool outer;    // int16 panels pair-interleaved for kern->i16_outer_tile
+    cpu_outer_tile_fn outer; // the outer-product tile on interleaved panels, or NULL: plain rows
+    int64_t esz;   // bytes per code in the panels: 1 (byte panels) or 2
     int off;       // 8 (4-bit) or 128 (8-bit, only with an exact u8 x s8 tile)
     int16_t * xq;
     void * A;
     void * B;
     int32_t * sumw; // [Np] sum_k w (4-bit)
-    int16_t * rows; // per thread: a row of Kp int16 codes (byte panels), or a panel's rows (outer)
+    int16_t * rows; // per thread: the stage of a row's or a panel's rows (staged() below)
     struct cpu_epilogue ep;
 };
 
@@ -66,14 +69,28 @@ static void quantize_x(const struct nbit_plan * pl, const float * bias, int thre
     }
 }
 
-// A panel of w pair-interleaved rows (layout in cpu-impl.h) from w rows of Kp codes (row stride Kp),
-// in chunks of pairs whose part of the panel stays in L1.
-static void interleave_rows(const int16_t * rows, int64_t Kp, int w, int16_t * panel) {
-    for (int64_t p0 = 0; p0 < Kp / 2; p0 += 64) {
-        const int64_t p1 = Kp / 2 - p0 < 64 ? Kp / 2 : p0 + 64;
-        for (int64_t p = p0; p < p1; p++)
-            for (int r = 0; r < w; r++) memcpy(panel + (p * w + r) * 2, rows + r * Kp + 2 * p, 2 * sizeof(int16_t));
+// A panel of w interleaved rows (layout in cpu-impl.h) from w rows of rb bytes (row stride rb, a
+// multiple of 4): 32-bit unit u of row r goes to unit u*w + r; in chunks of units whose part of the
+// panel stays in L1.
+static void interleave_rows(const void * rows, int64_t rb, int w, void * panel) {
+    const uint8_t * src = rows;
+    uint8_t * dst = panel;
+    for (int64_t u0 = 0; u0 < rb / 4; u0 += 64) {
+        const int64_t u1 = rb / 4 - u0 < 64 ? rb / 4 : u0 + 64;
+        for (int64_t u = u0; u < u1; u++)
+            for (int r = 0; r < w; r++) memcpy(dst + (u * w + r) * 4, src + r * rb + 4 * u, 4);
     }
+}
+
+// Row r of a panel in its packed form (bytes or int16 codes) at the start of base.
+static void * panel_row(const struct nbit_plan * pl, void * base, int64_t r) {
+    return (uint8_t *)base + r * pl->Kp * pl->esz;
+}
+
+// A thread's stage (outer panels): the packed rows of one panel before they are interleaved, after
+// a row of Kp int16 codes for byte panels (the codes of one row on their way to bytes).
+static void * staged(const struct nbit_plan * pl, int16_t * stage, int64_t r) {
+    return panel_row(pl, pl->esz == 1 ? stage + pl->Kp : stage, r);
 }
 
 // The codes of one weight tap (C channels from element offset off, channel stride ws1).
@@ -109,66 +126,70 @@ static void weight_codes(const struct nbit_plan * pl, int64_t off, int16_t * d) 
     }
 }
 
+// Each column (output channel) as a row of Kp codes: int16, or signed bytes with their sum (sumw).
 static void pack_weights(const struct nbit_plan * pl, int threads) {
     const struct bie_geometry * g = &pl->c->g;
     const int64_t * ws = pl->c->weight.stride;
-    const int64_t C = g->C, T = g->kh * g->kw;
+    const int64_t C = g->C, T = g->kh * g->kw, Kp = pl->Kp;
     const int64_t step = pl->outer ? CPU_OUTER_NR : 1; // columns per panel
 #pragma omp parallel for num_threads(threads)
     for (int64_t o0 = 0; o0 < pl->Np; o0 += step)
     for (int64_t o = o0; o < o0 + step; o++) {
-        int16_t * tmp = pl->rows + (size_t)omp_get_thread_num() * (size_t)(step * pl->Kp);
-        int16_t * row = pl->outer ? tmp + (o - o0) * pl->Kp : pl->bytes ? tmp : (int16_t *)pl->B + o * pl->Kp;
-        memset(row, 0, (size_t)pl->Kp * sizeof(int16_t));
+        int16_t * stage = pl->rows + (size_t)omp_get_thread_num() * (size_t)(step * Kp);
+        void * dst = pl->outer ? staged(pl, stage, o - o0) : panel_row(pl, pl->B, o);
+        int16_t * row = pl->bytes ? stage : dst; // the int16 codes
+        memset(row, 0, (size_t)Kp * sizeof(int16_t));
         for (int64_t t = 0; o < g->O && t < T; t++)
             weight_codes(pl, o * ws[0] + (t / g->kw) * ws[2] + (t % g->kw) * ws[3], row + t * C);
-        if (pl->outer && o == o0 + step - 1) pl->kern->interleave_nr(tmp, (size_t)pl->Kp, (int16_t *)pl->B + o0 * pl->Kp);
-        if (pl->bytes) {
-            int8_t * dst = (int8_t *)pl->B + o * pl->Kp;
+        if (pl->bytes) { // Kp is a local: the byte stores could alias pl, which would keep this scalar
+            int8_t * d = dst;
             int32_t sum = 0;
-            for (int64_t k = 0; k < pl->Kp; k++) {
-                dst[k] = (int8_t)row[k];
+            for (int64_t k = 0; k < Kp; k++) {
+                d[k] = (int8_t)row[k];
                 sum += row[k];
             }
             pl->sumw[o] = sum;
         }
+        if (pl->outer && o == o0 + step - 1)
+            pl->kern->interleave_nr(staged(pl, stage, 0), (size_t)(Kp * pl->esz / 2), panel_row(pl, pl->B, o0));
     }
 }
 
+// Each output pixel's im2col row of Kp codes: int16, or unsigned bytes code + off.
 static void pack_activations(const struct nbit_plan * pl, int threads) {
     const struct bie_geometry * g = &pl->c->g;
-    const int64_t P = g->OH * g->OW, C = g->C, T = g->kh * g->kw;
+    const int64_t P = g->OH * g->OW, C = g->C, T = g->kh * g->kw, Kp = pl->Kp;
     const int64_t step = pl->outer ? CPU_OUTER_MR : 1; // rows per panel
 #pragma omp parallel for num_threads(threads)
     for (int64_t m0 = 0; m0 < pl->Mp; m0 += step)
     for (int64_t m = m0; m < m0 + step; m++) {
-        int16_t * tmp = pl->rows + (size_t)omp_get_thread_num() * (size_t)(step * pl->Kp);
-        int16_t * row = pl->outer ? tmp + (m - m0) * pl->Kp : pl->bytes ? tmp : (int16_t *)pl->A + m * pl->Kp;
-        const bool last = pl->outer && m == m0 + step - 1; // the panel's rows are complete
+        int16_t * stage = pl->rows + (size_t)omp_get_thread_num() * (size_t)(step * Kp);
+        void * dst = pl->outer ? staged(pl, stage, m - m0) : panel_row(pl, pl->A, m);
+        int16_t * row = pl->bytes ? stage : dst; // the int16 codes
         if (m >= pl->M) {
-            if (pl->bytes) memset((uint8_t *)pl->A + m * pl->Kp, 0, (size_t)pl->Kp);
-            else memset(row, 0, (size_t)pl->Kp * sizeof(int16_t));
-            if (last) interleave_rows(tmp, pl->Kp, CPU_OUTER_MR, (int16_t *)pl->A + m0 * pl->Kp);
-            continue;
-        }
-        const int64_t n = m / P, p = m % P, oh = p / g->OW, ow = p % g->OW;
-        for (int64_t t = 0; t < T; t++) {
-            const int64_t ih = oh * g->sh - g->ph + (t / g->kw) * g->dh;
-            const int64_t iw = ow * g->sw - g->pw + (t % g->kw) * g->dw;
-            int16_t * d = row + t * C;
-            if (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W)
-                memset(d, 0, (size_t)C * sizeof(int16_t));
-            else
-                memcpy(d, pl->xq + ((n * g->H + ih) * g->W + iw) * C, (size_t)C * sizeof(int16_t));
-        }
-        if (pl->bytes) { // a + off on the K codes, 0 on the row padding (which w also has as 0)
-            uint8_t * dst = (uint8_t *)pl->A + m * pl->Kp;
-            for (int64_t k = 0; k < T * C; k++) dst[k] = (uint8_t)(row[k] + pl->off);
-            memset(dst + T * C, 0, (size_t)(pl->Kp - T * C));
+            memset(dst, 0, (size_t)(Kp * pl->esz));
         } else {
-            memset(row + T * C, 0, (size_t)(pl->Kp - T * C) * sizeof(int16_t));
-            if (last) interleave_rows(tmp, pl->Kp, CPU_OUTER_MR, (int16_t *)pl->A + m0 * pl->Kp);
+            const int64_t n = m / P, p = m % P, oh = p / g->OW, ow = p % g->OW;
+            for (int64_t t = 0; t < T; t++) {
+                const int64_t ih = oh * g->sh - g->ph + (t / g->kw) * g->dh;
+                const int64_t iw = ow * g->sw - g->pw + (t % g->kw) * g->dw;
+                int16_t * d = row + t * C;
+                if (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W)
+                    memset(d, 0, (size_t)C * sizeof(int16_t));
+                else
+                    memcpy(d, pl->xq + ((n * g->H + ih) * g->W + iw) * C, (size_t)C * sizeof(int16_t));
+            }
+            if (pl->bytes) { // a + off on the K codes, 0 on the row padding (which w also has as 0)
+                uint8_t * d = dst;
+                const int off = pl->off; // a local: the byte stores could alias pl
+                for (int64_t k = 0; k < T * C; k++) d[k] = (uint8_t)(row[k] + off);
+                memset(d + T * C, 0, (size_t)(Kp - T * C));
+            } else {
+                memset(row + T * C, 0, (size_t)(Kp - T * C) * sizeof(int16_t));
+            }
         }
+        if (pl->outer && m == m0 + step - 1) // the panel's rows are complete
+            interleave_rows(staged(pl, stage, 0), Kp * pl->esz, CPU_OUTER_MR, panel_row(pl, pl->A, m0));
     }
 }
 
@@ -183,12 +204,13 @@ static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t 
 
 // The GEMM on interleaved panels, in tasks of up to OUTER_MT rows by nt columns (one int32 tile
 // per task, finished by the epilogue once all of K is in). K runs in blocks of OUTER_KC codes: a
-// block of a weight panel (32 columns x OUTER_KC codes, 32 KB) stays in L1 while every activation
-// panel of the task passes over it, so the weights stream from memory once per OUTER_MT rows of M.
+// block of a weight panel (32 columns x OUTER_KC codes: 32 KB of int16, 16 KB of bytes) stays in
+// L1 while every activation panel of the task passes over it, so the weights stream from memory
+// once per OUTER_MT rows of M.
 // The blocks' int32 sums are added (wrapping, as one long sum would).
 #define OUTER_MT 256 // a multiple of CPU_OUTER_MR
 #define OUTER_NT 64  // a multiple of CPU_OUTER_NR
-#define OUTER_KC 512 // even
+#define OUTER_KC 512 // a multiple of 4 (codes per 32-bit unit)
 
 static size_t outer_workspace(int threads) { return (size_t)threads * OUTER_MT * OUTER_NT * sizeof(int32_t); }
 
@@ -198,8 +220,9 @@ static void outer_gemm(const struct nbit_plan * pl, int threads, int32_t * tiles
     if (mtiles * ((pl->N + nt - 1) / nt) < 2 * threads) nt = CPU_OUTER_NR; // small layers: more tasks
     const int64_t ntiles = (pl->N + nt - 1) / nt, tasks = mtiles * ntiles;
     const bool n_major = pl->N > pl->M; // consecutive tasks share the larger operand's panels
-    const int16_t * A = pl->A;
-    const int16_t * B = pl->B;
+    const uint8_t * A = pl->A;
+    const uint8_t * B = pl->B;
+    const int64_t Kp = pl->Kp, esz = pl->esz, unit = 4 / esz; // codes per 32-bit unit
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t t = 0; t < tasks; t++) {
         const int64_t mt = n_major ? t % mtiles : t / ntiles, ntile = n_major ? t / mtiles : t % ntiles;
@@ -207,13 +230,13 @@ static void outer_gemm(const struct nbit_plan * pl, int threads, int32_t * tiles
         const int64_t mc = pl->M - m0 < OUTER_MT ? pl->M - m0 : OUTER_MT;
         const int64_t nc = pl->N - n0 < nt ? pl->N - n0 : nt;
         int32_t * acc = tiles + (size_t)omp_get_thread_num() * OUTER_MT * OUTER_NT;
-        for (int64_t k0 = 0; k0 < pl->Kp; k0 += OUTER_KC) {
-            const int64_t kn = pl->Kp - k0 < OUTER_KC ? pl->Kp - k0 : OUTER_KC;
+        for (int64_t k0 = 0; k0 < Kp; k0 += OUTER_KC) {
+            const int64_t kn = Kp - k0 < OUTER_KC ? Kp - k0 : OUTER_KC;
             for (int64_t j = 0; j < nc; j += CPU_OUTER_NR) {
-                const int16_t * b = B + (n0 + j) * pl->Kp + k0 * CPU_OUTER_NR;
+                const uint8_t * b = B + ((n0 + j) * Kp + k0 * CPU_OUTER_NR) * esz;
                 for (int64_t i = 0; i < mc; i += CPU_OUTER_MR)
-                    pl->kern->i16_outer_tile(A + (m0 + i) * pl->Kp + k0 * CPU_OUTER_MR, b, (size_t)kn / 2, k0 > 0,
-                                             acc + i * nt + j, (size_t)nt);
+                    pl->outer(A + ((m0 + i) * Kp + k0 * CPU_OUTER_MR) * esz, b, (size_t)(kn / unit), k0 > 0,
+                              acc + i * nt + j, (size_t)nt);
             }
         }
         finish_tile((void *)pl, m0, mc, n0, nc, acc, (size_t)nt);
@@ -230,12 +253,14 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     pl.hi = bie_quant_hi(c->quant);
     pl.bytes = c->quant == BIE_QUANT_INT4 || pl.kern->u8s8_exact;
     pl.M = g->batch * g->OH * g->OW;
-    // The outer-product tile pays for its pair-interleaved weight panel over many rows only: with
-    // a few rows (M = 1 and 16 measured 25-40% slower) the dot-product tile stays.
-    pl.outer = !pl.bytes && pl.kern->i16_outer_tile && pl.M >= CPU_OUTER_MIN_M;
+    pl.esz = pl.bytes ? 1 : 2;
+    // The outer-product tile pays for its interleaved weight panel over many rows only: with a few
+    // rows (8-bit: M = 1 and 16 measured 25-40% slower) the dot-product tile stays.
+    if (pl.M >= CPU_OUTER_MIN_M)
+        pl.outer = c->quant == BIE_QUANT_INT4 ? pl.kern->u4s4_outer_tile : pl.bytes ? NULL : pl.kern->i16_outer_tile;
     pl.off = c->quant == BIE_QUANT_INT4 ? 8 : 128;
     pl.Kp = (int64_t)cpu_round_up((size_t)g->K, pl.bytes ? CPU_K4_ALIGN : CPU_K16_ALIGN);
-    const size_t esz = pl.bytes ? 1 : sizeof(int16_t);
+    const size_t esz = (size_t)pl.esz;
     pl.N = g->O;
     pl.Mp = (int64_t)cpu_round_up((size_t)pl.M, pl.outer ? CPU_OUTER_MR : CPU_MR);
     pl.Np = (int64_t)cpu_round_up((size_t)pl.N, pl.outer ? CPU_OUTER_NR : 8);
@@ -246,7 +271,8 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     const size_t sz_a = (size_t)(pl.Mp * pl.Kp) * esz;
     const size_t sz_b = (size_t)(pl.Np * pl.Kp) * esz;
     const size_t sz_sumw = (size_t)pl.Np * sizeof(int32_t);
-    const size_t rows_per_thread = pl.outer ? CPU_OUTER_NR : pl.bytes ? 1 : 0; // CPU_OUTER_NR >= CPU_OUTER_MR
+    // the stage: CPU_OUTER_NR >= CPU_OUTER_MR rows of int16 (>= a row of int16 and the bytes of a panel)
+    const size_t rows_per_thread = pl.outer ? CPU_OUTER_NR : pl.bytes ? 1 : 0;
     const size_t sz_rows = (size_t)threads * rows_per_thread * (size_t)pl.Kp * sizeof(int16_t);
     const size_t sz_bias = (size_t)g->C * sizeof(float);
     const size_t sz_tiles = pl.outer ? outer_workspace(threads) : cpu_gemm_workspace(threads);
