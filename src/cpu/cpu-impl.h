@@ -155,6 +155,18 @@ void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t r
 void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * idx, size_t ids, int mr,
                                 int64_t nk, bool acc, float * c, size_t ldc);
 
+// The entries every AVX-512 table holds alike, and the outer-product n-bit tiles of the tables
+// without VNNI (with it, the vpdpbusd byte tile serves both n-bit kinds): a table lists these and
+// adds only what differs, so a new AVX-512 kernel is named once.
+#define BIE_CPU_AVX512_SHARED                                                                      \
+    .i16_nr = 4, .i16_tile = bie_cpu_i16_tile_4x4__avx512, .sign_bits = bie_cpu_sign_bits__avx512,  \
+    .quantize = bie_cpu_quantize__avx512, .mask_binary = bie_cpu_mask_binary__avx512,              \
+    .store_cols_f32 = bie_cpu_store_cols_f32__avx512, .sign_idx = bie_cpu_sign_idx__avx512,        \
+    .sign_tables = bie_cpu_sign_tables__avx512, .fsign_tile = bie_cpu_fsign_tile__avx512
+#define BIE_CPU_AVX512_OUTER                                                                       \
+    .i16_outer_tile = bie_cpu_i16_outer_tile__avx512, .interleave_nr = bie_cpu_interleave_nr__avx512, \
+    .u4s4_outer_tile = bie_cpu_u4s4_outer_tile__avx512
+
 // The table for an ISA level (the best one not above it); at the VPOPCNTDQ level, the VNNI variant
 // when the CPU has AVX512-VNNI.
 const struct cpu_kernels * bie_cpu_kernels(enum bie_cpu_isa isa);

@@ -48,35 +48,17 @@ __attribute__((target("avx512vnni"))) static void u4s4_tile_4x4_vnni(const uint8
 const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt_vnni = {
     .isa = BIE_CPU_ISA_AVX512_VPOPCNT,
     .bin = {.nr = 16, .split = false, .tile = bin_tile_4x16},
-    .i16_nr = 4,
     .u8s8_exact = true, // vpdpbusd: no int16 intermediate, so the 8-bit layers use the byte tile
-    .i16_tile = bie_cpu_i16_tile_4x4__avx512,
     .u4s4_tile = u4s4_tile_4x4_vnni,
-    .sign_bits = bie_cpu_sign_bits__avx512,
-    .quantize = bie_cpu_quantize__avx512,
-    .mask_binary = bie_cpu_mask_binary__avx512,
     .nibble_split = NULL, // unsplit panels
-    .store_cols_f32 = bie_cpu_store_cols_f32__avx512,
-    .sign_idx = bie_cpu_sign_idx__avx512,
-    .sign_tables = bie_cpu_sign_tables__avx512,
-    .fsign_tile = bie_cpu_fsign_tile__avx512,
+    BIE_CPU_AVX512_SHARED,
 };
 
 const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt = {
     .isa = BIE_CPU_ISA_AVX512_VPOPCNT,
     .bin = {.nr = 16, .split = false, .tile = bin_tile_4x16},
-    .i16_nr = 4,
-    .i16_tile = bie_cpu_i16_tile_4x4__avx512,
-    .i16_outer_tile = bie_cpu_i16_outer_tile__avx512,
-    .interleave_nr = bie_cpu_interleave_nr__avx512,
     .u4s4_tile = bie_cpu_u4s4_tile_4x4__avx512,
-    .u4s4_outer_tile = bie_cpu_u4s4_outer_tile__avx512,
-    .sign_bits = bie_cpu_sign_bits__avx512,
-    .quantize = bie_cpu_quantize__avx512,
-    .mask_binary = bie_cpu_mask_binary__avx512,
     .nibble_split = NULL, // unsplit panels
-    .store_cols_f32 = bie_cpu_store_cols_f32__avx512,
-    .sign_idx = bie_cpu_sign_idx__avx512,
-    .sign_tables = bie_cpu_sign_tables__avx512,
-    .fsign_tile = bie_cpu_fsign_tile__avx512,
+    BIE_CPU_AVX512_SHARED,
+    BIE_CPU_AVX512_OUTER,
 };
