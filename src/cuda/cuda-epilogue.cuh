@@ -32,7 +32,7 @@ __device__ __forceinline__ row_info make_row(const gemm_epilogue & ep, int64_t m
         r.oh = (mm / ow) % oh;
         r.nb = mm / (ow * oh);
     }
-    r.rowpop = ep.binary ? ep.rowpop[m] : 0;
+    r.rowpop = ep.binary && ep.rowpop ? ep.rowpop[m] : 0; // (a GEMM that counts them itself passes NULL)
     r.kterm = g.K;
     r.invalid = 0;
     if (ep.tappop) {
@@ -50,6 +50,12 @@ __device__ __forceinline__ row_info make_row(const gemm_epilogue & ep, int64_t m
     return r;
 }
 
+// The +-1 dot product from acc = popc(a & w) and the two popcounts (colterm: popc(w) over the
+// row's valid taps).
+__device__ __forceinline__ int dot_from_terms(int acc, int rowpop, int colterm, int64_t kterm) {
+    return 4 * acc - 2 * rowpop - 2 * colterm + (int)kterm;
+}
+
 // The layer's integer result from the GEMM's acc (binary: the +-1 dot product from AND-popcounts).
 __device__ __forceinline__ int binary_dot(const gemm_epilogue & ep, const row_info & r, int64_t n, int acc) {
     if (!ep.binary) return acc;
@@ -63,7 +69,7 @@ __device__ __forceinline__ int binary_dot(const gemm_epilogue & ep, const row_in
             colterm -= ep.tappop[n * taps + t];
         }
     }
-    return 4 * acc - 2 * r.rowpop - 2 * colterm + (int)r.kterm;
+    return dot_from_terms(acc, r.rowpop, colterm, r.kterm);
 }
 
 // Stores one finished dot product (any y layout; B1 y: its sign code for the packed writer).
@@ -77,6 +83,35 @@ __device__ __forceinline__ void store_dot(const gemm_epilogue & ep, const row_in
     const int64_t off = dview_off4(y, r.nb, n, r.oh, r.ow);
     if (y.dtype == BIE_DTYPE_I32) ((int32_t *)y.data)[off] = dot;
     else st_float(y.data, y.dtype, off, __fmul_rn(__int2float_rn(dot), scale));
+}
+
+// Stores the finished dot products of columns n and n+1 (two: n+1 < N) of one row: as a pair of
+// f16/bf16 (one 4-byte store) when y's features are contiguous and aligned, else one by one.
+__device__ __forceinline__ void store_pair(const gemm_epilogue & ep, const row_info & r, int64_t n, int d0, int d1,
+                                           bool two, float scale) {
+    const struct dview & y = ep.y;
+    if (y.dtype == BIE_DTYPE_B1 || (y.stride[1] != 1 && ep.g.O > 1)) { // element by element
+        store_dot(ep, r, n, d0, scale);
+        if (two) store_dot(ep, r, n + 1, d1, scale);
+        return;
+    }
+    const int64_t off = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3] + n;
+    if (y.dtype == BIE_DTYPE_I32) {
+        ((int32_t *)y.data)[off] = d0;
+        if (two) ((int32_t *)y.data)[off + 1] = d1;
+        return;
+    }
+    const bool pair = two && (off & 1) == 0 && (((uintptr_t)y.data) & 3) == 0;
+    const float v0 = __fmul_rn(__int2float_rn(d0), scale), v1 = __fmul_rn(__int2float_rn(d1), scale);
+    if (y.dtype == BIE_DTYPE_F16 && pair) {
+        *(__half2 *)((__half *)y.data + off) = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
+    } else if (y.dtype == BIE_DTYPE_BF16 && pair) {
+        *(__nv_bfloat162 *)((__nv_bfloat16 *)y.data + off) =
+            __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
+    } else {
+        st_float(y.data, y.dtype, off, v0);
+        if (two) st_float(y.data, y.dtype, off + 1, v1);
+    }
 }
 
 } // namespace

@@ -103,10 +103,11 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
 }
 
 // The same packing for rows whose K elements are contiguous floats (a linear layer's x and
-// weight, the common case): a warp per row, each lane turning a run of 32 elements into one word
-// of bits (binary) or 16 elements into 16 int8 codes, read with 16-byte loads when the run lies
-// inside the row and the row is 16-byte aligned. pack_rows reads one element per lane per step
-// and ran at ~0.4 TB/s on an H100; this kernel moves whole 16-byte vectors.
+// weight, the common case): a warp per row, each lane turning 8 consecutive elements into one byte
+// of bits (binary) or 8 int8 codes per step, so that a warp's loads are 32 consecutive 16-byte
+// vectors (when the row is 16-byte aligned; element by element at the row's end). pack_rows reads
+// one element per lane per step and ran at ~0.4 TB/s on an H100; a first version of this kernel,
+// with a lane per 32 elements (a 64-byte stride between lanes), at ~1.1 TB/s.
 // Codes of 8 elements starting at element k0 of a row (0 past K), as in elem_code.
 template <typename T>
 __device__ __forceinline__ void codes8(const pack_src & p, const T * row, int64_t k0, bool vec, float s, int * q) {
@@ -126,41 +127,67 @@ __device__ __forceinline__ void codes8(const pack_src & p, const T * row, int64_
     }
 }
 
+// The sign bits (x >= 0, so -0 -> 1 and NaN -> 0, as in elem_code) of 8 elements at a 16-byte
+// aligned p, bit e for element e: two-byte floats compared in pairs (HSET2), then the pairs' bits
+// interleaved.
+template <typename T> __device__ __forceinline__ uint32_t sign_bits8(const T * p);
+template <> __device__ __forceinline__ uint32_t sign_bits8<float>(const float * p) {
+    float v[8];
+    load8<float>(p, v);
+    uint32_t b = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) b |= (v[e] >= 0.0f ? 1u : 0u) << e;
+    return b;
+}
+template <typename T2> __device__ __forceinline__ uint32_t sign_bits8_pairs(const void * p, T2 zero) {
+    const uint4 u = *(const uint4 *)p;
+    const T2 * h = (const T2 *)&u;
+    uint32_t acc = 0; // element 2i at bit 2i, element 2i+1 at bit 16 + 2i
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc |= (__hge2_mask(h[i], zero) & 0x00010001u) << (2 * i);
+    return (acc & 0x55u) | ((acc >> 15) & 0xAAu);
+}
+template <> __device__ __forceinline__ uint32_t sign_bits8<__half>(const __half * p) {
+    return sign_bits8_pairs<__half2>(p, __float2half2_rn(0.0f));
+}
+template <> __device__ __forceinline__ uint32_t sign_bits8<__nv_bfloat16>(const __nv_bfloat16 * p) {
+    return sign_bits8_pairs<__nv_bfloat162>(p, __float2bfloat162_rn(0.0f));
+}
+
 template <typename T>
 __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop) {
     const float s = ld_scale(p.s);
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
     const bool binary = p.quant == BIE_QUANT_BINARY;
-    const int64_t K = p.g.K, runs = binary ? kbytes / 4 : kbytes / 16; // 32 or 16 elements each
+    const int64_t K = p.g.K, groups = binary ? kbytes : kbytes / 8; // groups of 8 elements per row
     for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
         const T * src = (const T *)p.t.data + row * p.t.stride[0];
         const bool aligned = ((uintptr_t)src % 16) == 0;
         uint8_t * dst = out + row * kbytes;
         int cnt = 0;
-        for (int64_t r = lane; r < runs; r += 32) {
+#pragma unroll 2
+        for (int64_t j = lane; j < groups; j += 32) {
             int q[8];
+            const int64_t k0 = j * 8;
+            const bool vec = aligned && k0 + 8 <= K;
+            if (binary && vec && !p.bias.data) { // the common case: signs of the raw vector
+                const uint32_t byte = sign_bits8<T>(src + k0);
+                dst[j] = (uint8_t)byte;
+                cnt += __popc(byte);
+                continue;
+            }
+            codes8<T>(p, src, k0, vec, s, q);
             if (binary) {
-                uint32_t word = 0;
+                uint32_t byte = 0;
 #pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    const int64_t k0 = r * 32 + g * 8;
-                    codes8<T>(p, src, k0, aligned && k0 + 8 <= K, s, q);
-#pragma unroll
-                    for (int e = 0; e < 8; e++) word |= (uint32_t)q[e] << (g * 8 + e);
-                }
-                ((uint32_t *)dst)[r] = word;
-                cnt += __popc(word);
+                for (int e = 0; e < 8; e++) byte |= (uint32_t)q[e] << e;
+                dst[j] = (uint8_t)byte;
+                cnt += __popc(byte);
             } else {
-                uint32_t w[4];
-#pragma unroll
-                for (int g = 0; g < 2; g++) {
-                    const int64_t k0 = r * 16 + g * 8;
-                    codes8<T>(p, src, k0, aligned && k0 + 8 <= K, s, q);
-                    w[2 * g] = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (uint32_t)(q[3] & 0xff) << 24;
-                    w[2 * g + 1] = (q[4] & 0xff) | (q[5] & 0xff) << 8 | (q[6] & 0xff) << 16 | (uint32_t)(q[7] & 0xff) << 24;
-                }
-                ((uint4 *)dst)[r] = make_uint4(w[0], w[1], w[2], w[3]);
+                const uint32_t w0 = (q[0] & 0xff) | (q[1] & 0xff) << 8 | (q[2] & 0xff) << 16 | (uint32_t)(q[3] & 0xff) << 24;
+                const uint32_t w1 = (q[4] & 0xff) | (q[5] & 0xff) << 8 | (q[6] & 0xff) << 16 | (uint32_t)(q[7] & 0xff) << 24;
+                ((uint2 *)dst)[j] = make_uint2(w0, w1);
             }
         }
         if (binary) {
@@ -251,8 +278,7 @@ __global__ void im2col_words(const uint32_t * x, struct dgeom g, int64_t w0, int
 enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_src & p, int64_t rows, int64_t kbytes,
                          uint8_t * out, int * pop) {
     const struct dgeom & g = p.g;
-    const bool one_position = g.H == 1 && g.W == 1 && g.OH == 1 && g.OW == 1 && g.ph == 0 && g.pw == 0;
-    const bool contiguous = g.kh == 1 && g.kw == 1 && (p.is_weight || one_position) && (g.C == 1 || p.t.stride[1] == 1);
+    const bool contiguous = g.kh == 1 && g.kw == 1 && (p.is_weight || dgeom_one_position(g)) && (g.C == 1 || p.t.stride[1] == 1);
     const unsigned grid = grid_for(rows, 8);
     const int64_t * st = p.t.stride;
     const bool word_pixels = !p.is_weight && p.quant == BIE_QUANT_BINARY && p.t.dtype == BIE_DTYPE_B1 && g.C % 32 == 0 &&
@@ -369,16 +395,21 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
 
     int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol), * tappop = (int *)(ws + oTap);
     const uint8_t * Am = x_direct ? (const uint8_t *)xt.data : ws + oA;
+    const bool gemm_counts = bie_cuda_gemm_counts_popcounts(M, zero_pad_fix); // the GEMM counts the bits itself
     if (x_direct) {
-        row_popcounts<<<grid_for(M, 8), 256, 0, st->stream>>>(Am, M, g.K, kbytes, rowpop);
-        LAUNCHED(ctx, "activation popcounts");
+        if (!gemm_counts) {
+            row_popcounts<<<grid_for(M, 8), 256, 0, st->stream>>>(Am, M, g.K, kbytes, rowpop);
+            LAUNCHED(ctx, "activation popcounts");
+        }
     } else {
         BIE_TRY(pack_any(ctx, st->stream, px, M, kbytes, ws + oA, rowpop));
     }
     const uint8_t * Bm = w_direct ? (const uint8_t *)wt.data : ws + oB;
     if (w_direct) {
-        row_popcounts<<<grid_for(N, 8), 256, 0, st->stream>>>(Bm, N, g.K, ldb, colpop);
-        LAUNCHED(ctx, "weight popcounts");
+        if (!gemm_counts) {
+            row_popcounts<<<grid_for(N, 8), 256, 0, st->stream>>>(Bm, N, g.K, ldb, colpop);
+            LAUNCHED(ctx, "weight popcounts");
+        }
     } else {
         BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop));
     }

@@ -38,6 +38,12 @@ constexpr int EP_PITCH = 144;     // bytes between the rows that a consumer warp
 constexpr int EP_COLS = 16 * EP_PITCH; // then the column terms of the tile (up to 256 ints)
 constexpr int EP_WARP_BYTES = EP_COLS + 256 * 4;
 
+// int -> float for the binary dot products without the quarter-rate I2F: the caller adds
+// DOT_BIAS = the bits of 1.5 * 2^23 to the dot product, whose float is then 1.5 * 2^23 + dot exactly
+// (in the binade [2^23, 2^24), where floats are the integers) for |dot| < 2^22; an FADD removes it.
+// The host runs the fast epilogue for binary layers only when K < 2^22 (|dot| <= K).
+constexpr int64_t DOT_BIAS_MAX_K = (int64_t)1 << 22; // DOT_BIAS and its conversion: in the device code
+
 __host__ __device__ constexpr int stages_for(int bn) { return SMEM_RING / ((BM + bn) * BK); }
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -175,6 +181,9 @@ template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloa
     *(__nv_bfloat162 *)p = __floats2bfloat162_rn(v0, v1);
 }
 
+constexpr int DOT_BIAS = 0x4B400000;
+__device__ __forceinline__ float biased_dot_to_float(int biased) { return __int_as_float(biased) - 12582912.0f; }
+
 // Stores this thread's accumulators. In the wgmma layout, thread (warp w, lane l) of a consumer
 // warpgroup holds, for column group i (8 columns), d[4i + 2h + e] = C[w*16 + l/4 + 8h][8i + 2(l%4) + e].
 // FAST (decided on the host): y is f32/f16/bf16 with contiguous features. Each warp then finishes
@@ -210,7 +219,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
         const row_info r = make_row(ep, mw + lane, M);
         rb_mine = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3];
     }
-    const int * const colterm = (const int *)(stage + EP_COLS); // -2 popc(w), written by the caller
+    const int * const colterm = (const int *)(stage + EP_COLS); // DOT_BIAS - 2 popc(w), written by the caller
     constexpr int CC = 128 / (int)sizeof(T); // columns per chunk
     T * const yd = (T *)y.data;
     const bool aligned = ((uintptr_t)y.data % 16) == 0;
@@ -233,8 +242,10 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
                         v1 += n + 1 < N ? tap_correction(ep, rowinv[h], n + 1) : 0;
                     }
                 }
+                const float f0 = BINARY ? biased_dot_to_float(v0) : __int2float_rn(v0);
+                const float f1 = BINARY ? biased_dot_to_float(v1) : __int2float_rn(v1);
                 store_pair<T>((T *)(stage + (lane / 4 + 8 * h) * EP_PITCH) + 8 * j + 2 * (lane % 4),
-                              __fmul_rn(__int2float_rn(v0), scale), __fmul_rn(__int2float_rn(v1), scale));
+                              __fmul_rn(f0, scale), __fmul_rn(f1, scale));
             }
         }
         __syncwarp();
@@ -364,7 +375,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (BINARY && FAST) {
             int * const colterm = (int *)(ep_stage + EP_COLS);
 #pragma unroll
-            for (int q = 0; q < NCP; q++) colterm[lane + 32 * q] = -2 * cpop[q];
+            for (int q = 0; q < NCP; q++) colterm[lane + 32 * q] = DOT_BIAS - 2 * cpop[q];
             __syncwarp();
         }
         epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, mt0 + cw * 64 + warp * 16, nt, M, N, scale, rterm, rinv);
@@ -427,17 +438,14 @@ template <bool BINARY, int BN>
 enum bie_status by_output(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
                           int ktiles, const gemm_epilogue & ep, int slot) {
     const struct dview & y = ep.y;
-    const bool fast = y.stride[1] == 1 || N == 1;
-    if (BINARY && ep.tappop) { // a zero-padded binary conv: the border correction compiled in
+    const bool fast = (y.stride[1] == 1 || N == 1) && (!BINARY || ep.g.K < DOT_BIAS_MAX_K);
+    if (BINARY && ep.tappop && fast) { // a zero-padded binary conv: the border correction compiled in
         slot = 2 * 4 * 3 + slot * 4; // after the 24 slots below
-        if (fast && y.dtype == BIE_DTYPE_F16)
-            return launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, slot);
-        if (fast && y.dtype == BIE_DTYPE_BF16)
+        if (y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, slot);
+        if (y.dtype == BIE_DTYPE_BF16)
             return launch<BINARY, BN, __nv_bfloat16, true, true>(ctx, ta, tb, M, N, ktiles, ep, slot + 1);
-        if (fast && y.dtype == BIE_DTYPE_F32)
-            return launch<BINARY, BN, float, true, true>(ctx, ta, tb, M, N, ktiles, ep, slot + 2);
-        return launch<BINARY, BN, float, false, false>(ctx, ta, tb, M, N, ktiles, ep, slot + 3);
-    }
+        if (y.dtype == BIE_DTYPE_F32) return launch<BINARY, BN, float, true, true>(ctx, ta, tb, M, N, ktiles, ep, slot + 2);
+    } // (other y of a zero-padded conv: the element-wise path below, which handles the taps too)
     slot *= 4;
     if (fast && y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, false>(ctx, ta, tb, M, N, ktiles, ep, slot);
     if (fast && y.dtype == BIE_DTYPE_BF16)
@@ -468,9 +476,10 @@ bool bie_cuda_wgmma_usable(bie_context_t * ctx) {
             major = minor = 0;
         }
         st->cc = major * 10 + minor;
+        const char * force = getenv("BIE_CUDA_GEMM");
+        st->force_mma = force && strcmp(force, "mma") == 0;
     }
-    const char * force = getenv("BIE_CUDA_GEMM");
-    return st->cc == 90 && encoder() != NULL && !(force && strcmp(force, "mma") == 0);
+    return st->cc == 90 && !st->force_mma && encoder() != NULL;
 }
 
 enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,

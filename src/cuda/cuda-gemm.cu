@@ -148,8 +148,6 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
     }
     __syncwarp();
     const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
-    const struct dview & y = ep.y;
-    const bool rows_contig = y.dtype != BIE_DTYPE_B1 && (y.stride[1] == 1 || N == 1);
     const int64_t n0 = bn + wn * 64 + 2 * lane;
 #pragma unroll 1
     for (int lr = 0; lr < 64; lr++) {
@@ -160,28 +158,7 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
         const bool two = n0 + 1 < N;
         const int d0 = binary_dot(ep, r, n0, tile[lr * LD + 2 * lane]);
         const int d1 = two ? binary_dot(ep, r, n0 + 1, tile[lr * LD + 2 * lane + 1]) : 0;
-        if (!rows_contig) { // B1 y or a y whose features are strided: element by element
-            store_dot(ep, r, n0, d0, scale);
-            if (two) store_dot(ep, r, n0 + 1, d1, scale);
-            continue;
-        }
-        const int64_t off = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3] + n0 * y.stride[1];
-        const bool pair = two && (off & 1) == 0 && (((uintptr_t)y.data) & 3) == 0;
-        if (y.dtype == BIE_DTYPE_I32) {
-            ((int32_t *)y.data)[off] = d0;
-            if (two) ((int32_t *)y.data)[off + y.stride[1]] = d1;
-            continue;
-        }
-        const float v0 = __fmul_rn(__int2float_rn(d0), scale), v1 = __fmul_rn(__int2float_rn(d1), scale);
-        if (y.dtype == BIE_DTYPE_F16 && pair) {
-            *(__half2 *)((__half *)y.data + off) = __halves2half2(__float2half_rn(v0), __float2half_rn(v1));
-        } else if (y.dtype == BIE_DTYPE_BF16 && pair) {
-            *(__nv_bfloat162 *)((__nv_bfloat16 *)y.data + off) =
-                __halves2bfloat162(__float2bfloat16_rn(v0), __float2bfloat16_rn(v1));
-        } else {
-            st_float(y.data, y.dtype, off, v0);
-            if (two) st_float(y.data, y.dtype, off + y.stride[1], v1);
-        }
+        store_pair(ep, r, n0, d0, d1, two, scale);
     }
 }
 
@@ -225,7 +202,9 @@ enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint
     if (kbytes % BKB) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm: kbytes %% 128 != 0");
     if (M >= ((int64_t)1 << 31) || kbytes / BKB >= ((int64_t)1 << 31))
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: more than 2^31 output rows in one call");
-    // Hopper: warpgroup MMA, except for a few rows, where the 64-row mma.sync tiles waste less.
+    // A few rows: one split-K launch with the popcounts fused (cuda-gemm-small.cu). Hopper:
+    // warpgroup MMA, except up to 64 rows, where the 64-row mma.sync tiles waste less.
+    if (bie_cuda_gemm_counts_popcounts(M, ep.tappop != NULL)) return bie_cuda_gemm_small(ctx, A, B, M, N, kbytes, ep);
     if (M > 64 && bie_cuda_wgmma_usable(ctx)) return bie_cuda_gemm_wgmma(ctx, A, B, M, N, kbytes, ep);
     return ep.binary ? pick<true>(ctx, A, B, M, N, kbytes, ep) : pick<false>(ctx, A, B, M, N, kbytes, ep);
 }

@@ -25,6 +25,7 @@ struct bie_cuda_state {
     unsigned gemm_smem_set;  // GEMM kernels whose shared-memory limit was raised (bit per config)
     unsigned long long wgmma_smem_set; // the same for the wgmma GEMM kernels
     int cc;                  // compute capability of `device` as major*10 + minor (0: not read yet)
+    bool force_mma;          // BIE_CUDA_GEMM=mma was set when cc was read: no wgmma
 };
 
 // Ensures ctx->cuda exists and the current device is usable; DEVICE_ERROR/UNSUPPORTED otherwise.
@@ -148,6 +149,28 @@ template <> __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bflo
     load8_pairs<__nv_bfloat162>(p, v);
 }
 
+// Stores 8 floats as elements off .. off+7 of a dense F32, F16 or BF16 buffer (rounding to
+// nearest even) with 16-byte stores; the caller checks that the address is 16-byte aligned.
+__device__ __forceinline__ void store8(char * p, int dtype, int64_t off, const float * v) {
+    if (dtype == BIE_DTYPE_F32) {
+        ((float4 *)((float *)p + off))[0] = make_float4(v[0], v[1], v[2], v[3]);
+        ((float4 *)((float *)p + off))[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else if (dtype == BIE_DTYPE_F16) {
+        __half2 h[4];
+        for (int i = 0; i < 4; i++) h[i] = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
+        *(uint4 *)((__half *)p + off) = *(const uint4 *)h;
+    } else {
+        __nv_bfloat162 h[4];
+        for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        *(uint4 *)((__nv_bfloat16 *)p + off) = *(const uint4 *)h;
+    }
+}
+// Whether 8 elements at element offset off of a buffer of dtype dt can go through store8/load8.
+__device__ __forceinline__ bool vec8_ok(const void * p, int dt, int64_t off) {
+    const int es = dt == BIE_DTYPE_F32 ? 4 : dt == BIE_DTYPE_F16 || dt == BIE_DTYPE_BF16 ? 2 : 0;
+    return es && (((uintptr_t)p + (uintptr_t)(off * es)) % 16) == 0;
+}
+
 __device__ __forceinline__ float ld_scale(struct dscale s) {
     return s.ptr ? ld_float((const char *)s.ptr, s.dtype, 0) : s.value;
 }
@@ -230,6 +253,12 @@ struct dgeom {
     int pad_value;
 };
 
+// A linear layer seen as a conv: one output position per sample from one tap inside a 1x1 image,
+// so row n of the implicit-GEMM activations is sample n's C features.
+__host__ __device__ __forceinline__ bool dgeom_one_position(const struct dgeom & g) {
+    return g.kh == 1 && g.kw == 1 && g.H == 1 && g.W == 1 && g.OH == 1 && g.OW == 1 && g.ph == 0 && g.pw == 0;
+}
+
 static inline struct dgeom dgeom_make(const struct bie_geometry & g) {
     struct dgeom d;
     d.batch = g.batch; d.C = g.C; d.H = g.H; d.W = g.W; d.O = g.O; d.OH = g.OH; d.OW = g.OW; d.K = g.K;
@@ -255,9 +284,17 @@ struct gemm_epilogue {
 };
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
                               int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);
+// Calls of at most SMALL_M_MAX rows (and no zero-padding correction) run the few-rows GEMM
+// (cuda-gemm-small.cu), which counts the binary popcounts itself: ep.rowpop and ep.colpop may be
+// NULL for them.
+#define SMALL_M_MAX 32
+static inline bool bie_cuda_gemm_counts_popcounts(int64_t M, bool taps) { return M <= SMALL_M_MAX && !taps; }
+enum bie_status bie_cuda_gemm_small(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
+                                    int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);
 // The same GEMM through sm_90a warpgroup MMA (cuda-gemm-wgmma.cu); bie_cuda_gemm uses it when
 // bie_cuda_wgmma_usable says the device is a Hopper GPU (compute capability 9.0) and the driver
-// can encode tensor maps. BIE_CUDA_GEMM=mma in the environment forces the mma.sync kernel.
+// can encode tensor maps. BIE_CUDA_GEMM=mma in the environment (read once per context and device)
+// forces the mma.sync kernel.
 bool bie_cuda_wgmma_usable(bie_context_t * ctx);
 enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
                                     int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);

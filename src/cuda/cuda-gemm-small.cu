@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-gemm-small.cu: the forward GEMM of calls with few rows (M <= SMALL_M_MAX: inference
+// batches, single samples), where the tiled kernels leave most of the GPU idle and the separate
+// popcount launches cost more than the GEMM. Same operands, formulas and epilogue as cuda-gemm.cu
+// (whose header comment gives the math), through the same mma.sync instructions (BMMA .and.popc
+// m16n8k256 / IMMA s8 m16n8k32), in one launch with the binary popcounts fused.
+//
+// Work split: a CTA owns NB = 16 output columns (two 8-column MMA tiles) and all M rows (MT tiles
+// of 16); its KW warps split K in 128-byte chunks (warp w takes chunks w, w + KW, ...), and warp 0
+// adds the partial sums (in a fixed order) and runs the epilogue. Nothing is staged in shared
+// memory: in a chunk, lane (g = lane/4, t = lane%4) loads the 16-byte vectors at bytes 16t and
+// 64 + 16t of A rows g and g + 8 and of B row (output column) g; word i of the two vectors is the
+// fragment's k-half 0 and 1 in MMA step i. Every k of the chunk is used once, and A and B see the
+// same permutation of k, so the sums are those of the plain order. Binary popcounts come from the
+// same words: A's padding bits are zero, and B's words are masked past K (a weight read in place
+// may hold anything there).
+#include "cuda-epilogue.cuh"
+
+namespace {
+
+constexpr int KW = 4;       // warps splitting K
+constexpr int NB = 16;      // output columns per CTA (two n8 tiles)
+constexpr int CHUNK = 128;  // bytes of K per warp step (four MMA k-steps)
+
+template <bool BINARY>
+__device__ __forceinline__ void mma_step(int * c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    if (BINARY)
+        asm volatile("mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word(const uint4 & v, int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// popc of the bits of v (words w0 .. w0+3 of a row) that lie below bit K.
+__device__ __forceinline__ int popc_below(const uint4 & v, int64_t w0, int64_t K) {
+    int n = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int64_t left = K - (w0 + i) * 32;
+        const uint32_t x = word(v, i);
+        n += left >= 32 ? __popc(x) : left > 0 ? __popc(x & ((1u << left) - 1u)) : 0;
+    }
+    return n;
+}
+
+template <bool BINARY, int MT>
+__global__ void __launch_bounds__(KW * 32) gemm_small_kernel(const uint8_t * __restrict__ A,
+                                                             const uint8_t * __restrict__ B, int64_t M, int64_t N,
+                                                             int64_t kbytes, const gemm_epilogue ep) {
+    constexpr int ACC = MT * 2 * 4;     // accumulators per lane
+    constexpr int POPS = MT * 2 + 2;    // row popcounts (rows g, g+8 of each m tile), then columns
+    __shared__ int part[KW - 1][32][ACC + POPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int64_t n0 = (int64_t)blockIdx.x * NB;
+    const int64_t chunks = kbytes / CHUNK;
+
+    int acc[ACC], pop[POPS];
+#pragma unroll
+    for (int i = 0; i < ACC; i++) acc[i] = 0;
+#pragma unroll
+    for (int i = 0; i < POPS; i++) pop[i] = 0;
+
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int64_t ch = warp; ch < chunks; ch += KW) {
+        const int64_t byte0 = ch * CHUNK + 16 * t;
+        uint4 a[MT][2][2], b[2][2]; // [tile][row g / g+8][half], [n tile][half]
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t m = mt * 16 + g + 8 * h;
+                const uint4 * row = (const uint4 *)(A + m * kbytes + byte0);
+                a[mt][h][0] = m < M ? __ldg(row) : zero;
+                a[mt][h][1] = m < M ? __ldg(row + 4) : zero;
+            }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const int64_t n = n0 + nt * 8 + g;
+            const uint4 * row = (const uint4 *)(B + n * ep.ldb + byte0);
+            b[nt][0] = n < N ? __ldg(row) : zero;
+            b[nt][1] = n < N ? __ldg(row + 4) : zero;
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+                    mma_step<BINARY>(acc + (mt * 2 + nt) * 4, word(a[mt][0][0], i), word(a[mt][1][0], i),
+                                     word(a[mt][0][1], i), word(a[mt][1][1], i), word(b[nt][0], i),
+                                     word(b[nt][1], i));
+        if (BINARY) {
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    pop[mt * 2 + h] += __popc(a[mt][h][0].x) + __popc(a[mt][h][0].y) + __popc(a[mt][h][0].z) +
+                                       __popc(a[mt][h][0].w) + __popc(a[mt][h][1].x) + __popc(a[mt][h][1].y) +
+                                       __popc(a[mt][h][1].z) + __popc(a[mt][h][1].w);
+            const int64_t w0 = byte0 / 4; // first word of the lane's first vector
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+                pop[MT * 2 + nt] += popc_below(b[nt][0], w0, ep.g.K) + popc_below(b[nt][1], w0 + 16, ep.g.K);
+        }
+    }
+
+    // Warps 1.. hand their partial sums to warp 0, which adds them in warp order.
+    if (warp > 0) {
+#pragma unroll
+        for (int i = 0; i < ACC; i++) part[warp - 1][lane][i] = acc[i];
+#pragma unroll
+        for (int i = 0; i < POPS; i++) part[warp - 1][lane][ACC + i] = pop[i];
+    }
+    __syncthreads();
+    if (warp > 0) return;
+    for (int w = 0; w < KW - 1; w++) {
+#pragma unroll
+        for (int i = 0; i < ACC; i++) acc[i] += part[w][lane][i];
+#pragma unroll
+        for (int i = 0; i < POPS; i++) pop[i] += part[w][lane][ACC + i];
+    }
+    // Whole-row popcounts: the four lanes of a group hold parts of the same rows and columns.
+#pragma unroll
+    for (int i = 0; i < POPS; i++) {
+        pop[i] += __shfl_xor_sync(0xffffffffu, pop[i], 1);
+        pop[i] += __shfl_xor_sync(0xffffffffu, pop[i], 2);
+    }
+
+    // Epilogue: lane (g, t) holds rows g and g+8 of each m tile at columns 2t and 2t+1 of each
+    // n tile; the popcount of column j of an n tile is in the lanes of group j.
+    const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        const int cp0 = __shfl_sync(0xffffffffu, pop[MT * 2 + nt], 8 * t);
+        const int cp1 = __shfl_sync(0xffffffffu, pop[MT * 2 + nt], 8 * t + 4);
+        const int64_t n = n0 + nt * 8 + 2 * t;
+        if (n >= N) continue;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t m = mt * 16 + g + 8 * h;
+                if (m >= M) continue;
+                row_info r = make_row(ep, m, M);
+                r.rowpop = pop[mt * 2 + h];
+                const int * c = acc + (mt * 2 + nt) * 4 + 2 * h;
+                const int d0 = BINARY ? dot_from_terms(c[0], r.rowpop, cp0, r.kterm) : c[0];
+                const int d1 = BINARY ? dot_from_terms(c[1], r.rowpop, cp1, r.kterm) : c[1];
+                store_pair(ep, r, n, d0, d1, n + 1 < N, scale);
+            }
+    }
+}
+
+template <bool BINARY, int MT>
+enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
+                       int64_t kbytes, const gemm_epilogue & ep) {
+    const int64_t blocks = (N + NB - 1) / NB;
+    if (blocks > INT32_MAX) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "weight: too many output features for one launch");
+    gemm_small_kernel<BINARY, MT><<<(unsigned)blocks, KW * 32, 0, ctx->cuda->stream>>>(A, B, M, N, kbytes, ep);
+    LAUNCHED(ctx, "gemm (few rows)");
+    return BIE_STATUS_OK;
+}
+
+} // namespace
+
+enum bie_status bie_cuda_gemm_small(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
+                                    int64_t kbytes, const gemm_epilogue & ep) {
+    if (M > SMALL_M_MAX || ep.tappop || kbytes % CHUNK)
+        return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm (few rows): called outside its case");
+    if (ep.binary) return M <= 16 ? launch<true, 1>(ctx, A, B, M, N, kbytes, ep) : launch<true, 2>(ctx, A, B, M, N, kbytes, ep);
+    return M <= 16 ? launch<false, 1>(ctx, A, B, M, N, kbytes, ep) : launch<false, 2>(ctx, A, B, M, N, kbytes, ep);
+}
