@@ -111,25 +111,18 @@ __global__ void codes_rows(const T * src, int sdt, int64_t row_stride, int64_t r
             q[i] = quant == BIE_QUANT_BINARY ? (x >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(x, s, lo, hi);
         }
         const int64_t o = r * K + k0;
-        if (full && K % 8 == 0 && gdt == BIE_DTYPE_F16) {
-            __half2 h[4];
-            for (int i = 0; i < 4; i++) h[i] = __floats2half2_rn(q[2 * i], q[2 * i + 1]);
-            *(uint4 *)((__half *)out + o) = *(const uint4 *)h;
-        } else if (full && K % 8 == 0 && gdt == BIE_DTYPE_BF16) {
-            __nv_bfloat162 h[4];
-            for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(q[2 * i], q[2 * i + 1]);
-            *(uint4 *)((__nv_bfloat16 *)out + o) = *(const uint4 *)h;
-        } else {
+        if (full && vec8_ok(out, gdt, o)) store8((char *)out, gdt, o, q);
+        else
             for (int i = 0; i < 8 && k0 + i < K; i++) st_dense(out, gdt, o + i, q[i]);
-        }
     }
 }
 
 // Launches codes_rows when the rows of t ([rows, K] in its 4-D view: dim 0 rows, dim 1 the K
-// contiguous elements, dims 2-3 of extent 1) are contiguous floats; false otherwise.
-bool launch_codes_rows(const struct dview & t, bool one_position, int64_t rows, int64_t K, const struct dview & bias,
+// contiguous elements, dims 2-3 of extent 1; rows_are_k says the layer's geometry makes them so)
+// are contiguous floats; false otherwise.
+bool launch_codes_rows(const struct dview & t, bool rows_are_k, int64_t rows, int64_t K, const struct dview & bias,
                        int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream) {
-    if (!one_position || (K > 1 && t.stride[1] != 1)) return false;
+    if (!rows_are_k || (K > 1 && t.stride[1] != 1)) return false;
     const unsigned grid = grid_for(rows * ((K + 7) / 8), 256);
     if (t.dtype == BIE_DTYPE_F32)
         codes_rows<float><<<grid, 256, 0, stream>>>((const float *)t.data, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out);
@@ -141,6 +134,36 @@ bool launch_codes_rows(const struct dview & t, bool one_position, int64_t rows, 
     else
         return false;
     return true;
+}
+
+// The STE of one element (header comment): from x' and gx, the masked gradient and the
+// scale_a-gradient term.
+__device__ __forceinline__ void ste_elem(float xp, float gx, int quant, float s_a, int lo, int hi, float * gxm,
+                                         float * term) {
+    const float r = __fdiv_rn(xp, s_a);
+    if (quant == BIE_QUANT_BINARY) {
+        *gxm = fabsf(r) <= 1.0f ? gx : 0.0f;
+        *term = xp >= 0.0f ? *gxm : -*gxm;
+    } else {
+        const bool mid = r >= (float)lo && r <= (float)hi;
+        *gxm = mid ? gx : 0.0f;
+        const float f = r < (float)lo ? (float)lo : r > (float)hi ? (float)hi : mid ? rintf(r) - r : 0.0f;
+        *term = gx * f;
+    }
+}
+
+// Adds a block's double to *sum (blockDim.x a multiple of 32, at most 1024 threads).
+__device__ void block_sum_add(double acc, double * sum) {
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    __shared__ double part[32];
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+    if ((tid & 31) == 0) part[tid >> 5] = acc;
+    __syncthreads();
+    if (tid == 0) {
+        double t = 0.0;
+        for (int i = 0; i < nt / 32; i++) t += part[i];
+        atomicAdd(sum, t);
+    }
 }
 
 // The fused STE pass over x (one thread per element of x, row-major over [batch, C, H, W]).
@@ -167,32 +190,83 @@ __global__ void ste_pass(struct dview x, struct dview bias, struct dgeom g, int 
                 sum += dcol[((n * g.OH + oh) * g.OW + ow) * g.K + (int64_t)(i * g.kw + j) * g.C + c];
             }
         }
-        const float gx = __fmul_rn(sum, s_w);
-        const float xp = x_prime(x, bias, n, c, h, w);
-        const float r = __fdiv_rn(xp, s_a);
         float gxm_v, term;
-        if (quant == BIE_QUANT_BINARY) {
-            gxm_v = fabsf(r) <= 1.0f ? gx : 0.0f;
-            term = xp >= 0.0f ? gxm_v : -gxm_v;
-        } else {
-            const bool mid = r >= (float)lo && r <= (float)hi;
-            gxm_v = mid ? gx : 0.0f;
-            const float f = r < (float)lo ? (float)lo : r > (float)hi ? (float)hi : mid ? rintf(r) - r : 0.0f;
-            term = gx * f;
-        }
+        ste_elem(x_prime(x, bias, n, c, h, w), __fmul_rn(sum, s_w), quant, s_a, lo, hi, &gxm_v, &term);
         if (write_gx) st_float(gx_out.data, gx_out.dtype, dview_off4(gx_out, n, c, h, w), gxm_v);
         if (gxm) gxm[c * (g.batch * g.H * g.W) + (n * g.H + h) * g.W + w] = gxm_v;
         acc += (double)term;
     }
-    if (!term_sum) return;
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    __shared__ double part[32];
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
-    __syncthreads();
-    if (threadIdx.x == 0) {
+    if (term_sum) block_sum_add(acc, term_sum);
+}
+
+// The same pass for a linear layer (dgeom_one_position: dCol[n][c] is element (n, c)'s own sum
+// over its one tap) whose x has contiguous features: a thread takes 8 consecutive features of a
+// row, with 16-byte loads and stores where aligned. Block (32, 8) covers 256 features of a slab of
+// `slab` rows; instead of the transposed copy for the per-channel sums, each block writes its
+// slab's column sums to colpart[slab index][c] (finished by colpart_sums).
+template <typename T>
+__global__ void ste_rows(struct dview x, struct dview bias, int64_t rows, int64_t C, int64_t slab, int quant,
+                         struct dscale sa, struct dscale sw, const float * dcol, struct dview gx_out, int write_gx,
+                         double * colpart, double * term_sum) {
+    const float s_a = ld_scale(sa), s_w = ld_scale(sw);
+    const int lo = qlo(quant), hi = qhi(quant);
+    const int64_t c0 = ((int64_t)blockIdx.x * 32 + threadIdx.x) * 8;
+    const int64_t r0 = (int64_t)blockIdx.y * slab, r1 = r0 + slab < rows ? r0 + slab : rows;
+    float b[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        b[i] = bias.data && c0 + i < C ? ld_float(bias.data, bias.dtype, (c0 + i) * bias.stride[3]) : 0.0f;
+    double csum[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc = 0.0;
+    if (c0 < C)
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
+            const T * xr = (const T *)x.data + r * x.stride[0];
+            const float * dr = dcol + r * C;
+            const bool full = c0 + 8 <= C;
+            float xv[8], dv[8], gv[8];
+            if (full && vec8_ok(xr, x.dtype, c0)) load8<T>(xr + c0, xv);
+            else
+                for (int i = 0; i < 8; i++) xv[i] = c0 + i < C ? ld_float((const char *)xr, x.dtype, c0 + i) : 0.0f;
+            if (full && vec8_ok(dr, BIE_DTYPE_F32, c0)) load8<float>(dr + c0, dv);
+            else
+                for (int i = 0; i < 8; i++) dv[i] = c0 + i < C ? dr[c0 + i] : 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                // as ste_pass: the tap sum starts from 0.0f, x' adds the bias in f32
+                const float xp = bias.data ? __fadd_rn(xv[i], b[i]) : xv[i];
+                float term;
+                ste_elem(xp, __fmul_rn(__fadd_rn(0.0f, dv[i]), s_w), quant, s_a, lo, hi, &gv[i], &term);
+                if (c0 + i < C) {
+                    csum[i] += (double)gv[i];
+                    acc += (double)term;
+                }
+            }
+            if (!write_gx) continue;
+            const int64_t go = r * gx_out.stride[0] + c0 * gx_out.stride[1];
+            if (full && gx_out.stride[1] == 1 && vec8_ok(gx_out.data, gx_out.dtype, go)) store8(gx_out.data, gx_out.dtype, go, gv);
+            else
+                for (int i = 0; i < 8 && c0 + i < C; i++) st_float(gx_out.data, gx_out.dtype, go + i * gx_out.stride[1], gv[i]);
+        }
+    if (colpart) {
+        __shared__ double cs[8][32 * 8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) cs[threadIdx.y][threadIdx.x * 8 + i] = csum[i];
+        __syncthreads();
+        for (int j = threadIdx.y * 32 + threadIdx.x; j < 256; j += 256) {
+            const int64_t c = (int64_t)blockIdx.x * 256 + j;
+            double t = 0.0;
+            for (int y = 0; y < 8; y++) t += cs[y][j];
+            if (c < C) colpart[blockIdx.y * C + c] = t;
+        }
+    }
+    if (term_sum) block_sum_add(acc, term_sum);
+}
+
+// grad_bias_a[c] = sum over the slabs of colpart[slab][c].
+__global__ void colpart_sums(const double * colpart, int64_t slabs, int64_t C, struct dview out) {
+    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
         double t = 0.0;
-        for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += part[i];
-        atomicAdd(term_sum, t);
+        for (int64_t s = 0; s < slabs; s++) t += colpart[s * C + c];
+        st_float(out.data, out.dtype, c * out.stride[3], (float)t);
     }
 }
 
@@ -214,6 +288,27 @@ __global__ void channel_sums(const float * gxm, int64_t per_channel, struct dvie
 
 __global__ void finish_scale_grad(const double * term_sum, double denom, struct dview out) {
     st_float(out.data, out.dtype, 0, (float)(*term_sum / denom));
+}
+
+// The same for a 1x1 kernel (k = c) whose grad_W has contiguous features: 8 per thread, 16-byte
+// loads and stores where aligned.
+__global__ void scale_rows(const float * R, int64_t O, int64_t K, struct dscale sa, struct dview gw) {
+    const float s = ld_scale(sa);
+    const int64_t chunks = (K + 7) / 8;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < O * chunks; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t o = qdiv(e, chunks), k0 = (e - o * chunks) * 8;
+        const float * src = R + o * K;
+        float v[8];
+        const bool full = k0 + 8 <= K;
+        if (full && vec8_ok(src, BIE_DTYPE_F32, k0)) load8<float>(src + k0, v);
+        else
+            for (int i = 0; i < 8; i++) v[i] = k0 + i < K ? src[k0 + i] : 0.0f;
+        for (int i = 0; i < 8; i++) v[i] = __fmul_rn(v[i], s);
+        const int64_t go = o * gw.stride[0] + k0;
+        if (full && vec8_ok(gw.data, gw.dtype, go)) store8(gw.data, gw.dtype, go, v);
+        else
+            for (int i = 0; i < 8 && k0 + i < K; i++) st_float(gw.data, gw.dtype, go + i, v[i]);
+    }
 }
 
 // grad_W[o,c,i,j] = scale_a * R[o][(i*kw+j)*C + c].
@@ -263,7 +358,16 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     const size_t col_bytes = (size_t)(M * K) * (want_gx ? 4 : es);
     const size_t oCol = off; off = align256(off + col_bytes);               // dCol (f32), then Acol
     const size_t oR = off; off = align256(off + (want_gw ? (size_t)(O * K) * 4 : 0));
-    const size_t oGxm = off; off = align256(off + (c->grad_bias_a.data ? (size_t)xnumel * 4 : 0));
+    // The STE pass of a linear layer over contiguous features takes row slabs (ste_rows) and
+    // leaves per-slab column sums for grad_bias_a; otherwise a [C][batch*H*W] copy of the masked
+    // gradient feeds channel_sums.
+    const bool ste_linear = dgeom_one_position(g) && (g.C == 1 || c->x.stride[1] == 1) &&
+                            (c->x.dtype == BIE_DTYPE_F32 || c->x.dtype == BIE_DTYPE_F16 || c->x.dtype == BIE_DTYPE_BF16);
+    int64_t slab = 64;
+    if ((M + slab - 1) / slab > 65535) slab = ((M + 65534) / 65535 + 7) / 8 * 8;
+    const int64_t slabs = (M + slab - 1) / slab;
+    const size_t gxm_bytes = !c->grad_bias_a.data ? 0 : ste_linear ? (size_t)(slabs * g.C) * 8 : (size_t)xnumel * 4;
+    const size_t oGxm = off; off = align256(off + gxm_bytes);
     const size_t oSum = off; off = align256(off + sizeof(double));
     uint8_t * ws;
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
@@ -300,17 +404,35 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
         if (c->grad_x.data) dview_make(&c->grad_x, &gxo);
         double * sum = c->grad_scale_a.data ? (double *)(ws + oSum) : NULL;
         if (sum) CU_TRY(ctx, cudaMemsetAsync(sum, 0, sizeof(double), s), "cudaMemsetAsync");
-        float * gxm = c->grad_bias_a.data ? (float *)(ws + oGxm) : NULL;
-        unsigned blocks = grid_for(xnumel, 256);
-        if (blocks > 4096) blocks = 4096;
-        ste_pass<<<blocks, 256, 0, s>>>(x, bias, g, (int)c->quant, sa, sw, (const float *)(ws + oCol), gxo,
-                                        c->grad_x.data != NULL, gxm, sum);
-        LAUNCHED(ctx, "STE pass");
-        if (gxm) {
-            struct dview gb;
-            dview_make(&c->grad_bias_a, &gb);
-            channel_sums<<<(unsigned)g.C, 256, 0, s>>>(gxm, g.batch * g.H * g.W, gb);
-            LAUNCHED(ctx, "grad_bias_a");
+        const bool want_gb = c->grad_bias_a.data != NULL;
+        struct dview gb;
+        if (want_gb) dview_make(&c->grad_bias_a, &gb);
+        const float * dcol = (const float *)(ws + oCol);
+        if (ste_linear) {
+            double * colpart = want_gb ? (double *)(ws + oGxm) : NULL;
+            const dim3 grid((unsigned)((g.C + 255) / 256), (unsigned)slabs), block(32, 8);
+            const int q = (int)c->quant, wgx = c->grad_x.data != NULL;
+            if (x.dtype == BIE_DTYPE_F32)
+                ste_rows<float><<<grid, block, 0, s>>>(x, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
+            else if (x.dtype == BIE_DTYPE_F16)
+                ste_rows<__half><<<grid, block, 0, s>>>(x, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
+            else
+                ste_rows<__nv_bfloat16><<<grid, block, 0, s>>>(x, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
+            LAUNCHED(ctx, "STE pass (rows)");
+            if (want_gb) {
+                colpart_sums<<<grid_for(g.C, 256), 256, 0, s>>>(colpart, slabs, g.C, gb);
+                LAUNCHED(ctx, "grad_bias_a");
+            }
+        } else {
+            float * gxm = want_gb ? (float *)(ws + oGxm) : NULL;
+            unsigned blocks = grid_for(xnumel, 256);
+            if (blocks > 4096) blocks = 4096;
+            ste_pass<<<blocks, 256, 0, s>>>(x, bias, g, (int)c->quant, sa, sw, dcol, gxo, c->grad_x.data != NULL, gxm, sum);
+            LAUNCHED(ctx, "STE pass");
+            if (gxm) {
+                channel_sums<<<(unsigned)g.C, 256, 0, s>>>(gxm, g.batch * g.H * g.W, gb);
+                LAUNCHED(ctx, "grad_bias_a");
+            }
         }
         if (sum) {
             struct dview gs;
@@ -323,9 +445,8 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
         }
     }
     if (want_gw) {
-        const bool one_position = g.kh == 1 && g.kw == 1 && g.H == 1 && g.W == 1 && g.OH == 1 && g.OW == 1 &&
-                                  g.ph == 0 && g.pw == 0; // a linear layer: row m of Acol is row m of x
-        if (!launch_codes_rows(x, one_position, M, K, bias, (int)c->quant, sa, gdt, ws + oCol, s))
+        // a linear layer: row m of Acol is row m of x
+        if (!launch_codes_rows(x, dgeom_one_position(g), M, K, bias, (int)c->quant, sa, gdt, ws + oCol, s))
             activation_codes<<<grid_for(M * K, 256), 256, 0, s>>>(x, bias, g, (int)c->quant, sa, gdt, ws + oCol);
         LAUNCHED(ctx, "activation codes");
         // R (row-major [O][K]) = G^T @ Acol: column-major R^T [K][O] = Acol^T [K][M] . G [M][O].
@@ -333,7 +454,11 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
                         "grad_weight"));
         struct dview gw;
         dview_make(&c->grad_weight, &gw);
-        scatter_grad_w<<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + oR), g, sa, gw);
+        if (g.kh == 1 && g.kw == 1 && (g.C == 1 || gw.stride[1] == 1) &&
+            (gw.dtype == BIE_DTYPE_F32 || gw.dtype == BIE_DTYPE_F16 || gw.dtype == BIE_DTYPE_BF16))
+            scale_rows<<<grid_for(O * ((K + 7) / 8), 256), 256, 0, s>>>((const float *)(ws + oR), O, K, sa, gw);
+        else
+            scatter_grad_w<<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + oR), g, sa, gw);
         LAUNCHED(ctx, "scatter grad_weight");
     }
     return BIE_STATUS_OK;
