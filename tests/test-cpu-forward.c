@@ -144,6 +144,50 @@ static enum bie_status run(bie_context_t * ctx, struct fcase * fc, struct bie_te
     return fc->conv ? bie_conv2d_forward(ctx, &fc->cd, &a) : bie_linear_forward(ctx, &fc->lin, &a);
 }
 
+// 8-bit layers whose I8 weight the int16 outer tile reads in place (at least 64 rows, K a multiple
+// of 32, contiguous code rows; with a gap after every row half the time, which is still in place):
+// K within one block of 512 codes, across blocks and with a short last block; N around the
+// 32-column block (fewer columns than a block: zero rows). Convs: OHWI I8 weights with C*kh*kw a
+// multiple of 32, and one OIHW case (not in place: packed rows).
+static void make_in_place(struct fcase * fc, int i) {
+    static const int64_t ks[] = {32, 64, 512, 544, 1024, 1056, 2080};
+    static const int64_t ns[] = {1, 7, 31, 32, 33, 64, 65, 100};
+    memset(fc, 0, sizeof *fc);
+    fc->q = BIE_QUANT_INT8;
+    const enum bie_dtype yd = pick_y(fc->q);
+    if (i % 4 != 3) {
+        const int64_t M = test_rand_int(64, 300), K = test_pick(ks, 7), N = test_pick(ns, 8);
+        const bool xg = test_rand_int(0, 1), wg = test_rand_int(0, 1);
+        fc->lin = (struct bie_linear_desc){.quant = fc->q, .in_features = K, .out_features = N};
+        fc->x = cpu_test_view2(BIE_DTYPE_F32, M, K, xg);
+        fc->w = cpu_test_view2(BIE_DTYPE_I8, N, K, wg);
+        fc->y = cpu_test_view2(yd, M, N, false);
+        snprintf(fc->what, sizeof fc->what, "in-place linear M=%lld K=%lld N=%lld x gap %d w gap %d y %s",
+                 (long long)M, (long long)K, (long long)N, (int)xg, (int)wg, bie_dtype_name(yd));
+    } else {
+        static const int64_t cs[] = {32, 64, 96};
+        struct bie_conv2d_desc * d = &fc->cd;
+        const int k = (int)test_rand_int(1, 3);
+        *d = (struct bie_conv2d_desc){.quant = fc->q, .in_channels = test_pick(cs, 3), .out_channels = test_pick(ns, 8),
+                                      .kernel = {k, k}, .stride = {1, 1}, .padding = {k / 2, k / 2},
+                                      .dilation = {1, 1}, .groups = 1};
+        const int64_t N = test_rand_int(1, 2), H = test_rand_int(8, 12), W = test_rand_int(8, 12);
+        int64_t OH, OW;
+        bie_conv2d_output_size(d, H, W, &OH, &OW);
+        const int64_t xs[4] = {N, d->in_channels, H, W}, wsh[4] = {d->out_channels, d->in_channels, k, k};
+        const int64_t ysh[4] = {N, d->out_channels, OH, OW};
+        const bool ohwi = test_rand_int(0, 3) != 0;
+        fc->conv = true;
+        fc->x = cpu_test_view4(BIE_DTYPE_F32, xs, nhwc);
+        fc->w = cpu_test_view4(BIE_DTYPE_I8, wsh, ohwi ? nhwc : nchw);
+        fc->y = cpu_test_view4(yd, ysh, nchw);
+        snprintf(fc->what, sizeof fc->what, "in-place conv N=%lld C=%lld H=%lld W=%lld O=%lld k=%d w %s y %s",
+                 (long long)N, (long long)d->in_channels, (long long)H, (long long)W, (long long)d->out_channels, k,
+                 ohwi ? "OHWI" : "OIHW", bie_dtype_name(yd));
+    }
+    make_common(fc);
+}
+
 static void free_case(struct fcase * fc) {
     test_tensor_free(&fc->x);
     test_tensor_free(&fc->w);
@@ -202,6 +246,12 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < nconv; i++) {
         struct fcase fc;
         make_conv(&fc, i % 3 == 0);
+        check_case(&fc, ref, cpu, nlev, cpu1);
+        free_case(&fc);
+    }
+    for (int i = 0; i < (quick ? 8 : 40); i++) {
+        struct fcase fc;
+        make_in_place(&fc, i);
         check_case(&fc, ref, cpu, nlev, cpu1);
         free_case(&fc);
     }

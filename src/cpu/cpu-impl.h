@@ -25,7 +25,8 @@
 // zero-padded to Kp = round_up(K, 32) elements; with an outer-product int16 tile (i16_outer_tile)
 // the rows are interleaved in pairs of k instead: a panel of w rows (CPU_OUTER_MR activation rows,
 // CPU_OUTER_NR weight columns) holds element k of its row r at (k/2)*2*w + 2*r + k%2, so that one
-// 32-bit broadcast gives an activation row's pair and one vector load gives 16 columns' pairs. 4-bit: activations as bytes code + 8 (in [0, 15]),
+// 32-bit broadcast gives an activation row's pair and one vector load gives 16 columns' pairs (the
+// weight panel is made block by block from int8 code rows by widen_nr). 4-bit: activations as bytes code + 8 (in [0, 15]),
 // weights as signed bytes, rows zero-padded to round_up(K, 64) bytes; acc = sum (a+8)*w - 8*sum w.
 // With an outer-product byte tile (u4s4_outer_tile) the byte rows are interleaved in quads of k
 // the same way: byte k of row r of a panel of w rows at (k/4)*4*w + 4*r + k%4. Both interleaved
@@ -79,6 +80,10 @@ struct cpu_kernels {
     // With an outer tile: the weight panel of CPU_OUTER_NR rows of kp int16 codes (row stride kp,
     // even), i.e. the transpose of 32-bit units (byte rows of 2*kp bytes give the quad layout).
     void (*interleave_nr)(const int16_t * rows, size_t kp, int16_t * panel);
+    // The same panel for n pairs of k (a multiple of 16) from rows of int8 codes, sign-extended: pair p
+    // of panel row r = codes 2p, 2p+1 of rows + r*ld (bytes) for r < nr, zeros for nr <= r < CPU_OUTER_NR
+    // (the int16 outer tile's weight block, built from byte rows as it is needed; panel 64-byte aligned).
+    void (*widen_nr)(const int8_t * rows, ptrdiff_t ld, int nr, size_t n, int16_t * panel);
     // c[i*ldc + j] = sum_k a_i[k] * b_j[k] for i < CPU_MR, j < i16_nr, with a unsigned bytes in
     // [0, 15] and b signed bytes in [-8, 7] (the 4-bit GEMM); k a multiple of 64; lda/ldb in bytes.
     void (*u4s4_tile)(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k, int32_t * c,
@@ -140,6 +145,7 @@ void bie_cpu_i16_outer_tile__avx512(const void * a, const void * b, size_t kp, b
 void bie_cpu_u4s4_outer_tile__avx512(const void * a, const void * b, size_t kq, bool accumulate, int32_t * c,
                                      size_t ldc);
 void bie_cpu_interleave_nr__avx512(const int16_t * rows, size_t kp, int16_t * panel);
+void bie_cpu_widen_nr__avx512(const int8_t * rows, ptrdiff_t ld, int nr, size_t n, int16_t * panel);
 void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
                                    int32_t * c, size_t ldc);
 double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0, float scale, float * gx,
@@ -165,7 +171,7 @@ void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * 
     .sign_tables = bie_cpu_sign_tables__avx512, .fsign_tile = bie_cpu_fsign_tile__avx512
 #define BIE_CPU_AVX512_OUTER                                                                       \
     .i16_outer_tile = bie_cpu_i16_outer_tile__avx512, .interleave_nr = bie_cpu_interleave_nr__avx512, \
-    .u4s4_outer_tile = bie_cpu_u4s4_outer_tile__avx512
+    .widen_nr = bie_cpu_widen_nr__avx512, .u4s4_outer_tile = bie_cpu_u4s4_outer_tile__avx512
 
 // The table for an ISA level (the best one not above it); at the VPOPCNTDQ level, the VNNI variant
 // when the CPU has AVX512-VNNI.

@@ -429,6 +429,21 @@ void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t r
     if (stream) _mm_sfence();
 }
 
+// The int16 weight block of the outer tile from int8 code rows (cpu-impl.h): 16 rows of 32 codes
+// sign-extended to 16 pairs per vector, then the 16x16 transpose of pairs.
+void bie_cpu_widen_nr__avx512(const int8_t * rows, ptrdiff_t ld, int nr, size_t n, int16_t * panel) {
+    for (size_t p = 0; p < n; p += 16)
+        for (int r0 = 0; r0 < CPU_OUTER_NR; r0 += 16) {
+            __m512 v[16];
+            for (int r = 0; r < 16; r++)
+                v[r] = r0 + r < nr ? _mm512_castsi512_ps(_mm512_cvtepi8_epi16(
+                                         _mm256_loadu_si256((const void *)(rows + (r0 + r) * ld + 2 * (ptrdiff_t)p))))
+                                   : _mm512_setzero_ps();
+            transpose16(v);
+            for (int o = 0; o < 16; o++) _mm512_store_ps((void *)(panel + ((p + (size_t)o) * CPU_OUTER_NR + (size_t)r0) * 2), v[perm16(o)]);
+        }
+}
+
 static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * hi) {
     const __m512i m = _mm512_set1_epi8(15);
     size_t i = 0;

@@ -9,7 +9,10 @@
 // codes (the AVX-512 levels without VNNI: int16 for 8-bit layers, bytes for 4-bit ones) and the
 // layer has enough rows, A and B are interleaved panels (cpu-impl.h: pairs of int16 codes, quads of
 // bytes) and the GEMM is blocked over K (outer_gemm below); otherwise plain rows for the
-// dot-product tiles.
+// dot-product tiles. The int16 outer tile's weight panels are not stored whole: B holds the weight
+// as rows of int8 codes (an I8 weight whose code rows are contiguous is read in place, nothing
+// packed), and outer_gemm widens one block of 32 rows at a time into the interleaved int16 layout
+// just before the tiles use it, so the int16 panels (twice the bytes) never go to memory.
 #include "cpu/cpu-impl.h"
 
 #include <omp.h>
@@ -21,11 +24,15 @@ struct nbit_plan {
     int64_t Kp, M, N, Mp, Np;
     bool bytes;    // byte panels: a + off (unsigned) times w (signed); else int16 panels
     cpu_outer_tile_fn outer; // the outer-product tile on interleaved panels, or NULL: plain rows
-    int64_t esz;   // bytes per code in the panels: 1 (byte panels) or 2
+    bool widen;    // the int16 outer tile: B is int8 code rows, widened per block (outer_gemm)
+    int64_t esz;   // bytes per code in A: 1 (byte panels) or 2
+    int64_t wesz;  // bytes per code in B: 1 (byte panels, widen) or 2
     int off;       // 8 (4-bit) or 128 (8-bit, only with an exact u8 x s8 tile)
     int16_t * xq;
     void * A;
     void * B;
+    const int8_t * wq; // widen: the code rows (B, or the weight itself), row stride ldw bytes
+    ptrdiff_t ldw;
     int32_t * sumw; // [Np] sum_k w (4-bit)
     int16_t * rows; // per thread: the stage of a row's or a panel's rows (staged() below)
     struct cpu_epilogue ep;
@@ -82,15 +89,15 @@ static void interleave_rows(const void * rows, int64_t rb, int w, void * panel) 
     }
 }
 
-// Row r of a panel in its packed form (bytes or int16 codes) at the start of base.
-static void * panel_row(const struct nbit_plan * pl, void * base, int64_t r) {
-    return (uint8_t *)base + r * pl->Kp * pl->esz;
+// Row r of Kp codes of esz bytes (bytes or int16 codes) from base.
+static void * panel_row(const struct nbit_plan * pl, void * base, int64_t r, int64_t esz) {
+    return (uint8_t *)base + r * pl->Kp * esz;
 }
 
 // A thread's stage (outer panels): the packed rows of one panel before they are interleaved, after
-// a row of Kp int16 codes for byte panels (the codes of one row on their way to bytes).
-static void * staged(const struct nbit_plan * pl, int16_t * stage, int64_t r) {
-    return panel_row(pl, pl->esz == 1 ? stage + pl->Kp : stage, r);
+// a row of Kp int16 codes for byte rows (the codes of one row on their way to bytes).
+static void * staged(const struct nbit_plan * pl, int16_t * stage, int64_t r, int64_t esz) {
+    return panel_row(pl, esz == 1 ? stage + pl->Kp : stage, r, esz);
 }
 
 // The codes of one weight tap (C channels from element offset off, channel stride ws1).
@@ -130,18 +137,19 @@ static void weight_codes(const struct nbit_plan * pl, int64_t off, int16_t * d) 
 static void pack_weights(const struct nbit_plan * pl, int threads) {
     const struct bie_geometry * g = &pl->c->g;
     const int64_t * ws = pl->c->weight.stride;
-    const int64_t C = g->C, T = g->kh * g->kw, Kp = pl->Kp;
-    const int64_t step = pl->outer ? CPU_OUTER_NR : 1; // columns per panel
+    const int64_t C = g->C, T = g->kh * g->kw, Kp = pl->Kp, wesz = pl->wesz;
+    const bool panels = pl->outer && !pl->widen;
+    const int64_t step = panels ? CPU_OUTER_NR : 1; // columns per panel
 #pragma omp parallel for num_threads(threads)
     for (int64_t o0 = 0; o0 < pl->Np; o0 += step)
     for (int64_t o = o0; o < o0 + step; o++) {
         int16_t * stage = pl->rows + (size_t)omp_get_thread_num() * (size_t)(step * Kp);
-        void * dst = pl->outer ? staged(pl, stage, o - o0) : panel_row(pl, pl->B, o);
-        int16_t * row = pl->bytes ? stage : dst; // the int16 codes
+        void * dst = panels ? staged(pl, stage, o - o0, wesz) : panel_row(pl, pl->B, o, wesz);
+        int16_t * row = wesz == 1 ? stage : dst; // the int16 codes
         memset(row, 0, (size_t)Kp * sizeof(int16_t));
         for (int64_t t = 0; o < g->O && t < T; t++)
             weight_codes(pl, o * ws[0] + (t / g->kw) * ws[2] + (t % g->kw) * ws[3], row + t * C);
-        if (pl->bytes) { // Kp is a local: the byte stores could alias pl, which would keep this scalar
+        if (wesz == 1) { // Kp is a local: the byte stores could alias pl, which would keep this scalar
             int8_t * d = dst;
             int32_t sum = 0;
             for (int64_t k = 0; k < Kp; k++) {
@@ -150,8 +158,8 @@ static void pack_weights(const struct nbit_plan * pl, int threads) {
             }
             pl->sumw[o] = sum;
         }
-        if (pl->outer && o == o0 + step - 1)
-            pl->kern->interleave_nr(staged(pl, stage, 0), (size_t)(Kp * pl->esz / 2), panel_row(pl, pl->B, o0));
+        if (panels && o == o0 + step - 1)
+            pl->kern->interleave_nr(staged(pl, stage, 0, wesz), (size_t)(Kp * wesz / 2), panel_row(pl, pl->B, o0, wesz));
     }
 }
 
@@ -164,7 +172,7 @@ static void pack_activations(const struct nbit_plan * pl, int threads) {
     for (int64_t m0 = 0; m0 < pl->Mp; m0 += step)
     for (int64_t m = m0; m < m0 + step; m++) {
         int16_t * stage = pl->rows + (size_t)omp_get_thread_num() * (size_t)(step * Kp);
-        void * dst = pl->outer ? staged(pl, stage, m - m0) : panel_row(pl, pl->A, m);
+        void * dst = pl->outer ? staged(pl, stage, m - m0, pl->esz) : panel_row(pl, pl->A, m, pl->esz);
         int16_t * row = pl->bytes ? stage : dst; // the int16 codes
         if (m >= pl->M) {
             memset(dst, 0, (size_t)(Kp * pl->esz));
@@ -189,7 +197,7 @@ static void pack_activations(const struct nbit_plan * pl, int threads) {
             }
         }
         if (pl->outer && m == m0 + step - 1) // the panel's rows are complete
-            interleave_rows(staged(pl, stage, 0), Kp * pl->esz, CPU_OUTER_MR, panel_row(pl, pl->A, m0));
+            interleave_rows(staged(pl, stage, 0, pl->esz), Kp * pl->esz, CPU_OUTER_MR, panel_row(pl, pl->A, m0, pl->esz));
     }
 }
 
@@ -206,13 +214,16 @@ static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t 
 // per task, finished by the epilogue once all of K is in). K runs in blocks of OUTER_KC codes: a
 // block of a weight panel (32 columns x OUTER_KC codes: 32 KB of int16, 16 KB of bytes) stays in
 // L1 while every activation panel of the task passes over it, so the weights stream from memory
-// once per OUTER_MT rows of M.
+// once per OUTER_MT rows of M. With widen, the int16 block is made from the int8 code rows (16
+// KB) right there, in the thread's block buffer after its tile.
 // The blocks' int32 sums are added (wrapping, as one long sum would).
 #define OUTER_MT 256 // a multiple of CPU_OUTER_MR
 #define OUTER_NT 64  // a multiple of CPU_OUTER_NR
-#define OUTER_KC 512 // a multiple of 4 (codes per 32-bit unit)
+#define OUTER_KC 512 // a multiple of 32 (codes per widened block step: 16 pairs)
+#define OUTER_TILE ((size_t)OUTER_MT * OUTER_NT * sizeof(int32_t))
+#define OUTER_BLOCK ((size_t)CPU_OUTER_NR * OUTER_KC * sizeof(int16_t))
 
-static size_t outer_workspace(int threads) { return (size_t)threads * OUTER_MT * OUTER_NT * sizeof(int32_t); }
+static size_t outer_workspace(int threads) { return (size_t)threads * (OUTER_TILE + OUTER_BLOCK); }
 
 static void outer_gemm(const struct nbit_plan * pl, int threads, int32_t * tiles) {
     const int64_t mtiles = (pl->M + OUTER_MT - 1) / OUTER_MT;
@@ -229,11 +240,19 @@ static void outer_gemm(const struct nbit_plan * pl, int threads, int32_t * tiles
         const int64_t m0 = mt * OUTER_MT, n0 = ntile * nt;
         const int64_t mc = pl->M - m0 < OUTER_MT ? pl->M - m0 : OUTER_MT;
         const int64_t nc = pl->N - n0 < nt ? pl->N - n0 : nt;
-        int32_t * acc = tiles + (size_t)omp_get_thread_num() * OUTER_MT * OUTER_NT;
+        uint8_t * ws = (uint8_t *)tiles + (size_t)omp_get_thread_num() * (OUTER_TILE + OUTER_BLOCK);
+        int32_t * acc = (int32_t *)ws;
+        int16_t * block = (int16_t *)(ws + OUTER_TILE);
         for (int64_t k0 = 0; k0 < Kp; k0 += OUTER_KC) {
             const int64_t kn = Kp - k0 < OUTER_KC ? Kp - k0 : OUTER_KC;
             for (int64_t j = 0; j < nc; j += CPU_OUTER_NR) {
-                const uint8_t * b = B + ((n0 + j) * Kp + k0 * CPU_OUTER_NR) * esz;
+                const uint8_t * b = (const uint8_t *)block;
+                if (pl->widen) {
+                    const int64_t nr = pl->N - n0 - j < CPU_OUTER_NR ? pl->N - n0 - j : CPU_OUTER_NR;
+                    pl->kern->widen_nr(pl->wq + (n0 + j) * pl->ldw + k0, pl->ldw, (int)nr, (size_t)kn / 2, block);
+                } else {
+                    b = B + ((n0 + j) * Kp + k0 * CPU_OUTER_NR) * esz;
+                }
                 for (int64_t i = 0; i < mc; i += CPU_OUTER_MR)
                     pl->outer(A + ((m0 + i) * Kp + k0 * CPU_OUTER_MR) * esz, b, (size_t)(kn / unit), k0 > 0,
                               acc + i * nt + j, (size_t)nt);
@@ -258,6 +277,8 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     // rows (8-bit: M = 1 and 16 measured 25-40% slower) the dot-product tile stays.
     if (pl.M >= CPU_OUTER_MIN_M)
         pl.outer = c->quant == BIE_QUANT_INT4 ? pl.kern->u4s4_outer_tile : pl.bytes ? NULL : pl.kern->i16_outer_tile;
+    pl.widen = pl.outer && !pl.bytes;
+    pl.wesz = pl.bytes || pl.widen ? 1 : 2;
     pl.off = c->quant == BIE_QUANT_INT4 ? 8 : 128;
     pl.Kp = (int64_t)cpu_round_up((size_t)g->K, pl.bytes ? CPU_K4_ALIGN : CPU_K16_ALIGN);
     const size_t esz = (size_t)pl.esz;
@@ -265,11 +286,18 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     pl.Mp = (int64_t)cpu_round_up((size_t)pl.M, pl.outer ? CPU_OUTER_MR : CPU_MR);
     pl.Np = (int64_t)cpu_round_up((size_t)pl.N, pl.outer ? CPU_OUTER_NR : 8);
     cpu_epilogue_init(&pl.ep, c, pl.kern);
+    // An I8 weight whose K codes per output channel are contiguous (taps of C channels one after
+    // the other) and need no padding is read in place: its codes are its values (the 8-bit clamp
+    // is the int8 range).
+    const struct bie_tensor * w = &c->weight;
+    const bool in_place = pl.widen && w->dtype == BIE_DTYPE_I8 && pl.lo == INT8_MIN && pl.hi == INT8_MAX &&
+                          g->K == pl.Kp && w->stride[1] == 1 &&
+                          (g->kw == 1 || w->stride[3] == g->C) && (g->kh == 1 || w->stride[2] == g->kw * g->C);
 
     const size_t sz_xq = (size_t)(g->batch * g->H * g->W * g->C) * sizeof(int16_t);
     const size_t sz_tmp = (size_t)threads * cpu_round_up((size_t)g->W, 32) * sizeof(int16_t);
     const size_t sz_a = (size_t)(pl.Mp * pl.Kp) * esz;
-    const size_t sz_b = (size_t)(pl.Np * pl.Kp) * esz;
+    const size_t sz_b = in_place ? 0 : (size_t)(pl.Np * pl.Kp * pl.wesz);
     const size_t sz_sumw = (size_t)pl.Np * sizeof(int32_t);
     // the stage: CPU_OUTER_NR >= CPU_OUTER_MR rows of int16 (>= a row of int16 and the bytes of a panel)
     const size_t rows_per_thread = pl.outer ? CPU_OUTER_NR : pl.bytes ? 1 : 0;
@@ -294,7 +322,14 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
 
     if (c->bias_a.data) cpu_bias_dense(&c->bias_a, g->C, bias);
     quantize_x(&pl, c->bias_a.data ? bias : NULL, threads, tmp);
-    pack_weights(&pl, threads);
+    if (in_place) {
+        pl.wq = w->data;
+        pl.ldw = (ptrdiff_t)w->stride[0];
+    } else {
+        pack_weights(&pl, threads);
+        pl.wq = pl.B;
+        pl.ldw = (ptrdiff_t)pl.Kp;
+    }
     pack_activations(&pl, threads);
 
     if (pl.outer) {
