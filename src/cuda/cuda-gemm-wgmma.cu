@@ -34,9 +34,12 @@ constexpr int BK = 128;       // bytes of K per stage (1024 bits / 128 int8 code
 constexpr int THREADS = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int SMEM_RING = 196608; // bytes of the stage ring, for every BN (see stages_for)
 
-constexpr int EP_PITCH = 144;     // bytes between the rows that a consumer warp stages in its epilogue
-constexpr int EP_COLS = 16 * EP_PITCH; // then the column terms of the tile (up to 256 ints)
-constexpr int EP_WARP_BYTES = EP_COLS + 256 * 4;
+// After the ring (and 1 KB for its barriers): each consumer warp's epilogue stage (16 rows x 128
+// bytes in the 128-byte swizzle, 1024-byte aligned as the tensor copies of y need), then each warp's
+// column terms of the tile (up to 256 ints).
+constexpr int EP_STAGE = 16 * 128;
+constexpr int EP_COLTERM = 256 * 4;
+constexpr int SMEM_BYTES = 1024 + SMEM_RING + 1024 + 8 * (EP_STAGE + EP_COLTERM); // + alignment slack
 
 // int -> float for the binary dot products without the quarter-rate I2F: the caller adds
 // DOT_BIAS = the bits of 1.5 * 2^23 to the dot product, whose float is then 1.5 * 2^23 + dot exactly
@@ -45,6 +48,9 @@ constexpr int EP_WARP_BYTES = EP_COLS + 256 * 4;
 constexpr int64_t DOT_BIAS_MAX_K = (int64_t)1 << 22; // DOT_BIAS and its conversion: in the device code
 
 __host__ __device__ constexpr int stages_for(int bn) { return SMEM_RING / ((BM + bn) * BK); }
+static_assert(stages_for(64) * (BM + 64) * BK == SMEM_RING && stages_for(128) * (BM + 128) * BK == SMEM_RING &&
+                  stages_for(256) * (BM + 256) * BK == SMEM_RING,
+              "the ring holds whole stages, so the epilogue area after it stays 1024-byte aligned");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define BIE_WGMMA_DEVICE 1
@@ -79,6 +85,21 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap * map, 
                  ::"r"(dst), "l"((uint64_t)map), "r"(k0), "r"(r0), "r"(bar)
                  : "memory");
 }
+
+// Bulk tensor store of y: the box at (column c0, row r0) of the map from shared memory (rows and
+// columns past the tensor's edges are not written), tracked by this thread's bulk groups.
+__device__ __forceinline__ void tma_store(const CUtensorMap * map, uint32_t src, int c0, int r0) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
+                 ::"l"((uint64_t)map), "r"(c0), "r"(r0), "r"(src)
+                 : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's bulk stores have read their shared memory (the stage may be refilled).
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Waits until this thread's bulk stores are complete.
+__device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// Makes this thread's shared-memory writes visible to the bulk copies issued after it.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // Shared-memory matrix descriptor of a K-major tile with 128-byte rows in the 128-byte swizzle:
 // start address >> 4 (bits 0-13), leading offset 1 (unused for this layout, bits 16-29), stride
@@ -187,15 +208,18 @@ __device__ __forceinline__ float biased_dot_to_float(int biased) { return __int_
 // Stores this thread's accumulators. In the wgmma layout, thread (warp w, lane l) of a consumer
 // warpgroup holds, for column group i (8 columns), d[4i + 2h + e] = C[w*16 + l/4 + 8h][8i + 2(l%4) + e].
 // FAST (decided on the host): y is f32/f16/bf16 with contiguous features. Each warp then finishes
-// its 16 rows one 128-byte column chunk at a time in its own shared-memory buffer (rows 144 bytes
-// apart, so the fragment writes hit 32 distinct banks) and writes the chunk back row by row, 16
-// bytes per lane: full 128-byte segments of y per row, instead of the 4-byte scattered stores of
-// the fragment layout. TAPS: a zero-padded binary conv, whose border rows add back the popcounts
-// of their taps outside the image. Other y go element by element.
+// its 16 rows one 128-byte column chunk at a time in its own shared-memory stage (16 rows of 128
+// bytes whose 16-byte units are swizzled by the row, unit u of row r at u ^ (r % 8), so the
+// fragment writes hit 32 distinct banks), and the chunk leaves as whole 128-byte row segments:
+// with a y map (ymap: rows of y evenly spaced, see make_y_map) as one bulk tensor store issued by
+// lane 0, which runs while the warp goes on to the next chunk and tile (before refilling the stage
+// it waits only until the store has read it); else row by row, 16 bytes per lane. TAPS: a
+// zero-padded binary conv, whose border rows add back the popcounts of their taps outside the
+// image. Other y go element by element.
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
-__device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, uint8_t * stage, int64_t mw,
-                                         int64_t nt, int64_t M, int64_t N, float scale, const int * rowterm,
-                                         const uint64_t * rowinv) {
+__device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, uint8_t * stage,
+                                         const int * colterm, const CUtensorMap * ymap, int64_t mw, int64_t nt,
+                                         int64_t M, int64_t N, float scale, const int * rowterm, const uint64_t * rowinv) {
     const int lane = threadIdx.x % 32;
     const struct dview & y = ep.y;
     if (!FAST) {
@@ -219,12 +243,17 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
         const row_info r = make_row(ep, mw + lane, M);
         rb_mine = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3];
     }
-    const int * const colterm = (const int *)(stage + EP_COLS); // DOT_BIAS - 2 popc(w), written by the caller
+    // colterm: DOT_BIAS - 2 popc(w) of the tile's columns, written by the caller
     constexpr int CC = 128 / (int)sizeof(T); // columns per chunk
+    const uint32_t stage_s = (uint32_t)__cvta_generic_to_shared(stage);
     T * const yd = (T *)y.data;
     const bool aligned = ((uintptr_t)y.data % 16) == 0;
 #pragma unroll
     for (int c = 0; c < BN / CC; c++) {
+        if (ymap) { // the previous chunk's store must have read the stage
+            if (lane == 0) tma_store_wait_read();
+            __syncwarp();
+        }
 #pragma unroll
         for (int j = 0; j < CC / 8; j++) {
             const int i = c * CC / 8 + j;
@@ -244,9 +273,16 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
                 }
                 const float f0 = BINARY ? biased_dot_to_float(v0) : __int2float_rn(v0);
                 const float f1 = BINARY ? biased_dot_to_float(v1) : __int2float_rn(v1);
-                store_pair<T>((T *)(stage + (lane / 4 + 8 * h) * EP_PITCH) + 8 * j + 2 * (lane % 4),
+                const int row = lane / 4 + 8 * h, b = (8 * j + 2 * (lane % 4)) * (int)sizeof(T); // byte in the row
+                store_pair<T>((T *)(stage + row * 128 + (((b >> 4) ^ (row & 7)) << 4) + (b & 15)),
                               __fmul_rn(f0, scale), __fmul_rn(f1, scale));
             }
+        }
+        if (ymap) {
+            fence_proxy_async();
+            __syncwarp();
+            if (lane == 0) tma_store(ymap, stage_s, (int)(nt + c * CC), (int)mw);
+            continue;
         }
         __syncwarp();
         // 16 rows x 128 bytes: 8 lanes per row, 4 rows per pass.
@@ -256,7 +292,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
             const int64_t rb = __shfl_sync(0xffffffffu, rb_mine, row);
             const int64_t n = nt + c * CC + (lane % 8) * (16 / (int)sizeof(T));
             if (mw + row >= M || n >= N) continue;
-            const uint8_t * src = stage + row * EP_PITCH + (lane % 8) * 16;
+            const uint8_t * src = stage + row * 128 + (((lane % 8) ^ (row & 7)) << 4);
             T * dst = yd + rb + n;
             if (aligned && ((rb + n) % (16 / (int)sizeof(T))) == 0 && n + 16 / (int)sizeof(T) <= N) {
                 *(uint4 *)dst = *(const uint4 *)src;
@@ -272,8 +308,9 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
 
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 __global__ void __launch_bounds__(THREADS, 1)
-    wgmma_gemm(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb, int64_t M, int64_t N,
-               int ktiles, const __grid_constant__ gemm_epilogue ep) {
+    wgmma_gemm(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+               const __grid_constant__ CUtensorMap ty, int y_by_map, int64_t M, int64_t N, int ktiles,
+               const __grid_constant__ gemm_epilogue ep) {
 #ifdef BIE_WGMMA_DEVICE
     constexpr int STAGES = stages_for(BN);
     constexpr int STAGE_BYTES = (BM + BN) * BK;
@@ -281,9 +318,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     extern __shared__ uint8_t smem_raw[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u; // swizzle atoms
     const uint32_t bars = base + STAGES * STAGE_BYTES; // full[STAGES], then empty[STAGES]
-    // then the consumer warps' epilogue buffers
-    uint8_t * const ep_stage = smem_raw + (bars + 16 * STAGES - (uint32_t)__cvta_generic_to_shared(smem_raw)) +
-                               ((threadIdx.x / 32) - 4) * EP_WARP_BYTES;
+    // then (1 KB on, so 1024-byte aligned) the consumer warps' epilogue stages and column terms
+    const int cwarp = threadIdx.x / 32 - 4; // 0..7 for consumer warps
+    uint8_t * const ep_stage = smem_raw + (bars + 1024 - (uint32_t)__cvta_generic_to_shared(smem_raw)) + cwarp * EP_STAGE;
+    int * const ep_colterm = (int *)(smem_raw + (bars + 1024 - (uint32_t)__cvta_generic_to_shared(smem_raw)) +
+                                     8 * EP_STAGE + cwarp * EP_COLTERM);
+    const CUtensorMap * const ymap = FAST && y_by_map ? &ty : NULL;
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
     const int wg = threadIdx.x / 128;
@@ -373,13 +413,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         pin<ACC>(d);
         if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
         if (BINARY && FAST) {
-            int * const colterm = (int *)(ep_stage + EP_COLS);
 #pragma unroll
-            for (int q = 0; q < NCP; q++) colterm[lane + 32 * q] = DOT_BIAS - 2 * cpop[q];
+            for (int q = 0; q < NCP; q++) ep_colterm[lane + 32 * q] = DOT_BIAS - 2 * cpop[q];
             __syncwarp();
         }
-        epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, mt0 + cw * 64 + warp * 16, nt, M, N, scale, rterm, rinv);
+        epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, ep_colterm, ymap, mt0 + cw * 64 + warp * 16, nt, M, N,
+                                            scale, rterm, rinv);
     }
+    if (ymap && lane == 0) tma_store_wait_all(); // the stage must outlive its last store
 #endif
 }
 
@@ -416,12 +457,38 @@ bool make_map(CUtensorMap * map, const uint8_t * p, int64_t rows, int64_t kbytes
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// A map of y as a 2-D tensor [M rows][N features] for the epilogue's bulk stores, when the rows
+// (n, oh, ow) of the GEMM lie evenly spaced in y (NHWC or [batch, O] with contiguous features),
+// 16-byte aligned, and y is f32/f16/bf16; boxes of 16 rows x 128 bytes in the 128-byte swizzle.
+// false: the epilogue stores rows itself.
+bool make_y_map(CUtensorMap * map, const gemm_epilogue & ep, int64_t M, int64_t N) {
+    const struct dview & y = ep.y;
+    const struct dgeom & g = ep.g;
+    const int esz = y.dtype == BIE_DTYPE_F32 ? 4 : y.dtype == BIE_DTYPE_F16 || y.dtype == BIE_DTYPE_BF16 ? 2 : 0;
+    if (!esz || (y.stride[1] != 1 && N > 1) || ((uintptr_t)y.data % 16) != 0) return false;
+    const int64_t pitch = g.OW > 1 ? y.stride[3] : g.OH > 1 ? y.stride[2] : y.stride[0]; // elements between rows
+    if (g.OW > 1 && g.OH > 1 && y.stride[2] != pitch * g.OW) return false;
+    if ((g.OW > 1 || g.OH > 1) && g.batch > 1 && y.stride[0] != pitch * g.OH * g.OW) return false;
+    if (pitch < N || (pitch * esz) % 16 != 0 || M > INT32_MAX || N > INT32_MAX) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M};
+    const cuuint64_t strides[1] = {(cuuint64_t)(pitch * esz)};
+    const cuuint32_t box[2] = {(cuuint32_t)(128 / esz), 16};
+    const cuuint32_t estr[2] = {1, 1};
+    const CUtensorMapDataType dt = esz == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                   : y.dtype == BIE_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                              : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    return encoder()(map, dt, 2, (void *)y.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
                        int ktiles, const gemm_epilogue & ep, int slot) {
     auto kern = wgmma_gemm<BINARY, BN, T, FAST, TAPS>;
-    const int smem = SMEM_RING + 1024 + 2 * 8 * stages_for(BN) + 8 * EP_WARP_BYTES;
+    const int smem = SMEM_BYTES;
     struct bie_cuda_state * st = ctx->cuda;
+    if (slot < 0 || slot >= 64) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: launch slot %d out of range", slot);
     if (!(st->wgmma_smem_set & (1ull << slot))) {
         CU_TRY(ctx, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "cudaFuncSetAttribute(wgmma gemm)");
@@ -429,7 +496,10 @@ enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtens
     }
     const int64_t tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
     const unsigned grid = (unsigned)(tiles < st->sm_count ? tiles : st->sm_count);
-    kern<<<grid, THREADS, smem, st->stream>>>(ta, tb, M, N, ktiles, ep);
+    CUtensorMap ty;
+    const bool y_by_map = FAST && make_y_map(&ty, ep, M, N);
+    if (!y_by_map) memset(&ty, 0, sizeof ty);
+    kern<<<grid, THREADS, smem, st->stream>>>(ta, tb, ty, y_by_map ? 1 : 0, M, N, ktiles, ep);
     LAUNCHED(ctx, "wgmma gemm");
     return BIE_STATUS_OK;
 }
@@ -440,11 +510,11 @@ enum bie_status by_output(bie_context_t * ctx, const CUtensorMap & ta, const CUt
     const struct dview & y = ep.y;
     const bool fast = (y.stride[1] == 1 || N == 1) && (!BINARY || ep.g.K < DOT_BIAS_MAX_K);
     if (BINARY && ep.tappop && fast) { // a zero-padded binary conv: the border correction compiled in
-        slot = 2 * 4 * 3 + slot * 4; // after the 24 slots below
-        if (y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, slot);
+        const int ts = 2 * 4 * 3 + slot * 4; // after the 24 slots below
+        if (y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, ts);
         if (y.dtype == BIE_DTYPE_BF16)
-            return launch<BINARY, BN, __nv_bfloat16, true, true>(ctx, ta, tb, M, N, ktiles, ep, slot + 1);
-        if (y.dtype == BIE_DTYPE_F32) return launch<BINARY, BN, float, true, true>(ctx, ta, tb, M, N, ktiles, ep, slot + 2);
+            return launch<BINARY, BN, __nv_bfloat16, true, true>(ctx, ta, tb, M, N, ktiles, ep, ts + 1);
+        if (y.dtype == BIE_DTYPE_F32) return launch<BINARY, BN, float, true, true>(ctx, ta, tb, M, N, ktiles, ep, ts + 2);
     } // (other y of a zero-padded conv: the element-wise path below, which handles the taps too)
     slot *= 4;
     if (fast && y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, false>(ctx, ta, tb, M, N, ktiles, ep, slot);
