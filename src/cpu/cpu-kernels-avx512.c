@@ -157,24 +157,45 @@ static inline void outer_store(const __m512i acc[CPU_OUTER_MR][CPU_OUTER_NR / 16
 // of k, the two codes of row i broadcast as one 32-bit value against the pairs of 16 columns per
 // vector; vpmaddwd gives a0*b0 + a1*b1 per lane (exact) and vpaddd adds it to the tile's int32
 // lanes, 16 accumulators, no horizontal sums.
+// Per pair of k: 2 vector loads, 8 broadcast loads, 16 vpmaddwd and 16 vpaddd, i.e. 32 products
+// per 2 ops on the two 512-bit ports, which is also the bound of any exact 8-bit product there
+// without VNNI (an FMA does 16 products per op). The loop is written in assembly: from the same
+// code in intrinsics GCC 12 keeps the 8 broadcasts and 16 products of a pair live at once, runs out
+// of the 32 zmm registers and adds 16 register moves and a spill per pair (lin-8bit-m256 at the
+// AVX-512BW level: 49.3 -> 46.0 ms with this loop).
+#define I16_ROW(i, acc0, acc1)                                                                     \
+    "vpbroadcastd " #i "*4(%[a]), %%zmm2\n\t"                                                      \
+    "vpmaddwd %%zmm0, %%zmm2, %%zmm3\n\t"                                                          \
+    "vpmaddwd %%zmm1, %%zmm2, %%zmm4\n\t"                                                          \
+    "vpaddd %%zmm3, %%zmm" #acc0 ", %%zmm" #acc0 "\n\t"                                            \
+    "vpaddd %%zmm4, %%zmm" #acc1 ", %%zmm" #acc1 "\n\t"
+#define I16_ZERO(r) "vpxord %%zmm" #r ", %%zmm" #r ", %%zmm" #r "\n\t"
+#define I16_SAVE(r) "vmovdqu64 %%zmm" #r ", (" #r " - 16) * 64(%[o])\n\t"
+#define I16_EACH(f) f(16) f(17) f(18) f(19) f(20) f(21) f(22) f(23) f(24) f(25) f(26) f(27) f(28) f(29) f(30) f(31)
+
 void bie_cpu_i16_outer_tile__avx512(const void * va, const void * vb, size_t kp, bool accumulate, int32_t * c,
                                     size_t ldc) {
-    enum { MR = CPU_OUTER_MR, NV = CPU_OUTER_NR / 16 };
-    const int16_t * a = va;
-    const int16_t * b = vb;
-    __m512i acc[MR][NV];
-    for (int i = 0; i < MR; i++)
-        for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_si512();
-    for (size_t p = 0; p < kp; p++) {
-        __m512i bv[NV];
-        for (int j = 0; j < NV; j++) bv[j] = _mm512_load_si512((const void *)(b + (p * NV + j) * 32));
-        for (int i = 0; i < MR; i++) {
-            int32_t pair;
-            memcpy(&pair, a + (p * MR + i) * 2, sizeof pair);
-            const __m512i av = _mm512_set1_epi32(pair);
-            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_add_epi32(acc[i][j], _mm512_madd_epi16(av, bv[j]));
-        }
-    }
+    _Static_assert(CPU_OUTER_MR == 8 && CPU_OUTER_NR == 32, "the loop below is written for an 8x32 tile");
+    const uint8_t * a = va;
+    const uint8_t * b = vb;
+    const uint8_t * bend = b + kp * CPU_OUTER_NR * 4; // kp > 0
+    __m512i acc[CPU_OUTER_MR][CPU_OUTER_NR / 16]; // row i, vector j in zmm(16 + 2i + j)
+    __asm__ volatile(I16_EACH(I16_ZERO)
+                     "1:\n\t"
+                     "vmovdqa64 (%[b]), %%zmm0\n\t"
+                     "vmovdqa64 64(%[b]), %%zmm1\n\t"
+                     I16_ROW(0, 16, 17) I16_ROW(1, 18, 19) I16_ROW(2, 20, 21) I16_ROW(3, 22, 23)
+                     I16_ROW(4, 24, 25) I16_ROW(5, 26, 27) I16_ROW(6, 28, 29) I16_ROW(7, 30, 31)
+                     "add $32, %[a]\n\t"
+                     "sub $-128, %[b]\n\t"
+                     "cmp %[b], %[bend]\n\t"
+                     "jne 1b\n\t"
+                     I16_EACH(I16_SAVE)
+                     : [a] "+r"(a), [b] "+r"(b)
+                     : [bend] "r"(bend), [o] "r"(acc)
+                     : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21",
+                       "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31",
+                       "memory", "cc");
     outer_store(acc, accumulate, c, ldc);
 }
 

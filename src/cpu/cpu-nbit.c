@@ -225,6 +225,15 @@ static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t 
 
 static size_t outer_workspace(int threads) { return (size_t)threads * (OUTER_TILE + OUTER_BLOCK); }
 
+// Part `part` of `parts` of a block's int8 code rows (nr rows of kn codes from w, row stride ld)
+// prefetched into L2 while the block before it is in use, so that widening it does not wait on memory.
+static void prefetch_rows(const int8_t * w, ptrdiff_t ld, int64_t nr, int64_t kn, int64_t part, int64_t parts) {
+    for (int64_t r = part; r < nr; r += parts) {
+        for (int64_t k = 0; k < kn; k += 64) __builtin_prefetch(w + r * ld + k, 0, 2);
+        __builtin_prefetch(w + r * ld + kn - 1, 0, 2);
+    }
+}
+
 static void outer_gemm(const struct nbit_plan * pl, int threads, int32_t * tiles) {
     const int64_t mtiles = (pl->M + OUTER_MT - 1) / OUTER_MT;
     int64_t nt = OUTER_NT;
@@ -247,15 +256,25 @@ static void outer_gemm(const struct nbit_plan * pl, int threads, int32_t * tiles
             const int64_t kn = Kp - k0 < OUTER_KC ? Kp - k0 : OUTER_KC;
             for (int64_t j = 0; j < nc; j += CPU_OUTER_NR) {
                 const uint8_t * b = (const uint8_t *)block;
+                const int8_t * next = NULL; // widen: the task's next block of code rows (nrn x knn)
+                int64_t nrn = 0, knn = 0;
                 if (pl->widen) {
                     const int64_t nr = pl->N - n0 - j < CPU_OUTER_NR ? pl->N - n0 - j : CPU_OUTER_NR;
                     pl->kern->widen_nr(pl->wq + (n0 + j) * pl->ldw + k0, pl->ldw, (int)nr, (size_t)kn / 2, block);
+                    const int64_t jn = j + CPU_OUTER_NR < nc ? j + CPU_OUTER_NR : 0, kn0 = jn ? k0 : k0 + kn;
+                    if (kn0 < Kp) {
+                        next = pl->wq + (n0 + jn) * pl->ldw + kn0;
+                        nrn = pl->N - n0 - jn < CPU_OUTER_NR ? pl->N - n0 - jn : CPU_OUTER_NR;
+                        knn = Kp - kn0 < OUTER_KC ? Kp - kn0 : OUTER_KC;
+                    }
                 } else {
                     b = B + ((n0 + j) * Kp + k0 * CPU_OUTER_NR) * esz;
                 }
-                for (int64_t i = 0; i < mc; i += CPU_OUTER_MR)
+                for (int64_t i = 0; i < mc; i += CPU_OUTER_MR) {
+                    if (next) prefetch_rows(next, pl->ldw, nrn, knn, i / CPU_OUTER_MR, (mc + CPU_OUTER_MR - 1) / CPU_OUTER_MR);
                     pl->outer(A + ((m0 + i) * Kp + k0 * CPU_OUTER_MR) * esz, b, (size_t)(kn / unit), k0 > 0,
                               acc + i * nt + j, (size_t)nt);
+                }
             }
         }
         finish_tile((void *)pl, m0, mc, n0, nc, acc, (size_t)nt);
