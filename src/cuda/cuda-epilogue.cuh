@@ -14,7 +14,7 @@ struct row_info {
     int64_t nb, oh, ow;
     int rowpop;
     int64_t kterm;     // number of valid positions (K, or C*|V| for zero padding)
-    uint64_t invalid;  // taps outside the image (zero padding only, kh*kw <= 64)
+    int border;        // border class of the pixel (zero padding only; 0: no tap outside the image)
     bool valid;
 };
 
@@ -34,18 +34,20 @@ __device__ __forceinline__ row_info make_row(const gemm_epilogue & ep, int64_t m
     }
     r.rowpop = ep.binary && ep.rowpop ? ep.rowpop[m] : 0; // (a GEMM that counts them itself passes NULL)
     r.kterm = g.K;
-    r.invalid = 0;
-    if (ep.tappop) {
-        int nvalid = 0;
+    r.border = 0;
+    if (ep.tapcorr) {
+        int vh = 0, vw = 0; // valid kernel rows and columns (validity of a tap is per dimension)
         for (int i = 0; i < g.kh; i++) {
             const int64_t h = r.oh * g.sh - g.ph + (int64_t)i * g.dh;
-            for (int j = 0; j < g.kw; j++) {
-                const int64_t w = r.ow * g.sw - g.pw + (int64_t)j * g.dw;
-                if (h >= 0 && h < g.H && w >= 0 && w < g.W) nvalid++;
-                else r.invalid |= 1ull << (i * g.kw + j);
-            }
+            vh += h >= 0 && h < g.H;
         }
-        r.kterm = g.C * nvalid;
+        for (int j = 0; j < g.kw; j++) {
+            const int64_t w = r.ow * g.sw - g.pw + (int64_t)j * g.dw;
+            vw += w >= 0 && w < g.W;
+        }
+        r.kterm = g.C * vh * vw;
+        r.border = border_class(r.oh, g.OH, ep.border[0], ep.border[1]) * (1 + ep.border[2] + ep.border[3]) +
+                   border_class(r.ow, g.OW, ep.border[2], ep.border[3]);
     }
     return r;
 }
@@ -59,17 +61,8 @@ __device__ __forceinline__ int dot_from_terms(int acc, int rowpop, int colterm, 
 // The layer's integer result from the GEMM's acc (binary: the +-1 dot product from AND-popcounts).
 __device__ __forceinline__ int binary_dot(const gemm_epilogue & ep, const row_info & r, int64_t n, int acc) {
     if (!ep.binary) return acc;
-    int colterm = ep.colpop[n];
-    if (r.invalid) {
-        const int taps = ep.g.kh * ep.g.kw;
-        uint64_t inv = r.invalid;
-        while (inv) {
-            const int t = __ffsll((long long)inv) - 1;
-            inv &= inv - 1;
-            colterm -= ep.tappop[n * taps + t];
-        }
-    }
-    return dot_from_terms(acc, r.rowpop, colterm, r.kterm);
+    const int corr = r.border ? ep.tapcorr[r.border * ep.g.O + n] : 0; // adds back 2 popc(w) off the image
+    return dot_from_terms(acc, r.rowpop, ep.colpop[n], r.kterm) + corr;
 }
 
 // Stores one finished dot product (any y layout; B1 y: its sign code for the packed writer).

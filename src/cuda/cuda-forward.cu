@@ -332,6 +332,44 @@ __global__ void tap_popcounts(const uint8_t * B, int64_t O, int taps, int64_t C,
     }
 }
 
+// A representative output row (or column) of border class c (border_class in cuda-impl.cuh), or
+// -1 for class 0 (no tap outside the image in that dimension).
+__device__ __forceinline__ int64_t class_example(int c, int64_t O, int lo, int hi) {
+    return c == 0 ? -1 : c <= lo ? c - 1 : O - hi + (c - 1 - lo);
+}
+
+// tapcorr[p][n] = 2 * sum of tappop[n][t] over the taps t = (i, j) that lie outside the image for
+// the pixels of border class p (a tap is outside when its row or its column is).
+__global__ void tap_corrections(const int * tappop, struct dgeom g, int top, int bottom, int left, int right,
+                                int * tapcorr) {
+    const int cwn = 1 + left + right, classes = (1 + top + bottom) * cwn, taps = g.kh * g.kw;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < classes * g.O;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int p = (int)(e / g.O);
+        const int64_t n = e % g.O;
+        const int64_t oh = class_example(p / cwn, g.OH, top, bottom), ow = class_example(p % cwn, g.OW, left, right);
+        int sum = 0;
+        for (int i = 0; i < g.kh; i++) {
+            const int64_t h = oh * g.sh - g.ph + (int64_t)i * g.dh;
+            const bool h_out = oh >= 0 && (h < 0 || h >= g.H);
+            for (int j = 0; j < g.kw; j++) {
+                const int64_t w = ow * g.sw - g.pw + (int64_t)j * g.dw;
+                if (h_out || (ow >= 0 && (w < 0 || w >= g.W))) sum += tappop[n * taps + i * g.kw + j];
+            }
+        }
+        tapcorr[e] = 2 * sum;
+    }
+}
+
+// How many of the O output rows (or columns) have taps before the image (*lo: o*s - p < 0) and
+// how many have taps past its end (*hi: o*s - p + (k-1)*d >= I); the others have none.
+void border_counts(int64_t O, int64_t I, int64_t s, int64_t p, int64_t k, int64_t d, int * lo, int * hi) {
+    const int64_t first_inside = (p + s - 1) / s, past = I + p - (k - 1) * d;
+    const int64_t first_past = past <= 0 ? 0 : (past + s - 1) / s;
+    *lo = (int)(first_inside < O ? first_inside : O);
+    *hi = (int)(O - (first_past < O ? first_past : O));
+}
+
 size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 
 } // namespace
@@ -343,8 +381,6 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const bool binary = c->quant == BIE_QUANT_BINARY;
     const int taps = (int)(g.kh * g.kw);
     const bool zero_pad_fix = binary && c->is_conv && g.pad_value == BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0);
-    if (zero_pad_fix && taps > 64)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "desc: a binary conv with zero padding supports at most 64 taps on CUDA");
     const int64_t M = g.batch * g.OH * g.OW, N = g.O;
     const int64_t kb_raw = binary ? (g.K + 7) / 8 : g.K;
     const int64_t kbytes = (kb_raw + 127) / 128 * 128;
@@ -374,7 +410,14 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const size_t oB = off; off = align256(off + (w_direct ? 0 : (size_t)(N * kbytes)));
     const size_t oRow = off; off = align256(off + (size_t)M * 4);
     const size_t oCol = off; off = align256(off + (size_t)N * 4);
+    int border[4] = {0, 0, 0, 0}; // zero padding: border class counts (top, bottom, left, right)
+    if (zero_pad_fix) {
+        border_counts(g.OH, g.H, g.sh, g.ph, g.kh, g.dh, &border[0], &border[1]);
+        border_counts(g.OW, g.W, g.sw, g.pw, g.kw, g.dw, &border[2], &border[3]);
+    }
+    const int64_t classes = (int64_t)(1 + border[0] + border[1]) * (1 + border[2] + border[3]);
     const size_t oTap = off; off = align256(off + (zero_pad_fix ? (size_t)(N * taps) * 4 : 0));
+    const size_t oCorr = off; off = align256(off + (zero_pad_fix ? (size_t)(classes * N) * 4 : 0));
     const size_t oSign = off; off = align256(off + (b1_out ? (size_t)ynumel : 0));
     uint8_t * ws;
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
@@ -393,7 +436,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     pw.is_weight = 1;
     pw.s = dscale_make(c, false);
 
-    int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol), * tappop = (int *)(ws + oTap);
+    int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol), * tappop = (int *)(ws + oTap),
+        * tapcorr = (int *)(ws + oCorr);
     const uint8_t * Am = x_direct ? (const uint8_t *)xt.data : ws + oA;
     const bool gemm_counts = bie_cuda_gemm_counts_popcounts(M, zero_pad_fix); // the GEMM counts the bits itself
     if (x_direct) {
@@ -416,13 +460,17 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     if (zero_pad_fix) {
         tap_popcounts<<<grid_for(N * taps, 256), 256, 0, st->stream>>>(Bm, N, taps, g.C, ldb, tappop);
         LAUNCHED(ctx, "weight tap popcounts");
+        tap_corrections<<<grid_for(classes * N, 256), 256, 0, st->stream>>>(tappop, px.g, border[0], border[1], border[2],
+                                                                          border[3], tapcorr);
+        LAUNCHED(ctx, "border corrections");
     }
 
     gemm_epilogue ep;
     ep.binary = binary;
     ep.rowpop = rowpop;
     ep.colpop = colpop;
-    ep.tappop = zero_pad_fix ? tappop : NULL;
+    ep.tapcorr = zero_pad_fix ? tapcorr : NULL;
+    for (int i = 0; i < 4; i++) ep.border[i] = border[i];
     ep.g = px.g;
     ep.sa = px.s;
     ep.sw = pw.s;

@@ -175,7 +175,7 @@ enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B
 
 enum bie_status bie_cuda_gemm_small(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
                                     int64_t kbytes, const gemm_epilogue & ep) {
-    if (M > SMALL_M_MAX || ep.tappop || kbytes % CHUNK)
+    if (M > SMALL_M_MAX || ep.tapcorr || kbytes % CHUNK)
         return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm (few rows): called outside its case");
     if (ep.binary) return M <= 16 ? launch<true, 1>(ctx, A, B, M, N, kbytes, ep) : launch<true, 2>(ctx, A, B, M, N, kbytes, ep);
     return M <= 16 ? launch<false, 1>(ctx, A, B, M, N, kbytes, ep) : launch<false, 2>(ctx, A, B, M, N, kbytes, ep);

@@ -176,20 +176,6 @@ __device__ __noinline__ void store_pair_any(const gemm_epilogue * ep, row_info r
     if (n + 1 < N) store_dot(*ep, r, n + 1, binary_dot(*ep, r, n + 1, a1), scale);
 }
 
-// 2 * the popcount of weight column n over the taps in `invalid` (outside the image under zero
-// padding): what binary_dot subtracts from popc(w), added back to -2 popc(w). Out of line: only
-// border rows of a zero-padded conv call it.
-__device__ __noinline__ int tap_correction(const gemm_epilogue & ep, uint64_t invalid, int64_t n) {
-    const int taps = ep.g.kh * ep.g.kw;
-    int sum = 0;
-    while (invalid) {
-        const int t = __ffsll((long long)invalid) - 1;
-        invalid &= invalid - 1;
-        sum += __ldg(ep.tappop + n * taps + t);
-    }
-    return 2 * sum;
-}
-
 // Two adjacent outputs, rounded to T, as one 4- or 8-byte store.
 template <typename T> __device__ __forceinline__ void store_pair(T * p, float v0, float v1);
 template <> __device__ __forceinline__ void store_pair<float>(float * p, float v0, float v1) {
@@ -219,7 +205,7 @@ __device__ __forceinline__ float biased_dot_to_float(int biased) { return __int_
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, uint8_t * stage,
                                          const int * colterm, const CUtensorMap * ymap, int64_t mw, int64_t nt,
-                                         int64_t M, int64_t N, float scale, const int * rowterm, const uint64_t * rowinv) {
+                                         int64_t M, int64_t N, float scale, const int * rowterm, const int * rowborder) {
     const int lane = threadIdx.x % 32;
     const struct dview & y = ep.y;
     if (!FAST) {
@@ -265,10 +251,11 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
                 if (BINARY) {
                     v0 = 4 * v0 + rowterm[h] + ct.x;
                     v1 = 4 * v1 + rowterm[h] + ct.y;
-                    if (TAPS && rowinv[h]) { // a row at a zero-padded border
+                    if (TAPS && rowborder[h]) { // a pixel at a zero-padded border
                         const int64_t n = nt + 8 * i + 2 * (lane % 4);
-                        v0 += n < N ? tap_correction(ep, rowinv[h], n) : 0;
-                        v1 += n + 1 < N ? tap_correction(ep, rowinv[h], n + 1) : 0;
+                        const int * corr = ep.tapcorr + (int64_t)rowborder[h] * N;
+                        v0 += n < N ? __ldg(corr + n) : 0;
+                        v1 += n + 1 < N ? __ldg(corr + n + 1) : 0;
                     }
                 }
                 const float f0 = BINARY ? biased_dot_to_float(v0) : __int2float_rn(v0);
@@ -372,7 +359,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         // thread's fragment rows.
         constexpr int NCP = BINARY && FAST ? BN / 32 : 1, NR = 2;
         int cpop[NCP], rterm[NR];
-        uint64_t rinv[NR];
+        int rborder[NR];
 #pragma unroll
         for (int q = 0; q < NCP; q++) {
             const int64_t n = nt + lane + 32 * q;
@@ -382,12 +369,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int r = 0; r < NR; r++) {
             const int64_t m = mt0 + cw * 64 + warp * 16 + lane / 4 + 8 * r;
             rterm[r] = 0;
-            rinv[r] = 0;
+            rborder[r] = 0;
             if (BINARY && FAST && m < M) {
                 if (TAPS) { // a zero-padded conv: K counts the valid taps only
                     const row_info ri = make_row(ep, m, M);
                     rterm[r] = (int)ri.kterm - 2 * ri.rowpop;
-                    rinv[r] = ri.invalid;
+                    rborder[r] = ri.border;
                 } else {
                     rterm[r] = (int)ep.g.K - 2 * __ldg(ep.rowpop + m);
                 }
@@ -418,7 +405,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             __syncwarp();
         }
         epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, ep_colterm, ymap, mt0 + cw * 64 + warp * 16, nt, M, N,
-                                            scale, rterm, rinv);
+                                            scale, rterm, rborder);
     }
     if (ymap && lane == 0) tma_store_wait_all(); // the stage must outlive its last store
 #endif
@@ -509,7 +496,7 @@ enum bie_status by_output(bie_context_t * ctx, const CUtensorMap & ta, const CUt
                           int ktiles, const gemm_epilogue & ep, int slot) {
     const struct dview & y = ep.y;
     const bool fast = (y.stride[1] == 1 || N == 1) && (!BINARY || ep.g.K < DOT_BIAS_MAX_K);
-    if (BINARY && ep.tappop && fast) { // a zero-padded binary conv: the border correction compiled in
+    if (BINARY && ep.tapcorr && fast) { // a zero-padded binary conv: the border correction compiled in
         const int ts = 2 * 4 * 3 + slot * 4; // after the 24 slots below
         if (y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, ts);
         if (y.dtype == BIE_DTYPE_BF16)

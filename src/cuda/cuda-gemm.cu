@@ -10,7 +10,10 @@
 //           padded taps hold a = 0 bits and must contribute 0, not -w: summing only over the valid
 //           taps V of the output position gives
 //             dot = 4*popc(a&w) - 2*popc(a) - 2*(popc(w) - sum_{t not in V} popc(w_t)) + C*|V|
-//           (popc(w_t) = the weight's popcount on tap t, precomputed per output channel).
+//           (popc(w_t) = the weight's popcount on tap t). The taps outside the image depend only on
+//           the pixel's border class (border_class in cuda-impl.cuh: 9 classes for a 3x3 kernel with
+//           padding 1), so 2 * sum_{t not in V} popc(w_t) is a table [class][output channel] built
+//           before the GEMM, and the epilogue adds one entry of it on border pixels.
 //   n-bit:  A, B hold int8 codes (4-bit codes unpacked to int8: Hopper has no native int4 MMA);
 //           acc = dot through mma.sync m16n8k32 s8 (IMMA).
 //   y = (float)dot * (scale_a * scale_w) rounded to y's dtype; I32 y = dot; B1 y = (dot >= 0).
@@ -204,7 +207,7 @@ enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: more than 2^31 output rows in one call");
     // A few rows: one split-K launch with the popcounts fused (cuda-gemm-small.cu). Hopper:
     // warpgroup MMA, except up to 64 rows, where the 64-row mma.sync tiles waste less.
-    if (bie_cuda_gemm_counts_popcounts(M, ep.tappop != NULL)) return bie_cuda_gemm_small(ctx, A, B, M, N, kbytes, ep);
+    if (bie_cuda_gemm_counts_popcounts(M, ep.tapcorr != NULL)) return bie_cuda_gemm_small(ctx, A, B, M, N, kbytes, ep);
     if (M > 64 && bie_cuda_wgmma_usable(ctx)) return bie_cuda_gemm_wgmma(ctx, A, B, M, N, kbytes, ep);
     return ep.binary ? pick<true>(ctx, A, B, M, N, kbytes, ep) : pick<false>(ctx, A, B, M, N, kbytes, ep);
 }

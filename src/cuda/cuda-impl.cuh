@@ -268,6 +268,13 @@ static inline struct dgeom dgeom_make(const struct bie_geometry & g) {
     return d;
 }
 
+// Border classes of zero padding: output row oh (of OH) is class 0 when none of its taps lies
+// above or below the image, else 1 + oh for the first `top` rows and 1 + top + (oh - (OH - bottom))
+// for the last `bottom` ones; output columns likewise; a pixel's class is ch * (1 + left + right) + cw.
+__host__ __device__ __forceinline__ int border_class(int64_t o, int64_t O, int top, int bottom) {
+    return o < top ? 1 + (int)o : o >= O - bottom ? 1 + top + (int)(o - (O - bottom)) : 0;
+}
+
 // GEMM on packed operands: C[m][n] = sum over the row's bytes of A[m] . B[n], where rows are
 // `kbytes` bytes (a multiple of 128). binary = 1: bits with AND-popcount (acc = popc(a & b));
 // binary = 0: int8 codes. The epilogue turns acc into y.
@@ -275,7 +282,11 @@ struct gemm_epilogue {
     int binary;
     const int * rowpop;  // [M] popc(a row) (binary)
     const int * colpop;  // [N] popc(w row) (binary)
-    const int * tappop;  // [N][kh*kw] popc of w per tap (binary conv with zero padding), or NULL
+    // Zero-padded binary conv (else tapcorr is NULL): tapcorr[p][n] = 2 * popc of weight row n over
+    // the taps outside the image for the rows of border class p (border_class below), with the
+    // class counts of the output rows (top, bottom) and columns (left, right) that have such taps.
+    const int * tapcorr;
+    int border[4];
     struct dgeom g;
     struct dscale sa, sw;
     struct dview y;      // [batch, O, OH, OW]; y.dtype B1 -> write sign codes to `sign` instead
