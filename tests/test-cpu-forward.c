@@ -148,22 +148,25 @@ static enum bie_status run(bie_context_t * ctx, struct fcase * fc, struct bie_te
 // of 32, contiguous code rows; with a gap after every row half the time, which is still in place):
 // K within one block of 512 codes, across blocks and with a short last block; N around the
 // 32-column block (fewer columns than a block: zero rows). Convs: OHWI I8 weights with C*kh*kw a
-// multiple of 32, and one OIHW case (not in place: packed rows).
-static void make_in_place(struct fcase * fc, int i) {
+// multiple of 32, and one OIHW case (not in place: packed rows). Every fourth linear case has more
+// than 4 m-tiles of 256 rows (the tasks pack their own activation panels at 2 threads too; at 1
+// thread from 2 m-tiles), and every eighth one is 4-bit (the byte outer tile).
+static void make_outer(struct fcase * fc, int i) {
     static const int64_t ks[] = {32, 64, 512, 544, 1024, 1056, 2080};
     static const int64_t ns[] = {1, 7, 31, 32, 33, 64, 65, 100};
     memset(fc, 0, sizeof *fc);
-    fc->q = BIE_QUANT_INT8;
+    fc->q = i % 8 == 5 ? BIE_QUANT_INT4 : BIE_QUANT_INT8;
     const enum bie_dtype yd = pick_y(fc->q);
     if (i % 4 != 3) {
-        const int64_t M = test_rand_int(64, 300), K = test_pick(ks, 7), N = test_pick(ns, 8);
+        const int64_t M = i % 4 == 1 ? test_rand_int(1025, 1200) : test_rand_int(64, 300);
+        const int64_t K = test_pick(ks, 7), N = test_pick(ns, 8);
         const bool xg = test_rand_int(0, 1), wg = test_rand_int(0, 1);
         fc->lin = (struct bie_linear_desc){.quant = fc->q, .in_features = K, .out_features = N};
         fc->x = cpu_test_view2(BIE_DTYPE_F32, M, K, xg);
-        fc->w = cpu_test_view2(BIE_DTYPE_I8, N, K, wg);
+        fc->w = cpu_test_view2(fc->q == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8, N, K, wg);
         fc->y = cpu_test_view2(yd, M, N, false);
-        snprintf(fc->what, sizeof fc->what, "in-place linear M=%lld K=%lld N=%lld x gap %d w gap %d y %s",
-                 (long long)M, (long long)K, (long long)N, (int)xg, (int)wg, bie_dtype_name(yd));
+        snprintf(fc->what, sizeof fc->what, "outer-tile linear q%d M=%lld K=%lld N=%lld x gap %d w gap %d y %s",
+                 (int)fc->q, (long long)M, (long long)K, (long long)N, (int)xg, (int)wg, bie_dtype_name(yd));
     } else {
         static const int64_t cs[] = {32, 64, 96};
         struct bie_conv2d_desc * d = &fc->cd;
@@ -181,7 +184,7 @@ static void make_in_place(struct fcase * fc, int i) {
         fc->x = cpu_test_view4(BIE_DTYPE_F32, xs, nhwc);
         fc->w = cpu_test_view4(BIE_DTYPE_I8, wsh, ohwi ? nhwc : nchw);
         fc->y = cpu_test_view4(yd, ysh, nchw);
-        snprintf(fc->what, sizeof fc->what, "in-place conv N=%lld C=%lld H=%lld W=%lld O=%lld k=%d w %s y %s",
+        snprintf(fc->what, sizeof fc->what, "outer-tile conv N=%lld C=%lld H=%lld W=%lld O=%lld k=%d w %s y %s",
                  (long long)N, (long long)d->in_channels, (long long)H, (long long)W, (long long)d->out_channels, k,
                  ohwi ? "OHWI" : "OIHW", bie_dtype_name(yd));
     }
@@ -251,7 +254,7 @@ int main(int argc, char ** argv) {
     }
     for (int i = 0; i < (quick ? 8 : 40); i++) {
         struct fcase fc;
-        make_in_place(&fc, i);
+        make_outer(&fc, i);
         check_case(&fc, ref, cpu, nlev, cpu1);
         free_case(&fc);
     }

@@ -25,6 +25,7 @@ struct nbit_plan {
     bool bytes;    // byte panels: a + off (unsigned) times w (signed); else int16 panels
     cpu_outer_tile_fn outer; // the outer-product tile on interleaved panels, or NULL: plain rows
     bool widen;    // the int16 outer tile: B is int8 code rows, widened per block (outer_gemm)
+    bool own_a;    // outer tile, many m-tiles: each task packs its activation panels (outer_gemm)
     int64_t esz;   // bytes per code in A: 1 (byte panels) or 2
     int64_t wesz;  // bytes per code in B: 1 (byte panels, widen) or 2
     int off;       // 8 (4-bit) or 128 (8-bit, only with an exact u8 x s8 tile)
@@ -37,6 +38,24 @@ struct nbit_plan {
     int16_t * rows; // per thread: the stage of a row's or a panel's rows (staged() below)
     struct cpu_epilogue ep;
 };
+
+// f32 NCHW x with whole contiguous planes is quantised plane by plane, XQ_PLANES channels of a
+// sample at a time (each plane read sequentially, instead of a row of every channel in turn, which
+// reads as many streams as channels: conv-8bit-c128-28-b16 spent 5 ms there), into the thread's
+// stage of XQ_PLANES planes, then written to NHWC a pixel's run of channels at a time.
+#define XQ_PLANES 32
+
+static bool x_planes(const struct bie_layer_call * c) {
+    const int64_t * xs = c->x.stride;
+    return c->x.dtype == BIE_DTYPE_F32 && xs[1] != 1 && xs[3] == 1 && (c->g.H == 1 || xs[2] == c->g.W);
+}
+
+// int16 elements of a thread's stage for quantize_x.
+static size_t x_stage(const struct bie_layer_call * c) {
+    const struct bie_geometry * g = &c->g;
+    if (!x_planes(c)) return cpu_round_up((size_t)g->W, 32);
+    return (size_t)(g->C < XQ_PLANES ? g->C : XQ_PLANES) * cpu_round_up((size_t)(g->H * g->W), 32);
+}
 
 static void quantize_x(const struct nbit_plan * pl, const float * bias, int threads, int16_t * tmp_ws) {
     const struct bie_layer_call * c = pl->c;
@@ -52,6 +71,20 @@ static void quantize_x(const struct nbit_plan * pl, const float * bias, int thre
                 const float * src = (const float *)x->data + (nh / H) * xs[0] + (nh % H) * xs[2] + w * xs[3];
                 pl->kern->quantize(src, bias, 0.0f, C, sa, pl->lo, pl->hi, pl->xq + (nh * W + w) * C);
             }
+    } else if (x_planes(c)) {
+        const int64_t HW = H * W, ldt = (int64_t)cpu_round_up((size_t)HW, 32);
+        const int64_t groups = (C + XQ_PLANES - 1) / XQ_PLANES;
+#pragma omp parallel for num_threads(threads)
+        for (int64_t t = 0; t < g->batch * groups; t++) {
+            int16_t * tmp = tmp_ws + (size_t)omp_get_thread_num() * x_stage(c);
+            const int64_t n = t / groups, c0 = t % groups * XQ_PLANES, cn = C - c0 < XQ_PLANES ? C - c0 : XQ_PLANES;
+            for (int64_t j = 0; j < cn; j++)
+                pl->kern->quantize((const float *)x->data + n * xs[0] + (c0 + j) * xs[1], NULL,
+                                   bias ? bias[c0 + j] : 0.0f, HW, sa, pl->lo, pl->hi, tmp + j * ldt);
+            int16_t * dst = pl->xq + n * HW * C + c0;
+            for (int64_t p = 0; p < HW; p++)
+                for (int64_t j = 0; j < cn; j++) dst[p * C + j] = tmp[j * ldt + p];
+        }
     } else if (x->dtype == BIE_DTYPE_F32 && xs[3] == 1) {
 #pragma omp parallel for num_threads(threads)
         for (int64_t nh = 0; nh < NH; nh++) {
@@ -164,15 +197,13 @@ static void pack_weights(const struct nbit_plan * pl, int threads) {
 }
 
 // Each output pixel's im2col row of Kp codes: int16, or unsigned bytes code + off.
-static void pack_activations(const struct nbit_plan * pl, int threads) {
+// pack_panel: rows m0 .. m0+step-1 (a panel of the outer tile, or one row) at base, on the calling thread.
+static void pack_panel(const struct nbit_plan * pl, int64_t m0, int64_t step, void * base) {
     const struct bie_geometry * g = &pl->c->g;
     const int64_t P = g->OH * g->OW, C = g->C, T = g->kh * g->kw, Kp = pl->Kp;
-    const int64_t step = pl->outer ? CPU_OUTER_MR : 1; // rows per panel
-#pragma omp parallel for num_threads(threads)
-    for (int64_t m0 = 0; m0 < pl->Mp; m0 += step)
+    int16_t * stage = pl->rows + (size_t)omp_get_thread_num() * (size_t)((pl->outer ? CPU_OUTER_NR : 1) * Kp);
     for (int64_t m = m0; m < m0 + step; m++) {
-        int16_t * stage = pl->rows + (size_t)omp_get_thread_num() * (size_t)(step * Kp);
-        void * dst = pl->outer ? staged(pl, stage, m - m0, pl->esz) : panel_row(pl, pl->A, m, pl->esz);
+        void * dst = pl->outer ? staged(pl, stage, m - m0, pl->esz) : panel_row(pl, base, m - m0, pl->esz);
         int16_t * row = pl->bytes ? stage : dst; // the int16 codes
         if (m >= pl->M) {
             memset(dst, 0, (size_t)(Kp * pl->esz));
@@ -196,9 +227,14 @@ static void pack_activations(const struct nbit_plan * pl, int threads) {
                 memset(row + T * C, 0, (size_t)(Kp - T * C) * sizeof(int16_t));
             }
         }
-        if (pl->outer && m == m0 + step - 1) // the panel's rows are complete
-            interleave_rows(staged(pl, stage, 0, pl->esz), Kp * pl->esz, CPU_OUTER_MR, panel_row(pl, pl->A, m0, pl->esz));
     }
+    if (pl->outer) interleave_rows(staged(pl, stage, 0, pl->esz), Kp * pl->esz, CPU_OUTER_MR, base);
+}
+
+static void pack_activations(const struct nbit_plan * pl, int threads) {
+    const int64_t step = pl->outer ? CPU_OUTER_MR : 1; // rows per panel
+#pragma omp parallel for num_threads(threads)
+    for (int64_t m0 = 0; m0 < pl->Mp; m0 += step) pack_panel(pl, m0, step, panel_row(pl, pl->A, m0, pl->esz));
 }
 
 static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t nc, int32_t * acc,
@@ -223,7 +259,11 @@ static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t 
 #define OUTER_TILE ((size_t)OUTER_MT * OUTER_NT * sizeof(int32_t))
 #define OUTER_BLOCK ((size_t)CPU_OUTER_NR * OUTER_KC * sizeof(int16_t))
 
-static size_t outer_workspace(int threads) { return (size_t)threads * (OUTER_TILE + OUTER_BLOCK); }
+// Per thread: the int32 tile, the widened weight block and, with own_a, the activation panels of
+// an m-tile (OUTER_MT rows of Kp codes).
+static size_t outer_thread_bytes(const struct nbit_plan * pl) {
+    return OUTER_TILE + OUTER_BLOCK + (pl->own_a ? (size_t)(OUTER_MT * pl->Kp * pl->esz) : 0);
+}
 
 // Part `part` of `parts` of a block's int8 code rows (nr rows of kn codes from w, row stride ld)
 // prefetched into L2 while the block before it is in use, so that widening it does not wait on memory.
@@ -234,50 +274,64 @@ static void prefetch_rows(const int8_t * w, ptrdiff_t ld, int64_t nr, int64_t kn
     }
 }
 
-static void outer_gemm(const struct nbit_plan * pl, int threads, int32_t * tiles) {
+// Columns n0 .. n0+nc-1 (nc <= nt) of rows m0 .. m0+mc-1, whose activation panels start at a.
+static void outer_columns(const struct nbit_plan * pl, const uint8_t * a, int64_t m0, int64_t mc, int64_t n0,
+                          int64_t nc, int64_t nt, int32_t * acc, int16_t * block) {
+    const int64_t Kp = pl->Kp, esz = pl->esz, unit = 4 / esz; // codes per 32-bit unit
+    for (int64_t k0 = 0; k0 < Kp; k0 += OUTER_KC) {
+        const int64_t kn = Kp - k0 < OUTER_KC ? Kp - k0 : OUTER_KC;
+        for (int64_t j = 0; j < nc; j += CPU_OUTER_NR) {
+            const uint8_t * b = (const uint8_t *)block;
+            const int8_t * next = NULL; // widen: the next block of code rows (nrn x knn)
+            int64_t nrn = 0, knn = 0;
+            if (pl->widen) {
+                const int64_t nr = pl->N - n0 - j < CPU_OUTER_NR ? pl->N - n0 - j : CPU_OUTER_NR;
+                pl->kern->widen_nr(pl->wq + (n0 + j) * pl->ldw + k0, pl->ldw, (int)nr, (size_t)kn / 2, block);
+                const int64_t jn = j + CPU_OUTER_NR < nc ? j + CPU_OUTER_NR : 0, kn0 = jn ? k0 : k0 + kn;
+                if (kn0 < Kp) {
+                    next = pl->wq + (n0 + jn) * pl->ldw + kn0;
+                    nrn = pl->N - n0 - jn < CPU_OUTER_NR ? pl->N - n0 - jn : CPU_OUTER_NR;
+                    knn = Kp - kn0 < OUTER_KC ? Kp - kn0 : OUTER_KC;
+                }
+            } else {
+                b = (const uint8_t *)pl->B + ((n0 + j) * Kp + k0 * CPU_OUTER_NR) * esz;
+            }
+            for (int64_t i = 0; i < mc; i += CPU_OUTER_MR) {
+                if (next) prefetch_rows(next, pl->ldw, nrn, knn, i / CPU_OUTER_MR, (mc + CPU_OUTER_MR - 1) / CPU_OUTER_MR);
+                pl->outer(a + (i * Kp + k0 * CPU_OUTER_MR) * esz, b, (size_t)(kn / unit), k0 > 0, acc + i * nt + j,
+                          (size_t)nt);
+            }
+        }
+    }
+    finish_tile((void *)pl, m0, mc, n0, nc, acc, (size_t)nt);
+}
+
+// Tasks of one m-tile by nt columns; with own_a, a task is a whole m-tile (every column tile in
+// turn against its activation panels, packed first into the thread's buffer, so the panels of a
+// long M never go through memory).
+static void outer_gemm(const struct nbit_plan * pl, int threads, void * tiles) {
     const int64_t mtiles = (pl->M + OUTER_MT - 1) / OUTER_MT;
     int64_t nt = OUTER_NT;
     if (mtiles * ((pl->N + nt - 1) / nt) < 2 * threads) nt = CPU_OUTER_NR; // small layers: more tasks
-    const int64_t ntiles = (pl->N + nt - 1) / nt, tasks = mtiles * ntiles;
+    const int64_t ntiles = (pl->N + nt - 1) / nt, tasks = pl->own_a ? mtiles : mtiles * ntiles;
     const bool n_major = pl->N > pl->M; // consecutive tasks share the larger operand's panels
-    const uint8_t * A = pl->A;
-    const uint8_t * B = pl->B;
-    const int64_t Kp = pl->Kp, esz = pl->esz, unit = 4 / esz; // codes per 32-bit unit
+    const int64_t Kp = pl->Kp, esz = pl->esz;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t t = 0; t < tasks; t++) {
-        const int64_t mt = n_major ? t % mtiles : t / ntiles, ntile = n_major ? t / mtiles : t % ntiles;
-        const int64_t m0 = mt * OUTER_MT, n0 = ntile * nt;
-        const int64_t mc = pl->M - m0 < OUTER_MT ? pl->M - m0 : OUTER_MT;
-        const int64_t nc = pl->N - n0 < nt ? pl->N - n0 : nt;
-        uint8_t * ws = (uint8_t *)tiles + (size_t)omp_get_thread_num() * (OUTER_TILE + OUTER_BLOCK);
-        int32_t * acc = (int32_t *)ws;
-        int16_t * block = (int16_t *)(ws + OUTER_TILE);
-        for (int64_t k0 = 0; k0 < Kp; k0 += OUTER_KC) {
-            const int64_t kn = Kp - k0 < OUTER_KC ? Kp - k0 : OUTER_KC;
-            for (int64_t j = 0; j < nc; j += CPU_OUTER_NR) {
-                const uint8_t * b = (const uint8_t *)block;
-                const int8_t * next = NULL; // widen: the task's next block of code rows (nrn x knn)
-                int64_t nrn = 0, knn = 0;
-                if (pl->widen) {
-                    const int64_t nr = pl->N - n0 - j < CPU_OUTER_NR ? pl->N - n0 - j : CPU_OUTER_NR;
-                    pl->kern->widen_nr(pl->wq + (n0 + j) * pl->ldw + k0, pl->ldw, (int)nr, (size_t)kn / 2, block);
-                    const int64_t jn = j + CPU_OUTER_NR < nc ? j + CPU_OUTER_NR : 0, kn0 = jn ? k0 : k0 + kn;
-                    if (kn0 < Kp) {
-                        next = pl->wq + (n0 + jn) * pl->ldw + kn0;
-                        nrn = pl->N - n0 - jn < CPU_OUTER_NR ? pl->N - n0 - jn : CPU_OUTER_NR;
-                        knn = Kp - kn0 < OUTER_KC ? Kp - kn0 : OUTER_KC;
-                    }
-                } else {
-                    b = B + ((n0 + j) * Kp + k0 * CPU_OUTER_NR) * esz;
-                }
-                for (int64_t i = 0; i < mc; i += CPU_OUTER_MR) {
-                    if (next) prefetch_rows(next, pl->ldw, nrn, knn, i / CPU_OUTER_MR, (mc + CPU_OUTER_MR - 1) / CPU_OUTER_MR);
-                    pl->outer(A + ((m0 + i) * Kp + k0 * CPU_OUTER_MR) * esz, b, (size_t)(kn / unit), k0 > 0,
-                              acc + i * nt + j, (size_t)nt);
-                }
-            }
+        const int64_t mt = pl->own_a ? t : n_major ? t % mtiles : t / ntiles;
+        const int64_t nt0 = pl->own_a ? 0 : n_major ? t / mtiles : t % ntiles, nt1 = pl->own_a ? ntiles : nt0 + 1;
+        const int64_t m0 = mt * OUTER_MT, mc = pl->M - m0 < OUTER_MT ? pl->M - m0 : OUTER_MT;
+        uint8_t * ws = (uint8_t *)tiles + (size_t)omp_get_thread_num() * outer_thread_bytes(pl);
+        const uint8_t * a = (const uint8_t *)pl->A + m0 * Kp * esz;
+        if (pl->own_a) {
+            uint8_t * own = ws + OUTER_TILE + OUTER_BLOCK;
+            for (int64_t i = 0; i < mc; i += CPU_OUTER_MR) pack_panel(pl, m0 + i, CPU_OUTER_MR, own + i * Kp * esz);
+            a = own;
         }
-        finish_tile((void *)pl, m0, mc, n0, nc, acc, (size_t)nt);
+        for (int64_t ntile = nt0; ntile < nt1; ntile++) {
+            const int64_t n0 = ntile * nt, nc = pl->N - n0 < nt ? pl->N - n0 : nt;
+            outer_columns(pl, a, m0, mc, n0, nc, nt, (int32_t *)ws, (int16_t *)(ws + OUTER_TILE));
+        }
     }
 }
 
@@ -297,6 +351,8 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     if (pl.M >= CPU_OUTER_MIN_M)
         pl.outer = c->quant == BIE_QUANT_INT4 ? pl.kern->u4s4_outer_tile : pl.bytes ? NULL : pl.kern->i16_outer_tile;
     pl.widen = pl.outer && !pl.bytes;
+    // Enough m-tiles for every thread: a task packs its own activation panels (outer_gemm).
+    pl.own_a = pl.outer && (pl.M + OUTER_MT - 1) / OUTER_MT >= 2 * threads;
     pl.wesz = pl.bytes || pl.widen ? 1 : 2;
     pl.off = c->quant == BIE_QUANT_INT4 ? 8 : 128;
     pl.Kp = (int64_t)cpu_round_up((size_t)g->K, pl.bytes ? CPU_K4_ALIGN : CPU_K16_ALIGN);
@@ -314,15 +370,15 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
                           (g->kw == 1 || w->stride[3] == g->C) && (g->kh == 1 || w->stride[2] == g->kw * g->C);
 
     const size_t sz_xq = (size_t)(g->batch * g->H * g->W * g->C) * sizeof(int16_t);
-    const size_t sz_tmp = (size_t)threads * cpu_round_up((size_t)g->W, 32) * sizeof(int16_t);
-    const size_t sz_a = (size_t)(pl.Mp * pl.Kp) * esz;
+    const size_t sz_tmp = (size_t)threads * x_stage(c) * sizeof(int16_t);
+    const size_t sz_a = pl.own_a ? 0 : (size_t)(pl.Mp * pl.Kp) * esz;
     const size_t sz_b = in_place ? 0 : (size_t)(pl.Np * pl.Kp * pl.wesz);
     const size_t sz_sumw = (size_t)pl.Np * sizeof(int32_t);
     // the stage: CPU_OUTER_NR >= CPU_OUTER_MR rows of int16 (>= a row of int16 and the bytes of a panel)
     const size_t rows_per_thread = pl.outer ? CPU_OUTER_NR : pl.bytes ? 1 : 0;
     const size_t sz_rows = (size_t)threads * rows_per_thread * (size_t)pl.Kp * sizeof(int16_t);
     const size_t sz_bias = (size_t)g->C * sizeof(float);
-    const size_t sz_tiles = pl.outer ? outer_workspace(threads) : cpu_gemm_workspace(threads);
+    const size_t sz_tiles = pl.outer ? (size_t)threads * outer_thread_bytes(&pl) : cpu_gemm_workspace(threads);
     const size_t total = cpu_arena_size(sz_xq) + cpu_arena_size(sz_tmp) + cpu_arena_size(sz_a) +
                          cpu_arena_size(sz_b) + cpu_arena_size(sz_bias) + cpu_arena_size(sz_tiles) +
                          cpu_arena_size(sz_sumw) + cpu_arena_size(sz_rows);
@@ -349,7 +405,7 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
         pl.wq = pl.B;
         pl.ldw = (ptrdiff_t)pl.Kp;
     }
-    pack_activations(&pl, threads);
+    if (!pl.own_a) pack_activations(&pl, threads);
 
     if (pl.outer) {
         outer_gemm(&pl, threads, tiles);
