@@ -84,6 +84,9 @@ struct cpu_kernels {
     // of panel row r = codes 2p, 2p+1 of rows + r*ld (bytes) for r < nr, zeros for nr <= r < CPU_OUTER_NR
     // (the int16 outer tile's weight block, built from byte rows as it is needed; panel 64-byte aligned).
     void (*widen_nr)(const int8_t * rows, ptrdiff_t ld, int nr, size_t n, int16_t * panel);
+    // The activation panel of an outer tile (either kind) from its CPU_OUTER_MR rows of n 32-bit
+    // units (row stride rb bytes; n a multiple of 16): unit u of row r goes to unit u*CPU_OUTER_MR + r.
+    void (*interleave_mr)(const void * rows, size_t rb, size_t n, void * panel);
     // c[i*ldc + j] = sum_k a_i[k] * b_j[k] for i < CPU_MR, j < i16_nr, with a unsigned bytes in
     // [0, 15] and b signed bytes in [-8, 7] (the 4-bit GEMM); k a multiple of 64; lda/ldb in bytes.
     void (*u4s4_tile)(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k, int32_t * c,
@@ -146,6 +149,7 @@ void bie_cpu_u4s4_outer_tile__avx512(const void * a, const void * b, size_t kq, 
                                      size_t ldc);
 void bie_cpu_interleave_nr__avx512(const int16_t * rows, size_t kp, int16_t * panel);
 void bie_cpu_widen_nr__avx512(const int8_t * rows, ptrdiff_t ld, int nr, size_t n, int16_t * panel);
+void bie_cpu_interleave_mr__avx512(const void * rows, size_t rb, size_t n, void * panel);
 void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
                                    int32_t * c, size_t ldc);
 double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0, float scale, float * gx,
@@ -171,7 +175,8 @@ void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * 
     .sign_tables = bie_cpu_sign_tables__avx512, .fsign_tile = bie_cpu_fsign_tile__avx512
 #define BIE_CPU_AVX512_OUTER                                                                       \
     .i16_outer_tile = bie_cpu_i16_outer_tile__avx512, .interleave_nr = bie_cpu_interleave_nr__avx512, \
-    .widen_nr = bie_cpu_widen_nr__avx512, .u4s4_outer_tile = bie_cpu_u4s4_outer_tile__avx512
+    .widen_nr = bie_cpu_widen_nr__avx512, .interleave_mr = bie_cpu_interleave_mr__avx512,           \
+    .u4s4_outer_tile = bie_cpu_u4s4_outer_tile__avx512
 
 // The table for an ISA level (the best one not above it); at the VPOPCNTDQ level, the VNNI variant
 // when the CPU has AVX512-VNNI.

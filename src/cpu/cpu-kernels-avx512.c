@@ -450,6 +450,41 @@ void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t r
     if (stream) _mm_sfence();
 }
 
+// The activation panel of the outer tiles (cpu-impl.h) by 8x16 transposes of 32-bit units: after
+// 32-bit then 64-bit interleaves, a[j] (rows 0-3) and b[j] (rows 4-7) hold unit 4L + j of their rows
+// in 128-bit lane L; units 2o and 2o+1 of all 8 rows (o = 2L + j/2) are then lanes L of a[j],
+// b[j], a[j+1], b[j+1], gathered by two 128-bit shuffles.
+void bie_cpu_interleave_mr__avx512(const void * rows, size_t rb, size_t n, void * panel) {
+    _Static_assert(CPU_OUTER_MR == 8, "8 rows per panel");
+    const uint8_t * src = rows;
+    uint32_t * dst = panel;
+    for (size_t u = 0; u < n; u += 16) {
+        __m512i v[8], t[8], a[4], b[4];
+        for (int r = 0; r < 8; r++) v[r] = _mm512_loadu_si512((const void *)(src + r * rb + 4 * u));
+        for (int q = 0; q < 4; q++) {
+            t[2 * q] = _mm512_unpacklo_epi32(v[2 * q], v[2 * q + 1]);
+            t[2 * q + 1] = _mm512_unpackhi_epi32(v[2 * q], v[2 * q + 1]);
+        }
+        for (int h = 0; h < 2; h++) {
+            a[2 * h] = _mm512_unpacklo_epi64(t[h], t[h + 2]);
+            a[2 * h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);
+            b[2 * h] = _mm512_unpacklo_epi64(t[h + 4], t[h + 6]);
+            b[2 * h + 1] = _mm512_unpackhi_epi64(t[h + 4], t[h + 6]);
+        }
+        for (int j = 0; j < 4; j += 2) {
+            const __m512i x0 = _mm512_shuffle_i32x4(a[j], b[j], _MM_SHUFFLE(1, 0, 1, 0));
+            const __m512i z0 = _mm512_shuffle_i32x4(a[j + 1], b[j + 1], _MM_SHUFFLE(1, 0, 1, 0));
+            const __m512i x1 = _mm512_shuffle_i32x4(a[j], b[j], _MM_SHUFFLE(3, 2, 3, 2));
+            const __m512i z1 = _mm512_shuffle_i32x4(a[j + 1], b[j + 1], _MM_SHUFFLE(3, 2, 3, 2));
+            const __m512i o[4] = {_mm512_shuffle_i32x4(x0, z0, _MM_SHUFFLE(2, 0, 2, 0)), // L = 0
+                                  _mm512_shuffle_i32x4(x0, z0, _MM_SHUFFLE(3, 1, 3, 1)), // L = 1
+                                  _mm512_shuffle_i32x4(x1, z1, _MM_SHUFFLE(2, 0, 2, 0)), // L = 2
+                                  _mm512_shuffle_i32x4(x1, z1, _MM_SHUFFLE(3, 1, 3, 1))}; // L = 3
+            for (int L = 0; L < 4; L++) _mm512_storeu_si512((void *)(dst + (u + 4 * L + j) * 8), o[L]);
+        }
+    }
+}
+
 // The int16 weight block of the outer tile from int8 code rows (cpu-impl.h): 16 rows of 32 codes
 // sign-extended to 16 pairs per vector, then the 16x16 transpose of pairs.
 void bie_cpu_widen_nr__avx512(const int8_t * rows, ptrdiff_t ld, int nr, size_t n, int16_t * panel) {

@@ -109,19 +109,6 @@ static void quantize_x(const struct nbit_plan * pl, const float * bias, int thre
     }
 }
 
-// A panel of w interleaved rows (layout in cpu-impl.h) from w rows of rb bytes (row stride rb, a
-// multiple of 4): 32-bit unit u of row r goes to unit u*w + r; in chunks of units whose part of the
-// panel stays in L1.
-static void interleave_rows(const void * rows, int64_t rb, int w, void * panel) {
-    const uint8_t * src = rows;
-    uint8_t * dst = panel;
-    for (int64_t u0 = 0; u0 < rb / 4; u0 += 64) {
-        const int64_t u1 = rb / 4 - u0 < 64 ? rb / 4 : u0 + 64;
-        for (int64_t u = u0; u < u1; u++)
-            for (int r = 0; r < w; r++) memcpy(dst + (u * w + r) * 4, src + r * rb + 4 * u, 4);
-    }
-}
-
 // Row r of Kp codes of esz bytes (bytes or int16 codes) from base.
 static void * panel_row(const struct nbit_plan * pl, void * base, int64_t r, int64_t esz) {
     return (uint8_t *)base + r * pl->Kp * esz;
@@ -228,7 +215,7 @@ static void pack_panel(const struct nbit_plan * pl, int64_t m0, int64_t step, vo
             }
         }
     }
-    if (pl->outer) interleave_rows(staged(pl, stage, 0, pl->esz), Kp * pl->esz, CPU_OUTER_MR, base);
+    if (pl->outer) pl->kern->interleave_mr(staged(pl, stage, 0, pl->esz), (size_t)(Kp * pl->esz), (size_t)(Kp * pl->esz / 4), base);
 }
 
 static void pack_activations(const struct nbit_plan * pl, int threads) {
