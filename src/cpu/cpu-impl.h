@@ -84,6 +84,9 @@ struct cpu_kernels {
     // of panel row r = codes 2p, 2p+1 of rows + r*ld (bytes) for r < nr, zeros for nr <= r < CPU_OUTER_NR
     // (the int16 outer tile's weight block, built from byte rows as it is needed; panel 64-byte aligned).
     void (*widen_nr)(const int8_t * rows, ptrdiff_t ld, int nr, size_t n, int16_t * panel);
+    // 32 planes of int16 codes as rows (NHWC from NCHW; NULL: none): dst[p*ldd + j] = src[j*lds + p]
+    // for j < 32, p < np (np a multiple of 16; element strides).
+    void (*planes_to_rows)(const int16_t * src, size_t lds, size_t np, int16_t * dst, size_t ldd);
     // The activation panel of an outer tile (either kind) from its CPU_OUTER_MR rows of n 32-bit
     // units (row stride rb bytes; n a multiple of 16): unit u of row r goes to unit u*CPU_OUTER_MR + r.
     void (*interleave_mr)(const void * rows, size_t rb, size_t n, void * panel);
@@ -150,6 +153,7 @@ void bie_cpu_u4s4_outer_tile__avx512(const void * a, const void * b, size_t kq, 
 void bie_cpu_interleave_nr__avx512(const int16_t * rows, size_t kp, int16_t * panel);
 void bie_cpu_widen_nr__avx512(const int8_t * rows, ptrdiff_t ld, int nr, size_t n, int16_t * panel);
 void bie_cpu_interleave_mr__avx512(const void * rows, size_t rb, size_t n, void * panel);
+void bie_cpu_planes_to_rows__avx512(const int16_t * src, size_t lds, size_t np, int16_t * dst, size_t ldd);
 void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
                                    int32_t * c, size_t ldc);
 double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0, float scale, float * gx,
@@ -172,7 +176,8 @@ void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * 
     .i16_nr = 4, .i16_tile = bie_cpu_i16_tile_4x4__avx512, .sign_bits = bie_cpu_sign_bits__avx512,  \
     .quantize = bie_cpu_quantize__avx512, .mask_binary = bie_cpu_mask_binary__avx512,              \
     .store_cols_f32 = bie_cpu_store_cols_f32__avx512, .sign_idx = bie_cpu_sign_idx__avx512,        \
-    .sign_tables = bie_cpu_sign_tables__avx512, .fsign_tile = bie_cpu_fsign_tile__avx512
+    .sign_tables = bie_cpu_sign_tables__avx512, .fsign_tile = bie_cpu_fsign_tile__avx512,          \
+    .planes_to_rows = bie_cpu_planes_to_rows__avx512
 #define BIE_CPU_AVX512_OUTER                                                                       \
     .i16_outer_tile = bie_cpu_i16_outer_tile__avx512, .interleave_nr = bie_cpu_interleave_nr__avx512, \
     .widen_nr = bie_cpu_widen_nr__avx512, .interleave_mr = bie_cpu_interleave_mr__avx512,           \

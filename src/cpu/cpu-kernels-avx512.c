@@ -485,6 +485,20 @@ void bie_cpu_interleave_mr__avx512(const void * rows, size_t rb, size_t n, void 
     }
 }
 
+// 16 channel pairs as 32-bit units (c2q | c2q+1 << 16) of 16 pixels, transposed in registers.
+void bie_cpu_planes_to_rows__avx512(const int16_t * src, size_t lds, size_t np, int16_t * dst, size_t ldd) {
+    for (size_t p0 = 0; p0 < np; p0 += 16) {
+        __m512 v[16];
+        for (int q = 0; q < 16; q++) {
+            const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(src + 2 * (size_t)q * lds + p0)));
+            const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(src + (2 * (size_t)q + 1) * lds + p0)));
+            v[q] = _mm512_castsi512_ps(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+        transpose16(v);
+        for (int p = 0; p < 16; p++) _mm512_storeu_ps((void *)(dst + (p0 + (size_t)p) * ldd), v[perm16(p)]);
+    }
+}
+
 // The int16 weight block of the outer tile from int8 code rows (cpu-impl.h): 16 rows of 32 codes
 // sign-extended to 16 pairs per vector, then the 16x16 transpose of pairs.
 void bie_cpu_widen_nr__avx512(const int8_t * rows, ptrdiff_t ld, int nr, size_t n, int16_t * panel) {
