@@ -190,11 +190,23 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
                 ((uint2 *)dst)[j] = make_uint2(w0, w1);
             }
         }
-        if (binary) {
+        if (binary && pop) {
             for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
             if (lane == 0) pop[row] = cnt;
         }
     }
+}
+
+// Launches pack_contiguous_rows for a float p.t (rows p.t.stride[0] elements apart); false for
+// other dtypes.
+bool launch_contiguous(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream) {
+    const unsigned grid = grid_for(rows, 8);
+    if (p.t.dtype == BIE_DTYPE_F32) pack_contiguous_rows<float><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
+    else if (p.t.dtype == BIE_DTYPE_F16) pack_contiguous_rows<__half><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
+    else if (p.t.dtype == BIE_DTYPE_BF16)
+        pack_contiguous_rows<__nv_bfloat16><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
+    else return false;
+    return true;
 }
 
 // Integer weights (I8 codes, or S4 nibbles with element 2i in the high nibble) whose rows are
@@ -244,56 +256,123 @@ __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t 
 
 // Implicit-GEMM rows of a binary conv whose x is B1 with whole 32-bit words of channels per pixel
 // (C % 32 == 0, channels contiguous, word-aligned pixels: NHWC bits): a tap's C bits are C/32
-// words of x, copied as they are (pad taps: all ones for PLUS_ONE, else zeros). A warp per row,
-// a word per lane, the row's popcount reduced over the warp.
+// words of x, copied as they are (pad taps: all ones for PLUS_ONE, else zeros). A warp takes 8
+// consecutive rows (output pixels, stepping ow, oh, n without divisions), a word per lane; what a
+// lane's word is (tap offsets and channel word, or row padding) is worked out once per thread for
+// the first IW_KEEP * 32 words of a row, so a row costs a load, a store and a popcount per word.
+// A first version recomputed all of it per word and row and was bound by instruction issue.
+constexpr int IW_KEEP = 8;   // words per lane whose position is kept in registers
+constexpr int IW_ROWS = 8;   // consecutive rows per warp
+struct word_pos {
+    int dh, dw, cw; // tap's row and column offset from (oh*sh, ow*sw); channel word; cw < 0: row padding
+};
+__device__ __forceinline__ word_pos word_position(const struct dgeom & g, int w) {
+    const int wpt = (int)(g.C / 32), tap = w / wpt;
+    word_pos q;
+    if (tap >= g.kh * g.kw) {
+        q.dh = q.dw = 0;
+        q.cw = -1;
+        return q;
+    }
+    const int i = tap / g.kw, j = tap - i * g.kw;
+    q.dh = i * g.dh - g.ph;
+    q.dw = j * g.dw - g.pw;
+    q.cw = w - tap * wpt;
+    return q;
+}
+__device__ __forceinline__ uint32_t word_at(const uint32_t * x, const struct dgeom & g, int64_t xb, int64_t hb,
+                                            int64_t wb, int64_t w2, int64_t w3, const word_pos & q, uint32_t pad) {
+    if (q.cw < 0) return 0u;
+    const int64_t h = hb + q.dh, w = wb + q.dw;
+    return h >= 0 && h < g.H && w >= 0 && w < g.W ? __ldg(x + xb + h * w2 + w * w3 + q.cw) : pad;
+}
 __global__ void im2col_words(const uint32_t * x, struct dgeom g, int64_t w0, int64_t w2, int64_t w3, int64_t rows,
                              int64_t kbytes, uint32_t * out, int * pop) {
     const int lane = threadIdx.x & 31;
+    const int64_t warp0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    const int wpt = (int)(g.C / 32), taps = g.kh * g.kw, words = (int)(kbytes / 4);
+    const int words = (int)(kbytes / 4);
     const uint32_t pad = g.pad_value == BIE_PAD_PLUS_ONE ? 0xffffffffu : 0u;
-    for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
-        const uint32_t rr = (uint32_t)row, OW = (uint32_t)g.OW, OH = (uint32_t)g.OH;
-        const int64_t ow = rr % OW, oh = (rr / OW) % OH, n = rr / (OW * OH);
-        int cnt = 0;
-        for (int w = lane; w < words; w += 32) {
-            const int tap = w / wpt, cw = w - tap * wpt;
-            uint32_t v = 0;
-            if (tap < taps) {
-                const int i = tap / g.kw, j = tap - i * g.kw;
-                const int64_t h = oh * g.sh - g.ph + (int64_t)i * g.dh, ww = ow * g.sw - g.pw + (int64_t)j * g.dw;
-                v = h >= 0 && h < g.H && ww >= 0 && ww < g.W ? __ldg(x + n * w0 + h * w2 + ww * w3 + cw) : pad;
+    word_pos keep[IW_KEEP];
+#pragma unroll
+    for (int k = 0; k < IW_KEEP; k++) keep[k] = word_position(g, lane + 32 * k);
+    for (int64_t r0 = warp0 * IW_ROWS; r0 < rows; r0 += warps * IW_ROWS) {
+        const uint32_t rr = (uint32_t)r0, OW = (uint32_t)g.OW, OH = (uint32_t)g.OH;
+        int64_t ow = rr % OW, oh = (rr / OW) % OH, n = rr / (OW * OH);
+        for (int64_t row = r0; row < r0 + IW_ROWS && row < rows; row++) {
+            const int64_t xb = n * w0, hb = oh * g.sh, wb = ow * g.sw;
+            uint32_t * dst = out + row * words;
+            int cnt = 0;
+#pragma unroll
+            for (int k = 0; k < IW_KEEP; k++) {
+                const int w = lane + 32 * k;
+                if (w < words) {
+                    const uint32_t v = word_at(x, g, xb, hb, wb, w2, w3, keep[k], pad);
+                    dst[w] = v;
+                    cnt += __popc(v);
+                }
             }
-            out[row * words + w] = v;
-            cnt += __popc(v);
+            for (int w = lane + 32 * IW_KEEP; w < words; w += 32) { // rows of more than 256 words
+                const uint32_t v = word_at(x, g, xb, hb, wb, w2, w3, word_position(g, w), pad);
+                dst[w] = v;
+                cnt += __popc(v);
+            }
+            cnt = (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
+            if (lane == 0) pop[row] = cnt;
+            if (++ow == g.OW) {
+                ow = 0;
+                if (++oh == g.OH) {
+                    oh = 0;
+                    n++;
+                }
+            }
         }
-        for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-        if (lane == 0) pop[row] = cnt;
     }
 }
 
+// A binary conv's float x in dense channels-last layout with whole words of channels (C % 32 ==
+// 0): packed first pixel by pixel into NHWC bits (pack_contiguous_rows over pixels, C/8 bytes
+// each, in a scratch buffer of pixel_bits_bytes), whose implicit-GEMM rows im2col_words then
+// copies as words; instead of the per-element pack_rows.
+bool float_pixel_rows(const pack_src & p) {
+    const struct dgeom & g = p.g;
+    const int64_t * st = p.t.stride;
+    const bool fl = p.t.dtype == BIE_DTYPE_F32 || p.t.dtype == BIE_DTYPE_F16 || p.t.dtype == BIE_DTYPE_BF16;
+    return !p.is_weight && p.quant == BIE_QUANT_BINARY && fl && !dgeom_one_position(g) && g.C % 32 == 0 && st[1] == 1 &&
+           st[2] == g.W * st[3] && (g.batch == 1 || st[0] == g.H * st[2]);
+}
+size_t pixel_bits_bytes(const pack_src & p) { return (size_t)(p.g.batch * p.g.H * p.g.W * (p.g.C / 8)); }
+
 // Packs rows with pack_contiguous_rows when their K elements are contiguous floats (the weight of
 // a 1x1 kernel; the x of a linear layer, i.e. one output position per image and its one tap
-// inside), else with pack_rows.
+// inside), else with pack_rows (scratch: pixel_bits_bytes(p) bytes when float_pixel_rows(p)).
 enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_src & p, int64_t rows, int64_t kbytes,
-                         uint8_t * out, int * pop) {
+                         uint8_t * out, int * pop, uint8_t * scratch) {
     const struct dgeom & g = p.g;
     const bool contiguous = g.kh == 1 && g.kw == 1 && (p.is_weight || dgeom_one_position(g)) && (g.C == 1 || p.t.stride[1] == 1);
     const unsigned grid = grid_for(rows, 8);
     const int64_t * st = p.t.stride;
+    if (scratch && float_pixel_rows(p)) {
+        pack_src pp = p; // rows = pixels, K = the C channels, rows st[3] elements apart
+        pp.g.K = g.C;
+        pp.t.stride[0] = st[3];
+        if (!launch_contiguous(pp, g.batch * g.H * g.W, g.C / 8, scratch, NULL, stream))
+            return bie_set_error(ctx, BIE_STATUS_INTERNAL, "pack: pixel rows of a non-float x");
+        LAUNCHED(ctx, "pack activation pixels");
+        const int64_t pw = g.C / 32; // words per pixel
+        im2col_words<<<grid_for(rows, 8 * IW_ROWS), 256, 0, stream>>>((const uint32_t *)scratch, g, g.H * g.W * pw,
+                                                                     g.W * pw, pw, rows, kbytes, (uint32_t *)out, pop);
+        LAUNCHED(ctx, "pack activations");
+        return BIE_STATUS_OK;
+    }
     const bool word_pixels = !p.is_weight && p.quant == BIE_QUANT_BINARY && p.t.dtype == BIE_DTYPE_B1 && g.C % 32 == 0 &&
                              st[1] == 1 && st[0] % 32 == 0 && st[2] % 32 == 0 && st[3] % 32 == 0 &&
                              ((uintptr_t)p.t.data % 4) == 0;
     if (word_pixels)
-        im2col_words<<<grid, 256, 0, stream>>>((const uint32_t *)p.t.data, g, st[0] / 32, st[2] / 32, st[3] / 32, rows,
+        im2col_words<<<grid_for(rows, 8 * IW_ROWS), 256, 0, stream>>>((const uint32_t *)p.t.data, g, st[0] / 32, st[2] / 32, st[3] / 32, rows,
                                                kbytes, (uint32_t *)out, pop);
-    else if (contiguous && p.t.dtype == BIE_DTYPE_F32)
-        pack_contiguous_rows<float><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
-    else if (contiguous && p.t.dtype == BIE_DTYPE_F16)
-        pack_contiguous_rows<__half><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
-    else if (contiguous && p.t.dtype == BIE_DTYPE_BF16)
-        pack_contiguous_rows<__nv_bfloat16><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
-    else if (contiguous && p.is_weight && p.quant != BIE_QUANT_BINARY &&
+    else if (contiguous && launch_contiguous(p, rows, kbytes, out, pop, stream)) {
+    } else if (contiguous && p.is_weight && p.quant != BIE_QUANT_BINARY &&
              (p.t.dtype == BIE_DTYPE_I8 || p.t.dtype == BIE_DTYPE_S4))
         pack_int_rows<<<grid, 256, 0, stream>>>(p, rows, kbytes, out);
     else
@@ -405,7 +484,23 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const bool x_direct = binary && !c->is_conv && xt.dtype == BIE_DTYPE_B1 && g.K == kbytes * 8 &&
                           xt.stride[1] == 1 && (M == 1 || xt.stride[0] == kbytes * 8) && ((uintptr_t)xt.data % 16) == 0;
 
+    pack_src px;
+    dview_make(&c->x, &px.t);
+    px.bias.data = NULL;
+    if (c->bias_a.data) dview_make(&c->bias_a, &px.bias);
+    px.g = dgeom_make(g);
+    px.is_weight = 0;
+    px.quant = (int)c->quant;
+    px.s = dscale_make(c, true);
+    pack_src pw = px;
+    dview_make(&c->weight, &pw.t);
+    pw.bias.data = NULL;
+    pw.is_weight = 1;
+    pw.s = dscale_make(c, false);
+
+    const bool pixels = !x_direct && float_pixel_rows(px); // x packed pixel by pixel first
     size_t off = 0;
+    const size_t oPix = off; off = align256(off + (pixels ? pixel_bits_bytes(px) : 0));
     const size_t oA = off; off = align256(off + (x_direct ? 0 : (size_t)(M * kbytes)));
     const size_t oB = off; off = align256(off + (w_direct ? 0 : (size_t)(N * kbytes)));
     const size_t oRow = off; off = align256(off + (size_t)M * 4);
@@ -422,20 +517,6 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     uint8_t * ws;
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
 
-    pack_src px;
-    dview_make(&c->x, &px.t);
-    px.bias.data = NULL;
-    if (c->bias_a.data) dview_make(&c->bias_a, &px.bias);
-    px.g = dgeom_make(g);
-    px.is_weight = 0;
-    px.quant = (int)c->quant;
-    px.s = dscale_make(c, true);
-    pack_src pw = px;
-    dview_make(&c->weight, &pw.t);
-    pw.bias.data = NULL;
-    pw.is_weight = 1;
-    pw.s = dscale_make(c, false);
-
     int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol), * tappop = (int *)(ws + oTap),
         * tapcorr = (int *)(ws + oCorr);
     const uint8_t * Am = x_direct ? (const uint8_t *)xt.data : ws + oA;
@@ -446,7 +527,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
             LAUNCHED(ctx, "activation popcounts");
         }
     } else {
-        BIE_TRY(pack_any(ctx, st->stream, px, M, kbytes, ws + oA, rowpop));
+        BIE_TRY(pack_any(ctx, st->stream, px, M, kbytes, ws + oA, rowpop, pixels ? ws + oPix : NULL));
     }
     const uint8_t * Bm = w_direct ? (const uint8_t *)wt.data : ws + oB;
     if (w_direct) {
@@ -455,7 +536,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
             LAUNCHED(ctx, "weight popcounts");
         }
     } else {
-        BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop));
+        BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop, NULL));
     }
     if (zero_pad_fix) {
         tap_popcounts<<<grid_for(N * taps, 256), 256, 0, st->stream>>>(Bm, N, taps, g.C, ldb, tappop);

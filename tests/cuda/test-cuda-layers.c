@@ -109,10 +109,11 @@ static void random_case(struct lcase * c, int big) {
     c->ykind = (int)test_rand_int(0, 2);
     c->sa = test_rand_float(0.05f, 2.0f);
     c->sw = test_rand_float(0.05f, 2.0f);
-    if (big == 3) { // channels-last bits with whole words per pixel (the word-copy bit im2col)
-        c->xdt = BIE_DTYPE_B1;
+    if (big == 3) { // channels-last with whole words per pixel: bits (the word-copy bit im2col), or
+                    // floats (packed pixel by pixel into such bits first)
+        c->xdt = test_rand_int(0, 1) ? BIE_DTYPE_B1 : float_dts[test_rand_int(0, 2)];
         c->xkind = 1;
-        c->bias = 0;
+        c->bias = c->xdt != BIE_DTYPE_B1 && test_rand_int(0, 1);
     }
     describe(c);
 }
@@ -387,7 +388,7 @@ int main(int argc, char ** argv) {
         random_case(&c, 2);
         test_forward(&c);
     }
-    for (int i = 0; i < (cuda_test_quick() ? 3 : 24); i++) { // binary convs on NHWC bits
+    for (int i = 0; i < (cuda_test_quick() ? 3 : 30); i++) { // binary convs on NHWC bits or floats
         struct lcase c;
         random_case(&c, 3);
         test_forward(&c);
