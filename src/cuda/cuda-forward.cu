@@ -513,7 +513,13 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const int64_t classes = (int64_t)(1 + border[0] + border[1]) * (1 + border[2] + border[3]);
     const size_t oTap = off; off = align256(off + (zero_pad_fix ? (size_t)(N * taps) * 4 : 0));
     const size_t oCorr = off; off = align256(off + (zero_pad_fix ? (size_t)(classes * N) * 4 : 0));
-    const size_t oSign = off; off = align256(off + (b1_out ? (size_t)ynumel : 0));
+    // A B1 y: the GEMM packs the bits itself where it can, else writes sign codes for the packer.
+    gemm_epilogue ep;
+    ep.binary = binary;
+    ep.g = px.g;
+    dview_make(&c->y, &ep.y);
+    const bool sign_codes = b1_out && !bie_cuda_gemm_packs_bits(ctx, M, N, zero_pad_fix, ep);
+    const size_t oSign = off; off = align256(off + (sign_codes ? (size_t)ynumel : 0));
     uint8_t * ws;
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
 
@@ -546,19 +552,15 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
         LAUNCHED(ctx, "border corrections");
     }
 
-    gemm_epilogue ep;
-    ep.binary = binary;
     ep.rowpop = rowpop;
     ep.colpop = colpop;
     ep.tapcorr = zero_pad_fix ? tapcorr : NULL;
     for (int i = 0; i < 4; i++) ep.border[i] = border[i];
-    ep.g = px.g;
     ep.sa = px.s;
     ep.sw = pw.s;
-    dview_make(&c->y, &ep.y);
-    ep.sign = b1_out ? (int8_t *)(ws + oSign) : NULL;
+    ep.sign = sign_codes ? (int8_t *)(ws + oSign) : NULL;
     ep.ldb = ldb;
     BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, M, N, kbytes, ep));
-    if (b1_out) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
+    if (sign_codes) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
     return BIE_STATUS_OK;
 }

@@ -27,6 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 namespace {
 
 constexpr int BM = 128;       // rows of A per tile (two consumer warpgroups x 64)
@@ -45,6 +47,7 @@ constexpr int SMEM_BYTES = 1024 + SMEM_RING + 1024 + 8 * (EP_STAGE + EP_COLTERM)
 // DOT_BIAS = the bits of 1.5 * 2^23 to the dot product, whose float is then 1.5 * 2^23 + dot exactly
 // (in the binade [2^23, 2^24), where floats are the integers) for |dot| < 2^22; an FADD removes it.
 // The host runs the fast epilogue for binary layers only when K < 2^22 (|dot| <= K).
+struct bits_t {}; // the output type of the fast epilogue's B1 y (epilogue_bits)
 constexpr int64_t DOT_BIAS_MAX_K = (int64_t)1 << 22; // DOT_BIAS and its conversion: in the device code
 
 __host__ __device__ constexpr int stages_for(int bn) { return SMEM_RING / ((BM + bn) * BK); }
@@ -191,6 +194,68 @@ template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloa
 constexpr int DOT_BIAS = 0x4B400000;
 __device__ __forceinline__ float biased_dot_to_float(int biased) { return __int_as_float(biased) - 12582912.0f; }
 
+// The finished integer results of this thread's two columns 8i + 2(lane%4) + {0, 1} in fragment
+// row h (binary: the dot products plus DOT_BIAS; n-bit: the accumulators).
+template <bool BINARY, bool TAPS>
+__device__ __forceinline__ int2 fragment_pair(const gemm_epilogue & ep, const int * d, const int * colterm, int i, int h,
+                                              int64_t nt, int64_t N, const int * rowterm, const int * rowborder) {
+    int v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
+    if (BINARY) {
+        const int lane = threadIdx.x % 32;
+        const int2 ct = *(const int2 *)(colterm + 8 * i + 2 * (lane % 4));
+        v0 = 4 * v0 + rowterm[h] + ct.x;
+        v1 = 4 * v1 + rowterm[h] + ct.y;
+        if (TAPS && rowborder[h]) { // a pixel at a zero-padded border
+            const int64_t n = nt + 8 * i + 2 * (lane % 4);
+            const int * corr = ep.tapcorr + (int64_t)rowborder[h] * N;
+            v0 += n < N ? __ldg(corr + n) : 0;
+            v1 += n + 1 < N ? __ldg(corr + n + 1) : 0;
+        }
+    }
+    return make_int2(v0, v1);
+}
+
+// The B1 y of the fast epilogue (T = bits_t; see bie_cuda_wgmma_packs_bits for when it applies): y
+// holds the sign bits (result >= 0) with the features of a row contiguous, rows a whole number of
+// bytes apart, N % 8 == 0. Two warp ballots give the signs of a fragment's 8-column group for
+// the warp's 16 rows; the lanes of t == 0 turn them into one byte per row into the stage
+// (16 rows x BN/8 bytes), which then leaves row by row.
+template <bool BINARY, int BN, bool TAPS>
+__device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const int * d, uint8_t * stage,
+                                              const int * colterm, int64_t mw, int64_t nt, int64_t M, int64_t N,
+                                              const int * rowterm, const int * rowborder) {
+    const int lane = threadIdx.x % 32, g = lane / 4;
+    const struct dview & y = ep.y;
+    int64_t rb_mine = 0; // lane j < 16: the bit offset of row mw + j in y
+    if (lane < 16 && mw + lane < M) {
+        const row_info r = make_row(ep, mw + lane, M);
+        rb_mine = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3];
+    }
+    const int zero = BINARY ? DOT_BIAS : 0; // the result 0
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowterm, rowborder);
+            const uint32_t b0 = __ballot_sync(0xffffffffu, v.x >= zero), b1 = __ballot_sync(0xffffffffu, v.y >= zero);
+            if (lane % 4 == 0) { // lanes 4g .. 4g+3 hold columns (2t, 2t+1) of row g: interleave
+                const uint32_t e = (b0 >> (4 * g)) & 15u, o = (b1 >> (4 * g)) & 15u;
+                uint32_t byte = 0;
+#pragma unroll
+                for (int t = 0; t < 4; t++) byte |= ((e >> t) & 1u) << (2 * t) | ((o >> t) & 1u) << (2 * t + 1);
+                stage[(g + 8 * h) * (BN / 8) + i] = (uint8_t)byte;
+            }
+        }
+    __syncwarp();
+    const int64_t nbytes = (N - nt < BN ? N - nt : BN) / 8; // N % 8 == 0
+    for (int e = lane; e < 16 * (BN / 8); e += 32) {
+        const int row = e / (BN / 8), k = e % (BN / 8);
+        const int64_t rb = __shfl_sync(0xffffffffu, rb_mine, row); // (all lanes take part: same trip count)
+        if (mw + row < M && k < nbytes) ((uint8_t *)y.data)[(rb + nt) / 8 + k] = stage[row * (BN / 8) + k];
+    }
+    __syncwarp();
+}
+
 // Stores this thread's accumulators. In the wgmma layout, thread (warp w, lane l) of a consumer
 // warpgroup holds, for column group i (8 columns), d[4i + 2h + e] = C[w*16 + l/4 + 8h][8i + 2(l%4) + e].
 // FAST (decided on the host): y is f32/f16/bf16 with contiguous features. Each warp then finishes
@@ -243,23 +308,11 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
 #pragma unroll
         for (int j = 0; j < CC / 8; j++) {
             const int i = c * CC / 8 + j;
-            int2 ct = make_int2(0, 0);
-            if (BINARY) ct = *(const int2 *)(colterm + 8 * i + 2 * (lane % 4));
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                int v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
-                if (BINARY) {
-                    v0 = 4 * v0 + rowterm[h] + ct.x;
-                    v1 = 4 * v1 + rowterm[h] + ct.y;
-                    if (TAPS && rowborder[h]) { // a pixel at a zero-padded border
-                        const int64_t n = nt + 8 * i + 2 * (lane % 4);
-                        const int * corr = ep.tapcorr + (int64_t)rowborder[h] * N;
-                        v0 += n < N ? __ldg(corr + n) : 0;
-                        v1 += n + 1 < N ? __ldg(corr + n + 1) : 0;
-                    }
-                }
-                const float f0 = BINARY ? biased_dot_to_float(v0) : __int2float_rn(v0);
-                const float f1 = BINARY ? biased_dot_to_float(v1) : __int2float_rn(v1);
+                const int2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowterm, rowborder);
+                const float f0 = BINARY ? biased_dot_to_float(v.x) : __int2float_rn(v.x);
+                const float f1 = BINARY ? biased_dot_to_float(v.y) : __int2float_rn(v.y);
                 const int row = lane / 4 + 8 * h, b = (8 * j + 2 * (lane % 4)) * (int)sizeof(T); // byte in the row
                 store_pair<T>((T *)(stage + row * 128 + (((b >> 4) ^ (row & 7)) << 4) + (b & 15)),
                               __fmul_rn(f0, scale), __fmul_rn(f1, scale));
@@ -404,14 +457,19 @@ __global__ void __launch_bounds__(THREADS, 1)
             for (int q = 0; q < NCP; q++) ep_colterm[lane + 32 * q] = DOT_BIAS - 2 * cpop[q];
             __syncwarp();
         }
-        epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, ep_colterm, ymap, mt0 + cw * 64 + warp * 16, nt, M, N,
-                                            scale, rterm, rborder);
+        if constexpr (std::is_same<T, bits_t>::value)
+            epilogue_bits<BINARY, BN, TAPS>(ep, d, ep_stage, ep_colterm, mt0 + cw * 64 + warp * 16, nt, M, N, rterm,
+                                            rborder);
+        else
+            epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, ep_colterm, ymap, mt0 + cw * 64 + warp * 16, nt, M, N,
+                                                scale, rterm, rborder);
     }
     if (ymap && lane == 0) tma_store_wait_all(); // the stage must outlive its last store
 #endif
 }
 
 // --- host side ----------------------------------------------------------------------------------
+
 
 typedef CUresult (*encode_tiled_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
                                     const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
@@ -496,8 +554,12 @@ enum bie_status by_output(bie_context_t * ctx, const CUtensorMap & ta, const CUt
                           int ktiles, const gemm_epilogue & ep, int slot) {
     const struct dview & y = ep.y;
     const bool fast = (y.stride[1] == 1 || N == 1) && (!BINARY || ep.g.K < DOT_BIAS_MAX_K);
+    if (y.dtype == BIE_DTYPE_B1 && !ep.sign) { // sign bits straight from the epilogue
+        if (BINARY && ep.tapcorr) return launch<BINARY, BN, bits_t, true, true>(ctx, ta, tb, M, N, ktiles, ep, 24 + slot * 4 + 3);
+        return launch<BINARY, BN, bits_t, true, false>(ctx, ta, tb, M, N, ktiles, ep, 48 + slot);
+    }
     if (BINARY && ep.tapcorr && fast) { // a zero-padded binary conv: the border correction compiled in
-        const int ts = 2 * 4 * 3 + slot * 4; // after the 24 slots below
+        const int ts = 2 * 4 * 3 + slot * 4; // after the 24 slots below (the 4th of each four: B1 y)
         if (y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, ts);
         if (y.dtype == BIE_DTYPE_BF16)
             return launch<BINARY, BN, __nv_bfloat16, true, true>(ctx, ta, tb, M, N, ktiles, ep, ts + 1);
@@ -522,6 +584,17 @@ enum bie_status by_width(bie_context_t * ctx, const CUtensorMap & ta, const CUte
 }
 
 } // namespace
+
+bool bie_cuda_wgmma_packs_bits(const gemm_epilogue & ep, int64_t N) {
+    const struct dview & y = ep.y;
+    const struct dgeom & g = ep.g;
+    if (y.dtype != BIE_DTYPE_B1 || N % 8 || (y.stride[1] != 1 && N > 1) || (ep.binary && g.K >= DOT_BIAS_MAX_K))
+        return false;
+    const int64_t pitch = g.OW > 1 ? y.stride[3] : g.OH > 1 ? y.stride[2] : y.stride[0]; // bits between rows
+    if (g.OW > 1 && g.OH > 1 && y.stride[2] != pitch * g.OW) return false;
+    if ((g.OW > 1 || g.OH > 1) && g.batch > 1 && y.stride[0] != pitch * g.OH * g.OW) return false;
+    return pitch >= N && pitch % 8 == 0;
+}
 
 bool bie_cuda_wgmma_usable(bie_context_t * ctx) {
     struct bie_cuda_state * st = ctx->cuda;

@@ -302,6 +302,12 @@ enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint
 static inline bool bie_cuda_gemm_counts_popcounts(int64_t M, bool taps) { return M <= SMALL_M_MAX && !taps; }
 enum bie_status bie_cuda_gemm_small(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
                                     int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);
+// Whether bie_cuda_gemm writes a B1 y itself (through the wgmma epilogue: rows of y a whole number
+// of bytes apart with contiguous features, N % 8 == 0), judged from ep.y, ep.g and ep.binary and
+// whether the call will have the zero-padding table (taps): then ep.sign must be NULL; otherwise
+// the caller passes ep.sign and packs the codes with bie_cuda_store_packed.
+bool bie_cuda_gemm_packs_bits(bie_context_t * ctx, int64_t M, int64_t N, bool taps, const struct gemm_epilogue & ep);
+bool bie_cuda_wgmma_packs_bits(const struct gemm_epilogue & ep, int64_t N);
 // The same GEMM through sm_90a warpgroup MMA (cuda-gemm-wgmma.cu); bie_cuda_gemm uses it when
 // bie_cuda_wgmma_usable says the device is a Hopper GPU (compute capability 9.0) and the driver
 // can encode tensor maps. BIE_CUDA_GEMM=mma in the environment (read once per context and device)
