@@ -310,15 +310,16 @@ static double time_dense_step(int64_t M, int64_t N, int64_t K) {
     return ms;
 }
 
-// Binary conv2d, channels-last: x [N, C, H, W] as NHWC bits (or f16), weight OHWI bits, y NHWC f16.
+// Binary conv2d, channels-last: x [N, C, H, W] as NHWC bits (or f16; x_nchw: f16 in NCHW, as
+// PyTorch passes it by default), weight OHWI bits, y NHWC.
 static double time_conv(bie_context_t * ctx, int64_t N, int64_t C, int64_t H, int64_t O, enum bie_dtype xdt,
-                        enum bie_dtype ydt) {
+                        enum bie_dtype ydt, int x_nchw) {
     struct layer_state s;
     layer_init(&s, ctx);
     s.conv = 1;
     struct bie_conv2d_desc d = {BIE_QUANT_BINARY, C, O, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, BIE_PAD_ZERO};
     s.cd = d;
-    const int64_t xs[4] = {N, H, H, C}, ws[4] = {O, 3, 3, C}, ys[4] = {N, H, H, O};
+    const int64_t xs[4] = {N, H, H, C}, xs_nchw[4] = {N, C, H, H}, ws[4] = {O, 3, 3, C}, ys[4] = {N, H, H, O};
     const int32_t perm[4] = {0, 3, 1, 2};
     struct bie_tensor probe;
     size_t xb, wb, yb;
@@ -332,10 +333,11 @@ static double time_conv(bie_context_t * ctx, int64_t N, int64_t C, int64_t H, in
     for (int r = 0; r < rots; r++) {
         void * yd;
         CK(cudaMalloc(&yd, yb));
-        s.x[r] = dev_tensor(xdt == BIE_DTYPE_F16 ? dev_half_random(xb / 2) : dev_alloc_random(xb), xdt, 4, xs);
+        s.x[r] = dev_tensor(xdt == BIE_DTYPE_F16 ? dev_half_random(xb / 2) : dev_alloc_random(xb), xdt, 4,
+                            x_nchw ? xs_nchw : xs);
         s.w[r] = dev_tensor(dev_alloc_random(wb), BIE_DTYPE_B1, 4, ws);
         s.y[r] = dev_tensor(yd, ydt, 4, ys);
-        bie_tensor_permute(&s.x[r], perm);
+        if (!x_nchw) bie_tensor_permute(&s.x[r], perm);
         bie_tensor_permute(&s.w[r], perm);
         bie_tensor_permute(&s.y[r], perm);
     }
@@ -457,11 +459,13 @@ int bie_bench_cuda_main(int argc, char ** argv) {
             snprintf(shape, sizeof shape, "N%lld C%lld %lldx%lld 3x3", (long long)Nb, (long long)C, (long long)H,
                      (long long)H);
             const double ops = 2.0 * (double)Nb * H * H * C * C * 9;
-            print_row("binary-conv b1->f16", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_B1, BIE_DTYPE_F16), "cudnn-fp16",
+            print_row("binary-conv b1->f16", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_B1, BIE_DTYPE_F16, 0), "cudnn-fp16",
                       base, ops);
-            print_row("binary-conv b1->b1", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_B1, BIE_DTYPE_B1), "cudnn-fp16",
+            print_row("binary-conv b1->b1", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_B1, BIE_DTYPE_B1, 0), "cudnn-fp16",
                       base, ops);
-            print_row("binary-conv f16->f16", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_F16, BIE_DTYPE_F16),
+            print_row("binary-conv f16->f16", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_F16, BIE_DTYPE_F16, 0),
+                      "cudnn-fp16", base, ops);
+            print_row("binary-conv f16nchw->f16", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_F16, BIE_DTYPE_F16, 1),
                       "cudnn-fp16", base, ops);
         }
     }

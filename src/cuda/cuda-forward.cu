@@ -330,34 +330,86 @@ __global__ void im2col_words(const uint32_t * x, struct dgeom g, int64_t w0, int
     }
 }
 
-// A binary conv's float x in dense channels-last layout with whole words of channels (C % 32 ==
-// 0): packed first pixel by pixel into NHWC bits (pack_contiguous_rows over pixels, C/8 bytes
-// each, in a scratch buffer of pixel_bits_bytes), whose implicit-GEMM rows im2col_words then
-// copies as words; instead of the per-element pack_rows.
-bool float_pixel_rows(const pack_src & p) {
+// NHWC sign bits (bit = x' >= 0, as in elem_code) from a float x whose (h, w) planes are dense
+// (NCHW and the like), C % 32 == 0: a warp takes 32 channels x 32 consecutive pixels of a sample;
+// lane j reads channel c0 + j at the 32 pixels (contiguous), and 32 ballots transpose the block:
+// ballot q holds the 32 channel bits of pixel q, which lane q keeps and stores as word c0/32 of
+// the pixel.
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T>
+__global__ void plane_bits(pack_src p, uint32_t * out) {
+    const struct dgeom & g = p.g;
+    const int lane = threadIdx.x & 31;
+    const int64_t HW = g.H * g.W, pblocks = (HW + 31) / 32, cwords = g.C / 32, blocks = g.batch * cwords * pblocks;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t b = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; b < blocks; b += warps) {
+        const int64_t pb = b % pblocks, t = b / pblocks, cw = t % cwords, n = t / cwords;
+        const int64_t c = cw * 32 + lane, p0 = pb * 32;
+        const T * src = (const T *)p.t.data + n * p.t.stride[0] + c * p.t.stride[1] + p0;
+        const float bias = p.bias.data ? ld_float(p.bias.data, p.bias.dtype, c * p.bias.stride[3]) : 0.0f;
+        float v[32];
+        if (p0 + 32 <= HW && ((uintptr_t)src % 16) == 0) {
+#pragma unroll
+            for (int q = 0; q < 32; q += 8) load8<T>(src + q, v + q);
+        } else { // the plane's end, or planes not 16-byte aligned (e.g. 14x14 halves)
+#pragma unroll
+            for (int q = 0; q < 32; q++) v[q] = p0 + q < HW ? to_f32(src[q]) : 0.0f;
+        }
+        uint32_t mine = 0;
+#pragma unroll
+        for (int q = 0; q < 32; q++) {
+            const float x = p.bias.data ? __fadd_rn(v[q], bias) : v[q];
+            const uint32_t word = __ballot_sync(0xffffffffu, x >= 0.0f);
+            if (lane == q) mine = word;
+        }
+        if (p0 + lane < HW) out[(n * HW + p0 + lane) * cwords + cw] = mine;
+    }
+}
+
+// A binary conv's float x with whole words of channels (C % 32 == 0) is first packed into NHWC
+// bits in a scratch buffer of pixel_bits_bytes (C/8 bytes per pixel), whose implicit-GEMM rows
+// im2col_words then copies as words; instead of the per-element pack_rows. Dense channels-last
+// x (PIX_ROWS): pack_contiguous_rows over pixels; dense (h, w) planes (PIX_PLANES): plane_bits.
+enum pixel_kind { PIX_NONE, PIX_ROWS, PIX_PLANES };
+pixel_kind float_pixels(const pack_src & p) {
     const struct dgeom & g = p.g;
     const int64_t * st = p.t.stride;
     const bool fl = p.t.dtype == BIE_DTYPE_F32 || p.t.dtype == BIE_DTYPE_F16 || p.t.dtype == BIE_DTYPE_BF16;
-    return !p.is_weight && p.quant == BIE_QUANT_BINARY && fl && !dgeom_one_position(g) && g.C % 32 == 0 && st[1] == 1 &&
-           st[2] == g.W * st[3] && (g.batch == 1 || st[0] == g.H * st[2]);
+    if (p.is_weight || p.quant != BIE_QUANT_BINARY || !fl || dgeom_one_position(g) || g.C % 32) return PIX_NONE;
+    if (st[1] == 1 && st[2] == g.W * st[3] && (g.batch == 1 || st[0] == g.H * st[2])) return PIX_ROWS;
+    if (st[3] == 1 && (g.H == 1 || st[2] == g.W)) return PIX_PLANES;
+    return PIX_NONE;
 }
 size_t pixel_bits_bytes(const pack_src & p) { return (size_t)(p.g.batch * p.g.H * p.g.W * (p.g.C / 8)); }
 
 // Packs rows with pack_contiguous_rows when their K elements are contiguous floats (the weight of
 // a 1x1 kernel; the x of a linear layer, i.e. one output position per image and its one tap
-// inside), else with pack_rows (scratch: pixel_bits_bytes(p) bytes when float_pixel_rows(p)).
+// inside), else with pack_rows (scratch: pixel_bits_bytes(p) bytes when float_pixels(p)).
 enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_src & p, int64_t rows, int64_t kbytes,
                          uint8_t * out, int * pop, uint8_t * scratch) {
     const struct dgeom & g = p.g;
     const bool contiguous = g.kh == 1 && g.kw == 1 && (p.is_weight || dgeom_one_position(g)) && (g.C == 1 || p.t.stride[1] == 1);
     const unsigned grid = grid_for(rows, 8);
     const int64_t * st = p.t.stride;
-    if (scratch && float_pixel_rows(p)) {
-        pack_src pp = p; // rows = pixels, K = the C channels, rows st[3] elements apart
-        pp.g.K = g.C;
-        pp.t.stride[0] = st[3];
-        if (!launch_contiguous(pp, g.batch * g.H * g.W, g.C / 8, scratch, NULL, stream))
-            return bie_set_error(ctx, BIE_STATUS_INTERNAL, "pack: pixel rows of a non-float x");
+    const pixel_kind pk = scratch ? float_pixels(p) : PIX_NONE;
+    if (pk != PIX_NONE) {
+        if (pk == PIX_ROWS) {
+            // rows of `per` pixels (whole warps busy even for few channels; one pixel per row when a
+            // per-channel bias must line up with the row's elements or pixels have gaps)
+            const int64_t pixels = g.batch * g.H * g.W;
+            const int64_t per = !p.bias.data && st[3] == g.C && pixels % 32 == 0 ? 32 : 1;
+            pack_src pp = p;
+            pp.g.K = g.C * per;
+            pp.t.stride[0] = st[3] * per;
+            launch_contiguous(pp, pixels / per, g.C * per / 8, scratch, NULL, stream);
+        } else {
+            const unsigned pg = grid_for(g.batch * (g.C / 32) * ((g.H * g.W + 31) / 32), 8);
+            if (p.t.dtype == BIE_DTYPE_F32) plane_bits<float><<<pg, 256, 0, stream>>>(p, (uint32_t *)scratch);
+            else if (p.t.dtype == BIE_DTYPE_F16) plane_bits<__half><<<pg, 256, 0, stream>>>(p, (uint32_t *)scratch);
+            else plane_bits<__nv_bfloat16><<<pg, 256, 0, stream>>>(p, (uint32_t *)scratch);
+        }
         LAUNCHED(ctx, "pack activation pixels");
         const int64_t pw = g.C / 32; // words per pixel
         im2col_words<<<grid_for(rows, 8 * IW_ROWS), 256, 0, stream>>>((const uint32_t *)scratch, g, g.H * g.W * pw,
@@ -498,7 +550,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     pw.is_weight = 1;
     pw.s = dscale_make(c, false);
 
-    const bool pixels = !x_direct && float_pixel_rows(px); // x packed pixel by pixel first
+    const bool pixels = !x_direct && float_pixels(px) != PIX_NONE; // x packed pixel by pixel first
     size_t off = 0;
     const size_t oPix = off; off = align256(off + (pixels ? pixel_bits_bytes(px) : 0));
     const size_t oA = off; off = align256(off + (x_direct ? 0 : (size_t)(M * kbytes)));

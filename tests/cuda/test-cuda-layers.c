@@ -109,10 +109,10 @@ static void random_case(struct lcase * c, int big) {
     c->ykind = (int)test_rand_int(0, 2);
     c->sa = test_rand_float(0.05f, 2.0f);
     c->sw = test_rand_float(0.05f, 2.0f);
-    if (big == 3) { // channels-last with whole words per pixel: bits (the word-copy bit im2col), or
-                    // floats (packed pixel by pixel into such bits first)
+    if (big == 3) { // whole words of channels per pixel: channels-last bits (the word-copy bit
+                    // im2col), or floats channels-last or NCHW (packed into such bits first)
         c->xdt = test_rand_int(0, 1) ? BIE_DTYPE_B1 : float_dts[test_rand_int(0, 2)];
-        c->xkind = 1;
+        c->xkind = c->xdt == BIE_DTYPE_B1 ? 1 : (int)test_rand_int(0, 1); // floats: NCHW planes too
         c->bias = c->xdt != BIE_DTYPE_B1 && test_rand_int(0, 1);
     }
     describe(c);
@@ -319,7 +319,7 @@ static void test_backward(struct lcase * c) {
 // variants sharing a shared-memory-limit slot: tile widths 64 and 128 (O = 48, 100, 296; rows of
 // 96, 200 and 592 bytes in f16, so both the bulk-store and the row-store epilogues run),
 // each pad value (zero padding adds the border correction) and each y dtype, on a binary conv of
-// 288 output rows, then the same through the n-bit path.
+// 288 output rows (x NCHW or channels-last, 64 channels), then the same through the n-bit path.
 static void test_all_outputs(void) {
     static const enum bie_dtype ydts[5] = {BIE_DTYPE_B1, BIE_DTYPE_I32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_F32};
     static const int64_t os[3] = {48, 100, 296};
@@ -331,7 +331,8 @@ static void test_all_outputs(void) {
                     random_case(&c, 2);
                     c.quant = c.cd.quant = q ? BIE_QUANT_INT8 : BIE_QUANT_BINARY;
                     c.batch = 2;
-                    c.C = c.cd.in_channels = 40;
+                    c.C = c.cd.in_channels = 64; // whole words of channels: the pixel packers
+                    c.xkind = (int)test_rand_int(0, 1);
                     c.H = c.W = 12;
                     c.O = c.cd.out_channels = os[oi];
                     for (int i = 0; i < 2; i++) {
@@ -388,7 +389,7 @@ int main(int argc, char ** argv) {
         random_case(&c, 2);
         test_forward(&c);
     }
-    for (int i = 0; i < (cuda_test_quick() ? 3 : 30); i++) { // binary convs on NHWC bits or floats
+    for (int i = 0; i < (cuda_test_quick() ? 3 : 36); i++) { // binary convs, C % 32 == 0
         struct lcase c;
         random_case(&c, 3);
         test_forward(&c);
