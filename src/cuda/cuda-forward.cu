@@ -334,12 +334,10 @@ __global__ void im2col_words(const uint32_t * x, struct dgeom g, int64_t w0, int
 // (NCHW and the like), C % 32 == 0: a warp takes 32 channels x 32 consecutive pixels of a sample;
 // lane j reads channel c0 + j at the 32 pixels (contiguous), and 32 ballots transpose the block:
 // ballot q holds the 32 channel bits of pixel q, which lane q keeps and stores as word c0/32 of
-// the pixel.
-__device__ __forceinline__ float to_f32(float v) { return v; }
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+// the pixel. Sample n's words start at out + n * row_words (H*W*C/32 for dense NHWC bits; a weight
+// [O, C, kh, kw] is a batch of O samples of kh x kw pixels, its rows kbytes apart).
 template <typename T>
-__global__ void plane_bits(pack_src p, uint32_t * out) {
+__global__ void plane_bits(pack_src p, int64_t row_words, uint32_t * out) {
     const struct dgeom & g = p.g;
     const int lane = threadIdx.x & 31;
     const int64_t HW = g.H * g.W, pblocks = (HW + 31) / 32, cwords = g.C / 32, blocks = g.batch * cwords * pblocks;
@@ -364,29 +362,79 @@ __global__ void plane_bits(pack_src p, uint32_t * out) {
             const uint32_t word = __ballot_sync(0xffffffffu, x >= 0.0f);
             if (lane == q) mine = word;
         }
-        if (p0 + lane < HW) out[(n * HW + p0 + lane) * cwords + cw] = mine;
+        if (p0 + lane < HW) out[n * row_words + (p0 + lane) * cwords + cw] = mine;
     }
 }
 
-// A binary conv's float x with whole words of channels (C % 32 == 0) is first packed into NHWC
-// bits in a scratch buffer of pixel_bits_bytes (C/8 bytes per pixel), whose implicit-GEMM rows
-// im2col_words then copies as words; instead of the per-element pack_rows. Dense channels-last
-// x (PIX_ROWS): pack_contiguous_rows over pixels; dense (h, w) planes (PIX_PLANES): plane_bits.
-enum pixel_kind { PIX_NONE, PIX_ROWS, PIX_PLANES };
+// colpop[o] = popc of the first K bits of row o (rows ldb bytes apart, 4-byte aligned): for a B1
+// weight used in place, whose bits past K may hold anything.
+__global__ void row_popcounts(const uint8_t * B, int64_t rows, int64_t K, int64_t ldb, int * pop) {
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
+        const uint32_t * r = (const uint32_t *)(B + row * ldb);
+        int cnt = 0;
+        for (int64_t wi = lane; wi * 32 < K; wi += 32) {
+            uint32_t v = r[wi];
+            const int64_t left = K - wi * 32;
+            if (left < 32) v &= (1u << left) - 1u;
+            cnt += __popc(v);
+        }
+        for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
+        if (lane == 0) pop[row] = cnt;
+    }
+}
+
+void launch_plane_bits(const pack_src & p, int64_t row_words, uint32_t * out, cudaStream_t stream) {
+    const struct dgeom & g = p.g;
+    const unsigned pg = grid_for(g.batch * (g.C / 32) * ((g.H * g.W + 31) / 32), 8);
+    if (p.t.dtype == BIE_DTYPE_F32) plane_bits<float><<<pg, 256, 0, stream>>>(p, row_words, out);
+    else if (p.t.dtype == BIE_DTYPE_F16) plane_bits<__half><<<pg, 256, 0, stream>>>(p, row_words, out);
+    else plane_bits<__nv_bfloat16><<<pg, 256, 0, stream>>>(p, row_words, out);
+}
+
+// A conv's float x goes first to pixel rows in a scratch buffer of pixel_scratch_bytes, whose
+// implicit-GEMM rows are then copied, instead of the per-element pack_rows. Binary, with whole
+// words of channels (C % 32 == 0): NHWC bits (C/8 bytes per pixel), copied as words by
+// im2col_words; dense channels-last x (PIX_ROWS) is packed by pack_contiguous_rows over pixels,
+// dense (h, w) planes (PIX_PLANES) by plane_bits. n-bit, any layout (PIX_CODES): int8 codes (C
+// bytes per pixel) by bie_cuda_pixel_rows, copied by bie_cuda_im2col.
+enum pixel_kind { PIX_NONE, PIX_ROWS, PIX_PLANES, PIX_CODES };
 pixel_kind float_pixels(const pack_src & p) {
     const struct dgeom & g = p.g;
     const int64_t * st = p.t.stride;
     const bool fl = p.t.dtype == BIE_DTYPE_F32 || p.t.dtype == BIE_DTYPE_F16 || p.t.dtype == BIE_DTYPE_BF16;
-    if (p.is_weight || p.quant != BIE_QUANT_BINARY || !fl || dgeom_one_position(g) || g.C % 32) return PIX_NONE;
+    if (p.is_weight || !fl || dgeom_one_position(g)) return PIX_NONE;
+    if (p.quant != BIE_QUANT_BINARY) return PIX_CODES;
+    if (g.C % 32) return PIX_NONE;
     if (st[1] == 1 && st[2] == g.W * st[3] && (g.batch == 1 || st[0] == g.H * st[2])) return PIX_ROWS;
     if (st[3] == 1 && (g.H == 1 || st[2] == g.W)) return PIX_PLANES;
     return PIX_NONE;
 }
-size_t pixel_bits_bytes(const pack_src & p) { return (size_t)(p.g.batch * p.g.H * p.g.W * (p.g.C / 8)); }
+// Whether the K elements of each row of a weight [O, C, kh, kw] with these strides are contiguous
+// in the GEMM's order k = (i*kw + j)*C + c (OHWI).
+bool ohwi_rows(const int64_t * st, int64_t C, int64_t kh, int64_t kw) {
+    return (C == 1 || st[1] == 1) && (kw == 1 || st[3] == C) && (kh == 1 || st[2] == C * kw);
+}
+
+// A float conv weight whose (kh, kw) planes are dense (OIHW and the like) with kh*kw > 1, whose
+// rows the pixel movers can write: any C for n-bit codes, C % 32 == 0 for bits (rows of words);
+// also an 8-bit layer's I8 codes in such planes (no clamp needed: the codes are the full range).
+bool planar_weight(const pack_src & p) {
+    const struct dgeom & g = p.g;
+    const int64_t * st = p.t.stride;
+    const bool fl = p.t.dtype == BIE_DTYPE_F32 || p.t.dtype == BIE_DTYPE_F16 || p.t.dtype == BIE_DTYPE_BF16;
+    const bool codes = p.t.dtype == BIE_DTYPE_I8 && p.quant == BIE_QUANT_INT8; // copied as they are
+    return p.is_weight && (fl || codes) && g.kh * g.kw > 1 && st[3] == 1 && st[2] == g.kw &&
+           (p.quant != BIE_QUANT_BINARY || g.C % 32 == 0);
+}
+size_t pixel_scratch_bytes(const pack_src & p) {
+    return (size_t)(p.g.batch * p.g.H * p.g.W * (p.quant == BIE_QUANT_BINARY ? p.g.C / 8 : p.g.C));
+}
 
 // Packs rows with pack_contiguous_rows when their K elements are contiguous floats (the weight of
 // a 1x1 kernel; the x of a linear layer, i.e. one output position per image and its one tap
-// inside), else with pack_rows (scratch: pixel_bits_bytes(p) bytes when float_pixels(p)).
+// inside), else with pack_rows (scratch: pixel_scratch_bytes(p) bytes when float_pixels(p)).
 enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_src & p, int64_t rows, int64_t kbytes,
                          uint8_t * out, int * pop, uint8_t * scratch) {
     const struct dgeom & g = p.g;
@@ -394,6 +442,39 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
     const unsigned grid = grid_for(rows, 8);
     const int64_t * st = p.t.stride;
     const pixel_kind pk = scratch ? float_pixels(p) : PIX_NONE;
+    if (p.is_weight && p.t.dtype == BIE_DTYPE_B1 && ohwi_rows(st, g.C, g.kh, g.kw) && g.K % 8 == 0 &&
+        (rows == 1 || st[0] % 8 == 0)) {
+        // packed bits (bie_pack_weight's OHWI rows): whole bytes, copied into the operand's rows
+        if (kbytes * 8 > g.K) CU_TRY(ctx, cudaMemsetAsync(out, 0, (size_t)(rows * kbytes), stream), "clear weight rows");
+        CU_TRY(ctx, cudaMemcpy2DAsync(out, (size_t)kbytes, p.t.data, (size_t)(rows == 1 ? g.K / 8 : st[0] / 8),
+                                      (size_t)(g.K / 8), (size_t)rows, cudaMemcpyDeviceToDevice, stream),
+               "copy weight rows");
+        row_popcounts<<<grid_for(rows, 8), 256, 0, stream>>>(out, rows, g.K, kbytes, pop);
+        LAUNCHED(ctx, "weight popcounts");
+        return BIE_STATUS_OK;
+    }
+    if (planar_weight(p)) {
+        // [O, C, kh, kw] as a batch of O samples of C channels x kh*kw pixels: the pixel movers
+        // write rows [o][tap][c] straight into the operand; its padding past K is zeroed first
+        pack_src pp = p;
+        pp.g.batch = rows;
+        pp.g.H = g.kh;
+        pp.g.W = g.kw;
+        if (kbytes * (p.quant == BIE_QUANT_BINARY ? 8 : 1) > g.K)
+            CU_TRY(ctx, cudaMemsetAsync(out, 0, (size_t)(rows * kbytes), stream), "clear weight rows");
+        if (p.quant != BIE_QUANT_BINARY)
+            return bie_cuda_pixel_rows(ctx, stream, p.t, p.bias, p.t.dtype == BIE_DTYPE_I8 ? 0 : p.quant, p.s,
+                                       BIE_DTYPE_I8, kbytes, out);
+        launch_plane_bits(pp, kbytes / 4, (uint32_t *)out, stream);
+        LAUNCHED(ctx, "pack weight");
+        row_popcounts<<<grid_for(rows, 8), 256, 0, stream>>>(out, rows, g.K, kbytes, pop);
+        LAUNCHED(ctx, "weight popcounts");
+        return BIE_STATUS_OK;
+    }
+    if (pk == PIX_CODES) {
+        BIE_TRY(bie_cuda_pixel_rows(ctx, stream, p.t, p.bias, p.quant, p.s, BIE_DTYPE_I8, 0, scratch));
+        return bie_cuda_im2col(ctx, stream, scratch, 1, 0u, g, kbytes, out);
+    }
     if (pk != PIX_NONE) {
         if (pk == PIX_ROWS) {
             // rows of `per` pixels (whole warps busy even for few channels; one pixel per row when a
@@ -405,10 +486,7 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
             pp.t.stride[0] = st[3] * per;
             launch_contiguous(pp, pixels / per, g.C * per / 8, scratch, NULL, stream);
         } else {
-            const unsigned pg = grid_for(g.batch * (g.C / 32) * ((g.H * g.W + 31) / 32), 8);
-            if (p.t.dtype == BIE_DTYPE_F32) plane_bits<float><<<pg, 256, 0, stream>>>(p, (uint32_t *)scratch);
-            else if (p.t.dtype == BIE_DTYPE_F16) plane_bits<__half><<<pg, 256, 0, stream>>>(p, (uint32_t *)scratch);
-            else plane_bits<__nv_bfloat16><<<pg, 256, 0, stream>>>(p, (uint32_t *)scratch);
+            launch_plane_bits(p, g.H * g.W * (g.C / 32), (uint32_t *)scratch, stream);
         }
         LAUNCHED(ctx, "pack activation pixels");
         const int64_t pw = g.C / 32; // words per pixel
@@ -433,33 +511,23 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
     return BIE_STATUS_OK;
 }
 
-// colpop[o] = popc of the first K bits of row o (rows ldb bytes apart, 4-byte aligned): for a B1
-// weight used in place, whose bits past K may hold anything.
-__global__ void row_popcounts(const uint8_t * B, int64_t rows, int64_t K, int64_t ldb, int * pop) {
+// tappop[o][t] = popc of weight row o over positions [t*C, (t+1)*C): a warp per (o, t), a byte
+// per lane, the bytes at the ends of the range masked.
+__global__ void tap_popcounts(const uint8_t * B, int64_t O, int taps, int64_t C, int64_t kbytes, int * tappop) {
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
-        const uint32_t * r = (const uint32_t *)(B + row * ldb);
-        int cnt = 0;
-        for (int64_t wi = lane; wi * 32 < K; wi += 32) {
-            uint32_t v = r[wi];
-            const int64_t left = K - wi * 32;
-            if (left < 32) v &= (1u << left) - 1u;
-            cnt += __popc(v);
-        }
-        for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-        if (lane == 0) pop[row] = cnt;
-    }
-}
-
-// tappop[o][t] = popc of weight row o over positions [t*C, (t+1)*C).
-__global__ void tap_popcounts(const uint8_t * B, int64_t O, int taps, int64_t C, int64_t kbytes, int * tappop) {
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < O * taps; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t o = e / taps, t = e % taps;
+    for (int64_t e = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; e < O * taps; e += warps) {
+        const int64_t o = e / taps, t = e % taps, k0 = t * C, k1 = k0 + C;
         const uint8_t * row = B + o * kbytes;
         int cnt = 0;
-        for (int64_t k = t * C; k < (t + 1) * C; k++) cnt += (row[k >> 3] >> (k & 7)) & 1;
-        tappop[e] = cnt;
+        for (int64_t byte = k0 / 8 + lane; byte * 8 < k1; byte += 32) {
+            unsigned v = row[byte];
+            if (byte * 8 < k0) v &= 0xffu << (k0 - byte * 8);
+            if (byte * 8 + 8 > k1) v &= 0xffu >> (byte * 8 + 8 - k1);
+            cnt += __popc(v);
+        }
+        for (int sh = 16; sh > 0; sh >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, sh);
+        if (lane == 0) tappop[e] = cnt;
     }
 }
 
@@ -524,8 +592,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     // popc(w) is taken over the first K bits only.
     const struct bie_tensor & wt = c->weight;
     const int64_t wrow = wt.stride[0];
-    const bool w_direct = binary && wt.dtype == BIE_DTYPE_B1 && (g.C == 1 || wt.stride[1] == 1) &&
-                          (g.kw == 1 || wt.stride[3] == g.C) && (g.kh == 1 || wt.stride[2] == g.C * g.kw) &&
+    const bool w_direct = binary && wt.dtype == BIE_DTYPE_B1 && ohwi_rows(wt.stride, g.C, g.kh, g.kw) &&
                           (g.K + 7) / 8 == kbytes && (N == 1 || (wrow % 128 == 0 && wrow / 8 >= kbytes)) &&
                           ((uintptr_t)wt.data % 16) == 0;
     const int64_t ldb = w_direct && N > 1 ? wrow / 8 : kbytes;
@@ -552,7 +619,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
 
     const bool pixels = !x_direct && float_pixels(px) != PIX_NONE; // x packed pixel by pixel first
     size_t off = 0;
-    const size_t oPix = off; off = align256(off + (pixels ? pixel_bits_bytes(px) : 0));
+    const size_t oPix = off; off = align256(off + (pixels ? pixel_scratch_bytes(px) : 0));
     const size_t oA = off; off = align256(off + (x_direct ? 0 : (size_t)(M * kbytes)));
     const size_t oB = off; off = align256(off + (w_direct ? 0 : (size_t)(N * kbytes)));
     const size_t oRow = off; off = align256(off + (size_t)M * 4);
@@ -597,7 +664,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
         BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop, NULL));
     }
     if (zero_pad_fix) {
-        tap_popcounts<<<grid_for(N * taps, 256), 256, 0, st->stream>>>(Bm, N, taps, g.C, ldb, tappop);
+        tap_popcounts<<<grid_for(N * taps, 8), 256, 0, st->stream>>>(Bm, N, taps, g.C, ldb, tappop);
         LAUNCHED(ctx, "weight tap popcounts");
         tap_corrections<<<grid_for(classes * N, 256), 256, 0, st->stream>>>(tappop, px.g, border[0], border[1], border[2],
                                                                           border[3], tapcorr);

@@ -124,6 +124,17 @@ __device__ __forceinline__ void st_float(char * p, int dtype, int64_t off, float
     }
 }
 
+// Typed element conversions (float, __half, __nv_bfloat16; int8_t codes on the way out), rounding to
+// nearest even, for kernels templated on the element type.
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ int8_t from_f32<int8_t>(float v) { return (int8_t)__float2int_rn(v); }
+
 // 8 consecutive floats of type T (float, __half, __nv_bfloat16) from a 16-byte-aligned address,
 // with 16-byte loads, as f32.
 template <typename T> __device__ __forceinline__ void load8(const T * p, float * v);
@@ -267,6 +278,23 @@ static inline struct dgeom dgeom_make(const struct bie_geometry & g) {
     d.pad_value = (int)g.pad_value;
     return d;
 }
+
+// Layout moves for the implicit-GEMM convs (cuda-layout.cu), reads and writes coalesced for any
+// source layout. Pixel rows: out[p][c] (p = (n*H + h)*W + w, dense; out_dtype F32, F16, BF16 or
+// I8) = t[n, c, h, w] (t a 4-D view [batch, C, H, W] of any dtype) when quant is 0, else its
+// activation code under quant (x' = t + bias[c] when bias.data; binary +-1, n-bit
+// clamp(rne(x'/scale), lo, hi)). Sample n's rows start at out + n * out_ld elements (0: dense,
+// H*W*C; a weight [O, C, kh, kw] so becomes the rows [o][tap][c] of a padded GEMM operand).
+enum bie_status bie_cuda_pixel_rows(bie_context_t * ctx, cudaStream_t s, const struct dview & t,
+                                    const struct dview & bias, int quant, struct dscale scale, int out_dtype,
+                                    int64_t out_ld, void * out);
+// Whether consecutive pixels (w, then h, then n) of t are adjacent elements (NCHW-like planes).
+bool bie_cuda_along_pixels(const struct dview & t);
+// Implicit-GEMM rows from pixel rows P (elements of es bytes, C per pixel): out[m][k] for the
+// rows m of g's output positions, k = (i*kw + j)*C + c < K the element its tap reads, pad_bits
+// (an element's bit pattern) for taps outside the image, 0 for K <= k < ld.
+enum bie_status bie_cuda_im2col(bie_context_t * ctx, cudaStream_t s, const void * P, int es, uint32_t pad_bits,
+                                const struct dgeom & g, int64_t ld, void * out);
 
 // Border classes of zero padding: output row oh (of OH) is class 0 when none of its taps lies
 // above or below the image, else 1 + oh for the first `top` rows and 1 + top + (oh - (OH - bottom))

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-layout.cu: layer tensors moved into the dense layouts of the implicit-GEMM convs, with
+// coalesced reads and writes whatever the layout of the source (NCHW, channels-last, strided):
+//   pixel rows  P[p][c] = f(t[n, c, h, w]),  p = (n*H + h)*W + w
+//               f = the value itself, or the activation code of x' = f32(x) + f32(bias_a[c]):
+//               binary +-1 (x' >= 0 -> +1, NaN -> -1), n-bit clamp(rne(x'/scale_a), lo, hi)
+//   im2col      A[m][k] = P[pixel that tap t of output position m reads][c],  k = t*C + c < K,
+//               the pad value where the tap lies outside the image, 0 for K <= k < ld
+#include "cuda-impl.cuh"
+
+namespace {
+
+constexpr int TILE = 32; // a pixel_rows block moves 32 pixels x 32 channels
+
+
+// Block (32, 8), a tile per iteration: pixels p0 .. p0+31 (counted over the whole batch) x
+// channels c0 .. c0+31. The tile is read along the pixels when they are contiguous in t
+// (along_pixels: NCHW planes; a lane's pixel offset is worked out once per tile), else along the
+// channels (a warp's pixel is the same for all lanes), and written along the channels; sample n's
+// rows start at out + n * out_ld.
+template <typename T>
+__global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_t W, int64_t C, int quant,
+                           struct dscale s, int along_pixels, int64_t out_ld, T * out) {
+    __shared__ float tile[TILE][TILE + 1]; // [pixel][channel]
+    const float sc = quant ? ld_scale(s) : 1.0f;
+    const int lo = qlo(quant), hi = qhi(quant);
+    const int64_t P = t.shape[0] * HW, ptiles = (P + TILE - 1) / TILE, tiles = ptiles * ((C + TILE - 1) / TILE);
+    const int lane = threadIdx.x, ty = threadIdx.y;
+    for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
+        const int64_t p0 = (b % ptiles) * TILE, c0 = (b / ptiles) * TILE;
+        int64_t lane_off = 0; // along_pixels: offset of pixel p0 + lane at channel 0
+        if (along_pixels && p0 + lane < P) {
+            const int64_t p = p0 + lane, n = qdiv(p, HW), q = p - n * HW, h = qdiv(q, W);
+            lane_off = n * t.stride[0] + h * t.stride[2] + (q - h * W) * t.stride[3];
+        }
+        float v[TILE / 8];
+#pragma unroll
+        for (int k = 0; k < TILE / 8; k++) { // the loads first, all in flight at once
+            const int r = ty + 8 * k, pi = along_pixels ? lane : r, ci = along_pixels ? r : lane;
+            const int64_t p = p0 + pi, c = c0 + ci;
+            v[k] = 0.0f;
+            if (p >= P || c >= C) continue;
+            int64_t off;
+            if (along_pixels) {
+                off = lane_off + c * t.stride[1];
+            } else {
+                const int64_t n = qdiv(p, HW), q = p - n * HW, h = qdiv(q, W);
+                off = n * t.stride[0] + c * t.stride[1] + h * t.stride[2] + (q - h * W) * t.stride[3];
+            }
+            v[k] = ld_float(t.data, t.dtype, off);
+            if (quant && bias.data) v[k] = __fadd_rn(v[k], ld_float(bias.data, bias.dtype, c * bias.stride[3]));
+        }
+#pragma unroll
+        for (int k = 0; k < TILE / 8; k++) {
+            const int r = ty + 8 * k, pi = along_pixels ? lane : r, ci = along_pixels ? r : lane;
+            float q = v[k];
+            if (quant) q = quant == BIE_QUANT_BINARY ? (q >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(q, sc, lo, hi);
+            tile[pi][ci] = q;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < TILE / 8; k++) {
+            const int r = ty + 8 * k;
+            const int64_t p = p0 + r, c = c0 + lane;
+            if (p >= P || c >= C) continue;
+            int64_t o = p * C + c; // dense rows (no division per element)
+            if (out_ld != HW * C) {
+                const int64_t n = qdiv(p, HW);
+                o = n * out_ld + (p - n * HW) * C + c;
+            }
+            out[o] = from_f32<T>(tile[r][lane]);
+        }
+        __syncthreads();
+    }
+}
+
+// A warp per row of A, units of U (a whole number of units per pixel row of P, cu, and per row of
+// A, ldu) one per lane; the row's (n, oh, ow) is worked out once.
+template <typename U>
+__global__ void im2col_units(const U * P, struct dgeom g, int64_t cu, int64_t ldu, int64_t rows, U pad, U * out) {
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    const int64_t filled = (int64_t)g.kh * g.kw * cu;
+    U zero;
+    memset(&zero, 0, sizeof(zero));
+    for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
+        const int64_t mq = qdiv(row, g.OW), ow = row - mq * g.OW, n = qdiv(mq, g.OH), oh = mq - n * g.OH;
+        U * dst = out + row * ldu;
+        for (int64_t u = lane; u < ldu; u += 32) {
+            U v = zero;
+            if (u < filled) {
+                const int64_t tap = qdiv(u, cu), cc = u - tap * cu;
+                const int i = (int)tap / g.kw, j = (int)tap - i * g.kw;
+                const int64_t h = oh * g.sh - g.ph + (int64_t)i * g.dh, w = ow * g.sw - g.pw + (int64_t)j * g.dw;
+                v = h >= 0 && h < g.H && w >= 0 && w < g.W ? P[((n * g.H + h) * g.W + w) * cu + cc] : pad;
+            }
+            dst[u] = v;
+        }
+    }
+}
+
+template <typename U>
+void launch_im2col(const void * P, const struct dgeom & g, int64_t cu, int64_t ldu, int64_t rows,
+                   const unsigned char * pad16, void * out, cudaStream_t s) {
+    U pad;
+    memcpy(&pad, pad16, sizeof(U));
+    im2col_units<U><<<grid_for(rows, 8), 256, 0, s>>>((const U *)P, g, cu, ldu, rows, pad, (U *)out);
+}
+
+} // namespace
+
+bool bie_cuda_along_pixels(const struct dview & t) {
+    const int64_t step = t.shape[3] > 1 ? t.stride[3] : t.shape[2] > 1 ? t.stride[2] : t.stride[0];
+    return step == 1;
+}
+
+enum bie_status bie_cuda_pixel_rows(bie_context_t * ctx, cudaStream_t s, const struct dview & t,
+                                    const struct dview & bias, int quant, struct dscale sc, int out_dtype, int64_t out_ld,
+                                    void * out) {
+    const int64_t HW = t.shape[2] * t.shape[3], W = t.shape[3], C = t.shape[1];
+    if (out_ld == 0) out_ld = HW * C;
+    const int64_t tiles = (t.shape[0] * HW + TILE - 1) / TILE * ((C + TILE - 1) / TILE);
+    const unsigned grid = (unsigned)(tiles < 16384 ? (tiles < 1 ? 1 : tiles) : 16384);
+    const dim3 block(32, 8);
+    const int ap = bie_cuda_along_pixels(t);
+    switch (out_dtype) {
+    case BIE_DTYPE_F32: pixel_rows<float><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (float *)out); break;
+    case BIE_DTYPE_F16: pixel_rows<__half><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (__half *)out); break;
+    case BIE_DTYPE_BF16:
+        pixel_rows<__nv_bfloat16><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (__nv_bfloat16 *)out);
+        break;
+    case BIE_DTYPE_I8: pixel_rows<int8_t><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (int8_t *)out); break;
+    default: return bie_set_error(ctx, BIE_STATUS_INTERNAL, "pixel rows: output dtype %d", out_dtype);
+    }
+    return bie_cuda_check_launch(ctx, "pixel rows");
+}
+
+enum bie_status bie_cuda_im2col(bie_context_t * ctx, cudaStream_t s, const void * P, int es, uint32_t pad_bits,
+                                const struct dgeom & g, int64_t ld, void * out) {
+    // the widest unit (16, 8, 4, 2 or 1 bytes) that divides a pixel row, a row of A and both addresses
+    const int64_t pb = g.C * es, rb = ld * es;
+    const uintptr_t addr = (uintptr_t)P | (uintptr_t)out;
+    int ub = 16;
+    while (ub > 1 && (pb % ub || rb % ub || addr % ub)) ub /= 2;
+    if (ub < es) ub = es;
+    unsigned char pad16[16];
+    for (int i = 0; i < 16; i++) pad16[i] = (unsigned char)(pad_bits >> (8 * (i % es)));
+    const int64_t cu = pb / ub, ldu = rb / ub, rows = g.batch * g.OH * g.OW;
+    switch (ub) {
+    case 16: launch_im2col<uint4>(P, g, cu, ldu, rows, pad16, out, s); break;
+    case 8: launch_im2col<uint2>(P, g, cu, ldu, rows, pad16, out, s); break;
+    case 4: launch_im2col<uint32_t>(P, g, cu, ldu, rows, pad16, out, s); break;
+    case 2: launch_im2col<uint16_t>(P, g, cu, ldu, rows, pad16, out, s); break;
+    default: launch_im2col<uint8_t>(P, g, cu, ldu, rows, pad16, out, s); break;
+    }
+    return bie_cuda_check_launch(ctx, "im2col");
+}
