@@ -9,7 +9,11 @@
 //   gx[n,c,h,w]  = scale_w * sum over the taps (i,j) that read (h,w) of dCol[(n,oh,ow)][(i,j,c)]
 //   R    [O][K]  = G^T @ Acol, Acol = activation codes with the pad value on padded taps
 //   grad_W[o,c,i,j] = scale_a * R[o][(i,j,c)]
-// and one fused elementwise pass over x gives the STE mask, grad_x, the scale_a gradient terms
+// A stride-1 conv with several taps gets the tap sums straight from one GEMM over grad_y's
+// im2col instead (the transposed conv; see gx_conv below): gx = scale_w * Gx[(n,h,w)][c].
+// G and Acol are built through dense pixel rows (cuda-layout.cu: coalesced whatever the layout
+// of grad_y and x), and the STE pass gathers dCol by tiles of pixels x channels,
+// one fused elementwise pass over x that gives the STE mask, grad_x, the scale_a gradient terms
 // (docs/semantics.md) and the masked gradient that the per-channel bias_a reduction reads:
 //   binary: r = x'/scale_a, mask = 1{|r| <= 1}, grad_x = gx*mask, term = grad_x * sign(x')
 //   n-bit : mid = 1{lo <= r <= hi}, grad_x = gx*mid,
@@ -18,6 +22,9 @@
 #include "cuda-impl.cuh"
 
 #include <math.h>
+#include <string.h>
+
+#include <algorithm>
 
 namespace {
 
@@ -30,18 +37,10 @@ __device__ __forceinline__ void st_dense(void * p, int gdt, int64_t e, float v) 
     else ((float *)p)[e] = v;
 }
 
-// G[m][o] = grad_y[n, o, oh, ow] (exact: same dtype).
-__global__ void gather_grad_y(struct dview gy, struct dgeom g, int gdt, void * G) {
-    const int64_t total = g.batch * g.OH * g.OW * g.O;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t m = qdiv(e, g.O), o = e - m * g.O;
-        const int64_t mq = qdiv(m, g.OW), ow = m - mq * g.OW, n = qdiv(mq, g.OH), oh = mq - n * g.OH;
-        st_dense(G, gdt, e, ld_float(gy.data, gy.dtype, dview_off4(gy, n, o, oh, ow)));
-    }
-}
-
-// Wc[o][k] = weight code at (o, c, i, j), k = (i*kw + j)*C + c.
-__global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct dscale sw, int gdt, void * Wc) {
+// Wc[o][k] = weight code at (o, c, i, j), k = (i*kw + j)*C + c; tap_major: Wc[t][o][c] instead
+// (t = i*kw + j), the weight of grad_x as a convolution of grad_y.
+__global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct dscale sw, int gdt, int tap_major,
+                             void * Wc) {
     const float s = ld_scale(sw);
     const int64_t total = g.O * g.K;
     const int lo = qlo(quant), hi = qhi(quant);
@@ -53,43 +52,14 @@ __global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct d
         if (quant == BIE_QUANT_BINARY) q = v >= 0.0f ? 1.0f : -1.0f;
         else if (w.dtype == BIE_DTYPE_I8 || w.dtype == BIE_DTYPE_S4) q = fminf(fmaxf(v, (float)lo), (float)hi);
         else q = (float)quant_code(v, s, lo, hi);
-        st_dense(Wc, gdt, e, q);
+        st_dense(Wc, gdt, tap_major ? (tap * g.O + o) * g.C + c : e, q);
     }
 }
 
-__device__ __forceinline__ float x_prime(const struct dview & x, const struct dview & bias, int64_t n, int64_t c,
-                                         int64_t h, int64_t w) {
-    float v = ld_float(x.data, x.dtype, dview_off4(x, n, c, h, w));
-    if (bias.data) v = __fadd_rn(v, ld_float(bias.data, bias.dtype, c * bias.stride[3]));
-    return v;
-}
-
-// Acol[m][k] = activation code at output row m, position k (pad value outside the image).
-__global__ void activation_codes(struct dview x, struct dview bias, struct dgeom g, int quant, struct dscale sa,
-                                 int gdt, void * Acol) {
-    const float s = ld_scale(sa);
-    const int64_t M = g.batch * g.OH * g.OW, total = M * g.K;
-    const int lo = qlo(quant), hi = qhi(quant);
-    const float pad = quant != BIE_QUANT_BINARY ? 0.0f
-                      : g.pad_value == BIE_PAD_PLUS_ONE ? 1.0f : g.pad_value == BIE_PAD_MINUS_ONE ? -1.0f : 0.0f;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t m = qdiv(e, g.K), k = e - m * g.K;
-        const int64_t tap = qdiv(k, g.C), c = k - tap * g.C, i = tap / g.kw, j = tap % g.kw;
-        const int64_t mq = qdiv(m, g.OW), ow = m - mq * g.OW, n = qdiv(mq, g.OH), oh = mq - n * g.OH;
-        const int64_t h = oh * g.sh - g.ph + i * g.dh, w = ow * g.sw - g.pw + j * g.dw;
-        float q = pad;
-        if (h >= 0 && h < g.H && w >= 0 && w < g.W) {
-            const float v = x_prime(x, bias, n, c, h, w);
-            q = quant == BIE_QUANT_BINARY ? (v >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(v, s, lo, hi);
-        }
-        st_dense(Acol, gdt, e, q);
-    }
-}
-
-// The same codes for rows whose K elements are contiguous floats (a linear layer's weight and x):
+// The codes for rows whose K elements are contiguous floats (a linear layer's weight and x):
 // out[r][k] = code of src[r][k] (+ bias[k] for x), 8 elements per thread with a 16-byte load when
-// the row is 16-byte aligned and the 8 lie inside it. Same values as weight_codes /
-// activation_codes (a linear layer has one tap, inside the image).
+// the row is 16-byte aligned and the 8 lie inside it. Same values as weight_codes and the
+// activation codes of bie_cuda_pixel_rows (a linear layer has one tap, inside the image).
 template <typename T>
 __global__ void codes_rows(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias,
                            int quant, struct dscale sc, int gdt, void * out) {
@@ -120,9 +90,13 @@ __global__ void codes_rows(const T * src, int sdt, int64_t row_stride, int64_t r
 // Launches codes_rows when the rows of t ([rows, K] in its 4-D view: dim 0 rows, dim 1 the K
 // contiguous elements, dims 2-3 of extent 1; rows_are_k says the layer's geometry makes them so)
 // are contiguous floats; false otherwise.
+bool codes_rows_ok(const struct dview & t, bool rows_are_k, int64_t K) {
+    return rows_are_k && (K == 1 || t.stride[1] == 1) &&
+           (t.dtype == BIE_DTYPE_F32 || t.dtype == BIE_DTYPE_F16 || t.dtype == BIE_DTYPE_BF16);
+}
 bool launch_codes_rows(const struct dview & t, bool rows_are_k, int64_t rows, int64_t K, const struct dview & bias,
                        int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream) {
-    if (!rows_are_k || (K > 1 && t.stride[1] != 1)) return false;
+    if (!codes_rows_ok(t, rows_are_k, K)) return false;
     const unsigned grid = grid_for(rows * ((K + 7) / 8), 256);
     if (t.dtype == BIE_DTYPE_F32)
         codes_rows<float><<<grid, 256, 0, stream>>>((const float *)t.data, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out);
@@ -166,37 +140,167 @@ __device__ void block_sum_add(double acc, double * sum) {
     }
 }
 
-// The fused STE pass over x (one thread per element of x, row-major over [batch, C, H, W]).
-__global__ void ste_pass(struct dview x, struct dview bias, struct dgeom g, int quant, struct dscale sa,
-                         struct dscale sw, const float * dcol, struct dview gx_out, int write_gx,
-                         float * gxm /* [C][batch*H*W] or NULL */, double * term_sum) {
+// Output index that tap offset k (of dilation dil) of input coordinate x feeds, or -1:
+// x = o*stride - pad + k*dil for o in [0, OX).
+__device__ __forceinline__ int out_index(int x, int pad, int k, int dil, int stride, int OX) {
+    const int t = x + pad - k * dil;
+    if (t < 0) return -1;
+    const int o = stride == 1 ? t : t / stride;
+    return o * stride == t && o < OX ? o : -1;
+}
+
+// Element off of view v as f32: typed for float, __half and __nv_bfloat16, by v's dtype for void.
+template <typename T> __device__ __forceinline__ float ld_as(const struct dview & v, int64_t off) {
+    return to_f32(((const T *)v.data)[off]);
+}
+template <> __device__ __forceinline__ float ld_as<void>(const struct dview & v, int64_t off) {
+    return ld_float(v.data, v.dtype, off);
+}
+
+constexpr int STE_TAPS = 9; // taps of a pixel whose dCol loads are issued together (a 3x3 kernel's at once)
+
+// The fused STE pass over x, any geometry, by tiles of 32 pixels (p = (n*H + h)*W + w over the
+// batch) x 32 channels, block (32, 8): the tap sums gx = sum of dCol over the taps that read
+// (h, w) are gathered along the channels (rows of dCol are channel-contiguous), a thread's 4
+// pixels x NT taps of loads in flight at once, into shared memory; x, grad_x and gxm are then
+// visited along the pixels when those are contiguous in x (NCHW), else along the channels. A
+// block keeps one channel tile (the grid is a multiple of the channel tiles) and leaves its
+// channels' sums of the masked gradient in colpart[blockIdx.x / ctiles][c], for grad_bias_a
+// (colpart_sums). NT = 0: dCol has one tap per pixel at stride 1 without padding, so gx of pixel p
+// is dCol[p][c] (a 1x1 conv's dCol, or the grad_x GEMM of a stride-1 conv); T: x's element type
+// (float, __half, __nv_bfloat16; void: any, by its dtype).
+template <int NT, typename T>
+__global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3) ste_tiles(struct dview x, struct dview bias, struct dgeom g, int quant, struct dscale sa,
+                          struct dscale sw, const float * dcol, struct dview gx_out, int write_gx, int along_pixels,
+                          double * colpart /* or NULL */, double * term_sum) {
+    constexpr int NL = NT > 0 ? NT : 1; // loads per pixel in flight
+    __shared__ float tile[32][33]; // [pixel][channel]
+    __shared__ double csum[8][33];
     const float s_a = ld_scale(sa), s_w = ld_scale(sw);
-    const int64_t total = g.batch * g.C * g.H * g.W;
-    const int lo = qlo(quant), hi = qhi(quant);
-    double acc = 0.0;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t e1 = qdiv(e, g.W), w = e - e1 * g.W, e2 = qdiv(e1, g.H), h = e1 - e2 * g.H, n = qdiv(e2, g.C), c = e2 - n * g.C;
-        float sum = 0.0f;
-        for (int i = 0; i < g.kh; i++) {
-            const int64_t th = h + g.ph - (int64_t)i * g.dh;
-            if (th < 0 || th % g.sh) continue;
-            const int64_t oh = th / g.sh;
-            if (oh >= g.OH) continue;
-            for (int j = 0; j < g.kw; j++) {
-                const int64_t tw = w + g.pw - (int64_t)j * g.dw;
-                if (tw < 0 || tw % g.sw) continue;
-                const int64_t ow = tw / g.sw;
-                if (ow >= g.OW) continue;
-                sum += dcol[((n * g.OH + oh) * g.OW + ow) * g.K + (int64_t)(i * g.kw + j) * g.C + c];
+    const int lo = qlo(quant), hi = qhi(quant), taps = g.kh * g.kw;
+    const int64_t HW = g.H * g.W, P = g.batch * HW, ptiles = (P + 31) / 32, ctiles = (g.C + 31) / 32;
+    const int lane = threadIdx.x, ty = threadIdx.y;
+    const int64_t c0 = (blockIdx.x % ctiles) * 32;
+    // cacc[k]: the thread's running sum of channel c0 + lane (along channels: k = 0 only) or of
+    // channel c0 + ty + 8k over its lane's pixels (along pixels, summed over the lanes at the end)
+    double acc = 0.0, cacc[4] = {0.0, 0.0, 0.0, 0.0};
+    float bv[4]; // bias_a of the thread's channels, which stay fixed
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int64_t cc = c0 + (along_pixels ? ty + 8 * k : lane);
+        bv[k] = bias.data && cc < g.C ? ld_float(bias.data, bias.dtype, cc * bias.stride[3]) : 0.0f;
+    }
+    for (int64_t pt = blockIdx.x / ctiles; pt < ptiles; pt += gridDim.x / ctiles) {
+        const int64_t p0 = pt * 32;
+        // tap sums of pixels p0 + ty + 8k at channel c0 + lane
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // taps in order (i, then j); a skipped tap adds +0, which changes no sum
+        if (NT == 0) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int64_t p = p0 + ty + 8 * k, c = c0 + lane;
+                sum[k] = p < P && c < g.C ? __fadd_rn(0.0f, __ldg(dcol + p * g.C + c)) : 0.0f;
+            }
+        } else {
+            const int64_t c = c0 + lane;
+            int h[4], w[4];
+            const float * base[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int64_t p = p0 + ty + 8 * k;
+                const bool in = p < P && c < g.C;
+                const int64_t n = in ? qdiv(p, HW) : 0, q = p - n * HW;
+                h[k] = in ? (int)qdiv(q, g.W) : -(1 << 29); // outside: no tap reaches it
+                w[k] = in ? (int)(q - (int64_t)h[k] * g.W) : 0;
+                base[k] = dcol + n * g.OH * g.OW * g.K + c;
+            }
+            for (int t0 = 0; t0 < taps; t0 += NL) {
+                float v[4][NL];
+#pragma unroll
+                for (int u = 0; u < NL; u++) {
+                    const int t = t0 + u, i = t / g.kw, j = t - i * g.kw;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const int oh = t < taps ? out_index(h[k], g.ph, i, g.dh, g.sh, (int)g.OH) : -1;
+                        const int ow = oh >= 0 ? out_index(w[k], g.pw, j, g.dw, g.sw, (int)g.OW) : -1;
+                        v[k][u] = ow >= 0 ? __ldg(base[k] + ((int64_t)oh * g.OW + ow) * g.K + (int64_t)t * g.C) : 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < 4; k++)
+#pragma unroll
+                    for (int u = 0; u < NL; u++) sum[k] += v[k][u];
             }
         }
-        float gxm_v, term;
-        ste_elem(x_prime(x, bias, n, c, h, w), __fmul_rn(sum, s_w), quant, s_a, lo, hi, &gxm_v, &term);
-        if (write_gx) st_float(gx_out.data, gx_out.dtype, dview_off4(gx_out, n, c, h, w), gxm_v);
-        if (gxm) gxm[c * (g.batch * g.H * g.W) + (n * g.H + h) * g.W + w] = gxm_v;
-        acc += (double)term;
+#pragma unroll
+        for (int k = 0; k < 4; k++) tile[ty + 8 * k][lane] = sum[k];
+        __syncthreads();
+        // element k of this thread: pixel p0 + lane and channel c0 + ty + 8k along the pixels,
+        // else pixel p0 + ty + 8k and channel c0 + lane; the offsets of x and grad_x split into a
+        // pixel part and a channel part
+        int64_t xo[4], go[4];
+        float xv[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (along_pixels && k > 0) {
+                xo[k] = xo[0];
+                go[k] = go[0];
+                continue;
+            }
+            const int64_t p = p0 + (along_pixels ? lane : ty + 8 * k);
+            const int64_t n = p < P ? qdiv(p, HW) : 0, q = p - n * HW, hh = p < P ? qdiv(q, g.W) : 0, ww = q - hh * g.W;
+            xo[k] = p < P ? n * x.stride[0] + hh * x.stride[2] + ww * x.stride[3] : -1;
+            go[k] = write_gx ? n * gx_out.stride[0] + hh * gx_out.stride[2] + ww * gx_out.stride[3] : 0;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) { // x first, all 4 loads in flight
+            const int64_t cc = c0 + (along_pixels ? ty + 8 * k : lane);
+            xv[k] = xo[k] >= 0 && cc < g.C ? ld_as<T>(x, xo[k] + cc * x.stride[1]) : 0.0f;
+            if (bias.data) xv[k] = __fadd_rn(xv[k], bv[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int r = ty + 8 * k, pi = along_pixels ? lane : r, ci = along_pixels ? r : lane;
+            const int64_t cc = c0 + ci;
+            float gxm_v = 0.0f, term = 0.0f;
+            if (xo[k] >= 0 && cc < g.C) {
+                ste_elem(xv[k], __fmul_rn(tile[pi][ci], s_w), quant, s_a, lo, hi, &gxm_v, &term);
+                if (write_gx) st_float(gx_out.data, gx_out.dtype, go[k] + cc * gx_out.stride[1], gxm_v);
+            }
+            acc += (double)term;
+            cacc[along_pixels ? k : 0] += (double)gxm_v;
+        }
+        __syncthreads();
+    }
+    if (colpart) { // this block's sums of its channels, in a fixed order
+        if (along_pixels) { // thread (lane, ty) holds channels ty + 8k: summed over the lanes
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                double t = cacc[k];
+                for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+                if (lane == 0) csum[0][ty + 8 * k] = t;
+            }
+            __syncthreads();
+            if (ty == 0 && c0 + lane < g.C) colpart[(blockIdx.x / ctiles) * g.C + c0 + lane] = csum[0][lane];
+        } else { // every warp holds channel c0 + lane: summed over the warps
+            csum[ty][lane] = cacc[0];
+            __syncthreads();
+            if (ty == 0 && c0 + lane < g.C) {
+                double t = 0.0;
+                for (int y = 0; y < (int)blockDim.y; y++) t += csum[y][lane];
+                colpart[(blockIdx.x / ctiles) * g.C + c0 + lane] = t;
+            }
+        }
     }
     if (term_sum) block_sum_add(acc, term_sum);
+}
+
+template <typename T>
+void launch_ste_tiles(int mode, unsigned grid, cudaStream_t s, struct dview x, struct dview bias, struct dgeom g,
+                      int quant, struct dscale sa, struct dscale sw, const float * dcol, struct dview gxo, int wgx,
+                      int ap, double * colpart, double * sum) {
+    if (mode == 0) ste_tiles<0, T><<<grid, dim3(32, 8), 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+    else if (mode == 1) ste_tiles<1, T><<<grid, dim3(32, 8), 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+    else ste_tiles<STE_TAPS, T><<<grid, dim3(32, 8), 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
 }
 
 // The same pass for a linear layer (dgeom_one_position: dCol[n][c] is element (n, c)'s own sum
@@ -261,28 +365,20 @@ __global__ void ste_rows(struct dview x, struct dview bias, int64_t rows, int64_
     if (term_sum) block_sum_add(acc, term_sum);
 }
 
-// grad_bias_a[c] = sum over the slabs of colpart[slab][c].
-__global__ void colpart_sums(const double * colpart, int64_t slabs, int64_t C, struct dview out) {
-    for (int64_t c = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; c < C; c += (int64_t)gridDim.x * blockDim.x) {
-        double t = 0.0;
-        for (int64_t s = 0; s < slabs; s++) t += colpart[s * C + c];
-        st_float(out.data, out.dtype, c * out.stride[3], (float)t);
-    }
-}
-
-// grad_bias_a[c] = sum of gxm[c][*] (a block per channel).
-__global__ void channel_sums(const float * gxm, int64_t per_channel, struct dview out) {
-    const int64_t c = blockIdx.x;
-    double acc = 0.0;
-    for (int64_t i = threadIdx.x; i < per_channel; i += blockDim.x) acc += (double)gxm[c * per_channel + i];
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    __shared__ double part[32];
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+// grad_bias_a[c] = sum over the rows of colpart[row][c]: block (32, 32) per 32 channels, row r
+// summed by warp r % 32, the 32 partial sums added in a fixed order.
+__global__ void colpart_sums(const double * colpart, int64_t rows, int64_t C, struct dview out) {
+    __shared__ double part[32][33];
+    const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
+    double t = 0.0;
+    if (c < C)
+        for (int64_t r = threadIdx.y; r < rows; r += blockDim.y) t += colpart[r * C + c];
+    part[threadIdx.y][threadIdx.x] = t;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0.0;
-        for (int i = 0; i < (int)(blockDim.x >> 5); i++) t += part[i];
-        st_float(out.data, out.dtype, c * out.stride[3], (float)t);
+    if (threadIdx.y == 0 && c < C) {
+        double sum = 0.0;
+        for (int y = 0; y < (int)blockDim.y; y++) sum += part[y][threadIdx.x];
+        st_float(out.data, out.dtype, c * out.stride[3], (float)sum);
     }
 }
 
@@ -321,6 +417,19 @@ __global__ void scatter_grad_w(const float * R, struct dgeom g, struct dscale sa
     }
 }
 
+struct dview bias_none() {
+    struct dview v;
+    v.data = NULL;
+    return v;
+}
+
+// The bit pattern of v as an element of dtype dt (F32, F16 or BF16; v = 0 or +-1, exact in all).
+uint32_t element_bits(float v, int dt) {
+    uint32_t f;
+    memcpy(&f, &v, 4);
+    return dt == BIE_DTYPE_F32 ? f : dt == BIE_DTYPE_BF16 ? f >> 16 : v == 0.0f ? 0u : v > 0.0f ? 0x3c00u : 0xbc00u;
+}
+
 enum bie_status gemm_ex(bie_context_t * ctx, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
                         int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, float * C, int64_t ldc,
                         cudaDataType_t t, const char * what) {
@@ -352,29 +461,45 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     const bool want_gw = c->grad_weight.data != NULL;
     if (!want_gx && !want_gw) return BIE_STATUS_OK;
 
+    // grad_x of a stride-1 conv with several taps is computed as a convolution of grad_y (the
+    // transposed conv): Gcol [x pixels][t*O + o] = grad_y at the output position that tap t of
+    // the pixel feeds (0 where none), and Gx [x pixels][C] = Gcol @ Wt, Wt[t*O + o][c] = Wc[o][t*C + c].
+    // Its operand (taps*O half-size elements per x pixel) is half the f32 dCol [M][K] of the
+    // general path (dCol = G @ Wc, whose tap sums the STE pass gathers), and the STE pass reads
+    // one f32 per element instead of taps.
+    const int taps = g.kh * g.kw;
+    const int64_t xpix = xnumel / g.C;
+    const bool gx_conv = want_gx && !dgeom_one_position(g) && taps > 1 && g.sh == 1 && g.sw == 1;
     size_t off = 0;
     const size_t oG = off; off = align256(off + (size_t)(M * O) * es);
     const size_t oW = off; off = align256(off + (want_gx ? (size_t)(O * K) * es : 0));
-    const size_t col_bytes = (size_t)(M * K) * (want_gx ? 4 : es);
-    const size_t oCol = off; off = align256(off + col_bytes);               // dCol (f32), then Acol
+    const size_t gcol_bytes = align256((size_t)(xpix * taps * O) * es);
+    const size_t gx_bytes = gx_conv ? gcol_bytes + (size_t)xnumel * 4 : want_gx ? (size_t)(M * K) * 4 : 0;
+    const size_t col_bytes = std::max(gx_bytes, want_gw ? (size_t)(M * K) * es : (size_t)0);
+    const size_t oCol = off; off = align256(off + col_bytes); // dCol (f32) or Gcol + Gx, then Acol
     const size_t oR = off; off = align256(off + (want_gw ? (size_t)(O * K) * 4 : 0));
-    // The STE pass of a linear layer over contiguous features takes row slabs (ste_rows) and
-    // leaves per-slab column sums for grad_bias_a; otherwise a [C][batch*H*W] copy of the masked
-    // gradient feeds channel_sums.
+    // The STE pass of a linear layer over contiguous features takes row slabs (ste_rows), any
+    // other layer tiles of pixels x channels (ste_tiles, `groups` blocks per channel tile); both
+    // leave partial channel sums of the masked gradient (a row per slab or group) for grad_bias_a.
     const bool ste_linear = dgeom_one_position(g) && (g.C == 1 || c->x.stride[1] == 1) &&
                             (c->x.dtype == BIE_DTYPE_F32 || c->x.dtype == BIE_DTYPE_F16 || c->x.dtype == BIE_DTYPE_BF16);
     int64_t slab = 64;
     if ((M + slab - 1) / slab > 65535) slab = ((M + 65534) / 65535 + 7) / 8 * 8;
     const int64_t slabs = (M + slab - 1) / slab;
-    const size_t gxm_bytes = !c->grad_bias_a.data ? 0 : ste_linear ? (size_t)(slabs * g.C) * 8 : (size_t)xnumel * 4;
-    const size_t oGxm = off; off = align256(off + gxm_bytes);
+    const int64_t ctiles = (g.C + 31) / 32, ptiles = (xnumel / g.C + 31) / 32;
+    const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(ptiles, 2048 / ctiles));
+    const int64_t part_rows = ste_linear ? slabs : groups;
+    const size_t oPart = off; off = align256(off + (c->grad_bias_a.data ? (size_t)(part_rows * g.C) * 8 : 0));
     const size_t oSum = off; off = align256(off + sizeof(double));
+    struct dview x, bias, gy;
+    dview_make(&c->x, &x);
+    // activation codes as pixel rows first (then im2col) unless x's rows are the GEMM's rows
+    const bool acol_pixels = want_gw && !codes_rows_ok(x, dgeom_one_position(g), K);
+    const size_t oPix = off; off = align256(off + (acol_pixels ? (size_t)xnumel * es : 0));
     uint8_t * ws;
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
     cudaStream_t s = st->stream;
 
-    struct dview x, bias, gy;
-    dview_make(&c->x, &x);
     bias.data = NULL;
     if (c->bias_a.data) dview_make(&c->bias_a, &bias);
     dview_make(&c->grad_y, &gy);
@@ -383,22 +508,36 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     // A linear grad_y with dense rows already is G; otherwise gather it.
     const bool g_direct = !c->is_conv && gy.stride[1] == 1 && (M == 1 || gy.stride[0] == O);
     const void * G = g_direct ? (const void *)gy.data : (const void *)(ws + oG);
-    if (!g_direct) {
-        gather_grad_y<<<grid_for(M * O, 256), 256, 0, s>>>(gy, g, gdt, ws + oG);
-        LAUNCHED(ctx, "gather grad_y");
-    }
+    if (!g_direct) BIE_TRY(bie_cuda_pixel_rows(ctx, s, gy, bias_none(), 0, sa, gdt, 0, ws + oG));
 
     if (want_gx) {
         struct dview w;
         dview_make(&c->weight, &w);
-        struct dview nobias;
-        nobias.data = NULL;
-        if (!launch_codes_rows(w, g.kh == 1 && g.kw == 1, O, K, nobias, (int)c->quant, sw, gdt, ws + oW, s))
-            weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, ws + oW);
-        LAUNCHED(ctx, "weight codes");
-        // dCol (row-major [M][K]) = G [M][O] @ Wc [O][K]: column-major dCol^T = Wc^T G^T.
-        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, G, O, (float *)(ws + oCol), K, ct,
-                        "grad_x"));
+        struct dgeom gs = g; // the geometry the STE pass gathers tap sums with
+        if (gx_conv) {
+            weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 1, ws + oW);
+            LAUNCHED(ctx, "weight codes");
+            // grad_y's pixels are the image and x's the output positions: x pixel h reads grad_y
+            // row h + ph - i*dh through tap i
+            struct dgeom gt = g;
+            gt.C = O; gt.H = g.OH; gt.W = g.OW; gt.O = g.C; gt.OH = g.H; gt.OW = g.W; gt.K = taps * O;
+            gt.ph = -g.ph; gt.pw = -g.pw; gt.dh = -g.dh; gt.dw = -g.dw;
+            BIE_TRY(bie_cuda_im2col(ctx, s, G, (int)es, 0u, gt, gt.K, ws + oCol));
+            // Gx (row-major [xpix][C]) = Gcol [xpix][taps*O] @ Wt: column-major Gx^T = Wt^T Gcol^T.
+            BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, g.C, xpix, gt.K, ws + oW, g.C, ws + oCol, gt.K,
+                            (float *)(ws + oCol + gcol_bytes), g.C, ct, "grad_x"));
+            // Gx is a dCol of one tap per pixel: a 1x1, stride-1 conv without padding
+            gs.kh = gs.kw = gs.sh = gs.sw = gs.dh = gs.dw = 1;
+            gs.ph = gs.pw = 0;
+            gs.OH = g.H; gs.OW = g.W; gs.K = g.C;
+        } else {
+            if (!launch_codes_rows(w, g.kh == 1 && g.kw == 1, O, K, bias_none(), (int)c->quant, sw, gdt, ws + oW, s))
+                weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 0, ws + oW);
+            LAUNCHED(ctx, "weight codes");
+            // dCol (row-major [M][K]) = G [M][O] @ Wc [O][K]: column-major dCol^T = Wc^T G^T.
+            BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, G, O, (float *)(ws + oCol), K, ct,
+                            "grad_x"));
+        }
         struct dview gxo;
         gxo.data = NULL;
         if (c->grad_x.data) dview_make(&c->grad_x, &gxo);
@@ -407,9 +546,9 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
         const bool want_gb = c->grad_bias_a.data != NULL;
         struct dview gb;
         if (want_gb) dview_make(&c->grad_bias_a, &gb);
-        const float * dcol = (const float *)(ws + oCol);
+        const float * dcol = (const float *)(ws + oCol + (gx_conv ? gcol_bytes : 0));
+        double * colpart = want_gb ? (double *)(ws + oPart) : NULL;
         if (ste_linear) {
-            double * colpart = want_gb ? (double *)(ws + oGxm) : NULL;
             const dim3 grid((unsigned)((g.C + 255) / 256), (unsigned)slabs), block(32, 8);
             const int q = (int)c->quant, wgx = c->grad_x.data != NULL;
             if (x.dtype == BIE_DTYPE_F32)
@@ -419,20 +558,28 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
             else
                 ste_rows<__nv_bfloat16><<<grid, block, 0, s>>>(x, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
             LAUNCHED(ctx, "STE pass (rows)");
-            if (want_gb) {
-                colpart_sums<<<grid_for(g.C, 256), 256, 0, s>>>(colpart, slabs, g.C, gb);
-                LAUNCHED(ctx, "grad_bias_a");
-            }
         } else {
-            float * gxm = want_gb ? (float *)(ws + oGxm) : NULL;
-            unsigned blocks = grid_for(xnumel, 256);
-            if (blocks > 4096) blocks = 4096;
-            ste_pass<<<blocks, 256, 0, s>>>(x, bias, g, (int)c->quant, sa, sw, dcol, gxo, c->grad_x.data != NULL, gxm, sum);
+            const unsigned grid = (unsigned)(groups * ctiles);
+            const int wgx = c->grad_x.data != NULL, ap = bie_cuda_along_pixels(x);
+            const int q = (int)c->quant;
+            // 0: dCol[p][c] is pixel p's sum; 1: one tap per pixel, any stride; 2: several taps
+            const int one = gs.kh * gs.kw > 1                                               ? 2
+                            : gs.sh == 1 && gs.sw == 1 && gs.ph == 0 && gs.pw == 0 &&
+                                      gs.OH == gs.H && gs.OW == gs.W && gs.K == gs.C ? 0
+                                                                                      : 1;
+            if (x.dtype == BIE_DTYPE_F32)
+                launch_ste_tiles<float>(one, grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+            else if (x.dtype == BIE_DTYPE_F16)
+                launch_ste_tiles<__half>(one, grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+            else if (x.dtype == BIE_DTYPE_BF16)
+                launch_ste_tiles<__nv_bfloat16>(one, grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+            else
+                launch_ste_tiles<void>(one, grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
             LAUNCHED(ctx, "STE pass");
-            if (gxm) {
-                channel_sums<<<(unsigned)g.C, 256, 0, s>>>(gxm, g.batch * g.H * g.W, gb);
-                LAUNCHED(ctx, "grad_bias_a");
-            }
+        }
+        if (want_gb) {
+            colpart_sums<<<(unsigned)ctiles, dim3(32, 32), 0, s>>>(colpart, part_rows, g.C, gb);
+            LAUNCHED(ctx, "grad_bias_a");
         }
         if (sum) {
             struct dview gs;
@@ -446,9 +593,15 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     }
     if (want_gw) {
         // a linear layer: row m of Acol is row m of x
-        if (!launch_codes_rows(x, dgeom_one_position(g), M, K, bias, (int)c->quant, sa, gdt, ws + oCol, s))
-            activation_codes<<<grid_for(M * K, 256), 256, 0, s>>>(x, bias, g, (int)c->quant, sa, gdt, ws + oCol);
-        LAUNCHED(ctx, "activation codes");
+        if (acol_pixels) {
+            BIE_TRY(bie_cuda_pixel_rows(ctx, s, x, bias, (int)c->quant, sa, gdt, 0, ws + oPix));
+            const float pad = c->quant != BIE_QUANT_BINARY ? 0.0f
+                              : g.pad_value == BIE_PAD_PLUS_ONE ? 1.0f : g.pad_value == BIE_PAD_MINUS_ONE ? -1.0f : 0.0f;
+            BIE_TRY(bie_cuda_im2col(ctx, s, ws + oPix, (int)es, element_bits(pad, gdt), g, K, ws + oCol));
+        } else {
+            launch_codes_rows(x, true, M, K, bias, (int)c->quant, sa, gdt, ws + oCol, s);
+            LAUNCHED(ctx, "activation codes");
+        }
         // R (row-major [O][K]) = G^T @ Acol: column-major R^T [K][O] = Acol^T [K][M] . G [M][O].
         BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, G, O, (float *)(ws + oR), K, ct,
                         "grad_weight"));

@@ -400,6 +400,11 @@ int main(int argc, char ** argv) {
         random_case(&c, 0);
         test_backward(&c);
     }
+    for (int i = 0; i < (cuda_test_quick() ? 1 : 6); i++) { // larger convolutions: several tiles of the STE pass
+        struct lcase c;
+        random_case(&c, i % 2 ? 2 : 3);
+        test_backward(&c);
+    }
     test_stream();
     bie_context_destroy(ref_ctx);
     bie_context_destroy(cu_ctx);
