@@ -74,6 +74,107 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
     }
 }
 
+// Two f16 / bf16 / f32 elements at element offset off (even) of p, as f32.
+__device__ __forceinline__ float2 ld_pair(const char * p, int dtype, int64_t off) {
+    if (dtype == BIE_DTYPE_F32) return *(const float2 *)((const float *)p + off);
+    const uint32_t u = *(const uint32_t *)((const uint16_t *)p + off);
+    if (dtype == BIE_DTYPE_F16) return __half22float2(*(const __half2 *)&u);
+    return __bfloat1622float2(*(const __nv_bfloat162 *)&u);
+}
+
+template <typename T> struct pair_of;
+template <> struct pair_of<float> { typedef float2 type; };
+template <> struct pair_of<__half> { typedef __half2 type; };
+template <> struct pair_of<__nv_bfloat16> { typedef __nv_bfloat162 type; };
+template <> struct pair_of<int8_t> { typedef char2 type; };
+template <typename T> __device__ __forceinline__ void st_pair(T * p, float a, float b) {
+    typename pair_of<T>::type v;
+    T * e = (T *)&v;
+    e[0] = from_f32<T>(a);
+    e[1] = from_f32<T>(b);
+    *(typename pair_of<T>::type *)p = v;
+}
+
+// pixel_rows for NCHW planes of an even number of f16 / bf16 / f32 pixels, with even sample and
+// channel strides and a base aligned to two elements (the caller checks): tiles of 64 pixels x 32
+// channels, each lane reading two neighbouring pixels of a channel at once (they lie in one
+// sample, since HW is even) and writing two neighbouring channels of a pixel at once where C is
+// even and the rows and base are aligned for it (pair_out), so that a warp moves 128-byte lines instead of
+// 64-byte ones. Same values as pixel_rows.
+template <typename T>
+__global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, int64_t C, int quant,
+                                 struct dscale s, int64_t out_ld, int pair_out, T * out) {
+    constexpr int PT = 2 * TILE; // pixels per tile
+    __shared__ float tile[PT][TILE + 1]; // [pixel][channel]
+    const float sc = quant ? ld_scale(s) : 1.0f;
+    const int lo = qlo(quant), hi = qhi(quant);
+    const int64_t P = t.shape[0] * HW, ptiles = (P + PT - 1) / PT, tiles = ptiles * ((C + TILE - 1) / TILE);
+    const int lane = threadIdx.x, ty = threadIdx.y;
+    for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
+        const int64_t p0 = (b % ptiles) * PT, c0 = (b / ptiles) * TILE;
+        const int64_t pl = p0 + 2 * lane; // this lane's first pixel (even, so pl + 1 is in the same sample)
+        int64_t lane_off = 0;
+        if (pl < P) {
+            const int64_t n = qdiv(pl, HW);
+            lane_off = n * t.stride[0] + (pl - n * HW);
+        }
+        float2 v[TILE / 8];
+#pragma unroll
+        for (int k = 0; k < TILE / 8; k++) { // the loads first, all in flight at once
+            const int64_t c = c0 + ty + 8 * k;
+            v[k] = make_float2(0.0f, 0.0f);
+            if (pl >= P || c >= C) continue;
+            const int64_t off = lane_off + c * t.stride[1];
+            if (pl + 1 < P) v[k] = ld_pair(t.data, t.dtype, off);
+            else v[k].x = ld_float(t.data, t.dtype, off);
+        }
+#pragma unroll
+        for (int k = 0; k < TILE / 8; k++) {
+            const int r = ty + 8 * k;
+            float a = v[k].x, q = v[k].y;
+            if (quant) {
+                const int64_t c = c0 + r;
+                if (bias.data && c < C) {
+                    const float bv = ld_float(bias.data, bias.dtype, c * bias.stride[3]);
+                    a = __fadd_rn(a, bv);
+                    q = __fadd_rn(q, bv);
+                }
+                if (quant == BIE_QUANT_BINARY) {
+                    a = a >= 0.0f ? 1.0f : -1.0f;
+                    q = q >= 0.0f ? 1.0f : -1.0f;
+                } else {
+                    a = (float)quant_code(a, sc, lo, hi);
+                    q = (float)quant_code(q, sc, lo, hi);
+                }
+            }
+            tile[2 * lane][r] = a;
+            tile[2 * lane + 1][r] = q;
+        }
+        __syncthreads();
+        // lane j % 16 writes channels c0 + 2(j % 16) and the next one of pixel row 2ty + j/16 + 16k
+        const int cj = 2 * (lane & 15);
+        const int64_t c = c0 + cj;
+#pragma unroll
+        for (int k = 0; k < PT / 16; k++) {
+            const int r = 2 * ty + (lane >> 4) + 16 * k;
+            const int64_t p = p0 + r;
+            if (p >= P || c >= C) continue;
+            int64_t o = p * C + c;
+            if (out_ld != HW * C) {
+                const int64_t n = qdiv(p, HW);
+                o = n * out_ld + (p - n * HW) * C + c;
+            }
+            if (pair_out) {
+                st_pair<T>(out + o, tile[r][cj], tile[r][cj + 1]);
+            } else {
+                out[o] = from_f32<T>(tile[r][cj]);
+                if (c + 1 < C) out[o + 1] = from_f32<T>(tile[r][cj + 1]);
+            }
+        }
+        __syncthreads();
+    }
+}
+
 // A warp per row of A, units of U (a whole number of units per pixel row of P, cu, and per row of
 // A, ldu) one per lane; the row's (n, oh, ow) is worked out once.
 template <typename U>
@@ -123,6 +224,25 @@ enum bie_status bie_cuda_pixel_rows(bie_context_t * ctx, cudaStream_t s, const s
     const unsigned grid = (unsigned)(tiles < 16384 ? (tiles < 1 ? 1 : tiles) : 16384);
     const dim3 block(32, 8);
     const int ap = bie_cuda_along_pixels(t);
+    const int es = t.dtype == BIE_DTYPE_F32 ? 4 : t.dtype == BIE_DTYPE_F16 || t.dtype == BIE_DTYPE_BF16 ? 2 : 0;
+    const bool dense_planes = t.stride[3] == 1 && (t.shape[2] == 1 || t.stride[2] == t.shape[3]);
+    if (es && dense_planes && HW % 2 == 0 && t.stride[0] % 2 == 0 && t.stride[1] % 2 == 0 &&
+        (uintptr_t)t.data % (2 * es) == 0) {
+        const int os = out_dtype == BIE_DTYPE_F32 ? 4 : out_dtype == BIE_DTYPE_I8 ? 1 : 2;
+        const int po = C % 2 == 0 && out_ld % 2 == 0 && (uintptr_t)out % (2 * os) == 0;
+        const int64_t ptiles2 = (t.shape[0] * HW + 2 * TILE - 1) / (2 * TILE) * ((C + TILE - 1) / TILE);
+        const unsigned g2 = (unsigned)(ptiles2 < 16384 ? (ptiles2 < 1 ? 1 : ptiles2) : 16384);
+        switch (out_dtype) {
+        case BIE_DTYPE_F32: pixel_rows_pairs<float><<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (float *)out); break;
+        case BIE_DTYPE_F16: pixel_rows_pairs<__half><<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (__half *)out); break;
+        case BIE_DTYPE_BF16:
+            pixel_rows_pairs<__nv_bfloat16><<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (__nv_bfloat16 *)out);
+            break;
+        case BIE_DTYPE_I8: pixel_rows_pairs<int8_t><<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (int8_t *)out); break;
+        default: return bie_set_error(ctx, BIE_STATUS_INTERNAL, "pixel rows: output dtype %d", out_dtype);
+        }
+        return bie_cuda_check_launch(ctx, "pixel rows (pairs)");
+    }
     switch (out_dtype) {
     case BIE_DTYPE_F32: pixel_rows<float><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (float *)out); break;
     case BIE_DTYPE_F16: pixel_rows<__half><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (__half *)out); break;
