@@ -13,6 +13,19 @@ namespace {
 constexpr int TILE = 32; // a pixel_rows block moves 32 pixels x 32 channels
 
 
+// The activation code of x' (binary +-1 with x' >= 0 -> +1, NaN -> -1; n-bit clamp(rne(x'/sc))).
+__device__ __forceinline__ float act_code(float v, int quant, float sc, int lo, int hi) {
+    return quant == BIE_QUANT_BINARY ? (v >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(v, sc, lo, hi);
+}
+
+// Offset of element (p, c) in the rows: p * C + c when they are dense, else sample n's rows start
+// out_ld elements after sample n-1's.
+__device__ __forceinline__ int64_t row_off(int64_t p, int64_t c, int64_t HW, int64_t C, int64_t out_ld) {
+    if (out_ld == HW * C) return p * C + c; // no division per element
+    const int64_t n = qdiv(p, HW);
+    return n * out_ld + (p - n * HW) * C + c;
+}
+
 // Block (32, 8), a tile per iteration: pixels p0 .. p0+31 (counted over the whole batch) x
 // channels c0 .. c0+31. The tile is read along the pixels when they are contiguous in t
 // (along_pixels: NCHW planes; a lane's pixel offset is worked out once per tile), else along the
@@ -54,7 +67,7 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
         for (int k = 0; k < TILE / 8; k++) {
             const int r = ty + 8 * k, pi = along_pixels ? lane : r, ci = along_pixels ? r : lane;
             float q = v[k];
-            if (quant) q = quant == BIE_QUANT_BINARY ? (q >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(q, sc, lo, hi);
+            if (quant) q = act_code(q, quant, sc, lo, hi);
             tile[pi][ci] = q;
         }
         __syncthreads();
@@ -63,11 +76,7 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
             const int r = ty + 8 * k;
             const int64_t p = p0 + r, c = c0 + lane;
             if (p >= P || c >= C) continue;
-            int64_t o = p * C + c; // dense rows (no division per element)
-            if (out_ld != HW * C) {
-                const int64_t n = qdiv(p, HW);
-                o = n * out_ld + (p - n * HW) * C + c;
-            }
+            const int64_t o = row_off(p, c, HW, C, out_ld);
             out[o] = from_f32<T>(tile[r][lane]);
         }
         __syncthreads();
@@ -139,13 +148,8 @@ __global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, 
                     a = __fadd_rn(a, bv);
                     q = __fadd_rn(q, bv);
                 }
-                if (quant == BIE_QUANT_BINARY) {
-                    a = a >= 0.0f ? 1.0f : -1.0f;
-                    q = q >= 0.0f ? 1.0f : -1.0f;
-                } else {
-                    a = (float)quant_code(a, sc, lo, hi);
-                    q = (float)quant_code(q, sc, lo, hi);
-                }
+                a = act_code(a, quant, sc, lo, hi);
+                q = act_code(q, quant, sc, lo, hi);
             }
             tile[2 * lane][r] = a;
             tile[2 * lane + 1][r] = q;
@@ -159,11 +163,7 @@ __global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, 
             const int r = 2 * ty + (lane >> 4) + 16 * k;
             const int64_t p = p0 + r;
             if (p >= P || c >= C) continue;
-            int64_t o = p * C + c;
-            if (out_ld != HW * C) {
-                const int64_t n = qdiv(p, HW);
-                o = n * out_ld + (p - n * HW) * C + c;
-            }
+            const int64_t o = row_off(p, c, HW, C, out_ld);
             if (pair_out) {
                 st_pair<T>(out + o, tile[r][cj], tile[r][cj + 1]);
             } else {
