@@ -12,9 +12,9 @@
 // A stride-1 conv with several taps gets the tap sums straight from one GEMM over grad_y's
 // im2col instead (the transposed conv; see gx_conv below): gx = scale_w * Gx[(n,h,w)][c].
 // G and Acol are built through dense pixel rows (cuda-layout.cu: coalesced whatever the layout
-// of grad_y and x), and the STE pass gathers dCol by tiles of pixels x channels,
-// one fused elementwise pass over x that gives the STE mask, grad_x, the scale_a gradient terms
-// (docs/semantics.md) and the masked gradient that the per-channel bias_a reduction reads:
+// of grad_y and x). Then one fused pass over x, by tiles of pixels x channels, gathers the tap
+// sums and gives the STE mask, grad_x, the scale_a gradient terms (docs/semantics.md) and the
+// masked gradient that the per-channel bias_a reduction reads:
 //   binary: r = x'/scale_a, mask = 1{|r| <= 1}, grad_x = gx*mask, term = grad_x * sign(x')
 //   n-bit : mid = 1{lo <= r <= hi}, grad_x = gx*mid,
 //           term = gx * (lo*1{r<lo} + hi*1{r>hi} + mid*(rne(r) - r))
@@ -92,7 +92,7 @@ __global__ void codes_rows(const T * src, int sdt, int64_t row_stride, int64_t r
 // are contiguous floats; false otherwise.
 bool codes_rows_ok(const struct dview & t, bool rows_are_k, int64_t K) {
     return rows_are_k && (K == 1 || t.stride[1] == 1) &&
-           (t.dtype == BIE_DTYPE_F32 || t.dtype == BIE_DTYPE_F16 || t.dtype == BIE_DTYPE_BF16);
+           bie_dtype_is_float((enum bie_dtype)t.dtype);
 }
 bool launch_codes_rows(const struct dview & t, bool rows_are_k, int64_t rows, int64_t K, const struct dview & bias,
                        int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream) {
@@ -294,10 +294,14 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3) ste_tiles(struct 
     if (term_sum) block_sum_add(acc, term_sum);
 }
 
+// ste_tiles for dCol's shape: several taps per pixel, one at a stride or with padding, or
+// dCol[p][c] itself (a 1x1, stride-1 conv without padding).
 template <typename T>
-void launch_ste_tiles(int mode, unsigned grid, cudaStream_t s, struct dview x, struct dview bias, struct dgeom g,
-                      int quant, struct dscale sa, struct dscale sw, const float * dcol, struct dview gxo, int wgx,
-                      int ap, double * colpart, double * sum) {
+void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dview bias, struct dgeom g, int quant,
+                      struct dscale sa, struct dscale sw, const float * dcol, struct dview gxo, int wgx, int ap,
+                      double * colpart, double * sum) {
+    const bool dense = g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0 && g.OH == g.H && g.OW == g.W;
+    const int mode = g.kh * g.kw > 1 ? 2 : dense ? 0 : 1;
     if (mode == 0) ste_tiles<0, T><<<grid, dim3(32, 8), 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
     else if (mode == 1) ste_tiles<1, T><<<grid, dim3(32, 8), 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
     else ste_tiles<STE_TAPS, T><<<grid, dim3(32, 8), 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
@@ -482,7 +486,7 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     // other layer tiles of pixels x channels (ste_tiles, `groups` blocks per channel tile); both
     // leave partial channel sums of the masked gradient (a row per slab or group) for grad_bias_a.
     const bool ste_linear = dgeom_one_position(g) && (g.C == 1 || c->x.stride[1] == 1) &&
-                            (c->x.dtype == BIE_DTYPE_F32 || c->x.dtype == BIE_DTYPE_F16 || c->x.dtype == BIE_DTYPE_BF16);
+                            bie_dtype_is_float(c->x.dtype);
     int64_t slab = 64;
     if ((M + slab - 1) / slab > 65535) slab = ((M + 65534) / 65535 + 7) / 8 * 8;
     const int64_t slabs = (M + slab - 1) / slab;
@@ -562,19 +566,14 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
             const unsigned grid = (unsigned)(groups * ctiles);
             const int wgx = c->grad_x.data != NULL, ap = bie_cuda_along_pixels(x);
             const int q = (int)c->quant;
-            // 0: dCol[p][c] is pixel p's sum; 1: one tap per pixel, any stride; 2: several taps
-            const int one = gs.kh * gs.kw > 1                                               ? 2
-                            : gs.sh == 1 && gs.sw == 1 && gs.ph == 0 && gs.pw == 0 &&
-                                      gs.OH == gs.H && gs.OW == gs.W && gs.K == gs.C ? 0
-                                                                                      : 1;
             if (x.dtype == BIE_DTYPE_F32)
-                launch_ste_tiles<float>(one, grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+                launch_ste_tiles<float>(grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
             else if (x.dtype == BIE_DTYPE_F16)
-                launch_ste_tiles<__half>(one, grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+                launch_ste_tiles<__half>(grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
             else if (x.dtype == BIE_DTYPE_BF16)
-                launch_ste_tiles<__nv_bfloat16>(one, grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+                launch_ste_tiles<__nv_bfloat16>(grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
             else
-                launch_ste_tiles<void>(one, grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+                launch_ste_tiles<void>(grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
             LAUNCHED(ctx, "STE pass");
         }
         if (want_gb) {
@@ -608,7 +607,7 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
         struct dview gw;
         dview_make(&c->grad_weight, &gw);
         if (g.kh == 1 && g.kw == 1 && (g.C == 1 || gw.stride[1] == 1) &&
-            (gw.dtype == BIE_DTYPE_F32 || gw.dtype == BIE_DTYPE_F16 || gw.dtype == BIE_DTYPE_BF16))
+            bie_dtype_is_float((enum bie_dtype)gw.dtype))
             scale_rows<<<grid_for(O * ((K + 7) / 8), 256), 256, 0, s>>>((const float *)(ws + oR), O, K, sa, gw);
         else
             scatter_grad_w<<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + oR), g, sa, gw);

@@ -403,7 +403,7 @@ enum pixel_kind { PIX_NONE, PIX_ROWS, PIX_PLANES, PIX_CODES };
 pixel_kind float_pixels(const pack_src & p) {
     const struct dgeom & g = p.g;
     const int64_t * st = p.t.stride;
-    const bool fl = p.t.dtype == BIE_DTYPE_F32 || p.t.dtype == BIE_DTYPE_F16 || p.t.dtype == BIE_DTYPE_BF16;
+    const bool fl = bie_dtype_is_float((enum bie_dtype)p.t.dtype);
     if (p.is_weight || !fl || dgeom_one_position(g)) return PIX_NONE;
     if (p.quant != BIE_QUANT_BINARY) return PIX_CODES;
     if (g.C % 32) return PIX_NONE;
@@ -423,7 +423,7 @@ bool ohwi_rows(const int64_t * st, int64_t C, int64_t kh, int64_t kw) {
 bool planar_weight(const pack_src & p) {
     const struct dgeom & g = p.g;
     const int64_t * st = p.t.stride;
-    const bool fl = p.t.dtype == BIE_DTYPE_F32 || p.t.dtype == BIE_DTYPE_F16 || p.t.dtype == BIE_DTYPE_BF16;
+    const bool fl = bie_dtype_is_float((enum bie_dtype)p.t.dtype);
     const bool codes = p.t.dtype == BIE_DTYPE_I8 && p.quant == BIE_QUANT_INT8; // copied as they are
     return p.is_weight && (fl || codes) && g.kh * g.kw > 1 && st[3] == 1 && st[2] == g.kw &&
            (p.quant != BIE_QUANT_BINARY || g.C % 32 == 0);

@@ -224,11 +224,11 @@ enum bie_status bie_cuda_pixel_rows(bie_context_t * ctx, cudaStream_t s, const s
     const unsigned grid = (unsigned)(tiles < 16384 ? (tiles < 1 ? 1 : tiles) : 16384);
     const dim3 block(32, 8);
     const int ap = bie_cuda_along_pixels(t);
-    const int es = t.dtype == BIE_DTYPE_F32 ? 4 : t.dtype == BIE_DTYPE_F16 || t.dtype == BIE_DTYPE_BF16 ? 2 : 0;
+    const int es = bie_dtype_is_float((enum bie_dtype)t.dtype) ? bie_dtype_bits((enum bie_dtype)t.dtype) / 8 : 0;
     const bool dense_planes = t.stride[3] == 1 && (t.shape[2] == 1 || t.stride[2] == t.shape[3]);
     if (es && dense_planes && HW % 2 == 0 && t.stride[0] % 2 == 0 && t.stride[1] % 2 == 0 &&
         (uintptr_t)t.data % (2 * es) == 0) {
-        const int os = out_dtype == BIE_DTYPE_F32 ? 4 : out_dtype == BIE_DTYPE_I8 ? 1 : 2;
+        const int os = bie_dtype_bits((enum bie_dtype)out_dtype) / 8;
         const int po = C % 2 == 0 && out_ld % 2 == 0 && (uintptr_t)out % (2 * os) == 0;
         const int64_t ptiles2 = (t.shape[0] * HW + 2 * TILE - 1) / (2 * TILE) * ((C + TILE - 1) / TILE);
         const unsigned g2 = (unsigned)(ptiles2 < 16384 ? (ptiles2 < 1 ? 1 : ptiles2) : 16384);
