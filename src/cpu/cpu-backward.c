@@ -322,6 +322,30 @@ static void bias_grad(const struct bwd * b) {
     }
 }
 
+// A linear layer's two GEMMs through sgemm, over fixed blocks of LIN_KB columns of K, each block one
+// one-thread sgemm on an OpenMP thread, so that every output is the same sum whatever the thread
+// count (a threaded OpenBLAS sgemm picked other kernels for other thread counts, and its results
+// moved with them). g is grad_y as [M][O] rows ldg apart, or (g_om) its transpose G [O][M]:
+//   grad_x (gx, before the mask) = grad_y @ wf      grad_W = scale_a * grad_y^T @ acode
+#define LIN_KB 256
+static void linear_sgemms(const struct bwd * b, const float * g, int ldg, bool g_om, float * gw, int ldgw) {
+    const struct bie_layer_call * c = b->c;
+    const int M = (int)b->g->batch, O = (int)b->g->O, K = (int)b->g->K;
+    const bool want_gw = c->grad_weight.data != NULL;
+    const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
+    const CBLAS_TRANSPOSE tx = g_om ? CblasTrans : CblasNoTrans, tw = g_om ? CblasNoTrans : CblasTrans;
+    openblas_set_num_threads(1);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(b->threads)
+    for (int k0 = 0; k0 < K; k0 += LIN_KB) {
+        const int kb = K - k0 < LIN_KB ? K - k0 : LIN_KB;
+        if (want_gx)
+            cblas_sgemm(CblasRowMajor, tx, CblasNoTrans, M, kb, O, 1.0f, g, ldg, b->wf + k0, K, 0.0f, b->gx + k0, K);
+        if (want_gw)
+            cblas_sgemm(CblasRowMajor, tw, CblasNoTrans, O, kb, M, c->scale_a, g, ldg, b->acode + k0, K, 0.0f, gw + k0,
+                        ldgw);
+    }
+}
+
 // The conv's GEMMs, in tasks of nb samples on OpenMP threads, each calling a one-thread sgemm (one
 // threading runtime: OpenBLAS's own threads never compete with OpenMP's):
 //   task t: G_t = grad_y of its samples [O][cols]; col_t = im2col [K][cols];
@@ -479,26 +503,10 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     } else if (!linear) {
         conv_tasks(&b, nb, wave, work, parts, gw, ldgw);
     } else if (g_rows) { // grad_y is a dense-row f32 [M][O]
-        openblas_set_num_threads(b.threads);
-        const float * gy = c->grad_y.data;
-        const int ld = (int)(g->batch == 1 ? O : c->grad_y.stride[0]), M = (int)g->batch;
-        if (want_gx)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, (int)K, (int)O, 1.0f, gy, ld, b.wf, (int)K,
-                        0.0f, b.gx, (int)K);
-        if (want_gw)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)O, (int)K, M, c->scale_a, gy, ld, b.acode,
-                        (int)K, 0.0f, gw, ldgw);
+        linear_sgemms(&b, c->grad_y.data, (int)(g->batch == 1 ? O : c->grad_y.stride[0]), false, gw, ldgw);
     } else { // G = grad_y^T as a dense [O][M]
-        openblas_set_num_threads(b.threads);
-        float * G = work;
-        const int M = (int)g->batch;
-        gather_g(&b, 0, g->batch, G, b.threads);
-        if (want_gx)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, M, (int)K, (int)O, 1.0f, G, M, b.wf, (int)K, 0.0f,
-                        b.gx, (int)K);
-        if (want_gw)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)O, (int)K, M, c->scale_a, G, M, b.acode,
-                        (int)K, 0.0f, gw, ldgw);
+        gather_g(&b, 0, g->batch, work, b.threads);
+        linear_sgemms(&b, work, (int)g->batch, true, gw, ldgw);
     }
     if (want_gw && !gw_direct) {
         const int64_t * s = gws;
