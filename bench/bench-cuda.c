@@ -118,9 +118,12 @@ static void * dev_half_random(size_t n) {
     return p;
 }
 
+// Input sets to rotate over so that together they exceed the L2 cache (a 2 MB binary weight
+// needs 80 of them).
+#define MAX_ROTATIONS 96
 static int rotations(size_t bytes_per_set) {
     int r = (int)(ROTATE_BYTES / (bytes_per_set ? bytes_per_set : 1)) + 1;
-    return r < 1 ? 1 : r > 16 ? 16 : r;
+    return r < 1 ? 1 : r > MAX_ROTATIONS ? MAX_ROTATIONS : r;
 }
 
 static struct bie_tensor dev_tensor(void * data, enum bie_dtype dt, int nd, const int64_t * shape) {
@@ -149,7 +152,7 @@ static void print_row(const char * name, const char * shape, double ms, const ch
 
 struct gemm_state {
     int64_t M, N, K;
-    void * A[16], * B[16], * C[16];
+    void * A[MAX_ROTATIONS], * B[MAX_ROTATIONS], * C[MAX_ROTATIONS];
     int i8;
 };
 
@@ -193,8 +196,8 @@ struct layer_state {
     int conv;
     struct bie_linear_desc ld;
     struct bie_conv2d_desc cd;
-    struct bie_tensor x[16], w[16], y[16], sa, sw;
-    struct bie_tensor g[16], gx[16], gw[16]; // training step
+    struct bie_tensor x[MAX_ROTATIONS], w[MAX_ROTATIONS], y[MAX_ROTATIONS], sa, sw;
+    struct bie_tensor g[MAX_ROTATIONS], gx[MAX_ROTATIONS], gw[MAX_ROTATIONS]; // training step
     int train;
 };
 
@@ -355,7 +358,7 @@ struct cudnn_state {
     cudnnConvolutionFwdAlgo_t algo;
     void * ws;
     size_t ws_size;
-    void * x[16], * w[16], * y[16];
+    void * x[MAX_ROTATIONS], * w[MAX_ROTATIONS], * y[MAX_ROTATIONS];
 };
 static void run_cudnn(void * st, int r) {
     struct cudnn_state * s = st;
