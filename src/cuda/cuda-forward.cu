@@ -258,10 +258,10 @@ __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t 
 // (C % 32 == 0, channels contiguous, word-aligned pixels: NHWC bits): a tap's C bits are C/32
 // words of x, copied as they are (pad taps: all ones for PLUS_ONE, else zeros). A warp takes 8
 // consecutive rows (output pixels, stepping ow, oh, n without divisions), a word per lane; what a
-// lane's word is (tap offsets and channel word, or row padding) is worked out once per thread for
-// the first IW_KEEP * 32 words of a row, so a row costs a load, a store and a popcount per word.
-// A first version recomputed all of it per word and row and was bound by instruction issue.
-constexpr int IW_KEEP = 8;   // words per lane whose position is kept in registers
+// lane's word is (tap offsets and channel word, or row padding) is worked out once for the 8 rows,
+// whose loads are then in flight together, so a row costs a load, a store and a popcount per word.
+// (Recomputing the position per word and row was bound by instruction issue; rows one after
+// another waited for each row's loads in turn: 34 us for 12.8 MB of rows.)
 constexpr int IW_ROWS = 8;   // consecutive rows per warp
 struct word_pos {
     int dh, dw, cw; // tap's row and column offset from (oh*sh, ow*sw); channel word; cw < 0: row padding
@@ -286,46 +286,58 @@ __device__ __forceinline__ uint32_t word_at(const uint32_t * x, const struct dge
     const int64_t h = hb + q.dh, w = wb + q.dw;
     return h >= 0 && h < g.H && w >= 0 && w < g.W ? __ldg(x + xb + h * w2 + w * w3 + q.cw) : pad;
 }
-__global__ void im2col_words(const uint32_t * x, struct dgeom g, int64_t w0, int64_t w2, int64_t w3, int64_t rows,
+__global__ void __launch_bounds__(256, 3) im2col_words(const uint32_t * x, struct dgeom g, int64_t w0, int64_t w2, int64_t w3, int64_t rows,
                              int64_t kbytes, uint32_t * out, int * pop) {
     const int lane = threadIdx.x & 31;
     const int64_t warp0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
     const int words = (int)(kbytes / 4);
     const uint32_t pad = g.pad_value == BIE_PAD_PLUS_ONE ? 0xffffffffu : 0u;
-    word_pos keep[IW_KEEP];
-#pragma unroll
-    for (int k = 0; k < IW_KEEP; k++) keep[k] = word_position(g, lane + 32 * k);
     for (int64_t r0 = warp0 * IW_ROWS; r0 < rows; r0 += warps * IW_ROWS) {
-        const uint32_t rr = (uint32_t)r0, OW = (uint32_t)g.OW, OH = (uint32_t)g.OH;
-        int64_t ow = rr % OW, oh = (rr / OW) % OH, n = rr / (OW * OH);
-        for (int64_t row = r0; row < r0 + IW_ROWS && row < rows; row++) {
-            const int64_t xb = n * w0, hb = oh * g.sh, wb = ow * g.sw;
-            uint32_t * dst = out + row * words;
-            int cnt = 0;
+        // The group's rows: their sample and top-left input pixel (stepping ow, oh, n).
+        int64_t xb[IW_ROWS];
+        int hb[IW_ROWS], wb[IW_ROWS]; // (padded input coordinates fit in 32 bits: checked on the host)
+        {
+            const uint32_t rr = (uint32_t)r0, OW = (uint32_t)g.OW, OH = (uint32_t)g.OH;
+            int ow = (int)(rr % OW), oh = (int)((rr / OW) % OH);
+            int64_t n = rr / (OW * OH);
 #pragma unroll
-            for (int k = 0; k < IW_KEEP; k++) {
-                const int w = lane + 32 * k;
-                if (w < words) {
-                    const uint32_t v = word_at(x, g, xb, hb, wb, w2, w3, keep[k], pad);
-                    dst[w] = v;
-                    cnt += __popc(v);
+            for (int r = 0; r < IW_ROWS; r++) {
+                xb[r] = n * w0;
+                hb[r] = oh * (int)g.sh;
+                wb[r] = ow * (int)g.sw;
+                if (++ow == g.OW) {
+                    ow = 0;
+                    if (++oh == g.OH) {
+                        oh = 0;
+                        n++;
+                    }
                 }
             }
-            for (int w = lane + 32 * IW_KEEP; w < words; w += 32) { // rows of more than 256 words
-                const uint32_t v = word_at(x, g, xb, hb, wb, w2, w3, word_position(g, w), pad);
-                dst[w] = v;
-                cnt += __popc(v);
-            }
-            cnt = (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
-            if (lane == 0) pop[row] = cnt;
-            if (++ow == g.OW) {
-                ow = 0;
-                if (++oh == g.OH) {
-                    oh = 0;
-                    n++;
+        }
+        const int nr = rows - r0 < IW_ROWS ? (int)(rows - r0) : IW_ROWS;
+        int cnt[IW_ROWS];
+#pragma unroll
+        for (int r = 0; r < IW_ROWS; r++) cnt[r] = 0;
+        // A word position at a time (worked out once for the group), the loads of all the group's
+        // rows first (in flight together), then their stores.
+        for (int w0 = 0; w0 < words; w0 += 32) {
+            const int w = w0 + lane;
+            const word_pos q = word_position(g, w);
+            uint32_t v[IW_ROWS];
+#pragma unroll
+            for (int r = 0; r < IW_ROWS; r++) v[r] = w < words && r < nr ? word_at(x, g, xb[r], hb[r], wb[r], w2, w3, q, pad) : 0u;
+#pragma unroll
+            for (int r = 0; r < IW_ROWS; r++)
+                if (w < words && r < nr) {
+                    out[(r0 + r) * words + w] = v[r];
+                    cnt[r] += __popc(v[r]);
                 }
-            }
+        }
+#pragma unroll
+        for (int r = 0; r < IW_ROWS; r++) {
+            const int c = (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt[r]);
+            if (lane == 0 && r < nr) pop[r0 + r] = c;
         }
     }
 }
@@ -366,24 +378,48 @@ __global__ void plane_bits(pack_src p, int64_t row_words, uint32_t * out) {
     }
 }
 
-// colpop[o] = popc of the first K bits of row o (rows ldb bytes apart, 4-byte aligned): for a B1
-// weight used in place, whose bits past K may hold anything.
-__global__ void row_popcounts(const uint8_t * B, int64_t rows, int64_t K, int64_t ldb, int * pop) {
+// pop[r] = popc of the first K bits of row r, for the rows of one or two bit matrices in one
+// launch (rows ld bytes apart, 4-byte aligned; bits past K may hold anything, as in a B1 weight
+// used in place). A warp counts a row, 16 bytes per lane when the rows are 16-byte aligned. The
+// counts are only epilogue terms, so a GEMM queued next may start under this kernel
+// (griddep_launch_dependents; see gemm_epilogue.terms_last).
+struct popc_rows {
+    const uint8_t * p;
+    int64_t rows, ld;
+    int * pop;
+};
+__global__ void row_popcounts(popc_rows a, popc_rows b, int64_t K) {
+    griddep_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
-        const uint32_t * r = (const uint32_t *)(B + row * ldb);
+    for (int64_t e = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; e < a.rows + b.rows; e += warps) {
+        const bool first = e < a.rows;
+        const int64_t row = first ? e : e - a.rows, ld = first ? a.ld : b.ld;
+        const uint8_t * r = (first ? a.p : b.p) + row * ld;
         int cnt = 0;
-        for (int64_t wi = lane; wi * 32 < K; wi += 32) {
-            uint32_t v = r[wi];
-            const int64_t left = K - wi * 32;
-            if (left < 32) v &= (1u << left) - 1u;
-            cnt += __popc(v);
+        if ((((uintptr_t)r) & 15) == 0) {
+            for (int64_t vi = lane; vi * 128 < K; vi += 32) cnt += popc_below(((const uint4 *)r)[vi], vi * 4, K);
+        } else {
+            for (int64_t wi = lane; wi * 32 < K; wi += 32) {
+                uint32_t v = ((const uint32_t *)r)[wi];
+                const int64_t left = K - wi * 32;
+                if (left < 32) v &= (1u << left) - 1u;
+                cnt += __popc(v);
+            }
         }
         for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
-        if (lane == 0) pop[row] = cnt;
+        if (lane == 0) (first ? a.pop : b.pop)[row] = cnt;
     }
 }
+
+// Queues row_popcounts over one matrix (b.rows == 0) or two.
+enum bie_status launch_row_popcounts(bie_context_t * ctx, cudaStream_t s, popc_rows a, popc_rows b, int64_t K,
+                                     const char * what) {
+    row_popcounts<<<grid_for(a.rows + b.rows, 8), 256, 0, s>>>(a, b, K);
+    LAUNCHED(ctx, what);
+    return BIE_STATUS_OK;
+}
+const popc_rows NO_ROWS = {NULL, 0, 0, NULL};
 
 void launch_plane_bits(const pack_src & p, int64_t row_words, uint32_t * out, cudaStream_t stream) {
     const struct dgeom & g = p.g;
@@ -449,9 +485,7 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
         CU_TRY(ctx, cudaMemcpy2DAsync(out, (size_t)kbytes, p.t.data, (size_t)(rows == 1 ? g.K / 8 : st[0] / 8),
                                       (size_t)(g.K / 8), (size_t)rows, cudaMemcpyDeviceToDevice, stream),
                "copy weight rows");
-        row_popcounts<<<grid_for(rows, 8), 256, 0, stream>>>(out, rows, g.K, kbytes, pop);
-        LAUNCHED(ctx, "weight popcounts");
-        return BIE_STATUS_OK;
+        return launch_row_popcounts(ctx, stream, {out, rows, kbytes, pop}, NO_ROWS, g.K, "weight popcounts");
     }
     if (planar_weight(p)) {
         // [O, C, kh, kw] as a batch of O samples of C channels x kh*kw pixels: the pixel movers
@@ -467,9 +501,7 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
                                        BIE_DTYPE_I8, kbytes, out);
         launch_plane_bits(pp, kbytes / 4, (uint32_t *)out, stream);
         LAUNCHED(ctx, "pack weight");
-        row_popcounts<<<grid_for(rows, 8), 256, 0, stream>>>(out, rows, g.K, kbytes, pop);
-        LAUNCHED(ctx, "weight popcounts");
-        return BIE_STATUS_OK;
+        return launch_row_popcounts(ctx, stream, {out, rows, kbytes, pop}, NO_ROWS, g.K, "weight popcounts");
     }
     if (pk == PIX_CODES) {
         BIE_TRY(bie_cuda_pixel_rows(ctx, stream, p.t, p.bias, p.quant, p.s, BIE_DTYPE_I8, 0, scratch));
@@ -581,6 +613,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const int taps = (int)(g.kh * g.kw);
     const bool zero_pad_fix = binary && c->is_conv && g.pad_value == BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0);
     const int64_t M = g.batch * g.OH * g.OW, N = g.O;
+    if (c->is_conv && (g.H + 2 * g.ph > INT32_MAX || g.W + 2 * g.pw > INT32_MAX)) // (the kernels' pixel coordinates)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: a padded height or width past 2^31 on CUDA");
     const int64_t kb_raw = binary ? (g.K + 7) / 8 : g.K;
     const int64_t kbytes = (kb_raw + 127) / 128 * 128;
     const bool b1_out = c->y.dtype == BIE_DTYPE_B1;
@@ -646,23 +680,16 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
         * tapcorr = (int *)(ws + oCorr);
     const uint8_t * Am = x_direct ? (const uint8_t *)xt.data : ws + oA;
     const bool gemm_counts = bie_cuda_gemm_counts_popcounts(M, zero_pad_fix); // the GEMM counts the bits itself
-    if (x_direct) {
-        if (!gemm_counts) {
-            row_popcounts<<<grid_for(M, 8), 256, 0, st->stream>>>(Am, M, g.K, kbytes, rowpop);
-            LAUNCHED(ctx, "activation popcounts");
-        }
-    } else {
-        BIE_TRY(pack_any(ctx, st->stream, px, M, kbytes, ws + oA, rowpop, pixels ? ws + oPix : NULL));
-    }
     const uint8_t * Bm = w_direct ? (const uint8_t *)wt.data : ws + oB;
-    if (w_direct) {
-        if (!gemm_counts) {
-            row_popcounts<<<grid_for(N, 8), 256, 0, st->stream>>>(Bm, N, g.K, ldb, colpop);
-            LAUNCHED(ctx, "weight popcounts");
-        }
-    } else {
-        BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop, NULL));
-    }
+    // Operands read in place only need their popcounts: those of both are counted in one launch,
+    // after any packing.
+    const popc_rows xrows = {Am, x_direct && !gemm_counts ? M : 0, kbytes, rowpop};
+    const popc_rows wrows = {Bm, w_direct && !gemm_counts ? N : 0, ldb, colpop};
+    if (!x_direct) BIE_TRY(pack_any(ctx, st->stream, px, M, kbytes, ws + oA, rowpop, pixels ? ws + oPix : NULL));
+    if (!w_direct) BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop, NULL));
+    if (xrows.rows || wrows.rows)
+        BIE_TRY(launch_row_popcounts(ctx, st->stream, xrows.rows ? xrows : wrows, xrows.rows ? wrows : NO_ROWS, g.K,
+                                     "operand popcounts"));
     if (zero_pad_fix) {
         tap_popcounts<<<grid_for(N * taps, 8), 256, 0, st->stream>>>(Bm, N, taps, g.C, ldb, tappop);
         LAUNCHED(ctx, "weight tap popcounts");
@@ -679,6 +706,9 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     ep.sw = pw.s;
     ep.sign = sign_codes ? (int8_t *)(ws + oSign) : NULL;
     ep.ldb = ldb;
+    // The last kernel before the GEMM wrote terms only: the tap tables, or the popcounts of an
+    // operand read in place (which are counted after any packing).
+    ep.terms_last = zero_pad_fix || xrows.rows || wrows.rows;
     BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, M, N, kbytes, ep));
     if (sign_codes) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
     return BIE_STATUS_OK;

@@ -6,14 +6,15 @@
 // m16n8k256 / IMMA s8 m16n8k32), in one launch with the binary popcounts fused.
 //
 // Work split: a CTA owns NB = 16 output columns (two 8-column MMA tiles) and all M rows (MT tiles
-// of 16); its KW warps split K in 128-byte chunks (warp w takes chunks w, w + KW, ...), and warp 0
-// adds the partial sums (in a fixed order) and runs the epilogue. Nothing is staged in shared
-// memory: in a chunk, lane (g = lane/4, t = lane%4) loads the 16-byte vectors at bytes 16t and
-// 64 + 16t of A rows g and g + 8 and of B row (output column) g; word i of the two vectors is the
-// fragment's k-half 0 and 1 in MMA step i. Every k of the chunk is used once, and A and B see the
-// same permutation of k, so the sums are those of the plain order. Binary popcounts come from the
-// same words: A's padding bits are zero, and B's words are masked past K (a weight read in place
-// may hold anything there).
+// of 16); its KW warps split K in 128-byte chunks (warp w takes chunks w, w + KW, ...). The warps
+// then hand their partial sums over through shared memory, and each adds them (in warp order) for
+// a quarter of the outputs and stores those. The operands are not staged in shared memory: in a
+// chunk, lane (g = lane/4, t = lane%4) loads the 16-byte vectors at bytes 16t and 64 + 16t of A
+// rows g and g + 8 and of B row (output column) g; word i of the two vectors is the fragment's
+// k-half 0 and 1 in MMA step i. Every k of the chunk is used once, and A and B see the same
+// permutation of k, so the sums are those of the plain order. Binary popcounts come from the same
+// words: A's padding bits are zero, and B's words are masked past K in the chunk that holds bit K
+// (a weight read in place may hold anything there).
 #include "cuda-epilogue.cuh"
 
 namespace {
@@ -41,25 +42,13 @@ __device__ __forceinline__ uint32_t word(const uint4 & v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-// popc of the bits of v (words w0 .. w0+3 of a row) that lie below bit K.
-__device__ __forceinline__ int popc_below(const uint4 & v, int64_t w0, int64_t K) {
-    int n = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int64_t left = K - (w0 + i) * 32;
-        const uint32_t x = word(v, i);
-        n += left >= 32 ? __popc(x) : left > 0 ? __popc(x & ((1u << left) - 1u)) : 0;
-    }
-    return n;
-}
-
 template <bool BINARY, int MT>
 __global__ void __launch_bounds__(KW * 32) gemm_small_kernel(const uint8_t * __restrict__ A,
                                                              const uint8_t * __restrict__ B, int64_t M, int64_t N,
                                                              int64_t kbytes, const gemm_epilogue ep) {
     constexpr int ACC = MT * 2 * 4;     // accumulators per lane
     constexpr int POPS = MT * 2 + 2;    // row popcounts (rows g, g+8 of each m tile), then columns
-    __shared__ int part[KW - 1][32][ACC + POPS];
+    __shared__ int part[KW][32][ACC + POPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t n0 = (int64_t)blockIdx.x * NB;
     const int64_t chunks = kbytes / CHUNK;
@@ -103,61 +92,61 @@ __global__ void __launch_bounds__(KW * 32) gemm_small_kernel(const uint8_t * __r
 #pragma unroll
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    pop[mt * 2 + h] += __popc(a[mt][h][0].x) + __popc(a[mt][h][0].y) + __popc(a[mt][h][0].z) +
-                                       __popc(a[mt][h][0].w) + __popc(a[mt][h][1].x) + __popc(a[mt][h][1].y) +
-                                       __popc(a[mt][h][1].z) + __popc(a[mt][h][1].w);
+                for (int h = 0; h < 2; h++) pop[mt * 2 + h] += popc4(a[mt][h][0]) + popc4(a[mt][h][1]);
             const int64_t w0 = byte0 / 4; // first word of the lane's first vector
+            const bool whole = (ch + 1) * CHUNK * 8 <= ep.g.K; // no bit of the chunk past K
 #pragma unroll
             for (int nt = 0; nt < 2; nt++)
-                pop[MT * 2 + nt] += popc_below(b[nt][0], w0, ep.g.K) + popc_below(b[nt][1], w0 + 16, ep.g.K);
+                pop[MT * 2 + nt] += whole ? popc4(b[nt][0]) + popc4(b[nt][1])
+                                          : popc_below(b[nt][0], w0, ep.g.K) + popc_below(b[nt][1], w0 + 16, ep.g.K);
         }
     }
 
-    // Warps 1.. hand their partial sums to warp 0, which adds them in warp order.
-    if (warp > 0) {
+    // Every warp hands its partial sums over; warp w then finishes the fragment pairs of n tile
+    // w / 2 in row half w % 2 (rows g or g + 8 of each m tile), adding the parts in warp order.
+    static_assert(KW == 4, "one warp per (n tile, row half) in the epilogue");
 #pragma unroll
-        for (int i = 0; i < ACC; i++) part[warp - 1][lane][i] = acc[i];
+    for (int i = 0; i < ACC; i++) part[warp][lane][i] = acc[i];
 #pragma unroll
-        for (int i = 0; i < POPS; i++) part[warp - 1][lane][ACC + i] = pop[i];
-    }
+    for (int i = 0; i < POPS; i++) part[warp][lane][ACC + i] = pop[i];
     __syncthreads();
-    if (warp > 0) return;
-    for (int w = 0; w < KW - 1; w++) {
+    const int nt = warp >> 1, h = warp & 1;
+    int sum[MT][2], rowpop[MT], colpop = 0;
 #pragma unroll
-        for (int i = 0; i < ACC; i++) acc[i] += part[w][lane][i];
+    for (int mt = 0; mt < MT; mt++) sum[mt][0] = sum[mt][1] = rowpop[mt] = 0;
+    for (int w = 0; w < KW; w++) {
 #pragma unroll
-        for (int i = 0; i < POPS; i++) pop[i] += part[w][lane][ACC + i];
+        for (int mt = 0; mt < MT; mt++) {
+            sum[mt][0] += part[w][lane][(mt * 2 + nt) * 4 + 2 * h];
+            sum[mt][1] += part[w][lane][(mt * 2 + nt) * 4 + 2 * h + 1];
+            rowpop[mt] += part[w][lane][ACC + mt * 2 + h];
+        }
+        colpop += part[w][lane][ACC + MT * 2 + nt];
     }
     // Whole-row popcounts: the four lanes of a group hold parts of the same rows and columns.
 #pragma unroll
-    for (int i = 0; i < POPS; i++) {
-        pop[i] += __shfl_xor_sync(0xffffffffu, pop[i], 1);
-        pop[i] += __shfl_xor_sync(0xffffffffu, pop[i], 2);
+    for (int mt = 0; mt < MT; mt++) {
+        rowpop[mt] += __shfl_xor_sync(0xffffffffu, rowpop[mt], 1);
+        rowpop[mt] += __shfl_xor_sync(0xffffffffu, rowpop[mt], 2);
     }
+    colpop += __shfl_xor_sync(0xffffffffu, colpop, 1);
+    colpop += __shfl_xor_sync(0xffffffffu, colpop, 2);
 
-    // Epilogue: lane (g, t) holds rows g and g+8 of each m tile at columns 2t and 2t+1 of each
-    // n tile; the popcount of column j of an n tile is in the lanes of group j.
+    // Lane (g, t) holds rows g + 8h of each m tile at columns 2t and 2t+1 of the n tile; the
+    // popcount of column j of the n tile is in the lanes of group j.
     const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
+    const int cp0 = __shfl_sync(0xffffffffu, colpop, 8 * t), cp1 = __shfl_sync(0xffffffffu, colpop, 8 * t + 4);
+    const int64_t n = n0 + nt * 8 + 2 * t;
+    if (n >= N) return;
 #pragma unroll
-    for (int nt = 0; nt < 2; nt++) {
-        const int cp0 = __shfl_sync(0xffffffffu, pop[MT * 2 + nt], 8 * t);
-        const int cp1 = __shfl_sync(0xffffffffu, pop[MT * 2 + nt], 8 * t + 4);
-        const int64_t n = n0 + nt * 8 + 2 * t;
-        if (n >= N) continue;
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t m = mt * 16 + g + 8 * h;
-                if (m >= M) continue;
-                row_info r = make_row(ep, m, M);
-                r.rowpop = pop[mt * 2 + h];
-                const int * c = acc + (mt * 2 + nt) * 4 + 2 * h;
-                const int d0 = BINARY ? dot_from_terms(c[0], r.rowpop, cp0, r.kterm) : c[0];
-                const int d1 = BINARY ? dot_from_terms(c[1], r.rowpop, cp1, r.kterm) : c[1];
-                store_pair(ep, r, n, d0, d1, n + 1 < N, scale);
-            }
+    for (int mt = 0; mt < MT; mt++) {
+        const int64_t m = mt * 16 + g + 8 * h;
+        if (m >= M) continue;
+        row_info r = make_row(ep, m, M);
+        r.rowpop = rowpop[mt];
+        const int d0 = BINARY ? dot_from_terms(sum[mt][0], r.rowpop, cp0, r.kterm) : sum[mt][0];
+        const int d1 = BINARY ? dot_from_terms(sum[mt][1], r.rowpop, cp1, r.kterm) : sum[mt][1];
+        store_pair(ep, r, n, d0, d1, n + 1 < N, scale);
     }
 }
 

@@ -20,7 +20,9 @@
 // zero-filled by the copy engine and never stored. The popcount terms of the epilogue are loaded
 // before a tile's MMAs and finished values leave through a per-warp shared-memory buffer as whole
 // 128-byte row segments (see epilogue()): with 4-byte fragment stores and in-loop loads the
-// epilogue took twice the time of the MMAs at 8192^3.
+// epilogue took twice the time of the MMAs at 8192^3. After a kernel that only wrote those terms
+// (ep.terms_last) the GEMM is a programmatic dependent launch: it starts under that kernel and
+// waits for it just before its first epilogue.
 #include "cuda-epilogue.cuh"
 
 #include <cuda.h> // CUtensorMap and its enums (the encoder is fetched from the driver at run time)
@@ -54,6 +56,11 @@ __host__ __device__ constexpr int stages_for(int bn) { return SMEM_RING / ((BM +
 static_assert(stages_for(64) * (BM + 64) * BK == SMEM_RING && stages_for(128) * (BM + 128) * BK == SMEM_RING &&
                   stages_for(256) * (BM + 256) * BK == SMEM_RING,
               "the ring holds whole stages, so the epilogue area after it stays 1024-byte aligned");
+
+// How the FAST epilogue stores y (the kernel's y_mode): rows of contiguous features, by the warp
+// or by bulk tensor stores of the y map; or planes (NCHW-like y: a sample's pixels contiguous,
+// its features y.stride[1] apart), where the 16 rows of a warp are 16 consecutive pixels.
+enum { Y_ROWS = 0, Y_ROWS_MAP = 1, Y_PLANES = 2 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define BIE_WGMMA_DEVICE 1
@@ -256,73 +263,136 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const in
     __syncwarp();
 }
 
+// Any y, element by element (the shared path of cuda-epilogue.cuh): the warp's 16 rows.
+template <bool BINARY, int BN>
+__device__ __forceinline__ void epilogue_elements(const gemm_epilogue & ep, const int * d, int64_t mw, int64_t nt,
+                                                  int64_t M, int64_t N, float scale) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int64_t m = mw + lane / 4 + 8 * h;
+        if (m >= M) continue;
+        const row_info r = make_row(ep, m, M);
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++) {
+            const int64_t n = nt + 8 * i + 2 * (lane % 4);
+            if (n >= N) break;
+            store_pair_any(&ep, r, n, N, d[4 * i + 2 * h], d[4 * i + 2 * h + 1], scale);
+        }
+    }
+}
+
+// The finished value of this thread's two columns of column group i in fragment row h, scaled.
+template <bool BINARY, bool TAPS>
+__device__ __forceinline__ float2 scaled_pair(const gemm_epilogue & ep, const int * d, const int * colterm, int i, int h,
+                                              int64_t nt, int64_t N, float scale, const int * rowterm,
+                                              const int * rowborder) {
+    const int2 r = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowterm, rowborder);
+    const float f0 = BINARY ? biased_dot_to_float(r.x) : __int2float_rn(r.x);
+    const float f1 = BINARY ? biased_dot_to_float(r.y) : __int2float_rn(r.y);
+    return make_float2(__fmul_rn(f0, scale), __fmul_rn(f1, scale));
+}
+
 // Stores this thread's accumulators. In the wgmma layout, thread (warp w, lane l) of a consumer
 // warpgroup holds, for column group i (8 columns), d[4i + 2h + e] = C[w*16 + l/4 + 8h][8i + 2(l%4) + e].
-// FAST (decided on the host): y is f32/f16/bf16 with contiguous features. Each warp then finishes
+// FAST (decided on the host): y is f32/f16/bf16 with contiguous features (or planes). Each warp finishes
 // its 16 rows one 128-byte column chunk at a time in its own shared-memory stage (16 rows of 128
 // bytes whose 16-byte units are swizzled by the row, unit u of row r at u ^ (r % 8), so the
 // fragment writes hit 32 distinct banks), and the chunk leaves as whole 128-byte row segments:
 // with a y map (ymap: rows of y evenly spaced, see make_y_map) as one bulk tensor store issued by
 // lane 0, which runs while the warp goes on to the next chunk and tile (before refilling the stage
-// it waits only until the store has read it); else row by row, 16 bytes per lane. TAPS: a
-// zero-padded binary conv, whose border rows add back the popcounts of their taps outside the
-// image. Other y go element by element.
+// it waits only until the store has read it); else row by row, 16 bytes per lane. With y as
+// planes (Y_PLANES) the stage holds the chunk transposed and each feature's 16 pixels leave as one
+// run. TAPS: a zero-padded binary conv, whose border rows add back the popcounts of their taps
+// outside the image. Other y go element by element.
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, uint8_t * stage,
-                                         const int * colterm, const CUtensorMap * ymap, int64_t mw, int64_t nt,
-                                         int64_t M, int64_t N, float scale, const int * rowterm, const int * rowborder) {
+                                         const int * colterm, const CUtensorMap * ymap, int y_mode, int64_t mw,
+                                         int64_t nt, int64_t M, int64_t N, float scale, const int * rowterm,
+                                         const int * rowborder) {
     const int lane = threadIdx.x % 32;
     const struct dview & y = ep.y;
     if (!FAST) {
+        epilogue_elements<BINARY, BN>(ep, d, mw, nt, M, N, scale);
+        return;
+    }
+    if (y_mode == Y_PLANES) {
+        // The warp's rows must be pixels of one sample (else element by element).
+        const struct dgeom & g = ep.g;
+        const int64_t hw = g.OH * g.OW, nb = mw / hw, p0 = mw - nb * hw;
+        if (mw + 16 > M || p0 + 16 > hw) {
+            epilogue_elements<BINARY, BN>(ep, d, mw, nt, M, N, scale);
+            return;
+        }
+        // Chunks of CC features: the values go to the stage transposed (feature-major, 16 pixels
+        // each), then each feature's 16 pixels leave as one contiguous run, in units of VEC
+        // elements where the run's alignment allows (y.stride[1] and p0 decide it for all runs).
+        constexpr int CC = 2048 / (16 * (int)sizeof(T));
+        T * const yd = (T *)y.data + nb * y.stride[0] + p0;
+        const int64_t fs = y.stride[1];
+        const int vec = ((uintptr_t)yd % 16 == 0 && fs % (16 / (int)sizeof(T)) == 0) ? 16 / (int)sizeof(T)
+                        : ((uintptr_t)yd % 4 == 0 && fs % 2 == 0 && sizeof(T) == 2) ? 2 : 1;
+        T * const st = (T *)stage;
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t m = mw + lane / 4 + 8 * h;
-            if (m >= M) continue;
-            const row_info r = make_row(ep, m, M);
+        for (int c = 0; c < BN / CC; c++) {
 #pragma unroll
-            for (int i = 0; i < BN / 8; i++) {
-                const int64_t n = nt + 8 * i + 2 * (lane % 4);
-                if (n >= N) break;
-                store_pair_any(&ep, r, n, N, d[4 * i + 2 * h], d[4 * i + 2 * h + 1], scale);
+            for (int j = 0; j < CC / 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const float2 v = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * CC / 8 + j, h, nt, N, scale, rowterm,
+                                                               rowborder);
+                    const int col = 8 * j + 2 * (lane % 4), row = lane / 4 + 8 * h;
+                    st[col * 16 + row] = from_f32<T>(v.x);
+                    st[(col + 1) * 16 + row] = from_f32<T>(v.y);
+                }
+            __syncwarp();
+            const int64_t n0 = nt + c * CC;
+            if (vec == 16 / (int)sizeof(T)) {
+                for (int e = lane * vec; e < 16 * CC; e += 32 * vec)
+                    if (n0 + e / 16 < N) *(uint4 *)(yd + (n0 + e / 16) * fs + e % 16) = *(const uint4 *)(st + e);
+            } else if (vec == 2) {
+                for (int e = lane * 2; e < 16 * CC; e += 64)
+                    if (n0 + e / 16 < N) *(uint32_t *)(yd + (n0 + e / 16) * fs + e % 16) = *(const uint32_t *)(st + e);
+            } else {
+                for (int e = lane; e < 16 * CC; e += 32)
+                    if (n0 + e / 16 < N) yd[(n0 + e / 16) * fs + e % 16] = st[e];
             }
+            __syncwarp();
         }
         return;
     }
-    // Row facts: lane j < 16 holds row mw + j's offset in y; the fragment rows' dot terms.
-    int64_t rb_mine = 0;
-    if (lane < 16 && mw + lane < M) {
-        const row_info r = make_row(ep, mw + lane, M);
-        rb_mine = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3];
-    }
     // colterm: DOT_BIAS - 2 popc(w) of the tile's columns, written by the caller
-    constexpr int CC = 128 / (int)sizeof(T); // columns per chunk
-    const uint32_t stage_s = (uint32_t)__cvta_generic_to_shared(stage);
-    T * const yd = (T *)y.data;
-    const bool aligned = ((uintptr_t)y.data % 16) == 0;
+    constexpr int CC = 128 / (int)sizeof(T), GC = CC / 8; // columns and column groups per chunk
 #pragma unroll
     for (int c = 0; c < BN / CC; c++) {
+        // The chunk's values first, so that their arithmetic overlaps the previous chunk's store.
+        float2 v[GC][2];
+#pragma unroll
+        for (int j = 0; j < GC; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                v[j][h] = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, nt, N, scale, rowterm, rowborder);
         if (ymap) { // the previous chunk's store must have read the stage
             if (lane == 0) tma_store_wait_read();
             __syncwarp();
         }
 #pragma unroll
-        for (int j = 0; j < CC / 8; j++) {
-            const int i = c * CC / 8 + j;
+        for (int j = 0; j < GC; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowterm, rowborder);
-                const float f0 = BINARY ? biased_dot_to_float(v.x) : __int2float_rn(v.x);
-                const float f1 = BINARY ? biased_dot_to_float(v.y) : __int2float_rn(v.y);
                 const int row = lane / 4 + 8 * h, b = (8 * j + 2 * (lane % 4)) * (int)sizeof(T); // byte in the row
-                store_pair<T>((T *)(stage + row * 128 + (((b >> 4) ^ (row & 7)) << 4) + (b & 15)),
-                              __fmul_rn(f0, scale), __fmul_rn(f1, scale));
+                store_pair<T>((T *)(stage + row * 128 + (((b >> 4) ^ (row & 7)) << 4) + (b & 15)), v[j][h].x, v[j][h].y);
             }
-        }
         if (ymap) {
             fence_proxy_async();
             __syncwarp();
-            if (lane == 0) tma_store(ymap, stage_s, (int)(nt + c * CC), (int)mw);
+            if (lane == 0) tma_store(ymap, (uint32_t)__cvta_generic_to_shared(stage), (int)(nt + c * CC), (int)mw);
             continue;
+        }
+        int64_t rb_mine = 0; // lane j < 16: row mw + j's offset in y
+        if (lane < 16 && mw + lane < M) {
+            const row_info r = make_row(ep, mw + lane, M);
+            rb_mine = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3];
         }
         __syncwarp();
         // 16 rows x 128 bytes: 8 lanes per row, 4 rows per pass.
@@ -333,8 +403,8 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
             const int64_t n = nt + c * CC + (lane % 8) * (16 / (int)sizeof(T));
             if (mw + row >= M || n >= N) continue;
             const uint8_t * src = stage + row * 128 + (((lane % 8) ^ (row & 7)) << 4);
-            T * dst = yd + rb + n;
-            if (aligned && ((rb + n) % (16 / (int)sizeof(T))) == 0 && n + 16 / (int)sizeof(T) <= N) {
+            T * dst = (T *)y.data + rb + n;
+            if (((uintptr_t)y.data % 16) == 0 && ((rb + n) % (16 / (int)sizeof(T))) == 0 && n + 16 / (int)sizeof(T) <= N) {
                 *(uint4 *)dst = *(const uint4 *)src;
             } else {
                 for (int k = 0; k < 16 / (int)sizeof(T) && n + k < N; k++) dst[k] = ((const T *)src)[k];
@@ -349,7 +419,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 __global__ void __launch_bounds__(THREADS, 1)
     wgmma_gemm(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
-               const __grid_constant__ CUtensorMap ty, int y_by_map, int64_t M, int64_t N, int ktiles,
+               const __grid_constant__ CUtensorMap ty, int y_mode, int64_t M, int64_t N, int ktiles,
                const __grid_constant__ gemm_epilogue ep) {
 #ifdef BIE_WGMMA_DEVICE
     constexpr int STAGES = stages_for(BN);
@@ -363,7 +433,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     uint8_t * const ep_stage = smem_raw + (bars + 1024 - (uint32_t)__cvta_generic_to_shared(smem_raw)) + cwarp * EP_STAGE;
     int * const ep_colterm = (int *)(smem_raw + (bars + 1024 - (uint32_t)__cvta_generic_to_shared(smem_raw)) +
                                      8 * EP_STAGE + cwarp * EP_COLTERM);
-    const CUtensorMap * const ymap = FAST && y_by_map ? &ty : NULL;
+    const CUtensorMap * const ymap = FAST && y_mode == Y_ROWS_MAP ? &ty : NULL;
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
     const int wg = threadIdx.x / 128;
@@ -400,69 +470,97 @@ __global__ void __launch_bounds__(THREADS, 1)
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
     const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
-    int d[ACC];
-#pragma unroll
-    for (int i = 0; i < ACC; i++) d[i] = 0;
-    for (int64_t j = 0;; j++) {
+
+    // A tile's coordinates and the epilogue's popcount terms: popc(w) of its columns (lane l:
+    // columns l, l + 32, ...) and K - 2 popc(x) of this thread's fragment rows. They are loaded
+    // before the tile's MMAs so that their latency hides behind them, except in the first tile of
+    // a GEMM that starts under the kernel writing them (ep.terms_last), which waits for that
+    // kernel just before its epilogue.
+    constexpr int NCP = BINARY && FAST ? BN / 32 : 1;
+    struct tile_terms {
+        int64_t mt0, nt;
+        int cpop[NCP], rterm[2], rborder[2];
+    };
+    auto tile_of = [&](int64_t j, tile_terms & tt) {
         const int64_t t = blockIdx.x + j * gridDim.x;
-        if (t >= tiles) break;
-        const int64_t mt0 = (t % mt) * BM, nt = (t / mt) * BN;
-        // The epilogue's popcount terms, loaded now so that their latency hides behind the MMAs:
-        // popc(w) of the tile's columns (lane l: columns l, l + 32, ...) and K - 2 popc(x) of this
-        // thread's fragment rows.
-        constexpr int NCP = BINARY && FAST ? BN / 32 : 1, NR = 2;
-        int cpop[NCP], rterm[NR];
-        int rborder[NR];
+        tt.mt0 = (t % mt) * BM;
+        tt.nt = (t / mt) * BN;
+        return t < tiles;
+    };
+    auto load_terms = [&](tile_terms & tt) {
 #pragma unroll
         for (int q = 0; q < NCP; q++) {
-            const int64_t n = nt + lane + 32 * q;
-            cpop[q] = BINARY && FAST && n < N ? __ldg(ep.colpop + n) : 0;
+            const int64_t n = tt.nt + lane + 32 * q;
+            tt.cpop[q] = BINARY && FAST && n < N ? __ldg(ep.colpop + n) : 0;
         }
 #pragma unroll
-        for (int r = 0; r < NR; r++) {
-            const int64_t m = mt0 + cw * 64 + warp * 16 + lane / 4 + 8 * r;
-            rterm[r] = 0;
-            rborder[r] = 0;
+        for (int r = 0; r < 2; r++) {
+            const int64_t m = tt.mt0 + cw * 64 + warp * 16 + lane / 4 + 8 * r;
+            tt.rterm[r] = 0;
+            tt.rborder[r] = 0;
             if (BINARY && FAST && m < M) {
                 if (TAPS) { // a zero-padded conv: K counts the valid taps only
                     const row_info ri = make_row(ep, m, M);
-                    rterm[r] = (int)ri.kterm - 2 * ri.rowpop;
-                    rborder[r] = ri.border;
+                    tt.rterm[r] = (int)ri.kterm - 2 * ri.rowpop;
+                    tt.rborder[r] = ri.border;
                 } else {
-                    rterm[r] = (int)ep.g.K - 2 * __ldg(ep.rowpop + m);
+                    tt.rterm[r] = (int)ep.g.K - 2 * __ldg(ep.rowpop + m);
                 }
             }
         }
-        int it = (int)(j * ktiles), prev = -1;
-        for (int kt = 0; kt < ktiles; kt++, it++) {
-            const int s = it % STAGES;
-            mbar_wait(full(s), (it / STAGES) & 1);
-            const uint32_t sa = base + s * STAGE_BYTES;
-            const uint64_t da = smem_desc(sa + cw * 64 * BK), db = smem_desc(sa + BM * BK);
-            wg_fence();
-#pragma unroll
-            for (int k = 0; k < BK / 32; k++) wg_mma<BINARY, BN>(d, da + 2 * k, db + 2 * k, (kt | k) != 0);
-            wg_commit();
-            if (prev >= 0) { // the MMAs of the previous stage are done: hand it back
-                wg_wait<1>();
-                if (lane == 0) mbar_arrive(empty(prev));
-            }
-            prev = s;
+    };
+    // Before a tile's epilogue: its terms if they were left for now, and the warp's copy of the
+    // column terms (DOT_BIAS - 2 popc(w)).
+    auto prepare_epilogue = [&](int64_t j, tile_terms & tt) {
+        if (j == 0 && ep.terms_last) {
+            griddep_wait();
+            load_terms(tt);
         }
-        wg_wait<0>();
-        pin<ACC>(d);
-        if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
         if (BINARY && FAST) {
 #pragma unroll
-            for (int q = 0; q < NCP; q++) ep_colterm[lane + 32 * q] = DOT_BIAS - 2 * cpop[q];
+            for (int q = 0; q < NCP; q++) ep_colterm[lane + 32 * q] = DOT_BIAS - 2 * tt.cpop[q];
             __syncwarp();
         }
+    };
+    // One stage of MMAs into d (kt: the stage's index in its tile); the stage before it goes back
+    // to the producer once its MMAs are done (at most one group of MMAs stays in flight).
+    int it = 0, prev = -1;
+    auto mma_stage = [&](int * d, int kt) {
+        const int s = it % STAGES;
+        mbar_wait(full(s), (it / STAGES) & 1);
+        const uint32_t sa = base + s * STAGE_BYTES;
+        const uint64_t da = smem_desc(sa + cw * 64 * BK), db = smem_desc(sa + BM * BK);
+        wg_fence();
+#pragma unroll
+        for (int k = 0; k < BK / 32; k++) wg_mma<BINARY, BN>(d, da + 2 * k, db + 2 * k, (kt | k) != 0);
+        wg_commit();
+        wg_wait<1>(); // (unconditional, so that ptxas sees every earlier group retired here)
+        if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+        prev = s;
+        it++;
+    };
+    auto drain = [&] {
+        wg_wait<0>();
+        if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
+        prev = -1;
+    };
+
+    int d[ACC];
+    tile_terms tt;
+#pragma unroll
+    for (int i = 0; i < ACC; i++) d[i] = 0;
+    for (int64_t j = 0; tile_of(j, tt); j++) {
+        if (!(j == 0 && ep.terms_last)) load_terms(tt);
+        for (int kt = 0; kt < ktiles; kt++) mma_stage(d, kt);
+        drain();
+        pin<ACC>(d);
+        prepare_epilogue(j, tt);
+        const int64_t mw = tt.mt0 + cw * 64 + warp * 16; // this warp's first row
         if constexpr (std::is_same<T, bits_t>::value)
-            epilogue_bits<BINARY, BN, TAPS>(ep, d, ep_stage, ep_colterm, mt0 + cw * 64 + warp * 16, nt, M, N, rterm,
-                                            rborder);
+            epilogue_bits<BINARY, BN, TAPS>(ep, d, ep_stage, ep_colterm, mw, tt.nt, M, N, tt.rterm, tt.rborder);
         else
-            epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, ep_colterm, ymap, mt0 + cw * 64 + warp * 16, nt, M, N,
-                                                scale, rterm, rborder);
+            epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, ep_colterm, ymap, y_mode, mw, tt.nt, M, N, scale,
+                                                tt.rterm, tt.rborder);
     }
     if (ymap && lane == 0) tma_store_wait_all(); // the stage must outlive its last store
 #endif
@@ -527,6 +625,16 @@ bool make_y_map(CUtensorMap * map, const gemm_epilogue & ep, int64_t M, int64_t 
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// Whether the epilogue may store y as planes (Y_PLANES): f32/f16/bf16 y of a conv whose features
+// are not contiguous but whose samples' pixels are (NCHW: stride[3] == 1, stride[2] == OW).
+bool y_planes(const gemm_epilogue & ep) {
+    const struct dview & y = ep.y;
+    const struct dgeom & g = ep.g;
+    const bool fl = y.dtype == BIE_DTYPE_F32 || y.dtype == BIE_DTYPE_F16 || y.dtype == BIE_DTYPE_BF16;
+    return fl && g.OH * g.OW > 1 && y.stride[1] != 1 && (g.OW == 1 || y.stride[3] == 1) &&
+           (g.OH == 1 || y.stride[2] == g.OW);
+}
+
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
                        int ktiles, const gemm_epilogue & ep, int slot) {
@@ -544,7 +652,20 @@ enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtens
     CUtensorMap ty;
     const bool y_by_map = FAST && make_y_map(&ty, ep, M, N);
     if (!y_by_map) memset(&ty, 0, sizeof ty);
-    kern<<<grid, THREADS, smem, st->stream>>>(ta, tb, ty, y_by_map ? 1 : 0, M, N, ktiles, ep);
+    const int y_mode = y_by_map ? Y_ROWS_MAP : FAST && y_planes(ep) ? Y_PLANES : Y_ROWS;
+    // After a kernel that wrote epilogue terms only, as a programmatic dependent launch: the CTAs
+    // start (barriers, first loads and MMAs) while that kernel finishes.
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = st->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = ep.terms_last ? 1 : 0;
+    CU_TRY(ctx, cudaLaunchKernelEx(&cfg, kern, ta, tb, ty, y_mode, M, N, ktiles, ep), "wgmma gemm launch");
     LAUNCHED(ctx, "wgmma gemm");
     return BIE_STATUS_OK;
 }
@@ -553,7 +674,7 @@ template <bool BINARY, int BN>
 enum bie_status by_output(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
                           int ktiles, const gemm_epilogue & ep, int slot) {
     const struct dview & y = ep.y;
-    const bool fast = (y.stride[1] == 1 || N == 1) && (!BINARY || ep.g.K < DOT_BIAS_MAX_K);
+    const bool fast = (y.stride[1] == 1 || N == 1 || y_planes(ep)) && (!BINARY || ep.g.K < DOT_BIAS_MAX_K);
     if (y.dtype == BIE_DTYPE_B1 && !ep.sign) { // sign bits straight from the epilogue
         if (BINARY && ep.tapcorr) return launch<BINARY, BN, bits_t, true, true>(ctx, ta, tb, M, N, ktiles, ep, 24 + slot * 4 + 3);
         return launch<BINARY, BN, bits_t, true, false>(ctx, ta, tb, M, N, ktiles, ep, 48 + slot);

@@ -182,6 +182,34 @@ __device__ __forceinline__ bool vec8_ok(const void * p, int dt, int64_t off) {
     return es && (((uintptr_t)p + (uintptr_t)(off * es)) % 16) == 0;
 }
 
+// popc of the bits of v (words w0 .. w0+3 of a bit row) that lie below bit K.
+__device__ __forceinline__ int popc_below(const uint4 & v, int64_t w0, int64_t K) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    int n = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int64_t left = K - (w0 + i) * 32;
+        n += left >= 32 ? __popc(w[i]) : left > 0 ? __popc(w[i] & ((1u << left) - 1u)) : 0;
+    }
+    return n;
+}
+__device__ __forceinline__ int popc4(const uint4 & v) { return __popc(v.x) + __popc(v.y) + __popc(v.z) + __popc(v.w); }
+
+// Programmatic dependent launch (sm_90): a kernel that only writes a GEMM's epilogue terms lets
+// the GEMM launched after it (with cudaLaunchAttributeProgrammaticStreamSerialization) start at
+// once; the GEMM waits for it (griddep_wait) just before it first reads those terms. Both are
+// no-ops below sm_90 and in launches without the attribute.
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 __device__ __forceinline__ float ld_scale(struct dscale s) {
     return s.ptr ? ld_float((const char *)s.ptr, s.dtype, 0) : s.value;
 }
@@ -320,6 +348,9 @@ struct gemm_epilogue {
     struct dview y;      // [batch, O, OH, OW]; y.dtype B1 -> write sign codes to `sign` instead
     int8_t * sign;       // [M][N] codes of (acc >= 0) for a B1 y
     int64_t ldb;         // bytes between rows of B (>= kbytes, a multiple of 16)
+    // 1: the last kernel queued before the GEMM wrote only rowpop, colpop or tapcorr (all else it
+    // reads is complete), so the wgmma GEMM may start under it as a programmatic dependent launch.
+    int terms_last;
 };
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
                               int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);
