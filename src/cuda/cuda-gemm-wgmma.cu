@@ -176,6 +176,22 @@ __device__ __forceinline__ void wg_mma(int * d, uint64_t da, uint64_t db, int sc
     }
 }
 
+// The tiles of one CTA of the persistent grid, b, b + grid, b + 2 grid, ... (m fastest), as
+// (m tile, n tile) stepped without a division per tile.
+struct tile_walk {
+    uint32_t mi, ni, dm, dn, mt;
+    __device__ tile_walk(uint32_t b, uint32_t grid, uint32_t m_tiles)
+        : mi(b % m_tiles), ni(b / m_tiles), dm(grid % m_tiles), dn(grid / m_tiles), mt(m_tiles) {}
+    __device__ void next() {
+        mi += dm;
+        ni += dn;
+        if (mi >= mt) {
+            mi -= mt;
+            ni++;
+        }
+    }
+};
+
 // --- epilogue -----------------------------------------------------------------------------------
 
 // Any y (B1, I32, strided, zero-padded conv): the shared element-wise path, out of line so that
@@ -319,7 +335,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
     if (y_mode == Y_PLANES) {
         // The warp's rows must be pixels of one sample (else element by element).
         const struct dgeom & g = ep.g;
-        const int64_t hw = g.OH * g.OW, nb = mw / hw, p0 = mw - nb * hw;
+        const int64_t hw = g.OH * g.OW, nb = (uint32_t)mw / (uint32_t)hw, p0 = mw - nb * hw; // (M < 2^31)
         if (mw + 16 > M || p0 + 16 > hw) {
             epilogue_elements<BINARY, BN>(ep, d, mw, nt, M, N, scale);
             return;
@@ -437,7 +453,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
     const int wg = threadIdx.x / 128;
-    const int64_t mt = (M + BM - 1) / BM, tiles = mt * ((N + BN - 1) / BN);
+    const uint32_t mt = (uint32_t)((M + BM - 1) / BM), ntn = (uint32_t)((N + BN - 1) / BN); // (M, N < 2^31)
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
@@ -452,8 +468,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
         if (threadIdx.x != 0) return;
         int it = 0;
-        for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-            const int m_row = (int)((t % mt) * BM), n_row = (int)((t / mt) * BN);
+        for (tile_walk w(blockIdx.x, gridDim.x, mt); w.ni < ntn; w.next()) {
+            const int m_row = (int)(w.mi * BM), n_row = (int)(w.ni * BN);
             for (int kt = 0; kt < ktiles; kt++, it++) {
                 const int s = it % STAGES;
                 mbar_wait(empty(s), ((it / STAGES) & 1) ^ 1);
@@ -480,12 +496,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     struct tile_terms {
         int64_t mt0, nt;
         int cpop[NCP], rterm[2], rborder[2];
-    };
-    auto tile_of = [&](int64_t j, tile_terms & tt) {
-        const int64_t t = blockIdx.x + j * gridDim.x;
-        tt.mt0 = (t % mt) * BM;
-        tt.nt = (t / mt) * BN;
-        return t < tiles;
     };
     auto load_terms = [&](tile_terms & tt) {
 #pragma unroll
@@ -549,7 +559,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     tile_terms tt;
 #pragma unroll
     for (int i = 0; i < ACC; i++) d[i] = 0;
-    for (int64_t j = 0; tile_of(j, tt); j++) {
+    int64_t j = 0;
+    for (tile_walk w(blockIdx.x, gridDim.x, mt); w.ni < ntn; w.next(), j++) {
+        tt.mt0 = (int64_t)w.mi * BM;
+        tt.nt = (int64_t)w.ni * BN;
         if (!(j == 0 && ep.terms_last)) load_terms(tt);
         for (int kt = 0; kt < ktiles; kt++) mma_stage(d, kt);
         drain();
