@@ -7,14 +7,15 @@
 //   n-bit:  wgmma m64nNk32 .s32.s8.s8 (IGMMA) on the int8 codes.
 // Both read 32 bytes of every row per instruction, so one shared-memory layout serves both.
 //
-// Layout: a CTA computes a BM x BN = 128 x BN tile (BN = 64, 128 or 256) of C with three
-// warpgroups: warpgroup 0 is the producer (one thread issues the bulk tensor copies), warpgroups 1
-// and 2 are the consumers, each owning 64 rows of the tile and BN/2 accumulators per thread.
+// Layout: a CTA computes a BM x BN tile of C (BN = 128 or 256 with BM = 128; BN = 64 with BM =
+// 256): warpgroup 0 is the producer (one thread issues the bulk tensor copies), the others (two, or
+// four for BN = 64) are the consumers, each owning 64 rows of the tile and BN/2 accumulators per
+// thread.
 // K advances 128 bytes per stage through a ring of STAGES stages; each stage holds the A tile
 // (BM rows) and the B tile (BN rows), 128 bytes per row, in the 128-byte swizzle that the copy
 // engine writes and the MMA descriptors read (16-byte chunk c of row r lives at chunk c ^ (r % 8)).
 // A stage is "full" when its copies have landed (an mbarrier counting bytes) and "empty" when
-// all eight consumer warps have finished the MMAs that read it (an mbarrier counting arrivals).
+// all consumer warps have finished the MMAs that read it (an mbarrier counting arrivals).
 // The grid is persistent: CTA b takes tiles b, b + grid, ... (m fastest), and the producer runs
 // ahead into the next tile while the consumers store the last one. Rows past M or N are
 // zero-filled by the copy engine and never stored. The popcount terms of the epilogue are loaded
@@ -33,17 +34,24 @@
 
 namespace {
 
-constexpr int BM = 128;       // rows of A per tile (two consumer warpgroups x 64)
 constexpr int BK = 128;       // bytes of K per stage (1024 bits / 128 int8 codes)
-constexpr int THREADS = 384;  // producer warpgroup + two consumer warpgroups
-constexpr int SMEM_RING = 196608; // bytes of the stage ring, for every BN (see stages_for)
+
+// Consumer warpgroups per CTA, by tile width: 64-column tiles (convs with 64 channels, where
+// K is short and a tile is one or two stages) take four, 256 x 64 tiles, so that twice the warps
+// hide each tile's latency; wider tiles take two (their accumulators need the registers).
+__host__ __device__ constexpr int cw_for(int bn) { return bn == 64 ? 4 : 2; }
+__host__ __device__ constexpr int bm_for(int bn) { return 64 * cw_for(bn); }            // rows of A per tile
+__host__ __device__ constexpr int threads_for(int bn) { return 128 * (1 + cw_for(bn)); } // + the producer
+__host__ __device__ constexpr int ring_for(int bn) { return bn == 64 ? 163840 : 196608; } // stage ring bytes
 
 // After the ring (and 1 KB for its barriers): each consumer warp's epilogue stage (16 rows x 128
 // bytes in the 128-byte swizzle, 1024-byte aligned as the tensor copies of y need), then each warp's
 // column terms of the tile (up to 256 ints).
 constexpr int EP_STAGE = 16 * 128;
 constexpr int EP_COLTERM = 256 * 4;
-constexpr int SMEM_BYTES = 1024 + SMEM_RING + 1024 + 8 * (EP_STAGE + EP_COLTERM); // + alignment slack
+__host__ __device__ constexpr int smem_for(int bn) { // + alignment slack
+    return 1024 + ring_for(bn) + 1024 + 4 * cw_for(bn) * (EP_STAGE + EP_COLTERM);
+}
 
 // int -> float for the binary dot products without the quarter-rate I2F: the caller adds
 // DOT_BIAS = the bits of 1.5 * 2^23 to the dot product, whose float is then 1.5 * 2^23 + dot exactly
@@ -52,10 +60,13 @@ constexpr int SMEM_BYTES = 1024 + SMEM_RING + 1024 + 8 * (EP_STAGE + EP_COLTERM)
 struct bits_t {}; // the output type of the fast epilogue's B1 y (epilogue_bits)
 constexpr int64_t DOT_BIAS_MAX_K = (int64_t)1 << 22; // DOT_BIAS and its conversion: in the device code
 
-__host__ __device__ constexpr int stages_for(int bn) { return SMEM_RING / ((BM + bn) * BK); }
-static_assert(stages_for(64) * (BM + 64) * BK == SMEM_RING && stages_for(128) * (BM + 128) * BK == SMEM_RING &&
-                  stages_for(256) * (BM + 256) * BK == SMEM_RING,
+__host__ __device__ constexpr int stages_for(int bn) { return ring_for(bn) / ((bm_for(bn) + bn) * BK); }
+static_assert(stages_for(64) * (bm_for(64) + 64) * BK == ring_for(64) &&
+                  stages_for(128) * (bm_for(128) + 128) * BK == ring_for(128) &&
+                  stages_for(256) * (bm_for(256) + 256) * BK == ring_for(256),
               "the ring holds whole stages, so the epilogue area after it stays 1024-byte aligned");
+static_assert(smem_for(64) <= 232448 && smem_for(128) <= 232448 && smem_for(256) <= 232448,
+              "a CTA's shared memory fits Hopper's 227 KB");
 
 // How the FAST epilogue stores y (the kernel's y_mode): rows of contiguous features, by the warp
 // or by bulk tensor stores of the y map; or planes (NCHW-like y: a sample's pixels contiguous,
@@ -433,11 +444,12 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
 #endif // sm_90a device code
 
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
-__global__ void __launch_bounds__(THREADS, 1)
+__global__ void __launch_bounds__(threads_for(BN), 1)
     wgmma_gemm(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                const __grid_constant__ CUtensorMap ty, int y_mode, int64_t M, int64_t N, int ktiles,
                const __grid_constant__ gemm_epilogue ep) {
 #ifdef BIE_WGMMA_DEVICE
+    constexpr int NCW = cw_for(BN), BM = bm_for(BN); // consumer warpgroups, rows per tile
     constexpr int STAGES = stages_for(BN);
     constexpr int STAGE_BYTES = (BM + BN) * BK;
     constexpr int ACC = BN / 2; // accumulators per thread
@@ -445,10 +457,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u; // swizzle atoms
     const uint32_t bars = base + STAGES * STAGE_BYTES; // full[STAGES], then empty[STAGES]
     // then (1 KB on, so 1024-byte aligned) the consumer warps' epilogue stages and column terms
-    const int cwarp = threadIdx.x / 32 - 4; // 0..7 for consumer warps
+    const int cwarp = threadIdx.x / 32 - 4; // 0 .. 4 NCW - 1 for consumer warps
     uint8_t * const ep_stage = smem_raw + (bars + 1024 - (uint32_t)__cvta_generic_to_shared(smem_raw)) + cwarp * EP_STAGE;
     int * const ep_colterm = (int *)(smem_raw + (bars + 1024 - (uint32_t)__cvta_generic_to_shared(smem_raw)) +
-                                     8 * EP_STAGE + cwarp * EP_COLTERM);
+                                     4 * NCW * EP_STAGE + cwarp * EP_COLTERM);
     const CUtensorMap * const ymap = FAST && y_mode == Y_ROWS_MAP ? &ty : NULL;
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
@@ -458,14 +470,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(full(s), 1);
-            mbar_init(empty(s), 8); // one arrival per consumer warp
+            mbar_init(empty(s), 4 * NCW); // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
     if (wg == 0) { // producer: every stage of every tile of this CTA, in order
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n"); // (its registers go to the consumers)
         if (threadIdx.x != 0) return;
         int it = 0;
         for (tile_walk w(blockIdx.x, gridDim.x, mt); w.ni < ntn; w.next()) {
@@ -483,7 +495,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
 
     // Consumers: warpgroup cw computes rows [64 cw, 64 cw + 64) of every tile.
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+    // Registers per consumer thread: the launch gives every thread 65536 / threads_for(BN), rounded
+    // down to 8; the producer's surplus above 40 is shared out.
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(NCW == 2 ? 232 : 104));
     const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
 
@@ -652,7 +666,7 @@ template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
                        int ktiles, const gemm_epilogue & ep, int slot) {
     auto kern = wgmma_gemm<BINARY, BN, T, FAST, TAPS>;
-    const int smem = SMEM_BYTES;
+    const int smem = smem_for(BN), BM = bm_for(BN);
     struct bie_cuda_state * st = ctx->cuda;
     if (slot < 0 || slot >= 64) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: launch slot %d out of range", slot);
     if (!(st->wgmma_smem_set & (1ull << slot))) {
@@ -670,7 +684,7 @@ enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtens
     // start (barriers, first loads and MMAs) while that kernel finishes.
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(THREADS);
+    cfg.blockDim = dim3(threads_for(BN));
     cfg.dynamicSmemBytes = (size_t)smem;
     cfg.stream = st->stream;
     cudaLaunchAttribute attr[1];
@@ -754,10 +768,10 @@ enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, cons
                "cudaDeviceGetAttribute");
     // The tile width: the narrowest that covers N when N is small (a conv with 64 channels wastes
     // nothing), else 256 when that still gives every SM a tile, else 128.
-    const int64_t mt = (M + BM - 1) / BM;
+    const int64_t mt = (M + 127) / 128;
     const int bn = N <= 64 ? 64 : N <= 128 ? 128 : mt * ((N + 255) / 256) >= st->sm_count ? 256 : 128;
     CUtensorMap ta, tb;
-    if (!make_map(&ta, A, M, kbytes, kbytes, BM) || !make_map(&tb, B, N, kbytes, ep.ldb, bn))
+    if (!make_map(&ta, A, M, kbytes, kbytes, bm_for(bn)) || !make_map(&tb, B, N, kbytes, ep.ldb, bn))
         return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cuTensorMapEncodeTiled refused the GEMM operands");
     const int ktiles = (int)(kbytes / BK);
     return ep.binary ? by_width<true>(ctx, ta, tb, bn, M, N, ktiles, ep)
