@@ -43,6 +43,10 @@ __host__ __device__ constexpr int cw_for(int bn) { return bn == 64 ? 4 : 2; }
 __host__ __device__ constexpr int bm_for(int bn) { return 64 * cw_for(bn); }            // rows of A per tile
 __host__ __device__ constexpr int threads_for(int bn) { return 128 * (1 + cw_for(bn)); } // + the producer
 __host__ __device__ constexpr int ring_for(int bn) { return bn == 64 ? 163840 : 196608; } // stage ring bytes
+// Registers per thread after setmaxnreg: the producer gives up its registers above 40, and the
+// consumers take them (the launch gives every thread 65536 / threads_for(bn), rounded down to 8).
+constexpr int PRODUCER_REGS = 40;
+__host__ __device__ constexpr int consumer_regs(int bn) { return cw_for(bn) == 2 ? 232 : 104; }
 
 // After the ring (and 1 KB for its barriers): each consumer warp's epilogue stage (16 rows x 128
 // bytes in the 128-byte swizzle, 1024-byte aligned as the tensor copies of y need), then each warp's
@@ -477,7 +481,7 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
     __syncthreads();
 
     if (wg == 0) { // producer: every stage of every tile of this CTA, in order
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n"); // (its registers go to the consumers)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
         if (threadIdx.x != 0) return;
         int it = 0;
         for (tile_walk w(blockIdx.x, gridDim.x, mt); w.ni < ntn; w.next()) {
@@ -495,9 +499,7 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
     }
 
     // Consumers: warpgroup cw computes rows [64 cw, 64 cw + 64) of every tile.
-    // Registers per consumer thread: the launch gives every thread 65536 / threads_for(BN), rounded
-    // down to 8; the producer's surplus above 40 is shared out.
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(NCW == 2 ? 232 : 104));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs(BN)));
     const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
 
@@ -670,6 +672,13 @@ enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtens
     struct bie_cuda_state * st = ctx->cuda;
     if (slot < 0 || slot >= 64) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: launch slot %d out of range", slot);
     if (!(st->wgmma_smem_set & (1ull << slot))) {
+        // The consumers' setmaxnreg.inc would wait forever if the launch gave fewer registers
+        // than the split assumes.
+        cudaFuncAttributes fa;
+        CU_TRY(ctx, cudaFuncGetAttributes(&fa, kern), "cudaFuncGetAttributes(wgmma gemm)");
+        if (fa.numRegs * threads_for(BN) < 128 * PRODUCER_REGS + 128 * cw_for(BN) * consumer_regs(BN))
+            return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: built with %d registers per thread, too few",
+                                 fa.numRegs);
         CU_TRY(ctx, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "cudaFuncSetAttribute(wgmma gemm)");
         st->wgmma_smem_set |= 1ull << slot;
