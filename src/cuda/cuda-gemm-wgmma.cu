@@ -57,12 +57,14 @@ __host__ __device__ constexpr int smem_for(int bn) { // + alignment slack
     return 1024 + ring_for(bn) + 1024 + 4 * cw_for(bn) * (EP_STAGE + EP_COLTERM);
 }
 
-// int -> float for the binary dot products without the quarter-rate I2F: the caller adds
-// DOT_BIAS = the bits of 1.5 * 2^23 to the dot product, whose float is then 1.5 * 2^23 + dot exactly
-// (in the binade [2^23, 2^24), where floats are the integers) for |dot| < 2^22; an FADD removes it.
-// The host runs the fast epilogue for binary layers only when K < 2^22 (|dot| <= K).
+// The binary dot products reach float without the quarter-rate I2F, in two exact steps: the column
+// part p = 4 acc - 2 popc(w) (+ a border correction) plus DOT_BIAS = the bits of 1.5 * 2^23 is the
+// float 1.5 * 2^23 + p (in the binade [2^23, 2^24), where floats are the integers) for |p| < 2^22,
+// and an FADD of the row part K - 2 popc(x) - 1.5 * 2^23 (an integer below 2^24, so a float)
+// gives the dot product exactly (an integer of magnitude <= K < 2^24). |p| <= 2 K, so the host runs
+// the fast epilogue for binary layers only when K < 2^21.
 struct bits_t {}; // the output type of the fast epilogue's B1 y (epilogue_bits)
-constexpr int64_t DOT_BIAS_MAX_K = (int64_t)1 << 22; // DOT_BIAS and its conversion: in the device code
+constexpr int64_t DOT_BIAS_MAX_K = (int64_t)1 << 21; // DOT_BIAS and its conversion: in the device code
 
 __host__ __device__ constexpr int stages_for(int bn) { return ring_for(bn) / ((bm_for(bn) + bn) * BK); }
 static_assert(stages_for(64) * (bm_for(64) + 64) * BK == ring_for(64) &&
@@ -119,8 +121,11 @@ __device__ __forceinline__ void tma_store(const CUtensorMap * map, uint32_t src,
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
-// Waits until this thread's bulk stores have read their shared memory (the stage may be refilled).
-__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Waits until at most N of this thread's bulk store groups have not yet read their shared memory
+// (the older ones' sources may be refilled).
+template <int N> __device__ __forceinline__ void tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
 // Waits until this thread's bulk stores are complete.
 __device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // Makes this thread's shared-memory writes visible to the bulk copies issued after it.
@@ -230,27 +235,28 @@ template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloa
 }
 
 constexpr int DOT_BIAS = 0x4B400000;
-__device__ __forceinline__ float biased_dot_to_float(int biased) { return __int_as_float(biased) - 12582912.0f; }
+constexpr float DOT_BIAS_F = 12582912.0f; // 1.5 * 2^23
 
-// The finished integer results of this thread's two columns 8i + 2(lane%4) + {0, 1} in fragment
-// row h (binary: the dot products plus DOT_BIAS; n-bit: the accumulators).
+// The exact results of this thread's two columns 8i + 2(lane%4) + {0, 1} in fragment row h, as
+// floats (binary: the dot products, from colterm = DOT_BIAS - 2 popc(w) and rowf[h] = K - 2
+// popc(x) - DOT_BIAS_F; n-bit: the accumulators, rounded to float).
 template <bool BINARY, bool TAPS>
-__device__ __forceinline__ int2 fragment_pair(const gemm_epilogue & ep, const int * d, const int * colterm, int i, int h,
-                                              int64_t nt, int64_t N, const int * rowterm, const int * rowborder) {
+__device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const int * d, const int * colterm, int i,
+                                                int h, int64_t nt, int64_t N, const float * rowf,
+                                                const int * rowborder) {
     int v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
-    if (BINARY) {
-        const int lane = threadIdx.x % 32;
-        const int2 ct = *(const int2 *)(colterm + 8 * i + 2 * (lane % 4));
-        v0 = 4 * v0 + rowterm[h] + ct.x;
-        v1 = 4 * v1 + rowterm[h] + ct.y;
-        if (TAPS && rowborder[h]) { // a pixel at a zero-padded border
-            const int64_t n = nt + 8 * i + 2 * (lane % 4);
-            const int * corr = ep.tapcorr + (int64_t)rowborder[h] * N;
-            v0 += n < N ? __ldg(corr + n) : 0;
-            v1 += n + 1 < N ? __ldg(corr + n + 1) : 0;
-        }
+    if (!BINARY) return make_float2(__int2float_rn(v0), __int2float_rn(v1));
+    const int lane = threadIdx.x % 32;
+    const int2 ct = *(const int2 *)(colterm + 8 * i + 2 * (lane % 4));
+    v0 = 4 * v0 + ct.x;
+    v1 = 4 * v1 + ct.y;
+    if (TAPS && rowborder[h]) { // a pixel at a zero-padded border
+        const int64_t n = nt + 8 * i + 2 * (lane % 4);
+        const int * corr = ep.tapcorr + (int64_t)rowborder[h] * N;
+        v0 += n < N ? __ldg(corr + n) : 0;
+        v1 += n + 1 < N ? __ldg(corr + n + 1) : 0;
     }
-    return make_int2(v0, v1);
+    return make_float2(__fadd_rn(__int_as_float(v0), rowf[h]), __fadd_rn(__int_as_float(v1), rowf[h]));
 }
 
 // The B1 y of the fast epilogue (T = bits_t; see bie_cuda_wgmma_packs_bits for when it applies): y
@@ -261,7 +267,7 @@ __device__ __forceinline__ int2 fragment_pair(const gemm_epilogue & ep, const in
 template <bool BINARY, int BN, bool TAPS>
 __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const int * d, uint8_t * stage,
                                               const int * colterm, int64_t mw, int64_t nt, int64_t M, int64_t N,
-                                              const int * rowterm, const int * rowborder) {
+                                              const float * rowf, const int * rowborder) {
     const int lane = threadIdx.x % 32, g = lane / 4;
     const struct dview & y = ep.y;
     int64_t rb_mine = 0; // lane j < 16: the bit offset of row mw + j in y
@@ -269,13 +275,12 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const in
         const row_info r = make_row(ep, mw + lane, M);
         rb_mine = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3];
     }
-    const int zero = BINARY ? DOT_BIAS : 0; // the result 0
 #pragma unroll
     for (int i = 0; i < BN / 8; i++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowterm, rowborder);
-            const uint32_t b0 = __ballot_sync(0xffffffffu, v.x >= zero), b1 = __ballot_sync(0xffffffffu, v.y >= zero);
+        for (int h = 0; h < 2; h++) { // (rounding to float keeps the sign of an integer)
+            const float2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowf, rowborder);
+            const uint32_t b0 = __ballot_sync(0xffffffffu, v.x >= 0.0f), b1 = __ballot_sync(0xffffffffu, v.y >= 0.0f);
             if (lane % 4 == 0) { // lanes 4g .. 4g+3 hold columns (2t, 2t+1) of row g: interleave
                 const uint32_t e = (b0 >> (4 * g)) & 15u, o = (b1 >> (4 * g)) & 15u;
                 uint32_t byte = 0;
@@ -316,12 +321,10 @@ __device__ __forceinline__ void epilogue_elements(const gemm_epilogue & ep, cons
 // The finished value of this thread's two columns of column group i in fragment row h, scaled.
 template <bool BINARY, bool TAPS>
 __device__ __forceinline__ float2 scaled_pair(const gemm_epilogue & ep, const int * d, const int * colterm, int i, int h,
-                                              int64_t nt, int64_t N, float scale, const int * rowterm,
+                                              int64_t nt, int64_t N, float scale, const float * rowf,
                                               const int * rowborder) {
-    const int2 r = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowterm, rowborder);
-    const float f0 = BINARY ? biased_dot_to_float(r.x) : __int2float_rn(r.x);
-    const float f1 = BINARY ? biased_dot_to_float(r.y) : __int2float_rn(r.y);
-    return make_float2(__fmul_rn(f0, scale), __fmul_rn(f1, scale));
+    const float2 r = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowf, rowborder);
+    return make_float2(__fmul_rn(r.x, scale), __fmul_rn(r.y, scale));
 }
 
 // Stores this thread's accumulators. In the wgmma layout, thread (warp w, lane l) of a consumer
@@ -330,16 +333,17 @@ __device__ __forceinline__ float2 scaled_pair(const gemm_epilogue & ep, const in
 // its 16 rows one 128-byte column chunk at a time in its own shared-memory stage (16 rows of 128
 // bytes whose 16-byte units are swizzled by the row, unit u of row r at u ^ (r % 8), so the
 // fragment writes hit 32 distinct banks), and the chunk leaves as whole 128-byte row segments:
-// with a y map (ymap: rows of y evenly spaced, see make_y_map) as one bulk tensor store issued by
-// lane 0, which runs while the warp goes on to the next chunk and tile (before refilling the stage
-// it waits only until the store has read it); else row by row, 16 bytes per lane. With y as
+// with a y map (ymap: rows of y evenly spaced, see make_y_map) as two bulk tensor stores of 8 rows
+// issued by lane 0, which run while the warp goes on to the next box and tile (the stage's two
+// halves take turns, so a half waits only for the store before last); else row by row, 16 bytes
+// per lane. With y as
 // planes (Y_PLANES) the stage holds the chunk transposed and each feature's 16 pixels leave as one
 // run. TAPS: a zero-padded binary conv, whose border rows add back the popcounts of their taps
 // outside the image. Other y go element by element.
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, uint8_t * stage,
                                          const int * colterm, const CUtensorMap * ymap, int y_mode, int64_t mw,
-                                         int64_t nt, int64_t M, int64_t N, float scale, const int * rowterm,
+                                         int64_t nt, int64_t M, int64_t N, float scale, const float * rowf,
                                          const int * rowborder) {
     const int lane = threadIdx.x % 32;
     const struct dview & y = ep.y;
@@ -370,7 +374,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
             for (int j = 0; j < CC / 8; j++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const float2 v = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * CC / 8 + j, h, nt, N, scale, rowterm,
+                    const float2 v = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * CC / 8 + j, h, nt, N, scale, rowf,
                                                                rowborder);
                     const int col = 8 * j + 2 * (lane % 4), row = lane / 4 + 8 * h;
                     st[col * 16 + row] = from_f32<T>(v.x);
@@ -394,32 +398,43 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
     }
     // colterm: DOT_BIAS - 2 popc(w) of the tile's columns, written by the caller
     constexpr int CC = 128 / (int)sizeof(T), GC = CC / 8; // columns and column groups per chunk
+    // The value of (column group j of the chunk, fragment row h) goes to byte b of row lane / 4 + 8 h.
+    auto stage_pair = [&](uint8_t * rows, int j, int h, float2 v) {
+        const int row = lane / 4 + 8 * h, b = (8 * j + 2 * (lane % 4)) * (int)sizeof(T);
+        store_pair<T>((T *)(rows + row * 128 + (((b >> 4) ^ (row & 7)) << 4) + (b & 15)), v.x, v.y);
+    };
+    if (ymap) {
+        // Each chunk leaves as two boxes of 8 rows (fragment rows h = 0, 1), staged in the two 1 KB
+        // halves of the stage in turn: a half is refilled once the store before last has read it,
+        // so a store's latency hides behind the next box's arithmetic.
+#pragma unroll
+        for (int c = 0; c < BN / CC; c++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float2 v[GC];
+#pragma unroll
+                for (int j = 0; j < GC; j++)
+                    v[j] = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, nt, N, scale, rowf, rowborder);
+                if (lane == 0) tma_store_wait_read<1>();
+                __syncwarp();
+#pragma unroll
+                for (int j = 0; j < GC; j++) stage_pair(stage, j, h, v[j]); // (rows 8h.. 8h+7: half h)
+                fence_proxy_async();
+                __syncwarp();
+                if (lane == 0 && mw + 8 * h < M)
+                    tma_store(ymap, (uint32_t)__cvta_generic_to_shared(stage + 1024 * h), (int)(nt + c * CC),
+                              (int)(mw + 8 * h));
+            }
+        return;
+    }
 #pragma unroll
     for (int c = 0; c < BN / CC; c++) {
-        // The chunk's values first, so that their arithmetic overlaps the previous chunk's store.
-        float2 v[GC][2];
 #pragma unroll
         for (int j = 0; j < GC; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                v[j][h] = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, nt, N, scale, rowterm, rowborder);
-        if (ymap) { // the previous chunk's store must have read the stage
-            if (lane == 0) tma_store_wait_read();
-            __syncwarp();
-        }
-#pragma unroll
-        for (int j = 0; j < GC; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int row = lane / 4 + 8 * h, b = (8 * j + 2 * (lane % 4)) * (int)sizeof(T); // byte in the row
-                store_pair<T>((T *)(stage + row * 128 + (((b >> 4) ^ (row & 7)) << 4) + (b & 15)), v[j][h].x, v[j][h].y);
-            }
-        if (ymap) {
-            fence_proxy_async();
-            __syncwarp();
-            if (lane == 0) tma_store(ymap, (uint32_t)__cvta_generic_to_shared(stage), (int)(nt + c * CC), (int)mw);
-            continue;
-        }
+                stage_pair(stage, j, h,
+                           scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, nt, N, scale, rowf, rowborder));
         int64_t rb_mine = 0; // lane j < 16: row mw + j's offset in y
         if (lane < 16 && mw + lane < M) {
             const row_info r = make_row(ep, mw + lane, M);
@@ -504,14 +519,15 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
     const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
 
     // A tile's coordinates and the epilogue's popcount terms: popc(w) of its columns (lane l:
-    // columns l, l + 32, ...) and K - 2 popc(x) of this thread's fragment rows. They are loaded
-    // before the tile's MMAs so that their latency hides behind them, except in the first tile of
-    // a GEMM that starts under the kernel writing them (ep.terms_last), which waits for that
-    // kernel just before its epilogue.
+    // columns l, l + 32, ...), and popc(x) and K of this thread's fragment rows. They are loaded
+    // before the tile's MMAs so that their latency hides behind them (and used only after them),
+    // except in the first tile of a GEMM that starts under the kernel writing them
+    // (ep.terms_last), which waits for that kernel just before its epilogue.
     constexpr int NCP = BINARY && FAST ? BN / 32 : 1;
     struct tile_terms {
         int64_t mt0, nt;
-        int cpop[NCP], rterm[2], rborder[2];
+        int cpop[NCP], rpop[2], rk[2], rborder[2];
+        float rowf[2]; // K - 2 popc(x) - DOT_BIAS_F, made before the epilogue
     };
     auto load_terms = [&](tile_terms & tt) {
 #pragma unroll
@@ -522,27 +538,30 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int64_t m = tt.mt0 + cw * 64 + warp * 16 + lane / 4 + 8 * r;
-            tt.rterm[r] = 0;
-            tt.rborder[r] = 0;
+            tt.rpop[r] = tt.rk[r] = tt.rborder[r] = 0;
             if (BINARY && FAST && m < M) {
                 if (TAPS) { // a zero-padded conv: K counts the valid taps only
                     const row_info ri = make_row(ep, m, M);
-                    tt.rterm[r] = (int)ri.kterm - 2 * ri.rowpop;
+                    tt.rk[r] = (int)ri.kterm;
+                    tt.rpop[r] = ri.rowpop;
                     tt.rborder[r] = ri.border;
                 } else {
-                    tt.rterm[r] = (int)ep.g.K - 2 * __ldg(ep.rowpop + m);
+                    tt.rk[r] = (int)ep.g.K;
+                    tt.rpop[r] = __ldg(ep.rowpop + m);
                 }
             }
         }
     };
-    // Before a tile's epilogue: its terms if they were left for now, and the warp's copy of the
-    // column terms (DOT_BIAS - 2 popc(w)).
+    // Before a tile's epilogue: its terms if they were left for now, the row terms and the warp's
+    // copy of the column terms (DOT_BIAS - 2 popc(w)).
     auto prepare_epilogue = [&](int64_t j, tile_terms & tt) {
         if (j == 0 && ep.terms_last) {
             griddep_wait();
             load_terms(tt);
         }
         if (BINARY && FAST) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) tt.rowf[r] = __fsub_rn(__int2float_rn(tt.rk[r] - 2 * tt.rpop[r]), DOT_BIAS_F);
 #pragma unroll
             for (int q = 0; q < NCP; q++) ep_colterm[lane + 32 * q] = DOT_BIAS - 2 * tt.cpop[q];
             __syncwarp();
@@ -586,10 +605,10 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
         prepare_epilogue(j, tt);
         const int64_t mw = tt.mt0 + cw * 64 + warp * 16; // this warp's first row
         if constexpr (std::is_same<T, bits_t>::value)
-            epilogue_bits<BINARY, BN, TAPS>(ep, d, ep_stage, ep_colterm, mw, tt.nt, M, N, tt.rterm, tt.rborder);
+            epilogue_bits<BINARY, BN, TAPS>(ep, d, ep_stage, ep_colterm, mw, tt.nt, M, N, tt.rowf, tt.rborder);
         else
             epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, ep_colterm, ymap, y_mode, mw, tt.nt, M, N, scale,
-                                                tt.rterm, tt.rborder);
+                                                tt.rowf, tt.rborder);
     }
     if (ymap && lane == 0) tma_store_wait_all(); // the stage must outlive its last store
 #endif
@@ -631,7 +650,7 @@ bool make_map(CUtensorMap * map, const uint8_t * p, int64_t rows, int64_t kbytes
 
 // A map of y as a 2-D tensor [M rows][N features] for the epilogue's bulk stores, when the rows
 // (n, oh, ow) of the GEMM lie evenly spaced in y (NHWC or [batch, O] with contiguous features),
-// 16-byte aligned, and y is f32/f16/bf16; boxes of 16 rows x 128 bytes in the 128-byte swizzle.
+// 16-byte aligned, and y is f32/f16/bf16; boxes of 8 rows x 128 bytes in the 128-byte swizzle.
 // false: the epilogue stores rows itself.
 bool make_y_map(CUtensorMap * map, const gemm_epilogue & ep, int64_t M, int64_t N) {
     const struct dview & y = ep.y;
@@ -644,7 +663,7 @@ bool make_y_map(CUtensorMap * map, const gemm_epilogue & ep, int64_t M, int64_t 
     if (pitch < N || (pitch * esz) % 16 != 0 || M > INT32_MAX || N > INT32_MAX) return false;
     const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M};
     const cuuint64_t strides[1] = {(cuuint64_t)(pitch * esz)};
-    const cuuint32_t box[2] = {(cuuint32_t)(128 / esz), 16};
+    const cuuint32_t box[2] = {(cuuint32_t)(128 / esz), 8};
     const cuuint32_t estr[2] = {1, 1};
     const CUtensorMapDataType dt = esz == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                    : y.dtype == BIE_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
