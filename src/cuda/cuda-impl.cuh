@@ -327,8 +327,8 @@ enum bie_status bie_cuda_im2col(bie_context_t * ctx, cudaStream_t s, const void 
 // Border classes of zero padding: output row oh (of OH) is class 0 when none of its taps lies
 // above or below the image, else 1 + oh for the first `top` rows and 1 + top + (oh - (OH - bottom))
 // for the last `bottom` ones; output columns likewise; a pixel's class is ch * (1 + left + right) + cw.
-__host__ __device__ __forceinline__ int border_class(int64_t o, int64_t O, int top, int bottom) {
-    return o < top ? 1 + (int)o : o >= O - bottom ? 1 + top + (int)(o - (O - bottom)) : 0;
+__host__ __device__ __forceinline__ int border_class(int o, int O, int top, int bottom) {
+    return o < top ? 1 + o : o >= O - bottom ? 1 + top + (o - (O - bottom)) : 0;
 }
 
 // GEMM on packed operands: C[m][n] = sum over the row's bytes of A[m] . B[n], where rows are
