@@ -336,10 +336,9 @@ __device__ __forceinline__ float2 scaled_pair(const gemm_epilogue & ep, const in
 // with a y map (ymap: rows of y evenly spaced, see make_y_map) as two bulk tensor stores of 8 rows
 // issued by lane 0, which run while the warp goes on to the next box and tile (the stage's two
 // halves take turns, so a half waits only for the store before last); else row by row, 16 bytes
-// per lane. With y as
-// planes (Y_PLANES) the stage holds the chunk transposed and each feature's 16 pixels leave as one
-// run. TAPS: a zero-padded binary conv, whose border rows add back the popcounts of their taps
-// outside the image. Other y go element by element.
+// per lane. With y as planes (Y_PLANES) the stage holds the chunk transposed and each feature's
+// 16 pixels leave as one run. TAPS: a zero-padded binary conv, whose border rows add back the
+// popcounts of their taps outside the image. Other y go element by element.
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, uint8_t * stage,
                                          const int * colterm, const CUtensorMap * ymap, int y_mode, int64_t mw,
