@@ -1,12 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 // bench-cuda.c: the CUDA cases of `bie bench` (built only with the CUDA backend). Each case times
 // libbie and the baseline a user would otherwise pick in the same process: cuBLAS fp16 (and int8)
-// GEMMs, cuDNN fp16 NHWC convolution (when cuDNN was found at build time). Timing: CUDA events
-// around each call on one stream, warm-up first, median of the repeats, inputs rotated over
-// enough copies to exceed the L2 cache. Ratios are baseline time / libbie time.
+// GEMMs, cuDNN fp16 NHWC convolution (when cuDNN was found at build time). Inputs rotate over
+// enough copies to exceed the L2 cache; warm-up first; medians of the repeats. Each side is timed
+// two ways:
+//   graph: a run of consecutive calls captured once in a CUDA graph and replayed, CUDA events
+//     around each replay, divided by the calls in it: what the GPU spends per call when the host
+//     keeps it fed (launch gaps shrunk, as in a training step or a captured inference graph);
+//   call: CUDA events around one call on an idle stream, the host's part of the call and the
+//     launch latency included (what one isolated call costs).
+// Each side is credited with the lower of its two medians (best_ms); ratios are baseline time /
+// libbie time.
 //
 // Entry point: bie_bench_cuda_main(argc, argv), the hook of bench.h (options: --quick, --json,
-// --case SUBSTRING of binary-gemm|binary-conv|int4-linear|train-step; others are ignored). With
+// --case SUBSTRING of binary-gemm|binary-conv|int4-linear|train-step, --call-only: no graph
+// replays, e.g. under a profiler; others are ignored). With
 // -DBIE_BENCH_CUDA_MAIN it is also a program of its own.
 #include <cublas_v2.h>
 #include <stdint.h>
@@ -23,32 +31,34 @@
 #include <cudnn.h>
 #endif
 
+// A failed call ends the program, except while a graph is being captured: then the capture is
+// marked failed (the graph timing is skipped and the call timing stands alone).
+static int g_capturing = 0, g_capture_failed = 0;
+static void fail(const char * what, const char * why) {
+    if (g_capturing) {
+        g_capture_failed = 1;
+        return;
+    }
+    fprintf(stderr, "bench-cuda: %s: %s\n", what, why);
+    exit(1);
+}
 #define CK(expr)                                                                                   \
     do {                                                                                           \
         cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "bench-cuda: %s: %s\n", #expr, cudaGetErrorString(e_));                \
-            exit(1);                                                                               \
-        }                                                                                          \
+        if (e_ != cudaSuccess) fail(#expr, cudaGetErrorString(e_));                                \
     } while (0)
 #define BK(ctx, expr)                                                                              \
     do {                                                                                           \
         enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) {                                                                 \
-            fprintf(stderr, "bench-cuda: %s: %s\n", #expr, bie_context_last_error(ctx));           \
-            exit(1);                                                                               \
-        }                                                                                          \
+        if (s_ != BIE_STATUS_OK) fail(#expr, bie_context_last_error(ctx));                         \
     } while (0)
 #define CB(expr)                                                                                   \
     do {                                                                                           \
         cublasStatus_t s_ = (expr);                                                                \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "bench-cuda: %s: %s\n", #expr, cublasGetStatusString(s_));            \
-            exit(1);                                                                               \
-        }                                                                                          \
+        if (s_ != CUBLAS_STATUS_SUCCESS) fail(#expr, cublasGetStatusString(s_));                   \
     } while (0)
 
-static int g_quick = 0, g_json = 0;
+static int g_quick = 0, g_json = 0, g_call_only = 0;
 static cudaStream_t g_stream;
 static cublasHandle_t g_blas;
 static const size_t ROTATE_BYTES = (size_t)160 << 20; // > L2 (50-60 MB on H100/H200)
@@ -60,8 +70,53 @@ static int cmp_float(const void * a, const void * b) {
     return x < y ? -1 : x > y;
 }
 
-// Median milliseconds of one call of fn, rotating over `rots` input sets.
-static double time_ms(run_fn fn, void * state, int rots) {
+// A measurement: device time per call (graph replays; < 0 when the calls could not be captured)
+// and the time of one isolated call, both medians in milliseconds.
+struct timing {
+    double ms, call_ms;
+};
+
+static double median_of(float * t, int n) {
+    qsort(t, (size_t)n, sizeof(float), cmp_float);
+    return t[n / 2];
+}
+
+// Device time per call: `per` consecutive calls (rotating over the input sets) captured into one
+// graph, whose replays are timed; -1 when the capture or a replay failed.
+static double time_graph_ms(run_fn fn, void * state, int rots, int reps, cudaEvent_t a, cudaEvent_t b) {
+    const int per = rots < 8 ? 8 : rots;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    g_capturing = 1;
+    g_capture_failed = 0;
+    if (cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) g_capture_failed = 1;
+    else {
+        for (int i = 0; i < per && !g_capture_failed; i++) fn(state, i % rots);
+        if (cudaStreamEndCapture(g_stream, &graph) != cudaSuccess) g_capture_failed = 1;
+    }
+    g_capturing = 0;
+    if (!g_capture_failed && cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess) g_capture_failed = 1;
+    float t[64];
+    for (int i = 0; i < 2 + reps && !g_capture_failed; i++) { // two warm-up replays
+        if (cudaEventRecord(a, g_stream) != cudaSuccess || cudaGraphLaunch(exec, g_stream) != cudaSuccess ||
+            cudaEventRecord(b, g_stream) != cudaSuccess || cudaEventSynchronize(b) != cudaSuccess) {
+            g_capture_failed = 1;
+            break;
+        }
+        if (i >= 2) CK(cudaEventElapsedTime(&t[i - 2], a, b));
+    }
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    if (g_capture_failed) {
+        cudaGetLastError(); // clear the error the failed capture left
+        fprintf(stderr, "bench-cuda: graph capture failed; call timing only\n");
+        return -1.0;
+    }
+    return median_of(t, reps) / per;
+}
+
+// Both timings of one call of fn, rotating over `rots` input sets.
+static struct timing time_ms(run_fn fn, void * state, int rots) {
     const int warm = g_quick ? 2 : 5, reps = g_quick ? 5 : 21;
     for (int i = 0; i < warm; i++) fn(state, i % rots);
     CK(cudaStreamSynchronize(g_stream));
@@ -77,10 +132,12 @@ static double time_ms(run_fn fn, void * state, int rots) {
         CK(cudaEventElapsedTime(&t[i], a, b));
     }
     CK(cudaGetLastError());
+    struct timing r;
+    r.call_ms = median_of(t, reps);
+    r.ms = g_call_only ? -1.0 : time_graph_ms(fn, state, rots, reps, a, b);
     cudaEventDestroy(a);
     cudaEventDestroy(b);
-    qsort(t, (size_t)reps, sizeof(float), cmp_float);
-    return t[reps / 2];
+    return r;
 }
 
 static void * dev_alloc_random(size_t bytes) {
@@ -134,17 +191,33 @@ static struct bie_tensor dev_tensor(void * data, enum bie_dtype dt, int nd, cons
     return t;
 }
 
-static void print_row(const char * name, const char * shape, double ms, const char * base_name, double base_ms,
-                      double ops) {
+// A side's time per call: the lower of its two medians (a side without a graph time: its call
+// time). Graph replays are the lower one for bie and cuDNN (whose calls spend much of their time on
+// the host), while cuBLAS's large GEMMs run a few percent slower in a run of graph replays than
+// one at a time, so each side is credited with its better figure.
+static double best_ms(struct timing t) { return t.ms > 0 && t.ms < t.call_ms ? t.ms : t.call_ms; }
+
+// One row: each side's best time per call and their ratio (the figure the targets are read
+// against), then the device times (graph replays, "-" where the calls could not be captured) and
+// the isolated-call times.
+static void print_row(const char * name, const char * shape, struct timing bie, const char * base_name,
+                      struct timing base, double ops) {
+    const double ms = best_ms(bie), base_ms = best_ms(base);
+    const double ratio = base_ms > 0 && ms > 0 ? base_ms / ms : 0.0;
     if (g_json) {
-        printf("{\"case\": \"%s %s\", \"backend\": \"cuda\", \"threads\": 0, \"bie_ms\": %.6f, \"baseline\": "
-               "\"%s\", \"baseline_ms\": %.6f, \"speedup\": %.4f, \"gops\": %.1f}\n",
-               name, shape, ms, base_name, base_ms, base_ms > 0 ? base_ms / ms : 0.0, ops / (ms * 1e-3) / 1e9);
+        printf("{\"case\": \"%s %s\", \"backend\": \"cuda\", \"threads\": 0, \"bie_ms\": %.6f, \"baseline\": \"%s\", "
+               "\"baseline_ms\": %.6f, \"speedup\": %.4f, \"gops\": %.1f, \"bie_graph_ms\": %.6f, "
+               "\"baseline_graph_ms\": %.6f, \"bie_call_ms\": %.6f, \"baseline_call_ms\": %.6f}\n",
+               name, shape, ms, base_name, base_ms, ratio, ops / (ms * 1e-3) / 1e9, bie.ms, base.ms, bie.call_ms,
+               base.call_ms);
         fflush(stdout);
         return;
     }
-    printf("%-22s %-26s bie %9.4f ms  %-14s %9.4f ms  ratio %6.2fx  %8.1f TOPS\n", name, shape, ms, base_name,
-           base_ms, base_ms > 0 ? base_ms / ms : 0.0, ops / (ms * 1e-3) / 1e12);
+    char g1[16] = "-", g2[16] = "-";
+    if (bie.ms > 0) snprintf(g1, sizeof g1, "%.4f", bie.ms);
+    if (base.ms > 0) snprintf(g2, sizeof g2, "%.4f", base.ms);
+    printf("%-22s %-26s bie %9.4f ms  %-13s %9.4f ms  ratio %6.2fx %8.1f TOPS | graph %s / %s, call %.4f / %.4f ms\n",
+           name, shape, ms, base_name, base_ms, ratio, ops / (ms * 1e-3) / 1e12, g1, g2, bie.call_ms, base.call_ms);
     fflush(stdout);
 }
 
@@ -171,7 +244,7 @@ static void run_cublas(void * st, int r) {
     }
 }
 
-static double time_cublas(int64_t M, int64_t N, int64_t K, int i8) {
+static struct timing time_cublas(int64_t M, int64_t N, int64_t K, int i8) {
     struct gemm_state s = {M, N, K, {0}, {0}, {0}, i8};
     const size_t es = i8 ? 1 : 2;
     const int rots = rotations((size_t)(M * K + N * K) * es + (size_t)(M * N) * (i8 ? 4 : 2));
@@ -180,7 +253,7 @@ static double time_cublas(int64_t M, int64_t N, int64_t K, int i8) {
         s.B[r] = i8 ? dev_alloc_random((size_t)(N * K)) : dev_half_random((size_t)(N * K));
         CK(cudaMalloc(&s.C[r], (size_t)(M * N) * (i8 ? 4 : 2)));
     }
-    const double ms = time_ms(run_cublas, &s, rots);
+    const struct timing ms = time_ms(run_cublas, &s, rots);
     for (int r = 0; r < rots; r++) {
         cudaFree(s.A[r]);
         cudaFree(s.B[r]);
@@ -236,7 +309,7 @@ static void layer_free(struct layer_state * s, int rots) {
 }
 
 // Binary or 4-bit linear: x [M, K] (xdt), weight [N, K] (wdt), y [M, N] f16.
-static double time_linear(bie_context_t * ctx, enum bie_quant q, enum bie_dtype xdt, enum bie_dtype wdt, int64_t M,
+static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie_dtype xdt, enum bie_dtype wdt, int64_t M,
                           int64_t N, int64_t K, int train) {
     struct layer_state s;
     layer_init(&s, ctx);
@@ -269,7 +342,7 @@ static double time_linear(bie_context_t * ctx, enum bie_quant q, enum bie_dtype 
             s.gw[r] = dev_tensor(gw, BIE_DTYPE_F16, 2, ws);
         }
     }
-    const double ms = time_ms(run_layer, &s, rots);
+    const struct timing ms = time_ms(run_layer, &s, rots);
     layer_free(&s, rots);
     return ms;
 }
@@ -290,7 +363,7 @@ static void run_dense_step(void * st, int r) {
     CB(cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_T, K, N, M, &one, s->x[r], CUDA_R_16F, K, s->g[r], CUDA_R_16F, N,
                     &zero, s->gw[r], CUDA_R_16F, K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
-static double time_dense_step(int64_t M, int64_t N, int64_t K) {
+static struct timing time_dense_step(int64_t M, int64_t N, int64_t K) {
     struct dense_step s = {M, N, K, {0}, {0}, {0}, {0}, {0}, {0}};
     const int rots = 2;
     for (int r = 0; r < rots; r++) {
@@ -301,7 +374,7 @@ static double time_dense_step(int64_t M, int64_t N, int64_t K) {
         CK(cudaMalloc(&s.gx[r], (size_t)(M * K) * 2));
         CK(cudaMalloc(&s.gw[r], (size_t)(N * K) * 2));
     }
-    const double ms = time_ms(run_dense_step, &s, rots);
+    const struct timing ms = time_ms(run_dense_step, &s, rots);
     for (int r = 0; r < rots; r++) {
         cudaFree(s.x[r]);
         cudaFree(s.w[r]);
@@ -315,7 +388,7 @@ static double time_dense_step(int64_t M, int64_t N, int64_t K) {
 
 // Binary conv2d, channels-last: x [N, C, H, W] as NHWC bits (or f16; x_nchw: f16 in NCHW, as
 // PyTorch passes it by default), weight OHWI bits, y NHWC.
-static double time_conv(bie_context_t * ctx, int64_t N, int64_t C, int64_t H, int64_t O, enum bie_dtype xdt,
+static struct timing time_conv(bie_context_t * ctx, int64_t N, int64_t C, int64_t H, int64_t O, enum bie_dtype xdt,
                         enum bie_dtype ydt, int x_nchw) {
     struct layer_state s;
     layer_init(&s, ctx);
@@ -344,7 +417,7 @@ static double time_conv(bie_context_t * ctx, int64_t N, int64_t C, int64_t H, in
         bie_tensor_permute(&s.w[r], perm);
         bie_tensor_permute(&s.y[r], perm);
     }
-    const double ms = time_ms(run_layer, &s, rots);
+    const struct timing ms = time_ms(run_layer, &s, rots);
     layer_free(&s, rots);
     return ms;
 }
@@ -365,15 +438,13 @@ static void run_cudnn(void * st, int r) {
     const float one = 1.0f, zero = 0.0f;
     cudnnStatus_t e = cudnnConvolutionForward(s->h, &one, s->xd, s->x[r], s->wd, s->w[r], s->cd, s->algo, s->ws,
                                               s->ws_size, &zero, s->yd, s->y[r]);
-    if (e != CUDNN_STATUS_SUCCESS) {
-        fprintf(stderr, "bench-cuda: cudnnConvolutionForward: %s\n", cudnnGetErrorString(e));
-        exit(1);
-    }
+    if (e != CUDNN_STATUS_SUCCESS) fail("cudnnConvolutionForward", cudnnGetErrorString(e));
 }
-static double time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
+static struct timing time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
     struct cudnn_state s;
     memset(&s, 0, sizeof s);
-    if (cudnnCreate(&s.h) != CUDNN_STATUS_SUCCESS) return -1.0;
+    const struct timing none = {-1.0, -1.0};
+    if (cudnnCreate(&s.h) != CUDNN_STATUS_SUCCESS) return none;
     cudnnSetStream(s.h, g_stream);
     cudnnCreateTensorDescriptor(&s.xd);
     cudnnCreateTensorDescriptor(&s.yd);
@@ -387,7 +458,7 @@ static double time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
     cudnnConvolutionFwdAlgoPerf_t perf[8];
     int got = 0;
     if (cudnnGetConvolutionForwardAlgorithm_v7(s.h, s.xd, s.wd, s.cd, s.yd, 8, &got, perf) != CUDNN_STATUS_SUCCESS || !got)
-        return -1.0;
+        return none;
     s.algo = perf[0].algo;
     s.ws_size = perf[0].memory;
     if (s.ws_size) CK(cudaMalloc(&s.ws, s.ws_size));
@@ -398,7 +469,7 @@ static double time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
         s.w[r] = dev_half_random(wb / 2);
         CK(cudaMalloc(&s.y[r], yb));
     }
-    const double ms = time_ms(run_cudnn, &s, rots);
+    const struct timing ms = time_ms(run_cudnn, &s, rots);
     for (int r = 0; r < rots; r++) {
         cudaFree(s.x[r]);
         cudaFree(s.w[r]);
@@ -409,9 +480,10 @@ static double time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
     return ms;
 }
 #else
-static double time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
+static struct timing time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
     (void)N, (void)C, (void)H, (void)O;
-    return -1.0; // no cuDNN in this build: no baseline
+    const struct timing none = {-1.0, -1.0}; // no cuDNN in this build: no baseline
+    return none;
 }
 #endif
 
@@ -422,6 +494,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
         else if (!strcmp(argv[i], "--json")) g_json = 1;
+        else if (!strcmp(argv[i], "--call-only")) g_call_only = 1;
         else if (!strcmp(argv[i], "--case") && i + 1 < argc) only = argv[++i];
     }
     if (!bie_backend_available(BIE_BACKEND_CUDA)) {
@@ -430,11 +503,17 @@ int bie_bench_cuda_main(int argc, char ** argv) {
     }
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("bench cuda: %s, %d SMs, L2 %d MB; medians of CUDA-event timings; ratio = baseline / bie\n", prop.name,
-           prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    printf("bench cuda: %s, %d SMs, L2 %d MB; medians of CUDA-event timings per call, graph replays and "
+           "isolated calls; each side's lower median; ratio = baseline / bie\n",
+           prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     CK(cudaStreamCreate(&g_stream));
     CB(cublasCreate(&g_blas));
     CB(cublasSetStream(g_blas, g_stream));
+    // The workspace cuBLAS recommends on Hopper (32 MiB), set once so that its kernel choice is the
+    // same inside a graph capture as outside (as PyTorch sets it).
+    void * blas_ws;
+    CK(cudaMalloc(&blas_ws, (size_t)32 << 20));
+    CB(cublasSetWorkspace(g_blas, blas_ws, (size_t)32 << 20));
     bie_context_t * ctx;
     if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK) return 1;
     BK(ctx, bie_context_set_cuda_stream(ctx, g_stream));
@@ -444,7 +523,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
         const int64_t sizes[3][3] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16, 4096, 4096}};
         for (int i = 0; i < 3; i++) {
             const int64_t M = sizes[i][0], N = sizes[i][1], K = sizes[i][2];
-            const double base = time_cublas(M, N, K, 0);
+            const struct timing base = time_cublas(M, N, K, 0);
             snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
             const double ops = 2.0 * (double)M * (double)N * (double)K;
             print_row("binary-gemm b1->f16", shape, time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_B1, BIE_DTYPE_B1, M, N, K, 0),
@@ -458,7 +537,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
         const int64_t Nb = g_quick ? 32 : 128;
         for (int i = 0; i < 4; i++) {
             const int64_t C = layers[i][0], H = layers[i][1];
-            const double base = time_cudnn(Nb, C, H, C);
+            const struct timing base = time_cudnn(Nb, C, H, C);
             snprintf(shape, sizeof shape, "N%lld C%lld %lldx%lld 3x3", (long long)Nb, (long long)C, (long long)H,
                      (long long)H);
             const double ops = 2.0 * (double)Nb * H * H * C * C * 9;
@@ -474,20 +553,21 @@ int bie_bench_cuda_main(int argc, char ** argv) {
     }
     if (want(only, "int4-linear")) {
         const int64_t M = 8192, N = 8192, K = 8192;
-        const double b16 = time_cublas(M, N, K, 0), b8 = time_cublas(M, N, K, 1);
+        const struct timing b16 = time_cublas(M, N, K, 0), b8 = time_cublas(M, N, K, 1);
         const double ops = 2.0 * (double)M * N * K;
-        const double t = time_linear(ctx, BIE_QUANT_INT4, BIE_DTYPE_F16, BIE_DTYPE_S4, M, N, K, 0);
+        const struct timing t = time_linear(ctx, BIE_QUANT_INT4, BIE_DTYPE_F16, BIE_DTYPE_S4, M, N, K, 0);
         print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-fp16", b16, ops);
         print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-int8", b8, ops);
     }
     if (want(only, "train-step")) {
         const int64_t M = 8192, N = 4096, K = 4096;
-        const double base = time_dense_step(M, N, K);
-        const double t = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K, 1);
+        const struct timing base = time_dense_step(M, N, K);
+        const struct timing t = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K, 1);
         print_row("binary-train-step f16", "8192x4096x4096 fwd+bwd", t, "cublas-fp16x3", base, 6.0 * M * N * K);
     }
     bie_context_destroy(ctx);
     cublasDestroy(g_blas);
+    cudaFree(blas_ws);
     cudaStreamDestroy(g_stream);
     return 0;
 }

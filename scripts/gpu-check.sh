@@ -115,7 +115,7 @@ if [ $PROF = 1 ] && command -v ncu >/dev/null; then
   stage "kernel times (ncu)"
   for c in binary-gemm int4-linear binary-conv; do
     timeout 150 ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
-      $BUILD/bie_bench_cuda --quick --case $c >"$LOG/ncu-$c.txt" 2>&1
+      $BUILD/bie_bench_cuda --quick --call-only --case $c >"$LOG/ncu-$c.txt" 2>&1
     echo "-- $c (kernel: unit min max avg)"
     awk '/^  [A-Za-z_]/ { name = substr($0, 3, 70) } /gpu__time_duration.sum/ { print name " : " $2, $3, $4, $5 }' \
       "$LOG/ncu-$c.txt" | head -30
@@ -123,7 +123,7 @@ if [ $PROF = 1 ] && command -v ncu >/dev/null; then
   # one binary GEMM kernel in detail (the second launch of the 4096^3 case)
   timeout 120 ncu -k regex:gemm_kernel --launch-skip 14 --launch-count 1 --section SpeedOfLight \
     --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    --section LaunchStats --section Occupancy $BUILD/bie_bench_cuda --quick --case binary-gemm \
+    --section LaunchStats --section Occupancy $BUILD/bie_bench_cuda --quick --call-only --case binary-gemm \
     >"$LOG/ncu-gemm-detail.txt" 2>&1
   grep -E "gemm_kernel|Duration|Throughput|Stall|Registers|Occupancy|Pipe|Issue|Warp Cycles|Eligible|Shared" \
     "$LOG/ncu-gemm-detail.txt" | head -60
