@@ -156,6 +156,7 @@ template <> __device__ __forceinline__ uint32_t sign_bits8<__nv_bfloat16>(const 
 
 template <typename T>
 __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop) {
+    griddep_launch_dependents(); // a few-rows GEMM after it starts at once (and waits for it)
     const float s = ld_scale(p.s);
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
@@ -286,14 +287,22 @@ __device__ __forceinline__ uint32_t word_at(const uint32_t * x, const struct dge
     const int64_t h = hb + q.dh, w = wb + q.dw;
     return h >= 0 && h < g.H && w >= 0 && w < g.W ? __ldg(x + xb + h * w2 + w * w3 + q.cw) : pad;
 }
+// Rows with more than 32 words are split across warps (a warp per 8 rows and 32-word chunk) when
+// whole rows per warp would leave the GPU short of warps (few rows, long rows: C = 512 at N = 128
+// gives 784 warps of five chunks each); the chunks' popcounts then meet by atomic adds in `pop`,
+// which the caller clears first.
 __global__ void __launch_bounds__(256, 3) im2col_words(const uint32_t * x, struct dgeom g, int64_t w0, int64_t w2, int64_t w3, int64_t rows,
-                             int64_t kbytes, uint32_t * out, int * pop) {
+                             int64_t kbytes, uint32_t * out, int * pop, int split) {
     const int lane = threadIdx.x & 31;
     const int64_t warp0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
     const int words = (int)(kbytes / 4);
+    const int chunks = split ? (words + 31) / 32 : 1; // work units per group of rows
+    const int64_t units = (rows + IW_ROWS - 1) / IW_ROWS * chunks;
     const uint32_t pad = g.pad_value == BIE_PAD_PLUS_ONE ? 0xffffffffu : 0u;
-    for (int64_t r0 = warp0 * IW_ROWS; r0 < rows; r0 += warps * IW_ROWS) {
+    for (int64_t u = warp0; u < units; u += warps) {
+        const int64_t r0 = u / chunks * IW_ROWS;
+        const int wbeg = split ? (int)(u % chunks) * 32 : 0, wend = split ? min(wbeg + 32, words) : words;
         // The group's rows: their sample and top-left input pixel (stepping ow, oh, n).
         int64_t xb[IW_ROWS];
         int hb[IW_ROWS], wb[IW_ROWS]; // (padded input coordinates fit in 32 bits: checked on the host)
@@ -321,15 +330,15 @@ __global__ void __launch_bounds__(256, 3) im2col_words(const uint32_t * x, struc
         for (int r = 0; r < IW_ROWS; r++) cnt[r] = 0;
         // A word position at a time (worked out once for the group), the loads of all the group's
         // rows first (in flight together), then their stores.
-        for (int w0 = 0; w0 < words; w0 += 32) {
-            const int w = w0 + lane;
+        for (int wc = wbeg; wc < wend; wc += 32) {
+            const int w = wc + lane;
             const word_pos q = word_position(g, w);
             uint32_t v[IW_ROWS];
 #pragma unroll
-            for (int r = 0; r < IW_ROWS; r++) v[r] = w < words && r < nr ? word_at(x, g, xb[r], hb[r], wb[r], w2, w3, q, pad) : 0u;
+            for (int r = 0; r < IW_ROWS; r++) v[r] = w < wend && r < nr ? word_at(x, g, xb[r], hb[r], wb[r], w2, w3, q, pad) : 0u;
 #pragma unroll
             for (int r = 0; r < IW_ROWS; r++)
-                if (w < words && r < nr) {
+                if (w < wend && r < nr) {
                     out[(r0 + r) * words + w] = v[r];
                     cnt[r] += __popc(v[r]);
                 }
@@ -337,9 +346,29 @@ __global__ void __launch_bounds__(256, 3) im2col_words(const uint32_t * x, struc
 #pragma unroll
         for (int r = 0; r < IW_ROWS; r++) {
             const int c = (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt[r]);
-            if (lane == 0 && r < nr) pop[r0 + r] = c;
+            if (lane == 0 && r < nr) {
+                if (split) atomicAdd(pop + r0 + r, c);
+                else pop[r0 + r] = c;
+            }
         }
     }
+}
+
+// Queues im2col_words over NHWC words of x (w0, w2, w3: the word strides of a sample, a row and a
+// pixel), splitting long rows when whole rows per warp would give fewer than ~32 warps per SM.
+enum bie_status launch_im2col_words(bie_context_t * ctx, cudaStream_t stream, const uint32_t * x, const struct dgeom & g,
+                                    int64_t w0, int64_t w2, int64_t w3, int64_t rows, int64_t kbytes, uint32_t * out,
+                                    int * pop) {
+    int sms = ctx->cuda->sm_count;
+    if (!sms) CU_TRY(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->cuda->device), "cudaDeviceGetAttribute");
+    ctx->cuda->sm_count = sms;
+    const int64_t groups = (rows + IW_ROWS - 1) / IW_ROWS, chunks = (kbytes / 4 + 31) / 32;
+    const int split = chunks > 1 && groups < (int64_t)sms * 32;
+    if (split) CU_TRY(ctx, cudaMemsetAsync(pop, 0, (size_t)rows * sizeof(int), stream), "clear row popcounts");
+    im2col_words<<<grid_for(groups * (split ? chunks : 1), 8), 256, 0, stream>>>(x, g, w0, w2, w3, rows, kbytes, out,
+                                                                                 pop, split);
+    LAUNCHED(ctx, "pack activations");
+    return BIE_STATUS_OK;
 }
 
 // NHWC sign bits (bit = x' >= 0, as in elem_code) from a float x whose (h, w) planes are dense
@@ -464,6 +493,13 @@ bool planar_weight(const pack_src & p) {
     return p.is_weight && (fl || codes) && g.kh * g.kw > 1 && st[3] == 1 && st[2] == g.kw &&
            (p.quant != BIE_QUANT_BINARY || g.C % 32 == 0);
 }
+// Whether p is a B1 weight whose rows are the GEMM's rows in whole bytes (OHWI bit order, K % 8
+// == 0, rows a whole number of bytes apart): copied into the operand as bytes.
+bool b1_weight_rows(const pack_src & p, int64_t rows) {
+    const int64_t * st = p.t.stride;
+    return p.is_weight && p.t.dtype == BIE_DTYPE_B1 && ohwi_rows(st, p.g.C, p.g.kh, p.g.kw) && p.g.K % 8 == 0 &&
+           (rows == 1 || st[0] % 8 == 0);
+}
 size_t pixel_scratch_bytes(const pack_src & p) {
     return (size_t)(p.g.batch * p.g.H * p.g.W * (p.quant == BIE_QUANT_BINARY ? p.g.C / 8 : p.g.C));
 }
@@ -478,8 +514,7 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
     const unsigned grid = grid_for(rows, 8);
     const int64_t * st = p.t.stride;
     const pixel_kind pk = scratch ? float_pixels(p) : PIX_NONE;
-    if (p.is_weight && p.t.dtype == BIE_DTYPE_B1 && ohwi_rows(st, g.C, g.kh, g.kw) && g.K % 8 == 0 &&
-        (rows == 1 || st[0] % 8 == 0)) {
+    if (b1_weight_rows(p, rows)) {
         // packed bits (bie_pack_weight's OHWI rows): whole bytes, copied into the operand's rows
         if (kbytes * 8 > g.K) CU_TRY(ctx, cudaMemsetAsync(out, 0, (size_t)(rows * kbytes), stream), "clear weight rows");
         CU_TRY(ctx, cudaMemcpy2DAsync(out, (size_t)kbytes, p.t.data, (size_t)(rows == 1 ? g.K / 8 : st[0] / 8),
@@ -522,18 +557,16 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
         }
         LAUNCHED(ctx, "pack activation pixels");
         const int64_t pw = g.C / 32; // words per pixel
-        im2col_words<<<grid_for(rows, 8 * IW_ROWS), 256, 0, stream>>>((const uint32_t *)scratch, g, g.H * g.W * pw,
-                                                                     g.W * pw, pw, rows, kbytes, (uint32_t *)out, pop);
-        LAUNCHED(ctx, "pack activations");
-        return BIE_STATUS_OK;
+        return launch_im2col_words(ctx, stream, (const uint32_t *)scratch, g, g.H * g.W * pw, g.W * pw, pw, rows, kbytes,
+                                   (uint32_t *)out, pop);
     }
     const bool word_pixels = !p.is_weight && p.quant == BIE_QUANT_BINARY && p.t.dtype == BIE_DTYPE_B1 && g.C % 32 == 0 &&
                              st[1] == 1 && st[0] % 32 == 0 && st[2] % 32 == 0 && st[3] % 32 == 0 &&
                              ((uintptr_t)p.t.data % 4) == 0;
     if (word_pixels)
-        im2col_words<<<grid_for(rows, 8 * IW_ROWS), 256, 0, stream>>>((const uint32_t *)p.t.data, g, st[0] / 32, st[2] / 32, st[3] / 32, rows,
-                                               kbytes, (uint32_t *)out, pop);
-    else if (contiguous && launch_contiguous(p, rows, kbytes, out, pop, stream)) {
+        return launch_im2col_words(ctx, stream, (const uint32_t *)p.t.data, g, st[0] / 32, st[2] / 32, st[3] / 32, rows,
+                                   kbytes, (uint32_t *)out, pop);
+    if (contiguous && launch_contiguous(p, rows, kbytes, out, pop, stream)) {
     } else if (contiguous && p.is_weight && p.quant != BIE_QUANT_BINARY &&
              (p.t.dtype == BIE_DTYPE_I8 || p.t.dtype == BIE_DTYPE_S4))
         pack_int_rows<<<grid, 256, 0, stream>>>(p, rows, kbytes, out);
@@ -543,14 +576,44 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
     return BIE_STATUS_OK;
 }
 
-// tappop[o][t] = popc of weight row o over positions [t*C, (t+1)*C): a warp per (o, t), a byte
-// per lane, the bytes at the ends of the range masked.
-__global__ void tap_popcounts(const uint8_t * B, int64_t O, int taps, int64_t C, int64_t kbytes, int * tappop) {
-    const int lane = threadIdx.x & 31;
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    for (int64_t e = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; e < O * taps; e += warps) {
-        const int64_t o = e / taps, t = e % taps, k0 = t * C, k1 = k0 + C;
-        const uint8_t * row = B + o * kbytes;
+// A representative output row (or column) of border class c (border_class in cuda-impl.cuh), or
+// -1 for class 0 (no tap outside the image in that dimension).
+__device__ __forceinline__ int64_t class_example(int c, int64_t O, int lo, int hi) {
+    return c == 0 ? -1 : c <= lo ? c - 1 : O - hi + (c - 1 - lo);
+}
+
+// The weight side of a zero-padded binary conv, in one launch, a block per output channel o of
+// the B1 weight rows `w` (OHWI bit order, `ld` bytes apart; bits past K may hold anything):
+//   copy (optional): row o into the GEMM operand, kbytes long, zeros past its K/8 bytes (K % 8 == 0);
+//   tappop[o][t] = popc of the row over bits [t*C, (t+1)*C) (a warp per tap, a byte per lane, the
+//     bytes at the ends of the range masked);
+//   colpop[o] (optional) = popc of its first K bits, the sum over its taps;
+//   tapcorr[p][o] = 2 * the sum of tappop[o][t] over the taps t = (i, j) that lie outside the image
+//     for the pixels of border class p (a tap is outside when its row or its column is).
+// (Five launches before: the row copy and its clearing, the row popcounts, the tap popcounts and
+// the corrections; each was a few microseconds of almost no work.)
+struct weight_terms_args {
+    const uint8_t * w;
+    int64_t ld;
+    uint8_t * copy; // NULL: no copy
+    int64_t kbytes;
+    int * tappop, * colpop, * tapcorr;
+    struct dgeom g;
+    int border[4]; // top, bottom, left, right class counts (border_counts)
+};
+__global__ void weight_terms(weight_terms_args a) {
+    const struct dgeom & g = a.g;
+    const int64_t o = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const int taps = (int)(g.kh * g.kw);
+    const uint8_t * row = a.w + o * a.ld;
+    if (a.copy) {
+        const int64_t kb = g.K / 8;
+        for (int64_t b = threadIdx.x; b < a.kbytes; b += blockDim.x) a.copy[o * a.kbytes + b] = b < kb ? row[b] : 0;
+    }
+    int * const tp = a.tappop + o * taps;
+    for (int t = warp; t < taps; t += warps) {
+        const int64_t k0 = t * g.C, k1 = k0 + g.C;
         int cnt = 0;
         for (int64_t byte = k0 / 8 + lane; byte * 8 < k1; byte += 32) {
             unsigned v = row[byte];
@@ -558,37 +621,29 @@ __global__ void tap_popcounts(const uint8_t * B, int64_t O, int taps, int64_t C,
             if (byte * 8 + 8 > k1) v &= 0xffu >> (byte * 8 + 8 - k1);
             cnt += __popc(v);
         }
-        for (int sh = 16; sh > 0; sh >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, sh);
-        if (lane == 0) tappop[e] = cnt;
+        cnt = (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt);
+        if (lane == 0) tp[t] = cnt;
     }
-}
-
-// A representative output row (or column) of border class c (border_class in cuda-impl.cuh), or
-// -1 for class 0 (no tap outside the image in that dimension).
-__device__ __forceinline__ int64_t class_example(int c, int64_t O, int lo, int hi) {
-    return c == 0 ? -1 : c <= lo ? c - 1 : O - hi + (c - 1 - lo);
-}
-
-// tapcorr[p][n] = 2 * sum of tappop[n][t] over the taps t = (i, j) that lie outside the image for
-// the pixels of border class p (a tap is outside when its row or its column is).
-__global__ void tap_corrections(const int * tappop, struct dgeom g, int top, int bottom, int left, int right,
-                                int * tapcorr) {
-    const int cwn = 1 + left + right, classes = (1 + top + bottom) * cwn, taps = g.kh * g.kw;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < classes * g.O;
-         e += (int64_t)gridDim.x * blockDim.x) {
-        const int p = (int)(e / g.O);
-        const int64_t n = e % g.O;
-        const int64_t oh = class_example(p / cwn, g.OH, top, bottom), ow = class_example(p % cwn, g.OW, left, right);
+    __syncthreads(); // (the block's global writes are visible to the block after the barrier)
+    if (a.colpop && threadIdx.x == 0) {
+        int sum = 0;
+        for (int t = 0; t < taps; t++) sum += tp[t];
+        a.colpop[o] = sum;
+    }
+    const int cwn = 1 + a.border[2] + a.border[3], classes = (1 + a.border[0] + a.border[1]) * cwn;
+    for (int p = threadIdx.x; p < classes; p += blockDim.x) {
+        const int64_t oh = class_example(p / cwn, g.OH, a.border[0], a.border[1]),
+                      ow = class_example(p % cwn, g.OW, a.border[2], a.border[3]);
         int sum = 0;
         for (int i = 0; i < g.kh; i++) {
             const int64_t h = oh * g.sh - g.ph + (int64_t)i * g.dh;
             const bool h_out = oh >= 0 && (h < 0 || h >= g.H);
             for (int j = 0; j < g.kw; j++) {
                 const int64_t w = ow * g.sw - g.pw + (int64_t)j * g.dw;
-                if (h_out || (ow >= 0 && (w < 0 || w >= g.W))) sum += tappop[n * taps + i * g.kw + j];
+                if (h_out || (ow >= 0 && (w < 0 || w >= g.W))) sum += tp[i * g.kw + j];
             }
         }
-        tapcorr[e] = 2 * sum;
+        a.tapcorr[(int64_t)p * g.O + o] = 2 * sum;
     }
 }
 
@@ -683,20 +738,34 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const uint8_t * Bm = w_direct ? (const uint8_t *)wt.data : ws + oB;
     // Operands read in place only need their popcounts: those of both are counted in one launch,
     // after any packing.
+    // The weight side of a zero-padded conv is one weight_terms launch: first, when it also copies
+    // packed B1 rows into the operand (then nothing else packs the weight), else last, after the
+    // weight is packed, taking popc(w) too when the weight is read in place.
+    const bool w_rows_copied = zero_pad_fix && !w_direct && b1_weight_rows(pw, N);
+    weight_terms_args wt_args = {w_rows_copied ? (const uint8_t *)wt.data : Bm,
+                                 w_rows_copied ? (N == 1 ? g.K / 8 : pw.t.stride[0] / 8) : ldb,
+                                 w_rows_copied ? ws + oB : NULL,
+                                 kbytes,
+                                 tappop,
+                                 w_rows_copied || (w_direct && !gemm_counts) ? colpop : NULL,
+                                 tapcorr,
+                                 px.g,
+                                 {border[0], border[1], border[2], border[3]}};
+    if (zero_pad_fix && N > INT32_MAX) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "weight: more than 2^31 output channels");
+    auto launch_weight_terms = [&]() -> enum bie_status {
+        weight_terms<<<(unsigned)N, 128, 0, st->stream>>>(wt_args);
+        LAUNCHED(ctx, "weight terms");
+        return BIE_STATUS_OK;
+    };
     const popc_rows xrows = {Am, x_direct && !gemm_counts ? M : 0, kbytes, rowpop};
-    const popc_rows wrows = {Bm, w_direct && !gemm_counts ? N : 0, ldb, colpop};
+    const popc_rows wrows = {Bm, w_direct && !gemm_counts && !zero_pad_fix ? N : 0, ldb, colpop};
+    if (w_rows_copied) BIE_TRY(launch_weight_terms());
     if (!x_direct) BIE_TRY(pack_any(ctx, st->stream, px, M, kbytes, ws + oA, rowpop, pixels ? ws + oPix : NULL));
-    if (!w_direct) BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop, NULL));
+    if (!w_direct && !w_rows_copied) BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop, NULL));
     if (xrows.rows || wrows.rows)
         BIE_TRY(launch_row_popcounts(ctx, st->stream, xrows.rows ? xrows : wrows, xrows.rows ? wrows : NO_ROWS, g.K,
                                      "operand popcounts"));
-    if (zero_pad_fix) {
-        tap_popcounts<<<grid_for(N * taps, 8), 256, 0, st->stream>>>(Bm, N, taps, g.C, ldb, tappop);
-        LAUNCHED(ctx, "weight tap popcounts");
-        tap_corrections<<<grid_for(classes * N, 256), 256, 0, st->stream>>>(tappop, px.g, border[0], border[1], border[2],
-                                                                          border[3], tapcorr);
-        LAUNCHED(ctx, "border corrections");
-    }
+    if (zero_pad_fix && !w_rows_copied) BIE_TRY(launch_weight_terms());
 
     ep.rowpop = rowpop;
     ep.colpop = colpop;
@@ -706,9 +775,9 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     ep.sw = pw.s;
     ep.sign = sign_codes ? (int8_t *)(ws + oSign) : NULL;
     ep.ldb = ldb;
-    // The last kernel before the GEMM wrote terms only: the tap tables, or the popcounts of an
-    // operand read in place (which are counted after any packing).
-    ep.terms_last = zero_pad_fix || xrows.rows || wrows.rows;
+    // The last kernel before the GEMM wrote terms only: the tap tables (of a weight packed before),
+    // or the popcounts of an operand read in place (which are counted after any packing).
+    ep.terms_last = (zero_pad_fix && !w_rows_copied) || xrows.rows || wrows.rows;
     BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, M, N, kbytes, ep));
     if (sign_codes) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
     return BIE_STATUS_OK;

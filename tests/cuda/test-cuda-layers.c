@@ -67,7 +67,9 @@ static void random_case(struct lcase * c, int big) {
         c->conv = 1;
         for (;;) {
             c->batch = test_rand_int(1, 3);
-            c->C = big == 3 ? 32 * test_rand_int(1, 3) : test_rand_int(1, 40);
+            // big == 3: up to 256 channels, so that rows of more than 1024 bits (split across
+            // warps by the bit im2col) come up too
+            c->C = big == 3 ? 32 * test_rand_int(1, test_rand_int(0, 1) ? 3 : 8) : test_rand_int(1, 40);
             c->H = test_rand_int(1, big == 3 ? 14 : 11);
             c->W = test_rand_int(1, big == 3 ? 14 : 11);
             c->O = test_rand_int(1, big == 3 ? 140 : 45);
@@ -392,6 +394,19 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < (cuda_test_quick() ? 3 : 36); i++) { // binary convs, C % 32 == 0
         struct lcase c;
         random_case(&c, 3);
+        test_forward(&c);
+    }
+    for (int i = 0; i < 2; i++) { // zero-padded binary conv, B1 weight read in place (K = 1024 bits)
+        struct lcase c;
+        random_case(&c, 3);
+        c.C = c.cd.in_channels = 256;
+        for (int d = 0; d < 2; d++) {
+            c.cd.kernel[d] = 2;
+            c.cd.padding[d] = 1;
+        }
+        c.cd.pad_value = BIE_PAD_ZERO;
+        c.wdt = BIE_DTYPE_B1;
+        describe(&c);
         test_forward(&c);
     }
     test_all_outputs();
