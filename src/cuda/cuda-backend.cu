@@ -10,6 +10,7 @@
 #include "cuda-impl.cuh"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "bie-cuda.h"
 
@@ -47,6 +48,22 @@ enum bie_status bie_cuda_fail(bie_context_t * ctx, cudaError_t e, const char * w
     cudaGetLastError(); // clear a non-sticky error so the next call starts clean
     return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
                          cudaGetErrorName(e));
+}
+
+int bie_cuda_cc(bie_context_t * ctx) {
+    struct bie_cuda_state * st = ctx->cuda;
+    if (st->cc == 0) { // first use on this device: read it once
+        int major = 0, minor = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st->device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, st->device) != cudaSuccess) {
+            cudaGetLastError();
+            major = minor = 0;
+        }
+        st->cc = major * 10 + minor;
+        const char * force = getenv("BIE_CUDA_GEMM");
+        st->force_mma = force && strcmp(force, "mma") == 0;
+    }
+    return st->cc;
 }
 
 enum bie_status bie_cuda_check_launch(bie_context_t * ctx, const char * what) {

@@ -52,6 +52,14 @@ __global__ void __launch_bounds__(KW * 32) gemm_small_kernel(const uint8_t * __r
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t n0 = (int64_t)blockIdx.x * NB;
     const int64_t chunks = kbytes / CHUNK;
+    // Launched as a programmatic dependent launch: the CTA starts while the kernel before finishes.
+    // It asks the L2 cache for its weight rows at once (safe before the wait: the L2 is where all
+    // writes meet, so a line the kernel before still writes is updated there, and the loads below
+    // read it after the wait), waits for that kernel (which may write A or B, or still read y)
+    // before any load or store, and lets the next kernel launch.
+    if (threadIdx.x < NB && n0 + threadIdx.x < N) prefetch_l2(B + (n0 + threadIdx.x) * ep.ldb, (uint32_t)kbytes);
+    griddep_wait();
+    griddep_launch_dependents();
 
     int acc[ACC], pop[POPS];
 #pragma unroll
@@ -155,7 +163,19 @@ enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B
                        int64_t kbytes, const gemm_epilogue & ep) {
     const int64_t blocks = (N + NB - 1) / NB;
     if (blocks > INT32_MAX) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "weight: too many output features for one launch");
-    gemm_small_kernel<BINARY, MT><<<(unsigned)blocks, KW * 32, 0, ctx->cuda->stream>>>(A, B, M, N, kbytes, ep);
+    // A programmatic dependent launch on sm_90 and later: the CTAs are scheduled while the kernel
+    // before finishes (they wait for it first thing), which hides most of a launch's latency in a
+    // run of small calls.
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)blocks);
+    cfg.blockDim = dim3(KW * 32);
+    cfg.stream = ctx->cuda->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = bie_cuda_cc(ctx) >= 90 ? 1 : 0;
+    CU_TRY(ctx, cudaLaunchKernelEx(&cfg, gemm_small_kernel<BINARY, MT>, A, B, M, N, kbytes, ep), "gemm (few rows) launch");
     LAUNCHED(ctx, "gemm (few rows)");
     return BIE_STATUS_OK;
 }

@@ -772,19 +772,7 @@ bool bie_cuda_wgmma_packs_bits(const gemm_epilogue & ep, int64_t N) {
 }
 
 bool bie_cuda_wgmma_usable(bie_context_t * ctx) {
-    struct bie_cuda_state * st = ctx->cuda;
-    if (st->cc == 0) { // first use on this device: read it once
-        int major = 0, minor = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st->device) != cudaSuccess ||
-            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, st->device) != cudaSuccess) {
-            cudaGetLastError();
-            major = minor = 0;
-        }
-        st->cc = major * 10 + minor;
-        const char * force = getenv("BIE_CUDA_GEMM");
-        st->force_mma = force && strcmp(force, "mma") == 0;
-    }
-    return st->cc == 90 && !st->force_mma && encoder() != NULL;
+    return bie_cuda_cc(ctx) == 90 && !ctx->cuda->force_mma && encoder() != NULL;
 }
 
 enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,

@@ -34,6 +34,9 @@ enum bie_status bie_cuda_state_get(bie_context_t * ctx, int device_index, struct
 enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** out);
 // Maps a CUDA error to DEVICE_ERROR with the CUDA message; what names the failing step.
 enum bie_status bie_cuda_fail(bie_context_t * ctx, cudaError_t e, const char * what);
+// The compute capability of the context's device as major*10 + minor (read once; 0 if unknown);
+// also reads BIE_CUDA_GEMM into force_mma.
+int bie_cuda_cc(bie_context_t * ctx);
 // Checks the last launch (cudaGetLastError) and maps it.
 enum bie_status bie_cuda_check_launch(bie_context_t * ctx, const char * what);
 enum bie_status bie_cuda_cublas(bie_context_t * ctx, cublasHandle_t * out);
@@ -207,6 +210,16 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 __device__ __forceinline__ void griddep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Asks the L2 cache to fetch `bytes` bytes (a multiple of 16) at p (16-byte aligned) from global
+// memory, without waiting (sm_90; nothing below).
+__device__ __forceinline__ void prefetch_l2(const void * p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
+#else
+    (void)p, (void)bytes;
 #endif
 }
 
