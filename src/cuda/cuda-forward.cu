@@ -602,6 +602,7 @@ struct weight_terms_args {
     int border[4]; // top, bottom, left, right class counts (border_counts)
 };
 __global__ void weight_terms(weight_terms_args a) {
+    griddep_launch_dependents(); // (a GEMM queued right after it waits for it before its epilogue)
     const struct dgeom & g = a.g;
     const int64_t o = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, warps = blockDim.x / 32;
