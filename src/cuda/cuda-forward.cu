@@ -504,6 +504,68 @@ size_t pixel_scratch_bytes(const pack_src & p) {
     return (size_t)(p.g.batch * p.g.H * p.g.W * (p.quant == BIE_QUANT_BINARY ? p.g.C / 8 : p.g.C));
 }
 
+// A float x (PIX_ROWS or PIX_PLANES) into dense NHWC bits in scratch (pixel_scratch_bytes(p)).
+enum bie_status pack_pixel_bits(bie_context_t * ctx, cudaStream_t stream, const pack_src & p, pixel_kind pk,
+                                uint8_t * scratch) {
+    const struct dgeom & g = p.g;
+    const int64_t * st = p.t.stride;
+    if (pk == PIX_ROWS) {
+        // rows of `per` pixels (whole warps busy even for few channels; one pixel per row when a
+        // per-channel bias must line up with the row's elements or pixels have gaps)
+        const int64_t pixels = g.batch * g.H * g.W;
+        const int64_t per = !p.bias.data && st[3] == g.C && pixels % 32 == 0 ? 32 : 1;
+        pack_src pp = p;
+        pp.g.K = g.C * per;
+        pp.t.stride[0] = st[3] * per;
+        launch_contiguous(pp, pixels / per, g.C * per / 8, scratch, NULL, stream);
+    } else {
+        launch_plane_bits(p, g.H * g.W * (g.C / 32), (uint32_t *)scratch, stream);
+    }
+    LAUNCHED(ctx, "pack activation pixels");
+    return BIE_STATUS_OK;
+}
+
+// Whether x is B1 in whole 32-bit words of channels per pixel (NHWC bits, C % 32 == 0), word-aligned.
+bool word_pixels(const pack_src & p) {
+    const int64_t * st = p.t.stride;
+    return !p.is_weight && p.quant == BIE_QUANT_BINARY && p.t.dtype == BIE_DTYPE_B1 && p.g.C % 32 == 0 && st[1] == 1 &&
+           st[0] % 32 == 0 && st[2] % 32 == 0 && st[3] % 32 == 0 && ((uintptr_t)p.t.data % 4) == 0;
+}
+
+// Whether the GEMM can gather x's implicit-GEMM rows itself (gemm_gather): NHWC words in place,
+// or float pixels that pack_pixel_bits turns into them.
+bool gatherable(const pack_src & p) {
+    return p.g.pad_value != BIE_PAD_PLUS_ONE && (word_pixels(p) || float_pixels(p) == PIX_ROWS ||
+                                                 float_pixels(p) == PIX_PLANES);
+}
+
+// Sets up the gather of x's rows (gatherable(p)): float pixels are packed into scratch first.
+enum bie_status gather_source(bie_context_t * ctx, cudaStream_t stream, const pack_src & p, uint8_t * scratch,
+                              gemm_gather * gs) {
+    const struct dgeom & g = p.g;
+    const int64_t pw = g.C / 32;
+    if (word_pixels(p)) {
+        const int64_t * st = p.t.stride;
+        gs->x = (const uint32_t *)p.t.data;
+        gs->w0 = st[0] / 32;
+        gs->w2 = st[2] / 32;
+        gs->w3 = st[3] / 32;
+    } else {
+        BIE_TRY(pack_pixel_bits(ctx, stream, p, float_pixels(p), scratch));
+        gs->x = (const uint32_t *)scratch;
+        gs->w0 = g.H * g.W * pw;
+        gs->w2 = g.W * pw;
+        gs->w3 = pw;
+    }
+    // The widest copy that stays inside a tap and is aligned at every pixel.
+    auto fits = [&](int words) {
+        return pw % words == 0 && gs->w0 % words == 0 && gs->w2 % words == 0 && gs->w3 % words == 0 &&
+               (uintptr_t)gs->x % (4 * words) == 0;
+    };
+    gs->piece = fits(4) ? 16 : fits(2) ? 8 : 4;
+    return BIE_STATUS_OK;
+}
+
 // Packs rows with pack_contiguous_rows when their K elements are contiguous floats (the weight of
 // a 1x1 kernel; the x of a linear layer, i.e. one output position per image and its one tap
 // inside), else with pack_rows (scratch: pixel_scratch_bytes(p) bytes when float_pixels(p)).
@@ -543,27 +605,12 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
         return bie_cuda_im2col(ctx, stream, scratch, 1, 0u, g, kbytes, out);
     }
     if (pk != PIX_NONE) {
-        if (pk == PIX_ROWS) {
-            // rows of `per` pixels (whole warps busy even for few channels; one pixel per row when a
-            // per-channel bias must line up with the row's elements or pixels have gaps)
-            const int64_t pixels = g.batch * g.H * g.W;
-            const int64_t per = !p.bias.data && st[3] == g.C && pixels % 32 == 0 ? 32 : 1;
-            pack_src pp = p;
-            pp.g.K = g.C * per;
-            pp.t.stride[0] = st[3] * per;
-            launch_contiguous(pp, pixels / per, g.C * per / 8, scratch, NULL, stream);
-        } else {
-            launch_plane_bits(p, g.H * g.W * (g.C / 32), (uint32_t *)scratch, stream);
-        }
-        LAUNCHED(ctx, "pack activation pixels");
+        BIE_TRY(pack_pixel_bits(ctx, stream, p, pk, scratch));
         const int64_t pw = g.C / 32; // words per pixel
         return launch_im2col_words(ctx, stream, (const uint32_t *)scratch, g, g.H * g.W * pw, g.W * pw, pw, rows, kbytes,
                                    (uint32_t *)out, pop);
     }
-    const bool word_pixels = !p.is_weight && p.quant == BIE_QUANT_BINARY && p.t.dtype == BIE_DTYPE_B1 && g.C % 32 == 0 &&
-                             st[1] == 1 && st[0] % 32 == 0 && st[2] % 32 == 0 && st[3] % 32 == 0 &&
-                             ((uintptr_t)p.t.data % 4) == 0;
-    if (word_pixels)
+    if (word_pixels(p))
         return launch_im2col_words(ctx, stream, (const uint32_t *)p.t.data, g, st[0] / 32, st[2] / 32, st[3] / 32, rows,
                                    kbytes, (uint32_t *)out, pop);
     if (contiguous && launch_contiguous(p, rows, kbytes, out, pop, stream)) {
@@ -574,6 +621,39 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
         pack_rows<<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
     LAUNCHED(ctx, p.is_weight ? "pack weight" : "pack activations");
     return BIE_STATUS_OK;
+}
+
+// pixpop[(n*H + h)*W + w] = popc of the C bits of pixel (n, h, w) of NHWC words (gemm_gather).
+__global__ void pixel_popcounts(gemm_gather gs, struct dgeom g, int * pixpop) {
+    const int64_t pixels = g.batch * g.H * g.W, pw = g.C / 32;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < pixels; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t w = e % g.W, h = (e / g.W) % g.H, n = e / (g.W * g.H);
+        const uint32_t * px = gs.x + n * gs.w0 + h * gs.w2 + w * gs.w3;
+        int cnt = 0;
+        for (int64_t i = 0; i < pw; i++) cnt += __popc(__ldg(px + i));
+        pixpop[e] = cnt;
+    }
+}
+// rowpop[m] = the sum of pixpop over the taps of output pixel m inside the image (taps outside
+// read as zero words). It writes epilogue terms only, so a GEMM queued next may start under it.
+__global__ void conv_rowpop(struct dgeom g, const int * pixpop, int * rowpop) {
+    griddep_launch_dependents();
+    const int64_t M = g.batch * g.OH * g.OW;
+    for (int64_t m = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; m < M; m += (int64_t)gridDim.x * blockDim.x) {
+        const int ow = (int)(m % g.OW), oh = (int)((m / g.OW) % g.OH);
+        const int64_t n = m / (g.OW * g.OH);
+        const int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+        int cnt = 0;
+        for (int i = 0; i < g.kh; i++) {
+            const int h = h0 + i * g.dh;
+            if ((unsigned)h >= (unsigned)g.H) continue;
+            for (int j = 0; j < g.kw; j++) {
+                const int w = w0 + j * g.dw;
+                if ((unsigned)w < (unsigned)g.W) cnt += __ldg(pixpop + (n * g.H + h) * g.W + w);
+            }
+        }
+        rowpop[m] = cnt;
+    }
 }
 
 // A representative output row (or column) of border class c (border_class in cuda-impl.cuh), or
@@ -661,6 +741,15 @@ size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 
 } // namespace
 
+enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, cudaStream_t s, const gemm_gather & gs, const struct dgeom & g,
+                                     int * pixpop, int * rowpop) {
+    pixel_popcounts<<<grid_for(g.batch * g.H * g.W, 256), 256, 0, s>>>(gs, g, pixpop);
+    LAUNCHED(ctx, "pixel popcounts");
+    conv_rowpop<<<grid_for(g.batch * g.OH * g.OW, 256), 256, 0, s>>>(g, pixpop, rowpop);
+    LAUNCHED(ctx, "row popcounts");
+    return BIE_STATUS_OK;
+}
+
 extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const struct bie_layer_call * c) {
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
@@ -708,9 +797,17 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     pw.s = dscale_make(c, false);
 
     const bool pixels = !x_direct && float_pixels(px) != PIX_NONE; // x packed pixel by pixel first
+    // A binary conv on the wgmma route whose x is (or is packed into) NHWC words: the GEMM gathers
+    // its rows from x itself (gemm_gather), so they are not written out, when one column tile
+    // covers N (each row is then gathered once; with several column tiles the rows are written
+    // once by the bit im2col and read by each, which costs less: C = 512 7x7 at N = 128, 4 tiles,
+    // took 0.044 ms gathered against 0.038 ms).
+    const bool gather = binary && c->is_conv && !x_direct && !dgeom_one_position(px.g) && gatherable(px) &&
+                        bie_cuda_gemm_takes_wgmma(ctx, M, zero_pad_fix) && N <= bie_cuda_wgmma_tile_n(ctx, M, N);
     size_t off = 0;
     const size_t oPix = off; off = align256(off + (pixels ? pixel_scratch_bytes(px) : 0));
-    const size_t oA = off; off = align256(off + (x_direct ? 0 : (size_t)(M * kbytes)));
+    const size_t oA = off; off = align256(off + (x_direct || gather ? 0 : (size_t)(M * kbytes)));
+    const size_t oPixpop = off; off = align256(off + (gather ? (size_t)(g.batch * g.H * g.W) * 4 : 0));
     const size_t oB = off; off = align256(off + (w_direct ? 0 : (size_t)(N * kbytes)));
     const size_t oRow = off; off = align256(off + (size_t)M * 4);
     const size_t oCol = off; off = align256(off + (size_t)N * 4);
@@ -761,8 +858,13 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const popc_rows xrows = {Am, x_direct && !gemm_counts ? M : 0, kbytes, rowpop};
     const popc_rows wrows = {Bm, w_direct && !gemm_counts && !zero_pad_fix ? N : 0, ldb, colpop};
     if (w_rows_copied) BIE_TRY(launch_weight_terms());
-    if (!x_direct) BIE_TRY(pack_any(ctx, st->stream, px, M, kbytes, ws + oA, rowpop, pixels ? ws + oPix : NULL));
+    gemm_gather gs;
+    if (!x_direct && !gather) BIE_TRY(pack_any(ctx, st->stream, px, M, kbytes, ws + oA, rowpop, pixels ? ws + oPix : NULL));
     if (!w_direct && !w_rows_copied) BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop, NULL));
+    if (gather) { // after the weight, so that the last kernel before the GEMM writes terms only
+        BIE_TRY(gather_source(ctx, st->stream, px, ws + oPix, &gs));
+        BIE_TRY(bie_cuda_conv_rowpop(ctx, st->stream, gs, px.g, (int *)(ws + oPixpop), rowpop));
+    }
     if (xrows.rows || wrows.rows)
         BIE_TRY(launch_row_popcounts(ctx, st->stream, xrows.rows ? xrows : wrows, xrows.rows ? wrows : NO_ROWS, g.K,
                                      "operand popcounts"));
@@ -777,9 +879,10 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     ep.sign = sign_codes ? (int8_t *)(ws + oSign) : NULL;
     ep.ldb = ldb;
     // The last kernel before the GEMM wrote terms only: the tap tables (of a weight packed before),
-    // or the popcounts of an operand read in place (which are counted after any packing).
-    ep.terms_last = (zero_pad_fix && !w_rows_copied) || xrows.rows || wrows.rows;
-    BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, M, N, kbytes, ep));
+    // the popcounts of an operand read in place (which are counted after any packing), or the row
+    // popcounts of gathered rows.
+    ep.terms_last = (zero_pad_fix && !w_rows_copied) || xrows.rows || wrows.rows || gather;
+    BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, M, N, kbytes, ep, gather ? &gs : NULL));
     if (sign_codes) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
     return BIE_STATUS_OK;
 }

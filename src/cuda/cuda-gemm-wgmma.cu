@@ -113,6 +113,22 @@ __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap * map, 
                  : "memory");
 }
 
+// Asynchronous copy of B bytes (4, 8 or 16) from global to shared memory; src_bytes = 0 writes
+// zeros without reading (a tap outside the image).
+template <int B> __device__ __forceinline__ void cp_async(uint32_t dst, const void * src, uint32_t src_bytes) {
+    if (B == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(B), "r"(src_bytes)
+                     : "memory");
+}
+// An arrival on bar once this thread's earlier asynchronous copies have landed (counted among the
+// barrier's expected arrivals).
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 // Bulk tensor store of y: the box at (column c0, row r0) of the map from shared memory (rows and
 // columns past the tensor's edges are not written), tracked by this thread's bulk groups.
 __device__ __forceinline__ void tma_store(const CUtensorMap * map, uint32_t src, int c0, int r0) {
@@ -459,13 +475,66 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
     }
 }
 
+// The producer of a gathering GEMM (gemm_gather): the whole producer warpgroup fills each stage's
+// A tile from the NHWC words of x, and thread 0 also loads its B tile. Thread t copies 16-byte
+// chunk t % 8 of rows t / 8, t / 8 + 16, ... (in pieces of gs.piece bytes, each within one tap),
+// into the 128-byte swizzle the MMA descriptors read; a tap outside the image is zero-filled.
+// Chunks past K are left as they are: B is zero there, so they add nothing. Each thread's copies
+// of a stage arrive on its full barrier when they land (129 arrivals: 128 threads and the B load).
+template <int BM, int BN, int STAGES>
+__device__ __forceinline__ void gather_producer(const gemm_gather & gs, const CUtensorMap * tb, const struct dgeom & g,
+                                                int64_t M, uint32_t mt, uint32_t ntn, int ktiles, uint32_t base,
+                                                uint32_t bars) {
+    constexpr int STAGE_BYTES = (BM + BN) * BK;
+    const int t = threadIdx.x, c = t % 8, r0 = t / 8;
+    const uint32_t OW = (uint32_t)g.OW, OH = (uint32_t)g.OH;
+    const int wpt = (int)(g.C / 32), taps = g.kh * g.kw;
+    int it = 0;
+    for (tile_walk w(blockIdx.x, gridDim.x, mt); w.ni < ntn; w.next()) {
+        const uint32_t m_row = w.mi * BM;
+        for (int kt = 0; kt < ktiles; kt++, it++) {
+            const int s = it % STAGES;
+            const uint32_t full = bars + 8 * s, sa = base + s * STAGE_BYTES;
+            mbar_wait(bars + 8 * (STAGES + s), ((it / STAGES) & 1) ^ 1);
+            if (t == 0) {
+                mbar_expect_tx(full, BN * BK);
+                tma_load(sa + BM * BK, tb, kt * BK, (int)(w.ni * BN), full);
+            }
+            for (int p = 0; p < 16; p += gs.piece) {
+                const int word = kt * 32 + c * 4 + p / 4, tap = word / wpt;
+                if (tap >= taps) break; // past K
+                const int i = tap / g.kw, j = tap - i * g.kw, cw = word - tap * wpt;
+                const int dh = i * g.dh - g.ph, dw = j * g.dw - g.pw;
+                // rows r0, r0 + 16, ...: their (n, oh, ow), stepped without divisions
+                uint32_t m = m_row + r0, ow = m % OW, oh = (m / OW) % OH, n = m / (OW * OH);
+                for (int r = r0; r < BM && m < M; r += 16, m += 16) {
+                    const int h = (int)oh * g.sh + dh, x = (int)ow * g.sw + dw;
+                    const bool in = (unsigned)h < (unsigned)g.H && (unsigned)x < (unsigned)g.W;
+                    const uint32_t * src = gs.x + (in ? n * gs.w0 + h * gs.w2 + x * gs.w3 + cw : 0);
+                    const uint32_t dst = sa + r * BK + (((c ^ (r & 7)) << 4) | p);
+                    if (gs.piece == 16) cp_async<16>(dst, src, in ? 16 : 0);
+                    else if (gs.piece == 8) cp_async<8>(dst, src, in ? 8 : 0);
+                    else cp_async<4>(dst, src, in ? 4 : 0);
+                    for (ow += 16; ow >= OW; ow -= OW)
+                        if (++oh == OH) {
+                            oh = 0;
+                            n++;
+                        }
+                }
+            }
+            cp_async_arrive(full);
+        }
+    }
+    cp_async_wait_all();
+}
+
 #endif // sm_90a device code
 
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 __global__ void __launch_bounds__(threads_for(BN), 1)
     wgmma_gemm(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                const __grid_constant__ CUtensorMap ty, int y_mode, int64_t M, int64_t N, int ktiles,
-               const __grid_constant__ gemm_epilogue ep) {
+               const __grid_constant__ gemm_epilogue ep, const __grid_constant__ gemm_gather gs) {
 #ifdef BIE_WGMMA_DEVICE
     constexpr int NCW = cw_for(BN), BM = bm_for(BN); // consumer warpgroups, rows per tile
     constexpr int STAGES = stages_for(BN);
@@ -487,7 +556,7 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
-            mbar_init(full(s), 1);
+            mbar_init(full(s), gs.x ? 129 : 1); // (gathering: every producer thread and the B load)
             mbar_init(empty(s), 4 * NCW); // one arrival per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -496,6 +565,10 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
 
     if (wg == 0) { // producer: every stage of every tile of this CTA, in order
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        if (gs.x) {
+            gather_producer<BM, BN, STAGES>(gs, &tb, ep.g, M, mt, ntn, ktiles, base, bars);
+            return;
+        }
         if (threadIdx.x != 0) return;
         int it = 0;
         for (tile_walk w(blockIdx.x, gridDim.x, mt); w.ni < ntn; w.next()) {
@@ -572,6 +645,7 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
     auto mma_stage = [&](int * d, int kt) {
         const int s = it % STAGES;
         mbar_wait(full(s), (it / STAGES) & 1);
+        if (gs.x) fence_proxy_async(); // rows written by the producer's copies, read by the MMAs
         const uint32_t sa = base + s * STAGE_BYTES;
         const uint64_t da = smem_desc(sa + cw * 64 * BK), db = smem_desc(sa + BM * BK);
         wg_fence();
@@ -684,7 +758,7 @@ bool y_planes(const gemm_epilogue & ep) {
 
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
-                       int ktiles, const gemm_epilogue & ep, int slot) {
+                       int ktiles, const gemm_epilogue & ep, const gemm_gather & gs, int slot) {
     auto kern = wgmma_gemm<BINARY, BN, T, FAST, TAPS>;
     const int smem = smem_for(BN), BM = bm_for(BN);
     struct bie_cuda_state * st = ctx->cuda;
@@ -719,43 +793,43 @@ enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtens
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = ep.terms_last ? 1 : 0;
-    CU_TRY(ctx, cudaLaunchKernelEx(&cfg, kern, ta, tb, ty, y_mode, M, N, ktiles, ep), "wgmma gemm launch");
+    CU_TRY(ctx, cudaLaunchKernelEx(&cfg, kern, ta, tb, ty, y_mode, M, N, ktiles, ep, gs), "wgmma gemm launch");
     LAUNCHED(ctx, "wgmma gemm");
     return BIE_STATUS_OK;
 }
 
 template <bool BINARY, int BN>
 enum bie_status by_output(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
-                          int ktiles, const gemm_epilogue & ep, int slot) {
+                          int ktiles, const gemm_epilogue & ep, const gemm_gather & gs, int slot) {
     const struct dview & y = ep.y;
     const bool fast = (y.stride[1] == 1 || N == 1 || y_planes(ep)) && (!BINARY || ep.g.K < DOT_BIAS_MAX_K);
     if (y.dtype == BIE_DTYPE_B1 && !ep.sign) { // sign bits straight from the epilogue
-        if (BINARY && ep.tapcorr) return launch<BINARY, BN, bits_t, true, true>(ctx, ta, tb, M, N, ktiles, ep, 24 + slot * 4 + 3);
-        return launch<BINARY, BN, bits_t, true, false>(ctx, ta, tb, M, N, ktiles, ep, 48 + slot);
+        if (BINARY && ep.tapcorr) return launch<BINARY, BN, bits_t, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, 24 + slot * 4 + 3);
+        return launch<BINARY, BN, bits_t, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, 48 + slot);
     }
     if (BINARY && ep.tapcorr && fast) { // a zero-padded binary conv: the border correction compiled in
         const int ts = 2 * 4 * 3 + slot * 4; // after the 24 slots below (the 4th of each four: B1 y)
-        if (y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, ts);
+        if (y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, ts);
         if (y.dtype == BIE_DTYPE_BF16)
-            return launch<BINARY, BN, __nv_bfloat16, true, true>(ctx, ta, tb, M, N, ktiles, ep, ts + 1);
-        if (y.dtype == BIE_DTYPE_F32) return launch<BINARY, BN, float, true, true>(ctx, ta, tb, M, N, ktiles, ep, ts + 2);
+            return launch<BINARY, BN, __nv_bfloat16, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, ts + 1);
+        if (y.dtype == BIE_DTYPE_F32) return launch<BINARY, BN, float, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, ts + 2);
     } // (other y of a zero-padded conv: the element-wise path below, which handles the taps too)
     slot *= 4;
-    if (fast && y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, false>(ctx, ta, tb, M, N, ktiles, ep, slot);
+    if (fast && y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot);
     if (fast && y.dtype == BIE_DTYPE_BF16)
-        return launch<BINARY, BN, __nv_bfloat16, true, false>(ctx, ta, tb, M, N, ktiles, ep, slot + 1);
+        return launch<BINARY, BN, __nv_bfloat16, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 1);
     if (fast && y.dtype == BIE_DTYPE_F32)
-        return launch<BINARY, BN, float, true, false>(ctx, ta, tb, M, N, ktiles, ep, slot + 2);
-    return launch<BINARY, BN, float, false, false>(ctx, ta, tb, M, N, ktiles, ep, slot + 3);
+        return launch<BINARY, BN, float, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 2);
+    return launch<BINARY, BN, float, false, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 3);
 }
 
 template <bool BINARY>
 enum bie_status by_width(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int bn, int64_t M,
-                         int64_t N, int ktiles, const gemm_epilogue & ep) {
+                         int64_t N, int ktiles, const gemm_epilogue & ep, const gemm_gather & gs) {
     const int slot = BINARY ? 3 : 0;
-    if (bn == 64) return by_output<BINARY, 64>(ctx, ta, tb, M, N, ktiles, ep, slot);
-    if (bn == 128) return by_output<BINARY, 128>(ctx, ta, tb, M, N, ktiles, ep, slot + 1);
-    return by_output<BINARY, 256>(ctx, ta, tb, M, N, ktiles, ep, slot + 2);
+    if (bn == 64) return by_output<BINARY, 64>(ctx, ta, tb, M, N, ktiles, ep, gs, slot);
+    if (bn == 128) return by_output<BINARY, 128>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 1);
+    return by_output<BINARY, 256>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 2);
 }
 
 } // namespace
@@ -775,20 +849,29 @@ bool bie_cuda_wgmma_usable(bie_context_t * ctx) {
     return bie_cuda_cc(ctx) == 90 && !ctx->cuda->force_mma && encoder() != NULL;
 }
 
-enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
-                                    int64_t kbytes, const gemm_epilogue & ep) {
+int bie_cuda_wgmma_tile_n(bie_context_t * ctx, int64_t M, int64_t N) {
     struct bie_cuda_state * st = ctx->cuda;
-    if (!st->sm_count)
-        CU_TRY(ctx, cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, st->device),
-               "cudaDeviceGetAttribute");
-    // The tile width: the narrowest that covers N when N is small (a conv with 64 channels wastes
-    // nothing), else 256 when that still gives every SM a tile, else 128.
+    if (!st->sm_count && cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, st->device) != cudaSuccess) {
+        cudaGetLastError();
+        st->sm_count = 0; // (read again next time; 0 SMs gives the widest tiles)
+    }
+    // The narrowest width that covers N when N is small (a conv with 64 channels wastes nothing),
+    // else 256 when that still gives every SM a tile, else 128.
     const int64_t mt = (M + 127) / 128;
-    const int bn = N <= 64 ? 64 : N <= 128 ? 128 : mt * ((N + 255) / 256) >= st->sm_count ? 256 : 128;
+    return N <= 64 ? 64 : N <= 128 ? 128 : mt * ((N + 255) / 256) >= st->sm_count ? 256 : 128;
+}
+
+enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
+                                    int64_t kbytes, const gemm_epilogue & ep, const gemm_gather * gs) {
+    const int bn = bie_cuda_wgmma_tile_n(ctx, M, N);
     CUtensorMap ta, tb;
-    if (!make_map(&ta, A, M, kbytes, kbytes, bm_for(bn)) || !make_map(&tb, B, N, kbytes, ep.ldb, bn))
+    if (!make_map(&tb, B, N, kbytes, ep.ldb, bn) || (!gs && !make_map(&ta, A, M, kbytes, kbytes, bm_for(bn))))
         return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cuTensorMapEncodeTiled refused the GEMM operands");
+    if (gs) ta = tb; // (unused: the producer gathers A)
+    gemm_gather none;
+    memset(&none, 0, sizeof none);
     const int ktiles = (int)(kbytes / BK);
-    return ep.binary ? by_width<true>(ctx, ta, tb, bn, M, N, ktiles, ep)
-                     : by_width<false>(ctx, ta, tb, bn, M, N, ktiles, ep);
+    if (gs && !ep.binary) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: gathered rows of an n-bit layer");
+    return ep.binary ? by_width<true>(ctx, ta, tb, bn, M, N, ktiles, ep, gs ? *gs : none)
+                     : by_width<false>(ctx, ta, tb, bn, M, N, ktiles, ep, none);
 }

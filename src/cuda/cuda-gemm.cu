@@ -202,23 +202,25 @@ enum bie_status pick(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, 
 
 // Routing (bie_cuda_gemm below): few rows -> the split-K kernel; more than 64 rows on Hopper ->
 // wgmma; else mma.sync. Only the wgmma epilogue packs B1 outputs itself.
-static bool takes_wgmma(bie_context_t * ctx, int64_t M, bool taps) {
+bool bie_cuda_gemm_takes_wgmma(bie_context_t * ctx, int64_t M, bool taps) {
     return !bie_cuda_gemm_counts_popcounts(M, taps) && M > 64 && bie_cuda_wgmma_usable(ctx);
 }
 
 bool bie_cuda_gemm_packs_bits(bie_context_t * ctx, int64_t M, int64_t N, bool taps, const gemm_epilogue & ep) {
-    return takes_wgmma(ctx, M, taps) && bie_cuda_wgmma_packs_bits(ep, N);
+    return bie_cuda_gemm_takes_wgmma(ctx, M, taps) && bie_cuda_wgmma_packs_bits(ep, N);
 }
 
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
-                              int64_t kbytes, const gemm_epilogue & ep) {
+                              int64_t kbytes, const gemm_epilogue & ep, const gemm_gather * gs) {
     if (kbytes % BKB) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm: kbytes %% 128 != 0");
     if (M >= ((int64_t)1 << 31) || kbytes / BKB >= ((int64_t)1 << 31))
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: more than 2^31 output rows in one call");
     // A few rows: one split-K launch with the popcounts fused (cuda-gemm-small.cu). Hopper:
     // warpgroup MMA, except up to 64 rows, where the 64-row mma.sync tiles waste less.
+    const bool wgmma = bie_cuda_gemm_takes_wgmma(ctx, M, ep.tapcorr != NULL);
+    if (gs && !wgmma) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm: gathered rows off the wgmma route");
     if (bie_cuda_gemm_counts_popcounts(M, ep.tapcorr != NULL)) return bie_cuda_gemm_small(ctx, A, B, M, N, kbytes, ep);
-    if (takes_wgmma(ctx, M, ep.tapcorr != NULL)) return bie_cuda_gemm_wgmma(ctx, A, B, M, N, kbytes, ep);
+    if (wgmma) return bie_cuda_gemm_wgmma(ctx, A, B, M, N, kbytes, ep, gs);
     if (ep.y.dtype == BIE_DTYPE_B1 && !ep.sign) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm: B1 y without codes");
     return ep.binary ? pick<true>(ctx, A, B, M, N, kbytes, ep) : pick<false>(ctx, A, B, M, N, kbytes, ep);
 }

@@ -365,8 +365,28 @@ struct gemm_epilogue {
     // reads is complete), so the wgmma GEMM may start under it as a programmatic dependent launch.
     int terms_last;
 };
+// The activation rows of a binary conv gathered by the GEMM itself, instead of read from A: x as
+// NHWC bits in whole 32-bit words of channels (C % 32 == 0; w0, w2, w3: the words between samples,
+// rows and pixels), taps outside the image read as zero words (zero or -1 padding, not +1). The
+// wgmma GEMM copies each stage's rows from x with asynchronous copies of `piece` bytes (16, 8 or
+// 4: what the channel words and strides allow), so the rows never go through memory; ep.rowpop
+// comes from bie_cuda_conv_rowpop.
+struct gemm_gather {
+    const uint32_t * x;
+    int64_t w0, w2, w3;
+    int piece;
+};
+// Whether the GEMM of M rows (taps: with the zero-padding table) takes the wgmma route, the only
+// one that gathers.
+bool bie_cuda_gemm_takes_wgmma(bie_context_t * ctx, int64_t M, bool taps);
+// rowpop[m] = popc of implicit-GEMM row m as the gather reads it (the sum over the row's taps
+// inside the image of their pixels' popcounts), through pixpop (N*H*W ints of scratch).
+enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, cudaStream_t s, const struct gemm_gather & gs,
+                                     const struct dgeom & g, int * pixpop, int * rowpop);
+// gs: NULL, or the gathered activations (A unused; wgmma route only).
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
-                              int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);
+                              int64_t N, int64_t kbytes, const struct gemm_epilogue & ep,
+                              const struct gemm_gather * gs = NULL);
 // Calls of at most SMALL_M_MAX rows (and no zero-padding correction) run the few-rows GEMM
 // (cuda-gemm-small.cu), which counts the binary popcounts itself: ep.rowpop and ep.colpop may be
 // NULL for them.
@@ -385,5 +405,8 @@ bool bie_cuda_wgmma_packs_bits(const struct gemm_epilogue & ep, int64_t N);
 // can encode tensor maps. BIE_CUDA_GEMM=mma in the environment (read once per context and device)
 // forces the mma.sync kernel.
 bool bie_cuda_wgmma_usable(bie_context_t * ctx);
+// The width (columns of y) of the wgmma GEMM's tiles for M x N: 64, 128 or 256.
+int bie_cuda_wgmma_tile_n(bie_context_t * ctx, int64_t M, int64_t N);
 enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
-                                    int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);
+                                    int64_t N, int64_t kbytes, const struct gemm_epilogue & ep,
+                                    const struct gemm_gather * gs);
