@@ -566,6 +566,13 @@ enum bie_status gather_source(bie_context_t * ctx, cudaStream_t stream, const pa
     return BIE_STATUS_OK;
 }
 
+// Whether x's words fit the gathering producer's 32-bit offsets.
+bool gather_fits(const pack_src & p) {
+    const int64_t * st = p.t.stride;
+    const int64_t words = word_pixels(p) ? p.g.batch * (st[0] / 32) : p.g.batch * p.g.H * p.g.W * (p.g.C / 32);
+    return words < INT32_MAX && p.g.H * p.g.sh < INT32_MAX / 2 && p.g.W * p.g.sw < INT32_MAX / 2;
+}
+
 // Packs rows with pack_contiguous_rows when their K elements are contiguous floats (the weight of
 // a 1x1 kernel; the x of a linear layer, i.e. one output position per image and its one tap
 // inside), else with pack_rows (scratch: pixel_scratch_bytes(p) bytes when float_pixels(p)).
@@ -623,39 +630,41 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
     return BIE_STATUS_OK;
 }
 
-// pixpop[(n*H + h)*W + w] = popc of the C bits of pixel (n, h, w) of NHWC words (gemm_gather).
+// pixpop[(n*H + h)*W + w] = popc of the C bits of pixel (n, h, w) of NHWC words (gemm_gather;
+// 32-bit offsets: the host gathers only x of fewer than 2^31 words).
 __global__ void pixel_popcounts(gemm_gather gs, struct dgeom g, int * pixpop) {
-    const int64_t pixels = g.batch * g.H * g.W, pw = g.C / 32;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < pixels; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t w = e % g.W, h = (e / g.W) % g.H, n = e / (g.W * g.H);
-        const uint32_t * px = gs.x + n * gs.w0 + h * gs.w2 + w * gs.w3;
+    const int pixels = (int)(g.batch * g.H * g.W), pw = (int)(g.C / 32), W = (int)g.W, H = (int)g.H;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < pixels; e += gridDim.x * blockDim.x) {
+        const int w = e % W, h = (e / W) % H, n = e / (W * H);
+        const uint32_t * px = gs.x + (n * (int)gs.w0 + h * (int)gs.w2 + w * (int)gs.w3);
         int cnt = 0;
-        for (int64_t i = 0; i < pw; i++) cnt += __popc(__ldg(px + i));
+        for (int i = 0; i < pw; i++) cnt += __popc(__ldg(px + i));
         pixpop[e] = cnt;
     }
 }
 // rowpop[m] = the sum of pixpop over the taps of output pixel m inside the image (taps outside
-// read as zero words). It writes epilogue terms only, so a GEMM queued next may start under it.
+// read as zero words). It writes epilogue terms only, so the GEMM queued next may start under it.
+// (Summing the pixel popcounts in the GEMM's epilogue instead cost more than this launch: 9 loads
+// per row on each tile's path, 80 -> 115 us for the C = 64 conv GEMM under Nsight Compute.)
 __global__ void conv_rowpop(struct dgeom g, const int * pixpop, int * rowpop) {
     griddep_launch_dependents();
-    const int64_t M = g.batch * g.OH * g.OW;
-    for (int64_t m = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; m < M; m += (int64_t)gridDim.x * blockDim.x) {
-        const int ow = (int)(m % g.OW), oh = (int)((m / g.OW) % g.OH);
-        const int64_t n = m / (g.OW * g.OH);
+    const int M = (int)(g.batch * g.OH * g.OW), OW = (int)g.OW, OH = (int)g.OH, H = (int)g.H, W = (int)g.W;
+    for (int m = blockIdx.x * blockDim.x + threadIdx.x; m < M; m += gridDim.x * blockDim.x) {
+        const int ow = m % OW, oh = (m / OW) % OH, n = m / (OW * OH);
         const int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+        const int * pp = pixpop + n * H * W;
         int cnt = 0;
         for (int i = 0; i < g.kh; i++) {
             const int h = h0 + i * g.dh;
-            if ((unsigned)h >= (unsigned)g.H) continue;
+            if ((unsigned)h >= (unsigned)H) continue;
             for (int j = 0; j < g.kw; j++) {
                 const int w = w0 + j * g.dw;
-                if ((unsigned)w < (unsigned)g.W) cnt += __ldg(pixpop + (n * g.H + h) * g.W + w);
+                if ((unsigned)w < (unsigned)W) cnt += __ldg(pp + h * W + w);
             }
         }
         rowpop[m] = cnt;
     }
 }
-
 // A representative output row (or column) of border class c (border_class in cuda-impl.cuh), or
 // -1 for class 0 (no tap outside the image in that dimension).
 __device__ __forceinline__ int64_t class_example(int c, int64_t O, int lo, int hi) {
@@ -803,7 +812,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     // once by the bit im2col and read by each, which costs less: C = 512 7x7 at N = 128, 4 tiles,
     // took 0.044 ms gathered against 0.038 ms).
     const bool gather = binary && c->is_conv && !x_direct && !dgeom_one_position(px.g) && gatherable(px) &&
-                        bie_cuda_gemm_takes_wgmma(ctx, M, zero_pad_fix) && N <= bie_cuda_wgmma_tile_n(ctx, M, N);
+                        gather_fits(px) && bie_cuda_gemm_takes_wgmma(ctx, M, zero_pad_fix) &&
+                        N <= bie_cuda_wgmma_tile_n(ctx, M, N);
     size_t off = 0;
     const size_t oPix = off; off = align256(off + (pixels ? pixel_scratch_bytes(px) : 0));
     const size_t oA = off; off = align256(off + (x_direct || gather ? 0 : (size_t)(M * kbytes)));

@@ -477,18 +477,24 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
 
 // The producer of a gathering GEMM (gemm_gather): the whole producer warpgroup fills each stage's
 // A tile from the NHWC words of x, and thread 0 also loads its B tile. Thread t copies 16-byte
-// chunk t % 8 of rows t / 8, t / 8 + 16, ... (in pieces of gs.piece bytes, each within one tap),
+// chunk t % 8 of rows t / 8, t / 8 + 16, ... (in pieces of PIECE bytes, each within one tap),
 // into the 128-byte swizzle the MMA descriptors read; a tap outside the image is zero-filled.
 // Chunks past K are left as they are: B is zero there, so they add nothing. Each thread's copies
 // of a stage arrive on its full barrier when they land (129 arrivals: 128 threads and the B load).
-template <int BM, int BN, int STAGES>
+// A row's source is stepped from the one 16 rows before (word offsets in 32 bits: the host keeps
+// x under 2^31 words), so a copy costs about a dozen instructions.
+template <int PIECE, int BM, int BN, int STAGES>
 __device__ __forceinline__ void gather_producer(const gemm_gather & gs, const CUtensorMap * tb, const struct dgeom & g,
                                                 int64_t M, uint32_t mt, uint32_t ntn, int ktiles, uint32_t base,
                                                 uint32_t bars) {
     constexpr int STAGE_BYTES = (BM + BN) * BK;
     const int t = threadIdx.x, c = t % 8, r0 = t / 8;
-    const uint32_t OW = (uint32_t)g.OW, OH = (uint32_t)g.OH;
-    const int wpt = (int)(g.C / 32), taps = g.kh * g.kw;
+    const int OW = (int)g.OW, OH = (int)g.OH, wpt = (int)(g.C / 32), taps = g.kh * g.kw;
+    const int w0 = (int)gs.w0, w2 = (int)gs.w2, w3 = (int)gs.w3;
+    // Offsets, in words, of moving 16 output pixels along a row, of wrapping to the next row of
+    // the image, and of wrapping to the next sample.
+    const int step_w = 16 * g.sw * w3, wrap_h = g.sh * w2 - OW * g.sw * w3, wrap_n = w0 - OH * g.sh * w2;
+    const int ws_end = OW * g.sw, hs_end = OH * g.sh;
     int it = 0;
     for (tile_walk w(blockIdx.x, gridDim.x, mt); w.ni < ntn; w.next()) {
         const uint32_t m_row = w.mi * BM;
@@ -500,26 +506,36 @@ __device__ __forceinline__ void gather_producer(const gemm_gather & gs, const CU
                 mbar_expect_tx(full, BN * BK);
                 tma_load(sa + BM * BK, tb, kt * BK, (int)(w.ni * BN), full);
             }
-            for (int p = 0; p < 16; p += gs.piece) {
+#pragma unroll 1
+            for (int p = 0; p < 16; p += PIECE) {
                 const int word = kt * 32 + c * 4 + p / 4, tap = word / wpt;
                 if (tap >= taps) break; // past K
-                const int i = tap / g.kw, j = tap - i * g.kw, cw = word - tap * wpt;
-                const int dh = i * g.dh - g.ph, dw = j * g.dw - g.pw;
-                // rows r0, r0 + 16, ...: their (n, oh, ow), stepped without divisions
-                uint32_t m = m_row + r0, ow = m % OW, oh = (m / OW) % OH, n = m / (OW * OH);
-                for (int r = r0; r < BM && m < M; r += 16, m += 16) {
-                    const int h = (int)oh * g.sh + dh, x = (int)ow * g.sw + dw;
-                    const bool in = (unsigned)h < (unsigned)g.H && (unsigned)x < (unsigned)g.W;
-                    const uint32_t * src = gs.x + (in ? n * gs.w0 + h * gs.w2 + x * gs.w3 + cw : 0);
-                    const uint32_t dst = sa + r * BK + (((c ^ (r & 7)) << 4) | p);
-                    if (gs.piece == 16) cp_async<16>(dst, src, in ? 16 : 0);
-                    else if (gs.piece == 8) cp_async<8>(dst, src, in ? 8 : 0);
-                    else cp_async<4>(dst, src, in ? 4 : 0);
-                    for (ow += 16; ow >= OW; ow -= OW)
-                        if (++oh == OH) {
-                            oh = 0;
-                            n++;
+                const int i = tap / g.kw, j = tap - i * g.kw;
+                const int dh = i * g.dh - g.ph, dw = j * g.dw - g.pw, tap_off = dh * w2 + dw * w3 + word - tap * wpt;
+                // row r0's output pixel: its top-left input pixel (hs, ws) and word offset
+                const uint32_t m0 = m_row + r0;
+                int ws = (int)(m0 % (uint32_t)OW), hs = (int)((m0 / (uint32_t)OW) % (uint32_t)OH);
+                int off = (int)(m0 / (uint32_t)(OW * OH)) * w0;
+                ws *= g.sw;
+                hs *= g.sh;
+                off += hs * w2 + ws * w3;
+                uint32_t dst = sa + r0 * BK + (((c ^ (r0 & 7)) << 4) | p); // (r + 16 keeps r % 8)
+                const int rows = (int)min((int64_t)BM, M - (int64_t)m_row); // rows of this tile
+#pragma unroll 2
+                for (int r = r0; r < rows; r += 16, dst += 16 * BK) {
+                    const bool in = (unsigned)(hs + dh) < (unsigned)g.H && (unsigned)(ws + dw) < (unsigned)g.W;
+                    cp_async<PIECE>(dst, gs.x + (in ? off + tap_off : 0), in ? PIECE : 0);
+                    ws += 16 * g.sw;
+                    off += step_w;
+                    while (ws >= ws_end) {
+                        ws -= ws_end;
+                        hs += g.sh;
+                        off += wrap_h;
+                        if (hs == hs_end) {
+                            hs = 0;
+                            off += wrap_n;
                         }
+                    }
                 }
             }
             cp_async_arrive(full);
@@ -566,7 +582,9 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
     if (wg == 0) { // producer: every stage of every tile of this CTA, in order
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
         if (gs.x) {
-            gather_producer<BM, BN, STAGES>(gs, &tb, ep.g, M, mt, ntn, ktiles, base, bars);
+            if (gs.piece == 16) gather_producer<16, BM, BN, STAGES>(gs, &tb, ep.g, M, mt, ntn, ktiles, base, bars);
+            else if (gs.piece == 8) gather_producer<8, BM, BN, STAGES>(gs, &tb, ep.g, M, mt, ntn, ktiles, base, bars);
+            else gather_producer<4, BM, BN, STAGES>(gs, &tb, ep.g, M, mt, ntn, ktiles, base, bars);
             return;
         }
         if (threadIdx.x != 0) return;
