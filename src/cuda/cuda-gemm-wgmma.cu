@@ -277,9 +277,9 @@ __device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const 
 
 // The B1 y of the fast epilogue (T = bits_t; see bie_cuda_wgmma_packs_bits for when it applies): y
 // holds the sign bits (result >= 0) with the features of a row contiguous, rows a whole number of
-// bytes apart, N % 8 == 0. Two warp ballots give the signs of a fragment's 8-column group for
-// the warp's 16 rows; the lanes of t == 0 turn them into one byte per row into the stage
-// (16 rows x BN/8 bytes), which then leaves row by row.
+// bytes apart, N % 8 == 0. The warp's 16 rows of signs go to the stage (16 rows x BN/8 bytes) a
+// word at a time, then leave a word per lane. (Two ballots per 8-column group and a bit-by-bit
+// interleave took about 30 instructions a byte; this takes about 5.)
 template <bool BINARY, int BN, bool TAPS>
 __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const int * d, uint8_t * stage,
                                               const int * colterm, int64_t mw, int64_t nt, int64_t M, int64_t N,
@@ -291,26 +291,37 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const in
         const row_info r = make_row(ep, mw + lane, M);
         rb_mine = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3];
     }
+    // Lane t of a quad holds columns 2t and 2t+1 of each 8-column group, i.e. bits 2t and 2t+1 of
+    // the row's byte for that group: four groups make a word, ORed over the quad by two shuffles
+    // (rounding to float keeps the sign of an integer).
+    const int t = lane % 4;
 #pragma unroll
-    for (int i = 0; i < BN / 8; i++)
+    for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) { // (rounding to float keeps the sign of an integer)
-            const float2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowf, rowborder);
-            const uint32_t b0 = __ballot_sync(0xffffffffu, v.x >= 0.0f), b1 = __ballot_sync(0xffffffffu, v.y >= 0.0f);
-            if (lane % 4 == 0) { // lanes 4g .. 4g+3 hold columns (2t, 2t+1) of row g: interleave
-                const uint32_t e = (b0 >> (4 * g)) & 15u, o = (b1 >> (4 * g)) & 15u;
-                uint32_t byte = 0;
+        for (int w4 = 0; w4 < BN / 32; w4++) {
+            uint32_t word = 0;
 #pragma unroll
-                for (int t = 0; t < 4; t++) byte |= ((e >> t) & 1u) << (2 * t) | ((o >> t) & 1u) << (2 * t + 1);
-                stage[(g + 8 * h) * (BN / 8) + i] = (uint8_t)byte;
+            for (int q = 0; q < 4; q++) {
+                const float2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, 4 * w4 + q, h, nt, N, rowf, rowborder);
+                word |= ((v.x >= 0.0f ? 1u : 0u) | (v.y >= 0.0f ? 2u : 0u)) << (8 * q + 2 * t);
             }
+            word |= __shfl_xor_sync(0xffffffffu, word, 1);
+            word |= __shfl_xor_sync(0xffffffffu, word, 2);
+            if (t == 0) *(uint32_t *)(stage + (g + 8 * h) * (BN / 8) + 4 * w4) = word;
         }
     __syncwarp();
+    // The stage's 16 rows of BN/8 bytes leave a word per lane (bytes where a row's start in y is not
+    // 4-byte aligned or the tile ends mid-word).
     const int64_t nbytes = (N - nt < BN ? N - nt : BN) / 8; // N % 8 == 0
-    for (int e = lane; e < 16 * (BN / 8); e += 32) {
-        const int row = e / (BN / 8), k = e % (BN / 8);
+    for (int e = lane; e < 16 * (BN / 32); e += 32) {
+        const int row = e / (BN / 32), k = 4 * (e % (BN / 32));
         const int64_t rb = __shfl_sync(0xffffffffu, rb_mine, row); // (all lanes take part: same trip count)
-        if (mw + row < M && k < nbytes) ((uint8_t *)y.data)[(rb + nt) / 8 + k] = stage[row * (BN / 8) + k];
+        if (mw + row >= M || k >= nbytes) continue;
+        uint8_t * dst = (uint8_t *)y.data + (rb + nt) / 8 + k;
+        const uint8_t * src = stage + row * (BN / 8) + k;
+        if ((uintptr_t)dst % 4 == 0 && k + 4 <= nbytes) *(uint32_t *)dst = *(const uint32_t *)src;
+        else
+            for (int b = 0; b < 4 && k + b < nbytes; b++) dst[b] = src[b];
     }
     __syncwarp();
 }
