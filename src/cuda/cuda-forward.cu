@@ -646,25 +646,32 @@ __global__ void pixel_popcounts(gemm_gather gs, struct dgeom g, int * pixpop) {
 // read as zero words). It writes epilogue terms only, so the GEMM queued next may start under it.
 // (Summing the pixel popcounts in the GEMM's epilogue instead cost more than this launch: 9 loads
 // per row on each tile's path, 80 -> 115 us for the C = 64 conv GEMM under Nsight Compute.)
-__global__ void conv_rowpop(struct dgeom g, const int * pixpop, int * rowpop) {
+__global__ void conv_rowpop(struct dgeom g, const int * pixpop, int * rowpop, int2 * rowterms, int4 border) {
     griddep_launch_dependents();
     const int M = (int)(g.batch * g.OH * g.OW), OW = (int)g.OW, OH = (int)g.OH, H = (int)g.H, W = (int)g.W;
     for (int m = blockIdx.x * blockDim.x + threadIdx.x; m < M; m += gridDim.x * blockDim.x) {
         const int ow = m % OW, oh = (m / OW) % OH, n = m / (OW * OH);
         const int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
         const int * pp = pixpop + n * H * W;
-        int cnt = 0;
+        int cnt = 0, vh = 0, vw = 0;
         for (int i = 0; i < g.kh; i++) {
             const int h = h0 + i * g.dh;
             if ((unsigned)h >= (unsigned)H) continue;
+            vh++;
             for (int j = 0; j < g.kw; j++) {
                 const int w = w0 + j * g.dw;
                 if ((unsigned)w < (unsigned)W) cnt += __ldg(pp + h * W + w);
             }
         }
-        rowpop[m] = cnt;
+        rowpop[m] = cnt; // (the element-wise epilogue paths read it even with rowterms)
+        if (!rowterms) continue;
+        for (int j = 0; j < g.kw; j++) vw += (unsigned)(w0 + j * g.dw) < (unsigned)W;
+        const int cls = border_class(oh, OH, border.x, border.y) * (1 + border.z + border.w) +
+                        border_class(ow, OW, border.z, border.w);
+        rowterms[m] = make_int2((int)g.C * vh * vw - 2 * cnt, cls);
     }
 }
+
 // A representative output row (or column) of border class c (border_class in cuda-impl.cuh), or
 // -1 for class 0 (no tap outside the image in that dimension).
 __device__ __forceinline__ int64_t class_example(int c, int64_t O, int lo, int hi) {
@@ -751,10 +758,11 @@ size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 } // namespace
 
 enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, cudaStream_t s, const gemm_gather & gs, const struct dgeom & g,
-                                     int * pixpop, int * rowpop) {
+                                     int * pixpop, int * rowpop, int2 * rowterms, const int * border) {
     pixel_popcounts<<<grid_for(g.batch * g.H * g.W, 256), 256, 0, s>>>(gs, g, pixpop);
     LAUNCHED(ctx, "pixel popcounts");
-    conv_rowpop<<<grid_for(g.batch * g.OH * g.OW, 256), 256, 0, s>>>(g, pixpop, rowpop);
+    const int4 b = rowterms ? make_int4(border[0], border[1], border[2], border[3]) : make_int4(0, 0, 0, 0);
+    conv_rowpop<<<grid_for(g.batch * g.OH * g.OW, 256), 256, 0, s>>>(g, pixpop, rowpop, rowterms, b);
     LAUNCHED(ctx, "row popcounts");
     return BIE_STATUS_OK;
 }
@@ -818,6 +826,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const size_t oPix = off; off = align256(off + (pixels ? pixel_scratch_bytes(px) : 0));
     const size_t oA = off; off = align256(off + (x_direct || gather ? 0 : (size_t)(M * kbytes)));
     const size_t oPixpop = off; off = align256(off + (gather ? (size_t)(g.batch * g.H * g.W) * 4 : 0));
+    const size_t oRowterm = off; off = align256(off + (gather && zero_pad_fix ? (size_t)M * 8 : 0));
     const size_t oB = off; off = align256(off + (w_direct ? 0 : (size_t)(N * kbytes)));
     const size_t oRow = off; off = align256(off + (size_t)M * 4);
     const size_t oCol = off; off = align256(off + (size_t)N * 4);
@@ -873,7 +882,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     if (!w_direct && !w_rows_copied) BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop, NULL));
     if (gather) { // after the weight, so that the last kernel before the GEMM writes terms only
         BIE_TRY(gather_source(ctx, st->stream, px, ws + oPix, &gs));
-        BIE_TRY(bie_cuda_conv_rowpop(ctx, st->stream, gs, px.g, (int *)(ws + oPixpop), rowpop));
+        BIE_TRY(bie_cuda_conv_rowpop(ctx, st->stream, gs, px.g, (int *)(ws + oPixpop), rowpop,
+                                     zero_pad_fix ? (int2 *)(ws + oRowterm) : NULL, border));
     }
     if (xrows.rows || wrows.rows)
         BIE_TRY(launch_row_popcounts(ctx, st->stream, xrows.rows ? xrows : wrows, xrows.rows ? wrows : NO_ROWS, g.K,
@@ -884,6 +894,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     ep.colpop = colpop;
     ep.tapcorr = zero_pad_fix ? tapcorr : NULL;
     for (int i = 0; i < 4; i++) ep.border[i] = border[i];
+    ep.rowterms = gather && zero_pad_fix ? (const int2 *)(ws + oRowterm) : NULL;
     ep.sa = px.s;
     ep.sw = pw.s;
     ep.sign = sign_codes ? (int8_t *)(ws + oSign) : NULL;

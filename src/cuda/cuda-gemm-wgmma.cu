@@ -641,7 +641,11 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
             const int64_t m = tt.mt0 + cw * 64 + warp * 16 + lane / 4 + 8 * r;
             tt.rpop[r] = tt.rk[r] = tt.rborder[r] = 0;
             if (BINARY && FAST && m < M) {
-                if (TAPS) { // a zero-padded conv: K counts the valid taps only
+                if (TAPS && ep.rowterms) { // gathered rows: terms made by conv_rowpop
+                    const int2 rt = __ldg(ep.rowterms + m);
+                    tt.rk[r] = rt.x; // (K over the valid taps - 2 popc(x), with rpop 0)
+                    tt.rborder[r] = rt.y;
+                } else if (TAPS) { // a zero-padded conv: K counts the valid taps only
                     const row_info ri = make_row(ep, m, M);
                     tt.rk[r] = (int)ri.kterm;
                     tt.rpop[r] = ri.rowpop;

@@ -356,6 +356,9 @@ struct gemm_epilogue {
     // class counts of the output rows (top, bottom) and columns (left, right) that have such taps.
     const int * tapcorr;
     int border[4];
+    // Zero padding with gathered rows (else NULL): per row, {K over its valid taps - 2 popc(row),
+    // its border class}, so the fast epilogue reads them instead of working them out per tile.
+    const int2 * rowterms;
     struct dgeom g;
     struct dscale sa, sw;
     struct dview y;      // [batch, O, OH, OW]; y.dtype B1 -> write sign codes to `sign` instead
@@ -380,9 +383,12 @@ struct gemm_gather {
 // one that gathers.
 bool bie_cuda_gemm_takes_wgmma(bie_context_t * ctx, int64_t M, bool taps);
 // rowpop[m] = popc of implicit-GEMM row m as the gather reads it (the sum over the row's taps
-// inside the image of their pixels' popcounts), through pixpop (N*H*W ints of scratch).
+// inside the image of their pixels' popcounts), through pixpop (N*H*W ints of scratch). With
+// zero padding (rowterms not NULL) it also writes gemm_epilogue.rowterms, for `border` (the
+// class counts top, bottom, left, right).
 enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, cudaStream_t s, const struct gemm_gather & gs,
-                                     const struct dgeom & g, int * pixpop, int * rowpop);
+                                     const struct dgeom & g, int * pixpop, int * rowpop, int2 * rowterms,
+                                     const int * border);
 // gs: NULL, or the gathered activations (A unused; wgmma route only).
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
                               int64_t N, int64_t kbytes, const struct gemm_epilogue & ep,
