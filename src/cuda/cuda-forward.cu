@@ -98,7 +98,7 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
                 if (k < K) inside = tap_base(p, r0, r1, r2, tap, &base);
             }
         }
-        if (binary && lane == 0) pop[row] = cnt;
+        if (binary && pop && lane == 0) pop[row] = cnt;
     }
 }
 
@@ -155,20 +155,24 @@ template <> __device__ __forceinline__ uint32_t sign_bits8<__nv_bfloat16>(const 
 }
 
 template <typename T>
-__global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop) {
+__global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
+                                     int64_t seg_groups) {
     griddep_launch_dependents(); // a few-rows GEMM after it starts at once (and waits for it)
     const float s = ld_scale(p.s);
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
     const bool binary = p.quant == BIE_QUANT_BINARY;
     const int64_t K = p.g.K, groups = binary ? kbytes : kbytes / 8; // groups of 8 elements per row
-    for (int64_t row = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; row < rows; row += warps) {
+    // A warp per (row, segment of seg_groups groups); several segments per row only without pop.
+    const int64_t segs = (groups + seg_groups - 1) / seg_groups;
+    for (int64_t u = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; u < rows * segs; u += warps) {
+        const int64_t row = u / segs, j0 = u % segs * seg_groups, j1 = min(groups, j0 + seg_groups);
         const T * src = (const T *)p.t.data + row * p.t.stride[0];
         const bool aligned = ((uintptr_t)src % 16) == 0;
         uint8_t * dst = out + row * kbytes;
         int cnt = 0;
 #pragma unroll 2
-        for (int64_t j = lane; j < groups; j += 32) {
+        for (int64_t j = j0 + lane; j < j1; j += 32) {
             int q[8];
             const int64_t k0 = j * 8;
             const bool vec = aligned && k0 + 8 <= K;
@@ -200,12 +204,17 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
 
 // Launches pack_contiguous_rows for a float p.t (rows p.t.stride[0] elements apart); false for
 // other dtypes.
+// Without row popcounts to count (pop NULL: the few-rows GEMM counts them), few rows are split into
+// segments of 32 groups a warp, so that 16 rows of 4096 elements take 256 warps instead of 16
+// (each lane then waits for one load, not sixteen in turn).
 bool launch_contiguous(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream) {
-    const unsigned grid = grid_for(rows, 8);
-    if (p.t.dtype == BIE_DTYPE_F32) pack_contiguous_rows<float><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
-    else if (p.t.dtype == BIE_DTYPE_F16) pack_contiguous_rows<__half><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
+    const int64_t groups = p.quant == BIE_QUANT_BINARY ? kbytes : kbytes / 8;
+    const int64_t seg = !pop && rows < 1024 ? 32 : groups;
+    const unsigned grid = grid_for(rows * ((groups + seg - 1) / seg), 8);
+    if (p.t.dtype == BIE_DTYPE_F32) pack_contiguous_rows<float><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg);
+    else if (p.t.dtype == BIE_DTYPE_F16) pack_contiguous_rows<__half><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg);
     else if (p.t.dtype == BIE_DTYPE_BF16)
-        pack_contiguous_rows<__nv_bfloat16><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop);
+        pack_contiguous_rows<__nv_bfloat16><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg);
     else return false;
     return true;
 }
@@ -346,7 +355,7 @@ __global__ void __launch_bounds__(256, 3) im2col_words(const uint32_t * x, struc
 #pragma unroll
         for (int r = 0; r < IW_ROWS; r++) {
             const int c = (int)__reduce_add_sync(0xffffffffu, (unsigned)cnt[r]);
-            if (lane == 0 && r < nr) {
+            if (lane == 0 && r < nr && pop) {
                 if (split) atomicAdd(pop + r0 + r, c);
                 else pop[r0 + r] = c;
             }
@@ -364,7 +373,7 @@ enum bie_status launch_im2col_words(bie_context_t * ctx, cudaStream_t stream, co
     ctx->cuda->sm_count = sms;
     const int64_t groups = (rows + IW_ROWS - 1) / IW_ROWS, chunks = (kbytes / 4 + 31) / 32;
     const int split = chunks > 1 && groups < (int64_t)sms * 32;
-    if (split) CU_TRY(ctx, cudaMemsetAsync(pop, 0, (size_t)rows * sizeof(int), stream), "clear row popcounts");
+    if (split && pop) CU_TRY(ctx, cudaMemsetAsync(pop, 0, (size_t)rows * sizeof(int), stream), "clear row popcounts");
     im2col_words<<<grid_for(groups * (split ? chunks : 1), 8), 256, 0, stream>>>(x, g, w0, w2, w3, rows, kbytes, out,
                                                                                  pop, split);
     LAUNCHED(ctx, "pack activations");
@@ -878,7 +887,9 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const popc_rows wrows = {Bm, w_direct && !gemm_counts && !zero_pad_fix ? N : 0, ldb, colpop};
     if (w_rows_copied) BIE_TRY(launch_weight_terms());
     gemm_gather gs;
-    if (!x_direct && !gather) BIE_TRY(pack_any(ctx, st->stream, px, M, kbytes, ws + oA, rowpop, pixels ? ws + oPix : NULL));
+    // (the few-rows GEMM counts the row popcounts itself: the packers skip them)
+    if (!x_direct && !gather)
+        BIE_TRY(pack_any(ctx, st->stream, px, M, kbytes, ws + oA, gemm_counts ? NULL : rowpop, pixels ? ws + oPix : NULL));
     if (!w_direct && !w_rows_copied) BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop, NULL));
     if (gather) { // after the weight, so that the last kernel before the GEMM writes terms only
         BIE_TRY(gather_source(ctx, st->stream, px, ws + oPix, &gs));
