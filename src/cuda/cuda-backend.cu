@@ -66,6 +66,16 @@ int bie_cuda_cc(bie_context_t * ctx) {
     return st->cc;
 }
 
+int bie_cuda_sm_count(bie_context_t * ctx) {
+    struct bie_cuda_state * st = ctx->cuda;
+    if (!st->sm_count &&
+        cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, st->device) != cudaSuccess) {
+        cudaGetLastError();
+        st->sm_count = 0; // (read again next time)
+    }
+    return st->sm_count;
+}
+
 enum bie_status bie_cuda_check_launch(bie_context_t * ctx, const char * what) {
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? BIE_STATUS_OK : bie_cuda_fail(ctx, e, what);

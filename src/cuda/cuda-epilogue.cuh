@@ -35,17 +35,7 @@ __device__ __forceinline__ row_info make_row(const gemm_epilogue & ep, int64_t m
     r.rowpop = ep.binary && ep.rowpop ? ep.rowpop[m] : 0; // (a GEMM that counts them itself passes NULL)
     r.kterm = g.K;
     r.border = 0;
-    if (ep.tapcorr) {
-        // Valid kernel rows and columns (validity of a tap is per dimension), in 32-bit
-        // arithmetic: tap coordinates lie in [-p, H + p), and the host refuses H + 2p >= 2^31.
-        const int oh = (int)r.oh, ow = (int)r.ow, h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-        int vh = 0, vw = 0;
-        for (int i = 0; i < g.kh; i++) vh += (unsigned)(h0 + i * g.dh) < (unsigned)g.H;
-        for (int j = 0; j < g.kw; j++) vw += (unsigned)(w0 + j * g.dw) < (unsigned)g.W;
-        r.kterm = g.C * (vh * vw);
-        r.border = border_class(oh, (int)g.OH, ep.border[0], ep.border[1]) * (1 + ep.border[2] + ep.border[3]) +
-                   border_class(ow, (int)g.OW, ep.border[2], ep.border[3]);
-    }
+    if (ep.tapcorr) zero_pad_terms(g, ep.border, (int)r.oh, (int)r.ow, &r.kterm, &r.border);
     return r;
 }
 

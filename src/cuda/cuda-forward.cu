@@ -368,9 +368,7 @@ __global__ void __launch_bounds__(256, 3) im2col_words(const uint32_t * x, struc
 enum bie_status launch_im2col_words(bie_context_t * ctx, cudaStream_t stream, const uint32_t * x, const struct dgeom & g,
                                     int64_t w0, int64_t w2, int64_t w3, int64_t rows, int64_t kbytes, uint32_t * out,
                                     int * pop) {
-    int sms = ctx->cuda->sm_count;
-    if (!sms) CU_TRY(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->cuda->device), "cudaDeviceGetAttribute");
-    ctx->cuda->sm_count = sms;
+    const int sms = bie_cuda_sm_count(ctx);
     const int64_t groups = (rows + IW_ROWS - 1) / IW_ROWS, chunks = (kbytes / 4 + 31) / 32;
     const int split = chunks > 1 && groups < (int64_t)sms * 32;
     if (split && pop) CU_TRY(ctx, cudaMemsetAsync(pop, 0, (size_t)rows * sizeof(int), stream), "clear row popcounts");
@@ -655,18 +653,20 @@ __global__ void pixel_popcounts(gemm_gather gs, struct dgeom g, int * pixpop) {
 // read as zero words). It writes epilogue terms only, so the GEMM queued next may start under it.
 // (Summing the pixel popcounts in the GEMM's epilogue instead cost more than this launch: 9 loads
 // per row on each tile's path, 80 -> 115 us for the C = 64 conv GEMM under Nsight Compute.)
-__global__ void conv_rowpop(struct dgeom g, const int * pixpop, int * rowpop, int2 * rowterms, int4 border) {
+struct border_counts4 {
+    int v[4]; // top, bottom, left, right
+};
+__global__ void conv_rowpop(struct dgeom g, const int * pixpop, int * rowpop, int2 * rowterms, border_counts4 border) {
     griddep_launch_dependents();
     const int M = (int)(g.batch * g.OH * g.OW), OW = (int)g.OW, OH = (int)g.OH, H = (int)g.H, W = (int)g.W;
     for (int m = blockIdx.x * blockDim.x + threadIdx.x; m < M; m += gridDim.x * blockDim.x) {
         const int ow = m % OW, oh = (m / OW) % OH, n = m / (OW * OH);
         const int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
         const int * pp = pixpop + n * H * W;
-        int cnt = 0, vh = 0, vw = 0;
+        int cnt = 0;
         for (int i = 0; i < g.kh; i++) {
             const int h = h0 + i * g.dh;
             if ((unsigned)h >= (unsigned)H) continue;
-            vh++;
             for (int j = 0; j < g.kw; j++) {
                 const int w = w0 + j * g.dw;
                 if ((unsigned)w < (unsigned)W) cnt += __ldg(pp + h * W + w);
@@ -674,10 +674,10 @@ __global__ void conv_rowpop(struct dgeom g, const int * pixpop, int * rowpop, in
         }
         rowpop[m] = cnt; // (the element-wise epilogue paths read it even with rowterms)
         if (!rowterms) continue;
-        for (int j = 0; j < g.kw; j++) vw += (unsigned)(w0 + j * g.dw) < (unsigned)W;
-        const int cls = border_class(oh, OH, border.x, border.y) * (1 + border.z + border.w) +
-                        border_class(ow, OW, border.z, border.w);
-        rowterms[m] = make_int2((int)g.C * vh * vw - 2 * cnt, cls);
+        int64_t kterm;
+        int cls;
+        zero_pad_terms(g, border.v, oh, ow, &kterm, &cls);
+        rowterms[m] = make_int2((int)kterm - 2 * cnt, cls);
     }
 }
 
@@ -770,7 +770,8 @@ enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, cudaStream_t s, const 
                                      int * pixpop, int * rowpop, int2 * rowterms, const int * border) {
     pixel_popcounts<<<grid_for(g.batch * g.H * g.W, 256), 256, 0, s>>>(gs, g, pixpop);
     LAUNCHED(ctx, "pixel popcounts");
-    const int4 b = rowterms ? make_int4(border[0], border[1], border[2], border[3]) : make_int4(0, 0, 0, 0);
+    border_counts4 b = {{0, 0, 0, 0}};
+    for (int i = 0; rowterms && i < 4; i++) b.v[i] = border[i];
     conv_rowpop<<<grid_for(g.batch * g.OH * g.OW, 256), 256, 0, s>>>(g, pixpop, rowpop, rowterms, b);
     LAUNCHED(ctx, "row popcounts");
     return BIE_STATUS_OK;
@@ -862,8 +863,6 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const uint8_t * Am = x_direct ? (const uint8_t *)xt.data : ws + oA;
     const bool gemm_counts = bie_cuda_gemm_counts_popcounts(M, zero_pad_fix); // the GEMM counts the bits itself
     const uint8_t * Bm = w_direct ? (const uint8_t *)wt.data : ws + oB;
-    // Operands read in place only need their popcounts: those of both are counted in one launch,
-    // after any packing.
     // The weight side of a zero-padded conv is one weight_terms launch: first, when it also copies
     // packed B1 rows into the operand (then nothing else packs the weight), else last, after the
     // weight is packed, taking popc(w) too when the weight is read in place.
@@ -883,6 +882,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
         LAUNCHED(ctx, "weight terms");
         return BIE_STATUS_OK;
     };
+    // Operands read in place only need their popcounts: those of both are counted in one launch,
+    // after any packing.
     const popc_rows xrows = {Am, x_direct && !gemm_counts ? M : 0, kbytes, rowpop};
     const popc_rows wrows = {Bm, w_direct && !gemm_counts && !zero_pad_fix ? N : 0, ldb, colpop};
     if (w_rows_copied) BIE_TRY(launch_weight_terms());

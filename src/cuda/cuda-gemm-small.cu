@@ -166,15 +166,9 @@ enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B
     // A programmatic dependent launch on sm_90 and later: the CTAs are scheduled while the kernel
     // before finishes (they wait for it first thing), which hides most of a launch's latency in a
     // run of small calls.
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3(KW * 32);
-    cfg.stream = ctx->cuda->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = bie_cuda_cc(ctx) >= 90 ? 1 : 0;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg =
+        bie_cuda_launch_config(ctx, dim3((unsigned)blocks), dim3(KW * 32), 0, bie_cuda_cc(ctx) >= 90, &attr);
     CU_TRY(ctx, cudaLaunchKernelEx(&cfg, gemm_small_kernel<BINARY, MT>, A, B, M, N, kbytes, ep), "gemm (few rows) launch");
     LAUNCHED(ctx, "gemm (few rows)");
     return BIE_STATUS_OK;

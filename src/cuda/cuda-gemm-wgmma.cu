@@ -809,23 +809,18 @@ enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtens
         st->wgmma_smem_set |= 1ull << slot;
     }
     const int64_t tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
-    const unsigned grid = (unsigned)(tiles < st->sm_count ? tiles : st->sm_count);
+    const int sms = bie_cuda_sm_count(ctx);
+    if (sms <= 0) return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: the multiprocessor count cannot be read");
+    const unsigned grid = (unsigned)(tiles < sms ? tiles : sms);
     CUtensorMap ty;
     const bool y_by_map = FAST && make_y_map(&ty, ep, M, N);
     if (!y_by_map) memset(&ty, 0, sizeof ty);
     const int y_mode = y_by_map ? Y_ROWS_MAP : FAST && y_planes(ep) ? Y_PLANES : Y_ROWS;
     // After a kernel that wrote epilogue terms only, as a programmatic dependent launch: the CTAs
     // start (barriers, first loads and MMAs) while that kernel finishes.
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(threads_for(BN));
-    cfg.dynamicSmemBytes = (size_t)smem;
-    cfg.stream = st->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = ep.terms_last ? 1 : 0;
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg =
+        bie_cuda_launch_config(ctx, dim3(grid), dim3(threads_for(BN)), (size_t)smem, ep.terms_last, &attr);
     CU_TRY(ctx, cudaLaunchKernelEx(&cfg, kern, ta, tb, ty, y_mode, M, N, ktiles, ep, gs), "wgmma gemm launch");
     LAUNCHED(ctx, "wgmma gemm");
     return BIE_STATUS_OK;
@@ -883,15 +878,10 @@ bool bie_cuda_wgmma_usable(bie_context_t * ctx) {
 }
 
 int bie_cuda_wgmma_tile_n(bie_context_t * ctx, int64_t M, int64_t N) {
-    struct bie_cuda_state * st = ctx->cuda;
-    if (!st->sm_count && cudaDeviceGetAttribute(&st->sm_count, cudaDevAttrMultiProcessorCount, st->device) != cudaSuccess) {
-        cudaGetLastError();
-        st->sm_count = 0; // (read again next time; 0 SMs gives the widest tiles)
-    }
     // The narrowest width that covers N when N is small (a conv with 64 channels wastes nothing),
     // else 256 when that still gives every SM a tile, else 128.
     const int64_t mt = (M + 127) / 128;
-    return N <= 64 ? 64 : N <= 128 ? 128 : mt * ((N + 255) / 256) >= st->sm_count ? 256 : 128;
+    return N <= 64 ? 64 : N <= 128 ? 128 : mt * ((N + 255) / 256) >= bie_cuda_sm_count(ctx) ? 256 : 128;
 }
 
 enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,

@@ -188,10 +188,7 @@ enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B
 template <bool BINARY>
 enum bie_status pick(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
                      int64_t kbytes, const gemm_epilogue & ep) {
-    if (!ctx->cuda->sm_count)
-        CU_TRY(ctx, cudaDeviceGetAttribute(&ctx->cuda->sm_count, cudaDevAttrMultiProcessorCount, ctx->cuda->device),
-               "cudaDeviceGetAttribute");
-    const int sms = ctx->cuda->sm_count;
+    const int sms = bie_cuda_sm_count(ctx);
     auto tiles = [&](int bm, int bn) { return ((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
     if (tiles(128, 256) >= sms) return launch<BINARY, 2, 4>(ctx, A, B, M, N, kbytes, ep);
     if (tiles(128, 128) >= sms) return launch<BINARY, 2, 2>(ctx, A, B, M, N, kbytes, ep);

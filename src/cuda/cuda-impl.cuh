@@ -37,6 +37,24 @@ enum bie_status bie_cuda_fail(bie_context_t * ctx, cudaError_t e, const char * w
 // The compute capability of the context's device as major*10 + minor (read once; 0 if unknown);
 // also reads BIE_CUDA_GEMM into force_mma.
 int bie_cuda_cc(bie_context_t * ctx);
+// The multiprocessor count of the context's device (read once; 0 if it cannot be read).
+int bie_cuda_sm_count(bie_context_t * ctx);
+// A launch configuration of grid x block threads with smem bytes of dynamic shared memory on the
+// context's stream; pdl: as a programmatic dependent launch (the attribute goes in *attr, which
+// must outlive the launch).
+static inline cudaLaunchConfig_t bie_cuda_launch_config(bie_context_t * ctx, dim3 grid, dim3 block, size_t smem,
+                                                        bool pdl, cudaLaunchAttribute * attr) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = ctx->cuda->stream;
+    attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr->val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cfg;
+}
 // Checks the last launch (cudaGetLastError) and maps it.
 enum bie_status bie_cuda_check_launch(bie_context_t * ctx, const char * what);
 enum bie_status bie_cuda_cublas(bie_context_t * ctx, cublasHandle_t * out);
@@ -342,6 +360,21 @@ enum bie_status bie_cuda_im2col(bie_context_t * ctx, cudaStream_t s, const void 
 // for the last `bottom` ones; output columns likewise; a pixel's class is ch * (1 + left + right) + cw.
 __host__ __device__ __forceinline__ int border_class(int o, int O, int top, int bottom) {
     return o < top ? 1 + o : o >= O - bottom ? 1 + top + (o - (O - bottom)) : 0;
+}
+
+// The zero-padding terms of output pixel (oh, ow): K over its taps inside the image (C * valid
+// kernel rows * valid kernel columns; a tap's validity is per dimension) and its border class,
+// for the class counts border[4] (top, bottom, left, right). 32-bit arithmetic: tap coordinates
+// lie in [-p, H + p), and the host refuses H + 2p >= 2^31.
+__device__ __forceinline__ void zero_pad_terms(const struct dgeom & g, const int * border, int oh, int ow,
+                                               int64_t * kterm, int * cls) {
+    const int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
+    int vh = 0, vw = 0;
+    for (int i = 0; i < g.kh; i++) vh += (unsigned)(h0 + i * g.dh) < (unsigned)g.H;
+    for (int j = 0; j < g.kw; j++) vw += (unsigned)(w0 + j * g.dw) < (unsigned)g.W;
+    *kterm = g.C * (vh * vw);
+    *cls = border_class(oh, (int)g.OH, border[0], border[1]) * (1 + border[2] + border[3]) +
+           border_class(ow, (int)g.OW, border[2], border[3]);
 }
 
 // GEMM on packed operands: C[m][n] = sum over the row's bytes of A[m] . B[n], where rows are
