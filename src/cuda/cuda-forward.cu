@@ -831,7 +831,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     // took 0.044 ms gathered against 0.038 ms).
     const bool gather = binary && c->is_conv && !x_direct && !dgeom_one_position(px.g) && gatherable(px) &&
                         gather_fits(px) && bie_cuda_gemm_takes_wgmma(ctx, M, zero_pad_fix) &&
-                        N <= bie_cuda_wgmma_tile_n(ctx, M, N);
+                        N <= bie_cuda_wgmma_tile_n(ctx, M, N, kbytes, true);
     size_t off = 0;
     const size_t oPix = off; off = align256(off + (pixels ? pixel_scratch_bytes(px) : 0));
     const size_t oA = off; off = align256(off + (x_direct || gather ? 0 : (size_t)(M * kbytes)));

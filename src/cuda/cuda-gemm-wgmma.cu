@@ -7,17 +7,18 @@
 //   n-bit:  wgmma m64nNk32 .s32.s8.s8 (IGMMA) on the int8 codes.
 // Both read 32 bytes of every row per instruction, so one shared-memory layout serves both.
 //
-// Layout: a CTA computes a BM x BN tile of C (BN = 128 or 256 with BM = 128; BN = 64 with BM =
+// Layout: a CTA computes a BM x BN tile of C (BN = 128, 192 or 256 with BM = 128; BN = 64 with BM =
 // 256): warpgroup 0 is the producer (one thread issues the bulk tensor copies), the others (two, or
 // four for BN = 64) are the consumers, each owning 64 rows of the tile and BN/2 accumulators per
-// thread.
+// thread. Binary 128 x 192 tiles add epilogue warps that finish and store each tile while the
+// consumers compute the next (SPLIT, below).
 // K advances 128 bytes per stage through a ring of STAGES stages; each stage holds the A tile
 // (BM rows) and the B tile (BN rows), 128 bytes per row, in the 128-byte swizzle that the copy
 // engine writes and the MMA descriptors read (16-byte chunk c of row r lives at chunk c ^ (r % 8)).
 // A stage is "full" when its copies have landed (an mbarrier counting bytes) and "empty" when
 // all consumer warps have finished the MMAs that read it (an mbarrier counting arrivals).
 // The grid is persistent: CTA b takes tiles b, b + grid, ... (m fastest), and the producer runs
-// ahead into the next tile while the consumers store the last one. Rows past M or N are
+// ahead into the next tile while the last one is stored. Rows past M or N are
 // zero-filled by the copy engine and never stored. The popcount terms of the epilogue are loaded
 // before a tile's MMAs and finished values leave through a per-warp shared-memory buffer as whole
 // 128-byte row segments (see epilogue()): with 4-byte fragment stores and in-loop loads the
@@ -40,21 +41,53 @@ constexpr int BK = 128;       // bytes of K per stage (1024 bits / 128 int8 code
 // K is short and a tile is one or two stages) take four, 256 x 64 tiles, so that twice the warps
 // hide each tile's latency; wider tiles take two (their accumulators need the registers).
 __host__ __device__ constexpr int cw_for(int bn) { return bn == 64 ? 4 : 2; }
-__host__ __device__ constexpr int bm_for(int bn) { return 64 * cw_for(bn); }            // rows of A per tile
-__host__ __device__ constexpr int threads_for(int bn) { return 128 * (1 + cw_for(bn)); } // + the producer
-__host__ __device__ constexpr int ring_for(int bn) { return bn == 64 ? 163840 : 196608; } // stage ring bytes
+__host__ __device__ constexpr int bm_for(int bn) { return 64 * cw_for(bn); } // rows of A per tile
+// Binary 128 x 192 tiles (large binary GEMMs) have epilogue warps (SPLIT): the consumers leave
+// their accumulators in shared memory (popcounts, below 2^16 when K is, as the 16-bit halves of
+// words: the dump) with the tile's popcount terms, and go on to the next tile's MMAs while
+// seven epilogue warps (a fourth warpgroup and the producer warpgroup's three idle warps) finish
+// and store them, so that the tensor cores do not wait through the epilogue (at 8192^3 with
+// 128 x 256 tiles they waited a quarter of the time; four epilogue warps were too few to keep
+// up). 192 columns, because a wgmma's accumulators must fit the 128 registers per thread of a
+// 512-thread launch (ptxas refuses m64n256 there). Elsewhere each consumer warp finishes its own
+// accumulators.
+constexpr int64_t SPLIT_MAX_KTILES = 63; // 63 * 1024 bits: the largest popcount fits 16 bits
+// With few tiles per SM the last tile's epilogue, which nothing overlaps, and the partial last
+// round weigh more than the overlap gains: 4096^3 took 0.033 ms in 128 x 192 tiles, 0.027 ms in
+// 128 x 256 ones (5.3 and 3.9 tiles per SM).
+constexpr int64_t SPLIT_MIN_ROUNDS = 12;
+__host__ __device__ constexpr bool split_for(bool binary, int bn) { return binary && bn == 192; }
+__host__ __device__ constexpr int threads_for(bool binary, int bn) { // + the producer (+ the epilogue)
+    return 128 * (1 + cw_for(bn) + (split_for(binary, bn) ? 1 : 0));
+}
+__host__ __device__ constexpr int ring_for(bool binary, int bn) { // stage ring bytes
+    return bn == 64 || split_for(binary, bn) ? 163840 : 196608;
+}
+__host__ __device__ constexpr int dump_for(bool binary, int bn) { return split_for(binary, bn) ? bm_for(bn) * bn * 2 : 0; }
+__host__ __device__ constexpr int epilogue_warps(bool binary, int bn) { return split_for(binary, bn) ? 7 : 4 * cw_for(bn); }
 // Registers per thread after setmaxnreg: the producer gives up its registers above 40, and the
-// consumers take them (the launch gives every thread 65536 / threads_for(bn), rounded down to 8).
-constexpr int PRODUCER_REGS = 40;
-__host__ __device__ constexpr int consumer_regs(int bn) { return cw_for(bn) == 2 ? 232 : 104; }
+// consumers take them (the launch gives every thread 65536 / threads_for, rounded down to 8).
+// SPLIT: the two warpgroups of epilogue warps give up 8 of their 128, and the consumers take them.
+constexpr int PRODUCER_REGS = 40, SPLIT_HELPER_REGS = 120;
+__host__ __device__ constexpr int consumer_regs(bool binary, int bn) {
+    return split_for(binary, bn) ? 136 : cw_for(bn) == 2 ? 232 : 104;
+}
+__host__ __device__ constexpr int regs_needed(bool binary, int bn) {
+    return 128 * ((split_for(binary, bn) ? 2 * SPLIT_HELPER_REGS : PRODUCER_REGS) + cw_for(bn) * consumer_regs(binary, bn));
+}
 
-// After the ring (and 1 KB for its barriers): each consumer warp's epilogue stage (16 rows x 128
-// bytes in the 128-byte swizzle, 1024-byte aligned as the tensor copies of y need), then each warp's
-// column terms of the tile (up to 256 ints).
+// After the ring (and 1 KB for its barriers): each epilogue warp's stage (16 rows x 128 bytes in
+// the 128-byte swizzle, 1024-byte aligned as the tensor copies of y need), then each epilogue
+// warp's column terms of the tile (up to 256 ints). SPLIT: the dump, the tile's terms that the
+// consumers leave with it (EP_TERMS: column terms, then the rows' float terms and border
+// classes), then the stages.
 constexpr int EP_STAGE = 16 * 128;
 constexpr int EP_COLTERM = 256 * 4;
-__host__ __device__ constexpr int smem_for(int bn) { // + alignment slack
-    return 1024 + ring_for(bn) + 1024 + 4 * cw_for(bn) * (EP_STAGE + EP_COLTERM);
+constexpr int EP_TERMS = 256 * 4 + 2 * 128 * 4;
+__host__ __device__ constexpr int smem_for(bool binary, int bn) { // + alignment slack
+    return 1024 + ring_for(binary, bn) + 1024 +
+           (split_for(binary, bn) ? dump_for(binary, bn) + EP_TERMS + epilogue_warps(binary, bn) * EP_STAGE
+                                  : epilogue_warps(binary, bn) * (EP_STAGE + EP_COLTERM));
 }
 
 // The binary dot products reach float without the quarter-rate I2F, in two exact steps: the column
@@ -66,13 +99,18 @@ __host__ __device__ constexpr int smem_for(int bn) { // + alignment slack
 struct bits_t {}; // the output type of the fast epilogue's B1 y (epilogue_bits)
 constexpr int64_t DOT_BIAS_MAX_K = (int64_t)1 << 21; // DOT_BIAS and its conversion: in the device code
 
-__host__ __device__ constexpr int stages_for(int bn) { return ring_for(bn) / ((bm_for(bn) + bn) * BK); }
-static_assert(stages_for(64) * (bm_for(64) + 64) * BK == ring_for(64) &&
-                  stages_for(128) * (bm_for(128) + 128) * BK == ring_for(128) &&
-                  stages_for(256) * (bm_for(256) + 256) * BK == ring_for(256),
-              "the ring holds whole stages, so the epilogue area after it stays 1024-byte aligned");
-static_assert(smem_for(64) <= 232448 && smem_for(128) <= 232448 && smem_for(256) <= 232448,
-              "a CTA's shared memory fits Hopper's 227 KB");
+__host__ __device__ constexpr int stages_for(bool binary, int bn) {
+    return ring_for(binary, bn) / ((bm_for(bn) + bn) * BK);
+}
+__host__ __device__ constexpr bool shape_ok(bool binary, int bn) {
+    return stages_for(binary, bn) * (bm_for(bn) + bn) * BK == ring_for(binary, bn) && stages_for(binary, bn) >= 3 &&
+           smem_for(binary, bn) <= 232448 &&
+           regs_needed(binary, bn) <= 65536 / threads_for(binary, bn) / 8 * 8 * threads_for(binary, bn);
+}
+static_assert(shape_ok(true, 64) && shape_ok(true, 128) && shape_ok(true, 192) && shape_ok(true, 256) &&
+                  shape_ok(false, 64) && shape_ok(false, 128) && shape_ok(false, 256),
+              "every tile shape: whole stages in the ring (so the area after it stays 1024-byte aligned), at least "
+              "three, shared memory within Hopper's 227 KB, and the register split within the launch's registers");
 
 // How the FAST epilogue stores y (the kernel's y_mode): rows of contiguous features, by the warp
 // or by bulk tensor stores of the y map; or planes (NCHW-like y: a sample's pixels contiguous,
@@ -186,6 +224,11 @@ template <int R> __device__ __forceinline__ void pin(int * d) {
         asm volatile(WG_PRED(66) instr " {" WG_R0_31 "," WG_R32_63 "}, %64, %65, p;\n}\n"           \
                      : WG_O32(0), WG_O32(32) : "l"(da), "l"(db), "r"(sc));                         \
     }
+#define WG_DEF192(name, instr)                                                                     \
+    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
+        asm volatile(WG_PRED(98) instr " {" WG_R0_31 "," WG_R32_63 "," WG_R64_95 "}, %96, %97, p;\n}\n" \
+                     : WG_O32(0), WG_O32(32), WG_O32(64) : "l"(da), "l"(db), "r"(sc));             \
+    }
 #define WG_DEF256(name, instr)                                                                     \
     __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
         asm volatile(WG_PRED(130) instr " {" WG_R0_31 "," WG_R32_63 "," WG_R64_95 "," WG_R96_127      \
@@ -194,6 +237,7 @@ template <int R> __device__ __forceinline__ void pin(int * d) {
     }
 WG_DEF64(wg_b1_64, "wgmma.mma_async.sync.aligned.m64n64k256.s32.b1.b1.and.popc")
 WG_DEF128(wg_b1_128, "wgmma.mma_async.sync.aligned.m64n128k256.s32.b1.b1.and.popc")
+WG_DEF192(wg_b1_192, "wgmma.mma_async.sync.aligned.m64n192k256.s32.b1.b1.and.popc")
 WG_DEF256(wg_b1_256, "wgmma.mma_async.sync.aligned.m64n256k256.s32.b1.b1.and.popc")
 WG_DEF64(wg_s8_64, "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8")
 WG_DEF128(wg_s8_128, "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8")
@@ -201,13 +245,15 @@ WG_DEF256(wg_s8_256, "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8")
 
 template <bool BINARY, int BN>
 __device__ __forceinline__ void wg_mma(int * d, uint64_t da, uint64_t db, int sc) {
-    if (BINARY) {
-        if (BN == 64) wg_b1_64(d, da, db, sc);
-        else if (BN == 128) wg_b1_128(d, da, db, sc);
+    static_assert(BN == 64 || BN == 128 || BN == 256 || (BINARY && BN == 192), "a wgmma width");
+    if constexpr (BINARY) {
+        if constexpr (BN == 64) wg_b1_64(d, da, db, sc);
+        else if constexpr (BN == 128) wg_b1_128(d, da, db, sc);
+        else if constexpr (BN == 192) wg_b1_192(d, da, db, sc);
         else wg_b1_256(d, da, db, sc);
     } else {
-        if (BN == 64) wg_s8_64(d, da, db, sc);
-        else if (BN == 128) wg_s8_128(d, da, db, sc);
+        if constexpr (BN == 64) wg_s8_64(d, da, db, sc);
+        else if constexpr (BN == 128) wg_s8_128(d, da, db, sc);
         else wg_s8_256(d, da, db, sc);
     }
 }
@@ -253,26 +299,44 @@ template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloa
 constexpr int DOT_BIAS = 0x4B400000;
 constexpr float DOT_BIAS_F = 12582912.0f; // 1.5 * 2^23
 
+// A warp's accumulators as the epilogue reads them: pair(i, h) is this thread's two values of
+// column group i in fragment row h (d[4i + 2h + e] in the wgmma layout, see epilogue()), from the
+// consumer's registers (acc_regs) or from its part of the dump (acc_dump, SPLIT: the 16-bit
+// halves of word (2i + h) * 32 + lane, so that the 32 lanes of a warp read 32 consecutive words).
+// The halves are taken apart by PRMTs that the compiler cannot fold into the 4 acc + colterm
+// after them (it made two instructions of each, and 4 acc + colterm is one LEA).
+struct acc_regs {
+    const int * d;
+    __device__ __forceinline__ int2 pair(int i, int h) const { return make_int2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]); }
+};
+struct acc_dump {
+    const uint32_t * w;
+    __device__ __forceinline__ int2 pair(int i, int h) const {
+        const uint32_t v = w[(2 * i + h) * 32 + threadIdx.x % 32];
+        int2 a;
+        asm("prmt.b32 %0, %2, 0, 0x4410;\n\tprmt.b32 %1, %2, 0, 0x4432;" : "=r"(a.x), "=r"(a.y) : "r"(v));
+        return a;
+    }
+};
+
 // The exact results of this thread's two columns 8i + 2(lane%4) + {0, 1} in fragment row h, as
-// floats (binary: the dot products, from colterm = DOT_BIAS - 2 popc(w) and rowf[h] = K - 2
-// popc(x) - DOT_BIAS_F; n-bit: the accumulators, rounded to float).
-template <bool BINARY, bool TAPS>
-__device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const int * d, const int * colterm, int i,
-                                                int h, int64_t nt, int64_t N, const float * rowf,
-                                                const int * rowborder) {
-    int v0 = d[4 * i + 2 * h], v1 = d[4 * i + 2 * h + 1];
-    if (!BINARY) return make_float2(__int2float_rn(v0), __int2float_rn(v1));
+// floats (binary: the dot products, from colterm = DOT_BIAS - 2 popc(w), and the row's rowf = K -
+// 2 popc(x) - DOT_BIAS_F and border class; n-bit: the accumulators, rounded to float).
+template <bool BINARY, bool TAPS, class D>
+__device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const D & d, const int * colterm, int i,
+                                                int h, int64_t nt, int64_t N, float rowf, int border) {
+    const int2 a = d.pair(i, h);
+    if (!BINARY) return make_float2(__int2float_rn(a.x), __int2float_rn(a.y));
     const int lane = threadIdx.x % 32;
     const int2 ct = *(const int2 *)(colterm + 8 * i + 2 * (lane % 4));
-    v0 = 4 * v0 + ct.x;
-    v1 = 4 * v1 + ct.y;
-    if (TAPS && rowborder[h]) { // a pixel at a zero-padded border
+    int v0 = 4 * a.x + ct.x, v1 = 4 * a.y + ct.y;
+    if (TAPS && border) { // a pixel at a zero-padded border
         const int64_t n = nt + 8 * i + 2 * (lane % 4);
-        const int * corr = ep.tapcorr + (int64_t)rowborder[h] * N;
+        const int * corr = ep.tapcorr + (int64_t)border * N;
         v0 += n < N ? __ldg(corr + n) : 0;
         v1 += n + 1 < N ? __ldg(corr + n + 1) : 0;
     }
-    return make_float2(__fadd_rn(__int_as_float(v0), rowf[h]), __fadd_rn(__int_as_float(v1), rowf[h]));
+    return make_float2(__fadd_rn(__int_as_float(v0), rowf), __fadd_rn(__int_as_float(v1), rowf));
 }
 
 // The B1 y of the fast epilogue (T = bits_t; see bie_cuda_wgmma_packs_bits for when it applies): y
@@ -280,8 +344,8 @@ __device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const 
 // bytes apart, N % 8 == 0. The warp's 16 rows of signs go to the stage (16 rows x BN/8 bytes) a
 // word at a time, then leave a word per lane. (Two ballots per 8-column group and a bit-by-bit
 // interleave took about 30 instructions a byte; this takes about 5.)
-template <bool BINARY, int BN, bool TAPS>
-__device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const int * d, uint8_t * stage,
+template <bool BINARY, int BN, bool TAPS, class D>
+__device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const D & d, uint8_t * stage,
                                               const int * colterm, int64_t mw, int64_t nt, int64_t M, int64_t N,
                                               const float * rowf, const int * rowborder) {
     const int lane = threadIdx.x % 32, g = lane / 4;
@@ -302,7 +366,7 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const in
             uint32_t word = 0;
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const float2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, 4 * w4 + q, h, nt, N, rowf, rowborder);
+                const float2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, 4 * w4 + q, h, nt, N, rowf[h], rowborder[h]);
                 word |= ((v.x >= 0.0f ? 1u : 0u) | (v.y >= 0.0f ? 2u : 0u)) << (8 * q + 2 * t);
             }
             word |= __shfl_xor_sync(0xffffffffu, word, 1);
@@ -327,8 +391,8 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const in
 }
 
 // Any y, element by element (the shared path of cuda-epilogue.cuh): the warp's 16 rows.
-template <bool BINARY, int BN>
-__device__ __forceinline__ void epilogue_elements(const gemm_epilogue & ep, const int * d, int64_t mw, int64_t nt,
+template <bool BINARY, int BN, class D>
+__device__ __forceinline__ void epilogue_elements(const gemm_epilogue & ep, const D & d, int64_t mw, int64_t nt,
                                                   int64_t M, int64_t N, float scale) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -340,18 +404,59 @@ __device__ __forceinline__ void epilogue_elements(const gemm_epilogue & ep, cons
         for (int i = 0; i < BN / 8; i++) {
             const int64_t n = nt + 8 * i + 2 * (lane % 4);
             if (n >= N) break;
-            store_pair_any(&ep, r, n, N, d[4 * i + 2 * h], d[4 * i + 2 * h + 1], scale);
+            const int2 a = d.pair(i, h);
+            store_pair_any(&ep, r, n, N, a.x, a.y, scale);
         }
     }
 }
 
 // The finished value of this thread's two columns of column group i in fragment row h, scaled.
-template <bool BINARY, bool TAPS>
-__device__ __forceinline__ float2 scaled_pair(const gemm_epilogue & ep, const int * d, const int * colterm, int i, int h,
-                                              int64_t nt, int64_t N, float scale, const float * rowf,
-                                              const int * rowborder) {
-    const float2 r = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowf, rowborder);
+template <bool BINARY, bool TAPS, class D>
+__device__ __forceinline__ float2 scaled_pair(const gemm_epilogue & ep, const D & d, const int * colterm, int i, int h,
+                                              int64_t nt, int64_t N, float scale, float rowf, int border) {
+    const float2 r = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowf, border);
     return make_float2(__fmul_rn(r.x, scale), __fmul_rn(r.y, scale));
+}
+
+// Two adjacent values of a 16-row, 128-byte-wide stage in the 128-byte swizzle (16-byte unit u of
+// row r at u ^ (r % 8)): those of column group j of the chunk in fragment row h go to byte
+// b of row lane / 4 + 8 h.
+template <typename T> __device__ __forceinline__ void stage_pair(uint8_t * rows, int j, int h, float2 v) {
+    const int lane = threadIdx.x % 32, row = lane / 4 + 8 * h, b = (8 * j + 2 * (lane % 4)) * (int)sizeof(T);
+    store_pair<T>((T *)(rows + row * 128 + (((b >> 4) ^ (row & 7)) << 4) + (b & 15)), v.x, v.y);
+}
+
+// NH bulk stores of the FAST epilogue (see epilogue()): fragment rows h0 .. h0 + NH - 1 (the 8 rows
+// from mw + 8h each) of column chunk c (128 bytes of y), staged in `stage` (NH KB, 1024-byte
+// aligned, a half each) once the stores that last read it are done, then stored by lane 0. With
+// NH = 1 the caller alternates two halves, so that a store's latency hides behind the next
+// box's arithmetic; NH = 2 takes one fence for both (rowf and border: the rows' terms by hh).
+template <bool BINARY, int BN, typename T, bool TAPS, int NH, class D>
+__device__ __forceinline__ void epilogue_box(const gemm_epilogue & ep, const D & d, uint8_t * stage, const int * colterm,
+                                             const CUtensorMap * ymap, int64_t mw, int h0, int c, int64_t nt, int64_t M,
+                                             int64_t N, float scale, const float * rowf, const int * border) {
+    constexpr int CC = 128 / (int)sizeof(T), GC = CC / 8; // columns and column groups per chunk
+    const int lane = threadIdx.x % 32;
+    float2 v[NH][GC];
+#pragma unroll
+    for (int hh = 0; hh < NH; hh++)
+#pragma unroll
+        for (int j = 0; j < GC; j++)
+            v[hh][j] = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h0 + hh, nt, N, scale, rowf[hh], border[hh]);
+    if (lane == 0) tma_store_wait_read<NH == 1 ? 1 : 0>();
+    __syncwarp();
+#pragma unroll
+    for (int hh = 0; hh < NH; hh++)
+#pragma unroll
+        for (int j = 0; j < GC; j++) stage_pair<T>(stage, j, hh, v[hh][j]); // (rows 8 hh .. 8 hh + 7: half hh)
+    fence_proxy_async();
+    __syncwarp();
+    if (lane == 0)
+#pragma unroll
+        for (int hh = 0; hh < NH; hh++)
+            if (mw + 8 * (h0 + hh) < M)
+                tma_store(ymap, (uint32_t)__cvta_generic_to_shared(stage + 1024 * hh), (int)(nt + c * CC),
+                          (int)(mw + 8 * (h0 + hh)));
 }
 
 // Stores this thread's accumulators. In the wgmma layout, thread (warp w, lane l) of a consumer
@@ -366,8 +471,8 @@ __device__ __forceinline__ float2 scaled_pair(const gemm_epilogue & ep, const in
 // per lane. With y as planes (Y_PLANES) the stage holds the chunk transposed and each feature's
 // 16 pixels leave as one run. TAPS: a zero-padded binary conv, whose border rows add back the
 // popcounts of their taps outside the image. Other y go element by element.
-template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
-__device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d, uint8_t * stage,
+template <bool BINARY, int BN, typename T, bool FAST, bool TAPS, class D>
+__device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const D & d, uint8_t * stage,
                                          const int * colterm, const CUtensorMap * ymap, int y_mode, int64_t mw,
                                          int64_t nt, int64_t M, int64_t N, float scale, const float * rowf,
                                          const int * rowborder) {
@@ -400,8 +505,8 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
             for (int j = 0; j < CC / 8; j++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const float2 v = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * CC / 8 + j, h, nt, N, scale, rowf,
-                                                               rowborder);
+                    const float2 v = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * CC / 8 + j, h, nt, N, scale,
+                                                               rowf[h], rowborder[h]);
                     const int col = 8 * j + 2 * (lane % 4), row = lane / 4 + 8 * h;
                     st[col * 16 + row] = from_f32<T>(v.x);
                     st[(col + 1) * 16 + row] = from_f32<T>(v.y);
@@ -424,33 +529,15 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
     }
     // colterm: DOT_BIAS - 2 popc(w) of the tile's columns, written by the caller
     constexpr int CC = 128 / (int)sizeof(T), GC = CC / 8; // columns and column groups per chunk
-    // The value of (column group j of the chunk, fragment row h) goes to byte b of row lane / 4 + 8 h.
-    auto stage_pair = [&](uint8_t * rows, int j, int h, float2 v) {
-        const int row = lane / 4 + 8 * h, b = (8 * j + 2 * (lane % 4)) * (int)sizeof(T);
-        store_pair<T>((T *)(rows + row * 128 + (((b >> 4) ^ (row & 7)) << 4) + (b & 15)), v.x, v.y);
-    };
     if (ymap) {
         // Each chunk leaves as two boxes of 8 rows (fragment rows h = 0, 1), staged in the two 1 KB
-        // halves of the stage in turn: a half is refilled once the store before last has read it,
-        // so a store's latency hides behind the next box's arithmetic.
+        // halves of the stage in turn.
 #pragma unroll
         for (int c = 0; c < BN / CC; c++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float2 v[GC];
-#pragma unroll
-                for (int j = 0; j < GC; j++)
-                    v[j] = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, nt, N, scale, rowf, rowborder);
-                if (lane == 0) tma_store_wait_read<1>();
-                __syncwarp();
-#pragma unroll
-                for (int j = 0; j < GC; j++) stage_pair(stage, j, h, v[j]); // (rows 8h.. 8h+7: half h)
-                fence_proxy_async();
-                __syncwarp();
-                if (lane == 0 && mw + 8 * h < M)
-                    tma_store(ymap, (uint32_t)__cvta_generic_to_shared(stage + 1024 * h), (int)(nt + c * CC),
-                              (int)(mw + 8 * h));
-            }
+            for (int h = 0; h < 2; h++)
+                epilogue_box<BINARY, BN, T, TAPS, 1>(ep, d, stage + 1024 * h, colterm, ymap, mw, h, c, nt, M, N, scale,
+                                                     rowf + h, rowborder + h);
         return;
     }
 #pragma unroll
@@ -459,8 +546,8 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const int * d
         for (int j = 0; j < GC; j++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                stage_pair(stage, j, h,
-                           scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, nt, N, scale, rowf, rowborder));
+                stage_pair<T>(stage, j, h,
+                              scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, nt, N, scale, rowf[h], rowborder[h]));
         int64_t rb_mine = 0; // lane j < 16: row mw + j's offset in y
         if (lane < 16 && mw + lane < M) {
             const row_info r = make_row(ep, mw + lane, M);
@@ -558,27 +645,36 @@ __device__ __forceinline__ void gather_producer(const gemm_gather & gs, const CU
 #endif // sm_90a device code
 
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
-__global__ void __launch_bounds__(threads_for(BN), 1)
+__global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     wgmma_gemm(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                const __grid_constant__ CUtensorMap ty, int y_mode, int64_t M, int64_t N, int ktiles,
                const __grid_constant__ gemm_epilogue ep, const __grid_constant__ gemm_gather gs) {
 #ifdef BIE_WGMMA_DEVICE
     constexpr int NCW = cw_for(BN), BM = bm_for(BN); // consumer warpgroups, rows per tile
-    constexpr int STAGES = stages_for(BN);
+    constexpr bool SPLIT = split_for(BINARY, BN);
+    constexpr int STAGES = stages_for(BINARY, BN);
     constexpr int STAGE_BYTES = (BM + BN) * BK;
     constexpr int ACC = BN / 2; // accumulators per thread
     extern __shared__ uint8_t smem_raw[];
     const uint32_t base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u; // swizzle atoms
-    const uint32_t bars = base + STAGES * STAGE_BYTES; // full[STAGES], then empty[STAGES]
-    // then (1 KB on, so 1024-byte aligned) the consumer warps' epilogue stages and column terms
-    const int cwarp = threadIdx.x / 32 - 4; // 0 .. 4 NCW - 1 for consumer warps
-    uint8_t * const ep_stage = smem_raw + (bars + 1024 - (uint32_t)__cvta_generic_to_shared(smem_raw)) + cwarp * EP_STAGE;
-    int * const ep_colterm = (int *)(smem_raw + (bars + 1024 - (uint32_t)__cvta_generic_to_shared(smem_raw)) +
-                                     4 * NCW * EP_STAGE + cwarp * EP_COLTERM);
+    const uint32_t bars = base + STAGES * STAGE_BYTES; // full[STAGES], empty[STAGES], dump full, dump empty
+    // then (1 KB on, so 1024-byte aligned) the epilogue area (see smem_for)
+    uint8_t * const area = smem_raw + (bars + 1024 - (uint32_t)__cvta_generic_to_shared(smem_raw));
+    uint32_t * const dump = (uint32_t *)area; // SPLIT: consumer warp c's part: words [c BN 8, (c + 1) BN 8)
+    int * const terms_col = (int *)(area + dump_for(BINARY, BN));        // SPLIT: the tile's column terms,
+    float * const terms_rowf = (float *)(area + dump_for(BINARY, BN) + 1024); // its rows' float terms
+    int * const terms_border = (int *)(area + dump_for(BINARY, BN) + 1536);   // and border classes
+    const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    // The epilogue warps. SPLIT: warps 1-3 of the producer warpgroup (unless it gathers rows: all
+    // its warps copy them) and the fourth warpgroup; else the consumer warps.
+    const int n_ewarps = SPLIT ? (gs.x ? 4 : 7) : 4 * NCW;
+    const int ewarp = !SPLIT ? threadIdx.x / 32 - 4 : wg == 0 ? warp - 1 : gs.x ? warp : 3 + warp;
+    uint8_t * const ep_stage = area + (SPLIT ? dump_for(BINARY, BN) + EP_TERMS : 0) + ewarp * EP_STAGE;
+    int * const ep_colterm = SPLIT ? terms_col : (int *)(area + 4 * NCW * EP_STAGE + ewarp * EP_COLTERM);
     const CUtensorMap * const ymap = FAST && y_mode == Y_ROWS_MAP ? &ty : NULL;
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
-    const int wg = threadIdx.x / 128;
+    const uint32_t dump_full = bars + 16 * STAGES, dump_empty = dump_full + 8;
     const uint32_t mt = (uint32_t)((M + BM - 1) / BM), ntn = (uint32_t)((N + BN - 1) / BN); // (M, N < 2^31)
 
     if (threadIdx.x == 0) {
@@ -586,16 +682,104 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
             mbar_init(full(s), gs.x ? 129 : 1); // (gathering: every producer thread and the B load)
             mbar_init(empty(s), 4 * NCW); // one arrival per consumer warp
         }
+        mbar_init(dump_full, 128 * NCW); // (SPLIT: every consumer thread, then every epilogue thread)
+        mbar_init(dump_empty, 32 * n_ewarps);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
+    // The epilogue's popcount terms of a tile: popc(w) of its columns, and popc(x) and K of this
+    // thread's fragment rows of a warp's 16 rows. They are loaded by the consumers before the
+    // tile's MMAs so that their latency hides behind them (and used only after them), except in
+    // the first tile of a GEMM that starts under the kernel writing them (ep.terms_last), which
+    // waits for that kernel just after its MMAs.
+    constexpr int NCP = BINARY && FAST && !SPLIT ? BN / 32 : 1; // column terms per lane
+    struct row_terms {
+        int rpop[2], rk[2], rborder[2];
+        float rowf[2]; // K - 2 popc(x) - DOT_BIAS_F, made before the epilogue
+    };
+    auto load_cols = [&](int * cpop, int64_t n0, int step) { // columns n0 + lane + step q
+#pragma unroll
+        for (int q = 0; q < NCP; q++) {
+            const int64_t n = n0 + lane + step * q;
+            cpop[q] = BINARY && FAST && n < N ? __ldg(ep.colpop + n) : 0;
+        }
+    };
+    auto load_rows = [&](row_terms & rt, int64_t mw) {
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int64_t m = mw + lane / 4 + 8 * r;
+            rt.rpop[r] = rt.rk[r] = rt.rborder[r] = 0;
+            rt.rowf[r] = 0.0f;
+            if (BINARY && FAST && m < M) {
+                if (TAPS && ep.rowterms) { // gathered rows: terms made by conv_rowpop
+                    const int2 t = __ldg(ep.rowterms + m);
+                    rt.rk[r] = t.x; // (K over the valid taps - 2 popc(x), with rpop 0)
+                    rt.rborder[r] = t.y;
+                } else if (TAPS) { // a zero-padded conv: K counts the valid taps only
+                    const row_info ri = make_row(ep, m, M);
+                    rt.rk[r] = (int)ri.kterm;
+                    rt.rpop[r] = ri.rowpop;
+                    rt.rborder[r] = ri.border;
+                } else {
+                    rt.rk[r] = (int)ep.g.K;
+                    rt.rpop[r] = __ldg(ep.rowpop + m);
+                }
+            }
+        }
+    };
+    // Before a tile's epilogue: the row terms as floats.
+    auto prepare_rows = [&](row_terms & rt) {
+        if (BINARY && FAST) {
+#pragma unroll
+            for (int r = 0; r < 2; r++) rt.rowf[r] = __fsub_rn(__int2float_rn(rt.rk[r] - 2 * rt.rpop[r]), DOT_BIAS_F);
+        }
+    };
+    // The epilogue of a warp's 16 rows from mw of the tile at column nt (colterm: DOT_BIAS - 2
+    // popc(w) of the tile's columns).
+    auto finish = [&](const auto & d, const float * rowf, const int * rowborder, int64_t mw, int64_t nt, float scale) {
+        if constexpr (std::is_same<T, bits_t>::value)
+            epilogue_bits<BINARY, BN, TAPS>(ep, d, ep_stage, ep_colterm, mw, nt, M, N, rowf, rowborder);
+        else
+            epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, ep_colterm, ymap, y_mode, mw, nt, M, N, scale, rowf,
+                                                rowborder);
+    };
+    // SPLIT: the epilogue warps. y leaves by bulk stores (the host launches SPLIT only with a y
+    // map and T a float type): each tile's chunks (consumer warp, 128 bytes of its 16 rows) are
+    // dealt round-robin.
+    auto split_epilogue = [&] {
+        if constexpr (SPLIT && FAST && !std::is_same<T, bits_t>::value) {
+            if (ep.terms_last) griddep_wait(); // (the scales and border corrections)
+            const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
+            constexpr int NC = BN / (128 / (int)sizeof(T)); // column chunks
+            int j = 0;
+            for (tile_walk w(blockIdx.x, gridDim.x, mt); w.ni < ntn; w.next(), j++) {
+                const int64_t mt0 = (int64_t)w.mi * BM, nt = (int64_t)w.ni * BN;
+                mbar_wait(dump_full, j & 1);
+                for (int u = ewarp; u < 8 * NC; u += n_ewarps) { // (consumer warp, chunk)
+                    const int cw8 = u / NC, c = u % NC, row = cw8 * 16 + lane / 4;
+                    const float rf[2] = {terms_rowf[row], terms_rowf[row + 8]};
+                    const int rb[2] = {TAPS ? terms_border[row] : 0, TAPS ? terms_border[row + 8] : 0};
+                    epilogue_box<BINARY, BN, T, TAPS, 2>(ep, acc_dump{dump + cw8 * BN * 8}, ep_stage, ep_colterm, ymap,
+                                                         mt0 + 16 * cw8, 0, c, nt, M, N, scale, rf, rb);
+                }
+                mbar_arrive(dump_empty);
+            }
+            if (lane == 0) tma_store_wait_all(); // the stage must outlive its last store
+        }
+    };
+
     if (wg == 0) { // producer: every stage of every tile of this CTA, in order
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        if constexpr (SPLIT) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SPLIT_HELPER_REGS));
+        else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
         if (gs.x) {
             if (gs.piece == 16) gather_producer<16, BM, BN, STAGES>(gs, &tb, ep.g, M, mt, ntn, ktiles, base, bars);
             else if (gs.piece == 8) gather_producer<8, BM, BN, STAGES>(gs, &tb, ep.g, M, mt, ntn, ktiles, base, bars);
             else gather_producer<4, BM, BN, STAGES>(gs, &tb, ep.g, M, mt, ntn, ktiles, base, bars);
+            return;
+        }
+        if (SPLIT && warp > 0) {
+            split_epilogue();
             return;
         }
         if (threadIdx.x != 0) return;
@@ -613,65 +797,15 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
         }
         return;
     }
+    if (SPLIT && wg == 1 + NCW) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SPLIT_HELPER_REGS));
+        split_epilogue();
+        return;
+    }
 
     // Consumers: warpgroup cw computes rows [64 cw, 64 cw + 64) of every tile.
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs(BN)));
-    const int cw = wg - 1, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
-
-    // A tile's coordinates and the epilogue's popcount terms: popc(w) of its columns (lane l:
-    // columns l, l + 32, ...), and popc(x) and K of this thread's fragment rows. They are loaded
-    // before the tile's MMAs so that their latency hides behind them (and used only after them),
-    // except in the first tile of a GEMM that starts under the kernel writing them
-    // (ep.terms_last), which waits for that kernel just before its epilogue.
-    constexpr int NCP = BINARY && FAST ? BN / 32 : 1;
-    struct tile_terms {
-        int64_t mt0, nt;
-        int cpop[NCP], rpop[2], rk[2], rborder[2];
-        float rowf[2]; // K - 2 popc(x) - DOT_BIAS_F, made before the epilogue
-    };
-    auto load_terms = [&](tile_terms & tt) {
-#pragma unroll
-        for (int q = 0; q < NCP; q++) {
-            const int64_t n = tt.nt + lane + 32 * q;
-            tt.cpop[q] = BINARY && FAST && n < N ? __ldg(ep.colpop + n) : 0;
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int64_t m = tt.mt0 + cw * 64 + warp * 16 + lane / 4 + 8 * r;
-            tt.rpop[r] = tt.rk[r] = tt.rborder[r] = 0;
-            if (BINARY && FAST && m < M) {
-                if (TAPS && ep.rowterms) { // gathered rows: terms made by conv_rowpop
-                    const int2 rt = __ldg(ep.rowterms + m);
-                    tt.rk[r] = rt.x; // (K over the valid taps - 2 popc(x), with rpop 0)
-                    tt.rborder[r] = rt.y;
-                } else if (TAPS) { // a zero-padded conv: K counts the valid taps only
-                    const row_info ri = make_row(ep, m, M);
-                    tt.rk[r] = (int)ri.kterm;
-                    tt.rpop[r] = ri.rowpop;
-                    tt.rborder[r] = ri.border;
-                } else {
-                    tt.rk[r] = (int)ep.g.K;
-                    tt.rpop[r] = __ldg(ep.rowpop + m);
-                }
-            }
-        }
-    };
-    // Before a tile's epilogue: its terms if they were left for now, the row terms and the warp's
-    // copy of the column terms (DOT_BIAS - 2 popc(w)).
-    auto prepare_epilogue = [&](int64_t j, tile_terms & tt) {
-        if (j == 0 && ep.terms_last) {
-            griddep_wait();
-            load_terms(tt);
-        }
-        if (BINARY && FAST) {
-#pragma unroll
-            for (int r = 0; r < 2; r++) tt.rowf[r] = __fsub_rn(__int2float_rn(tt.rk[r] - 2 * tt.rpop[r]), DOT_BIAS_F);
-#pragma unroll
-            for (int q = 0; q < NCP; q++) ep_colterm[lane + 32 * q] = DOT_BIAS - 2 * tt.cpop[q];
-            __syncwarp();
-        }
-    };
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs(BINARY, BN)));
+    const int cw = wg - 1, cwarp = cw * 4 + warp;
     // One stage of MMAs into d (kt: the stage's index in its tile); the stage before it goes back
     // to the producer once its MMAs are done (at most one group of MMAs stays in flight).
     int it = 0, prev = -1;
@@ -697,26 +831,58 @@ __global__ void __launch_bounds__(threads_for(BN), 1)
     };
 
     int d[ACC];
-    tile_terms tt;
 #pragma unroll
     for (int i = 0; i < ACC; i++) d[i] = 0;
-    int64_t j = 0;
+    const float scale = SPLIT ? 0.0f : __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
+    // SPLIT: consumer warp c loads the column terms of columns c BN/8 + lane (lane < BN/8) only.
+    constexpr int CSTEP = SPLIT ? 0 : 32;
+    int j = 0;
     for (tile_walk w(blockIdx.x, gridDim.x, mt); w.ni < ntn; w.next(), j++) {
-        tt.mt0 = (int64_t)w.mi * BM;
-        tt.nt = (int64_t)w.ni * BN;
-        if (!(j == 0 && ep.terms_last)) load_terms(tt);
+        const int64_t mt0 = (int64_t)w.mi * BM, nt = (int64_t)w.ni * BN;
+        const int64_t mw = mt0 + cw * 64 + warp * 16; // this warp's first row
+        const int64_t n0 = SPLIT ? nt + cwarp * (BN / 8) : nt;
+        int cpop[NCP];
+        row_terms rt;
+        if (!(j == 0 && ep.terms_last)) {
+            load_cols(cpop, n0, CSTEP);
+            load_rows(rt, mw);
+        }
         for (int kt = 0; kt < ktiles; kt++) mma_stage(d, kt);
         drain();
         pin<ACC>(d);
-        prepare_epilogue(j, tt);
-        const int64_t mw = tt.mt0 + cw * 64 + warp * 16; // this warp's first row
-        if constexpr (std::is_same<T, bits_t>::value)
-            epilogue_bits<BINARY, BN, TAPS>(ep, d, ep_stage, ep_colterm, mw, tt.nt, M, N, tt.rowf, tt.rborder);
-        else
-            epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, ep_colterm, ymap, y_mode, mw, tt.nt, M, N, scale,
-                                                tt.rowf, tt.rborder);
+        if (j == 0 && ep.terms_last) {
+            griddep_wait();
+            load_cols(cpop, n0, CSTEP);
+            load_rows(rt, mw);
+        }
+        prepare_rows(rt);
+        if constexpr (SPLIT) {
+            // The warp's part of the dump and its terms: once the epilogue warps have read the last
+            // tile's.
+            uint32_t * const part = dump + cwarp * BN * 8;
+            mbar_wait(dump_empty, (j & 1) ^ 1);
+#pragma unroll
+            for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) part[(2 * i + h) * 32 + lane] = __byte_perm(d[4 * i + 2 * h], d[4 * i + 2 * h + 1], 0x5410);
+            if (lane < BN / 8) terms_col[cwarp * (BN / 8) + lane] = DOT_BIAS - 2 * cpop[0];
+            if (lane % 4 == 0)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    terms_rowf[cwarp * 16 + lane / 4 + 8 * h] = rt.rowf[h];
+                    terms_border[cwarp * 16 + lane / 4 + 8 * h] = rt.rborder[h];
+                }
+            mbar_arrive(dump_full);
+        } else {
+            if (BINARY && FAST) {
+#pragma unroll
+                for (int q = 0; q < NCP; q++) ep_colterm[lane + 32 * q] = DOT_BIAS - 2 * cpop[q];
+                __syncwarp();
+            }
+            finish(acc_regs{d}, rt.rowf, rt.rborder, mw, nt, scale);
+        }
     }
-    if (ymap && lane == 0) tma_store_wait_all(); // the stage must outlive its last store
+    if (!SPLIT && ymap && lane == 0) tma_store_wait_all(); // the stage must outlive its last store
 #endif
 }
 
@@ -789,11 +955,19 @@ bool y_planes(const gemm_epilogue & ep) {
            (g.OH == 1 || y.stride[2] == g.OW);
 }
 
+// Whether the SPLIT tiles can take this GEMM: their epilogue warps store float y by bulk copies only.
+bool split_fits(const gemm_epilogue & ep, int64_t M, int64_t N) {
+    const int dt = ep.y.dtype;
+    CUtensorMap m;
+    return (dt == BIE_DTYPE_F16 || dt == BIE_DTYPE_BF16 || dt == BIE_DTYPE_F32) && ep.g.K < DOT_BIAS_MAX_K &&
+           make_y_map(&m, ep, M, N);
+}
+
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
                        int ktiles, const gemm_epilogue & ep, const gemm_gather & gs, int slot) {
     auto kern = wgmma_gemm<BINARY, BN, T, FAST, TAPS>;
-    const int smem = smem_for(BN), BM = bm_for(BN);
+    const int smem = smem_for(BINARY, BN), BM = bm_for(BN), threads = threads_for(BINARY, BN);
     struct bie_cuda_state * st = ctx->cuda;
     if (slot < 0 || slot >= 64) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: launch slot %d out of range", slot);
     if (!(st->wgmma_smem_set & (1ull << slot))) {
@@ -801,7 +975,7 @@ enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtens
         // than the split assumes.
         cudaFuncAttributes fa;
         CU_TRY(ctx, cudaFuncGetAttributes(&fa, kern), "cudaFuncGetAttributes(wgmma gemm)");
-        if (fa.numRegs * threads_for(BN) < 128 * PRODUCER_REGS + 128 * cw_for(BN) * consumer_regs(BN))
+        if (fa.numRegs * threads < regs_needed(BINARY, BN))
             return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: built with %d registers per thread, too few",
                                  fa.numRegs);
         CU_TRY(ctx, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
@@ -815,49 +989,70 @@ enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtens
     CUtensorMap ty;
     const bool y_by_map = FAST && make_y_map(&ty, ep, M, N);
     if (!y_by_map) memset(&ty, 0, sizeof ty);
+    if (split_for(BINARY, BN) && !y_by_map) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: SPLIT tiles without a y map");
     const int y_mode = y_by_map ? Y_ROWS_MAP : FAST && y_planes(ep) ? Y_PLANES : Y_ROWS;
     // After a kernel that wrote epilogue terms only, as a programmatic dependent launch: the CTAs
     // start (barriers, first loads and MMAs) while that kernel finishes.
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg =
-        bie_cuda_launch_config(ctx, dim3(grid), dim3(threads_for(BN)), (size_t)smem, ep.terms_last, &attr);
+        bie_cuda_launch_config(ctx, dim3(grid), dim3(threads), (size_t)smem, ep.terms_last, &attr);
     CU_TRY(ctx, cudaLaunchKernelEx(&cfg, kern, ta, tb, ty, y_mode, M, N, ktiles, ep, gs), "wgmma gemm launch");
     LAUNCHED(ctx, "wgmma gemm");
     return BIE_STATUS_OK;
 }
 
+// Launch slots (bits of wgmma_smem_set): 9 per tile shape (width, operand type), in the order
+// of by_output's launches below.
 template <bool BINARY, int BN>
 enum bie_status by_output(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
-                          int ktiles, const gemm_epilogue & ep, const gemm_gather & gs, int slot) {
+                          int ktiles, const gemm_epilogue & ep, const gemm_gather & gs, int shape) {
     const struct dview & y = ep.y;
     const bool fast = (y.stride[1] == 1 || N == 1 || y_planes(ep)) && (!BINARY || ep.g.K < DOT_BIAS_MAX_K);
-    if (y.dtype == BIE_DTYPE_B1 && !ep.sign) { // sign bits straight from the epilogue
-        if (BINARY && ep.tapcorr) return launch<BINARY, BN, bits_t, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, 24 + slot * 4 + 3);
-        return launch<BINARY, BN, bits_t, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, 48 + slot);
-    }
-    if (BINARY && ep.tapcorr && fast) { // a zero-padded binary conv: the border correction compiled in
-        const int ts = 2 * 4 * 3 + slot * 4; // after the 24 slots below (the 4th of each four: B1 y)
-        if (y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, ts);
+    const int slot = 9 * shape;
+    if constexpr (split_for(BINARY, BN)) { // (bie_cuda_gemm_wgmma checked split_fits)
+        const bool taps = ep.tapcorr != NULL;
+        if (y.dtype == BIE_DTYPE_F16)
+            return taps ? launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 2)
+                        : launch<BINARY, BN, __half, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 5);
         if (y.dtype == BIE_DTYPE_BF16)
-            return launch<BINARY, BN, __nv_bfloat16, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, ts + 1);
-        if (y.dtype == BIE_DTYPE_F32) return launch<BINARY, BN, float, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, ts + 2);
-    } // (other y of a zero-padded conv: the element-wise path below, which handles the taps too)
-    slot *= 4;
-    if (fast && y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot);
-    if (fast && y.dtype == BIE_DTYPE_BF16)
-        return launch<BINARY, BN, __nv_bfloat16, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 1);
-    if (fast && y.dtype == BIE_DTYPE_F32)
-        return launch<BINARY, BN, float, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 2);
-    return launch<BINARY, BN, float, false, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 3);
+            return taps ? launch<BINARY, BN, __nv_bfloat16, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 3)
+                        : launch<BINARY, BN, __nv_bfloat16, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 6);
+        return taps ? launch<BINARY, BN, float, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 4)
+                    : launch<BINARY, BN, float, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 7);
+    } else {
+        if (y.dtype == BIE_DTYPE_B1 && !ep.sign) { // sign bits straight from the epilogue
+            if (BINARY && ep.tapcorr) return launch<BINARY, BN, bits_t, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, slot);
+            return launch<BINARY, BN, bits_t, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 1);
+        }
+        if (BINARY && ep.tapcorr && fast) { // a zero-padded binary conv: the border correction compiled in
+            if (y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 2);
+            if (y.dtype == BIE_DTYPE_BF16)
+                return launch<BINARY, BN, __nv_bfloat16, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 3);
+            if (y.dtype == BIE_DTYPE_F32) return launch<BINARY, BN, float, true, true>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 4);
+        } // (other y of a zero-padded conv: the element-wise path below, which handles the taps too)
+        if (fast && y.dtype == BIE_DTYPE_F16) return launch<BINARY, BN, __half, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 5);
+        if (fast && y.dtype == BIE_DTYPE_BF16)
+            return launch<BINARY, BN, __nv_bfloat16, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 6);
+        if (fast && y.dtype == BIE_DTYPE_F32)
+            return launch<BINARY, BN, float, true, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 7);
+        return launch<BINARY, BN, float, false, false>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 8);
+    }
 }
 
+// Shapes 0-2: n-bit 64, 128, 256 columns; 3-6: binary 64, 128, 192, 256.
 template <bool BINARY>
 enum bie_status by_width(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int bn, int64_t M,
                          int64_t N, int ktiles, const gemm_epilogue & ep, const gemm_gather & gs) {
-    const int slot = BINARY ? 3 : 0;
-    if (bn == 64) return by_output<BINARY, 64>(ctx, ta, tb, M, N, ktiles, ep, gs, slot);
-    if (bn == 128) return by_output<BINARY, 128>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 1);
-    return by_output<BINARY, 256>(ctx, ta, tb, M, N, ktiles, ep, gs, slot + 2);
+    if constexpr (BINARY) {
+        if (bn == 64) return by_output<true, 64>(ctx, ta, tb, M, N, ktiles, ep, gs, 3);
+        if (bn == 128) return by_output<true, 128>(ctx, ta, tb, M, N, ktiles, ep, gs, 4);
+        if (bn == 192) return by_output<true, 192>(ctx, ta, tb, M, N, ktiles, ep, gs, 5);
+        return by_output<true, 256>(ctx, ta, tb, M, N, ktiles, ep, gs, 6);
+    } else {
+        if (bn == 64) return by_output<false, 64>(ctx, ta, tb, M, N, ktiles, ep, gs, 0);
+        if (bn == 128) return by_output<false, 128>(ctx, ta, tb, M, N, ktiles, ep, gs, 1);
+        return by_output<false, 256>(ctx, ta, tb, M, N, ktiles, ep, gs, 2);
+    }
 }
 
 } // namespace
@@ -877,16 +1072,24 @@ bool bie_cuda_wgmma_usable(bie_context_t * ctx) {
     return bie_cuda_cc(ctx) == 90 && !ctx->cuda->force_mma && encoder() != NULL;
 }
 
-int bie_cuda_wgmma_tile_n(bie_context_t * ctx, int64_t M, int64_t N) {
-    // The narrowest width that covers N when N is small (a conv with 64 channels wastes nothing),
-    // else 256 when that still gives every SM a tile, else 128.
-    const int64_t mt = (M + 127) / 128;
-    return N <= 64 ? 64 : N <= 128 ? 128 : mt * ((N + 255) / 256) >= bie_cuda_sm_count(ctx) ? 256 : 128;
+int bie_cuda_wgmma_tile_n(bie_context_t * ctx, int64_t M, int64_t N, int64_t kbytes, bool binary) {
+    // The narrowest width that covers N when N is small (a conv with 64 channels wastes nothing).
+    // Wider, tiles that still give every SM one: binary, 192 (SPLIT, the epilogue overlapped) when
+    // the popcounts fit 16 bits, the last column tile wastes at most N / 16 and every SM gets
+    // SPLIT_MIN_ROUNDS tiles or more; else 256, else 128.
+    const int64_t mt = (M + 127) / 128, sms = bie_cuda_sm_count(ctx), n192 = (N + 191) / 192;
+    if (N <= 64) return 64;
+    if (N <= 128) return 128;
+    if (binary && kbytes / BK <= SPLIT_MAX_KTILES && n192 * 192 - N <= N / 16 &&
+        mt * n192 >= SPLIT_MIN_ROUNDS * sms)
+        return 192;
+    return mt * ((N + 255) / 256) >= sms ? 256 : 128;
 }
 
 enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
                                     int64_t kbytes, const gemm_epilogue & ep, const gemm_gather * gs) {
-    const int bn = bie_cuda_wgmma_tile_n(ctx, M, N);
+    int bn = bie_cuda_wgmma_tile_n(ctx, M, N, kbytes, ep.binary);
+    if (bn == 192 && !split_fits(ep, M, N)) bn = 256; // (B1 y, y without a map: the consumers store it)
     CUtensorMap ta, tb;
     if (!make_map(&tb, B, N, kbytes, ep.ldb, bn) || (!gs && !make_map(&ta, A, M, kbytes, kbytes, bm_for(bn))))
         return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cuTensorMapEncodeTiled refused the GEMM operands");

@@ -444,8 +444,9 @@ bool bie_cuda_wgmma_packs_bits(const struct gemm_epilogue & ep, int64_t N);
 // can encode tensor maps. BIE_CUDA_GEMM=mma in the environment (read once per context and device)
 // forces the mma.sync kernel.
 bool bie_cuda_wgmma_usable(bie_context_t * ctx);
-// The width (columns of y) of the wgmma GEMM's tiles for M x N: 64, 128 or 256.
-int bie_cuda_wgmma_tile_n(bie_context_t * ctx, int64_t M, int64_t N);
+// The width (columns of y) of the wgmma GEMM's tiles for M x N with rows of kbytes: 64, 128,
+// 192 (binary, used when y suits them, else 256) or 256.
+int bie_cuda_wgmma_tile_n(bie_context_t * ctx, int64_t M, int64_t N, int64_t kbytes, bool binary);
 enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
                                     int64_t N, int64_t kbytes, const struct gemm_epilogue & ep,
                                     const struct gemm_gather * gs);

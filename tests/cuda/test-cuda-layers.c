@@ -42,13 +42,19 @@ static void random_case(struct lcase * c, int big) {
     memset(c, 0, sizeof *c);
     c->conv = test_rand_int(0, 1);
     static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
-    c->quant = big == 3 ? BIE_QUANT_BINARY : qs[test_rand_int(0, 2)];
+    c->quant = big >= 3 ? BIE_QUANT_BINARY : qs[test_rand_int(0, 2)];
     const int bin = c->quant == BIE_QUANT_BINARY;
     if (big == 1) { // more tiles than SMs, so every CTA of a persistent grid takes several
         c->conv = 0;
         c->batch = 1100;
         c->C = test_rand_int(40, 1200);
         c->O = test_rand_int(0, 1) ? 4100 : 4104; // 4104: 16-byte rows in f16, stored by bulk copies
+    } else if (big == 4) { // binary, large: the 128 x 192 tiles with epilogue warps (on
+                           // Hopper, 12 tiles per SM or more)
+        c->conv = 0;
+        c->batch = test_rand_int(6400, 6600);
+        c->C = test_rand_int(1, 600);
+        c->O = test_rand_int(0, 1) ? 8 * test_rand_int(768, 790) : test_rand_int(6145, 6300);
     } else if (big == 2) { // a conv with several row tiles, column tiles and K stages
         c->conv = 1;
         c->batch = test_rand_int(1, 2);
@@ -384,6 +390,11 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < (cuda_test_quick() ? 0 : 4); i++) { // the widest tiles
         struct lcase c;
         random_case(&c, 1);
+        test_forward(&c);
+    }
+    for (int i = 0; i < (cuda_test_quick() ? 1 : 6); i++) { // large binary GEMMs
+        struct lcase c;
+        random_case(&c, 4);
         test_forward(&c);
     }
     for (int i = 0; i < (cuda_test_quick() ? 2 : 10); i++) { // larger convolutions
