@@ -870,7 +870,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     terms_rowf[cwarp * 16 + lane / 4 + 8 * h] = rt.rowf[h];
-                    terms_border[cwarp * 16 + lane / 4 + 8 * h] = rt.rborder[h];
+                    if (TAPS) terms_border[cwarp * 16 + lane / 4 + 8 * h] = rt.rborder[h];
                 }
             mbar_arrive(dump_full);
         } else {
