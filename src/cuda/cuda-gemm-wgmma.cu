@@ -53,8 +53,8 @@ __host__ __device__ constexpr int bm_for(int bn) { return 64 * cw_for(bn); } // 
 // accumulators.
 constexpr int64_t SPLIT_MAX_KTILES = 63; // 63 * 1024 bits: the largest popcount fits 16 bits
 // With few tiles per SM the last tile's epilogue, which nothing overlaps, and the partial last
-// round weigh more than the overlap gains: 4096^3 took 0.033 ms in 128 x 192 tiles, 0.027 ms in
-// 128 x 256 ones (5.3 and 3.9 tiles per SM).
+// round weigh more than the overlap gains: 4096^3 took 0.0326-0.0338 ms in 128 x 192 tiles and
+// 0.0320-0.0326 ms in 128 x 256 ones in the same runs (5.3 and 3.9 tiles per SM).
 constexpr int64_t SPLIT_MIN_ROUNDS = 12;
 __host__ __device__ constexpr bool split_for(bool binary, int bn) { return binary && bn == 192; }
 __host__ __device__ constexpr int threads_for(bool binary, int bn) { // + the producer (+ the epilogue)
@@ -344,8 +344,8 @@ __device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const 
 // bytes apart, N % 8 == 0. The warp's 16 rows of signs go to the stage (16 rows x BN/8 bytes) a
 // word at a time, then leave a word per lane. (Two ballots per 8-column group and a bit-by-bit
 // interleave took about 30 instructions a byte; this takes about 5.)
-template <bool BINARY, int BN, bool TAPS, class D>
-__device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const D & d, uint8_t * stage,
+template <bool BINARY, int BN, bool TAPS>
+__device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const acc_regs & d, uint8_t * stage,
                                               const int * colterm, int64_t mw, int64_t nt, int64_t M, int64_t N,
                                               const float * rowf, const int * rowborder) {
     const int lane = threadIdx.x % 32, g = lane / 4;
@@ -391,8 +391,8 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const D 
 }
 
 // Any y, element by element (the shared path of cuda-epilogue.cuh): the warp's 16 rows.
-template <bool BINARY, int BN, class D>
-__device__ __forceinline__ void epilogue_elements(const gemm_epilogue & ep, const D & d, int64_t mw, int64_t nt,
+template <bool BINARY, int BN>
+__device__ __forceinline__ void epilogue_elements(const gemm_epilogue & ep, const acc_regs & d, int64_t mw, int64_t nt,
                                                   int64_t M, int64_t N, float scale) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
@@ -471,8 +471,8 @@ __device__ __forceinline__ void epilogue_box(const gemm_epilogue & ep, const D &
 // per lane. With y as planes (Y_PLANES) the stage holds the chunk transposed and each feature's
 // 16 pixels leave as one run. TAPS: a zero-padded binary conv, whose border rows add back the
 // popcounts of their taps outside the image. Other y go element by element.
-template <bool BINARY, int BN, typename T, bool FAST, bool TAPS, class D>
-__device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const D & d, uint8_t * stage,
+template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
+__device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_regs & d, uint8_t * stage,
                                          const int * colterm, const CUtensorMap * ymap, int y_mode, int64_t mw,
                                          int64_t nt, int64_t M, int64_t N, float scale, const float * rowf,
                                          const int * rowborder) {
@@ -665,10 +665,12 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     float * const terms_rowf = (float *)(area + dump_for(BINARY, BN) + 1024); // its rows' float terms
     int * const terms_border = (int *)(area + dump_for(BINARY, BN) + 1536);   // and border classes
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    // The epilogue warps. SPLIT: warps 1-3 of the producer warpgroup (unless it gathers rows: all
-    // its warps copy them) and the fourth warpgroup; else the consumer warps.
-    const int n_ewarps = SPLIT ? (gs.x ? 4 : 7) : 4 * NCW;
-    const int ewarp = !SPLIT ? threadIdx.x / 32 - 4 : wg == 0 ? warp - 1 : gs.x ? warp : 3 + warp;
+    // The epilogue warps. SPLIT (never with gathered rows, which take the whole producer
+    // warpgroup): warps 1-3 of the producer warpgroup and the fourth warpgroup; else the consumer
+    // warps.
+    static_assert(!SPLIT || (FAST && !std::is_same<T, bits_t>::value), "SPLIT tiles store float y by bulk copies");
+    const int n_ewarps = SPLIT ? 7 : 4 * NCW;
+    const int ewarp = !SPLIT ? threadIdx.x / 32 - 4 : wg == 0 ? warp - 1 : 3 + warp;
     uint8_t * const ep_stage = area + (SPLIT ? dump_for(BINARY, BN) + EP_TERMS : 0) + ewarp * EP_STAGE;
     int * const ep_colterm = SPLIT ? terms_col : (int *)(area + 4 * NCW * EP_STAGE + ewarp * EP_COLTERM);
     const CUtensorMap * const ymap = FAST && y_mode == Y_ROWS_MAP ? &ty : NULL;
@@ -682,8 +684,10 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
             mbar_init(full(s), gs.x ? 129 : 1); // (gathering: every producer thread and the B load)
             mbar_init(empty(s), 4 * NCW); // one arrival per consumer warp
         }
-        mbar_init(dump_full, 128 * NCW); // (SPLIT: every consumer thread, then every epilogue thread)
-        mbar_init(dump_empty, 32 * n_ewarps);
+        if (SPLIT) {
+            mbar_init(dump_full, 128 * NCW); // every consumer thread, then every epilogue thread
+            mbar_init(dump_empty, 32 * n_ewarps);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -698,10 +702,10 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
         int rpop[2], rk[2], rborder[2];
         float rowf[2]; // K - 2 popc(x) - DOT_BIAS_F, made before the epilogue
     };
-    auto load_cols = [&](int * cpop, int64_t n0, int step) { // columns n0 + lane + step q
+    auto load_cols = [&](int * cpop, int64_t n0) { // columns n0 + lane + 32 q
 #pragma unroll
         for (int q = 0; q < NCP; q++) {
-            const int64_t n = n0 + lane + step * q;
+            const int64_t n = n0 + lane + 32 * q;
             cpop[q] = BINARY && FAST && n < N ? __ldg(ep.colpop + n) : 0;
         }
     };
@@ -737,7 +741,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     };
     // The epilogue of a warp's 16 rows from mw of the tile at column nt (colterm: DOT_BIAS - 2
     // popc(w) of the tile's columns).
-    auto finish = [&](const auto & d, const float * rowf, const int * rowborder, int64_t mw, int64_t nt, float scale) {
+    auto finish = [&](const acc_regs & d, const float * rowf, const int * rowborder, int64_t mw, int64_t nt, float scale) {
         if constexpr (std::is_same<T, bits_t>::value)
             epilogue_bits<BINARY, BN, TAPS>(ep, d, ep_stage, ep_colterm, mw, nt, M, N, rowf, rowborder);
         else
@@ -745,10 +749,9 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
                                                 rowborder);
     };
     // SPLIT: the epilogue warps. y leaves by bulk stores (the host launches SPLIT only with a y
-    // map and T a float type): each tile's chunks (consumer warp, 128 bytes of its 16 rows) are
-    // dealt round-robin.
+    // map): each tile's chunks (consumer warp, 128 bytes of its 16 rows) are dealt round-robin.
     auto split_epilogue = [&] {
-        if constexpr (SPLIT && FAST && !std::is_same<T, bits_t>::value) {
+        if constexpr (SPLIT) {
             if (ep.terms_last) griddep_wait(); // (the scales and border corrections)
             const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
             constexpr int NC = BN / (128 / (int)sizeof(T)); // column chunks
@@ -834,8 +837,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
 #pragma unroll
     for (int i = 0; i < ACC; i++) d[i] = 0;
     const float scale = SPLIT ? 0.0f : __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
-    // SPLIT: consumer warp c loads the column terms of columns c BN/8 + lane (lane < BN/8) only.
-    constexpr int CSTEP = SPLIT ? 0 : 32;
+    // (SPLIT: consumer warp c loads the column terms of columns c BN/8 + lane, lane < BN/8, only)
     int j = 0;
     for (tile_walk w(blockIdx.x, gridDim.x, mt); w.ni < ntn; w.next(), j++) {
         const int64_t mt0 = (int64_t)w.mi * BM, nt = (int64_t)w.ni * BN;
@@ -844,7 +846,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
         int cpop[NCP];
         row_terms rt;
         if (!(j == 0 && ep.terms_last)) {
-            load_cols(cpop, n0, CSTEP);
+            load_cols(cpop, n0);
             load_rows(rt, mw);
         }
         for (int kt = 0; kt < ktiles; kt++) mma_stage(d, kt);
@@ -852,7 +854,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
         pin<ACC>(d);
         if (j == 0 && ep.terms_last) {
             griddep_wait();
-            load_cols(cpop, n0, CSTEP);
+            load_cols(cpop, n0);
             load_rows(rt, mw);
         }
         prepare_rows(rt);
@@ -989,7 +991,8 @@ enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtens
     CUtensorMap ty;
     const bool y_by_map = FAST && make_y_map(&ty, ep, M, N);
     if (!y_by_map) memset(&ty, 0, sizeof ty);
-    if (split_for(BINARY, BN) && !y_by_map) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: SPLIT tiles without a y map");
+    if (split_for(BINARY, BN) && (!y_by_map || gs.x))
+        return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: SPLIT tiles without a y map or with gathered rows");
     const int y_mode = y_by_map ? Y_ROWS_MAP : FAST && y_planes(ep) ? Y_PLANES : Y_ROWS;
     // After a kernel that wrote epilogue terms only, as a programmatic dependent launch: the CTAs
     // start (barriers, first loads and MMAs) while that kernel finishes.
@@ -1089,7 +1092,8 @@ int bie_cuda_wgmma_tile_n(bie_context_t * ctx, int64_t M, int64_t N, int64_t kby
 enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
                                     int64_t kbytes, const gemm_epilogue & ep, const gemm_gather * gs) {
     int bn = bie_cuda_wgmma_tile_n(ctx, M, N, kbytes, ep.binary);
-    if (bn == 192 && !split_fits(ep, M, N)) bn = 256; // (B1 y, y without a map: the consumers store it)
+    // (B1 y, y without a map, gathered rows: the consumers store the tiles)
+    if (bn == 192 && (gs || !split_fits(ep, M, N))) bn = 256;
     CUtensorMap ta, tb;
     if (!make_map(&tb, B, N, kbytes, ep.ldb, bn) || (!gs && !make_map(&ta, A, M, kbytes, kbytes, bm_for(bn))))
         return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cuTensorMapEncodeTiled refused the GEMM operands");

@@ -54,7 +54,7 @@ static void random_case(struct lcase * c, int big) {
         c->conv = 0;
         c->batch = test_rand_int(6400, 6600);
         c->C = test_rand_int(1, 600);
-        c->O = test_rand_int(0, 1) ? 8 * test_rand_int(768, 790) : test_rand_int(6145, 6300);
+        c->O = 8 * test_rand_int(768, 790); // (16-byte rows of y: stored by bulk copies, as those tiles need)
     } else if (big == 2) { // a conv with several row tiles, column tiles and K stages
         c->conv = 1;
         c->batch = test_rand_int(1, 2);
@@ -117,6 +117,7 @@ static void random_case(struct lcase * c, int big) {
     c->ykind = (int)test_rand_int(0, 2);
     c->sa = test_rand_float(0.05f, 2.0f);
     c->sw = test_rand_float(0.05f, 2.0f);
+    if (big == 4) c->ydt = float_dts[test_rand_int(0, 2)]; // (float y: the only y those tiles store)
     if (big == 3) { // whole words of channels per pixel: channels-last bits (the word-copy bit
                     // im2col), or floats channels-last or NCHW (packed into such bits first)
         c->xdt = test_rand_int(0, 1) ? BIE_DTYPE_B1 : float_dts[test_rand_int(0, 2)];
