@@ -437,6 +437,12 @@ __device__ __forceinline__ void epilogue_box(const gemm_epilogue & ep, const D &
                                              int64_t N, float scale, const float * rowf, const int * border) {
     constexpr int CC = 128 / (int)sizeof(T), GC = CC / 8; // columns and column groups per chunk
     const int lane = threadIdx.x % 32;
+    if (NH == 1 && mw + 8 * h0 >= M) {
+        // No rows to store. The next box refills the other half, whose last store is then the
+        // newest: it must have read its half already (the wait before a box allows one pending).
+        if (lane == 0) tma_store_wait_read<0>();
+        return;
+    }
     float2 v[NH][GC];
 #pragma unroll
     for (int hh = 0; hh < NH; hh++)

@@ -97,12 +97,22 @@ static inline void max_diff(const struct bie_tensor * a, const struct bie_tensor
 }
 
 // Number of elements whose stored values differ (exact comparison, element by element).
-static inline int64_t count_mismatch(const struct bie_tensor * a, const struct bie_tensor * b) {
+// The elements where a and b (one shape) differ: how many, and the first and the last of them
+// (index, a's value, b's value) written to `where`.
+static inline int64_t count_mismatch(const struct bie_tensor * a, const struct bie_tensor * b, char * where, size_t n) {
     int64_t bad = 0;
     int64_t idx[BIE_MAX_DIMS] = {0};
+    char first[128] = "", last[128] = "";
     do {
         const double x = bie_load(a, bie_offset(a, idx)), y = bie_load(b, bie_offset(b, idx));
-        if (!(x == y || (isnan(x) && isnan(y)))) bad++;
+        if (!(x == y || (isnan(x) && isnan(y)))) {
+            char * at = bad ? last : first;
+            int len = snprintf(at, 128, "[");
+            for (int d = 0; d < a->ndim; d++) len += snprintf(at + len, (size_t)(128 - len), "%s%lld", d ? "," : "", (long long)idx[d]);
+            snprintf(at + len, (size_t)(128 - len), "] %g vs %g", x, y);
+            bad++;
+        }
     } while (bie_next_index(a, idx));
+    snprintf(where, n, "first %s%s%s", first, bad > 1 ? ", last " : "", bad > 1 ? last : "");
     return bad;
 }

@@ -55,6 +55,25 @@ static void random_case(struct lcase * c, int big) {
         c->batch = test_rand_int(6400, 6600);
         c->C = test_rand_int(1, 600);
         c->O = 8 * test_rand_int(768, 790); // (16-byte rows of y: stored by bulk copies, as those tiles need)
+    } else if (big == 5) { // binary, 256-column tiles (64 x 256 ping-pong tiles on Hopper): more
+                           // 128 x 256 tiles than SMs, too few for the epilogue warps
+        c->conv = 0;
+        c->batch = test_rand_int(1090, 1300);
+        c->C = test_rand_int(1, 2600);
+        c->O = test_rand_int(3600, 4200);
+    } else if (big == 6) { // a binary conv whose rows the GEMM gathers, in 256-column tiles
+        c->conv = 1;
+        c->batch = 2;
+        c->C = 32 * test_rand_int(1, 2);
+        c->H = c->W = test_rand_int(92, 96);
+        c->O = test_rand_int(129, 256);
+        for (int i = 0; i < 2; i++) {
+            c->cd.kernel[i] = 3;
+            c->cd.stride[i] = 1;
+            c->cd.padding[i] = 1;
+            c->cd.dilation[i] = 1;
+        }
+        c->cd.groups = 1;
     } else if (big == 2) { // a conv with several row tiles, column tiles and K stages
         c->conv = 1;
         c->batch = test_rand_int(1, 2);
@@ -118,7 +137,7 @@ static void random_case(struct lcase * c, int big) {
     c->sa = test_rand_float(0.05f, 2.0f);
     c->sw = test_rand_float(0.05f, 2.0f);
     if (big == 4) c->ydt = float_dts[test_rand_int(0, 2)]; // (float y: the only y those tiles store)
-    if (big == 3) { // whole words of channels per pixel: channels-last bits (the word-copy bit
+    if (big == 3 || big == 6) { // whole words of channels per pixel: channels-last bits (the word-copy bit
                     // im2col), or floats channels-last or NCHW (packed into such bits first)
         c->xdt = test_rand_int(0, 1) ? BIE_DTYPE_B1 : float_dts[test_rand_int(0, 2)];
         c->xkind = c->xdt == BIE_DTYPE_B1 ? 1 : (int)test_rand_int(0, 1); // floats: NCHW planes too
@@ -229,8 +248,10 @@ static void test_forward(const struct lcase * c) {
         CHECK(bie_context_cuda_synchronize(cu_ctx) == BIE_STATUS_OK, "sync: %s", bie_context_last_error(cu_ctx));
         cuda_fetch(&y_cu, &dy);
         const int same = memcmp(y_cu.data, y_ref.data, tensor_span(&y_ref)) == 0;
-        CHECK(same, "forward y differs from the reference (%lld of %lld elements) on %s",
-              (long long)count_mismatch(&y_cu, &y_ref), (long long)bie_tensor_numel(&y_ref), c->text);
+        char where[256] = "";
+        const long long bad = same ? 0 : (long long)count_mismatch(&y_cu, &y_ref, where, sizeof where);
+        CHECK(same, "forward y differs from the reference (%lld of %lld elements; %s) on %s", bad,
+              (long long)bie_tensor_numel(&y_ref), where, c->text);
     }
     cuda_tensor_free(&dy);
     test_tensor_free(&y_ref);
@@ -396,6 +417,16 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < (cuda_test_quick() ? 1 : 6); i++) { // large binary GEMMs
         struct lcase c;
         random_case(&c, 4);
+        test_forward(&c);
+    }
+    for (int i = 0; i < (cuda_test_quick() ? 1 : 4); i++) { // binary, 256-column tiles
+        struct lcase c;
+        random_case(&c, 5);
+        test_forward(&c);
+    }
+    for (int i = 0; i < (cuda_test_quick() ? 1 : 2); i++) { // binary convs gathered in 256-column tiles
+        struct lcase c;
+        random_case(&c, 6);
         test_forward(&c);
     }
     for (int i = 0; i < (cuda_test_quick() ? 2 : 10); i++) { // larger convolutions
