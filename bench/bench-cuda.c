@@ -14,7 +14,7 @@
 //
 // Entry point: bie_bench_cuda_main(argc, argv), the hook of bench.h (options: --quick, --json,
 // --case SUBSTRING of binary-gemm|binary-conv|int4-linear|train-step, --call-only: no graph
-// replays, e.g. under a profiler; others are ignored). With
+// replays, e.g. under a profiler; --rows M: binary-gemm only at M rows; others are ignored). With
 // -DBIE_BENCH_CUDA_MAIN it is also a program of its own.
 #include <cublas_v2.h>
 #include <stdint.h>
@@ -491,11 +491,13 @@ static int want(const char * only, const char * name) { return !only || strstr(n
 
 int bie_bench_cuda_main(int argc, char ** argv) {
     const char * only = NULL;
+    long long rows_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
         else if (!strcmp(argv[i], "--json")) g_json = 1;
         else if (!strcmp(argv[i], "--call-only")) g_call_only = 1;
         else if (!strcmp(argv[i], "--case") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows_only = atoll(argv[++i]);
     }
     if (!bie_backend_available(BIE_BACKEND_CUDA)) {
         printf("bench cuda: skipped: no CUDA device is available\n");
@@ -523,6 +525,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
         const int64_t sizes[3][3] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16, 4096, 4096}};
         for (int i = 0; i < 3; i++) {
             const int64_t M = sizes[i][0], N = sizes[i][1], K = sizes[i][2];
+            if (rows_only && M != rows_only) continue;
             const struct timing base = time_cublas(M, N, K, 0);
             snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
             const double ops = 2.0 * (double)M * (double)N * (double)K;
