@@ -11,7 +11,8 @@
 // 256): warpgroup 0 is the producer (one thread issues the bulk tensor copies), the others (two, or
 // four for BN = 64) are the consumers, each owning 64 rows of the tile and BN/2 accumulators per
 // thread. Binary 128 x 192 tiles add epilogue warps that finish and store each tile while the
-// consumers compute the next (SPLIT, below).
+// consumers compute the next (SPLIT, below); binary 256-column tiles are 64 x 256, each the whole
+// work of one consumer warpgroup, the two taking turns (PP, below).
 // K advances 128 bytes per stage through a ring of STAGES stages; each stage holds the A tile
 // (BM rows) and the B tile (BN rows), 128 bytes per row, in the 128-byte swizzle that the copy
 // engine writes and the MMA descriptors read (16-byte chunk c of row r lives at chunk c ^ (r % 8)).
@@ -41,7 +42,14 @@ constexpr int BK = 128;       // bytes of K per stage (1024 bits / 128 int8 code
 // K is short and a tile is one or two stages) take four, 256 x 64 tiles, so that twice the warps
 // hide each tile's latency; wider tiles take two (their accumulators need the registers).
 __host__ __device__ constexpr int cw_for(int bn) { return bn == 64 ? 4 : 2; }
-__host__ __device__ constexpr int bm_for(int bn) { return 64 * cw_for(bn); } // rows of A per tile
+// Binary 64 x 256 tiles (PP, ping-pong): each consumer warpgroup owns whole tiles (the CTA's tiles
+// alternate between the two), and their main loops take turns, so that one warpgroup's epilogue
+// runs while the other's MMAs keep the tensor cores busy. Cooperative 128 x 256 tiles stopped the
+// tensor cores through every epilogue (at 4096^3 the epilogue took as long as the MMAs).
+__host__ __device__ constexpr bool pp_for(bool binary, int bn) { return binary && bn == 256; }
+__host__ __device__ constexpr int bm_for(bool binary, int bn) { // rows of A per tile
+    return pp_for(binary, bn) ? 64 : 64 * cw_for(bn);
+}
 // Binary 128 x 192 tiles (large binary GEMMs) have epilogue warps (SPLIT): the consumers leave
 // their accumulators in shared memory (popcounts, below 2^16 when K is, as the 16-bit halves of
 // words: the dump) with the tile's popcount terms, and go on to the next tile's MMAs while
@@ -61,9 +69,9 @@ __host__ __device__ constexpr int threads_for(bool binary, int bn) { // + the pr
     return 128 * (1 + cw_for(bn) + (split_for(binary, bn) ? 1 : 0));
 }
 __host__ __device__ constexpr int ring_for(bool binary, int bn) { // stage ring bytes
-    return bn == 64 || split_for(binary, bn) ? 163840 : 196608;
+    return bn == 64 || split_for(binary, bn) ? 163840 : pp_for(binary, bn) ? 204800 : 196608;
 }
-__host__ __device__ constexpr int dump_for(bool binary, int bn) { return split_for(binary, bn) ? bm_for(bn) * bn * 2 : 0; }
+__host__ __device__ constexpr int dump_for(bool binary, int bn) { return split_for(binary, bn) ? bm_for(binary, bn) * bn * 2 : 0; }
 __host__ __device__ constexpr int epilogue_warps(bool binary, int bn) { return split_for(binary, bn) ? 7 : 4 * cw_for(bn); }
 // Registers per thread after setmaxnreg: the producer gives up its registers above 40, and the
 // consumers take them (the launch gives every thread 65536 / threads_for, rounded down to 8).
@@ -100,10 +108,10 @@ struct bits_t {}; // the output type of the fast epilogue's B1 y (epilogue_bits)
 constexpr int64_t DOT_BIAS_MAX_K = (int64_t)1 << 21; // DOT_BIAS and its conversion: in the device code
 
 __host__ __device__ constexpr int stages_for(bool binary, int bn) {
-    return ring_for(binary, bn) / ((bm_for(bn) + bn) * BK);
+    return ring_for(binary, bn) / ((bm_for(binary, bn) + bn) * BK);
 }
 __host__ __device__ constexpr bool shape_ok(bool binary, int bn) {
-    return stages_for(binary, bn) * (bm_for(bn) + bn) * BK == ring_for(binary, bn) && stages_for(binary, bn) >= 3 &&
+    return stages_for(binary, bn) * (bm_for(binary, bn) + bn) * BK == ring_for(binary, bn) && stages_for(binary, bn) >= 3 &&
            smem_for(binary, bn) <= 232448 &&
            regs_needed(binary, bn) <= 65536 / threads_for(binary, bn) / 8 * 8 * threads_for(binary, bn);
 }
@@ -656,7 +664,8 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
                const __grid_constant__ CUtensorMap ty, int y_mode, int64_t M, int64_t N, int ktiles,
                const __grid_constant__ gemm_epilogue ep, const __grid_constant__ gemm_gather gs) {
 #ifdef BIE_WGMMA_DEVICE
-    constexpr int NCW = cw_for(BN), BM = bm_for(BN); // consumer warpgroups, rows per tile
+    constexpr int NCW = cw_for(BN), BM = bm_for(BINARY, BN); // consumer warpgroups, rows per tile
+    constexpr bool PP = pp_for(BINARY, BN);
     constexpr bool SPLIT = split_for(BINARY, BN);
     constexpr int STAGES = stages_for(BINARY, BN);
     constexpr int STAGE_BYTES = (BM + BN) * BK;
@@ -683,12 +692,18 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
     const uint32_t dump_full = bars + 16 * STAGES, dump_empty = dump_full + 8;
+    // PP: turn(c) completes a phase when consumer warpgroup c has issued the MMAs of its next tile.
+    auto turn = [&](int c) { return bars + 16 * STAGES + 16 + 8 * c; };
     const uint32_t mt = (uint32_t)((M + BM - 1) / BM), ntn = (uint32_t)((N + BN - 1) / BN); // (M, N < 2^31)
 
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(full(s), gs.x ? 129 : 1); // (gathering: every producer thread and the B load)
-            mbar_init(empty(s), 4 * NCW); // one arrival per consumer warp
+            mbar_init(empty(s), PP ? 4 : 4 * NCW); // one arrival per consumer warp that reads it
+        }
+        if (PP) {
+            mbar_init(turn(0), 4);
+            mbar_init(turn(1), 4);
         }
         if (SPLIT) {
             mbar_init(dump_full, 128 * NCW); // every consumer thread, then every epilogue thread
@@ -812,7 +827,8 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
         return;
     }
 
-    // Consumers: warpgroup cw computes rows [64 cw, 64 cw + 64) of every tile.
+    // Consumers: warpgroup cw computes rows [64 cw, 64 cw + 64) of every tile; PP: the whole of
+    // every other tile (the CTA's tiles cw, cw + 2, ...).
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(consumer_regs(BINARY, BN)));
     const int cw = wg - 1, cwarp = cw * 4 + warp;
     // One stage of MMAs into d (kt: the stage's index in its tile); the stage before it goes back
@@ -823,7 +839,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
         mbar_wait(full(s), (it / STAGES) & 1);
         if (gs.x) fence_proxy_async(); // rows written by the producer's copies, read by the MMAs
         const uint32_t sa = base + s * STAGE_BYTES;
-        const uint64_t da = smem_desc(sa + cw * 64 * BK), db = smem_desc(sa + BM * BK);
+        const uint64_t da = smem_desc(sa + (PP ? 0 : cw * 64 * BK)), db = smem_desc(sa + BM * BK);
         wg_fence();
 #pragma unroll
         for (int k = 0; k < BK / 32; k++) wg_mma<BINARY, BN>(d, da + 2 * k, db + 2 * k, (kt | k) != 0);
@@ -844,21 +860,33 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     for (int i = 0; i < ACC; i++) d[i] = 0;
     const float scale = SPLIT ? 0.0f : __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
     // (SPLIT: consumer warp c loads the column terms of columns c BN/8 + lane, lane < BN/8, only)
-    int j = 0;
-    for (tile_walk w(blockIdx.x, gridDim.x, mt); w.ni < ntn; w.next(), j++) {
+    // j: the tile's index among the CTA's, the stages' sequence number from j * ktiles.
+    const int j0 = PP ? cw : 0, dj = PP ? 2 : 1;
+    tile_walk w(blockIdx.x, gridDim.x, mt);
+    if (j0) w.next();
+    for (int j = j0; w.ni < ntn; j += dj) {
         const int64_t mt0 = (int64_t)w.mi * BM, nt = (int64_t)w.ni * BN;
-        const int64_t mw = mt0 + cw * 64 + warp * 16; // this warp's first row
+        const int64_t mw = mt0 + (PP ? 0 : cw * 64) + warp * 16; // this warp's first row
         const int64_t n0 = SPLIT ? nt + cwarp * (BN / 8) : nt;
         int cpop[NCP];
         row_terms rt;
-        if (!(j == 0 && ep.terms_last)) {
+        if (!(j == j0 && ep.terms_last)) {
             load_cols(cpop, n0);
             load_rows(rt, mw);
         }
+        if (PP) {
+            // The main loops take turns: tile j's after tile j - 1's MMAs were issued (by the other
+            // warpgroup). So every stage's previous fill has been waited for when this one waits
+            // for the next (a parity wait cannot mistake one for the other), and the epilogue of
+            // one warpgroup overlaps the other's MMAs.
+            if (j > 0) mbar_wait(turn(1 - cw), ((j - 1) >> 1) & 1);
+            it = j * ktiles;
+        }
         for (int kt = 0; kt < ktiles; kt++) mma_stage(d, kt);
+        if (PP && lane == 0) mbar_arrive(turn(cw));
         drain();
         pin<ACC>(d);
-        if (j == 0 && ep.terms_last) {
+        if (j == j0 && ep.terms_last) {
             griddep_wait();
             load_cols(cpop, n0);
             load_rows(rt, mw);
@@ -889,6 +917,8 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
             }
             finish(acc_regs{d}, rt.rowf, rt.rborder, mw, nt, scale);
         }
+        w.next();
+        if (PP) w.next();
     }
     if (!SPLIT && ymap && lane == 0) tma_store_wait_all(); // the stage must outlive its last store
 #endif
@@ -975,7 +1005,7 @@ template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtensorMap & tb, int64_t M, int64_t N,
                        int ktiles, const gemm_epilogue & ep, const gemm_gather & gs, int slot) {
     auto kern = wgmma_gemm<BINARY, BN, T, FAST, TAPS>;
-    const int smem = smem_for(BINARY, BN), BM = bm_for(BN), threads = threads_for(BINARY, BN);
+    const int smem = smem_for(BINARY, BN), BM = bm_for(BINARY, BN), threads = threads_for(BINARY, BN);
     struct bie_cuda_state * st = ctx->cuda;
     if (slot < 0 || slot >= 64) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: launch slot %d out of range", slot);
     if (!(st->wgmma_smem_set & (1ull << slot))) {
@@ -1101,7 +1131,7 @@ enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, cons
     // (B1 y, y without a map, gathered rows: the consumers store the tiles)
     if (bn == 192 && (gs || !split_fits(ep, M, N))) bn = 256;
     CUtensorMap ta, tb;
-    if (!make_map(&tb, B, N, kbytes, ep.ldb, bn) || (!gs && !make_map(&ta, A, M, kbytes, kbytes, bm_for(bn))))
+    if (!make_map(&tb, B, N, kbytes, ep.ldb, bn) || (!gs && !make_map(&ta, A, M, kbytes, kbytes, bm_for(ep.binary, bn))))
         return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cuTensorMapEncodeTiled refused the GEMM operands");
     if (gs) ta = tb; // (unused: the producer gathers A)
     gemm_gather none;
