@@ -434,43 +434,34 @@ template <typename T> __device__ __forceinline__ void stage_pair(uint8_t * rows,
     store_pair<T>((T *)(rows + row * 128 + (((b >> 4) ^ (row & 7)) << 4) + (b & 15)), v.x, v.y);
 }
 
-// NH bulk stores of the FAST epilogue (see epilogue()): fragment rows h0 .. h0 + NH - 1 (the 8 rows
-// from mw + 8h each) of column chunk c (128 bytes of y), staged in `stage` (NH KB, 1024-byte
-// aligned, a half each) once the stores that last read it are done, then stored by lane 0. With
-// NH = 1 the caller alternates two halves, so that a store's latency hides behind the next
-// box's arithmetic; NH = 2 takes one fence for both (rowf and border: the rows' terms by hh).
-template <bool BINARY, int BN, typename T, bool TAPS, int NH, class D>
-__device__ __forceinline__ void epilogue_box(const gemm_epilogue & ep, const D & d, uint8_t * stage, const int * colterm,
-                                             const CUtensorMap * ymap, int64_t mw, int h0, int c, int64_t nt, int64_t M,
-                                             int64_t N, float scale, const float * rowf, const int * border) {
+// One chunk of the FAST epilogue with a y map (see epilogue()): the warp's 16 rows from mw
+// (fragment rows h = 0, 1: rowf[h] and border[h] are their terms) of column chunk c (128 bytes of
+// y), staged in `stage` (2 KB, 1024-byte aligned, rows 8h .. 8h + 7 in half h) once the warp's
+// last bulk store has read it, then stored by lane 0 as one box. (The chunk's arithmetic comes
+// before the wait, so the store before it has that long to read the stage; boxes of 8 rows in
+// two alternating halves took a fence and a store each, and the epilogue 10% longer at 4096^3.)
+template <bool BINARY, int BN, typename T, bool TAPS, class D>
+__device__ __forceinline__ void epilogue_chunk(const gemm_epilogue & ep, const D & d, uint8_t * stage,
+                                               const int * colterm, const CUtensorMap * ymap, int64_t mw, int c,
+                                               int64_t nt, int64_t M, int64_t N, float scale, const float * rowf,
+                                               const int * border) {
     constexpr int CC = 128 / (int)sizeof(T), GC = CC / 8; // columns and column groups per chunk
     const int lane = threadIdx.x % 32;
-    if (NH == 1 && mw + 8 * h0 >= M) {
-        // No rows to store. The next box refills the other half, whose last store is then the
-        // newest: it must have read its half already (the wait before a box allows one pending).
-        if (lane == 0) tma_store_wait_read<0>();
-        return;
-    }
-    float2 v[NH][GC];
+    float2 v[2][GC];
 #pragma unroll
-    for (int hh = 0; hh < NH; hh++)
+    for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int j = 0; j < GC; j++)
-            v[hh][j] = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h0 + hh, nt, N, scale, rowf[hh], border[hh]);
-    if (lane == 0) tma_store_wait_read<NH == 1 ? 1 : 0>();
+            v[h][j] = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, nt, N, scale, rowf[h], border[h]);
+    if (lane == 0) tma_store_wait_read<0>();
     __syncwarp();
 #pragma unroll
-    for (int hh = 0; hh < NH; hh++)
+    for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int j = 0; j < GC; j++) stage_pair<T>(stage, j, hh, v[hh][j]); // (rows 8 hh .. 8 hh + 7: half hh)
+        for (int j = 0; j < GC; j++) stage_pair<T>(stage, j, h, v[h][j]);
     fence_proxy_async();
     __syncwarp();
-    if (lane == 0)
-#pragma unroll
-        for (int hh = 0; hh < NH; hh++)
-            if (mw + 8 * (h0 + hh) < M)
-                tma_store(ymap, (uint32_t)__cvta_generic_to_shared(stage + 1024 * hh), (int)(nt + c * CC),
-                          (int)(mw + 8 * (h0 + hh)));
+    if (lane == 0 && mw < M) tma_store(ymap, (uint32_t)__cvta_generic_to_shared(stage), (int)(nt + c * CC), (int)mw);
 }
 
 // Stores this thread's accumulators. In the wgmma layout, thread (warp w, lane l) of a consumer
@@ -479,10 +470,9 @@ __device__ __forceinline__ void epilogue_box(const gemm_epilogue & ep, const D &
 // its 16 rows one 128-byte column chunk at a time in its own shared-memory stage (16 rows of 128
 // bytes whose 16-byte units are swizzled by the row, unit u of row r at u ^ (r % 8), so the
 // fragment writes hit 32 distinct banks), and the chunk leaves as whole 128-byte row segments:
-// with a y map (ymap: rows of y evenly spaced, see make_y_map) as two bulk tensor stores of 8 rows
-// issued by lane 0, which run while the warp goes on to the next box and tile (the stage's two
-// halves take turns, so a half waits only for the store before last); else row by row, 16 bytes
-// per lane. With y as planes (Y_PLANES) the stage holds the chunk transposed and each feature's
+// with a y map (ymap: rows of y evenly spaced, see make_y_map) as a bulk tensor store issued by
+// lane 0, which runs while the warp computes the next chunk (epilogue_chunk); else row by row, 16
+// bytes per lane. With y as planes (Y_PLANES) the stage holds the chunk transposed and each feature's
 // 16 pixels leave as one run. TAPS: a zero-padded binary conv, whose border rows add back the
 // popcounts of their taps outside the image. Other y go element by element.
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
@@ -544,14 +534,9 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
     // colterm: DOT_BIAS - 2 popc(w) of the tile's columns, written by the caller
     constexpr int CC = 128 / (int)sizeof(T), GC = CC / 8; // columns and column groups per chunk
     if (ymap) {
-        // Each chunk leaves as two boxes of 8 rows (fragment rows h = 0, 1), staged in the two 1 KB
-        // halves of the stage in turn.
 #pragma unroll
         for (int c = 0; c < BN / CC; c++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                epilogue_box<BINARY, BN, T, TAPS, 1>(ep, d, stage + 1024 * h, colterm, ymap, mw, h, c, nt, M, N, scale,
-                                                     rowf + h, rowborder + h);
+            epilogue_chunk<BINARY, BN, T, TAPS>(ep, d, stage, colterm, ymap, mw, c, nt, M, N, scale, rowf, rowborder);
         return;
     }
 #pragma unroll
@@ -784,8 +769,8 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
                     const int cw8 = u / NC, c = u % NC, row = cw8 * 16 + lane / 4;
                     const float rf[2] = {terms_rowf[row], terms_rowf[row + 8]};
                     const int rb[2] = {TAPS ? terms_border[row] : 0, TAPS ? terms_border[row + 8] : 0};
-                    epilogue_box<BINARY, BN, T, TAPS, 2>(ep, acc_dump{dump + cw8 * BN * 8}, ep_stage, ep_colterm, ymap,
-                                                         mt0 + 16 * cw8, 0, c, nt, M, N, scale, rf, rb);
+                    epilogue_chunk<BINARY, BN, T, TAPS>(ep, acc_dump{dump + cw8 * BN * 8}, ep_stage, ep_colterm, ymap,
+                                                        mt0 + 16 * cw8, c, nt, M, N, scale, rf, rb);
                 }
                 mbar_arrive(dump_empty);
             }
@@ -960,7 +945,7 @@ bool make_map(CUtensorMap * map, const uint8_t * p, int64_t rows, int64_t kbytes
 
 // A map of y as a 2-D tensor [M rows][N features] for the epilogue's bulk stores, when the rows
 // (n, oh, ow) of the GEMM lie evenly spaced in y (NHWC or [batch, O] with contiguous features),
-// 16-byte aligned, and y is f32/f16/bf16; boxes of 8 rows x 128 bytes in the 128-byte swizzle.
+// 16-byte aligned, and y is f32/f16/bf16; boxes of 16 rows x 128 bytes in the 128-byte swizzle.
 // false: the epilogue stores rows itself.
 bool make_y_map(CUtensorMap * map, const gemm_epilogue & ep, int64_t M, int64_t N) {
     const struct dview & y = ep.y;
@@ -973,7 +958,7 @@ bool make_y_map(CUtensorMap * map, const gemm_epilogue & ep, int64_t M, int64_t 
     if (pitch < N || (pitch * esz) % 16 != 0 || M > INT32_MAX || N > INT32_MAX) return false;
     const cuuint64_t dims[2] = {(cuuint64_t)N, (cuuint64_t)M};
     const cuuint64_t strides[1] = {(cuuint64_t)(pitch * esz)};
-    const cuuint32_t box[2] = {(cuuint32_t)(128 / esz), 8};
+    const cuuint32_t box[2] = {(cuuint32_t)(128 / esz), 16};
     const cuuint32_t estr[2] = {1, 1};
     const CUtensorMapDataType dt = esz == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                    : y.dtype == BIE_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
