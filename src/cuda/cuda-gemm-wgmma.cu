@@ -45,7 +45,7 @@ __host__ __device__ constexpr int cw_for(int bn) { return bn == 64 ? 4 : 2; }
 // Binary 64 x 256 tiles (PP, ping-pong): each consumer warpgroup owns whole tiles (the CTA's tiles
 // alternate between the two), and their main loops take turns, so that one warpgroup's epilogue
 // runs while the other's MMAs keep the tensor cores busy. Cooperative 128 x 256 tiles stopped the
-// tensor cores through every epilogue (at 4096^3 the epilogue took as long as the MMAs).
+// tensor cores through every epilogue (at 4096^3 it drew as many stall samples as the main loop).
 __host__ __device__ constexpr bool pp_for(bool binary, int bn) { return binary && bn == 256; }
 __host__ __device__ constexpr int bm_for(bool binary, int bn) { // rows of A per tile
     return pp_for(binary, bn) ? 64 : 64 * cw_for(bn);
@@ -61,8 +61,9 @@ __host__ __device__ constexpr int bm_for(bool binary, int bn) { // rows of A per
 // accumulators.
 constexpr int64_t SPLIT_MAX_KTILES = 63; // 63 * 1024 bits: the largest popcount fits 16 bits
 // With few tiles per SM the last tile's epilogue, which nothing overlaps, and the partial last
-// round weigh more than the overlap gains: 4096^3 took 0.0326-0.0338 ms in 128 x 192 tiles and
-// 0.0320-0.0326 ms in 128 x 256 ones in the same runs (5.3 and 3.9 tiles per SM).
+// round weigh more than the overlap gains: 4096^3 took 0.0283 ms in 128 x 192 tiles and
+// 0.0228-0.0246 ms in 64 x 256 ping-pong ones in the same run (5.3 and 7.8 tiles per SM; that
+// build also prefetched the tensor maps, which changed nothing measurable).
 constexpr int64_t SPLIT_MIN_ROUNDS = 12;
 __host__ __device__ constexpr bool split_for(bool binary, int bn) { return binary && bn == 192; }
 __host__ __device__ constexpr int threads_for(bool binary, int bn) { // + the producer (+ the epilogue)
@@ -439,8 +440,9 @@ template <typename T> __device__ __forceinline__ void stage_pair(uint8_t * rows,
 // y), staged in `stage` (2 KB, 1024-byte aligned, rows 8h .. 8h + 7 in half h) once the warp's
 // last bulk store has read it, then stored by lane 0 as one box. (The chunk's arithmetic comes
 // before the wait, so the store before it has that long to read the stage; boxes of 8 rows in
-// two alternating halves took a fence and a store each, and the epilogue 10% longer at 4096^3.)
-template <bool BINARY, int BN, typename T, bool TAPS, class D>
+// two alternating halves took a fence and a store each, and 4096^3 6% longer: 0.0246 against
+// 0.0232 ms.)
+template <bool BINARY, typename T, bool TAPS, class D>
 __device__ __forceinline__ void epilogue_chunk(const gemm_epilogue & ep, const D & d, uint8_t * stage,
                                                const int * colterm, const CUtensorMap * ymap, int64_t mw, int c,
                                                int64_t nt, int64_t M, int64_t N, float scale, const float * rowf,
@@ -536,7 +538,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
     if (ymap) {
 #pragma unroll
         for (int c = 0; c < BN / CC; c++)
-            epilogue_chunk<BINARY, BN, T, TAPS>(ep, d, stage, colterm, ymap, mw, c, nt, M, N, scale, rowf, rowborder);
+            epilogue_chunk<BINARY, T, TAPS>(ep, d, stage, colterm, ymap, mw, c, nt, M, N, scale, rowf, rowborder);
         return;
     }
 #pragma unroll
@@ -669,10 +671,10 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     // warpgroup): warps 1-3 of the producer warpgroup and the fourth warpgroup; else the consumer
     // warps.
     static_assert(!SPLIT || (FAST && !std::is_same<T, bits_t>::value), "SPLIT tiles store float y by bulk copies");
-    const int n_ewarps = SPLIT ? 7 : 4 * NCW;
+    const int n_ewarps = epilogue_warps(BINARY, BN);
     const int ewarp = !SPLIT ? threadIdx.x / 32 - 4 : wg == 0 ? warp - 1 : 3 + warp;
     uint8_t * const ep_stage = area + (SPLIT ? dump_for(BINARY, BN) + EP_TERMS : 0) + ewarp * EP_STAGE;
-    int * const ep_colterm = SPLIT ? terms_col : (int *)(area + 4 * NCW * EP_STAGE + ewarp * EP_COLTERM);
+    int * const ep_colterm = SPLIT ? terms_col : (int *)(area + n_ewarps * EP_STAGE + ewarp * EP_COLTERM);
     const CUtensorMap * const ymap = FAST && y_mode == Y_ROWS_MAP ? &ty : NULL;
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
@@ -769,8 +771,8 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
                     const int cw8 = u / NC, c = u % NC, row = cw8 * 16 + lane / 4;
                     const float rf[2] = {terms_rowf[row], terms_rowf[row + 8]};
                     const int rb[2] = {TAPS ? terms_border[row] : 0, TAPS ? terms_border[row + 8] : 0};
-                    epilogue_chunk<BINARY, BN, T, TAPS>(ep, acc_dump{dump + cw8 * BN * 8}, ep_stage, ep_colterm, ymap,
-                                                        mt0 + 16 * cw8, c, nt, M, N, scale, rf, rb);
+                    epilogue_chunk<BINARY, T, TAPS>(ep, acc_dump{dump + cw8 * BN * 8}, ep_stage, ep_colterm, ymap,
+                                                    mt0 + 16 * cw8, c, nt, M, N, scale, rf, rb);
                 }
                 mbar_arrive(dump_empty);
             }

@@ -96,23 +96,34 @@ static inline void max_diff(const struct bie_tensor * a, const struct bie_tensor
     } while (bie_next_index(a, idx));
 }
 
-// Number of elements whose stored values differ (exact comparison, element by element).
-// The elements where a and b (one shape) differ: how many, and the first and the last of them
-// (index, a's value, b's value) written to `where`.
+// Writes index idx of an ndim-dimensional tensor as "[i,j,...]" into s (n bytes, truncated).
+static inline void format_index(char * s, size_t n, const int64_t * idx, int ndim) {
+    size_t len = (size_t)snprintf(s, n, "[");
+    for (int d = 0; d < ndim && len < n; d++) len += (size_t)snprintf(s + len, n - len, "%s%lld", d ? "," : "", (long long)idx[d]);
+    if (len < n) snprintf(s + len, n - len, "]");
+}
+
+// The elements where a and b (one shape) differ by value: how many, and the first and the last of
+// them (index, a's value, b's value) written to `where`.
 static inline int64_t count_mismatch(const struct bie_tensor * a, const struct bie_tensor * b, char * where, size_t n) {
     int64_t bad = 0;
-    int64_t idx[BIE_MAX_DIMS] = {0};
-    char first[128] = "", last[128] = "";
+    int64_t idx[BIE_MAX_DIMS] = {0}, first[BIE_MAX_DIMS] = {0}, last[BIE_MAX_DIMS] = {0};
+    double fv[2] = {0, 0}, lv[2] = {0, 0};
     do {
         const double x = bie_load(a, bie_offset(a, idx)), y = bie_load(b, bie_offset(b, idx));
         if (!(x == y || (isnan(x) && isnan(y)))) {
-            char * at = bad ? last : first;
-            int len = snprintf(at, 128, "[");
-            for (int d = 0; d < a->ndim; d++) len += snprintf(at + len, (size_t)(128 - len), "%s%lld", d ? "," : "", (long long)idx[d]);
-            snprintf(at + len, (size_t)(128 - len), "] %g vs %g", x, y);
+            memcpy(bad ? last : first, idx, sizeof idx);
+            double * v = bad ? lv : fv;
+            v[0] = x;
+            v[1] = y;
             bad++;
         }
     } while (bie_next_index(a, idx));
-    snprintf(where, n, "first %s%s%s", first, bad > 1 ? ", last " : "", bad > 1 ? last : "");
+    char f[192], l[192];
+    format_index(f, sizeof f, first, a->ndim);
+    format_index(l, sizeof l, last, a->ndim);
+    if (bad == 0) snprintf(where, n, "no element differs by value: signed zeros or the bytes between elements");
+    else if (bad == 1) snprintf(where, n, "at %s %g vs %g", f, fv[0], fv[1]);
+    else snprintf(where, n, "first %s %g vs %g, last %s %g vs %g", f, fv[0], fv[1], l, lv[0], lv[1]);
     return bad;
 }

@@ -248,7 +248,7 @@ static void test_forward(const struct lcase * c) {
         CHECK(bie_context_cuda_synchronize(cu_ctx) == BIE_STATUS_OK, "sync: %s", bie_context_last_error(cu_ctx));
         cuda_fetch(&y_cu, &dy);
         const int same = memcmp(y_cu.data, y_ref.data, tensor_span(&y_ref)) == 0;
-        char where[256] = "";
+        char where[512] = "";
         const long long bad = same ? 0 : (long long)count_mismatch(&y_cu, &y_ref, where, sizeof where);
         CHECK(same, "forward y differs from the reference (%lld of %lld elements; %s) on %s", bad,
               (long long)bie_tensor_numel(&y_ref), where, c->text);
