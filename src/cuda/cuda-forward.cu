@@ -637,39 +637,43 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
     return BIE_STATUS_OK;
 }
 
-// pixpop[(n*H + h)*W + w] = popc of the C bits of pixel (n, h, w) of NHWC words (gemm_gather;
-// 32-bit offsets: the host gathers only x of fewer than 2^31 words).
-__global__ void pixel_popcounts(gemm_gather gs, struct dgeom g, int * pixpop) {
-    const int pixels = (int)(g.batch * g.H * g.W), pw = (int)(g.C / 32), W = (int)g.W, H = (int)g.H;
-    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < pixels; e += gridDim.x * blockDim.x) {
-        const int w = e % W, h = (e / W) % H, n = e / (W * H);
-        const uint32_t * px = gs.x + (n * (int)gs.w0 + h * (int)gs.w2 + w * (int)gs.w3);
-        int cnt = 0;
-        for (int i = 0; i < pw; i++) cnt += __popc(__ldg(px + i));
-        pixpop[e] = cnt;
-    }
-}
-// rowpop[m] = the sum of pixpop over the taps of output pixel m inside the image (taps outside
-// read as zero words). It writes epilogue terms only, so the GEMM queued next may start under it.
-// (Summing the pixel popcounts in the GEMM's epilogue instead cost more than this launch: 9 loads
-// per row on each tile's path, 80 -> 115 us for the C = 64 conv GEMM under Nsight Compute.)
+// rowpop[m] = popc of implicit-GEMM row m as the gather reads it: the sum, over the taps of output
+// pixel m inside the image, of the popcounts of that pixel's C/32 words of NHWC x (taps outside
+// read as zero words), read V words at a time (V = gs.piece / 4, what the words' alignment allows;
+// 32-bit offsets: the host gathers only x of fewer than 2^31 words). With zero padding it also
+// writes rowterms[m] = {K over the valid taps - 2 rowpop[m], the border class} for the class counts
+// `border`. It writes epilogue terms only, so the GEMM queued next may start under it; queued right
+// after weight_terms (whose tables it does not read) it may itself start under that kernel, and
+// waits for it before it ends, so that a GEMM that waits for it has both. (A separate launch of
+// pixel popcounts before this one took 5 us more at C = 64, 56x56, N = 128; summing the pixel
+// popcounts in the GEMM's epilogue instead cost more than both: 9 loads per row on each tile's path.)
 struct border_counts4 {
     int v[4]; // top, bottom, left, right
 };
-__global__ void conv_rowpop(struct dgeom g, const int * pixpop, int * rowpop, int2 * rowterms, border_counts4 border) {
+template <int V>
+__global__ void conv_rowterms(gemm_gather gs, struct dgeom g, int * rowpop, int2 * rowterms, border_counts4 border) {
     griddep_launch_dependents();
     const int M = (int)(g.batch * g.OH * g.OW), OW = (int)g.OW, OH = (int)g.OH, H = (int)g.H, W = (int)g.W;
+    const int pw = (int)(g.C / 32), w0 = (int)gs.w0, w2 = (int)gs.w2, w3 = (int)gs.w3;
     for (int m = blockIdx.x * blockDim.x + threadIdx.x; m < M; m += gridDim.x * blockDim.x) {
         const int ow = m % OW, oh = (m / OW) % OH, n = m / (OW * OH);
-        const int h0 = oh * g.sh - g.ph, w0 = ow * g.sw - g.pw;
-        const int * pp = pixpop + n * H * W;
+        const int h0 = oh * g.sh - g.ph, wl = ow * g.sw - g.pw;
+        const uint32_t * xs = gs.x + n * w0;
         int cnt = 0;
         for (int i = 0; i < g.kh; i++) {
             const int h = h0 + i * g.dh;
             if ((unsigned)h >= (unsigned)H) continue;
             for (int j = 0; j < g.kw; j++) {
-                const int w = w0 + j * g.dw;
-                if ((unsigned)w < (unsigned)W) cnt += __ldg(pp + h * W + w);
+                const int w = wl + j * g.dw;
+                if ((unsigned)w >= (unsigned)W) continue;
+                const uint32_t * px = xs + h * w2 + w * w3;
+                for (int q = 0; q < pw; q += V) {
+                    if (V == 4) cnt += popc4(__ldg((const uint4 *)(px + q)));
+                    else if (V == 2) {
+                        const uint2 v = __ldg((const uint2 *)(px + q));
+                        cnt += __popc(v.x) + __popc(v.y);
+                    } else cnt += __popc(__ldg(px + q));
+                }
             }
         }
         rowpop[m] = cnt; // (the element-wise epilogue paths read it even with rowterms)
@@ -679,6 +683,7 @@ __global__ void conv_rowpop(struct dgeom g, const int * pixpop, int * rowpop, in
         zero_pad_terms(g, border.v, oh, ow, &kterm, &cls);
         rowterms[m] = make_int2((int)kterm - 2 * cnt, cls);
     }
+    griddep_wait();
 }
 
 // A representative output row (or column) of border class c (border_class in cuda-impl.cuh), or
@@ -694,7 +699,9 @@ __device__ __forceinline__ int64_t class_example(int c, int64_t O, int lo, int h
 //     bytes at the ends of the range masked);
 //   colpop[o] (optional) = popc of its first K bits, the sum over its taps;
 //   tapcorr[p][o] = 2 * the sum of tappop[o][t] over the taps t = (i, j) that lie outside the image
-//     for the pixels of border class p (a tap is outside when its row or its column is).
+//     for the pixels of border class p (a tap is outside when its row or its column is);
+//   colcls[p][o] = BIE_DOT_BIAS - 2 popc(row) + tapcorr[p][o] (gemm_epilogue.colcls; rows of
+//     colcls_ld ints, block o also clears columns N + o, N + o + N, ... below colcls_ld).
 // (Five launches before: the row copy and its clearing, the row popcounts, the tap popcounts and
 // the corrections; each was a few microseconds of almost no work.)
 struct weight_terms_args {
@@ -702,7 +709,8 @@ struct weight_terms_args {
     int64_t ld;
     uint8_t * copy; // NULL: no copy
     int64_t kbytes;
-    int * tappop, * colpop, * tapcorr;
+    int * tappop, * colpop, * tapcorr, * colcls;
+    int colcls_ld;
     struct dgeom g;
     int border[4]; // top, bottom, left, right class counts (border_counts)
 };
@@ -731,13 +739,13 @@ __global__ void weight_terms(weight_terms_args a) {
         if (lane == 0) tp[t] = cnt;
     }
     __syncthreads(); // (the block's global writes are visible to the block after the barrier)
-    if (a.colpop && threadIdx.x == 0) {
-        int sum = 0;
-        for (int t = 0; t < taps; t++) sum += tp[t];
-        a.colpop[o] = sum;
-    }
+    int total = 0; // popc of the row's first K bits
+    for (int t = 0; t < taps; t++) total += tp[t];
+    if (a.colpop && threadIdx.x == 0) a.colpop[o] = total;
     const int cwn = 1 + a.border[2] + a.border[3], classes = (1 + a.border[0] + a.border[1]) * cwn;
     for (int p = threadIdx.x; p < classes; p += blockDim.x) {
+        int * const cls_row = a.colcls + (int64_t)p * a.colcls_ld;
+        for (int64_t col = g.O + o; col < a.colcls_ld; col += g.O) cls_row[col] = 0;
         const int64_t oh = class_example(p / cwn, g.OH, a.border[0], a.border[1]),
                       ow = class_example(p % cwn, g.OW, a.border[2], a.border[3]);
         int sum = 0;
@@ -750,6 +758,7 @@ __global__ void weight_terms(weight_terms_args a) {
             }
         }
         a.tapcorr[(int64_t)p * g.O + o] = 2 * sum;
+        cls_row[o] = BIE_DOT_BIAS - 2 * total + 2 * sum;
     }
 }
 
@@ -766,13 +775,15 @@ size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 
 } // namespace
 
-enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, cudaStream_t s, const gemm_gather & gs, const struct dgeom & g,
-                                     int * pixpop, int * rowpop, int2 * rowterms, const int * border) {
-    pixel_popcounts<<<grid_for(g.batch * g.H * g.W, 256), 256, 0, s>>>(gs, g, pixpop);
-    LAUNCHED(ctx, "pixel popcounts");
+enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, const gemm_gather & gs, const struct dgeom & g, int * rowpop,
+                                     int2 * rowterms, const int * border, bool after_terms) {
     border_counts4 b = {{0, 0, 0, 0}};
     for (int i = 0; rowterms && i < 4; i++) b.v[i] = border[i];
-    conv_rowpop<<<grid_for(g.batch * g.OH * g.OW, 256), 256, 0, s>>>(g, pixpop, rowpop, rowterms, b);
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg =
+        bie_cuda_launch_config(ctx, dim3(grid_for(g.batch * g.OH * g.OW, 256)), dim3(256), 0, after_terms, &attr);
+    const auto kern = gs.piece == 16 ? conv_rowterms<4> : gs.piece == 8 ? conv_rowterms<2> : conv_rowterms<1>;
+    CU_TRY(ctx, cudaLaunchKernelEx(&cfg, kern, gs, g, rowpop, rowterms, b), "row popcounts launch");
     LAUNCHED(ctx, "row popcounts");
     return BIE_STATUS_OK;
 }
@@ -835,7 +846,6 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     size_t off = 0;
     const size_t oPix = off; off = align256(off + (pixels ? pixel_scratch_bytes(px) : 0));
     const size_t oA = off; off = align256(off + (x_direct || gather ? 0 : (size_t)(M * kbytes)));
-    const size_t oPixpop = off; off = align256(off + (gather ? (size_t)(g.batch * g.H * g.W) * 4 : 0));
     const size_t oRowterm = off; off = align256(off + (gather && zero_pad_fix ? (size_t)M * 8 : 0));
     const size_t oB = off; off = align256(off + (w_direct ? 0 : (size_t)(N * kbytes)));
     const size_t oRow = off; off = align256(off + (size_t)M * 4);
@@ -848,6 +858,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const int64_t classes = (int64_t)(1 + border[0] + border[1]) * (1 + border[2] + border[3]);
     const size_t oTap = off; off = align256(off + (zero_pad_fix ? (size_t)(N * taps) * 4 : 0));
     const size_t oCorr = off; off = align256(off + (zero_pad_fix ? (size_t)(classes * N) * 4 : 0));
+    const size_t oCls = off; off = align256(off + (zero_pad_fix ? (size_t)(classes * BIE_COLCLS_LD(N)) * 4 : 0));
     // A B1 y: the GEMM packs the bits itself where it can, else writes sign codes for the packer.
     gemm_epilogue ep;
     ep.binary = binary;
@@ -859,7 +870,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
 
     int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol), * tappop = (int *)(ws + oTap),
-        * tapcorr = (int *)(ws + oCorr);
+        * tapcorr = (int *)(ws + oCorr), * colcls = (int *)(ws + oCls);
     const uint8_t * Am = x_direct ? (const uint8_t *)xt.data : ws + oA;
     const bool gemm_counts = bie_cuda_gemm_counts_popcounts(M, zero_pad_fix); // the GEMM counts the bits itself
     const uint8_t * Bm = w_direct ? (const uint8_t *)wt.data : ws + oB;
@@ -874,9 +885,12 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
                                  tappop,
                                  w_rows_copied || (w_direct && !gemm_counts) ? colpop : NULL,
                                  tapcorr,
+                                 colcls,
+                                 (int)BIE_COLCLS_LD(N),
                                  px.g,
                                  {border[0], border[1], border[2], border[3]}};
-    if (zero_pad_fix && N > INT32_MAX) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "weight: more than 2^31 output channels");
+    if (zero_pad_fix && classes * BIE_COLCLS_LD(N) > INT32_MAX) // (the epilogue's 32-bit offsets in colcls)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "zero padding: border classes x output channels past 2^31");
     auto launch_weight_terms = [&]() -> enum bie_status {
         weight_terms<<<(unsigned)N, 128, 0, st->stream>>>(wt_args);
         LAUNCHED(ctx, "weight terms");
@@ -894,8 +908,9 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     if (!w_direct && !w_rows_copied) BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop, NULL));
     if (gather) { // after the weight, so that the last kernel before the GEMM writes terms only
         BIE_TRY(gather_source(ctx, st->stream, px, ws + oPix, &gs));
-        BIE_TRY(bie_cuda_conv_rowpop(ctx, st->stream, gs, px.g, (int *)(ws + oPixpop), rowpop,
-                                     zero_pad_fix ? (int2 *)(ws + oRowterm) : NULL, border));
+        // (right after weight_terms, when x needs no packing, it may start under that kernel)
+        BIE_TRY(bie_cuda_conv_rowpop(ctx, gs, px.g, rowpop, zero_pad_fix ? (int2 *)(ws + oRowterm) : NULL, border,
+                                     w_rows_copied && word_pixels(px)));
     }
     if (xrows.rows || wrows.rows)
         BIE_TRY(launch_row_popcounts(ctx, st->stream, xrows.rows ? xrows : wrows, xrows.rows ? wrows : NO_ROWS, g.K,
@@ -905,6 +920,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     ep.rowpop = rowpop;
     ep.colpop = colpop;
     ep.tapcorr = zero_pad_fix ? tapcorr : NULL;
+    ep.colcls = zero_pad_fix ? colcls : NULL;
+    ep.colcls_ld = (int)BIE_COLCLS_LD(N);
     for (int i = 0; i < 4; i++) ep.border[i] = border[i];
     ep.rowterms = gather && zero_pad_fix ? (const int2 *)(ws + oRowterm) : NULL;
     ep.sa = px.s;

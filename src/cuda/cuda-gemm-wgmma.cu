@@ -305,7 +305,7 @@ template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloa
     *(__nv_bfloat162 *)p = __floats2bfloat162_rn(v0, v1);
 }
 
-constexpr int DOT_BIAS = 0x4B400000;
+constexpr int DOT_BIAS = BIE_DOT_BIAS;
 constexpr float DOT_BIAS_F = 12582912.0f; // 1.5 * 2^23
 
 // A warp's accumulators as the epilogue reads them: pair(i, h) is this thread's two values of
@@ -329,22 +329,20 @@ struct acc_dump {
 };
 
 // The exact results of this thread's two columns 8i + 2(lane%4) + {0, 1} in fragment row h, as
-// floats (binary: the dot products, from colterm = DOT_BIAS - 2 popc(w), and the row's rowf = K -
-// 2 popc(x) - DOT_BIAS_F and border class; n-bit: the accumulators, rounded to float).
+// floats (binary: the dot products, from the column terms DOT_BIAS - 2 popc(w) and the row's rowf
+// = K - 2 popc(x) - DOT_BIAS_F; n-bit: the accumulators, rounded to float). The column terms come
+// from colterm (the tile's, in shared memory), or for a zero-padded conv (TAPS) from the row of
+// ep.colcls of the row's border class (which adds back the taps outside the image): border is
+// then that row's offset, class * colcls_ld + the tile's first column.
 template <bool BINARY, bool TAPS, class D>
 __device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const D & d, const int * colterm, int i,
                                                 int h, int64_t nt, int64_t N, float rowf, int border) {
     const int2 a = d.pair(i, h);
     if (!BINARY) return make_float2(__int2float_rn(a.x), __int2float_rn(a.y));
     const int lane = threadIdx.x % 32;
-    const int2 ct = *(const int2 *)(colterm + 8 * i + 2 * (lane % 4));
-    int v0 = 4 * a.x + ct.x, v1 = 4 * a.y + ct.y;
-    if (TAPS && border) { // a pixel at a zero-padded border
-        const int64_t n = nt + 8 * i + 2 * (lane % 4);
-        const int * corr = ep.tapcorr + (int64_t)border * N;
-        v0 += n < N ? __ldg(corr + n) : 0;
-        v1 += n + 1 < N ? __ldg(corr + n + 1) : 0;
-    }
+    const int2 ct = TAPS ? __ldg((const int2 *)(ep.colcls + border + 8 * i + 2 * (lane % 4)))
+                         : *(const int2 *)(colterm + 8 * i + 2 * (lane % 4));
+    const int v0 = 4 * a.x + ct.x, v1 = 4 * a.y + ct.y;
     return make_float2(__fadd_rn(__int_as_float(v0), rowf), __fadd_rn(__int_as_float(v1), rowf));
 }
 
@@ -359,11 +357,9 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const ac
                                               const float * rowf, const int * rowborder) {
     const int lane = threadIdx.x % 32, g = lane / 4;
     const struct dview & y = ep.y;
-    int64_t rb_mine = 0; // lane j < 16: the bit offset of row mw + j in y
-    if (lane < 16 && mw + lane < M) {
-        const row_info r = make_row(ep, mw + lane, M);
-        rb_mine = r.nb * y.stride[0] + r.oh * y.stride[2] + r.ow * y.stride[3];
-    }
+    // Rows lie evenly spaced in y (bie_cuda_wgmma_packs_bits): row m starts at bit m * pitch.
+    const int64_t pitch = ep.g.OW > 1 ? y.stride[3] : ep.g.OH > 1 ? y.stride[2] : y.stride[0];
+    const int64_t rb_mine = (mw + (lane & 15)) * pitch; // lane j < 16: the bit offset of row mw + j
     // Lane t of a quad holds columns 2t and 2t+1 of each 8-column group, i.e. bits 2t and 2t+1 of
     // the row's byte for that group: four groups make a word, ORed over the quad by two shuffles
     // (rounding to float keeps the sign of an integer).
@@ -665,7 +661,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     uint32_t * const dump = (uint32_t *)area; // SPLIT: consumer warp c's part: words [c BN 8, (c + 1) BN 8)
     int * const terms_col = (int *)(area + dump_for(BINARY, BN));        // SPLIT: the tile's column terms,
     float * const terms_rowf = (float *)(area + dump_for(BINARY, BN) + 1024); // its rows' float terms
-    int * const terms_border = (int *)(area + dump_for(BINARY, BN) + 1536);   // and border classes
+    int * const terms_border = (int *)(area + dump_for(BINARY, BN) + 1536);   // and offsets in ep.colcls
     const int wg = threadIdx.x / 128, warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     // The epilogue warps. SPLIT (never with gathered rows, which take the whole producer
     // warpgroup): warps 1-3 of the producer warpgroup and the fourth warpgroup; else the consumer
@@ -705,16 +701,16 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     // tile's MMAs so that their latency hides behind them (and used only after them), except in
     // the first tile of a GEMM that starts under the kernel writing them (ep.terms_last), which
     // waits for that kernel just after its MMAs.
-    constexpr int NCP = BINARY && FAST && !SPLIT ? BN / 32 : 1; // column terms per lane
+    constexpr int NCP = BINARY && FAST && !SPLIT && !TAPS ? BN / 32 : 1; // column terms per lane (TAPS: ep.colcls)
     struct row_terms {
-        int rpop[2], rk[2], rborder[2];
+        int rpop[2], rk[2], rborder[2]; // (rborder: the border class, then its offset in ep.colcls)
         float rowf[2]; // K - 2 popc(x) - DOT_BIAS_F, made before the epilogue
     };
     auto load_cols = [&](int * cpop, int64_t n0) { // columns n0 + lane + 32 q
 #pragma unroll
         for (int q = 0; q < NCP; q++) {
             const int64_t n = n0 + lane + 32 * q;
-            cpop[q] = BINARY && FAST && n < N ? __ldg(ep.colpop + n) : 0;
+            cpop[q] = BINARY && FAST && !TAPS && n < N ? __ldg(ep.colpop + n) : 0;
         }
     };
     auto load_rows = [&](row_terms & rt, int64_t mw) {
@@ -740,11 +736,15 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
             }
         }
     };
-    // Before a tile's epilogue: the row terms as floats.
-    auto prepare_rows = [&](row_terms & rt) {
+    // Before the epilogue of a tile at column nt: the row terms as floats, and the offsets of the
+    // rows' column terms in ep.colcls (TAPS; the host keeps them below 2^31).
+    auto prepare_rows = [&](row_terms & rt, int64_t nt) {
         if (BINARY && FAST) {
 #pragma unroll
-            for (int r = 0; r < 2; r++) rt.rowf[r] = __fsub_rn(__int2float_rn(rt.rk[r] - 2 * rt.rpop[r]), DOT_BIAS_F);
+            for (int r = 0; r < 2; r++) {
+                rt.rowf[r] = __fsub_rn(__int2float_rn(rt.rk[r] - 2 * rt.rpop[r]), DOT_BIAS_F);
+                if (TAPS) rt.rborder[r] = rt.rborder[r] * ep.colcls_ld + (int)nt;
+            }
         }
     };
     // The epilogue of a warp's 16 rows from mw of the tile at column nt (colterm: DOT_BIAS - 2
@@ -878,7 +878,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
             load_cols(cpop, n0);
             load_rows(rt, mw);
         }
-        prepare_rows(rt);
+        prepare_rows(rt, nt);
         if constexpr (SPLIT) {
             // The warp's part of the dump and its terms: once the epilogue warps have read the last
             // tile's.
@@ -888,7 +888,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
             for (int i = 0; i < BN / 8; i++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) part[(2 * i + h) * 32 + lane] = __byte_perm(d[4 * i + 2 * h], d[4 * i + 2 * h + 1], 0x5410);
-            if (lane < BN / 8) terms_col[cwarp * (BN / 8) + lane] = DOT_BIAS - 2 * cpop[0];
+            if (!TAPS && lane < BN / 8) terms_col[cwarp * (BN / 8) + lane] = DOT_BIAS - 2 * cpop[0];
             if (lane % 4 == 0)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
@@ -897,7 +897,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
                 }
             mbar_arrive(dump_full);
         } else {
-            if (BINARY && FAST) {
+            if (BINARY && FAST && !TAPS) {
 #pragma unroll
                 for (int q = 0; q < NCP; q++) ep_colterm[lane + 32 * q] = DOT_BIAS - 2 * cpop[q];
                 __syncwarp();

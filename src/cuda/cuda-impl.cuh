@@ -377,6 +377,12 @@ __device__ __forceinline__ void zero_pad_terms(const struct dgeom & g, const int
            border_class(ow, (int)g.OW, border[2], border[3]);
 }
 
+// The bits of the float 1.5 * 2^23: an integer p with |p| < 2^22 added to them gives the bits of
+// the float 1.5 * 2^23 + p (the wgmma epilogue's exact int-to-float step, cuda-gemm-wgmma.cu).
+#define BIE_DOT_BIAS 0x4B400000
+// Row length of gemm_epilogue.colcls: N rounded up to the widest wgmma tile (256 columns).
+#define BIE_COLCLS_LD(N) (((N) + 255) / 256 * 256)
+
 // GEMM on packed operands: C[m][n] = sum over the row's bytes of A[m] . B[n], where rows are
 // `kbytes` bytes (a multiple of 128). binary = 1: bits with AND-popcount (acc = popc(a & b));
 // binary = 0: int8 codes. The epilogue turns acc into y.
@@ -389,6 +395,12 @@ struct gemm_epilogue {
     // class counts of the output rows (top, bottom) and columns (left, right) that have such taps.
     const int * tapcorr;
     int border[4];
+    // The same with the column terms of the wgmma epilogue folded in (set with tapcorr):
+    // colcls[p * colcls_ld + n] = BIE_DOT_BIAS - 2 popc(w row n) + tapcorr[p][n] for every class p
+    // (class 0: tapcorr 0), zeros for N <= n < colcls_ld (BIE_COLCLS_LD(N)), so that a tile's
+    // epilogue reads a row's terms for its class without a bounds check or a border branch.
+    const int * colcls;
+    int colcls_ld;
     // Zero padding with gathered rows (else NULL): per row, {K over its valid taps - 2 popc(row),
     // its border class}, so the fast epilogue reads them instead of working them out per tile.
     const int2 * rowterms;
@@ -416,12 +428,12 @@ struct gemm_gather {
 // one that gathers.
 bool bie_cuda_gemm_takes_wgmma(bie_context_t * ctx, int64_t M, bool taps);
 // rowpop[m] = popc of implicit-GEMM row m as the gather reads it (the sum over the row's taps
-// inside the image of their pixels' popcounts), through pixpop (N*H*W ints of scratch). With
-// zero padding (rowterms not NULL) it also writes gemm_epilogue.rowterms, for `border` (the
-// class counts top, bottom, left, right).
-enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, cudaStream_t s, const struct gemm_gather & gs,
-                                     const struct dgeom & g, int * pixpop, int * rowpop, int2 * rowterms,
-                                     const int * border);
+// inside the image of their pixels' popcounts), in one launch on the context's stream. With zero
+// padding (rowterms not NULL) it also writes gemm_epilogue.rowterms, for `border` (the class counts
+// top, bottom, left, right). after_terms: the kernel queued just before wrote weight_terms' tables
+// only, which this one does not read, so it is a programmatic dependent launch under it.
+enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, const struct gemm_gather & gs, const struct dgeom & g,
+                                     int * rowpop, int2 * rowterms, const int * border, bool after_terms);
 // gs: NULL, or the gathered activations (A unused; wgmma route only).
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
                               int64_t N, int64_t kbytes, const struct gemm_epilogue & ep,
