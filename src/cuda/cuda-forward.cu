@@ -570,6 +570,8 @@ enum bie_status gather_source(bie_context_t * ctx, cudaStream_t stream, const pa
                (uintptr_t)gs->x % (4 * words) == 0;
     };
     gs->piece = fits(4) ? 16 : fits(2) ? 8 : 4;
+    gs->div_ow = fast_div_make((uint32_t)g.OW); // (gather_fits keeps them below 2^30, M below 2^31)
+    gs->div_oh = fast_div_make((uint32_t)g.OH);
     return BIE_STATUS_OK;
 }
 
@@ -577,7 +579,8 @@ enum bie_status gather_source(bie_context_t * ctx, cudaStream_t stream, const pa
 bool gather_fits(const pack_src & p) {
     const int64_t * st = p.t.stride;
     const int64_t words = word_pixels(p) ? p.g.batch * (st[0] / 32) : p.g.batch * p.g.H * p.g.W * (p.g.C / 32);
-    return words < INT32_MAX && p.g.H * p.g.sh < INT32_MAX / 2 && p.g.W * p.g.sw < INT32_MAX / 2;
+    return words < INT32_MAX && p.g.H * p.g.sh < INT32_MAX / 2 && p.g.W * p.g.sw < INT32_MAX / 2 &&
+           p.g.batch * p.g.OH * p.g.OW < INT32_MAX && p.g.OH < (1 << 30) && p.g.OW < (1 << 30); // (fast_div)
 }
 
 // Packs rows with pack_contiguous_rows when their K elements are contiguous floats (the weight of

@@ -419,10 +419,31 @@ struct gemm_epilogue {
 // wgmma GEMM copies each stage's rows from x with asynchronous copies of `piece` bytes (16, 8 or
 // 4: what the channel words and strides allow), so the rows never go through memory; ep.rowpop
 // comes from bie_cuda_conv_rowpop.
+// Division of n < 2^31 by a divisor d in [1, 2^30] fixed for a kernel, as a multiply-high and a
+// shift (fast_div_make on the host, fast_div on the device): with l = ceil(log2 d) and p = 31 + l,
+// mul = ceil(2^p / d) fits 32 bits and n / d = umulhi(n, mul) >> (p - 32), since the rounding
+// error n (mul d - 2^p) / (d 2^p) < 2^-l <= 1/d cannot carry the quotient past the next integer.
+struct fast_divisor {
+    uint32_t d, mul, shift;
+};
+static inline struct fast_divisor fast_div_make(uint32_t d) {
+    struct fast_divisor f = {d, 0, 0};
+    int l = 0;
+    while (((uint64_t)1 << l) < d) l++;
+    if (d > 1) {
+        f.mul = (uint32_t)((((uint64_t)1 << (31 + l)) + d - 1) / d);
+        f.shift = (uint32_t)(l - 1);
+    }
+    return f;
+}
+__device__ __forceinline__ uint32_t fast_div(uint32_t n, const struct fast_divisor & f) {
+    return f.d == 1 ? n : __umulhi(n, f.mul) >> f.shift;
+}
 struct gemm_gather {
     const uint32_t * x;
     int64_t w0, w2, w3;
     int piece;
+    struct fast_divisor div_ow, div_oh; // by OW and by OH (output pixel m -> n, oh, ow)
 };
 // Whether the GEMM of M rows (taps: with the zero-padding table) takes the wgmma route, the only
 // one that gathers.
