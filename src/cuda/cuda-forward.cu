@@ -656,27 +656,44 @@ struct border_counts4 {
 template <int V>
 __global__ void conv_rowterms(gemm_gather gs, struct dgeom g, int * rowpop, int2 * rowterms, border_counts4 border) {
     griddep_launch_dependents();
-    const int M = (int)(g.batch * g.OH * g.OW), OW = (int)g.OW, OH = (int)g.OH, H = (int)g.H, W = (int)g.W;
+    const int M = (int)(g.batch * g.OH * g.OW), H = (int)g.H, W = (int)g.W, taps = g.kh * g.kw;
     const int pw = (int)(g.C / 32), w0 = (int)gs.w0, w2 = (int)gs.w2, w3 = (int)gs.w3;
     for (int m = blockIdx.x * blockDim.x + threadIdx.x; m < M; m += gridDim.x * blockDim.x) {
-        const int ow = m % OW, oh = (m / OW) % OH, n = m / (OW * OH);
+        const uint32_t nhw = fast_div((uint32_t)m, gs.div_ow), n = fast_div(nhw, gs.div_oh);
+        const int ow = m - (int)nhw * (int)g.OW, oh = (int)nhw - (int)n * (int)g.OH;
         const int h0 = oh * g.sh - g.ph, wl = ow * g.sw - g.pw;
         const uint32_t * xs = gs.x + n * w0;
         int cnt = 0;
-        for (int i = 0; i < g.kh; i++) {
-            const int h = h0 + i * g.dh;
-            if ((unsigned)h >= (unsigned)H) continue;
-            for (int j = 0; j < g.kw; j++) {
-                const int w = wl + j * g.dw;
-                if ((unsigned)w >= (unsigned)W) continue;
-                const uint32_t * px = xs + h * w2 + w * w3;
-                for (int q = 0; q < pw; q += V) {
-                    if (V == 4) cnt += popc4(__ldg((const uint4 *)(px + q)));
-                    else if (V == 2) {
-                        const uint2 v = __ldg((const uint2 *)(px + q));
-                        cnt += __popc(v.x) + __popc(v.y);
-                    } else cnt += __popc(__ldg(px + q));
+        // TB taps at a time, every load issued (a tap outside the image reads the sample's first
+        // pixel and counts nothing), so that their latencies overlap: loops that skipped the
+        // taps outside issued one load after another.
+        constexpr int TB = 9;
+        int i = 0, j = 0; // the tap (i, j) of t0 + u
+        for (int t0 = 0; t0 < taps; t0 += TB) {
+            const uint32_t * px[TB];
+            bool in[TB];
+#pragma unroll
+            for (int u = 0; u < TB; u++) {
+                const int h = h0 + i * g.dh, w = wl + j * g.dw;
+                in[u] = t0 + u < taps && (unsigned)h < (unsigned)H && (unsigned)w < (unsigned)W;
+                px[u] = in[u] ? xs + h * w2 + w * w3 : xs;
+                if (++j == g.kw) {
+                    j = 0;
+                    i++;
                 }
+            }
+            for (int q = 0; q < pw; q += V) {
+                int c[TB];
+#pragma unroll
+                for (int u = 0; u < TB; u++) {
+                    if (V == 4) c[u] = popc4(__ldg((const uint4 *)(px[u] + q)));
+                    else if (V == 2) {
+                        const uint2 v = __ldg((const uint2 *)(px[u] + q));
+                        c[u] = __popc(v.x) + __popc(v.y);
+                    } else c[u] = __popc(__ldg(px[u] + q));
+                }
+#pragma unroll
+                for (int u = 0; u < TB; u++) cnt += in[u] ? c[u] : 0;
             }
         }
         rowpop[m] = cnt; // (the element-wise epilogue paths read it even with rowterms)
