@@ -735,7 +735,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
             rt.rpop[r] = rt.rk[r] = rt.rborder[r] = 0;
             rt.rowf[r] = 0.0f;
             if (BINARY && FAST && m < M) {
-                if (TAPS && ep.rowterms) { // gathered rows: terms made by conv_rowpop
+                if (TAPS && ep.rowterms) { // gathered rows: terms made by bie_cuda_conv_rowpop
                     const int2 t = __ldg(ep.rowterms + m);
                     rt.rk[r] = t.x; // (K over the valid taps - 2 popc(x), with rpop 0)
                     rt.rborder[r] = t.y;

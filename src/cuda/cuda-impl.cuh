@@ -409,8 +409,9 @@ struct gemm_epilogue {
     struct dview y;      // [batch, O, OH, OW]; y.dtype B1 -> write sign codes to `sign` instead
     int8_t * sign;       // [M][N] codes of (acc >= 0) for a B1 y
     int64_t ldb;         // bytes between rows of B (>= kbytes, a multiple of 16)
-    // 1: the last kernel queued before the GEMM wrote only rowpop, colpop or tapcorr (all else it
-    // reads is complete), so the wgmma GEMM may start under it as a programmatic dependent launch.
+    // 1: the last kernel queued before the GEMM wrote only rowpop, colpop, rowterms or the tap
+    // tables (all else it reads is complete), so the wgmma GEMM may start under it as a
+    // programmatic dependent launch.
     int terms_last;
 };
 // The activation rows of a binary conv gathered by the GEMM itself, instead of read from A: x as
