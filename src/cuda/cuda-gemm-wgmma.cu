@@ -336,7 +336,7 @@ struct acc_dump {
 // then that row's offset, class * colcls_ld + the tile's first column.
 template <bool BINARY, bool TAPS, class D>
 __device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const D & d, const int * colterm, int i,
-                                                int h, int64_t nt, int64_t N, float rowf, int border) {
+                                                int h, float rowf, int border) {
     const int2 a = d.pair(i, h);
     if (!BINARY) return make_float2(__int2float_rn(a.x), __int2float_rn(a.y));
     const int lane = threadIdx.x % 32;
@@ -371,7 +371,7 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const ac
             uint32_t word = 0;
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const float2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, 4 * w4 + q, h, nt, N, rowf[h], rowborder[h]);
+                const float2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, 4 * w4 + q, h, rowf[h], rowborder[h]);
                 word |= ((v.x >= 0.0f ? 1u : 0u) | (v.y >= 0.0f ? 2u : 0u)) << (8 * q + 2 * t);
             }
             word |= __shfl_xor_sync(0xffffffffu, word, 1);
@@ -418,8 +418,8 @@ __device__ __forceinline__ void epilogue_elements(const gemm_epilogue & ep, cons
 // The finished value of this thread's two columns of column group i in fragment row h, scaled.
 template <bool BINARY, bool TAPS, class D>
 __device__ __forceinline__ float2 scaled_pair(const gemm_epilogue & ep, const D & d, const int * colterm, int i, int h,
-                                              int64_t nt, int64_t N, float scale, float rowf, int border) {
-    const float2 r = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, nt, N, rowf, border);
+                                              float scale, float rowf, int border) {
+    const float2 r = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, rowf, border);
     return make_float2(__fmul_rn(r.x, scale), __fmul_rn(r.y, scale));
 }
 
@@ -441,7 +441,7 @@ template <typename T> __device__ __forceinline__ void stage_pair(uint8_t * rows,
 template <bool BINARY, typename T, bool TAPS, class D>
 __device__ __forceinline__ void epilogue_chunk(const gemm_epilogue & ep, const D & d, uint8_t * stage,
                                                const int * colterm, const CUtensorMap * ymap, int64_t mw, int c,
-                                               int64_t nt, int64_t M, int64_t N, float scale, const float * rowf,
+                                               int64_t nt, int64_t M, float scale, const float * rowf,
                                                const int * border) {
     constexpr int CC = 128 / (int)sizeof(T), GC = CC / 8; // columns and column groups per chunk
     const int lane = threadIdx.x % 32;
@@ -450,7 +450,7 @@ __device__ __forceinline__ void epilogue_chunk(const gemm_epilogue & ep, const D
     for (int h = 0; h < 2; h++)
 #pragma unroll
         for (int j = 0; j < GC; j++)
-            v[h][j] = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, nt, N, scale, rowf[h], border[h]);
+            v[h][j] = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, scale, rowf[h], border[h]);
     if (lane == 0) tma_store_wait_read<0>();
     __syncwarp();
 #pragma unroll
@@ -507,7 +507,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
             for (int j = 0; j < CC / 8; j++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const float2 v = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * CC / 8 + j, h, nt, N, scale,
+                    const float2 v = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * CC / 8 + j, h, scale,
                                                                rowf[h], rowborder[h]);
                     const int col = 8 * j + 2 * (lane % 4), row = lane / 4 + 8 * h;
                     st[col * 16 + row] = from_f32<T>(v.x);
@@ -534,7 +534,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
     if (ymap) {
 #pragma unroll
         for (int c = 0; c < BN / CC; c++)
-            epilogue_chunk<BINARY, T, TAPS>(ep, d, stage, colterm, ymap, mw, c, nt, M, N, scale, rowf, rowborder);
+            epilogue_chunk<BINARY, T, TAPS>(ep, d, stage, colterm, ymap, mw, c, nt, M, scale, rowf, rowborder);
         return;
     }
 #pragma unroll
@@ -544,7 +544,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
 #pragma unroll
             for (int h = 0; h < 2; h++)
                 stage_pair<T>(stage, j, h,
-                              scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, nt, N, scale, rowf[h], rowborder[h]));
+                              scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, scale, rowf[h], rowborder[h]));
         int64_t rb_mine = 0; // lane j < 16: row mw + j's offset in y
         if (lane < 16 && mw + lane < M) {
             const row_info r = make_row(ep, mw + lane, M);
@@ -575,9 +575,9 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
 // the threads (RPT rows each, or for 64-row tiles TPR = 2 threads per row taking every other
 // piece), and a thread copies its rows' pieces of PIECE bytes (each within one tap) into the
 // 128-byte swizzle the MMA descriptors read; a tap outside the image (and a row past M) is
-// zero-filled. A row's
-// output pixel (n, oh, ow) is found once per tile; the tap of a piece and its word offset from the
-// pixel's first tap are stepped from the piece before, the same for all the thread's rows. Pieces
+// zero-filled. A row's output pixel (n, oh, ow) is found once per tile; the tap of a piece and its
+// word offset from the pixel's first tap are stepped from the piece before, the same for all the
+// thread's rows. Pieces
 // past K are left as they are: B is zero there, so they add nothing. Each thread's copies of a
 // stage arrive on its full barrier when they land (129 arrivals: 128 threads and the B load). Word
 // offsets are 32-bit: the host keeps x under 2^31 words. (Threads that each took one 16-byte chunk
@@ -787,7 +787,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
                     const float rf[2] = {terms_rowf[row], terms_rowf[row + 8]};
                     const int rb[2] = {TAPS ? terms_border[row] : 0, TAPS ? terms_border[row + 8] : 0};
                     epilogue_chunk<BINARY, T, TAPS>(ep, acc_dump{dump + cw8 * BN * 8}, ep_stage, ep_colterm, ymap,
-                                                    mt0 + 16 * cw8, c, nt, M, N, scale, rf, rb);
+                                                    mt0 + 16 * cw8, c, nt, M, scale, rf, rb);
                 }
                 mbar_arrive(dump_empty);
             }

@@ -414,12 +414,6 @@ struct gemm_epilogue {
     // programmatic dependent launch.
     int terms_last;
 };
-// The activation rows of a binary conv gathered by the GEMM itself, instead of read from A: x as
-// NHWC bits in whole 32-bit words of channels (C % 32 == 0; w0, w2, w3: the words between samples,
-// rows and pixels), taps outside the image read as zero words (zero or -1 padding, not +1). The
-// wgmma GEMM copies each stage's rows from x with asynchronous copies of `piece` bytes (16, 8 or
-// 4: what the channel words and strides allow), so the rows never go through memory; ep.rowpop
-// comes from bie_cuda_conv_rowpop.
 // Division of n < 2^31 by a divisor d in [1, 2^30] fixed for a kernel, as a multiply-high and a
 // shift (fast_div_make on the host, fast_div on the device): with l = ceil(log2 d) and p = 31 + l,
 // mul = ceil(2^p / d) fits 32 bits and n / d = umulhi(n, mul) >> (p - 32), since the rounding
@@ -440,6 +434,12 @@ static inline struct fast_divisor fast_div_make(uint32_t d) {
 __device__ __forceinline__ uint32_t fast_div(uint32_t n, const struct fast_divisor & f) {
     return f.d == 1 ? n : __umulhi(n, f.mul) >> f.shift;
 }
+// The activation rows of a binary conv gathered by the GEMM itself, instead of read from A: x as
+// NHWC bits in whole 32-bit words of channels (C % 32 == 0; w0, w2, w3: the words between samples,
+// rows and pixels), taps outside the image read as zero words (zero or -1 padding, not +1). The
+// wgmma GEMM copies each stage's rows from x with asynchronous copies of `piece` bytes (16, 8 or
+// 4: what the channel words and strides allow), so the rows never go through memory; ep.rowpop
+// comes from bie_cuda_conv_rowpop.
 struct gemm_gather {
     const uint32_t * x;
     int64_t w0, w2, w3;
