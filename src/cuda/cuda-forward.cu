@@ -127,31 +127,28 @@ __device__ __forceinline__ void codes8(const pack_src & p, const T * row, int64_
     }
 }
 
-// The sign bits (x >= 0, so -0 -> 1 and NaN -> 0, as in elem_code) of 8 elements at a 16-byte
-// aligned p, bit e for element e: two-byte floats compared in pairs (HSET2), then the pairs' bits
-// interleaved.
-template <typename T> __device__ __forceinline__ uint32_t sign_bits8(const T * p);
-template <> __device__ __forceinline__ uint32_t sign_bits8<float>(const float * p) {
-    float v[8];
-    load8<float>(p, v);
+// The sign bits (x >= 0, so -0 -> 1 and NaN -> 0, as in elem_code) of 8 loaded elements, bit e
+// for element e: two-byte floats compared in pairs (HSET2), then the pairs' bits interleaved.
+template <typename T> __device__ __forceinline__ uint32_t sign_bits8(const raw8<T> & r);
+template <> __device__ __forceinline__ uint32_t sign_bits8<float>(const raw8<float> & r) {
+    const float * v = (const float *)r.u;
     uint32_t b = 0;
 #pragma unroll
     for (int e = 0; e < 8; e++) b |= (v[e] >= 0.0f ? 1u : 0u) << e;
     return b;
 }
-template <typename T2> __device__ __forceinline__ uint32_t sign_bits8_pairs(const void * p, T2 zero) {
-    const uint4 u = *(const uint4 *)p;
+template <typename T2> __device__ __forceinline__ uint32_t sign_bits8_pairs(const uint4 & u, T2 zero) {
     const T2 * h = (const T2 *)&u;
     uint32_t acc = 0; // element 2i at bit 2i, element 2i+1 at bit 16 + 2i
 #pragma unroll
     for (int i = 0; i < 4; i++) acc |= (__hge2_mask(h[i], zero) & 0x00010001u) << (2 * i);
     return (acc & 0x55u) | ((acc >> 15) & 0xAAu);
 }
-template <> __device__ __forceinline__ uint32_t sign_bits8<__half>(const __half * p) {
-    return sign_bits8_pairs<__half2>(p, __float2half2_rn(0.0f));
+template <> __device__ __forceinline__ uint32_t sign_bits8<__half>(const raw8<__half> & r) {
+    return sign_bits8_pairs<__half2>(r.u[0], __float2half2_rn(0.0f));
 }
-template <> __device__ __forceinline__ uint32_t sign_bits8<__nv_bfloat16>(const __nv_bfloat16 * p) {
-    return sign_bits8_pairs<__nv_bfloat162>(p, __float2bfloat162_rn(0.0f));
+template <> __device__ __forceinline__ uint32_t sign_bits8<__nv_bfloat16>(const raw8<__nv_bfloat16> & r) {
+    return sign_bits8_pairs<__nv_bfloat162>(r.u[0], __float2bfloat162_rn(0.0f));
 }
 
 template <typename T>
@@ -171,13 +168,28 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
         const bool aligned = ((uintptr_t)src % 16) == 0;
         uint8_t * dst = out + row * kbytes;
         int cnt = 0;
-#pragma unroll 2
-        for (int64_t j = j0 + lane; j < j1; j += 32) {
+        int64_t j = j0 + lane;
+        // The common case, signs of raw vectors: PU groups a lane, their loads issued before any
+        // store (which the compiler may not move them past), so that a row is a few round trips.
+        constexpr int PU = sizeof(T) == 4 ? 4 : 8;
+        if (binary && aligned && !p.bias.data)
+            for (; (j + 32 * (PU - 1)) * 8 + 8 <= K && j + 32 * (PU - 1) < j1; j += 32 * PU) {
+                raw8<T> v[PU];
+#pragma unroll
+                for (int u = 0; u < PU; u++) v[u] = raw8_load<T>(src + (j + 32 * u) * 8);
+#pragma unroll
+                for (int u = 0; u < PU; u++) {
+                    const uint32_t byte = sign_bits8<T>(v[u]);
+                    dst[j + 32 * u] = (uint8_t)byte;
+                    cnt += __popc(byte);
+                }
+            }
+        for (; j < j1; j += 32) {
             int q[8];
             const int64_t k0 = j * 8;
             const bool vec = aligned && k0 + 8 <= K;
-            if (binary && vec && !p.bias.data) { // the common case: signs of the raw vector
-                const uint32_t byte = sign_bits8<T>(src + k0);
+            if (binary && vec && !p.bias.data) { // (the rest of the common case)
+                const uint32_t byte = sign_bits8<T>(raw8_load<T>(src + k0));
                 dst[j] = (uint8_t)byte;
                 cnt += __popc(byte);
                 continue;

@@ -156,18 +156,22 @@ template <> __device__ __forceinline__ __half from_f32<__half>(float v) { return
 template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ int8_t from_f32<int8_t>(float v) { return (int8_t)__float2int_rn(v); }
 
-// 8 consecutive floats of type T (float, __half, __nv_bfloat16) from a 16-byte-aligned address,
-// with 16-byte loads, as f32.
-template <typename T> __device__ __forceinline__ void load8(const T * p, float * v);
-template <> __device__ __forceinline__ void load8<float>(const float * p, float * v) {
-    const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+// 8 consecutive floats of type T (float, __half, __nv_bfloat16) as one or two 16-byte loads bring
+// them (raw8_load: p 16-byte aligned). Kernels that keep several loads in flight load raw8s first
+// and convert them after (raw8_floats); load8 does both at once.
+template <typename T> struct raw8 {
+    uint4 u[sizeof(T) / 2];
+};
+template <typename T> __device__ __forceinline__ raw8<T> raw8_load(const T * p) {
+    raw8<T> r;
+#pragma unroll
+    for (int i = 0; i < (int)(sizeof(T) / 2); i++) r.u[i] = ((const uint4 *)p)[i];
+    return r;
 }
 __device__ __forceinline__ float2 to_float2(__half2 h) { return __half22float2(h); }
 __device__ __forceinline__ float2 to_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
-// 8 two-byte floats (pairs of type T2) from one 16-byte load.
-template <typename T2> __device__ __forceinline__ void load8_pairs(const void * p, float * v) {
-    const uint4 u = *(const uint4 *)p;
+// 8 two-byte floats (pairs of type T2) of a 16-byte vector as f32.
+template <typename T2> __device__ __forceinline__ void floats8_pairs(const uint4 & u, float * v) {
     const T2 * h = (const T2 *)&u;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -176,10 +180,18 @@ template <typename T2> __device__ __forceinline__ void load8_pairs(const void * 
         v[2 * i + 1] = f.y;
     }
 }
-template <> __device__ __forceinline__ void load8<__half>(const __half * p, float * v) { load8_pairs<__half2>(p, v); }
-template <> __device__ __forceinline__ void load8<__nv_bfloat16>(const __nv_bfloat16 * p, float * v) {
-    load8_pairs<__nv_bfloat162>(p, v);
+template <typename T> __device__ __forceinline__ void raw8_floats(const raw8<T> & r, float * v);
+template <> __device__ __forceinline__ void raw8_floats<float>(const raw8<float> & r, float * v) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = ((const float *)r.u)[i];
 }
+template <> __device__ __forceinline__ void raw8_floats<__half>(const raw8<__half> & r, float * v) {
+    floats8_pairs<__half2>(r.u[0], v);
+}
+template <> __device__ __forceinline__ void raw8_floats<__nv_bfloat16>(const raw8<__nv_bfloat16> & r, float * v) {
+    floats8_pairs<__nv_bfloat162>(r.u[0], v);
+}
+template <typename T> __device__ __forceinline__ void load8(const T * p, float * v) { raw8_floats<T>(raw8_load<T>(p), v); }
 
 // Stores 8 floats as elements off .. off+7 of a dense F32, F16 or BF16 buffer (rounding to
 // nearest even) with 16-byte stores; the caller checks that the address is 16-byte aligned.
