@@ -19,6 +19,9 @@
 //   n-bit : mid = 1{lo <= r <= hi}, grad_x = gx*mid,
 //           term = gx * (lo*1{r<lo} + hi*1{r>hi} + mid*(rne(r) - r))
 //   grad_scale_a = sum(term) / sqrt(numel(x))  (n-bit: / sqrt(numel(x)*hi))
+// A linear layer's grad_x (when neither sum above is asked for) and a 1x1 kernel's grad_W skip the
+// f32 buffers when they have dense rows of grad_y's dtype: their GEMMs write them directly, with
+// the scale as cuBLAS's alpha, and grad_x then gets its STE mask in place (gx_direct, gw_direct).
 #include "cuda-impl.cuh"
 
 #include <math.h>
@@ -56,13 +59,29 @@ __global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct d
     }
 }
 
+// Whether the STE passes the gradient of the element x' (header comment: r = x'/scale_a, rounded
+// to nearest). A binary layer with 0 < scale_a < inf needs no division: |r| <= 1 exactly when
+// |x'| <= scale_a: a quotient in (1, 1 + 2^-24] (rounded to 1) would need a float x' in
+// (s, s (1 + 2^-24)], but with s = m 2^e (m < 2^24 an integer) the next float above s is s + 2^e,
+// beyond it. (NaN x' fails both tests.)
+__device__ __forceinline__ bool ste_passes(float xp, float s_a, int quant, int lo, int hi) {
+    if (quant == BIE_QUANT_BINARY && s_a > 0.0f && s_a < INFINITY) return fabsf(xp) <= s_a;
+    const float r = __fdiv_rn(xp, s_a);
+    return quant == BIE_QUANT_BINARY ? fabsf(r) <= 1.0f : r >= (float)lo && r <= (float)hi;
+}
+
 // The codes for rows whose K elements are contiguous floats (a linear layer's weight and x):
 // out[r][k] = code of src[r][k] (+ bias[k] for x), 8 elements per thread with a 16-byte load when
 // the row is 16-byte aligned and the 8 lie inside it. Same values as weight_codes and the
-// activation codes of bie_cuda_pixel_rows (a linear layer has one tap, inside the image).
+// activation codes of bie_cuda_pixel_rows (a linear layer has one tap, inside the image). (Four
+// chunks a thread, their loads issued before any store, ran slower: 52 and 94 us against 29 and
+// 66 us for the codes of a 4096 x 4096 and an 8192 x 4096 f16 matrix, with fewer threads resident.)
+// With gx (x's rows; dtype gdt, row stride gx_ld) it also applies the STE mask to a grad_x that
+// already holds scale_w * dCol: the elements the STE stops are set to 0, the others left alone.
+// out may then be NULL (no codes wanted).
 template <typename T>
 __global__ void codes_rows(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias,
-                           int quant, struct dscale sc, int gdt, void * out) {
+                           int quant, struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld) {
     const float s = ld_scale(sc);
     const int lo = qlo(quant), hi = qhi(quant);
     const int64_t chunks = (K + 7) / 8, total = rows * chunks;
@@ -78,8 +97,10 @@ __global__ void codes_rows(const T * src, int sdt, int64_t row_stride, int64_t r
         for (int i = 0; i < 8; i++) {
             float x = q[i];
             if (bias.data && k0 + i < K) x = __fadd_rn(x, ld_float(bias.data, bias.dtype, (k0 + i) * bias.stride[3]));
+            if (gx && k0 + i < K && !ste_passes(x, s, quant, lo, hi)) st_dense(gx, gdt, r * gx_ld + k0 + i, 0.0f);
             q[i] = quant == BIE_QUANT_BINARY ? (x >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(x, s, lo, hi);
         }
+        if (!out) continue;
         const int64_t o = r * K + k0;
         if (full && vec8_ok(out, gdt, o)) store8((char *)out, gdt, o, q);
         else
@@ -95,16 +116,19 @@ bool codes_rows_ok(const struct dview & t, bool rows_are_k, int64_t K) {
            bie_dtype_is_float((enum bie_dtype)t.dtype);
 }
 bool launch_codes_rows(const struct dview & t, bool rows_are_k, int64_t rows, int64_t K, const struct dview & bias,
-                       int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream) {
+                       int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream, void * gx = NULL,
+                       int64_t gx_ld = 0) {
     if (!codes_rows_ok(t, rows_are_k, K)) return false;
     const unsigned grid = grid_for(rows * ((K + 7) / 8), 256);
     if (t.dtype == BIE_DTYPE_F32)
-        codes_rows<float><<<grid, 256, 0, stream>>>((const float *)t.data, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out);
+        codes_rows<float><<<grid, 256, 0, stream>>>((const float *)t.data, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out,
+                                                    gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_F16)
-        codes_rows<__half><<<grid, 256, 0, stream>>>((const __half *)t.data, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out);
+        codes_rows<__half><<<grid, 256, 0, stream>>>((const __half *)t.data, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out,
+                                                     gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_BF16)
         codes_rows<__nv_bfloat16><<<grid, 256, 0, stream>>>((const __nv_bfloat16 *)t.data, t.dtype, t.stride[0], rows, K, bias,
-                                                            quant, sc, gdt, out);
+                                                            quant, sc, gdt, out, gx, gx_ld);
     else
         return false;
     return true;
@@ -114,13 +138,12 @@ bool launch_codes_rows(const struct dview & t, bool rows_are_k, int64_t rows, in
 // scale_a-gradient term.
 __device__ __forceinline__ void ste_elem(float xp, float gx, int quant, float s_a, int lo, int hi, float * gxm,
                                          float * term) {
-    const float r = __fdiv_rn(xp, s_a);
+    const bool mid = ste_passes(xp, s_a, quant, lo, hi);
+    *gxm = mid ? gx : 0.0f;
     if (quant == BIE_QUANT_BINARY) {
-        *gxm = fabsf(r) <= 1.0f ? gx : 0.0f;
         *term = xp >= 0.0f ? *gxm : -*gxm;
     } else {
-        const bool mid = r >= (float)lo && r <= (float)hi;
-        *gxm = mid ? gx : 0.0f;
+        const float r = __fdiv_rn(xp, s_a);
         const float f = r < (float)lo ? (float)lo : r > (float)hi ? (float)hi : mid ? rintf(r) - r : 0.0f;
         *term = gx * f;
     }
@@ -434,19 +457,55 @@ uint32_t element_bits(float v, int dt) {
     return dt == BIE_DTYPE_F32 ? f : dt == BIE_DTYPE_BF16 ? f >> 16 : v == 0.0f ? 0u : v > 0.0f ? 0x3c00u : 0xbc00u;
 }
 
+// The scalars of a gradient GEMM, D = alpha * op(A) op(B): alpha on the host, or (dev non-NULL)
+// dev[0] = alpha and dev[1] = 0 on the device, written by an earlier kernel of the stream.
+struct gemm_alpha {
+    float host;
+    const float * dev;
+};
+
+// Column-major C [m][n] (of dtype ct, leading dimension ldc) = alpha * op(A) op(B), operands of
+// dtype t, f32 accumulation.
 enum bie_status gemm_ex(bie_context_t * ctx, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-                        int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, float * C, int64_t ldc,
-                        cudaDataType_t t, const char * what) {
+                        int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, void * C, cudaDataType_t ct,
+                        int64_t ldc, cudaDataType_t t, struct gemm_alpha alpha, const char * what) {
     cublasHandle_t h;
     BIE_TRY(bie_cuda_cublas(ctx, &h));
-    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX)
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "%s: a dimension exceeds cuBLAS's 32-bit limit", what);
-    const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t st = cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, &one, A, t, (int)lda, B, t, (int)ldb, &zero,
-                                     C, CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    const float zero = 0.0f;
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    if (alpha.dev) st = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+        st = cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, alpha.dev ? alpha.dev : &alpha.host, A, t, (int)lda, B, t,
+                          (int)ldb, alpha.dev ? alpha.dev + 1 : &zero, C, ct, (int)ldc, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT);
+        if (alpha.dev) {
+            const cublasStatus_t back = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST);
+            if (st == CUBLAS_STATUS_SUCCESS) st = back;
+        }
+    }
     if (st != CUBLAS_STATUS_SUCCESS)
         return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cublasGemmEx (%s): %s", what, cublasGetStatusString(st));
     return BIE_STATUS_OK;
+}
+
+// Whether the bytes of tensors a and b (b may be absent: data NULL) overlap.
+bool spans_overlap(const struct bie_tensor & a, const struct bie_tensor & b) {
+    if (!a.data || !b.data) return false;
+    size_t na, nb;
+    if (bie_tensor_nbytes(&a, &na) != BIE_STATUS_OK || bie_tensor_nbytes(&b, &nb) != BIE_STATUS_OK) return true;
+    const uintptr_t pa = (uintptr_t)a.data, pb = (uintptr_t)b.data;
+    return pa < pb + nb && pb < pa + na;
+}
+
+// {scale_w, 0, scale_a, 0}: the alphas of the GEMMs that write grad_x and grad_weight directly
+// when the scales are device tensors.
+__global__ void gemm_scalars(struct dscale sw, struct dscale sa, float * out) {
+    out[0] = ld_scale(sw);
+    out[1] = 0.0f;
+    out[2] = ld_scale(sa);
+    out[3] = 0.0f;
 }
 
 } // namespace
@@ -474,19 +533,38 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     const int taps = g.kh * g.kw;
     const int64_t xpix = xnumel / g.C;
     const bool gx_conv = want_gx && !dgeom_one_position(g) && taps > 1 && g.sh == 1 && g.sw == 1;
-    size_t off = 0;
-    const size_t oG = off; off = align256(off + (size_t)(M * O) * es);
-    const size_t oW = off; off = align256(off + (want_gx ? (size_t)(O * K) * es : 0));
-    const size_t gcol_bytes = align256((size_t)(xpix * taps * O) * es);
-    const size_t gx_bytes = gx_conv ? gcol_bytes + (size_t)xnumel * 4 : want_gx ? (size_t)(M * K) * 4 : 0;
-    const size_t col_bytes = std::max(gx_bytes, want_gw ? (size_t)(M * K) * es : (size_t)0);
-    const size_t oCol = off; off = align256(off + col_bytes); // dCol (f32) or Gcol + Gx, then Acol
-    const size_t oR = off; off = align256(off + (want_gw ? (size_t)(O * K) * 4 : 0));
     // The STE pass of a linear layer over contiguous features takes row slabs (ste_rows), any
     // other layer tiles of pixels x channels (ste_tiles, `groups` blocks per channel tile); both
     // leave partial channel sums of the masked gradient (a row per slab or group) for grad_bias_a.
     const bool ste_linear = dgeom_one_position(g) && (g.C == 1 || c->x.stride[1] == 1) &&
                             bie_dtype_is_float(c->x.dtype);
+    // Gradients written by their GEMMs: when grad_x (of a linear layer) or grad_weight (of a 1x1
+    // kernel) has dense rows of grad_y's dtype, its GEMM writes it with the scale as alpha (the
+    // f32 product scale * sum rounded once, as the reference rounds it), so neither dCol nor R
+    // goes through memory in f32. grad_x goes so only when neither grad_scale_a nor grad_bias_a is
+    // asked for (they sum the unrounded masked gradient); its STE mask is then applied in place by
+    // the pass that writes the activation codes, which reads x anyway. A gradient that shares
+    // bytes with what is read after its GEMM writes it keeps the path through the workspace.
+    struct dview gxo, gwo;
+    gxo.data = gwo.data = NULL;
+    if (c->grad_x.data) dview_make(&c->grad_x, &gxo);
+    if (want_gw) dview_make(&c->grad_weight, &gwo);
+    const int64_t gx_ld = M == 1 ? K : gxo.stride[0], gw_ld = O == 1 ? K : gwo.stride[0];
+    const bool gx_direct = gxo.data && !c->grad_scale_a.data && !c->grad_bias_a.data && ste_linear &&
+                           gxo.dtype == gdt && (K == 1 || gxo.stride[1] == 1) && gx_ld >= K &&
+                           !spans_overlap(c->grad_x, c->x) && !spans_overlap(c->grad_x, c->grad_y) &&
+                           !spans_overlap(c->grad_x, c->bias_a) && !spans_overlap(c->grad_x, c->scale_a_t);
+    const bool gw_direct = want_gw && g.kh == 1 && g.kw == 1 && gwo.dtype == gdt && (K == 1 || gwo.stride[1] == 1) &&
+                           gw_ld >= K && !spans_overlap(c->grad_weight, c->grad_y);
+    size_t off = 0;
+    const size_t oG = off; off = align256(off + (size_t)(M * O) * es);
+    const size_t oW = off; off = align256(off + (want_gx ? (size_t)(O * K) * es : 0));
+    const size_t gcol_bytes = align256((size_t)(xpix * taps * O) * es);
+    const size_t gx_bytes = gx_conv ? gcol_bytes + (size_t)xnumel * 4 : want_gx && !gx_direct ? (size_t)(M * K) * 4 : 0;
+    const size_t col_bytes = std::max(gx_bytes, want_gw ? (size_t)(M * K) * es : (size_t)0);
+    const size_t oCol = off; off = align256(off + col_bytes); // dCol (f32) or Gcol + Gx, then Acol
+    const size_t oR = off; off = align256(off + (want_gw && !gw_direct ? (size_t)(O * K) * 4 : 0));
+    const size_t oScal = off; off = align256(off + 4 * sizeof(float)); // gemm_scalars
     int64_t slab = 64;
     if ((M + slab - 1) / slab > 65535) slab = ((M + 65534) / 65535 + 7) / 8 * 8;
     const int64_t slabs = (M + slab - 1) / slab;
@@ -508,16 +586,23 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     if (c->bias_a.data) dview_make(&c->bias_a, &bias);
     dview_make(&c->grad_y, &gy);
     const struct dscale sa = dscale_make(c, true), sw = dscale_make(c, false);
+    float * scal = (float *)(ws + oScal);
+    if ((gx_direct && sw.ptr) || (gw_direct && sa.ptr)) {
+        gemm_scalars<<<1, 1, 0, s>>>(sw, sa, scal);
+        LAUNCHED(ctx, "GEMM scalars");
+    }
+    const struct gemm_alpha one = {1.0f, NULL}, alpha_w = {sw.value, sw.ptr ? scal : NULL},
+                            alpha_a = {sa.value, sa.ptr ? scal + 2 : NULL};
 
     // A linear grad_y with dense rows already is G; otherwise gather it.
     const bool g_direct = !c->is_conv && gy.stride[1] == 1 && (M == 1 || gy.stride[0] == O);
     const void * G = g_direct ? (const void *)gy.data : (const void *)(ws + oG);
     if (!g_direct) BIE_TRY(bie_cuda_pixel_rows(ctx, s, gy, bias_none(), 0, sa, gdt, 0, ws + oG));
 
+    struct dgeom gs = g; // the geometry the STE pass gathers tap sums with
     if (want_gx) {
         struct dview w;
         dview_make(&c->weight, &w);
-        struct dgeom gs = g; // the geometry the STE pass gathers tap sums with
         if (gx_conv) {
             weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 1, ws + oW);
             LAUNCHED(ctx, "weight codes");
@@ -529,7 +614,7 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
             BIE_TRY(bie_cuda_im2col(ctx, s, G, (int)es, 0u, gt, gt.K, ws + oCol));
             // Gx (row-major [xpix][C]) = Gcol [xpix][taps*O] @ Wt: column-major Gx^T = Wt^T Gcol^T.
             BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, g.C, xpix, gt.K, ws + oW, g.C, ws + oCol, gt.K,
-                            (float *)(ws + oCol + gcol_bytes), g.C, ct, "grad_x"));
+                            ws + oCol + gcol_bytes, CUDA_R_32F, g.C, ct, one, "grad_x"));
             // Gx is a dCol of one tap per pixel: a 1x1, stride-1 conv without padding
             gs.kh = gs.kw = gs.sh = gs.sw = gs.dh = gs.dw = 1;
             gs.ph = gs.pw = 0;
@@ -539,12 +624,15 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
                 weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 0, ws + oW);
             LAUNCHED(ctx, "weight codes");
             // dCol (row-major [M][K]) = G [M][O] @ Wc [O][K]: column-major dCol^T = Wc^T G^T.
-            BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, G, O, (float *)(ws + oCol), K, ct,
-                            "grad_x"));
+            if (gx_direct) // grad_x = scale_w * dCol, masked later
+                BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, G, O, gxo.data, ct, gx_ld, ct, alpha_w,
+                                "grad_x"));
+            else
+                BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, G, O, ws + oCol, CUDA_R_32F, K, ct,
+                                one, "grad_x"));
         }
-        struct dview gxo;
-        gxo.data = NULL;
-        if (c->grad_x.data) dview_make(&c->grad_x, &gxo);
+    }
+    if (want_gx && !gx_direct) {
         double * sum = c->grad_scale_a.data ? (double *)(ws + oSum) : NULL;
         if (sum) CU_TRY(ctx, cudaMemsetAsync(sum, 0, sizeof(double), s), "cudaMemsetAsync");
         const bool want_gb = c->grad_bias_a.data != NULL;
@@ -581,15 +669,17 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
             LAUNCHED(ctx, "grad_bias_a");
         }
         if (sum) {
-            struct dview gs;
-            dview_make(&c->grad_scale_a, &gs);
-            gs.stride[3] = 0;
+            struct dview gsa;
+            dview_make(&c->grad_scale_a, &gsa);
+            gsa.stride[3] = 0;
             const double denom = c->quant == BIE_QUANT_BINARY ? sqrt((double)xnumel)
                                                                : sqrt((double)xnumel * bie_quant_hi(c->quant));
-            finish_scale_grad<<<1, 1, 0, s>>>(sum, denom, gs);
+            finish_scale_grad<<<1, 1, 0, s>>>(sum, denom, gsa);
             LAUNCHED(ctx, "grad_scale_a");
         }
     }
+    // the STE mask of a grad_x that its GEMM wrote: applied by the pass of the activation codes
+    void * const mask_gx = gx_direct ? gxo.data : NULL;
     if (want_gw) {
         // a linear layer: row m of Acol is row m of x
         if (acol_pixels) {
@@ -598,20 +688,27 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
                               : g.pad_value == BIE_PAD_PLUS_ONE ? 1.0f : g.pad_value == BIE_PAD_MINUS_ONE ? -1.0f : 0.0f;
             BIE_TRY(bie_cuda_im2col(ctx, s, ws + oPix, (int)es, element_bits(pad, gdt), g, K, ws + oCol));
         } else {
-            launch_codes_rows(x, true, M, K, bias, (int)c->quant, sa, gdt, ws + oCol, s);
-            LAUNCHED(ctx, "activation codes");
+            launch_codes_rows(x, true, M, K, bias, (int)c->quant, sa, gdt, ws + oCol, s, mask_gx, gx_ld);
+            LAUNCHED(ctx, mask_gx ? "activation codes and STE mask" : "activation codes");
         }
-        // R (row-major [O][K]) = G^T @ Acol: column-major R^T [K][O] = Acol^T [K][M] . G [M][O].
-        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, G, O, (float *)(ws + oR), K, ct,
-                        "grad_weight"));
-        struct dview gw;
-        dview_make(&c->grad_weight, &gw);
-        if (g.kh == 1 && g.kw == 1 && (g.C == 1 || gw.stride[1] == 1) &&
-            bie_dtype_is_float((enum bie_dtype)gw.dtype))
-            scale_rows<<<grid_for(O * ((K + 7) / 8), 256), 256, 0, s>>>((const float *)(ws + oR), O, K, sa, gw);
-        else
-            scatter_grad_w<<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + oR), g, sa, gw);
-        LAUNCHED(ctx, "scatter grad_weight");
+        // R (row-major [O][K]) = G^T @ Acol: column-major R^T [K][O] = Acol^T [K][M] . G [M][O];
+        // grad_W = scale_a * R
+        if (gw_direct) {
+            BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, G, O, gwo.data, ct, gw_ld, ct, alpha_a,
+                            "grad_weight"));
+        } else {
+            BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, G, O, ws + oR, CUDA_R_32F, K, ct, one,
+                            "grad_weight"));
+            if (g.kh == 1 && g.kw == 1 && (g.C == 1 || gwo.stride[1] == 1) &&
+                bie_dtype_is_float((enum bie_dtype)gwo.dtype))
+                scale_rows<<<grid_for(O * ((K + 7) / 8), 256), 256, 0, s>>>((const float *)(ws + oR), O, K, sa, gwo);
+            else
+                scatter_grad_w<<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + oR), g, sa, gwo);
+            LAUNCHED(ctx, "scatter grad_weight");
+        }
+    } else if (mask_gx) {
+        launch_codes_rows(x, true, M, K, bias, (int)c->quant, sa, gdt, NULL, s, mask_gx, gx_ld);
+        LAUNCHED(ctx, "STE mask");
     }
     return BIE_STATUS_OK;
 }
