@@ -64,10 +64,12 @@ __global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct d
 // |x'| <= scale_a: a quotient in (1, 1 + 2^-24] (rounded to 1) would need a float x' in
 // (s, s (1 + 2^-24)], but with s = m 2^e (m < 2^24 an integer) the next float above s is s + 2^e,
 // beyond it. (NaN x' fails both tests.)
+__device__ __forceinline__ bool ste_passes_r(float r, int quant, int lo, int hi) { // from r itself
+    return quant == BIE_QUANT_BINARY ? fabsf(r) <= 1.0f : r >= (float)lo && r <= (float)hi;
+}
 __device__ __forceinline__ bool ste_passes(float xp, float s_a, int quant, int lo, int hi) {
     if (quant == BIE_QUANT_BINARY && s_a > 0.0f && s_a < INFINITY) return fabsf(xp) <= s_a;
-    const float r = __fdiv_rn(xp, s_a);
-    return quant == BIE_QUANT_BINARY ? fabsf(r) <= 1.0f : r >= (float)lo && r <= (float)hi;
+    return ste_passes_r(__fdiv_rn(xp, s_a), quant, lo, hi);
 }
 
 // The codes for rows whose K elements are contiguous floats (a linear layer's weight and x):
@@ -122,10 +124,11 @@ bool codes_rows_ok(const struct dview & t, bool rows_are_k, int64_t K) {
            bie_dtype_is_float((enum bie_dtype)t.dtype);
 }
 // codes_rows with or without the mask (its code in a kernel that has no mask to apply costs
-// registers: 64 against 37, and 28.6 against 23.3 us for the codes of a 4096 x 4096 f16 weight).
+// registers: 64 against 37, and 28.6 against 23.2-23.4 us for the codes of a 4096 x 4096 f16 weight).
 template <typename T>
-void launch_codes(unsigned grid, cudaStream_t stream, const T * src, const struct dview & t, int64_t rows, int64_t K,
+void launch_codes(unsigned grid, cudaStream_t stream, const struct dview & t, int64_t rows, int64_t K,
                   const struct dview & bias, int quant, struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld) {
+    const T * src = (const T *)t.data;
     if (gx)
         codes_rows<true, T><<<grid, 256, 0, stream>>>(src, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else
@@ -137,12 +140,11 @@ bool launch_codes_rows(const struct dview & t, bool rows_are_k, int64_t rows, in
     if (!codes_rows_ok(t, rows_are_k, K)) return false;
     const unsigned grid = grid_for(rows * ((K + 7) / 8), 256);
     if (t.dtype == BIE_DTYPE_F32)
-        launch_codes<float>(grid, stream, (const float *)t.data, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+        launch_codes<float>(grid, stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_F16)
-        launch_codes<__half>(grid, stream, (const __half *)t.data, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+        launch_codes<__half>(grid, stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_BF16)
-        launch_codes<__nv_bfloat16>(grid, stream, (const __nv_bfloat16 *)t.data, t, rows, K, bias, quant, sc, gdt, out, gx,
-                                    gx_ld);
+        launch_codes<__nv_bfloat16>(grid, stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else
         return false;
     return true;
@@ -152,12 +154,13 @@ bool launch_codes_rows(const struct dview & t, bool rows_are_k, int64_t rows, in
 // scale_a-gradient term.
 __device__ __forceinline__ void ste_elem(float xp, float gx, int quant, float s_a, int lo, int hi, float * gxm,
                                          float * term) {
-    const bool mid = ste_passes(xp, s_a, quant, lo, hi);
-    *gxm = mid ? gx : 0.0f;
     if (quant == BIE_QUANT_BINARY) {
+        *gxm = ste_passes(xp, s_a, quant, lo, hi) ? gx : 0.0f;
         *term = xp >= 0.0f ? *gxm : -*gxm;
-    } else {
+    } else { // (one division: the test and the term both take r)
         const float r = __fdiv_rn(xp, s_a);
+        const bool mid = ste_passes_r(r, quant, lo, hi);
+        *gxm = mid ? gx : 0.0f;
         const float f = r < (float)lo ? (float)lo : r > (float)hi ? (float)hi : mid ? rintf(r) - r : 0.0f;
         *term = gx * f;
     }
@@ -471,30 +474,33 @@ uint32_t element_bits(float v, int dt) {
     return dt == BIE_DTYPE_F32 ? f : dt == BIE_DTYPE_BF16 ? f >> 16 : v == 0.0f ? 0u : v > 0.0f ? 0x3c00u : 0xbc00u;
 }
 
-// The scalars of a gradient GEMM, D = alpha * op(A) op(B): alpha on the host, or (dev non-NULL)
-// dev[0] = alpha and dev[1] = 0 on the device, written by an earlier kernel of the stream.
-struct gemm_alpha {
-    float host;
-    const float * dev;
+// Where a gradient GEMM writes, D = alpha * op(A) op(B): column-major C of dtype ct and leading
+// dimension ldc; alpha on the host, or (alpha_dev non-NULL) alpha_dev[0] = alpha and alpha_dev[1]
+// = 0 on the device, written by an earlier kernel of the stream.
+struct gemm_dst {
+    void * C;
+    cudaDataType_t ct;
+    int64_t ldc;
+    float alpha;
+    const float * alpha_dev;
 };
 
-// Column-major C [m][n] (of dtype ct, leading dimension ldc) = alpha * op(A) op(B), operands of
-// dtype t, f32 accumulation.
+// d.C [m][n] = alpha * op(A) op(B), operands of dtype t, f32 accumulation.
 enum bie_status gemm_ex(bie_context_t * ctx, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
-                        int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, void * C, cudaDataType_t ct,
-                        int64_t ldc, cudaDataType_t t, struct gemm_alpha alpha, const char * what) {
+                        int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, const struct gemm_dst & d,
+                        cudaDataType_t t, const char * what) {
     cublasHandle_t h;
     BIE_TRY(bie_cuda_cublas(ctx, &h));
-    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldc > INT32_MAX)
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || d.ldc > INT32_MAX)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "%s: a dimension exceeds cuBLAS's 32-bit limit", what);
     const float zero = 0.0f;
     cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-    if (alpha.dev) st = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE);
+    if (d.alpha_dev) st = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_DEVICE);
     if (st == CUBLAS_STATUS_SUCCESS) {
-        st = cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, alpha.dev ? alpha.dev : &alpha.host, A, t, (int)lda, B, t,
-                          (int)ldb, alpha.dev ? alpha.dev + 1 : &zero, C, ct, (int)ldc, CUBLAS_COMPUTE_32F,
+        st = cublasGemmEx(h, ta, tb, (int)m, (int)n, (int)k, d.alpha_dev ? d.alpha_dev : &d.alpha, A, t, (int)lda, B, t,
+                          (int)ldb, d.alpha_dev ? d.alpha_dev + 1 : &zero, d.C, d.ct, (int)d.ldc, CUBLAS_COMPUTE_32F,
                           CUBLAS_GEMM_DEFAULT);
-        if (alpha.dev) {
+        if (d.alpha_dev) {
             const cublasStatus_t back = cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST);
             if (st == CUBLAS_STATUS_SUCCESS) st = back;
         }
@@ -605,8 +611,10 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
         gemm_scalars<<<1, 1, 0, s>>>(sw, sa, scal);
         LAUNCHED(ctx, "GEMM scalars");
     }
-    const struct gemm_alpha one = {1.0f, NULL}, alpha_w = {sw.value, sw.ptr ? scal : NULL},
-                            alpha_a = {sa.value, sa.ptr ? scal + 2 : NULL};
+    // an f32 buffer of the workspace (ld elements), or a gradient written directly with its scale
+    auto f32_dst = [](void * p, int64_t ld) { return gemm_dst{p, CUDA_R_32F, ld, 1.0f, NULL}; };
+    const gemm_dst gx_dst = {gxo.data, ct, gx_ld, sw.value, sw.ptr ? scal : NULL};
+    const gemm_dst gw_dst = {gwo.data, ct, gw_ld, sa.value, sa.ptr ? scal + 2 : NULL};
 
     // A linear grad_y with dense rows already is G; otherwise gather it.
     const bool g_direct = !c->is_conv && gy.stride[1] == 1 && (M == 1 || gy.stride[0] == O);
@@ -628,7 +636,7 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
             BIE_TRY(bie_cuda_im2col(ctx, s, G, (int)es, 0u, gt, gt.K, ws + oCol));
             // Gx (row-major [xpix][C]) = Gcol [xpix][taps*O] @ Wt: column-major Gx^T = Wt^T Gcol^T.
             BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, g.C, xpix, gt.K, ws + oW, g.C, ws + oCol, gt.K,
-                            ws + oCol + gcol_bytes, CUDA_R_32F, g.C, ct, one, "grad_x"));
+                            f32_dst(ws + oCol + gcol_bytes, g.C), ct, "grad_x"));
             // Gx is a dCol of one tap per pixel: a 1x1, stride-1 conv without padding
             gs.kh = gs.kw = gs.sh = gs.sw = gs.dh = gs.dw = 1;
             gs.ph = gs.pw = 0;
@@ -637,13 +645,10 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
             if (!launch_codes_rows(w, g.kh == 1 && g.kw == 1, O, K, bias_none(), (int)c->quant, sw, gdt, ws + oW, s))
                 weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 0, ws + oW);
             LAUNCHED(ctx, "weight codes");
-            // dCol (row-major [M][K]) = G [M][O] @ Wc [O][K]: column-major dCol^T = Wc^T G^T.
-            if (gx_direct) // grad_x = scale_w * dCol, masked later
-                BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, G, O, gxo.data, ct, gx_ld, ct, alpha_w,
-                                "grad_x"));
-            else
-                BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, G, O, ws + oCol, CUDA_R_32F, K, ct,
-                                one, "grad_x"));
+            // dCol (row-major [M][K]) = G [M][O] @ Wc [O][K]: column-major dCol^T = Wc^T G^T; or
+            // (gx_direct) grad_x = scale_w * dCol, masked later
+            BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, G, O,
+                            gx_direct ? gx_dst : f32_dst(ws + oCol, K), ct, "grad_x"));
         }
     }
     if (want_gx && !gx_direct) {
@@ -706,13 +711,10 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
             LAUNCHED(ctx, mask_gx ? "activation codes and STE mask" : "activation codes");
         }
         // R (row-major [O][K]) = G^T @ Acol: column-major R^T [K][O] = Acol^T [K][M] . G [M][O];
-        // grad_W = scale_a * R
-        if (gw_direct) {
-            BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, G, O, gwo.data, ct, gw_ld, ct, alpha_a,
-                            "grad_weight"));
-        } else {
-            BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, G, O, ws + oR, CUDA_R_32F, K, ct, one,
-                            "grad_weight"));
+        // grad_W = scale_a * R, written by the GEMM itself when gw_direct
+        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, G, O,
+                        gw_direct ? gw_dst : f32_dst(ws + oR, K), ct, "grad_weight"));
+        if (!gw_direct) {
             if (g.kh == 1 && g.kw == 1 && (g.C == 1 || gwo.stride[1] == 1) &&
                 bie_dtype_is_float((enum bie_dtype)gwo.dtype))
                 scale_rows<<<grid_for(O * ((K + 7) / 8), 256), 256, 0, s>>>((const float *)(ws + oR), O, K, sa, gwo);
