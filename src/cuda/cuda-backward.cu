@@ -73,46 +73,122 @@ __device__ __forceinline__ bool ste_passes(float xp, float s_a, int quant, int l
 }
 
 // The codes for rows whose K elements are contiguous floats (a linear layer's weight and x):
-// out[r][k] = code of src[r][k] (+ bias[k] for x), 8 elements per thread with a 16-byte load when
-// the row is 16-byte aligned and the 8 lie inside it. Same values as weight_codes and the
-// activation codes of bie_cuda_pixel_rows (a linear layer has one tap, inside the image). (Four
-// chunks a thread, their loads issued before any store, ran slower: 52 and 94 us against 29 and
-// 66 us for the codes of a 4096 x 4096 and an 8192 x 4096 f16 matrix, with fewer threads resident.)
-// MASK: it also applies the STE mask to a grad_x (gx: x's rows, dtype gdt, row stride gx_ld) that
-// already holds scale_w * dCol: the elements the STE stops are set to 0, the others left alone.
-// out may then be NULL (no codes wanted).
-// (Six blocks a multiprocessor: the masked kernel otherwise takes 55 registers, no spills at 40.)
+// out[r][k] = code of src[r][k] (+ bias[k] for x). Same values as weight_codes and the activation
+// codes of bie_cuda_pixel_rows (a linear layer has one tap, inside the image). With MASK, the pass
+// also applies the STE mask to a grad_x (gx: x's rows, dtype gdt, row stride gx_ld) that already
+// holds scale_w * dCol: the elements the STE stops are set to 0, the others left alone; out may
+// then be NULL (no codes wanted). A chunk is 8 elements k0 .. k0+7 of row r, loaded with one
+// 16-byte vector when the row is 16-byte aligned and the 8 lie inside it.
+
+// The chunk's elements as floats (0 past K).
+template <typename T>
+__device__ __forceinline__ void chunk_load(const T * row, int sdt, int64_t k0, int64_t K, float * q) {
+    if (k0 + 8 <= K && ((uintptr_t)(row + k0) % 16) == 0) load8<T>(row + k0, q);
+    else
+        for (int i = 0; i < 8; i++) q[i] = k0 + i < K ? ld_float((const char *)row, sdt, k0 + i) : 0.0f;
+}
+// Replaces the chunk's floats by their codes (bias added first; not when codes is false); returns
+// (MASK) the bits of the elements the STE stops. FULL: all 8 lie inside the row (no bounds tests).
+// bin_s: the layer is binary with 0 < s < inf (the STE test is then |x'| <= s; see ste_passes).
+template <bool MASK, bool FULL>
+__device__ __forceinline__ unsigned chunk_codes(float * q, int64_t k0, int64_t K, const struct dview & bias, int quant,
+                                                float s, int lo, int hi, bool codes, bool bin_s) {
+    const int n = FULL || K - k0 >= 8 ? 8 : (int)(K - k0);
+    if (bias.data)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (FULL || i < n) q[i] = __fadd_rn(q[i], ld_float(bias.data, bias.dtype, (k0 + i) * bias.stride[3]));
+    unsigned stop = 0;
+    if (MASK) {
+        if (bin_s)
+#pragma unroll
+            for (int i = 0; i < 8; i++) stop |= fabsf(q[i]) <= s ? 0u : 1u << i;
+        else
+#pragma unroll
+            for (int i = 0; i < 8; i++) stop |= ste_passes(q[i], s, quant, lo, hi) ? 0u : 1u << i;
+        if (!FULL) stop &= (1u << n) - 1;
+    }
+    if (codes && quant == BIE_QUANT_BINARY)
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = q[i] >= 0.0f ? 1.0f : -1.0f;
+    else if (codes)
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = (float)quant_code(q[i], s, lo, hi);
+    return stop;
+}
+// Zeroes the stopped elements of grad_x's row r (MASK) and stores the codes (when out is given).
+template <bool MASK>
+__device__ __forceinline__ void chunk_store(const float * q, unsigned stop, int64_t r, int64_t k0, int64_t K, int gdt,
+                                            void * out, void * gx, int64_t gx_ld) {
+    if (MASK)
+        for (int i = 0; stop >> i; i++)
+            if ((stop >> i) & 1u) st_dense(gx, gdt, r * gx_ld + k0 + i, 0.0f);
+    if (!out) return;
+    const int64_t o = r * K + k0;
+    if (k0 + 8 <= K && vec8_ok(out, gdt, o)) store8((char *)out, gdt, o, q);
+    else
+        for (int i = 0; i < 8 && k0 + i < K; i++) st_dense(out, gdt, o + i, q[i]);
+}
+
+// Rows of fewer than 256 elements: a thread per chunk.
 template <bool MASK, typename T>
-__global__ void __launch_bounds__(256, 6)
+__global__ void __launch_bounds__(256, 5)
     codes_rows(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias, int quant,
                struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld) {
     const float s = ld_scale(sc);
     const int lo = qlo(quant), hi = qhi(quant);
+    const bool bin_s = quant == BIE_QUANT_BINARY && s > 0.0f && s < INFINITY;
     const int64_t chunks = (K + 7) / 8, total = rows * chunks;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = qdiv(e, chunks), k0 = (e - r * chunks) * 8;
-        const T * row = src + r * row_stride;
-        const bool full = k0 + 8 <= K;
         float q[8];
-        if (full && ((uintptr_t)(row + k0) % 16) == 0) load8<T>(row + k0, q);
-        else
-            for (int i = 0; i < 8; i++) q[i] = k0 + i < K ? ld_float((const char *)row, sdt, k0 + i) : 0.0f;
-        unsigned stop = 0; // (MASK) bit i: the STE stops element k0 + i
+        chunk_load<T>(src + r * row_stride, sdt, k0, K, q);
+        const unsigned stop = chunk_codes<MASK, false>(q, k0, K, bias, quant, s, lo, hi, out != NULL, bin_s);
+        chunk_store<MASK>(q, stop, r, k0, K, gdt, out, gx, gx_ld);
+    }
+}
+
+// Rows of 256 elements or more: a warp per row, each lane with 64 bytes of loads in flight (4
+// chunks of f16/bf16, 2 of f32) before its first store, no division, and whole chunks without
+// bounds tests. Nsight Compute showed the thread-per-chunk kernel above bound by issue, not memory,
+// on such rows (SM 76% and DRAM 50% for the codes and mask of an 8192 x 4096 f16 x, 70.8 us at
+// locked clocks; 62% and 60% for the codes of a 4096 x 4096 weight). This one takes 47.9 us for
+// the first (59.0 before) and 21.6 us for the second (23.2), clocks unlocked.
+template <bool MASK, typename T>
+__global__ void __launch_bounds__(256, 4)
+    codes_rows_warp(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias, int quant,
+                    struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld) {
+    constexpr int U = 8 / sizeof(T);
+    const float s = ld_scale(sc);
+    const int lo = qlo(quant), hi = qhi(quant);
+    const bool bin_s = quant == BIE_QUANT_BINARY && s > 0.0f && s < INFINITY;
+    const int lane = threadIdx.x & 31;
+    const int64_t chunks = (K + 7) / 8, warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
+        const T * row = src + r * row_stride;
+        // the chunks loaded as vectors, then the rest (a row not 16-byte aligned, a part chunk)
+        const int64_t vec = ((uintptr_t)row % 16) == 0 ? K / 8 : 0;
+        for (int64_t c0 = lane; c0 < vec; c0 += 32 * U) {
+            raw8<T> raw[U];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            float x = q[i];
-            if (bias.data && k0 + i < K) x = __fadd_rn(x, ld_float(bias.data, bias.dtype, (k0 + i) * bias.stride[3]));
-            if (MASK && k0 + i < K && !ste_passes(x, s, quant, lo, hi)) stop |= 1u << i;
-            q[i] = quant == BIE_QUANT_BINARY ? (x >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(x, s, lo, hi);
+            for (int u = 0; u < U; u++)
+                if (c0 + 32 * u < vec) raw[u] = raw8_load<T>(row + (c0 + 32 * u) * 8);
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (c0 + 32 * u >= vec) break;
+                const int64_t k0 = (c0 + 32 * u) * 8;
+                float q[8];
+                raw8_floats<T>(raw[u], q);
+                const unsigned stop = chunk_codes<MASK, true>(q, k0, K, bias, quant, s, lo, hi, out != NULL, bin_s);
+                chunk_store<MASK>(q, stop, r, k0, K, gdt, out, gx, gx_ld);
+            }
         }
-        if (MASK)
-            for (int i = 0; stop >> i; i++)
-                if ((stop >> i) & 1u) st_dense(gx, gdt, r * gx_ld + k0 + i, 0.0f);
-        if (!out) continue;
-        const int64_t o = r * K + k0;
-        if (full && vec8_ok(out, gdt, o)) store8((char *)out, gdt, o, q);
-        else
-            for (int i = 0; i < 8 && k0 + i < K; i++) st_dense(out, gdt, o + i, q[i]);
+        for (int64_t c = vec + lane; c < chunks; c += 32) {
+            float q[8];
+            chunk_load<T>(row, sdt, c * 8, K, q);
+            const unsigned stop = chunk_codes<MASK, false>(q, c * 8, K, bias, quant, s, lo, hi, out != NULL, bin_s);
+            chunk_store<MASK>(q, stop, r, c * 8, K, gdt, out, gx, gx_ld);
+        }
     }
 }
 
@@ -123,28 +199,28 @@ bool codes_rows_ok(const struct dview & t, bool rows_are_k, int64_t K) {
     return rows_are_k && (K == 1 || t.stride[1] == 1) &&
            bie_dtype_is_float((enum bie_dtype)t.dtype);
 }
-// codes_rows with or without the mask (its code in a kernel that has no mask to apply costs
-// registers: 64 against 37, and 28.6 against 23.2-23.4 us for the codes of a 4096 x 4096 f16 weight).
+// The pass with or without the mask, as two instances (the mask's code in a kernel that has no
+// mask to apply costs registers: 64 against 37, and 28.6 against 23.2-23.4 us for the codes of a
+// 4096 x 4096 f16 weight in the thread-per-chunk kernel).
 template <typename T>
-void launch_codes(unsigned grid, cudaStream_t stream, const struct dview & t, int64_t rows, int64_t K,
-                  const struct dview & bias, int quant, struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld) {
-    const T * src = (const T *)t.data;
-    if (gx)
-        codes_rows<true, T><<<grid, 256, 0, stream>>>(src, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
-    else
-        codes_rows<false, T><<<grid, 256, 0, stream>>>(src, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+void launch_codes(cudaStream_t stream, const struct dview & t, int64_t rows, int64_t K, const struct dview & bias,
+                  int quant, struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld) {
+    const bool warp = K >= 256;
+    auto kern = warp ? (gx ? codes_rows_warp<true, T> : codes_rows_warp<false, T>)
+                     : (gx ? codes_rows<true, T> : codes_rows<false, T>);
+    const unsigned grid = grid_for(warp ? rows * 32 : rows * ((K + 7) / 8), 256);
+    kern<<<grid, 256, 0, stream>>>((const T *)t.data, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
 }
 bool launch_codes_rows(const struct dview & t, bool rows_are_k, int64_t rows, int64_t K, const struct dview & bias,
                        int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream, void * gx = NULL,
                        int64_t gx_ld = 0) {
     if (!codes_rows_ok(t, rows_are_k, K)) return false;
-    const unsigned grid = grid_for(rows * ((K + 7) / 8), 256);
     if (t.dtype == BIE_DTYPE_F32)
-        launch_codes<float>(grid, stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+        launch_codes<float>(stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_F16)
-        launch_codes<__half>(grid, stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+        launch_codes<__half>(stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_BF16)
-        launch_codes<__nv_bfloat16>(grid, stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+        launch_codes<__nv_bfloat16>(stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else
         return false;
     return true;
