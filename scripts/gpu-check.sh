@@ -5,7 +5,7 @@
 # int8 tensor-core instructions present; no emulated XOR-popcount or int4 MMA on sm_90), the unit
 # and CUDA tests, compute-sanitizer memcheck on the CUDA tests, the CUDA benchmarks and, when they
 # exist, the PyTorch binding's tests and module benchmarks. Prints one summary table last.
-# Logs go to $OUT when that variable is set (else to build-gpu/logs).
+# Logs go to $OUT when that variable is set (else to build-gpu/logs). Exits 1 when a stage failed.
 #
 # Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer] [--no-python] [--no-unit] [--profile]
 #   --profile: also time every kernel of the quick binary-GEMM and int4 benchmarks with Nsight
@@ -158,5 +158,10 @@ for l in "${SUMMARY[@]}"; do echo "$l"; done | tee "$LOG/summary.txt"
 if [ -n "${OUT:-}" ]; then
   tar czf "$OUT/gpu-logs.tgz" -C "$BUILD" logs
   cp "$LOG/summary.txt" "$OUT/" 2>/dev/null
-  cp "$LOG/bench-cuda.txt" "$OUT/" 2>/dev/null
+  if [ -f "$LOG/bench-cuda.txt" ]; then cp "$LOG/bench-cuda.txt" "$OUT/"; fi # (none with --no-bench)
 fi
+# Exit status: 1 when a stage failed or a check did not hold (the summary says which).
+for l in "${SUMMARY[@]}"; do
+  case "$l" in *FAILED*|*SERIALIZED*|*CHECK:*|*ERRORS*|*"no result"*|*"exit "[1-9]*) exit 1 ;; esac
+done
+exit 0
