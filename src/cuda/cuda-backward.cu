@@ -64,11 +64,14 @@ __global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct d
 // |x'| <= scale_a: a quotient in (1, 1 + 2^-24] (rounded to 1) would need a float x' in
 // (s, s (1 + 2^-24)], but with s = m 2^e (m < 2^24 an integer) the next float above s is s + 2^e,
 // beyond it. (NaN x' fails both tests.)
+__device__ __forceinline__ bool ste_division_free(int quant, float s_a) {
+    return quant == BIE_QUANT_BINARY && s_a > 0.0f && s_a < INFINITY;
+}
 __device__ __forceinline__ bool ste_passes_r(float r, int quant, int lo, int hi) { // from r itself
     return quant == BIE_QUANT_BINARY ? fabsf(r) <= 1.0f : r >= (float)lo && r <= (float)hi;
 }
 __device__ __forceinline__ bool ste_passes(float xp, float s_a, int quant, int lo, int hi) {
-    if (quant == BIE_QUANT_BINARY && s_a > 0.0f && s_a < INFINITY) return fabsf(xp) <= s_a;
+    if (ste_division_free(quant, s_a)) return fabsf(xp) <= s_a;
     return ste_passes_r(__fdiv_rn(xp, s_a), quant, lo, hi);
 }
 
@@ -89,7 +92,7 @@ __device__ __forceinline__ void chunk_load(const T * row, int sdt, int64_t k0, i
 }
 // Replaces the chunk's floats by their codes (bias added first; not when codes is false); returns
 // (MASK) the bits of the elements the STE stops. FULL: all 8 lie inside the row (no bounds tests).
-// bin_s: the layer is binary with 0 < s < inf (the STE test is then |x'| <= s; see ste_passes).
+// bin_s: ste_division_free(quant, s), worked out once per thread (the STE test is then |x'| <= s).
 template <bool MASK, bool FULL>
 __device__ __forceinline__ unsigned chunk_codes(float * q, int64_t k0, int64_t K, const struct dview & bias, int quant,
                                                 float s, int lo, int hi, bool codes, bool bin_s) {
@@ -130,14 +133,15 @@ __device__ __forceinline__ void chunk_store(const float * q, unsigned stop, int6
         for (int i = 0; i < 8 && k0 + i < K; i++) st_dense(out, gdt, o + i, q[i]);
 }
 
-// Rows of fewer than 256 elements: a thread per chunk.
+// Rows of fewer than 256 elements: a thread per chunk (five blocks a multiprocessor: at six, with
+// 40 registers, it spilled 8-16 bytes; its speed at either setting was not measured).
 template <bool MASK, typename T>
 __global__ void __launch_bounds__(256, 5)
     codes_rows(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias, int quant,
                struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld) {
     const float s = ld_scale(sc);
     const int lo = qlo(quant), hi = qhi(quant);
-    const bool bin_s = quant == BIE_QUANT_BINARY && s > 0.0f && s < INFINITY;
+    const bool bin_s = ste_division_free(quant, s);
     const int64_t chunks = (K + 7) / 8, total = rows * chunks;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = qdiv(e, chunks), k0 = (e - r * chunks) * 8;
@@ -161,7 +165,7 @@ __global__ void __launch_bounds__(256, 4)
     constexpr int U = 8 / sizeof(T);
     const float s = ld_scale(sc);
     const int lo = qlo(quant), hi = qhi(quant);
-    const bool bin_s = quant == BIE_QUANT_BINARY && s > 0.0f && s < INFINITY;
+    const bool bin_s = ste_division_free(quant, s);
     const int lane = threadIdx.x & 31;
     const int64_t chunks = (K + 7) / 8, warps = (int64_t)gridDim.x * (blockDim.x / 32);
     for (int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
