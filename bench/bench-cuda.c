@@ -264,6 +264,10 @@ static struct timing time_cublas(int64_t M, int64_t N, int64_t K, int i8) {
 
 // --- libbie layers ------------------------------------------------------------------------------
 
+// What a linear layer's timed call does: the forward only, a training step from the float x, or a
+// training step from the bits saved by bie_binarize_ste and the weight packed once.
+enum { STEP_FORWARD, STEP_TRAIN, STEP_TRAIN_SAVED_BITS };
+
 struct layer_state {
     bie_context_t * ctx;
     int conv;
@@ -271,20 +275,31 @@ struct layer_state {
     struct bie_conv2d_desc cd;
     struct bie_tensor x[MAX_ROTATIONS], w[MAX_ROTATIONS], y[MAX_ROTATIONS], sa, sw;
     struct bie_tensor g[MAX_ROTATIONS], gx[MAX_ROTATIONS], gw[MAX_ROTATIONS]; // training step
-    int train;
+    struct bie_tensor bits[MAX_ROTATIONS], mask[MAX_ROTATIONS], wbits[MAX_ROTATIONS]; // saved-bits step
+    int train;                                                               // STEP_*
 };
 
+// STEP_TRAIN: forward(x, W), backward(x, W). STEP_TRAIN_SAVED_BITS: bits, mask = bie_binarize_ste(x)
+// (x read once), wbits = bie_pack(W) (W read once), forward(bits, wbits), backward(bits, x_mask =
+// mask, wbits).
 static void run_layer(void * st, int r) {
     struct layer_state * s = st;
-    struct bie_forward_args a = {&s->x[r], NULL, &s->w[r], &s->sa, &s->sw, &s->y[r]};
+    const int saved = s->train == STEP_TRAIN_SAVED_BITS;
+    if (saved) {
+        BK(s->ctx, bie_binarize_ste(s->ctx, &s->x[r], NULL, &s->sa, &s->bits[r], &s->mask[r]));
+        BK(s->ctx, bie_pack(s->ctx, &s->w[r], NULL, &s->wbits[r]));
+    }
+    const struct bie_tensor * x = saved ? &s->bits[r] : &s->x[r], * w = saved ? &s->wbits[r] : &s->w[r];
+    struct bie_forward_args a = {x, NULL, w, &s->sa, &s->sw, &s->y[r]};
     BK(s->ctx, s->conv ? bie_conv2d_forward(s->ctx, &s->cd, &a) : bie_linear_forward(s->ctx, &s->ld, &a));
-    if (s->train) {
-        struct bie_backward_args b = {&s->x[r], NULL, &s->w[r], &s->sa, &s->sw, &s->g[r], &s->gx[r], &s->gw[r], NULL, NULL};
+    if (s->train != STEP_FORWARD) {
+        struct bie_backward_args b = {x, NULL, w, &s->sa, &s->sw, &s->g[r], &s->gx[r], &s->gw[r], NULL, NULL,
+                                      saved ? &s->mask[r] : NULL};
         BK(s->ctx, bie_linear_backward(s->ctx, &s->ld, &b));
     }
 }
 
-static float g_one = 1.0f;
+static float g_one = 1.0f, g_half = 0.5f;
 
 static void layer_init(struct layer_state * s, bie_context_t * ctx) {
     memset(s, 0, sizeof *s);
@@ -300,15 +315,22 @@ static void layer_free(struct layer_state * s, int rots) {
         cudaFree(s->x[r].data);
         cudaFree(s->w[r].data);
         cudaFree(s->y[r].data);
-        if (s->train) {
+        if (s->train != STEP_FORWARD) {
             cudaFree(s->g[r].data);
             cudaFree(s->gx[r].data);
             cudaFree(s->gw[r].data);
         }
+        if (s->train == STEP_TRAIN_SAVED_BITS) {
+            cudaFree(s->bits[r].data);
+            cudaFree(s->mask[r].data);
+            cudaFree(s->wbits[r].data);
+        }
     }
 }
 
-// Binary or 4-bit linear: x [M, K] (xdt), weight [N, K] (wdt), y [M, N] f16.
+// Binary or 4-bit linear: x [M, K] (xdt), weight [N, K] (wdt), y [M, N] f16; train: STEP_*, with
+// grad_y, grad_x and grad_weight f16 for the training steps (scale_a 1, except 0.5 in the saved-bits
+// step, where it stops the STE for the elements of |x| > 0.5: an eighth of dev_half_random's).
 static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie_dtype xdt, enum bie_dtype wdt, int64_t M,
                           int64_t N, int64_t K, int train) {
     struct layer_state s;
@@ -317,6 +339,7 @@ static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie
     s.ld.in_features = K;
     s.ld.out_features = N;
     s.train = train;
+    if (train == STEP_TRAIN_SAVED_BITS) s.sa.data = &g_half;
     const int64_t xs[2] = {M, K}, ws[2] = {N, K}, ys[2] = {M, N};
     struct bie_tensor probe;
     size_t xb, wb;
@@ -333,13 +356,27 @@ static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie
         s.x[r] = dev_tensor(xd, xdt, 2, xs);
         s.w[r] = dev_tensor(wd, wdt, 2, ws);
         s.y[r] = dev_tensor(yd, BIE_DTYPE_F16, 2, ys);
-        if (train) {
+        if (train != STEP_FORWARD) {
             s.g[r] = dev_tensor(dev_half_random((size_t)(M * N)), BIE_DTYPE_F16, 2, ys);
             void * gx, * gw;
             CK(cudaMalloc(&gx, (size_t)(M * K) * 2));
             CK(cudaMalloc(&gw, (size_t)(N * K) * 2));
             s.gx[r] = dev_tensor(gx, BIE_DTYPE_F16, 2, xs);
             s.gw[r] = dev_tensor(gw, BIE_DTYPE_F16, 2, ws);
+        }
+        if (train == STEP_TRAIN_SAVED_BITS) { // 2 bits per element of x kept for the backward, W's bits
+            void * bits, * mask, * wbits;
+            bie_tensor_make(&probe, NULL, BIE_DTYPE_B1, 2, xs);
+            size_t bb, wbb;
+            bie_tensor_nbytes(&probe, &bb);
+            bie_tensor_make(&probe, NULL, BIE_DTYPE_B1, 2, ws);
+            bie_tensor_nbytes(&probe, &wbb);
+            CK(cudaMalloc(&bits, bb));
+            CK(cudaMalloc(&mask, bb));
+            CK(cudaMalloc(&wbits, wbb));
+            s.bits[r] = dev_tensor(bits, BIE_DTYPE_B1, 2, xs);
+            s.mask[r] = dev_tensor(mask, BIE_DTYPE_B1, 2, xs);
+            s.wbits[r] = dev_tensor(wbits, BIE_DTYPE_B1, 2, ws);
         }
     }
     const struct timing ms = time_ms(run_layer, &s, rots);
@@ -529,10 +566,12 @@ int bie_bench_cuda_main(int argc, char ** argv) {
             const struct timing base = time_cublas(M, N, K, 0);
             snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
             const double ops = 2.0 * (double)M * (double)N * (double)K;
-            print_row("binary-gemm b1->f16", shape, time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_B1, BIE_DTYPE_B1, M, N, K, 0),
-                      "cublas-fp16", base, ops);
-            print_row("binary-linear f16", shape, time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_B1, M, N, K, 0),
-                      "cublas-fp16", base, ops);
+            print_row("binary-gemm b1->f16", shape,
+                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_B1, BIE_DTYPE_B1, M, N, K, STEP_FORWARD), "cublas-fp16",
+                      base, ops);
+            print_row("binary-linear f16", shape,
+                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_B1, M, N, K, STEP_FORWARD), "cublas-fp16",
+                      base, ops);
         }
     }
     if (want(only, "binary-conv")) {
@@ -558,15 +597,22 @@ int bie_bench_cuda_main(int argc, char ** argv) {
         const int64_t M = 8192, N = 8192, K = 8192;
         const struct timing b16 = time_cublas(M, N, K, 0), b8 = time_cublas(M, N, K, 1);
         const double ops = 2.0 * (double)M * N * K;
-        const struct timing t = time_linear(ctx, BIE_QUANT_INT4, BIE_DTYPE_F16, BIE_DTYPE_S4, M, N, K, 0);
+        const struct timing t = time_linear(ctx, BIE_QUANT_INT4, BIE_DTYPE_F16, BIE_DTYPE_S4, M, N, K, STEP_FORWARD);
         print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-fp16", b16, ops);
         print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-int8", b8, ops);
     }
     if (want(only, "train-step")) {
         const int64_t M = 8192, N = 4096, K = 4096;
         const struct timing base = time_dense_step(M, N, K);
-        const struct timing t = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K, 1);
+        const struct timing t = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K, STEP_TRAIN);
         print_row("binary-train-step f16", "8192x4096x4096 fwd+bwd", t, "cublas-fp16x3", base, 6.0 * M * N * K);
+        // The same step reading x and W once: bie_binarize_ste(x) -> bits, mask (2 bits per element
+        // kept instead of x) and bie_pack(W) -> W's bits, then the forward from the bits, the
+        // backward from the bits and mask (scale_a 0.5, so that the STE stops an eighth of the
+        // elements).
+        const struct timing tb = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K,
+                                             STEP_TRAIN_SAVED_BITS);
+        print_row("binary-train-step bits", "8192x4096x4096 fwd+bwd", tb, "cublas-fp16x3", base, 6.0 * M * N * K);
     }
     bie_context_destroy(ctx);
     cublasDestroy(g_blas);

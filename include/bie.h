@@ -241,13 +241,19 @@ struct bie_forward_args {
     struct bie_tensor * y;
 };
 
-// Backward arguments: the same x, bias_a, weight and scales as the forward (x must be float),
-// grad_y shaped like y (float), and the gradients to write (each may be NULL; each is
-// overwritten, not accumulated):
+// Backward arguments: the same x, bias_a, weight and scales as the forward, grad_y shaped like y
+// (float), and the gradients to write (each may be NULL; each is overwritten, not accumulated):
 //   grad_x       like x (float)
 //   grad_weight  [N, K] / [O, C, kh, kw] float
 //   grad_scale_a scalar float
 //   grad_bias_a  [K] / [C] float (the sum of grad_x over all other axes)
+// x is float, or (binary linear layers only) the B1 bits that bie_binarize_ste saved from it: then
+// bias_a must be NULL (it is in the bits already) and x_mask, the STE mask saved with them (B1,
+// shaped like x), is required whenever grad_x, grad_scale_a or grad_bias_a is asked for
+// (grad_weight alone needs the bits only). Every gradient is then the same number, to the bit, as
+// from the float x on the same backend. With a float x, x_mask must be NULL. (CUDA reads bits and
+// x_mask for grad_x in rows that start on whole bytes, as bie_tensor_make lays them out; other
+// views are UNSUPPORTED there.)
 struct bie_backward_args {
     const struct bie_tensor * x;
     const struct bie_tensor * bias_a;
@@ -259,6 +265,7 @@ struct bie_backward_args {
     struct bie_tensor * grad_weight;
     struct bie_tensor * grad_scale_a;
     struct bie_tensor * grad_bias_a;
+    const struct bie_tensor * x_mask;
 };
 
 // Binary, 4-bit or 8-bit linear layer, forward: y = scale_a*scale_w * (a . w^T).
@@ -274,6 +281,20 @@ BIE_API enum bie_status bie_linear_forward(bie_context_t * ctx, const struct bie
 //           grad_scale_a = sum(gx * (lo*1{r<lo} + hi*1{r>hi} + mid*(rne(r)-r))) / sqrt(numel(x)*hi)
 BIE_API enum bie_status bie_linear_backward(bie_context_t * ctx, const struct bie_linear_desc * desc,
                                             const struct bie_backward_args * args);
+
+// What the backward of a binary linear layer needs from its input, in 2 bits per element instead
+// of x itself (a training step then reads x once: bits feeds bie_linear_forward as a B1 x, and
+// bits with mask feed bie_linear_backward as x and x_mask):
+//   x'      = f32(x) + f32(bias_a[k])            (bias_a NULL: x' = f32(x))
+//   bits[i] = x'[i] >= 0                         (the sign bits the forward packs; NaN -> 0)
+//   mask[i] = |x'[i] / scale_a| <= 1             (the STE's pass test, f32 division; NaN -> 0)
+// x is f32, f16 or bf16 [..., K] with the features on the last axis (the linear layout); bias_a
+// is [K] or NULL; bits and mask are B1 tensors shaped like x (either may be NULL, not both; each
+// element's bit is written, the other bits of its bytes keep their content); scale_a is a scalar
+// as in the layer calls (it may be NULL when mask is NULL).
+BIE_API enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * x,
+                                         const struct bie_tensor * bias_a, const struct bie_tensor * scale_a,
+                                         struct bie_tensor * bits, struct bie_tensor * mask);
 
 // Binary, 4-bit or 8-bit conv2d (cross-correlation, as PyTorch), forward.
 BIE_API enum bie_status bie_conv2d_forward(bie_context_t * ctx, const struct bie_conv2d_desc * desc,

@@ -108,8 +108,9 @@ struct bie_layer_call {
     bool is_conv;
     struct bie_geometry g;
     // 4-D views: x [batch, C, H, W]; weight [O, C, kh, kw]; y / grad_y [batch, O, OH, OW].
-    // bias_a / grad_bias_a are 1-D [C]. Absent tensors have data == NULL.
-    struct bie_tensor x, bias_a, weight, y;
+    // bias_a / grad_bias_a are 1-D [C]. Absent tensors have data == NULL. x_mask (backward of a
+    // binary linear layer whose x is saved B1 bits) is x-shaped B1: 1 where the STE passes.
+    struct bie_tensor x, bias_a, weight, y, x_mask;
     struct bie_tensor grad_y, grad_x, grad_weight, grad_bias_a, grad_scale_a;
     // Scales: the user's scalar tensors, and their values when they live on the host.
     struct bie_tensor scale_a_t, scale_w_t;
@@ -136,6 +137,11 @@ struct bie_backend_ops {
     // Sums over all elements: *sum_abs = sum|x|, *sum = sum x (in double).
     enum bie_status (*reduce)(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
                               double * sum);
+    // bie_binarize_ste: call is the x side of a binary linear layer (x [M, K, 1, 1], bias_a, scale_a,
+    // device; g.batch = M, g.C = g.K = K; no scale_a, read as 0, only when mask is NULL); bits and
+    // mask are [M, K, 1, 1] B1 views or NULL.
+    enum bie_status (*binarize_ste)(bie_context_t * ctx, const struct bie_layer_call * call,
+                                    const struct bie_tensor * bits, const struct bie_tensor * mask);
 };
 
 extern const struct bie_backend_ops bie_ref_backend;

@@ -65,6 +65,16 @@ static inline int64_t test_pick(const int64_t * values, int n) { return values[t
               bie_context_last_error(ctx));                                                        \
     } while (0)
 
+// Checks that `call` returns want_status with a message on ctx naming `name`.
+#define TEST_EXPECT_STATUS(ctx, call, want_status, name)                                           \
+    do {                                                                                           \
+        const enum bie_status s_ = (call);                                                         \
+        const char * m_ = bie_context_last_error(ctx);                                             \
+        CHECK(s_ == (want_status) && strstr(m_, (name)) != NULL,                                   \
+              "%s: got %s \"%s\", want %s naming \"%s\"", #call, bie_status_string(s_), m_,        \
+              bie_status_string(want_status), (name));                                             \
+    } while (0)
+
 // Prints the summary line and returns the process exit code.
 static inline int test_finish(const char * name) {
     printf("%s: %d checks, seed %" PRIu64 "\n", name, test_checks, test_seed);
@@ -87,6 +97,23 @@ static inline struct bie_tensor test_tensor(enum bie_dtype dtype, int32_t ndim, 
     t.data = calloc(1, bytes + 64);
     if (!t.data) exit(2);
     return t;
+}
+// A [M, K] (nd = 2) or [B, T, K] (nd = 3) tensor whose leading dims flatten into rows (as a linear
+// layer's x needs), in layout 0 (dense rows), 1 (a gap after every row: 3 elements, or 8 bits for
+// B1) or 2 (elements 3 apart, rows 3K + 5 apart).
+static inline struct bie_tensor test_tensor_rows(enum bie_dtype d, int nd, const int64_t * shape, int layout) {
+    const int64_t K = shape[nd - 1];
+    const int64_t dense = d == BIE_DTYPE_B1 ? 8 * ((K + 7) / 8) : K, gap = d == BIE_DTYPE_B1 ? 8 : 3;
+    const int64_t pitch = layout == 0 ? dense : layout == 1 ? dense + gap : 3 * K + 5;
+    if (nd != 2 && nd != 3) {
+        fprintf(stderr, "test_tensor_rows: %d dims (2 or 3 only)\n", nd);
+        exit(2);
+    }
+    int64_t st[3];
+    st[nd - 1] = layout == 2 ? 3 : 1;
+    st[nd - 2] = pitch;
+    if (nd == 3) st[0] = pitch * shape[1];
+    return test_tensor(d, nd, shape, st);
 }
 static inline void test_tensor_free(struct bie_tensor * t) {
     free(t->data);

@@ -206,6 +206,22 @@ def test_errors_carry_the_c_message():
         F.linear_forward(bie.QUANT_BINARY, x.double(), w, torch.tensor(1.0), torch.tensor(1.0))
 
 
+def test_ctypes_args_mirror_the_header():
+    """The args structs of the ctypes binding list the C members in order (a missing trailing
+    member would let libbie read past the Python struct)."""
+    import os
+    import re
+    from bie import _lib
+    header = os.path.join(os.path.dirname(__file__), "..", "..", "include", "bie.h")
+    if not os.path.exists(header):
+        pytest.skip("include/bie.h is not beside this checkout of the binding")
+    text = open(header).read()
+    for c_name, mirror in (("bie_forward_args", _lib.ForwardArgs), ("bie_backward_args", _lib.BackwardArgs)):
+        body = re.search(r"struct %s \{(.*?)\};" % c_name, text, re.S).group(1)
+        members = re.findall(r"(\w+);", body)
+        assert [f[0] for f in mirror._fields_] == members, c_name
+
+
 def test_cuda_tensor_without_cuda_backend():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")

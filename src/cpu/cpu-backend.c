@@ -16,4 +16,5 @@ const struct bie_backend_ops bie_cpu_backend = {
     .layer_backward = bie_cpu_layer_backward,
     .pack = bie_cpu_pack,
     .unpack = bie_cpu_unpack,
+    .binarize_ste = bie_cpu_binarize_ste,
 };

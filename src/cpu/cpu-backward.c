@@ -16,7 +16,9 @@
 //                       grad_W = the sum of the parts in task order
 // Then one pass over x computes r = x'/scale_a, grad_x = gx * mask and per-row / per-plane
 // double partials of grad_scale_a, added in a fixed order, and grad_bias_a sums each channel on
-// one thread: the result does not depend on the thread count.
+// one thread: the result does not depend on the thread count. A binary linear layer's x may be the
+// bits saved by bie_binarize_ste (with x_mask): its codes are the bits, its mask the saved one, and
+// the pass sums in the same order as for the float x, so every gradient is the same to the bit.
 //
 // Accuracy: sgemm sums in f32 (in its own order) where the reference sums in double, so float
 // outputs differ from it by at most about n*eps_f32*sum|terms| (n terms per output; see
@@ -53,6 +55,7 @@ struct bwd {
     float * wf;    // [O][K] w * scale_w (when gx is wanted)
     uint32_t * a_idx, * w_idx; // instead of acode and wf on the sign-GEMM path: their sign-index blocks
     float * gx;    // dense NCHW
+    float * xrow;  // per thread: a row of x' for the binary linear mask pass (ste_row)
 };
 
 static inline float x_prime(const struct bwd * b, int64_t off, int64_t ch) {
@@ -238,6 +241,26 @@ static inline float mask_one(const struct bwd * b, float xp, float gxi, double *
     return mid ? gxi : 0.0f;
 }
 
+// Row n of a binary linear layer's x as x' values that mask_binary decides as it would x' itself, in
+// row (C floats): x' = x + bias_a for a float x; for saved bits (a B1 x and its x_mask), a value
+// with that sign bit and that STE test: 0 (bit 1, passes), +inf (bit 1, stopped), -scale_a (bit 0,
+// passes: |-scale_a / scale_a| = 1), -inf (bit 0, stopped).
+static const float * ste_row(const struct bwd * b, int64_t n, float * row) {
+    const struct bie_layer_call * c = b->c;
+    const int64_t * xs = c->x.stride;
+    for (int64_t ch = 0; ch < b->g->C; ch++) {
+        const int64_t off = n * xs[0] + ch * xs[1];
+        if (!c->x_mask.data) {
+            row[ch] = x_prime(b, off, ch);
+            continue;
+        }
+        const bool sign = cpu_load(&c->x, off) > 0.0f;
+        const bool pass = cpu_load(&c->x_mask, n * c->x_mask.stride[0] + ch * c->x_mask.stride[1]) > 0.0f;
+        row[ch] = sign ? (pass ? 0.0f : INFINITY) : (pass ? -c->scale_a : -INFINITY);
+    }
+    return row;
+}
+
 // Pass 1: b->gx becomes grad_x (masked, in place; stored to grad_x too) and part_s[seg] gets the
 // grad_scale_a partial of each segment (a row of a linear x, an (n, c) plane of a conv x).
 static void finish_gx(const struct bwd * b, double * part_s) {
@@ -246,27 +269,27 @@ static void finish_gx(const struct bwd * b, double * part_s) {
     const int64_t * xs = c->x.stride;
     const int64_t * gs = c->grad_x.stride;
     if (!c->is_conv) {
-        const bool fast = c->x.dtype == BIE_DTYPE_F32 && xs[1] == 1 && c->grad_x.dtype == BIE_DTYPE_F32 && gs[1] == 1;
+        const bool x_rows = c->x.dtype == BIE_DTYPE_F32 && xs[1] == 1; // x' = the row + bias, read in place
+        const bool gx_rows = c->grad_x.dtype == BIE_DTYPE_F32 && gs[1] == 1;
 #pragma omp parallel for num_threads(b->threads)
         for (int64_t n = 0; n < g->batch; n++) {
             float * gxp = b->gx + n * g->C;
             double ssum = 0.0;
-            if (fast) {
+            if (b->binary) { // every x (float or saved bits) through the one vector pass, in its order
+                const float * xr = x_rows ? (const float *)c->x.data + n * xs[0]
+                                          : ste_row(b, n, b->xrow + (size_t)omp_get_thread_num() * (size_t)g->C);
+                ssum = b->kern->mask_binary(xr, x_rows ? b->bias : NULL, 0.0f, c->scale_a, gxp, g->C);
+            } else if (x_rows) {
                 const float * xr = (const float *)c->x.data + n * xs[0];
-                if (b->binary) {
-                    ssum = b->kern->mask_binary(xr, b->bias, 0.0f, c->scale_a, gxp, g->C);
-                } else {
-                    double lanes[8] = {0};
-                    for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, xr[ch] + b->bias[ch], gxp[ch], &lanes[ch & 7]);
-                    for (int l = 0; l < 8; l++) ssum += lanes[l];
-                }
-                if (c->grad_x.data) memcpy((float *)c->grad_x.data + n * gs[0], gxp, (size_t)g->C * sizeof(float));
+                double lanes[8] = {0};
+                for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, xr[ch] + b->bias[ch], gxp[ch], &lanes[ch & 7]);
+                for (int l = 0; l < 8; l++) ssum += lanes[l];
             } else {
-                for (int64_t ch = 0; ch < g->C; ch++) {
-                    gxp[ch] = mask_one(b, x_prime(b, n * xs[0] + ch * xs[1], ch), gxp[ch], &ssum);
-                    if (c->grad_x.data) store_float(&c->grad_x, n * gs[0] + ch * gs[1], gxp[ch]);
-                }
+                for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, x_prime(b, n * xs[0] + ch * xs[1], ch), gxp[ch], &ssum);
             }
+            if (c->grad_x.data && gx_rows) memcpy((float *)c->grad_x.data + n * gs[0], gxp, (size_t)g->C * sizeof(float));
+            else if (c->grad_x.data)
+                for (int64_t ch = 0; ch < g->C; ch++) store_float(&c->grad_x, n * gs[0] + ch * gs[1], gxp[ch]);
             part_s[n] = ssum;
         }
         return;
@@ -473,10 +496,11 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     const size_t sz_gw = want_gw && !gw_direct ? (size_t)(O * K) * f : 0;
     const int64_t nseg = linear ? g->batch : g->batch * g->C;
     const size_t sz_part = want_gx ? (size_t)nseg * sizeof(double) : 0;
+    const size_t sz_xrow = want_gx && linear && b.binary ? (size_t)nthr * (size_t)g->C * f : 0;
     const size_t total = cpu_arena_size(sz_bias) + cpu_arena_size(sz_acode) + cpu_arena_size(sz_wf) +
                          cpu_arena_size(sz_gx) + cpu_arena_size(sz_work) + cpu_arena_size(sz_parts) +
                          cpu_arena_size(sz_gw) + cpu_arena_size(sz_part) + cpu_arena_size(sz_tab) +
-                         cpu_arena_size(sz_aidx) + cpu_arena_size(sz_widx);
+                         cpu_arena_size(sz_aidx) + cpu_arena_size(sz_widx) + cpu_arena_size(sz_xrow);
     void * ws;
     enum bie_status st = bie_host_workspace(ctx, total, &ws);
     if (st != BIE_STATUS_OK) return st;
@@ -493,6 +517,7 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     void * tab = cpu_arena_take(&ar, sz_tab);
     b.a_idx = cpu_arena_take(&ar, sz_aidx);
     b.w_idx = cpu_arena_take(&ar, sz_widx);
+    b.xrow = cpu_arena_take(&ar, sz_xrow);
 
     cpu_bias_dense(&c->bias_a, g->C, b.bias);
     const int blas_threads = openblas_get_num_threads(); // restored below: a process-wide setting

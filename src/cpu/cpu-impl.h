@@ -306,3 +306,5 @@ enum bie_status bie_cpu_pack(bie_context_t * ctx, const struct bie_tensor * src,
                              const struct bie_tensor * dst);
 enum bie_status bie_cpu_unpack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
                                const struct bie_tensor * dst);
+enum bie_status bie_cpu_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
+                                     const struct bie_tensor * bits, const struct bie_tensor * mask);

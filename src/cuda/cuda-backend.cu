@@ -188,8 +188,11 @@ enum bie_status bie_cuda_unpack(bie_context_t * ctx, const struct bie_tensor * s
                                 const struct bie_tensor * dst);
 enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
                                 double * sum);
+enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
+                                      const struct bie_tensor * bits, const struct bie_tensor * mask);
 
 const struct bie_backend_ops bie_cuda_backend = {
     "cuda", bie_cuda_layer_forward, bie_cuda_layer_backward, bie_cuda_pack, bie_cuda_unpack, bie_cuda_reduce,
+    bie_cuda_binarize_ste,
 };
 }

@@ -22,12 +22,17 @@
 // A linear layer's grad_x (when neither sum above is asked for) and a 1x1 kernel's grad_W skip the
 // f32 buffers when they have dense rows of grad_y's dtype: their GEMMs write them directly, with
 // the scale as cuBLAS's alpha, and grad_x then gets its STE mask in place (gx_direct, gw_direct).
+// A binary linear layer's x may be the sign bits saved by bie_binarize_ste, with the STE mask's
+// bits (x_mask): the passes over x then read those 2 bits per element instead (element type sbits),
+// and every number is the one the float x gives (the same tests made them; cuda-ste.cuh).
 #include "cuda-impl.cuh"
+#include "cuda-ste.cuh"
 
 #include <math.h>
 #include <string.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace {
 
@@ -59,29 +64,22 @@ __global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct d
     }
 }
 
-// Whether the STE passes the gradient of the element x' (header comment: r = x'/scale_a, rounded
-// to nearest). A binary layer with 0 < scale_a < inf needs no division: |r| <= 1 exactly when
-// |x'| <= scale_a: a quotient in (1, 1 + 2^-24] (rounded to 1) would need a float x' in
-// (s, s (1 + 2^-24)], but with s = m 2^e (m < 2^24 an integer) the next float above s is s + 2^e,
-// beyond it. (NaN x' fails both tests.)
-__device__ __forceinline__ bool ste_division_free(int quant, float s_a) {
-    return quant == BIE_QUANT_BINARY && s_a > 0.0f && s_a < INFINITY;
-}
-__device__ __forceinline__ bool ste_passes_r(float r, int quant, int lo, int hi) { // from r itself
-    return quant == BIE_QUANT_BINARY ? fabsf(r) <= 1.0f : r >= (float)lo && r <= (float)hi;
-}
-__device__ __forceinline__ bool ste_passes(float xp, float s_a, int quant, int lo, int hi) {
-    if (ste_division_free(quant, s_a)) return fabsf(xp) <= s_a;
-    return ste_passes_r(__fdiv_rn(xp, s_a), quant, lo, hi);
-}
+// The element type of a pass over saved bits: a byte holds the sign bits of 8 consecutive
+// elements of x (bit e for element e), and the STE mask's byte beside it their pass bits.
+struct sbits {
+    uint8_t b;
+};
+template <typename T> constexpr bool is_sbits = std::is_same<T, sbits>::value;
 
-// The codes for rows whose K elements are contiguous floats (a linear layer's weight and x):
-// out[r][k] = code of src[r][k] (+ bias[k] for x). Same values as weight_codes and the activation
-// codes of bie_cuda_pixel_rows (a linear layer has one tap, inside the image). With MASK, the pass
-// also applies the STE mask to a grad_x (gx: x's rows, dtype gdt, row stride gx_ld) that already
-// holds scale_w * dCol: the elements the STE stops are set to 0, the others left alone; out may
-// then be NULL (no codes wanted). A chunk is 8 elements k0 .. k0+7 of row r, loaded with one
-// 16-byte vector when the row is 16-byte aligned and the 8 lie inside it.
+// The codes for rows whose K elements are contiguous floats (a linear layer's weight and x), or
+// saved sign bits in rows that start on whole bytes (T = sbits): out[r][k] = code of src[r][k]
+// (+ bias[k] for x; +-1 from a bit). Same values as weight_codes and the activation codes of
+// bie_cuda_pixel_rows (a linear layer has one tap, inside the image). With MASK, the pass also
+// applies the STE mask to a grad_x (gx: x's rows, dtype gdt, row stride gx_ld) that already holds
+// scale_w * dCol: the elements the STE stops (by the test of x', or by the saved mask's bits in
+// `pass`, rows pass_ld bytes apart) are set to 0, the others left alone; out may then be NULL (no
+// codes wanted). A chunk is 8 elements k0 .. k0+7 of row r, loaded with one 16-byte vector when
+// the row is 16-byte aligned and the 8 lie inside it (saved bits: one byte, and one of the mask).
 
 // The chunk's elements as floats (0 past K).
 template <typename T>
@@ -119,13 +117,54 @@ __device__ __forceinline__ unsigned chunk_codes(float * q, int64_t k0, int64_t K
         for (int i = 0; i < 8; i++) q[i] = (float)quant_code(q[i], s, lo, hi);
     return stop;
 }
+// A chunk of saved bits: the codes (+-1) in q and, for MASK, the bits of the elements that the saved
+// mask stops (n: the chunk's elements inside the row).
+template <bool MASK>
+__device__ __forceinline__ unsigned chunk_bits(float * q, uint32_t sign, uint32_t pass, int n) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) q[i] = (sign >> i) & 1u ? 1.0f : -1.0f;
+    return MASK ? ~pass & ((1u << n) - 1u) : 0u;
+}
+// Chunk k0 of a row one chunk at a time (row: its first element; prow: the mask row of saved bits,
+// read for MASK): as chunk_codes after chunk_load, or as chunk_bits.
+template <bool MASK, typename T>
+__device__ __forceinline__ unsigned chunk_any(const T * row, const uint8_t * prow, int sdt, int64_t k0, int64_t K,
+                                              const struct dview & bias, int quant, float s, int lo, int hi,
+                                              bool codes, bool bin_s, float * q) {
+    if constexpr (is_sbits<T>) {
+        return chunk_bits<MASK>(q, row[k0 / 8].b, MASK ? prow[k0 / 8] : 0u, K - k0 < 8 ? (int)(K - k0) : 8);
+    } else {
+        chunk_load<T>(row, sdt, k0, K, q);
+        return chunk_codes<MASK, false>(q, k0, K, bias, quant, s, lo, hi, codes, bin_s);
+    }
+}
 // Zeroes the stopped elements of grad_x's row r (MASK) and stores the codes (when out is given).
 template <bool MASK>
 __device__ __forceinline__ void chunk_store(const float * q, unsigned stop, int64_t r, int64_t k0, int64_t K, int gdt,
                                             void * out, void * gx, int64_t gx_ld) {
-    if (MASK)
-        for (int i = 0; stop >> i; i++)
-            if ((stop >> i) & 1u) st_dense(gx, gdt, r * gx_ld + k0 + i, 0.0f);
+    if (MASK && stop) {
+        // A whole, 16-byte aligned chunk is rewritten by 16-byte words (2-byte elements: one; f32:
+        // two), its stopped elements cleared; element stores took 143 us for the mask of an
+        // 8192 x 4096 f16 grad_x with an eighth of x stopped (ncu, the codes pass included).
+        const int es = gdt == BIE_DTYPE_F32 ? 4 : 2;
+        uint8_t * const p = (uint8_t *)gx + (r * gx_ld + k0) * es;
+        if (k0 + 8 <= K && (uintptr_t)p % 16 == 0) {
+            for (int h = 0; h < es / 2; h++) {
+                uint4 v = ((const uint4 *)p)[h];
+                uint32_t * u = (uint32_t *)&v;
+#pragma unroll
+                for (int j = 0; j < 4; j++) { // word j: elements 2j, 2j + 1 (2-byte) or 4h + j (f32)
+                    const uint32_t lo = es == 2 ? 2 * j : 4 * h + j;
+                    u[j] &= es == 2 ? ((stop >> lo) & 1u ? 0xffff0000u : ~0u) & ((stop >> (lo + 1)) & 1u ? 0xffffu : ~0u)
+                                    : ((stop >> lo) & 1u ? 0u : ~0u);
+                }
+                ((uint4 *)p)[h] = v;
+            }
+        } else {
+            for (int i = 0; stop >> i; i++)
+                if ((stop >> i) & 1u) st_dense(gx, gdt, r * gx_ld + k0 + i, 0.0f);
+        }
+    }
     if (!out) return;
     const int64_t o = r * K + k0;
     if (k0 + 8 <= K && vec8_ok(out, gdt, o)) store8((char *)out, gdt, o, q);
@@ -138,7 +177,7 @@ __device__ __forceinline__ void chunk_store(const float * q, unsigned stop, int6
 template <bool MASK, typename T>
 __global__ void __launch_bounds__(256, 5)
     codes_rows(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias, int quant,
-               struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld) {
+               struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld, const uint8_t * pass, int64_t pass_ld) {
     const float s = ld_scale(sc);
     const int lo = qlo(quant), hi = qhi(quant);
     const bool bin_s = ste_division_free(quant, s);
@@ -146,8 +185,8 @@ __global__ void __launch_bounds__(256, 5)
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = qdiv(e, chunks), k0 = (e - r * chunks) * 8;
         float q[8];
-        chunk_load<T>(src + r * row_stride, sdt, k0, K, q);
-        const unsigned stop = chunk_codes<MASK, false>(q, k0, K, bias, quant, s, lo, hi, out != NULL, bin_s);
+        const unsigned stop = chunk_any<MASK, T>(src + r * row_stride, pass ? pass + r * pass_ld : NULL, sdt, k0, K, bias,
+                                                 quant, s, lo, hi, out != NULL, bin_s, q);
         chunk_store<MASK>(q, stop, r, k0, K, gdt, out, gx, gx_ld);
     }
 }
@@ -157,12 +196,15 @@ __global__ void __launch_bounds__(256, 5)
 // bounds tests. Nsight Compute showed the thread-per-chunk kernel above bound by issue, not memory,
 // on such rows (SM 76% and DRAM 50% for the codes and mask of an 8192 x 4096 f16 x, 70.8 us at
 // locked clocks; 62% and 60% for the codes of a 4096 x 4096 weight). This one takes 47.9 us for
-// the first (59.0 before) and 21.6 us for the second (23.2), clocks unlocked.
+// the first (59.0 before) and 21.6 us for the second (23.2), clocks unlocked. Over saved bits
+// (T = sbits) a lane has 8 chunks' bytes (and their mask bytes) in flight: 2 bits read per
+// element, 16 bits of f16 code written.
 template <bool MASK, typename T>
 __global__ void __launch_bounds__(256, 4)
     codes_rows_warp(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias, int quant,
-                    struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld) {
-    constexpr int U = 8 / sizeof(T);
+                    struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld, const uint8_t * pass,
+                    int64_t pass_ld) {
+    constexpr int U = is_sbits<T> ? 8 : 8 / sizeof(T);
     const float s = ld_scale(sc);
     const int lo = qlo(quant), hi = qhi(quant);
     const bool bin_s = ste_division_free(quant, s);
@@ -170,27 +212,45 @@ __global__ void __launch_bounds__(256, 4)
     const int64_t chunks = (K + 7) / 8, warps = (int64_t)gridDim.x * (blockDim.x / 32);
     for (int64_t r = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; r < rows; r += warps) {
         const T * row = src + r * row_stride;
-        // the chunks loaded as vectors, then the rest (a row not 16-byte aligned, a part chunk)
-        const int64_t vec = ((uintptr_t)row % 16) == 0 ? K / 8 : 0;
+        const uint8_t * prow = pass ? pass + r * pass_ld : NULL;
+        // the chunks loaded as vectors (bytes of saved bits), then the rest (a row not 16-byte
+        // aligned, a part chunk)
+        const int64_t vec = is_sbits<T> || ((uintptr_t)row % 16) == 0 ? K / 8 : 0;
         for (int64_t c0 = lane; c0 < vec; c0 += 32 * U) {
-            raw8<T> raw[U];
+            if constexpr (is_sbits<T>) {
+                uint32_t sign[U], pb[U];
 #pragma unroll
-            for (int u = 0; u < U; u++)
-                if (c0 + 32 * u < vec) raw[u] = raw8_load<T>(row + (c0 + 32 * u) * 8);
+                for (int u = 0; u < U; u++)
+                    if (c0 + 32 * u < vec) {
+                        sign[u] = row[c0 + 32 * u].b;
+                        pb[u] = MASK ? prow[c0 + 32 * u] : 0u;
+                    }
 #pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (c0 + 32 * u >= vec) break;
-                const int64_t k0 = (c0 + 32 * u) * 8;
-                float q[8];
-                raw8_floats<T>(raw[u], q);
-                const unsigned stop = chunk_codes<MASK, true>(q, k0, K, bias, quant, s, lo, hi, out != NULL, bin_s);
-                chunk_store<MASK>(q, stop, r, k0, K, gdt, out, gx, gx_ld);
+                for (int u = 0; u < U; u++) {
+                    if (c0 + 32 * u >= vec) break;
+                    float q[8];
+                    const unsigned stop = chunk_bits<MASK>(q, sign[u], pb[u], 8);
+                    chunk_store<MASK>(q, stop, r, (c0 + 32 * u) * 8, K, gdt, out, gx, gx_ld);
+                }
+            } else {
+                raw8<T> raw[U];
+#pragma unroll
+                for (int u = 0; u < U; u++)
+                    if (c0 + 32 * u < vec) raw[u] = raw8_load<T>(row + (c0 + 32 * u) * 8);
+#pragma unroll
+                for (int u = 0; u < U; u++) {
+                    if (c0 + 32 * u >= vec) break;
+                    const int64_t k0 = (c0 + 32 * u) * 8;
+                    float q[8];
+                    raw8_floats<T>(raw[u], q);
+                    const unsigned stop = chunk_codes<MASK, true>(q, k0, K, bias, quant, s, lo, hi, out != NULL, bin_s);
+                    chunk_store<MASK>(q, stop, r, k0, K, gdt, out, gx, gx_ld);
+                }
             }
         }
         for (int64_t c = vec + lane; c < chunks; c += 32) {
             float q[8];
-            chunk_load<T>(row, sdt, c * 8, K, q);
-            const unsigned stop = chunk_codes<MASK, false>(q, c * 8, K, bias, quant, s, lo, hi, out != NULL, bin_s);
+            const unsigned stop = chunk_any<MASK, T>(row, prow, sdt, c * 8, K, bias, quant, s, lo, hi, out != NULL, bin_s, q);
             chunk_store<MASK>(q, stop, r, c * 8, K, gdt, out, gx, gx_ld);
         }
     }
@@ -198,45 +258,57 @@ __global__ void __launch_bounds__(256, 4)
 
 // Launches codes_rows when the rows of t ([rows, K] in its 4-D view: dim 0 rows, dim 1 the K
 // contiguous elements, dims 2-3 of extent 1; rows_are_k says the layer's geometry makes them so)
-// are contiguous floats; false otherwise.
+// are contiguous floats, or bits in rows that start on whole bytes; false otherwise.
 bool codes_rows_ok(const struct dview & t, bool rows_are_k, int64_t K) {
-    return rows_are_k && (K == 1 || t.stride[1] == 1) &&
-           bie_dtype_is_float((enum bie_dtype)t.dtype);
+    if (!rows_are_k || !(K == 1 || t.stride[1] == 1)) return false;
+    return t.dtype == BIE_DTYPE_B1 ? t.stride[0] % 8 == 0 : bie_dtype_is_float((enum bie_dtype)t.dtype);
 }
 // The pass with or without the mask, as two instances (the mask's code in a kernel that has no
 // mask to apply costs registers: 64 against 37, and 28.6 against 23.2-23.4 us for the codes of a
-// 4096 x 4096 f16 weight in the thread-per-chunk kernel).
+// 4096 x 4096 f16 weight in the thread-per-chunk kernel). Saved bits: row strides in bytes.
 template <typename T>
-void launch_codes(cudaStream_t stream, const struct dview & t, int64_t rows, int64_t K, const struct dview & bias,
-                  int quant, struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld) {
+void launch_codes(cudaStream_t stream, const struct dview & t, const struct dview & pass, int64_t rows, int64_t K,
+                  const struct dview & bias, int quant, struct dscale sc, int gdt, void * out, void * gx,
+                  int64_t gx_ld) {
     const bool warp = K >= 256;
     auto kern = warp ? (gx ? codes_rows_warp<true, T> : codes_rows_warp<false, T>)
                      : (gx ? codes_rows<true, T> : codes_rows<false, T>);
     const unsigned grid = grid_for(warp ? rows * 32 : rows * ((K + 7) / 8), 256);
-    kern<<<grid, 256, 0, stream>>>((const T *)t.data, t.dtype, t.stride[0], rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+    const int64_t ld = is_sbits<T> ? t.stride[0] / 8 : t.stride[0];
+    const uint8_t * pp = is_sbits<T> && gx ? (const uint8_t *)pass.data : NULL;
+    kern<<<grid, 256, 0, stream>>>((const T *)t.data, t.dtype, ld, rows, K, bias, quant, sc, gdt, out, gx, gx_ld, pp,
+                                   pp ? pass.stride[0] / 8 : 0);
 }
-bool launch_codes_rows(const struct dview & t, bool rows_are_k, int64_t rows, int64_t K, const struct dview & bias,
-                       int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream, void * gx = NULL,
-                       int64_t gx_ld = 0) {
+// pass: for t of saved bits and a gx to mask, the saved mask (rows like t's); else unused.
+bool launch_codes_rows(const struct dview & t, const struct dview & pass, bool rows_are_k, int64_t rows, int64_t K,
+                       const struct dview & bias, int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream,
+                       void * gx = NULL, int64_t gx_ld = 0) {
     if (!codes_rows_ok(t, rows_are_k, K)) return false;
     if (t.dtype == BIE_DTYPE_F32)
-        launch_codes<float>(stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+        launch_codes<float>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_F16)
-        launch_codes<__half>(stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+        launch_codes<__half>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_BF16)
-        launch_codes<__nv_bfloat16>(stream, t, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+        launch_codes<__nv_bfloat16>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+    else if (t.dtype == BIE_DTYPE_B1)
+        launch_codes<sbits>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else
         return false;
     return true;
 }
 
+// The binary STE of one element from its sign bit and its pass test: the masked gradient and the
+// scale_a-gradient term (saved bits give both tests as bits).
+__device__ __forceinline__ void ste_elem_binary(bool sign, bool pass, float gx, float * gxm, float * term) {
+    *gxm = pass ? gx : 0.0f;
+    *term = sign ? *gxm : -*gxm;
+}
 // The STE of one element (header comment): from x' and gx, the masked gradient and the
 // scale_a-gradient term.
 __device__ __forceinline__ void ste_elem(float xp, float gx, int quant, float s_a, int lo, int hi, float * gxm,
                                          float * term) {
     if (quant == BIE_QUANT_BINARY) {
-        *gxm = ste_passes(xp, s_a, quant, lo, hi) ? gx : 0.0f;
-        *term = xp >= 0.0f ? *gxm : -*gxm;
+        ste_elem_binary(xp >= 0.0f, ste_passes(xp, s_a, quant, lo, hi), gx, gxm, term);
     } else { // (one division: the test and the term both take r)
         const float r = __fdiv_rn(xp, s_a);
         const bool mid = ste_passes_r(r, quant, lo, hi);
@@ -431,11 +503,13 @@ void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dvie
 // over its one tap) whose x has contiguous features: a thread takes 8 consecutive features of a
 // row, with 16-byte loads and stores where aligned. Block (32, 8) covers 256 features of a slab of
 // `slab` rows; instead of the transposed copy for the per-channel sums, each block writes its
-// slab's column sums to colpart[slab index][c] (finished by colpart_sums).
+// slab's column sums to colpart[slab index][c] (finished by colpart_sums). T = sbits: x is saved
+// sign bits and xm the saved mask, both in rows that start on whole bytes (a byte of each per
+// thread and row), and each element's gradient and term are those of the x' they came from.
 template <typename T>
-__global__ void ste_rows(struct dview x, struct dview bias, int64_t rows, int64_t C, int64_t slab, int quant,
-                         struct dscale sa, struct dscale sw, const float * dcol, struct dview gx_out, int write_gx,
-                         double * colpart, double * term_sum) {
+__global__ void ste_rows(struct dview x, struct dview xm, struct dview bias, int64_t rows, int64_t C, int64_t slab,
+                         int quant, struct dscale sa, struct dscale sw, const float * dcol, struct dview gx_out,
+                         int write_gx, double * colpart, double * term_sum) {
     const float s_a = ld_scale(sa), s_w = ld_scale(sw);
     const int lo = qlo(quant), hi = qhi(quant);
     const int64_t c0 = ((int64_t)blockIdx.x * 32 + threadIdx.x) * 8;
@@ -447,22 +521,33 @@ __global__ void ste_rows(struct dview x, struct dview bias, int64_t rows, int64_
     double csum[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc = 0.0;
     if (c0 < C)
         for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
-            const T * xr = (const T *)x.data + r * x.stride[0];
             const float * dr = dcol + r * C;
             const bool full = c0 + 8 <= C;
             float xv[8], dv[8], gv[8];
-            if (full && vec8_ok(xr, x.dtype, c0)) load8<T>(xr + c0, xv);
-            else
-                for (int i = 0; i < 8; i++) xv[i] = c0 + i < C ? ld_float((const char *)xr, x.dtype, c0 + i) : 0.0f;
+            uint32_t sign = 0, pass = 0; // saved bits
+            if constexpr (is_sbits<T>) {
+                sign = ((const uint8_t *)x.data)[r * (x.stride[0] / 8) + c0 / 8];
+                pass = ((const uint8_t *)xm.data)[r * (xm.stride[0] / 8) + c0 / 8];
+            } else {
+                const T * xr = (const T *)x.data + r * x.stride[0];
+                if (full && vec8_ok(xr, x.dtype, c0)) load8<T>(xr + c0, xv);
+                else
+                    for (int i = 0; i < 8; i++) xv[i] = c0 + i < C ? ld_float((const char *)xr, x.dtype, c0 + i) : 0.0f;
+            }
             if (full && vec8_ok(dr, BIE_DTYPE_F32, c0)) load8<float>(dr + c0, dv);
             else
                 for (int i = 0; i < 8; i++) dv[i] = c0 + i < C ? dr[c0 + i] : 0.0f;
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 // as ste_pass: the tap sum starts from 0.0f, x' adds the bias in f32
-                const float xp = bias.data ? __fadd_rn(xv[i], b[i]) : xv[i];
+                const float gxi = __fmul_rn(__fadd_rn(0.0f, dv[i]), s_w);
                 float term;
-                ste_elem(xp, __fmul_rn(__fadd_rn(0.0f, dv[i]), s_w), quant, s_a, lo, hi, &gv[i], &term);
+                if constexpr (is_sbits<T>) {
+                    ste_elem_binary((sign >> i) & 1u, (pass >> i) & 1u, gxi, &gv[i], &term);
+                } else {
+                    const float xp = bias.data ? __fadd_rn(xv[i], b[i]) : xv[i];
+                    ste_elem(xp, gxi, quant, s_a, lo, hi, &gv[i], &term);
+                }
                 if (c0 + i < C) {
                     csum[i] += (double)gv[i];
                     acc += (double)term;
@@ -636,8 +721,16 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     // The STE pass of a linear layer over contiguous features takes row slabs (ste_rows), any
     // other layer tiles of pixels x channels (ste_tiles, `groups` blocks per channel tile); both
     // leave partial channel sums of the masked gradient (a row per slab or group) for grad_bias_a.
-    const bool ste_linear = dgeom_one_position(g) && (g.C == 1 || c->x.stride[1] == 1) &&
-                            bie_dtype_is_float(c->x.dtype);
+    // Saved bits (a B1 x, with x_mask for grad_x) are read by the row passes only.
+    struct dview x, xm, bias, gy;
+    dview_make(&c->x, &x);
+    xm.data = NULL;
+    if (c->x_mask.data) dview_make(&c->x_mask, &xm);
+    const bool saved = x.dtype == BIE_DTYPE_B1;
+    const bool ste_linear = codes_rows_ok(x, dgeom_one_position(g), K) && (!xm.data || codes_rows_ok(xm, true, K));
+    if (saved && want_gx && !ste_linear)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x, x_mask: CUDA reads saved bits in rows that start on "
+                             "whole bytes with contiguous features (as bie_tensor_make lays them out)");
     // Gradients written by their GEMMs: when grad_x (of a linear layer) or grad_weight (of a 1x1
     // kernel) has dense rows of grad_y's dtype, its GEMM writes it with the scale as alpha (the
     // f32 product scale * sum rounded once, as the reference rounds it), so neither dCol nor R
@@ -653,7 +746,8 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     const bool gx_direct = gxo.data && !c->grad_scale_a.data && !c->grad_bias_a.data && ste_linear &&
                            gxo.dtype == gdt && (K == 1 || gxo.stride[1] == 1) && gx_ld >= K &&
                            !spans_overlap(c->grad_x, c->x) && !spans_overlap(c->grad_x, c->grad_y) &&
-                           !spans_overlap(c->grad_x, c->bias_a) && !spans_overlap(c->grad_x, c->scale_a_t);
+                           !spans_overlap(c->grad_x, c->bias_a) && !spans_overlap(c->grad_x, c->scale_a_t) &&
+                           !spans_overlap(c->grad_x, c->x_mask);
     const bool gw_direct = want_gw && g.kh == 1 && g.kw == 1 && gwo.dtype == gdt && (K == 1 || gwo.stride[1] == 1) &&
                            gw_ld >= K && !spans_overlap(c->grad_weight, c->grad_y);
     size_t off = 0;
@@ -673,8 +767,6 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     const int64_t part_rows = ste_linear ? slabs : groups;
     const size_t oPart = off; off = align256(off + (c->grad_bias_a.data ? (size_t)(part_rows * g.C) * 8 : 0));
     const size_t oSum = off; off = align256(off + sizeof(double));
-    struct dview x, bias, gy;
-    dview_make(&c->x, &x);
     // activation codes as pixel rows first (then im2col) unless x's rows are the GEMM's rows
     const bool acol_pixels = want_gw && !codes_rows_ok(x, dgeom_one_position(g), K);
     const size_t oPix = off; off = align256(off + (acol_pixels ? (size_t)xnumel * es : 0));
@@ -722,7 +814,8 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
             gs.ph = gs.pw = 0;
             gs.OH = g.H; gs.OW = g.W; gs.K = g.C;
         } else {
-            if (!launch_codes_rows(w, g.kh == 1 && g.kw == 1, O, K, bias_none(), (int)c->quant, sw, gdt, ws + oW, s))
+            if (!launch_codes_rows(w, bias_none(), g.kh == 1 && g.kw == 1, O, K, bias_none(), (int)c->quant, sw, gdt,
+                                   ws + oW, s))
                 weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 0, ws + oW);
             LAUNCHED(ctx, "weight codes");
             // dCol (row-major [M][K]) = G [M][O] @ Wc [O][K]: column-major dCol^T = Wc^T G^T; or
@@ -743,11 +836,14 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
             const dim3 grid((unsigned)((g.C + 255) / 256), (unsigned)slabs), block(32, 8);
             const int q = (int)c->quant, wgx = c->grad_x.data != NULL;
             if (x.dtype == BIE_DTYPE_F32)
-                ste_rows<float><<<grid, block, 0, s>>>(x, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
+                ste_rows<float><<<grid, block, 0, s>>>(x, xm, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
             else if (x.dtype == BIE_DTYPE_F16)
-                ste_rows<__half><<<grid, block, 0, s>>>(x, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
+                ste_rows<__half><<<grid, block, 0, s>>>(x, xm, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
+            else if (x.dtype == BIE_DTYPE_BF16)
+                ste_rows<__nv_bfloat16><<<grid, block, 0, s>>>(x, xm, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart,
+                                                               sum);
             else
-                ste_rows<__nv_bfloat16><<<grid, block, 0, s>>>(x, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
+                ste_rows<sbits><<<grid, block, 0, s>>>(x, xm, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
             LAUNCHED(ctx, "STE pass (rows)");
         } else {
             const unsigned grid = (unsigned)(groups * ctiles);
@@ -787,7 +883,7 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
                               : g.pad_value == BIE_PAD_PLUS_ONE ? 1.0f : g.pad_value == BIE_PAD_MINUS_ONE ? -1.0f : 0.0f;
             BIE_TRY(bie_cuda_im2col(ctx, s, ws + oPix, (int)es, element_bits(pad, gdt), g, K, ws + oCol));
         } else {
-            launch_codes_rows(x, true, M, K, bias, (int)c->quant, sa, gdt, ws + oCol, s, mask_gx, gx_ld);
+            launch_codes_rows(x, xm, true, M, K, bias, (int)c->quant, sa, gdt, ws + oCol, s, mask_gx, gx_ld);
             LAUNCHED(ctx, mask_gx ? "activation codes and STE mask" : "activation codes");
         }
         // R (row-major [O][K]) = G^T @ Acol: column-major R^T [K][O] = Acol^T [K][M] . G [M][O];
@@ -803,7 +899,7 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
             LAUNCHED(ctx, "scatter grad_weight");
         }
     } else if (mask_gx) {
-        launch_codes_rows(x, true, M, K, bias, (int)c->quant, sa, gdt, NULL, s, mask_gx, gx_ld);
+        launch_codes_rows(x, xm, true, M, K, bias, (int)c->quant, sa, gdt, NULL, s, mask_gx, gx_ld);
         LAUNCHED(ctx, "STE mask");
     }
     return BIE_STATUS_OK;

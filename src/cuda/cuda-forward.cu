@@ -12,7 +12,10 @@
 //           ZERO -> 0 and the GEMM epilogue removes the tap, see cuda-gemm.cu); rowpop = popc(row)
 //   n-bit:  int8 code clamp(rne(x'/scale_a), lo, hi) (NaN -> lo), 0 outside the image;
 //           weights clamp(rne(W/scale_w)), an I8 weight clamped, an S4 weight as its code.
+// Also bie_binarize_ste (at the end): the packer of a linear layer's float rows writes, in the same
+// pass over x, the sign bits and the STE mask bits that the backward takes instead of x.
 #include "cuda-impl.cuh"
+#include "cuda-ste.cuh"
 
 namespace {
 
@@ -108,34 +111,40 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
 // vectors (when the row is 16-byte aligned; element by element at the row's end). pack_rows reads
 // one element per lane per step and ran at ~0.4 TB/s on an H100; a first version of this kernel,
 // with a lane per 32 elements (a 64-byte stride between lanes), at ~1.1 TB/s.
-// Codes of 8 elements starting at element k0 of a row (0 past K), as in elem_code.
+// x' of 8 elements starting at element k0 of a row (0 past K): the floats plus bias_a.
 template <typename T>
-__device__ __forceinline__ void codes8(const pack_src & p, const T * row, int64_t k0, bool vec, float s, int * q) {
-    float v[8];
+__device__ __forceinline__ void xprime8(const pack_src & p, const T * row, int64_t k0, bool vec, float * v) {
     if (vec) load8<T>(row + k0, v);
     else
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] = k0 + e < p.g.K ? ld_float((const char *)row, p.t.dtype, k0 + e) : 0.0f;
+    if (p.bias.data)
+#pragma unroll
+        for (int e = 0; e < 8; e++)
+            if (k0 + e < p.g.K) v[e] = __fadd_rn(v[e], ld_float(p.bias.data, p.bias.dtype, (k0 + e) * p.bias.stride[3]));
+}
+// Codes of 8 elements starting at element k0 of a row (0 past K), as in elem_code.
+template <typename T>
+__device__ __forceinline__ void codes8(const pack_src & p, const T * row, int64_t k0, bool vec, float s, int * q) {
+    float v[8];
+    xprime8<T>(p, row, k0, vec, v);
     const bool binary = p.quant == BIE_QUANT_BINARY;
     const int lo = qlo(p.quant), hi = qhi(p.quant);
 #pragma unroll
-    for (int e = 0; e < 8; e++) {
-        const int64_t k = k0 + e;
-        float x = v[e];
-        if (p.bias.data && k < p.g.K) x = __fadd_rn(x, ld_float(p.bias.data, p.bias.dtype, k * p.bias.stride[3]));
-        q[e] = k >= p.g.K ? 0 : binary ? (x >= 0.0f ? 1 : 0) : quant_code(x, s, lo, hi);
-    }
+    for (int e = 0; e < 8; e++) q[e] = k0 + e >= p.g.K ? 0 : binary ? (v[e] >= 0.0f ? 1 : 0) : quant_code(v[e], s, lo, hi);
 }
 
 // The sign bits (x >= 0, so -0 -> 1 and NaN -> 0, as in elem_code) of 8 loaded elements, bit e
 // for element e: two-byte floats compared in pairs (HSET2), then the pairs' bits interleaved.
-template <typename T> __device__ __forceinline__ uint32_t sign_bits8(const raw8<T> & r);
-template <> __device__ __forceinline__ uint32_t sign_bits8<float>(const raw8<float> & r) {
-    const float * v = (const float *)r.u;
+__device__ __forceinline__ uint32_t sign_bits_f32(const float * v) {
     uint32_t b = 0;
 #pragma unroll
     for (int e = 0; e < 8; e++) b |= (v[e] >= 0.0f ? 1u : 0u) << e;
     return b;
+}
+template <typename T> __device__ __forceinline__ uint32_t sign_bits8(const raw8<T> & r);
+template <> __device__ __forceinline__ uint32_t sign_bits8<float>(const raw8<float> & r) {
+    return sign_bits_f32((const float *)r.u);
 }
 template <typename T2> __device__ __forceinline__ uint32_t sign_bits8_pairs(const uint4 & u, T2 zero) {
     const T2 * h = (const T2 *)&u;
@@ -151,22 +160,40 @@ template <> __device__ __forceinline__ uint32_t sign_bits8<__nv_bfloat16>(const 
     return sign_bits8_pairs<__nv_bfloat162>(r.u[0], __float2bfloat162_rn(0.0f));
 }
 
-template <typename T>
+// bie_binarize_ste's outputs, written by pack_contiguous_rows<T, true> (STE) instead of GEMM rows:
+// rows of exactly K bits that start on whole bytes, `_ld` bytes apart, the sign bits in `bits` and
+// the STE's pass bits in `mask` (either NULL: not written; binary x' only). The bits of a row's
+// last byte that lie past K keep their content.
+struct ste_out {
+    uint8_t * bits, * mask;
+    int64_t bits_ld, mask_ld;
+};
+// Stores byte j of a bit row (row NULL: nothing) whose first n bits (n < 8 only in the row's last
+// byte) belong to the row; the others keep their content.
+__device__ __forceinline__ void put_bits8(uint8_t * row, int64_t j, uint32_t byte, int n) {
+    if (!row) return;
+    row[j] = n >= 8 ? (uint8_t)byte : (uint8_t)((row[j] & (0xffu << n)) | (byte & ((1u << n) - 1u)));
+}
+
+template <typename T, bool STE>
 __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
-                                     int64_t seg_groups) {
+                                     int64_t seg_groups, ste_out so) {
     griddep_launch_dependents(); // a few-rows GEMM after it starts at once (and waits for it)
     const float s = ld_scale(p.s);
+    const bool bin_s = STE && ste_division_free(BIE_QUANT_BINARY, s);
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
     const bool binary = p.quant == BIE_QUANT_BINARY;
-    const int64_t K = p.g.K, groups = binary ? kbytes : kbytes / 8; // groups of 8 elements per row
+    // groups of 8 elements per row: the GEMM row's (zeros past K), or (STE) the row's own
+    const int64_t K = p.g.K, groups = STE ? (K + 7) / 8 : binary ? kbytes : kbytes / 8;
     // A warp per (row, segment of seg_groups groups); several segments per row only without pop.
     const int64_t segs = (groups + seg_groups - 1) / seg_groups;
     for (int64_t u = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; u < rows * segs; u += warps) {
         const int64_t row = u / segs, j0 = u % segs * seg_groups, j1 = min(groups, j0 + seg_groups);
         const T * src = (const T *)p.t.data + row * p.t.stride[0];
         const bool aligned = ((uintptr_t)src % 16) == 0;
-        uint8_t * dst = out + row * kbytes;
+        uint8_t * dst = !STE ? out + row * kbytes : so.bits ? so.bits + row * so.bits_ld : NULL;
+        uint8_t * mdst = STE && so.mask ? so.mask + row * so.mask_ld : NULL;
         int cnt = 0;
         int64_t j = j0 + lane;
         // The common case, signs of raw vectors: PU groups a lane, their loads issued before any
@@ -180,14 +207,30 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
 #pragma unroll
                 for (int u = 0; u < PU; u++) {
                     const uint32_t byte = sign_bits8<T>(v[u]);
-                    dst[j + 32 * u] = (uint8_t)byte;
-                    cnt += __popc(byte);
+                    if constexpr (STE) { // (whole groups: no bits past K)
+                        put_bits8(dst, j + 32 * u, byte, 8);
+                        if (!mdst) continue;
+                        float f[8];
+                        raw8_floats<T>(v[u], f);
+                        mdst[j + 32 * u] = (uint8_t)ste_pass_bits8(f, s, bin_s);
+                    } else {
+                        dst[j + 32 * u] = (uint8_t)byte;
+                        cnt += __popc(byte);
+                    }
                 }
             }
         for (; j < j1; j += 32) {
             int q[8];
             const int64_t k0 = j * 8;
             const bool vec = aligned && k0 + 8 <= K;
+            if constexpr (STE) { // the rest: bias_a, a row not 16-byte aligned, its last group
+                const int n = K - k0 < 8 ? (int)(K - k0) : 8;
+                float v[8];
+                xprime8<T>(p, src, k0, vec, v);
+                put_bits8(dst, j, sign_bits_f32(v), n);
+                if (mdst) put_bits8(mdst, j, ste_pass_bits8(v, s, bin_s), n);
+                continue;
+            }
             if (binary && vec && !p.bias.data) { // (the rest of the common case)
                 const uint32_t byte = sign_bits8<T>(raw8_load<T>(src + k0));
                 dst[j] = (uint8_t)byte;
@@ -214,21 +257,30 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
     }
 }
 
+template <bool STE>
+bool launch_contiguous_as(const pack_src & p, unsigned grid, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
+                          int64_t seg, const ste_out & so, cudaStream_t stream) {
+    if (p.t.dtype == BIE_DTYPE_F32)
+        pack_contiguous_rows<float, STE><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg, so);
+    else if (p.t.dtype == BIE_DTYPE_F16)
+        pack_contiguous_rows<__half, STE><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg, so);
+    else if (p.t.dtype == BIE_DTYPE_BF16)
+        pack_contiguous_rows<__nv_bfloat16, STE><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg, so);
+    else return false;
+    return true;
+}
 // Launches pack_contiguous_rows for a float p.t (rows p.t.stride[0] elements apart); false for
-// other dtypes.
+// other dtypes. so: bie_binarize_ste's outputs instead of the GEMM rows `out` (NULL: none).
 // Without row popcounts to count (pop NULL: the few-rows GEMM counts them), few rows are split into
 // segments of 32 groups a warp, so that 16 rows of 4096 elements take 256 warps instead of 16
 // (each lane then waits for one load, not sixteen in turn).
-bool launch_contiguous(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream) {
-    const int64_t groups = p.quant == BIE_QUANT_BINARY ? kbytes : kbytes / 8;
+bool launch_contiguous(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream,
+                       const ste_out * so = NULL) {
+    const int64_t groups = so ? (p.g.K + 7) / 8 : p.quant == BIE_QUANT_BINARY ? kbytes : kbytes / 8;
     const int64_t seg = !pop && rows < 1024 ? 32 : groups;
     const unsigned grid = grid_for(rows * ((groups + seg - 1) / seg), 8);
-    if (p.t.dtype == BIE_DTYPE_F32) pack_contiguous_rows<float><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg);
-    else if (p.t.dtype == BIE_DTYPE_F16) pack_contiguous_rows<__half><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg);
-    else if (p.t.dtype == BIE_DTYPE_BF16)
-        pack_contiguous_rows<__nv_bfloat16><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg);
-    else return false;
-    return true;
+    if (so) return launch_contiguous_as<true>(p, grid, rows, kbytes, out, pop, seg, *so, stream);
+    return launch_contiguous_as<false>(p, grid, rows, kbytes, out, pop, seg, ste_out{NULL, NULL, 0, 0}, stream);
 }
 
 // Integer weights (I8 codes, or S4 nibbles with element 2i in the high nibble) whose rows are
@@ -806,6 +858,25 @@ void border_counts(int64_t O, int64_t I, int64_t s, int64_t p, int64_t k, int64_
 
 size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
 
+// bie_binarize_ste on views the packer does not take: for element e = m*K + k of x [M, K] (p.t's
+// [M, K, 1, 1] view), the codes of its sign bit and of its STE pass bit (1 or 0; either array may
+// be NULL), for bie_cuda_store_packed.
+__global__ void ste_codes(pack_src p, int64_t n, int8_t * bits, int8_t * mask) {
+    const float s = ld_scale(p.s);
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t m = qdiv(e, p.g.K), k = e - m * p.g.K;
+        float v = ld_float(p.t.data, p.t.dtype, m * p.t.stride[0] + k * p.t.stride[1]);
+        if (p.bias.data) v = __fadd_rn(v, ld_float(p.bias.data, p.bias.dtype, k * p.bias.stride[3]));
+        if (bits) bits[e] = v >= 0.0f ? 1 : 0;
+        if (mask) mask[e] = ste_passes(v, s, BIE_QUANT_BINARY, 0, 0) ? 1 : 0;
+    }
+}
+
+// Whether a B1 [M, K, 1, 1] view has rows that start on whole bytes, with contiguous bits.
+bool byte_rows(const struct dview & v, int64_t M, int64_t K) {
+    return (K == 1 || v.stride[1] == 1) && (M == 1 || v.stride[0] % 8 == 0);
+}
+
 } // namespace
 
 enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, const gemm_gather & gs, const struct dgeom & g, int * rowpop,
@@ -967,5 +1038,43 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     ep.terms_last = (zero_pad_fix && !w_rows_copied) || xrows.rows || wrows.rows || gather;
     BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, M, N, kbytes, ep, gather ? &gs : NULL));
     if (sign_codes) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
+    return BIE_STATUS_OK;
+}
+
+// bie_binarize_ste (bie-impl.h's binarize_ste slot): contiguous float rows of x into byte-aligned
+// bit rows go through pack_contiguous_rows, which reads x once with 16-byte loads and writes the
+// sign bits and the STE mask bits in the same pass; other views through per-element codes and the
+// packed writer.
+extern "C" enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * c,
+                                                 const struct bie_tensor * bits, const struct bie_tensor * mask) {
+    struct bie_cuda_state * st;
+    BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
+    const int64_t M = c->g.batch, K = c->g.K;
+    pack_src p;
+    dview_make(&c->x, &p.t);
+    p.bias.data = NULL;
+    if (c->bias_a.data) dview_make(&c->bias_a, &p.bias);
+    p.g = dgeom_make(c->g);
+    p.is_weight = 0;
+    p.quant = BIE_QUANT_BINARY;
+    p.s = dscale_make(c, true);
+    struct dview vb, vm;
+    vb.data = vm.data = NULL;
+    if (bits) dview_make(bits, &vb);
+    if (mask) dview_make(mask, &vm);
+    if ((K == 1 || p.t.stride[1] == 1) && (!bits || byte_rows(vb, M, K)) && (!mask || byte_rows(vm, M, K))) {
+        const ste_out so = {(uint8_t *)vb.data, (uint8_t *)vm.data, bits && M > 1 ? vb.stride[0] / 8 : 0,
+                            mask && M > 1 ? vm.stride[0] / 8 : 0};
+        if (launch_contiguous(p, M, 0, NULL, NULL, st->stream, &so)) {
+            LAUNCHED(ctx, "binarize_ste");
+            return BIE_STATUS_OK;
+        }
+    }
+    int8_t * codes;
+    BIE_TRY(bie_cuda_workspace(ctx, 2 * (size_t)(M * K), (void **)&codes));
+    ste_codes<<<grid_for(M * K, 256), 256, 0, st->stream>>>(p, M * K, bits ? codes : NULL, mask ? codes + M * K : NULL);
+    LAUNCHED(ctx, "binarize_ste codes");
+    if (bits) BIE_TRY(bie_cuda_store_packed(ctx, codes, vb));
+    if (mask) BIE_TRY(bie_cuda_store_packed(ctx, codes + M * K, vm));
     return BIE_STATUS_OK;
 }

@@ -642,7 +642,7 @@ enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * m, const f
                 bie_tensor_make(&v.gsa, L->scale_a.g, BIE_DTYPE_F32, 0, NULL);
                 bie_tensor_make(&v.gba, L->bias_a.g, BIE_DTYPE_F32, 1, c1);
                 struct bie_backward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.gy,
-                                              gx ? &v.gx : NULL, &v.gw, &v.gsa, &v.gba};
+                                              gx ? &v.gx : NULL, &v.gw, &v.gsa, &v.gba, NULL};
                 TRY(conv ? bie_conv2d_backward(ctx, &v.cd, &a) : bie_linear_backward(ctx, &v.ld, &a));
             }
             break;

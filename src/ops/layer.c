@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// layer.c: the public linear and conv2d entry points. Validates every argument once, normalises
-// the call (a linear layer becomes a 1x1 conv over 1x1 images) and dispatches it to a backend.
+// layer.c: the public linear and conv2d entry points, and bie_binarize_ste (the x side of a binary
+// linear layer, saved for its backward). Validates every argument once, normalises the call (a
+// linear layer becomes a 1x1 conv over 1x1 images) and dispatches it to a backend.
 #include "bie-impl.h"
 
 #include <math.h>
@@ -232,17 +233,36 @@ static enum bie_status out_view(bie_context_t * ctx, struct bie_layer_call * c, 
     return BIE_STATUS_OK;
 }
 
-static enum bie_status dispatch(bie_context_t * ctx, const struct bie_layer_call * c, bool backward) {
+// What a backend is asked to do with a validated call.
+enum job_kind { JOB_FORWARD, JOB_BACKWARD, JOB_BINARIZE_STE };
+struct job {
+    enum job_kind kind;
+    const struct bie_layer_call * c;
+    const struct bie_tensor * bits, * mask; // JOB_BINARIZE_STE's outputs (or NULL)
+};
+
+// Backend b's slot for the job, or BIE_DECLINED when it has none.
+static enum bie_status run_slot(bie_context_t * ctx, const struct bie_backend_ops * b, const struct job * j) {
+    if (j->kind == JOB_FORWARD) return b->layer_forward ? b->layer_forward(ctx, j->c) : BIE_DECLINED;
+    if (j->kind == JOB_BACKWARD) return b->layer_backward ? b->layer_backward(ctx, j->c) : BIE_DECLINED;
+    return b->binarize_ste ? b->binarize_ste(ctx, j->c, j->bits, j->mask) : BIE_DECLINED;
+}
+
+// A declined job's status and message ("... for this binary linear forward").
+static enum bie_status declined(bie_context_t * ctx, enum bie_status status, const char * what, const struct job * j) {
+    if (j->kind == JOB_BINARIZE_STE) return bie_set_error(ctx, status, "%s bie_binarize_ste", what);
+    return bie_set_error(ctx, status, "%s this %s %s %s", what, quant_name(j->c->quant),
+                         j->c->is_conv ? "conv2d" : "linear", j->kind == JOB_BACKWARD ? "backward" : "forward");
+}
+
+// CUDA tensors go to the CUDA backend (which never falls back to the host); CPU tensors to the CPU
+// backend, then the reference where it declines (the reference only, for a BIE_BACKEND_REF context).
+static enum bie_status dispatch(bie_context_t * ctx, const struct job * j) {
     enum bie_status s = BIE_DECLINED;
-    if (c->device_type == BIE_DEVICE_CUDA) {
+    if (j->c->device_type == BIE_DEVICE_CUDA) {
 #ifdef BIE_HAVE_CUDA
-        const struct bie_backend_ops * b = &bie_cuda_backend;
-        if (backward ? b->layer_backward : b->layer_forward)
-            s = backward ? b->layer_backward(ctx, c) : b->layer_forward(ctx, c);
-        if (s == BIE_DECLINED)
-            s = bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: no kernel for this %s %s %s",
-                              quant_name(c->quant), c->is_conv ? "conv2d" : "linear",
-                              backward ? "backward" : "forward");
+        s = run_slot(ctx, &bie_cuda_backend, j);
+        if (s == BIE_DECLINED) s = declined(ctx, BIE_STATUS_UNSUPPORTED, "cuda: no kernel for", j);
         return s;
 #else
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: is a CUDA tensor but this build has no CUDA backend");
@@ -251,14 +271,9 @@ static enum bie_status dispatch(bie_context_t * ctx, const struct bie_layer_call
     if (ctx->params.backend == BIE_BACKEND_CUDA)
         BIE_FAIL("x: is a CPU tensor but the context's backend is CUDA");
     const struct bie_backend_ops * order[2] = {&bie_cpu_backend, &bie_ref_backend};
-    for (int i = ctx->params.backend == BIE_BACKEND_REF ? 1 : 0; i < 2 && s == BIE_DECLINED; i++) {
-        const struct bie_backend_ops * b = order[i];
-        if (backward ? b->layer_backward : b->layer_forward)
-            s = backward ? b->layer_backward(ctx, c) : b->layer_forward(ctx, c);
-    }
-    if (s == BIE_DECLINED)
-        s = bie_set_error(ctx, BIE_STATUS_INTERNAL, "no CPU implementation for this %s %s",
-                          quant_name(c->quant), backward ? "backward" : "forward");
+    for (int i = ctx->params.backend == BIE_BACKEND_REF ? 1 : 0; i < 2 && s == BIE_DECLINED; i++)
+        s = run_slot(ctx, order[i], j);
+    if (s == BIE_DECLINED) s = declined(ctx, BIE_STATUS_INTERNAL, "no CPU implementation for", j);
     if (s == BIE_STATUS_OK) bie_clear_error(ctx);
     return s;
 }
@@ -276,7 +291,8 @@ static enum bie_status forward(bie_context_t * ctx, const struct bie_linear_desc
     if (!(bie_dtype_is_float(yd) || yd == BIE_DTYPE_I32 || (yd == BIE_DTYPE_B1 && c.quant == BIE_QUANT_BINARY)))
         BIE_FAIL("y: dtype %s is not supported (f32, f16, bf16, i32%s)", bie_dtype_name(yd),
              c.quant == BIE_QUANT_BINARY ? " or b1" : "");
-    return dispatch(ctx, &c, false);
+    const struct job j = {JOB_FORWARD, &c, NULL, NULL};
+    return dispatch(ctx, &j);
 }
 
 // Checks a gradient output: a well-formed, dense-enough float tensor on the call's device.
@@ -287,6 +303,27 @@ static enum bie_status grad_check(bie_context_t * ctx, struct bie_layer_call * c
     return check_float(ctx, name, t);
 }
 
+// The backward's rule for a B1 x (the bits of bie_binarize_ste; prepare() took it for a binary
+// layer without bias_a): linear layers only, with x_mask whenever the STE mask is needed.
+static enum bie_status saved_bits(bie_context_t * ctx, struct bie_layer_call * c, const struct bie_backward_args * a) {
+    if (a->x->dtype != BIE_DTYPE_B1) {
+        if (a->x_mask) BIE_FAIL("x_mask: must be NULL when x is float (the mask goes with saved b1 bits)");
+        return BIE_STATUS_OK;
+    }
+    if (c->is_conv)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
+                             "x: the conv2d backward needs the float input; saved b1 bits are for linear layers");
+    if (!a->x_mask) {
+        if (a->grad_x || a->grad_scale_a || a->grad_bias_a)
+            BIE_FAIL("x_mask: is required with a b1 x when grad_x, grad_scale_a or grad_bias_a is asked for");
+        return BIE_STATUS_OK;
+    }
+    BIE_TRY(bie_check_tensor(ctx, "x_mask", a->x_mask, true));
+    BIE_TRY(check_device(ctx, c, "x_mask", a->x_mask));
+    if (a->x_mask->dtype != BIE_DTYPE_B1) BIE_FAIL("x_mask: dtype %s is not b1", bie_dtype_name(a->x_mask->dtype));
+    return linear_view(ctx, "x_mask", a->x_mask, a->x, c->g.C, &c->x_mask);
+}
+
 static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_desc * lin,
                                 const struct bie_conv2d_desc * conv, const struct bie_backward_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
@@ -295,7 +332,7 @@ static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_des
     if (!a) BIE_FAIL("args: is NULL");
     struct bie_layer_call c;
     BIE_TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, &c));
-    if (a->x->dtype == BIE_DTYPE_B1) BIE_FAIL("x: the backward pass needs the float input, not b1");
+    BIE_TRY(saved_bits(ctx, &c, a));
     BIE_TRY(out_view(ctx, &c, "grad_y", a->grad_y, a->x, &c.grad_y, false));
     BIE_TRY(check_float(ctx, "grad_y", a->grad_y));
     if (a->grad_x) {
@@ -325,7 +362,8 @@ static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_des
         if (bie_tensor_numel(a->grad_scale_a) != 1) BIE_FAIL("grad_scale_a: must hold exactly one element");
         c.grad_scale_a = *a->grad_scale_a;
     }
-    return dispatch(ctx, &c, true);
+    const struct job j = {JOB_BACKWARD, &c, NULL, NULL};
+    return dispatch(ctx, &j);
 }
 
 enum bie_status bie_linear_forward(bie_context_t * ctx, const struct bie_linear_desc * desc,
@@ -346,6 +384,50 @@ enum bie_status bie_conv2d_forward(bie_context_t * ctx, const struct bie_conv2d_
 enum bie_status bie_conv2d_backward(bie_context_t * ctx, const struct bie_conv2d_desc * desc,
                                     const struct bie_backward_args * args) {
     return backward(ctx, NULL, desc, args);
+}
+
+enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * x, const struct bie_tensor * bias_a,
+                                 const struct bie_tensor * scale_a, struct bie_tensor * bits, struct bie_tensor * mask) {
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    bie_clear_error(ctx);
+    if (!bits && !mask) BIE_FAIL("bits, mask: both are NULL (ask for at least one)");
+    if (mask && !scale_a) BIE_FAIL("scale_a: is NULL but the mask needs it");
+    // the x side of a binary linear layer call, checked as the layer checks it
+    struct bie_layer_call c;
+    memset(&c, 0, sizeof c);
+    c.quant = BIE_QUANT_BINARY;
+    BIE_TRY(bie_check_tensor(ctx, "x", x, true));
+    BIE_TRY(check_float(ctx, "x", x));
+    c.device_type = x->device_type;
+    c.device_index = x->device_index;
+    c.scales_on_host = true;
+    if (x->ndim < 1) BIE_FAIL("x: must have at least one dimension");
+    const int64_t K = x->shape[x->ndim - 1];
+    BIE_TRY(linear_view(ctx, "x", x, NULL, K, &c.x));
+    struct bie_geometry * g = &c.g;
+    g->batch = c.x.shape[0];
+    g->C = g->K = K;
+    g->H = g->W = g->OH = g->OW = g->kh = g->kw = g->sh = g->sw = g->dh = g->dw = 1;
+    if (bias_a) {
+        BIE_TRY(bie_check_tensor(ctx, "bias_a", bias_a, true));
+        BIE_TRY(check_device(ctx, &c, "bias_a", bias_a));
+        BIE_TRY(check_float(ctx, "bias_a", bias_a));
+        BIE_TRY(check_shape(ctx, "bias_a", bias_a, 1, &K));
+        c.bias_a = *bias_a;
+    }
+    if (scale_a) BIE_TRY(check_scale(ctx, &c, "scale_a", scale_a, &c.scale_a_t, &c.scale_a));
+    struct bie_tensor * outs[2] = {bits, mask};
+    struct bie_tensor views[2] = {{0}, {0}};
+    const char * names[2] = {"bits", "mask"};
+    for (int i = 0; i < 2; i++) {
+        if (!outs[i]) continue;
+        BIE_TRY(bie_check_tensor(ctx, names[i], outs[i], false));
+        BIE_TRY(check_device(ctx, &c, names[i], outs[i]));
+        if (outs[i]->dtype != BIE_DTYPE_B1) BIE_FAIL("%s: dtype %s is not b1", names[i], bie_dtype_name(outs[i]->dtype));
+        BIE_TRY(linear_view(ctx, names[i], outs[i], x, K, &views[i]));
+    }
+    const struct job j = {JOB_BINARIZE_STE, &c, bits ? &views[0] : NULL, mask ? &views[1] : NULL};
+    return dispatch(ctx, &j);
 }
 
 enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * d, int64_t h, int64_t w,

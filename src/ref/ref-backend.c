@@ -9,4 +9,5 @@ const struct bie_backend_ops bie_ref_backend = {
     .pack = bie_ref_pack,
     .unpack = bie_ref_unpack,
     .reduce = bie_ref_reduce,
+    .binarize_ste = bie_ref_binarize_ste,
 };

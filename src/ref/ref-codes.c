@@ -29,16 +29,19 @@ void bie_ref_x_shifted(const struct bie_layer_call * call, float * xp) {
         }
 }
 
+void bie_ref_bits4(const struct bie_tensor * t, int8_t * out) {
+    int64_t d = 0;
+    for (int64_t i0 = 0; i0 < t->shape[0]; i0++)
+        for (int64_t i1 = 0; i1 < t->shape[1]; i1++)
+            for (int64_t i2 = 0; i2 < t->shape[2]; i2++)
+                for (int64_t i3 = 0; i3 < t->shape[3]; i3++) out[d++] = (int8_t)bie_load(t, off4(t, i0, i1, i2, i3));
+}
+
 void bie_ref_x_codes(const struct bie_layer_call * call, const float * xp, int8_t * a) {
     const struct bie_geometry * g = &call->g;
     const int64_t numel = g->batch * g->C * g->H * g->W;
     if (!xp) { // B1 input: the bits are the codes
-        const struct bie_tensor * x = &call->x;
-        int64_t d = 0;
-        for (int64_t n = 0; n < g->batch; n++)
-            for (int64_t c = 0; c < g->C; c++)
-                for (int64_t h = 0; h < g->H; h++)
-                    for (int64_t w = 0; w < g->W; w++) a[d++] = (int8_t)bie_load(x, off4(x, n, c, h, w));
+        bie_ref_bits4(&call->x, a);
         return;
     }
     if (call->quant == BIE_QUANT_BINARY) {

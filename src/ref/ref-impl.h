@@ -13,6 +13,11 @@ enum bie_status bie_ref_unpack(bie_context_t * ctx, const struct bie_tensor * sr
                                const struct bie_tensor * dst);
 enum bie_status bie_ref_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
                                double * sum);
+enum bie_status bie_ref_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
+                                     const struct bie_tensor * bits, const struct bie_tensor * mask);
+
+// The binary STE's pass test on x': |x' / scale_a| <= 1 with the division in f32 (NaN fails).
+static inline bool bie_ref_ste_passes(float xp, float scale_a) { return __builtin_fabsf(xp / scale_a) <= 1.0f; }
 
 // --- src/ref/ref-codes.c: dense code arrays and the tap geometry ------------------------------
 //
@@ -30,6 +35,9 @@ void bie_ref_x_shifted(const struct bie_layer_call * call, float * xp);
 // Activation codes a (binary +-1, n-bit clamp(rne(x'/scale_a), lo, hi)), dense. xp is the
 // output of bie_ref_x_shifted, or NULL when x is B1 (the codes are then its bits).
 void bie_ref_x_codes(const struct bie_layer_call * call, const float * xp, int8_t * a);
+
+// The +-1 values of a B1 4-D view t [d0][d1][d2][d3], dense.
+void bie_ref_bits4(const struct bie_tensor * t, int8_t * out);
 
 // Weight codes w (binary +-1, n-bit clamped integer codes), dense [O][K].
 void bie_ref_w_codes(const struct bie_layer_call * call, int8_t * w);

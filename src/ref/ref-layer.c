@@ -34,6 +34,8 @@
 //   r             = x'/scale_a (f32 division)
 //   binary: grad_x       = gx * 1{|r| <= 1}
 //           grad_scale_a = sum(grad_x * a) / sqrt(numel(x))
+//           (a B1 x saved by bie_binarize_ste: a = its bits and 1{|r| <= 1} = its x_mask, the
+//           same numbers, as its x' was binarized by the same tests)
 //   n-bit:  mid          = 1{lo <= r <= hi}
 //           grad_x       = gx * mid
 //           grad_scale_a = sum(gx * (lo*1{r < lo} + hi*1{r > hi} + mid*(rne(r) - r)))
@@ -55,6 +57,7 @@
 struct ref_ws {
     float * xp;       // x' (float x only)
     int8_t * a;       // activation codes, x-shaped
+    int8_t * mask;    // backward from saved bits: x_mask as +-1, x-shaped
     int8_t * w;       // weight codes [O][K]
     int64_t * idx;    // one patch: dense x index or -1
     int8_t * val;     // one patch: a_pad
@@ -79,6 +82,7 @@ static enum bie_status take_workspace(bie_context_t * ctx, const struct bie_laye
     struct bie_ref_arena ar = {0, false};
     const size_t o_xp = bie_ref_arena_take(&ar, float_x ? (size_t)x_numel(g) : 0, sizeof(float));
     const size_t o_a = bie_ref_arena_take(&ar, (size_t)x_numel(g), 1);
+    const size_t o_m = bie_ref_arena_take(&ar, call->x_mask.data ? (size_t)x_numel(g) : 0, 1);
     const size_t o_w = bie_ref_arena_take(&ar, (size_t)(g->O * g->K), 1);
     const size_t o_idx = bie_ref_arena_take(&ar, (size_t)g->K, sizeof(int64_t));
     const size_t o_val = bie_ref_arena_take(&ar, (size_t)g->K, 1);
@@ -96,6 +100,7 @@ static enum bie_status take_workspace(bie_context_t * ctx, const struct bie_laye
     char * b = base;
     ws->xp = float_x ? (float *)(b + o_xp) : NULL;
     ws->a = (int8_t *)(b + o_a);
+    ws->mask = call->x_mask.data ? (int8_t *)(b + o_m) : NULL;
     ws->w = (int8_t *)(b + o_w);
     ws->idx = (int64_t *)(b + o_idx);
     ws->val = (int8_t *)(b + o_val);
@@ -108,9 +113,10 @@ static enum bie_status take_workspace(bie_context_t * ctx, const struct bie_laye
     return BIE_STATUS_OK;
 }
 
-// Loads x' (float x), the activation codes and the weight codes.
+// Loads x' (float x), the activation codes, the saved STE mask (B1 x) and the weight codes.
 static void load_codes(const struct bie_layer_call * call, struct ref_ws * ws) {
     if (ws->xp) bie_ref_x_shifted(call, ws->xp);
+    if (ws->mask) bie_ref_bits4(&call->x_mask, ws->mask);
     bie_ref_x_codes(call, ws->xp, ws->a);
     bie_ref_w_codes(call, ws->w);
 }
@@ -228,11 +234,12 @@ enum bie_status bie_ref_layer_backward(bie_context_t * ctx, const struct bie_lay
     double scale_sum = 0.0;
     for (int64_t i = 0; i < nx; i++) {
         const double gxi = ws.gx[i] * (double)call->scale_w;
-        const float r = ws.xp[i] / call->scale_a; // f32 division
-        if (binary) {
-            ws.gx[i] = fabsf(r) <= 1.0f ? gxi : 0.0;
+        if (binary) { // the mask saved with a B1 x holds the same test of its x'
+            const bool pass = ws.mask ? ws.mask[i] > 0 : bie_ref_ste_passes(ws.xp[i], call->scale_a);
+            ws.gx[i] = pass ? gxi : 0.0;
             scale_sum += ws.gx[i] * ws.a[i];
         } else {
+            const float r = ws.xp[i] / call->scale_a; // f32 division
             const bool mid = r >= (float)lo && r <= (float)hi;
             ws.gx[i] = mid ? gxi : 0.0;
             const double d = r < (float)lo ? lo : r > (float)hi ? hi : mid ? (double)bie_rne(r) - (double)r : 0.0;

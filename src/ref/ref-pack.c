@@ -3,7 +3,9 @@
 //   pack   B1: bit = (v >= 0);  S4: q = clamp(rne(v / scale), -8, 7);  I8: clamp(rne(v / scale), -128, 127)
 //          (an i8 source is clamped as it is, without scale)
 //   unpack dst = value * scale, value = +-1 (B1) or the integer code (S4, I8)
-#include "bie-impl.h"
+//   binarize_ste (x [M, K]): x' = f32(x) + f32(bias_a[k]);
+//          bits = (x' >= 0);  mask = (|x' / scale_a| <= 1), f32 division;  NaN -> 0 in both
+#include "ref/ref-impl.h"
 
 #include <math.h>
 
@@ -53,5 +55,21 @@ enum bie_status bie_ref_reduce(bie_context_t * ctx, const struct bie_tensor * x,
     } while (bie_next_index(x, idx));
     *sum_abs = sa;
     *sum = s;
+    return BIE_STATUS_OK;
+}
+
+enum bie_status bie_ref_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
+                                     const struct bie_tensor * bits, const struct bie_tensor * mask) {
+    if (call->device_type != BIE_DEVICE_CPU) return BIE_DECLINED;
+    const int64_t M = call->g.batch, K = call->g.K;
+    float * xp;
+    BIE_TRY(bie_host_workspace(ctx, (size_t)(M * K) * sizeof(float), (void **)&xp));
+    bie_ref_x_shifted(call, xp);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k++) {
+            const float v = xp[m * K + k];
+            if (bits) bie_store(bits, m * bits->stride[0] + k * bits->stride[1], v >= 0.0f ? 1 : -1);
+            if (mask) bie_store(mask, m * mask->stride[0] + k * mask->stride[1], bie_ref_ste_passes(v, call->scale_a) ? 1 : -1);
+        }
     return BIE_STATUS_OK;
 }
