@@ -138,33 +138,37 @@ __device__ __forceinline__ unsigned chunk_any(const T * row, const uint8_t * pro
         return chunk_codes<MASK, false>(q, k0, K, bias, quant, s, lo, hi, codes, bin_s);
     }
 }
+// Clears the elements of grad_x's row r, chunk k0, whose bits are set in stop. A whole, 16-byte
+// aligned chunk is rewritten by 16-byte words (2-byte elements: one; f32: two); element stores
+// took 143 us for the mask of an 8192 x 4096 f16 grad_x with an eighth of x stopped (ncu, the
+// codes pass included). Out of line: inlined, it made the masked codes kernels spill.
+__device__ __noinline__ void clear_stopped(void * gx, int gdt, int64_t gx_ld, int64_t r, int64_t k0, int64_t K,
+                                           unsigned stop) {
+    const int es = gdt == BIE_DTYPE_F32 ? 4 : 2;
+    uint8_t * const p = (uint8_t *)gx + (r * gx_ld + k0) * es;
+    if (k0 + 8 > K || (uintptr_t)p % 16 != 0) {
+        for (int i = 0; stop >> i; i++)
+            if ((stop >> i) & 1u) st_dense(gx, gdt, r * gx_ld + k0 + i, 0.0f);
+        return;
+    }
+    for (int h = 0; h < es / 2; h++) {
+        uint4 v = ((const uint4 *)p)[h];
+        uint32_t * u = (uint32_t *)&v;
+#pragma unroll
+        for (int j = 0; j < 4; j++) { // word j: elements 2j, 2j + 1 (2-byte) or 4h + j (f32)
+            const uint32_t lo = es == 2 ? 2 * j : 4 * h + j;
+            u[j] &= es == 2 ? ((stop >> lo) & 1u ? 0xffff0000u : ~0u) & ((stop >> (lo + 1)) & 1u ? 0xffffu : ~0u)
+                            : ((stop >> lo) & 1u ? 0u : ~0u);
+        }
+        ((uint4 *)p)[h] = v;
+    }
+}
+
 // Zeroes the stopped elements of grad_x's row r (MASK) and stores the codes (when out is given).
 template <bool MASK>
 __device__ __forceinline__ void chunk_store(const float * q, unsigned stop, int64_t r, int64_t k0, int64_t K, int gdt,
                                             void * out, void * gx, int64_t gx_ld) {
-    if (MASK && stop) {
-        // A whole, 16-byte aligned chunk is rewritten by 16-byte words (2-byte elements: one; f32:
-        // two), its stopped elements cleared; element stores took 143 us for the mask of an
-        // 8192 x 4096 f16 grad_x with an eighth of x stopped (ncu, the codes pass included).
-        const int es = gdt == BIE_DTYPE_F32 ? 4 : 2;
-        uint8_t * const p = (uint8_t *)gx + (r * gx_ld + k0) * es;
-        if (k0 + 8 <= K && (uintptr_t)p % 16 == 0) {
-            for (int h = 0; h < es / 2; h++) {
-                uint4 v = ((const uint4 *)p)[h];
-                uint32_t * u = (uint32_t *)&v;
-#pragma unroll
-                for (int j = 0; j < 4; j++) { // word j: elements 2j, 2j + 1 (2-byte) or 4h + j (f32)
-                    const uint32_t lo = es == 2 ? 2 * j : 4 * h + j;
-                    u[j] &= es == 2 ? ((stop >> lo) & 1u ? 0xffff0000u : ~0u) & ((stop >> (lo + 1)) & 1u ? 0xffffu : ~0u)
-                                    : ((stop >> lo) & 1u ? 0u : ~0u);
-                }
-                ((uint4 *)p)[h] = v;
-            }
-        } else {
-            for (int i = 0; stop >> i; i++)
-                if ((stop >> i) & 1u) st_dense(gx, gdt, r * gx_ld + k0 + i, 0.0f);
-        }
-    }
+    if (MASK && stop) clear_stopped(gx, gdt, gx_ld, r, k0, K, stop);
     if (!out) return;
     const int64_t o = r * K + k0;
     if (k0 + 8 <= K && vec8_ok(out, gdt, o)) store8((char *)out, gdt, o, q);
