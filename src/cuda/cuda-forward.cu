@@ -111,6 +111,20 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
 // vectors (when the row is 16-byte aligned; element by element at the row's end). pack_rows reads
 // one element per lane per step and ran at ~0.4 TB/s on an H100; a first version of this kernel,
 // with a lane per 32 elements (a 64-byte stride between lanes), at ~1.1 TB/s.
+// bias_a's 8 elements from element k0 (a vector load when they are contiguous and aligned).
+__device__ __forceinline__ void bias8(const struct dview & b, int64_t k0, float * f) {
+    const int64_t st = b.stride[3];
+    if (st == 1) {
+        const float * f32 = (const float *)b.data + k0;
+        const __half * f16 = (const __half *)b.data + k0;
+        const __nv_bfloat16 * b16 = (const __nv_bfloat16 *)b.data + k0;
+        if (b.dtype == BIE_DTYPE_F32 && (uintptr_t)f32 % 16 == 0) return load8<float>(f32, f);
+        if (b.dtype == BIE_DTYPE_F16 && (uintptr_t)f16 % 16 == 0) return load8<__half>(f16, f);
+        if (b.dtype == BIE_DTYPE_BF16 && (uintptr_t)b16 % 16 == 0) return load8<__nv_bfloat16>(b16, f);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) f[e] = ld_float(b.data, b.dtype, (k0 + e) * st);
+}
 // x' of 8 elements starting at element k0 of a row (0 past K): the floats plus bias_a.
 template <typename T>
 __device__ __forceinline__ void xprime8(const pack_src & p, const T * row, int64_t k0, bool vec, float * v) {
@@ -160,7 +174,7 @@ template <> __device__ __forceinline__ uint32_t sign_bits8<__nv_bfloat16>(const 
     return sign_bits8_pairs<__nv_bfloat162>(r.u[0], __float2bfloat162_rn(0.0f));
 }
 
-// bie_binarize_ste's outputs, written by pack_contiguous_rows<T, true> (STE) instead of GEMM rows:
+// bie_binarize_ste's outputs, written by pack_contiguous_rows<T, true, BIAS> (STE) instead of GEMM rows:
 // rows of exactly K bits that start on whole bytes, `_ld` bytes apart, the sign bits in `bits` and
 // the STE's pass bits in `mask` (either NULL: not written; binary x' only). The bits of a row's
 // last byte that lie past K keep their content.
@@ -175,7 +189,46 @@ __device__ __forceinline__ void put_bits8(uint8_t * row, int64_t j, uint32_t byt
     row[j] = n >= 8 ? (uint8_t)byte : (uint8_t)((row[j] & (0xffu << n)) | (byte & ((1u << n) - 1u)));
 }
 
-template <typename T, bool STE>
+// The whole groups of a row that pack_contiguous_rows takes PU at a time: groups j, j + 32, ...
+// below j1 (a lane's share) while PU of them lie inside K; returns the first group left. Writes
+// the sign bytes (and, STE, the pass bytes) or adds their popcounts to cnt.
+template <typename T, bool STE, bool BIAS>
+__device__ __forceinline__ int64_t sign_groups(const pack_src & p, const T * src, int64_t j, int64_t j1, int64_t K,
+                                               float s, bool bin_s, uint8_t * dst, uint8_t * mdst, int & cnt) {
+    constexpr int PU = sizeof(T) == 4 ? 4 : 8;
+    for (; (j + 32 * (PU - 1)) * 8 + 8 <= K && j + 32 * (PU - 1) < j1; j += 32 * PU) {
+        raw8<T> v[PU];
+#pragma unroll
+        for (int u = 0; u < PU; u++) v[u] = raw8_load<T>(src + (j + 32 * u) * 8);
+#pragma unroll
+        for (int u = 0; u < PU; u++) {
+            float f[8];
+            uint32_t byte;
+            if constexpr (BIAS) {
+                float b[8];
+                bias8(p.bias, (j + 32 * u) * 8, b);
+                raw8_floats<T>(v[u], f);
+#pragma unroll
+                for (int e = 0; e < 8; e++) f[e] = __fadd_rn(f[e], b[e]);
+                byte = sign_bits_f32(f);
+            } else {
+                byte = sign_bits8<T>(v[u]);
+            }
+            if constexpr (STE) { // (whole groups: no bits past K)
+                put_bits8(dst, j + 32 * u, byte, 8);
+                if (!mdst) continue;
+                if constexpr (!BIAS) raw8_floats<T>(v[u], f);
+                mdst[j + 32 * u] = (uint8_t)ste_pass_bits8(f, s, bin_s);
+            } else {
+                dst[j + 32 * u] = (uint8_t)byte;
+                cnt += __popc(byte);
+            }
+        }
+    }
+    return j;
+}
+
+template <typename T, bool STE, bool BIAS>
 __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
                                      int64_t seg_groups, ste_out so) {
     griddep_launch_dependents(); // a few-rows GEMM after it starts at once (and waits for it)
@@ -196,34 +249,15 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
         uint8_t * mdst = STE && so.mask ? so.mask + row * so.mask_ld : NULL;
         int cnt = 0;
         int64_t j = j0 + lane;
-        // The common case, signs of raw vectors: PU groups a lane, their loads issued before any
-        // store (which the compiler may not move them past), so that a row is a few round trips.
-        constexpr int PU = sizeof(T) == 4 ? 4 : 8;
-        if (binary && aligned && !p.bias.data)
-            for (; (j + 32 * (PU - 1)) * 8 + 8 <= K && j + 32 * (PU - 1) < j1; j += 32 * PU) {
-                raw8<T> v[PU];
-#pragma unroll
-                for (int u = 0; u < PU; u++) v[u] = raw8_load<T>(src + (j + 32 * u) * 8);
-#pragma unroll
-                for (int u = 0; u < PU; u++) {
-                    const uint32_t byte = sign_bits8<T>(v[u]);
-                    if constexpr (STE) { // (whole groups: no bits past K)
-                        put_bits8(dst, j + 32 * u, byte, 8);
-                        if (!mdst) continue;
-                        float f[8];
-                        raw8_floats<T>(v[u], f);
-                        mdst[j + 32 * u] = (uint8_t)ste_pass_bits8(f, s, bin_s);
-                    } else {
-                        dst[j + 32 * u] = (uint8_t)byte;
-                        cnt += __popc(byte);
-                    }
-                }
-            }
+        // The common case, signs of raw vectors (with bias_a, of x' = x + bias_a): PU groups a
+        // lane, their loads issued before any store (which the compiler may not move them past),
+        // so that a row is a few round trips.
+        if (binary && aligned) j = sign_groups<T, STE, BIAS>(p, src, j, j1, K, s, bin_s, dst, mdst, cnt);
         for (; j < j1; j += 32) {
             int q[8];
             const int64_t k0 = j * 8;
             const bool vec = aligned && k0 + 8 <= K;
-            if constexpr (STE) { // the rest: bias_a, a row not 16-byte aligned, its last group
+            if constexpr (STE) { // the rest: a row not 16-byte aligned, its last groups
                 const int n = K - k0 < 8 ? (int)(K - k0) : 8;
                 float v[8];
                 xprime8<T>(p, src, k0, vec, v);
@@ -257,17 +291,22 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
     }
 }
 
+template <typename T, bool STE>
+bool launch_contiguous_as(const pack_src & p, unsigned grid, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
+                          int64_t seg, const ste_out & so, cudaStream_t stream) {
+    auto kern = pack_contiguous_rows<T, STE, false>;
+    if (p.bias.data) kern = pack_contiguous_rows<T, STE, true>;
+    kern<<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg, so);
+    return true;
+}
 template <bool STE>
 bool launch_contiguous_as(const pack_src & p, unsigned grid, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
                           int64_t seg, const ste_out & so, cudaStream_t stream) {
-    if (p.t.dtype == BIE_DTYPE_F32)
-        pack_contiguous_rows<float, STE><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg, so);
-    else if (p.t.dtype == BIE_DTYPE_F16)
-        pack_contiguous_rows<__half, STE><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg, so);
-    else if (p.t.dtype == BIE_DTYPE_BF16)
-        pack_contiguous_rows<__nv_bfloat16, STE><<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg, so);
-    else return false;
-    return true;
+    if (p.t.dtype == BIE_DTYPE_F32) return launch_contiguous_as<float, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
+    if (p.t.dtype == BIE_DTYPE_F16) return launch_contiguous_as<__half, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
+    if (p.t.dtype == BIE_DTYPE_BF16)
+        return launch_contiguous_as<__nv_bfloat16, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
+    return false;
 }
 // Launches pack_contiguous_rows for a float p.t (rows p.t.stride[0] elements apart); false for
 // other dtypes. so: bie_binarize_ste's outputs instead of the GEMM rows `out` (NULL: none).
