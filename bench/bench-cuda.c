@@ -216,7 +216,7 @@ static void print_row(const char * name, const char * shape, struct timing bie, 
     char g1[16] = "-", g2[16] = "-";
     if (bie.ms > 0) snprintf(g1, sizeof g1, "%.4f", bie.ms);
     if (base.ms > 0) snprintf(g2, sizeof g2, "%.4f", base.ms);
-    printf("%-22s %-26s bie %9.4f ms  %-13s %9.4f ms  ratio %6.2fx %8.1f TOPS | graph %s / %s, call %.4f / %.4f ms\n",
+    printf("%-28s %-26s bie %9.4f ms  %-13s %9.4f ms  ratio %6.2fx %8.1f TOPS | graph %s / %s, call %.4f / %.4f ms\n",
            name, shape, ms, base_name, base_ms, ratio, ops / (ms * 1e-3) / 1e12, g1, g2, bie.call_ms, base.call_ms);
     fflush(stdout);
 }
@@ -265,8 +265,11 @@ static struct timing time_cublas(int64_t M, int64_t N, int64_t K, int i8) {
 // --- libbie layers ------------------------------------------------------------------------------
 
 // What a linear layer's timed call does: the forward only, a training step from the float x, or a
-// training step from the bits saved by bie_binarize_ste and the weight packed once.
+// training step from the bits saved by bie_binarize_ste and the weight packed once. Options:
+// LAYER_BIAS gives the layer a bias_a; LAYER_STOPS sets scale_a to 0.5 instead of 1, so that the
+// STE stops the elements of |x| > 0.5, an eighth of dev_half_random's (none at 1).
 enum { STEP_FORWARD, STEP_TRAIN, STEP_TRAIN_SAVED_BITS };
+enum { LAYER_BIAS = 1, LAYER_STOPS = 2 };
 
 struct layer_state {
     bie_context_t * ctx;
@@ -276,6 +279,7 @@ struct layer_state {
     struct bie_tensor x[MAX_ROTATIONS], w[MAX_ROTATIONS], y[MAX_ROTATIONS], sa, sw;
     struct bie_tensor g[MAX_ROTATIONS], gx[MAX_ROTATIONS], gw[MAX_ROTATIONS]; // training step
     struct bie_tensor bits[MAX_ROTATIONS], mask[MAX_ROTATIONS], wbits[MAX_ROTATIONS]; // saved-bits step
+    struct bie_tensor bias;                                                  // bias_a, or data NULL
     int train;                                                               // STEP_*
 };
 
@@ -286,14 +290,15 @@ static void run_layer(void * st, int r) {
     struct layer_state * s = st;
     const int saved = s->train == STEP_TRAIN_SAVED_BITS;
     if (saved) {
-        BK(s->ctx, bie_binarize_ste(s->ctx, &s->x[r], NULL, &s->sa, &s->bits[r], &s->mask[r]));
+        BK(s->ctx, bie_binarize_ste(s->ctx, &s->x[r], s->bias.data ? &s->bias : NULL, &s->sa, &s->bits[r], &s->mask[r]));
         BK(s->ctx, bie_pack(s->ctx, &s->w[r], NULL, &s->wbits[r]));
     }
     const struct bie_tensor * x = saved ? &s->bits[r] : &s->x[r], * w = saved ? &s->wbits[r] : &s->w[r];
-    struct bie_forward_args a = {x, NULL, w, &s->sa, &s->sw, &s->y[r]};
+    const struct bie_tensor * bias = s->bias.data && !saved ? &s->bias : NULL;
+    struct bie_forward_args a = {x, bias, w, &s->sa, &s->sw, &s->y[r]};
     BK(s->ctx, s->conv ? bie_conv2d_forward(s->ctx, &s->cd, &a) : bie_linear_forward(s->ctx, &s->ld, &a));
     if (s->train != STEP_FORWARD) {
-        struct bie_backward_args b = {x, NULL, w, &s->sa, &s->sw, &s->g[r], &s->gx[r], &s->gw[r], NULL, NULL,
+        struct bie_backward_args b = {x, bias, w, &s->sa, &s->sw, &s->g[r], &s->gx[r], &s->gw[r], NULL, NULL,
                                       saved ? &s->mask[r] : NULL};
         BK(s->ctx, bie_linear_backward(s->ctx, &s->ld, &b));
     }
@@ -311,6 +316,7 @@ static void layer_init(struct layer_state * s, bie_context_t * ctx) {
 }
 
 static void layer_free(struct layer_state * s, int rots) {
+    cudaFree(s->bias.data);
     for (int r = 0; r < rots; r++) {
         cudaFree(s->x[r].data);
         cudaFree(s->w[r].data);
@@ -328,18 +334,18 @@ static void layer_free(struct layer_state * s, int rots) {
     }
 }
 
-// Binary or 4-bit linear: x [M, K] (xdt), weight [N, K] (wdt), y [M, N] f16; train: STEP_*, with
-// grad_y, grad_x and grad_weight f16 for the training steps (scale_a 1, except 0.5 in the saved-bits
-// step, where it stops the STE for the elements of |x| > 0.5: an eighth of dev_half_random's).
+// Binary or 4-bit linear: x [M, K] (xdt), weight [N, K] (wdt), y [M, N] f16, bias_a [K] f16 with
+// LAYER_BIAS (added to x in the packer, or in bie_binarize_ste for the saved bits); train: STEP_*,
+// with grad_y, grad_x and grad_weight f16 for the training steps; opt: LAYER_* bits.
 static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie_dtype xdt, enum bie_dtype wdt, int64_t M,
-                          int64_t N, int64_t K, int train) {
+                          int64_t N, int64_t K, int train, int opt) {
     struct layer_state s;
     layer_init(&s, ctx);
     s.ld.quant = q;
     s.ld.in_features = K;
     s.ld.out_features = N;
     s.train = train;
-    if (train == STEP_TRAIN_SAVED_BITS) s.sa.data = &g_half;
+    if (opt & LAYER_STOPS) s.sa.data = &g_half;
     const int64_t xs[2] = {M, K}, ws[2] = {N, K}, ys[2] = {M, N};
     struct bie_tensor probe;
     size_t xb, wb;
@@ -348,6 +354,8 @@ static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie
     bie_tensor_make(&probe, NULL, wdt, 2, ws);
     bie_tensor_nbytes(&probe, &wb);
     const int rots = rotations(xb + wb + (size_t)(M * N) * 2);
+    const int64_t bs[1] = {K};
+    if (opt & LAYER_BIAS) s.bias = dev_tensor(dev_half_random((size_t)K), BIE_DTYPE_F16, 1, bs);
     for (int r = 0; r < rots; r++) {
         void * xd = xdt == BIE_DTYPE_F16 ? dev_half_random((size_t)(M * K)) : dev_alloc_random(xb);
         void * wd = wdt == BIE_DTYPE_F16 ? dev_half_random((size_t)(N * K)) : dev_alloc_random(wb);
@@ -567,10 +575,13 @@ int bie_bench_cuda_main(int argc, char ** argv) {
             snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
             const double ops = 2.0 * (double)M * (double)N * (double)K;
             print_row("binary-gemm b1->f16", shape,
-                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_B1, BIE_DTYPE_B1, M, N, K, STEP_FORWARD), "cublas-fp16",
+                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_B1, BIE_DTYPE_B1, M, N, K, STEP_FORWARD, 0), "cublas-fp16",
                       base, ops);
             print_row("binary-linear f16", shape,
-                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_B1, M, N, K, STEP_FORWARD), "cublas-fp16",
+                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_B1, M, N, K, STEP_FORWARD, 0), "cublas-fp16",
+                      base, ops);
+            print_row("binary-linear f16+bias_a", shape,
+                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_B1, M, N, K, STEP_FORWARD, LAYER_BIAS), "cublas-fp16",
                       base, ops);
         }
     }
@@ -597,22 +608,24 @@ int bie_bench_cuda_main(int argc, char ** argv) {
         const int64_t M = 8192, N = 8192, K = 8192;
         const struct timing b16 = time_cublas(M, N, K, 0), b8 = time_cublas(M, N, K, 1);
         const double ops = 2.0 * (double)M * N * K;
-        const struct timing t = time_linear(ctx, BIE_QUANT_INT4, BIE_DTYPE_F16, BIE_DTYPE_S4, M, N, K, STEP_FORWARD);
+        const struct timing t = time_linear(ctx, BIE_QUANT_INT4, BIE_DTYPE_F16, BIE_DTYPE_S4, M, N, K, STEP_FORWARD, 0);
         print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-fp16", b16, ops);
         print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-int8", b8, ops);
     }
     if (want(only, "train-step")) {
+        // The step from the float x, and the same step reading x and W once: bie_binarize_ste(x) ->
+        // bits, mask (2 bits per element kept instead of x) and bie_pack(W) -> W's bits, then the
+        // forward from the bits and the backward from the bits and mask. Each with nothing stopped
+        // by the STE and with an eighth of the elements stopped (their grad_x cleared).
         const int64_t M = 8192, N = 4096, K = 4096;
         const struct timing base = time_dense_step(M, N, K);
-        const struct timing t = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K, STEP_TRAIN);
-        print_row("binary-train-step f16", "8192x4096x4096 fwd+bwd", t, "cublas-fp16x3", base, 6.0 * M * N * K);
-        // The same step reading x and W once: bie_binarize_ste(x) -> bits, mask (2 bits per element
-        // kept instead of x) and bie_pack(W) -> W's bits, then the forward from the bits, the
-        // backward from the bits and mask (scale_a 0.5, so that the STE stops an eighth of the
-        // elements).
-        const struct timing tb = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K,
-                                             STEP_TRAIN_SAVED_BITS);
-        print_row("binary-train-step bits", "8192x4096x4096 fwd+bwd", tb, "cublas-fp16x3", base, 6.0 * M * N * K);
+        const char * names[4] = {"binary-train-step f16", "binary-train-step f16 stops", "binary-train-step bits",
+                                 "binary-train-step bits stops"};
+        for (int i = 0; i < 4; i++) {
+            const struct timing t = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K,
+                                                i < 2 ? STEP_TRAIN : STEP_TRAIN_SAVED_BITS, i % 2 ? LAYER_STOPS : 0);
+            print_row(names[i], "8192x4096x4096 fwd+bwd", t, "cublas-fp16x3", base, 6.0 * M * N * K);
+        }
     }
     bie_context_destroy(ctx);
     cublasDestroy(g_blas);

@@ -344,7 +344,9 @@ static void same_as_float(const struct lcase * c, const struct operands * o, con
 // bie_binarize_ste saves on the device (bias_a NULL; no mask when only grad_weight is asked for);
 // saved == 2: grad_x alone or with grad_weight, of grad_y's dtype (its GEMM writes it, and the
 // codes pass then clears the elements the saved mask stops).
-static void test_backward(struct lcase * c, int saved) {
+// saved: x as the bits and mask of bie_binarize_ste; in_place: grad_x of grad_y's dtype and no
+// scale or bias gradient, so that the STE mask is applied to grad_x in place.
+static void test_backward(struct lcase * c, int saved, int in_place) {
     if (c->xdt == BIE_DTYPE_B1) c->xdt = BIE_DTYPE_F32;
     if (c->ydt == BIE_DTYPE_B1 || c->ydt == BIE_DTYPE_I32) c->ydt = BIE_DTYPE_F32;
     if (saved) {
@@ -372,7 +374,7 @@ static void test_backward(struct lcase * c, int saved) {
     fill_operand(&g, 1.0f, 1.0f);
     struct bie_tensor dg = cuda_mirror(&g);
     // grad_x and grad_weight of grad_y's dtype half the time: the GEMMs write those directly
-    const int same = saved == 2 || test_rand_int(0, 1);
+    const int same = in_place || test_rand_int(0, 1);
     const enum bie_dtype gxdt = same ? c->gdt : float_dts[test_rand_int(0, 2)];
     const enum bie_dtype gwdt = same ? c->gdt : float_dts[test_rand_int(0, 2)];
     const enum bie_dtype gbdt = float_dts[test_rand_int(0, 2)], gsdt = float_dts[test_rand_int(0, 2)];
@@ -395,7 +397,7 @@ static void test_backward(struct lcase * c, int saved) {
                       dgs = cuda_mirror(&gs_r);
     // which gradients are asked for: all four, grad_weight only, or grad_x with or without
     // grad_weight (with neither scale nor bias gradient the STE mask is applied in place)
-    const int want = saved == 2 ? (int)test_rand_int(1, 2) : (int)test_rand_int(0, 5), only_w = want == 0, no_sums = want == 1 || want == 2;
+    const int want = in_place ? (int)test_rand_int(1, 2) : (int)test_rand_int(0, 5), only_w = want == 0, no_sums = want == 1 || want == 2;
     struct bie_backward_args ar = {&o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &g, &gx_r, &gw_r, &gs_r, &gb_r, NULL};
     struct bie_backward_args ac = {&o.dx, c->bias ? &o.dbias : NULL, &o.dw, &o.dsa, &o.dsw, &dg,
                                    only_w ? NULL : &dgx, want == 2 ? NULL : &dgw, only_w || no_sums ? NULL : &dgs,
@@ -674,12 +676,12 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < n / 2; i++) {
         struct lcase c;
         random_case(&c, 0);
-        test_backward(&c, 0);
+        test_backward(&c, 0, 0);
     }
     for (int i = 0; i < (cuda_test_quick() ? 1 : 6); i++) { // larger convolutions: several tiles of the STE pass
         struct lcase c;
         random_case(&c, i % 2 ? 2 : 3);
-        test_backward(&c, 0);
+        test_backward(&c, 0, 0);
     }
     // the backward from the bits that bie_binarize_ste saves
     for (int i = 0; i < n / 2; i++) test_binarize(0);
@@ -688,21 +690,28 @@ int main(int argc, char ** argv) {
         struct lcase c;
         do random_case(&c, 0);
         while (c.conv);
-        test_backward(&c, 1);
+        test_backward(&c, 1, 0);
     }
     for (int i = 0; i < (cuda_test_quick() ? 1 : 4); i++) { // wide rows: the warp-per-row passes
         struct lcase c;
         do random_case(&c, 0);
         while (c.conv);
         c.C = c.ld.in_features = c.cd.in_channels = test_rand_int(256, 2600);
-        test_backward(&c, 1);
+        test_backward(&c, 1, 0);
     }
     for (int i = 0; i < (cuda_test_quick() ? 2 : 6); i++) { // grad_x masked in place, by whole 16-byte chunks
         struct lcase c;
         do random_case(&c, 0);
         while (c.conv);
         c.C = c.ld.in_features = c.cd.in_channels = 128 * test_rand_int(1, 12);
-        test_backward(&c, 2);
+        test_backward(&c, 1, 1);
+    }
+    for (int i = 0; i < (cuda_test_quick() ? 2 : 6); i++) { // the same from the float x
+        struct lcase c;
+        do random_case(&c, 0);
+        while (c.conv);
+        c.C = c.ld.in_features = c.cd.in_channels = 128 * test_rand_int(1, 12);
+        test_backward(&c, 0, 1);
     }
     for (int i = 0; i < 3; i++) test_saved_layouts();
     test_stream();
