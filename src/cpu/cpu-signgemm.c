@@ -21,6 +21,8 @@ void cpu_signgemm_idx(const struct cpu_kernels * kern, const struct bie_tensor *
                       int64_t s0, int64_t s1, const float * bias, int threads, uint32_t * idx) {
     const size_t ids = cpu_signgemm_ids(K);
     const bool fast = t->dtype == BIE_DTYPE_F32 && s1 == 1;
+    // a B1 t (saved bits: bias_a is already in them, the bias here is zero) in rows of whole bytes
+    const bool bits = t->dtype == BIE_DTYPE_B1 && s1 == 1 && s0 % 8 == 0;
     const int64_t blocks = (J + 31) / 32;
 #pragma omp parallel for num_threads(threads)
     for (int64_t jb = 0; jb < blocks; jb++) { // one thread per block of 32 rows: no shared words
@@ -30,6 +32,11 @@ void cpu_signgemm_idx(const struct cpu_kernels * kern, const struct bie_tensor *
             const int bit = (int)(j % 32);
             if (fast) {
                 kern->sign_idx((const float *)t->data + j * s0, bias, K, bit, d);
+                continue;
+            }
+            if (bits) {
+                const uint8_t * r = (const uint8_t *)t->data + j * s0 / 8;
+                for (int64_t k = 0; k < K; k++) d[k] |= (uint32_t)((r[k >> 3] >> (k & 7)) & 1u) << bit;
                 continue;
             }
             for (int64_t k = 0; k < K; k++)
