@@ -23,7 +23,7 @@ from ._lib import BieError, QUANT_BINARY, QUANT_INT4, QUANT_INT8, PAD_ZERO, PAD_
 
 __all__ = [
     "BieError", "QUANT_BINARY", "QUANT_INT4", "QUANT_INT8", "PAD_ZERO", "PAD_MINUS_ONE", "PAD_PLUS_ONE",
-    "linear_forward", "linear_backward", "conv2d_forward", "conv2d_backward", "conv2d_output_size",
+    "linear_forward", "linear_backward", "binarize_ste", "conv2d_forward", "conv2d_backward", "conv2d_output_size",
     "pack_weight", "unpack_weight", "packed_shape", "quantize_int8", "activation_scale_init",
     "weight_scale_init", "weight_to_latent_int8",
 ]
@@ -246,36 +246,81 @@ def _common(x, bias_a, scale_a, scale_w):
 
 
 def _fwd_args(x, bias_a, weight_v, scale_a, scale_w, y):
-    keep = [_view(x), _view(bias_a) if bias_a is not None else None, weight_v, _view(scale_a),
-            _view(scale_w), _view(y)]
+    keep = [x if isinstance(x, _lib.Tensor) else _view(x), _view(bias_a) if bias_a is not None else None, weight_v,
+            _view(scale_a), _view(scale_w), _view(y)]
     args = _lib.ForwardArgs(*[_ptr(v) for v in keep])
     return args, keep
 
 
-def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=None):
+def _x_operand(quant, x, bias_a, scale_a, scale_w, in_features):
+    """(rows of x as [M, K], their libbie view, K) for a float x [..., K], or for the sign bits of
+    binarize_ste (uint8 [..., ceil(K/8)], in_features = K: binary layers, bias_a already applied)."""
+    if in_features is None:
+        _common(x, bias_a, scale_a, scale_w)
+        k = x.shape[-1]
+        x2 = x.detach().reshape(-1, k)
+        return x2, _view(x2), k
+    if quant != QUANT_BINARY or x.dtype != torch.uint8:
+        raise TypeError("bie: saved bits (in_features given) are a uint8 x of a binary layer")
+    if bias_a is not None:
+        raise ValueError("bie: saved bits already hold bias_a (binarize_ste added it); pass bias_a=None")
+    k = int(in_features)
+    if x.shape[-1] != -(-k // 8):
+        raise ValueError(f"bie: saved bits have rows of {x.shape[-1]} bytes, {k} features need {-(-k // 8)}")
+    _scalar(scale_a, "scale_a")
+    _scalar(scale_w, "scale_w")
+    x2 = x.detach().reshape(-1, x.shape[-1])
+    return x2, _packed_view(QUANT_BINARY, x2, (x2.shape[0], k)), k
+
+
+def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=None, in_features=None):
     """y[..., N] = scale_a*scale_w * (a . w^T), a = codes of x + bias_a (libbie's linear forward).
-    `out_dtype` (default x.dtype) may be a float dtype or torch.int32 (the raw accumulation)."""
-    _common(x, bias_a, scale_a, scale_w)
-    k = x.shape[-1]
+    `out_dtype` (default x.dtype) may be a float dtype or torch.int32 (the raw accumulation).
+    A binary layer takes the sign bits of binarize_ste for x with in_features = K (out_dtype then
+    defaults to float32)."""
+    x2, xv, k = _x_operand(quant, x, bias_a, scale_a, scale_w, in_features)
     n = weight.shape[0]
-    x2 = x.detach().reshape(-1, k)
-    y = torch.empty((x2.shape[0], n), dtype=out_dtype or x.dtype, device=x.device)
+    y = torch.empty((x2.shape[0], n), dtype=out_dtype or (x.dtype if in_features is None else torch.float32),
+                    device=x.device)
     if x2.shape[0] == 0:
         return y.reshape(*x.shape[:-1], n)
     wv = _weight_view(quant, weight.detach(), (n, k))
     desc = _lib.LinearDesc(int(quant), k, n)
-    args, keep = _fwd_args(x2, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
+    args, keep = _fwd_args(xv, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
                            scale_w.detach(), y)
     _Call(x)("bie_linear_forward", ctypes.byref(desc), ctypes.byref(args))
-    del keep
+    del keep, x2
     return y.reshape(*x.shape[:-1], n)
 
 
-def _grad_outputs(x_like, weight, shape_w, scale_a, bias_a, needs, grad_weight_dtype):
-    gx = torch.empty(x_like.shape, dtype=x_like.dtype, device=x_like.device) if needs[0] else None
+def binarize_ste(x, scale_a, bias_a=None):
+    """libbie's bie_binarize_ste: what a binary linear layer's training needs of x [..., K], in 2
+    bits per element. Returns (bits, mask), uint8 [..., ceil(K/8)], element k of a row in bit k % 8
+    of byte k // 8 (least-significant first): bits holds x' >= 0 and mask the STE's pass bit
+    |x'| <= scale_a, x' = x + bias_a. linear_forward takes bits for x (in_features=K, bias_a=None),
+    linear_backward bits and mask (x_mask), with the results of the float x."""
+    _check_float(x, "x")
+    _scalar(scale_a, "scale_a")
+    if bias_a is not None:
+        _check_float(bias_a, "bias_a")
+    k = x.shape[-1]
+    x2 = x.detach().reshape(-1, k)
+    kb = -(-k // 8)
+    bits = torch.empty((x2.shape[0], kb), dtype=torch.uint8, device=x.device)
+    mask = torch.empty_like(bits)
+    if x2.shape[0]:
+        keep = [_view(x2), _view(bias_a.detach()) if bias_a is not None else None, _view(scale_a.detach()),
+                _packed_view(QUANT_BINARY, bits, (x2.shape[0], k)), _packed_view(QUANT_BINARY, mask, (x2.shape[0], k))]
+        _Call(x)("bie_binarize_ste", *[_ptr(v) for v in keep])
+        del keep
+    return bits.reshape(*x.shape[:-1], kb), mask.reshape(*x.shape[:-1], kb)
+
+
+def _grad_outputs(x_shape, x_dtype, device, weight, shape_w, scale_a, bias_a, needs, grad_weight_dtype):
+    gx = torch.empty(x_shape, dtype=x_dtype, device=device) if needs[0] else None
     if needs[1]:
         gdt = grad_weight_dtype or (weight.dtype if weight.dtype in _FLOATS else torch.float32)
-        gw = torch.empty(tuple(shape_w), dtype=gdt, device=x_like.device)
+        gw = torch.empty(tuple(shape_w), dtype=gdt, device=device)
     else:
         gw = None
     gs = torch.empty_like(scale_a, dtype=scale_a.dtype) if needs[2] else None
@@ -283,24 +328,39 @@ def _grad_outputs(x_like, weight, shape_w, scale_a, bias_a, needs, grad_weight_d
     return gx, gw, gs, gb
 
 
-def _bwd_args(x, bias_a, weight_v, scale_a, scale_w, grad_y, gx, gw, gs, gb):
-    keep = [_view(x), _view(bias_a) if bias_a is not None else None, weight_v, _view(scale_a), _view(scale_w),
-            _view(grad_y)] + [_view(t) if t is not None else None for t in (gx, gw, gs, gb)]
+def _bwd_args(x, bias_a, weight_v, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_mask=None):
+    keep = [x if isinstance(x, _lib.Tensor) else _view(x), _view(bias_a) if bias_a is not None else None, weight_v,
+            _view(scale_a), _view(scale_w), _view(grad_y)] + [_view(t) if t is not None else None
+                                                               for t in (gx, gw, gs, gb)] + [x_mask]
     return _lib.BackwardArgs(*[_ptr(v) for v in keep]), keep
 
 
 def linear_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, needs=(True, True, True, True),
-                    grad_weight_dtype=None):
+                    grad_weight_dtype=None, x_mask=None, in_features=None, grad_x_dtype=None):
     """Straight-through backward of linear_forward. Returns (grad_x, grad_weight, grad_scale_a,
     grad_bias_a); an entry is None where `needs` says so. grad_weight is float (weight's dtype for a
-    float weight, float32 otherwise unless grad_weight_dtype is given)."""
-    _common(x, bias_a, scale_a, scale_w)
+    float weight, float32 otherwise unless grad_weight_dtype is given).
+    From saved bits (a binary layer): x and x_mask are binarize_ste's bits and mask, in_features = K,
+    grad_x of grad_x_dtype (default float32); bias_a, if given, only sets grad_bias_a's shape and
+    dtype (the bits already hold it), and every gradient is the float x's."""
+    saved = in_features is not None
+    x2, xv, k = _x_operand(quant, x, None if saved else bias_a, scale_a, scale_w, in_features)
+    if saved:
+        if bias_a is not None:
+            _check_float(bias_a, "bias_a")
+        mv = None
+        if x_mask is not None:
+            if x_mask.dtype != torch.uint8 or x_mask.shape != x.shape:
+                raise ValueError(f"bie: x_mask must be uint8 of the bits' shape {tuple(x.shape)}")
+            m2 = x_mask.detach().reshape(-1, x.shape[-1])
+            mv = _packed_view(QUANT_BINARY, m2, (m2.shape[0], k))
+    elif x_mask is not None:
+        raise ValueError("bie: x_mask goes with saved bits (in_features)")
     _check_float(grad_y, "grad_y")
-    k = x.shape[-1]
     n = weight.shape[0]
-    x2 = x.detach().reshape(-1, k)
     g2 = grad_y.reshape(-1, n)
-    gx, gw, gs, gb = _grad_outputs(x2, weight, (n, k), scale_a, bias_a, needs, grad_weight_dtype)
+    gx, gw, gs, gb = _grad_outputs((x2.shape[0], k), (grad_x_dtype or torch.float32) if saved else x2.dtype, x.device,
+                                   weight, (n, k), scale_a, bias_a, needs, grad_weight_dtype)
     if x2.shape[0] == 0:
         if gw is not None:
             gw.zero_()
@@ -311,12 +371,12 @@ def linear_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, nee
     else:
         wv = _weight_view(quant, weight.detach(), (n, k))
         desc = _lib.LinearDesc(int(quant), k, n)
-        args, keep = _bwd_args(x2, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
-                               scale_w.detach(), g2, gx, gw, gs, gb)
+        args, keep = _bwd_args(xv, None if bias_a is None or saved else bias_a.detach(), wv, scale_a.detach(),
+                               scale_w.detach(), g2, gx, gw, gs, gb, mv if saved else None)
         _Call(x)("bie_linear_backward", ctypes.byref(desc), ctypes.byref(args))
         del keep
     if gx is not None:
-        gx = gx.reshape(x.shape)
+        gx = gx.reshape(*x.shape[:-1], k)
     return gx, gw, gs, gb
 
 
@@ -396,7 +456,8 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
     _check_float(grad_y, "grad_y")
     shape_w = _conv_weight_shape(x, weight, kernel_size)
     xd = x.detach()
-    gx, gw, gs, gb = _grad_outputs(xd, weight, shape_w, scale_a, bias_a, needs, grad_weight_dtype)
+    gx, gw, gs, gb = _grad_outputs(xd.shape, xd.dtype, xd.device, weight, shape_w, scale_a, bias_a, needs,
+                                   grad_weight_dtype)
     if gx is not None:
         gx = torch.empty_like(xd)  # same strides as x (channels-last stays channels-last)
     if x.shape[0] == 0:

@@ -230,3 +230,54 @@ def test_cuda_tensor_without_cuda_backend():
     x = torch.randn(3, 8, device="cuda")
     with pytest.raises(bie.BieError, match="without the CUDA backend"):
         F.linear_forward(bie.QUANT_BINARY, x, torch.randn(4, 8, device="cuda"), torch.tensor(1.0), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("lead,k,n", [((7,), 300, 19), ((2, 3), 64, 5), ((1,), 9, 4)])
+def test_saved_bits_give_the_float_results(device, lead, k, n):
+    """binarize_ste's bits and mask: the bits are x' >= 0 and the mask |x'| <= scale_a, and the
+    forward from the bits and the backward from bits and mask give the float x's results to the bit."""
+    dtypes = [torch.float32, torch.bfloat16] + ([torch.float16] if device.type == "cuda" else [])
+    for dtype in dtypes:
+        x = torch.randn(*lead, k, device=device).to(dtype)
+        x.view(-1)[:3] = torch.tensor([0.0, -0.0, float("nan")], dtype=dtype)
+        w = torch.randn(n, k, device=device).to(dtype)
+        bias = (torch.randn(k, device=device) * 0.3).to(dtype)
+        sa, sw = torch.tensor(0.8, device=device), torch.tensor(1.3, device=device)
+        for b in (bias, None):
+            bits, mask = F.binarize_ste(x, sa, b)
+            assert bits.dtype == torch.uint8 and bits.shape == (*lead, (k + 7) // 8) and mask.shape == bits.shape
+            xp = x.float() + (b.float() if b is not None else 0)
+            weights = 1 << torch.arange(8, device=device)
+            unpack = lambda t: ((t.long().unsqueeze(-1) & weights) != 0).flatten(-2)[..., :k]  # noqa: E731
+            assert torch.equal(unpack(bits), xp >= 0), dtype
+            assert torch.equal(unpack(mask), xp.abs() <= 0.8), dtype
+            y = F.linear_forward(bie.QUANT_BINARY, x, w, sa, sw, b)
+            yb = F.linear_forward(bie.QUANT_BINARY, bits, w, sa, sw, out_dtype=dtype, in_features=k)
+            assert torch.equal(y, yb), dtype
+            g = torch.randn_like(y)
+            want = F.linear_backward(bie.QUANT_BINARY, x, w, sa, sw, g, b)
+            got = F.linear_backward(bie.QUANT_BINARY, bits, w, sa, sw, g, b, x_mask=mask, in_features=k,
+                                    grad_x_dtype=dtype)
+            for gt, wt, name in zip(got, want, ("x", "weight", "scale_a", "bias_a")):
+                assert (gt is None) == (wt is None) and (gt is None or torch.equal(gt, wt)), f"{name} {dtype} {b is None}"
+
+
+def test_saved_bits_bad_input():
+    x = torch.randn(4, 20)
+    w = torch.randn(3, 20)
+    one = torch.tensor(1.0)
+    bits, mask = F.binarize_ste(x, one)
+    with pytest.raises(ValueError, match="bias_a"):
+        F.linear_forward(bie.QUANT_BINARY, bits, w, one, one, torch.zeros(20), in_features=20)
+    with pytest.raises(ValueError, match="bytes"):
+        F.linear_forward(bie.QUANT_BINARY, bits, w, one, one, in_features=30)
+    with pytest.raises(TypeError, match="binary"):
+        F.linear_forward(bie.QUANT_INT4, bits, w, one, one, in_features=20)
+    with pytest.raises(ValueError, match="x_mask"):
+        F.linear_backward(bie.QUANT_BINARY, bits, w, one, one, torch.randn(4, 3), x_mask=mask[:2], in_features=20)
+    with pytest.raises(ValueError, match="x_mask"):
+        F.linear_backward(bie.QUANT_BINARY, x, w, one, one, torch.randn(4, 3), x_mask=mask)
+    with pytest.raises(bie.BieError, match="x_mask"):  # libbie's rule: grad_x from bits needs the mask
+        F.linear_backward(bie.QUANT_BINARY, bits, w, one, one, torch.randn(4, 3), in_features=20)
+    with pytest.raises(TypeError):
+        F.binarize_ste(x.double(), one)

@@ -214,10 +214,12 @@ def test_small_model_loss_falls(kind):
 
 
 @pytest.mark.parametrize("cls", LINEARS + CONVS)
-def test_cuda_no_host_sync_and_side_stream(cls):
+def test_cuda_no_host_sync_and_side_stream(cls, monkeypatch):
     """On a CUDA device, after the one-off set-up (scale_a from the first batch, the packed weight),
     training and eval calls make no host synchronisation that PyTorch can see, and calls on a side
-    stream give the default stream's results."""
+    stream give the default stream's results (a binary linear layer from saved bits, whatever the
+    input's size)."""
+    monkeypatch.setattr(bie.autograd, "SAVED_BITS_MIN", 0)
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     if not bie.cuda_available():
@@ -259,3 +261,24 @@ def test_bitorch_engine_style_checkpoint():
     fresh.load_state_dict(sd)
     assert fresh.weight.dtype == torch.int8
     assert torch.equal(fresh(x), y)
+
+
+def test_binary_linear_trains_from_saved_bits(device, monkeypatch):
+    """BinaryLinear in training keeps binarize_ste's 2 bits per element of its input (from
+    SAVED_BITS_MIN elements on), with the outputs and gradients of the float input to the bit."""
+    dtypes = [torch.float32, torch.bfloat16] + ([torch.float16] if device.type == "cuda" else [])
+    for dtype in dtypes:
+        m, x = make(bie.BinaryLinear, device, dtype)
+        results = []
+        for threshold in (0, 1 << 62):
+            monkeypatch.setattr(bie.autograd, "SAVED_BITS_MIN", threshold)
+            m.zero_grad()
+            xr = x.clone().requires_grad_()
+            y = m(xr)
+            saved = y.grad_fn.saved_tensors[0] if threshold == 0 else None
+            y.backward(torch.ones_like(y))
+            results.append([y.detach(), xr.grad, m.weight.grad.clone(), m.scale_a.grad.clone(), m.bias_a.grad.clone()])
+            if threshold == 0:
+                assert saved.dtype == torch.uint8 and saved.shape == (*x.shape[:-1], (x.shape[-1] + 7) // 8)
+        for a, b, name in zip(*results, ("y", "x", "weight", "scale_a", "bias_a")):
+            assert torch.equal(a, b), f"{name} {dtype}"
