@@ -510,8 +510,10 @@ void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dvie
 // slab's column sums to colpart[slab index][c] (finished by colpart_sums). T = sbits: x is saved
 // sign bits and xm the saved mask, both in rows that start on whole bytes (a byte of each per
 // thread and row), and each element's gradient and term are those of the x' they came from.
+// Three blocks a multiprocessor: unbounded, the float instances took 136-139 registers, one block
+// of eight warps a multiprocessor (at four blocks they spill).
 template <typename T>
-__global__ void ste_rows(struct dview x, struct dview xm, struct dview bias, int64_t rows, int64_t C, int64_t slab,
+__global__ void __launch_bounds__(256, 3) ste_rows(struct dview x, struct dview xm, struct dview bias, int64_t rows, int64_t C, int64_t slab,
                          int quant, struct dscale sa, struct dscale sw, const float * dcol, struct dview gx_out,
                          int write_gx, double * colpart, double * term_sum) {
     const float s_a = ld_scale(sa), s_w = ld_scale(sw);
