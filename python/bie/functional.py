@@ -23,8 +23,8 @@ from ._lib import BieError, QUANT_BINARY, QUANT_INT4, QUANT_INT8, PAD_ZERO, PAD_
 
 __all__ = [
     "BieError", "QUANT_BINARY", "QUANT_INT4", "QUANT_INT8", "PAD_ZERO", "PAD_MINUS_ONE", "PAD_PLUS_ONE",
-    "linear_forward", "linear_backward", "binarize_ste", "conv2d_forward", "conv2d_backward", "conv2d_output_size",
-    "pack_weight", "unpack_weight", "packed_shape", "quantize_int8", "activation_scale_init",
+    "linear_forward", "linear_backward", "binarize_ste", "conv2d_forward", "conv2d_backward",
+    "conv2d_output_size", "pack_weight", "unpack_weight", "packed_shape", "quantize_int8", "activation_scale_init",
     "weight_scale_init", "weight_to_latent_int8",
 ]
 

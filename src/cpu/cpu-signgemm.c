@@ -21,7 +21,8 @@ void cpu_signgemm_idx(const struct cpu_kernels * kern, const struct bie_tensor *
                       int64_t s0, int64_t s1, const float * bias, int threads, uint32_t * idx) {
     const size_t ids = cpu_signgemm_ids(K);
     const bool fast = t->dtype == BIE_DTYPE_F32 && s1 == 1;
-    // a B1 t (saved bits: bias_a is already in them, the bias here is zero) in rows of whole bytes
+    // a B1 t in rows of whole bytes: a packed weight, or saved bits of x (bias_a is in them; the
+    // bias here is then zero)
     const bool bits = t->dtype == BIE_DTYPE_B1 && s1 == 1 && s0 % 8 == 0;
     const int64_t blocks = (J + 31) / 32;
 #pragma omp parallel for num_threads(threads)
