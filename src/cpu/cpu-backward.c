@@ -249,25 +249,21 @@ static const float * ste_row(const struct bwd * b, int64_t n, float * row) {
     const struct bie_layer_call * c = b->c;
     const int64_t * xs = c->x.stride;
     const int64_t * ms = c->x_mask.stride;
-    if (c->x_mask.data && xs[1] == 1 && ms[1] == 1 && (n * xs[0]) % 8 == 0 && (n * ms[0]) % 8 == 0) {
-        // rows of saved bits that start on whole bytes: by bytes (index: sign bit * 2 + pass bit)
-        const float value[4] = {-INFINITY, -c->scale_a, INFINITY, 0.0f};
+    if (!c->x_mask.data) {
+        for (int64_t ch = 0; ch < b->g->C; ch++) row[ch] = x_prime(b, n * xs[0] + ch * xs[1], ch);
+        return row;
+    }
+    const float value[4] = {-INFINITY, -c->scale_a, INFINITY, 0.0f}; // [sign bit * 2 + pass bit]
+    if (xs[1] == 1 && ms[1] == 1 && (n * xs[0]) % 8 == 0 && (n * ms[0]) % 8 == 0) { // rows on whole bytes
         const uint8_t * sb = (const uint8_t *)c->x.data + n * xs[0] / 8;
         const uint8_t * pb = (const uint8_t *)c->x_mask.data + n * ms[0] / 8;
         for (int64_t ch = 0; ch < b->g->C; ch++)
             row[ch] = value[((sb[ch >> 3] >> (ch & 7)) & 1u) * 2 + ((pb[ch >> 3] >> (ch & 7)) & 1u)];
         return row;
     }
-    for (int64_t ch = 0; ch < b->g->C; ch++) {
-        const int64_t off = n * xs[0] + ch * xs[1];
-        if (!c->x_mask.data) {
-            row[ch] = x_prime(b, off, ch);
-            continue;
-        }
-        const bool sign = cpu_load(&c->x, off) > 0.0f;
-        const bool pass = cpu_load(&c->x_mask, n * c->x_mask.stride[0] + ch * c->x_mask.stride[1]) > 0.0f;
-        row[ch] = sign ? (pass ? 0.0f : INFINITY) : (pass ? -c->scale_a : -INFINITY);
-    }
+    for (int64_t ch = 0; ch < b->g->C; ch++)
+        row[ch] = value[(cpu_load(&c->x, n * xs[0] + ch * xs[1]) > 0.0f) * 2 +
+                        (cpu_load(&c->x_mask, n * ms[0] + ch * ms[1]) > 0.0f)];
     return row;
 }
 

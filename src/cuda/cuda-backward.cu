@@ -102,8 +102,7 @@ __device__ __forceinline__ unsigned chunk_codes(float * q, int64_t k0, int64_t K
     unsigned stop = 0;
     if (MASK) {
         if (bin_s)
-#pragma unroll
-            for (int i = 0; i < 8; i++) stop |= fabsf(q[i]) <= s ? 0u : 1u << i;
+            stop = ~ste_pass_bits8(q, s, true) & 0xffu;
         else
 #pragma unroll
             for (int i = 0; i < 8; i++) stop |= ste_passes(q[i], s, quant, lo, hi) ? 0u : 1u << i;
@@ -513,9 +512,10 @@ void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dvie
 // Three blocks a multiprocessor: unbounded, the float instances took 136-139 registers, one block
 // of eight warps a multiprocessor (at four blocks they spill).
 template <typename T>
-__global__ void __launch_bounds__(256, 3) ste_rows(struct dview x, struct dview xm, struct dview bias, int64_t rows, int64_t C, int64_t slab,
-                         int quant, struct dscale sa, struct dscale sw, const float * dcol, struct dview gx_out,
-                         int write_gx, double * colpart, double * term_sum) {
+__global__ void __launch_bounds__(256, 3)
+    ste_rows(struct dview x, struct dview xm, struct dview bias, int64_t rows, int64_t C, int64_t slab, int quant,
+             struct dscale sa, struct dscale sw, const float * dcol, struct dview gx_out, int write_gx,
+             double * colpart, double * term_sum) {
     const float s_a = ld_scale(sa), s_w = ld_scale(sw);
     const int lo = qlo(quant), hi = qhi(quant);
     const int64_t c0 = ((int64_t)blockIdx.x * 32 + threadIdx.x) * 8;

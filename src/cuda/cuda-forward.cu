@@ -292,21 +292,23 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
 }
 
 template <typename T, bool STE>
-bool launch_contiguous_as(const pack_src & p, unsigned grid, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
-                          int64_t seg, const ste_out & so, cudaStream_t stream) {
-    auto kern = pack_contiguous_rows<T, STE, false>;
-    if (p.bias.data) kern = pack_contiguous_rows<T, STE, true>;
+void launch_contiguous_kernel(const pack_src & p, unsigned grid, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
+                              int64_t seg, const ste_out & so, cudaStream_t stream) {
+    auto kern = p.bias.data ? pack_contiguous_rows<T, STE, true> : pack_contiguous_rows<T, STE, false>;
     kern<<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg, so);
-    return true;
 }
 template <bool STE>
 bool launch_contiguous_as(const pack_src & p, unsigned grid, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
                           int64_t seg, const ste_out & so, cudaStream_t stream) {
-    if (p.t.dtype == BIE_DTYPE_F32) return launch_contiguous_as<float, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
-    if (p.t.dtype == BIE_DTYPE_F16) return launch_contiguous_as<__half, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
-    if (p.t.dtype == BIE_DTYPE_BF16)
-        return launch_contiguous_as<__nv_bfloat16, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
-    return false;
+    if (p.t.dtype == BIE_DTYPE_F32)
+        launch_contiguous_kernel<float, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
+    else if (p.t.dtype == BIE_DTYPE_F16)
+        launch_contiguous_kernel<__half, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
+    else if (p.t.dtype == BIE_DTYPE_BF16)
+        launch_contiguous_kernel<__nv_bfloat16, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
+    else
+        return false;
+    return true;
 }
 // Launches pack_contiguous_rows for a float p.t (rows p.t.stride[0] elements apart); false for
 // other dtypes. so: bie_binarize_ste's outputs instead of the GEMM rows `out` (NULL: none).
