@@ -328,6 +328,13 @@ struct acc_dump {
     }
 };
 
+// This thread's two column terms of column group i (DOT_BIAS - 2 popc(w), from the tile's colterm
+// in shared memory; a zero-padded conv (TAPS) reads its own from ep.colcls instead, and n-bit
+// GEMMs have none).
+template <bool BINARY, bool TAPS> __device__ __forceinline__ int2 col_pair(const int * colterm, int i) {
+    return !BINARY || TAPS ? make_int2(0, 0) : *(const int2 *)(colterm + 8 * i + 2 * (threadIdx.x % 4));
+}
+
 // The exact results of this thread's two columns 8i + 2(lane%4) + {0, 1} in fragment row h, as
 // floats (binary: the dot products, from the column terms DOT_BIAS - 2 popc(w) and the row's rowf
 // = K - 2 popc(x) - DOT_BIAS_F; n-bit: the accumulators, rounded to float). The column terms come
@@ -335,13 +342,12 @@ struct acc_dump {
 // ep.colcls of the row's border class (which adds back the taps outside the image): border is
 // then that row's offset, class * colcls_ld + the tile's first column.
 template <bool BINARY, bool TAPS, class D>
-__device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const D & d, const int * colterm, int i,
-                                                int h, float rowf, int border) {
+__device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const D & d, int2 ctc, int i, int h,
+                                                float rowf, int border) {
     const int2 a = d.pair(i, h);
     if (!BINARY) return make_float2(__int2float_rn(a.x), __int2float_rn(a.y));
     const int lane = threadIdx.x % 32;
-    const int2 ct = TAPS ? __ldg((const int2 *)(ep.colcls + border + 8 * i + 2 * (lane % 4)))
-                         : *(const int2 *)(colterm + 8 * i + 2 * (lane % 4));
+    const int2 ct = TAPS ? __ldg((const int2 *)(ep.colcls + border + 8 * i + 2 * (lane % 4))) : ctc;
     const int v0 = 4 * a.x + ct.x, v1 = 4 * a.y + ct.y;
     return make_float2(__fadd_rn(__int_as_float(v0), rowf), __fadd_rn(__int_as_float(v1), rowf));
 }
@@ -371,7 +377,9 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const ac
             uint32_t word = 0;
 #pragma unroll
             for (int q = 0; q < 4; q++) {
-                const float2 v = fragment_pair<BINARY, TAPS>(ep, d, colterm, 4 * w4 + q, h, rowf[h], rowborder[h]);
+                const int i = 4 * w4 + q;
+                const float2 v =
+                    fragment_pair<BINARY, TAPS>(ep, d, col_pair<BINARY, TAPS>(colterm, i), i, h, rowf[h], rowborder[h]);
                 word |= ((v.x >= 0.0f ? 1u : 0u) | (v.y >= 0.0f ? 2u : 0u)) << (8 * q + 2 * t);
             }
             word |= __shfl_xor_sync(0xffffffffu, word, 1);
@@ -417,10 +425,28 @@ __device__ __forceinline__ void epilogue_elements(const gemm_epilogue & ep, cons
 
 // The finished value of this thread's two columns of column group i in fragment row h, scaled.
 template <bool BINARY, bool TAPS, class D>
-__device__ __forceinline__ float2 scaled_pair(const gemm_epilogue & ep, const D & d, const int * colterm, int i, int h,
-                                              float scale, float rowf, int border) {
-    const float2 r = fragment_pair<BINARY, TAPS>(ep, d, colterm, i, h, rowf, border);
+__device__ __forceinline__ float2 scaled_pair(const gemm_epilogue & ep, const D & d, int2 ct, int i, int h, float scale,
+                                              float rowf, int border) {
+    const float2 r = fragment_pair<BINARY, TAPS>(ep, d, ct, i, h, rowf, border);
     return make_float2(__fmul_rn(r.x, scale), __fmul_rn(r.y, scale));
+}
+
+// Two adjacent values rounded to a 16-bit T, as the bits of a T pair.
+template <typename T> __device__ __forceinline__ uint32_t pack2(float2 v) {
+    if constexpr (std::is_same<T, __half>::value) {
+        const __half2 h = __floats2half2_rn(v.x, v.y);
+        return *(const uint32_t *)&h;
+    } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(v.x, v.y);
+        return *(const uint32_t *)&h;
+    }
+}
+// Stores four 8 x 8 matrices of 16-bit values from their mma fragments (r_i: matrix i's) to the
+// row addresses that lanes 8i .. 8i + 7 give.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
 }
 
 // Two adjacent values of a 16-row, 128-byte-wide stage in the 128-byte swizzle (16-byte unit u of
@@ -431,35 +457,117 @@ template <typename T> __device__ __forceinline__ void stage_pair(uint8_t * rows,
     store_pair<T>((T *)(rows + row * 128 + (((b >> 4) ^ (row & 7)) << 4) + (b & 15)), v.x, v.y);
 }
 
-// One chunk of the FAST epilogue with a y map (see epilogue()): the warp's 16 rows from mw
-// (fragment rows h = 0, 1: rowf[h] and border[h] are their terms) of column chunk c (128 bytes of
-// y), staged in `stage` (2 KB, 1024-byte aligned, rows 8h .. 8h + 7 in half h) once the warp's
-// last bulk store has read it, then stored by lane 0 as one box. (The chunk's arithmetic comes
-// before the wait, so the store before it has that long to read the stage; boxes of 8 rows in
-// two alternating halves took a fence and a store each, and 4096^3 6% longer: 0.0246 against
-// 0.0232 ms.)
+// A chunk of the FAST epilogue with a y map (see epilogue()): column chunk c (128 bytes of y) of
+// the warp's 16 rows from mw (fragment rows h = 0, 1: rowf[h] and border[h] are their terms).
+// Its values are made in registers (chunk_vals), staged in the warp's `stage` (2 KB, 1024-byte
+// aligned, rows 8h .. 8h + 7 in half h) once the warp's last bulk store has read it (stage_free),
+// and published: made visible to the async proxy and stored by lane 0 as one box (publish).
+// (Boxes of 8 rows in two alternating halves took a fence and a store each, and 4096^3 6% longer:
+// 0.0246 against 0.0232 ms.)
+// STSM (16-bit y only): the values are rounded and paired in registers and staged by stmatrix,
+// each 8 x 8 block (fragment row h, column group j) one matrix, whose fragment is the
+// accumulators' (lane l: row l/4, columns 2(l%4), +1): GC/2 stmatrix.x4 where 2 GC 4-byte stores
+// did. Lane l gives the address of row l % 8 of matrix l / 8 (h = (l/8) % 2, j = 2q + l/16), a
+// 16-byte unit of the swizzle. Else a store per pair. (The epilogue warps of SPLIT tiles keep the
+// stores: with stmatrix 8192^3 took 0.1094-0.1111 against 0.1067-0.1070 ms.)
+template <typename T, bool STSM> struct chunk_vals {
+    static constexpr int GC = 128 / (int)sizeof(T) / 8; // column groups per chunk
+    static_assert(!STSM || sizeof(T) == 2, "stmatrix stages 16-bit values");
+    typename std::conditional<STSM, uint32_t, float2>::type v[2][GC];
+};
+// Row half h of chunk c into cv (ct(j): column group j's column terms, see col_pair).
+template <bool BINARY, typename T, bool TAPS, bool STSM, class D, class CT>
+__device__ __forceinline__ void chunk_half(chunk_vals<T, STSM> & cv, const gemm_epilogue & ep, const D & d,
+                                           const CT & ct, int c, int h, float scale, const float * rowf,
+                                           const int * border) {
+    constexpr int GC = chunk_vals<T, STSM>::GC;
+#pragma unroll
+    for (int j = 0; j < GC; j++) {
+        const float2 v = scaled_pair<BINARY, TAPS>(ep, d, ct(j), c * GC + j, h, scale, rowf[h], border[h]);
+        if constexpr (STSM) cv.v[h][j] = pack2<T>(v);
+        else cv.v[h][j] = v;
+    }
+}
+__device__ __forceinline__ void stage_free() {
+    if (threadIdx.x % 32 == 0) tma_store_wait_read<0>();
+    __syncwarp();
+}
+template <typename T, bool STSM> __device__ __forceinline__ void stage_chunk(uint8_t * stage, const chunk_vals<T, STSM> & cv) {
+    constexpr int GC = chunk_vals<T, STSM>::GC;
+    const int lane = threadIdx.x % 32;
+    if constexpr (STSM) {
+        const uint32_t st = (uint32_t)__cvta_generic_to_shared(stage);
+        const int r = lane % 8, row = r + 8 * ((lane / 8) % 2);
+#pragma unroll
+        for (int q = 0; q < GC / 2; q++) {
+            const int j = 2 * q + lane / 16;
+            stmatrix_x4(st + row * 128 + ((j ^ r) << 4), cv.v[0][2 * q], cv.v[1][2 * q], cv.v[0][2 * q + 1],
+                        cv.v[1][2 * q + 1]);
+        }
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int j = 0; j < GC; j++) stage_pair<T>(stage, j, h, cv.v[h][j]);
+    }
+}
+template <typename T>
+__device__ __forceinline__ void publish(const CUtensorMap * ymap, uint8_t * stage, int64_t mw, int c, int64_t nt, int64_t M) {
+    fence_proxy_async();
+    __syncwarp();
+    if (threadIdx.x % 32 == 0 && mw < M)
+        tma_store(ymap, (uint32_t)__cvta_generic_to_shared(stage), (int)(nt + c * (128 / (int)sizeof(T))), (int)mw);
+}
+// One chunk on its own (the epilogue warps of SPLIT tiles, which take chunks of several tiles'
+// dumps in turn). The arithmetic comes before the wait, so the store before it has
+// that long to read the stage.
 template <bool BINARY, typename T, bool TAPS, class D>
 __device__ __forceinline__ void epilogue_chunk(const gemm_epilogue & ep, const D & d, uint8_t * stage,
                                                const int * colterm, const CUtensorMap * ymap, int64_t mw, int c,
                                                int64_t nt, int64_t M, float scale, const float * rowf,
                                                const int * border) {
-    constexpr int CC = 128 / (int)sizeof(T), GC = CC / 8; // columns and column groups per chunk
-    const int lane = threadIdx.x % 32;
-    float2 v[2][GC];
+    chunk_vals<T, false> cv;
+    const auto ct = [&](int j) { return col_pair<BINARY, TAPS>(colterm, c * chunk_vals<T, false>::GC + j); };
+    chunk_half<BINARY, T, TAPS>(cv, ep, d, ct, c, 0, scale, rowf, border);
+    chunk_half<BINARY, T, TAPS>(cv, ep, d, ct, c, 1, scale, rowf, border);
+    stage_free();
+    stage_chunk<T>(stage, cv);
+    publish<T>(ymap, stage, mw, c, nt, M);
+}
+// All chunks of a consumer warp's tile, pipelined (16-bit y staged by stmatrix): while chunk c's stage writes
+// complete (before its fence) the warp makes the first half of chunk c + 1, and while its bulk
+// store reads the stage, the second half. (One chunk at a time, the fence waited for the stage
+// writes: at 4096^3 the fences drew 10% of the epilogue's stall samples, and the loads of the
+// column terms after each fence 8%.)
+template <bool BINARY, int BN, typename T, bool TAPS, class D>
+__device__ __forceinline__ void epilogue_chunks(const gemm_epilogue & ep, const D & d, uint8_t * stage,
+                                                const int * colterm, const CUtensorMap * ymap, int64_t mw, int64_t nt,
+                                                int64_t M, float scale, const float * rowf, const int * border) {
+    constexpr bool STSM = sizeof(T) == 2;
+    constexpr int NC = BN / (128 / (int)sizeof(T)), GC = chunk_vals<T, STSM>::GC;
+    chunk_vals<T, STSM> cv[2];
+    int2 ct[2][GC]; // (loaded once for both halves: the fence between them orders shared-memory loads)
+    auto load_ct = [&](int c) {
 #pragma unroll
-    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < GC; j++) ct[c % 2][j] = col_pair<BINARY, TAPS>(colterm, c * GC + j);
+    };
+    auto half = [&](int c, int h) {
+        chunk_half<BINARY, T, TAPS>(cv[c % 2], ep, d, [&](int j) { return ct[c % 2][j]; }, c, h, scale, rowf, border);
+    };
+    load_ct(0);
+    half(0, 0);
+    half(0, 1);
 #pragma unroll
-        for (int j = 0; j < GC; j++)
-            v[h][j] = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, scale, rowf[h], border[h]);
-    if (lane == 0) tma_store_wait_read<0>();
-    __syncwarp();
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-#pragma unroll
-        for (int j = 0; j < GC; j++) stage_pair<T>(stage, j, h, v[h][j]);
-    fence_proxy_async();
-    __syncwarp();
-    if (lane == 0 && mw < M) tma_store(ymap, (uint32_t)__cvta_generic_to_shared(stage), (int)(nt + c * CC), (int)mw);
+    for (int c = 0; c < NC; c++) {
+        stage_free();
+        stage_chunk<T>(stage, cv[c % 2]);
+        if (c + 1 < NC) {
+            load_ct(c + 1);
+            half(c + 1, 0);
+        }
+        publish<T>(ymap, stage, mw, c, nt, M);
+        if (c + 1 < NC) half(c + 1, 1);
+    }
 }
 
 // Stores this thread's accumulators. In the wgmma layout, thread (warp w, lane l) of a consumer
@@ -469,7 +577,7 @@ __device__ __forceinline__ void epilogue_chunk(const gemm_epilogue & ep, const D
 // bytes whose 16-byte units are swizzled by the row, unit u of row r at u ^ (r % 8), so the
 // fragment writes hit 32 distinct banks), and the chunk leaves as whole 128-byte row segments:
 // with a y map (ymap: rows of y evenly spaced, see make_y_map) as a bulk tensor store issued by
-// lane 0, which runs while the warp computes the next chunk (epilogue_chunk); else row by row, 16
+// lane 0, which runs while the warp computes the next chunk (epilogue_chunks); else row by row, 16
 // bytes per lane. With y as planes (Y_PLANES) the stage holds the chunk transposed and each feature's
 // 16 pixels leave as one run. TAPS: a zero-padded binary conv, whose border rows add back the
 // popcounts of their taps outside the image. Other y go element by element.
@@ -507,7 +615,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
             for (int j = 0; j < CC / 8; j++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const float2 v = scaled_pair<BINARY, TAPS>(ep, d, colterm, c * CC / 8 + j, h, scale,
+                    const float2 v = scaled_pair<BINARY, TAPS>(ep, d, col_pair<BINARY, TAPS>(colterm, c * CC / 8 + j), c * CC / 8 + j, h, scale,
                                                                rowf[h], rowborder[h]);
                     const int col = 8 * j + 2 * (lane % 4), row = lane / 4 + 8 * h;
                     st[col * 16 + row] = from_f32<T>(v.x);
@@ -532,9 +640,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
     // colterm: DOT_BIAS - 2 popc(w) of the tile's columns, written by the caller
     constexpr int CC = 128 / (int)sizeof(T), GC = CC / 8; // columns and column groups per chunk
     if (ymap) {
-#pragma unroll
-        for (int c = 0; c < BN / CC; c++)
-            epilogue_chunk<BINARY, T, TAPS>(ep, d, stage, colterm, ymap, mw, c, nt, M, scale, rowf, rowborder);
+        epilogue_chunks<BINARY, BN, T, TAPS>(ep, d, stage, colterm, ymap, mw, nt, M, scale, rowf, rowborder);
         return;
     }
 #pragma unroll
@@ -544,7 +650,8 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
 #pragma unroll
             for (int h = 0; h < 2; h++)
                 stage_pair<T>(stage, j, h,
-                              scaled_pair<BINARY, TAPS>(ep, d, colterm, c * GC + j, h, scale, rowf[h], rowborder[h]));
+                              scaled_pair<BINARY, TAPS>(ep, d, col_pair<BINARY, TAPS>(colterm, c * GC + j), c * GC + j, h, scale,
+                                                        rowf[h], rowborder[h]));
         int64_t rb_mine = 0; // lane j < 16: row mw + j's offset in y
         if (lane < 16 && mw + lane < M) {
             const row_info r = make_row(ep, mw + lane, M);
@@ -693,7 +800,6 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     // PP: turn(c) completes a phase when consumer warpgroup c has issued the MMAs of its next tile.
     auto turn = [&](int c) { return bars + 16 * STAGES + 16 + 8 * c; };
     const uint32_t mt = (uint32_t)((M + BM - 1) / BM), ntn = (uint32_t)((N + BN - 1) / BN); // (M, N < 2^31)
-
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; s++) {
             mbar_init(full(s), gs.x ? 129 : 1); // (gathering: every producer thread and the B load)
