@@ -519,8 +519,8 @@ __device__ __forceinline__ void publish(const CUtensorMap * ymap, uint8_t * stag
         tma_store(ymap, (uint32_t)__cvta_generic_to_shared(stage), (int)(nt + c * (128 / (int)sizeof(T))), (int)mw);
 }
 // One chunk on its own (the epilogue warps of SPLIT tiles, which take chunks of several tiles'
-// dumps in turn). The arithmetic comes before the wait, so the store before it has
-// that long to read the stage.
+// dumps in turn). The arithmetic comes before the wait, so the store before it has that long to
+// read the stage.
 template <bool BINARY, typename T, bool TAPS, class D>
 __device__ __forceinline__ void epilogue_chunk(const gemm_epilogue & ep, const D & d, uint8_t * stage,
                                                const int * colterm, const CUtensorMap * ymap, int64_t mw, int c,
@@ -534,11 +534,12 @@ __device__ __forceinline__ void epilogue_chunk(const gemm_epilogue & ep, const D
     stage_chunk<T>(stage, cv);
     publish<T>(ymap, stage, mw, c, nt, M);
 }
-// All chunks of a consumer warp's tile, pipelined (16-bit y staged by stmatrix): while chunk c's stage writes
-// complete (before its fence) the warp makes the first half of chunk c + 1, and while its bulk
-// store reads the stage, the second half. (One chunk at a time, the fence waited for the stage
-// writes: at 4096^3 the fences drew 10% of the epilogue's stall samples, and the loads of the
-// column terms after each fence 8%.)
+// All chunks of a consumer warp's tile, pipelined (16-bit y staged by stmatrix): while chunk c's
+// stage writes complete (before its fence) the warp makes the first half of chunk c + 1, and
+// while its bulk store reads the stage, the second half. (One chunk at a time, the fence waited
+// for the stage writes: at 4096^3 the fences drew 10% of the epilogue's stall samples, and the
+// loads of the column terms after each fence 8%. A quarter or none of the next chunk before the
+// fence measured the same as half.)
 template <bool BINARY, int BN, typename T, bool TAPS, class D>
 __device__ __forceinline__ void epilogue_chunks(const gemm_epilogue & ep, const D & d, uint8_t * stage,
                                                 const int * colterm, const CUtensorMap * ymap, int64_t mw, int64_t nt,
