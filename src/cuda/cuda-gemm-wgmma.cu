@@ -492,10 +492,11 @@ __device__ __forceinline__ void stage_free() {
     if (threadIdx.x % 32 == 0) tma_store_wait_read<0>();
     __syncwarp();
 }
-template <typename T, bool STSM> __device__ __forceinline__ void stage_chunk(uint8_t * stage, const chunk_vals<T, STSM> & cv) {
+template <typename T, bool STSM>
+__device__ __forceinline__ void stage_chunk(uint8_t * stage, const chunk_vals<T, STSM> & cv) {
     constexpr int GC = chunk_vals<T, STSM>::GC;
-    const int lane = threadIdx.x % 32;
     if constexpr (STSM) {
+        const int lane = threadIdx.x % 32;
         const uint32_t st = (uint32_t)__cvta_generic_to_shared(stage);
         const int r = lane % 8, row = r + 8 * ((lane / 8) % 2);
 #pragma unroll
@@ -512,7 +513,8 @@ template <typename T, bool STSM> __device__ __forceinline__ void stage_chunk(uin
     }
 }
 template <typename T>
-__device__ __forceinline__ void publish(const CUtensorMap * ymap, uint8_t * stage, int64_t mw, int c, int64_t nt, int64_t M) {
+__device__ __forceinline__ void publish(const CUtensorMap * ymap, uint8_t * stage, int64_t mw, int c, int64_t nt,
+                                        int64_t M) {
     fence_proxy_async();
     __syncwarp();
     if (threadIdx.x % 32 == 0 && mw < M)
@@ -616,7 +618,8 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
             for (int j = 0; j < CC / 8; j++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    const float2 v = scaled_pair<BINARY, TAPS>(ep, d, col_pair<BINARY, TAPS>(colterm, c * CC / 8 + j), c * CC / 8 + j, h, scale,
+                    const int i = c * CC / 8 + j;
+                    const float2 v = scaled_pair<BINARY, TAPS>(ep, d, col_pair<BINARY, TAPS>(colterm, i), i, h, scale,
                                                                rowf[h], rowborder[h]);
                     const int col = 8 * j + 2 * (lane % 4), row = lane / 4 + 8 * h;
                     st[col * 16 + row] = from_f32<T>(v.x);
@@ -649,10 +652,12 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
 #pragma unroll
         for (int j = 0; j < GC; j++)
 #pragma unroll
-            for (int h = 0; h < 2; h++)
+            for (int h = 0; h < 2; h++) {
+                const int i = c * GC + j;
                 stage_pair<T>(stage, j, h,
-                              scaled_pair<BINARY, TAPS>(ep, d, col_pair<BINARY, TAPS>(colterm, c * GC + j), c * GC + j, h, scale,
-                                                        rowf[h], rowborder[h]));
+                              scaled_pair<BINARY, TAPS>(ep, d, col_pair<BINARY, TAPS>(colterm, i), i, h, scale, rowf[h],
+                                                        rowborder[h]));
+            }
         int64_t rb_mine = 0; // lane j < 16: row mw + j's offset in y
         if (lane < 16 && mw + lane < M) {
             const row_info r = make_row(ep, mw + lane, M);
