@@ -267,9 +267,10 @@ static struct timing time_cublas(int64_t M, int64_t N, int64_t K, int i8) {
 // What a linear layer's timed call does: the forward only, a training step from the float x, or a
 // training step from the bits saved by bie_binarize_ste and the weight packed once. Options:
 // LAYER_BIAS gives the layer a bias_a; LAYER_STOPS sets scale_a to 0.5 instead of 1, so that the
-// STE stops the elements of |x| > 0.5, an eighth of dev_half_random's (none at 1).
+// STE stops the elements of |x| > 0.5, an eighth of dev_half_random's (none at 1); LAYER_Y_BITS
+// makes y the signs of the results, packed (B1: the next binary layer's input), instead of f16.
 enum { STEP_FORWARD, STEP_TRAIN, STEP_TRAIN_SAVED_BITS };
-enum { LAYER_BIAS = 1, LAYER_STOPS = 2 };
+enum { LAYER_BIAS = 1, LAYER_STOPS = 2, LAYER_Y_BITS = 4 };
 
 struct layer_state {
     bie_context_t * ctx;
@@ -334,7 +335,7 @@ static void layer_free(struct layer_state * s, int rots) {
     }
 }
 
-// Binary or 4-bit linear: x [M, K] (xdt), weight [N, K] (wdt), y [M, N] f16, bias_a [K] f16 with
+// Binary or 4-bit linear: x [M, K] (xdt), weight [N, K] (wdt), y [M, N] f16 (or B1), bias_a [K] f16 with
 // LAYER_BIAS (added to x in the packer, or in bie_binarize_ste for the saved bits); train: STEP_*,
 // with grad_y, grad_x and grad_weight f16 for the training steps; opt: LAYER_* bits.
 static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie_dtype xdt, enum bie_dtype wdt, int64_t M,
@@ -348,22 +349,25 @@ static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie
     if (opt & LAYER_STOPS) s.sa.data = &g_half;
     const int64_t xs[2] = {M, K}, ws[2] = {N, K}, ys[2] = {M, N};
     struct bie_tensor probe;
-    size_t xb, wb;
+    size_t xb, wb, yb;
     bie_tensor_make(&probe, NULL, xdt, 2, xs);
     bie_tensor_nbytes(&probe, &xb);
     bie_tensor_make(&probe, NULL, wdt, 2, ws);
     bie_tensor_nbytes(&probe, &wb);
-    const int rots = rotations(xb + wb + (size_t)(M * N) * 2);
+    const enum bie_dtype ydt = opt & LAYER_Y_BITS ? BIE_DTYPE_B1 : BIE_DTYPE_F16;
+    bie_tensor_make(&probe, NULL, ydt, 2, ys);
+    bie_tensor_nbytes(&probe, &yb);
+    const int rots = rotations(xb + wb + yb);
     const int64_t bs[1] = {K};
     if (opt & LAYER_BIAS) s.bias = dev_tensor(dev_half_random((size_t)K), BIE_DTYPE_F16, 1, bs);
     for (int r = 0; r < rots; r++) {
         void * xd = xdt == BIE_DTYPE_F16 ? dev_half_random((size_t)(M * K)) : dev_alloc_random(xb);
         void * wd = wdt == BIE_DTYPE_F16 ? dev_half_random((size_t)(N * K)) : dev_alloc_random(wb);
         void * yd;
-        CK(cudaMalloc(&yd, (size_t)(M * N) * 2));
+        CK(cudaMalloc(&yd, yb));
         s.x[r] = dev_tensor(xd, xdt, 2, xs);
         s.w[r] = dev_tensor(wd, wdt, 2, ws);
-        s.y[r] = dev_tensor(yd, BIE_DTYPE_F16, 2, ys);
+        s.y[r] = dev_tensor(yd, ydt, 2, ys);
         if (train != STEP_FORWARD) {
             s.g[r] = dev_tensor(dev_half_random((size_t)(M * N)), BIE_DTYPE_F16, 2, ys);
             void * gx, * gw;
@@ -577,6 +581,9 @@ int bie_bench_cuda_main(int argc, char ** argv) {
             print_row("binary-gemm b1->f16", shape,
                       time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_B1, BIE_DTYPE_B1, M, N, K, STEP_FORWARD, 0), "cublas-fp16",
                       base, ops);
+            print_row("binary-gemm b1->b1", shape,
+                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_B1, BIE_DTYPE_B1, M, N, K, STEP_FORWARD, LAYER_Y_BITS),
+                      "cublas-fp16", base, ops);
             print_row("binary-linear f16", shape,
                       time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_B1, M, N, K, STEP_FORWARD, 0), "cublas-fp16",
                       base, ops);

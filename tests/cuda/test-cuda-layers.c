@@ -63,10 +63,17 @@ static void random_case(struct lcase * c, int big) {
         c->C = test_rand_int(1, 600);
         c->O = 8 * test_rand_int(768, 790); // (16-byte rows of y: stored by bulk copies, as those tiles need)
     } else if (big == 5) { // binary, 256-column tiles (64 x 256 ping-pong tiles on Hopper): more
-                           // 128 x 256 tiles than SMs, too few for the epilogue warps
+                           // 128 x 256 tiles than SMs, too few for the epilogue warps; a third with
+                           // 3 row tiles and 89-90 column tiles (a CTA's tiles in several of them)
+        c->conv = 0;
+        const int few_rows = test_rand_int(0, 2) == 0;
+        c->batch = few_rows ? test_rand_int(129, 192) : test_rand_int(1090, 1300);
+        c->C = few_rows ? test_rand_int(1, 600) : test_rand_int(1, 4096);
+        c->O = few_rows ? test_rand_int(22600, 23000) : test_rand_int(3600, 4200);
+    } else if (big == 7) { // the same tiles with K of 5 or 6 stages of 1024 bits
         c->conv = 0;
         c->batch = test_rand_int(1090, 1300);
-        c->C = test_rand_int(1, 2600);
+        c->C = test_rand_int(4097, 6000);
         c->O = test_rand_int(3600, 4200);
     } else if (big == 6) { // a binary conv whose rows the GEMM gathers, in 256-column tiles
         c->conv = 1;
@@ -143,6 +150,7 @@ static void random_case(struct lcase * c, int big) {
     c->ykind = (int)test_rand_int(0, 2);
     c->sa = test_rand_float(0.05f, 2.0f);
     c->sw = test_rand_float(0.05f, 2.0f);
+    if (test_rand_int(0, 3) == 0) c->sa = c->sw = 1.0f; // a plain GEMM's
     if (big == 4) c->ydt = float_dts[test_rand_int(0, 2)]; // (float y: the only y those tiles store)
     if (big == 3 || big == 6) { // whole words of channels per pixel: channels-last bits (the word-copy bit
                     // im2col), or floats channels-last or NCHW (packed into such bits first)
@@ -639,9 +647,14 @@ int main(int argc, char ** argv) {
         random_case(&c, 4);
         test_forward(&c);
     }
-    for (int i = 0; i < (cuda_test_quick() ? 1 : 4); i++) { // binary, 256-column tiles
+    for (int i = 0; i < (cuda_test_quick() ? 1 : 6); i++) { // binary, 256-column tiles
         struct lcase c;
         random_case(&c, 5);
+        test_forward(&c);
+    }
+    for (int i = 0; i < (cuda_test_quick() ? 1 : 2); i++) { // the same with K of 5 or 6 stages
+        struct lcase c;
+        random_case(&c, 7);
         test_forward(&c);
     }
     for (int i = 0; i < (cuda_test_quick() ? 1 : 2); i++) { // binary convs gathered in 256-column tiles
