@@ -827,7 +827,8 @@ __device__ __forceinline__ int64_t class_example(int c, int64_t O, int lo, int h
 //   tapcorr[p][o] = 2 * the sum of tappop[o][t] over the taps t = (i, j) that lie outside the image
 //     for the pixels of border class p (a tap is outside when its row or its column is);
 //   colcls[p][o] = BIE_DOT_BIAS - 2 popc(row) + tapcorr[p][o] (gemm_epilogue.colcls; rows of
-//     colcls_ld ints, block o also clears columns N + o, N + o + N, ... below colcls_ld).
+//     colcls_ld ints, block o also clears columns N + o, N + o + N, ... below colcls_ld);
+//   pixcls (optional) = gemm_epilogue.pixcls, the blocks taking the output pixels in turn.
 // (Five launches before: the row copy and its clearing, the row popcounts, the tap popcounts and
 // the corrections; each was a few microseconds of almost no work.)
 struct weight_terms_args {
@@ -837,6 +838,7 @@ struct weight_terms_args {
     int64_t kbytes;
     int * tappop, * colpop, * tapcorr, * colcls;
     int colcls_ld;
+    int2 * pixcls; // NULL: not written
     struct dgeom g;
     int border[4]; // top, bottom, left, right class counts (border_counts)
 };
@@ -868,6 +870,13 @@ __global__ void weight_terms(weight_terms_args a) {
     int total = 0; // popc of the row's first K bits
     for (int t = 0; t < taps; t++) total += tp[t];
     if (a.colpop && threadIdx.x == 0) a.colpop[o] = total;
+    if (a.pixcls)
+        for (int64_t p = o * blockDim.x + threadIdx.x; p < g.OH * g.OW; p += (int64_t)gridDim.x * blockDim.x) {
+            int64_t kterm;
+            int cls;
+            zero_pad_terms(g, a.border, (int)(p / g.OW), (int)(p % g.OW), &kterm, &cls);
+            a.pixcls[p] = make_int2((int)kterm, cls); // (read by the fast epilogue only: K < 2^21)
+        }
     const int cwn = 1 + a.border[2] + a.border[3], classes = (1 + a.border[0] + a.border[1]) * cwn;
     for (int p = threadIdx.x; p < classes; p += blockDim.x) {
         int * const cls_row = a.colcls + (int64_t)p * a.colcls_ld;
@@ -988,12 +997,15 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const bool gather = binary && c->is_conv && !x_direct && !dgeom_one_position(px.g) && gatherable(px) &&
                         gather_fits(px) && bie_cuda_gemm_takes_wgmma(ctx, M, zero_pad_fix) &&
                         N <= bie_cuda_wgmma_tile_n(ctx, M, N, kbytes, true);
+    // The GEMM counts the gathered rows' popcounts itself (its 64-column tiles), or
+    // bie_cuda_conv_rowpop counts them first (rowterms).
+    const bool gemm_rows = gather && bie_cuda_wgmma_counts_rows(ctx, M, N, kbytes), rowterms = gather && !gemm_rows;
     size_t off = 0;
     const size_t oPix = off; off = align256(off + (pixels ? pixel_scratch_bytes(px) : 0));
     const size_t oA = off; off = align256(off + (x_direct || gather ? 0 : (size_t)(M * kbytes)));
-    const size_t oRowterm = off; off = align256(off + (gather && zero_pad_fix ? (size_t)M * 8 : 0));
     const size_t oB = off; off = align256(off + (w_direct ? 0 : (size_t)(N * kbytes)));
-    const size_t oRow = off; off = align256(off + (size_t)M * 4);
+    const size_t oRow = off; off = align256(off + (gemm_rows ? 0 : (size_t)M * 4));
+    const size_t oRowterm = off; off = align256(off + (rowterms && zero_pad_fix ? (size_t)M * 8 : 0));
     const size_t oCol = off; off = align256(off + (size_t)N * 4);
     int border[4] = {0, 0, 0, 0}; // zero padding: border class counts (top, bottom, left, right)
     if (zero_pad_fix) {
@@ -1004,6 +1016,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     const size_t oTap = off; off = align256(off + (zero_pad_fix ? (size_t)(N * taps) * 4 : 0));
     const size_t oCorr = off; off = align256(off + (zero_pad_fix ? (size_t)(classes * N) * 4 : 0));
     const size_t oCls = off; off = align256(off + (zero_pad_fix ? (size_t)(classes * BIE_COLCLS_LD(N)) * 4 : 0));
+    const size_t oPixcls = off; off = align256(off + (gemm_rows && zero_pad_fix ? (size_t)(g.OH * g.OW) * 8 : 0));
     // A B1 y: the GEMM packs the bits itself where it can, else writes sign codes for the packer.
     gemm_epilogue ep;
     ep.binary = binary;
@@ -1032,6 +1045,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
                                  tapcorr,
                                  colcls,
                                  (int)BIE_COLCLS_LD(N),
+                                 gemm_rows ? (int2 *)(ws + oPixcls) : NULL,
                                  px.g,
                                  {border[0], border[1], border[2], border[3]}};
     if (zero_pad_fix && classes * BIE_COLCLS_LD(N) > INT32_MAX) // (the epilogue's 32-bit offsets in colcls)
@@ -1054,29 +1068,35 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     if (gather) { // after the weight, so that the last kernel before the GEMM writes terms only
         BIE_TRY(gather_source(ctx, st->stream, px, ws + oPix, &gs));
         // (right after weight_terms, when x needs no packing, it may start under that kernel)
-        BIE_TRY(bie_cuda_conv_rowpop(ctx, gs, px.g, rowpop, zero_pad_fix ? (int2 *)(ws + oRowterm) : NULL, border,
-                                     w_rows_copied && word_pixels(px)));
+        if (rowterms)
+            BIE_TRY(bie_cuda_conv_rowpop(ctx, gs, px.g, rowpop, zero_pad_fix ? (int2 *)(ws + oRowterm) : NULL, border,
+                                         w_rows_copied && word_pixels(px)));
     }
     if (xrows.rows || wrows.rows)
         BIE_TRY(launch_row_popcounts(ctx, st->stream, xrows.rows ? xrows : wrows, xrows.rows ? wrows : NO_ROWS, g.K,
                                      "operand popcounts"));
     if (zero_pad_fix && !w_rows_copied) BIE_TRY(launch_weight_terms());
 
-    ep.rowpop = rowpop;
+    ep.rowpop = gemm_rows ? NULL : rowpop;
     ep.colpop = colpop;
     ep.tapcorr = zero_pad_fix ? tapcorr : NULL;
     ep.colcls = zero_pad_fix ? colcls : NULL;
     ep.colcls_ld = (int)BIE_COLCLS_LD(N);
+    ep.rowterms = rowterms && zero_pad_fix ? (const int2 *)(ws + oRowterm) : NULL;
+    ep.pixcls = gemm_rows && zero_pad_fix ? (const int2 *)(ws + oPixcls) : NULL;
     for (int i = 0; i < 4; i++) ep.border[i] = border[i];
-    ep.rowterms = gather && zero_pad_fix ? (const int2 *)(ws + oRowterm) : NULL;
     ep.sa = px.s;
     ep.sw = pw.s;
     ep.sign = sign_codes ? (int8_t *)(ws + oSign) : NULL;
     ep.ldb = ldb;
     // The last kernel before the GEMM wrote terms only: the tap tables (of a weight packed before),
     // the popcounts of an operand read in place (which are counted after any packing), or the row
-    // popcounts of gathered rows.
-    ep.terms_last = (zero_pad_fix && !w_rows_copied) || xrows.rows || wrows.rows || gather;
+    // popcounts of gathered rows. A GEMM that counts its gathered rows itself may instead follow
+    // the kernel that packed or copied one of its operands (weight_terms, which lets its dependents
+    // start at once, or a packer); and the row popcounts may have started under a weight_terms
+    // that copied the weight. Then the GEMM's producer waits for the kernel before it.
+    ep.terms_last = (zero_pad_fix && !w_rows_copied) || xrows.rows || wrows.rows || rowterms;
+    ep.operands_last = gemm_rows ? !ep.terms_last : rowterms && w_rows_copied && word_pixels(px);
     BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, M, N, kbytes, ep, gather ? &gs : NULL));
     if (sign_codes) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
     return BIE_STATUS_OK;

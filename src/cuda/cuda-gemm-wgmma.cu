@@ -25,7 +25,8 @@
 // 128-byte row segments (see epilogue()): with 4-byte fragment stores and in-loop loads the
 // epilogue took twice the time of the MMAs at 8192^3. After a kernel that only wrote those terms
 // (ep.terms_last) the GEMM is a programmatic dependent launch: it starts under that kernel and
-// waits for it just before its first epilogue.
+// waits for it just before its first epilogue; after one that wrote an operand too
+// (ep.operands_last), the producer also waits for it before its first load.
 #include "cuda-epilogue.cuh"
 
 #include <cuda.h> // CUtensorMap and its enums (the encoder is fetched from the driver at run time)
@@ -93,10 +94,16 @@ __host__ __device__ constexpr int regs_needed(bool binary, int bn) {
 constexpr int EP_STAGE = 16 * 128;
 constexpr int EP_COLTERM = 256 * 4;
 constexpr int EP_TERMS = 256 * 4 + 2 * 128 * 4;
+// Binary 64-column tiles, whose gathered rows they count themselves, end with the ones operand
+// (ONES bytes, 1024-byte aligned; see ones_operand). (Wider tiles with the ones MMA measured slower
+// than with conv_rowterms' counts: C = 128 at 28x28, N = 128, 0.0253-0.0254 against 0.0247 ms.)
+constexpr int ONES = 1024;
+__host__ __device__ constexpr int ones_for(bool binary, int bn) { return binary && bn == 64 ? ONES : 0; }
 __host__ __device__ constexpr int smem_for(bool binary, int bn) { // + alignment slack
     return 1024 + ring_for(binary, bn) + 1024 +
            (split_for(binary, bn) ? dump_for(binary, bn) + EP_TERMS + epilogue_warps(binary, bn) * EP_STAGE
-                                  : epilogue_warps(binary, bn) * (EP_STAGE + EP_COLTERM));
+                                  : epilogue_warps(binary, bn) * (EP_STAGE + EP_COLTERM)) +
+           ones_for(binary, bn);
 }
 
 // The binary dot products reach float without the quarter-rate I2F, in two exact steps: the column
@@ -223,6 +230,11 @@ template <int R> __device__ __forceinline__ void pin(int * d) {
 #define WG_O8(i) "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), "+r"(d[i + 6]), "+r"(d[i + 7])
 #define WG_O32(i) WG_O8(i), WG_O8(i + 8), WG_O8(i + 16), WG_O8(i + 24)
 #define WG_PRED(n) "{\n.reg .pred p;\nsetp.ne.b32 p, %" #n ", 0;\n"
+#define WG_DEF8(name, instr)                                                                       \
+    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
+        asm volatile(WG_PRED(6) instr " {%0,%1,%2,%3}, %4, %5, p;\n}\n"                              \
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]) : "l"(da), "l"(db), "r"(sc)); \
+    }
 #define WG_DEF64(name, instr)                                                                      \
     __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
         asm volatile(WG_PRED(34) instr " {" WG_R0_31 "}, %32, %33, p;\n}\n"                         \
@@ -244,6 +256,7 @@ template <int R> __device__ __forceinline__ void pin(int * d) {
                                         "}, %128, %129, p;\n}\n"                                   \
                      : WG_O32(0), WG_O32(32), WG_O32(64), WG_O32(96) : "l"(da), "l"(db), "r"(sc)); \
     }
+WG_DEF8(wg_b1_8, "wgmma.mma_async.sync.aligned.m64n8k256.s32.b1.b1.and.popc")
 WG_DEF64(wg_b1_64, "wgmma.mma_async.sync.aligned.m64n64k256.s32.b1.b1.and.popc")
 WG_DEF128(wg_b1_128, "wgmma.mma_async.sync.aligned.m64n128k256.s32.b1.b1.and.popc")
 WG_DEF192(wg_b1_192, "wgmma.mma_async.sync.aligned.m64n192k256.s32.b1.b1.and.popc")
@@ -282,6 +295,27 @@ struct tile_walk {
         }
     }
 };
+
+// The ones operand of a gathering GEMM (rows gathered by the producer, binary): B of an m64n8k256
+// MMA beside each of the tile's, whose first column is the popcount of every A row over its first
+// K bits (popc(a & 1...1) = popc(a)), so that no kernel counts the gathered rows beforehand. It is
+// one 128-byte-swizzled atom (8 rows of 128 bytes, 1024-byte aligned) whose rows 1-7 are zeros and
+// whose row 0, which the swizzle leaves in place, holds three 32-byte K slices: all ones (slice
+// 0), the first K % 256 bits (slice 1) and zeros (slice 2). The MMA of K step q (bits [256 q, 256 q
+// + 256)) reads slice 0 when the step lies below K, slice 1 when K ends inside it and slice 2 past
+// K, where a gathered stage holds whatever its last fill left. (The descriptor's start moves by
+// 32-byte steps across row 0's slices as it does across the K slices of a stage.)
+__device__ __forceinline__ void ones_operand(uint8_t * ones, int64_t K) {
+    const int part = (int)(K % 256);
+    for (int b = threadIdx.x; b < ONES; b += blockDim.x) {
+        const int bit = 8 * (b - 32); // slice 1: the byte's first bit
+        ones[b] = b < 32 ? 0xff : b >= 64 || part <= bit ? 0 : part >= bit + 8 ? 0xff : (1 << (part - bit)) - 1;
+    }
+    fence_proxy_async(); // (before the CTA's barrier: the MMAs read it through the async proxy)
+}
+// The descriptor offset (16-byte units) of the ones operand's slice for K step q, given the number
+// of whole K steps (K / 256) and the partial one (K / 256 when K % 256, else -1).
+__device__ __forceinline__ int ones_slice(int q, int whole, int part) { return q < whole ? 0 : q == part ? 2 : 4; }
 
 // --- epilogue -----------------------------------------------------------------------------------
 
@@ -403,16 +437,18 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const ac
     __syncwarp();
 }
 
-// Any y, element by element (the shared path of cuda-epilogue.cuh): the warp's 16 rows.
+// Any y, element by element (the shared path of cuda-epilogue.cuh): the warp's 16 rows (rpop: the
+// popcounts of this thread's two fragment rows, counted by the GEMM, or NULL: ep.rowpop's).
 template <bool BINARY, int BN>
 __device__ __forceinline__ void epilogue_elements(const gemm_epilogue & ep, const acc_regs & d, int64_t mw, int64_t nt,
-                                                  int64_t M, int64_t N, float scale) {
+                                                  int64_t M, int64_t N, float scale, const int * rpop) {
     const int lane = threadIdx.x % 32;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int64_t m = mw + lane / 4 + 8 * h;
         if (m >= M) continue;
-        const row_info r = make_row(ep, m, M);
+        row_info r = make_row(ep, m, M);
+        if (rpop) r.rowpop = rpop[h];
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) {
             const int64_t n = nt + 8 * i + 2 * (lane % 4);
@@ -583,16 +619,17 @@ __device__ __forceinline__ void epilogue_chunks(const gemm_epilogue & ep, const 
 // lane 0, which runs while the warp computes the next chunk (epilogue_chunks); else row by row, 16
 // bytes per lane. With y as planes (Y_PLANES) the stage holds the chunk transposed and each feature's
 // 16 pixels leave as one run. TAPS: a zero-padded binary conv, whose border rows add back the
-// popcounts of their taps outside the image. Other y go element by element.
+// popcounts of their taps outside the image. Other y go element by element (rpop: see
+// epilogue_elements).
 template <bool BINARY, int BN, typename T, bool FAST, bool TAPS>
 __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_regs & d, uint8_t * stage,
                                          const int * colterm, const CUtensorMap * ymap, int y_mode, int64_t mw,
                                          int64_t nt, int64_t M, int64_t N, float scale, const float * rowf,
-                                         const int * rowborder) {
+                                         const int * rowborder, const int * rpop) {
     const int lane = threadIdx.x % 32;
     const struct dview & y = ep.y;
     if (!FAST) {
-        epilogue_elements<BINARY, BN>(ep, d, mw, nt, M, N, scale);
+        epilogue_elements<BINARY, BN>(ep, d, mw, nt, M, N, scale, rpop);
         return;
     }
     if (y_mode == Y_PLANES) {
@@ -600,7 +637,7 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
         const struct dgeom & g = ep.g;
         const int64_t hw = g.OH * g.OW, nb = (uint32_t)mw / (uint32_t)hw, p0 = mw - nb * hw; // (M < 2^31)
         if (mw + 16 > M || p0 + 16 > hw) {
-            epilogue_elements<BINARY, BN>(ep, d, mw, nt, M, N, scale);
+            epilogue_elements<BINARY, BN>(ep, d, mw, nt, M, N, scale, rpop);
             return;
         }
         // Chunks of CC features: the values go to the stage transposed (feature-major, 16 pixels
@@ -799,6 +836,10 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     const int ewarp = !SPLIT ? threadIdx.x / 32 - 4 : wg == 0 ? warp - 1 : 3 + warp;
     uint8_t * const ep_stage = area + (SPLIT ? dump_for(BINARY, BN) + EP_TERMS : 0) + ewarp * EP_STAGE;
     int * const ep_colterm = SPLIT ? terms_col : (int *)(area + n_ewarps * EP_STAGE + ewarp * EP_COLTERM);
+    // A gathering GEMM's ones operand, after the epilogue areas (1024-byte aligned: they are whole
+    // KBs); count_rows: the tile's rows are gathered and counted by the ones MMA.
+    uint8_t * const ones = area + (SPLIT ? 0 : n_ewarps * (EP_STAGE + EP_COLTERM));
+    const bool count_rows = ones_for(BINARY, BN) && gs.x;
     const CUtensorMap * const ymap = FAST && y_mode == Y_ROWS_MAP ? &ty : NULL;
     auto full = [&](int s) { return bars + 8 * s; };
     auto empty = [&](int s) { return bars + 8 * (STAGES + s); };
@@ -821,13 +862,16 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
+    if (count_rows) ones_operand(ones, ep.g.K);
     __syncthreads();
 
     // The epilogue's popcount terms of a tile: popc(w) of its columns, and popc(x) and K of this
     // thread's fragment rows of a warp's 16 rows. They are loaded by the consumers before the
     // tile's MMAs so that their latency hides behind them (and used only after them), except in
-    // the first tile of a GEMM that starts under the kernel writing them (ep.terms_last), which
-    // waits for that kernel just after its MMAs.
+    // the first tile of a GEMM that starts under the kernel writing them (ep.terms_last or
+    // ep.operands_last), which waits for that kernel just after its MMAs. Gathered rows that the
+    // tile counts itself (count_rows) take their K terms and border classes from their pixel's
+    // entry in ep.pixcls, and their popcounts from the ones MMA (see ones_operand).
     constexpr int NCP = BINARY && FAST && !SPLIT && !TAPS ? BN / 32 : 1; // column terms per lane (TAPS: ep.colcls)
     struct row_terms {
         int rpop[2], rk[2], rborder[2]; // (rborder: the border class, then its offset in ep.colcls)
@@ -847,7 +891,12 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
             rt.rpop[r] = rt.rk[r] = rt.rborder[r] = 0;
             rt.rowf[r] = 0.0f;
             if (BINARY && FAST && m < M) {
-                if (TAPS && ep.rowterms) { // gathered rows: terms made by bie_cuda_conv_rowpop
+                if (TAPS && count_rows) { // gathered rows: their pixel's terms (popc(x): the ones MMA's)
+                    const uint32_t n = fast_div(fast_div((uint32_t)m, gs.div_ow), gs.div_oh);
+                    const int2 t = __ldg(ep.pixcls + ((uint32_t)m - n * (uint32_t)(ep.g.OH * ep.g.OW)));
+                    rt.rk[r] = t.x;
+                    rt.rborder[r] = t.y;
+                } else if (TAPS && ep.rowterms) { // gathered rows: terms made by bie_cuda_conv_rowpop
                     const int2 t = __ldg(ep.rowterms + m);
                     rt.rk[r] = t.x; // (K over the valid taps - 2 popc(x), with rpop 0)
                     rt.rborder[r] = t.y;
@@ -858,7 +907,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
                     rt.rborder[r] = ri.border;
                 } else {
                     rt.rk[r] = (int)ep.g.K;
-                    rt.rpop[r] = __ldg(ep.rowpop + m);
+                    if (!count_rows) rt.rpop[r] = __ldg(ep.rowpop + m);
                 }
             }
         }
@@ -876,18 +925,19 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     };
     // The epilogue of a warp's 16 rows from mw of the tile at column nt (colterm: DOT_BIAS - 2
     // popc(w) of the tile's columns).
-    auto finish = [&](const acc_regs & d, const float * rowf, const int * rowborder, int64_t mw, int64_t nt, float scale) {
+    auto finish = [&](const acc_regs & d, const float * rowf, const int * rowborder, const int * rpop, int64_t mw,
+                      int64_t nt, float scale) {
         if constexpr (std::is_same<T, bits_t>::value)
             epilogue_bits<BINARY, BN, TAPS>(ep, d, ep_stage, ep_colterm, mw, nt, M, N, rowf, rowborder);
         else
             epilogue<BINARY, BN, T, FAST, TAPS>(ep, d, ep_stage, ep_colterm, ymap, y_mode, mw, nt, M, N, scale, rowf,
-                                                rowborder);
+                                                rowborder, rpop);
     };
     // SPLIT: the epilogue warps. y leaves by bulk stores (the host launches SPLIT only with a y
     // map): each tile's chunks (consumer warp, 128 bytes of its 16 rows) are dealt round-robin.
     auto split_epilogue = [&] {
         if constexpr (SPLIT) {
-            if (ep.terms_last) griddep_wait(); // (the scales and border corrections)
+            if (ep.terms_last || ep.operands_last) griddep_wait(); // (the scales and border corrections)
             const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
             constexpr int NC = BN / (128 / (int)sizeof(T)); // column chunks
             int j = 0;
@@ -910,6 +960,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     if (wg == 0) { // producer: every stage of every tile of this CTA, in order
         if constexpr (SPLIT) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SPLIT_HELPER_REGS));
         else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(PRODUCER_REGS));
+        if (ep.operands_last) griddep_wait(); // (before any load)
         if (gs.x) {
             if (gs.piece == 16) gather_producer<16, BM, BN, STAGES>(gs, &tb, ep.g, M, mt, ntn, ktiles, base, bars);
             else if (gs.piece == 8) gather_producer<8, BM, BN, STAGES>(gs, &tb, ep.g, M, mt, ntn, ktiles, base, bars);
@@ -947,17 +998,36 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     const int cw = wg - 1, cwarp = cw * 4 + warp;
     // One stage of MMAs into d (kt: the stage's index in its tile); the stage before it goes back
     // to the producer once its MMAs are done (at most one group of MMAs stays in flight).
+    // Gathered rows: pc, the ones MMA's accumulators (see ones_operand), gives the rows' popcounts.
     int it = 0, prev = -1;
+    int pc[4] = {0, 0, 0, 0};
+    const uint64_t dones = smem_desc((uint32_t)__cvta_generic_to_shared(ones));
+    const int kwhole = (int)(ep.g.K / 256 < INT32_MAX ? ep.g.K / 256 : INT32_MAX), kpart = ep.g.K % 256 ? kwhole : -1;
     auto mma_stage = [&](int * d, int kt) {
         const int s = it % STAGES;
         mbar_wait(full(s), (it / STAGES) & 1);
         if (gs.x) fence_proxy_async(); // rows written by the producer's copies, read by the MMAs
         const uint32_t sa = base + s * STAGE_BYTES;
         const uint64_t da = smem_desc(sa + (PP ? 0 : cw * 64 * BK)), db = smem_desc(sa + BM * BK);
-        wg_fence();
+        // (A branch per stage, each side a whole fenced group: with the branch between the MMAs,
+        // or around them only, ptxas fences them itself.)
+        if (count_rows) {
+            uint64_t dq[BK / 32];
 #pragma unroll
-        for (int k = 0; k < BK / 32; k++) wg_mma<BINARY, BN>(d, da + 2 * k, db + 2 * k, (kt | k) != 0);
-        wg_commit();
+            for (int k = 0; k < BK / 32; k++) dq[k] = dones + ones_slice(kt * (BK / 32) + k, kwhole, kpart);
+            wg_fence();
+#pragma unroll
+            for (int k = 0; k < BK / 32; k++) {
+                wg_mma<BINARY, BN>(d, da + 2 * k, db + 2 * k, (kt | k) != 0);
+                wg_b1_8(pc, da + 2 * k, dq[k], (kt | k) != 0);
+            }
+            wg_commit();
+        } else {
+            wg_fence();
+#pragma unroll
+            for (int k = 0; k < BK / 32; k++) wg_mma<BINARY, BN>(d, da + 2 * k, db + 2 * k, (kt | k) != 0);
+            wg_commit();
+        }
         wg_wait<1>(); // (unconditional, so that ptxas sees every earlier group retired here)
         if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
         prev = s;
@@ -976,6 +1046,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     // (SPLIT: consumer warp c loads the column terms of columns c BN/8 + lane, lane < BN/8, only)
     // j: the tile's index among the CTA's, the stages' sequence number from j * ktiles.
     const int j0 = PP ? cw : 0, dj = PP ? 2 : 1;
+    const bool after_prev = ep.terms_last || ep.operands_last; // started under the kernel before
     tile_walk w(blockIdx.x, gridDim.x, mt);
     if (j0) w.next();
     for (int j = j0; w.ni < ntn; j += dj) {
@@ -984,7 +1055,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
         const int64_t n0 = SPLIT ? nt + cwarp * (BN / 8) : nt;
         int cpop[NCP];
         row_terms rt;
-        if (!(j == j0 && ep.terms_last)) {
+        if (!(j == j0 && after_prev)) {
             load_cols(cpop, n0);
             load_rows(rt, mw);
         }
@@ -1000,10 +1071,18 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
         if (PP && lane == 0) mbar_arrive(turn(cw));
         drain();
         pin<ACC>(d);
-        if (j == j0 && ep.terms_last) {
+        pin<4>(pc);
+        if (j == j0 && after_prev) {
             griddep_wait();
             load_cols(cpop, n0);
             load_rows(rt, mw);
+        }
+        int rpop[2] = {0, 0}; // gathered rows: this thread's two fragment rows' popcounts (column 0 of pc)
+        if (count_rows) {
+            rpop[0] = __shfl_sync(0xffffffffu, pc[0], lane & ~3);
+            rpop[1] = __shfl_sync(0xffffffffu, pc[2], lane & ~3);
+            rt.rpop[0] = rpop[0];
+            rt.rpop[1] = rpop[1];
         }
         prepare_rows(rt, nt);
         if constexpr (SPLIT) {
@@ -1029,7 +1108,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
                 for (int q = 0; q < NCP; q++) ep_colterm[lane + 32 * q] = DOT_BIAS - 2 * cpop[q];
                 __syncwarp();
             }
-            finish(acc_regs{d}, rt.rowf, rt.rborder, mw, nt, scale);
+            finish(acc_regs{d}, rt.rowf, rt.rborder, count_rows ? rpop : NULL, mw, nt, scale);
         }
         w.next();
         if (PP) w.next();
@@ -1145,10 +1224,11 @@ enum bie_status launch(bie_context_t * ctx, const CUtensorMap & ta, const CUtens
         return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: SPLIT tiles without a y map or with gathered rows");
     const int y_mode = y_by_map ? Y_ROWS_MAP : FAST && y_planes(ep) ? Y_PLANES : Y_ROWS;
     // After a kernel that wrote epilogue terms only, as a programmatic dependent launch: the CTAs
-    // start (barriers, first loads and MMAs) while that kernel finishes.
+    // start (barriers, first loads and MMAs) while that kernel finishes. After one that wrote an
+    // operand, the same with the producer waiting before its first load.
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg =
-        bie_cuda_launch_config(ctx, dim3(grid), dim3(threads), (size_t)smem, ep.terms_last, &attr);
+        bie_cuda_launch_config(ctx, dim3(grid), dim3(threads), (size_t)smem, ep.terms_last || ep.operands_last, &attr);
     CU_TRY(ctx, cudaLaunchKernelEx(&cfg, kern, ta, tb, ty, y_mode, M, N, ktiles, ep, gs), "wgmma gemm launch");
     LAUNCHED(ctx, "wgmma gemm");
     return BIE_STATUS_OK;
@@ -1237,6 +1317,10 @@ int bie_cuda_wgmma_tile_n(bie_context_t * ctx, int64_t M, int64_t N, int64_t kby
         mt * n192 >= SPLIT_MIN_ROUNDS * sms)
         return 192;
     return mt * ((N + 255) / 256) >= sms ? 256 : 128;
+}
+
+bool bie_cuda_wgmma_counts_rows(bie_context_t * ctx, int64_t M, int64_t N, int64_t kbytes) {
+    return ones_for(true, bie_cuda_wgmma_tile_n(ctx, M, N, kbytes, true)) > 0;
 }
 
 enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,

@@ -413,9 +413,11 @@ struct gemm_epilogue {
     // epilogue reads a row's terms for its class without a bounds check or a border branch.
     const int * colcls;
     int colcls_ld;
-    // Zero padding with gathered rows (else NULL): per row, {K over its valid taps - 2 popc(row),
-    // its border class}, so the fast epilogue reads them instead of working them out per tile.
-    const int2 * rowterms;
+    // Zero padding with gathered rows (else NULL), for the fast epilogue: from bie_cuda_conv_rowpop,
+    // per row, {K over its valid taps - 2 popc(row), its border class}; or, when the GEMM counts the
+    // rows itself (bie_cuda_wgmma_counts_rows), pixcls[oh * OW + ow] = {K over the taps of output
+    // pixel (oh, ow) inside the image, its border class}, for any sample's rows.
+    const int2 * rowterms, * pixcls;
     struct dgeom g;
     struct dscale sa, sw;
     struct dview y;      // [batch, O, OH, OW]; y.dtype B1 -> write sign codes to `sign` instead
@@ -423,8 +425,10 @@ struct gemm_epilogue {
     int64_t ldb;         // bytes between rows of B (>= kbytes, a multiple of 16)
     // 1: the last kernel queued before the GEMM wrote only rowpop, colpop, rowterms or the tap
     // tables (all else it reads is complete), so the wgmma GEMM may start under it as a
-    // programmatic dependent launch.
-    int terms_last;
+    // programmatic dependent launch. operands_last, 1: that kernel wrote something the GEMM's
+    // producer loads, or started under one that did (and waits for it): the GEMM may still start
+    // under it, and its producer waits for it before the first load.
+    int terms_last, operands_last;
 };
 // Division of n < 2^31 by a divisor d in [1, 2^30] fixed for a kernel, as a multiply-high and a
 // shift (fast_div_make on the host, fast_div on the device): with l = ceil(log2 d) and p = 31 + l,
@@ -450,8 +454,9 @@ __device__ __forceinline__ uint32_t fast_div(uint32_t n, const struct fast_divis
 // NHWC bits in whole 32-bit words of channels (C % 32 == 0; w0, w2, w3: the words between samples,
 // rows and pixels), taps outside the image read as zero words (zero or -1 padding, not +1). The
 // wgmma GEMM copies each stage's rows from x with asynchronous copies of `piece` bytes (16, 8 or
-// 4: what the channel words and strides allow), so the rows never go through memory; ep.rowpop
-// comes from bie_cuda_conv_rowpop.
+// 4: what the channel words and strides allow), so the rows never go through memory. Their
+// popcounts come from bie_cuda_conv_rowpop, or from the GEMM itself where
+// bie_cuda_wgmma_counts_rows says so (ep.rowpop is then not read).
 struct gemm_gather {
     const uint32_t * x;
     int64_t w0, w2, w3;
@@ -468,6 +473,9 @@ bool bie_cuda_gemm_takes_wgmma(bie_context_t * ctx, int64_t M, bool taps);
 // only, which this one does not read, so it is a programmatic dependent launch under it.
 enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, const struct gemm_gather & gs, const struct dgeom & g,
                                      int * rowpop, int2 * rowterms, const int * border, bool after_terms);
+// Whether the wgmma GEMM of M x N with rows of kbytes counts the popcounts of gathered rows itself
+// (its 64-column tiles do; see ones_operand in cuda-gemm-wgmma.cu).
+bool bie_cuda_wgmma_counts_rows(bie_context_t * ctx, int64_t M, int64_t N, int64_t kbytes);
 // gs: NULL, or the gathered activations (A unused; wgmma route only).
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
                               int64_t N, int64_t kbytes, const struct gemm_epilogue & ep,

@@ -685,6 +685,43 @@ int main(int argc, char ** argv) {
         describe(&c);
         test_forward(&c);
     }
+    for (int i = 0; i < 2; i++) { // gathered rows in 128-column tiles (row counts by conv_rowterms), a B1
+                                  // weight of 1152-bit rows copied by weight_terms, -1 and zero padding
+        struct lcase c;
+        random_case(&c, 3);
+        c.batch = 2;
+        c.C = c.cd.in_channels = 128;
+        c.H = c.W = 12;
+        for (int d = 0; d < 2; d++) {
+            c.cd.kernel[d] = 3;
+            c.cd.stride[d] = 1;
+            c.cd.padding[d] = 1;
+            c.cd.dilation[d] = 1;
+        }
+        c.cd.pad_value = i ? BIE_PAD_ZERO : BIE_PAD_MINUS_ONE;
+        c.wdt = BIE_DTYPE_B1;
+        describe(&c);
+        test_forward(&c);
+    }
+    { // zero padding with a 111 x 111 kernel: 12321 taps, 394,272 bits of K
+        struct lcase c;
+        random_case(&c, 3);
+        c.batch = 1;
+        c.C = c.cd.in_channels = 32;
+        c.O = c.cd.out_channels = test_rand_int(1, 20);
+        c.ld.in_features = c.C; // (as random_case keeps them)
+        c.ld.out_features = c.O;
+        c.H = c.W = 111;
+        for (int d = 0; d < 2; d++) {
+            c.cd.kernel[d] = 111;
+            c.cd.stride[d] = 1;
+            c.cd.padding[d] = 1;
+            c.cd.dilation[d] = 1;
+        }
+        c.cd.pad_value = BIE_PAD_ZERO;
+        describe(&c);
+        test_forward(&c);
+    }
     test_all_outputs();
     for (int i = 0; i < n / 2; i++) {
         struct lcase c;
