@@ -609,6 +609,16 @@ static void test_all_outputs(void) {
                 }
 }
 
+// A k x k kernel with stride 1, padding 1 and no dilation.
+static void square_kernel(struct lcase * c, int32_t k) {
+    for (int d = 0; d < 2; d++) {
+        c->cd.kernel[d] = k;
+        c->cd.stride[d] = 1;
+        c->cd.padding[d] = 1;
+        c->cd.dilation[d] = 1;
+    }
+}
+
 // The caller's stream is used, and the status of a bad device pointer is a DEVICE_ERROR, not a crash.
 static void test_stream(void) {
     cudaStream_t s;
@@ -692,12 +702,7 @@ int main(int argc, char ** argv) {
         c.batch = 2;
         c.C = c.cd.in_channels = 128;
         c.H = c.W = 12;
-        for (int d = 0; d < 2; d++) {
-            c.cd.kernel[d] = 3;
-            c.cd.stride[d] = 1;
-            c.cd.padding[d] = 1;
-            c.cd.dilation[d] = 1;
-        }
+        square_kernel(&c, 3);
         c.cd.pad_value = i ? BIE_PAD_ZERO : BIE_PAD_MINUS_ONE;
         c.wdt = BIE_DTYPE_B1;
         describe(&c);
@@ -712,12 +717,7 @@ int main(int argc, char ** argv) {
         c.ld.in_features = c.C; // (as random_case keeps them)
         c.ld.out_features = c.O;
         c.H = c.W = 111;
-        for (int d = 0; d < 2; d++) {
-            c.cd.kernel[d] = 111;
-            c.cd.stride[d] = 1;
-            c.cd.padding[d] = 1;
-            c.cd.dilation[d] = 1;
-        }
+        square_kernel(&c, 111);
         c.cd.pad_value = BIE_PAD_ZERO;
         describe(&c);
         test_forward(&c);
