@@ -1029,6 +1029,9 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
 
     int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol), * tappop = (int *)(ws + oTap),
         * tapcorr = (int *)(ws + oCorr), * colcls = (int *)(ws + oCls);
+    // the zero-padding terms of gathered rows: per row (rowterms) or per pixel (gemm_rows)
+    int2 * const rowterm_p = rowterms && zero_pad_fix ? (int2 *)(ws + oRowterm) : NULL,
+         * const pixcls_p = gemm_rows && zero_pad_fix ? (int2 *)(ws + oPixcls) : NULL;
     const uint8_t * Am = x_direct ? (const uint8_t *)xt.data : ws + oA;
     const bool gemm_counts = bie_cuda_gemm_counts_popcounts(M, zero_pad_fix); // the GEMM counts the bits itself
     const uint8_t * Bm = w_direct ? (const uint8_t *)wt.data : ws + oB;
@@ -1036,6 +1039,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     // packed B1 rows into the operand (then nothing else packs the weight), else last, after the
     // weight is packed, taking popc(w) too when the weight is read in place.
     const bool w_rows_copied = zero_pad_fix && !w_direct && b1_weight_rows(pw, N);
+    // conv_rowterms starts under that weight_terms (x needs no packing between them)
+    const bool rowpop_under_copy = rowterms && w_rows_copied && word_pixels(px);
     weight_terms_args wt_args = {w_rows_copied ? (const uint8_t *)wt.data : Bm,
                                  w_rows_copied ? (N == 1 ? g.K / 8 : pw.t.stride[0] / 8) : ldb,
                                  w_rows_copied ? ws + oB : NULL,
@@ -1045,7 +1050,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
                                  tapcorr,
                                  colcls,
                                  (int)BIE_COLCLS_LD(N),
-                                 gemm_rows ? (int2 *)(ws + oPixcls) : NULL,
+                                 pixcls_p,
                                  px.g,
                                  {border[0], border[1], border[2], border[3]}};
     if (zero_pad_fix && classes * BIE_COLCLS_LD(N) > INT32_MAX) // (the epilogue's 32-bit offsets in colcls)
@@ -1068,9 +1073,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     if (gather) { // after the weight, so that the last kernel before the GEMM writes terms only
         BIE_TRY(gather_source(ctx, st->stream, px, ws + oPix, &gs));
         // (right after weight_terms, when x needs no packing, it may start under that kernel)
-        if (rowterms)
-            BIE_TRY(bie_cuda_conv_rowpop(ctx, gs, px.g, rowpop, zero_pad_fix ? (int2 *)(ws + oRowterm) : NULL, border,
-                                         w_rows_copied && word_pixels(px)));
+        if (rowterms) BIE_TRY(bie_cuda_conv_rowpop(ctx, gs, px.g, rowpop, rowterm_p, border, rowpop_under_copy));
     }
     if (xrows.rows || wrows.rows)
         BIE_TRY(launch_row_popcounts(ctx, st->stream, xrows.rows ? xrows : wrows, xrows.rows ? wrows : NO_ROWS, g.K,
@@ -1082,8 +1085,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     ep.tapcorr = zero_pad_fix ? tapcorr : NULL;
     ep.colcls = zero_pad_fix ? colcls : NULL;
     ep.colcls_ld = (int)BIE_COLCLS_LD(N);
-    ep.rowterms = rowterms && zero_pad_fix ? (const int2 *)(ws + oRowterm) : NULL;
-    ep.pixcls = gemm_rows && zero_pad_fix ? (const int2 *)(ws + oPixcls) : NULL;
+    ep.rowterms = rowterm_p;
+    ep.pixcls = pixcls_p;
     for (int i = 0; i < 4; i++) ep.border[i] = border[i];
     ep.sa = px.s;
     ep.sw = pw.s;
@@ -1096,7 +1099,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     // start at once, or a packer); and the row popcounts may have started under a weight_terms
     // that copied the weight. Then the GEMM's producer waits for the kernel before it.
     ep.terms_last = (zero_pad_fix && !w_rows_copied) || xrows.rows || wrows.rows || rowterms;
-    ep.operands_last = gemm_rows ? !ep.terms_last : rowterms && w_rows_copied && word_pixels(px);
+    ep.operands_last = gemm_rows ? !ep.terms_last : rowpop_under_copy;
     BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, M, N, kbytes, ep, gather ? &gs : NULL));
     if (sign_codes) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
     return BIE_STATUS_OK;

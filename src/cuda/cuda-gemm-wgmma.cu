@@ -1077,12 +1077,13 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
             load_cols(cpop, n0);
             load_rows(rt, mw);
         }
-        int rpop[2] = {0, 0}; // gathered rows: this thread's two fragment rows' popcounts (column 0 of pc)
+        // Gathered rows: this thread's two fragment rows' popcounts, column 0 of pc in lanes 4q. (A
+        // copy of rt.rpop: the element-wise epilogue takes its address, and handed rt.rpop, ptxas
+        // put all of rt in local memory, 32 bytes of stack in the 64-column kernels against 8.)
+        int rpop[2] = {0, 0};
         if (count_rows) {
-            rpop[0] = __shfl_sync(0xffffffffu, pc[0], lane & ~3);
-            rpop[1] = __shfl_sync(0xffffffffu, pc[2], lane & ~3);
-            rt.rpop[0] = rpop[0];
-            rt.rpop[1] = rpop[1];
+            rpop[0] = rt.rpop[0] = __shfl_sync(0xffffffffu, pc[0], lane & ~3);
+            rpop[1] = rt.rpop[1] = __shfl_sync(0xffffffffu, pc[2], lane & ~3);
         }
         prepare_rows(rt, nt);
         if constexpr (SPLIT) {

@@ -423,8 +423,8 @@ struct gemm_epilogue {
     struct dview y;      // [batch, O, OH, OW]; y.dtype B1 -> write sign codes to `sign` instead
     int8_t * sign;       // [M][N] codes of (acc >= 0) for a B1 y
     int64_t ldb;         // bytes between rows of B (>= kbytes, a multiple of 16)
-    // 1: the last kernel queued before the GEMM wrote only rowpop, colpop, rowterms or the tap
-    // tables (all else it reads is complete), so the wgmma GEMM may start under it as a
+    // 1: the last kernel queued before the GEMM wrote only rowpop, colpop, rowterms, pixcls or the
+    // tap tables (all else it reads is complete), so the wgmma GEMM may start under it as a
     // programmatic dependent launch. operands_last, 1: that kernel wrote something the GEMM's
     // producer loads, or started under one that did (and waits for it): the GEMM may still start
     // under it, and its producer waits for it before the first load.

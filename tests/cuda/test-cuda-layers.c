@@ -695,8 +695,8 @@ int main(int argc, char ** argv) {
         describe(&c);
         test_forward(&c);
     }
-    for (int i = 0; i < 2; i++) { // gathered rows in 128-column tiles (row counts by conv_rowterms), a B1
-                                  // weight of 1152-bit rows copied by weight_terms, -1 and zero padding
+    for (int i = 0; i < 2; i++) { // gathered rows (tiles of 64, 128 or 256 columns as O falls), a B1 weight
+                                  // of 1152-bit rows copied by weight_terms, -1 and zero padding
         struct lcase c;
         random_case(&c, 3);
         c.batch = 2;
