@@ -145,7 +145,11 @@ __global__ void __launch_bounds__(KW * 32) gemm_small_kernel(const uint8_t * __r
     const float scale = __fmul_rn(ld_scale(ep.sa), ld_scale(ep.sw));
     const int cp0 = __shfl_sync(0xffffffffu, colpop, 8 * t), cp1 = __shfl_sync(0xffffffffu, colpop, 8 * t + 4);
     const int64_t n = n0 + nt * 8 + 2 * t;
-    if (n >= N) return;
+    if (n >= N) return; // (with a packed y, N % 8 == 0: all four lanes of a group, or none)
+    // A B1 y that the kernel packs (bie_cuda_gemm_packs_bits: rows y_row_pitch bits apart, whole
+    // bytes, N % 8 == 0): the four lanes of a group hold the 8 signs of the n tile's byte in a row.
+    const bool bits = ep.y.dtype == BIE_DTYPE_B1 && !ep.sign;
+    const unsigned quad = 0xfu << (lane & ~3);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         const int64_t m = mt * 16 + g + 8 * h;
@@ -154,6 +158,13 @@ __global__ void __launch_bounds__(KW * 32) gemm_small_kernel(const uint8_t * __r
         r.rowpop = rowpop[mt];
         const int d0 = BINARY ? dot_from_terms(sum[mt][0], r.rowpop, cp0, r.kterm) : sum[mt][0];
         const int d1 = BINARY ? dot_from_terms(sum[mt][1], r.rowpop, cp1, r.kterm) : sum[mt][1];
+        if (bits) { // (the sign codes' rule: dot >= 0)
+            unsigned b = ((d0 >= 0 ? 1u : 0u) | (d1 >= 0 ? 2u : 0u)) << (2 * t);
+            b |= __shfl_xor_sync(quad, b, 1);
+            b |= __shfl_xor_sync(quad, b, 2);
+            if (t == 0) ((uint8_t *)ep.y.data)[(m * y_row_pitch(ep) + n0 + nt * 8) / 8] = (uint8_t)b;
+            continue;
+        }
         store_pair(ep, r, n, d0, d1, n + 1 < N, scale);
     }
 }

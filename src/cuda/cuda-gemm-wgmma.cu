@@ -398,7 +398,7 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const ac
     const int lane = threadIdx.x % 32, g = lane / 4;
     const struct dview & y = ep.y;
     // Rows lie evenly spaced in y (bie_cuda_wgmma_packs_bits): row m starts at bit m * pitch.
-    const int64_t pitch = ep.g.OW > 1 ? y.stride[3] : ep.g.OH > 1 ? y.stride[2] : y.stride[0];
+    const int64_t pitch = y_row_pitch(ep);
     const int64_t rb_mine = (mw + (lane & 15)) * pitch; // lane j < 16: the bit offset of row mw + j
     // Lane t of a quad holds columns 2t and 2t+1 of each 8-column group, i.e. bits 2t and 2t+1 of
     // the row's byte for that group: four groups make a word, ORed over the quad by two shuffles
@@ -1296,7 +1296,7 @@ bool bie_cuda_wgmma_packs_bits(const gemm_epilogue & ep, int64_t N) {
     const struct dgeom & g = ep.g;
     if (y.dtype != BIE_DTYPE_B1 || N % 8 || (y.stride[1] != 1 && N > 1) || (ep.binary && g.K >= DOT_BIAS_MAX_K))
         return false;
-    const int64_t pitch = g.OW > 1 ? y.stride[3] : g.OH > 1 ? y.stride[2] : y.stride[0]; // bits between rows
+    const int64_t pitch = y_row_pitch(ep); // bits between rows
     if (g.OW > 1 && g.OH > 1 && y.stride[2] != pitch * g.OW) return false;
     if ((g.OW > 1 || g.OH > 1) && g.batch > 1 && y.stride[0] != pitch * g.OH * g.OW) return false;
     return pitch >= N && pitch % 8 == 0;

@@ -198,13 +198,14 @@ enum bie_status pick(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, 
 } // namespace
 
 // Routing (bie_cuda_gemm below): few rows -> the split-K kernel; more than 64 rows on Hopper ->
-// wgmma; else mma.sync. Only the wgmma epilogue packs B1 outputs itself.
+// wgmma; else mma.sync. The split-K and wgmma epilogues pack B1 outputs themselves.
 bool bie_cuda_gemm_takes_wgmma(bie_context_t * ctx, int64_t M, bool taps) {
     return !bie_cuda_gemm_counts_popcounts(M, taps) && M > 64 && bie_cuda_wgmma_usable(ctx);
 }
 
 bool bie_cuda_gemm_packs_bits(bie_context_t * ctx, int64_t M, int64_t N, bool taps, const gemm_epilogue & ep) {
-    return bie_cuda_gemm_takes_wgmma(ctx, M, taps) && bie_cuda_wgmma_packs_bits(ep, N);
+    return (bie_cuda_gemm_counts_popcounts(M, taps) || bie_cuda_gemm_takes_wgmma(ctx, M, taps)) &&
+           bie_cuda_wgmma_packs_bits(ep, N);
 }
 
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,

@@ -430,6 +430,11 @@ struct gemm_epilogue {
     // under it, and its producer waits for it before the first load.
     int terms_last, operands_last;
 };
+// The bits between consecutive rows m of y (its pixels' stride, or for one output position its
+// samples'): where bie_cuda_wgmma_packs_bits holds, row m starts at bit m times this.
+__host__ __device__ inline int64_t y_row_pitch(const struct gemm_epilogue & ep) {
+    return ep.g.OW > 1 ? ep.y.stride[3] : ep.g.OH > 1 ? ep.y.stride[2] : ep.y.stride[0];
+}
 // Division of n < 2^31 by a divisor d in [1, 2^30] fixed for a kernel, as a multiply-high and a
 // shift (fast_div_make on the host, fast_div on the device): with l = ceil(log2 d) and p = 31 + l,
 // mul = ceil(2^p / d) fits 32 bits and n / d = umulhi(n, mul) >> (p - 32), since the rounding

@@ -723,6 +723,27 @@ int main(int argc, char ** argv) {
         test_forward(&c);
     }
     test_all_outputs();
+    for (int i = 0; i < 6; i++) { // few rows (the split-K GEMM) with a B1 y that it packs itself: linear layers,
+                                  // then a one-sample conv of 5 x 5 output pixels (channels-last y)
+        struct lcase c;
+        do
+            random_case(&c, 0);
+        while (c.conv != (i >= 3));
+        c.quant = c.cd.quant = c.ld.quant = BIE_QUANT_BINARY;
+        if (c.wdt == BIE_DTYPE_S4) c.wdt = BIE_DTYPE_B1;
+        c.batch = c.conv ? 1 : test_rand_int(1, 32);
+        c.lead2 = 0;
+        c.O = c.cd.out_channels = c.ld.out_features = 8 * test_rand_int(1, 40);
+        c.ydt = BIE_DTYPE_B1;
+        if (c.conv) {
+            c.H = c.W = 5;
+            square_kernel(&c, 3);
+            c.cd.pad_value = BIE_PAD_MINUS_ONE;
+            c.ykind = 1;
+        }
+        describe(&c);
+        test_forward(&c);
+    }
     for (int i = 0; i < n / 2; i++) {
         struct lcase c;
         random_case(&c, 0);
