@@ -28,6 +28,7 @@ struct lcase {
     struct bie_linear_desc ld;
     enum bie_dtype xdt, wdt, ydt, gdt;
     int bias, dev_scales, xkind, ykind;
+    int64_t wpad; // a B1 conv weight's OHWI rows wpad bits further apart than K (0: dense)
     float sa, sw;
     char text[400];
 };
@@ -37,12 +38,12 @@ static const enum bie_dtype float_dts[3] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DT
 static void describe(struct lcase * c) {
     snprintf(c->text, sizeof c->text,
              "%s q=%d batch=%lld C=%lld H=%lld W=%lld O=%lld k=%dx%d s=%dx%d p=%dx%d d=%dx%d pad=%d x=%s w=%s "
-             "y=%s g=%s bias=%d devscale=%d layouts=%d/%d sa=%g sw=%g",
+             "y=%s g=%s bias=%d devscale=%d layouts=%d/%d wpad=%lld sa=%g sw=%g",
              c->conv ? "conv" : "linear", (int)c->quant, (long long)c->batch, (long long)c->C, (long long)c->H,
              (long long)c->W, (long long)c->O, c->cd.kernel[0], c->cd.kernel[1], c->cd.stride[0], c->cd.stride[1],
              c->cd.padding[0], c->cd.padding[1], c->cd.dilation[0], c->cd.dilation[1], (int)c->cd.pad_value,
              bie_dtype_name(c->xdt), bie_dtype_name(c->wdt), bie_dtype_name(c->ydt), bie_dtype_name(c->gdt), c->bias,
-             c->dev_scales, c->xkind, c->ykind, (double)c->sa, (double)c->sw);
+             c->dev_scales, c->xkind, c->ykind, (long long)c->wpad, (double)c->sa, (double)c->sw);
 }
 
 static void random_case(struct lcase * c, int big) {
@@ -190,7 +191,11 @@ static void make_operands(const struct lcase * c, struct operands * o) {
         const int64_t xs[4] = {c->batch, c->C, c->H, c->W};
         o->x = make4(c->xdt, xs, c->xkind);
         const int64_t ws[4] = {c->O, c->C, c->cd.kernel[0], c->cd.kernel[1]};
-        o->w = make4(c->wdt, ws, (c->wdt == BIE_DTYPE_B1 || c->wdt == BIE_DTYPE_S4) ? 1 : (int)test_rand_int(0, 2));
+        if (c->wpad && c->wdt == BIE_DTYPE_B1) { // OHWI rows, wpad bits between them
+            const int64_t kw = ws[3], st[4] = {ws[1] * ws[2] * kw + c->wpad, 1, kw * ws[1], ws[1]};
+            o->w = test_tensor(BIE_DTYPE_B1, 4, ws, st);
+        } else
+            o->w = make4(c->wdt, ws, (c->wdt == BIE_DTYPE_B1 || c->wdt == BIE_DTYPE_S4) ? 1 : (int)test_rand_int(0, 2));
     } else {
         const int64_t xs3[3] = {c->batch, c->lead2, c->C}, xs2[2] = {c->batch, c->C};
         o->x = c->lead2 ? test_tensor(c->xdt, 3, xs3, NULL) : test_tensor(c->xdt, 2, xs2, NULL);
@@ -695,16 +700,19 @@ int main(int argc, char ** argv) {
         describe(&c);
         test_forward(&c);
     }
-    for (int i = 0; i < 2; i++) { // gathered rows (tiles of 64, 128 or 256 columns as O falls), a B1 weight
-                                  // of 1152-bit rows copied by weight_terms, -1 and zero padding
+    for (int i = 0; i < 5; i++) { // gathered rows (tiles of 64, 128 or 256 columns as O falls), a B1 weight
+        // copied by weight_terms (C = 128: 1152-bit rows, dense or 1216 bits apart; C = 64; C = 96
+        // with rows 896 bits apart), -1 and zero padding
         struct lcase c;
         random_case(&c, 3);
         c.batch = 2;
-        c.C = c.cd.in_channels = 128;
+        c.C = c.cd.in_channels = i < 3 ? 128 : i == 3 ? 64 : 96;
+        c.ld.in_features = c.C; // (as random_case keeps them)
         c.H = c.W = 12;
         square_kernel(&c, 3);
-        c.cd.pad_value = i ? BIE_PAD_ZERO : BIE_PAD_MINUS_ONE;
+        c.cd.pad_value = i % 2 ? BIE_PAD_ZERO : BIE_PAD_MINUS_ONE;
         c.wdt = BIE_DTYPE_B1;
+        c.wpad = i == 2 ? 64 : i == 4 ? 32 : 0;
         describe(&c);
         test_forward(&c);
     }
