@@ -1003,6 +1003,31 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     int pc[4] = {0, 0, 0, 0};
     const uint64_t dones = smem_desc((uint32_t)__cvta_generic_to_shared(ones));
     const int kwhole = (int)(ep.g.K / 256 < INT32_MAX ? ep.g.K / 256 : INT32_MAX), kpart = ep.g.K % 256 ? kwhole : -1;
+    // The k-steps (32 bytes of K each) of a tile's last stage that hold any of K: those past it,
+    // zeros in B, are not issued (3 of 4 at K = 576 bits, a 3x3 conv of 64 channels).
+    const int64_t kvbytes = BINARY ? (ep.g.K + 7) / 8 : ep.g.K, krest = (kvbytes - (int64_t)(ktiles - 1) * BK + 31) / 32;
+    const int klast = krest < 1 ? 1 : krest > BK / 32 ? BK / 32 : (int)krest;
+    // NK k-steps of one stage as one group (with the ones MMA beside each when count_rows).
+    auto mma_group = [&](auto nk, int * d, uint64_t da, uint64_t db, int kt) {
+        constexpr int NK = decltype(nk)::value;
+        if (count_rows) {
+            uint64_t dq[NK];
+#pragma unroll
+            for (int k = 0; k < NK; k++) dq[k] = dones + ones_slice(kt * (BK / 32) + k, kwhole, kpart);
+            wg_fence();
+#pragma unroll
+            for (int k = 0; k < NK; k++) {
+                wg_mma<BINARY, BN>(d, da + 2 * k, db + 2 * k, (kt | k) != 0);
+                wg_b1_8(pc, da + 2 * k, dq[k], (kt | k) != 0);
+            }
+            wg_commit();
+        } else {
+            wg_fence();
+#pragma unroll
+            for (int k = 0; k < NK; k++) wg_mma<BINARY, BN>(d, da + 2 * k, db + 2 * k, (kt | k) != 0);
+            wg_commit();
+        }
+    };
     auto mma_stage = [&](int * d, int kt) {
         const int s = it % STAGES;
         mbar_wait(full(s), (it / STAGES) & 1);
@@ -1011,23 +1036,12 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
         const uint64_t da = smem_desc(sa + (PP ? 0 : cw * 64 * BK)), db = smem_desc(sa + BM * BK);
         // (A branch per stage, each side a whole fenced group: with the branch between the MMAs,
         // or around them only, ptxas fences them itself.)
-        if (count_rows) {
-            uint64_t dq[BK / 32];
-#pragma unroll
-            for (int k = 0; k < BK / 32; k++) dq[k] = dones + ones_slice(kt * (BK / 32) + k, kwhole, kpart);
-            wg_fence();
-#pragma unroll
-            for (int k = 0; k < BK / 32; k++) {
-                wg_mma<BINARY, BN>(d, da + 2 * k, db + 2 * k, (kt | k) != 0);
-                wg_b1_8(pc, da + 2 * k, dq[k], (kt | k) != 0);
-            }
-            wg_commit();
-        } else {
-            wg_fence();
-#pragma unroll
-            for (int k = 0; k < BK / 32; k++) wg_mma<BINARY, BN>(d, da + 2 * k, db + 2 * k, (kt | k) != 0);
-            wg_commit();
-        }
+        static_assert(BK / 32 == 4, "four k-steps a stage");
+        const int nk = kt == ktiles - 1 ? klast : BK / 32;
+        if (nk == 4) mma_group(std::integral_constant<int, 4>(), d, da, db, kt);
+        else if (nk == 3) mma_group(std::integral_constant<int, 3>(), d, da, db, kt);
+        else if (nk == 2) mma_group(std::integral_constant<int, 2>(), d, da, db, kt);
+        else mma_group(std::integral_constant<int, 1>(), d, da, db, kt);
         wg_wait<1>(); // (unconditional, so that ptxas sees every earlier group retired here)
         if (prev >= 0 && lane == 0) mbar_arrive(empty(prev));
         prev = s;
