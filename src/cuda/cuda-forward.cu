@@ -839,7 +839,7 @@ struct weight_terms_args {
     int64_t ld;
     uint8_t * copy; // NULL: no copy
     int64_t kbytes;
-    int * tappop, * colpop, * tapcorr, * colcls;
+    int * tappop, * colpop, * tapcorr, * colcls; // (tappop: NULL for at most WT_SMEM_TAPS taps)
     int colcls_ld;
     int2 * pixcls; // NULL: not written
     struct dgeom g;
@@ -1029,7 +1029,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
         border_counts(g.OW, g.W, g.sw, g.pw, g.kw, g.dw, &border[2], &border[3]);
     }
     const int64_t classes = (int64_t)(1 + border[0] + border[1]) * (1 + border[2] + border[3]);
-    const size_t oTap = off; off = align256(off + (zero_pad_fix ? (size_t)(N * taps) * 4 : 0));
+    const size_t oTap = off; off = align256(off + (zero_pad_fix && taps > WT_SMEM_TAPS ? (size_t)(N * taps) * 4 : 0));
     const size_t oCorr = off; off = align256(off + (zero_pad_fix ? (size_t)(classes * N) * 4 : 0));
     const size_t oCls = off; off = align256(off + (zero_pad_fix ? (size_t)(classes * BIE_COLCLS_LD(N)) * 4 : 0));
     const size_t oPixcls = off; off = align256(off + (gemm_rows && zero_pad_fix ? (size_t)(g.OH * g.OW) * 8 : 0));
@@ -1043,7 +1043,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     uint8_t * ws;
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
 
-    int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol), * tappop = (int *)(ws + oTap),
+    int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol),
+        * tappop = taps > WT_SMEM_TAPS ? (int *)(ws + oTap) : NULL, // (else weight_terms keeps them in shared memory)
         * tapcorr = (int *)(ws + oCorr), * colcls = (int *)(ws + oCls);
     // the zero-padding terms of gathered rows: per row (rowterms) or per pixel (gemm_rows)
     int2 * const rowterm_p = rowterms && zero_pad_fix ? (int2 *)(ws + oRowterm) : NULL,

@@ -300,11 +300,12 @@ struct tile_walk {
 // MMA beside each of the tile's, whose first column is the popcount of every A row over its first
 // K bits (popc(a & 1...1) = popc(a)), so that no kernel counts the gathered rows beforehand. It is
 // one 128-byte-swizzled atom (8 rows of 128 bytes, 1024-byte aligned) whose rows 1-7 are zeros and
-// whose row 0, which the swizzle leaves in place, holds three 32-byte K slices: all ones (slice
-// 0), the first K % 256 bits (slice 1) and zeros (slice 2). The MMA of K step q (bits [256 q, 256 q
-// + 256)) reads slice 0 when the step lies below K, slice 1 when K ends inside it and slice 2 past
-// K, where a gathered stage holds whatever its last fill left. (The descriptor's start moves by
-// 32-byte steps across row 0's slices as it does across the K slices of a stage.)
+// whose row 0, which the swizzle leaves in place, holds two 32-byte K slices, then zeros: all ones
+// (slice 0) and the first K % 256 bits (slice 1). The MMA of K step q (bits [256 q, 256 q + 256))
+// reads slice 0 when the step lies below K and slice 1 when K ends inside it, so that the bits of
+// a gathered stage past K (whatever its last fill left) count nothing; no step lies wholly past K
+// (the last stage issues only the steps that hold K). (The descriptor's start moves by 32-byte
+// steps across row 0's slices as it does across the K slices of a stage.)
 __device__ __forceinline__ void ones_operand(uint8_t * ones, int64_t K) {
     const int part = (int)(K % 256);
     for (int b = threadIdx.x; b < ONES; b += blockDim.x) {
@@ -314,8 +315,8 @@ __device__ __forceinline__ void ones_operand(uint8_t * ones, int64_t K) {
     fence_proxy_async(); // (before the CTA's barrier: the MMAs read it through the async proxy)
 }
 // The descriptor offset (16-byte units) of the ones operand's slice for K step q, given the number
-// of whole K steps (K / 256) and the partial one (K / 256 when K % 256, else -1).
-__device__ __forceinline__ int ones_slice(int q, int whole, int part) { return q < whole ? 0 : q == part ? 2 : 4; }
+// of whole K steps (K / 256).
+__device__ __forceinline__ int ones_slice(int q, int whole) { return q < whole ? 0 : 2; }
 
 // --- epilogue -----------------------------------------------------------------------------------
 
@@ -1002,18 +1003,19 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
     int it = 0, prev = -1;
     int pc[4] = {0, 0, 0, 0};
     const uint64_t dones = smem_desc((uint32_t)__cvta_generic_to_shared(ones));
-    const int kwhole = (int)(ep.g.K / 256 < INT32_MAX ? ep.g.K / 256 : INT32_MAX), kpart = ep.g.K % 256 ? kwhole : -1;
+    const int kwhole = (int)(ep.g.K / 256 < INT32_MAX ? ep.g.K / 256 : INT32_MAX);
     // The k-steps (32 bytes of K each) of a tile's last stage that hold any of K: those past it,
     // zeros in B, are not issued (3 of 4 at K = 576 bits, a 3x3 conv of 64 channels).
-    const int64_t kvbytes = BINARY ? (ep.g.K + 7) / 8 : ep.g.K, krest = (kvbytes - (int64_t)(ktiles - 1) * BK + 31) / 32;
-    const int klast = krest < 1 ? 1 : krest > BK / 32 ? BK / 32 : (int)krest;
+    // (1 to 4: the host rounds K's bytes up to whole stages, kbytes.)
+    const int64_t kvbytes = BINARY ? (ep.g.K + 7) / 8 : ep.g.K;
+    const int klast = (int)((kvbytes - (int64_t)(ktiles - 1) * BK + 31) / 32);
     // NK k-steps of one stage as one group (with the ones MMA beside each when count_rows).
     auto mma_group = [&](auto nk, int * d, uint64_t da, uint64_t db, int kt) {
         constexpr int NK = decltype(nk)::value;
         if (count_rows) {
             uint64_t dq[NK];
 #pragma unroll
-            for (int k = 0; k < NK; k++) dq[k] = dones + ones_slice(kt * (BK / 32) + k, kwhole, kpart);
+            for (int k = 0; k < NK; k++) dq[k] = dones + ones_slice(kt * (BK / 32) + k, kwhole);
             wg_fence();
 #pragma unroll
             for (int k = 0; k < NK; k++) {
