@@ -832,8 +832,12 @@ __device__ __forceinline__ int64_t class_example(int c, int64_t O, int lo, int h
 //   pixcls (optional) = gemm_epilogue.pixcls, the blocks taking the output pixels in turn.
 // (Five launches before: the row copy and its clearing, the row popcounts, the tap popcounts and
 // the corrections; each was a few microseconds of almost no work.)
-constexpr int WT_SMEM_TAPS = 2048;
-size_t weight_terms_smem(int64_t taps) { return (size_t)(32 + (taps <= WT_SMEM_TAPS ? taps : 0)) * sizeof(int); }
+constexpr int WT_SMEM_TAPS = 2048, WT_SMEM_ROW = 4096; // (bytes of a weight row staged in shared memory)
+__host__ __device__ bool weight_terms_stages_row(int64_t K) { return (K + 7) / 8 <= WT_SMEM_ROW; }
+size_t weight_terms_smem(int64_t taps, int64_t K) {
+    return (size_t)(32 + (taps <= WT_SMEM_TAPS ? taps : 0)) * sizeof(int) +
+           (weight_terms_stages_row(K) ? (size_t)((K + 7) / 8) : 0);
+}
 struct weight_terms_args {
     const uint8_t * w;
     int64_t ld;
@@ -852,18 +856,32 @@ __global__ void weight_terms(weight_terms_args a) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     const int taps = (int)(g.kh * g.kw);
     const uint8_t * row = a.w + o * a.ld;
-    if (a.copy) {
-        const int64_t kb = g.K / 8;
-        for (int64_t b = threadIdx.x; b < a.kbytes; b += blockDim.x) a.copy[o * a.kbytes + b] = b < kb ? row[b] : 0;
+    // The launch sizes the shared memory (weight_terms_smem): the warps' sums, the tap popcounts
+    // (up to WT_SMEM_TAPS taps, else in tappop), then the row's bytes (rows of up to WT_SMEM_ROW
+    // bytes). (With a fixed 8 KB array, the C = 512 conv (7x7, N = 128), where this kernel runs
+    // beside the packer of x, took 0.0239 ms against 0.0226 with the tap sums in global memory.)
+    extern __shared__ int wt_smem[];
+    const int ntp = taps <= WT_SMEM_TAPS ? taps : 0;
+    int * const wsum = wt_smem, * const tp = ntp ? wt_smem + 32 : a.tappop + o * taps;
+    // The row's bytes that hold K, loaded at once: staged in shared memory, where the tap loop
+    // below reads them, and copied into the operand (K % 8 == 0 there) from the same loads. (Read
+    // by the tap loop from global memory, a load after each tap's sum, they were three latencies
+    // in a row per warp for 9 taps and 4 warps.)
+    const int64_t kv = (g.K + 7) / 8;
+    const bool staged = weight_terms_stages_row(g.K);
+    uint8_t * const srow = (uint8_t *)(wt_smem + 32 + ntp);
+    const int64_t nb = a.copy ? a.kbytes : staged ? kv : 0;
+    for (int64_t b = threadIdx.x; b < nb; b += blockDim.x) {
+        const uint8_t v = b < kv ? row[b] : 0;
+        if (a.copy) a.copy[o * a.kbytes + b] = v;
+        if (staged && b < kv) srow[b] = v;
+    }
+    if (staged) {
+        __syncthreads();
+        row = srow;
     }
     // The tap popcounts, a warp per tap and a byte per lane (the bytes at the ends of the range
-    // masked), kept in shared memory (up to WT_SMEM_TAPS taps, else in tappop), where the sums
-    // below read them. (Read back from global memory, one load after another, they made the
-    // kernel a chain of dependent loads.) The launch sizes the shared memory (weight_terms_smem):
-    // with a fixed 8 KB array, the C = 512 conv (7x7, N = 128), where this kernel runs beside the
-    // packer of x, took 0.0239 ms against 0.0226 with the sums in global memory.
-    extern __shared__ int wt_smem[];
-    int * const wsum = wt_smem, * const tp = taps <= WT_SMEM_TAPS ? wt_smem + 32 : a.tappop + o * taps;
+    // masked), kept where the sums below read them.
     int part = 0; // this warp's share of popc(row): the sum over its taps
     for (int t = warp; t < taps; t += warps) {
         const int64_t k0 = t * g.C, k1 = k0 + g.C;
@@ -1079,7 +1097,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     auto launch_weight_terms = [&](bool under_prev) -> enum bie_status {
         cudaLaunchAttribute attr;
         const cudaLaunchConfig_t cfg =
-            bie_cuda_launch_config(ctx, dim3((unsigned)N), dim3(128), weight_terms_smem(taps), under_prev && bie_cuda_cc(ctx) >= 90,
+            bie_cuda_launch_config(ctx, dim3((unsigned)N), dim3(128), weight_terms_smem(taps, g.K), under_prev && bie_cuda_cc(ctx) >= 90,
                                    &attr);
         CU_TRY(ctx, cudaLaunchKernelEx(&cfg, weight_terms, wt_args), "weight terms launch");
         LAUNCHED(ctx, "weight terms");
