@@ -1097,8 +1097,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     auto launch_weight_terms = [&](bool under_prev) -> enum bie_status {
         cudaLaunchAttribute attr;
         const cudaLaunchConfig_t cfg =
-            bie_cuda_launch_config(ctx, dim3((unsigned)N), dim3(128), weight_terms_smem(taps, g.K), under_prev && bie_cuda_cc(ctx) >= 90,
-                                   &attr);
+            bie_cuda_launch_config(ctx, dim3((unsigned)N), dim3(128), weight_terms_smem(taps, g.K),
+                                   under_prev && bie_cuda_cc(ctx) >= 90, &attr);
         CU_TRY(ctx, cudaLaunchKernelEx(&cfg, weight_terms, wt_args), "weight terms launch");
         LAUNCHED(ctx, "weight terms");
         return BIE_STATUS_OK;
