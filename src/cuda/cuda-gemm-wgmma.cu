@@ -376,15 +376,23 @@ template <bool BINARY, bool TAPS> __device__ __forceinline__ int2 col_pair(const
 // from colterm (the tile's, in shared memory), or for a zero-padded conv (TAPS) from the row of
 // ep.colcls of the row's border class (which adds back the taps outside the image): border is
 // then that row's offset, class * colcls_ld + the tile's first column.
+// fragment_ints: the binary pair's column parts, 4 acc + column term (the bits of 1.5 * 2^23 + p).
+template <bool TAPS, class D>
+__device__ __forceinline__ int2 fragment_ints(const gemm_epilogue & ep, const D & d, int2 ctc, int i, int h, int border) {
+    const int2 a = d.pair(i, h);
+    const int lane = threadIdx.x % 32;
+    const int2 ct = TAPS ? __ldg((const int2 *)(ep.colcls + border + 8 * i + 2 * (lane % 4))) : ctc;
+    return make_int2(4 * a.x + ct.x, 4 * a.y + ct.y);
+}
 template <bool BINARY, bool TAPS, class D>
 __device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const D & d, int2 ctc, int i, int h,
                                                 float rowf, int border) {
-    const int2 a = d.pair(i, h);
-    if (!BINARY) return make_float2(__int2float_rn(a.x), __int2float_rn(a.y));
-    const int lane = threadIdx.x % 32;
-    const int2 ct = TAPS ? __ldg((const int2 *)(ep.colcls + border + 8 * i + 2 * (lane % 4))) : ctc;
-    const int v0 = 4 * a.x + ct.x, v1 = 4 * a.y + ct.y;
-    return make_float2(__fadd_rn(__int_as_float(v0), rowf), __fadd_rn(__int_as_float(v1), rowf));
+    if (!BINARY) {
+        const int2 a = d.pair(i, h);
+        return make_float2(__int2float_rn(a.x), __int2float_rn(a.y));
+    }
+    const int2 v = fragment_ints<TAPS>(ep, d, ctc, i, h, border);
+    return make_float2(__fadd_rn(__int_as_float(v.x), rowf), __fadd_rn(__int_as_float(v.y), rowf));
 }
 
 // The B1 y of the fast epilogue (T = bits_t; see bie_cuda_wgmma_packs_bits for when it applies): y
@@ -402,25 +410,29 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const ac
     const int64_t pitch = y_row_pitch(ep);
     const int64_t rb_mine = (mw + (lane & 15)) * pitch; // lane j < 16: the bit offset of row mw + j
     // Lane t of a quad holds columns 2t and 2t+1 of each 8-column group, i.e. bits 2t and 2t+1 of
-    // the row's byte for that group: four groups make a word, ORed over the quad by two shuffles
-    // (rounding to float keeps the sign of an integer).
+    // the row's byte for that group: four groups make a word, ORed over the quad by two shuffles.
+    // Binary: the sign test on the integers, result >= 0 exactly when fragment_ints' part >= the
+    // row's threshold DOT_BIAS - (K - 2 popc(x)) (rowf + DOT_BIAS_F is that row term, exactly);
+    // n-bit: acc >= 0.
     const int t = lane % 4;
 #pragma unroll
-    for (int h = 0; h < 2; h++)
+    for (int h = 0; h < 2; h++) {
+        const int thr = BINARY ? DOT_BIAS - __float2int_rn(__fadd_rn(rowf[h], DOT_BIAS_F)) : 0;
 #pragma unroll
         for (int w4 = 0; w4 < BN / 32; w4++) {
             uint32_t word = 0;
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int i = 4 * w4 + q;
-                const float2 v =
-                    fragment_pair<BINARY, TAPS>(ep, d, col_pair<BINARY, TAPS>(colterm, i), i, h, rowf[h], rowborder[h]);
-                word |= ((v.x >= 0.0f ? 1u : 0u) | (v.y >= 0.0f ? 2u : 0u)) << (8 * q + 2 * t);
+                const int2 v = BINARY ? fragment_ints<TAPS>(ep, d, col_pair<BINARY, TAPS>(colterm, i), i, h, rowborder[h])
+                                      : d.pair(i, h);
+                word |= ((v.x >= thr ? 1u : 0u) | (v.y >= thr ? 2u : 0u)) << (8 * q + 2 * t);
             }
             word |= __shfl_xor_sync(0xffffffffu, word, 1);
             word |= __shfl_xor_sync(0xffffffffu, word, 2);
             if (t == 0) *(uint32_t *)(stage + (g + 8 * h) * (BN / 8) + 4 * w4) = word;
         }
+    }
     __syncwarp();
     // The stage's 16 rows of BN/8 bytes leave a word per lane (bytes where a row's start in y is not
     // 4-byte aligned or the tile ends mid-word).
