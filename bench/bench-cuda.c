@@ -13,9 +13,11 @@
 // libbie time.
 //
 // Entry point: bie_bench_cuda_main(argc, argv), the hook of bench.h (options: --quick, --json,
-// --case SUBSTRING of binary-gemm|binary-conv|int4-linear|train-step, --call-only: no graph
-// replays, e.g. under a profiler; --rows M: binary-gemm only at M rows; others are ignored). With
-// -DBIE_BENCH_CUDA_MAIN it is also a program of its own.
+// --case S: the groups binary-gemm|binary-conv|int4-linear|train-step whose name contains S, or
+// the rows whose name contains S (--case "binary-conv b1->b1"); --shape S: the rows whose shape
+// contains S ("4096x4096x4096", "C64 "); --call-only: no graph replays, e.g. under a profiler;
+// --rows M: binary-gemm only at M rows; others are ignored). With -DBIE_BENCH_CUDA_MAIN it is also
+// a program of its own.
 #include <cublas_v2.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
@@ -536,16 +538,27 @@ static struct timing time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
 }
 #endif
 
-static int want(const char * only, const char * name) { return !only || strstr(name, only) != NULL; }
+static const char * g_case = NULL, * g_shape = NULL; // --case, --shape (NULL: all)
+
+// Whether group's rows may run: --case names the group, part of it, or one of its rows.
+static int want_group(const char * group) {
+    return !g_case || strstr(group, g_case) || !strncmp(g_case, group, strlen(group));
+}
+
+// Whether a row of group runs: --case names the group (or part of it) or part of the row's name,
+// and the row's shape contains --shape.
+static int want_row(const char * group, const char * name, const char * shape) {
+    return (!g_case || strstr(group, g_case) || strstr(name, g_case)) && (!g_shape || strstr(shape, g_shape));
+}
 
 int bie_bench_cuda_main(int argc, char ** argv) {
-    const char * only = NULL;
     long long rows_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) g_quick = 1;
         else if (!strcmp(argv[i], "--json")) g_json = 1;
         else if (!strcmp(argv[i], "--call-only")) g_call_only = 1;
-        else if (!strcmp(argv[i], "--case") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--case") && i + 1 < argc) g_case = argv[++i];
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc) g_shape = argv[++i];
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) rows_only = atoll(argv[++i]);
     }
     if (!bie_backend_available(BIE_BACKEND_CUDA)) {
@@ -570,48 +583,57 @@ int bie_bench_cuda_main(int argc, char ** argv) {
     BK(ctx, bie_context_set_cuda_stream(ctx, g_stream));
     char shape[64];
 
-    if (want(only, "binary-gemm")) {
+    if (want_group("binary-gemm")) {
         const int64_t sizes[3][3] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16, 4096, 4096}};
+        // The rows of each shape: the B1 x with f16 or B1 y, and the f16 x packed in the call.
+        const struct { const char * name; enum bie_dtype xdt; int opt; } rows[4] = {
+            {"binary-gemm b1->f16", BIE_DTYPE_B1, 0},
+            {"binary-gemm b1->b1", BIE_DTYPE_B1, LAYER_Y_BITS},
+            {"binary-linear f16", BIE_DTYPE_F16, 0},
+            {"binary-linear f16+bias_a", BIE_DTYPE_F16, LAYER_BIAS},
+        };
         for (int i = 0; i < 3; i++) {
             const int64_t M = sizes[i][0], N = sizes[i][1], K = sizes[i][2];
-            if (rows_only && M != rows_only) continue;
-            const struct timing base = time_cublas(M, N, K, 0);
             snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
+            int any = 0;
+            for (int j = 0; j < 4; j++) any |= want_row("binary-gemm", rows[j].name, shape);
+            if ((rows_only && M != rows_only) || !any) continue;
+            const struct timing base = time_cublas(M, N, K, 0);
             const double ops = 2.0 * (double)M * (double)N * (double)K;
-            print_row("binary-gemm b1->f16", shape,
-                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_B1, BIE_DTYPE_B1, M, N, K, STEP_FORWARD, 0), "cublas-fp16",
-                      base, ops);
-            print_row("binary-gemm b1->b1", shape,
-                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_B1, BIE_DTYPE_B1, M, N, K, STEP_FORWARD, LAYER_Y_BITS),
-                      "cublas-fp16", base, ops);
-            print_row("binary-linear f16", shape,
-                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_B1, M, N, K, STEP_FORWARD, 0), "cublas-fp16",
-                      base, ops);
-            print_row("binary-linear f16+bias_a", shape,
-                      time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_B1, M, N, K, STEP_FORWARD, LAYER_BIAS), "cublas-fp16",
-                      base, ops);
+            for (int j = 0; j < 4; j++)
+                if (want_row("binary-gemm", rows[j].name, shape))
+                    print_row(rows[j].name, shape,
+                              time_linear(ctx, BIE_QUANT_BINARY, rows[j].xdt, BIE_DTYPE_B1, M, N, K, STEP_FORWARD,
+                                          rows[j].opt),
+                              "cublas-fp16", base, ops);
         }
     }
-    if (want(only, "binary-conv")) {
+    if (want_group("binary-conv")) {
         const int64_t layers[4][2] = {{64, 56}, {128, 28}, {256, 14}, {512, 7}};
         const int64_t Nb = g_quick ? 32 : 128;
+        // The rows of each layer: x as NHWC bits or f16 (channels-last, or NCHW), y f16 or bits.
+        const struct { const char * name; enum bie_dtype xdt, ydt; int nchw; } rows[4] = {
+            {"binary-conv b1->f16", BIE_DTYPE_B1, BIE_DTYPE_F16, 0},
+            {"binary-conv b1->b1", BIE_DTYPE_B1, BIE_DTYPE_B1, 0},
+            {"binary-conv f16->f16", BIE_DTYPE_F16, BIE_DTYPE_F16, 0},
+            {"binary-conv f16nchw->f16", BIE_DTYPE_F16, BIE_DTYPE_F16, 1},
+        };
         for (int i = 0; i < 4; i++) {
             const int64_t C = layers[i][0], H = layers[i][1];
-            const struct timing base = time_cudnn(Nb, C, H, C);
             snprintf(shape, sizeof shape, "N%lld C%lld %lldx%lld 3x3", (long long)Nb, (long long)C, (long long)H,
                      (long long)H);
+            int any = 0;
+            for (int j = 0; j < 4; j++) any |= want_row("binary-conv", rows[j].name, shape);
+            if (!any) continue;
+            const struct timing base = time_cudnn(Nb, C, H, C);
             const double ops = 2.0 * (double)Nb * H * H * C * C * 9;
-            print_row("binary-conv b1->f16", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_B1, BIE_DTYPE_F16, 0), "cudnn-fp16",
-                      base, ops);
-            print_row("binary-conv b1->b1", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_B1, BIE_DTYPE_B1, 0), "cudnn-fp16",
-                      base, ops);
-            print_row("binary-conv f16->f16", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_F16, BIE_DTYPE_F16, 0),
-                      "cudnn-fp16", base, ops);
-            print_row("binary-conv f16nchw->f16", shape, time_conv(ctx, Nb, C, H, C, BIE_DTYPE_F16, BIE_DTYPE_F16, 1),
-                      "cudnn-fp16", base, ops);
+            for (int j = 0; j < 4; j++)
+                if (want_row("binary-conv", rows[j].name, shape))
+                    print_row(rows[j].name, shape, time_conv(ctx, Nb, C, H, C, rows[j].xdt, rows[j].ydt, rows[j].nchw),
+                              "cudnn-fp16", base, ops);
         }
     }
-    if (want(only, "int4-linear")) {
+    if (want_group("int4-linear") && want_row("int4-linear", "int4-linear f16 x,s4 w", "8192x8192x8192")) {
         const int64_t M = 8192, N = 8192, K = 8192;
         const struct timing b16 = time_cublas(M, N, K, 0), b8 = time_cublas(M, N, K, 1);
         const double ops = 2.0 * (double)M * N * K;
@@ -619,19 +641,23 @@ int bie_bench_cuda_main(int argc, char ** argv) {
         print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-fp16", b16, ops);
         print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-int8", b8, ops);
     }
-    if (want(only, "train-step")) {
+    if (want_group("train-step")) {
         // The step from the float x, and the same step reading x and W once: bie_binarize_ste(x) ->
         // bits, mask (2 bits per element kept instead of x) and bie_pack(W) -> W's bits, then the
         // forward from the bits and the backward from the bits and mask. Each with nothing stopped
         // by the STE and with an eighth of the elements stopped (their grad_x cleared).
         const int64_t M = 8192, N = 4096, K = 4096;
-        const struct timing base = time_dense_step(M, N, K);
+        const char * shape_s = "8192x4096x4096 fwd+bwd";
         const char * names[4] = {"binary-train-step f16", "binary-train-step f16 stops", "binary-train-step bits",
                                  "binary-train-step bits stops"};
+        int any = 0;
+        for (int i = 0; i < 4; i++) any |= want_row("train-step", names[i], shape_s);
+        const struct timing base = any ? time_dense_step(M, N, K) : (struct timing){0};
         for (int i = 0; i < 4; i++) {
+            if (!want_row("train-step", names[i], shape_s)) continue;
             const struct timing t = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K,
                                                 i < 2 ? STEP_TRAIN : STEP_TRAIN_SAVED_BITS, i % 2 ? LAYER_STOPS : 0);
-            print_row(names[i], "8192x4096x4096 fwd+bwd", t, "cublas-fp16x3", base, 6.0 * M * N * K);
+            print_row(names[i], shape_s, t, "cublas-fp16x3", base, 6.0 * M * N * K);
         }
     }
     bie_context_destroy(ctx);

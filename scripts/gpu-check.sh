@@ -8,8 +8,8 @@
 # Logs go to $OUT when that variable is set (else to build-gpu/logs). Exits 1 when a stage failed.
 #
 # Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer] [--no-python] [--no-unit] [--profile]
-#   --profile: also time every kernel of the quick binary-GEMM and int4 benchmarks with Nsight
-#   Compute (gpu__time_duration per kernel)
+#   --profile: also profile the kernels behind each benchmark target with Nsight Compute
+#   (scripts/gpu-profile.sh: time, tensor-pipe use, throughput and warp stalls per kernel)
 set -u
 cd "$(dirname "$0")/.."
 QUICK=0 BENCH=1 SAN=1 PY=1 PROF=0 LABELS="unit cuda" TARGETS=""
@@ -116,22 +116,9 @@ if [ $BENCH = 1 ]; then
   if grep -q "ratio" "$LOG/bench-cuda.txt" 2>/dev/null; then note bench "ok (bench-cuda.txt)"; else note bench "no result"; fi
 fi
 
-if [ $PROF = 1 ] && command -v ncu >/dev/null; then
-  stage "kernel times (ncu)"
-  for c in binary-gemm int4-linear binary-conv; do
-    timeout 150 ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
-      $BUILD/bie_bench_cuda --quick --call-only --case $c >"$LOG/ncu-$c.txt" 2>&1
-    echo "-- $c (kernel: unit min max avg)"
-    awk '/^  [A-Za-z_]/ { name = substr($0, 3, 70) } /gpu__time_duration.sum/ { print name " : " $2, $3, $4, $5 }' \
-      "$LOG/ncu-$c.txt" | head -30
-  done
-  # one binary GEMM kernel in detail (the second launch of the 4096^3 case)
-  timeout 120 ncu -k regex:gemm_kernel --launch-skip 14 --launch-count 1 --section SpeedOfLight \
-    --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-    --section LaunchStats --section Occupancy $BUILD/bie_bench_cuda --quick --call-only --case binary-gemm \
-    >"$LOG/ncu-gemm-detail.txt" 2>&1
-  grep -E "gemm_kernel|Duration|Throughput|Stall|Registers|Occupancy|Pipe|Issue|Warp Cycles|Eligible|Shared" \
-    "$LOG/ncu-gemm-detail.txt" | head -60
+if [ $PROF = 1 ]; then
+  stage "profiles of the benchmark targets' kernels (ncu)"
+  scripts/gpu-profile.sh $BUILD "$LOG" && note profiles "ok (ncu-summary.txt)" || note profiles "FAILED (ncu-*.err)"
 fi
 
 if [ -d python/tests ] && [ $PY = 1 ]; then
