@@ -50,13 +50,19 @@ static void random_case(struct lcase * c, int big) {
     memset(c, 0, sizeof *c);
     c->conv = test_rand_int(0, 1);
     static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
-    c->quant = big >= 3 ? BIE_QUANT_BINARY : qs[test_rand_int(0, 2)];
+    c->quant = big == 8 ? qs[test_rand_int(1, 2)] : big >= 3 ? BIE_QUANT_BINARY : qs[test_rand_int(0, 2)];
     const int bin = c->quant == BIE_QUANT_BINARY;
     if (big == 1) { // more tiles than SMs, so every CTA of a persistent grid takes several
         c->conv = 0;
         c->batch = 1100;
         c->C = test_rand_int(40, 1200);
         c->O = test_rand_int(0, 1) ? 4100 : 4104; // 4104: 16-byte rows in f16, stored by bulk copies
+    } else if (big == 8) { // n-bit linear, rows long enough for the packers' vector loops (2048
+                           // elements a warp step) and their tails
+        c->conv = 0;
+        c->batch = test_rand_int(1, 300);
+        c->C = test_rand_int(2048, 5000);
+        c->O = test_rand_int(1, 200);
     } else if (big == 4) { // binary, large: the 128 x 192 tiles with epilogue warps (on
                            // Hopper, 12 tiles per SM or more)
         c->conv = 0;
@@ -153,6 +159,7 @@ static void random_case(struct lcase * c, int big) {
     c->sw = test_rand_float(0.05f, 2.0f);
     if (test_rand_int(0, 3) == 0) c->sa = c->sw = 1.0f; // a plain GEMM's
     if (big == 4) c->ydt = float_dts[test_rand_int(0, 2)]; // (float y: the only y those tiles store)
+    if (big == 8 && test_rand_int(0, 1)) c->wdt = c->quant == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8; // (packed codes)
     if (big == 3 || big == 6) { // whole words of channels per pixel: channels-last bits (the word-copy bit
                     // im2col), or floats channels-last or NCHW (packed into such bits first)
         c->xdt = test_rand_int(0, 1) ? BIE_DTYPE_B1 : float_dts[test_rand_int(0, 2)];
@@ -650,6 +657,11 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < n; i++) {
         struct lcase c;
         random_case(&c, 0);
+        test_forward(&c);
+    }
+    for (int i = 0; i < (cuda_test_quick() ? 2 : 8); i++) { // n-bit linear, long rows
+        struct lcase c;
+        random_case(&c, 8);
         test_forward(&c);
     }
     for (int i = 0; i < (cuda_test_quick() ? 0 : 4); i++) { // the widest tiles
