@@ -13,8 +13,8 @@
 // libbie time.
 //
 // Entry point: bie_bench_cuda_main(argc, argv), the hook of bench.h (options: --quick, --json,
-// --case S: the groups binary-gemm|binary-conv|int4-linear|train-step whose name contains S, or
-// the rows whose name contains S (--case "binary-conv b1->b1"); --shape S: the rows whose shape
+// --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step) or own name
+// contains S (--case binary-conv, --case "binary-conv b1->b1"); --shape S: the rows whose shape
 // contains S ("4096x4096x4096", "C64 "); --call-only: no graph replays, e.g. under a profiler;
 // --rows M: binary-gemm only at M rows; others are ignored). With -DBIE_BENCH_CUDA_MAIN it is also
 // a program of its own.
@@ -540,11 +540,6 @@ static struct timing time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
 
 static const char * g_case = NULL, * g_shape = NULL; // --case, --shape (NULL: all)
 
-// Whether group's rows may run: --case names the group, part of it, or one of its rows.
-static int want_group(const char * group) {
-    return !g_case || strstr(group, g_case) || !strncmp(g_case, group, strlen(group));
-}
-
 // Whether a row of group runs: --case names the group (or part of it) or part of the row's name,
 // and the row's shape contains --shape.
 static int want_row(const char * group, const char * name, const char * shape) {
@@ -583,7 +578,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
     BK(ctx, bie_context_set_cuda_stream(ctx, g_stream));
     char shape[64];
 
-    if (want_group("binary-gemm")) {
+    { // binary-gemm
         const int64_t sizes[3][3] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16, 4096, 4096}};
         // The rows of each shape: the B1 x with f16 or B1 y, and the f16 x packed in the call.
         const struct { const char * name; enum bie_dtype xdt; int opt; } rows[4] = {
@@ -608,7 +603,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
                               "cublas-fp16", base, ops);
         }
     }
-    if (want_group("binary-conv")) {
+    { // binary-conv
         const int64_t layers[4][2] = {{64, 56}, {128, 28}, {256, 14}, {512, 7}};
         const int64_t Nb = g_quick ? 32 : 128;
         // The rows of each layer: x as NHWC bits or f16 (channels-last, or NCHW), y f16 or bits.
@@ -633,7 +628,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
                               "cudnn-fp16", base, ops);
         }
     }
-    if (want_group("int4-linear") && want_row("int4-linear", "int4-linear f16 x,s4 w", "8192x8192x8192")) {
+    if (want_row("int4-linear", "int4-linear f16 x,s4 w", "8192x8192x8192")) {
         const int64_t M = 8192, N = 8192, K = 8192;
         const struct timing b16 = time_cublas(M, N, K, 0), b8 = time_cublas(M, N, K, 1);
         const double ops = 2.0 * (double)M * N * K;
@@ -641,7 +636,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
         print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-fp16", b16, ops);
         print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-int8", b8, ops);
     }
-    if (want_group("train-step")) {
+    { // train-step
         // The step from the float x, and the same step reading x and W once: bie_binarize_ste(x) ->
         // bits, mask (2 bits per element kept instead of x) and bie_pack(W) -> W's bits, then the
         // forward from the bits and the backward from the bits and mask. Each with nothing stopped

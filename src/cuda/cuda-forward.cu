@@ -362,6 +362,13 @@ bool launch_contiguous(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t
     return launch_contiguous_as<false>(p, grid, rows, kbytes, out, pop, seg, ste_out{NULL, NULL, 0, 0}, stream);
 }
 
+// Run r of an integer weight row in an aligned row: 16 I8 codes (16 bytes) or 16 S4 nibbles (8
+// bytes, in .x and .y).
+__device__ __forceinline__ uint4 int_run(const uint8_t * bytes, int64_t r, bool s4) {
+    if (!s4) return ((const uint4 *)bytes)[r];
+    const uint2 h = ((const uint2 *)bytes)[r];
+    return make_uint4(h.x, h.y, 0u, 0u);
+}
 // The 16 codes of a run of an integer weight row: I8 codes (v, 16 bytes) or S4 nibbles (v.x and
 // v.y, 8 bytes, element 2i in the high nibble of byte i).
 __device__ __forceinline__ void int_codes16(const uint4 & v, bool s4, int * q) {
@@ -408,14 +415,7 @@ __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t 
             for (; (r + 32 * (U - 1)) * 16 + 16 <= K; r += 32 * U) {
                 uint4 v[U];
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (s4) {
-                        const uint2 h = ((const uint2 *)bytes)[r + 32 * u];
-                        v[u] = make_uint4(h.x, h.y, 0u, 0u);
-                    } else {
-                        v[u] = ((const uint4 *)bytes)[r + 32 * u];
-                    }
-                }
+                for (int u = 0; u < U; u++) v[u] = int_run(bytes, r + 32 * u, s4);
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     int q[16];
@@ -426,9 +426,7 @@ __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t 
         for (; r < runs; r += 32) { // the rest: a row not aligned, its last runs, the padding
             int q[16];
             if (aligned && r * 16 + 16 <= K) {
-                const uint4 v = s4 ? make_uint4(((const uint2 *)bytes)[r].x, ((const uint2 *)bytes)[r].y, 0u, 0u)
-                                   : ((const uint4 *)bytes)[r];
-                int_codes16(v, s4, q);
+                int_codes16(int_run(bytes, r, s4), s4, q);
             } else {
 #pragma unroll
                 for (int e = 0; e < 16; e++) {
