@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// bie-cuda.h: CUDA-specific entry points of libbie (present in every build; without the CUDA
-// backend they return BIE_STATUS_UNSUPPORTED).
+// bie-cuda.h: CUDA-specific entry points of libbie (present in every build; where the CUDA backend
+// is not available they return BIE_STATUS_UNSUPPORTED, and bie_backend_unavailable_reason says why).
+// The backend is a plugin, libbie-cuda.so, that libbie opens at run time; libbie itself links no
+// CUDA library.
 //
 // Tensors whose device_type is BIE_DEVICE_CUDA are processed by the CUDA backend, on the device
 // `device_index`, asynchronously on the context's stream: a call returns once its work is queued,
@@ -20,7 +22,7 @@ extern "C" {
 
 // Makes the context queue all its CUDA work on `stream` (a cudaStream_t; NULL = the default
 // stream). The stream must belong to the device of the tensors passed later. UNSUPPORTED when
-// the build has no CUDA backend or no GPU is present.
+// the CUDA backend is not available or no GPU is present.
 BIE_API enum bie_status bie_context_set_cuda_stream(bie_context_t * ctx, void * stream);
 
 // The stream set by bie_context_set_cuda_stream (NULL: the default stream, or no CUDA state).

@@ -172,8 +172,14 @@ BIE_API enum bie_status bie_context_reserve(bie_context_t * ctx, enum bie_device
 BIE_API void bie_version(int * major, int * minor, int * patch);
 BIE_API const char * bie_version_string(void);
 
-// 1 if this build has the backend and (for CUDA) a usable GPU is present, else 0.
+// 1 if the backend can run here, else 0. CUDA needs the CUDA plugin (libbie-cuda.so, opened at
+// run time: libbie itself links no CUDA library), the CUDA libraries it links, and a GPU.
 BIE_API int bie_backend_available(enum bie_backend backend);
+
+// Why bie_backend_available(backend) is 0, in words (the plugin is not installed; a CUDA library
+// is missing, as the dynamic loader put it; no CUDA device), or NULL when the backend is
+// available. The string is static. BIE_CUDA_PLUGIN=PATH makes libbie open that plugin file only.
+BIE_API const char * bie_backend_unavailable_reason(enum bie_backend backend);
 
 // The best CPU ISA that this machine and build support (before any cap).
 BIE_API enum bie_cpu_isa bie_cpu_isa_detected(void);

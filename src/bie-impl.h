@@ -28,7 +28,7 @@
 // Returns BIE_STATUS_INVALID_ARGUMENT with a printf-style message; needs `ctx` in scope.
 #define BIE_FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
 
-struct bie_cuda_state; // owned by src/cuda
+struct bie_cuda_state; // owned by src/cuda (the CUDA plugin)
 
 struct bie_context {
     struct bie_context_params params;
@@ -146,9 +146,7 @@ struct bie_backend_ops {
 
 extern const struct bie_backend_ops bie_ref_backend;
 extern const struct bie_backend_ops bie_cpu_backend;
-#ifdef BIE_HAVE_CUDA
-extern const struct bie_backend_ops bie_cuda_backend;
-#endif
+// The CUDA backend's slots are reached through its plugin's table (bie-cuda-plugin.h).
 
 // CPU ISA detection (src/core/cpu-isa.c).
 enum bie_cpu_isa bie_cpu_isa_cap_from_env(enum bie_cpu_isa isa);

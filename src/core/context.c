@@ -1,14 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // context.c: context lifetime, settings and the host workspace.
-#include "bie-impl.h"
+#include "bie-cuda-plugin.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-#ifdef BIE_HAVE_CUDA
-void bie_cuda_state_destroy(struct bie_cuda_state * state); // src/cuda
-enum bie_status bie_cuda_reserve(bie_context_t * ctx, size_t bytes);
-#endif
 
 void bie_context_params_default(struct bie_context_params * params) {
     if (!params) return;
@@ -47,9 +42,7 @@ enum bie_status bie_context_create(const struct bie_context_params * params,
 
 void bie_context_destroy(bie_context_t * ctx) {
     if (!ctx) return;
-#ifdef BIE_HAVE_CUDA
-    bie_cuda_state_destroy(ctx->cuda);
-#endif
+    if (ctx->cuda) bie_cuda_plugin_loaded()->state_destroy(ctx->cuda); // (state implies the plugin)
     free(ctx->host_ws);
     free(ctx);
 }
@@ -100,11 +93,9 @@ enum bie_status bie_context_reserve(bie_context_t * ctx, enum bie_device_type de
         return bie_host_workspace(ctx, bytes, &p);
     }
     if (device == BIE_DEVICE_CUDA) {
-#ifdef BIE_HAVE_CUDA
-        return bie_cuda_reserve(ctx, bytes);
-#else
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "device: this build has no CUDA backend");
-#endif
+        const struct bie_cuda_plugin * cuda;
+        BIE_TRY(bie_cuda_plugin_get(ctx, "device", &cuda));
+        return cuda->reserve(ctx, bytes);
     }
     return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "device: unknown value %d", (int)device);
 }
@@ -114,15 +105,7 @@ int bie_backend_available(enum bie_backend backend) {
     case BIE_BACKEND_AUTO:
     case BIE_BACKEND_REF:
     case BIE_BACKEND_CPU: return 1;
-    case BIE_BACKEND_CUDA:
-#ifdef BIE_HAVE_CUDA
-    {
-        int bie_cuda_device_count(void);
-        return bie_cuda_device_count() > 0;
-    }
-#else
-        return 0;
-#endif
+    case BIE_BACKEND_CUDA: return bie_cuda_available();
     }
     return 0;
 }

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// cuda-backend.cu: the CUDA backend's table, its per-context state (the caller's stream, one device
-// workspace grown only when a larger shape arrives, the cuBLAS handle), device queries, error
-// mapping and the public stream entry points of bie-cuda.h.
+// cuda-backend.cu: the CUDA backend's table (the plugin's entry point, src/bie-cuda-plugin.h), its
+// per-context state (the caller's stream, one device workspace grown only when a larger shape
+// arrives, the cuBLAS handle), device queries, error mapping and the stream functions behind
+// include/bie-cuda.h.
 //
 // No entry point assumes a GPU: with no driver or device every call returns a status
 // (UNSUPPORTED), never crashes. Work is queued on the context's stream; nothing synchronises the
@@ -9,19 +10,26 @@
 // values (they synchronise the stream only).
 #include "cuda-impl.cuh"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bie-cuda.h"
+extern "C" {
+#include "bie-cuda-plugin.h"
+}
 
 extern "C" {
 
-int bie_cuda_device_count(void) {
+int bie_cuda_device_count(char * why, size_t cap) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
         cudaGetLastError(); // clear the sticky "no driver" error
+        if (why && cap) snprintf(why, cap, "no CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
+                                 cudaGetErrorName(e));
         return 0;
     }
+    if (n == 0 && why && cap) snprintf(why, cap, "no CUDA device: the driver reports none");
     return n;
 }
 
@@ -34,8 +42,8 @@ void bie_cuda_state_destroy(struct bie_cuda_state * state) {
 
 static enum bie_status ensure_state(bie_context_t * ctx) {
     if (ctx->cuda) return BIE_STATUS_OK;
-    if (bie_cuda_device_count() == 0)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "device: no CUDA device is available");
+    char why[256];
+    if (bie_cuda_device_count(why, sizeof why) == 0) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "device: %s", why);
     ctx->cuda = (struct bie_cuda_state *)calloc(1, sizeof *ctx->cuda);
     if (!ctx->cuda) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: out of host memory");
     cudaGetDevice(&ctx->cuda->device);
@@ -129,7 +137,7 @@ enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** ou
     return BIE_STATUS_OK;
 }
 
-extern "C" enum bie_status bie_cuda_reserve(bie_context_t * ctx, size_t bytes) {
+static enum bie_status reserve(bie_context_t * ctx, size_t bytes) {
     void * p;
     return bie_cuda_workspace(ctx, bytes, &p);
 }
@@ -153,11 +161,9 @@ enum bie_status bie_cuda_cublas(bie_context_t * ctx, cublasHandle_t * out) {
     return BIE_STATUS_OK;
 }
 
-extern "C" {
+// The functions of include/bie-cuda.h, reached through the table (libbie checked ctx).
 
-enum bie_status bie_context_set_cuda_stream(bie_context_t * ctx, void * stream) {
-    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+static enum bie_status set_stream(bie_context_t * ctx, void * stream) {
     BIE_TRY(ensure_state(ctx));
     // The workspace is ordered by the stream: before other work may reuse it, what the old stream
     // still has queued must be done.
@@ -167,17 +173,14 @@ enum bie_status bie_context_set_cuda_stream(bie_context_t * ctx, void * stream) 
     return BIE_STATUS_OK;
 }
 
-void * bie_context_cuda_stream(const bie_context_t * ctx) {
-    return ctx && ctx->cuda ? (void *)ctx->cuda->stream : NULL;
-}
+static void * stream(const bie_context_t * ctx) { return (void *)ctx->cuda->stream; }
 
-enum bie_status bie_context_cuda_synchronize(bie_context_t * ctx) {
-    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
-    if (!ctx->cuda) return BIE_STATUS_OK;
+static enum bie_status synchronize(bie_context_t * ctx) {
     CU_TRY(ctx, cudaStreamSynchronize(ctx->cuda->stream), "cudaStreamSynchronize");
     return BIE_STATUS_OK;
 }
+
+extern "C" {
 
 // Slots (defined in the other files of src/cuda).
 enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call);
@@ -191,8 +194,32 @@ enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x
 enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
                                       const struct bie_tensor * bits, const struct bie_tensor * mask);
 
-const struct bie_backend_ops bie_cuda_backend = {
-    "cuda", bie_cuda_layer_forward, bie_cuda_layer_backward, bie_cuda_pack, bie_cuda_unpack, bie_cuda_reduce,
-    bie_cuda_binarize_ste,
+// The table libbie reaches the backend through (src/bie-cuda-plugin.h). A new entry point is one
+// line here and one in struct bie_cuda_plugin.
+static const struct bie_cuda_plugin table = {
+    .abi = BIE_CUDA_PLUGIN_ABI,
+    .size = sizeof(struct bie_cuda_plugin),
+    .context_size = sizeof(struct bie_context),
+    .call_size = sizeof(struct bie_layer_call),
+    .version = BIE_VERSION_STRING,
+    .backend =
+        {
+            .name = "cuda",
+            .layer_forward = bie_cuda_layer_forward,
+            .layer_backward = bie_cuda_layer_backward,
+            .pack = bie_cuda_pack,
+            .unpack = bie_cuda_unpack,
+            .reduce = bie_cuda_reduce,
+            .binarize_ste = bie_cuda_binarize_ste,
+        },
+    .device_count = bie_cuda_device_count,
+    .state_destroy = bie_cuda_state_destroy,
+    .reserve = reserve,
+    .set_stream = set_stream,
+    .stream = stream,
+    .synchronize = synchronize,
 };
+
+// The plugin's one exported symbol.
+__attribute__((visibility("default"))) const struct bie_cuda_plugin * BIE_CUDA_PLUGIN_ENTRY(void) { return &table; }
 }

@@ -2,7 +2,7 @@
 // layer.c: the public linear and conv2d entry points, and bie_binarize_ste (the x side of a binary
 // linear layer, saved for its backward). Validates every argument once, normalises the call (a
 // linear layer becomes a 1x1 conv over 1x1 images) and dispatches it to a backend.
-#include "bie-impl.h"
+#include "bie-cuda-plugin.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -260,13 +260,11 @@ static enum bie_status declined(bie_context_t * ctx, enum bie_status status, con
 static enum bie_status dispatch(bie_context_t * ctx, const struct job * j) {
     enum bie_status s = BIE_DECLINED;
     if (j->c->device_type == BIE_DEVICE_CUDA) {
-#ifdef BIE_HAVE_CUDA
-        s = run_slot(ctx, &bie_cuda_backend, j);
+        const struct bie_cuda_plugin * cuda;
+        BIE_TRY(bie_cuda_plugin_get(ctx, "x", &cuda));
+        s = run_slot(ctx, &cuda->backend, j);
         if (s == BIE_DECLINED) s = declined(ctx, BIE_STATUS_UNSUPPORTED, "cuda: no kernel for", j);
         return s;
-#else
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: is a CUDA tensor but this build has no CUDA backend");
-#endif
     }
     if (ctx->params.backend == BIE_BACKEND_CUDA)
         BIE_FAIL("x: is a CPU tensor but the context's backend is CUDA");

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // pack.c: public packing / quantization utilities (bie_pack, bie_unpack): validation and dispatch.
-#include "bie-impl.h"
+#include "bie-cuda-plugin.h"
 
 #include <math.h>
 
@@ -41,8 +41,9 @@ static enum bie_status run(bie_context_t * ctx, const struct bie_tensor * src, f
                            const struct bie_tensor * dst, bool unpack) {
     enum bie_status s = BIE_DECLINED;
     if (src->device_type == BIE_DEVICE_CUDA) {
-#ifdef BIE_HAVE_CUDA
-        pack_fn f = unpack ? bie_cuda_backend.unpack : bie_cuda_backend.pack;
+        const struct bie_cuda_plugin * cuda;
+        BIE_TRY(bie_cuda_plugin_get(ctx, "src", &cuda));
+        pack_fn f = unpack ? cuda->backend.unpack : cuda->backend.pack;
         if (f) s = f(ctx, src, scale, dst);
         if (s == BIE_DECLINED)
             s = bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: no %s kernel for %s -> %s",
@@ -50,9 +51,6 @@ static enum bie_status run(bie_context_t * ctx, const struct bie_tensor * src, f
                               bie_dtype_name(dst->dtype));
         if (s == BIE_STATUS_OK) bie_clear_error(ctx);
         return s;
-#else
-        BIE_FAIL("src: is a CUDA tensor but this build has no CUDA backend");
-#endif
     }
     const struct bie_backend_ops * order[2] = {&bie_cpu_backend, &bie_ref_backend};
     for (int i = ctx->params.backend == BIE_BACKEND_REF ? 1 : 0; i < 2 && s == BIE_DECLINED; i++) {

@@ -6,7 +6,7 @@
 //   weight scale:     binary mean|W|; 4-bit max(2*mean|W|/5.6345, 1e-5); 8-bit 2*mean|W|/11.269
 //   latent int8:      c = W - mean(W); q = rne(c * 127 / max|c|); q == 0 -> sign(c)
 // Sums are taken in double, in element order, and rounded once to f32.
-#include "bie-impl.h"
+#include "bie-cuda-plugin.h"
 
 #include <math.h>
 
@@ -17,11 +17,9 @@ static enum bie_status sums(bie_context_t * ctx, const char * name, const struct
     if (!bie_dtype_is_float(x->dtype)) BIE_FAIL("%s: dtype %s is not supported (use f32, f16 or bf16)", name, bie_dtype_name(x->dtype));
     const struct bie_backend_ops * b = &bie_ref_backend;
     if (x->device_type == BIE_DEVICE_CUDA) {
-#ifdef BIE_HAVE_CUDA
-        b = &bie_cuda_backend;
-#else
-        BIE_FAIL("%s: is a CUDA tensor but this build has no CUDA backend", name);
-#endif
+        const struct bie_cuda_plugin * cuda;
+        BIE_TRY(bie_cuda_plugin_get(ctx, name, &cuda));
+        b = &cuda->backend;
     }
     if (!b->reduce) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "%s: no reduction on this device", name);
     BIE_TRY(b->reduce(ctx, x, sum_abs, sum));
