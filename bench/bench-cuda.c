@@ -12,12 +12,13 @@
 // Each side is credited with the lower of its two medians (best_ms); ratios are baseline time /
 // libbie time.
 //
-// Entry point: bie_bench_cuda_main(argc, argv), the hook of bench.h (options: --quick, --json,
+// Entry point: bie_bench_cuda_main(argc, argv), run by `bie bench --backend cuda` (options: --quick, --json,
 // --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step) or own name
 // contains S (--case binary-conv, --case "binary-conv b1->b1"); --shape S: the rows whose shape
 // contains S ("4096x4096x4096", "C64 "); --call-only: no graph replays, e.g. under a profiler;
-// --rows M: binary-gemm only at M rows; others are ignored). With -DBIE_BENCH_CUDA_MAIN it is also
-// a program of its own.
+// --rows M: binary-gemm only at M rows; others are ignored). With -DBIE_BENCH_CUDA_MAIN it is
+// the program bie_bench_cuda, which `bie bench --backend cuda` runs (the bie program itself links
+// no CUDA library).
 #include <cublas_v2.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
@@ -202,8 +203,11 @@ static double best_ms(struct timing t) { return t.ms > 0 && t.ms < t.call_ms ? t
 // One row: each side's best time per call and their ratio (the figure the targets are read
 // against), then the device times (graph replays, "-" where the calls could not be captured) and
 // the isolated-call times.
+static int g_rows; // rows printed (an empty --case/--shape selection exits 2)
+
 static void print_row(const char * name, const char * shape, struct timing bie, const char * base_name,
                       struct timing base, double ops) {
+    g_rows++;
     const double ms = best_ms(bie), base_ms = best_ms(base);
     const double ratio = base_ms > 0 && ms > 0 ? base_ms / ms : 0.0;
     if (g_json) {
@@ -659,6 +663,11 @@ int bie_bench_cuda_main(int argc, char ** argv) {
     cublasDestroy(g_blas);
     cudaFree(blas_ws);
     cudaStreamDestroy(g_stream);
+    if (!g_rows) {
+        fprintf(stderr, "bench cuda: no row matches --case '%s' --shape '%s' (groups: binary-gemm, binary-conv, "
+                        "int4-linear, train-step)\n", g_case ? g_case : "", g_shape ? g_shape : "");
+        return 2;
+    }
     return 0;
 }
 

@@ -8,6 +8,8 @@
 #include "bie.h"
 
 #include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -320,40 +322,99 @@ static FILE * open_shapes(const char * path) {
 }
 
 static void usage(FILE * f) {
-    fprintf(f, "usage: bie bench [--shapes FILE] [--case SUBSTRING] [--threads N] [--repeat N] [--json]\n"
-               "                 [--quick] [--backend cpu|ref|cuda]\n"
+    fprintf(f, "usage: bie bench [--shapes=FILE] [--case=SUBSTRING] [--threads=N] [--repeat=N] [--json]\n"
+               "                 [--quick] [--backend=cpu|ref|cuda]\n"
                "Times bie's layers and the float baseline (OpenBLAS sgemm, im2col + sgemm) in the same run;\n"
                "prints medians, the ratio baseline/bie and bie's GOPS, with 1 thread and with all threads.\n"
-               "Default shapes: bench/shapes/cpu.txt (--quick: bench/shapes/quick.txt).\n");
+               "Default shapes: bench/shapes/cpu.txt (--quick: bench/shapes/quick.txt). --threads 1..1024,\n"
+               "--repeat 1..64. --backend=cuda runs the program bie_bench_cuda beside this one (its own\n"
+               "options: --shape S, --call-only, --rows M). A --case that selects nothing exits 2.\n");
+}
+
+// A whole number in [lo, hi] from an option's value, or -1 after a message.
+static int bench_int(const char * opt, const char * v, int lo, int hi) {
+    char * end;
+    const long n = strtol(v, &end, 10);
+    if (end == v || *end || n < lo || n > hi) {
+        fprintf(stderr, "bie bench: --%s: '%s' is not an integer in %d..%d\n", opt, v, lo, hi);
+        return -1;
+    }
+    return (int)n;
+}
+
+// The CUDA cases are the program bie_bench_cuda (bench/bench-cuda.c: it links cuBLAS and cuDNN for
+// its baselines, which the bie program does not). It is run from this program's directory with
+// the same options, each --opt=value split in two as that program reads them.
+static int run_cuda_bench(int argc, char ** argv) {
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 32);
+    if (n > 0) exe[n] = '\0';
+    char * slash = n > 0 ? strrchr(exe, '/') : NULL;
+    if (!slash) {
+        fprintf(stderr, "bie bench: cannot find this program's directory\n");
+        return 1;
+    }
+    strcpy(slash + 1, "bie_bench_cuda");
+    if (access(exe, X_OK) != 0) {
+        fprintf(stderr, "bie bench: %s is missing: the CUDA benchmarks are built with the CUDA backend\n", exe);
+        return 2;
+    }
+    char ** args = calloc((size_t)(2 * argc + 1), sizeof *args);
+    if (!args) return 1;
+    int k = 0;
+    args[k++] = exe;
+    for (int i = 1; i < argc; i++) {
+        char * eq = strncmp(argv[i], "--", 2) == 0 ? strchr(argv[i], '=') : NULL;
+        if (eq) *eq = '\0';
+        args[k++] = argv[i];
+        if (eq) args[k++] = eq + 1;
+    }
+    execv(exe, args);
+    fprintf(stderr, "bie bench: cannot run %s: %s\n", exe, strerror(errno));
+    free(args);
+    return 1;
 }
 
 int bie_bench_main(int argc, char ** argv) {
     struct bench_options o = {.shapes = NULL, .filter = NULL, .threads = 0, .repeat = 5, .backend = "cpu"};
-    for (int i = 1; i < argc; i++) {
-        const char * a = argv[i];
-        const bool has = i + 1 < argc;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) o.json = true;
-        else if (!strcmp(a, "--quick")) o.quick = true;
-        else if (!strcmp(a, "--shapes") && has) o.shapes = argv[++i];
-        else if (!strcmp(a, "--case") && has) o.filter = argv[++i];
-        else if (!strcmp(a, "--threads") && has) o.threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--repeat") && has) o.repeat = atoi(argv[++i]);
-        else if (!strcmp(a, "--backend") && has) o.backend = argv[++i];
-        else {
-            fprintf(stderr, "bie bench: unknown or incomplete option %s\n", a);
-            usage(stderr);
-            return 2;
+    static const struct option longopts[] = {
+        {"help", no_argument, NULL, 'h'},           {"json", no_argument, NULL, 'j'},
+        {"quick", no_argument, NULL, 'q'},          {"shapes", required_argument, NULL, 's'},
+        {"case", required_argument, NULL, 'c'},     {"threads", required_argument, NULL, 't'},
+        {"repeat", required_argument, NULL, 'r'},   {"backend", required_argument, NULL, 'b'},
+        {NULL, 0, NULL, 0},
+    };
+    char ** args = malloc(sizeof *args * (size_t)(argc + 1)); // getopt permutes; the CUDA program gets argv
+    if (!args) return 1;
+    memcpy(args, argv, sizeof *args * (size_t)argc);
+    args[argc] = NULL;
+    optind = 1;
+    opterr = 0;
+    int c, bad = 0;
+    while (!bad && (c = getopt_long(argc, args, ":h", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'h': usage(stdout); free(args); return 0;
+        case 'j': o.json = true; break;
+        case 'q': o.quick = true; break;
+        case 's': o.shapes = optarg; break;
+        case 'c': o.filter = optarg; break;
+        case 't': bad = (o.threads = bench_int("threads", optarg, 1, 1024)) < 0; break;
+        case 'r': bad = (o.repeat = bench_int("repeat", optarg, 1, 64)) < 0; break;
+        case 'b': o.backend = optarg; break;
+        case ':': fprintf(stderr, "bie bench: %s needs a value\n", args[optind - 1]); bad = 1; break;
+        default: fprintf(stderr, "bie bench: unknown option %s\n", args[optind - 1]); bad = 1; break;
         }
     }
-    if (o.repeat < 1) o.repeat = 1;
-    if (!strcmp(o.backend, "cuda")) {
-        if (bie_bench_cuda_main) return bie_bench_cuda_main(argc, argv);
-        fprintf(stderr, "bie bench: this build has no CUDA benchmarks\n");
+    if (!bad && optind < argc) {
+        fprintf(stderr, "bie bench: unexpected argument '%s'\n", args[optind]);
+        bad = 1;
+    }
+    free(args);
+    if (bad) {
+        usage(stderr);
         return 2;
     }
+    if (!strcmp(o.backend, "cuda")) return run_cuda_bench(argc, argv);
     if (strcmp(o.backend, "cpu") && strcmp(o.backend, "ref")) {
         fprintf(stderr, "bie bench: --backend must be cpu, ref or cuda\n");
         return 2;
@@ -365,16 +426,16 @@ int bie_bench_main(int argc, char ** argv) {
         return 2;
     }
     const int all = omp_get_num_procs();
-    if (!o.json)
-        printf("%-24s %-5s %3s %11s  %-22s %11s %9s %9s\n", "case", "bknd", "thr", "bie_ms", "baseline",
-               "baseline_ms", "speedup", "gops");
     char line[1024];
-    int lineno = 0, failed = 0;
+    int lineno = 0, failed = 0, selected = 0;
     while (fgets(line, sizeof line, f)) {
         lineno++;
         struct bench_case c;
         if (!parse_line(line, &c, lineno)) continue;
         if (o.filter && !strstr(c.name, o.filter)) continue;
+        if (!selected++ && !o.json)
+            printf("%-24s %-5s %3s %11s  %-22s %11s %9s %9s\n", "case", "bknd", "thr", "bie_ms", "baseline",
+                   "baseline_ms", "speedup", "gops");
         if (o.threads > 0) {
             failed |= run_case(&o, &c, o.threads);
         } else {
@@ -383,5 +444,9 @@ int bie_bench_main(int argc, char ** argv) {
         }
     }
     fclose(f);
+    if (!selected) {
+        fprintf(stderr, "bie bench: no case of %s matches --case '%s'\n", o.shapes, o.filter ? o.filter : "");
+        return 2;
+    }
     return failed ? 1 : 0;
 }

@@ -11,10 +11,9 @@
 // with 1 thread and with all threads (or the --threads count); --json prints one object per line
 // with the keys case, backend, threads, bie_ms, baseline, baseline_ms, speedup, gops.
 //
-// CUDA: `--backend cuda` hands the whole command line to bie_bench_cuda_main (bench/bench-cuda.c,
-// compiled only with the CUDA backend), which runs its own GPU cases and may print its rows with
-// bench_print() below so that both share one format. The symbol is declared weak: a build
-// without that file reports that CUDA cases are not available.
+// CUDA: `--backend cuda` runs the program bie_bench_cuda (bench/bench-cuda.c, built only with the
+// CUDA backend, and linked to cuBLAS and cuDNN for its baselines) from the bie program's directory
+// with the same options; without it, the bie program says that CUDA cases are not available.
 #pragma once
 
 #include <stdbool.h>
@@ -46,5 +45,5 @@ void bench_print(const struct bench_options * opt, const struct bench_result * r
 // Runs `bie bench [options]`; argv[0] is "bench". Returns the process exit code.
 int bie_bench_main(int argc, char ** argv);
 
-// The CUDA cases (bench/bench-cuda.c, only in CUDA builds); argv as for bie_bench_main.
-int bie_bench_cuda_main(int argc, char ** argv) __attribute__((weak));
+// The CUDA cases (bench/bench-cuda.c, the program bie_bench_cuda); argv as for bie_bench_main.
+int bie_bench_cuda_main(int argc, char ** argv);

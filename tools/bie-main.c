@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// bie.c: the `bie` command-line program: subcommands train, eval, info and bench.
+// bie-main.c: the `bie` command-line program: subcommands train, eval, info and bench.
 #include "../bench/bench.h"
 #include "bie.h"
 #include "cli.h"

@@ -11,50 +11,36 @@ static void usage(FILE * f) {
     fprintf(f, "usage: bie eval MODEL [options]\n\n"
                "Runs MODEL (a packed model or a checkpoint written by bie train) on the test split and\n"
                "prints its accuracy and speed.\n\n"
-               "  --data DIR        IDX files (t10k-images-idx3-ubyte[.gz] ...), default " DEFAULT_DATA_DIR "\n"
-               "  --batch N         images per forward call (default 1000)\n"
-               "  --threads N       threads (default: all cores)\n"
-               "  --limit N         evaluate the first N test images only\n"
+               "  --data=DIR        IDX files (t10k-images-idx3-ubyte[.gz] ...), default " DEFAULT_DATA_DIR "\n"
+               "  --batch=N         images per forward call, 1..65536 (default %d)\n"
+               "  --threads=N       threads, 1..1024 (default: all cores)\n"
+               "  --limit=N         evaluate the first N test images only\n"
                "  --compare-float   also run the model with its low-bit layers as float GEMMs\n"
                "                    (OpenBLAS) and print both speeds and their ratio\n"
                "  -h, --help        this help\n\n"
-               "Exit codes: 0 success, 1 run-time error (unreadable or corrupt model, data), 2 usage error.\n");
+               "Exit codes: 0 success, 1 run-time error (unreadable or corrupt model, data), 2 usage error.\n",
+            CLI_EVAL_BATCH);
 }
 
 int bie_eval_main(int argc, char ** argv) {
     const char * path = NULL, * data = DEFAULT_DATA_DIR;
-    int64_t batch = 1000, threads = 0, limit = 0;
+    int64_t batch = CLI_EVAL_BATCH, threads = 0, limit = 0;
     bool compare = false;
-    for (int i = 1; i < argc; i++) {
-        const char * a = argv[i], * v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return EXIT_OK_;
-        } else if (!strcmp(a, "--compare-float")) {
-            compare = true;
-        } else if (!strcmp(a, "--data")) {
-            if (!v) return fprintf(stderr, "bie eval: --data needs a value\n"), EXIT_USAGE;
-            data = v;
-            i++;
-        } else if (!strcmp(a, "--batch") || !strcmp(a, "--threads") || !strcmp(a, "--limit")) {
-            int64_t * dst = a[2] == 'b' ? &batch : a[2] == 't' ? &threads : &limit;
-            if (!cli_int(a, v, 1, a[2] == 't' ? 1024 : INT64_MAX, dst)) return EXIT_USAGE;
-            if (a[2] == 'b' && batch > 65536) return fprintf(stderr, "bie eval: --batch is at most 65536\n"), EXIT_USAGE;
-            i++;
-        } else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "bie eval: unknown option '%s' (see bie eval --help)\n", a);
-            return EXIT_USAGE;
-        } else if (!path) {
-            path = a;
-        } else {
-            fprintf(stderr, "bie eval: more than one model given\n");
-            return EXIT_USAGE;
-        }
-    }
+    struct cli_option opts[] = {
+        {"data", CLI_STRING, &data, 0, 0, NULL, false},
+        {"batch", CLI_INT, &batch, 1, 65536, NULL, false},
+        {"threads", CLI_INT, &threads, 1, 1024, NULL, false},
+        {"limit", CLI_INT, &limit, 1, (double)INT64_MAX, NULL, false},
+        {"compare-float", CLI_FLAG, &compare, 0, 0, NULL, false},
+    };
+    int n_pos, code;
+    if (!cli_parse("bie eval", argc, argv, opts, sizeof opts / sizeof opts[0], &path, 1, &n_pos, usage, &code))
+        return code;
     if (!path) {
         usage(stderr);
         return EXIT_USAGE;
     }
+    if (!cli_check_model_file("bie eval", path)) return EXIT_FAILURE_;
     bie_context_t * ctx = NULL;
     if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK) return fprintf(stderr, "bie eval: no context\n"), EXIT_FAILURE_;
     set_threads(ctx, threads);

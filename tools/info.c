@@ -21,25 +21,13 @@ static void human(double b, char * out, size_t size) {
 
 int bie_info_main(int argc, char ** argv) {
     const char * path = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage(stdout);
-            return EXIT_OK_;
-        }
-        if (argv[i][0] == '-' && argv[i][1]) {
-            fprintf(stderr, "bie info: unknown option '%s'\n", argv[i]);
-            return EXIT_USAGE;
-        }
-        if (path) {
-            fprintf(stderr, "bie info: more than one model given\n");
-            return EXIT_USAGE;
-        }
-        path = argv[i];
-    }
+    int n_pos, code;
+    if (!cli_parse("bie info", argc, argv, NULL, 0, &path, 1, &n_pos, usage, &code)) return code;
     if (!path) {
         usage(stderr);
         return EXIT_USAGE;
     }
+    if (!cli_check_model_file("bie info", path)) return EXIT_FAILURE_;
     bie_context_t * ctx = NULL;
     if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK) return EXIT_FAILURE_;
     bie_model_t * m = NULL;

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // train.c: `bie train`: trains a preset (or any architecture string) on an IDX data set with
 // shuffled mini-batches, Adam (Diode for int8 latent weights) and a cosine learning-rate
-// schedule; tests after each epoch, checkpoints atomically after each epoch, and exports the packed
-// inference model at the end.
+// schedule; tests after each epoch, checkpoints atomically after each epoch (the checkpoint goes
+// once the run succeeds, unless kept), optionally logs metrics as JSON lines, and exports the
+// packed inference model at the end.
 #include "cli.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,49 +16,100 @@ static void usage(FILE * f) {
     fprintf(f,
             "usage: bie train [options]\n\n"
             "Trains a low-bit network on Fashion-MNIST (or any IDX data set of the MNIST family) and\n"
-            "exports the packed inference model (safetensors, docs/model-format.md).\n\n"
+            "exports the packed inference model (safetensors, docs/model-format.md). Options take their\n"
+            "value as --opt VALUE or --opt=VALUE.\n\n"
             "model:\n"
-            "  --model NAME       bmlp | bcnn | q4cnn (default bcnn)\n"
+            "  --model=NAME       bmlp | bcnn | q4cnn (default bcnn)\n"
             "                       bmlp : input layer (f32, or q8 with --input-bits 8), two binary linear\n"
             "                              layers of --hidden units, batch norm, float classifier\n"
             "                       bcnn : float conv 3x3 (--c1), binary convs 3x3 (--c2 at full size,\n"
             "                              --c3 after a 2x2 max-pool), max-pool, a binary linear layer of\n"
             "                              --hidden units, batch norm after each, float classifier\n"
             "                       q4cnn: bcnn with 4-bit layers instead of binary ones\n"
-            "  --c1 N --c2 N --c3 N --hidden N   layer widths (defaults: 32 64 64 256; bmlp --hidden 1024)\n"
-            "  --input-bits 32|8  bmlp's input layer: float or 8-bit (default 32)\n"
-            "  --arch STRING      any architecture (overrides --model; grammar in docs/model-format.md)\n"
-            "  --latent f32|int8  latent weights of binary layers: float + Adam (default) or int8 + Diode\n"
+            "  --c1=N --c2=N --c3=N  conv widths, 1..4096 (defaults 32 64 64)\n"
+            "  --hidden=N         hidden units, 1..65536 (default 256; bmlp 1024)\n"
+            "  --input-bits=32|8  bmlp's input layer: float or 8-bit (default 32)\n"
+            "  --arch=STRING      any architecture (overrides --model; grammar in docs/model-format.md)\n"
+            "  --latent=f32|int8  latent weights of binary layers: float + Adam (default) or int8 + Diode\n"
             "training:\n"
-            "  --epochs N         epochs (default 3)\n"
-            "  --batch N          mini-batch size (default 128)\n"
-            "  --lr X             peak Adam learning rate of the cosine schedule (default: 0.002, bmlp 0.001)\n"
-            "  --diode-lr X       Diode's step fed into its sign accumulator (default 0.05)\n"
-            "  --wd X             decoupled weight decay of float weights (default 0)\n"
-            "  --seed N           seed of the initialisation and the shuffling (default 1)\n"
-            "  --threads N        threads (default: all cores); a run is deterministic for a given seed\n"
-            "                     and thread count\n"
-            "  --limit N          train on the first N training images only\n"
-            "  --test-limit N     test on the first N test images only\n"
-            "data and files:\n"
-            "  --data DIR         IDX files (train-images-idx3-ubyte[.gz] ...), default " DEFAULT_DATA_DIR "\n"
-            "  --out FILE         the packed model (default model.safetensors)\n"
-            "  --checkpoint FILE  checkpoint written after each epoch (default FILE.ckpt for --out FILE)\n"
-            "  --resume           continue from the checkpoint (same options; the result is the same as\n"
-            "                     an uninterrupted run's)\n"
-            "  --stop-after N     stop after epoch N (the schedule still spans --epochs); --resume continues\n"
+            "  --epochs=N         epochs, 1..1000 (default 3)\n"
+            "  --batch=N          mini-batch size, 1..65536 (default 128)\n"
+            "  --lr=X             peak Adam learning rate of the cosine schedule, in [1e-9, 10]\n"
+            "                     (default 0.002; bmlp 0.001)\n"
+            "  --diode-lr=X       Diode's step fed into its sign accumulator, in [0, 10] (default 0.05)\n"
+            "  --wd=X             decoupled weight decay of float weights, in [0, 10] (default 0)\n"
+            "  --seed=N           seed of the initialisation and the shuffling, >= 0 (default 1)\n"
+            "  --threads=N        threads, 1..1024 (default: all cores); a run is deterministic for a\n"
+            "                     given seed and thread count\n"
+            "  --limit=N          train on the first N training images only\n"
+            "  --test-limit=N     test on the first N test images only\n"
+            "data and files (checked before training starts):\n"
+            "  --data=DIR         IDX files (train-images-idx3-ubyte[.gz] ...), default " DEFAULT_DATA_DIR "\n"
+            "  --out=FILE         the packed model (default model.safetensors)\n"
+            "  --checkpoint=FILE  checkpoint written after each epoch (default FILE.ckpt for --out FILE);\n"
+            "                     removed once the run succeeds\n"
+            "  --keep-checkpoint  keep the checkpoint after a successful run\n"
+            "  --no-checkpoint    write no checkpoint (then --resume and --stop-after are not possible)\n"
+            "  --resume           continue from the checkpoint: the options not given are the\n"
+            "                     checkpoint's, and a given option that differs from it is refused (the\n"
+            "                     result is the same as an uninterrupted run's)\n"
+            "  --stop-after=N     stop after epoch N, 1..1000 (the schedule still spans --epochs);\n"
+            "                     --resume continues\n"
+            "  --log=FILE         metrics as JSON lines: every --log-every batches and after each epoch\n"
+            "                     (appended to on --resume); scripts/plot-training.py draws them\n"
+            "  --log-every=N      batches between two progress lines of the log, 1..1000000 (default 50)\n"
             "  -h, --help         this help\n\n"
             "Progress goes to stderr (a bar on a terminal, lines otherwise); results to stdout.\n"
             "Exit codes: 0 success, 1 run-time error, 2 usage error.\n");
 }
 
 struct opts {
-    const char * model, * arch, * data, * out, * checkpoint;
-    int64_t c1, c2, c3, hidden, input_bits, epochs, batch, seed, threads, limit, test_limit, stop_after;
+    const char * model, * arch, * data, * out, * checkpoint, * latent, * log;
+    int64_t c1, c2, c3, hidden, input_bits, epochs, batch, seed, threads, limit, test_limit, stop_after, log_every;
     double lr, diode_lr, wd;
-    enum bie_latent latent;
-    bool resume;
+    bool resume, keep_checkpoint, no_checkpoint;
 };
+
+static const char * const MODELS[] = {"bmlp", "bcnn", "q4cnn", NULL};
+static const char * const LATENTS[] = {"f32", "int8", NULL};
+static const char * const INPUT_BITS[] = {"32", "8", NULL};
+
+// The options of `bie train`. The first N_RECORDED decide the trained weights and the accuracy
+// reported: a checkpoint records them (metadata train.option.NAME), and --resume takes them from it.
+enum { N_RECORDED = 16, N_OPTIONS = 26 };
+static void option_table(struct opts * o, const char ** input_bits, struct cli_option * t) {
+    const double big = (double)INT64_MAX;
+    const struct cli_option table[N_OPTIONS] = {
+        {"model", CLI_WORD, &o->model, 0, 0, MODELS, false},
+        {"arch", CLI_STRING, &o->arch, 0, 0, NULL, false},
+        {"c1", CLI_INT, &o->c1, 1, 4096, NULL, false},
+        {"c2", CLI_INT, &o->c2, 1, 4096, NULL, false},
+        {"c3", CLI_INT, &o->c3, 1, 4096, NULL, false},
+        {"hidden", CLI_INT, &o->hidden, 1, 65536, NULL, false},
+        {"input-bits", CLI_WORD, input_bits, 0, 0, INPUT_BITS, false},
+        {"latent", CLI_WORD, &o->latent, 0, 0, LATENTS, false},
+        {"epochs", CLI_INT, &o->epochs, 1, 1000, NULL, false},
+        {"batch", CLI_INT, &o->batch, 1, 65536, NULL, false},
+        {"lr", CLI_FLOAT, &o->lr, 1e-9, 10, NULL, false},
+        {"diode-lr", CLI_FLOAT, &o->diode_lr, 0, 10, NULL, false},
+        {"wd", CLI_FLOAT, &o->wd, 0, 10, NULL, false},
+        {"seed", CLI_INT, &o->seed, 0, big, NULL, false},
+        {"limit", CLI_INT, &o->limit, 1, big, NULL, false},
+        {"test-limit", CLI_INT, &o->test_limit, 1, big, NULL, false},
+        // not recorded: they change neither the weights nor the reported accuracy
+        {"threads", CLI_INT, &o->threads, 1, 1024, NULL, false},
+        {"data", CLI_STRING, &o->data, 0, 0, NULL, false},
+        {"out", CLI_STRING, &o->out, 0, 0, NULL, false},
+        {"checkpoint", CLI_STRING, &o->checkpoint, 0, 0, NULL, false},
+        {"keep-checkpoint", CLI_FLAG, &o->keep_checkpoint, 0, 0, NULL, false},
+        {"no-checkpoint", CLI_FLAG, &o->no_checkpoint, 0, 0, NULL, false},
+        {"resume", CLI_FLAG, &o->resume, 0, 0, NULL, false},
+        {"stop-after", CLI_INT, &o->stop_after, 1, 1000, NULL, false},
+        {"log", CLI_STRING, &o->log, 0, 0, NULL, false},
+        {"log-every", CLI_INT, &o->log_every, 1, 1000000, NULL, false},
+    };
+    memcpy(t, table, sizeof table);
+}
 
 static bool build_arch(const struct opts * o, int64_t c, int64_t h, int64_t w, char * out, size_t size) {
     if (o->arch) {
@@ -138,137 +191,194 @@ static void progress_show(struct progress * p, int64_t epoch, int64_t epochs, in
     fflush(stderr);
 }
 
-static bool parse(int argc, char ** argv, struct opts * o, int * code) {
+// What a parsed command line holds: the options, their table (for the checkpoint's record) and the
+// checkpoint's path.
+struct command {
+    struct opts o;
+    const char * input_bits;
+    struct cli_option table[N_OPTIONS];
+    char ckpt[4096];
+};
+
+static bool parse(int argc, char ** argv, struct command * cmd, int * code) {
+    struct opts * o = &cmd->o;
     memset(o, 0, sizeof *o);
     o->model = "bcnn";
     o->data = DEFAULT_DATA_DIR;
     o->out = "model.safetensors";
-    o->input_bits = 32;
+    o->latent = "f32";
     o->batch = 128;
     o->seed = 1;
     o->diode_lr = 0.05;
+    o->epochs = 3;
+    o->log_every = 50;
+    cmd->input_bits = "32";
+    option_table(o, &cmd->input_bits, cmd->table);
+    int n_pos;
+    if (!cli_parse("bie train", argc, argv, cmd->table, N_OPTIONS, NULL, 0, &n_pos, usage, code)) return false;
     *code = EXIT_USAGE;
-    for (int i = 1; i < argc; i++) {
-        const char * a = argv[i], * v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool ok = true, takes = true;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            *code = EXIT_OK_;
-            return false;
-        } else if (!strcmp(a, "--resume")) {
-            o->resume = true;
-            takes = false;
-        } else if (!strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "--arch")) o->arch = v;
-        else if (!strcmp(a, "--data")) o->data = v;
-        else if (!strcmp(a, "--out")) o->out = v;
-        else if (!strcmp(a, "--checkpoint")) o->checkpoint = v;
-        else if (!strcmp(a, "--latent")) {
-            if (v && !strcmp(v, "f32")) o->latent = BIE_LATENT_F32;
-            else if (v && !strcmp(v, "int8")) o->latent = BIE_LATENT_INT8;
-            else {
-                fprintf(stderr, "bie train: --latent must be f32 or int8\n");
-                return false;
-            }
-        } else if (!strcmp(a, "--c1")) ok = cli_int(a, v, 1, 4096, &o->c1);
-        else if (!strcmp(a, "--c2")) ok = cli_int(a, v, 1, 4096, &o->c2);
-        else if (!strcmp(a, "--c3")) ok = cli_int(a, v, 1, 4096, &o->c3);
-        else if (!strcmp(a, "--hidden")) ok = cli_int(a, v, 1, 65536, &o->hidden);
-        else if (!strcmp(a, "--input-bits")) {
-            ok = cli_int(a, v, 8, 32, &o->input_bits) && (o->input_bits == 8 || o->input_bits == 32);
-            if (!ok) fprintf(stderr, "bie train: --input-bits must be 32 or 8\n");
-        } else if (!strcmp(a, "--epochs")) ok = cli_int(a, v, 1, 1000, &o->epochs);
-        else if (!strcmp(a, "--batch")) ok = cli_int(a, v, 1, 65536, &o->batch);
-        else if (!strcmp(a, "--seed")) ok = cli_int(a, v, 0, INT64_MAX, &o->seed);
-        else if (!strcmp(a, "--threads")) ok = cli_int(a, v, 1, 1024, &o->threads);
-        else if (!strcmp(a, "--limit")) ok = cli_int(a, v, 1, INT64_MAX, &o->limit);
-        else if (!strcmp(a, "--test-limit")) ok = cli_int(a, v, 1, INT64_MAX, &o->test_limit);
-        else if (!strcmp(a, "--stop-after")) ok = cli_int(a, v, 1, 1000, &o->stop_after);
-        else if (!strcmp(a, "--lr")) ok = cli_float(a, v, 1e-9, 10, &o->lr);
-        else if (!strcmp(a, "--diode-lr")) ok = cli_float(a, v, 0, 10, &o->diode_lr);
-        else if (!strcmp(a, "--wd")) ok = cli_float(a, v, 0, 10, &o->wd);
-        else {
-            fprintf(stderr, "bie train: unknown option '%s' (see bie train --help)\n", a);
-            return false;
-        }
-        if (!ok) return false;
-        if (takes) {
-            if (!v) {
-                fprintf(stderr, "bie train: %s needs a value\n", a);
-                return false;
-            }
-            i++;
-        }
+    if (o->no_checkpoint && (o->resume || o->stop_after || o->keep_checkpoint || o->checkpoint)) {
+        fprintf(stderr, "bie train: --no-checkpoint excludes --%s\n",
+                o->resume ? "resume" : o->stop_after ? "stop-after (a stopped run resumes from its checkpoint)"
+                : o->keep_checkpoint ? "keep-checkpoint" : "checkpoint");
+        return false;
     }
-    // Preset defaults, measured to reach the targets on 2 cores (docs/model-format.md).
-    const bool mlp = !o->arch && o->model && !strcmp(o->model, "bmlp");
-    if (o->epochs == 0) o->epochs = 3;
-    if (o->lr == 0) o->lr = mlp ? 0.001 : 0.002;
+    snprintf(cmd->ckpt, sizeof cmd->ckpt, "%s%s", o->checkpoint ? o->checkpoint : o->out, o->checkpoint ? "" : ".ckpt");
+    if (!o->no_checkpoint && !strcmp(cmd->ckpt, o->out)) {
+        fprintf(stderr, "bie train: --checkpoint and --out name the same file\n");
+        return false;
+    }
     return true;
 }
 
+// Preset defaults, measured to reach the targets on 2 cores (docs/model-format.md).
+static void apply_defaults(struct command * cmd) {
+    struct opts * o = &cmd->o;
+    o->input_bits = atoi(cmd->input_bits);
+    if (o->lr == 0) o->lr = !o->arch && !strcmp(o->model, "bmlp") ? 0.001 : 0.002;
+}
+
+// The outputs are checked before any work, so that a bad path fails at once, not after an epoch.
+static bool check_outputs(const struct command * cmd) {
+    const struct opts * o = &cmd->o;
+    if (!cli_check_output("bie train", "--out", o->out)) return false;
+    if (!o->no_checkpoint && !cli_check_output("bie train", "--checkpoint", cmd->ckpt)) return false;
+    if (o->log && !cli_check_output("bie train", "--log", o->log)) return false;
+    if (o->resume && access(cmd->ckpt, R_OK) != 0) {
+        fprintf(stderr, "bie train: --resume: there is no checkpoint %s to resume from\n", cmd->ckpt);
+        return false;
+    }
+    return true;
+}
+
+// --resume: the recorded options come from the checkpoint; one given on the command line with
+// another value is refused, and each such option is named with both values.
+static bool adopt_recorded(struct command * cmd, const bie_safetensors_t * st, bool * any_recorded) {
+    char differ[2048] = "";
+    *any_recorded = false;
+    for (int i = 0; i < N_RECORDED; i++) {
+        struct cli_option * opt = &cmd->table[i];
+        char key[64], now[128];
+        snprintf(key, sizeof key, "train.option.%s", opt->name);
+        const char * was = bie_safetensors_metadata(st, key);
+        if (!was) continue;
+        *any_recorded = true;
+        cli_format(opt, now, sizeof now);
+        if (opt->given) {
+            if (strcmp(now, was) != 0) {
+                const size_t n = strlen(differ);
+                snprintf(differ + n, sizeof differ - n, "  --%s: %s given, %s in the checkpoint\n", opt->name, now,
+                         *was ? was : "(not set)");
+            }
+        } else if (!*was && (opt->kind == CLI_STRING || opt->kind == CLI_INT)) { // recorded as not set
+            if (opt->kind == CLI_STRING) *(const char **)opt->value = NULL;
+            else *(int64_t *)opt->value = 0;
+        } else if (!cli_set("bie train: the checkpoint's", opt, was)) {
+            return false;
+        }
+    }
+    if (*differ) {
+        fprintf(stderr, "bie train: --resume continues the checkpoint's run, and these options differ from it:\n%s"
+                        "Drop them to resume, or train anew without --resume.\n", differ);
+        return false;
+    }
+    return true;
+}
+
+// The checkpoint's metadata: the epoch reached, the accuracy and the recorded options.
+struct checkpoint_meta {
+    char keys[N_RECORDED][64], values[N_RECORDED + 3][128];
+    const char * meta[2 * (N_RECORDED + 3)];
+};
+static size_t checkpoint_meta(struct command * cmd, struct checkpoint_meta * cm, int64_t epoch, double test_acc) {
+    size_t n = 0;
+    snprintf(cm->values[0], sizeof cm->values[0], "%lld", (long long)epoch);
+    snprintf(cm->values[1], sizeof cm->values[1], "%lld", (long long)cmd->o.epochs);
+    snprintf(cm->values[2], sizeof cm->values[2], "%.4f", 100.0 * test_acc);
+    const char * fixed[3] = {"train.epoch", "train.epochs", "train.test_accuracy"};
+    for (int i = 0; i < 3; i++) {
+        cm->meta[n++] = fixed[i];
+        cm->meta[n++] = cm->values[i];
+    }
+    for (int i = 0; i < N_RECORDED; i++) {
+        snprintf(cm->keys[i], sizeof cm->keys[i], "train.option.%s", cmd->table[i].name);
+        cli_format(&cmd->table[i], cm->values[3 + i], sizeof cm->values[3 + i]);
+        cm->meta[n++] = cm->keys[i];
+        cm->meta[n++] = cm->values[3 + i];
+    }
+    return n / 2;
+}
+
 int bie_train_main(int argc, char ** argv) {
-    struct opts o;
+    struct command cmd;
     int code;
-    if (!parse(argc, argv, &o, &code)) return code;
-    char ckpt[4096];
-    snprintf(ckpt, sizeof ckpt, "%s", o.checkpoint ? o.checkpoint : o.out);
-    if (!o.checkpoint) strncat(ckpt, ".ckpt", sizeof ckpt - strlen(ckpt) - 1);
+    if (!parse(argc, argv, &cmd, &code)) return code;
+    struct opts * o = &cmd.o;
+    if (!check_outputs(&cmd)) return EXIT_USAGE;
+    const char * ckpt = cmd.ckpt;
 
     bie_context_t * ctx = NULL;
     if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK) {
         fprintf(stderr, "bie train: cannot create a context\n");
         return EXIT_FAILURE_;
     }
-    set_threads(ctx, o.threads);
-    struct dataset train, test;
-    if (!data_load(ctx, o.data, true, &train)) {
-        bie_context_destroy(ctx);
-        return EXIT_FAILURE_;
-    }
-    if (!data_load(ctx, o.data, false, &test)) {
-        data_free(&train);
-        bie_context_destroy(ctx);
-        return EXIT_FAILURE_;
-    }
     int rc = EXIT_FAILURE_;
     bie_model_t * m = NULL, * packed = NULL;
+    bie_safetensors_t * st = NULL;
     float * x = NULL, * grad = NULL;
     uint8_t * y = NULL;
     int64_t * order = NULL;
+    FILE * log = NULL;
     char arch[4096];
     enum bie_status s;
     int64_t first_epoch = 1;
-    if (!build_arch(&o, 1, train.h, train.w, arch, sizeof arch)) {
-        rc = EXIT_USAGE;
-        goto done;
-    }
-    if (o.resume) {
-        bie_safetensors_t * st = NULL;
+    struct dataset train, test;
+    memset(&train, 0, sizeof train);
+    memset(&test, 0, sizeof test);
+    bool recorded = false;
+    if (o->resume) {
+        if (!cli_check_model_file("bie train", ckpt)) goto done;
         s = bie_model_load(ctx, ckpt, &m, &st);
         if (s != BIE_STATUS_OK) {
             rc = fail_status(ctx, "--resume", s);
             goto done;
         }
         const char * ep = bie_safetensors_metadata(st, "train.epoch");
-        int64_t done_epochs = 0;
-        if (bie_model_is_packed(m) || !ep || !cli_int("train.epoch", ep, 0, 1000, &done_epochs)) {
+        struct cli_option epoch_opt = {"train.epoch", CLI_INT, &first_epoch, 0, 1000, NULL, false};
+        if (bie_model_is_packed(m) || !ep || !cli_set("bie train: checkpoint", &epoch_opt, ep)) {
             fprintf(stderr, "bie train: %s is not a training checkpoint\n", ckpt);
-            bie_safetensors_free(st);
             goto done;
         }
-        bie_safetensors_free(st);
-        if (strcmp(bie_model_arch(m), arch) != 0 && !o.arch) {
+        fprintf(stderr, "resuming from %s after epoch %lld\n", ckpt, (long long)first_epoch);
+        first_epoch++;
+        if (!adopt_recorded(&cmd, st, &recorded)) {
+            rc = EXIT_USAGE;
+            goto done;
+        }
+    }
+    apply_defaults(&cmd);
+    set_threads(ctx, o->threads);
+    if (o->log && !(log = fopen(o->log, o->resume ? "a" : "w"))) {
+        fprintf(stderr, "bie train: --log %s: %s\n", o->log, strerror(errno));
+        goto done;
+    }
+    if (!data_load(ctx, o->data, true, &train) || !data_load(ctx, o->data, false, &test)) goto done;
+    if (!build_arch(o, 1, train.h, train.w, arch, sizeof arch)) {
+        rc = EXIT_USAGE;
+        goto done;
+    }
+    if (o->resume) {
+        // A checkpoint that records no options (an older one) is still checked by its architecture.
+        if (!recorded && strcmp(bie_model_arch(m), arch) != 0 && !o->arch) {
             fprintf(stderr, "bie train: the checkpoint's architecture differs from the options:\n  %s\n  %s\n",
                     bie_model_arch(m), arch);
             rc = EXIT_USAGE;
             goto done;
         }
         snprintf(arch, sizeof arch, "%s", bie_model_arch(m));
-        first_epoch = done_epochs + 1;
-        fprintf(stderr, "resuming from %s after epoch %lld\n", ckpt, (long long)done_epochs);
     } else {
-        s = bie_model_create(ctx, arch, o.latent, (uint64_t)o.seed, &m);
+        s = bie_model_create(ctx, arch, !strcmp(o->latent, "int8") ? BIE_LATENT_INT8 : BIE_LATENT_F32,
+                             (uint64_t)o->seed, &m);
         if (s != BIE_STATUS_OK) {
             rc = fail_status(ctx, "model", s);
             goto done;
@@ -279,42 +389,54 @@ int bie_train_main(int argc, char ** argv) {
                 (long long)bie_model_num_inputs(m), (long long)(train.h * train.w));
         goto done;
     }
-    const int64_t n_train = o.limit > 0 && o.limit < train.n ? o.limit : train.n;
-    const int64_t batches = (n_train + o.batch - 1) / o.batch, classes = bie_model_num_outputs(m);
-    const int64_t total_steps = batches * o.epochs;
-    x = malloc(sizeof(float) * (size_t)(o.batch * train.h * train.w));
-    grad = malloc(sizeof(float) * (size_t)(o.batch * classes));
-    y = malloc((size_t)o.batch);
+    const int64_t n_train = o->limit > 0 && o->limit < train.n ? o->limit : train.n;
+    const int64_t n_test = o->test_limit > 0 && o->test_limit < test.n ? o->test_limit : test.n;
+    const int64_t batches = (n_train + o->batch - 1) / o->batch, classes = bie_model_num_outputs(m);
+    const int64_t total_steps = batches * o->epochs;
+    x = malloc(sizeof(float) * (size_t)(o->batch * train.h * train.w));
+    grad = malloc(sizeof(float) * (size_t)(o->batch * classes));
+    y = malloc((size_t)o->batch);
     order = malloc(sizeof(int64_t) * (size_t)n_train);
     if (!x || !grad || !y || !order) {
         fprintf(stderr, "bie train: out of memory\n");
         goto done;
     }
     printf("model: %s\narch: %s\ntraining on %lld images, testing on %lld, %lld epochs of %lld batches\n",
-           o.arch ? "custom" : o.model, arch, (long long)n_train,
-           (long long)(o.test_limit > 0 && o.test_limit < test.n ? o.test_limit : test.n), (long long)o.epochs,
+           o->arch ? "custom" : o->model, arch, (long long)n_train, (long long)n_test, (long long)o->epochs,
            (long long)batches);
     fflush(stdout);
+    jl_begin(log, "start");
+    jl_str(log, "model", o->arch ? "custom" : o->model);
+    jl_str(log, "arch", arch);
+    jl_int(log, "epochs", o->epochs);
+    jl_int(log, "batch", o->batch);
+    jl_int(log, "batches_per_epoch", batches);
+    jl_num(log, "lr", o->lr);
+    jl_int(log, "train_images", n_train);
+    jl_int(log, "test_images", n_test);
+    jl_int(log, "first_epoch", first_epoch);
+    jl_int(log, "threads", bie_omp_threads());
+    jl_end(log);
     struct progress prog = {isatty(2) != 0, 0};
     const double t_start = now_seconds();
     double test_acc = -1;
-    for (int64_t epoch = first_epoch; epoch <= o.epochs; epoch++) {
-        shuffle(order, n_train, (uint64_t)o.seed, epoch);
-        double loss_sum = 0, t_epoch = now_seconds();
-        int64_t correct = 0, seen = 0;
+    for (int64_t epoch = first_epoch; epoch <= o->epochs; epoch++) {
+        shuffle(order, n_train, (uint64_t)o->seed, epoch);
+        double loss_sum = 0, t_epoch = now_seconds(), win_loss = 0, t_win = t_epoch;
+        int64_t correct = 0, seen = 0, win_correct = 0, win_seen = 0;
         for (int64_t b = 0; b < batches; b++) {
-            const int64_t at = b * o.batch, nb = n_train - at < o.batch ? n_train - at : o.batch;
+            const int64_t at = b * o->batch, nb = n_train - at < o->batch ? n_train - at : o->batch;
             data_batch(&train, order + at, nb, x, y);
             const int64_t step = (epoch - 1) * batches + b; // cosine schedule over the whole run
-            const float lr = (float)(o.lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps)));
-            const float dlr = (float)(o.diode_lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps)));
+            const float lr = (float)(o->lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps)));
+            const float dlr = (float)(o->diode_lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps)));
             const float * logits;
             double loss = 0;
             int64_t c = 0;
             s = bie_model_forward(ctx, m, x, nb, 1, 0, &logits);
             if (s == BIE_STATUS_OK) s = bie_softmax_cross_entropy(ctx, nb, classes, logits, y, &loss, grad, &c);
             if (s == BIE_STATUS_OK) s = bie_model_backward(ctx, m, grad);
-            if (s == BIE_STATUS_OK) s = bie_model_step(ctx, m, lr, (float)o.wd, dlr);
+            if (s == BIE_STATUS_OK) s = bie_model_step(ctx, m, lr, (float)o->wd, dlr);
             if (s != BIE_STATUS_OK) {
                 if (prog.tty) fputc('\n', stderr);
                 rc = fail_status(ctx, "training step", s);
@@ -328,28 +450,55 @@ int bie_train_main(int argc, char ** argv) {
             loss_sum += loss * (double)nb;
             correct += c;
             seen += nb;
-            const double el = now_seconds() - t_epoch, ips = (double)seen / (el > 0 ? el : 1e-9);
-            const double left = (double)(n_train - seen) + (double)(o.epochs - epoch) * (double)n_train;
-            progress_show(&prog, epoch, o.epochs, b + 1, batches, loss_sum / (double)seen, (double)correct / (double)seen,
-                          ips, left / ips, b + 1 == batches);
+            win_loss += loss * (double)nb;
+            win_correct += c;
+            win_seen += nb;
+            const double now = now_seconds(), el = now - t_epoch, ips = (double)seen / (el > 0 ? el : 1e-9);
+            const double left = (double)(n_train - seen) + (double)(o->epochs - epoch) * (double)n_train;
+            progress_show(&prog, epoch, o->epochs, b + 1, batches, loss_sum / (double)seen,
+                          (double)correct / (double)seen, ips, left / ips, b + 1 == batches);
+            if (log && ((b + 1) % o->log_every == 0 || b + 1 == batches)) {
+                // The mean loss and accuracy of the batches since the last line.
+                jl_begin(log, "step");
+                jl_int(log, "epoch", epoch);
+                jl_int(log, "batch", b + 1);
+                jl_num(log, "epoch_progress", (double)(epoch - 1) + (double)(b + 1) / (double)batches);
+                jl_num(log, "loss", win_loss / (double)win_seen);
+                jl_num(log, "accuracy", (double)win_correct / (double)win_seen);
+                jl_num(log, "lr", lr);
+                jl_num(log, "images_per_s", (double)win_seen / (now - t_win > 0 ? now - t_win : 1e-9));
+                jl_num(log, "elapsed_s", now - t_start);
+                jl_end(log);
+                win_loss = 0;
+                win_correct = win_seen = 0;
+                t_win = now;
+            }
         }
         double ips_test;
-        if (!evaluate(ctx, m, &test, o.test_limit, 1000, 0, &test_acc, &ips_test)) goto done;
+        if (!evaluate(ctx, m, &test, o->test_limit, CLI_EVAL_BATCH, 0, &test_acc, &ips_test)) goto done;
+        const double epoch_s = now_seconds() - t_epoch;
         printf("epoch %lld: train loss %.4f, train accuracy %.2f%%, test accuracy %.2f%%, %.1f s (elapsed %.1f s)\n",
                (long long)epoch, loss_sum / (double)seen, 100.0 * (double)correct / (double)seen, 100.0 * test_acc,
-               now_seconds() - t_epoch, now_seconds() - t_start);
+               epoch_s, now_seconds() - t_start);
         fflush(stdout);
-        char ep[32], tot[32], acc[32];
-        snprintf(ep, sizeof ep, "%lld", (long long)epoch);
-        snprintf(tot, sizeof tot, "%lld", (long long)o.epochs);
-        snprintf(acc, sizeof acc, "%.4f", 100.0 * test_acc);
-        const char * meta[] = {"train.epoch", ep, "train.epochs", tot, "train.test_accuracy", acc};
-        s = bie_model_save(ctx, m, ckpt, BIE_MODEL_FILE_CHECKPOINT, meta, 3);
-        if (s != BIE_STATUS_OK) {
-            rc = fail_status(ctx, "checkpoint", s);
-            goto done;
+        jl_begin(log, "epoch");
+        jl_int(log, "epoch", epoch);
+        jl_num(log, "train_loss", loss_sum / (double)seen);
+        jl_num(log, "train_accuracy", (double)correct / (double)seen);
+        jl_num(log, "test_accuracy", test_acc);
+        jl_num(log, "epoch_s", epoch_s);
+        jl_num(log, "elapsed_s", now_seconds() - t_start);
+        jl_end(log);
+        if (!o->no_checkpoint) {
+            struct checkpoint_meta cm;
+            const size_t n_meta = checkpoint_meta(&cmd, &cm, epoch, test_acc);
+            s = bie_model_save(ctx, m, ckpt, BIE_MODEL_FILE_CHECKPOINT, cm.meta, n_meta);
+            if (s != BIE_STATUS_OK) {
+                rc = fail_status(ctx, "checkpoint", s);
+                goto done;
+            }
         }
-        if (o.stop_after && epoch >= o.stop_after && epoch < o.epochs) {
+        if (o->stop_after && epoch >= o->stop_after && epoch < o->epochs) {
             printf("stopped after epoch %lld; continue with --resume (checkpoint %s)\n", (long long)epoch, ckpt);
             rc = EXIT_OK_;
             goto done;
@@ -357,33 +506,43 @@ int bie_train_main(int argc, char ** argv) {
     }
     if (test_acc < 0) { // resumed after the last epoch: measure once
         double ips_test;
-        if (!evaluate(ctx, m, &test, o.test_limit, 1000, 0, &test_acc, &ips_test)) goto done;
+        if (!evaluate(ctx, m, &test, o->test_limit, CLI_EVAL_BATCH, 0, &test_acc, &ips_test)) goto done;
     }
     const double train_time = now_seconds() - t_start;
     char acc[32];
     snprintf(acc, sizeof acc, "%.4f", 100.0 * test_acc);
     const char * meta[] = {"train.test_accuracy", acc};
-    s = bie_model_save(ctx, m, o.out, BIE_MODEL_FILE_PACKED, meta, 1);
+    s = bie_model_save(ctx, m, o->out, BIE_MODEL_FILE_PACKED, meta, 1);
     if (s != BIE_STATUS_OK) {
         rc = fail_status(ctx, "export", s);
         goto done;
     }
     // The exported file is evaluated from the file alone: the same accuracy as the training's.
-    s = bie_model_load(ctx, o.out, &packed, NULL);
+    s = bie_model_load(ctx, o->out, &packed, NULL);
     if (s != BIE_STATUS_OK) {
         rc = fail_status(ctx, "reloading the export", s);
         goto done;
     }
     double packed_acc, ips;
-    if (!evaluate(ctx, packed, &test, o.test_limit, 1000, 0, &packed_acc, &ips)) goto done;
+    if (!evaluate(ctx, packed, &test, o->test_limit, CLI_EVAL_BATCH, 0, &packed_acc, &ips)) goto done;
     printf("final test accuracy %.2f%% after %.1f s of training\n", 100.0 * test_acc, train_time);
-    printf("exported %s: test accuracy %.2f%% from the packed file (%.0f images/s)\n", o.out, 100.0 * packed_acc, ips);
+    printf("exported %s: test accuracy %.2f%% from the packed file (%.0f images/s)\n", o->out, 100.0 * packed_acc, ips);
+    jl_begin(log, "end");
+    jl_num(log, "test_accuracy", test_acc);
+    jl_num(log, "packed_test_accuracy", packed_acc);
+    jl_num(log, "train_s", train_time);
+    jl_str(log, "model_file", o->out);
+    jl_end(log);
     if (packed_acc != test_acc) {
         fprintf(stderr, "bie train: the packed model's accuracy differs from the trained model's\n");
         goto done;
     }
+    if (!o->no_checkpoint && !o->keep_checkpoint && remove(ckpt) != 0 && errno != ENOENT)
+        fprintf(stderr, "bie train: cannot remove the checkpoint %s: %s\n", ckpt, strerror(errno));
     rc = EXIT_OK_;
 done:
+    if (log) fclose(log);
+    bie_safetensors_free(st);
     bie_model_destroy(m);
     bie_model_destroy(packed);
     free(x);
