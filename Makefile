@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-# The README's two commands: `make demo` (set up, train a binary network on Fashion-MNIST and
-# evaluate it) and `make test` (set up, build, run every test). Both work on a fresh Debian machine.
+# The README's two commands: `make demo` (set up, train a binary network on Fashion-MNIST,
+# evaluate it and draw its training curves) and `make test` (set up, build, run every test). Both
+# work on a fresh Debian machine. `make install PREFIX=DIR` installs the build (default
+# /usr/local).
 JOBS ?= $(shell nproc)
 # CUDA's compiler, where the toolkit is installed but not on PATH.
 ifeq ($(shell command -v nvcc),)
@@ -9,8 +11,9 @@ ifeq ($(shell command -v nvcc),)
   endif
 endif
 CMAKE_FLAGS ?=
+PREFIX ?= /usr/local
 
-.PHONY: all build test test-unit test-san test-python test-fuzz fuzz demo clean
+.PHONY: all build install test test-unit test-san test-python test-wheel test-fuzz fuzz demo clean
 
 all: build
 
@@ -19,14 +22,19 @@ build:
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
 	cmake --build build -j$(JOBS)
 
-# Release build with every unit test, then the whole suite again under ASan + UBSan + LSan, then the
-# PyTorch binding's tests.
+install: build
+	cmake --install build --prefix $(PREFIX)
+
+# Release build with every unit test (the installed tree and the library without CUDA included),
+# then the whole suite again under ASan + UBSan + LSan, then the PyTorch binding's tests, from the
+# source tree and as pip installs it.
 test:
 	scripts/install-deps.sh test
 	$(MAKE) --no-print-directory build
 	ctest --test-dir build -L unit --output-on-failure -j$(JOBS)
 	$(MAKE) --no-print-directory test-san
 	$(MAKE) --no-print-directory test-python
+	$(MAKE) --no-print-directory test-wheel
 	$(MAKE) --no-print-directory test-fuzz
 
 test-san:
@@ -39,6 +47,23 @@ test-python:
 	@if [ -d python/tests ]; then \
 	  BIE_LIBRARY=$(CURDIR)/build/libbie.so PYTHONPATH=$(CURDIR)/python /usr/bin/python3 -m pytest -q python/tests; \
 	else echo "no python tests yet"; fi
+
+# The binding as `pip install ./python` makes it: a wheel that scikit-build-core builds from this
+# checkout (without the CUDA backend here, which would add minutes of nvcc; its build directory
+# is kept for the next run), installed into a fresh venv that sees Debian's torch, and tested from
+# outside the source tree against the installed package.
+WHEEL_TESTS = ../python/tests/test_modules.py ../python/tests/test_functional.py -k "not gradcheck"
+test-wheel:
+	rm -rf build/venv build/wheel
+	/usr/bin/python3 -m venv --system-site-packages build/venv
+	build/venv/bin/pip wheel -q --no-deps -w build/wheel ./python --config-settings=build-dir=build/python-wheel \
+	  --config-settings=cmake.define.BIE_CUDA=OFF
+	@case "$$(ls build/wheel)" in *-py3-none-linux_*.whl) echo "wheel: $$(ls build/wheel)" ;; \
+	  *) echo "the wheel is not a platform wheel: $$(ls build/wheel)"; exit 1 ;; esac
+	build/venv/bin/pip install -q --no-deps build/wheel/*.whl
+	cd build && env -u BIE_LIBRARY venv/bin/python -c "import bie, sys; p = bie.library_path(); \
+	  assert p.startswith(sys.prefix), p; print('installed bie uses', p, '- CUDA:', bie.cuda_unavailable_reason() or 'available')"
+	cd build && env -u BIE_LIBRARY BIE_TEST_INSTALLED=1 venv/bin/python -m pytest -p no:cacheprovider $(WHEEL_TESTS)
 
 # libFuzzer targets of the file readers (fuzz/): `make fuzz` runs each for FUZZ_RUNS inputs
 # (default 1,000,000) from its seed corpus; `make test` runs each for FUZZ_SECONDS (default 20).

@@ -305,7 +305,8 @@ static bool parse_line(char * line, struct bench_case * c, int lineno) {
     return true;
 }
 
-// Opens the shape file as given, or relative to the program's directory (build/../bench/shapes).
+// Opens the shape file as given, or relative to the program's directory: in a build tree
+// (build/../bench/shapes) or an installed one (bin/../share/bie/bench/shapes).
 static FILE * open_shapes(const char * path) {
     FILE * f = fopen(path, "r");
     if (f) return f;
@@ -318,6 +319,8 @@ static FILE * open_shapes(const char * path) {
     *slash = 0;
     char alt[8192];
     snprintf(alt, sizeof alt, "%s/../%s", exe, path);
+    if ((f = fopen(alt, "r"))) return f;
+    snprintf(alt, sizeof alt, "%s/../share/bie/%s", exe, path);
     return fopen(alt, "r");
 }
 
