@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """bie: PyTorch modules for binary, 4-bit and 8-bit linear and conv2d layers, with the math in
 libbie (a C library) reached through ctypes. See python/README.md."""
-from ._lib import BieError, library_path, version, cuda_available
+from ._lib import BieError, library_path, version, cuda_available, cuda_unavailable_reason
 from .functional import PAD_MINUS_ONE, PAD_PLUS_ONE, PAD_ZERO, QUANT_BINARY, QUANT_INT4, QUANT_INT8
 from .autograd import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dCutlassForward, Q4Conv2dForward,
                        Q4LinearForward, Q8Conv2dForward, Q8LinearForward)
@@ -14,7 +14,7 @@ from . import functional, reference
 __version__ = "0.1.0"
 
 __all__ = [
-    "BieError", "library_path", "version", "cuda_available",
+    "BieError", "library_path", "version", "cuda_available", "cuda_unavailable_reason",
     "PAD_ZERO", "PAD_MINUS_ONE", "PAD_PLUS_ONE", "QUANT_BINARY", "QUANT_INT4", "QUANT_INT8",
     "BinaryLinearForward", "Q4LinearForward", "Q8LinearForward", "BinaryConv2dForward", "Q4Conv2dForward",
     "Q4Conv2dCutlassForward", "Q8Conv2dForward",

@@ -3,14 +3,17 @@
 
 The library is found, in this order, through
   1. the environment variable BIE_LIBRARY (a path to libbie.so),
-  2. package data (libbie.so installed next to this file by ``pip install``),
+  2. package data (libbie.so, built and installed next to this file by ``pip install ./python``),
   3. the build directory of a source checkout (``build/libbie.so`` beside ``python/``),
   4. the system's library path (``ctypes.util.find_library("bie")``).
 """
+from __future__ import annotations
+
 import ctypes
 import ctypes.util
 import os
 import threading
+from typing import Optional
 
 BIE_MAX_DIMS = 8
 
@@ -143,13 +146,16 @@ def _declare(lib):
     if hasattr(lib, "bie_context_set_cuda_stream"):
         lib.bie_context_set_cuda_stream.restype = c_int
         lib.bie_context_set_cuda_stream.argtypes = [c_void_p, c_void_p]
+    if hasattr(lib, "bie_backend_unavailable_reason"):
+        lib.bie_backend_unavailable_reason.restype = c_char_p
+        lib.bie_backend_unavailable_reason.argtypes = [c_int]
 
 
 _lib = None
 _lib_lock = threading.Lock()
 
 
-def library():
+def library() -> ctypes.CDLL:
     """The loaded libbie (ctypes.CDLL), loading it on first use."""
     global _lib
     if _lib is not None:
@@ -176,20 +182,32 @@ def library():
     return _lib
 
 
-def library_path():
+def library_path() -> str:
+    """The path of the libbie that was loaded."""
     return library().bie_path
 
 
 _cuda = None
 
 
-def cuda_available():
-    """True when this libbie has the CUDA backend (include/bie-cuda.h) and sees a GPU."""
+def cuda_available() -> bool:
+    """True when libbie's CUDA backend is present (its plugin, libbie-cuda.so, and the CUDA
+    libraries it needs) and sees a GPU; cuda_unavailable_reason() says why not."""
     global _cuda
     if _cuda is None:
         lib = library()
         _cuda = hasattr(lib, "bie_context_set_cuda_stream") and lib.bie_backend_available(BACKEND_CUDA) == 1
     return _cuda
+
+
+def cuda_unavailable_reason() -> Optional[str]:
+    """Why CUDA tensors cannot be used (libbie's words: the plugin is not installed, a CUDA library
+    is missing, no GPU), or None when they can."""
+    lib = library()
+    if not hasattr(lib, "bie_backend_unavailable_reason"):
+        return None if cuda_available() else "this libbie predates the CUDA plugin and has no CUDA backend"
+    why = lib.bie_backend_unavailable_reason(BACKEND_CUDA)
+    return why.decode(errors="replace") if why else None
 
 
 class _Context:
@@ -235,7 +253,7 @@ class _Context:
 _tls = threading.local()
 
 
-def context():
+def context() -> "_Context":
     """This thread's context; its thread count follows torch.get_num_threads()."""
     ctx = getattr(_tls, "ctx", None)
     if ctx is None:
@@ -249,5 +267,6 @@ def context():
     return ctx
 
 
-def version():
+def version() -> str:
+    """libbie's version ("0.1.0")."""
     return library().bie_version_string().decode()

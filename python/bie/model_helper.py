@@ -1,5 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Model-level helpers, as in Bitorch Engine's utils/model_helper and utils/convert."""
+from __future__ import annotations
+
+from typing import Iterable, List, Tuple
+
 import torch.nn as nn
 
 from .layers import BieLayer, BinaryConv2d, BinaryLinear, Q4Conv2d, Q4Linear, Q8Conv2d, Q8Linear
@@ -13,12 +17,12 @@ _KINDS = {
 }
 
 
-def bie_layers(model):
+def bie_layers(model: nn.Module) -> List[Tuple[str, BieLayer]]:
     """(qualified name, layer) of every bie layer in the model."""
     return [(n, m) for n, m in model.named_modules() if isinstance(m, BieLayer)]
 
 
-def prepare_bie_layers(model):
+def prepare_bie_layers(model: nn.Module) -> nn.Module:
     """Calls prepare_params() on every bie layer (after construction or after loading float
     weights, before training or inference)."""
     for _, m in bie_layers(model):
@@ -26,7 +30,7 @@ def prepare_bie_layers(model):
     return model
 
 
-def pack_bie_layers(model, qweight_only=True):
+def pack_bie_layers(model: nn.Module, qweight_only: bool = True) -> nn.Module:
     """Packs the weights of every bie layer (generate_quantized_weight); with qweight_only the
     float weights are dropped, leaving an inference-only model whose state_dict holds the packed
     weights."""
@@ -35,7 +39,8 @@ def pack_bie_layers(model, qweight_only=True):
     return model
 
 
-def replace_layers(model, kind="binary", linear=True, conv=True, exclude=(), latent_int8=False):
+def replace_layers(model: nn.Module, kind: str = "binary", linear: bool = True, conv: bool = True,
+                   exclude: Iterable[str] = (), latent_int8: bool = False) -> List[str]:
     """Replaces the nn.Linear and nn.Conv2d layers of `model` (in place) by bie layers of `kind`
     ("binary", "q4" or "q8"), copying their weights (set_weight_data, which runs prepare_params)
     and keeping their output bias. Layers named in `exclude` (qualified names, e.g. the first and

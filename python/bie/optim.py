@@ -11,7 +11,10 @@ Training with Sign Descent Optimization", 2024) for stock PyTorch.
 - every other parameter (float weights, scales, biases): AdamW (bias-corrected; decoupled weight
   decay applied after the step).
 """
+from __future__ import annotations
+
 import math
+from typing import Any, Callable, Iterable, Optional, Tuple
 
 import torch
 from torch.optim import Optimizer
@@ -24,8 +27,9 @@ def _sign(t):
 
 
 class DiodeMix(Optimizer):
-    def __init__(self, params, lr=1e-4, betas=(0.99, 0.9999), eps=1e-6, weight_decay=0.0, correct_bias=True,
-                 dtype=torch.float32):
+    def __init__(self, params: Iterable[Any], lr: float = 1e-4, betas: Tuple[float, float] = (0.99, 0.9999),
+                 eps: float = 1e-6, weight_decay: float = 0.0, correct_bias: bool = True,
+                 dtype: torch.dtype = torch.float32) -> None:
         if lr < 0:
             raise ValueError(f"Invalid learning rate: {lr}")
         if not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
@@ -38,7 +42,7 @@ class DiodeMix(Optimizer):
     def _is_latent(p):
         return p.dtype == torch.int8 and getattr(p, "privileged_grad", None) is not None
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
         for group in self.param_groups:
             for p in group["params"]:
@@ -46,7 +50,7 @@ class DiodeMix(Optimizer):
                     p.privileged_grad.zero_()
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -6,9 +6,15 @@ import zlib
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# The package of this checkout, unless the tests run against an installed bie (make test-wheel).
+if not os.environ.get("BIE_TEST_INSTALLED"):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import bie  # noqa: E402
+
+
+def pytest_report_header(config):
+    return f"bie: package {os.path.dirname(bie.__file__)}, libbie {bie.library_path()}"
 
 
 def devices():
