@@ -75,7 +75,7 @@ void jl_end(FILE * f);
 // Images per forward call of `bie eval` and of the test passes of `bie train` (the fastest of the
 // batch sizes measured on the bcnn preset, with the least memory among those within a few percent
 // of it: docs/training.md).
-#define CLI_EVAL_BATCH 100
+#define CLI_EVAL_BATCH 32
 
 // A split of an IDX data set: n images of h x w bytes and their labels.
 struct dataset {
