@@ -17,6 +17,8 @@
 #include "cuda-impl.cuh"
 #include "cuda-ste.cuh"
 
+#include <stdio.h>
+
 namespace {
 
 struct pack_src {
@@ -26,7 +28,13 @@ struct pack_src {
     int is_weight;
     int quant;
     struct dscale s;   // scale_a for x, scale_w for the weight
+    uint32_t bias_period; // 0, or: rows hold several pixels, element k takes bias[k % bias_period]
 };
+
+// bias_a's element for element k of a row (the pixel's channel when rows hold several pixels).
+__device__ __forceinline__ int64_t bias_index(const pack_src & p, int64_t k) {
+    return p.bias_period ? (int64_t)((uint32_t)k % p.bias_period) : k;
+}
 
 // Where the elements of one tap of a row live: the offset of (row, c = 0, tap) and whether the tap
 // lies inside the image (always for weights).
@@ -135,7 +143,8 @@ __device__ __forceinline__ void xprime8(const pack_src & p, const T * row, int64
     if (p.bias.data)
 #pragma unroll
         for (int e = 0; e < 8; e++)
-            if (k0 + e < p.g.K) v[e] = __fadd_rn(v[e], ld_float(p.bias.data, p.bias.dtype, (k0 + e) * p.bias.stride[3]));
+            if (k0 + e < p.g.K)
+                v[e] = __fadd_rn(v[e], ld_float(p.bias.data, p.bias.dtype, bias_index(p, k0 + e) * p.bias.stride[3]));
 }
 // Codes of 8 elements starting at element k0 of a row (0 past K), as in elem_code.
 template <typename T>
@@ -211,7 +220,7 @@ template <typename T, bool BIAS>
 __device__ __forceinline__ void group_xprime(const pack_src & p, int64_t g, const raw8<T> & r, float * f) {
     if constexpr (BIAS) { // (bias_a's loads issued first: the conversion runs while they are in flight)
         float b[8];
-        bias8(p.bias, g * 8, b);
+        bias8(p.bias, bias_index(p, g * 8), b); // (a period is a multiple of 8: the 8 share a pixel)
         raw8_floats<T>(r, f);
 #pragma unroll
         for (int e = 0; e < 8; e++) f[e] = __fadd_rn(f[e], b[e]);
@@ -693,13 +702,16 @@ enum bie_status pack_pixel_bits(bie_context_t * ctx, cudaStream_t stream, const 
     const struct dgeom & g = p.g;
     const int64_t * st = p.t.stride;
     if (pk == PIX_ROWS) {
-        // rows of `per` pixels (whole warps busy even for few channels; one pixel per row when a
-        // per-channel bias must line up with the row's elements or pixels have gaps)
+        // rows of `per` pixels (whole warps busy even for few channels; bias_a by the element's
+        // channel), up to 32 when the pixels have no gaps, as many as divide their number
         const int64_t pixels = g.batch * g.H * g.W;
-        const int64_t per = !p.bias.data && st[3] == g.C && pixels % 32 == 0 ? 32 : 1;
+        int64_t per = 1;
+        if (st[3] == g.C)
+            while (per < 32 && pixels % (2 * per) == 0) per *= 2;
         pack_src pp = p;
         pp.g.K = g.C * per;
         pp.t.stride[0] = st[3] * per;
+        pp.bias_period = per > 1 && p.bias.data ? (uint32_t)g.C : 0;
         launch_contiguous(pp, pixels / per, g.C * per / 8, scratch, NULL, stream);
     } else {
         launch_plane_bits(p, g.H * g.W * (g.C / 32), (uint32_t *)scratch, stream);
@@ -1079,6 +1091,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
                           xt.stride[1] == 1 && (M == 1 || xt.stride[0] == kbytes * 8) && ((uintptr_t)xt.data % 16) == 0;
 
     pack_src px;
+    px.bias_period = 0;
     dview_make(&c->x, &px.t);
     px.bias.data = NULL;
     if (c->bias_a.data) dview_make(&c->bias_a, &px.bias);
@@ -1128,6 +1141,26 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     dview_make(&c->y, &ep.y);
     const bool sign_codes = b1_out && !bie_cuda_gemm_packs_bits(ctx, M, N, zero_pad_fix, ep);
     const size_t oSign = off; off = align256(off + (sign_codes ? (size_t)ynumel : 0));
+    if (c->plan) { // the route in words (the GEMM as bie_cuda_gemm picks it)
+        const bool zp = zero_pad_fix;
+        const char * gemm = bie_cuda_gemm_counts_popcounts(M, zp) ? "few-rows split-K (mma.sync)"
+                            : bie_cuda_gemm_takes_wgmma(ctx, M, zp) ? "wgmma" : "mma.sync";
+        snprintf(c->plan->route, sizeof c->plan->route,
+                 "cuda:%d, %s GEMM %lld x %lld x %lld bytes; x: %s; weight: %s; row popcounts: %s%s; y: %s",
+                 (int)c->device_index, gemm, (long long)M, (long long)N, (long long)kbytes,
+                 x_direct ? "B1 rows read in place"
+                 : gather ? (pixels ? "packed into NHWC bit pixels, rows gathered by the GEMM"
+                                    : "NHWC bit pixels gathered by the GEMM in place")
+                 : pixels ? "packed into pixels, then im2col rows" : "packed into GEMM rows",
+                 w_direct ? "B1 rows read in place"
+                 : zp && b1_weight_rows(pw, N) ? "B1 rows copied with the border terms" : "packed into GEMM rows",
+                 gemm_rows ? "counted by the GEMM" : rowterms ? "row terms kernel"
+                 : bie_cuda_gemm_counts_popcounts(M, zp) ? "by the GEMM" : "by the packers",
+                 zp ? "; zero padding by border classes" : "",
+                 b1_out ? (sign_codes ? "sign codes, then packed" : "B1 packed by the GEMM") : bie_dtype_name(c->y.dtype));
+        c->plan->workspace = off;
+        return BIE_STATUS_OK;
+    }
     uint8_t * ws;
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
 
@@ -1230,6 +1263,7 @@ extern "C" enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const stru
     BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
     const int64_t M = c->g.batch, K = c->g.K;
     pack_src p;
+    p.bias_period = 0;
     dview_make(&c->x, &p.t);
     p.bias.data = NULL;
     if (c->bias_a.data) dview_make(&c->bias_a, &p.bias);
@@ -1242,9 +1276,22 @@ extern "C" enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const stru
     if (bits) dview_make(bits, &vb);
     if (mask) dview_make(mask, &vm);
     if ((K == 1 || p.t.stride[1] == 1) && (!bits || byte_rows(vb, M, K)) && (!mask || byte_rows(vm, M, K))) {
-        const ste_out so = {(uint8_t *)vb.data, (uint8_t *)vm.data, bits && M > 1 ? vb.stride[0] / 8 : 0,
-                            mask && M > 1 ? vm.stride[0] / 8 : 0};
-        if (launch_contiguous(p, M, 0, NULL, NULL, st->stream, &so)) {
+        // Short rows without gaps (a conv's channels-last pixels) are taken `per` at a time as one
+        // row, so that a warp's lanes all have whole 8-element groups (bias_a by the element's feature).
+        int64_t per = 1;
+        const bool dense = M > 1 && K % 8 == 0 && p.t.stride[0] == K && (!bits || vb.stride[0] == K) &&
+                           (!mask || vm.stride[0] == K);
+        if (dense)
+            while (per < 32 && K * per < 2048 && M % (2 * per) == 0) per *= 2;
+        const int64_t rows = M / per;
+        if (per > 1) {
+            p.g.K = K * per;
+            p.t.stride[0] = K * per;
+            p.bias_period = p.bias.data ? (uint32_t)K : 0;
+        }
+        const ste_out so = {(uint8_t *)vb.data, (uint8_t *)vm.data, bits && rows > 1 ? vb.stride[0] * per / 8 : 0,
+                            mask && rows > 1 ? vm.stride[0] * per / 8 : 0};
+        if (launch_contiguous(p, rows, 0, NULL, NULL, st->stream, &so)) {
             LAUNCHED(ctx, "binarize_ste");
             return BIE_STATUS_OK;
         }
