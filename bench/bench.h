@@ -9,7 +9,8 @@
 // one case per line, `kind key=value ...` (kinds linear, gemm, conv, train; see the files).
 // Each case prints bie's median time, the baseline's median time, their ratio and bie's GOPS,
 // with 1 thread and with all threads (or the --threads count); --json prints one object per line
-// with the keys case, backend, threads, bie_ms, baseline, baseline_ms, speedup, gops.
+// with the keys case, backend, threads, bie_ms, baseline, baseline_ms, speedup, gops, and the run's
+// device (the CPU's model name), cpus, isa, blas (OpenBLAS's build), bie_version and date (UTC).
 //
 // CUDA: `--backend cuda` hands the whole command line to bie_bench_cuda_main (bench/bench-cuda.c,
 // compiled only with the CUDA backend), which runs its own GPU cases and may print its rows with
