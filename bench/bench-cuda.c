@@ -25,7 +25,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench.h"
 #include "bie-cuda.h"
@@ -208,10 +207,7 @@ static const char * json_run_info(void) {
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     char name[sizeof prop.name];
-    size_t n = 0;
-    for (const char * c = prop.name; *c && n + 1 < sizeof name; c++)
-        if ((unsigned char)*c >= 0x20 && *c != '"' && *c != '\\') name[n++] = *c;
-    name[n] = 0;
+    bench_json_text(name, sizeof name, prop.name);
     int rt = 0, blas = 0;
     CK(cudaRuntimeGetVersion(&rt));
     CB(cublasGetVersion(g_blas, &blas));
@@ -220,10 +216,8 @@ static const char * json_run_info(void) {
     const size_t v = cudnnGetVersion();
     snprintf(dnn, sizeof dnn, "%zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
 #endif
-    char date[16] = "unknown";
-    const time_t now = time(NULL);
-    struct tm tm;
-    if (gmtime_r(&now, &tm)) strftime(date, sizeof date, "%Y-%m-%d", &tm);
+    char date[16];
+    bench_utc_date(date, sizeof date);
     snprintf(info, sizeof info,
              "\"device\": \"%s\", \"cuda\": \"%d.%d\", \"cublas\": \"%d.%d.%d\", \"cudnn\": \"%s\", "
              "\"bie_version\": \"%s\", \"date\": \"%s\"",

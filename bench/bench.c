@@ -49,17 +49,6 @@ static double time_median(bench_fn fn, void * state, int repeat) {
     return repeat % 2 ? t[repeat / 2] : 0.5 * (t[repeat / 2 - 1] + t[repeat / 2]);
 }
 
-// Copies src into dst as the inside of a JSON string: outer blanks trimmed, quotes, backslashes
-// and control characters left out.
-static void json_text(char * dst, size_t cap, const char * src) {
-    while (*src == ' ' || *src == '\t') src++;
-    size_t n = 0;
-    for (; *src && n + 1 < cap; src++)
-        if ((unsigned char)*src >= 0x20 && *src != '"' && *src != '\\') dst[n++] = *src;
-    while (n > 0 && dst[n - 1] == ' ') n--;
-    dst[n] = 0;
-}
-
 // What every --json row also names, made once: the CPU's model name (/proc/cpuinfo), its logical
 // CPUs, the ISA level bie's CPU backend uses (after any BIE_CPU_ISA cap), OpenBLAS's build, bie's
 // version and the UTC date of the run.
@@ -71,22 +60,20 @@ static const char * json_run_info(void) {
     while (f && fgets(line, sizeof line, f)) {
         const char * colon = strchr(line, ':');
         if (colon && !strncmp(line, "model name", 10)) {
-            json_text(model, sizeof model, colon + 1);
+            bench_json_text(model, sizeof model, colon + 1);
             break;
         }
     }
     if (f) fclose(f);
-    json_text(blas, sizeof blas, openblas_get_config());
+    bench_json_text(blas, sizeof blas, openblas_get_config());
     const char * isa = "unknown";
     bie_context_t * ctx;
     if (bie_context_create(NULL, &ctx) == BIE_STATUS_OK) {
         isa = bie_cpu_isa_name(bie_context_cpu_isa(ctx));
         bie_context_destroy(ctx);
     }
-    char date[16] = "unknown";
-    const time_t now = time(NULL);
-    struct tm tm;
-    if (gmtime_r(&now, &tm)) strftime(date, sizeof date, "%Y-%m-%d", &tm);
+    char date[16];
+    bench_utc_date(date, sizeof date);
     snprintf(info, sizeof info,
              "\"device\": \"%s\", \"cpus\": %d, \"isa\": \"%s\", \"blas\": \"%s\", \"bie_version\": \"%s\", "
              "\"date\": \"%s\"",
