@@ -82,7 +82,7 @@ def ratio(r):
     v = r.get("speedup", r.get("ratio"))
     if v is None and r.get("bie_ms") and r.get("baseline_ms"):
         v = r["baseline_ms"] / r["bie_ms"]
-    return "-" if v is None else f"{v:.2f}x"
+    return "-" if v is None or v <= 0 else f"{v:.2f}x"  # (0: no baseline time in the run)
 
 
 def baseline(name):
@@ -96,7 +96,7 @@ def para(*texts):
 
 
 def table(header, rows):
-    numeric = ("ms", "OPS", "MiB", "ratio", "float/bie")
+    numeric = ("ms", "OPS", "MiB", "baseline)", "ratio", "float/bie")
     out = ["| " + " | ".join(header) + " |",
            "|" + "|".join("---:" if i and h.endswith(numeric) else "---" for i, h in enumerate(header)) + "|"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -303,10 +303,13 @@ def networks_part(rows, files):
         src = [f for f, frows in files if any(r in frows for r in drows)]
         out += [f"### {device}", ""] + para(f"Measured {dates(drows)}.", f"Files: {', '.join(src)}.")
         out += note_lines(drows)
+        def peak(r):
+            p, b = r.get("peak_mib"), r.get("baseline_peak_mib")
+            return "-" if p is None else f"{p:.0f}" + (f" / {b:.0f}" if b is not None else "")
         body = [[r["model"], r["batch"], r["mode"], r.get("baseline", "float"), ms(r.get("baseline_ms")),
-                 ms(r.get("bie_ms")), ratio(r), f"{r['peak_mib']:.0f}" if r.get("peak_mib") is not None else "-"]
-                for r in drows]
-        out += table(["model", "batch", "mode", "baseline", "baseline ms", "bie ms", "ratio", "peak MiB"], body)
+                 ms(r.get("bie_ms")), ratio(r), peak(r)] for r in drows]
+        out += table(["model", "batch", "mode", "baseline", "baseline ms", "bie ms", "ratio",
+                      "peak MiB (bie / baseline)"], body)
         out += [""]
     return out
 

@@ -45,6 +45,7 @@ class PerfReport(unittest.TestCase):
             with open(os.path.join(d, "networks.json"), "w") as f:
                 json.dump([{"model": "resnet18-binary", "batch": 128, "mode": "inference", "bie_ms": 2.5,
                             "baseline": "float fp16", "baseline_ms": 5.0, "ratio": 2.0, "peak_mib": 1900.4,
+                            "baseline_peak_mib": 2046.0,
                             "device": "Test GPU", "date": "2030-01-03"}], f)
             with open(os.path.join(d, "modules.json"), "w") as f:
                 f.write(json.dumps({"layer": "BinaryLinear", "shape": "M=1 K=8 N=8", "mode": "forward",
@@ -57,7 +58,7 @@ class PerfReport(unittest.TestCase):
                       "| 1.000 | 12.00 | 12.00x | 4.000 | 5.00x |", page)
         self.assertIn("A test note.", page)
         self.assertIn("## Whole networks", page)
-        self.assertIn("| resnet18-binary | 128 | inference | float fp16 | 5.000 | 2.500 | 2.00x | 1900 |", page)
+        self.assertIn("| resnet18-binary | 128 | inference | float fp16 | 5.000 | 2.500 | 2.00x | 1900 / 2046 |", page)
         self.assertIn("| BinaryLinear | M=1 K=8 N=8 | forward | 1.500 | 0.5000 | 3.00x |", page)
         self.assertIn("Copied by hand.", page)
         self.assertNotIn("## CUDA", page)
