@@ -33,9 +33,8 @@ __all__ = ["BinaryLinearForward", "Q4LinearForward", "Q8LinearForward", "BinaryC
 
 
 # Inputs of fewer elements save the float input. The bits cost one more libbie call per forward
-# (a step took 30 us more host time on a small CPU layer; a 4096 x 4096 f16 forward on an H100,
-# which waits for the host, 70-180 us more), while the step's kernels took 10-13% less GPU time at
-# 4096 x 4096 and 8192 x 8192. Set it to 0 to keep bits whatever the size (memory).
+# (host time, which small layers and host-bound GPU calls feel), while they take GPU time off the
+# step's kernels on large inputs. Set it to 0 to keep bits whatever the size (memory).
 SAVED_BITS_MIN = 1 << 25
 
 

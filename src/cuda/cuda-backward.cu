@@ -133,9 +133,8 @@ __device__ __forceinline__ unsigned chunk_any(const T * row, const uint8_t * pro
     }
 }
 // Clears the elements of grad_x's row r, chunk k0, whose bits are set in stop. A whole, 16-byte
-// aligned chunk is rewritten by 16-byte words (2-byte elements: one; f32: two); element stores
-// took 143 us for the mask of an 8192 x 4096 f16 grad_x with an eighth of x stopped (ncu, the
-// codes pass included). Out of line: inlined, it made the masked codes kernels spill.
+// aligned chunk is rewritten by 16-byte words (2-byte elements: one; f32: two) rather than element
+// by element. Out of line: inlined, it made the masked codes kernels spill.
 __device__ __noinline__ void clear_stopped(void * gx, int gdt, int64_t gx_ld, int64_t r, int64_t k0, int64_t K,
                                            unsigned stop) {
     const int es = gdt == BIE_DTYPE_F32 ? 4 : 2;
@@ -171,7 +170,7 @@ __device__ __forceinline__ void chunk_store(const float * q, unsigned stop, int6
 }
 
 // Rows of fewer than 256 elements: a thread per chunk (five blocks a multiprocessor: at six, with
-// 40 registers, it spilled 8-16 bytes; its speed at either setting was not measured).
+// 40 registers, it spills).
 template <bool MASK, typename T>
 __global__ void __launch_bounds__(256, 5)
     codes_rows(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias, int quant,
@@ -191,10 +190,8 @@ __global__ void __launch_bounds__(256, 5)
 
 // Rows of 256 elements or more: a warp per row, each lane with 64 bytes of loads in flight (4
 // chunks of f16/bf16, 2 of f32) before its first store, no division, and whole chunks without
-// bounds tests. Nsight Compute showed the thread-per-chunk kernel above bound by issue, not memory,
-// on such rows (SM 76% and DRAM 50% for the codes and mask of an 8192 x 4096 f16 x, 70.8 us at
-// locked clocks; 62% and 60% for the codes of a 4096 x 4096 weight). This one takes 47.9 us for
-// the first (59.0 before) and 21.6 us for the second (23.2), clocks unlocked. Over saved bits
+// bounds tests: on such rows the thread-per-chunk kernel above is bound by instruction issue, not
+// by memory. Over saved bits
 // (T = sbits) a lane has 8 chunks' bytes (and their mask bytes) in flight: 2 bits read per
 // element, 16 bits of f16 code written.
 template <bool MASK, typename T>
@@ -262,8 +259,7 @@ bool codes_rows_ok(const struct dview & t, bool rows_are_k, int64_t K) {
     return t.dtype == BIE_DTYPE_B1 ? t.stride[0] % 8 == 0 : bie_dtype_is_float((enum bie_dtype)t.dtype);
 }
 // The pass with or without the mask, as two instances (the mask's code in a kernel that has no
-// mask to apply costs registers: 64 against 37, and 28.6 against 23.2-23.4 us for the codes of a
-// 4096 x 4096 f16 weight in the thread-per-chunk kernel). Saved bits: row strides in bytes.
+// mask to apply would cost it registers, and time). Saved bits: row strides in bytes.
 template <typename T>
 void launch_codes(cudaStream_t stream, const struct dview & t, const struct dview & pass, int64_t rows, int64_t K,
                   const struct dview & bias, int quant, struct dscale sc, int gdt, void * out, void * gx,

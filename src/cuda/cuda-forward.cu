@@ -116,9 +116,9 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
 // The same packing for rows whose K elements are contiguous floats (a linear layer's x and
 // weight, the common case): a warp per row, each lane turning 8 consecutive elements into one byte
 // of bits (binary) or 8 int8 codes per step, so that a warp's loads are 32 consecutive 16-byte
-// vectors (when the row is 16-byte aligned; element by element at the row's end). pack_rows reads
-// one element per lane per step and ran at ~0.4 TB/s on an H100; a first version of this kernel,
-// with a lane per 32 elements (a 64-byte stride between lanes), at ~1.1 TB/s.
+// vectors (when the row is 16-byte aligned; element by element at the row's end). pack_rows, one
+// element per lane per step, and a lane per 32 elements (a 64-byte stride between lanes) both
+// leave much of the memory bandwidth unused.
 // bias_a's 8 elements from element k0 (a vector load when they are contiguous and aligned).
 __device__ __forceinline__ void bias8(const struct dview & b, int64_t k0, float * f) {
     const int64_t st = b.stride[3];
@@ -405,8 +405,8 @@ __device__ __forceinline__ void put_codes16(uint8_t * row, int64_t r, const int 
 // Integer weights (I8 codes, or S4 nibbles with element 2i in the high nibble) whose rows are
 // contiguous: a warp per row, 16 codes per lane and run, clamped to the layer's range as in
 // elem_code. Runs inside an aligned row are read as 16-byte (I8) or 8-byte (S4) vectors, U runs a
-// lane at a time with their loads issued first (one run at a time, each lane waited for each load
-// in turn: 44 us for an 8192 x 8192 S4 weight on an H100, DRAM 53% busy).
+// lane at a time with their loads issued first (one run at a time, each lane would wait for each
+// load in turn).
 __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out) {
     constexpr int U = 4;
     const int lane = threadIdx.x & 31;
@@ -454,8 +454,8 @@ __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t 
 // consecutive rows (output pixels, stepping ow, oh, n without divisions), a word per lane; what a
 // lane's word is (tap offsets and channel word, or row padding) is worked out once for the 8 rows,
 // whose loads are then in flight together, so a row costs a load, a store and a popcount per word.
-// (Recomputing the position per word and row was bound by instruction issue; rows one after
-// another waited for each row's loads in turn: 34 us for 12.8 MB of rows.)
+// (Recomputing the position per word and row is bound by instruction issue; rows one after
+// another wait for each row's loads in turn.)
 constexpr int IW_ROWS = 8;   // consecutive rows per warp
 struct word_pos {
     int dh, dw, cw; // tap's row and column offset from (oh*sh, ow*sw); channel word; cw < 0: row padding
@@ -835,10 +835,9 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
 // writes rowterms[m] = {K over the valid taps - 2 rowpop[m], the border class} for the class counts
 // `border`. It writes epilogue terms only, so the GEMM queued next may start under it; queued right
 // after weight_terms (whose tables it does not read) it may itself start under that kernel, and
-// waits for it before it ends, so that a GEMM that waits for it has both. (Pixel popcounts and
-// then row sums, two launches, took 5.1 + 9.5 us at C = 64, 56x56, N = 128 under Nsight Compute,
-// this one 10.5 us; summing the pixel popcounts in the GEMM's epilogue cost more than both: 9
-// loads per row on each tile's path.)
+// waits for it before it ends, so that a GEMM that waits for it has both. (One launch costs less
+// than pixel popcounts and row sums in two; summing the pixel popcounts in the GEMM's epilogue
+// costs more than both: 9 loads per row on each tile's path.)
 struct border_counts4 {
     int v[4]; // top, bottom, left, right
 };
@@ -912,8 +911,8 @@ __device__ __forceinline__ int64_t class_example(int c, int64_t O, int lo, int h
 //   colcls[p][o] = BIE_DOT_BIAS - 2 popc(row) + tapcorr[p][o] (gemm_epilogue.colcls; rows of
 //     colcls_ld ints, block o also clears columns N + o, N + o + N, ... below colcls_ld);
 //   pixcls (optional) = gemm_epilogue.pixcls, the blocks taking the output pixels in turn.
-// (Five launches before: the row copy and its clearing, the row popcounts, the tap popcounts and
-// the corrections; each was a few microseconds of almost no work.)
+// (One launch rather than one each for the row copy and its clearing, the row popcounts, the tap
+// popcounts and the corrections: each would be a few microseconds of almost no work.)
 constexpr int WT_SMEM_TAPS = 2048, WT_SMEM_ROW = 4096; // (bytes of a weight row staged in shared memory)
 __host__ __device__ bool weight_terms_stages_row(int64_t K) { return (K + 7) / 8 <= WT_SMEM_ROW; }
 size_t weight_terms_smem(int64_t taps, int64_t K) {
@@ -940,15 +939,15 @@ __global__ void weight_terms(weight_terms_args a) {
     const uint8_t * row = a.w + o * a.ld;
     // The launch sizes the shared memory (weight_terms_smem): the warps' sums, the tap popcounts
     // (up to WT_SMEM_TAPS taps, else in tappop), then the row's bytes (rows of up to WT_SMEM_ROW
-    // bytes). (With a fixed 8 KB array, the C = 512 conv (7x7, N = 128), where this kernel runs
-    // beside the packer of x, took 0.0239 ms against 0.0226 with the tap sums in global memory.)
+    // bytes). (Sized by the launch rather than as a fixed array, so that the block stays small
+    // enough to run beside the packer of x that it starts under.)
     extern __shared__ int wt_smem[];
     const int ntp = taps <= WT_SMEM_TAPS ? taps : 0;
     int * const wsum = wt_smem, * const tp = ntp ? wt_smem + 32 : a.tappop + o * taps;
     // The row's bytes that hold K, loaded at once: staged in shared memory, where the tap loop
     // below reads them, and copied into the operand (K % 8 == 0 there) from the same loads. (Read
-    // by the tap loop from global memory, a load after each tap's sum, they were three latencies
-    // in a row per warp for 9 taps and 4 warps.)
+    // by the tap loop from global memory, a load after each tap's sum, they would be three
+    // latencies in a row per warp for 9 taps and 4 warps.)
     const int64_t kv = (g.K + 7) / 8;
     const bool staged = weight_terms_stages_row(g.K);
     uint8_t * const srow = (uint8_t *)(wt_smem + 32 + ntp);
@@ -1109,8 +1108,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     // A binary conv on the wgmma route whose x is (or is packed into) NHWC words: the GEMM gathers
     // its rows from x itself (gemm_gather), so they are not written out, when one column tile
     // covers N (each row is then gathered once; with several column tiles the rows are written
-    // once by the bit im2col and read by each, which costs less: C = 512 7x7 at N = 128, 4 tiles,
-    // took 0.044 ms gathered against 0.038 ms).
+    // once by the bit im2col and read by each, which costs less).
     const bool gather = binary && c->is_conv && !x_direct && !dgeom_one_position(px.g) && gatherable(px) &&
                         gather_fits(px) && bie_cuda_gemm_takes_wgmma(ctx, M, zero_pad_fix) &&
                         N <= bie_cuda_wgmma_tile_n(ctx, M, N, kbytes, true);
@@ -1176,8 +1174,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     // The weight side of a zero-padded conv is one weight_terms launch: when it also copies packed
     // B1 rows into the operand (then nothing else packs the weight), first for a gathering GEMM,
     // else right after the packer of x and beside it (terms_under_x: a programmatic dependent
-    // launch that waits for that kernel before it ends; one after the other, they took 0.0248 ms
-    // at C = 512, 7x7, N = 128, against 0.0226); else last, after the weight is packed, taking
+    // launch that waits for that kernel before it ends, so that the two overlap); else last, after
+    // the weight is packed, taking
     // popc(w) too when the weight is read in place.
     const bool w_rows_copied = zero_pad_fix && !w_direct && b1_weight_rows(pw, N);
     const bool terms_first = w_rows_copied && gather, terms_under_x = w_rows_copied && !gather && !x_direct;

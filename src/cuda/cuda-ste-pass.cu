@@ -230,7 +230,7 @@ void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dvie
 // D: dCol's element type (f32 from the GEMM, or the caller's dtype from cuDNN). T = sbits: x is saved
 // sign bits and xm the saved mask, both in rows that start on whole bytes (a byte of each per
 // thread and row), and each element's gradient and term are those of the x' they came from.
-// Three blocks a multiprocessor: unbounded, the float instances took 136-139 registers, one block
+// Three blocks a multiprocessor: unbounded, the float instances take 136-139 registers, one block
 // of eight warps a multiprocessor (at four blocks they spill).
 template <typename T, typename D>
 __global__ void __launch_bounds__(256, 3)

@@ -314,7 +314,7 @@ static enum bie_status grad_check(bie_context_t * ctx, struct bie_layer_call * c
     return check_float(ctx, name, t);
 }
 
-// The backward's rule for a B1 x (the bits of bie_binarize_ste; prepare() took it for a binary
+// The backward's rule for a B1 x (the bits of bie_binarize_ste; prepare() takes it for a binary
 // layer without bias_a): x_mask, shaped like x, is required whenever the STE mask is needed.
 static enum bie_status saved_bits(bie_context_t * ctx, struct bie_layer_call * c, const struct bie_backward_args * a) {
     if (a->x->dtype != BIE_DTYPE_B1) {
