@@ -9,7 +9,8 @@
 // one case per line, `kind key=value ...` (kinds linear, gemm, conv, train; see the files).
 // Each case prints bie's median time, the baseline's median time, their ratio and bie's GOPS,
 // with 1 thread and with all threads (or the --threads count); --json prints one object per line
-// with the keys case, backend, threads, bie_ms, baseline, baseline_ms, speedup, gops.
+// with the keys case, backend, threads, bie_ms, baseline, baseline_ms, speedup, gops, and the run's
+// device (the CPU's model name), cpus, isa, blas (OpenBLAS's build), bie_version and date (UTC).
 //
 // CUDA: `--backend cuda` runs the program bie_bench_cuda (bench/bench-cuda.c, built only with the
 // CUDA backend, and linked to cuBLAS and cuDNN for its baselines) from the bie program's directory
@@ -17,6 +18,9 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <time.h>
 
 struct bench_options {
     const char * shapes;  // shape file
@@ -47,3 +51,20 @@ int bie_bench_main(int argc, char ** argv);
 
 // The CUDA cases (bench/bench-cuda.c, the program bie_bench_cuda); argv as for bie_bench_main.
 int bie_bench_cuda_main(int argc, char ** argv);
+
+// For the --json rows of both benchmarks: src copied into dst as the inside of a JSON string
+// (outer blanks trimmed; quotes, backslashes and control characters left out), and today's UTC
+// date as YYYY-MM-DD ("unknown" if the clock cannot say).
+static inline void bench_json_text(char * dst, size_t cap, const char * src) {
+    while (*src == ' ' || *src == '\t') src++;
+    size_t n = 0;
+    for (; *src && n + 1 < cap; src++)
+        if ((unsigned char)*src >= 0x20 && *src != '"' && *src != '\\') dst[n++] = *src;
+    while (n > 0 && dst[n - 1] == ' ') n--;
+    dst[n] = 0;
+}
+static inline void bench_utc_date(char * dst, size_t cap) {
+    const time_t now = time(NULL);
+    struct tm tm;
+    if (!gmtime_r(&now, &tm) || !strftime(dst, cap, "%Y-%m-%d", &tm)) snprintf(dst, cap, "unknown");
+}

@@ -6,10 +6,16 @@ weights) and one training step (forward + backward, float latent weights) of eac
 the float layer, and prints a table with the ratio float time / bie time (> 1: bie is faster).
 BinaryLinear's step is also timed the other way of keeping its input for the backward ("step,
 bits": binarize_ste's bits, "step, x": the input itself; bie.autograd.SAVED_BITS_MIN picks).
+--json prints one JSON object per row instead of the table (the keys layer, shape, mode, bie_ms,
+baseline, baseline_ms, speedup = baseline_ms / bie_ms, and the run's device, threads, dtype,
+torch, bie_version and date), the input of scripts/perf-report.py.
 
-Usage: python3 python/bench_modules.py [--device cpu|cuda] [--quick] [--budget SECONDS]
+Usage: python3 python/bench_modules.py [--device cpu|cuda] [--quick] [--budget SECONDS] [--json]
 """
 import argparse
+import datetime
+import json
+import platform
 import time
 
 import torch
@@ -87,11 +93,24 @@ def bench_pair(make_float, make_bie, x, device, budget, run):
     return rows
 
 
+def cpu_name():
+    """The CPU's model name as /proc/cpuinfo gives it (else what the platform module knows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None)
     ap.add_argument("--quick", action="store_true", help="small shapes, short timings")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per measurement")
+    ap.add_argument("--json", action="store_true", help="one JSON object per row instead of the table")
     args = ap.parse_args()
     dev = args.device or ("cuda" if torch.cuda.is_available() and bie.cuda_available() else "cpu")
     device = torch.device(dev)
@@ -106,10 +125,24 @@ def main():
         linear = [(256, 1024, 1024), (64, 4096, 4096)] if not args.quick else [(64, 512, 512)]
         conv = [(8, 64, 28, 64, 3), (4, 128, 14, 128, 3)] if not args.quick else [(2, 32, 14, 32, 3)]
     fk = dict(device=device, dtype=dtype)
-    print(f"# bie {bie.version()} ({bie.library_path()}), torch {torch.__version__}, device "
-          f"{torch.cuda.get_device_name(device) if dev == 'cuda' else 'cpu'} ({torch.get_num_threads()} threads), "
-          f"{str(dtype).replace('torch.', '')}")
-    print(f"{'layer':<14} {'shape':<32} {'mode':<11} {'float ms':>10} {'bie ms':>10} {'float/bie':>10}")
+    dname = torch.cuda.get_device_name(device) if dev == "cuda" else cpu_name()
+    dtname = str(dtype).replace("torch.", "")
+    run_info = {"device": dname, "threads": torch.get_num_threads(), "dtype": dtname, "torch": torch.__version__,
+                "bie_version": bie.version(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+
+    def emit(name, shape, mode, tf, tb, baseline):
+        if args.json:
+            row = {"layer": name, "shape": shape, "mode": mode, "bie_ms": round(tb, 4), "baseline": baseline,
+                   "baseline_ms": round(tf, 4), "speedup": round(tf / tb, 4)}
+            row.update(run_info)
+            print(json.dumps(row), flush=True)
+        else:
+            print(f"{name:<14} {shape:<32} {mode:<11} {tf:>10.3f} {tb:>10.3f} {tf / tb:>10.2f}", flush=True)
+
+    if not args.json:
+        print(f"# bie {bie.version()} ({bie.library_path()}), torch {torch.__version__}, device "
+              f"{dname} ({torch.get_num_threads()} threads), {dtname}")
+        print(f"{'layer':<14} {'shape':<32} {'mode':<11} {'float ms':>10} {'bie ms':>10} {'float/bie':>10}")
     for m, k, n in linear:
         x = torch.randn(m, k, **fk)
         rows = bench_pair(lambda: nn.Linear(k, n, bias=False, **fk),
@@ -117,7 +150,7 @@ def main():
                            "Q4Linear": lambda: bie.Q4Linear(k, n, **fk),
                            "Q8Linear": lambda: bie.Q8Linear(k, n, **fk)}, x, device, budget, run)
         for name, mode, tf, tb in rows:
-            print(f"{name:<14} {f'M={m} K={k} N={n}':<32} {mode:<11} {tf:>10.3f} {tb:>10.3f} {tf / tb:>10.2f}")
+            emit(name, f"M={m} K={k} N={n}", mode, tf, tb, f"nn.Linear {dtname}")
     for nb, c, hw, o, ks in conv:
         x = torch.randn(nb, c, hw, hw, **fk)
         rows = bench_pair(lambda: nn.Conv2d(c, o, ks, padding=1, bias=False, **fk),
@@ -125,8 +158,7 @@ def main():
                            "Q4Conv2d": lambda: bie.Q4Conv2d(c, o, ks, 1, 1, **fk),
                            "Q8Conv2d": lambda: bie.Q8Conv2d(c, o, ks, 1, 1, **fk)}, x, device, budget, run)
         for name, mode, tf, tb in rows:
-            shape = f"N={nb} C={c} {hw}x{hw} O={o} k{ks}"
-            print(f"{name:<14} {shape:<32} {mode:<11} {tf:>10.3f} {tb:>10.3f} {tf / tb:>10.2f}")
+            emit(name, f"N={nb} C={c} {hw}x{hw} O={o} k{ks}", mode, tf, tb, f"nn.Conv2d {dtname}")
 
 
 if __name__ == "__main__":

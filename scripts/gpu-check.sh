@@ -5,28 +5,40 @@
 # int8 tensor-core instructions present; no emulated XOR-popcount or int4 MMA on sm_90), the unit
 # and CUDA tests, compute-sanitizer memcheck on the CUDA tests, the CUDA benchmarks and, when they
 # exist, the PyTorch binding's tests and module benchmarks. Prints one summary table last.
-# Logs go to $OUT when that variable is set (else to build-gpu/logs). Exits 1 when a stage failed.
+# Every stage's log goes to build-gpu/logs. Exits 1 when a stage failed.
 #
-# Usage: scripts/gpu-check.sh [--quick] [--no-bench] [--no-sanitizer] [--no-python] [--no-unit] [--profile]
+# Usage: scripts/gpu-check.sh [--out DIR] [--quick] [--no-bench] [--no-sanitizer] [--no-python] [--no-unit]
+#                             [--profile]
+#   --out DIR: where the results go (default build-gpu/logs): summary.txt, the benchmarks' JSON rows
+#     (bench-cuda.json from bie_bench_cuda --json, bench-modules.json from python/bench_modules.py
+#     --json: copy them into bench/results/ and run `make perf-doc`), ncu-summary.txt with --profile,
+#     and, when DIR is not build-gpu/logs itself, logs.tgz (all of build-gpu/logs)
 #   --profile: also profile the kernels behind each benchmark target with Nsight Compute
-#   (scripts/gpu-profile.sh: time, tensor-pipe use, throughput and warp stalls per kernel)
+#     (scripts/gpu-profile.sh: time, tensor-pipe use, throughput and warp stalls per kernel)
 set -u
-cd "$(dirname "$0")/.."
 QUICK=0 BENCH=1 SAN=1 PY=1 PROF=0 LABELS="unit cuda" TARGETS=""
-for a in "$@"; do
-  case "$a" in
+BUILD=build-gpu
+LOG=$BUILD/logs
+DEST=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) [ $# -ge 2 ] || { echo "gpu-check: --out needs a folder"; exit 2; }; DEST=$2; shift ;;
+    --out=*) DEST=${1#--out=} ;;
     --quick) QUICK=1 ;;
     --no-bench) BENCH=0 ;;
     --no-sanitizer) SAN=0 ;;
     --no-python) PY=0 ;;
     --profile) PROF=1 ;;
     --no-unit) LABELS=cuda TARGETS="--target cuda_test-cuda-layers cuda_test-cuda-pack bie_bench_cuda bie bie_cli" ;;
+    *) echo "gpu-check: unknown option $1 (see the usage at the top of $0)"; exit 2 ;;
   esac
+  shift
 done
-BUILD=build-gpu
-LOG=$BUILD/logs
+case "$DEST" in "" | /*) ;; *) DEST=$PWD/$DEST ;; esac # (relative to where the script was called from)
+cd "$(dirname "$0")/.."
+DEST=${DEST:-$LOG}
 rm -rf "$LOG"
-mkdir -p "$LOG"
+mkdir -p "$LOG" "$DEST" || exit 2
 export PATH=/usr/local/cuda/bin:$PATH
 JOBS=$(nproc)
 declare -a SUMMARY=()
@@ -48,7 +60,7 @@ else
   note build "FAILED in part (see build.txt); continuing with what built"
 fi
 
-# ptxas serialises warpgroup MMAs it cannot prove uniform (C7520): a silent 20% loss at 8192^3.
+# ptxas serialises warpgroup MMAs it cannot prove uniform (C7520): a silent loss of speed.
 if grep -q "C7520" "$LOG/build.txt"; then
   note "wgmma pipelining" "SERIALIZED in $(grep -c C7520 "$LOG/build.txt") kernels (ptxas C7520, see build.txt)"
 else note "wgmma pipelining" "ok (no ptxas C7520)"; fi
@@ -56,15 +68,16 @@ else note "wgmma pipelining" "ok (no ptxas C7520)"; fi
 stage "machine code (sm_90a)"
 SASS="$LOG/sass-counts.txt"
 : >"$SASS"
+mkdir -p "$LOG/sass"
 for o in $BUILD/CMakeFiles/bie_cuda_objects.dir/src/cuda/*.o; do
   [ -f "$o" ] || continue
-  cuobjdump -sass -arch sm_90a "$o" 2>/dev/null >"$LOG/$(basename "$o").sass" || true
+  cuobjdump -sass -arch sm_90a "$o" 2>/dev/null >"$LOG/sass/$(basename "$o").sass" || true
 done
-cat "$LOG"/*.o.sass 2>/dev/null | grep -oE "\b(BMMA|IMMA|HMMA|BGMMA|IGMMA)[A-Za-z0-9_.]*" | sort | uniq -c | tee "$SASS"
+cat "$LOG"/sass/*.o.sass 2>/dev/null | grep -oE "\b(BMMA|IMMA|HMMA|BGMMA|IGMMA)[A-Za-z0-9_.]*" | sort | uniq -c | tee "$SASS"
 bmma=$(grep -c "BMMA.*AND" "$SASS" || true)
 bgmma=$(grep -c "BGMMA.*AND" "$SASS" || true)
 igmma=$(grep -c "IGMMA" "$SASS" || true)
-xor=$(cat "$LOG"/*.o.sass 2>/dev/null | grep -cE "BMMA[^ ]*XOR|IMMA[^ ]*S4|IMMA[^ ]*U4" || true)
+xor=$(cat "$LOG"/sass/*.o.sass 2>/dev/null | grep -cE "BMMA[^ ]*XOR|IMMA[^ ]*S4|IMMA[^ ]*U4" || true)
 if [ "${bmma:-0}" -gt 0 ] && [ "${bgmma:-0}" -gt 0 ] && [ "${igmma:-0}" -gt 0 ] && [ "${xor:-0}" -eq 0 ]; then
   note "sass" "BMMA.AND, BGMMA.AND and IGMMA present, no XOR/S4 MMA"
 else note "sass" "CHECK: BMMA.AND=$bmma BGMMA.AND=$bgmma IGMMA=$igmma XOR/S4=$xor"; fi
@@ -108,17 +121,18 @@ if [ $BENCH = 1 ]; then
   stage "benchmarks"
   BQ=""
   [ $QUICK = 1 ] && BQ="--quick"
-  if [ -x $BUILD/bie ] && $BUILD/bie bench --help 2>&1 | grep -q -- "--backend"; then
-    timeout 500 $BUILD/bie bench --backend cuda $BQ 2>&1 | tee "$LOG/bench-cuda.txt"
-  elif [ -x $BUILD/bie_bench_cuda ]; then
-    timeout 500 $BUILD/bie_bench_cuda $BQ 2>&1 | tee "$LOG/bench-cuda.txt"
+  # One JSON object per row (the input of scripts/perf-report.py), shown as a table as it goes.
+  if [ -x $BUILD/bie_bench_cuda ]; then
+    timeout 500 $BUILD/bie_bench_cuda --json $BQ 2>"$LOG/bench-cuda.err" | tee "$LOG/bench-cuda.json"
+    python3 scripts/perf-report.py --table "$LOG/bench-cuda.json" | tee "$LOG/bench-cuda.txt"
   fi
-  if grep -q "ratio" "$LOG/bench-cuda.txt" 2>/dev/null; then note bench "ok (bench-cuda.txt)"; else note bench "no result"; fi
+  if grep -q '"speedup"' "$LOG/bench-cuda.json" 2>/dev/null; then note bench "ok (bench-cuda.json)"
+  else tail -5 "$LOG/bench-cuda.err" 2>/dev/null; note bench "no result"; fi
 fi
 
 if [ $PROF = 1 ]; then
   stage "profiles of the benchmark targets' kernels (ncu)"
-  scripts/gpu-profile.sh $BUILD "$LOG" && note profiles "ok (ncu-summary.txt)" || note profiles "FAILED (ncu-*.err)"
+  scripts/gpu-profile.sh --build $BUILD --out "$LOG" && note profiles "ok (ncu-summary.txt)" || note profiles "FAILED (ncu-*.err)"
 fi
 
 if [ -d python/tests ] && [ $PY = 1 ]; then
@@ -131,21 +145,26 @@ if [ -d python/tests ] && [ $PY = 1 ]; then
     note pytest "FAILED: $(tail -1 "$LOG/pytest.txt")"
   fi
   if [ -f python/bench_modules.py ] && [ $BENCH = 1 ]; then
-    BIE_LIBRARY=$PWD/$BUILD/libbie.so PYTHONPATH=$PWD/python timeout 300 python3 python/bench_modules.py \
-      2>&1 | tee "$LOG/bench-modules.txt"
-    note "bench_modules.py" "exit ${PIPESTATUS[0]}"
+    BIE_LIBRARY=$PWD/$BUILD/libbie.so PYTHONPATH=$PWD/python timeout 300 python3 python/bench_modules.py --json \
+      2>"$LOG/bench-modules.err" | tee "$LOG/bench-modules.json"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" = 0 ] || tail -20 "$LOG/bench-modules.err"
+    note "bench_modules.py" "exit $rc"
+    python3 scripts/perf-report.py --table "$LOG/bench-modules.json" >"$LOG/bench-modules.txt"
   fi
 fi
 
 stage "bench results"
-grep -E "ratio" "$LOG/bench-cuda.txt" 2>/dev/null
+cat "$LOG/bench-cuda.txt" "$LOG/bench-modules.txt" 2>/dev/null
 stage "summary"
 for l in "${SUMMARY[@]}"; do echo "$l"; done | tee "$LOG/summary.txt"
-# Everything in one archive (the device tool brings back at most 8 files).
-if [ -n "${OUT:-}" ]; then
-  tar czf "$OUT/gpu-logs.tgz" -C "$BUILD" logs
-  cp "$LOG/summary.txt" "$OUT/" 2>/dev/null
-  if [ -f "$LOG/bench-cuda.txt" ]; then cp "$LOG/bench-cuda.txt" "$OUT/"; fi # (none with --no-bench)
+# The results beside the logs, or copied to --out with all the logs in one archive.
+if [ "$(cd "$DEST" && pwd -P)" != "$(cd "$LOG" && pwd -P)" ]; then
+  for f in summary.txt bench-cuda.json bench-modules.json ncu-summary.txt; do
+    if [ -f "$LOG/$f" ]; then cp "$LOG/$f" "$DEST/"; fi
+  done
+  tar czf "$DEST/logs.tgz" -C "$BUILD" logs
+  echo "results in $DEST: $(cd "$DEST" && ls | tr '\n' ' ')"
 fi
 # Exit status: 1 when a stage failed or a check did not hold (the summary says which).
 for l in "${SUMMARY[@]}"; do

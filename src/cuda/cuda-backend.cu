@@ -36,6 +36,7 @@ int bie_cuda_device_count(char * why, size_t cap) {
 void bie_cuda_state_destroy(struct bie_cuda_state * state) {
     if (!state) return;
     if (state->cublas) cublasDestroy(state->cublas);
+    bie_cudnn_state_destroy(state->cudnn);
     if (state->workspace) cudaFree(state->workspace);
     free(state);
 }
@@ -70,6 +71,8 @@ int bie_cuda_cc(bie_context_t * ctx) {
         st->cc = major * 10 + minor;
         const char * force = getenv("BIE_CUDA_GEMM");
         st->force_mma = force && strcmp(force, "mma") == 0;
+        const char * bwd = getenv("BIE_CUDA_CONV_BACKWARD");
+        st->force_gemm_backward = bwd && strcmp(bwd, "gemm") == 0;
     }
     return st->cc;
 }
