@@ -29,7 +29,7 @@ while [ $# -gt 0 ]; do
     --no-sanitizer) SAN=0 ;;
     --no-python) PY=0 ;;
     --profile) PROF=1 ;;
-    --no-unit) LABELS=cuda TARGETS="--target cuda_test-cuda-layers cuda_test-cuda-pack bie_bench_cuda bie bie_cli" ;;
+    --no-unit) LABELS=cuda TARGETS="--target cuda_test-cuda-layers cuda_test-cuda-pack bie_bench_cuda bie bie_cuda bie_cli" ;;
     *) echo "gpu-check: unknown option $1 (see the usage at the top of $0)"; exit 2 ;;
   esac
   shift
@@ -137,6 +137,11 @@ fi
 
 if [ -d python/tests ] && [ $PY = 1 ]; then
   stage "python binding"
+  # libbie opens its CUDA plugin (libbie-cuda.so beside it): say so, or why not, before the tests
+  # (which skip their CUDA cases without it).
+  BIE_LIBRARY=$PWD/$BUILD/libbie.so PYTHONPATH=$PWD/python python3 -c \
+    "import bie; r = bie.cuda_unavailable_reason(); print('CUDA backend:', r or 'available'); exit(1 if r else 0)" \
+    && note "cuda plugin" "loaded" || note "cuda plugin" "NOT AVAILABLE (see above)"
   if BIE_LIBRARY=$PWD/$BUILD/libbie.so PYTHONPATH=$PWD/python timeout 300 python3 -m pytest -q python/tests \
        >"$LOG/pytest.txt" 2>&1; then
     note pytest "$(tail -1 "$LOG/pytest.txt")"
