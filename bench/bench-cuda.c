@@ -13,7 +13,7 @@
 // libbie time.
 //
 // Entry point: bie_bench_cuda_main(argc, argv), the hook of bench.h (options: --quick, --json,
-// --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step) or own name
+// --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step|plan-host) or own name
 // contains S (--case binary-conv, --case "binary-conv b1->b1"); --shape S: the rows whose shape
 // contains S ("4096x4096x4096", "C64 "); --call-only: no graph replays, e.g. under a profiler;
 // --rows M: binary-gemm only at M rows; others are ignored). With -DBIE_BENCH_CUDA_MAIN it is also
@@ -683,6 +683,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
             print_row(names[i], shape_s, t, "cublas-fp16x3", base, 6.0 * M * N * K);
         }
     }
+    if (want_row("plan-host", "plan-host", "")) bench_cuda_host_rows(ctx, g_json);
     bie_context_destroy(ctx);
     cublasDestroy(g_blas);
     cudaFree(blas_ws);
