@@ -426,9 +426,14 @@ bool weight_rows_view(const struct dview & w, const struct dgeom & g, struct dvi
 
 bool fits_int(int64_t v) { return v >= 0 && v < INT32_MAX; }
 
+// The significand bits of a float dtype, as an order: bf16 < f16 < f32.
+int precision_rank(enum bie_dtype dt) { return dt == BIE_DTYPE_BF16 ? 1 : dt == BIE_DTYPE_F16 ? 2 : 3; }
+
 // Whether the conv backward goes through cuDNN: a built-in cuDNN, a conv that is not a GEMM of
 // one position per image, zero padding (binary layers with pad -1 or +1 keep the GEMM route, whose
-// im2col writes the pad value), a float grad_y, and sizes within cuDNN's 32-bit arguments.
+// im2col writes the pad value), a float grad_y whose precision each gradient asked for is within
+// (cuDNN's convolutions round to it; the GEMM route keeps f32 sums), and sizes within cuDNN's
+// 32-bit arguments. Shapes for which cuDNN has no algorithm go back to the GEMM route too.
 // BIE_CUDA_CONV_BACKWARD=gemm (read with the device's facts) keeps every conv on the GEMM route.
 bool cudnn_route(bie_context_t * ctx, const struct bie_layer_call * c) {
     const struct bie_geometry & g = c->g;
@@ -437,6 +442,11 @@ bool cudnn_route(bie_context_t * ctx, const struct bie_layer_call * c) {
     if (g.kh == 1 && g.kw == 1 && g.H == 1 && g.W == 1 && g.OH == 1 && g.OW == 1 && g.ph == 0 && g.pw == 0) return false;
     if (c->quant == BIE_QUANT_BINARY && g.pad_value != BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0)) return false;
     if (!bie_dtype_is_float(c->grad_y.dtype)) return false;
+    // cuDNN's outputs come in grad_y's dtype: no gradient may ask for more precision than that
+    const int rank = precision_rank(c->grad_y.dtype);
+    const struct bie_tensor * outs[4] = {&c->grad_x, &c->grad_weight, &c->grad_scale_a, &c->grad_bias_a};
+    for (int i = 0; i < 4; i++)
+        if (outs[i]->data && precision_rank(outs[i]->dtype) > rank) return false;
     const int64_t * gs = c->grad_y.stride;
     return fits_int(g.batch * g.C * g.H * g.W) && fits_int(g.batch * g.O * g.OH * g.OW) && fits_int(g.O * g.K) &&
            fits_int(gs[0]) && fits_int(gs[1]) && fits_int(gs[2]) && fits_int(gs[3]) && g.ph < INT32_MAX &&
@@ -479,7 +489,9 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
                                 g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, gdt,
                                 {(int)gy.stride[0], (int)gy.stride[1], (int)gy.stride[2], (int)gy.stride[3]}};
     size_t dnn_ws = 0;
-    BIE_TRY(bie_cudnn_conv_prepare(ctx, k, want_gx, want_gw, &dnn_ws));
+    const enum bie_status found = bie_cudnn_conv_prepare(ctx, k, want_gx, want_gw, &dnn_ws);
+    if (found == BIE_STATUS_UNSUPPORTED && !saved) return BIE_DECLINED; // (no algorithm: the GEMM route)
+    BIE_TRY(found);
 
     const struct dscale sa = dscale_make(c, true), sw = dscale_make(c, false);
     ste_pass_job pj;
@@ -570,7 +582,11 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
     const bool want_gw = c->grad_weight.data != NULL;
     if (!want_gx && !want_gw) return BIE_STATUS_OK;
-    if (cudnn_route(ctx, c)) return backward_cudnn(ctx, c, st->stream);
+    if (cudnn_route(ctx, c)) {
+        const enum bie_status s = backward_cudnn(ctx, c, st->stream);
+        if (s != BIE_DECLINED) return s;
+        bie_clear_error(ctx);
+    }
     if (c->is_conv && c->x.dtype == BIE_DTYPE_B1)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: the backward of a conv from saved bits needs cuDNN and "
                              "zero padding on CUDA");

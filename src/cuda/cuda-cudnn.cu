@@ -27,7 +27,8 @@ struct entry {
     cudnnTensorDescriptor_t dy, dx;
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
-    bool data_found, filter_found;
+    bool data_found, filter_found; // measured (an algorithm, or none: data_none / filter_none)
+    bool data_none, filter_none;
     cudnnConvolutionBwdDataAlgo_t data_algo;
     cudnnConvolutionBwdFilterAlgo_t filter_algo;
     cudnnMathType_t data_math, filter_math;
@@ -126,7 +127,9 @@ enum bie_status find_data(bie_context_t * ctx, cudnnHandle_t h, entry * e) {
                                                            CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf),
             "cudnnFindConvolutionBackwardDataAlgorithm");
     const cudnnConvolutionBwdDataAlgoPerf_t * p = pick(perf, n, e->key.dtype);
-    if (!p) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: cuDNN has no grad_x algorithm for this conv");
+    e->data_found = true;
+    e->data_none = p == NULL;
+    if (!p) return BIE_STATUS_OK;
     e->data_algo = p->algo;
     e->data_math = p->mathType;
     e->data_ws = p->memory;
@@ -141,7 +144,9 @@ enum bie_status find_filter(bie_context_t * ctx, cudnnHandle_t h, entry * e) {
                                                              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf),
             "cudnnFindConvolutionBackwardFilterAlgorithm");
     const cudnnConvolutionBwdFilterAlgoPerf_t * p = pick(perf, n, e->key.dtype);
-    if (!p) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: cuDNN has no grad_weight algorithm for this conv");
+    e->filter_found = true;
+    e->filter_none = p == NULL;
+    if (!p) return BIE_STATUS_OK;
     e->filter_algo = p->algo;
     e->filter_math = p->mathType;
     e->filter_ws = p->memory;
@@ -170,6 +175,9 @@ enum bie_status lookup(bie_context_t * ctx, const cudnn_conv_shape & k, bool dx,
     }
     if (dx && !e->data_found) BIE_TRY(find_data(ctx, *h, e));
     if (dw && !e->filter_found) BIE_TRY(find_filter(ctx, *h, e));
+    if ((dx && e->data_none) || (dw && e->filter_none))
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: cuDNN has no %s algorithm for this conv",
+                             dx && e->data_none ? "grad_x" : "grad_weight");
     *out = e;
     return BIE_STATUS_OK;
 }
