@@ -158,5 +158,7 @@ def test_conv_saved_bits_equal_float_input():
             memory_format=torch.channels_last) else g)
         grads.append((out.detach().float(), xin.grad.float(), layer.weight.grad.float(), layer.scale_a.grad.float(),
                       layer.bias_a.grad.float()))
-    for a, b in zip(*grads):
-        assert torch.allclose(a, b, rtol=2e-3, atol=2e-3)
+    names = ("y", "grad_x", "grad_weight", "grad_scale_a", "grad_bias_a")
+    for name, a, b in zip(names, *grads):
+        # each side within the f16 tolerance of the exact gradient (2^-9 of the largest magnitude)
+        assert float((a - b).abs().max()) <= 2 ** -8 * float(b.abs().max()), name

@@ -485,9 +485,20 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     if (saved && want_gw && !x_rows)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: CUDA reads saved bits of a conv as channels-last pixel "
                              "rows on whole bytes");
-    const cudnn_conv_shape k = {(int)g.batch, (int)g.C, (int)g.H, (int)g.W, (int)g.O, (int)g.OH, (int)g.OW, g.kh, g.kw,
-                                g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, gdt,
-                                {(int)gy.stride[0], (int)gy.stride[1], (int)gy.stride[2], (int)gy.stride[3]}};
+    // grad_y as it is when dense NCHW or NHWC, else (broadcast, gapped, misaligned) copied into dense NHWC first
+    const int64_t * ys = gy.stride;
+    const int64_t P = g.OH * g.OW;
+    const bool nchw = ys[3] == 1 && ys[2] == g.OW && ys[1] == P && ys[0] == g.O * P;
+    const bool nhwc = ys[1] == 1 && ys[3] == g.O && ys[2] == g.OW * g.O && ys[0] == P * g.O;
+    const bool gy_copy = !(nchw || nhwc) || ((uintptr_t)gy.data % 16) != 0; // (cuDNN's plans take 16-byte alignment)
+    const int64_t ynumel = g.batch * g.O * P;
+    cudnn_conv_shape k = {(int)g.batch, (int)g.C, (int)g.H, (int)g.W, (int)g.O, (int)g.OH, (int)g.OW, g.kh, g.kw,
+                          g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, gdt,
+                          {(int)ys[0], (int)ys[1], (int)ys[2], (int)ys[3]}};
+    if (gy_copy) {
+        const int nhwc_st[4] = {(int)(P * g.O), 1, (int)(g.OW * g.O), (int)g.O};
+        memcpy(k.gy_stride, nhwc_st, sizeof nhwc_st);
+    }
     size_t dnn_ws = 0;
     const enum bie_status found = bie_cudnn_conv_prepare(ctx, k, want_gx, want_gw, &dnn_ws);
     if (found == BIE_STATUS_UNSUPPORTED && !saved) return BIE_DECLINED; // (no algorithm: the GEMM route)
@@ -526,17 +537,24 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     const size_t oDW = off; off = align256(off + (want_gw ? (size_t)(O * K) * es : 0));
     const size_t oDnn = off; off = align256(off + dnn_ws);
     const size_t oPass = off; off = align256(off + (want_gx ? bie_cuda_ste_pass_workspace(pj) : 0));
+    const size_t oGy = off; off = align256(off + (gy_copy ? (size_t)ynumel * es : 0));
     if (c->plan) {
         snprintf(c->plan->route, sizeof c->plan->route,
-                 "cuda:%d, cuDNN convolutions in %s (grad_x: %s; grad_weight: %s); STE pass by %s; x %s",
+                 "cuda:%d, cuDNN convolutions in %s (grad_x: %s; grad_weight: %s); STE pass by %s; x %s; grad_y %s",
                  (int)c->device_index, bie_dtype_name((enum bie_dtype)gdt), want_gx ? "dgrad" : "not asked",
                  want_gw ? "wgrad" : "not asked", rows ? "pixel rows" : "tiles",
-                 saved ? "from saved bits and mask" : bie_dtype_name((enum bie_dtype)x.dtype));
+                 saved ? "from saved bits and mask" : bie_dtype_name((enum bie_dtype)x.dtype),
+                 gy_copy ? "copied to dense NHWC" : nhwc ? "NHWC" : "NCHW");
         c->plan->workspace = off;
         return BIE_STATUS_OK;
     }
     uint8_t * ws;
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
+    const void * gyd = gy.data;
+    if (gy_copy) {
+        BIE_TRY(bie_cuda_pixel_rows(ctx, s, gy, bias_none(), 0, sa, gdt, 0, ws + oGy));
+        gyd = ws + oGy;
+    }
 
     if (want_gx) {
         struct dview wr;
@@ -545,7 +563,7 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
               launch_codes_rows(wr, bias_none(), true, O, K, bias_none(), (int)c->quant, sw, gdt, ws + oWc, s)))
             weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 0, ws + oWc);
         LAUNCHED(ctx, "weight codes");
-        BIE_TRY(bie_cudnn_conv_dgrad(ctx, k, ws + oWc, gy.data, ws + oDX, ws + oDnn, dnn_ws));
+        BIE_TRY(bie_cudnn_conv_dgrad(ctx, k, ws + oWc, gyd, ws + oDX, ws + oDnn, dnn_ws));
         pj.dcol = ws + oDX;
         BIE_TRY(bie_cuda_ste_pass(ctx, s, pj, ws + oPass));
     }
@@ -554,7 +572,7 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
                                           ws + oA, s)))
             BIE_TRY(bie_cuda_pixel_rows(ctx, s, x, bias, (int)c->quant, sa, gdt, 0, ws + oA));
         LAUNCHED(ctx, "activation codes");
-        BIE_TRY(bie_cudnn_conv_wgrad(ctx, k, ws + oA, gy.data, ws + oDW, ws + oDnn, dnn_ws));
+        BIE_TRY(bie_cudnn_conv_wgrad(ctx, k, ws + oA, gyd, ws + oDW, ws + oDnn, dnn_ws));
         if (gdt == BIE_DTYPE_F16)
             scatter_grad_w<__half><<<grid_for(O * K, 256), 256, 0, s>>>((const __half *)(ws + oDW), g, sa, gwo);
         else if (gdt == BIE_DTYPE_BF16)
