@@ -133,14 +133,14 @@ class Q8LinearForward(_nbit_linear(QUANT_INT8)):
     """8-bit linear: a = clamp(rne(x'/scale_a), -128, 127), w = clamp(rne(W/scale_w), -128, 127)."""
 
 
-_RANK = {torch.bfloat16: 1, torch.float16: 2, torch.float32: 3}
+_RANK = {torch.bfloat16: 1, torch.float16: 2}
 
 
 def _conv_saves_bits(x, quant, padding, pad_value, weight, scale_a, bias_a):
     """Whether a binary conv in training keeps binarize_ste's bits and mask of its input instead of
-    the input (1/8 of f16 in memory): on CUDA, for a channels-last x whose channels fill 32-bit words
-    (the forward then reads the bits in place), with zero padding, a float weight of x's dtype and
-    scale_a, bias_a no more precise than x (the backward's cuDNN route, the one that reads bits,
+    the input (1/8 of f16 in memory): on CUDA, for an f16 or bf16 channels-last x whose channels fill
+    32-bit words (the forward then reads the bits in place), with zero padding, a weight of x's dtype
+    and scale_a, bias_a no more precise than x (the backward's cuDNN route, the one that reads bits,
     computes in grad_y's dtype)."""
     pads = padding if isinstance(padding, (tuple, list)) else (padding, padding)
     r = _RANK.get(x.dtype, 0)

@@ -117,6 +117,17 @@ class _Call:
         ctx.call(function, *args)
 
 
+def _cuda_checked(ref, make):
+    """make() (a plan's creation) with the checks and the device of _Call."""
+    if ref.device.type != "cuda":
+        return make()
+    if not _lib.cuda_available():
+        raise _no_cuda(ref)
+    with torch.cuda.device(ref.device):
+        _lib.bind_stream(_lib.context(), ref.device)
+        return make()
+
+
 # --- weights ------------------------------------------------------------------------------------
 
 def _bits(quant):
