@@ -12,11 +12,11 @@
 // Each side is credited with the lower of its two medians (best_ms); ratios are baseline time /
 // libbie time.
 //
-// Entry point: bie_bench_cuda_main(argc, argv), run by `bie bench --backend cuda` (options: --quick, --json,
-// --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step) or own name
-// contains S (--case binary-conv, --case "binary-conv b1->b1"); --shape S: the rows whose shape
-// contains S ("4096x4096x4096", "C64 "); --call-only: no graph replays, e.g. under a profiler;
-// --rows M: binary-gemm only at M rows; others are ignored). With -DBIE_BENCH_CUDA_MAIN it is
+// Entry point: bie_bench_cuda_main(argc, argv), run by `bie bench --backend cuda` (options: --quick,
+// --json, --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step|plan-host)
+// or own name contains S (--case binary-conv, --case "binary-conv b1->b1"); --shape S: the rows
+// whose shape contains S ("4096x4096x4096", "C64 "); --call-only: no graph replays, e.g. under a
+// profiler; --rows M: binary-gemm only at M rows; others are ignored). With -DBIE_BENCH_CUDA_MAIN it is
 // the program bie_bench_cuda, which `bie bench --backend cuda` runs (the bie program itself links
 // no CUDA library).
 #include <cublas_v2.h>
@@ -687,12 +687,16 @@ int bie_bench_cuda_main(int argc, char ** argv) {
             print_row(names[i], shape_s, t, "cublas-fp16x3", base, 6.0 * M * N * K);
         }
     }
+    if (want_row("plan-host", "plan-host", "")) {
+        bench_cuda_host_rows(ctx, g_json);
+        g_rows++;
+    }
     bie_context_destroy(ctx);
     cublasDestroy(g_blas);
     cudaFree(blas_ws);
     cudaStreamDestroy(g_stream);
     if (!g_rows) {
-        fprintf(stderr, "bench cuda: no row matches --case '%s' --shape '%s' (groups: binary-gemm, binary-conv, "
+        fprintf(stderr, "bench cuda: no row matches --case '%s' --shape '%s' (groups: binary-gemm, binary-conv, plan-host, "
                         "int4-linear, train-step)\n", g_case ? g_case : "", g_shape ? g_shape : "");
         return 2;
     }

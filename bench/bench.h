@@ -51,6 +51,10 @@ int bie_bench_main(int argc, char ** argv);
 
 // The CUDA cases (bench/bench-cuda.c, the program bie_bench_cuda); argv as for bie_bench_main.
 int bie_bench_cuda_main(int argc, char ** argv);
+// The CUDA "plan-host" rows (bench/bench-cuda-host.c): the host time per planned call against the
+// entry point's. ctx is a context with CUDA state.
+struct bie_context;
+void bench_cuda_host_rows(struct bie_context * ctx, int json);
 
 // For the --json rows of both benchmarks: src copied into dst as the inside of a JSON string
 // (outer blanks trimmed; quotes, backslashes and control characters left out), and today's UTC

@@ -151,14 +151,55 @@ def main():
                            "Q8Linear": lambda: bie.Q8Linear(k, n, **fk)}, x, device, budget, run)
         for name, mode, tf, tb in rows:
             emit(name, f"M={m} K={k} N={n}", mode, tf, tb, f"nn.Linear {dtname}")
+    # convolutions on a GPU in channels-last memory on both sides (what fp16 networks use there)
+    fmt = torch.channels_last if dev == "cuda" else torch.contiguous_format
     for nb, c, hw, o, ks in conv:
-        x = torch.randn(nb, c, hw, hw, **fk)
-        rows = bench_pair(lambda: nn.Conv2d(c, o, ks, padding=1, bias=False, **fk),
-                          {"BinaryConv2d": lambda: bie.BinaryConv2d(c, o, ks, 1, 1, **fk),
-                           "Q4Conv2d": lambda: bie.Q4Conv2d(c, o, ks, 1, 1, **fk),
-                           "Q8Conv2d": lambda: bie.Q8Conv2d(c, o, ks, 1, 1, **fk)}, x, device, budget, run)
+        x = torch.randn(nb, c, hw, hw, **fk).contiguous(memory_format=fmt)
+        rows = bench_pair(lambda: nn.Conv2d(c, o, ks, padding=1, bias=False, **fk).to(memory_format=fmt),
+                          {"BinaryConv2d": lambda: bie.BinaryConv2d(c, o, ks, 1, 1, **fk).to(memory_format=fmt),
+                           "Q4Conv2d": lambda: bie.Q4Conv2d(c, o, ks, 1, 1, **fk).to(memory_format=fmt),
+                           "Q8Conv2d": lambda: bie.Q8Conv2d(c, o, ks, 1, 1, **fk).to(memory_format=fmt)},
+                          x, device, budget, run)
         for name, mode, tf, tb in rows:
-            emit(name, f"N={nb} C={c} {hw}x{hw} O={o} k{ks}", mode, tf, tb, f"nn.Conv2d {dtname}")
+            emit(name, f"N={nb} C={c} {hw}x{hw} O={o} k{ks}" + (" NHWC" if dev == "cuda" else ""), mode, tf, tb,
+                 f"nn.Conv2d {dtname}")
+    # host time per module call (eval, tiny shapes: the kernels finish within the host's time)
+    for name, fl, bl, x in host_cases(fk, fmt):
+        tf, tb = host_us(fl, x, device), host_us(bl, x, device)
+        emit(name, f"{tuple(x.shape)} host us/call", "host", tf * 1e-3, tb * 1e-3, f"{type(fl).__name__} {dtname}")
+
+
+def host_cases(fk, fmt):
+    """(name, float module, bie module in eval mode with packed weights, input) of the host-time rows."""
+    conv_f = nn.Conv2d(64, 64, 3, padding=1, bias=False, **fk).to(memory_format=fmt).eval()
+    conv_b = bie.BinaryConv2d(64, 64, 3, 1, 1, **fk).to(memory_format=fmt).eval()
+    lin_f = nn.Linear(1024, 1024, bias=False, **fk).eval()
+    lin_b = bie.BinaryLinear(1024, 1024, **fk).eval()
+    xc = torch.randn(1, 64, 8, 8, **fk).contiguous(memory_format=fmt)
+    xl = torch.randn(16, 1024, **fk)
+    for m, x in ((conv_b, xc), (lin_b, xl)):
+        bie.prepare_bie_layers(m)
+        with torch.no_grad():
+            m(x)
+    return [("BinaryConv2d", conv_f, conv_b, xc), ("BinaryLinear", lin_f, lin_b, xl)]
+
+
+def host_us(module, x, device, calls=200, runs=11):
+    """Median microseconds of host time per module(x) call: `calls` calls queued without a
+    synchronisation (fewer than the GPU's launch queue holds), `runs` times."""
+    times = []
+    with torch.no_grad():
+        for _ in range(20):
+            module(x)
+        for _ in range(runs):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                module(x)
+            times.append((time.perf_counter() - t0) * 1e6 / calls)
+    times.sort()
+    return times[len(times) // 2]
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ cudnn.benchmark on; on the CPU in float32.
 For each batch size it measures, for the float network and each bie network:
   - inference: eval mode, packed weights, no autograd (median of timed iterations);
   - training step: forward, backward, SGD with momentum (median of timed iterations);
-  - peak memory of the training step (torch.cuda.max_memory_allocated, MiB).
+  - peak memory of the training step (torch.cuda.max_memory_allocated, MiB; for bie plus its
+    workspaces, the device memory PyTorch does not hold that appeared since the first measurement).
 --graphs captures each side's inference forward and training step in a CUDA graph and times the
 replays (both sides alike). --profile MODEL prints torch.profiler's table of one network's step.
 
@@ -126,7 +127,20 @@ def graphed(fn, device):
     return g.replay
 
 
+def outside_torch_mib(device):
+    """Device memory in use that PyTorch's allocator does not hold (libbie's workspaces, which only
+    grow, and the CUDA context), in MiB."""
+    free, total = torch.cuda.mem_get_info(device)
+    return (total - free - torch.cuda.memory_reserved(device)) / 2**20
+
+
+_OUTSIDE0 = None  # outside_torch_mib() before any measurement
+
+
 def measure(kind, batch, device, dtype, budget, graphs):
+    global _OUTSIDE0
+    if device.type == "cuda" and _OUTSIDE0 is None:
+        _OUTSIDE0 = outside_torch_mib(device)
     model = build(kind, device, dtype)
     x = torch.randn(batch, 3, 224, 224, device=device, dtype=dtype)
     if device.type == "cuda":
@@ -148,7 +162,13 @@ def measure(kind, batch, device, dtype, budget, graphs):
         torch.cuda.reset_peak_memory_stats(device)
     run = graphed(step, device) if graphs else step
     t_step = time_it(run, device, budget)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else float("nan")
+    # the step's peak: PyTorch's, plus libbie's workspaces as they stand (they only grow: with the
+    # batches measured in increasing order, at least this measurement's, perhaps an earlier model's)
+    peak = float("nan")
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+        if kind != "float":
+            peak += max(0.0, outside_torch_mib(device) - _OUTSIDE0)
     del run
     # inference
     model.eval()
@@ -229,7 +249,7 @@ def main():
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
-    batches = [int(b) for b in args.batch.split(",")]
+    batches = sorted(int(b) for b in args.batch.split(","))
     if args.profile:
         for b in batches:
             profile(args.profile, b, device, dtype)

@@ -133,13 +133,21 @@ class Q8LinearForward(_nbit_linear(QUANT_INT8)):
     """8-bit linear: a = clamp(rne(x'/scale_a), -128, 127), w = clamp(rne(W/scale_w), -128, 127)."""
 
 
-def _conv_saves_bits(x, quant, padding, pad_value):
+_RANK = {torch.bfloat16: 1, torch.float16: 2}
+
+
+def _conv_saves_bits(x, quant, padding, pad_value, weight, scale_a, bias_a):
     """Whether a binary conv in training keeps binarize_ste's bits and mask of its input instead of
-    the input (1/8 of f16 in memory): on CUDA, for a channels-last x whose channels fill 32-bit words
-    (the forward then reads the bits in place), with zero padding (the backward's cuDNN route)."""
+    the input (1/8 of f16 in memory): on CUDA, for an f16 or bf16 channels-last x whose channels fill
+    32-bit words (the forward then reads the bits in place), with zero padding, a weight of x's dtype
+    and scale_a, bias_a no more precise than x (the backward's cuDNN route, the one that reads bits,
+    computes in grad_y's dtype)."""
     pads = padding if isinstance(padding, (tuple, list)) else (padding, padding)
+    r = _RANK.get(x.dtype, 0)
     return (quant == QUANT_BINARY and x.is_cuda and x.dim() == 4 and x.shape[1] % 32 == 0 and x.numel() > 0
-            and (pad_value == PAD_ZERO or not any(pads)) and x.is_contiguous(memory_format=torch.channels_last))
+            and (pad_value == PAD_ZERO or not any(pads)) and weight.dtype == x.dtype
+            and _RANK.get(scale_a.dtype, 4) <= r and (bias_a is None or _RANK.get(bias_a.dtype, 4) <= r)
+            and x.is_contiguous(memory_format=torch.channels_last))
 
 
 def _conv(quant, default_pad):
@@ -150,7 +158,7 @@ def _conv(quant, default_pad):
             if quant != QUANT_BINARY and pad_value != PAD_ZERO:
                 raise ValueError("bie: n-bit convolutions pad with zero")
             conv = (kernel_size, stride, padding, dilation, pad_value)
-            if not (is_train and _conv_saves_bits(x, quant, padding, pad_value)):
+            if not (is_train and _conv_saves_bits(x, quant, padding, pad_value, weight, scale_a, bias_a)):
                 _save(ctx, is_train, quant, x, weight, scale_a, scale_w, bias_a, conv)
                 return F.conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a, *conv)
             bits, mask = F.conv2d_binarize_ste(x, scale_a, bias_a)

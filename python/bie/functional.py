@@ -102,17 +102,19 @@ class _Call:
 
     def __call__(self, function, *args):
         ctx = _lib.context()
-        if self.ref.device.type != "cuda":
+        dev = self.ref.device
+        if dev.type != "cuda":
             ctx.call(function, *args)
             return
         if not _lib.cuda_available():
             raise _no_cuda(self.ref)
-        with torch.cuda.device(self.ref.device):
-            stream = torch.cuda.current_stream(self.ref.device).cuda_stream
-            if ctx.stream != stream:
-                ctx.call("bie_context_set_cuda_stream", ctypes.c_void_p(stream))
-                ctx.stream = stream
-            ctx.call(function, *args)
+        if dev.index is not None and dev.index != torch.cuda.current_device():
+            with torch.cuda.device(dev):
+                _lib.bind_stream(ctx, dev)
+                ctx.call(function, *args)
+            return
+        _lib.bind_stream(ctx, dev)
+        ctx.call(function, *args)
 
 
 def _cuda_checked(ref, make):
@@ -325,21 +327,31 @@ def binarize_ste(x, scale_a, bias_a=None):
     bits per element. Returns (bits, mask), uint8 [..., ceil(K/8)], element k of a row in bit k % 8
     of byte k // 8 (least-significant first): bits holds x' >= 0 and mask the STE's pass bit
     |x'| <= scale_a, x' = x + bias_a. linear_forward takes bits for x (in_features=K, bias_a=None),
-    linear_backward bits and mask (x_mask), with the results of the float x."""
-    _check_float(x, "x")
-    _scalar(scale_a, "scale_a")
-    if bias_a is not None:
-        _check_float(bias_a, "bias_a")
+    linear_backward bits and mask (x_mask), with the results of the float x. The argument views
+    are built once per metadata of the tensors and reused (their data pointers replaced)."""
+    key = ("binarize_ste", _plans.meta(x), _plans.meta(scale_a), _plans.meta(bias_a))
+    cache = _plans.cache()
+    e = cache.get(key)
+    if e is None:
+        _check_float(x, "x")
+        _scalar(scale_a, "scale_a")
+        if bias_a is not None:
+            _check_float(bias_a, "bias_a")
     k = x.shape[-1]
     x2 = x.detach().reshape(-1, k)
     kb = -(-k // 8)
     bits = torch.empty((x2.shape[0], kb), dtype=torch.uint8, device=x.device)
     mask = torch.empty_like(bits)
     if x2.shape[0]:
-        keep = [_view(x2), _view(bias_a.detach()) if bias_a is not None else None, _view(scale_a.detach()),
-                _packed_view(QUANT_BINARY, bits, (x2.shape[0], k)), _packed_view(QUANT_BINARY, mask, (x2.shape[0], k))]
-        _Call(x)("bie_binarize_ste", *[_ptr(v) for v in keep])
-        del keep
+        sources = (x2, bias_a, scale_a, bits, mask)
+        if e is None:
+            keep = [_view(x2), _view(bias_a.detach()) if bias_a is not None else None, _view(scale_a.detach()),
+                    _packed_view(QUANT_BINARY, bits, (x2.shape[0], k)), _packed_view(QUANT_BINARY, mask, (x2.shape[0], k))]
+            e = cache[key] = (keep, [_ptr(v) for v in keep])
+        for v, t in zip(e[0], sources):
+            if v is not None:
+                v.data = t.data_ptr()
+        _Call(x)("bie_binarize_ste", *e[1])
     return bits.reshape(*x.shape[:-1], kb), mask.reshape(*x.shape[:-1], kb)
 
 

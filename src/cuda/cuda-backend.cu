@@ -169,9 +169,15 @@ enum bie_status bie_cuda_cublas(bie_context_t * ctx, cublasHandle_t * out) {
 static enum bie_status set_stream(bie_context_t * ctx, void * stream) {
     BIE_TRY(ensure_state(ctx));
     // The workspace is ordered by the stream: before other work may reuse it, what the old stream
-    // still has queued must be done.
-    if (ctx->cuda->workspace && (cudaStream_t)stream != ctx->cuda->stream)
-        CU_TRY(ctx, cudaStreamSynchronize(ctx->cuda->stream), "cudaStreamSynchronize (old stream)");
+    // still has queued must be done. A stream being captured into a CUDA graph runs nothing now
+    // (and a synchronisation would end its capture): the graph's replays are the caller's to order.
+    cudaStreamCaptureStatus to = cudaStreamCaptureStatusNone, from = cudaStreamCaptureStatusNone;
+    if (ctx->cuda->workspace && (cudaStream_t)stream != ctx->cuda->stream) {
+        CU_TRY(ctx, cudaStreamIsCapturing((cudaStream_t)stream, &to), "cudaStreamIsCapturing");
+        CU_TRY(ctx, cudaStreamIsCapturing(ctx->cuda->stream, &from), "cudaStreamIsCapturing");
+        if (to == cudaStreamCaptureStatusNone && from == cudaStreamCaptureStatusNone)
+            CU_TRY(ctx, cudaStreamSynchronize(ctx->cuda->stream), "cudaStreamSynchronize (old stream)");
+    }
     ctx->cuda->stream = (cudaStream_t)stream;
     return BIE_STATUS_OK;
 }

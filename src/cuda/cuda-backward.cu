@@ -426,9 +426,14 @@ bool weight_rows_view(const struct dview & w, const struct dgeom & g, struct dvi
 
 bool fits_int(int64_t v) { return v >= 0 && v < INT32_MAX; }
 
+// The significand bits of a float dtype, as an order: bf16 < f16 < f32.
+int precision_rank(enum bie_dtype dt) { return dt == BIE_DTYPE_BF16 ? 1 : dt == BIE_DTYPE_F16 ? 2 : 3; }
+
 // Whether the conv backward goes through cuDNN: a built-in cuDNN, a conv that is not a GEMM of
 // one position per image, zero padding (binary layers with pad -1 or +1 keep the GEMM route, whose
-// im2col writes the pad value), a float grad_y, and sizes within cuDNN's 32-bit arguments.
+// im2col writes the pad value), a float grad_y whose precision each gradient asked for is within
+// (cuDNN's convolutions round to it; the GEMM route keeps f32 sums), and sizes within cuDNN's
+// 32-bit arguments. Shapes for which cuDNN has no algorithm go back to the GEMM route too.
 // BIE_CUDA_CONV_BACKWARD=gemm (read with the device's facts) keeps every conv on the GEMM route.
 bool cudnn_route(bie_context_t * ctx, const struct bie_layer_call * c) {
     const struct bie_geometry & g = c->g;
@@ -437,6 +442,11 @@ bool cudnn_route(bie_context_t * ctx, const struct bie_layer_call * c) {
     if (g.kh == 1 && g.kw == 1 && g.H == 1 && g.W == 1 && g.OH == 1 && g.OW == 1 && g.ph == 0 && g.pw == 0) return false;
     if (c->quant == BIE_QUANT_BINARY && g.pad_value != BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0)) return false;
     if (!bie_dtype_is_float(c->grad_y.dtype)) return false;
+    // cuDNN's outputs come in grad_y's dtype: no gradient may ask for more precision than that
+    const int rank = precision_rank(c->grad_y.dtype);
+    const struct bie_tensor * outs[4] = {&c->grad_x, &c->grad_weight, &c->grad_scale_a, &c->grad_bias_a};
+    for (int i = 0; i < 4; i++)
+        if (outs[i]->data && precision_rank(outs[i]->dtype) > rank) return false;
     const int64_t * gs = c->grad_y.stride;
     return fits_int(g.batch * g.C * g.H * g.W) && fits_int(g.batch * g.O * g.OH * g.OW) && fits_int(g.O * g.K) &&
            fits_int(gs[0]) && fits_int(gs[1]) && fits_int(gs[2]) && fits_int(gs[3]) && g.ph < INT32_MAX &&
@@ -475,11 +485,24 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     if (saved && want_gw && !x_rows)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: CUDA reads saved bits of a conv as channels-last pixel "
                              "rows on whole bytes");
-    const cudnn_conv_shape k = {(int)g.batch, (int)g.C, (int)g.H, (int)g.W, (int)g.O, (int)g.OH, (int)g.OW, g.kh, g.kw,
-                                g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, gdt,
-                                {(int)gy.stride[0], (int)gy.stride[1], (int)gy.stride[2], (int)gy.stride[3]}};
+    // grad_y as it is when dense NCHW or NHWC, else (broadcast, gapped, misaligned) copied into dense NHWC first
+    const int64_t * ys = gy.stride;
+    const int64_t P = g.OH * g.OW;
+    const bool nchw = ys[3] == 1 && ys[2] == g.OW && ys[1] == P && ys[0] == g.O * P;
+    const bool nhwc = ys[1] == 1 && ys[3] == g.O && ys[2] == g.OW * g.O && ys[0] == P * g.O;
+    const bool gy_copy = !(nchw || nhwc) || ((uintptr_t)gy.data % 16) != 0; // (cuDNN's plans take 16-byte alignment)
+    const int64_t ynumel = g.batch * g.O * P;
+    cudnn_conv_shape k = {(int)g.batch, (int)g.C, (int)g.H, (int)g.W, (int)g.O, (int)g.OH, (int)g.OW, g.kh, g.kw,
+                          g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, gdt,
+                          {(int)ys[0], (int)ys[1], (int)ys[2], (int)ys[3]}};
+    if (gy_copy) {
+        const int nhwc_st[4] = {(int)(P * g.O), 1, (int)(g.OW * g.O), (int)g.O};
+        memcpy(k.gy_stride, nhwc_st, sizeof nhwc_st);
+    }
     size_t dnn_ws = 0;
-    BIE_TRY(bie_cudnn_conv_prepare(ctx, k, want_gx, want_gw, &dnn_ws));
+    const enum bie_status found = bie_cudnn_conv_prepare(ctx, k, want_gx, want_gw, &dnn_ws);
+    if (found == BIE_STATUS_UNSUPPORTED && !saved) return BIE_DECLINED; // (no algorithm: the GEMM route)
+    BIE_TRY(found);
 
     const struct dscale sa = dscale_make(c, true), sw = dscale_make(c, false);
     ste_pass_job pj;
@@ -514,17 +537,24 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     const size_t oDW = off; off = align256(off + (want_gw ? (size_t)(O * K) * es : 0));
     const size_t oDnn = off; off = align256(off + dnn_ws);
     const size_t oPass = off; off = align256(off + (want_gx ? bie_cuda_ste_pass_workspace(pj) : 0));
+    const size_t oGy = off; off = align256(off + (gy_copy ? (size_t)ynumel * es : 0));
     if (c->plan) {
         snprintf(c->plan->route, sizeof c->plan->route,
-                 "cuda:%d, cuDNN convolutions in %s (grad_x: %s; grad_weight: %s); STE pass by %s; x %s",
+                 "cuda:%d, cuDNN convolutions in %s (grad_x: %s; grad_weight: %s); STE pass by %s; x %s; grad_y %s",
                  (int)c->device_index, bie_dtype_name((enum bie_dtype)gdt), want_gx ? "dgrad" : "not asked",
                  want_gw ? "wgrad" : "not asked", rows ? "pixel rows" : "tiles",
-                 saved ? "from saved bits and mask" : bie_dtype_name((enum bie_dtype)x.dtype));
+                 saved ? "from saved bits and mask" : bie_dtype_name((enum bie_dtype)x.dtype),
+                 gy_copy ? "copied to dense NHWC" : nhwc ? "NHWC" : "NCHW");
         c->plan->workspace = off;
         return BIE_STATUS_OK;
     }
     uint8_t * ws;
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
+    const void * gyd = gy.data;
+    if (gy_copy) {
+        BIE_TRY(bie_cuda_pixel_rows(ctx, s, gy, bias_none(), 0, sa, gdt, 0, ws + oGy));
+        gyd = ws + oGy;
+    }
 
     if (want_gx) {
         struct dview wr;
@@ -533,7 +563,7 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
               launch_codes_rows(wr, bias_none(), true, O, K, bias_none(), (int)c->quant, sw, gdt, ws + oWc, s)))
             weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 0, ws + oWc);
         LAUNCHED(ctx, "weight codes");
-        BIE_TRY(bie_cudnn_conv_dgrad(ctx, k, ws + oWc, gy.data, ws + oDX, ws + oDnn, dnn_ws));
+        BIE_TRY(bie_cudnn_conv_dgrad(ctx, k, ws + oWc, gyd, ws + oDX, ws + oDnn, dnn_ws));
         pj.dcol = ws + oDX;
         BIE_TRY(bie_cuda_ste_pass(ctx, s, pj, ws + oPass));
     }
@@ -542,7 +572,7 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
                                           ws + oA, s)))
             BIE_TRY(bie_cuda_pixel_rows(ctx, s, x, bias, (int)c->quant, sa, gdt, 0, ws + oA));
         LAUNCHED(ctx, "activation codes");
-        BIE_TRY(bie_cudnn_conv_wgrad(ctx, k, ws + oA, gy.data, ws + oDW, ws + oDnn, dnn_ws));
+        BIE_TRY(bie_cudnn_conv_wgrad(ctx, k, ws + oA, gyd, ws + oDW, ws + oDnn, dnn_ws));
         if (gdt == BIE_DTYPE_F16)
             scatter_grad_w<__half><<<grid_for(O * K, 256), 256, 0, s>>>((const __half *)(ws + oDW), g, sa, gwo);
         else if (gdt == BIE_DTYPE_BF16)
@@ -570,7 +600,11 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
     const bool want_gw = c->grad_weight.data != NULL;
     if (!want_gx && !want_gw) return BIE_STATUS_OK;
-    if (cudnn_route(ctx, c)) return backward_cudnn(ctx, c, st->stream);
+    if (cudnn_route(ctx, c)) {
+        const enum bie_status s = backward_cudnn(ctx, c, st->stream);
+        if (s != BIE_DECLINED) return s;
+        bie_clear_error(ctx);
+    }
     if (c->is_conv && c->x.dtype == BIE_DTYPE_B1)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: the backward of a conv from saved bits needs cuDNN and "
                              "zero padding on CUDA");

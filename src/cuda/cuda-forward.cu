@@ -777,7 +777,11 @@ bool gather_fits(const pack_src & p) {
 enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_src & p, int64_t rows, int64_t kbytes,
                          uint8_t * out, int * pop, uint8_t * scratch) {
     const struct dgeom & g = p.g;
-    const bool contiguous = g.kh == 1 && g.kw == 1 && (p.is_weight || dgeom_one_position(g)) && (g.C == 1 || p.t.stride[1] == 1);
+    // rows of K contiguous elements in the GEMM's order: a 1x1 weight or a linear x, and any
+    // weight in OHWI order (a channels-last conv weight)
+    const bool contiguous = (g.kh == 1 && g.kw == 1 && (p.is_weight || dgeom_one_position(g)) &&
+                             (g.C == 1 || p.t.stride[1] == 1)) ||
+                            (p.is_weight && ohwi_rows(p.t.stride, g.C, g.kh, g.kw));
     const unsigned grid = grid_for(rows, 8);
     const int64_t * st = p.t.stride;
     const pixel_kind pk = scratch ? float_pixels(p) : PIX_NONE;

@@ -357,9 +357,11 @@ struct pass_split {
 };
 pass_split split_of(const ste_pass_job & j) {
     pass_split p;
+    // slabs of at least 64 rows, at most 1024 of them: enough blocks to fill the GPU, and few rows of
+    // partial sums for colpart_sums to add
     const int64_t M = j.g.batch;
     p.slab = 64;
-    if ((M + p.slab - 1) / p.slab > 65535) p.slab = ((M + 65534) / 65535 + 7) / 8 * 8;
+    if ((M + p.slab - 1) / p.slab > 1024) p.slab = ((M + 1023) / 1024 + 7) / 8 * 8;
     p.slabs = (M + p.slab - 1) / p.slab;
     p.ctiles = (j.g.C + 31) / 32;
     const int64_t ptiles = (j.xnumel / j.g.C + 31) / 32;

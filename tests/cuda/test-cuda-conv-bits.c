@@ -36,24 +36,26 @@ struct conv_case {
     char text[300];
 };
 
-static int random_conv(struct conv_case * c, enum bie_quant q) {
+// A random conv. saved: shapes that cuDNN's NHWC plans take (channels in multiples of 8; the saved
+// bits' only route), no dilation, an f16 or bf16 grad_y (the binding saves bits only then).
+static int random_conv(struct conv_case * c, enum bie_quant q, int saved) {
     memset(c, 0, sizeof *c);
     c->N = test_rand_int(1, 4);
-    c->C = test_rand_int(0, 2) ? 32 * test_rand_int(1, 3) : test_rand_int(1, 70);
+    c->C = saved ? 8 * test_rand_int(1, 12) : test_rand_int(0, 2) ? 32 * test_rand_int(1, 3) : test_rand_int(1, 70);
     c->H = test_rand_int(1, 12);
     c->W = test_rand_int(1, 12);
-    const int64_t O = test_rand_int(1, 40);
+    const int64_t O = saved ? 8 * test_rand_int(1, 5) : test_rand_int(1, 40);
     c->d = (struct bie_conv2d_desc){q, c->C, O, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, BIE_PAD_ZERO};
     if (test_rand_int(0, 2) == 0)
         for (int i = 0; i < 2; i++) {
             c->d.kernel[i] = (int32_t)test_rand_int(1, 4);
             c->d.stride[i] = (int32_t)test_rand_int(1, 2);
             c->d.padding[i] = (int32_t)test_rand_int(0, 2);
-            c->d.dilation[i] = (int32_t)test_rand_int(1, 2);
+            c->d.dilation[i] = (int32_t)(saved ? 1 : test_rand_int(1, 2));
         }
     if (bie_conv2d_output_size(&c->d, c->H, c->W, &c->OH, &c->OW) != BIE_STATUS_OK) return 0;
     c->xdt = float_dts[test_rand_int(0, 2)];
-    c->gdt = float_dts[test_rand_int(0, 2)];
+    c->gdt = saved ? float_dts[test_rand_int(1, 2)] : float_dts[test_rand_int(0, 2)]; // (saved: cuDNN's graph API)
     c->bias = (int)test_rand_int(0, 1);
     c->dev_scales = (int)test_rand_int(0, 1);
     c->sa = (float)test_rand_int(4, 40) / 16.0f;
@@ -111,12 +113,21 @@ struct grads {
 };
 static const char * const gnames[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
 
-static void make_grads(const struct conv_case * c, const struct ops * o, struct grads * g) {
+// A random float dtype; with within: one no more precise than grad_y's dtype gdt (bf16 < f16 < f32),
+// as the cuDNN route computes in gdt.
+static enum bie_dtype grad_dtype(enum bie_dtype gdt, int within) {
+    if (!within) return float_dts[test_rand_int(0, 2)];
+    const enum bie_dtype ok[3] = {BIE_DTYPE_BF16, BIE_DTYPE_F16, BIE_DTYPE_F32};
+    const int n = gdt == BIE_DTYPE_BF16 ? 1 : gdt == BIE_DTYPE_F16 ? 2 : 3;
+    return ok[test_rand_int(0, n - 1)];
+}
+
+static void make_grads(const struct conv_case * c, const struct ops * o, struct grads * g, int within) {
     const int64_t bs[1] = {c->C};
-    g->h[0] = make4(float_dts[test_rand_int(0, 2)], o->x.shape, 1);
-    g->h[1] = test_tensor(float_dts[test_rand_int(0, 2)], 4, o->w.shape, NULL);
-    g->h[2] = test_tensor(float_dts[test_rand_int(0, 2)], 0, NULL, NULL);
-    g->h[3] = test_tensor(float_dts[test_rand_int(0, 2)], 1, bs, NULL);
+    g->h[0] = make4(grad_dtype(c->gdt, within), o->x.shape, 1);
+    g->h[1] = test_tensor(grad_dtype(c->gdt, within), 4, o->w.shape, NULL);
+    g->h[2] = test_tensor(grad_dtype(c->gdt, within), 0, NULL, NULL);
+    g->h[3] = test_tensor(grad_dtype(c->gdt, within), 1, bs, NULL);
     for (int i = 0; i < 4; i++) {
         fill_poison(&g->h[i]);
         g->d[i] = cuda_mirror(&g->h[i]);
@@ -151,7 +162,7 @@ static struct bie_backward_args grad_args(const struct ops * o, struct grads * g
 // The backward of a binary conv from saved bits, against the reference and the float x on CUDA.
 static void test_saved(void) {
     struct conv_case c;
-    if (!random_conv(&c, BIE_QUANT_BINARY)) return;
+    if (!random_conv(&c, BIE_QUANT_BINARY, 1)) return;
     struct ops o;
     make_ops(&c, &o);
     // the bits and mask of the [N, H, W, C] view, and their NCHW views
@@ -167,7 +178,7 @@ static void test_saved(void) {
     const int wsel = (int)test_rand_int(0, 2); // all four, grad_weight only (no mask), grad_x only
     const bool want[4] = {wsel != 1, wsel != 2, wsel == 0, wsel == 0};
     struct grads ref, fl, sb;
-    make_grads(&c, &o, &ref);
+    make_grads(&c, &o, &ref, 1);
     like_grads(&ref, &fl);
     like_grads(&ref, &sb);
     struct bie_backward_args ar = grad_args(&o, &ref, 0, want), af = grad_args(&o, &fl, 1, want),
@@ -222,12 +233,12 @@ static void test_saved(void) {
 static void test_routes(bie_context_t * gemm_ctx) {
     static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
     struct conv_case c;
-    if (!random_conv(&c, qs[test_rand_int(0, 2)])) return;
+    if (!random_conv(&c, qs[test_rand_int(0, 2)], 0)) return;
     struct ops o;
     make_ops(&c, &o);
     const bool want[4] = {true, true, true, true};
     struct grads ref, a, b;
-    make_grads(&c, &o, &ref);
+    make_grads(&c, &o, &ref, 0);
     like_grads(&ref, &a);
     like_grads(&ref, &b);
     struct bie_backward_args ar = grad_args(&o, &ref, 0, want), aa = grad_args(&o, &a, 1, want),
