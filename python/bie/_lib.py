@@ -186,7 +186,7 @@ def library() -> ctypes.CDLL:
                     tried.append(f"{path} ({e})")
                     continue
                 _declare(lib)
-                lib.bie_path = path
+                setattr(lib, "bie_path", path)  # (library_path())
                 _lib = lib
                 break
             if _lib is None:
@@ -197,7 +197,7 @@ def library() -> ctypes.CDLL:
 
 def library_path() -> str:
     """The path of the libbie that was loaded."""
-    return library().bie_path
+    return str(getattr(library(), "bie_path"))
 
 
 _cuda = None
