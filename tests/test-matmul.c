@@ -11,200 +11,20 @@
 //            clip, summed in f32 by sgemm: tol = (n+2)*2^-24*n*cmax*clip + one rounding of the
 //            dtype; the clip gradients add B partials, each rounded to f32 once more.
 #include "test-cpu-common.h"
-
-struct mcase {
-    enum bie_quant q;
-    int lead;             // leading dims (0..2)
-    int64_t ls[2], B, M, N, K;
-    int xl, yl;           // layouts: 0 dense, 1 gapped rows, 2 stored transposed
-    enum bie_dtype xd, yd, od, gd;
-    float xc, yc;
-    char what[256];
-};
-
-// A [lead..., R, C] tensor in layout 0/1/2 (2: memory [lead..., C, R], the last two dims swapped).
-static struct bie_tensor operand(const struct mcase * c, enum bie_dtype d, int64_t R, int64_t C, int layout) {
-    int64_t shape[4];
-    int nd = 0;
-    for (int i = 0; i < c->lead; i++) shape[nd++] = c->ls[i];
-    const int64_t inner = layout == 2 ? R : C, outer = layout == 2 ? C : R;
-    const int64_t pitch = layout == 1 ? inner + 3 : inner;
-    shape[nd++] = outer;
-    shape[nd++] = inner;
-    int64_t st[4];
-    st[nd - 1] = 1;
-    st[nd - 2] = pitch;
-    for (int i = nd - 3; i >= 0; i--) st[i] = st[i + 1] * shape[i + 1];
-    struct bie_tensor t = test_tensor(d, nd, shape, st);
-    if (layout == 2) {
-        int32_t perm[4];
-        for (int i = 0; i < nd; i++) perm[i] = i;
-        perm[nd - 2] = nd - 1;
-        perm[nd - 1] = nd - 2;
-        bie_tensor_permute(&t, perm);
-    }
-    return t;
-}
-
-// Uniform values with one in eight replaced by a zero, a rounding tie or a clip boundary.
-static void fill(const struct mcase * c, const struct bie_tensor * t, float clip) {
-    test_fill_uniform(t, -2.5f, 2.5f);
-    int64_t idx[BIE_MAX_DIMS] = {0};
-    const float hi = c->q == BIE_QUANT_BINARY ? 1.0f : (float)bie_quant_hi(c->q);
-    do {
-        if (test_rand_int(0, 7)) continue;
-        float v;
-        switch (test_rand_int(0, 4)) {
-        case 0: v = 0.0f; break;
-        case 1: v = clip * ((float)test_rand_int(-3, 3) + 0.5f); break; // a tie of rne(v / clip)
-        case 2: v = clip * hi; break;                                    // on the clip boundary
-        case 3: v = -clip * hi; break;
-        default: v = -0.0f; break;
-        }
-        bie_store(t, bie_offset(t, idx), v);
-    } while (bie_next_index(t, idx));
-}
-
-static const enum bie_dtype floats[3] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16};
-
-static void random_case(struct mcase * c) {
-    static const int64_t ks[] = {1, 3, 7, 8, 9, 31, 64, 65, 129, 200, 513};
-    static const enum bie_quant qs[] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
-    memset(c, 0, sizeof *c);
-    c->q = qs[test_rand_int(0, 2)];
-    c->lead = (int)test_rand_int(0, 2);
-    c->B = 1;
-    for (int i = 0; i < c->lead; i++) c->B *= (c->ls[i] = test_rand_int(1, 3));
-    c->M = test_rand_int(1, 37);
-    c->N = test_rand_int(1, 37);
-    c->K = test_pick(ks, 11);
-    c->xl = (int)test_rand_int(0, 2);
-    c->yl = (int)test_rand_int(0, 2);
-    c->xd = floats[test_rand_int(0, 2)];
-    c->yd = floats[test_rand_int(0, 2)];
-    c->od = test_rand_int(0, 3) == 0 ? BIE_DTYPE_I32 : floats[test_rand_int(0, 2)];
-    c->gd = floats[test_rand_int(0, 2)];
-    c->xc = c->q == BIE_QUANT_BINARY ? test_rand_float(0.4f, 1.5f) : test_rand_float(0.01f, 0.3f);
-    c->yc = c->q == BIE_QUANT_BINARY ? test_rand_float(0.4f, 1.5f) : test_rand_float(0.01f, 0.3f);
-    snprintf(c->what, sizeof c->what, "q%d lead %d (B %lld) M %lld N %lld K %lld layouts %d/%d x %s y %s out %s g %s",
-             (int)c->q, c->lead, (long long)c->B, (long long)c->M, (long long)c->N, (long long)c->K, c->xl, c->yl,
-             bie_dtype_name(c->xd), bie_dtype_name(c->yd), bie_dtype_name(c->od), bie_dtype_name(c->gd));
-}
-
-static int64_t mismatches(const struct bie_tensor * a, const struct bie_tensor * b) {
-    int64_t bad = 0, idx[BIE_MAX_DIMS] = {0};
-    do {
-        const double x = bie_load(a, bie_offset(a, idx)), y = bie_load(b, bie_offset(b, idx));
-        if (x != y || signbit(x) != signbit(y)) bad++;
-    } while (bie_next_index(a, idx));
-    return bad;
-}
-
-static double rel_round(enum bie_dtype d) { return d == BIE_DTYPE_BF16 ? 0x1p-8 : d == BIE_DTYPE_F16 ? 0x1p-11 : 0x1p-24; }
-
-// max over elements of |got - ref| - (tol + rel*|ref|) (> 0: out of bounds).
-static double excess(const struct bie_tensor * got, const struct bie_tensor * ref, double tol) {
-    double worst = -1.0;
-    int64_t idx[BIE_MAX_DIMS] = {0};
-    do {
-        const double g = bie_load(got, bie_offset(got, idx)), r = bie_load(ref, bie_offset(ref, idx));
-        const double e = fabs(g - r) - (tol + rel_round(got->dtype) * fabs(r));
-        if (e > worst || isnan(e)) worst = isnan(e) ? INFINITY : e;
-    } while (bie_next_index(got, idx));
-    return worst;
-}
-
-static void run_case(bie_context_t * ref, bie_context_t * const * cpus, int ncpu, bool backward) {
-    struct mcase c;
-    random_case(&c);
-    struct bie_tensor x = operand(&c, c.xd, c.M, c.K, c.xl), y = operand(&c, c.yd, c.N, c.K, c.yl);
-    fill(&c, &x, c.xc);
-    fill(&c, &y, c.yc);
-    struct bie_tensor xc = test_scalar(c.xc), yc = test_scalar(c.yc);
-    const struct bie_matmul_desc d = {c.q};
-    if (!backward) {
-        struct bie_tensor o_ref = operand(&c, c.od, c.M, c.N, (int)test_rand_int(0, 2));
-        struct bie_matmul_args a = {&x, &y, &xc, &yc, &o_ref};
-        CHECK_OK(ref, bie_matmul_forward(ref, &d, &a));
-        for (int i = 0; i < ncpu; i++) {
-            struct bie_tensor o = operand(&c, c.od, c.M, c.N, (int)test_rand_int(0, 2));
-            a.out = &o;
-            CHECK_OK(cpus[i], bie_matmul_forward(cpus[i], &d, &a));
-            const int64_t bad = mismatches(&o, &o_ref);
-            CHECK(bad == 0, "%lld elements differ from the reference (isa %s): %s", (long long)bad,
-                  bie_cpu_isa_name(bie_context_cpu_isa(cpus[i])), c.what);
-            test_tensor_free(&o);
-        }
-        test_tensor_free(&o_ref);
-    } else {
-        struct bie_tensor g = operand(&c, c.gd, c.M, c.N, (int)test_rand_int(0, 2));
-        test_fill_uniform(&g, -1, 1);
-        struct bie_tensor gx_r = operand(&c, BIE_DTYPE_F32, c.M, c.K, 0), gy_r = operand(&c, BIE_DTYPE_F32, c.N, c.K, 0);
-        struct bie_tensor gxc_r = test_scalar(0), gyc_r = test_scalar(0);
-        struct bie_matmul_backward_args a = {&x, &y, &xc, &yc, &g, &gx_r, &gy_r, &gxc_r, &gyc_r};
-        CHECK_OK(ref, bie_matmul_backward(ref, &d, &a));
-        const double cmax = c.q == BIE_QUANT_BINARY ? 1.0 : -bie_quant_lo(c.q);
-        const double tol_x = (double)(c.N + 2) * 0x1p-24 * (double)c.N * cmax * c.yc;
-        const double tol_y = (double)(c.M + 2) * 0x1p-24 * (double)c.M * cmax * c.xc;
-        const double dmax = c.q == BIE_QUANT_BINARY ? 1.0 : cmax;
-        const double nxk = (double)(c.B * c.M * c.K), nyk = (double)(c.B * c.N * c.K);
-        const double den = c.q == BIE_QUANT_BINARY ? 1.0 : bie_quant_hi(c.q);
-        const double tol_xc = nxk * tol_x * dmax / sqrt(nxk * den) + (double)c.B * 0x1p-23 * fabs(bie_load_scalar(&gxc_r));
-        const double tol_yc = nyk * tol_y * dmax / sqrt(nyk * den) + (double)c.B * 0x1p-23 * fabs(bie_load_scalar(&gyc_r));
-        for (int i = 0; i < ncpu; i++) {
-            const enum bie_dtype gxd = floats[test_rand_int(0, 2)], gyd = floats[test_rand_int(0, 2)];
-            struct bie_tensor gx = operand(&c, gxd, c.M, c.K, (int)test_rand_int(0, 2));
-            struct bie_tensor gy = operand(&c, gyd, c.N, c.K, (int)test_rand_int(0, 2));
-            struct bie_tensor gxc = test_scalar(0), gyc = test_scalar(0);
-            // sometimes only one operand's gradients
-            const int which = (int)test_rand_int(0, 3);
-            struct bie_matmul_backward_args b = {&x, &y, &xc, &yc, &g, which == 1 ? NULL : &gx, which == 2 ? NULL : &gy,
-                                                 which == 1 ? NULL : &gxc, which == 2 ? NULL : &gyc};
-            CHECK_OK(cpus[i], bie_matmul_backward(cpus[i], &d, &b));
-            const char * isa = bie_cpu_isa_name(bie_context_cpu_isa(cpus[i]));
-            if (which != 1) {
-                const double e = excess(&gx, &gx_r, tol_x);
-                CHECK(e <= 0, "grad_x off by %g over the bound (isa %s, grad_x %s): %s", e, isa, bie_dtype_name(gxd), c.what);
-                const double ex = fabs(bie_load_scalar(&gxc) - bie_load_scalar(&gxc_r));
-                CHECK(ex <= tol_xc, "grad_x_clip %g vs %g (bound %g, isa %s): %s", (double)bie_load_scalar(&gxc),
-                      (double)bie_load_scalar(&gxc_r), tol_xc, isa, c.what);
-            }
-            if (which != 2) {
-                const double e = excess(&gy, &gy_r, tol_y);
-                CHECK(e <= 0, "grad_y off by %g over the bound (isa %s, grad_y %s): %s", e, isa, bie_dtype_name(gyd), c.what);
-                const double ey = fabs(bie_load_scalar(&gyc) - bie_load_scalar(&gyc_r));
-                CHECK(ey <= tol_yc, "grad_y_clip %g vs %g (bound %g, isa %s): %s", (double)bie_load_scalar(&gyc),
-                      (double)bie_load_scalar(&gyc_r), tol_yc, isa, c.what);
-            }
-            test_tensor_free(&gx);
-            test_tensor_free(&gy);
-            test_tensor_free(&gxc);
-            test_tensor_free(&gyc);
-        }
-        test_tensor_free(&g);
-        test_tensor_free(&gx_r);
-        test_tensor_free(&gy_r);
-        test_tensor_free(&gxc_r);
-        test_tensor_free(&gyc_r);
-    }
-    test_tensor_free(&x);
-    test_tensor_free(&y);
-    test_tensor_free(&xc);
-    test_tensor_free(&yc);
-}
+#include "op-cases.h"
 
 // The reference matmul of batch b is the reference linear layer with input x[b] and weight y[b]:
 // the same I32 accumulations, and the same grad_x.
 static void check_against_layer(bie_context_t * ref) {
     for (int iter = 0; iter < 20; iter++) {
         struct mcase c;
-        random_case(&c);
+        matmul_random_case(&c);
         c.lead = 1;
         c.ls[0] = c.B = test_rand_int(1, 3);
         c.od = BIE_DTYPE_I32;
         struct bie_tensor x = operand(&c, c.xd, c.M, c.K, 0), y = operand(&c, c.yd, c.N, c.K, 0);
-        fill(&c, &x, c.xc);
-        fill(&c, &y, c.yc);
+        matmul_fill(&c, &x, c.xc);
+        matmul_fill(&c, &y, c.yc);
         struct bie_tensor xc = test_scalar(c.xc), yc = test_scalar(c.yc);
         struct bie_tensor o = operand(&c, BIE_DTYPE_I32, c.M, c.N, 0), g = operand(&c, BIE_DTYPE_F32, c.M, c.N, 0);
         struct bie_tensor gx = operand(&c, BIE_DTYPE_F32, c.M, c.K, 0);
@@ -343,9 +163,14 @@ int main(int argc, char ** argv) {
     check_by_hand(cpus[n - 1]);
     check_against_layer(ref);
     check_errors(ref);
+    const char * names[4];
+    for (int i = 0; i < n; i++) names[i] = bie_cpu_isa_name(levels[i]);
     const int iters = cpu_test_quick() ? 25 : 120;
-    for (int i = 0; i < iters; i++) run_case(ref, cpus, n, false);
-    for (int i = 0; i < iters; i++) run_case(ref, cpus, n, true);
+    for (int i = 0; i < 2 * iters; i++) {
+        struct mcase c;
+        matmul_random_case(&c);
+        matmul_check_case(&c, ref, cpus, names, n, i >= iters, &op_host);
+    }
     for (int i = 0; i < n; i++) bie_context_destroy(cpus[i]);
     bie_context_destroy(ref);
     return test_finish("test-matmul");

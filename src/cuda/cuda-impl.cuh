@@ -26,12 +26,17 @@ struct bie_cuda_state {
     unsigned long long wgmma_smem_set; // the same for the wgmma GEMM kernels
     int cc;                  // compute capability of `device` as major*10 + minor (0: not read yet)
     bool force_mma;          // BIE_CUDA_GEMM=mma was set when cc was read: no wgmma
+    void * aux;              // a small device arena that outlives the layer calls inside an op
+    size_t aux_size;         // (the batched matmul's partial sums; bie_cuda_aux)
 };
 
 // Ensures ctx->cuda exists and the current device is usable; DEVICE_ERROR/UNSUPPORTED otherwise.
 enum bie_status bie_cuda_state_get(bie_context_t * ctx, int device_index, struct bie_cuda_state ** out);
 // Device workspace of at least `bytes` (256-byte aligned), valid until the next call that asks.
 enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** out);
+// Device memory of at least `bytes` that the layer calls made inside one op leave alone (they use
+// the workspace), valid until the next call that asks for it; grown like the workspace.
+enum bie_status bie_cuda_aux(bie_context_t * ctx, size_t bytes, void ** out);
 // Maps a CUDA error to DEVICE_ERROR with the CUDA message; what names the failing step.
 enum bie_status bie_cuda_fail(bie_context_t * ctx, cudaError_t e, const char * what);
 // The compute capability of the context's device as major*10 + minor (read once; 0 if unknown);
