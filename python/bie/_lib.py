@@ -242,7 +242,7 @@ def library():
                 _lib = lib
                 break
             if _lib is None:
-                raise ImportError("bie: libbie.so was not found; build it (make build) or set BIE_LIBRARY "
+                raise ImportError("bie: no usable libbie.so was found; build it (make build) or set BIE_LIBRARY "
                                   "to its path. Tried: " + "; ".join(tried))
     return _lib
 

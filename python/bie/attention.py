@@ -3,7 +3,8 @@
 
     q, k, v = BinaryLinear projections of hidden_states, split into heads [bs, heads, T, head_dim]
     scores  = score_matmul(q + bias_q, k + bias_k) / sqrt(head_dim)      [bs, heads, T, T]
-    probs   = dropout(softmax(scores masked where mask == 0))
+    probs   = dropout(softmax(scores, with -1e9 where mask == 0))
+              (mask [bs, T] masks keys; [bs, T, T] and [bs, heads, T, T] masks are taken too)
     context = context_matmul(probs, (v + bias_v)^T)                      [bs, heads, T, head_dim]
     output  = BinaryLinear(context merged back to [bs, T, hidden_dim])
     returns (output, probs)
@@ -94,8 +95,9 @@ class BMHA(nn.Module):
         k = self.move_k(self._heads(self.k_linear(hidden_states), bs))
         v = self.move_v(self._heads(self.v_linear(hidden_states), bs))
         scores = self.score_matmul(q, k) / math.sqrt(self.head_dim)
-        if mask is not None:
-            scores = scores.masked_fill(mask.unsqueeze(1) == 0, -1e9)
+        if mask is not None:  # [bs, T] (keys), [bs, T, T] or [bs, heads, T, T]
+            mask = mask[:, None, None, :] if mask.dim() == 2 else mask.unsqueeze(1) if mask.dim() == 3 else mask
+            scores = scores.masked_fill(mask == 0, -1e9)
         probs = self.dropout(nn.functional.softmax(scores, dim=-1))
         context = self.context_matmul(probs, v.transpose(-1, -2))
         context = context.transpose(1, 2).contiguous().view(bs, -1, self.hidden_dim)
