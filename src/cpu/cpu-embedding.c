@@ -9,6 +9,7 @@
 #include "cpu/cpu-impl.h"
 
 #include <omp.h>
+#include <pthread.h>
 
 static inline int64_t index_at(const struct bie_tensor * t, int64_t i, int64_t l) {
     const int64_t off = i * t->stride[0] + l * t->stride[1];
@@ -17,6 +18,13 @@ static inline int64_t index_at(const struct bie_tensor * t, int64_t i, int64_t l
 
 static inline float scale_of(const struct bie_embedding_call * c, int64_t r) {
     return c->scale.data ? cpu_load(&c->scale, r * c->scale.stride[0]) : 1.0f;
+}
+
+// sign_patterns[b][j] = +1 if bit j of b is set, else -1 (filled once).
+static float sign_patterns[256][8];
+static void fill_sign_patterns(void) {
+    for (int b = 0; b < 256; b++)
+        for (int j = 0; j < 8; j++) sign_patterns[b][j] = (b >> j) & 1 ? 1.0f : -1.0f;
 }
 
 // dst[d] = value(r, d) for d < D (ref-embedding.c).
@@ -28,9 +36,15 @@ static void decode_row(const struct bie_embedding_call * c, int64_t r, float * d
     const int lo = bie_quant_lo(c->quant), hi = bie_quant_hi(c->quant);
     const bool dense = D == 1 || t->stride[1] == 1;
     if (t->dtype == BIE_DTYPE_B1 && dense && base % 8 == 0) {
+        // a byte's 8 codes from a table of +-1 patterns, times the scale (exact: s * +-1 = +-s)
         const uint8_t * p = (const uint8_t *)t->data + base / 8;
-        const float pos = has_scale ? s : 1.0f, neg = has_scale ? s * -1.0f : -1.0f;
-        for (int64_t d = 0; d < D; d++) dst[d] = (p[d >> 3] >> (d & 7)) & 1 ? pos : neg;
+        const float m = has_scale ? s : 1.0f;
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8) {
+            const float * pat = sign_patterns[p[d >> 3]];
+            for (int j = 0; j < 8; j++) dst[d + j] = pat[j] * m;
+        }
+        for (; d < D; d++) dst[d] = ((p[d >> 3] >> (d & 7)) & 1 ? 1.0f : -1.0f) * m;
         return;
     }
     if (t->dtype == BIE_DTYPE_I8 && dense) {
@@ -73,6 +87,8 @@ static void store_row(const struct bie_tensor * t, int64_t off, int64_t stride, 
 
 enum bie_status bie_cpu_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * c) {
     if (c->device_type != BIE_DEVICE_CPU) return BIE_DECLINED;
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, fill_sign_patterns);
     const int threads = cpu_threads(ctx);
     const size_t row = cpu_arena_size((size_t)c->D * sizeof(float));
     uint8_t * ws;
