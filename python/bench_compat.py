@@ -13,13 +13,11 @@ bandwidth (GB/s written).
 
 Usage: python3 python/bench_compat.py [--device cpu|cuda] [--quick] [--budget SECONDS]
 """
-import argparse
-
 import torch
 import torch.nn as nn
 
 import bie
-from bench_modules import timer
+from bench_modules import setup
 
 
 def pair_rows(name, shape, float_fwd, bie_fwd, float_step, bie_step, budget, run, out_bytes=None):
@@ -112,17 +110,7 @@ def bench_embedding(shapes, fk, budget, run):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=["cpu", "cuda"], default=None)
-    ap.add_argument("--quick", action="store_true", help="small shapes, short timings")
-    ap.add_argument("--budget", type=float, default=None, help="seconds of timing per measurement")
-    args = ap.parse_args()
-    dev = args.device or ("cuda" if torch.cuda.is_available() and bie.cuda_available() else "cpu")
-    device = torch.device(dev)
-    dtype = torch.float16 if dev == "cuda" else torch.float32
-    budget = args.budget or (0.2 if args.quick else 0.5)
-    run = timer(device)
-    torch.manual_seed(0)
+    args, dev, device, dtype, budget, run = setup(__doc__)
     fk = dict(device=device, dtype=dtype)
     if dev == "cuda":
         mm = [(8, 4096, 4096, 4096), (384, 128, 128, 64)] if not args.quick else [(4, 1024, 1024, 1024)]

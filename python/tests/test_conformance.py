@@ -30,9 +30,23 @@ def qcodes(t, s, lo, hi):
     return torch.clamp(torch.round(t.to(torch.float32) / s.to(torch.float32)), lo, hi).to(D64)
 
 
-def lsq_factor(r, lo, hi):
+def codes(quant, t, s):
+    """The activation / weight codes of t under scale s (binary: the sign)."""
+    t = t.detach()
+    return sgn(t) if quant == bie.QUANT_BINARY else qcodes(t, s, *RANGES[quant])
+
+
+def ste(quant, v, clip, g_full, code):
+    """The straight-through gradient of an operand v (its unmasked gradient g_full, its codes) and
+    of its clip: binary mask |v/clip| <= 1 and sum(grad * code)/sqrt(numel); n-bit LSQ."""
+    r = (v.detach().to(torch.float32) / clip.detach().to(torch.float32)).to(D64)
+    if quant == bie.QUANT_BINARY:
+        gv = g_full * (r.abs() <= 1)
+        return gv, (gv * code).sum() / math.sqrt(v.numel())
+    lo, hi = RANGES[quant]
     mid = (r >= lo) & (r <= hi)
-    return torch.where(r < lo, float(lo), torch.where(r > hi, float(hi), torch.round(r) - r)).to(D64) * 1.0, mid
+    fac = torch.where(r < lo, float(lo), torch.where(r > hi, float(hi), torch.round(r) - r)).to(D64)
+    return g_full * mid, (g_full * fac).sum() / math.sqrt(v.numel() * hi)
 
 
 def close(got, want, what, rel=1e-5):
@@ -64,24 +78,10 @@ def be_linear(quant, x, w, sa, sw, bias_a, g):
     x2 = xp.reshape(-1, xp.shape[-1])
     g2 = g.to(D64).reshape(-1, w.shape[0])
     s = scale_product(sa, sw)
-    if quant == bie.QUANT_BINARY:
-        a, wc = sgn(x2), sgn(w.detach())
-        y = scaled(a @ wc.t(), s)
-        gi = g2 @ (wc * float(sw))
-        gw = g2.t() @ (a * float(sa))
-        mask = (x2 / float(sa)).abs() <= 1
-        gi = gi * mask
-        gsa = (gi * a).sum() / math.sqrt(x2.numel())
-    else:
-        lo, hi = RANGES[quant]
-        a, wc = qcodes(x2, sa, lo, hi), qcodes(w.detach(), sw, lo, hi)
-        y = scaled(a @ wc.t(), s)
-        gi_full = g2 @ (wc * float(sw))
-        gw = g2.t() @ (a * float(sa))
-        r = (x2.to(torch.float32) / sa.detach().to(torch.float32)).to(D64)
-        fac, mid = lsq_factor(r, lo, hi)
-        gi = gi_full * mid
-        gsa = (gi_full * fac).sum() / math.sqrt(x2.numel() * hi)
+    a, wc = codes(quant, x2, sa), codes(quant, w, sw)
+    y = scaled(a @ wc.t(), s)
+    gi, gsa = ste(quant, x2, sa, g2 @ (wc * float(sw)), a)
+    gw = g2.t() @ (a * float(sa))
     return (y.reshape(*x.shape[:-1], -1), gi.reshape(x.shape), gw, gsa, gi.sum(dim=0))
 
 
@@ -127,11 +127,7 @@ def be_conv(quant, x, w, sa, sw, bias_a, g, stride, padding, dilation, pad_value
     tnn = torch.nn.grad
     xp = (x.detach().to(torch.float32) + bias_a.detach().to(torch.float32).view(1, -1, 1, 1)).to(D64)
     s = scale_product(sa, sw)
-    if quant == bie.QUANT_BINARY:
-        a, wc = sgn(xp), sgn(w.detach())
-    else:
-        lo, hi = RANGES[quant]
-        a, wc = qcodes(xp, sa, lo, hi), qcodes(w.detach(), sw, lo, hi)
+    a, wc = codes(quant, xp, sa), codes(quant, w, sw)
     ph, pw = padding
     pad_val = -1.0 if pad_value == bie.PAD_MINUS_ONE else 0.0
     ap = torch.nn.functional.pad(a, (pw, pw, ph, ph), value=pad_val)
@@ -139,15 +135,7 @@ def be_conv(quant, x, w, sa, sw, bias_a, g, stride, padding, dilation, pad_value
     g = g.to(D64)
     gi_full = tnn.conv2d_input(x.shape, wc * float(sw), g, stride=stride, padding=padding, dilation=dilation)
     gw = tnn.conv2d_weight(ap * float(sa), w.shape, g, stride=stride, dilation=dilation)
-    r = (xp.to(torch.float32) / sa.detach().to(torch.float32)).to(D64)
-    if quant == bie.QUANT_BINARY:
-        gi = gi_full * (r.abs() <= 1)
-        gsa = (gi * a).sum() / math.sqrt(x.numel())
-    else:
-        lo, hi = RANGES[quant]
-        fac, mid = lsq_factor(r, lo, hi)
-        gi = gi_full * mid
-        gsa = (gi_full * fac).sum() / math.sqrt(x.numel() * hi)
+    gi, gsa = ste(quant, xp, sa, gi_full, a)
     return y, gi, gw, gsa, gi.sum(dim=(0, 2, 3))
 
 
@@ -196,27 +184,11 @@ def be_matmul(quant, x, y, xc, yc, g):
     """BinaryMatMulFunction restated (forward and backward); Q4/Q8: the same STE with n-bit codes."""
     x, y, g = x.detach(), y.detach(), g.to(D64)
     s = scale_product(xc, yc)
-    if quant == bie.QUANT_BINARY:
-        a, b = sgn(x), sgn(y)
-    else:
-        lo, hi = RANGES[quant]
-        a, b = qcodes(x, xc, lo, hi), qcodes(y, yc, lo, hi)
+    a, b = codes(quant, x, xc), codes(quant, y, yc)
     out = scaled(a @ b.transpose(-1, -2), s)
-    gx_full = g @ (b * float(yc))
-    gy_full = g.transpose(-1, -2) @ (a * float(xc))
-    res = []
-    for v, gf, c, code in ((x, gx_full, xc, a), (y, gy_full, yc, b)):
-        r = (v.to(torch.float32) / c.detach().to(torch.float32)).to(D64)
-        if quant == bie.QUANT_BINARY:
-            gv = gf * (r.abs() <= 1)
-            gc = (gv * code).sum() / math.sqrt(v.numel())
-        else:
-            lo, hi = RANGES[quant]
-            fac, mid = lsq_factor(r, lo, hi)
-            gv = gf * mid
-            gc = (gf * fac).sum() / math.sqrt(v.numel() * hi)
-        res += [gv, gc]
-    return out, res[0], res[2], res[1], res[3]
+    gx, gxc = ste(quant, x, xc, g @ (b * float(yc)), a)
+    gy, gyc = ste(quant, y, yc, g.transpose(-1, -2) @ (a * float(xc)), b)
+    return out, gx, gy, gxc, gyc
 
 
 @pytest.mark.parametrize("cls,quant", [(bie.BinaryMatMul, bie.QUANT_BINARY), (bie.Q4MatMul, bie.QUANT_INT4),

@@ -45,11 +45,8 @@ static void check_out_of_range(bie_context_t * cu) {
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     cuda_test_require_gpu("test-cuda-ops");
-    struct bie_context_params p;
-    bie_context_params_default(&p);
-    p.backend = BIE_BACKEND_REF;
     bie_context_t * ref, * cu;
-    if (bie_context_create(&p, &ref) != BIE_STATUS_OK || bie_context_create(NULL, &cu) != BIE_STATUS_OK) return 2;
+    cuda_test_contexts(&ref, &cu);
     const char * names[1] = {"cuda"};
     const int iters = cuda_test_quick() ? 30 : 150;
     for (int i = 0; i < 2 * iters; i++) {
