@@ -406,7 +406,8 @@ class _QEmbedding(nn.Module):
         w = self.weight.detach().to(torch.float32) / self.scale_w
         lo, hi = (-8, 7) if self.quant == QUANT_INT4 else (-128, 127)
         codes = torch.round(w).clamp_(lo, hi).to(torch.int8)
-        self.qweight = F.pack_weight(QUANT_INT4, codes) if self.quant == QUANT_INT4 else codes
+        one_column = self.embedding_dim == 1  # (its packed form would look like the codes)
+        self.qweight = F.pack_weight(QUANT_INT4, codes) if self.quant == QUANT_INT4 and not one_column else codes
         self._qkey = (self.weight._version, self.scale_w._version)
         if qweight_only:
             self.weight = None
