@@ -417,8 +417,8 @@ class _QEmbedding(nn.Module):
         if self.weight is None or not self.training:
             if self.weight is not None and self._qkey != (self.weight._version, self.scale_w._version):
                 self.generate_quantized_weight()
-            out = embedding_forward(self.quant, input, self.qweight, self.scale_w, False, self.dtype, self.embedding_dim)
-            return out
+            return embedding_forward(self.quant, input, self.qweight, self.scale_w, False, self.dtype,
+                                     self.embedding_dim)
         return _QEmbeddingForward.apply(input, self.weight, self.scale_w, self.quant, self.embedding_dim,
                                         self.training, self.sparse)
 

@@ -167,7 +167,8 @@ class DiodeMix(Optimizer):
         grads = torch.cat([g for _, g in p.sparse_grads]).to(self.state_dtype)
         p.sparse_grads.clear()
         rows, inv = torch.unique(rows, return_inverse=True)
-        g = torch.zeros((rows.numel(), grads.shape[1]), dtype=grads.dtype, device=grads.device).index_add_(0, inv, grads)
+        g = torch.zeros((rows.numel(), grads.shape[1]), dtype=grads.dtype, device=grads.device)
+        g.index_add_(0, inv, grads)
         state = self._state(p)
         if "exp_avg_s" not in state:
             w = F.unpack_weight(QUANT_BINARY, p.detach(), (p.shape[0], dim), dtype=self.state_dtype)

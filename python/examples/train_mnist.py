@@ -142,6 +142,8 @@ def main():
     else:
         scheduler = CosineAnnealingLR(optimizer, T_max=args.epochs)
 
+    latent = model.fc2.weight if model.fc2.weight.dtype == torch.int8 else None
+    signs0 = latent.detach().clone() if latent is not None else None  # (DiodeMix flips the int8 latent signs)
     kind = "float" if args.float else f"{args.bits}-bit"
     print(f"model q_mlp ({kind} fc2), DiodeMix lr {lr:g}, {args.scheduler}, {args.epochs} epochs, batch "
           f"{args.batch_size}, {device}, {torch.get_num_threads()} threads", flush=True)
@@ -149,7 +151,9 @@ def main():
     for epoch in range(1, args.epochs + 1):
         train(args, model, device, train_loader, optimizer, epoch)
         loss, acc = test(model, device, test_loader)
-        print(f"epoch {epoch}: test loss {loss:.4f}, accuracy {acc:.2f}% ({time.time() - t0:.0f} s)", flush=True)
+        flips = "" if signs0 is None else \
+            f", {100.0 * (latent.detach() != signs0).float().mean().item():.3f}% of fc2's signs flipped"
+        print(f"epoch {epoch}: test loss {loss:.4f}, accuracy {acc:.2f}% ({time.time() - t0:.0f} s){flips}", flush=True)
         scheduler.step()
     print(f"final: {kind} fc2, test accuracy {acc:.2f}% after {args.epochs} epochs, {time.time() - t0:.0f} s")
     if args.save_model:

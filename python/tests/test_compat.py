@@ -251,7 +251,8 @@ def test_diodemix_state_names_and_bitorch_engine_checkpoint():
     assert torch.allclose(lin.weight.detach(), w0 - step * m / (v.sqrt() + 1e-6), atol=1e-7)
     assert float(opt2.state[lin.weight]["step"]) == 6
     # bie's earlier names load as well
-    old = {"state": {0: {"step": 2, "exp_avg": torch.zeros_like(lin.weight), "exp_avg_sq": torch.zeros_like(lin.weight)}},
+    zeros = torch.zeros_like(lin.weight)
+    old = {"state": {0: {"step": 2, "exp_avg": zeros, "exp_avg_sq": zeros.clone()}},
            "param_groups": be["param_groups"]}
     opt3 = bie.DiodeMix(lin.parameters(), lr=1e-2)
     opt3.load_state_dict(old)

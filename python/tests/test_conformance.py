@@ -89,7 +89,8 @@ def be_linear(quant, x, w, sa, sw, bias_a, g):
                                        (bie.Q4Linear, bie.QUANT_INT4), (bie.Q8Linear, bie.QUANT_INT8)])
 def test_linear(device, cls, quant):
     for _ in range(3):
-        k, n, lead = int(torch.randint(1, 70, ())), int(torch.randint(1, 40, ())), tuple(torch.randint(1, 5, (2,)).tolist())
+        k, n = int(torch.randint(1, 70, ())), int(torch.randint(1, 40, ()))
+        lead = tuple(torch.randint(1, 5, (2,)).tolist())
         m = cls(k, n).to(device)
         latent = getattr(m, "latent_int8", False)
         bie.prepare_bie_layers(m)
@@ -148,7 +149,8 @@ def test_conv(device, cls, quant, pad_value):
     for _ in range(2):
         c, o = int(torch.randint(1, 12, ())), int(torch.randint(1, 9, ()))
         k = int(torch.randint(1, 4, ()))
-        stride, padding, dilation = int(torch.randint(1, 3, ())), int(torch.randint(0, 2, ())), int(torch.randint(1, 3, ()))
+        stride, padding = int(torch.randint(1, 3, ())), int(torch.randint(0, 2, ()))
+        dilation = int(torch.randint(1, 3, ()))
         kw = {"pad_value": pad_value} if quant == bie.QUANT_BINARY else {}
         m = cls(c, o, k, stride, padding, dilation, **kw).to(device)
         bie.prepare_bie_layers(m)
@@ -283,7 +285,8 @@ def test_binary_embedding(device):
     g = torch.randn_like(out)
     out.backward(g)
     rows, grad = e.qweight.sparse_grads[-1]
-    dense = torch.zeros(v, d, dtype=D64, device=device).index_add_(0, idx.reshape(-1), (g.double() * s[idx]).reshape(-1, d))
+    dense = torch.zeros(v, d, dtype=D64, device=device)
+    dense.index_add_(0, idx.reshape(-1), (g.double() * s[idx]).reshape(-1, d))
     assert torch.equal(rows, torch.unique(idx))
     close(grad, dense[rows], "embedding grad rows")
 

@@ -50,7 +50,10 @@ static void decode_row(const struct bie_embedding_call * c, int64_t r, float * d
     if (t->dtype == BIE_DTYPE_I8 && dense) {
         const int8_t * p = (const int8_t *)t->data + base;
         for (int64_t d = 0; d < D; d++) {
-            const int code = c->quant == BIE_QUANT_BINARY ? (p[d] >= 0 ? 1 : -1) : p[d] < lo ? lo : p[d] > hi ? hi : p[d];
+            const int code = c->quant == BIE_QUANT_BINARY ? (p[d] >= 0 ? 1 : -1)
+                             : p[d] < lo                 ? lo
+                             : p[d] > hi                 ? hi
+                                                         : p[d];
             dst[d] = has_scale ? s * (float)code : (float)code;
         }
         return;

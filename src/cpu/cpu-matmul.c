@@ -17,7 +17,8 @@ enum bie_status bie_cpu_matmul_forward(bie_context_t * ctx, const struct bie_mat
     for (int64_t b = 0; b < mc->B; b++) {
         struct bie_layer_call lc;
         bie_matmul_layer_call(mc, b, 0, &lc);
-        enum bie_status s = mc->quant == BIE_QUANT_BINARY ? bie_cpu_binary_forward(ctx, &lc) : bie_cpu_nbit_forward(ctx, &lc);
+        enum bie_status s = mc->quant == BIE_QUANT_BINARY ? bie_cpu_binary_forward(ctx, &lc)
+                                                          : bie_cpu_nbit_forward(ctx, &lc);
         if (s == BIE_DECLINED) s = bie_ref_layer_forward(ctx, &lc);
         BIE_TRY(s);
     }

@@ -142,7 +142,8 @@ enum bie_status bie_cuda_aux(bie_context_t * ctx, size_t bytes, void ** out) {
         if (e != cudaSuccess) {
             cudaGetLastError();
             s->aux = NULL;
-            return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: cudaMalloc(%zu): %s", want, cudaGetErrorString(e));
+            return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: cudaMalloc(%zu) for the aux arena: %s", want,
+                                 cudaGetErrorString(e));
         }
         s->aux_size = want;
     }

@@ -32,9 +32,11 @@ static enum bie_status check_range(bie_context_t * ctx, const char * name, const
     for (int64_t i = 0; i < t->shape[0]; i++)
         for (int64_t l = 0; l < t->shape[1]; l++) {
             const int64_t off = i * t->stride[0] + l * t->stride[1];
-            const int64_t v = t->dtype == BIE_DTYPE_I64 ? ((const int64_t *)t->data)[off] : ((const int32_t *)t->data)[off];
-            if (v < 0 || v >= n) BIE_FAIL("%s: element %lld is %lld, outside [0, %lld)", name, (long long)(i * t->shape[1] + l),
-                                      (long long)v, (long long)n);
+            const int64_t v = t->dtype == BIE_DTYPE_I64 ? ((const int64_t *)t->data)[off]
+                                                        : ((const int32_t *)t->data)[off];
+            if (v < 0 || v >= n)
+                BIE_FAIL("%s: element %lld is %lld, outside [0, %lld)", name, (long long)(i * t->shape[1] + l),
+                         (long long)v, (long long)n);
         }
     return BIE_STATUS_OK;
 }
