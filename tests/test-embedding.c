@@ -47,7 +47,7 @@ static void check_by_hand(bie_context_t * ctx) {
 }
 
 static void check_errors(bie_context_t * ctx) {
-    uint8_t tb[8] = {0};
+    uint8_t tb[16] = {0}; // (the s4 table [2, 16] spans 16 bytes)
     float sc[2] = {1, 1}, out[64], f[64] = {0};
     int32_t ix[3] = {0, 1, 2}, ok_ix[3] = {0, 1, 1};
     struct bie_tensor t, t4, tf, s, i, iok, o, o_bad, fidx, g, gr, gr_bad;
