@@ -35,10 +35,10 @@ static void decode_row(const struct bie_embedding_call * c, int64_t r, float * d
     const int64_t D = c->D, base = r * t->stride[0];
     const int lo = bie_quant_lo(c->quant), hi = bie_quant_hi(c->quant);
     const bool dense = D == 1 || t->stride[1] == 1;
+    const float m = has_scale ? s : 1.0f; // (m * code without a scale is the code itself, exactly)
     if (t->dtype == BIE_DTYPE_B1 && dense && base % 8 == 0) {
         // a byte's 8 codes from a table of +-1 patterns, times the scale (exact: s * +-1 = +-s)
         const uint8_t * p = (const uint8_t *)t->data + base / 8;
-        const float m = has_scale ? s : 1.0f;
         int64_t d = 0;
         for (; d + 8 <= D; d += 8) {
             const float * pat = sign_patterns[p[d >> 3]];
@@ -47,14 +47,26 @@ static void decode_row(const struct bie_embedding_call * c, int64_t r, float * d
         for (; d < D; d++) dst[d] = ((p[d >> 3] >> (d & 7)) & 1 ? 1.0f : -1.0f) * m;
         return;
     }
+    if (t->dtype == BIE_DTYPE_S4 && dense && base % 2 == 0) { // (4-bit codes: no clamp needed)
+        const uint8_t * p = (const uint8_t *)t->data + base / 2;
+        int64_t d = 0;
+        for (; d + 2 <= D; d += 2) { // high nibble first; (v ^ 8) - 8 sign-extends a nibble
+            const int b = p[d >> 1];
+            dst[d] = m * (float)(((b >> 4) ^ 8) - 8);
+            dst[d + 1] = m * (float)(((b & 15) ^ 8) - 8);
+        }
+        if (d < D) dst[d] = m * (float)(((p[d >> 1] >> 4) ^ 8) - 8);
+        return;
+    }
     if (t->dtype == BIE_DTYPE_I8 && dense) {
         const int8_t * p = (const int8_t *)t->data + base;
-        for (int64_t d = 0; d < D; d++) {
-            const int code = c->quant == BIE_QUANT_BINARY ? (p[d] >= 0 ? 1 : -1)
-                             : p[d] < lo                 ? lo
-                             : p[d] > hi                 ? hi
-                                                         : p[d];
-            dst[d] = has_scale ? s * (float)code : (float)code;
+        if (c->quant == BIE_QUANT_BINARY) {
+            for (int64_t d = 0; d < D; d++) dst[d] = m * (p[d] >= 0 ? 1.0f : -1.0f);
+        } else {
+            for (int64_t d = 0; d < D; d++) {
+                const int v = p[d], code = v < lo ? lo : v > hi ? hi : v;
+                dst[d] = m * (float)code;
+            }
         }
         return;
     }
@@ -96,6 +108,14 @@ enum bie_status bie_cpu_embedding_forward(bie_context_t * ctx, const struct bie_
     const size_t row = cpu_arena_size((size_t)c->D * sizeof(float));
     uint8_t * ws;
     BIE_TRY(bie_host_workspace(ctx, 2 * row * (size_t)threads, (void **)&ws));
+    // a lookup into dense f32 rows is decoded in place
+    const bool direct = !c->bag && c->out.dtype == BIE_DTYPE_F32 && (c->D == 1 || c->out.stride[1] == 1);
+    if (direct) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t i = 0; i < c->R; i++)
+            decode_row(c, index_at(&c->indices, i, 0), (float *)c->out.data + i * c->out.stride[0]);
+        return BIE_STATUS_OK;
+    }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < c->R; i++) {
         float * v = (float *)(ws + 2 * row * (size_t)omp_get_thread_num()), * acc = (float *)((uint8_t *)v + row);
