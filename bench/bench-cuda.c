@@ -13,10 +13,10 @@
 // libbie time.
 //
 // Entry point: bie_bench_cuda_main(argc, argv), the hook of bench.h (options: --quick, --json,
-// --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step|binary-matmul|
-// embedding) or own name contains S (--case binary-conv, --case "binary-conv b1->b1"); --shape S:
-// the rows whose shape contains S ("4096x4096x4096", "C64 "); --call-only: no graph replays, e.g.
-// under a profiler;
+// --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step|plan-host|
+// binary-matmul|embedding) or own name contains S (--case binary-conv, --case "binary-conv b1->b1");
+// --shape S: the rows whose shape contains S ("4096x4096x4096", "C64 "); --call-only: no graph
+// replays, e.g. under a profiler;
 // --rows M: binary-gemm only at M rows; others are ignored). With -DBIE_BENCH_CUDA_MAIN it is also
 // a program of its own.
 #include <cublas_v2.h>
@@ -200,6 +200,33 @@ static struct bie_tensor dev_tensor(void * data, enum bie_dtype dt, int nd, cons
 // one at a time, so each side is credited with its better figure.
 static double best_ms(struct timing t) { return t.ms > 0 && t.ms < t.call_ms ? t.ms : t.call_ms; }
 
+// What every --json row also names, made once: the GPU's name, the CUDA runtime's, cuBLAS's and
+// (where built with it) cuDNN's versions, bie's version and the UTC date of the run.
+static const char * json_run_info(void) {
+    static char info[512];
+    if (info[0]) return info;
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    char name[sizeof prop.name];
+    bench_json_text(name, sizeof name, prop.name);
+    int rt = 0, blas = 0;
+    CK(cudaRuntimeGetVersion(&rt));
+    CB(cublasGetVersion(g_blas, &blas));
+    char dnn[32] = "none";
+#ifdef BIE_HAVE_CUDNN
+    const size_t v = cudnnGetVersion();
+    snprintf(dnn, sizeof dnn, "%zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
+#endif
+    char date[16];
+    bench_utc_date(date, sizeof date);
+    snprintf(info, sizeof info,
+             "\"device\": \"%s\", \"cuda\": \"%d.%d\", \"cublas\": \"%d.%d.%d\", \"cudnn\": \"%s\", "
+             "\"bie_version\": \"%s\", \"date\": \"%s\"",
+             name, rt / 1000, rt % 1000 / 10, blas / 10000, blas / 100 % 100, blas % 100, dnn, bie_version_string(),
+             date);
+    return info;
+}
+
 // One row: each side's best time per call and their ratio (the figure the targets are read
 // against), then the device times (graph replays, "-" where the calls could not be captured) and
 // the isolated-call times.
@@ -210,9 +237,9 @@ static void print_row(const char * name, const char * shape, struct timing bie, 
     if (g_json) {
         printf("{\"case\": \"%s %s\", \"backend\": \"cuda\", \"threads\": 0, \"bie_ms\": %.6f, \"baseline\": \"%s\", "
                "\"baseline_ms\": %.6f, \"speedup\": %.4f, \"gops\": %.1f, \"bie_graph_ms\": %.6f, "
-               "\"baseline_graph_ms\": %.6f, \"bie_call_ms\": %.6f, \"baseline_call_ms\": %.6f}\n",
+               "\"baseline_graph_ms\": %.6f, \"bie_call_ms\": %.6f, \"baseline_call_ms\": %.6f, %s}\n",
                name, shape, ms, base_name, base_ms, ratio, ops / (ms * 1e-3) / 1e9, bie.ms, base.ms, bie.call_ms,
-               base.call_ms);
+               base.call_ms, json_run_info());
         fflush(stdout);
         return;
     }
@@ -666,9 +693,10 @@ int bie_bench_cuda_main(int argc, char ** argv) {
     }
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("bench cuda: %s, %d SMs, L2 %d MB; medians of CUDA-event timings per call, graph replays and "
-           "isolated calls; each side's lower median; ratio = baseline / bie\n",
-           prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    if (!g_json) // (--json: only the rows, each naming the device)
+        printf("bench cuda: %s, %d SMs, L2 %d MB; medians of CUDA-event timings per call, graph replays and "
+               "isolated calls; each side's lower median; ratio = baseline / bie\n",
+               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     CK(cudaStreamCreate(&g_stream));
     CB(cublasCreate(&g_blas));
     CB(cublasSetStream(g_blas, g_stream));
@@ -759,6 +787,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
             print_row(names[i], shape_s, t, "cublas-fp16x3", base, 6.0 * M * N * K);
         }
     }
+    if (want_row("plan-host", "plan-host", "")) bench_cuda_host_rows(ctx, g_json);
     op_matmul_rows(ctx, 8, 4096, 4096, 4096);
     op_matmul_rows(ctx, 384, 128, 128, 64); // attention scores: 32 x 12 heads, 128 tokens, 64 per head
     op_embedding_row(ctx, 50257, 1024, 65536);

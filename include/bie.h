@@ -311,6 +311,45 @@ BIE_API enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * de
                                                int64_t w, int64_t * out_h, int64_t * out_w);
 
 //
+// Planned layer calls
+//
+// A plan is made once per layer, shape, dtype, layout and device: it validates the call as the
+// entry points above do, chooses the backend and its route, and sizes the workspace (a CUDA plan
+// grows its context's device workspace to it, so that executions never allocate). Executing it
+// takes arguments that differ from the planned ones only in their data pointers and the values of
+// host scales: the views are compared with the plan's (INVALID_ARGUMENT names the first that
+// differs), and the call goes straight to the planned route. A plan holds no context state: any
+// context of the same device may execute it, from any thread (one context per thread, as always).
+// A data pointer whose alignment (address mod 16) differs from the planned one is accepted and
+// takes the full entry point, which chooses its route again.
+
+typedef struct bie_plan bie_plan_t;
+
+// Plans a call with the arguments of a representative call (their data is not read).
+BIE_API enum bie_status bie_plan_linear_forward(bie_context_t * ctx, const struct bie_linear_desc * desc,
+                                                const struct bie_forward_args * args, bie_plan_t ** out);
+BIE_API enum bie_status bie_plan_conv2d_forward(bie_context_t * ctx, const struct bie_conv2d_desc * desc,
+                                                const struct bie_forward_args * args, bie_plan_t ** out);
+BIE_API enum bie_status bie_plan_linear_backward(bie_context_t * ctx, const struct bie_linear_desc * desc,
+                                                 const struct bie_backward_args * args, bie_plan_t ** out);
+BIE_API enum bie_status bie_plan_conv2d_backward(bie_context_t * ctx, const struct bie_conv2d_desc * desc,
+                                                 const struct bie_backward_args * args, bie_plan_t ** out);
+
+// Executes a forward (backward) plan: the same result as the planned entry point on these args.
+BIE_API enum bie_status bie_plan_forward(bie_context_t * ctx, const bie_plan_t * plan,
+                                         const struct bie_forward_args * args);
+BIE_API enum bie_status bie_plan_backward(bie_context_t * ctx, const bie_plan_t * plan,
+                                          const struct bie_backward_args * args);
+
+// The plan in words: the layer, each tensor (dtype, shape, strides, device), the backend and its
+// route, and the workspace. Valid until the plan is destroyed; never NULL.
+BIE_API const char * bie_plan_describe(const bie_plan_t * plan);
+// Bytes of workspace the plan's executions take on its device.
+BIE_API size_t bie_plan_workspace_size(const bie_plan_t * plan);
+// Frees the plan. NULL is accepted.
+BIE_API void bie_plan_destroy(bie_plan_t * plan);
+
+//
 // Packing and quantization utilities (any device the context's build supports)
 //
 

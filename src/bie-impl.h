@@ -103,6 +103,13 @@ struct bie_geometry {
     enum bie_pad_value pad_value;
 };
 
+// What a backend reports of a call it is asked to plan (bie_layer_call.plan set): it chooses its
+// route, sizes its workspace and describes both, without running anything.
+struct bie_plan_info {
+    size_t workspace;     // device (CUDA) or host bytes the calls will take
+    char route[512];      // the backend and its route, in words
+};
+
 struct bie_layer_call {
     enum bie_quant quant;
     bool is_conv;
@@ -118,7 +125,18 @@ struct bie_layer_call {
     float scale_a, scale_w;
     enum bie_device_type device_type;
     int32_t device_index;
+    struct bie_plan_info * plan; // non-NULL: plan the call (fill *plan), run nothing
 };
+
+// src/ops/layer.c: a layer call validated and normalised (as the public entry points do), and run
+// on its backend; shared with the plans (src/ops/plan.c).
+enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                                          const struct bie_conv2d_desc * conv, const struct bie_forward_args * a,
+                                          struct bie_layer_call * c);
+enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                                           const struct bie_conv2d_desc * conv, const struct bie_backward_args * a,
+                                           struct bie_layer_call * c);
+enum bie_status bie_layer_run(bie_context_t * ctx, const struct bie_layer_call * c, bool backward);
 
 // Quantization range of an n-bit layer: lo, hi (hi is also the LSQ factor's Qp).
 static inline int bie_quant_lo(enum bie_quant q) { return q == BIE_QUANT_INT4 ? -8 : -128; }

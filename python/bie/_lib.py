@@ -195,6 +195,19 @@ def _declare(lib):
         "bie_activation_scale_init": (c_int, [c_void_p, c_int, c_int, _TP, _TP]),
         "bie_weight_scale_init": (c_int, [c_void_p, c_int, _TP, _TP]),
         "bie_weight_to_latent_int8": (c_int, [c_void_p, _TP, _TP]),
+        "bie_plan_linear_forward": (c_int, [c_void_p, ctypes.POINTER(LinearDesc), ctypes.POINTER(ForwardArgs),
+                                            ctypes.POINTER(c_void_p)]),
+        "bie_plan_conv2d_forward": (c_int, [c_void_p, ctypes.POINTER(Conv2dDesc), ctypes.POINTER(ForwardArgs),
+                                            ctypes.POINTER(c_void_p)]),
+        "bie_plan_linear_backward": (c_int, [c_void_p, ctypes.POINTER(LinearDesc), ctypes.POINTER(BackwardArgs),
+                                             ctypes.POINTER(c_void_p)]),
+        "bie_plan_conv2d_backward": (c_int, [c_void_p, ctypes.POINTER(Conv2dDesc), ctypes.POINTER(BackwardArgs),
+                                             ctypes.POINTER(c_void_p)]),
+        "bie_plan_forward": (c_int, [c_void_p, c_void_p, ctypes.POINTER(ForwardArgs)]),
+        "bie_plan_backward": (c_int, [c_void_p, c_void_p, ctypes.POINTER(BackwardArgs)]),
+        "bie_plan_describe": (c_char_p, [c_void_p]),
+        "bie_plan_workspace_size": (ctypes.c_size_t, [c_void_p]),
+        "bie_plan_destroy": (None, [c_void_p]),
         "bie_matmul_forward": (c_int, [c_void_p, ctypes.POINTER(MatmulDesc), ctypes.POINTER(MatmulArgs)]),
         "bie_matmul_backward": (c_int, [c_void_p, ctypes.POINTER(MatmulDesc), ctypes.POINTER(MatmulBackwardArgs)]),
         "bie_embedding_forward": (c_int, [c_void_p, ctypes.POINTER(EmbeddingDesc), ctypes.POINTER(EmbeddingArgs)]),
@@ -301,6 +314,15 @@ class _Context:
 
     def call(self, function, *args):
         self.check(function, getattr(self.lib, function)(self.handle, *args))
+
+
+def bind_stream(ctx, device):
+    """Points this thread's context at the current CUDA stream of `device` (no synchronisation)."""
+    import torch
+    stream = torch.cuda.current_stream(device).cuda_stream
+    if ctx.stream != stream:
+        ctx.call("bie_context_set_cuda_stream", ctypes.c_void_p(stream))
+        ctx.stream = stream
 
 
 _tls = threading.local()

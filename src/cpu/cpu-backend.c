@@ -6,6 +6,7 @@
 
 static enum bie_status forward(bie_context_t * ctx, const struct bie_layer_call * call) {
     if (call->device_type != BIE_DEVICE_CPU || !call->scales_on_host) return BIE_DECLINED;
+    if (call->plan) return bie_cpu_plan(ctx, call);
     if (call->quant == BIE_QUANT_BINARY) return bie_cpu_binary_forward(ctx, call);
     return bie_cpu_nbit_forward(ctx, call);
 }

@@ -3,6 +3,8 @@
 // driver shared by the binary and n-bit operators.
 #include "cpu/cpu-impl.h"
 
+#include <stdio.h>
+
 #include <omp.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -123,4 +125,11 @@ void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool
         }
         job->finish(job->finish_ctx, m0, mc, n0, nc, acc, ldacc);
     }
+}
+
+enum bie_status bie_cpu_plan(bie_context_t * ctx, const struct bie_layer_call * call) {
+    call->plan->workspace = 0;
+    snprintf(call->plan->route, sizeof call->plan->route, "cpu, %s kernels, %d threads", bie_cpu_isa_name(ctx->isa),
+             cpu_threads(ctx));
+    return BIE_STATUS_OK;
 }

@@ -205,6 +205,9 @@ static inline int cpu_quantize1(float v, float scale, int lo, int hi) {
 
 // Threads for a context: params.num_threads, or OpenMP's default when <= 0.
 int cpu_threads(const bie_context_t * ctx);
+// A planned call on the CPU backend (call->plan): its ISA level and threads, in words; the host
+// workspace is sized when the call runs.
+enum bie_status bie_cpu_plan(bie_context_t * ctx, const struct bie_layer_call * call);
 
 static inline size_t cpu_round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 

@@ -28,6 +28,7 @@ int bie_cuda_device_count(void) {
 void bie_cuda_state_destroy(struct bie_cuda_state * state) {
     if (!state) return;
     if (state->cublas) cublasDestroy(state->cublas);
+    bie_cudnn_state_destroy(state->cudnn);
     if (state->workspace) cudaFree(state->workspace);
     if (state->aux) cudaFree(state->aux);
     free(state);
@@ -63,6 +64,8 @@ int bie_cuda_cc(bie_context_t * ctx) {
         st->cc = major * 10 + minor;
         const char * force = getenv("BIE_CUDA_GEMM");
         st->force_mma = force && strcmp(force, "mma") == 0;
+        const char * bwd = getenv("BIE_CUDA_CONV_BACKWARD");
+        st->force_gemm_backward = bwd && strcmp(bwd, "gemm") == 0;
     }
     return st->cc;
 }
@@ -182,9 +185,15 @@ enum bie_status bie_context_set_cuda_stream(bie_context_t * ctx, void * stream) 
     bie_clear_error(ctx);
     BIE_TRY(ensure_state(ctx));
     // The workspace is ordered by the stream: before other work may reuse it, what the old stream
-    // still has queued must be done.
-    if (ctx->cuda->workspace && (cudaStream_t)stream != ctx->cuda->stream)
-        CU_TRY(ctx, cudaStreamSynchronize(ctx->cuda->stream), "cudaStreamSynchronize (old stream)");
+    // still has queued must be done. A stream being captured into a CUDA graph runs nothing now
+    // (and a synchronisation would end its capture): the graph's replays are the caller's to order.
+    cudaStreamCaptureStatus to = cudaStreamCaptureStatusNone, from = cudaStreamCaptureStatusNone;
+    if (ctx->cuda->workspace && (cudaStream_t)stream != ctx->cuda->stream) {
+        CU_TRY(ctx, cudaStreamIsCapturing((cudaStream_t)stream, &to), "cudaStreamIsCapturing");
+        CU_TRY(ctx, cudaStreamIsCapturing(ctx->cuda->stream, &from), "cudaStreamIsCapturing");
+        if (to == cudaStreamCaptureStatusNone && from == cudaStreamCaptureStatusNone)
+            CU_TRY(ctx, cudaStreamSynchronize(ctx->cuda->stream), "cudaStreamSynchronize (old stream)");
+    }
     ctx->cuda->stream = (cudaStream_t)stream;
     return BIE_STATUS_OK;
 }
