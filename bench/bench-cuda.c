@@ -574,12 +574,9 @@ static int want_row(const char * group, const char * name, const char * shape) {
     return (!g_case || strstr(group, g_case) || strstr(name, g_case)) && (!g_shape || strstr(shape, g_shape));
 }
 
-// --- batched matmul of two activations and embedding lookup ---------------------------------------
-// binary-matmul: bie_matmul_forward of f16 x [B, M, K] and y [B, N, K] to f16 against cuBLAS's fp16
-// strided-batched GEMM of the same halves; embedding: a lookup of L rows of a packed table [V, D]
-// into f16 against a device copy of the output's bytes (memory speed: the copy reads and writes
-// them, the lookup writes them and reads 1/16 as much; its "TOPS" column is TB/s written).
-
+// --- binary-matmul: bie_matmul_forward, f16 x [B, M, K], y [B, N, K] -> f16, against cuBLAS's fp16
+// strided-batched GEMM; embedding: L rows of a packed table [V, D] into f16 against a device copy
+// of the output's bytes (which reads and writes them; the lookup's "TOPS" column is TB/s written).
 struct op_state {
     bie_context_t * ctx;
     int64_t B, M, N, K;
