@@ -69,6 +69,7 @@ enum bie_dtype {
     BIE_DTYPE_B1 = 6,   // packed bits, 1 <-> +1, 0 <-> -1, LSB first
     BIE_DTYPE_S4 = 7,   // packed 4-bit two's complement, even element in the high nibble
     BIE_DTYPE_F64 = 8,
+    BIE_DTYPE_I64 = 9,  // indices (bie_embedding_*) only
 };
 
 // Static name of a dtype ("f32", "b1", ...); "?" for an unknown value.
@@ -624,6 +625,116 @@ BIE_API enum bie_status bie_model_load(bie_context_t * ctx, const char * path, b
 // The same from a parsed file.
 BIE_API enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safetensors_t * st,
                                                    bie_model_t ** out);
+
+//
+// Batched matmul of two activations, and embeddings with packed tables (Bitorch Engine's
+// BinaryMatMul, Q4MatMul and Q8MatMul; BinaryEmbeddingCuda and BinaryEmbeddingBag; n-bit tables)
+//
+
+// Batched matmul of two activations, as Bitorch Engine's *MatMul modules define it:
+//   x [..., M, K], y [..., N, K] (the same leading dims, flattened into B batches; at least 2
+//   dims each), out [..., M, N]:
+//   a = codes of x under x_clip, b = codes of y under y_clip (the layers' activation codes:
+//       binary sign(v) (sign(0) = +1, NaN -> -1); n-bit clamp(rne(v/clip), lo, hi))
+//   acc[.., m, n] = sum_k a[.., m, k] * b[.., n, k]     (exact, int32)
+//   out = (float)acc * (x_clip * y_clip), rounded to out's dtype; I32 out: acc
+// i.e. torch.matmul(x, y.transpose(-1, -2)) of the quantized operands. A y held as [..., K, N]
+// is passed as its transposed view (strides swapped). x and y are f32, f16 or bf16 of any
+// strides whose leading dims flatten into one batch dimension; x_clip and y_clip are scalars as
+// the layers' scale_a (host or device).
+struct bie_matmul_desc {
+    enum bie_quant quant;
+};
+
+struct bie_matmul_args {
+    const struct bie_tensor * x;
+    const struct bie_tensor * y;
+    const struct bie_tensor * x_clip;
+    const struct bie_tensor * y_clip;
+    struct bie_tensor * out;
+};
+
+// Backward (the layers' straight-through estimator applied to each operand; g = grad_out;
+// each output optional, overwritten; sums in double in the reference):
+//   gx = y_clip * g @ b,   gy = x_clip * g^T @ a          (per batch)
+//   binary: grad_x = gx * 1{|x/x_clip| <= 1}, grad_x_clip = sum(grad_x * a) / sqrt(numel(x))
+//   n-bit : r = x/x_clip, mid = 1{lo <= r <= hi}, grad_x = gx * mid,
+//           grad_x_clip = sum(gx * (lo*1{r<lo} + hi*1{r>hi} + mid*(rne(r) - r))) / sqrt(numel(x)*hi)
+//   and the same for y with gy, y_clip and b. numel counts all batches.
+struct bie_matmul_backward_args {
+    const struct bie_tensor * x;
+    const struct bie_tensor * y;
+    const struct bie_tensor * x_clip;
+    const struct bie_tensor * y_clip;
+    const struct bie_tensor * grad_out;
+    struct bie_tensor * grad_x;      // like x (float)
+    struct bie_tensor * grad_y;      // like y (float)
+    struct bie_tensor * grad_x_clip; // scalar float
+    struct bie_tensor * grad_y_clip; // scalar float
+};
+
+BIE_API enum bie_status bie_matmul_forward(bie_context_t * ctx, const struct bie_matmul_desc * desc,
+                                           const struct bie_matmul_args * args);
+BIE_API enum bie_status bie_matmul_backward(bie_context_t * ctx, const struct bie_matmul_desc * desc,
+                                            const struct bie_matmul_backward_args * args);
+
+// Embedding lookup from a table of V rows of D codes (docs/formats.md: the same row formats as
+// the layers' weights):
+//   table  [V, D]: B1 bits (binary), S4 nibbles (4-bit), I8 (8-bit codes, clamped; binary: an
+//          int8 latent table, its sign), or float (quantized on the fly: binary sign, n-bit
+//          clamp(rne(v / scale[r]), lo, hi))
+//   scale  [V] float per-row scales, or NULL (all 1; a float n-bit table needs them); any value
+//          (a zero scale gives a zero row, as a padding row has)
+//   value(r, d) = scale[r] * code(table[r, d])
+// and for each index i of indices [...] (I32 or I64, each in [0, V)):
+//   bag == 0: out[..., d] = value(indices[...], d)                         out [..., D]
+//   bag != 0: out[..., d] = sum over the last index dimension l of value(indices[..., l], d)
+//             (Bitorch Engine's BinaryEmbeddingBag votes with the sign of this sum)  out [..., D]
+// out is f32, f16 or bf16, the value (or the bag's sum, in f32 in index order) rounded once. An
+// index outside [0, V) is INVALID_ARGUMENT on the CPU; on CUDA (which does not read the indices
+// on the host) its row reads as zeros.
+struct bie_embedding_desc {
+    enum bie_quant quant;
+    int32_t bag;
+};
+
+struct bie_embedding_args {
+    const struct bie_tensor * indices;
+    const struct bie_tensor * table;
+    const struct bie_tensor * scale;
+    struct bie_tensor * out;
+};
+
+// Backward, sparse: the gradient of the rows the indices read, one row per distinct index.
+//   slot[i] = inverse[i] (inverse: like indices, I32 or I64, in [0, U)), or indices[i] when
+//   inverse is NULL (then U = V: a dense gradient)
+//   grad_rows[u, d] = sum over lookups i with slot[i] = u of grad_out[i', d] * s[i]
+// with i' = i without its last index (bag) or i itself, and s[i] = scale[indices[i]] (scale NULL:
+// 1): the straight-through gradient of value(r, d) with respect to a latent table entry (binary:
+// scale * sign(W) ~ scale * W; n-bit: pass scale NULL, scale * clamp(rne(W/scale)) ~ W).
+// grad_rows [U, D] float is overwritten (rows no lookup reaches become 0). The CPU sums in index
+// order; CUDA adds with float atomics (any order).
+struct bie_embedding_backward_args {
+    const struct bie_tensor * indices;
+    const struct bie_tensor * inverse;
+    const struct bie_tensor * scale;
+    const struct bie_tensor * grad_out;
+    struct bie_tensor * grad_rows;
+};
+
+BIE_API enum bie_status bie_embedding_forward(bie_context_t * ctx, const struct bie_embedding_desc * desc,
+                                              const struct bie_embedding_args * args);
+BIE_API enum bie_status bie_embedding_backward(bie_context_t * ctx, const struct bie_embedding_desc * desc,
+                                               const struct bie_embedding_backward_args * args);
+
+//
+// ABI layout of the public structs, for bindings that declare them by hand (Python's ctypes)
+//
+
+// *offset and *size of field `field` of struct `name` (without "struct "), e.g.
+// ("bie_tensor", "shape"); field NULL gives sizeof the struct (*offset = 0). Every struct of this
+// header that the API passes by pointer is listed. INVALID_ARGUMENT for an unknown name.
+BIE_API enum bie_status bie_abi_layout(const char * name, const char * field, int64_t * offset, int64_t * size);
 
 #ifdef __cplusplus
 }
