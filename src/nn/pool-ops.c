@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+// pool-ops.c: max, average and adaptive average pooling of the graph model, forward and backward
+// (the math is in graph-ops.h). Threads split the (image, channel) planes; a plane is computed by
+// one thread in a fixed order, so results do not depend on the thread count.
+#include "nn/graph-ops.h"
+
+#include <math.h>
+#include <string.h>
+
+void nn_pool_geometry(struct nn_pool * g) {
+    g->oh = (g->h + 2 * (int64_t)g->p - g->k) / g->s + 1;
+    g->ow = (g->w + 2 * (int64_t)g->p - g->k) / g->s + 1;
+}
+
+// The window of output index o along an axis of size len: image taps [lo, hi).
+static inline void window(int64_t o, int64_t len, const struct nn_pool * g, int64_t * lo, int64_t * hi) {
+    const int64_t start = o * g->s - g->p;
+    *lo = start < 0 ? 0 : start;
+    *hi = start + g->k < len ? start + g->k : len;
+}
+
+void nn_maxpool_forward(const struct nn_pool * g, const float * x, float * y, int32_t * argmax) {
+    const int64_t planes = g->n * g->c, hw = g->h * g->w, ohw = g->oh * g->ow;
+#pragma omp parallel for schedule(static) if (planes * ohw * g->k * g->k >= NN_PAR_MIN)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        const float * xp = x + pl * hw;
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+            int64_t y0, y1;
+            window(oy, g->h, g, &y0, &y1);
+            for (int64_t ox = 0; ox < g->ow; ox++) {
+                int64_t x0, x1;
+                window(ox, g->w, g, &x0, &x1);
+                int64_t best = y0 * g->w + x0;
+                float bv = xp[best];
+                for (int64_t iy = y0; iy < y1; iy++)
+                    for (int64_t ix = x0; ix < x1; ix++) {
+                        const float v = xp[iy * g->w + ix];
+                        if (v > bv || (isnan(v) && !isnan(bv))) {
+                            bv = v;
+                            best = iy * g->w + ix;
+                        }
+                    }
+                const int64_t o = pl * ohw + oy * g->ow + ox;
+                y[o] = bv;
+                if (argmax) argmax[o] = (int32_t)best;
+            }
+        }
+    }
+}
+
+void nn_maxpool_backward(const struct nn_pool * g, const float * grad_y, const int32_t * argmax, float * grad_x) {
+    const int64_t planes = g->n * g->c, hw = g->h * g->w, ohw = g->oh * g->ow;
+#pragma omp parallel for schedule(static) if (planes * (hw + ohw) >= NN_PAR_MIN)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        float * gx = grad_x + pl * hw;
+        memset(gx, 0, sizeof(float) * (size_t)hw);
+        for (int64_t o = pl * ohw; o < (pl + 1) * ohw; o++) gx[argmax[o]] += grad_y[o];
+    }
+}
+
+void nn_avgpool_forward(const struct nn_pool * g, const float * x, float * y) {
+    const int64_t planes = g->n * g->c, hw = g->h * g->w, ohw = g->oh * g->ow;
+    const double div = (double)g->k * g->k;
+#pragma omp parallel for schedule(static) if (planes * ohw * g->k * g->k >= NN_PAR_MIN)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        const float * xp = x + pl * hw;
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+            int64_t y0, y1;
+            window(oy, g->h, g, &y0, &y1);
+            for (int64_t ox = 0; ox < g->ow; ox++) {
+                int64_t x0, x1;
+                window(ox, g->w, g, &x0, &x1);
+                double sum = 0;
+                for (int64_t iy = y0; iy < y1; iy++)
+                    for (int64_t ix = x0; ix < x1; ix++) sum += xp[iy * g->w + ix];
+                y[pl * ohw + oy * g->ow + ox] = (float)(sum / div);
+            }
+        }
+    }
+}
+
+void nn_avgpool_backward(const struct nn_pool * g, const float * grad_y, float * grad_x) {
+    const int64_t planes = g->n * g->c, hw = g->h * g->w, ohw = g->oh * g->ow;
+    const float inv = 1.0f / ((float)g->k * (float)g->k);
+#pragma omp parallel for schedule(static) if (planes * (hw + ohw * g->k * g->k) >= NN_PAR_MIN)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        float * gx = grad_x + pl * hw;
+        memset(gx, 0, sizeof(float) * (size_t)hw);
+        for (int64_t oy = 0; oy < g->oh; oy++) {
+            int64_t y0, y1;
+            window(oy, g->h, g, &y0, &y1);
+            for (int64_t ox = 0; ox < g->ow; ox++) {
+                int64_t x0, x1;
+                window(ox, g->w, g, &x0, &x1);
+                const float v = grad_y[pl * ohw + oy * g->ow + ox] * inv;
+                for (int64_t iy = y0; iy < y1; iy++)
+                    for (int64_t ix = x0; ix < x1; ix++) gx[iy * g->w + ix] += v;
+            }
+        }
+    }
+}
+
+// Adaptive window of output o over an axis of len inputs and out outputs: [lo, hi).
+static inline void adaptive_window(int64_t o, int64_t len, int64_t out, int64_t * lo, int64_t * hi) {
+    *lo = (o * len) / out;
+    *hi = ((o + 1) * len + out - 1) / out;
+}
+
+void nn_adaptive_avgpool_forward(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                                 const float * x, float * y) {
+    const int64_t planes = n * c;
+#pragma omp parallel for schedule(static) if (planes * h * w >= NN_PAR_MIN)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        const float * xp = x + pl * h * w;
+        for (int64_t oy = 0; oy < oh; oy++) {
+            int64_t y0, y1;
+            adaptive_window(oy, h, oh, &y0, &y1);
+            for (int64_t ox = 0; ox < ow; ox++) {
+                int64_t x0, x1;
+                adaptive_window(ox, w, ow, &x0, &x1);
+                double sum = 0;
+                for (int64_t iy = y0; iy < y1; iy++)
+                    for (int64_t ix = x0; ix < x1; ix++) sum += xp[iy * w + ix];
+                y[(pl * oh + oy) * ow + ox] = (float)(sum / (double)((y1 - y0) * (x1 - x0)));
+            }
+        }
+    }
+}
+
+void nn_adaptive_avgpool_backward(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow,
+                                  const float * grad_y, float * grad_x) {
+    const int64_t planes = n * c;
+#pragma omp parallel for schedule(static) if (planes * h * w >= NN_PAR_MIN)
+    for (int64_t pl = 0; pl < planes; pl++) {
+        float * gx = grad_x + pl * h * w;
+        memset(gx, 0, sizeof(float) * (size_t)(h * w));
+        for (int64_t oy = 0; oy < oh; oy++) {
+            int64_t y0, y1;
+            adaptive_window(oy, h, oh, &y0, &y1);
+            for (int64_t ox = 0; ox < ow; ox++) {
+                int64_t x0, x1;
+                adaptive_window(ox, w, ow, &x0, &x1);
+                const float v = grad_y[(pl * oh + oy) * ow + ox] / (float)((y1 - y0) * (x1 - x0));
+                for (int64_t iy = y0; iy < y1; iy++)
+                    for (int64_t ix = x0; ix < x1; ix++) gx[iy * w + ix] += v;
+            }
+        }
+    }
+}
