@@ -120,6 +120,17 @@ struct bie_layer_call {
     int32_t device_index;
 };
 
+// Planned layer calls (src/ops/layer.c): bie_layer_plan_forward validates and normalises a
+// forward call as bie_linear_forward / bie_conv2d_forward do (lin or conv is non-NULL), without
+// running it; bie_layer_run_forward then runs it any number of times without validating again.
+// Between runs the caller may change only the data pointers of call->x and call->y (to buffers
+// of the planned shapes, strides, dtypes and device) and the scale values it planned with (to
+// values that are finite and > 0, with the scale tensors holding the same values).
+enum bie_status bie_layer_plan_forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                                       const struct bie_conv2d_desc * conv, const struct bie_forward_args * args,
+                                       struct bie_layer_call * call);
+enum bie_status bie_layer_run_forward(bie_context_t * ctx, const struct bie_layer_call * call);
+
 // Quantization range of an n-bit layer: lo, hi (hi is also the LSQ factor's Qp).
 static inline int bie_quant_lo(enum bie_quant q) { return q == BIE_QUANT_INT4 ? -8 : -128; }
 static inline int bie_quant_hi(enum bie_quant q) { return q == BIE_QUANT_INT4 ? 7 : 127; }

@@ -278,21 +278,32 @@ static enum bie_status dispatch(bie_context_t * ctx, const struct job * j) {
     return s;
 }
 
-static enum bie_status forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
-                               const struct bie_conv2d_desc * conv, const struct bie_forward_args * a) {
+enum bie_status bie_layer_plan_forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                                       const struct bie_conv2d_desc * conv, const struct bie_forward_args * a,
+                                       struct bie_layer_call * c) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     bie_clear_error(ctx);
     if (!(lin || conv)) BIE_FAIL("desc: is NULL");
     if (!a) BIE_FAIL("args: is NULL");
-    struct bie_layer_call c;
-    BIE_TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, &c));
-    BIE_TRY(out_view(ctx, &c, "y", a->y, a->x, &c.y, true));
+    BIE_TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, c));
+    BIE_TRY(out_view(ctx, c, "y", a->y, a->x, &c->y, true));
     const enum bie_dtype yd = a->y->dtype;
-    if (!(bie_dtype_is_float(yd) || yd == BIE_DTYPE_I32 || (yd == BIE_DTYPE_B1 && c.quant == BIE_QUANT_BINARY)))
+    if (!(bie_dtype_is_float(yd) || yd == BIE_DTYPE_I32 || (yd == BIE_DTYPE_B1 && c->quant == BIE_QUANT_BINARY)))
         BIE_FAIL("y: dtype %s is not supported (f32, f16, bf16, i32%s)", bie_dtype_name(yd),
-             c.quant == BIE_QUANT_BINARY ? " or b1" : "");
-    const struct job j = {JOB_FORWARD, &c, NULL, NULL};
+             c->quant == BIE_QUANT_BINARY ? " or b1" : "");
+    return BIE_STATUS_OK;
+}
+
+enum bie_status bie_layer_run_forward(bie_context_t * ctx, const struct bie_layer_call * c) {
+    const struct job j = {JOB_FORWARD, c, NULL, NULL};
     return dispatch(ctx, &j);
+}
+
+static enum bie_status forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                               const struct bie_conv2d_desc * conv, const struct bie_forward_args * a) {
+    struct bie_layer_call c;
+    BIE_TRY(bie_layer_plan_forward(ctx, lin, conv, a, &c));
+    return bie_layer_run_forward(ctx, &c);
 }
 
 // Checks a gradient output: a well-formed, dense-enough float tensor on the call's device.
