@@ -47,38 +47,34 @@ static inline float dact1(enum nn_act act, float v) {
 }
 
 void nn_act_forward(enum nn_act act, int64_t count, const float * x, float * y) {
-#pragma omp parallel for schedule(static) if (count >= NN_PAR_MIN)
-    for (int64_t i = 0; i < count; i++) y[i] = act1(act, x[i]);
+    NN_PARALLEL_FOR(count, i, count, { y[i] = act1(act, x[i]); });
 }
 
 void nn_act_backward(enum nn_act act, int64_t count, const float * x, const float * grad_y, float * grad_x) {
-#pragma omp parallel for schedule(static) if (count >= NN_PAR_MIN)
-    for (int64_t i = 0; i < count; i++) grad_x[i] = grad_y[i] * dact1(act, x[i]);
+    NN_PARALLEL_FOR(count, i, count, { grad_x[i] = grad_y[i] * dact1(act, x[i]); });
 }
 
 void nn_prelu_forward(int64_t n, int64_t c, int64_t hw, const float * slope, int64_t n_slope, const float * x,
                       float * y) {
     const int64_t planes = n * c;
-#pragma omp parallel for schedule(static) if (planes * hw >= NN_PAR_MIN)
-    for (int64_t pl = 0; pl < planes; pl++) {
+    NN_PARALLEL_FOR(planes * hw, pl, planes, {
         const float a = slope[n_slope == 1 ? 0 : pl % c];
         const float * xp = x + pl * hw;
         float * yp = y + pl * hw;
         for (int64_t p = 0; p < hw; p++) yp[p] = xp[p] > 0 ? xp[p] : a * xp[p];
-    }
+    });
 }
 
 void nn_prelu_backward(int64_t n, int64_t c, int64_t hw, const float * slope, int64_t n_slope, const float * x,
                        const float * grad_y, float * grad_x, float * grad_slope) {
     if (grad_x) {
         const int64_t planes = n * c;
-#pragma omp parallel for schedule(static) if (planes * hw >= NN_PAR_MIN)
-        for (int64_t pl = 0; pl < planes; pl++) {
+        NN_PARALLEL_FOR(planes * hw, pl, planes, {
             const float a = slope[n_slope == 1 ? 0 : pl % c];
             const float * xp = x + pl * hw, * gp = grad_y + pl * hw;
             float * gx = grad_x + pl * hw;
             for (int64_t p = 0; p < hw; p++) gx[p] = xp[p] > 0 ? gp[p] : a * gp[p];
-        }
+        });
     }
     if (n_slope == 1) { // one sum, in a fixed order
         double s = 0;
@@ -87,8 +83,7 @@ void nn_prelu_backward(int64_t n, int64_t c, int64_t hw, const float * slope, in
         grad_slope[0] = (float)s;
         return;
     }
-#pragma omp parallel for schedule(static) if (n * c * hw >= NN_PAR_MIN)
-    for (int64_t j = 0; j < c; j++) {
+    NN_PARALLEL_FOR(n * c * hw, j, c, {
         double s = 0;
         for (int64_t i = 0; i < n; i++) {
             const float * xp = x + (i * c + j) * hw, * gp = grad_y + (i * c + j) * hw;
@@ -96,29 +91,26 @@ void nn_prelu_backward(int64_t n, int64_t c, int64_t hw, const float * slope, in
                 if (!(xp[p] > 0)) s += (double)gp[p] * xp[p];
         }
         grad_slope[j] = (float)s;
-    }
+    });
 }
 
 void nn_add(int64_t count, const float * a, const float * b, float * y) {
-#pragma omp parallel for schedule(static) if (count >= NN_PAR_MIN)
-    for (int64_t i = 0; i < count; i++) y[i] = a[i] + b[i];
+    NN_PARALLEL_FOR(count, i, count, { y[i] = a[i] + b[i]; });
 }
 
 void nn_accumulate(int64_t count, const float * x, float * y) {
-#pragma omp parallel for schedule(static) if (count >= NN_PAR_MIN)
-    for (int64_t i = 0; i < count; i++) y[i] += x[i];
+    NN_PARALLEL_FOR(count, i, count, { y[i] += x[i]; });
 }
 
 void nn_channel_affine(int64_t n, int64_t c, int64_t hw, const float * scale, const float * shift, const float * x,
                        float * y) {
     const int64_t planes = n * c;
-#pragma omp parallel for schedule(static) if (planes * hw >= NN_PAR_MIN)
-    for (int64_t pl = 0; pl < planes; pl++) {
+    NN_PARALLEL_FOR(planes * hw, pl, planes, {
         const float a = scale[pl % c], b = shift[pl % c];
         const float * xp = x + pl * hw;
         float * yp = y + pl * hw;
         for (int64_t p = 0; p < hw; p++) yp[p] = xp[p] * a + b;
-    }
+    });
 }
 
 void nn_batchnorm_affine(int64_t c, const float * gamma, const float * beta, const float * running_mean,

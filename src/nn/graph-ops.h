@@ -19,6 +19,20 @@
 // Work (elements touched) below which a call runs on the calling thread alone.
 #define NN_PAR_MIN 32768
 
+// for (int64_t i = 0; i < count; i++) { body }, split over the OpenMP threads when `work`
+// reaches NN_PAR_MIN, else on the calling thread without entering a parallel region at all
+// (libgomp allocates a team even for an if(0) region, and waking threads costs microseconds).
+#define NN_PARALLEL_FOR(work, i, count, ...)                                                       \
+    do {                                                                                           \
+        const int64_t nn_count_ = (count);                                                         \
+        if ((work) >= NN_PAR_MIN) {                                                                \
+            _Pragma("omp parallel for schedule(static)") for (int64_t i = 0; i < nn_count_; i++)  \
+                __VA_ARGS__                                                                        \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < nn_count_; i++) __VA_ARGS__                                    \
+        }                                                                                          \
+    } while (0)
+
 // --- pooling --------------------------------------------------------------------------------------
 
 // A pooling window over x [n, c, h, w]: a k x k window moved by stride s over the input padded by

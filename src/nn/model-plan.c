@@ -291,8 +291,7 @@ static enum bie_status run_step(bie_context_t * ctx, const struct model_plan * m
                               y, rest);
         const float scale = L->scale_a.v[0] * L->scale_w;
         const int64_t total = n * shape_numel(L->out);
-#pragma omp parallel for schedule(static) if (total >= NN_PAR_MIN)
-        for (int64_t i = 0; i < total; i++) y[i] *= scale;
+    NN_PARALLEL_FOR(total, i, total, { y[i] *= scale; });
         bie_model_add_output_bias(L, n, y);
         break;
     }

@@ -156,13 +156,12 @@ static enum bie_status qlayer_backward(bie_context_t * ctx, struct layer * L, in
     TRY(conv ? bie_conv2d_backward(ctx, &v.cd, &a) : bie_linear_backward(ctx, &v.ld, &a));
     if (L->has_bias) { // grad_bias[o] = sum over samples and pixels of grad_y[i, o, p]
         const int64_t P = L->out[1] * L->out[2];
-#pragma omp parallel for schedule(static) if (n * L->O * P >= NN_PAR_MIN)
-        for (int64_t o = 0; o < L->O; o++) {
+        NN_PARALLEL_FOR(n * L->O * P, o, L->O, {
             double s = 0;
             for (int64_t i = 0; i < n; i++)
                 for (int64_t p = 0; p < P; p++) s += gy[(i * L->O + o) * P + p];
             L->b.g[o] = (float)s;
-        }
+        });
     }
     return BIE_STATUS_OK;
 }

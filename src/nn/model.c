@@ -336,11 +336,10 @@ void bie_model_quantize_input(const struct layer * L, int64_t n, const float * x
     const int lo = L->q == Q_Q4 ? -8 : -128, hi = L->q == Q_Q4 ? 7 : 127;
     // bias_a is per channel for a conv, per input feature (all of C*H*W) for a linear layer.
     const int64_t hw = L->kind == L_CONV ? L->in[1] * L->in[2] : 1, nc = L->C;
-#pragma omp parallel for schedule(static) if (n * in_n >= NN_PAR_MIN)
-    for (int64_t i = 0; i < n * in_n; i++) {
+    NN_PARALLEL_FOR(n * in_n, i, n * in_n, {
         const float xp = x[i] + L->bias_a.v[(i / hw) % nc];
         a[i] = L->q == Q_B1 ? (xp >= 0 ? 1.0f : -1.0f) : fminf(fmaxf(bie_rne(xp / sa), (float)lo), (float)hi);
-    }
+    });
 }
 
 size_t bie_model_fconv_scratch(const struct layer * L, int64_t n) {
@@ -350,11 +349,10 @@ size_t bie_model_fconv_scratch(const struct layer * L, int64_t n) {
 void bie_model_add_output_bias(const struct layer * L, int64_t n, float * y) {
     if (!L->has_bias) return;
     const int64_t P = L->out[1] * L->out[2];
-#pragma omp parallel for schedule(static) if (n * L->O * P >= NN_PAR_MIN)
-    for (int64_t r = 0; r < n * L->O; r++) {
+    NN_PARALLEL_FOR(n * L->O * P, r, n * L->O, {
         const float b = L->b.v[r % L->O];
         for (int64_t p = 0; p < P; p++) y[r * P + p] += b;
-    }
+    });
 }
 
 enum bie_status bie_model_init_scale_a(bie_context_t * ctx, struct layer * L, int64_t n, const float * x) {

@@ -21,8 +21,7 @@ static inline void window(int64_t o, int64_t len, const struct nn_pool * g, int6
 
 void nn_maxpool_forward(const struct nn_pool * g, const float * x, float * y, int32_t * argmax) {
     const int64_t planes = g->n * g->c, hw = g->h * g->w, ohw = g->oh * g->ow;
-#pragma omp parallel for schedule(static) if (planes * ohw * g->k * g->k >= NN_PAR_MIN)
-    for (int64_t pl = 0; pl < planes; pl++) {
+    NN_PARALLEL_FOR(planes * ohw * g->k * g->k, pl, planes, {
         const float * xp = x + pl * hw;
         for (int64_t oy = 0; oy < g->oh; oy++) {
             int64_t y0, y1;
@@ -45,24 +44,22 @@ void nn_maxpool_forward(const struct nn_pool * g, const float * x, float * y, in
                 if (argmax) argmax[o] = (int32_t)best;
             }
         }
-    }
+    });
 }
 
 void nn_maxpool_backward(const struct nn_pool * g, const float * grad_y, const int32_t * argmax, float * grad_x) {
     const int64_t planes = g->n * g->c, hw = g->h * g->w, ohw = g->oh * g->ow;
-#pragma omp parallel for schedule(static) if (planes * (hw + ohw) >= NN_PAR_MIN)
-    for (int64_t pl = 0; pl < planes; pl++) {
+    NN_PARALLEL_FOR(planes * (hw + ohw), pl, planes, {
         float * gx = grad_x + pl * hw;
         memset(gx, 0, sizeof(float) * (size_t)hw);
         for (int64_t o = pl * ohw; o < (pl + 1) * ohw; o++) gx[argmax[o]] += grad_y[o];
-    }
+    });
 }
 
 void nn_avgpool_forward(const struct nn_pool * g, const float * x, float * y) {
     const int64_t planes = g->n * g->c, hw = g->h * g->w, ohw = g->oh * g->ow;
     const double div = (double)g->k * g->k;
-#pragma omp parallel for schedule(static) if (planes * ohw * g->k * g->k >= NN_PAR_MIN)
-    for (int64_t pl = 0; pl < planes; pl++) {
+    NN_PARALLEL_FOR(planes * ohw * g->k * g->k, pl, planes, {
         const float * xp = x + pl * hw;
         for (int64_t oy = 0; oy < g->oh; oy++) {
             int64_t y0, y1;
@@ -76,14 +73,13 @@ void nn_avgpool_forward(const struct nn_pool * g, const float * x, float * y) {
                 y[pl * ohw + oy * g->ow + ox] = (float)(sum / div);
             }
         }
-    }
+    });
 }
 
 void nn_avgpool_backward(const struct nn_pool * g, const float * grad_y, float * grad_x) {
     const int64_t planes = g->n * g->c, hw = g->h * g->w, ohw = g->oh * g->ow;
     const float inv = 1.0f / ((float)g->k * (float)g->k);
-#pragma omp parallel for schedule(static) if (planes * (hw + ohw * g->k * g->k) >= NN_PAR_MIN)
-    for (int64_t pl = 0; pl < planes; pl++) {
+    NN_PARALLEL_FOR(planes * (hw + ohw * g->k * g->k), pl, planes, {
         float * gx = grad_x + pl * hw;
         memset(gx, 0, sizeof(float) * (size_t)hw);
         for (int64_t oy = 0; oy < g->oh; oy++) {
@@ -97,7 +93,7 @@ void nn_avgpool_backward(const struct nn_pool * g, const float * grad_y, float *
                     for (int64_t ix = x0; ix < x1; ix++) gx[iy * g->w + ix] += v;
             }
         }
-    }
+    });
 }
 
 // Adaptive window of output o over an axis of len inputs and out outputs: [lo, hi).
@@ -109,8 +105,7 @@ static inline void adaptive_window(int64_t o, int64_t len, int64_t out, int64_t 
 void nn_adaptive_avgpool_forward(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow,
                                  const float * x, float * y) {
     const int64_t planes = n * c;
-#pragma omp parallel for schedule(static) if (planes * h * w >= NN_PAR_MIN)
-    for (int64_t pl = 0; pl < planes; pl++) {
+    NN_PARALLEL_FOR(planes * h * w, pl, planes, {
         const float * xp = x + pl * h * w;
         for (int64_t oy = 0; oy < oh; oy++) {
             int64_t y0, y1;
@@ -124,14 +119,13 @@ void nn_adaptive_avgpool_forward(int64_t n, int64_t c, int64_t h, int64_t w, int
                 y[(pl * oh + oy) * ow + ox] = (float)(sum / (double)((y1 - y0) * (x1 - x0)));
             }
         }
-    }
+    });
 }
 
 void nn_adaptive_avgpool_backward(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow,
                                   const float * grad_y, float * grad_x) {
     const int64_t planes = n * c;
-#pragma omp parallel for schedule(static) if (planes * h * w >= NN_PAR_MIN)
-    for (int64_t pl = 0; pl < planes; pl++) {
+    NN_PARALLEL_FOR(planes * h * w, pl, planes, {
         float * gx = grad_x + pl * h * w;
         memset(gx, 0, sizeof(float) * (size_t)(h * w));
         for (int64_t oy = 0; oy < oh; oy++) {
@@ -145,5 +139,5 @@ void nn_adaptive_avgpool_backward(int64_t n, int64_t c, int64_t h, int64_t w, in
                     for (int64_t ix = x0; ix < x1; ix++) gx[iy * w + ix] += v;
             }
         }
-    }
+    });
 }
