@@ -196,10 +196,7 @@ static float * reference_eval(bie_context_t * ctx, bie_model_t * m, const float 
         if (L->kind == L_CONV || L->kind == L_LINEAR) {
             if (L->q == Q_F32) {
                 float * sp = malloc(sizeof(float) * bie_model_fconv_scratch(L, n));
-                if (L->kind == L_LINEAR) bie_fconv_forward(n, L->K, 1, 1, L->O, 1, 1, 0, 0.0f, in, L->w.v, L->b.v, out, sp);
-                else
-                    bie_fconv_forward(n, L->C, L->in[1], L->in[2], L->O, L->k, L->stride, L->pad, 0.0f, in, L->w.v,
-                                      L->b.v, out, sp);
+                bie_model_fconv_forward(L, n, in, L->w.v, L->b.v, out, sp);
                 free(sp);
             } else {
                 struct qviews v;

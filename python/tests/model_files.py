@@ -7,7 +7,9 @@ import os
 import struct
 
 import torch
+import torch.nn as nn
 
+import bie
 from bie import _lib
 
 
@@ -86,3 +88,24 @@ def bie_program():
     """The `bie` program beside the library, or None."""
     cli = os.path.join(os.path.dirname(_lib.library_path()), "bie")
     return cli if os.access(cli, os.X_OK) else None
+
+
+class ResBlock(nn.Module):
+    """A residual block of a binary ResNet: binary 3x3 conv, batch norm, the shortcut added,
+    PReLU. A block that changes the shape has the shortcut avgpool -> shortcut_conv(cin, cout)
+    (a 1x1 conv) -> batch norm."""
+
+    def __init__(self, cin, cout, stride, shortcut_conv):
+        super().__init__()
+        self.conv = bie.BinaryConv2d(cin, cout, 3, stride, 1)
+        self.bn = nn.BatchNorm2d(cout)
+        self.act = nn.PReLU(cout)
+        if stride == 1 and cin == cout:
+            self.shortcut = nn.Identity()
+        else:
+            self.shortcut = nn.Sequential(nn.AvgPool2d(stride), shortcut_conv(cin, cout), nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        out = self.bn(self.conv(x))
+        out += self.shortcut(x)
+        return self.act(out)

@@ -13,7 +13,7 @@ import torch.nn.functional as Fn
 
 import bie
 from bie.model_import import _read
-from model_files import bie_logits, bie_program, c_trained_model, write_idx
+from model_files import ResBlock, bie_logits, bie_program, c_trained_model, write_idx
 
 H = W = 12
 
@@ -44,17 +44,21 @@ def as_input(img):
     return (img.to(torch.float32) * torch.tensor(1.0 / 255.0, dtype=torch.float32)).unsqueeze(1)
 
 
-def trained_model():
-    torch.manual_seed(3)
-    model = make_model()
-    img, labels = data(256, 1)
+def fit(model, opt, steps, n, seed):
+    """`steps` full-batch steps on n images of data(n, seed); returns the model in eval mode."""
+    img, labels = data(n, seed)
     x = as_input(img)
-    opt = bie.DiodeMix(model.parameters(), lr=3e-3)
-    for _ in range(40):
+    for _ in range(steps):
         opt.zero_grad()
         nn.functional.cross_entropy(model(x), labels).backward()
         opt.step()
     return model.eval()
+
+
+def trained_model():
+    torch.manual_seed(3)
+    model = make_model()
+    return fit(model, bie.DiodeMix(model.parameters(), lr=3e-3), 40, 256, 1)
 
 
 def test_export_runs_in_libbie_and_bie_eval(tmp_path):
@@ -104,24 +108,8 @@ def test_export_rejects_what_the_format_lacks(tmp_path):
         bie.export_model(nn.Sequential(nn.Sigmoid()), str(tmp_path / "c.safetensors"), (1, 6, 6))
 
 
-class Block(nn.Module):
-    """A residual block of a binary ResNet: binary conv, batch norm, the shortcut added, PReLU; a
-    strided block's shortcut is average pooling and an 8-bit 1x1 conv with its output bias."""
-
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv = bie.BinaryConv2d(cin, cout, 3, stride, 1)
-        self.bn = nn.BatchNorm2d(cout)
-        self.act = nn.PReLU(cout)
-        if stride == 1 and cin == cout:
-            self.down = nn.Identity()
-        else:
-            self.down = nn.Sequential(nn.AvgPool2d(stride), bie.Q8Conv2d(cin, cout, 1, bias=True), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        out = self.bn(self.conv(x))
-        out += self.down(x)
-        return self.act(out)
+def q8_shortcut(cin, cout):
+    return bie.Q8Conv2d(cin, cout, 1, bias=True)
 
 
 class GraphNet(nn.Module):
@@ -133,8 +121,8 @@ class GraphNet(nn.Module):
         self.stem_bn = nn.BatchNorm2d(8)
         self.stem_act = nn.Hardtanh()
         self.pool = nn.MaxPool2d(3, 1, 1)
-        self.block1 = Block(8, 8, 1)
-        self.block2 = Block(8, 16, 2)
+        self.block1 = ResBlock(8, 8, 1, q8_shortcut)
+        self.block2 = ResBlock(8, 16, 2, q8_shortcut)  # an 8-bit 1x1 conv with its output bias
         self.q4 = bie.Q4Conv2d(16, 16, 3, 1, 1)
         self.drop = nn.Dropout(0.1)
         self.fc1 = bie.BinaryLinear(64, 32, bias=True)
@@ -165,14 +153,7 @@ def trained_graph_model():
     torch.manual_seed(5)
     model = GraphNet()
     bie.prepare_bie_layers(model)
-    img, labels = data(128, 4)
-    x = as_input(img)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(8):
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x), labels).backward()
-        opt.step()
-    return model.eval()
+    return fit(model, torch.optim.Adam(model.parameters(), lr=3e-3), 8, 128, 4)
 
 
 def test_graph_model_exports_and_imports(tmp_path):

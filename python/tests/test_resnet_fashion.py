@@ -19,7 +19,7 @@ import torch
 import torch.nn as nn
 
 import bie
-from model_files import bie_logits, bie_program
+from model_files import ResBlock, bie_logits, bie_program
 
 DATA = "/usr/share/datasets/fashion-mnist"
 TRAIN_SECONDS = float(os.environ.get("BIE_TEST_TRAIN_SECONDS", "45"))
@@ -39,26 +39,16 @@ def as_input(img):
     return (img.to(torch.float32) * torch.tensor(1.0 / 255.0, dtype=torch.float32)).unsqueeze(1)
 
 
-class Block(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv = bie.BinaryConv2d(cin, cout, 3, stride, 1)
-        self.bn = nn.BatchNorm2d(cout)
-        self.act = nn.PReLU(cout)
-        if stride == 1 and cin == cout:
-            self.shortcut = nn.Identity()
-        else:
-            self.shortcut = nn.Sequential(nn.AvgPool2d(stride), nn.Conv2d(cin, cout, 1, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        return self.act(self.bn(self.conv(x)) + self.shortcut(x))
+def float_shortcut(cin, cout):
+    return nn.Conv2d(cin, cout, 1, bias=False)
 
 
 class BinaryResNet(nn.Module):
     def __init__(self, c=16):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(1, c, 3, padding=1, bias=False), nn.BatchNorm2d(c))
-        self.blocks = nn.Sequential(Block(c, c, 1), Block(c, 2 * c, 2), Block(2 * c, 2 * c, 1), Block(2 * c, 4 * c, 2))
+        self.blocks = nn.Sequential(*(ResBlock(a, b, s, float_shortcut)
+                                      for a, b, s in ((c, c, 1), (c, 2 * c, 2), (2 * c, 2 * c, 1), (2 * c, 4 * c, 2))))
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(4 * c, 10)
 

@@ -10,8 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
-
 #define MAX_LAYERS 1024
 #define MAX_ARCH_CHARS 65536
 #define MAX_WORDS 12
@@ -88,7 +86,7 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
     const char * kind = w[0];
     const long long li = (long long)idx;
     const bool is_add = !strcmp(kind, "add");
-    if (ns > (is_add ? 2 : 1)) FAIL("arch: layer %lld: \"%s\" reads %s input", li, kind, is_add ? "at most two \"@\"" : "one");
+    if (ns > (is_add ? 2 : 1)) BIE_FAIL("arch: layer %lld: \"%s\" reads %s input", li, kind, is_add ? "at most two \"@\"" : "one");
     if (ns > 0) *version = 2;
     // The inputs: the previous layer's output (value idx) unless named; "add @J" adds the
     // previous layer's output and layer J's.
@@ -105,12 +103,12 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
         nw -= L->has_bias;
         if (nw < 4 || nw > 6 || !parse_q(w[1], &L->q) || !parse_int(w[2], 1, 65536, &o) ||
             !parse_int(w[3], 1, 15, &k))
-            FAIL("arch: layer %lld: expected \"conv f32|b1|q4|q8 OUT K [STRIDE [PAD]] [bias]\"", li);
+            BIE_FAIL("arch: layer %lld: expected \"conv f32|b1|q4|q8 OUT K [STRIDE [PAD]] [bias]\"", li);
         p = k / 2;
-        if (nw > 4 && !parse_int(w[4], 1, 8, &s)) FAIL("arch: layer %lld: stride must be in [1, 8]", li);
-        if (nw > 5 && !parse_int(w[5], 0, k, &p)) FAIL("arch: layer %lld: padding must be in [0, K]", li);
+        if (nw > 4 && !parse_int(w[4], 1, 8, &s)) BIE_FAIL("arch: layer %lld: stride must be in [1, 8]", li);
+        if (nw > 5 && !parse_int(w[5], 0, k, &p)) BIE_FAIL("arch: layer %lld: padding must be in [0, K]", li);
         if (in[1] + 2 * p < k || in[2] + 2 * p < k)
-            FAIL("arch: layer %lld: a %lldx%lld kernel does not fit the %lldx%lld input", li, (long long)k, (long long)k,
+            BIE_FAIL("arch: layer %lld: a %lldx%lld kernel does not fit the %lldx%lld input", li, (long long)k, (long long)k,
                  (long long)in[1], (long long)in[2]);
         L->kind = L_CONV;
         L->O = o;
@@ -126,7 +124,7 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
         int64_t o;
         L->has_bias = nw == 4 && !strcmp(w[3], "bias");
         if (nw != 3 + L->has_bias || !parse_q(w[1], &L->q) || !parse_int(w[2], 1, 65536, &o))
-            FAIL("arch: layer %lld: expected \"linear f32|b1|q4|q8 OUT [bias]\"", li);
+            BIE_FAIL("arch: layer %lld: expected \"linear f32|b1|q4|q8 OUT [bias]\"", li);
         L->kind = L_LINEAR;
         L->O = o;
         L->C = L->K = shape_numel(in);
@@ -134,19 +132,19 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
         L->out[0] = o;
         L->out[1] = L->out[2] = 1;
     } else if (!strcmp(kind, "bn")) {
-        if (nw != 1) FAIL("arch: layer %lld: \"bn\" takes no arguments", li);
+        if (nw != 1) BIE_FAIL("arch: layer %lld: \"bn\" takes no arguments", li);
         L->kind = L_BN;
     } else if (!strcmp(kind, "maxpool") || !strcmp(kind, "avgpool")) {
         // maxpool|avgpool K [STRIDE [PAD]]: stride K and no padding by default
         int64_t k, s, p = 0;
         const bool avg = kind[0] == 'a';
         if (nw < 2 || nw > 4 || !parse_int(w[1], 1, 16, &k))
-            FAIL("arch: layer %lld: expected \"%s K [STRIDE [PAD]]\" with K in [1, 16]", li, kind);
+            BIE_FAIL("arch: layer %lld: expected \"%s K [STRIDE [PAD]]\" with K in [1, 16]", li, kind);
         s = k;
-        if (nw > 2 && !parse_int(w[2], 1, 16, &s)) FAIL("arch: layer %lld: stride must be in [1, 16]", li);
-        if (nw > 3 && !parse_int(w[3], 0, k / 2, &p)) FAIL("arch: layer %lld: padding must be in [0, K/2]", li);
+        if (nw > 2 && !parse_int(w[2], 1, 16, &s)) BIE_FAIL("arch: layer %lld: stride must be in [1, 16]", li);
+        if (nw > 3 && !parse_int(w[3], 0, k / 2, &p)) BIE_FAIL("arch: layer %lld: padding must be in [0, K/2]", li);
         if (in[1] + 2 * p < k || in[2] + 2 * p < k)
-            FAIL("arch: layer %lld: a %lldx%lld window does not fit the %lldx%lld input", li, (long long)k,
+            BIE_FAIL("arch: layer %lld: a %lldx%lld window does not fit the %lldx%lld input", li, (long long)k,
                  (long long)k, (long long)in[1], (long long)in[2]);
         if (avg || nw > 2) *version = 2;
         L->kind = L_POOL;
@@ -160,10 +158,10 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
         // adaptive_avgpool OH [OW]
         int64_t oh, ow;
         if (nw < 2 || nw > 3 || !parse_int(w[1], 1, 4096, &oh) || (nw == 3 && !parse_int(w[2], 1, 4096, &ow)))
-            FAIL("arch: layer %lld: expected \"adaptive_avgpool OH [OW]\"", li);
+            BIE_FAIL("arch: layer %lld: expected \"adaptive_avgpool OH [OW]\"", li);
         if (nw == 2) ow = oh;
         if (oh > in[1] || ow > in[2])
-            FAIL("arch: layer %lld: an adaptive pool to %lldx%lld of a %lldx%lld input", li, (long long)oh,
+            BIE_FAIL("arch: layer %lld: an adaptive pool to %lldx%lld of a %lldx%lld input", li, (long long)oh,
                  (long long)ow, (long long)in[1], (long long)in[2]);
         *version = 2;
         L->kind = L_POOL;
@@ -171,7 +169,7 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
         L->out[1] = oh;
         L->out[2] = ow;
     } else if (!strcmp(kind, "flatten")) {
-        if (nw != 1) FAIL("arch: layer %lld: \"flatten\" takes no arguments", li);
+        if (nw != 1) BIE_FAIL("arch: layer %lld: \"flatten\" takes no arguments", li);
         *version = 2;
         L->kind = L_FLATTEN;
         L->out[0] = shape_numel(in);
@@ -179,34 +177,34 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
     } else if (!strcmp(kind, "prelu")) {
         int64_t n;
         if (nw != 2 || !parse_int(w[1], 1, INT64_C(1) << 24, &n) || (n != 1 && n != in[0]))
-            FAIL("arch: layer %lld: expected \"prelu N\" with N = 1 or the %lld channels", li, (long long)in[0]);
+            BIE_FAIL("arch: layer %lld: expected \"prelu N\" with N = 1 or the %lld channels", li, (long long)in[0]);
         *version = 2;
         L->kind = L_ACT;
         L->prelu_n = n;
     } else if (is_add) {
-        if (nw != 1 || ns < 1) FAIL("arch: layer %lld: expected \"add @J\" or \"add @I @J\"", li);
+        if (nw != 1 || ns < 1) BIE_FAIL("arch: layer %lld: expected \"add @J\" or \"add @I @J\"", li);
         const int64_t * b = shapes[L->src[1]];
         if (b[0] != in[0] || b[1] != in[1] || b[2] != in[2])
-            FAIL("arch: layer %lld: adds a %lldx%lldx%lld value to a %lldx%lldx%lld one", li, (long long)in[0],
+            BIE_FAIL("arch: layer %lld: adds a %lldx%lldx%lld value to a %lldx%lldx%lld one", li, (long long)in[0],
                  (long long)in[1], (long long)in[2], (long long)b[0], (long long)b[1], (long long)b[2]);
         *version = 2;
         L->kind = L_ADD;
     } else {
         size_t a = 0;
         while (a < sizeof acts / sizeof acts[0] && strcmp(kind, acts[a].name) != 0) a++;
-        if (a == sizeof acts / sizeof acts[0]) FAIL("arch: layer %lld: unknown layer \"%.20s\"", li, kind);
-        if (nw != 1) FAIL("arch: layer %lld: \"%s\" takes no arguments", li, kind);
+        if (a == sizeof acts / sizeof acts[0]) BIE_FAIL("arch: layer %lld: unknown layer \"%.20s\"", li, kind);
+        if (nw != 1) BIE_FAIL("arch: layer %lld: \"%s\" takes no arguments", li, kind);
         if (acts[a].version > *version) *version = acts[a].version;
         L->kind = L_ACT;
         L->act = acts[a].act;
     }
     if (L->has_bias) {
-        if (L->q == Q_F32) FAIL("arch: layer %lld: a f32 layer always has its bias (drop the word \"bias\")", li);
+        if (L->q == Q_F32) BIE_FAIL("arch: layer %lld: a f32 layer always has its bias (drop the word \"bias\")", li);
         *version = 2;
     }
-    if (shape_numel(L->out) > (1 << 24)) FAIL("arch: layer %lld: output larger than 2^24 values per sample", li);
+    if (shape_numel(L->out) > (1 << 24)) BIE_FAIL("arch: layer %lld: output larger than 2^24 values per sample", li);
     if (L->kind == L_CONV || L->kind == L_LINEAR) {
-        if (L->O * L->K > (INT64_C(1) << 28)) FAIL("arch: layer %lld: weight larger than 2^28 values", li);
+        if (L->O * L->K > (INT64_C(1) << 28)) BIE_FAIL("arch: layer %lld: weight larger than 2^28 values", li);
     }
     return BIE_STATUS_OK;
 }
@@ -219,7 +217,7 @@ static enum bie_status parse_source(bie_context_t * ctx, int64_t idx, const char
         return BIE_STATUS_OK;
     }
     if (!parse_int(word + 1, 0, MAX_LAYERS, &j) || j >= idx)
-        FAIL("arch: layer %lld: \"%.20s\" names no earlier layer (\"@J\" with J < %lld, or \"@input\")", (long long)idx,
+        BIE_FAIL("arch: layer %lld: \"%.20s\" names no earlier layer (\"@J\" with J < %lld, or \"@input\")", (long long)idx,
              word, (long long)idx);
     *out = (int32_t)(j + 1);
     return BIE_STATUS_OK;
@@ -232,17 +230,17 @@ static enum bie_status parse_items(bie_context_t * ctx, char * copy, struct arch
         char * w[MAX_WORDS + 1];
         const int nw = split_words(item, w);
         if (nw == 0) continue;
-        if (nw > MAX_WORDS) FAIL("arch: too many words in an item");
+        if (nw > MAX_WORDS) BIE_FAIL("arch: too many words in an item");
         if (!have_input) {
             if (strcmp(w[0], "input") != 0 || nw != 4 || !parse_int(w[1], 1, 4096, &a->input[0]) ||
                 !parse_int(w[2], 1, 4096, &a->input[1]) || !parse_int(w[3], 1, 4096, &a->input[2]) ||
                 shape_numel(a->input) > (1 << 24))
-                FAIL("arch: must start with \"input C H W\" (each in [1, 4096], at most 2^24 values)");
+                BIE_FAIL("arch: must start with \"input C H W\" (each in [1, 4096], at most 2^24 values)");
             memcpy(shapes[0], a->input, sizeof shapes[0]);
             have_input = true;
             continue;
         }
-        if (a->n == MAX_LAYERS) FAIL("arch: more than %d layers", MAX_LAYERS);
+        if (a->n == MAX_LAYERS) BIE_FAIL("arch: more than %d layers", MAX_LAYERS);
         char * words[MAX_WORDS];
         int32_t src[MAX_WORDS];
         int nk = 0, ns = 0;
@@ -250,7 +248,7 @@ static enum bie_status parse_items(bie_context_t * ctx, char * copy, struct arch
             if (w[i][0] != '@') {
                 words[nk++] = w[i];
             } else if (i == 0) {
-                FAIL("arch: layer %lld: an item starts with its kind, not \"%.20s\"", (long long)a->n, w[i]);
+                BIE_FAIL("arch: layer %lld: an item starts with its kind, not \"%.20s\"", (long long)a->n, w[i]);
             } else {
                 BIE_TRY(parse_source(ctx, a->n, w[i], &src[ns]));
                 ns++;
@@ -261,21 +259,21 @@ static enum bie_status parse_items(bie_context_t * ctx, char * copy, struct arch
         memcpy(shapes[a->n + 1], L->out, sizeof shapes[0]);
         a->n++;
     }
-    if (!have_input || a->n == 0) FAIL("arch: no layers");
+    if (!have_input || a->n == 0) BIE_FAIL("arch: no layers");
     // Every layer's output but the last is read by a later layer: a dead branch would have no
     // gradient and no purpose.
     for (int64_t i = 0; i < a->n; i++)
         for (int j = 0; j < a->L[i].n_src; j++)
             if (a->L[i].src[j] > 0) a->L[a->L[i].src[j] - 1].uses++;
     for (int64_t i = 0; i + 1 < a->n; i++)
-        if (a->L[i].uses == 0) FAIL("arch: layer %lld: its output is never read", (long long)i);
+        if (a->L[i].uses == 0) BIE_FAIL("arch: layer %lld: its output is never read", (long long)i);
     return BIE_STATUS_OK;
 }
 
 enum bie_status bie_model_parse_arch(bie_context_t * ctx, const char * arch, struct arch * out) {
     memset(out, 0, sizeof *out);
-    if (!arch) FAIL("arch: is NULL");
-    if (strlen(arch) > MAX_ARCH_CHARS) FAIL("arch: longer than %d characters", MAX_ARCH_CHARS);
+    if (!arch) BIE_FAIL("arch: is NULL");
+    if (strlen(arch) > MAX_ARCH_CHARS) BIE_FAIL("arch: longer than %d characters", MAX_ARCH_CHARS);
     // Layers cannot outnumber the items: count the separators to size the arrays.
     int64_t items = 1;
     for (const char * p = arch; *p; p++) items += *p == ';';

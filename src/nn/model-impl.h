@@ -131,6 +131,10 @@ enum bie_status bie_model_weight_codes(bie_context_t * ctx, struct layer * L);
 void bie_model_quantize_input(const struct layer * L, int64_t n, const float * x, float * a);
 // Floats of scratch that bie_fconv_forward needs for layer L over n samples.
 size_t bie_model_fconv_scratch(const struct layer * L, int64_t n);
+// Layer L's geometry through bie_fconv_forward (a linear layer as the k = 1 conv of 1x1 images):
+// y = conv(x, w) + bias over n samples (bias may be NULL).
+void bie_model_fconv_forward(const struct layer * L, int64_t n, const float * x, const float * w, const float * bias,
+                             float * y, float * scratch);
 // The low-bit layer's output bias: y[i, o, p] += bias[o] over n samples (no-op without one).
 void bie_model_add_output_bias(const struct layer * L, int64_t n, float * y);
 // Lazy initialisation of a low-bit layer's scale_a from its first input x (n samples).

@@ -19,12 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) return s_;                                                        \
-    } while (0)
-
 #define MAX_PLANS 4
 #define ALIGN_FLOATS 16 // slots start on 64-byte boundaries
 
@@ -233,15 +227,15 @@ static enum bie_status build_step(bie_context_t * ctx, bie_model_t * m, const st
             s->route = R_FCONV;
         } else if (p->float_layers) {
             s->route = R_QFLOAT;
-            TRY(bie_model_weight_codes(ctx, L));
+            BIE_TRY(bie_model_weight_codes(ctx, L));
         } else {
             s->route = R_QCALL;
             const float * in = s->in[0] ? s->in[0] : x;
-            if (L->scale_a.v[0] == 0.0f) TRY(bie_model_init_scale_a(ctx, L, n, in)); // a model never trained
+            if (L->scale_a.v[0] == 0.0f) BIE_TRY(bie_model_init_scale_a(ctx, L, n, in)); // a model never trained
             struct qviews v;
             bie_model_qviews(L, n, in, s->out, &v);
             const struct bie_forward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.y};
-            TRY(bie_layer_plan_forward(ctx, L->kind == L_LINEAR ? &v.ld : NULL, L->kind == L_CONV ? &v.cd : NULL, &a,
+            BIE_TRY(bie_layer_plan_forward(ctx, L->kind == L_LINEAR ? &v.ld : NULL, L->kind == L_CONV ? &v.cd : NULL, &a,
                                        &s->call));
         }
         break;
@@ -276,7 +270,7 @@ static enum bie_status run_step(bie_context_t * ctx, const struct model_plan * m
     switch (s->route) {
     case R_QCALL:
         s->call.x.data = (void *)a;
-        TRY(bie_layer_run_forward(ctx, &s->call));
+        BIE_TRY(bie_layer_run_forward(ctx, &s->call));
         bie_model_add_output_bias(L, n, y);
         break;
     case R_QFLOAT: {
@@ -284,24 +278,14 @@ static enum bie_status run_step(bie_context_t * ctx, const struct model_plan * m
         // are exact below 2^24, so this is the low-bit layer's result through OpenBLAS.
         float * codes = mp->scratch, * rest = codes + n * shape_numel(L->in);
         bie_model_quantize_input(L, n, a, codes);
-        if (L->kind == L_LINEAR)
-            bie_fconv_forward(n, L->K, 1, 1, L->O, 1, 1, 0, 0.0f, codes, L->wcodes, NULL, y, rest);
-        else
-            bie_fconv_forward(n, L->C, L->in[1], L->in[2], L->O, L->k, L->stride, L->pad, 0.0f, codes, L->wcodes, NULL,
-                              y, rest);
+        bie_model_fconv_forward(L, n, codes, L->wcodes, NULL, y, rest);
         const float scale = L->scale_a.v[0] * L->scale_w;
         const int64_t total = n * shape_numel(L->out);
     NN_PARALLEL_FOR(total, i, total, { y[i] *= scale; });
         bie_model_add_output_bias(L, n, y);
         break;
     }
-    case R_FCONV:
-        if (L->kind == L_LINEAR)
-            bie_fconv_forward(n, L->K, 1, 1, L->O, 1, 1, 0, 0.0f, a, L->w.v, L->b.v, y, mp->scratch);
-        else
-            bie_fconv_forward(n, L->C, L->in[1], L->in[2], L->O, L->k, L->stride, L->pad, 0.0f, a, L->w.v, L->b.v, y,
-                              mp->scratch);
-        break;
+    case R_FCONV: bie_model_fconv_forward(L, n, a, L->w.v, L->b.v, y, mp->scratch); break;
     case R_AFFINE: nn_channel_affine(n, L->in[0], L->in[1] * L->in[2], L->bn_scale, L->bn_shift, a, y); break;
     case R_MAXPOOL: nn_maxpool_forward(&s->pool, a, y, NULL); break;
     case R_AVGPOOL: nn_avgpool_forward(&s->pool, a, y); break;
@@ -345,9 +329,9 @@ static enum bie_status build_and_run(bie_context_t * ctx, bie_model_t * m, struc
         struct layer * L = &m->L[i];
         if (L->kind == L_FLATTEN && L->src[0] != 0) continue; // its value is its input's slot
         struct step * s = &p->steps[p->n_steps];
-        TRY(build_step(ctx, m, p, L, x, s));
+        BIE_TRY(build_step(ctx, m, p, L, x, s));
         p->n_steps++;
-        TRY(run_step(ctx, mp, s, p->n, x));
+        BIE_TRY(run_step(ctx, mp, s, p->n, x));
     }
     p->out = value_ptr(mp, (int32_t)m->n_layers);
     p->valid = true;
@@ -357,16 +341,16 @@ static enum bie_status build_and_run(bie_context_t * ctx, bie_model_t * m, struc
 
 enum bie_status bie_model_infer(bie_context_t * ctx, bie_model_t * m, const float * x, int64_t n, bool float_layers,
                                 const float ** logits) {
-    if (!m->plans) TRY(create_plans(ctx, m));
+    if (!m->plans) BIE_TRY(create_plans(ctx, m));
     struct model_plan * mp = m->plans;
-    if (n > mp->cap) TRY(ensure_arena(ctx, m, n));
+    if (n > mp->cap) BIE_TRY(ensure_arena(ctx, m, n));
     bool fresh;
     struct plan * p = find_plan(m, n, float_layers, &fresh);
     p->last_used = ++mp->clock;
     if (fresh) {
-        TRY(build_and_run(ctx, m, p, x));
+        BIE_TRY(build_and_run(ctx, m, p, x));
     } else {
-        for (int32_t i = 0; i < p->n_steps; i++) TRY(run_step(ctx, mp, &p->steps[i], n, x));
+        for (int32_t i = 0; i < p->n_steps; i++) BIE_TRY(run_step(ctx, mp, &p->steps[i], n, x));
     }
     *logits = p->out;
     return BIE_STATUS_OK;

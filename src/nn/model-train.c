@@ -8,13 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) return s_;                                                        \
-    } while (0)
-
 // Elements of value v over n samples.
 static int64_t value_count(const bie_model_t * m, int32_t v, int64_t n) {
     return n * (v == 0 ? shape_numel(m->input) : shape_numel(m->L[v - 1].out));
@@ -69,18 +62,14 @@ static enum bie_status layer_forward(bie_context_t * ctx, bie_model_t * m, struc
     case L_LINEAR:
         if (L->q == Q_F32) {
             void * sp = NULL;
-            TRY(bie_model_scratch(ctx, m, sizeof(float) * bie_model_fconv_scratch(L, n), &sp));
-            if (L->kind == L_LINEAR)
-                bie_fconv_forward(n, L->K, 1, 1, L->O, 1, 1, 0, 0.0f, in, L->w.v, L->b.v, out, sp);
-            else
-                bie_fconv_forward(n, L->C, L->in[1], L->in[2], L->O, L->k, L->stride, L->pad, 0.0f, in, L->w.v, L->b.v,
-                                  out, sp);
+            BIE_TRY(bie_model_scratch(ctx, m, sizeof(float) * bie_model_fconv_scratch(L, n), &sp));
+            bie_model_fconv_forward(L, n, in, L->w.v, L->b.v, out, sp);
         } else {
-            if (L->scale_a.v[0] == 0.0f) TRY(bie_model_init_scale_a(ctx, L, n, in)); // from the first batch
+            if (L->scale_a.v[0] == 0.0f) BIE_TRY(bie_model_init_scale_a(ctx, L, n, in)); // from the first batch
             struct qviews v;
             bie_model_qviews(L, n, in, out, &v);
             struct bie_forward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.y};
-            TRY(L->kind == L_CONV ? bie_conv2d_forward(ctx, &v.cd, &a) : bie_linear_forward(ctx, &v.ld, &a));
+            BIE_TRY(L->kind == L_CONV ? bie_conv2d_forward(ctx, &v.cd, &a) : bie_linear_forward(ctx, &v.ld, &a));
             bie_model_add_output_bias(L, n, out);
         }
         return BIE_STATUS_OK;
@@ -112,12 +101,12 @@ static enum bie_status layer_forward(bie_context_t * ctx, bie_model_t * m, struc
 
 enum bie_status bie_model_train_forward(bie_context_t * ctx, bie_model_t * m, const float * x, int64_t n,
                                         const float ** logits) {
-    TRY(ensure_buffers(ctx, m, n));
+    BIE_TRY(ensure_buffers(ctx, m, n));
     m->act[0] = (float *)x;
     m->n = n;
     m->params_version++; // batch statistics and lazily initialised scales change
     for (int64_t i = 0; i < m->n_layers; i++)
-        TRY(layer_forward(ctx, m, &m->L[i], n, m->act[m->L[i].src[0]], m->act[i + 1]));
+        BIE_TRY(layer_forward(ctx, m, &m->L[i], n, m->act[m->L[i].src[0]], m->act[i + 1]));
     m->have_training = true;
     *logits = m->act[m->n_layers];
     return BIE_STATUS_OK;
@@ -153,7 +142,7 @@ static enum bie_status qlayer_backward(bie_context_t * ctx, struct layer * L, in
     bie_tensor_make(&v.gba, L->bias_a.g, BIE_DTYPE_F32, 1, c1);
     struct bie_backward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.gy,
                                   gx ? &v.gx : NULL, &v.gw, &v.gsa, &v.gba, NULL};
-    TRY(conv ? bie_conv2d_backward(ctx, &v.cd, &a) : bie_linear_backward(ctx, &v.ld, &a));
+    BIE_TRY(conv ? bie_conv2d_backward(ctx, &v.cd, &a) : bie_linear_backward(ctx, &v.ld, &a));
     if (L->has_bias) { // grad_bias[o] = sum over samples and pixels of grad_y[i, o, p]
         const int64_t P = L->out[1] * L->out[2];
         NN_PARALLEL_FOR(n * L->O * P, o, L->O, {
@@ -184,18 +173,16 @@ static enum bie_status layer_backward(bie_context_t * ctx, bie_model_t * m, stru
     case L_LINEAR:
         if (L->q == Q_F32) {
             void * sp = NULL;
-            TRY(bie_model_scratch(ctx, m, sizeof(float) * bie_model_fconv_scratch(L, n), &sp));
-            if (L->kind == L_LINEAR)
-                bie_fconv_backward(n, L->K, 1, 1, L->O, 1, 1, 0, in, L->w.v, gy, gx, L->w.g, L->b.g, sp);
-            else
-                bie_fconv_backward(n, L->C, L->in[1], L->in[2], L->O, L->k, L->stride, L->pad, in, L->w.v, gy, gx,
-                                   L->w.g, L->b.g, sp);
+            BIE_TRY(bie_model_scratch(ctx, m, sizeof(float) * bie_model_fconv_scratch(L, n), &sp));
+            const bool lin = L->kind == L_LINEAR; // a linear layer is the k = 1 conv of 1x1 images
+            bie_fconv_backward(n, lin ? L->K : L->C, lin ? 1 : L->in[1], lin ? 1 : L->in[2], L->O, L->k, L->stride,
+                               L->pad, in, L->w.v, gy, gx, L->w.g, L->b.g, sp);
         } else {
-            TRY(qlayer_backward(ctx, L, n, in, gy, gx));
+            BIE_TRY(qlayer_backward(ctx, L, n, in, gy, gx));
         }
         break;
     case L_BN:
-        TRY(bie_batchnorm_backward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->smean, L->sinvstd, gy, gx,
+        BIE_TRY(bie_batchnorm_backward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->smean, L->sinvstd, gy, gx,
                                    L->w.g, L->b.g));
         break;
     case L_POOL:
@@ -223,15 +210,15 @@ static enum bie_status layer_backward(bie_context_t * ctx, bie_model_t * m, stru
 }
 
 enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * m, const float * grad_logits) {
-    if (!m || !grad_logits) FAIL("model, grad_logits: must not be NULL");
-    if (!m->have_training) FAIL("model: backward needs a training forward first");
+    if (!m || !grad_logits) BIE_FAIL("model, grad_logits: must not be NULL");
+    if (!m->have_training) BIE_FAIL("model: backward needs a training forward first");
     const int64_t n = m->n;
     memset(m->grad_set, 0, sizeof(bool) * (size_t)(m->n_layers + 1));
     memcpy(m->grad[m->n_layers], grad_logits, sizeof(float) * (size_t)(n * bie_model_num_outputs(m)));
     m->grad_set[m->n_layers] = true;
     for (int64_t i = m->n_layers - 1; i >= 0; i--) {
         struct layer * L = &m->L[i];
-        TRY(layer_backward(ctx, m, L, n, m->act[L->src[0]], m->grad[i + 1]));
+        BIE_TRY(layer_backward(ctx, m, L, n, m->act[L->src[0]], m->grad[i + 1]));
     }
     return BIE_STATUS_OK;
 }

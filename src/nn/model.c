@@ -346,6 +346,12 @@ size_t bie_model_fconv_scratch(const struct layer * L, int64_t n) {
     return (size_t)((L->K + L->O) * n * L->out[1] * L->out[2]);
 }
 
+void bie_model_fconv_forward(const struct layer * L, int64_t n, const float * x, const float * w, const float * bias,
+                             float * y, float * scratch) {
+    if (L->kind == L_LINEAR) bie_fconv_forward(n, L->K, 1, 1, L->O, 1, 1, 0, 0.0f, x, w, bias, y, scratch);
+    else bie_fconv_forward(n, L->C, L->in[1], L->in[2], L->O, L->k, L->stride, L->pad, 0.0f, x, w, bias, y, scratch);
+}
+
 void bie_model_add_output_bias(const struct layer * L, int64_t n, float * y) {
     if (!L->has_bias) return;
     const int64_t P = L->out[1] * L->out[2];

@@ -12,37 +12,35 @@ void nn_pool_geometry(struct nn_pool * g) {
     g->ow = (g->w + 2 * (int64_t)g->p - g->k) / g->s + 1;
 }
 
-// The window of output index o along an axis of size len: image taps [lo, hi).
-static inline void window(int64_t o, int64_t len, const struct nn_pool * g, int64_t * lo, int64_t * hi) {
-    const int64_t start = o * g->s - g->p;
-    *lo = start < 0 ? 0 : start;
-    *hi = start + g->k < len ? start + g->k : len;
+// The image taps of output (oy, ox)'s window: rows [y0, y1), columns [x0, x1).
+struct rect {
+    int64_t y0, y1, x0, x1;
+};
+static inline struct rect window(const struct nn_pool * g, int64_t o) {
+    const int64_t sy = (o / g->ow) * g->s - g->p, sx = (o % g->ow) * g->s - g->p;
+    const struct rect r = {sy < 0 ? 0 : sy, sy + g->k < g->h ? sy + g->k : g->h, sx < 0 ? 0 : sx,
+                           sx + g->k < g->w ? sx + g->k : g->w};
+    return r;
 }
 
 void nn_maxpool_forward(const struct nn_pool * g, const float * x, float * y, int32_t * argmax) {
     const int64_t planes = g->n * g->c, hw = g->h * g->w, ohw = g->oh * g->ow;
     NN_PARALLEL_FOR(planes * ohw * g->k * g->k, pl, planes, {
         const float * xp = x + pl * hw;
-        for (int64_t oy = 0; oy < g->oh; oy++) {
-            int64_t y0, y1;
-            window(oy, g->h, g, &y0, &y1);
-            for (int64_t ox = 0; ox < g->ow; ox++) {
-                int64_t x0, x1;
-                window(ox, g->w, g, &x0, &x1);
-                int64_t best = y0 * g->w + x0;
-                float bv = xp[best];
-                for (int64_t iy = y0; iy < y1; iy++)
-                    for (int64_t ix = x0; ix < x1; ix++) {
-                        const float v = xp[iy * g->w + ix];
-                        if (v > bv || (isnan(v) && !isnan(bv))) {
-                            bv = v;
-                            best = iy * g->w + ix;
-                        }
+        for (int64_t o = 0; o < ohw; o++) {
+            const struct rect r = window(g, o);
+            int64_t best = r.y0 * g->w + r.x0;
+            float bv = xp[best];
+            for (int64_t iy = r.y0; iy < r.y1; iy++)
+                for (int64_t ix = r.x0; ix < r.x1; ix++) {
+                    const float v = xp[iy * g->w + ix];
+                    if (v > bv || (isnan(v) && !isnan(bv))) {
+                        bv = v;
+                        best = iy * g->w + ix;
                     }
-                const int64_t o = pl * ohw + oy * g->ow + ox;
-                y[o] = bv;
-                if (argmax) argmax[o] = (int32_t)best;
-            }
+                }
+            y[pl * ohw + o] = bv;
+            if (argmax) argmax[pl * ohw + o] = (int32_t)best;
         }
     });
 }
@@ -61,17 +59,12 @@ void nn_avgpool_forward(const struct nn_pool * g, const float * x, float * y) {
     const double div = (double)g->k * g->k;
     NN_PARALLEL_FOR(planes * ohw * g->k * g->k, pl, planes, {
         const float * xp = x + pl * hw;
-        for (int64_t oy = 0; oy < g->oh; oy++) {
-            int64_t y0, y1;
-            window(oy, g->h, g, &y0, &y1);
-            for (int64_t ox = 0; ox < g->ow; ox++) {
-                int64_t x0, x1;
-                window(ox, g->w, g, &x0, &x1);
-                double sum = 0;
-                for (int64_t iy = y0; iy < y1; iy++)
-                    for (int64_t ix = x0; ix < x1; ix++) sum += xp[iy * g->w + ix];
-                y[pl * ohw + oy * g->ow + ox] = (float)(sum / div);
-            }
+        for (int64_t o = 0; o < ohw; o++) {
+            const struct rect r = window(g, o);
+            double sum = 0;
+            for (int64_t iy = r.y0; iy < r.y1; iy++)
+                for (int64_t ix = r.x0; ix < r.x1; ix++) sum += xp[iy * g->w + ix];
+            y[pl * ohw + o] = (float)(sum / div);
         }
     });
 }
@@ -82,16 +75,11 @@ void nn_avgpool_backward(const struct nn_pool * g, const float * grad_y, float *
     NN_PARALLEL_FOR(planes * (hw + ohw * g->k * g->k), pl, planes, {
         float * gx = grad_x + pl * hw;
         memset(gx, 0, sizeof(float) * (size_t)hw);
-        for (int64_t oy = 0; oy < g->oh; oy++) {
-            int64_t y0, y1;
-            window(oy, g->h, g, &y0, &y1);
-            for (int64_t ox = 0; ox < g->ow; ox++) {
-                int64_t x0, x1;
-                window(ox, g->w, g, &x0, &x1);
-                const float v = grad_y[pl * ohw + oy * g->ow + ox] * inv;
-                for (int64_t iy = y0; iy < y1; iy++)
-                    for (int64_t ix = x0; ix < x1; ix++) gx[iy * g->w + ix] += v;
-            }
+        for (int64_t o = 0; o < ohw; o++) {
+            const struct rect r = window(g, o);
+            const float v = grad_y[pl * ohw + o] * inv;
+            for (int64_t iy = r.y0; iy < r.y1; iy++)
+                for (int64_t ix = r.x0; ix < r.x1; ix++) gx[iy * g->w + ix] += v;
         }
     });
 }
