@@ -45,12 +45,21 @@ static void test_pools(void) {
     fill(x, nx, -3, 3);
     fill(gy, ny, -1, 1);
     if (test_rand_int(0, 3) == 0) x[test_rand_int(0, nx - 1)] = x[test_rand_int(0, nx - 1)]; // a tie, sometimes
+    // Max pooling also sees NaN (which wins) in a copy, sometimes.
+    float * xm = malloc(sizeof(float) * nx), * y2 = malloc(sizeof(float) * ny);
+    memcpy(xm, x, sizeof(float) * nx);
+    if (test_rand_int(0, 2) == 0) xm[test_rand_int(0, nx - 1)] = NAN;
     // (oh, ow) from the definition, floor mode
     CHECK(g.oh == (g.h + 2 * g.p - g.k) / g.s + 1 && g.oh >= 1, "oh %lld", (long long)g.oh);
     const char * what[2] = {"max", "avg"};
     for (int kind = 0; kind < 2; kind++) {
-        if (kind == 0) nn_maxpool_forward(&g, x, y, am);
-        else nn_avgpool_forward(&g, x, y);
+        const float * in = kind == 0 ? xm : x;
+        if (kind == 0) {
+            nn_maxpool_forward(&g, in, y2, NULL); // inference: the value alone, on another path
+            nn_maxpool_forward(&g, in, y, am);
+        } else {
+            nn_avgpool_forward(&g, in, y);
+        }
         for (int64_t i = 0; i < nx; i++) want_gx[i] = 0;
         for (int64_t pl = 0; pl < g.n * g.c; pl++)
             for (int64_t oy = 0; oy < g.oh; oy++)
@@ -60,13 +69,15 @@ static void test_pools(void) {
                     for (int64_t iy = 0; iy < g.h; iy++)
                         for (int64_t ix = 0; ix < g.w; ix++) {
                             if (!in_window(&g, oy, ox, iy, ix)) continue;
-                            const double v = x[pl * hw + iy * g.w + ix];
+                            const double v = in[pl * hw + iy * g.w + ix];
                             sum += v;
-                            if (v > best) best = v, at = iy * g.w + ix;
+                            // NaN wins over numbers; the first of equals (or NaNs) wins
+                            if (isnan(v) ? !isnan(best) : !isnan(best) && v > best) best = v, at = iy * g.w + ix;
                         }
                     const int64_t o = pl * ohw + oy * g.ow + ox;
                     if (kind == 0) {
-                        CHECK(at >= 0 && y[o] == (float)best && am[o] == at,
+                        const bool same = isnan(best) ? isnan(y[o]) && isnan(y2[o]) : y[o] == (float)best && y2[o] == y[o];
+                        CHECK(at >= 0 && same && am[o] == at,
                               "maxpool y[%lld] = %g (argmax %d), want %g (%lld); n %lld c %lld %lldx%lld k %d s %d p %d",
                               (long long)o, y[o], am[o], best, (long long)at, (long long)g.n, (long long)g.c,
                               (long long)g.h, (long long)g.w, g.k, g.s, g.p);
@@ -87,7 +98,9 @@ static void test_pools(void) {
                   what[kind], (long long)i, gx[i], want_gx[i], (long long)g.h, (long long)g.w, g.k, g.s, g.p);
     }
     free(x);
+    free(xm);
     free(y);
+    free(y2);
     free(gy);
     free(gx);
     free(am);
