@@ -266,6 +266,14 @@ static void test_plans(bie_context_t * ctx, const char * arch, enum bie_latent l
     float * x = malloc(sizeof(float) * (size_t)(N * in));
     uint8_t * y = malloc((size_t)N);
     random_batch(x, y, N, in, (int)k);
+    {   // float_layers on a model never run sets the scales too (and agrees with the layers)
+        bie_model_t * f = NULL;
+        CHECK_OK(ctx, bie_model_create(ctx, arch, latent, test_seed, &f));
+        const float * lf = NULL;
+        if (f) CHECK_OK(ctx, bie_model_forward(ctx, f, x, 4, 0, 1, &lf));
+        for (int64_t i = 0; lf && i < 4 * k; i++) CHECK(isfinite(lf[i]), "float_layers logit %lld of an untrained model", (long long)i);
+        bie_model_destroy(f);
+    }
     check_plan(ctx, m, x, 4, arch, "untrained (scales set by the plan)");
     train_steps(ctx, m, x, y, N, 2);
     const int64_t sizes[] = {N, 1, 4, 1, N, 2};

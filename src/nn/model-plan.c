@@ -222,23 +222,26 @@ static enum bie_status build_step(bie_context_t * ctx, bie_model_t * m, const st
     s->count = n * shape_numel(L->in);
     switch (L->kind) {
     case L_CONV:
-    case L_LINEAR:
+    case L_LINEAR: {
         if (L->q == Q_F32) {
             s->route = R_FCONV;
-        } else if (p->float_layers) {
+            break;
+        }
+        const float * in = s->in[0] ? s->in[0] : x;
+        if (L->scale_a.v[0] == 0.0f) BIE_TRY(bie_model_init_scale_a(ctx, L, n, in)); // a model never trained
+        if (p->float_layers) {
             s->route = R_QFLOAT;
             BIE_TRY(bie_model_weight_codes(ctx, L));
         } else {
             s->route = R_QCALL;
-            const float * in = s->in[0] ? s->in[0] : x;
-            if (L->scale_a.v[0] == 0.0f) BIE_TRY(bie_model_init_scale_a(ctx, L, n, in)); // a model never trained
             struct qviews v;
             bie_model_qviews(L, n, in, s->out, &v);
             const struct bie_forward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.y};
             BIE_TRY(bie_layer_plan_forward(ctx, L->kind == L_LINEAR ? &v.ld : NULL, L->kind == L_CONV ? &v.cd : NULL, &a,
-                                       &s->call));
+                                           &s->call));
         }
         break;
+    }
     case L_BN:
         s->route = R_AFFINE;
         nn_batchnorm_affine(L->in[0], L->w.v, L->b.v, L->rmean, L->rvar, BN_EPS, L->bn_scale, L->bn_shift);
