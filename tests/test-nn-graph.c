@@ -8,7 +8,8 @@
 //   the logits of an unplanned evaluation that keeps every value in its own buffer and calls the
 //   public layer API, at several batch sizes and again after training steps;
 // - plans are built once per batch size and rebuilt after the parameters change; a chain of
-//   element-wise layers runs in one slot.
+//   element-wise layers runs in one slot;
+// - files without bie.format_version load as version 1; newer or insufficient versions are refused.
 #include "test-util.h"
 #include "nn/model-impl.h"
 
@@ -332,6 +333,70 @@ static void test_arena(bie_context_t * ctx) {
     bie_model_destroy(m);
 }
 
+// Model format versions: a file without bie.format_version (as written before graphs) loads as
+// version 1; a newer version, a version that does not cover the architecture, or no number are
+// refused with FORMAT_ERROR naming the key.
+static void test_versions(bie_context_t * ctx) {
+    const char * archs[2] = {"input 1 4 4; conv b1 2 3; bn; relu; linear f32 3",
+                             "input 1 4 4; conv b1 2 3; bn; add @0; linear f32 3"};
+    for (int a = 0; a < 2; a++) {
+        bie_model_t * m = NULL;
+        CHECK_OK(ctx, bie_model_create(ctx, archs[a], BIE_LATENT_F32, 1, &m));
+        if (!m) continue;
+        float x[2 * 16];
+        for (int i = 0; i < 32; i++) x[i] = test_rand_float(-1, 1);
+        const float * logits;
+        CHECK_OK(ctx, bie_model_forward(ctx, m, x, 2, 1, 0, &logits));
+        char path[] = "bie-test-version-XXXXXX", other[] = "bie-test-version-XXXXXX";
+        int fd = mkstemp(path);
+        if (fd >= 0) close(fd);
+        fd = mkstemp(other);
+        if (fd >= 0) close(fd);
+        CHECK_OK(ctx, bie_model_save(ctx, m, path, BIE_MODEL_FILE_PACKED, NULL, 0));
+        bie_safetensors_t * st = NULL;
+        CHECK_OK(ctx, bie_safetensors_read(ctx, path, &st));
+        if (st) {
+            const char * v = bie_safetensors_metadata(st, "bie.format_version");
+            CHECK(v && atoi(v) == a + 1, "%s: bie.format_version %s, want %d", archs[a], v ? v : "(none)", a + 1);
+            // The same file with bie.format_version absent, or set to each of these values.
+            const char * values[] = {NULL, "1", "2", "3", "0", "x", ""};
+            for (size_t k = 0; k < sizeof values / sizeof values[0]; k++) {
+                const size_t nt = bie_safetensors_count(st), nm = bie_safetensors_metadata_count(st);
+                struct bie_st_tensor * t = calloc(nt, sizeof *t);
+                const char ** mv = calloc(2 * nm + 2, sizeof *mv);
+                for (size_t i = 0; i < nt; i++) t[i] = *bie_safetensors_at(st, i);
+                size_t q = 0;
+                for (size_t i = 0; i < nm; i++) {
+                    const char * val, * key = bie_safetensors_metadata_at(st, i, &val);
+                    if (!strcmp(key, "bie.format_version")) {
+                        if (!values[k]) continue;
+                        val = values[k];
+                    }
+                    mv[2 * q] = key;
+                    mv[2 * q + 1] = val;
+                    q++;
+                }
+                CHECK_OK(ctx, bie_safetensors_write(ctx, other, t, nt, mv, q));
+                bie_model_t * p = NULL;
+                const enum bie_status s = bie_model_load(ctx, other, &p, NULL);
+                // Version 1 covers the chain only; absent means 1; 3 is newer than this library.
+                const bool ok = values[k] ? !strcmp(values[k], "2") || (a == 0 && !strcmp(values[k], "1")) : a == 0;
+                CHECK(ok ? s == BIE_STATUS_OK && p : s == BIE_STATUS_FORMAT_ERROR && !p &&
+                              strstr(bie_context_last_error(ctx), "version"),
+                      "%s with bie.format_version %s: %s (%s)", archs[a], values[k] ? values[k] : "absent",
+                      bie_status_string(s), bie_context_last_error(ctx));
+                bie_model_destroy(p);
+                free(t);
+                free(mv);
+            }
+            bie_safetensors_free(st);
+        }
+        unlink(path);
+        unlink(other);
+        bie_model_destroy(m);
+    }
+}
+
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     quick = getenv("BIE_TEST_QUICK") != NULL;
@@ -360,6 +425,7 @@ int main(int argc, char ** argv) {
     for (size_t i = 0; i < 4; i++) test_plans(ctx, archs[i], BIE_LATENT_F32);
     test_plans(ctx, ARCH_A, BIE_LATENT_INT8);
     test_arena(ctx);
+    test_versions(ctx);
     bie_context_destroy(ctx);
     return test_finish("test-nn-graph");
 }
