@@ -392,8 +392,9 @@ BIE_API enum bie_status bie_weight_to_latent_int8(bie_context_t * ctx, const str
 // What a C program needs to train a small low-bit network with the layers above and ship it:
 // readers and writers of the model file format (safetensors) and of the IDX data files of the
 // MNIST family, the float building blocks between low-bit layers (batch norm, max-pooling,
-// activations, softmax cross-entropy), the optimizers (Adam, Diode) and a sequential model that
-// ties them together. Float tensors here are dense row-major f32 CPU arrays (NCHW for images).
+// activations, softmax cross-entropy), the optimizers (Adam, Diode) and a model (a graph of
+// layers) that ties them together. Float tensors here are dense row-major f32 CPU arrays (NCHW for
+// images).
 // docs/model-format.md describes the model files.
 //
 
@@ -552,13 +553,17 @@ BIE_API enum bie_status bie_diode_step(bie_context_t * ctx, const struct bie_dio
                                        int64_t count, int8_t * w, const float * grad, float * m,
                                        float * s, int64_t * flips);
 
-// --- sequential model -------------------------------------------------------------------------------
-// A model is a chain of layers described by an architecture string, one layer per ';'-separated
-// item (docs/model-format.md has the grammar):
-//   input C H W                     the input shape (first item)
-//   conv Q OUT K [STRIDE [PAD]]     Q: f32 (float, OpenBLAS), b1, q4 or q8 (bie's layers)
-//   linear Q OUT                    flattens its input
-//   bn | maxpool K | relu | sign | hardtanh
+// --- model -----------------------------------------------------------------------------------------
+// A model is a graph of layers described by an architecture string, one layer per ';'-separated
+// item, each reading the previous item's output or the inputs it names ("@J": layer J's output,
+// "@input"); docs/model-format.md has the grammar:
+//   input C H W                          the input shape (first item)
+//   conv Q OUT K [STRIDE [PAD]] [bias]   Q: f32 (float, OpenBLAS), b1, q4 or q8 (bie's layers)
+//   linear Q OUT [bias]                  flattens its input
+//   bn | maxpool K [S [P]] | avgpool K [S [P]] | adaptive_avgpool OH [OW] | flatten
+//   relu | sign | hardtanh | tanh | gelu | gelu_tanh | silu | prelu N | add @J [@I]
+// Inference (training = 0) runs from plans: the first call at a batch size validates every layer
+// and fixes its route and buffers; later calls at that size allocate nothing and validate nothing.
 // Float layers have a weight and a bias; low-bit layers have a latent weight (f32, or int8 with
 // the Diode optimizer), bias_a, scale_a (lazily initialised from the first training batch and
 // learned) and scale_w (initialised from the weight, then fixed); bn has gamma, beta and running
@@ -572,7 +577,7 @@ enum bie_latent {
 };
 
 struct bie_model_layer_info {
-    const char * kind;     // "conv", "linear", "bn", "maxpool", "relu", "sign", "hardtanh"
+    const char * kind;     // the item's kind as in the architecture: "conv", "linear", "bn", "add", ...
     const char * quant;    // "f32", "b1", "q4", "q8", or "" for layers without weights
     int64_t in_shape[3];   // C, H, W of the input (per sample)
     int64_t out_shape[3];

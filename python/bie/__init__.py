@@ -9,6 +9,7 @@ from .layers import BieLayer, BinaryConv2d, BinaryLinear, Q4Conv2d, Q4Linear, Q8
 from .model_helper import bie_layers, pack_bie_layers, prepare_bie_layers, replace_layers
 from .optim import DiodeMix
 from .export import export_model
+from .model_import import import_model
 from . import functional, reference
 from .bmm import BMM
 from .matmul import BinaryMatMul, BinaryMatMulFunction, Q4MatMul, Q4MatMulFunction, Q8MatMul, Q8MatMulFunction
@@ -31,6 +32,7 @@ __all__ = [
     "Q4Conv2dCutlassForward", "Q8Conv2dForward",
     "BieLayer", "BinaryLinear", "BinaryConv2d", "Q4Linear", "Q4Conv2d", "Q8Linear", "Q8Conv2d",
     "prepare_bie_layers", "pack_bie_layers", "bie_layers", "replace_layers", "DiodeMix", "set_data_parallel", "export_model",
+    "import_model",
     "functional", "reference",
     # Bitorch Engine's other layers and names (bie.compat)
     "BMM", "BinaryMatMul", "BinaryMatMulFunction", "Q4MatMul", "Q4MatMulFunction", "Q8MatMul", "Q8MatMulFunction",
