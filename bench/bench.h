@@ -48,3 +48,8 @@ int bie_bench_main(int argc, char ** argv);
 
 // The CUDA cases (bench/bench-cuda.c, only in CUDA builds); argv as for bie_bench_main.
 int bie_bench_cuda_main(int argc, char ** argv) __attribute__((weak));
+
+// `bie bench --llm` (bench/bench-llm.c): the weight-only n-bit layer at LLM layer shapes; its GPU
+// rows (--backend cuda) are in bench/bench-llm-cuda.c, only in CUDA builds.
+int bench_llm_main(const struct bench_options * o, int argc, char ** argv);
+int bench_llm_cuda_main(const struct bench_options * o, int argc, char ** argv) __attribute__((weak));
