@@ -313,57 +313,51 @@ static enum bie_status codes_tensor(bie_context_t * ctx, const char * name, cons
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_wq_pack(bie_context_t * ctx, const struct bie_wq_desc * desc, const struct bie_tensor * group_bits,
-                            const struct bie_tensor * codes, struct bie_tensor * qweight) {
+// bie_wq_pack (pack = true: codes -> qweight) and bie_wq_unpack (qweight -> codes).
+static enum bie_status codes_call(bie_context_t * ctx, const struct bie_wq_desc * desc, const struct bie_tensor * group_bits,
+                                  const struct bie_tensor * codes, const struct bie_tensor * qweight, bool pack) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     if (!qweight) BIE_FAIL("qweight: is NULL");
     struct bie_wq_call c;
     void * owned[2] = {NULL, NULL};
     enum bie_status s = codes_layout(ctx, desc, group_bits, qweight, &c, owned);
     if (s == BIE_STATUS_OK) s = codes_tensor(ctx, "codes", codes, &c);
-    if (s == BIE_STATUS_OK) {
-        const int32_t * q = codes->data;
-        uint32_t * out = qweight->data;
-        memset(out, 0, (size_t)(c.rows * c.N) * sizeof(uint32_t));
-        for (int64_t r = 0; r < c.K && s == BIE_STATUS_OK; r++) {
-            const int64_t g = r / c.gs;
-            const int b = c.group_bits[g];
-            const int64_t bit = c.bits ? r * b : c.group_word[g] * 32 + (r - g * c.gs) * b;
-            const int64_t w = bit >> 5, sh = bit & 31;
-            for (int64_t n = 0; n < c.N; n++) {
-                const int32_t v = q[r * c.N + n];
-                if (v < 0 || v >= (1 << b)) {
-                    s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "codes: [%lld, %lld] = %d is outside [0, %d]",
-                                      (long long)r, (long long)n, (int)v, (1 << b) - 1);
-                    break;
-                }
-                const uint64_t u = (uint64_t)(uint32_t)v << sh;
-                out[w * c.N + n] |= (uint32_t)u;
-                if (u >> 32) out[(w + 1) * c.N + n] |= (uint32_t)(u >> 32);
+    int32_t * q = s == BIE_STATUS_OK ? codes->data : NULL;
+    uint32_t * out = s == BIE_STATUS_OK ? qweight->data : NULL;
+    if (s == BIE_STATUS_OK && pack) memset(out, 0, (size_t)(c.rows * c.N) * sizeof(uint32_t));
+    for (int64_t r = 0; s == BIE_STATUS_OK && r < c.K; r++) {
+        const int64_t g = r / c.gs;
+        const int b = c.group_bits[g];
+        const int64_t bit = c.bits ? r * b : c.group_word[g] * 32 + (r - g * c.gs) * b;
+        for (int64_t n = 0; n < c.N && s == BIE_STATUS_OK; n++) {
+            if (!pack) {
+                q[r * c.N + n] = (int32_t)bie_wq_code(&c, out, r, n);
+                continue;
             }
+            const int32_t v = q[r * c.N + n];
+            if (v < 0 || v >= (1 << b)) {
+                s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "codes: [%lld, %lld] = %d is outside [0, %d]",
+                                  (long long)r, (long long)n, (int)v, (1 << b) - 1);
+                break;
+            }
+            const uint64_t u = (uint64_t)(uint32_t)v << (bit & 31);
+            out[(bit >> 5) * c.N + n] |= (uint32_t)u;
+            if (u >> 32) out[((bit >> 5) + 1) * c.N + n] |= (uint32_t)(u >> 32);
         }
-        if (s == BIE_STATUS_OK) bie_clear_error(ctx);
     }
+    if (s == BIE_STATUS_OK) bie_clear_error(ctx);
     release(owned);
     return s;
 }
 
+enum bie_status bie_wq_pack(bie_context_t * ctx, const struct bie_wq_desc * desc, const struct bie_tensor * group_bits,
+                            const struct bie_tensor * codes, struct bie_tensor * qweight) {
+    return codes_call(ctx, desc, group_bits, codes, qweight, true);
+}
+
 enum bie_status bie_wq_unpack(bie_context_t * ctx, const struct bie_wq_desc * desc, const struct bie_tensor * group_bits,
                               const struct bie_tensor * qweight, struct bie_tensor * codes) {
-    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    if (!qweight) BIE_FAIL("qweight: is NULL");
-    struct bie_wq_call c;
-    void * owned[2] = {NULL, NULL};
-    enum bie_status s = codes_layout(ctx, desc, group_bits, qweight, &c, owned);
-    if (s == BIE_STATUS_OK) s = codes_tensor(ctx, "codes", codes, &c);
-    if (s == BIE_STATUS_OK) {
-        for (int64_t r = 0; r < c.K; r++)
-            for (int64_t n = 0; n < c.N; n++)
-                ((int32_t *)codes->data)[r * c.N + n] = (int32_t)bie_wq_code(&c, qweight->data, r, n);
-        bie_clear_error(ctx);
-    }
-    release(owned);
-    return s;
+    return codes_call(ctx, desc, group_bits, codes, qweight, false);
 }
 
 // Rounds v to the dtype of t and back (the value a kernel will read).
