@@ -17,10 +17,10 @@ def _torch_weight(m):
     """W [K, N] in feature order (the inverse of perm applied) from the layer's codes and statistics."""
     codes = m.codes().to(torch.float32)
     K = m.in_channels
-    g = torch.arange(K) // m.group_size_eff
+    g = torch.arange(K, device=codes.device) // m.group_size_eff
     s = m.scales.to(torch.float32)[g]
     if m.zero_mode == mpq.ZERO_SYM:
-        b = torch.tensor([m.w_bit] * K) if not m.mixed else m.group_bits.long()[g]
+        b = torch.tensor([m.w_bit] * K, device=codes.device) if not m.mixed else m.group_bits.long().to(codes.device)[g]
         w = s * (codes - (2.0 ** (b - 1))[:, None])
     elif m.zero_mode == mpq.ZERO_CODE:
         w = s * (codes - m.zeros.to(torch.float32)[g])
@@ -67,26 +67,29 @@ def test_rtn_matches_bie_quantize():
         assert bool((err <= 0.5 * s.to(torch.float32).repeat_interleave(32, 0) * 1.01 + 1e-6).all())
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("zero", ["gptq", "sym", "gba"])
-def test_forward_backward(dtype, zero):
+@pytest.mark.parametrize("N", [45, 48])
+def test_forward_backward(dtype, zero, N, device):
+    if dtype == torch.float16 and device.type == "cpu":
+        pytest.skip("float16 matmuls of the torch reference need a GPU")
     torch.manual_seed(0)
-    K, N, M = 200, 45, 5
+    K, M = 256, 5
     kw = dict(gptq=dict(use_gba_quant=False), sym=dict(use_gba_quant=True, asym=False),
               gba=dict(use_gba_quant=True, asym=False))[zero]
-    m = mpq.MPQLinear(K, N, w_bit=4, group_size=64, dtype=dtype, disable_bias=False, **kw)
-    lin = nn.Linear(K, N)
-    perm = torch.randperm(K).to(torch.int32)
+    m = mpq.MPQLinear(K, N, w_bit=4, group_size=64, dtype=dtype, disable_bias=False, device=device, **kw)
+    lin = nn.Linear(K, N).to(device)
+    perm = torch.randperm(K).to(torch.int32).to(device)
     m.quantize_from(lin.weight, perm=perm)
     if zero == "sym":
         m.zero_mode = mpq.ZERO_SYM
         m.quantize_from(lin.weight, perm=perm)
     m.bias = nn.Parameter(lin.bias.detach().to(dtype))
     W = _torch_weight(m)
-    x = torch.randn(2, M, K, dtype=dtype, requires_grad=True)
+    x = torch.randn(2, M, K, dtype=dtype, device=device, requires_grad=True)
     y = m(x)
     want = x.detach().to(torch.float32) @ W + m.bias.detach().to(torch.float32)
-    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    tol = {torch.bfloat16: 2e-2, torch.float16: 4e-3}.get(dtype, 1e-4)
     assert torch.allclose(y.to(torch.float32), want, rtol=tol, atol=tol)
     g = torch.randn_like(y)
     m.train()
