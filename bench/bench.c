@@ -354,14 +354,16 @@ static FILE * open_shapes(const char * path) {
 
 static void usage(FILE * f) {
     fprintf(f, "usage: bie bench [--shapes FILE] [--case SUBSTRING] [--threads N] [--repeat N] [--json]\n"
-               "                 [--quick] [--backend cpu|ref|cuda]\n"
+               "                 [--quick] [--backend cpu|ref|cuda] [--llm]\n"
                "Times bie's layers and the float baseline (OpenBLAS sgemm, im2col + sgemm) in the same run;\n"
                "prints medians, the ratio baseline/bie and bie's GOPS, with 1 thread and with all threads.\n"
-               "Default shapes: bench/shapes/cpu.txt (--quick: bench/shapes/quick.txt).\n");
+               "Default shapes: bench/shapes/cpu.txt (--quick: bench/shapes/quick.txt).\n"
+               "--llm: the weight-only n-bit layer at LLM shapes against OpenBLAS (cuBLAS fp16 with --backend cuda).\n");
 }
 
 int bie_bench_main(int argc, char ** argv) {
     struct bench_options o = {.shapes = NULL, .filter = NULL, .threads = 0, .repeat = 5, .backend = "cpu"};
+    bool llm = false;
     for (int i = 1; i < argc; i++) {
         const char * a = argv[i];
         const bool has = i + 1 < argc;
@@ -370,6 +372,7 @@ int bie_bench_main(int argc, char ** argv) {
             return 0;
         } else if (!strcmp(a, "--json")) o.json = true;
         else if (!strcmp(a, "--quick")) o.quick = true;
+        else if (!strcmp(a, "--llm")) llm = true;
         else if (!strcmp(a, "--shapes") && has) o.shapes = argv[++i];
         else if (!strcmp(a, "--case") && has) o.filter = argv[++i];
         else if (!strcmp(a, "--threads") && has) o.threads = atoi(argv[++i]);
@@ -382,6 +385,7 @@ int bie_bench_main(int argc, char ** argv) {
         }
     }
     if (o.repeat < 1) o.repeat = 1;
+    if (llm) return bench_llm_main(&o, argc, argv);
     if (!strcmp(o.backend, "cuda")) {
         if (bie_bench_cuda_main) return bie_bench_cuda_main(argc, argv);
         fprintf(stderr, "bie bench: this build has no CUDA benchmarks\n");

@@ -73,3 +73,8 @@ static inline void bench_utc_date(char * dst, size_t cap) {
     struct tm tm;
     if (!gmtime_r(&now, &tm) || !strftime(dst, cap, "%Y-%m-%d", &tm)) snprintf(dst, cap, "unknown");
 }
+
+// `bie bench --llm` (bench/bench-llm.c): the weight-only n-bit layer at LLM layer shapes; its GPU
+// rows (--backend cuda) are in bench/bench-llm-cuda.c, only in CUDA builds.
+int bench_llm_main(const struct bench_options * o, int argc, char ** argv);
+int bench_llm_cuda_main(const struct bench_options * o, int argc, char ** argv) __attribute__((weak));

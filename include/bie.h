@@ -740,6 +740,107 @@ BIE_API enum bie_status bie_embedding_backward(bie_context_t * ctx, const struct
 // ("bie_tensor", "shape"); field NULL gives sizeof the struct (*offset = 0). Every struct of this
 // header that the API passes by pointer is listed. INVALID_ARGUMENT for an unknown name.
 BIE_API enum bie_status bie_abi_layout(const char * name, const char * field, int64_t * offset, int64_t * size);
+// --- weight-only n-bit linear layers (LLM weights: GPTQ, Bitorch Engine's MPQ / MBWQ) -------------
+// A layer whose weight holds n-bit codes (1..8 bits) with a float scale and zero point per group of
+// input rows and output column, under float activations (docs/formats.md "Weight-only n-bit"; the
+// equations are in docs/semantics.md). The K input rows of the weight are stored in "packed row"
+// order: packed row r reads input feature perm[r] (perm NULL: r), and rows r in
+// [g*group_size, (g+1)*group_size) form group g. For packed row r of group g, column n:
+//   q       = the r-th code of column n (below), an unsigned integer in [0, 2^b - 1], b = bits of g
+//   W[r, n] = s * (q - z)            BIE_WQ_ZERO_CODE   (GPTQ; z an integer code, or any float)
+//           = s * (q - 2^(b-1))      BIE_WQ_ZERO_SYM    (symmetric: no zeros tensor)
+//           = s * q - z              BIE_WQ_ZERO_OFFSET (Bitorch Engine's GBA / MBWQ "scale*q - zero")
+//   with s = scales[g, n], z = zeros[g, n], each operation an f32 operation.
+//   y[m, n] = bias[n] + sum_r x'[m, r] * W[r, n],  x'[m, r] = x[m, perm[r]] * channel_scale[perm[r]]
+// Codes: qweight is I32 [rows, N]; column n's codes form one little-endian bit stream read down the
+// column (word i of the column holds stream bits 32i .. 32i+31, least-significant bit first).
+// Uniform bits b: code r at stream bit r*b (GPTQ's packing, for 3 bits too), rows = ceil(K*b/32).
+// Mixed bits (bits = 0, group_bits[g] per group; group_size*b a multiple of 32): group g starts at
+// word row sum_{h<g} ceil(n_h*b_h/32) (n_h = rows of group h) and holds its codes as a stream from
+// there, Bitorch Engine's MBWQ / exl2 layer layout.
+
+enum bie_wq_zero {
+    BIE_WQ_ZERO_SYM = 0,
+    BIE_WQ_ZERO_CODE = 1,
+    BIE_WQ_ZERO_OFFSET = 2,
+};
+
+// How the CPU backend may treat activations (other backends ignore it).
+enum bie_wq_act {
+    BIE_WQ_ACT_FLOAT = 0, // f32 arithmetic on x (the reference's values up to f32 rounding)
+    BIE_WQ_ACT_INT8 = 1,  // x quantised per 32 packed rows to int8 (scale max|x|/127), integer dot
+                          // products (AVX512-VNNI): faster, with the activation rounding error
+};
+
+struct bie_wq_desc {
+    int64_t in_features;   // K
+    int64_t out_features;  // N
+    int32_t bits;          // 1..8 for every group, or 0: group_bits holds each group's
+    int32_t group_size;    // rows per group, >= 1 (K or more: one group per column)
+    enum bie_wq_zero zero;
+    enum bie_wq_act act;
+};
+
+// The weight's tensors (dense row-major; on the device of x, except group_bits, always on the host).
+//   qweight       I32 [rows, N]
+//   scales        f32/f16/bf16 [G, N], G = ceil(K / group_size)
+//   zeros         f32/f16/bf16 [G, N] (CODE and OFFSET), NULL for SYM
+//   group_bits    I32 [G] host tensor, values in 1..8, when desc.bits == 0; else NULL
+//   perm          I32 [K], a permutation of 0..K-1 (act-order), or NULL
+//   channel_scale f32/f16/bf16 [K] (input feature scale, exl2), or NULL
+//   bias          f32/f16/bf16 [N], or NULL
+struct bie_wq_weight {
+    const struct bie_tensor * qweight;
+    const struct bie_tensor * scales;
+    const struct bie_tensor * zeros;
+    const struct bie_tensor * group_bits;
+    const struct bie_tensor * perm;
+    const struct bie_tensor * channel_scale;
+    const struct bie_tensor * bias;
+};
+
+// Word rows of qweight for this layer (group_bits: the host array of G values when desc.bits == 0).
+BIE_API enum bie_status bie_wq_qweight_rows(const struct bie_wq_desc * desc, const int32_t * group_bits,
+                                            int64_t * out_rows);
+
+// Forward: x [..., K] f32/f16/bf16 (any strides whose leading dims flatten), y [..., N] f32/f16/bf16.
+BIE_API enum bie_status bie_wq_linear_forward(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                              const struct bie_wq_weight * weight, const struct bie_tensor * x,
+                                              struct bie_tensor * y);
+
+// Backward (each output may be NULL; each is overwritten):
+//   grad_x[m, perm[r]] = channel_scale[perm[r]] * sum_n grad_y[m, n] * W[r, n]    (like x; the QLoRA case)
+//   grad_w[r, n]       = sum_m x'[m, r] * grad_y[m, n]   f32 [K, N] in packed row order: the weight
+//                        gradient that Bitorch Engine hands its optimizer as privileged_grad
+// x is needed only for grad_w (may be NULL otherwise).
+BIE_API enum bie_status bie_wq_linear_backward(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                               const struct bie_wq_weight * weight, const struct bie_tensor * x,
+                                               const struct bie_tensor * grad_y, struct bie_tensor * grad_x,
+                                               struct bie_tensor * grad_w);
+
+// w [K, N] (f32/f16/bf16, packed row order) = W as defined above (perm, channel_scale and bias unused).
+BIE_API enum bie_status bie_wq_dequantize(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                          const struct bie_wq_weight * weight, struct bie_tensor * w);
+
+// Codes <-> qweight: codes is I32 [K, N] (values in [0, 2^b - 1], packed row order; host tensors).
+// bie_wq_pack writes every word of qweight (stream bits past the last code are 0).
+BIE_API enum bie_status bie_wq_pack(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                    const struct bie_tensor * group_bits, const struct bie_tensor * codes,
+                                    struct bie_tensor * qweight);
+BIE_API enum bie_status bie_wq_unpack(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                      const struct bie_tensor * group_bits, const struct bie_tensor * qweight,
+                                      struct bie_tensor * codes);
+
+// Round-to-nearest quantisation of a float weight w [K, N] (host, packed row order) into weight's
+// qweight, scales and zeros (host tensors, written), per group and column, GPTQ's quantiser:
+//   lo = min(min w, 0), hi = max(max w, 0); SYM: hi = max(-lo, hi) and lo = -hi where lo < 0;
+//   lo = hi = 0 -> lo = -1, hi = 1
+//   s = (hi - lo) / (2^b - 1); z = rne(-lo / s) (CODE) or 2^(b-1) (SYM)
+//   q = clamp(rne(w / s) + z, 0, 2^b - 1)
+// OFFSET stores zeros = s * z (so that s*q - zeros is the same weight). f32 arithmetic; scales and
+// zeros are rounded to their dtype first and the codes computed with the rounded values.
+BIE_API enum bie_status bie_wq_quantize(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                        const struct bie_tensor * w, const struct bie_wq_weight * weight);
 
 #ifdef __cplusplus
 }

@@ -344,3 +344,41 @@ def context():
 
 def version():
     return library().bie_version_string().decode()
+
+
+# --- weight-only n-bit layers (include/bie.h "weight-only n-bit linear layers"; python/bie/mpq.py) ---
+WQ_ZERO_SYM, WQ_ZERO_CODE, WQ_ZERO_OFFSET = 0, 1, 2
+WQ_ACT_FLOAT, WQ_ACT_INT8 = 0, 1
+
+
+class WqDesc(ctypes.Structure):
+    _fields_ = [("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64), ("bits", ctypes.c_int32),
+                ("group_size", ctypes.c_int32), ("zero", ctypes.c_int), ("act", ctypes.c_int)]
+
+
+class WqWeight(ctypes.Structure):
+    _fields_ = [(n, _TP) for n in ("qweight", "scales", "zeros", "group_bits", "perm", "channel_scale", "bias")]
+
+
+def _declare_wq(lib):
+    c_int, c_void_p, D, W = ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(WqDesc), ctypes.POINTER(WqWeight)
+    sigs = {
+        "bie_wq_linear_forward": [c_void_p, D, W, _TP, _TP],
+        "bie_wq_linear_backward": [c_void_p, D, W, _TP, _TP, _TP, _TP],
+        "bie_wq_dequantize": [c_void_p, D, W, _TP],
+        "bie_wq_pack": [c_void_p, D, _TP, _TP, _TP],
+        "bie_wq_unpack": [c_void_p, D, _TP, _TP, _TP],
+        "bie_wq_quantize": [c_void_p, D, _TP, W],
+    }
+    for name, args in sigs.items():
+        f = getattr(lib, name)
+        f.restype = c_int
+        f.argtypes = args
+
+
+_declare_base = _declare
+
+
+def _declare(lib):  # noqa: F811 (the base declarations, then the weight-only layer's)
+    _declare_base(lib)
+    _declare_wq(lib)
