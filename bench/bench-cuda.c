@@ -13,12 +13,12 @@
 // libbie time.
 //
 // Entry point: bie_bench_cuda_main(argc, argv), run by `bie bench --backend cuda` (options: --quick,
-// --json, --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step|plan-host)
-// or own name contains S (--case binary-conv, --case "binary-conv b1->b1"); --shape S: the rows
-// whose shape contains S ("4096x4096x4096", "C64 "); --call-only: no graph replays, e.g. under a
-// profiler; --rows M: binary-gemm only at M rows; others are ignored). With -DBIE_BENCH_CUDA_MAIN it is
-// the program bie_bench_cuda, which `bie bench --backend cuda` runs (the bie program itself links
-// no CUDA library).
+// --json, --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step|plan-host|
+// binary-matmul|embedding) or own name contains S (--case binary-conv, --case "binary-conv b1->b1");
+// --shape S: the rows whose shape contains S ("4096x4096x4096", "C64 "); --call-only: no graph
+// replays, e.g. under a profiler; --rows M: binary-gemm only at M rows; others are ignored). With
+// -DBIE_BENCH_CUDA_MAIN it is the program bie_bench_cuda, which `bie bench --backend cuda` runs (the
+// bie program itself links no CUDA library).
 #include <cublas_v2.h>
 #include <stdint.h>
 #include <cuda_runtime.h>
@@ -577,6 +577,106 @@ static int want_row(const char * group, const char * name, const char * shape) {
     return (!g_case || strstr(group, g_case) || strstr(name, g_case)) && (!g_shape || strstr(shape, g_shape));
 }
 
+// --- binary-matmul: bie_matmul_forward, f16 x [B, M, K], y [B, N, K] -> f16, against cuBLAS's fp16
+// strided-batched GEMM; embedding: L rows of a packed table [V, D] into f16 against a device copy
+// of the output's bytes (which reads and writes them; the lookup's "TOPS" column is TB/s written).
+struct op_state {
+    bie_context_t * ctx;
+    int64_t B, M, N, K;
+    struct bie_tensor a, b, out, c1, c2; // matmul: x, y, out, x_clip, y_clip; embedding: indices, table, out
+    void * src, * dst;                   // the baselines' operands
+    size_t bytes;
+    int quant;
+};
+
+static void run_matmul(void * st, int r) {
+    (void)r;
+    struct op_state * s = st;
+    const struct bie_matmul_desc d = {(enum bie_quant)s->quant};
+    const struct bie_matmul_args a = {&s->a, &s->b, &s->c1, &s->c2, &s->out};
+    BK(s->ctx, bie_matmul_forward(s->ctx, &d, &a));
+}
+
+static void run_batched_cublas(void * st, int r) {
+    (void)r;
+    struct op_state * s = st;
+    const float one = 1.0f, zero = 0.0f;
+    CB(cublasGemmStridedBatchedEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)s->N, (int)s->M, (int)s->K, &one, s->b.data,
+                                  CUDA_R_16F, (int)s->K, s->N * s->K, s->a.data, CUDA_R_16F, (int)s->K, s->M * s->K,
+                                  &zero, s->dst, CUDA_R_16F, (int)s->N, s->M * s->N, (int)s->B, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+}
+
+static void run_embedding(void * st, int r) {
+    (void)r;
+    struct op_state * s = st;
+    const struct bie_embedding_desc d = {BIE_QUANT_BINARY, 0};
+    const struct bie_embedding_args a = {&s->a, &s->b, NULL, &s->out};
+    BK(s->ctx, bie_embedding_forward(s->ctx, &d, &a));
+}
+
+static void run_copy(void * st, int r) {
+    (void)r;
+    struct op_state * s = st;
+    CK(cudaMemcpyAsync(s->dst, s->src, s->bytes, cudaMemcpyDeviceToDevice, g_stream));
+}
+
+static void op_matmul_rows(bie_context_t * ctx, int64_t B, int64_t M, int64_t N, int64_t K) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lldx%lld", (long long)B, (long long)M, (long long)N, (long long)K);
+    const char * names[2] = {"binary-matmul f16", "q8-matmul f16"};
+    if (!want_row("binary-matmul", names[0], shape) && !want_row("binary-matmul", names[1], shape)) return;
+    struct op_state s = {ctx, B, M, N, K, {0}, {0}, {0}, {0}, {0}, NULL, NULL, 0, BIE_QUANT_BINARY};
+    const int64_t xs[3] = {B, M, K}, ys[3] = {B, N, K}, os[3] = {B, M, N};
+    s.a = dev_tensor(dev_half_random((size_t)(B * M * K)), BIE_DTYPE_F16, 3, xs);
+    s.b = dev_tensor(dev_half_random((size_t)(B * N * K)), BIE_DTYPE_F16, 3, ys);
+    CK(cudaMalloc(&s.dst, (size_t)(B * M * N) * 2));
+    s.out = dev_tensor(s.dst, BIE_DTYPE_F16, 3, os);
+    bie_tensor_make(&s.c1, &g_half, BIE_DTYPE_F32, 0, NULL); // host clips
+    bie_tensor_make(&s.c2, &g_half, BIE_DTYPE_F32, 0, NULL);
+    const struct timing base = time_ms(run_batched_cublas, &s, 1);
+    for (int i = 0; i < 2; i++) {
+        s.quant = i ? BIE_QUANT_INT8 : BIE_QUANT_BINARY;
+        if (want_row("binary-matmul", names[i], shape))
+            print_row(names[i], shape, time_ms(run_matmul, &s, 1), "cublas-fp16", base, 2.0 * B * M * N * K);
+    }
+    cudaFree(s.a.data);
+    cudaFree(s.b.data);
+    cudaFree(s.dst);
+}
+
+static void op_embedding_row(bie_context_t * ctx, int64_t V, int64_t D, int64_t L) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "V%lld D%lld L%lld", (long long)V, (long long)D, (long long)L);
+    if (!want_row("embedding", "embedding b1->f16", shape)) return;
+    struct op_state s = {ctx, 0, 0, 0, 0, {0}, {0}, {0}, {0}, {0}, NULL, NULL, (size_t)(L * D) * 2, BIE_QUANT_BINARY};
+    int64_t * h = malloc((size_t)L * sizeof(int64_t));
+    uint64_t r = 0x853c49e6748fea9bull;
+    for (int64_t i = 0; i < L; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (int64_t)((r >> 33) % (uint64_t)V);
+    }
+    void * idx;
+    CK(cudaMalloc(&idx, (size_t)L * sizeof(int64_t)));
+    CK(cudaMemcpy(idx, h, (size_t)L * sizeof(int64_t), cudaMemcpyHostToDevice));
+    free(h);
+    const int64_t is[1] = {L}, ts[2] = {V, D}, os[2] = {L, D};
+    s.a = dev_tensor(idx, BIE_DTYPE_I64, 1, is);
+    s.b = dev_tensor(NULL, BIE_DTYPE_B1, 2, ts);
+    size_t tb;
+    bie_tensor_nbytes(&s.b, &tb);
+    s.b.data = dev_alloc_random(tb);
+    CK(cudaMalloc(&s.dst, s.bytes));
+    CK(cudaMalloc(&s.src, s.bytes));
+    s.out = dev_tensor(s.dst, BIE_DTYPE_F16, 2, os);
+    const struct timing base = time_ms(run_copy, &s, 1);
+    print_row("embedding b1->f16", shape, time_ms(run_embedding, &s, 1), "copy-of-out", base, (double)s.bytes);
+    cudaFree(idx);
+    cudaFree(s.b.data);
+    cudaFree(s.dst);
+    cudaFree(s.src);
+}
+
 int bie_bench_cuda_main(int argc, char ** argv) {
     long long rows_only = 0;
     for (int i = 1; i < argc; i++) {
@@ -691,18 +791,28 @@ int bie_bench_cuda_main(int argc, char ** argv) {
         bench_cuda_host_rows(ctx, g_json);
         g_rows++;
     }
+    op_matmul_rows(ctx, 8, 4096, 4096, 4096);
+    op_matmul_rows(ctx, 384, 128, 128, 64); // attention scores: 32 x 12 heads, 128 tokens, 64 per head
+    op_embedding_row(ctx, 50257, 1024, 65536);
     bie_context_destroy(ctx);
     cublasDestroy(g_blas);
     cudaFree(blas_ws);
     cudaStreamDestroy(g_stream);
     if (!g_rows) {
-        fprintf(stderr, "bench cuda: no row matches --case '%s' --shape '%s' (groups: binary-gemm, binary-conv, plan-host, "
-                        "int4-linear, train-step)\n", g_case ? g_case : "", g_shape ? g_shape : "");
+        fprintf(stderr, "bench cuda: no row matches --case '%s' --shape '%s' (groups: binary-gemm, binary-conv, "
+                        "int4-linear, train-step, plan-host, binary-matmul, embedding)\n",
+                g_case ? g_case : "", g_shape ? g_shape : "");
         return 2;
     }
     return 0;
 }
 
 #ifdef BIE_BENCH_CUDA_MAIN
-int main(int argc, char ** argv) { return bie_bench_cuda_main(argc, argv); }
+// The program bie_bench_cuda: these cases, or with --llm the GPU rows of `bie bench --llm` (the bie
+// program runs it for both, since it links no CUDA library).
+int main(int argc, char ** argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--llm")) return bie_bench_main(argc, argv);
+    return bie_bench_cuda_main(argc, argv);
+}
 #endif

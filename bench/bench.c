@@ -359,12 +359,14 @@ static FILE * open_shapes(const char * path) {
 
 static void usage(FILE * f) {
     fprintf(f, "usage: bie bench [--shapes=FILE] [--case=SUBSTRING] [--threads=N] [--repeat=N] [--json]\n"
-               "                 [--quick] [--backend=cpu|ref|cuda]\n"
+               "                 [--quick] [--backend=cpu|ref|cuda] [--llm]\n"
                "Times bie's layers and the float baseline (OpenBLAS sgemm, im2col + sgemm) in the same run;\n"
                "prints medians, the ratio baseline/bie and bie's GOPS, with 1 thread and with all threads.\n"
                "Default shapes: bench/shapes/cpu.txt (--quick: bench/shapes/quick.txt). --threads 1..1024,\n"
                "--repeat 1..64. --backend=cuda runs the program bie_bench_cuda beside this one (its own\n"
-               "options: --shape S, --call-only, --rows M). A --case that selects nothing exits 2.\n");
+               "options: --shape S, --call-only, --rows M). A --case that selects nothing exits 2.\n"
+               "--llm: the weight-only n-bit layer at LLM shapes against OpenBLAS (cuBLAS fp16 with\n"
+               "--backend=cuda).\n");
 }
 
 // A whole number in [lo, hi] from an option's value, or -1 after a message.
@@ -378,10 +380,7 @@ static int bench_int(const char * opt, const char * v, int lo, int hi) {
     return (int)n;
 }
 
-// The CUDA cases are the program bie_bench_cuda (bench/bench-cuda.c: it links cuBLAS and cuDNN for
-// its baselines, which the bie program does not). It is run from this program's directory with
-// the same options, each --opt=value split in two as that program reads them.
-static int run_cuda_bench(int argc, char ** argv) {
+int bench_run_cuda_program(int argc, char ** argv) {
     char exe[4096];
     const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 32);
     if (n > 0) exe[n] = '\0';
@@ -418,7 +417,7 @@ int bie_bench_main(int argc, char ** argv) {
         {"quick", no_argument, NULL, 'q'},          {"shapes", required_argument, NULL, 's'},
         {"case", required_argument, NULL, 'c'},     {"threads", required_argument, NULL, 't'},
         {"repeat", required_argument, NULL, 'r'},   {"backend", required_argument, NULL, 'b'},
-        {NULL, 0, NULL, 0},
+        {"llm", no_argument, NULL, 'l'},            {NULL, 0, NULL, 0},
     };
     char ** args = malloc(sizeof *args * (size_t)(argc + 1)); // getopt permutes; the CUDA program gets argv
     if (!args) return 1;
@@ -427,6 +426,7 @@ int bie_bench_main(int argc, char ** argv) {
     optind = 1;
     opterr = 0;
     int c, bad = 0;
+    bool llm = false;
     while (!bad && (c = getopt_long(argc, args, ":h", longopts, NULL)) != -1) {
         switch (c) {
         case 'h': usage(stdout); free(args); return 0;
@@ -437,6 +437,7 @@ int bie_bench_main(int argc, char ** argv) {
         case 't': bad = (o.threads = bench_int("threads", optarg, 1, 1024)) < 0; break;
         case 'r': bad = (o.repeat = bench_int("repeat", optarg, 1, 64)) < 0; break;
         case 'b': o.backend = optarg; break;
+        case 'l': llm = true; break;
         case ':': fprintf(stderr, "bie bench: %s needs a value\n", args[optind - 1]); bad = 1; break;
         default: fprintf(stderr, "bie bench: unknown option %s\n", args[optind - 1]); bad = 1; break;
         }
@@ -450,7 +451,9 @@ int bie_bench_main(int argc, char ** argv) {
         usage(stderr);
         return 2;
     }
-    if (!strcmp(o.backend, "cuda")) return run_cuda_bench(argc, argv);
+    if (llm) return bench_llm_main(&o, argc, argv);
+    if (!strcmp(o.backend, "cuda"))
+        return bie_bench_cuda_main ? bie_bench_cuda_main(argc, argv) : bench_run_cuda_program(argc, argv);
     if (strcmp(o.backend, "cpu") && strcmp(o.backend, "ref")) {
         fprintf(stderr, "bie bench: --backend must be cpu, ref or cuda\n");
         return 2;

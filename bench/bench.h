@@ -12,9 +12,10 @@
 // with the keys case, backend, threads, bie_ms, baseline, baseline_ms, speedup, gops, and the run's
 // device (the CPU's model name), cpus, isa, blas (OpenBLAS's build), bie_version and date (UTC).
 //
-// CUDA: `--backend cuda` runs the program bie_bench_cuda (bench/bench-cuda.c, built only with the
-// CUDA backend, and linked to cuBLAS and cuDNN for its baselines) from the bie program's directory
-// with the same options; without it, the bie program says that CUDA cases are not available.
+// CUDA: `--backend cuda` runs the program bie_bench_cuda (bench/bench-cuda.c and bench-llm-cuda.c,
+// built only with the CUDA backend, and linked to cuBLAS and cuDNN for their baselines) from the bie
+// program's directory with the same options; without it, the bie program says that the CUDA cases
+// are not available.
 #pragma once
 
 #include <stdbool.h>
@@ -49,8 +50,13 @@ void bench_print(const struct bench_options * opt, const struct bench_result * r
 // Runs `bie bench [options]`; argv[0] is "bench". Returns the process exit code.
 int bie_bench_main(int argc, char ** argv);
 
-// The CUDA cases (bench/bench-cuda.c, the program bie_bench_cuda); argv as for bie_bench_main.
-int bie_bench_cuda_main(int argc, char ** argv);
+// The CUDA cases (bench/bench-cuda.c); argv as for bie_bench_main. Weak: they are linked into the
+// program bie_bench_cuda only (with cuBLAS and cuDNN for their baselines), not into bie.
+int bie_bench_cuda_main(int argc, char ** argv) __attribute__((weak));
+// Runs the program bie_bench_cuda found beside this one with argv's options (each --opt=value split
+// in two, as that program reads them): how the bie program, which links no CUDA library, runs the
+// CUDA cases and the GPU rows of --llm. Returns only on failure (2 when the program is missing).
+int bench_run_cuda_program(int argc, char ** argv);
 // The CUDA "plan-host" rows (bench/bench-cuda-host.c): the host time per planned call against the
 // entry point's. ctx is a context with CUDA state.
 struct bie_context;
@@ -72,3 +78,8 @@ static inline void bench_utc_date(char * dst, size_t cap) {
     struct tm tm;
     if (!gmtime_r(&now, &tm) || !strftime(dst, cap, "%Y-%m-%d", &tm)) snprintf(dst, cap, "unknown");
 }
+
+// `bie bench --llm` (bench/bench-llm.c): the weight-only n-bit layer at LLM layer shapes; its GPU
+// rows (--backend cuda) are in bench/bench-llm-cuda.c, part of the program bie_bench_cuda.
+int bench_llm_main(const struct bench_options * o, int argc, char ** argv);
+int bench_llm_cuda_main(const struct bench_options * o, int argc, char ** argv) __attribute__((weak));

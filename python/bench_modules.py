@@ -105,19 +105,24 @@ def cpu_name():
     return platform.processor() or "unknown CPU"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def setup(doc, json_rows=False):
+    """The options of the benchmark scripts: (args, device name, device, dtype, budget, run)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None)
     ap.add_argument("--quick", action="store_true", help="small shapes, short timings")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per measurement")
-    ap.add_argument("--json", action="store_true", help="one JSON object per row instead of the table")
+    if json_rows:
+        ap.add_argument("--json", action="store_true", help="one JSON object per row instead of the table")
     args = ap.parse_args()
     dev = args.device or ("cuda" if torch.cuda.is_available() and bie.cuda_available() else "cpu")
     device = torch.device(dev)
     dtype = torch.float16 if dev == "cuda" else torch.float32
-    budget = args.budget or (0.2 if args.quick else 0.5)
-    run = timer(device)
     torch.manual_seed(0)
+    return args, dev, device, dtype, args.budget or (0.2 if args.quick else 0.5), timer(device)
+
+
+def main():
+    args, dev, device, dtype, budget, run = setup(__doc__, json_rows=True)
     if dev == "cuda":
         linear = [(4096, 4096, 4096), (8192, 8192, 8192)] if not args.quick else [(2048, 2048, 2048)]
         conv = [(64, 256, 28, 256, 3), (32, 512, 14, 512, 3)] if not args.quick else [(16, 128, 28, 128, 3)]

@@ -6,20 +6,24 @@
 // CUDA tensor or a CUDA query arrives, and that exports one symbol, BIE_CUDA_PLUGIN_ENTRY, which
 // returns this table. Every call from libbie into the backend goes through it. Programs that link
 // the backend's objects themselves (tests/cuda, the CUDA benchmark) get the same table without
-// any loading: the entry symbol is then part of the program, and libbie takes it from there.
+// any loading, from BIE_CUDA_LINKED_ENTRY, which libbie references weakly. (Two names: the plugin
+// also holds the pieces of libbie.a that its code calls, that weak and hidden reference among
+// them, and a hidden reference to the exported name would hide it.)
 //
 // The plugin is built from the same tree as libbie and shares its internal structs (struct
-// bie_context, struct bie_layer_call, ...), so libbie accepts a table only when its ABI number and
-// the sizes it was built with match its own.
+// bie_context, struct bie_layer_call, ...), so libbie accepts a table only when its ABI number, its
+// size and the layout fingerprint of those structs match its own.
 //
-// Adding an entry point: one line in struct bie_cuda_plugin below (before `end`: anywhere is
-// fine, the size check catches a plugin built from another tree) and one line in the plugin's
-// table in src/cuda/cuda-backend.cu; libbie's callers reach it as bie_cuda_plugin_get(ctx, &p)
-// then p->name(...). Bump BIE_CUDA_PLUGIN_ABI when the meaning of an entry or of a shared struct
-// changes without changing its size.
+// Adding an entry point: one line in struct bie_cuda_plugin below (anywhere after the four checked
+// fields: the size check catches a plugin built from another tree) and one line in the plugin's
+// table in src/cuda/cuda-backend.cu; libbie's callers reach it as bie_cuda_plugin_get(ctx, what,
+// &p) then p->name(...). A new slot of struct bie_backend_ops needs only its line in the plugin's
+// table. Bump BIE_CUDA_PLUGIN_ABI when the meaning of an entry or of a shared struct changes
+// without changing its size.
 #pragma once
 
 #include "bie-impl.h"
+#include "wq-impl.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -27,19 +31,28 @@
 #define BIE_CUDA_PLUGIN_ABI 1
 #define BIE_CUDA_PLUGIN_ENTRY bie_cuda_plugin_entry
 #define BIE_CUDA_PLUGIN_ENTRY_NAME "bie_cuda_plugin_entry"
+#define BIE_CUDA_LINKED_ENTRY bie_cuda_linked_entry
 // The plugin's file name; libbie looks for it next to itself, then through the loader's path.
 // The environment variable BIE_CUDA_PLUGIN names another file instead (and only that file).
 #define BIE_CUDA_PLUGIN_FILE "libbie-cuda.so"
 #define BIE_CUDA_PLUGIN_ENV "BIE_CUDA_PLUGIN"
 
+// The sizes of the structs that libbie and the plugin pass each other, folded into one constant
+// (each size times its own odd multiplier, modulo 2^64): the same on both sides only when both were
+// built from the same definitions. A struct that starts to cross the boundary is one more term.
+#define BIE_CUDA_PLUGIN_TERM(type, i) ((uint64_t)sizeof(type) * (0x9E3779B97F4A7C15ull * (2 * (i) + 1)))
+#define BIE_CUDA_PLUGIN_LAYOUT                                                                     \
+    (BIE_CUDA_PLUGIN_TERM(struct bie_context, 0) + BIE_CUDA_PLUGIN_TERM(struct bie_layer_call, 1) +   \
+     BIE_CUDA_PLUGIN_TERM(struct bie_backend_ops, 2) + BIE_CUDA_PLUGIN_TERM(struct bie_matmul_call, 3) + \
+     BIE_CUDA_PLUGIN_TERM(struct bie_embedding_call, 4) + BIE_CUDA_PLUGIN_TERM(struct bie_wq_call, 5))
+
 struct bie_cuda_plugin {
-    // Checked by libbie before any other field is read; these five fields keep their place in
+    // Checked by libbie before any other field is read; these four fields keep their place in
     // every ABI so that a mismatch can be described.
-    uint32_t abi;          // BIE_CUDA_PLUGIN_ABI of the plugin's build
-    uint32_t size;         // sizeof(struct bie_cuda_plugin) in the plugin's build
-    uint32_t context_size; // sizeof(struct bie_context) in the plugin's build
-    uint32_t call_size;    // sizeof(struct bie_layer_call) in the plugin's build
-    const char * version;  // BIE_VERSION_STRING of the plugin's build (for messages)
+    uint32_t abi;         // BIE_CUDA_PLUGIN_ABI of the plugin's build
+    uint32_t size;        // sizeof(struct bie_cuda_plugin) in the plugin's build
+    uint64_t layout;      // BIE_CUDA_PLUGIN_LAYOUT in the plugin's build
+    const char * version; // BIE_VERSION_STRING of the plugin's build (for messages)
 
     // The layer, packing, reduction and STE slots (src/ops dispatches CUDA tensors here).
     struct bie_backend_ops backend;
@@ -55,9 +68,14 @@ struct bie_cuda_plugin {
     enum bie_status (*set_stream)(bie_context_t * ctx, void * stream);
     void * (*stream)(const bie_context_t * ctx);
     enum bie_status (*synchronize)(bie_context_t * ctx);
+    // The weight-only n-bit layer (src/ops/wq.c; every case of a valid call, no fallback).
+    enum bie_status (*wq_forward)(bie_context_t * ctx, const struct bie_wq_call * c);
+    enum bie_status (*wq_backward)(bie_context_t * ctx, const struct bie_wq_call * c);
+    enum bie_status (*wq_dequantize)(bie_context_t * ctx, const struct bie_wq_call * c, const struct bie_tensor * w);
 };
 
-// The entry point the plugin exports (extern "C", default visibility).
+// The entry points of the backend: the one the plugin exports (extern "C", default visibility) and
+// the one a program that links the backend's objects resolves.
 typedef const struct bie_cuda_plugin * (*bie_cuda_plugin_entry_fn)(void);
 
 // The CUDA backend's table, loading the plugin on first use (thread-safe; the plugin stays loaded

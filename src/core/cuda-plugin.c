@@ -26,7 +26,7 @@
 
 // The backend linked into the program. A hidden weak reference: it resolves to NULL when libbie.so
 // is linked (libbie never contains the backend) and leaves no dynamic symbol behind.
-extern const struct bie_cuda_plugin * BIE_CUDA_PLUGIN_ENTRY(void) __attribute__((weak, visibility("hidden")));
+extern const struct bie_cuda_plugin * BIE_CUDA_LINKED_ENTRY(void) __attribute__((weak, visibility("hidden")));
 
 static pthread_once_t load_once = PTHREAD_ONCE_INIT;
 static const struct bie_cuda_plugin * plugin;
@@ -43,12 +43,14 @@ static bool accept(const struct bie_cuda_plugin * p, const char * where) {
         return false;
     }
     if (p->abi != BIE_CUDA_PLUGIN_ABI || p->size != sizeof(struct bie_cuda_plugin) ||
-        p->context_size != sizeof(struct bie_context) || p->call_size != sizeof(struct bie_layer_call)) {
+        p->layout != BIE_CUDA_PLUGIN_LAYOUT) {
         snprintf(why_absent, sizeof why_absent,
-                 "%s is from another build of bie (plugin ABI %u, table %u bytes, version %s) than this "
-                 "libbie (ABI %u, table %zu bytes, version %s); install the libbie-cuda.so built with it",
-                 where, (unsigned)p->abi, (unsigned)p->size, p->version ? p->version : "?",
-                 (unsigned)BIE_CUDA_PLUGIN_ABI, sizeof(struct bie_cuda_plugin), BIE_VERSION_STRING);
+                 "%s is from another build of bie (plugin ABI %u, table %u bytes, layout %016llx, version %s) "
+                 "than this libbie (ABI %u, table %zu bytes, layout %016llx, version %s); install the "
+                 "libbie-cuda.so built with it",
+                 where, (unsigned)p->abi, (unsigned)p->size, (unsigned long long)p->layout,
+                 p->version ? p->version : "?", (unsigned)BIE_CUDA_PLUGIN_ABI, sizeof(struct bie_cuda_plugin),
+                 (unsigned long long)BIE_CUDA_PLUGIN_LAYOUT, BIE_VERSION_STRING);
         return false;
     }
     plugin = p;
@@ -95,8 +97,8 @@ static bool own_directory(char * out, size_t size) {
 }
 
 static void load(void) {
-    if (BIE_CUDA_PLUGIN_ENTRY) {
-        accept(BIE_CUDA_PLUGIN_ENTRY(), "the CUDA backend linked into this program");
+    if (BIE_CUDA_LINKED_ENTRY) {
+        accept(BIE_CUDA_LINKED_ENTRY(), "the CUDA backend linked into this program");
         return;
     }
     const char * env = getenv(BIE_CUDA_PLUGIN_ENV);

@@ -18,4 +18,8 @@ const struct bie_backend_ops bie_cpu_backend = {
     .pack = bie_cpu_pack,
     .unpack = bie_cpu_unpack,
     .binarize_ste = bie_cpu_binarize_ste,
+    .matmul_forward = bie_cpu_matmul_forward,
+    .matmul_backward = bie_cpu_matmul_backward,
+    .embedding_forward = bie_cpu_embedding_forward,
+    .embedding_backward = bie_cpu_embedding_backward,
 };

@@ -311,3 +311,7 @@ enum bie_status bie_cpu_unpack(bie_context_t * ctx, const struct bie_tensor * sr
                                const struct bie_tensor * dst);
 enum bie_status bie_cpu_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
                                      const struct bie_tensor * bits, const struct bie_tensor * mask);
+enum bie_status bie_cpu_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * call);
+enum bie_status bie_cpu_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * call);
+enum bie_status bie_cpu_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * call);
+enum bie_status bie_cpu_embedding_backward(bie_context_t * ctx, const struct bie_embedding_call * call);

@@ -38,6 +38,7 @@ void bie_cuda_state_destroy(struct bie_cuda_state * state) {
     if (state->cublas) cublasDestroy(state->cublas);
     bie_cudnn_state_destroy(state->cudnn);
     if (state->workspace) cudaFree(state->workspace);
+    if (state->aux) cudaFree(state->aux);
     free(state);
 }
 
@@ -140,6 +141,27 @@ enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** ou
     return BIE_STATUS_OK;
 }
 
+enum bie_status bie_cuda_aux(bie_context_t * ctx, size_t bytes, void ** out) {
+    BIE_TRY(ensure_state(ctx));
+    struct bie_cuda_state * s = ctx->cuda;
+    if (s->aux_size < bytes) {
+        const size_t want = (bytes + 0xFFFF) & ~(size_t)0xFFFF;
+        if (s->aux) CU_TRY(ctx, cudaFree(s->aux), "cudaFree(aux)"); // (waits for the work using it)
+        s->aux = NULL;
+        s->aux_size = 0;
+        cudaError_t e = cudaMalloc(&s->aux, want);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            s->aux = NULL;
+            return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: cudaMalloc(%zu) for the aux arena: %s", want,
+                                 cudaGetErrorString(e));
+        }
+        s->aux_size = want;
+    }
+    *out = s->aux;
+    return BIE_STATUS_OK;
+}
+
 static enum bie_status reserve(bie_context_t * ctx, size_t bytes) {
     void * p;
     return bie_cuda_workspace(ctx, bytes, &p);
@@ -202,14 +224,17 @@ enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x
                                 double * sum);
 enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
                                       const struct bie_tensor * bits, const struct bie_tensor * mask);
+enum bie_status bie_cuda_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * call);
+enum bie_status bie_cuda_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * call);
+enum bie_status bie_cuda_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * call);
+enum bie_status bie_cuda_embedding_backward(bie_context_t * ctx, const struct bie_embedding_call * call);
 
 // The table libbie reaches the backend through (src/bie-cuda-plugin.h). A new entry point is one
 // line here and one in struct bie_cuda_plugin.
 static const struct bie_cuda_plugin table = {
     .abi = BIE_CUDA_PLUGIN_ABI,
     .size = sizeof(struct bie_cuda_plugin),
-    .context_size = sizeof(struct bie_context),
-    .call_size = sizeof(struct bie_layer_call),
+    .layout = BIE_CUDA_PLUGIN_LAYOUT,
     .version = BIE_VERSION_STRING,
     .backend =
         {
@@ -220,6 +245,10 @@ static const struct bie_cuda_plugin table = {
             .unpack = bie_cuda_unpack,
             .reduce = bie_cuda_reduce,
             .binarize_ste = bie_cuda_binarize_ste,
+            .matmul_forward = bie_cuda_matmul_forward,
+            .matmul_backward = bie_cuda_matmul_backward,
+            .embedding_forward = bie_cuda_embedding_forward,
+            .embedding_backward = bie_cuda_embedding_backward,
         },
     .device_count = bie_cuda_device_count,
     .state_destroy = bie_cuda_state_destroy,
@@ -227,8 +256,12 @@ static const struct bie_cuda_plugin table = {
     .set_stream = set_stream,
     .stream = stream,
     .synchronize = synchronize,
+    .wq_forward = bie_cuda_wq_forward,
+    .wq_backward = bie_cuda_wq_backward,
+    .wq_dequantize = bie_cuda_wq_dequantize,
 };
 
-// The plugin's one exported symbol.
+// The plugin's one exported symbol, and the same table for programs that link these objects.
 __attribute__((visibility("default"))) const struct bie_cuda_plugin * BIE_CUDA_PLUGIN_ENTRY(void) { return &table; }
+const struct bie_cuda_plugin * BIE_CUDA_LINKED_ENTRY(void) { return &table; }
 }

@@ -28,6 +28,8 @@ struct bie_cuda_state {
     bool force_mma;          // BIE_CUDA_GEMM=mma was set when cc was read: no wgmma
     bool force_gemm_backward; // BIE_CUDA_CONV_BACKWARD=gemm was set then: convs' backward without cuDNN
     struct bie_cudnn_state * cudnn; // cuDNN handle and per-shape algorithms (cuda-cudnn.cu), or NULL
+    void * aux;              // a small device arena that outlives the layer calls inside an op
+    size_t aux_size;         // (the batched matmul's partial sums; bie_cuda_aux)
 };
 
 // The shape of a conv backward as cuDNN is asked it (cuda-cudnn.cu): x [n, c, h, w], weight
@@ -54,6 +56,9 @@ enum bie_status bie_cudnn_conv_wgrad(bie_context_t * ctx, const cudnn_conv_shape
 enum bie_status bie_cuda_state_get(bie_context_t * ctx, int device_index, struct bie_cuda_state ** out);
 // Device workspace of at least `bytes` (256-byte aligned), valid until the next call that asks.
 enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** out);
+// Device memory of at least `bytes` that the layer calls made inside one op leave alone (they use
+// the workspace), valid until the next call that asks for it; grown like the workspace.
+enum bie_status bie_cuda_aux(bie_context_t * ctx, size_t bytes, void ** out);
 // Maps a CUDA error to DEVICE_ERROR with the CUDA message; what names the failing step.
 enum bie_status bie_cuda_fail(bie_context_t * ctx, cudaError_t e, const char * what);
 // The compute capability of the context's device as major*10 + minor (read once; 0 if unknown);

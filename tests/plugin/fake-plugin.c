@@ -27,8 +27,7 @@ static const struct bie_cuda_plugin table = {
     .abi = BIE_CUDA_PLUGIN_ABI,
 #endif
     .size = sizeof(struct bie_cuda_plugin),
-    .context_size = sizeof(struct bie_context),
-    .call_size = sizeof(struct bie_layer_call),
+    .layout = BIE_CUDA_PLUGIN_LAYOUT,
     .version = "0.0.0-test",
     .device_count = no_devices,
 };

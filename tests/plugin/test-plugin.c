@@ -6,6 +6,8 @@
 // CPU layers as usual.
 //
 // Usage: test-plugin EXPECTED-WORDS
+//        test-plugin --loads   (a CUDA build: the real plugin must load; CUDA is then available, or
+//                               absent for want of a GPU only)
 #include "bie-cuda.h"
 #include "bie.h"
 
@@ -47,6 +49,13 @@ static void cpu_layer_runs(bie_context_t * ctx) {
 
 int main(int argc, char ** argv) {
     const char * expected = argc > 1 ? argv[1] : "";
+    if (!strcmp(expected, "--loads")) {
+        const char * why = bie_backend_unavailable_reason(BIE_BACKEND_CUDA);
+        CHECK(bie_backend_available(BIE_BACKEND_CUDA) || (why && !strncmp(why, "no CUDA device", 14)),
+              "the CUDA plugin does not load: %s", why ? why : "(no reason)");
+        printf("test-plugin: the CUDA plugin loads; CUDA: %s\n", why ? why : "available");
+        return failures ? 1 : 0;
+    }
     CHECK(bie_backend_available(BIE_BACKEND_CPU) == 1, "the CPU backend is always there");
     CHECK(bie_backend_unavailable_reason(BIE_BACKEND_CPU) == NULL, "no reason for the CPU");
     CHECK(bie_backend_available(BIE_BACKEND_CUDA) == 0, "CUDA must be unavailable here");
