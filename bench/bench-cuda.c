@@ -784,7 +784,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
             print_row(names[i], shape_s, t, "cublas-fp16x3", base, 6.0 * M * N * K);
         }
     }
-    if (want_row("plan-host", "plan-host", "")) bench_cuda_host_rows(ctx, g_json);
+    if (want_row("plan-host", "plan-host", "")) bench_cuda_host_rows(ctx, g_json, g_json ? json_run_info() : "");
     op_matmul_rows(ctx, 8, 4096, 4096, 4096);
     op_matmul_rows(ctx, 384, 128, 128, 64); // attention scores: 32 x 12 heads, 128 tokens, 64 per head
     op_embedding_row(ctx, 50257, 1024, 65536);

@@ -53,9 +53,10 @@ int bie_bench_main(int argc, char ** argv);
 // The CUDA cases (bench/bench-cuda.c, only in CUDA builds); argv as for bie_bench_main.
 int bie_bench_cuda_main(int argc, char ** argv) __attribute__((weak));
 // The CUDA "plan-host" rows (bench/bench-cuda-host.c): the host time per planned call against the
-// entry point's. ctx is a context with CUDA state.
+// entry point's. ctx is a context with CUDA state; info: what every --json row also names (the
+// device, versions and date, as `"key": value` pairs).
 struct bie_context;
-void bench_cuda_host_rows(struct bie_context * ctx, int json);
+void bench_cuda_host_rows(struct bie_context * ctx, int json, const char * info);
 
 // For the --json rows of both benchmarks: src copied into dst as the inside of a JSON string
 // (outer blanks trimmed; quotes, backslashes and control characters left out), and today's UTC
