@@ -91,7 +91,7 @@ static struct bie_tensor on_device(void * p, enum bie_dtype dt, int nd, const in
 }
 
 // One row: a binary layer with f16 x (channels-last for the conv), a packed weight and device scales.
-static void host_row(bie_context_t * ctx, int conv, int json) {
+static void host_row(bie_context_t * ctx, int conv, int json, const char * info) {
     struct host_case h;
     memset(&h, 0, sizeof h);
     h.conv = conv;
@@ -128,11 +128,9 @@ static void host_row(bie_context_t * ctx, int conv, int json) {
     const double direct = host_us(ctx, call_direct, &h), planned = host_us(ctx, call_planned, &h);
     const char * name = conv ? "plan-host binary conv f16" : "plan-host binary linear f16";
     if (json) {
-        char date[16];
-        bench_utc_date(date, sizeof date);
         printf("{\"case\": \"%s %s\", \"backend\": \"cuda\", \"threads\": 0, \"bie_ms\": %.6f, \"baseline\": "
-               "\"entry point\", \"baseline_ms\": %.6f, \"speedup\": %.4f, \"unit\": \"host time per call\", "
-               "\"date\": \"%s\"}\n", name, shape, planned * 1e-3, direct * 1e-3, direct / planned, date);
+               "\"entry point\", \"baseline_ms\": %.6f, \"speedup\": %.4f, \"unit\": \"host time per call\", %s}\n",
+               name, shape, planned * 1e-3, direct * 1e-3, direct / planned, info);
     } else {
         printf("%-28s %-26s planned %6.2f us  entry point %6.2f us  ratio %5.2fx (host time per call)\n", name, shape,
                planned, direct, direct / planned);
@@ -146,7 +144,7 @@ static void host_row(bie_context_t * ctx, int conv, int json) {
     HC(cudaFree(scales));
 }
 
-void bench_cuda_host_rows(bie_context_t * ctx, int json) {
-    host_row(ctx, 1, json);
-    host_row(ctx, 0, json);
+void bench_cuda_host_rows(bie_context_t * ctx, int json, const char * info) {
+    host_row(ctx, 1, json, info);
+    host_row(ctx, 0, json, info);
 }

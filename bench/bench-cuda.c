@@ -788,7 +788,7 @@ int bie_bench_cuda_main(int argc, char ** argv) {
         }
     }
     if (want_row("plan-host", "plan-host", "")) {
-        bench_cuda_host_rows(ctx, g_json);
+        bench_cuda_host_rows(ctx, g_json, g_json ? json_run_info() : "");
         g_rows++;
     }
     op_matmul_rows(ctx, 8, 4096, 4096, 4096);

@@ -58,9 +58,10 @@ int bie_bench_cuda_main(int argc, char ** argv) __attribute__((weak));
 // CUDA cases and the GPU rows of --llm. Returns only on failure (2 when the program is missing).
 int bench_run_cuda_program(int argc, char ** argv);
 // The CUDA "plan-host" rows (bench/bench-cuda-host.c): the host time per planned call against the
-// entry point's. ctx is a context with CUDA state.
+// entry point's. ctx is a context with CUDA state; info: what every --json row also names (the
+// device, versions and date, as `"key": value` pairs).
 struct bie_context;
-void bench_cuda_host_rows(struct bie_context * ctx, int json);
+void bench_cuda_host_rows(struct bie_context * ctx, int json, const char * info);
 
 // For the --json rows of both benchmarks: src copied into dst as the inside of a JSON string
 // (outer blanks trimmed; quotes, backslashes and control characters left out), and today's UTC

@@ -297,8 +297,15 @@ def modules_part(rows, files):
 
 def networks_part(rows, files):
     out = ["## Whole networks", ""]
-    out += para("`python/bench_networks.py`: whole networks through the PyTorch modules against the same "
-                "network in float, in one process. ratio above 1: bie is faster.")
+    out += para("`python/bench_networks.py`: the ResNet-18 BNN (a Bi-Real shortcut around each 3x3 conv; "
+                "the 16 block convs binary, 4-bit or 8-bit; stem, downsample convs and classifier float), "
+                "224x224, through the PyTorch modules, against the same network in float in one process: "
+                "inference (eval, packed weights) and the training step (forward, backward, SGD), eager or "
+                "replayed from CUDA graphs on both sides. ratio above 1: bie is faster. bie's peak memory "
+                "includes its workspaces.",
+                "`python/bench_ddp.py` (scripts/ddp-check.sh): the binary network's fp16 training step under "
+                "DistributedDataParallel on every GPU of the host; its ratio is the throughput scaling, "
+                "GPUs x (one-GPU step) / (DDP step).")
     for device, drows in group_by(rows, lambda r: r.get("device", "unknown device")).items():
         src = [f for f, frows in files if any(r in frows for r in drows)]
         out += [f"### {device}", ""] + para(f"Measured {dates(drows)}.", f"Files: {', '.join(src)}.")
@@ -306,8 +313,9 @@ def networks_part(rows, files):
         def peak(r):
             p, b = r.get("peak_mib"), r.get("baseline_peak_mib")
             return "-" if p is None else f"{p:.0f}" + (f" / {b:.0f}" if b is not None else "")
-        body = [[r["model"], r["batch"], r["mode"], r.get("baseline", "float"), ms(r.get("baseline_ms")),
-                 ms(r.get("bie_ms")), ratio(r), peak(r)] for r in drows]
+        body = [[r["model"], r["batch"], r["mode"] + (", CUDA graphs" if r.get("graphs") else ""),
+                 r.get("baseline", "float"), ms(r.get("baseline_ms")), ms(r.get("bie_ms")), ratio(r), peak(r)]
+                for r in drows]
         out += table(["model", "batch", "mode", "baseline", "baseline ms", "bie ms", "ratio",
                       "peak MiB (bie / baseline)"], body)
         out += [""]
@@ -329,7 +337,9 @@ To refresh a figure, run its benchmark with `--json` into `bench/results/`, then
     BIE_CPU_ISA=avx2 build/bie bench --json --repeat 5 --threads 1 > bench/results/cpu-avx2.json
     BIE_LIBRARY=build/libbie.so PYTHONPATH=python python3 python/bench_modules.py --device cpu --json \\
         > bench/results/modules-cpu.json
-    scripts/gpu-check.sh --out DIR     # on a GPU machine: DIR/bench-cuda.json, DIR/bench-modules.json
+    scripts/gpu-check.sh --out DIR     # on a GPU machine: DIR/bench-cuda.json, DIR/bench-modules.json,
+                                       # DIR/bench-networks-*.json
+    scripts/ddp-check.sh --out DIR     # on a machine of several GPUs: DIR/bench-ddp.json
 
 `make test` checks that this page is what the result files give.
 """

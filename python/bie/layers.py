@@ -230,6 +230,10 @@ class BieLayer(nn.Module):
                 return _GradScale.apply(self.scale_a, 1.0 / math.sqrt(world))
         return self.scale_a
 
+    def _inference(self):
+        """Eval mode without autograd: the layer call goes straight to libbie (no autograd node)."""
+        return not self.training and not torch.is_grad_enabled()
+
     def _output(self, y):
         if self.bias is not None:
             y = y + (self.bias.view(1, -1, 1, 1) if self.is_conv else self.bias)
@@ -347,6 +351,8 @@ class BinaryLinear(_Linear):
             self.bmm_type = check_bmm_type(bmm_type)
         check_bmm_type(self.bmm_type, x.device)
         w = self._prepare_forward(x)
+        if self._inference():
+            return self._output(F.linear_forward(QUANT_BINARY, x, w, self.scale_a, self.scale_w, self.bias_a))
         y = BinaryLinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.gemm_kernel_id, self.training,
                                       self.bias_a)
         return self._output(y)
@@ -368,6 +374,8 @@ class Q4Linear(_Linear):
     def forward(self, x):
         self._check_forward(x)
         w = self._prepare_forward(x)
+        if self._inference():
+            return self._output(F.linear_forward(self.quant, x, w, self.scale_a, self.scale_w, self.bias_a))
         return self._output(Q4LinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, self.bias_a))
 
 
@@ -384,6 +392,8 @@ class Q8Linear(_Linear):
     def forward(self, x):
         self._check_forward(x)
         w = self._prepare_forward(x)
+        if self._inference():
+            return self._output(F.linear_forward(self.quant, x, w, self.scale_a, self.scale_w, self.bias_a))
         return self._output(Q8LinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, self.bias_a))
 
 
@@ -436,6 +446,9 @@ class BinaryConv2d(_Conv2d):
     def forward(self, x):
         self._check_forward(x)
         w = self._prepare_forward(x)
+        if self._inference():
+            return self._output(F.conv2d_forward(QUANT_BINARY, x, w, self.scale_a, self.scale_w, self.bias_a,
+                                                 *self._geometry(), self.pad_value))
         y = BinaryConv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
                                       self.bias_a, self.pad_value)
         return self._output(y)
@@ -456,6 +469,9 @@ class Q4Conv2d(_Conv2d):
     def forward(self, x):
         self._check_forward(x)
         w = self._prepare_forward(x)
+        if self._inference():
+            return self._output(F.conv2d_forward(self.quant, x, w, self.scale_a, self.scale_w, self.bias_a,
+                                                 *self._geometry()))
         return self._output(Q4Conv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
                                                   self.bias_a))
 
@@ -475,5 +491,8 @@ class Q8Conv2d(_Conv2d):
     def forward(self, x):
         self._check_forward(x)
         w = self._prepare_forward(x)
+        if self._inference():
+            return self._output(F.conv2d_forward(self.quant, x, w, self.scale_a, self.scale_w, self.bias_a,
+                                                 *self._geometry()))
         return self._output(Q8Conv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
                                                   self.bias_a))

@@ -239,7 +239,7 @@ def test_bmha(device):
 
     def lin(layer, x):
         return be_linear(bie.QUANT_BINARY, x, layer.weight.detach().to(torch.float32), layer.scale_a, layer.scale_w,
-                         layer.bias_a, torch.zeros(*x.shape[:-1], layer.out_features))[0]
+                         layer.bias_a, torch.zeros(*x.shape[:-1], layer.out_features, device=x.device))[0]
 
     def heads(t):
         return t.view(2, -1, 4, 8).transpose(1, 2)
@@ -248,14 +248,15 @@ def test_bmha(device):
     k = heads(lin(a.k_linear, h)) + a.move_k.bias.to(D64)
     v = heads(lin(a.v_linear, h)) + a.move_v.bias.to(D64)
     sm = a.score_matmul
-    scores = be_matmul(bie.QUANT_BINARY, q.float(), k.float(), sm.x_clip, sm.y_clip, torch.zeros(2, 4, 5, 5))[0]
+    scores = be_matmul(bie.QUANT_BINARY, q.float(), k.float(), sm.x_clip, sm.y_clip,
+                       torch.zeros(2, 4, 5, 5, device=q.device))[0]
     scores = scores / math.sqrt(8)
-    scores = scores.masked_fill(mask[:, None, None, :].to(D64).cpu() == 0, -1e9)
+    scores = scores.masked_fill(mask[:, None, None, :].to(D64).to(scores.device) == 0, -1e9)
     p = torch.softmax(scores, dim=-1)
     close(probs, p, "BMHA probabilities", 1e-5)
     cm = a.context_matmul
     ctx = be_matmul(bie.QUANT_INT8, probs.detach().double(), v.transpose(-1, -2).float(), cm.x_clip, cm.y_clip,
-                    torch.zeros(2, 4, 5, 8))[0]
+                    torch.zeros(2, 4, 5, 8, device=v.device))[0]
     ctx = ctx.transpose(1, 2).reshape(2, 5, 32)
     want = lin(a.out, ctx.float())
     close(out, want, "BMHA output", 1e-4)
