@@ -107,7 +107,8 @@ BIE_API enum bie_status bie_tensor_permute(struct bie_tensor * t, const int32_t 
 // Bytes spanned by the view (from data to one past its last element, rounded up to a byte).
 BIE_API enum bie_status bie_tensor_nbytes(const struct bie_tensor * t, size_t * out_bytes);
 
-// Number of elements (product of the shape; 1 for a scalar).
+// Number of elements (product of the shape; 1 for a scalar); -1 when the product overflows int64 or
+// a dimension is negative.
 BIE_API int64_t bie_tensor_numel(const struct bie_tensor * t);
 
 //

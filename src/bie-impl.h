@@ -91,6 +91,12 @@ float bie_load_scalar(const struct bie_tensor * t);
 enum bie_status bie_check_tensor(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
                                  bool allow_broadcast);
 
+// Refuses outputs (NULL entries and data == NULL skipped) whose elements overlap each other, or
+// whose bytes overlap another output's or an input's, with a message naming both.
+enum bie_status bie_check_outputs(bie_context_t * ctx, const struct bie_tensor * const * outs, const char * const * out_names,
+                                  int n_out, const struct bie_tensor * const * ins, const char * const * in_names,
+                                  int n_in);
+
 // --- normalised layer call ----------------------------------------------------------------------
 
 // Geometry of a layer call; a linear layer is a conv with H = W = kh = kw = 1.

@@ -291,6 +291,12 @@ static enum bie_status forward(bie_context_t * ctx, const struct bie_linear_desc
     if (!(bie_dtype_is_float(yd) || yd == BIE_DTYPE_I32 || (yd == BIE_DTYPE_B1 && c.quant == BIE_QUANT_BINARY)))
         BIE_FAIL("y: dtype %s is not supported (f32, f16, bf16, i32%s)", bie_dtype_name(yd),
              c.quant == BIE_QUANT_BINARY ? " or b1" : "");
+    if (c.scales_on_host && !isfinite(c.scale_a * c.scale_w))
+        BIE_FAIL("scale_a * scale_w: %g * %g overflows f32 (y = acc * (scale_a * scale_w) needs a finite product)",
+                 (double)c.scale_a, (double)c.scale_w);
+    const struct bie_tensor * outs[1] = {a->y}, * ins[5] = {a->x, a->bias_a, a->weight, a->scale_a, a->scale_w};
+    static const char * const out_names[1] = {"y"}, * const in_names[5] = {"x", "bias_a", "weight", "scale_a", "scale_w"};
+    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 1, ins, in_names, 5));
     const struct job j = {JOB_FORWARD, &c, NULL, NULL};
     return dispatch(ctx, &j);
 }
@@ -362,6 +368,11 @@ static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_des
         if (bie_tensor_numel(a->grad_scale_a) != 1) BIE_FAIL("grad_scale_a: must hold exactly one element");
         c.grad_scale_a = *a->grad_scale_a;
     }
+    const struct bie_tensor * outs[4] = {a->grad_x, a->grad_weight, a->grad_scale_a, a->grad_bias_a};
+    const struct bie_tensor * ins[7] = {a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, a->grad_y, a->x_mask};
+    static const char * const out_names[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
+    static const char * const in_names[7] = {"x", "bias_a", "weight", "scale_a", "scale_w", "grad_y", "x_mask"};
+    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 4, ins, in_names, 7));
     const struct job j = {JOB_BACKWARD, &c, NULL, NULL};
     return dispatch(ctx, &j);
 }
@@ -426,6 +437,9 @@ enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * 
         if (outs[i]->dtype != BIE_DTYPE_B1) BIE_FAIL("%s: dtype %s is not b1", names[i], bie_dtype_name(outs[i]->dtype));
         BIE_TRY(linear_view(ctx, names[i], outs[i], x, K, &views[i]));
     }
+    const struct bie_tensor * ins[3] = {x, bias_a, scale_a};
+    static const char * const in_names[3] = {"x", "bias_a", "scale_a"};
+    BIE_TRY(bie_check_outputs(ctx, (const struct bie_tensor * const *)outs, names, 2, ins, in_names, 3));
     const struct job j = {JOB_BINARIZE_STE, &c, bits ? &views[0] : NULL, mask ? &views[1] : NULL};
     return dispatch(ctx, &j);
 }
