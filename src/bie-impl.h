@@ -28,6 +28,10 @@
 // Returns BIE_STATUS_INVALID_ARGUMENT with a printf-style message; needs `ctx` in scope.
 #define BIE_FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
 
+// The status FORMAT_ERROR with a printf-style message, as an expression (the readers of untrusted
+// files); needs `ctx` in scope.
+#define BIE_FORMAT_ERROR(...) bie_set_error(ctx, BIE_STATUS_FORMAT_ERROR, __VA_ARGS__)
+
 struct bie_cuda_state; // owned by src/cuda
 
 struct bie_context {

@@ -8,8 +8,6 @@
 #include <string.h>
 #include <zlib.h>
 
-#define FMT(...) bie_set_error(ctx, BIE_STATUS_FORMAT_ERROR, __VA_ARGS__)
-
 // Inflates a gzip stream (possibly several members) into a malloc'd buffer of at most max bytes.
 static enum bie_status gunzip(bie_context_t * ctx, const char * name, const uint8_t * in, size_t n,
                               size_t max, uint8_t ** out, size_t * out_n) {
@@ -33,7 +31,7 @@ static enum bie_status gunzip(bie_context_t * ctx, const char * name, const uint
         z.avail_in = (uInt)(in_left > (1u << 30) ? (1u << 30) : in_left);
         if (len == cap) {
             if (cap >= max) {
-                s = FMT("%s: decompresses to more than %zu bytes", name, max);
+                s = BIE_FORMAT_ERROR("%s: decompresses to more than %zu bytes", name, max);
                 break;
             }
             size_t nc = cap * 2 > max ? max : cap * 2;
@@ -65,21 +63,21 @@ static enum bie_status gunzip(bie_context_t * ctx, const char * name, const uint
             if (consumed == n) break;
             // Another gzip member follows (concatenated .gz files are legal).
             if (inflateReset(&z) != Z_OK) {
-                s = FMT("%s: corrupt gzip data", name);
+                s = BIE_FORMAT_ERROR("%s: corrupt gzip data", name);
                 break;
             }
             continue;
         }
         if (r == Z_BUF_ERROR && consumed == n && z.avail_out > 0) {
-            s = FMT("%s: truncated gzip data (the file ends inside the compressed stream)", name);
+            s = BIE_FORMAT_ERROR("%s: truncated gzip data (the file ends inside the compressed stream)", name);
             break;
         }
         if (r != Z_OK && r != Z_BUF_ERROR) {
-            s = FMT("%s: corrupt gzip data (%s)", name, z.msg ? z.msg : "zlib error");
+            s = BIE_FORMAT_ERROR("%s: corrupt gzip data (%s)", name, z.msg ? z.msg : "zlib error");
             break;
         }
         if (r == Z_BUF_ERROR && z.avail_out > 0) { // no progress possible
-            s = FMT("%s: truncated gzip data", name);
+            s = BIE_FORMAT_ERROR("%s: truncated gzip data", name);
             break;
         }
     }
@@ -95,27 +93,27 @@ static enum bie_status gunzip(bie_context_t * ctx, const char * name, const uint
 
 static enum bie_status parse_raw(bie_context_t * ctx, const char * name, const uint8_t * p, size_t n,
                                  struct bie_idx * out) {
-    if (n < 4) return FMT("%s: too short for an IDX header (%zu bytes)", name, n);
+    if (n < 4) return BIE_FORMAT_ERROR("%s: too short for an IDX header (%zu bytes)", name, n);
     if (p[0] != 0 || p[1] != 0)
-        return FMT("%s: bad IDX magic %02x %02x %02x %02x (not an IDX file)", name, p[0], p[1], p[2], p[3]);
+        return BIE_FORMAT_ERROR("%s: bad IDX magic %02x %02x %02x %02x (not an IDX file)", name, p[0], p[1], p[2], p[3]);
     if (p[2] != 0x08)
-        return FMT("%s: IDX element type 0x%02x is not supported (only unsigned bytes, 0x08)", name, p[2]);
+        return BIE_FORMAT_ERROR("%s: IDX element type 0x%02x is not supported (only unsigned bytes, 0x08)", name, p[2]);
     const int ndim = p[3];
-    if (ndim < 1 || ndim > 4) return FMT("%s: IDX rank %d outside [1, 4]", name, ndim);
-    if (n < 4 + 4 * (size_t)ndim) return FMT("%s: truncated IDX header", name);
+    if (ndim < 1 || ndim > 4) return BIE_FORMAT_ERROR("%s: IDX rank %d outside [1, 4]", name, ndim);
+    if (n < 4 + 4 * (size_t)ndim) return BIE_FORMAT_ERROR("%s: truncated IDX header", name);
     uint64_t numel = 1;
     for (int i = 0; i < ndim; i++) {
         const uint32_t d = bie_load_be32(p + 4 + 4 * i);
-        if (d == 0 || d > (1u << 30)) return FMT("%s: IDX dimension %d = %" PRIu32 " is out of range", name, i, d);
+        if (d == 0 || d > (1u << 30)) return BIE_FORMAT_ERROR("%s: IDX dimension %d = %" PRIu32 " is out of range", name, i, d);
         numel *= d;
-        if (numel > BIE_IDX_MAX_BYTES) return FMT("%s: IDX data larger than %u bytes", name, BIE_IDX_MAX_BYTES);
+        if (numel > BIE_IDX_MAX_BYTES) return BIE_FORMAT_ERROR("%s: IDX data larger than %u bytes", name, BIE_IDX_MAX_BYTES);
         out->shape[i] = d;
     }
     const size_t have = n - 4 - 4 * (size_t)ndim;
     if (have < numel)
-        return FMT("%s: truncated: the header announces %" PRIu64 " bytes of data, the file has %zu", name, numel, have);
+        return BIE_FORMAT_ERROR("%s: truncated: the header announces %" PRIu64 " bytes of data, the file has %zu", name, numel, have);
     if (have > numel)
-        return FMT("%s: %zu unexpected bytes after the %" PRIu64 " bytes of data", name, have - (size_t)numel, numel);
+        return BIE_FORMAT_ERROR("%s: %zu unexpected bytes after the %" PRIu64 " bytes of data", name, have - (size_t)numel, numel);
     out->data = malloc(numel);
     if (!out->data) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "%s: out of memory", name);
     memcpy(out->data, p + 4 + 4 * ndim, numel);

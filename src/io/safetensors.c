@@ -20,8 +20,6 @@ struct bie_safetensors {
     size_t n_meta;
 };
 
-#define FMT(...) bie_set_error(ctx, BIE_STATUS_FORMAT_ERROR, __VA_ARGS__)
-
 static const struct {
     const char * name;
     enum bie_dtype dtype;
@@ -58,41 +56,41 @@ static int cmp_offset(const void * a, const void * b) {
 static enum bie_status parse_tensor(bie_context_t * ctx, const struct bie_json * j, const uint8_t * data,
                                     uint64_t data_size, struct bie_st_tensor * t) {
     const char * name = j->key;
-    if (j->type != BIE_JSON_OBJECT) return FMT("tensor \"%.80s\": not an object", name);
-    if (j->count != 3) return FMT("tensor \"%.80s\": must have exactly dtype, shape and data_offsets", name);
+    if (j->type != BIE_JSON_OBJECT) return BIE_FORMAT_ERROR("tensor \"%.80s\": not an object", name);
+    if (j->count != 3) return BIE_FORMAT_ERROR("tensor \"%.80s\": must have exactly dtype, shape and data_offsets", name);
     const struct bie_json * jd = bie_json_get(j, "dtype"), * js = bie_json_get(j, "shape"),
                           * jo = bie_json_get(j, "data_offsets");
-    if (!jd || !js || !jo) return FMT("tensor \"%.80s\": must have exactly dtype, shape and data_offsets", name);
-    if (jd->type != BIE_JSON_STRING) return FMT("tensor \"%.80s\": dtype is not a string", name);
+    if (!jd || !js || !jo) return BIE_FORMAT_ERROR("tensor \"%.80s\": must have exactly dtype, shape and data_offsets", name);
+    if (jd->type != BIE_JSON_STRING) return BIE_FORMAT_ERROR("tensor \"%.80s\": dtype is not a string", name);
     int di = -1;
     for (size_t i = 0; i < sizeof k_dtypes / sizeof k_dtypes[0]; i++)
         if (strcmp(jd->str, k_dtypes[i].name) == 0) di = (int)i;
-    if (di < 0) return FMT("tensor \"%.80s\": unsupported dtype \"%.20s\"", name, jd->str);
-    if (js->type != BIE_JSON_ARRAY) return FMT("tensor \"%.80s\": shape is not an array", name);
-    if (js->count > BIE_MAX_DIMS) return FMT("tensor \"%.80s\": more than %d dimensions", name, BIE_MAX_DIMS);
+    if (di < 0) return BIE_FORMAT_ERROR("tensor \"%.80s\": unsupported dtype \"%.20s\"", name, jd->str);
+    if (js->type != BIE_JSON_ARRAY) return BIE_FORMAT_ERROR("tensor \"%.80s\": shape is not an array", name);
+    if (js->count > BIE_MAX_DIMS) return BIE_FORMAT_ERROR("tensor \"%.80s\": more than %d dimensions", name, BIE_MAX_DIMS);
     uint64_t numel = 1;
     t->ndim = (int32_t)js->count;
     for (size_t i = 0; i < js->count; i++) {
         const struct bie_json * e = &js->items[i];
         if (e->type != BIE_JSON_NUMBER || !e->is_int || e->integer < 0 || e->integer > (INT64_C(1) << 40))
-            return FMT("tensor \"%.80s\": shape[%zu] is not an integer in [0, 2^40]", name, i);
+            return BIE_FORMAT_ERROR("tensor \"%.80s\": shape[%zu] is not an integer in [0, 2^40]", name, i);
         t->shape[i] = e->integer;
         if (e->integer != 0 && numel > UINT64_MAX / (uint64_t)e->integer)
-            return FMT("tensor \"%.80s\": shape overflows", name);
+            return BIE_FORMAT_ERROR("tensor \"%.80s\": shape overflows", name);
         numel *= (uint64_t)e->integer;
     }
-    if (numel > UINT64_MAX / k_dtypes[di].size) return FMT("tensor \"%.80s\": shape overflows", name);
+    if (numel > UINT64_MAX / k_dtypes[di].size) return BIE_FORMAT_ERROR("tensor \"%.80s\": shape overflows", name);
     const uint64_t nbytes = numel * k_dtypes[di].size;
-    if (jo->type != BIE_JSON_ARRAY || jo->count != 2) return FMT("tensor \"%.80s\": data_offsets is not [begin, end]", name);
+    if (jo->type != BIE_JSON_ARRAY || jo->count != 2) return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets is not [begin, end]", name);
     for (int i = 0; i < 2; i++)
         if (jo->items[i].type != BIE_JSON_NUMBER || !jo->items[i].is_int || jo->items[i].integer < 0)
-            return FMT("tensor \"%.80s\": data_offsets[%d] is not a non-negative integer", name, i);
+            return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets[%d] is not a non-negative integer", name, i);
     const uint64_t b = (uint64_t)jo->items[0].integer, e = (uint64_t)jo->items[1].integer;
     if (b > e || e > data_size)
-        return FMT("tensor \"%.80s\": data_offsets [%" PRIu64 ", %" PRIu64 "] outside the data section of %" PRIu64 " bytes",
+        return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets [%" PRIu64 ", %" PRIu64 "] outside the data section of %" PRIu64 " bytes",
                    name, b, e, data_size);
     if (e - b != nbytes)
-        return FMT("tensor \"%.80s\": data_offsets span %" PRIu64 " bytes but dtype %s and shape need %" PRIu64,
+        return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets span %" PRIu64 " bytes but dtype %s and shape need %" PRIu64,
                    name, e - b, k_dtypes[di].name, nbytes);
     t->dtype = k_dtypes[di].dtype;
     t->data = data + b;
@@ -103,22 +101,22 @@ static enum bie_status parse_tensor(bie_context_t * ctx, const struct bie_json *
 }
 
 static enum bie_status parse_owned(bie_context_t * ctx, bie_safetensors_t * st) {
-    if (st->size < 8) return FMT("file of %zu bytes is too short for a safetensors header", st->size);
+    if (st->size < 8) return BIE_FORMAT_ERROR("file of %zu bytes is too short for a safetensors header", st->size);
     const uint64_t hlen = bie_load_le64(st->bytes);
     if (hlen > BIE_SAFETENSORS_MAX_HEADER)
-        return FMT("header length %" PRIu64 " exceeds the limit of %u bytes", hlen, BIE_SAFETENSORS_MAX_HEADER);
+        return BIE_FORMAT_ERROR("header length %" PRIu64 " exceeds the limit of %u bytes", hlen, BIE_SAFETENSORS_MAX_HEADER);
     if (hlen > st->size - 8)
-        return FMT("header length %" PRIu64 " exceeds the file (%zu bytes after the length)", hlen, st->size - 8);
-    if (hlen < 2) return FMT("header of %" PRIu64 " bytes cannot hold a JSON object", hlen);
+        return BIE_FORMAT_ERROR("header length %" PRIu64 " exceeds the file (%zu bytes after the length)", hlen, st->size - 8);
+    if (hlen < 2) return BIE_FORMAT_ERROR("header of %" PRIu64 " bytes cannot hold a JSON object", hlen);
     char err[256];
     struct bie_json root;
     if (!bie_json_parse((const char *)st->bytes + 8, (size_t)hlen, &root, err, sizeof err))
-        return FMT("header: %s", err);
+        return BIE_FORMAT_ERROR("header: %s", err);
     enum bie_status s = BIE_STATUS_OK;
     const uint8_t * data = st->bytes + 8 + hlen;
     const uint64_t data_size = st->size - 8 - hlen;
     if (root.type != BIE_JSON_OBJECT) {
-        s = FMT("header is not a JSON object");
+        s = BIE_FORMAT_ERROR("header is not a JSON object");
         goto done;
     }
     st->tensors = calloc(root.count ? root.count : 1, sizeof *st->tensors);
@@ -130,7 +128,7 @@ static enum bie_status parse_owned(bie_context_t * ctx, bie_safetensors_t * st) 
         const struct bie_json * m = &root.items[i];
         if (strcmp(m->key, "__metadata__") == 0) {
             if (m->type != BIE_JSON_OBJECT) {
-                s = FMT("__metadata__ is not an object");
+                s = BIE_FORMAT_ERROR("__metadata__ is not an object");
                 goto done;
             }
             st->meta = calloc(2 * m->count + 1, sizeof(char *));
@@ -140,7 +138,7 @@ static enum bie_status parse_owned(bie_context_t * ctx, bie_safetensors_t * st) 
             }
             for (size_t k = 0; k < m->count; k++) {
                 if (m->items[k].type != BIE_JSON_STRING) {
-                    s = FMT("__metadata__ value of \"%.80s\" is not a string", m->items[k].key);
+                    s = BIE_FORMAT_ERROR("__metadata__ value of \"%.80s\" is not a string", m->items[k].key);
                     goto done;
                 }
                 st->meta[2 * k] = strdup(m->items[k].key);
@@ -163,14 +161,14 @@ static enum bie_status parse_owned(bie_context_t * ctx, bie_safetensors_t * st) 
     for (size_t i = 0; i < st->count; i++) {
         const uint64_t b = (uint64_t)((const uint8_t *)st->tensors[i].data - data);
         if (b != at) {
-            s = FMT("tensor \"%.80s\" %s (data_offsets begin at %" PRIu64 ", expected %" PRIu64 ")",
+            s = BIE_FORMAT_ERROR("tensor \"%.80s\" %s (data_offsets begin at %" PRIu64 ", expected %" PRIu64 ")",
                     st->tensors[i].name, b < at ? "overlaps another tensor" : "leaves a hole before it", b, at);
             goto done;
         }
         at = b + st->tensors[i].nbytes;
     }
     if (at != data_size)
-        s = FMT("the data section has %" PRIu64 " bytes but the tensors cover %" PRIu64, data_size, at);
+        s = BIE_FORMAT_ERROR("the data section has %" PRIu64 " bytes but the tensors cover %" PRIu64, data_size, at);
 done:
     bie_json_free(&root);
     return s;

@@ -20,13 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) return s_;                                                        \
-    } while (0)
-
 enum bie_status bie_model_create_empty(bie_context_t * ctx, const char * arch, enum bie_latent latent,
                                        bool packed, bie_model_t ** out);
 
@@ -146,7 +139,7 @@ static enum bie_status pack_into(bie_context_t * ctx, const bie_model_t * m, bie
         const int32_t perm[4] = {0, 3, 1, 2};
         bie_tensor_permute(&dst, perm);
         bie_tensor_make(&sw, (void *)&L->scale_w, BIE_DTYPE_F32, 0, NULL);
-        TRY(bie_pack(ctx, &src, L->q == Q_B1 || L->w8 ? NULL : &sw, &dst));
+        BIE_TRY(bie_pack(ctx, &src, L->q == Q_B1 || L->w8 ? NULL : &sw, &dst));
     }
     return BIE_STATUS_OK;
 }
@@ -231,17 +224,17 @@ static enum bie_status save_entries(bie_context_t * ctx, bie_model_t * m, const 
 
 enum bie_status bie_model_save(bie_context_t * ctx, const bie_model_t * m, const char * path, enum bie_model_file kind,
                                const char * const * meta, size_t n_meta) {
-    if (!m || !path) FAIL("model, path: must not be NULL");
-    if (n_meta && !meta) FAIL("meta: is NULL");
-    if (kind != BIE_MODEL_FILE_PACKED && kind != BIE_MODEL_FILE_CHECKPOINT) FAIL("kind: unknown value %d", (int)kind);
+    if (!m || !path) BIE_FAIL("model, path: must not be NULL");
+    if (n_meta && !meta) BIE_FAIL("meta: is NULL");
+    if (kind != BIE_MODEL_FILE_PACKED && kind != BIE_MODEL_FILE_CHECKPOINT) BIE_FAIL("kind: unknown value %d", (int)kind);
     for (size_t i = 0; i < n_meta; i++)
-        if (meta[2 * i] && strncmp(meta[2 * i], "bie.", 4) == 0) FAIL("meta: key \"%s\" is reserved", meta[2 * i]);
-    if (m->packed && kind == BIE_MODEL_FILE_CHECKPOINT) FAIL("model: a packed model has no checkpoint");
+        if (meta[2 * i] && strncmp(meta[2 * i], "bie.", 4) == 0) BIE_FAIL("meta: key \"%s\" is reserved", meta[2 * i]);
+    if (m->packed && kind == BIE_MODEL_FILE_CHECKPOINT) BIE_FAIL("model: a packed model has no checkpoint");
     if (m->packed || kind == BIE_MODEL_FILE_CHECKPOINT)
         return save_entries(ctx, (bie_model_t *)m, path, kind, meta, n_meta);
     // Export: build the packed twin, then save it.
     bie_model_t * p = NULL;
-    TRY(bie_model_create_empty(ctx, m->arch, m->latent, true, &p));
+    BIE_TRY(bie_model_create_empty(ctx, m->arch, m->latent, true, &p));
     p->step = m->step;
     p->seed = m->seed;
     copy_floats(m, p);
@@ -262,25 +255,23 @@ static bool parse_u64(const char * s, uint64_t * out) {
     return true;
 }
 
-#define FMT(...) bie_set_error(ctx, BIE_STATUS_FORMAT_ERROR, __VA_ARGS__)
-
 enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safetensors_t * st, bie_model_t ** out) {
-    if (!st || !out) FAIL("st, out: must not be NULL");
+    if (!st || !out) BIE_FAIL("st, out: must not be NULL");
     *out = NULL;
     const char * format = bie_safetensors_metadata(st, "bie.format");
     const char * arch = bie_safetensors_metadata(st, "bie.arch");
     const char * latent = bie_safetensors_metadata(st, "bie.latent");
-    if (!format || !arch || !latent) return FMT("not a bie model: __metadata__ lacks bie.format, bie.arch or bie.latent");
+    if (!format || !arch || !latent) return BIE_FORMAT_ERROR("not a bie model: __metadata__ lacks bie.format, bie.arch or bie.latent");
     const bool packed = !strcmp(format, "packed");
-    if (!packed && strcmp(format, "checkpoint") != 0) return FMT("bie.format \"%.40s\" is neither packed nor checkpoint", format);
+    if (!packed && strcmp(format, "checkpoint") != 0) return BIE_FORMAT_ERROR("bie.format \"%.40s\" is neither packed nor checkpoint", format);
     enum bie_latent lat;
     if (!strcmp(latent, "f32")) lat = BIE_LATENT_F32;
     else if (!strcmp(latent, "int8")) lat = BIE_LATENT_INT8;
-    else return FMT("bie.latent \"%.40s\" is neither f32 nor int8", latent);
+    else return BIE_FORMAT_ERROR("bie.latent \"%.40s\" is neither f32 nor int8", latent);
     uint64_t step = 0, seed = 0;
     if (!parse_u64(bie_safetensors_metadata(st, "bie.step"), &step) || step > (uint64_t)INT64_MAX ||
         !parse_u64(bie_safetensors_metadata(st, "bie.seed"), &seed))
-        return FMT("bie.step or bie.seed is missing or not an unsigned integer");
+        return BIE_FORMAT_ERROR("bie.step or bie.seed is missing or not an unsigned integer");
     // Before allocating anything: the weights the architecture declares must be in the file
     // (at least one bit each), so a tiny hostile file cannot make us allocate gigabytes.
     struct layer * layers = NULL;
@@ -288,7 +279,7 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     if (bie_model_parse_arch(ctx, arch, &layers, &n_layers) != BIE_STATUS_OK) {
         char msg[BIE_ERROR_CAP];
         snprintf(msg, sizeof msg, "%s", bie_context_last_error(ctx));
-        return FMT("bad bie.arch: %s", msg);
+        return BIE_FORMAT_ERROR("bad bie.arch: %s", msg);
     }
     uint64_t min_bytes = 0, have = 0;
     for (int64_t i = 0; i < n_layers; i++)
@@ -296,14 +287,14 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     free(layers);
     for (size_t i = 0; i < bie_safetensors_count(st); i++) have += bie_safetensors_at(st, i)->nbytes;
     if (min_bytes > have)
-        return FMT("the architecture needs at least %" PRIu64 " bytes of weights, the file holds %" PRIu64, min_bytes, have);
+        return BIE_FORMAT_ERROR("the architecture needs at least %" PRIu64 " bytes of weights, the file holds %" PRIu64, min_bytes, have);
     bie_model_t * m = NULL;
     enum bie_status s = bie_model_create_empty(ctx, arch, lat, packed, &m);
     if (s != BIE_STATUS_OK) {
         if (s == BIE_STATUS_INVALID_ARGUMENT) {
             char msg[BIE_ERROR_CAP];
             snprintf(msg, sizeof msg, "%s", bie_context_last_error(ctx));
-            s = FMT("bad bie.arch: %s", msg);
+            s = BIE_FORMAT_ERROR("bad bie.arch: %s", msg);
         }
         return s;
     }
@@ -321,7 +312,7 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
             const struct bie_st_tensor * t = bie_safetensors_find(st, name);
             expected++;
             if (!t) {
-                s = FMT("tensor \"%s\" is missing", name);
+                s = BIE_FORMAT_ERROR("tensor \"%s\" is missing", name);
                 break;
             }
             const enum bie_dtype want = j ? BIE_DTYPE_F32 : e->dtype;
@@ -329,7 +320,7 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
             bool ok = t->dtype == want && t->ndim == e->ndim && t->nbytes == want_bytes;
             for (int32_t d = 0; ok && d < e->ndim; d++) ok = t->shape[d] == e->shape[d];
             if (!ok) {
-                s = FMT("tensor \"%s\": dtype %s or shape does not match the architecture (want %s, %zu bytes)", name,
+                s = BIE_FORMAT_ERROR("tensor \"%s\": dtype %s or shape does not match the architecture (want %s, %zu bytes)", name,
                         bie_dtype_name(t->dtype), bie_dtype_name(want), want_bytes);
                 break;
             }
@@ -337,17 +328,17 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
         }
     }
     if (s == BIE_STATUS_OK && bie_safetensors_count(st) != expected)
-        s = FMT("the file holds %zu tensors, the architecture expects %zu", bie_safetensors_count(st), expected);
+        s = BIE_FORMAT_ERROR("the file holds %zu tensors, the architecture expects %zu", bie_safetensors_count(st), expected);
     // Values the layers would reject later are rejected here, with the tensor's name.
     for (int64_t i = 0; s == BIE_STATUS_OK && i < m->n_layers; i++) {
         const struct layer * L = &m->L[i];
         if ((L->kind == L_CONV || L->kind == L_LINEAR) && L->q != Q_F32) {
             if (!(L->scale_w > 0 && L->scale_w < 1e30f))
-                s = FMT("layers.%" PRId64 ".scale_w = %g is not finite and > 0", i, (double)L->scale_w);
+                s = BIE_FORMAT_ERROR("layers.%" PRId64 ".scale_w = %g is not finite and > 0", i, (double)L->scale_w);
             else if (!(L->scale_a.v[0] >= 0 && L->scale_a.v[0] < 1e30f))
-                s = FMT("layers.%" PRId64 ".scale_a = %g is not finite and >= 0", i, (double)L->scale_a.v[0]);
+                s = BIE_FORMAT_ERROR("layers.%" PRId64 ".scale_a = %g is not finite and >= 0", i, (double)L->scale_a.v[0]);
             else if (packed && !(L->scale_a.v[0] > 0))
-                s = FMT("layers.%" PRId64 ".scale_a = 0: the model was never run", i);
+                s = BIE_FORMAT_ERROR("layers.%" PRId64 ".scale_a = 0: the model was never run", i);
         }
     }
     free(es.e);
@@ -360,11 +351,11 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
 }
 
 enum bie_status bie_model_load(bie_context_t * ctx, const char * path, bie_model_t ** out, bie_safetensors_t ** out_st) {
-    if (!path || !out) FAIL("path, out: must not be NULL");
+    if (!path || !out) BIE_FAIL("path, out: must not be NULL");
     *out = NULL;
     if (out_st) *out_st = NULL;
     bie_safetensors_t * st = NULL;
-    TRY(bie_safetensors_read(ctx, path, &st));
+    BIE_TRY(bie_safetensors_read(ctx, path, &st));
     enum bie_status s = bie_model_from_safetensors(ctx, st, out);
     if (s != BIE_STATUS_OK) {
         char msg[BIE_ERROR_CAP];

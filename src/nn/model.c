@@ -10,13 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) return s_;                                                        \
-    } while (0)
-
 #define MAX_LAYERS 64
 #define BN_MOMENTUM 0.1f
 #define BN_EPS 1e-5f
@@ -72,12 +65,12 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
         int64_t o, k, s = 1, p;
         if (nw < 4 || nw > 6 || !parse_q(w[1], &L->q) || !parse_int(w[2], 1, 65536, &o) ||
             !parse_int(w[3], 1, 15, &k))
-            FAIL("arch: layer %lld: expected \"conv f32|b1|q4|q8 OUT K [STRIDE [PAD]]\"", (long long)idx);
+            BIE_FAIL("arch: layer %lld: expected \"conv f32|b1|q4|q8 OUT K [STRIDE [PAD]]\"", (long long)idx);
         p = k / 2;
-        if (nw > 4 && !parse_int(w[4], 1, 8, &s)) FAIL("arch: layer %lld: stride must be in [1, 8]", (long long)idx);
-        if (nw > 5 && !parse_int(w[5], 0, k, &p)) FAIL("arch: layer %lld: padding must be in [0, K]", (long long)idx);
+        if (nw > 4 && !parse_int(w[4], 1, 8, &s)) BIE_FAIL("arch: layer %lld: stride must be in [1, 8]", (long long)idx);
+        if (nw > 5 && !parse_int(w[5], 0, k, &p)) BIE_FAIL("arch: layer %lld: padding must be in [0, K]", (long long)idx);
         if (in[1] + 2 * p < k || in[2] + 2 * p < k)
-            FAIL("arch: layer %lld: a %lldx%lld kernel does not fit the %lldx%lld input", (long long)idx,
+            BIE_FAIL("arch: layer %lld: a %lldx%lld kernel does not fit the %lldx%lld input", (long long)idx,
                  (long long)k, (long long)k, (long long)in[1], (long long)in[2]);
         L->kind = L_CONV;
         L->O = o;
@@ -92,7 +85,7 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
     } else if (!strcmp(kind, "linear")) {
         int64_t o;
         if (nw != 3 || !parse_q(w[1], &L->q) || !parse_int(w[2], 1, 65536, &o))
-            FAIL("arch: layer %lld: expected \"linear f32|b1|q4|q8 OUT\"", (long long)idx);
+            BIE_FAIL("arch: layer %lld: expected \"linear f32|b1|q4|q8 OUT\"", (long long)idx);
         L->kind = L_LINEAR;
         L->O = o;
         L->C = L->K = shape_numel(in);
@@ -100,26 +93,26 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
         L->out[0] = o;
         L->out[1] = L->out[2] = 1;
     } else if (!strcmp(kind, "bn")) {
-        if (nw != 1) FAIL("arch: layer %lld: \"bn\" takes no arguments", (long long)idx);
+        if (nw != 1) BIE_FAIL("arch: layer %lld: \"bn\" takes no arguments", (long long)idx);
         L->kind = L_BN;
     } else if (!strcmp(kind, "maxpool")) {
         int64_t k;
         if (nw != 2 || !parse_int(w[1], 1, 16, &k) || k > in[1] || k > in[2])
-            FAIL("arch: layer %lld: expected \"maxpool K\" with K <= the input's height and width", (long long)idx);
+            BIE_FAIL("arch: layer %lld: expected \"maxpool K\" with K <= the input's height and width", (long long)idx);
         L->kind = L_POOL;
         L->pool = (int32_t)k;
         L->out[1] = in[1] / k;
         L->out[2] = in[2] / k;
     } else if (!strcmp(kind, "relu") || !strcmp(kind, "sign") || !strcmp(kind, "hardtanh")) {
-        if (nw != 1) FAIL("arch: layer %lld: \"%s\" takes no arguments", (long long)idx, kind);
+        if (nw != 1) BIE_FAIL("arch: layer %lld: \"%s\" takes no arguments", (long long)idx, kind);
         L->kind = L_ACT;
         L->act = !strcmp(kind, "relu") ? BIE_ACT_RELU : !strcmp(kind, "sign") ? BIE_ACT_SIGN : BIE_ACT_HARDTANH;
     } else {
-        FAIL("arch: layer %lld: unknown layer \"%.20s\"", (long long)idx, kind);
+        BIE_FAIL("arch: layer %lld: unknown layer \"%.20s\"", (long long)idx, kind);
     }
-    if (shape_numel(L->out) > (1 << 24)) FAIL("arch: layer %lld: output larger than 2^24 values per sample", (long long)idx);
+    if (shape_numel(L->out) > (1 << 24)) BIE_FAIL("arch: layer %lld: output larger than 2^24 values per sample", (long long)idx);
     if (L->kind == L_CONV || L->kind == L_LINEAR) {
-        if (L->O * L->K > (INT64_C(1) << 28)) FAIL("arch: layer %lld: weight larger than 2^28 values", (long long)idx);
+        if (L->O * L->K > (INT64_C(1) << 28)) BIE_FAIL("arch: layer %lld: weight larger than 2^28 values", (long long)idx);
     }
     return BIE_STATUS_OK;
 }
@@ -128,9 +121,9 @@ enum bie_status bie_model_parse_arch(bie_context_t * ctx, const char * arch, str
                                      int64_t * out_n) {
     *out_layers = NULL;
     *out_n = 0;
-    if (!arch) FAIL("arch: is NULL");
+    if (!arch) BIE_FAIL("arch: is NULL");
     const size_t len = strlen(arch);
-    if (len > 4096) FAIL("arch: longer than 4096 characters");
+    if (len > 4096) BIE_FAIL("arch: longer than 4096 characters");
     char * copy = strdup(arch);
     struct layer * layers = calloc(MAX_LAYERS, sizeof *layers);
     if (!copy || !layers) {
@@ -296,12 +289,12 @@ static enum bie_status init_params(bie_context_t * ctx, bie_model_t * m) {
         bie_tensor_make(&wt, w, BIE_DTYPE_F32, 2, shape);
         bie_tensor_make(&sw, &L->scale_w, BIE_DTYPE_F32, 0, NULL);
         const enum bie_quant q = (enum bie_quant)L->q;
-        TRY(bie_weight_scale_init(ctx, q, &wt, &sw));
+        BIE_TRY(bie_weight_scale_init(ctx, q, &wt, &sw));
         if (L->w8) {
             struct bie_tensor w8;
             bie_tensor_make(&w8, L->w8, BIE_DTYPE_I8, 2, shape);
-            TRY(bie_weight_to_latent_int8(ctx, &wt, &w8));
-            TRY(bie_diode_init(ctx, L->O * L->K, L->w8, splitmix64(&st), L->w.m, L->w.s));
+            BIE_TRY(bie_weight_to_latent_int8(ctx, &wt, &w8));
+            BIE_TRY(bie_diode_init(ctx, L->O * L->K, L->w8, splitmix64(&st), L->w.m, L->w.s));
             memset(L->w.g, 0, sizeof(float) * (size_t)(L->O * L->K));
         }
     }
@@ -348,7 +341,7 @@ enum bie_status bie_model_create_empty(bie_context_t * ctx, const char * arch, e
 enum bie_status bie_model_create_empty(bie_context_t * ctx, const char * arch, enum bie_latent latent,
                                        bool packed, bie_model_t ** out) {
     *out = NULL;
-    if (latent != BIE_LATENT_F32 && latent != BIE_LATENT_INT8) FAIL("latent: unknown value %d", (int)latent);
+    if (latent != BIE_LATENT_F32 && latent != BIE_LATENT_INT8) BIE_FAIL("latent: unknown value %d", (int)latent);
     bie_model_t * m = calloc(1, sizeof *m);
     if (!m) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
     m->latent = latent;
@@ -370,8 +363,8 @@ enum bie_status bie_model_create_empty(bie_context_t * ctx, const char * arch, e
 
 enum bie_status bie_model_create(bie_context_t * ctx, const char * arch, enum bie_latent latent, uint64_t seed,
                                  bie_model_t ** out) {
-    if (!out) FAIL("out: is NULL");
-    TRY(bie_model_create_empty(ctx, arch, latent, false, out));
+    if (!out) BIE_FAIL("out: is NULL");
+    BIE_TRY(bie_model_create_empty(ctx, arch, latent, false, out));
     (*out)->seed = seed;
     enum bie_status s = init_params(ctx, *out);
     if (s != BIE_STATUS_OK) {
@@ -518,11 +511,11 @@ static enum bie_status weight_codes(bie_context_t * ctx, struct layer * L) {
 // y = (W_codes * a) * (scale_a * scale_w). Integer-valued sums in f32 are exact below 2^24.
 static enum bie_status qlayer_forward_float(bie_context_t * ctx, bie_model_t * m, struct layer * L, int64_t n,
                                             const float * x, float * y) {
-    TRY(weight_codes(ctx, L));
+    BIE_TRY(weight_codes(ctx, L));
     const int64_t in_n = shape_numel(L->in), P = L->out[1] * L->out[2];
     const size_t need = sizeof(float) * (size_t)(n * in_n + (L->K + L->O) * n * P);
     void * sp = NULL;
-    TRY(bie_model_scratch(ctx, m, need, &sp));
+    BIE_TRY(bie_model_scratch(ctx, m, need, &sp));
     float * a = sp, * scratch = a + n * in_n;
     const float sa = L->scale_a.v[0];
     const int lo = L->q == Q_Q4 ? -8 : -128, hi = L->q == Q_Q4 ? 7 : 127;
@@ -551,11 +544,11 @@ static size_t fconv_scratch(const struct layer * L, int64_t n) {
 
 enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const float * x, int64_t n, int training,
                                   int float_layers, const float ** logits) {
-    if (!m || !x || !logits) FAIL("model, x, logits: must not be NULL");
-    if (n < 1 || n > (1 << 20)) FAIL("n: = %lld must be in [1, 2^20]", (long long)n);
-    if (training && m->packed) FAIL("model: a packed model can only run inference (training = 0)");
-    if (training && float_layers) FAIL("float_layers: only for inference");
-    TRY(ensure_buffers(ctx, m, n, training));
+    if (!m || !x || !logits) BIE_FAIL("model, x, logits: must not be NULL");
+    if (n < 1 || n > (1 << 20)) BIE_FAIL("n: = %lld must be in [1, 2^20]", (long long)n);
+    if (training && m->packed) BIE_FAIL("model: a packed model can only run inference (training = 0)");
+    if (training && float_layers) BIE_FAIL("float_layers: only for inference");
+    BIE_TRY(ensure_buffers(ctx, m, n, training));
     m->act[0] = (float *)x;
     m->n = n;
     m->have_training = false;
@@ -568,7 +561,7 @@ enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const fl
         case L_LINEAR:
             if (L->q == Q_F32) {
                 void * sp = NULL;
-                TRY(bie_model_scratch(ctx, m, fconv_scratch(L, n), &sp));
+                BIE_TRY(bie_model_scratch(ctx, m, fconv_scratch(L, n), &sp));
                 if (L->kind == L_LINEAR)
                     bie_fconv_forward(n, L->K, 1, 1, L->O, 1, 1, 0, 0.0f, in, L->w.v, L->b.v, out, sp);
                 else
@@ -579,26 +572,26 @@ enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const fl
             if (L->scale_a.v[0] == 0.0f) { // lazy initialisation from the first batch
                 struct qviews v;
                 make_views(L, &L->scale_w, n, in, out, &v);
-                TRY(bie_activation_scale_init(ctx, (enum bie_quant)L->q, 1, &v.x, &v.scale_a));
+                BIE_TRY(bie_activation_scale_init(ctx, (enum bie_quant)L->q, 1, &v.x, &v.scale_a));
             }
             if (float_layers) {
-                TRY(qlayer_forward_float(ctx, m, L, n, in, out));
+                BIE_TRY(qlayer_forward_float(ctx, m, L, n, in, out));
             } else {
                 struct qviews v;
                 make_views(L, &L->scale_w, n, in, out, &v);
                 struct bie_forward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.y};
-                TRY(L->kind == L_CONV ? bie_conv2d_forward(ctx, &v.cd, &a) : bie_linear_forward(ctx, &v.ld, &a));
+                BIE_TRY(L->kind == L_CONV ? bie_conv2d_forward(ctx, &v.cd, &a) : bie_linear_forward(ctx, &v.ld, &a));
             }
             break;
         case L_BN:
-            TRY(bie_batchnorm_forward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->b.v, L->rmean, L->rvar,
+            BIE_TRY(bie_batchnorm_forward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->b.v, L->rmean, L->rvar,
                                       BN_MOMENTUM, BN_EPS, training, L->smean, L->sinvstd, out));
             break;
         case L_POOL:
-            TRY(bie_maxpool2d_forward(ctx, n, L->in[0], L->in[1], L->in[2], L->pool, in, out, L->argmax));
+            BIE_TRY(bie_maxpool2d_forward(ctx, n, L->in[0], L->in[1], L->in[2], L->pool, in, out, L->argmax));
             break;
         case L_ACT:
-            TRY(bie_activation_forward(ctx, L->act, n * shape_numel(L->in), in, out));
+            BIE_TRY(bie_activation_forward(ctx, L->act, n * shape_numel(L->in), in, out));
             break;
         }
     }
@@ -608,8 +601,8 @@ enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const fl
 }
 
 enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * m, const float * grad_logits) {
-    if (!m || !grad_logits) FAIL("model, grad_logits: must not be NULL");
-    if (!m->have_training) FAIL("model: backward needs a training forward first");
+    if (!m || !grad_logits) BIE_FAIL("model, grad_logits: must not be NULL");
+    if (!m->have_training) BIE_FAIL("model: backward needs a training forward first");
     const int64_t n = m->n;
     memcpy(m->grad[m->n_layers], grad_logits, sizeof(float) * (size_t)(n * bie_model_num_outputs(m)));
     for (int64_t i = m->n_layers - 1; i >= 0; i--) {
@@ -621,7 +614,7 @@ enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * m, const f
         case L_LINEAR:
             if (L->q == Q_F32) {
                 void * sp = NULL;
-                TRY(bie_model_scratch(ctx, m, fconv_scratch(L, n), &sp));
+                BIE_TRY(bie_model_scratch(ctx, m, fconv_scratch(L, n), &sp));
                 if (L->kind == L_LINEAR)
                     bie_fconv_backward(n, L->K, 1, 1, L->O, 1, 1, 0, in, L->w.v, gy, gx, L->w.g, L->b.g, sp);
                 else
@@ -643,18 +636,18 @@ enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * m, const f
                 bie_tensor_make(&v.gba, L->bias_a.g, BIE_DTYPE_F32, 1, c1);
                 struct bie_backward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.gy,
                                               gx ? &v.gx : NULL, &v.gw, &v.gsa, &v.gba, NULL};
-                TRY(conv ? bie_conv2d_backward(ctx, &v.cd, &a) : bie_linear_backward(ctx, &v.ld, &a));
+                BIE_TRY(conv ? bie_conv2d_backward(ctx, &v.cd, &a) : bie_linear_backward(ctx, &v.ld, &a));
             }
             break;
         case L_BN:
-            TRY(bie_batchnorm_backward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->smean, L->sinvstd, gy,
+            BIE_TRY(bie_batchnorm_backward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->smean, L->sinvstd, gy,
                                        gx, L->w.g, L->b.g));
             break;
         case L_POOL:
-            if (gx) TRY(bie_maxpool2d_backward(ctx, n, L->in[0], L->in[1], L->in[2], L->pool, gy, L->argmax, gx));
+            if (gx) BIE_TRY(bie_maxpool2d_backward(ctx, n, L->in[0], L->in[1], L->in[2], L->pool, gy, L->argmax, gx));
             break;
         case L_ACT:
-            if (gx) TRY(bie_activation_backward(ctx, L->act, n * shape_numel(L->in), in, gy, gx));
+            if (gx) BIE_TRY(bie_activation_backward(ctx, L->act, n * shape_numel(L->in), in, gy, gx));
             break;
         }
     }
@@ -662,8 +655,8 @@ enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * m, const f
 }
 
 enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, float weight_decay, float diode_lr) {
-    if (!m) FAIL("model: is NULL");
-    if (m->packed) FAIL("model: a packed model cannot be trained");
+    if (!m) BIE_FAIL("model: is NULL");
+    if (m->packed) BIE_FAIL("model: a packed model cannot be trained");
     m->step++;
     struct bie_adam_params ap;
     bie_adam_params_default(&ap);
@@ -678,9 +671,9 @@ enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, f
         if (L->kind == L_BN || ((L->kind == L_CONV || L->kind == L_LINEAR) && L->q == Q_F32)) {
             ap.weight_decay = L->kind == L_BN ? 0.0f : weight_decay;
             ap.clip = 0;
-            TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
+            BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
             ap.weight_decay = 0;
-            TRY(bie_adam_step(ctx, &ap, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
+            BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
         } else if (L->kind == L_CONV || L->kind == L_LINEAR) {
             // bias_a and scale_a duplicate the preceding batch norm's beta and gamma (the pair only
             // moves the threshold and the STE window): a tenth of the rate keeps Adam from driving
@@ -689,17 +682,17 @@ enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, f
             aux.lr = ap.lr * AUX_LR_FACTOR;
             aux.weight_decay = 0;
             aux.clip = 0;
-            TRY(bie_adam_step(ctx, &aux, m->step, L->bias_a.n, L->bias_a.v, L->bias_a.g, L->bias_a.m, L->bias_a.s));
-            TRY(bie_adam_step(ctx, &aux, m->step, 1, L->scale_a.v, L->scale_a.g, L->scale_a.m, L->scale_a.s));
+            BIE_TRY(bie_adam_step(ctx, &aux, m->step, L->bias_a.n, L->bias_a.v, L->bias_a.g, L->bias_a.m, L->bias_a.s));
+            BIE_TRY(bie_adam_step(ctx, &aux, m->step, 1, L->scale_a.v, L->scale_a.g, L->scale_a.m, L->scale_a.s));
             if (!(L->scale_a.v[0] > 1e-6f)) L->scale_a.v[0] = 1e-6f; // the layer needs scale_a > 0
             if (L->w8) {
-                TRY(bie_diode_step(ctx, &dp, L->w.n, L->w8, L->w.g, L->w.m, L->w.s, NULL));
+                BIE_TRY(bie_diode_step(ctx, &dp, L->w.n, L->w8, L->w.g, L->w.m, L->w.s, NULL));
             } else {
                 // Latent binary weights live in [-1, 1] (BinaryConnect); n-bit latents in the
                 // quantizer's range, so they cannot drift far past the clamp.
                 const float range = L->q == Q_B1 ? 1.0f : L->scale_w * (L->q == Q_Q4 ? 8.0f : 128.0f);
                 ap.clip = range;
-                TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
+                BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
             }
         }
     }
