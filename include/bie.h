@@ -14,7 +14,9 @@
 //   BIE_DTYPE_S4 tensor an array of 4-bit two's-complement nibbles (element offset e lives in
 //   byte e / 2, in the HIGH nibble when e is even). The public interchange formats
 //   (docs/formats.md) are such views with rows padded to whole bytes.
-// - A context is not thread-safe: use one context per thread.
+// - A context is not thread-safe: use one context per thread (a context may move between threads
+//   between calls). A call made while another thread is inside a call on the same context is
+//   refused with INVALID_ARGUMENT (its message is readable from the refused thread).
 // - Numerical contract (docs/semantics.md): sign(v) = +1 if v >= 0 else -1; integer
 //   accumulations are exact and identical on every backend; rounding to integers is
 //   round-half-to-even; float outputs are (float)acc * (scale_a * scale_w) rounded to the
@@ -134,7 +136,7 @@ enum bie_cpu_isa {
 
 struct bie_context_params {
     enum bie_backend backend; // BIE_BACKEND_AUTO by default
-    int32_t num_threads;      // CPU threads; <= 0: OpenMP's default
+    int32_t num_threads;      // CPU threads; <= 0: OpenMP's default; at most BIE_MAX_THREADS
     enum bie_cpu_isa max_isa; // BIE_CPU_ISA_BEST by default
 };
 
@@ -164,6 +166,25 @@ BIE_API const char * bie_cpu_isa_name(enum bie_cpu_isa isa);
 // Reserves workspace so later calls with shapes up to this size do not allocate.
 BIE_API enum bie_status bie_context_reserve(bie_context_t * ctx, enum bie_device_type device,
                                             size_t bytes);
+
+// The most CPU threads a context uses: a larger num_threads is INVALID_ARGUMENT, and OpenMP's
+// default is capped to it. (OpenMP ends the process when it cannot create the threads it was asked
+// for, so the count is bounded before it gets there.)
+#define BIE_MAX_THREADS 1024
+
+// The memory limit of a new context: 4 GiB.
+#define BIE_DEFAULT_MEMORY_LIMIT ((size_t)4 << 30)
+
+// Caps the host memory of one call's workspace, and of the activations (and gradients) of one model
+// run with this context (bie_model_memory). A call that would need more returns OUT_OF_MEMORY
+// naming both sizes; a model file whose activations for a single sample exceed the limit is
+// refused on load. bytes = 0 restores BIE_DEFAULT_MEMORY_LIMIT. docs/limits.md lists every limit.
+BIE_API enum bie_status bie_context_set_memory_limit(bie_context_t * ctx, size_t bytes);
+BIE_API size_t bie_context_memory_limit(const bie_context_t * ctx);
+
+// Frees the context's host workspace now (later calls allocate again). Host workspace larger than
+// 256 MiB, or than bie_context_reserve asked for, is also freed when the call that needed it returns.
+BIE_API enum bie_status bie_context_release_workspace(bie_context_t * ctx);
 
 //
 // Version and capabilities

@@ -123,6 +123,7 @@ static enum bie_status parse_raw(bie_context_t * ctx, const char * name, const u
 
 enum bie_status bie_idx_parse(bie_context_t * ctx, const void * bytes, size_t size, const char * name,
                               struct bie_idx * out) {
+    BIE_ENTER(ctx);
     if (!out) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "out: is NULL");
     memset(out, 0, sizeof *out);
     if (!name) name = "IDX data";
@@ -142,6 +143,7 @@ enum bie_status bie_idx_parse(bie_context_t * ctx, const void * bytes, size_t si
 }
 
 enum bie_status bie_idx_read(bie_context_t * ctx, const char * path, struct bie_idx * out) {
+    BIE_ENTER(ctx);
     if (!path || !out) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "path/out: is NULL");
     memset(out, 0, sizeof *out);
     uint8_t * bytes = NULL;

@@ -176,6 +176,7 @@ done:
 
 enum bie_status bie_safetensors_parse(bie_context_t * ctx, const void * bytes, size_t size,
                                       bie_safetensors_t ** out) {
+    BIE_ENTER(ctx);
     if (!out) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "out: is NULL");
     *out = NULL;
     if (!bytes && size) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "bytes: is NULL");
@@ -198,6 +199,7 @@ enum bie_status bie_safetensors_parse(bie_context_t * ctx, const void * bytes, s
 }
 
 enum bie_status bie_safetensors_read(bie_context_t * ctx, const char * path, bie_safetensors_t ** out) {
+    BIE_ENTER(ctx);
     if (!out || !path) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "path/out: is NULL");
     *out = NULL;
     bie_safetensors_t * st = calloc(1, sizeof *st);
@@ -297,6 +299,7 @@ static void sb_json_string(struct sbuf * b, const char * s) {
 enum bie_status bie_safetensors_write(bie_context_t * ctx, const char * path,
                                       const struct bie_st_tensor * tensors, size_t n,
                                       const char * const * meta, size_t n_meta) {
+    BIE_ENTER(ctx);
     if (!path || (n && !tensors) || (n_meta && !meta))
         return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "path/tensors/meta: is NULL");
     struct sbuf b = {0};

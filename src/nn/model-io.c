@@ -224,6 +224,7 @@ static enum bie_status save_entries(bie_context_t * ctx, bie_model_t * m, const 
 
 enum bie_status bie_model_save(bie_context_t * ctx, const bie_model_t * m, const char * path, enum bie_model_file kind,
                                const char * const * meta, size_t n_meta) {
+    BIE_ENTER(ctx);
     if (!m || !path) BIE_FAIL("model, path: must not be NULL");
     if (n_meta && !meta) BIE_FAIL("meta: is NULL");
     if (kind != BIE_MODEL_FILE_PACKED && kind != BIE_MODEL_FILE_CHECKPOINT) BIE_FAIL("kind: unknown value %d", (int)kind);
@@ -256,6 +257,7 @@ static bool parse_u64(const char * s, uint64_t * out) {
 }
 
 enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safetensors_t * st, bie_model_t ** out) {
+    BIE_ENTER(ctx);
     if (!st || !out) BIE_FAIL("st, out: must not be NULL");
     *out = NULL;
     const char * format = bie_safetensors_metadata(st, "bie.format");
@@ -351,6 +353,7 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
 }
 
 enum bie_status bie_model_load(bie_context_t * ctx, const char * path, bie_model_t ** out, bie_safetensors_t ** out_st) {
+    BIE_ENTER(ctx);
     if (!path || !out) BIE_FAIL("path, out: must not be NULL");
     *out = NULL;
     if (out_st) *out_st = NULL;

@@ -363,6 +363,7 @@ enum bie_status bie_model_create_empty(bie_context_t * ctx, const char * arch, e
 
 enum bie_status bie_model_create(bie_context_t * ctx, const char * arch, enum bie_latent latent, uint64_t seed,
                                  bie_model_t ** out) {
+    BIE_ENTER(ctx);
     if (!out) BIE_FAIL("out: is NULL");
     BIE_TRY(bie_model_create_empty(ctx, arch, latent, false, out));
     (*out)->seed = seed;
@@ -544,6 +545,7 @@ static size_t fconv_scratch(const struct layer * L, int64_t n) {
 
 enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const float * x, int64_t n, int training,
                                   int float_layers, const float ** logits) {
+    BIE_ENTER(ctx);
     if (!m || !x || !logits) BIE_FAIL("model, x, logits: must not be NULL");
     if (n < 1 || n > (1 << 20)) BIE_FAIL("n: = %lld must be in [1, 2^20]", (long long)n);
     if (training && m->packed) BIE_FAIL("model: a packed model can only run inference (training = 0)");
@@ -601,6 +603,7 @@ enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const fl
 }
 
 enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * m, const float * grad_logits) {
+    BIE_ENTER(ctx);
     if (!m || !grad_logits) BIE_FAIL("model, grad_logits: must not be NULL");
     if (!m->have_training) BIE_FAIL("model: backward needs a training forward first");
     const int64_t n = m->n;
@@ -655,6 +658,7 @@ enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * m, const f
 }
 
 enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, float weight_decay, float diode_lr) {
+    BIE_ENTER(ctx);
     if (!m) BIE_FAIL("model: is NULL");
     if (m->packed) BIE_FAIL("model: a packed model cannot be trained");
     m->step++;

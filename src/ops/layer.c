@@ -3,6 +3,7 @@
 // linear layer, saved for its backward). Validates every argument once, normalises the call (a
 // linear layer becomes a 1x1 conv over 1x1 images) and dispatches it to a backend.
 #include "bie-impl.h"
+#include "core/checked.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -281,7 +282,7 @@ static enum bie_status dispatch(bie_context_t * ctx, const struct job * j) {
 static enum bie_status forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
                                const struct bie_conv2d_desc * conv, const struct bie_forward_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!(lin || conv)) BIE_FAIL("desc: is NULL");
     if (!a) BIE_FAIL("args: is NULL");
     struct bie_layer_call c;
@@ -333,7 +334,7 @@ static enum bie_status saved_bits(bie_context_t * ctx, struct bie_layer_call * c
 static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_desc * lin,
                                 const struct bie_conv2d_desc * conv, const struct bie_backward_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!(lin || conv)) BIE_FAIL("desc: is NULL");
     if (!a) BIE_FAIL("args: is NULL");
     struct bie_layer_call c;
@@ -400,7 +401,7 @@ enum bie_status bie_conv2d_backward(bie_context_t * ctx, const struct bie_conv2d
 enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * x, const struct bie_tensor * bias_a,
                                  const struct bie_tensor * scale_a, struct bie_tensor * bits, struct bie_tensor * mask) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!bits && !mask) BIE_FAIL("bits, mask: both are NULL (ask for at least one)");
     if (mask && !scale_a) BIE_FAIL("scale_a: is NULL but the mask needs it");
     // the x side of a binary linear layer call, checked as the layer checks it
@@ -452,7 +453,9 @@ enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * d, int64_t
             return BIE_STATUS_INVALID_ARGUMENT;
     const int64_t eh = (int64_t)d->dilation[0] * (d->kernel[0] - 1) + 1;
     const int64_t ew = (int64_t)d->dilation[1] * (d->kernel[1] - 1) + 1;
-    const int64_t ph = h + 2 * (int64_t)d->padding[0], pw = w + 2 * (int64_t)d->padding[1];
+    int64_t ph, pw; // the padded input (checked: h and w may be anything up to INT64_MAX)
+    if (!bie_add_i64(h, 2 * (int64_t)d->padding[0], &ph) || !bie_add_i64(w, 2 * (int64_t)d->padding[1], &pw))
+        return BIE_STATUS_INVALID_ARGUMENT;
     if (ph < eh || pw < ew) return BIE_STATUS_INVALID_ARGUMENT;
     *out_h = (ph - eh) / d->stride[0] + 1;
     *out_w = (pw - ew) / d->stride[1] + 1;

@@ -69,7 +69,7 @@ static enum bie_status run(bie_context_t * ctx, const struct bie_tensor * src, f
 enum bie_status bie_pack(bie_context_t * ctx, const struct bie_tensor * src,
                          const struct bie_tensor * scale, struct bie_tensor * dst) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     float sv = 1.0f;
     BIE_TRY(common(ctx, src, scale, dst, &sv));
     const bool src_float = bie_dtype_is_float(src->dtype);
@@ -100,7 +100,7 @@ enum bie_status bie_pack(bie_context_t * ctx, const struct bie_tensor * src,
 enum bie_status bie_unpack(bie_context_t * ctx, const struct bie_tensor * src,
                            const struct bie_tensor * scale, struct bie_tensor * dst) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     float sv = 1.0f;
     BIE_TRY(common(ctx, src, scale, dst, &sv));
     if (!is_packed(src->dtype)) BIE_FAIL("src: dtype %s is not a packed dtype (b1, s4, i8)", bie_dtype_name(src->dtype));
