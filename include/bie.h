@@ -387,6 +387,8 @@ BIE_API enum bie_status bie_weight_to_latent_int8(bie_context_t * ctx, const str
 // I32, I8, U8. A safetensors file has no sub-byte dtype: packed bits and nibbles are stored as U8.
 
 #define BIE_SAFETENSORS_MAX_HEADER (100u << 20)
+// bie_safetensors_read refuses larger files (from their size, before reading).
+#define BIE_SAFETENSORS_MAX_FILE ((size_t)4 << 30)
 
 struct bie_st_tensor {
     const char * name;
@@ -402,7 +404,9 @@ typedef struct bie_safetensors bie_safetensors_t;
 // Parses a file image held in memory (the bytes are copied). FORMAT_ERROR names what is wrong.
 BIE_API enum bie_status bie_safetensors_parse(bie_context_t * ctx, const void * bytes, size_t size,
                                               bie_safetensors_t ** out);
-// Reads and parses the file at path (at most 4 GiB). Messages name the file.
+// Reads and parses the file at path: a regular file of at most BIE_SAFETENSORS_MAX_FILE bytes. Its
+// header is read and checked before its data section (a bad file costs no more memory than its
+// header). Parsing is linear in the header's length. Messages name the file.
 BIE_API enum bie_status bie_safetensors_read(bie_context_t * ctx, const char * path,
                                              bie_safetensors_t ** out);
 BIE_API void bie_safetensors_free(bie_safetensors_t * st);
@@ -419,8 +423,11 @@ BIE_API const char * bie_safetensors_metadata_at(const bie_safetensors_t * st, s
                                                  const char ** value);
 
 // Writes n tensors (in this order; names unique, not "__metadata__") and the metadata (n_meta
-// key/value string pairs: meta[2i] = key, meta[2i+1] = value) to path atomically: a temporary
-// file next to path, flushed to disk, then renamed over path.
+// key/value string pairs: meta[2i] = key, meta[2i+1] = value; keys unique; names, keys and values
+// valid UTF-8, as the reader requires) to path atomically: a temporary file next to path
+// ("<path>.tmp.<pid>.<suffix>"), flushed to disk, renamed over path, and the directory flushed.
+// Temporary files that writers killed meanwhile left behind are removed first. The file gets
+// 0666 less the umask (a replaced file keeps its mode); the process umask is never changed.
 BIE_API enum bie_status bie_safetensors_write(bie_context_t * ctx, const char * path,
                                               const struct bie_st_tensor * tensors, size_t n,
                                               const char * const * meta, size_t n_meta);
@@ -428,8 +435,10 @@ BIE_API enum bie_status bie_safetensors_write(bie_context_t * ctx, const char * 
 // --- IDX files (MNIST, Fashion-MNIST) ------------------------------------------------------------
 // An IDX file: magic 0x00 0x00 type ndim, then ndim big-endian uint32 dimensions, then the
 // elements. Only unsigned bytes (type 0x08) are read. Files may be gzip-compressed (detected by
-// their magic); the decompressed size is bounded by BIE_IDX_MAX_BYTES. The element count must
-// match the rest of the file exactly: a truncated or padded file is a FORMAT_ERROR.
+// their magic). The header is checked first, and the data size it declares (at most
+// BIE_IDX_MAX_BYTES) is all the memory the data takes: a gzip stream is inflated no further, and a
+// bad header is refused before the data is inflated or read. The element count must match the rest
+// of the file exactly: a truncated or padded file is a FORMAT_ERROR. Only regular files are read.
 
 #define BIE_IDX_MAX_BYTES (1u << 30)
 

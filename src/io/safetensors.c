@@ -4,12 +4,14 @@
 // The header is an object whose members are tensors {"dtype", "shape", "data_offsets": [b, e]}
 // (offsets relative to the data section) plus an optional "__metadata__" object of strings.
 #include "io-util.h"
+#include "io/strmap.h"
 #include "json.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct bie_safetensors {
     uint8_t * bytes; // the whole file
@@ -18,6 +20,7 @@ struct bie_safetensors {
     size_t count;
     char ** meta; // key, value, key, value...
     size_t n_meta;
+    struct bie_strmap by_name, by_key; // tensor names -> index, metadata keys -> index
 };
 
 static const struct {
@@ -43,6 +46,8 @@ void bie_safetensors_free(bie_safetensors_t * st) {
     free(st->tensors);
     free(st->meta);
     free(st->bytes);
+    bie_strmap_free(&st->by_name);
+    bie_strmap_free(&st->by_key);
     free(st);
 }
 
@@ -169,6 +174,13 @@ static enum bie_status parse_owned(bie_context_t * ctx, bie_safetensors_t * st) 
     }
     if (at != data_size)
         s = BIE_FORMAT_ERROR("the data section has %" PRIu64 " bytes but the tensors cover %" PRIu64, data_size, at);
+    // Lookups by name in constant time (the JSON parser already refused duplicate keys).
+    for (size_t i = 0; s == BIE_STATUS_OK && i < st->count; i++)
+        if (!bie_strmap_put(&st->by_name, st->tensors[i].name, i, NULL))
+            s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
+    for (size_t i = 0; s == BIE_STATUS_OK && i < st->n_meta; i++)
+        if (!bie_strmap_put(&st->by_key, st->meta[2 * i], i, NULL))
+            s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
 done:
     bie_json_free(&root);
     return s;
@@ -204,8 +216,24 @@ enum bie_status bie_safetensors_read(bie_context_t * ctx, const char * path, bie
     *out = NULL;
     bie_safetensors_t * st = calloc(1, sizeof *st);
     if (!st) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
-    enum bie_status s = bie_read_file(ctx, path, (size_t)4 << 30, &st->bytes, &st->size);
+    // The size is checked first; then only the length and the header are read, and the data section
+    // once the header has been checked against the file: a bad file costs no more than its header.
+    int fd = -1;
+    enum bie_status s = bie_file_open_read(ctx, path, BIE_SAFETENSORS_MAX_FILE, &fd, &st->size);
+    if (s == BIE_STATUS_OK) {
+        st->bytes = malloc(st->size ? st->size : 1); // pages are touched only as they are read
+        if (!st->bytes) s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", path, st->size);
+    }
+    uint64_t hlen = 0;
+    if (s == BIE_STATUS_OK && st->size >= 8) {
+        s = bie_file_read_at(ctx, path, fd, st->bytes, 8, 0);
+        hlen = bie_load_le64(st->bytes);
+        if (s == BIE_STATUS_OK && hlen <= BIE_SAFETENSORS_MAX_HEADER && hlen <= st->size - 8)
+            s = bie_file_read_at(ctx, path, fd, st->bytes + 8, (size_t)hlen, 8);
+    }
     if (s == BIE_STATUS_OK) s = parse_owned(ctx, st);
+    if (s == BIE_STATUS_OK) s = bie_file_read_at(ctx, path, fd, st->bytes + 8 + hlen, st->size - 8 - (size_t)hlen, 8 + hlen);
+    if (fd >= 0) close(fd);
     if (s != BIE_STATUS_OK) {
         if (s == BIE_STATUS_FORMAT_ERROR && ctx && strncmp(ctx->error, path, strlen(path)) != 0) {
             char msg[BIE_ERROR_CAP];
@@ -226,17 +254,13 @@ const struct bie_st_tensor * bie_safetensors_at(const bie_safetensors_t * st, si
 }
 
 const struct bie_st_tensor * bie_safetensors_find(const bie_safetensors_t * st, const char * name) {
-    if (!st || !name) return NULL;
-    for (size_t i = 0; i < st->count; i++)
-        if (strcmp(st->tensors[i].name, name) == 0) return &st->tensors[i];
-    return NULL;
+    size_t i;
+    return st && name && bie_strmap_get(&st->by_name, name, &i) ? &st->tensors[i] : NULL;
 }
 
 const char * bie_safetensors_metadata(const bie_safetensors_t * st, const char * key) {
-    if (!st || !key) return NULL;
-    for (size_t i = 0; i < st->n_meta; i++)
-        if (strcmp(st->meta[2 * i], key) == 0) return st->meta[2 * i + 1];
-    return NULL;
+    size_t i;
+    return st && key && bie_strmap_get(&st->by_key, key, &i) ? st->meta[2 * i + 1] : NULL;
 }
 
 size_t bie_safetensors_metadata_count(const bie_safetensors_t * st) { return st ? st->n_meta : 0; }
@@ -296,21 +320,47 @@ static void sb_json_string(struct sbuf * b, const char * s) {
     sb_put(b, "\"", 1);
 }
 
+static bool utf8(const char * s) { return bie_json_utf8_valid(s, strlen(s)); }
+
+// Metadata entries and tensor names: not NULL, valid UTF-8, unique (each kind on its own).
+static enum bie_status check_names(bie_context_t * ctx, const struct bie_st_tensor * tensors, size_t n,
+                                   const char * const * meta, size_t n_meta) {
+    struct bie_strmap seen = {0};
+    enum bie_status s = BIE_STATUS_OK;
+    bool dup = false;
+    for (size_t i = 0; s == BIE_STATUS_OK && i < n_meta; i++) {
+        if (!meta[2 * i] || !meta[2 * i + 1]) s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "meta: entry %zu is NULL", i);
+        else if (!utf8(meta[2 * i]) || !utf8(meta[2 * i + 1]))
+            s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "meta: entry %zu (\"%.40s\") is not valid UTF-8", i,
+                              meta[2 * i]);
+        else if (!bie_strmap_put(&seen, meta[2 * i], i, &dup)) s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
+        else if (dup) s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "meta: key \"%.80s\" appears twice", meta[2 * i]);
+    }
+    bie_strmap_free(&seen);
+    for (size_t i = 0; s == BIE_STATUS_OK && i < n; i++) {
+        const char * name = tensors[i].name;
+        if (!name) s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "tensors[%zu]: name is NULL", i);
+        else if (!utf8(name)) s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "tensors[%zu]: name is not valid UTF-8", i);
+        else if (!bie_strmap_put(&seen, name, i, &dup)) s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
+        else if (dup) s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "tensors[%zu]: name \"%.80s\" appears twice", i, name);
+    }
+    bie_strmap_free(&seen);
+    return s;
+}
+
 enum bie_status bie_safetensors_write(bie_context_t * ctx, const char * path,
                                       const struct bie_st_tensor * tensors, size_t n,
                                       const char * const * meta, size_t n_meta) {
     BIE_ENTER(ctx);
     if (!path || (n && !tensors) || (n_meta && !meta))
         return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "path/tensors/meta: is NULL");
+    // What the reader would refuse is refused here: keys and names are unique, valid UTF-8 strings.
+    BIE_TRY(check_names(ctx, tensors, n, meta, n_meta));
     struct sbuf b = {0};
     sb_str(&b, "{");
     if (n_meta) {
         sb_str(&b, "\"__metadata__\":{");
         for (size_t i = 0; i < n_meta; i++) {
-            if (!meta[2 * i] || !meta[2 * i + 1]) {
-                free(b.p);
-                return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "meta: entry %zu is NULL", i);
-            }
             if (i) sb_str(&b, ",");
             sb_json_string(&b, meta[2 * i]);
             sb_str(&b, ":");
@@ -325,12 +375,11 @@ enum bie_status bie_safetensors_write(bie_context_t * ctx, const char * path,
         uint64_t numel = 1;
         bool bad = di < 0 || !t->name || strcmp(t->name, "__metadata__") == 0 || t->ndim < 0 ||
                    t->ndim > BIE_MAX_DIMS || (t->nbytes && !t->data);
-        for (int32_t d = 0; !bad && d < t->ndim; d++) {
-            if (t->shape[d] < 0) bad = true;
-            else numel *= (uint64_t)t->shape[d];
-        }
-        for (size_t k = 0; !bad && k < i; k++) bad = strcmp(tensors[k].name, t->name) == 0;
-        if (!bad && numel * k_dtypes[di].size != t->nbytes) bad = true;
+        for (int32_t d = 0; !bad && d < t->ndim; d++) // the reader's bounds: each in [0, 2^40], no overflow
+            bad = t->shape[d] < 0 || t->shape[d] > (INT64_C(1) << 40) ||
+                  __builtin_mul_overflow(numel, (uint64_t)t->shape[d], &numel);
+        uint64_t bytes = 0;
+        if (!bad) bad = __builtin_mul_overflow(numel, (uint64_t)k_dtypes[di].size, &bytes) || bytes != t->nbytes;
         if (bad) {
             free(b.p);
             return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
