@@ -584,6 +584,12 @@ BIE_API enum bie_status bie_model_layer_info(const bie_model_t * model, int64_t 
 // Number of outputs per sample (classes) and inputs per sample (C*H*W).
 BIE_API int64_t bie_model_num_outputs(const bie_model_t * model);
 BIE_API int64_t bie_model_num_inputs(const bie_model_t * model);
+// Bytes of host memory the model's own buffers take for a batch of `batch` samples: every layer's
+// output (and, training != 0, its gradient), max-pooling indexes and the largest scratch of one
+// float layer. (Each layer call's workspace comes on top, from the context.) bie_model_forward
+// refuses a batch whose memory exceeds the context's memory limit (OUT_OF_MEMORY, before any
+// allocation), and bie_model_load / bie_model_create refuse a model whose one sample does.
+BIE_API enum bie_status bie_model_memory(const bie_model_t * model, int64_t batch, int training, size_t * out_bytes);
 
 // Forward pass over x [n, C, H, W]; *logits (owned by the model, valid until the next call)
 // is [n, outputs]. training != 0 uses batch statistics and keeps what the backward needs.

@@ -16,6 +16,7 @@
 #include "model-impl.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,8 @@ struct entry {
     size_t nbytes;
     float * opt_m, * opt_v; // checkpoints only; NULL when the tensor is not trained
     char logical[96];       // packed weights: their logical shape, for the metadata
+    bool nonneg;            // its values are >= 0 (running variances)
+    bool diode;             // opt_m, opt_v are Diode's m and s (s has either sign), not Adam's m and v
 };
 
 struct entries {
@@ -88,7 +91,8 @@ static void list_entries(bie_model_t * m, enum bie_model_file kind, struct entri
             add_param(es, i, "gamma", &L->w, 1, c, ck);
             add_param(es, i, "beta", &L->b, 1, c, ck);
             add(es, i, "running_mean", BIE_DTYPE_F32, 1, c, L->rmean, sizeof(float));
-            add(es, i, "running_var", BIE_DTYPE_F32, 1, c, L->rvar, sizeof(float));
+            struct entry * rv = add(es, i, "running_var", BIE_DTYPE_F32, 1, c, L->rvar, sizeof(float));
+            if (rv) rv->nonneg = true;
             continue;
         }
         if (L->kind != L_CONV && L->kind != L_LINEAR) continue;
@@ -116,6 +120,7 @@ static void list_entries(bie_model_t * m, enum bie_model_file kind, struct entri
             if (e) {
                 e->opt_m = L->w.m;
                 e->opt_v = L->w.s;
+                e->diode = true;
             }
         } else {
             add_param(es, i, "weight", &L->w, conv ? 4 : 2, conv ? w4 : w2, true);
@@ -161,10 +166,47 @@ static void copy_floats(const bie_model_t * m, bie_model_t * p) {
     }
 }
 
+// n floats of tensor `name` (suffix appended): finite, |v| <= BIE_MODEL_MAX_VALUE, and >= 0 when
+// nonneg. Else `status` naming the first value that is not.
+static enum bie_status check_floats(bie_context_t * ctx, enum bie_status status, const char * name, const char * suffix,
+                                    const float * v, size_t n, bool nonneg) {
+    for (size_t i = 0; i < n; i++) {
+        const float x = v[i];
+        const char * why = !isfinite(x) ? "is not finite" : fabsf(x) > BIE_MODEL_MAX_VALUE ? "exceeds 1e30 in magnitude"
+                         : nonneg && x < 0.0f ? "is negative" : NULL;
+        if (why)
+            return bie_set_error(ctx, status, "%s%s[%zu] = %g %s", name, suffix, i, (double)x, why);
+    }
+    return BIE_STATUS_OK;
+}
+
+// Every float a model file of this kind holds (docs/limits.md): the values, and in checkpoints
+// the optimizer state (Adam's second moment >= 0).
+static enum bie_status check_values(bie_context_t * ctx, const struct entries * es, bool ck, enum bie_status status) {
+    for (size_t i = 0; i < es->n; i++) {
+        const struct entry * e = &es->e[i];
+        const size_t n = e->dtype == BIE_DTYPE_F32 ? e->nbytes / sizeof(float) : e->nbytes;
+        if (e->dtype == BIE_DTYPE_F32) BIE_TRY(check_floats(ctx, status, e->name, "", e->data, n, e->nonneg));
+        if (!ck || !e->opt_m) continue;
+        BIE_TRY(check_floats(ctx, status, e->name, ".opt_m", e->opt_m, n, false));
+        BIE_TRY(check_floats(ctx, status, e->name, ".opt_v", e->opt_v, n, !e->diode));
+    }
+    return BIE_STATUS_OK;
+}
+
 static enum bie_status save_entries(bie_context_t * ctx, bie_model_t * m, const char * path, enum bie_model_file kind,
                                     const char * const * meta, size_t n_meta) {
     struct entries es = {0};
     list_entries(m, kind, &es);
+    // What the loader would refuse is not written (a huge moment was saved, then refused on load).
+    const enum bie_status vs = es.oom ? BIE_STATUS_OK
+                                      : check_values(ctx, &es, kind == BIE_MODEL_FILE_CHECKPOINT, BIE_STATUS_INVALID_ARGUMENT);
+    if (vs != BIE_STATUS_OK) {
+        char msg[BIE_ERROR_CAP];
+        snprintf(msg, sizeof msg, "%s", bie_context_last_error(ctx));
+        free(es.e);
+        return bie_set_error(ctx, vs, "model: %s; the model was not saved", msg);
+    }
     const bool ck = kind == BIE_MODEL_FILE_CHECKPOINT;
     size_t n_t = 0, n_logical = 0;
     for (size_t i = 0; i < es.n; i++) {
@@ -271,9 +313,10 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     else if (!strcmp(latent, "int8")) lat = BIE_LATENT_INT8;
     else return BIE_FORMAT_ERROR("bie.latent \"%.40s\" is neither f32 nor int8", latent);
     uint64_t step = 0, seed = 0;
-    if (!parse_u64(bie_safetensors_metadata(st, "bie.step"), &step) || step > (uint64_t)INT64_MAX ||
+    if (!parse_u64(bie_safetensors_metadata(st, "bie.step"), &step) ||
         !parse_u64(bie_safetensors_metadata(st, "bie.seed"), &seed))
         return BIE_FORMAT_ERROR("bie.step or bie.seed is missing or not an unsigned integer");
+    if (step > (uint64_t)BIE_MODEL_MAX_STEP) return BIE_FORMAT_ERROR("bie.step = %" PRIu64 " exceeds 2^62", step);
     // Before allocating anything: the weights the architecture declares must be in the file
     // (at least one bit each), so a tiny hostile file cannot make us allocate gigabytes.
     struct layer * layers = NULL;
@@ -302,6 +345,11 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     }
     m->step = (int64_t)step;
     m->seed = seed;
+    s = bie_model_check_memory(ctx, m, 1, false, BIE_STATUS_FORMAT_ERROR);
+    if (s != BIE_STATUS_OK) {
+        bie_model_destroy(m);
+        return s;
+    }
     struct entries es = {0};
     list_entries(m, packed ? BIE_MODEL_FILE_PACKED : BIE_MODEL_FILE_CHECKPOINT, &es);
     if (es.oom) s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -331,7 +379,9 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     }
     if (s == BIE_STATUS_OK && bie_safetensors_count(st) != expected)
         s = BIE_FORMAT_ERROR("the file holds %zu tensors, the architecture expects %zu", bie_safetensors_count(st), expected);
-    // Values the layers would reject later are rejected here, with the tensor's name.
+    // Values the layers or the optimizer would turn into NaN, and values the layers would reject
+    // later, are rejected here, with the tensor's name.
+    if (s == BIE_STATUS_OK) s = check_values(ctx, &es, !packed, BIE_STATUS_FORMAT_ERROR);
     for (int64_t i = 0; s == BIE_STATUS_OK && i < m->n_layers; i++) {
         const struct layer * L = &m->L[i];
         if ((L->kind == L_CONV || L->kind == L_LINEAR) && L->q != Q_F32) {

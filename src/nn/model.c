@@ -367,7 +367,8 @@ enum bie_status bie_model_create(bie_context_t * ctx, const char * arch, enum bi
     if (!out) BIE_FAIL("out: is NULL");
     BIE_TRY(bie_model_create_empty(ctx, arch, latent, false, out));
     (*out)->seed = seed;
-    enum bie_status s = init_params(ctx, *out);
+    enum bie_status s = bie_model_check_memory(ctx, *out, 1, false, BIE_STATUS_INVALID_ARGUMENT);
+    if (s == BIE_STATUS_OK) s = init_params(ctx, *out);
     if (s != BIE_STATUS_OK) {
         bie_model_destroy(*out);
         *out = NULL;
@@ -550,6 +551,7 @@ enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const fl
     if (n < 1 || n > (1 << 20)) BIE_FAIL("n: = %lld must be in [1, 2^20]", (long long)n);
     if (training && m->packed) BIE_FAIL("model: a packed model can only run inference (training = 0)");
     if (training && float_layers) BIE_FAIL("float_layers: only for inference");
+    BIE_TRY(bie_model_check_memory(ctx, m, n, training, BIE_STATUS_OUT_OF_MEMORY));
     BIE_TRY(ensure_buffers(ctx, m, n, training));
     m->act[0] = (float *)x;
     m->n = n;
@@ -661,6 +663,7 @@ enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, f
     BIE_ENTER(ctx);
     if (!m) BIE_FAIL("model: is NULL");
     if (m->packed) BIE_FAIL("model: a packed model cannot be trained");
+    if (m->step >= BIE_MODEL_MAX_STEP) BIE_FAIL("model: step count %lld is at its bound 2^62", (long long)m->step);
     m->step++;
     struct bie_adam_params ap;
     bie_adam_params_default(&ap);
