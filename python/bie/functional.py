@@ -252,12 +252,21 @@ def _fwd_args(x, bias_a, weight_v, scale_a, scale_w, y):
     return args, keep
 
 
+def _features(x):
+    """K, the size of x's last axis: at least 1, as the C library requires (a BieError, not a torch
+    error from reshaping an empty tensor, otherwise)."""
+    k = x.shape[-1] if x.dim() else 0
+    if k < 1:
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"x: has {k} features on its last axis; a layer needs K >= 1")
+    return k
+
+
 def _x_operand(quant, x, bias_a, scale_a, scale_w, in_features):
     """(rows of x as [M, K], their libbie view, K) for a float x [..., K], or for the sign bits of
     binarize_ste (uint8 [..., ceil(K/8)], in_features = K: binary layers, bias_a already applied)."""
     if in_features is None:
         _common(x, bias_a, scale_a, scale_w)
-        k = x.shape[-1]
+        k = _features(x)
         x2 = x.detach().reshape(-1, k)
         return x2, _view(x2), k
     if quant != QUANT_BINARY or x.dtype != torch.uint8:
@@ -265,6 +274,8 @@ def _x_operand(quant, x, bias_a, scale_a, scale_w, in_features):
     if bias_a is not None:
         raise ValueError("bie: saved bits already hold bias_a (binarize_ste added it); pass bias_a=None")
     k = int(in_features)
+    if k < 1:
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"in_features: = {k}; a layer needs K >= 1")
     if x.shape[-1] != -(-k // 8):
         raise ValueError(f"bie: saved bits have rows of {x.shape[-1]} bytes, {k} features need {-(-k // 8)}")
     _scalar(scale_a, "scale_a")
@@ -303,7 +314,7 @@ def binarize_ste(x, scale_a, bias_a=None):
     _scalar(scale_a, "scale_a")
     if bias_a is not None:
         _check_float(bias_a, "bias_a")
-    k = x.shape[-1]
+    k = _features(x)
     x2 = x.detach().reshape(-1, k)
     kb = -(-k // 8)
     bits = torch.empty((x2.shape[0], kb), dtype=torch.uint8, device=x.device)
