@@ -4,6 +4,8 @@
 // - several models training at once give, to the bit, the result of the same training run alone;
 // - the library never calls openblas_set_num_threads (a process-wide setting), and OpenBLAS's
 //   thread count seen by another thread stays what the application set during bie's backward;
+// - the trainings save and reload checkpoints at the same time: the process umask (read from
+//   /proc/self/status, which does not change it) stays as it was, and every file reloads.
 // These are also the programs of `make test-tsan` (ThreadSanitizer), where the OpenMP and OpenBLAS
 // thread counts are 1 so that only the threads of this test run (libgomp and OpenBLAS are not
 // instrumented).
@@ -12,6 +14,8 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 // --- interposed process-wide setters: the library must not call them ------------------------------
 
@@ -45,6 +49,7 @@ struct training {
     const float * x;
     const uint8_t * y;
     int threads;     // the context's thread count
+    char path[64];   // where to save a checkpoint after each step ("": no saving)
     float out[TRAIN_N * 5];
     enum bie_status status;
     char error[256];
@@ -69,7 +74,17 @@ static void * train_one(void * arg) {
             t->status = bie_softmax_cross_entropy(ctx, TRAIN_N, 5, logits, t->y, &loss, g, NULL);
         if (t->status == BIE_STATUS_OK) t->status = bie_model_backward(ctx, m, g);
         if (t->status == BIE_STATUS_OK) t->status = bie_model_step(ctx, m, 0.01f, 0.0f, 0.05f);
+        if (t->status == BIE_STATUS_OK && t->path[0]) { // save, and continue from the reloaded file
+            bie_model_t * back = NULL;
+            t->status = bie_model_save(ctx, m, t->path, BIE_MODEL_FILE_CHECKPOINT, NULL, 0);
+            if (t->status == BIE_STATUS_OK) t->status = bie_model_load(ctx, t->path, &back, NULL);
+            if (t->status == BIE_STATUS_OK) {
+                bie_model_destroy(m);
+                m = back;
+            }
+        }
     }
+    if (t->path[0]) unlink(t->path);
     const float * logits = NULL;
     if (t->status == BIE_STATUS_OK) t->status = bie_model_forward(ctx, m, t->x, TRAIN_N, 0, 0, &logits);
     if (t->status == BIE_STATUS_OK) memcpy(t->out, logits, sizeof t->out);
@@ -94,6 +109,7 @@ static void test_concurrent_training(int omp_threads, int rounds) {
         pthread_t th[T];
         for (int i = 0; i < T; i++) {
             t[i] = (struct training){.x = x, .y = y, .threads = omp_threads};
+            snprintf(t[i].path, sizeof t[i].path, "/tmp/bie-test-concurrency-%d-%d.ckpt", (int)getpid(), i);
             pthread_create(&th[i], NULL, train_one, &t[i]);
         }
         for (int i = 0; i < T; i++) {
@@ -103,8 +119,8 @@ static void test_concurrent_training(int omp_threads, int rounds) {
             runs++;
         }
     }
-    CHECK(mismatches == 0, "%d of %d trainings run %d at once differ from the same training run alone (%d OpenMP "
-          "threads each)", mismatches, runs, (int)T, omp_threads);
+    CHECK(mismatches == 0, "%d of %d trainings run %d at once (saving and reloading a checkpoint after each step) "
+          "differ from the same training run alone (%d OpenMP threads each)", mismatches, runs, (int)T, omp_threads);
 }
 
 // --- OpenBLAS's thread count -----------------------------------------------------------------------
@@ -180,12 +196,27 @@ static void test_openblas_untouched(int omp_threads) {
           openblas_get_num_threads());
 }
 
+// The process umask, read without changing it.
+static int read_umask(void) {
+    FILE * f = fopen("/proc/self/status", "r");
+    char line[256];
+    int mask = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "Umask: %o", &mask) == 1) break;
+    if (f) fclose(f);
+    return mask;
+}
+
 int main(int argc, char ** argv) {
     test_init(argc, argv);
+    umask(027);
+    const int mask0 = read_umask();
     const char * tsan = getenv("BIE_TEST_TSAN"); // ThreadSanitizer: one OpenMP thread per context
     const int omp_threads = tsan && *tsan ? 1 : 2;
     set_blas(2);
     test_concurrent_training(omp_threads, tsan && *tsan ? 1 : 3);
     test_openblas_untouched(omp_threads);
+    CHECK(read_umask() == mask0 && mask0 == 027, "the process umask is %03o after the saves, it was %03o", read_umask(),
+          mask0);
     return test_finish("test-concurrency");
 }

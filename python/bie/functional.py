@@ -261,6 +261,14 @@ def _features(x):
     return k
 
 
+def _out_features(weight):
+    """N, the weight's first dimension: at least 1, as the C library requires."""
+    n = weight.shape[0] if weight.dim() else 0
+    if n < 1:
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"weight: has {n} output features; a layer needs N >= 1")
+    return n
+
+
 def _x_operand(quant, x, bias_a, scale_a, scale_w, in_features):
     """(rows of x as [M, K], their libbie view, K) for a float x [..., K], or for the sign bits of
     binarize_ste (uint8 [..., ceil(K/8)], in_features = K: binary layers, bias_a already applied)."""
@@ -290,7 +298,7 @@ def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=No
     A binary layer takes the sign bits of binarize_ste for x with in_features = K (out_dtype then
     defaults to float32)."""
     x2, xv, k = _x_operand(quant, x, bias_a, scale_a, scale_w, in_features)
-    n = weight.shape[0]
+    n = _out_features(weight)
     y = torch.empty((x2.shape[0], n), dtype=out_dtype or (x.dtype if in_features is None else torch.float32),
                     device=x.device)
     if x2.shape[0] == 0:
@@ -368,7 +376,7 @@ def linear_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, nee
     elif x_mask is not None:
         raise ValueError("bie: x_mask goes with saved bits (in_features)")
     _check_float(grad_y, "grad_y")
-    n = weight.shape[0]
+    n = _out_features(weight)
     g2 = grad_y.reshape(-1, n)
     gx, gw, gs, gb = _grad_outputs((x2.shape[0], k), (grad_x_dtype or torch.float32) if saved else x2.dtype, x.device,
                                    weight, (n, k), scale_a, bias_a, needs, grad_weight_dtype)
@@ -404,6 +412,9 @@ def conv2d_output_size(h, w, kernel_size, stride=1, padding=0, dilation=1):
     sh, sw = _pair(stride)
     ph, pw = _pair(padding)
     dh, dw = _pair(dilation)
+    if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0:  # as bie_conv2d_output_size refuses them
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"kernel {kh}x{kw}, stride {sh}x{sw}, dilation {dh}x{dw} "
+                       f"must be >= 1 and padding {ph}x{pw} >= 0")
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     return oh, ow
@@ -434,6 +445,9 @@ def _conv_weight_shape(x, weight, kernel_size):
             else (weight.shape[1], weight.shape[2])
     else:
         kh, kw = _pair(kernel_size)
+    if min(c, o) < 1:  # as the C library requires (checked here too for an empty batch)
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"a conv needs C >= 1 input and O >= 1 output channels, "
+                       f"has C = {c}, O = {o}")
     return (o, c, kh, kw)
 
 

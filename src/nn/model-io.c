@@ -34,7 +34,7 @@ struct entry {
     size_t nbytes;
     float * opt_m, * opt_v; // checkpoints only; NULL when the tensor is not trained
     char logical[96];       // packed weights: their logical shape, for the metadata
-    bool nonneg;            // its values are >= 0 (running variances)
+    enum { ANY, NONNEG, POSITIVE } rule; // its values: any (finite) value, >= 0 or > 0
     bool diode;             // opt_m, opt_v are Diode's m and s (s has either sign), not Adam's m and v
 };
 
@@ -71,13 +71,14 @@ static struct entry * add(struct entries * es, int64_t layer, const char * field
     return e;
 }
 
-static void add_param(struct entries * es, int64_t layer, const char * field, struct param * p, int32_t ndim,
-                      const int64_t * shape, bool with_opt) {
+static struct entry * add_param(struct entries * es, int64_t layer, const char * field, struct param * p,
+                                int32_t ndim, const int64_t * shape, bool with_opt) {
     struct entry * e = add(es, layer, field, BIE_DTYPE_F32, ndim, shape, p->v, sizeof(float));
     if (e && with_opt && p->m) {
         e->opt_m = p->m;
         e->opt_v = p->s;
     }
+    return e;
 }
 
 // Lists the tensors of a model file of the given kind, pointing into the model's buffers.
@@ -92,7 +93,7 @@ static void list_entries(bie_model_t * m, enum bie_model_file kind, struct entri
             add_param(es, i, "beta", &L->b, 1, c, ck);
             add(es, i, "running_mean", BIE_DTYPE_F32, 1, c, L->rmean, sizeof(float));
             struct entry * rv = add(es, i, "running_var", BIE_DTYPE_F32, 1, c, L->rvar, sizeof(float));
-            if (rv) rv->nonneg = true;
+            if (rv) rv->rule = NONNEG;
             continue;
         }
         if (L->kind != L_CONV && L->kind != L_LINEAR) continue;
@@ -105,8 +106,10 @@ static void list_entries(bie_model_t * m, enum bie_model_file kind, struct entri
         }
         const int64_t c1[1] = {L->C};
         add_param(es, i, "bias_a", &L->bias_a, 1, c1, ck);
-        add_param(es, i, "scale_a", &L->scale_a, 1, one, ck);
-        add(es, i, "scale_w", BIE_DTYPE_F32, 1, one, &L->scale_w, sizeof(float));
+        struct entry * sa = add_param(es, i, "scale_a", &L->scale_a, 1, one, ck);
+        if (sa) sa->rule = ck ? NONNEG : POSITIVE; // 0 until the first batch initialises it
+        struct entry * sw = add(es, i, "scale_w", BIE_DTYPE_F32, 1, one, &L->scale_w, sizeof(float));
+        if (sw) sw->rule = POSITIVE;
         if (kind == BIE_MODEL_FILE_PACKED) {
             const int64_t per = L->q == Q_B1 ? (L->C + 7) / 8 : L->q == Q_Q4 ? (L->C + 1) / 2 : L->C;
             const int64_t shape[4] = {L->O, L->k, L->k, per};
@@ -166,14 +169,16 @@ static void copy_floats(const bie_model_t * m, bie_model_t * p) {
     }
 }
 
-// n floats of tensor `name` (suffix appended): finite, |v| <= BIE_MODEL_MAX_VALUE, and >= 0 when
-// nonneg. Else `status` naming the first value that is not.
+// n floats of tensor `name` (suffix appended): finite, |v| <= BIE_MODEL_MAX_VALUE, and >= 0 or > 0
+// as the rule says. Else `status` naming the first value that is not.
 static enum bie_status check_floats(bie_context_t * ctx, enum bie_status status, const char * name, const char * suffix,
-                                    const float * v, size_t n, bool nonneg) {
+                                    const float * v, size_t n, int rule) {
     for (size_t i = 0; i < n; i++) {
         const float x = v[i];
         const char * why = !isfinite(x) ? "is not finite" : fabsf(x) > BIE_MODEL_MAX_VALUE ? "exceeds 1e30 in magnitude"
-                         : nonneg && x < 0.0f ? "is negative" : NULL;
+                         : rule == NONNEG && x < 0.0f ? "is negative"
+                         : rule == POSITIVE && !(x > 0.0f) ? "must be > 0 (a scale_a of 0: the layer never ran)"
+                                                           : NULL;
         if (why)
             return bie_set_error(ctx, status, "%s%s[%zu] = %g %s", name, suffix, i, (double)x, why);
     }
@@ -186,10 +191,10 @@ static enum bie_status check_values(bie_context_t * ctx, const struct entries * 
     for (size_t i = 0; i < es->n; i++) {
         const struct entry * e = &es->e[i];
         const size_t n = e->dtype == BIE_DTYPE_F32 ? e->nbytes / sizeof(float) : e->nbytes;
-        if (e->dtype == BIE_DTYPE_F32) BIE_TRY(check_floats(ctx, status, e->name, "", e->data, n, e->nonneg));
+        if (e->dtype == BIE_DTYPE_F32) BIE_TRY(check_floats(ctx, status, e->name, "", e->data, n, e->rule));
         if (!ck || !e->opt_m) continue;
-        BIE_TRY(check_floats(ctx, status, e->name, ".opt_m", e->opt_m, n, false));
-        BIE_TRY(check_floats(ctx, status, e->name, ".opt_v", e->opt_v, n, !e->diode));
+        BIE_TRY(check_floats(ctx, status, e->name, ".opt_m", e->opt_m, n, ANY));
+        BIE_TRY(check_floats(ctx, status, e->name, ".opt_v", e->opt_v, n, e->diode ? ANY : NONNEG));
     }
     return BIE_STATUS_OK;
 }
@@ -382,17 +387,6 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     // Values the layers or the optimizer would turn into NaN, and values the layers would reject
     // later, are rejected here, with the tensor's name.
     if (s == BIE_STATUS_OK) s = check_values(ctx, &es, !packed, BIE_STATUS_FORMAT_ERROR);
-    for (int64_t i = 0; s == BIE_STATUS_OK && i < m->n_layers; i++) {
-        const struct layer * L = &m->L[i];
-        if ((L->kind == L_CONV || L->kind == L_LINEAR) && L->q != Q_F32) {
-            if (!(L->scale_w > 0 && L->scale_w < 1e30f))
-                s = BIE_FORMAT_ERROR("layers.%" PRId64 ".scale_w = %g is not finite and > 0", i, (double)L->scale_w);
-            else if (!(L->scale_a.v[0] >= 0 && L->scale_a.v[0] < 1e30f))
-                s = BIE_FORMAT_ERROR("layers.%" PRId64 ".scale_a = %g is not finite and >= 0", i, (double)L->scale_a.v[0]);
-            else if (packed && !(L->scale_a.v[0] > 0))
-                s = BIE_FORMAT_ERROR("layers.%" PRId64 ".scale_a = 0: the model was never run", i);
-        }
-    }
     free(es.e);
     if (s != BIE_STATUS_OK) {
         bie_model_destroy(m);
