@@ -24,3 +24,13 @@ def test_zero_in_features_of_saved_bits():
     bits = torch.zeros(2, 1, dtype=torch.uint8)
     with pytest.raises(bie.BieError, match="K >= 1"):
         F.linear_forward(F.QUANT_BINARY, bits, torch.randn(3, 0), torch.tensor(1.0), torch.tensor(1.0), in_features=0)
+
+
+def test_zero_outputs_and_channels():
+    sa, sw = torch.tensor(1.0), torch.tensor(0.5)
+    with pytest.raises(bie.BieError, match="N >= 1"):
+        F.linear_backward(F.QUANT_BINARY, torch.randn(1), torch.randn(0, 1), sa, sw, torch.randn(0))
+    with pytest.raises(bie.BieError, match="C >= 1"):  # an empty batch is no reason to skip the check
+        F.conv2d_forward(F.QUANT_BINARY, torch.randn(0, 0, 1, 1), torch.randn(1, 0, 1, 1), sa, sw)
+    with pytest.raises(bie.BieError, match="stride"):
+        F.conv2d_output_size(4, 4, 3, stride=0)
