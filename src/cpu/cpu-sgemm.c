@@ -2,9 +2,9 @@
 // cpu-sgemm.c: cpu_sgemm_1t (cpu-sgemm.h): OpenBLAS sgemm in blocks it runs on the calling thread.
 #include "cpu/cpu-sgemm.h"
 
-// OpenBLAS's single-thread bound on m * n * k (cpu-sgemm.h), and the block edges under it: 64^3
-// blocks run at 80-90% of a whole single-thread sgemm on AVX-512 machines; a short reduction
-// gives its share of the budget to wider blocks.
+// OpenBLAS's single-thread bound on m * n * k (cpu-sgemm.h), and the block edges under it: cubes of
+// 64 pack the fewest panel elements per multiply-add the bound allows (docs/decisions.md has their
+// speed); a short reduction gives its share of the budget to wider blocks.
 #define SGEMM_1T_MNK (1 << 18)
 #define SGEMM_1T_EDGE 64
 
