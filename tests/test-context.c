@@ -8,25 +8,11 @@
 // - the message is "" after every successful call, the IO and training calls included;
 // - a call made while another thread is inside a call on the same context is refused, with its
 //   own message, and the other thread's call is unharmed.
+#include "test-child.h"
 #include "test-util.h"
 
 #include <pthread.h>
-#include <sys/wait.h>
 #include <unistd.h>
-
-// Runs fn in a child process; returns its exit status (or 128 + the signal that ended it).
-static int in_child(void (*fn)(void)) {
-    fflush(NULL);
-    const pid_t pid = fork();
-    if (pid == 0) {
-        alarm(120);
-        fn();
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 // A binary linear forward with 2^30 threads asked for: refused (INVALID_ARGUMENT), never an exit from
 // inside OpenMP. Exits 0 when the library refused the count, 3 when it accepted the call.
@@ -59,7 +45,7 @@ static void huge_thread_count(void) {
 }
 
 static void test_thread_cap(void) {
-    const int st = in_child(huge_thread_count);
+    const int st = test_in_child(huge_thread_count, 120);
     CHECK(st == 0, "2^30 threads: the child ended with status %d (0: refused; 3: accepted; 1: OpenMP ended the "
           "process)", st);
     bie_context_t * ctx = NULL;

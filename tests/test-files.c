@@ -11,6 +11,7 @@
 //   far as its header declares.
 // Memory bounds are measured in child processes (getrusage's peak RSS).
 #define _GNU_SOURCE
+#include "test-child.h"
 #include "test-util.h"
 
 #include <dirent.h>
@@ -149,22 +150,8 @@ static void efbig_child(void) {
     _exit(0);
 }
 
-// Runs fn in a child; returns its exit status or 128 + signal.
-static int in_child(void (*fn)(void)) {
-    fflush(NULL);
-    const pid_t pid = fork();
-    if (pid == 0) {
-        alarm(60);
-        fn();
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static void test_efbig(void) {
-    const int st = in_child(efbig_child);
+    const int st = test_in_child(efbig_child, 60);
     CHECK(st == 0, "a write past ulimit -f: child status %d (3: wrong status, 4: message without \"file size "
           "limit\", 5: a file left behind, 153: killed by SIGXFSZ)", st);
 }
@@ -211,38 +198,9 @@ static void special_child(void) {
 }
 
 static void test_special_files(void) {
-    const int st = in_child(special_child);
+    const int st = test_in_child(special_child, 60);
     CHECK(st == 0, "FIFO, /dev/zero, directory: child status %d (1x: not refused, 2x: message, 3x: IDX; 142: "
           "blocked until the alarm)", st);
-}
-
-// Peak RSS growth (bytes) of fn, measured in a child; negative when the child failed.
-static long long rss_growth(void (*fn)(void)) {
-    int fds[2];
-    if (pipe(fds) != 0) return -1;
-    fflush(NULL);
-    const pid_t pid = fork();
-    if (pid == 0) {
-        close(fds[0]);
-        alarm(120);
-        struct rusage r0, r1;
-        getrusage(RUSAGE_SELF, &r0);
-        fn();
-        getrusage(RUSAGE_SELF, &r1);
-        const long long growth = (long long)(r1.ru_maxrss - r0.ru_maxrss) * 1024;
-        if (write(fds[1], &growth, sizeof growth) != sizeof growth) _exit(2);
-        _exit(0);
-    }
-    close(fds[1]);
-    long long growth = -1;
-    if (read(fds[0], &growth, sizeof growth) != sizeof growth) growth = -1;
-    close(fds[0]);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        fprintf(stderr, "  the measured child ended with %s %d\n", WIFEXITED(st) ? "status" : "signal",
-                WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? growth : -1;
 }
 
 #define CHILD_EXPECT(cond)                                                                                  \
@@ -274,12 +232,12 @@ static void test_size_first(void) {
     path_in_dir(path, sizeof path, "sparse.safetensors");
     // Over the 4 GiB limit: refused from its size alone.
     sparse_file(path, ((uint64_t)4 << 30) + 1, NULL, 0);
-    long long g = rss_growth(read_sparse_child);
+    long long g = test_rss_growth(read_sparse_child, NULL);
     CHECK(g >= 0 && g < (64 << 20), "a 4 GiB + 1 file: %lld bytes of peak RSS growth (refused from its size)", g);
     // Under the limit, with a 100-byte header of garbage: only the header is read.
     const uint8_t head[16] = {100, 0, 0, 0, 0, 0, 0, 0, '{', 'x'};
     sparse_file(path, (uint64_t)3 << 30, head, sizeof head);
-    g = rss_growth(read_sparse_child);
+    g = test_rss_growth(read_sparse_child, NULL);
     CHECK(g >= 0 && g < (64 << 20), "a 3 GiB file with a bad header: %lld bytes of peak RSS growth", g);
     unlink(path);
 }
@@ -349,7 +307,7 @@ static void big_header_child(void) {
 
 static void test_header_memory(void) {
     big_header_len = quick ? (size_t)8 << 20 : (size_t)100 << 20;
-    const long long g = rss_growth(big_header_child);
+    const long long g = test_rss_growth(big_header_child, NULL);
     // The image (the test's copy and the parser's), and at most BIE_JSON_MAX_VALUES parsed values.
     const long long bound = 3 * (long long)big_header_len + (128 << 20);
     CHECK(g >= 0 && g < bound, "a %zu-byte header of 2-byte values: %lld bytes of peak RSS growth (bound %lld)",
@@ -418,11 +376,11 @@ static void bomb_child(void) {
 static void test_idx_bomb(void) {
     bomb_zeros = quick ? (size_t)32 << 20 : (size_t)256 << 20;
     bomb_bad_header = true;
-    long long g = rss_growth(bomb_child);
+    long long g = test_rss_growth(bomb_child, NULL);
     CHECK(g >= 0 && g < (32 << 20), "gzip of %zu zero bytes behind a bad IDX header: %lld bytes of peak RSS growth",
           bomb_zeros, g);
     bomb_bad_header = false;
-    g = rss_growth(bomb_child);
+    g = test_rss_growth(bomb_child, NULL);
     // What the header declares, once, and the compressed stream (bomb_zeros / 1000).
     CHECK(g >= 0 && g < (long long)bomb_zeros + (32 << 20),
           "a valid %zu-byte IDX gzip: %lld bytes of peak RSS growth (bound: its size + 32 MiB)", bomb_zeros, g);

@@ -8,6 +8,7 @@
 //   second moment or running variance, values beyond 1e30 and step counts beyond 2^62 are refused
 //   with the tensor's name (a NaN moment resumed silently and exported a broken model before);
 // - the optimizer's step counter never overflows.
+#include "test-child.h"
 #include "test-util.h"
 #include "nn/model-impl.h"
 
@@ -68,32 +69,6 @@ static void hostile_child(void) {
     bie_context_destroy(ctx);
 }
 
-static long long child_rss_growth(void (*fn)(void), int * status) {
-    int fds[2];
-    if (pipe(fds) != 0) return -1;
-    fflush(NULL);
-    const pid_t pid = fork();
-    if (pid == 0) {
-        close(fds[0]);
-        alarm(120);
-        struct rusage r0, r1;
-        getrusage(RUSAGE_SELF, &r0);
-        fn();
-        getrusage(RUSAGE_SELF, &r1);
-        const long long g = (long long)(r1.ru_maxrss - r0.ru_maxrss) * 1024;
-        if (write(fds[1], &g, sizeof g) != sizeof g) _exit(2);
-        _exit(0);
-    }
-    close(fds[1]);
-    long long g = -1;
-    if (read(fds[0], &g, sizeof g) != sizeof g) g = -1;
-    close(fds[0]);
-    int st = 0;
-    waitpid(pid, &st, 0);
-    *status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return g;
-}
-
 static void test_activation_memory(bie_context_t * ctx) {
     // bie_model_memory: activations of each layer's output, the gradients in training, max-pool
     // indexes and the float layers' im2col scratch; linear in the batch.
@@ -115,7 +90,7 @@ static void test_activation_memory(bie_context_t * ctx) {
     tmp_path(hostile_path);
     write_packed(ctx, arch, hostile_path);
     int status = -1;
-    const long long g = child_rss_growth(hostile_child, &status);
+    const long long g = test_rss_growth(hostile_child, &status);
     // per sample (relus + 1) * width * 784 floats: 48.6 MB for 500 channels, 486 MB for a batch of 10
     CHECK(status == 0, "hostile model under 8 and 64 MiB limits: child status %d (3: loaded, 4: batch of 10 ran, 5: "
           "message, 6: refused under the default limit)", status);
@@ -246,7 +221,8 @@ int main(int argc, char ** argv) {
     test_init(argc, argv);
     quick = getenv("BIE_TEST_QUICK") != NULL;
     bie_context_t * ctx = NULL;
-    bie_context_create(NULL, &ctx);
+    CHECK_OK(ctx, bie_context_create(NULL, &ctx));
+    if (!ctx) return test_finish("test-model-limits");
     test_activation_memory(ctx);
     test_checkpoint_values(ctx);
     bie_context_destroy(ctx);

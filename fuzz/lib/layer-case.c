@@ -3,6 +3,7 @@
 #include "layer-case.h"
 
 #include "fuzz-bytes.h"
+#include "../../tests/backward-tolerance.h"
 #include "bie-impl.h" // element access on any view (bie_load, bie_store, bie_next_index)
 
 #include <math.h>
@@ -409,16 +410,6 @@ static void finding(const struct fcase * c, const char * backend, const char * f
     abort();
 }
 
-static double max_abs(const struct bie_tensor * t) {
-    double m = 0;
-    int64_t idx[BIE_MAX_DIMS] = {0};
-    do {
-        const double v = fabs(bie_load(t, bie_offset(t, idx)));
-        if (v > m) m = v;
-    } while (bie_next_index(t, idx));
-    return m;
-}
-
 // Byte i of out's buffer is covered by one of the view's elements (>= 16-bit float dtypes only).
 static void covered(const struct bie_tensor * t, uint8_t * mark) {
     const int eb = bie_dtype_bits(t->dtype) / 8;
@@ -428,32 +419,27 @@ static void covered(const struct bie_tensor * t, uint8_t * mark) {
     } while (bie_next_index(t, idx));
 }
 
-// The gradients of a backend (got) against the reference's (want), as tests/test-cpu-backward.c
-// derives the tolerance: each output is a sum of n terms that a backend may add in f32, in any
-// order (n*eps*sum|terms|), plus one rounding to the output dtype.
+// The gradients of a backend (got) against the reference's (want), within the tolerance of
+// tests/backward-tolerance.h, and the bytes around them untouched.
 static void check_backward(const struct fcase * c, const char * backend, uint8_t * const * got, uint8_t * const * want) {
     const bool conv = c->op == OP_CONV_BWD;
     const struct bie_tensor * x = &c->r[R_X].t, * gy = &c->r[R_GY].t;
-    const enum bie_quant q = c->lin.quant;
-    const double eps = 0x1p-24, gmax = max_abs(gy), sa = bie_load(&c->r[R_SA].t, 0), sw = bie_load(&c->r[R_SW].t, 0);
-    const double lo = q == BIE_QUANT_BINARY ? 1 : q == BIE_QUANT_INT4 ? 8 : 128;
-    const double hi = q == BIE_QUANT_BINARY ? 1 : q == BIE_QUANT_INT4 ? 7 : 127;
     int64_t nx = 1, ny = 1;
     for (int i = 0; i < x->ndim; i++) nx *= x->shape[i];
     for (int i = 0; i < gy->ndim; i++) ny *= gy->shape[i];
     const int64_t O = conv ? c->conv.out_channels : c->lin.out_features;
     const int64_t C = conv ? c->conv.in_channels : c->lin.in_features;
-    const double nxt = conv ? (double)(O * c->conv.kernel[0] * c->conv.kernel[1]) : (double)O;
-    const double nwt = (double)(ny / O);
-    const double tol_x = (nxt + 2) * eps * nxt * gmax * lo * sw;
-    const double tol[R_COUNT] = {[R_GX] = tol_x, [R_GW] = (nwt + 2) * eps * nwt * gmax * lo * sa,
-                                 [R_GB] = (double)(nx / C) * tol_x, [R_GS] = (double)nx * tol_x * lo / sqrt((double)nx * hi)};
+    const double n_x = conv ? (double)(O * c->conv.kernel[0] * c->conv.kernel[1]) : (double)O;
+    const struct backward_tolerance t = backward_tolerance(c->lin.quant, tensor_max_abs(gy), bie_load(&c->r[R_SA].t, 0),
+                                                           bie_load(&c->r[R_SW].t, 0), n_x, (double)(ny / O),
+                                                           (double)(nx / C), (double)nx);
+    const double tol[R_COUNT] = {[R_GX] = t.x, [R_GW] = t.w, [R_GB] = t.b, [R_GS] = t.s};
     for (int r = R_GX; r <= R_GB; r++) {
         if (!c->r[r].present || !got[r]) continue;
         struct bie_tensor g = c->r[r].t, w = c->r[r].t;
         g.data = got[r];
         w.data = want[r];
-        const double rel = g.dtype == BIE_DTYPE_BF16 ? 0x1p-8 : g.dtype == BIE_DTYPE_F16 ? 0x1p-11 : 0x1p-24;
+        const double rel = backward_rounding(g.dtype);
         int64_t idx[BIE_MAX_DIMS] = {0};
         do {
             const int64_t off = bie_offset(&g, idx);

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 struct bie_safetensors {
-    uint8_t * bytes; // the whole file
+    uint8_t * bytes; // the whole file (only its length and header while the header is checked)
     size_t size;
     struct bie_st_tensor * tensors; // sorted by data offset
     size_t count;
@@ -51,15 +51,21 @@ void bie_safetensors_free(bie_safetensors_t * st) {
     free(st);
 }
 
-static int cmp_offset(const void * a, const void * b) {
-    const struct bie_st_tensor * x = a, * y = b;
-    const uint8_t * px = x->data, * py = y->data;
-    if (px != py) return px < py ? -1 : 1;
-    return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
+// A tensor of the header and where its data begins in the data section.
+struct placed {
+    struct bie_st_tensor t;
+    uint64_t begin;
+};
+
+static int cmp_begin(const void * a, const void * b) {
+    const struct placed * x = a, * y = b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->t.nbytes < y->t.nbytes ? -1 : x->t.nbytes > y->t.nbytes;
 }
 
-static enum bie_status parse_tensor(bie_context_t * ctx, const struct bie_json * j, const uint8_t * data,
-                                    uint64_t data_size, struct bie_st_tensor * t) {
+static enum bie_status parse_tensor(bie_context_t * ctx, const struct bie_json * j, uint64_t data_size,
+                                    struct placed * pl) {
+    struct bie_st_tensor * t = &pl->t;
     const char * name = j->key;
     if (j->type != BIE_JSON_OBJECT) return BIE_FORMAT_ERROR("tensor \"%.80s\": not an object", name);
     if (j->count != 3) return BIE_FORMAT_ERROR("tensor \"%.80s\": must have exactly dtype, shape and data_offsets", name);
@@ -98,13 +104,16 @@ static enum bie_status parse_tensor(bie_context_t * ctx, const struct bie_json *
         return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets span %" PRIu64 " bytes but dtype %s and shape need %" PRIu64,
                    name, e - b, k_dtypes[di].name, nbytes);
     t->dtype = k_dtypes[di].dtype;
-    t->data = data + b;
+    pl->begin = b;
     t->nbytes = (size_t)nbytes;
     t->name = strdup(name);
     if (!t->name) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
     return BIE_STATUS_OK;
 }
 
+// Checks the header in st->bytes (the length and header; st->size is the whole file's size)
+// against the file and fills st's tensors and metadata; the tensors' data pointers are set by
+// bind_data once the data section is in st->bytes too.
 static enum bie_status parse_owned(bie_context_t * ctx, bie_safetensors_t * st) {
     if (st->size < 8) return BIE_FORMAT_ERROR("file of %zu bytes is too short for a safetensors header", st->size);
     const uint64_t hlen = bie_load_le64(st->bytes);
@@ -118,14 +127,15 @@ static enum bie_status parse_owned(bie_context_t * ctx, bie_safetensors_t * st) 
     if (!bie_json_parse((const char *)st->bytes + 8, (size_t)hlen, &root, err, sizeof err))
         return BIE_FORMAT_ERROR("header: %s", err);
     enum bie_status s = BIE_STATUS_OK;
-    const uint8_t * data = st->bytes + 8 + hlen;
     const uint64_t data_size = st->size - 8 - hlen;
+    struct placed * pl = NULL;
     if (root.type != BIE_JSON_OBJECT) {
         s = BIE_FORMAT_ERROR("header is not a JSON object");
         goto done;
     }
     st->tensors = calloc(root.count ? root.count : 1, sizeof *st->tensors);
-    if (!st->tensors) {
+    pl = calloc(root.count ? root.count : 1, sizeof *pl);
+    if (!st->tensors || !pl) {
         s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
         goto done;
     }
@@ -156,15 +166,17 @@ static enum bie_status parse_owned(bie_context_t * ctx, bie_safetensors_t * st) 
             }
             continue;
         }
-        s = parse_tensor(ctx, m, data, data_size, &st->tensors[st->count]);
+        s = parse_tensor(ctx, m, data_size, &pl[st->count]);
+        st->tensors[st->count] = pl[st->count].t; // (its name is freed with st from here on)
         if (s != BIE_STATUS_OK) goto done;
         st->count++;
     }
     // The tensors must tile the data section: sorted by offset, each begins where the last ended.
-    qsort(st->tensors, st->count, sizeof *st->tensors, cmp_offset);
+    qsort(pl, st->count, sizeof *pl, cmp_begin);
+    for (size_t i = 0; i < st->count; i++) st->tensors[i] = pl[i].t;
     uint64_t at = 0;
     for (size_t i = 0; i < st->count; i++) {
-        const uint64_t b = (uint64_t)((const uint8_t *)st->tensors[i].data - data);
+        const uint64_t b = pl[i].begin;
         if (b != at) {
             s = BIE_FORMAT_ERROR("tensor \"%.80s\" %s (data_offsets begin at %" PRIu64 ", expected %" PRIu64 ")",
                     st->tensors[i].name, b < at ? "overlaps another tensor" : "leaves a hole before it", b, at);
@@ -182,8 +194,18 @@ static enum bie_status parse_owned(bie_context_t * ctx, bie_safetensors_t * st) 
         if (!bie_strmap_put(&st->by_key, st->meta[2 * i], i, NULL))
             s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
 done:
+    free(pl);
     bie_json_free(&root);
     return s;
+}
+
+// Points each tensor at its bytes: the tensors tile the data section in order (parse_owned checked).
+static void bind_data(bie_safetensors_t * st) {
+    uint8_t * at = st->bytes + 8 + bie_load_le64(st->bytes);
+    for (size_t i = 0; i < st->count; i++) {
+        st->tensors[i].data = at;
+        at += st->tensors[i].nbytes;
+    }
 }
 
 enum bie_status bie_safetensors_parse(bie_context_t * ctx, const void * bytes, size_t size,
@@ -202,6 +224,7 @@ enum bie_status bie_safetensors_parse(bie_context_t * ctx, const void * bytes, s
     if (size) memcpy(st->bytes, bytes, size);
     st->size = size;
     enum bie_status s = parse_owned(ctx, st);
+    if (s == BIE_STATUS_OK) bind_data(st);
     if (s != BIE_STATUS_OK) {
         bie_safetensors_free(st);
         return s;
@@ -220,19 +243,28 @@ enum bie_status bie_safetensors_read(bie_context_t * ctx, const char * path, bie
     // once the header has been checked against the file: a bad file costs no more than its header.
     int fd = -1;
     enum bie_status s = bie_file_open_read(ctx, path, BIE_SAFETENSORS_MAX_FILE, &fd, &st->size);
-    if (s == BIE_STATUS_OK) {
-        st->bytes = malloc(st->size ? st->size : 1); // pages are touched only as they are read
-        if (!st->bytes) s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", path, st->size);
-    }
+    uint8_t len[8] = {0};
     uint64_t hlen = 0;
     if (s == BIE_STATUS_OK && st->size >= 8) {
-        s = bie_file_read_at(ctx, path, fd, st->bytes, 8, 0);
-        hlen = bie_load_le64(st->bytes);
-        if (s == BIE_STATUS_OK && hlen <= BIE_SAFETENSORS_MAX_HEADER && hlen <= st->size - 8)
-            s = bie_file_read_at(ctx, path, fd, st->bytes + 8, (size_t)hlen, 8);
+        s = bie_file_read_at(ctx, path, fd, len, 8, 0);
+        hlen = bie_load_le64(len);
     }
+    // The length and header only, in a buffer of their size (a bad length is parse_owned's to report).
+    const size_t head = 8 + (hlen <= BIE_SAFETENSORS_MAX_HEADER && hlen <= st->size - 8 ? (size_t)hlen : 0);
+    if (s == BIE_STATUS_OK) {
+        st->bytes = malloc(head);
+        if (!st->bytes) s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "%s: out of memory", path);
+        else memcpy(st->bytes, len, 8);
+    }
+    if (s == BIE_STATUS_OK && head > 8) s = bie_file_read_at(ctx, path, fd, st->bytes + 8, head - 8, 8);
     if (s == BIE_STATUS_OK) s = parse_owned(ctx, st);
-    if (s == BIE_STATUS_OK) s = bie_file_read_at(ctx, path, fd, st->bytes + 8 + hlen, st->size - 8 - (size_t)hlen, 8 + hlen);
+    if (s == BIE_STATUS_OK) { // a valid header: now the data section
+        uint8_t * all = realloc(st->bytes, st->size);
+        if (!all) s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", path, st->size);
+        else st->bytes = all;
+    }
+    if (s == BIE_STATUS_OK) s = bie_file_read_at(ctx, path, fd, st->bytes + head, st->size - head, head);
+    if (s == BIE_STATUS_OK) bind_data(st);
     if (fd >= 0) close(fd);
     if (s != BIE_STATUS_OK) {
         if (s == BIE_STATUS_FORMAT_ERROR && ctx && strncmp(ctx->error, path, strlen(path)) != 0) {
