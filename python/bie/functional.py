@@ -421,6 +421,12 @@ def conv2d_output_size(h, w, kernel_size, stride=1, padding=0, dilation=1):
 
 
 def _conv_desc(quant, c, o, kernel_size, stride, padding, dilation, pad_value):
+    """The C descriptor, with the checks of the C library that do not need data (made here too, so
+    that an empty batch, which never reaches the library, is refused alike)."""
+    if int(pad_value) not in (PAD_ZERO, PAD_MINUS_ONE, PAD_PLUS_ONE) or (int(pad_value) != PAD_ZERO and
+                                                                        quant != QUANT_BINARY):
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"pad_value: {pad_value} is not a pad value of a "
+                       f"{'binary' if quant == QUANT_BINARY else 'n-bit'} conv (n-bit convs pad with zeros)")
     d = _lib.Conv2dDesc()
     d.quant = int(quant)
     d.in_channels = c
@@ -462,11 +468,11 @@ def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=
     if oh < 1 or ow < 1:
         raise ValueError(f"bie: conv2d output would be {oh}x{ow} for a {x.shape[2]}x{x.shape[3]} input")
     y = torch.empty((x.shape[0], shape_w[0], oh, ow), dtype=out_dtype or x.dtype, device=x.device)
+    desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
     if x.shape[0] == 0:
         return y
     xd = x.detach()
     wv = _weight_view(quant, weight.detach(), shape_w)
-    desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
     args, keep = _fwd_args(xd, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
                            scale_w.detach(), y)
     _Call(x)("bie_conv2d_forward", ctypes.byref(desc), ctypes.byref(args))
@@ -480,6 +486,8 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
     _common(x, bias_a, scale_a, scale_w)
     _check_float(grad_y, "grad_y")
     shape_w = _conv_weight_shape(x, weight, kernel_size)
+    desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
+    conv2d_output_size(x.shape[2], x.shape[3], shape_w[2:], stride, padding, dilation)  # its checks
     xd = x.detach()
     gx, gw, gs, gb = _grad_outputs(xd.shape, xd.dtype, xd.device, weight, shape_w, scale_a, bias_a, needs,
                                    grad_weight_dtype)
@@ -491,7 +499,6 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
                 t.zero_()
         return gx, gw, gs, gb
     wv = _weight_view(quant, weight.detach(), shape_w)
-    desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
     args, keep = _bwd_args(xd, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
                            scale_w.detach(), grad_y, gx, gw, gs, gb)
     _Call(x)("bie_conv2d_backward", ctypes.byref(desc), ctypes.byref(args))

@@ -34,3 +34,8 @@ def test_zero_outputs_and_channels():
         F.conv2d_forward(F.QUANT_BINARY, torch.randn(0, 0, 1, 1), torch.randn(1, 0, 1, 1), sa, sw)
     with pytest.raises(bie.BieError, match="stride"):
         F.conv2d_output_size(4, 4, 3, stride=0)
+    with pytest.raises(bie.BieError, match="pad_value"):
+        F.conv2d_forward(F.QUANT_BINARY, torch.randn(0, 1, 1, 1), torch.randn(1, 1, 1, 1), sa, sw, pad_value=7)
+    with pytest.raises(bie.BieError, match="pad_value"):
+        F.conv2d_backward(F.QUANT_INT8, torch.randn(0, 1, 3, 3), torch.randn(1, 1, 1, 1), sa, sw, torch.randn(0, 1, 3, 3),
+                          pad_value=bie.PAD_MINUS_ONE)
