@@ -3,8 +3,8 @@
 // backend or against the documented refusal:
 // - a [1, K] grad_weight whose stride[0] is smaller than K (legal: a size-1 dimension's stride is
 //   never used; PyTorch's torch.empty(K, 1).T has it) at every ISA level and quantization;
-// - f32 overflow inside the CPU backward (grad_y near FLT_MAX): grad_scale_a and grad_bias_a are
-//   the reference's numbers (-inf, 0), never NaN;
+// - f32 overflow inside the CPU backward (grad_y near FLT_MAX, scale_a near FLT_MAX): grad_scale_a,
+//   grad_bias_a and grad_weight are the reference's numbers (-inf, 0, 3e38), never NaN;
 // - output views that overlap themselves, each other or an input are refused;
 // - scale_a * scale_w must be finite: 3e38 * 3e38 is refused instead of giving 0 * inf = NaN.
 #include "test-cpu-common.h"
@@ -93,6 +93,39 @@ static void test_overflow_grad_scale(bie_context_t * ref, bie_context_t ** cpu, 
     }
 }
 
+// grad_W = scale_a * sum_m g[m, o] * a[m, k] with scale_a = 3e38 and g = [3, 3, 3, 3, -3, -3, -3,
+// -3, 1]: the exact sum is 3e38, finite; a backend that scales partial sums before adding them (the
+// float-by-sign GEMM scales sums of 4 rows: 12 * 3e38 = inf, then inf - inf) must not give NaN.
+// Every backend must give the reference's value.
+static void test_overflow_grad_weight(bie_context_t * ref, bie_context_t ** cpu, int nlev) {
+    const int64_t M = 9, K = 5, N = 1;
+    const struct bie_linear_desc d = {BIE_QUANT_BINARY, K, N};
+    const int64_t xs[2] = {M, K}, ws[2] = {N, K}, ys[2] = {M, N};
+    struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 2, xs, NULL), w = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
+    struct bie_tensor gy = test_tensor(BIE_DTYPE_F32, 2, ys, NULL);
+    for (int64_t i = 0; i < M * K; i++) ((float *)x.data)[i] = 0.5f; // every code +1
+    for (int64_t i = 0; i < N * K; i++) ((float *)w.data)[i] = 1.0f;
+    const float g[9] = {3.0f, 3.0f, 3.0f, 3.0f, -3.0f, -3.0f, -3.0f, -3.0f, 1.0f};
+    memcpy(gy.data, g, sizeof g);
+    struct bie_tensor sa = test_scalar(3e38f), sw = test_scalar(1.0f);
+    struct bie_tensor gw_ref = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
+    struct bie_backward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy,
+                                  .grad_weight = &gw_ref};
+    CHECK_OK(ref, bie_linear_backward(ref, &d, &a));
+    CHECK(((float *)gw_ref.data)[0] == 3e38f, "the reference's grad_weight %g", (double)((float *)gw_ref.data)[0]);
+    for (int l = 0; l < nlev; l++) {
+        struct bie_tensor gw = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
+        a.grad_weight = &gw;
+        CHECK_OK(cpu[l], bie_linear_backward(cpu[l], &d, &a));
+        CHECK(memcmp(gw.data, gw_ref.data, sizeof(float) * (size_t)K) == 0, "isa %s: grad_weight[0] %g, the reference %g",
+              bie_cpu_isa_name(bie_context_cpu_isa(cpu[l])), (double)((float *)gw.data)[0],
+              (double)((float *)gw_ref.data)[0]);
+        test_tensor_free(&gw);
+    }
+    struct bie_tensor * ts[] = {&x, &w, &gy, &sa, &sw, &gw_ref};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]);
+}
+
 // Outputs that share memory with themselves, each other or an input are INVALID_ARGUMENT.
 static void test_overlapping_outputs(bie_context_t * ctx) {
     const int64_t M = 4, K = 8, N = 3;
@@ -179,6 +212,7 @@ int main(int argc, char ** argv) {
     const int nlev = cpu_test_contexts(&ref, cpu, 2);
     test_row_grad_weight(ref, cpu, nlev);
     test_overflow_grad_scale(ref, cpu, nlev);
+    test_overflow_grad_weight(ref, cpu, nlev);
     for (int l = 0; l < nlev; l++) test_overlapping_outputs(cpu[l]);
     test_overlapping_outputs(ref);
     test_scale_product(cpu[nlev - 1]);

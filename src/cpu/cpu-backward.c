@@ -23,9 +23,12 @@
 // Every sgemm runs on its OpenMP thread only (cpu_sgemm_1t, cpu-sgemm.h): OpenBLAS's process-wide
 // thread count is neither read nor changed, and results do not depend on it.
 //
-// When f32 overflows (grad_y near FLT_MAX), the GEMMs' infinities cannot give the reference's
-// double sums (an inf * 0 or inf - inf makes NaN where the reference has a finite or -inf
-// result): a non-finite grad_scale_a partial hands the call to the reference backend.
+// When f32 overflows (grad_y or a scale near FLT_MAX), the GEMMs' infinities cannot give the
+// reference's double sums (an inf * 0 or inf - inf makes NaN where the reference has a finite or
+// -inf result): the call then goes to the reference backend. Every partial sum of grad_W is at most
+// scale_a * |code| * (terms) * max|grad_y|, and of gx scale_w * |code| * (terms) * max|grad_y|; only
+// when these bounds reach FLT_MAX / 4 (or max|grad_y| is not finite) is grad_W checked for a
+// non-finite value after the GEMMs, and grad_x's through its grad_scale_a partials (always).
 //
 // Accuracy: sgemm sums in f32 (in its own order) where the reference sums in double, so float
 // outputs differ from it by at most about n*eps_f32*sum|terms| (n terms per output; see
@@ -35,6 +38,7 @@
 #include "cpu/cpu-impl.h"
 #include "cpu/cpu-sgemm.h"
 
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 
@@ -231,6 +235,46 @@ static void col2im(const struct bwd * b, int64_t n0, int64_t nb, const float * d
                 }
             }
     }
+}
+
+// max |grad_y| (NaN or inf when grad_y holds one): a maximum, so the same whatever the threads.
+static double grad_y_max_abs(const struct bwd * b) {
+    const struct bie_tensor * gy = &b->c->grad_y;
+    const struct bie_geometry * g = b->g;
+    const int64_t * s = gy->stride;
+    const int64_t rows = g->batch * g->O, P = g->OH * g->OW;
+    const bool dense = gy->dtype == BIE_DTYPE_F32 && (g->OW == 1 || s[3] == 1) && (g->OH == 1 || s[2] == g->OW);
+    float m = 0.0f; // fmaxf ignores NaN: a NaN or inf shows in the plain sum beside it
+    float inf_or_nan = 0.0f;
+#pragma omp parallel for num_threads(b->threads) reduction(max : m) reduction(+ : inf_or_nan)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t base = (r / g->O) * s[0] + (r % g->O) * s[1];
+        float rm = 0.0f, rs = 0.0f;
+        if (dense) {
+            const float * row = (const float *)gy->data + base;
+            for (int64_t p = 0; p < P; p++) {
+                rm = fmaxf(rm, fabsf(row[p]));
+                rs += row[p] * 0.0f; // 0, or NaN for an inf or NaN element
+            }
+        } else {
+            for (int64_t oh = 0; oh < g->OH; oh++)
+                for (int64_t ow = 0; ow < g->OW; ow++) {
+                    const float v = cpu_load(gy, base + oh * s[2] + ow * s[3]);
+                    rm = fmaxf(rm, fabsf(v));
+                    rs += v * 0.0f;
+                }
+        }
+        m = fmaxf(m, rm);
+        inf_or_nan += rs;
+    }
+    return inf_or_nan == 0.0f ? (double)m : INFINITY;
+}
+
+static bool all_finite(const float * p, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < cols; k++)
+            if (!isfinite(p[r * ld + k])) return false;
+    return true;
 }
 
 // One element of the final pass: returns grad_x and adds its grad_scale_a term to *ssum.
@@ -544,6 +588,11 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     } else { // G = grad_y^T as a dense [O][M]
         gather_g(&b, 0, g->batch, work, b.threads);
         linear_sgemms(&b, work, (int)g->batch, true, gw, ldgw);
+    }
+    if (want_gw) { // the bound of every grad_W partial sum (see the top of this file)
+        const double code = b.binary ? 1.0 : -(double)b.lo, terms = (double)(g->batch * P);
+        const double bound = (double)c->scale_a * code * terms * grad_y_max_abs(&b);
+        if (!(bound < FLT_MAX / 4) && !all_finite(gw, O, K, ldgw)) return BIE_DECLINED;
     }
     if (want_gw && !gw_direct) {
         const int64_t * s = gws;
