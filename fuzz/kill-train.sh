@@ -24,21 +24,26 @@ common=(--model bmlp --hidden 512 --epochs 6 --limit 2000 --test-limit 500 --thr
 "$bie" train "${common[@]}" --out "$work/ref.safetensors" >/dev/null 2>&1 || { echo "kill-train: the reference run failed"; exit 1; }
 out=$work/model.safetensors
 ckpt=$out.ckpt
-corrupt=0 killed=0
-for ((i = 0; i < kills; i++)); do
+corrupt=0 killed=0 completed=0 differ=0
+for ((i = 0; killed < kills && i < 4 * kills; i++)); do
   args=("${common[@]}" --out "$out")
   [ -f "$ckpt" ] && args+=(--resume)
   "$bie" train "${args[@]}" >"$work/log" 2>&1 &
   pid=$!
   sleep "$(awk -v r=$RANDOM 'BEGIN { printf "%.3f", 0.05 + r / 32768 * 2.0 }')"
-  if kill -9 "$pid" 2>/dev/null; then killed=$((killed + 1)); fi
-  wait "$pid" 2>/dev/null
-  if [ -f "$ckpt" ]; then
-    if ! "$bie" info "$ckpt" >/dev/null 2>&1; then
-      corrupt=$((corrupt + 1))
-      echo "kill-train: the checkpoint does not load after kill $i"
-      rm -f "$ckpt"
-    fi
+  if kill -9 "$pid" 2>/dev/null; then
+    killed=$((killed + 1))
+    wait "$pid" 2>/dev/null
+  elif wait "$pid"; then # it finished first: its model must be the uninterrupted run's; start over
+    completed=$((completed + 1))
+    cmp -s "$out" "$work/ref.safetensors" || differ=$((differ + 1))
+    rm -f "$out" "$ckpt"
+    continue
+  fi
+  if [ -f "$ckpt" ] && ! "$bie" info "$ckpt" >/dev/null 2>&1; then
+    corrupt=$((corrupt + 1))
+    echo "kill-train: the checkpoint does not load after kill $killed"
+    rm -f "$ckpt"
   fi
 done
 temps_after_kills=$(ls "$work" | grep -c '\.tmp\.')
@@ -48,6 +53,7 @@ args=("${common[@]}" --out "$out")
 temps=$(ls "$work" | grep -c '\.tmp\.')
 same=no
 cmp -s "$out" "$work/ref.safetensors" && same=yes
-echo "kill-train: $killed kills survived, $corrupt corrupt checkpoints, $temps_after_kills temporary files" \
-     "after the kills, $temps after the final run, final model identical to an uninterrupted run: $same"
-[ "$corrupt" -eq 0 ] && [ "$temps" -eq 0 ] && [ "$same" = yes ]
+echo "kill-train: $killed kills survived ($completed runs finished between them, $differ of them different)," \
+     "$corrupt corrupt checkpoints, $temps_after_kills temporary files after the kills, $temps after the final run," \
+     "final model identical to an uninterrupted run: $same"
+[ "$corrupt" -eq 0 ] && [ "$temps" -eq 0 ] && [ "$same" = yes ] && [ "$differ" -eq 0 ]
