@@ -183,7 +183,8 @@ def main():
     while runs < a.runs and time.time() < end:
         argv = argv_for(bie, w, opts, rng, os.path.abspath(a.work))
         try:
-            p = subprocess.run(argv, capture_output=True, timeout=a.timeout, env=env, stdin=subprocess.DEVNULL)
+            limit = min(a.timeout, max(3.0, end - time.time()))  # a short budget is not spent on one run
+            p = subprocess.run(argv, capture_output=True, timeout=limit, env=env, stdin=subprocess.DEVNULL)
             rc, err = p.returncode, p.stderr.decode(errors="replace")
         except subprocess.TimeoutExpired:
             timeouts += 1
@@ -205,7 +206,7 @@ def main():
             pass
     shutil.rmtree(os.path.join(a.work, "hostile"), ignore_errors=True)
     print(f"fuzz_cli: {runs} runs in {a.seconds:.0f} s (seed {seed}): exit codes {dict(sorted(codes.items()))}, "
-          f"{timeouts} ran past {a.timeout:.0f} s, {findings} findings")
+          f"{timeouts} stopped at the time limit, {findings} findings")
     return 1 if findings else 0
 
 
