@@ -49,6 +49,8 @@ static double time_median(bench_fn fn, void * state, int repeat) {
     return repeat % 2 ? t[repeat / 2] : 0.5 * (t[repeat / 2 - 1] + t[repeat / 2]);
 }
 
+double bench_median_ms(int (*fn)(void * state), void * state, int repeat) { return time_median(fn, state, repeat); }
+
 void bench_print(const struct bench_options * opt, const struct bench_result * r) {
     const double speedup = r->bie_ms > 0 ? r->baseline_ms / r->bie_ms : 0.0;
     const double gops = r->bie_ms > 0 ? r->ops / (r->bie_ms * 1e6) : 0.0;
@@ -178,6 +180,7 @@ static enum bie_dtype packed_dtype(int quant) {
 }
 
 static int run_case(const struct bench_options * opt, const struct bench_case * c, int threads) {
+    if (!strcmp(c->kind, "gemv")) return bench_gemv_case(opt, c->name, c->quant, c->M, c->K, c->N, threads);
     struct layer_state s;
     memset(&s, 0, sizeof s);
     s.c = c;

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stdint.h>
 
 struct bench_options {
     const char * shapes;  // shape file
@@ -42,6 +43,15 @@ struct bench_result {
 
 // Prints a row as a table line or (json) as one JSON object per line.
 void bench_print(const struct bench_options * opt, const struct bench_result * r);
+
+// Median milliseconds of fn(state) over `repeat` runs after one warm-up; negative when fn fails
+// (returns non-zero).
+double bench_median_ms(int (*fn)(void * state), void * state, int repeat);
+
+// The `gemv` cases (bench/bench-gemv.c): a linear layer with M <= 8 rows against a read of the same
+// bytes, its weight in the caches and streamed from DRAM; prints two rows.
+int bench_gemv_case(const struct bench_options * opt, const char * name, int quant, int64_t M, int64_t K, int64_t N,
+                    int threads);
 
 // Runs `bie bench [options]`; argv[0] is "bench". Returns the process exit code.
 int bie_bench_main(int argc, char ** argv);

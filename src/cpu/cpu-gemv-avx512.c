@@ -20,117 +20,92 @@ GEMV_INLINE __m512i popc_sad(__m512i x) {
     return _mm512_sad_epu8(cnt, _mm512_setzero_si512());
 }
 
-GEMV_INLINE void b1_step(const int M, const int r, const uint8_t * a, size_t lda, size_t t, const __m512i * wv,
-                         __m512i acc[CPU_GEMV_MR][GEMV_R]) {
+GEMV_INLINE void b1_step(const int M, const uint8_t * a, size_t lda, size_t t, __m512i wv, __m512i * acc) {
     for (int i = 0; i < M; i++) {
         const __m512i av = _mm512_load_si512((const void *)(a + (size_t)i * lda + t));
-        for (int q = 0; q < r; q++) acc[i][q] = _mm512_add_epi64(acc[i][q], popc_sad(_mm512_xor_si512(av, wv[q])));
+        acc[i] = _mm512_add_epi64(acc[i], popc_sad(_mm512_xor_si512(av, wv)));
     }
 }
 
 // The 64-bit lanes hold counts below 2^32: summed as int32 lanes (the high halves are 0).
 GEMV_INLINE void b1_group(const int M, const int r, int64_t j, const uint8_t * a, size_t lda, const uint8_t * w,
                           size_t ldw, size_t kb, int32_t * c, size_t ldc) {
-    const uint8_t * wj = w + (size_t)j * ldw;
-    __m512i acc[CPU_GEMV_MR][GEMV_R], wv[GEMV_R];
-    for (int i = 0; i < CPU_GEMV_MR; i++)
-        for (int q = 0; q < GEMV_R; q++) acc[i][q] = _mm512_setzero_si512();
-    size_t t = 0;
-    for (; t + 64 <= kb; t += 64) {
-        for (int q = 0; q < r; q++) wv[q] = _mm512_loadu_si512((const void *)(wj + (size_t)q * ldw + t));
-        b1_step(M, r, a, lda, t, wv, acc);
-    }
-    if (t < kb) {
-        const __mmask64 k = gemv_bytes(kb - t);
-        for (int q = 0; q < r; q++) wv[q] = _mm512_maskz_loadu_epi8(k, (const void *)(wj + (size_t)q * ldw + t));
-        b1_step(M, r, a, lda, t, wv, acc);
+    __m512i acc[GEMV_R][CPU_GEMV_MR];
+    gemv_zero(acc);
+    for (int q = 0; q < r; q++) {
+        const uint8_t * wq = w + (size_t)(j + q) * ldw;
+        size_t t = 0;
+        for (; t + 64 <= kb; t += 64) b1_step(M, a, lda, t, _mm512_loadu_si512((const void *)(wq + t)), acc[q]);
+        if (t < kb) b1_step(M, a, lda, t, _mm512_maskz_loadu_epi8(gemv_bytes(kb - t), (const void *)(wq + t)), acc[q]);
     }
     gemv_store(M, r, acc, NULL, false, c + j, ldc);
 }
 
 static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb,
                int32_t * c, size_t ldc) {
-    GEMV_FOR_GROUPS(b1_group, m, n, a, lda, w, ldw, kb, c, ldc);
+    CPU_GEMV_FOR_GROUPS(b1_group, GEMV_R, m, n, a, lda, w, ldw, kb, c, ldc);
 }
 
 #define S4_BLOCK 4096 // bytes of a weight row per int16 block (64 steps of 64)
 
-GEMV_INLINE void s4_step(const int M, const int r, const int8_t * a, size_t lda, size_t kp, size_t t,
-                         const __m512i * wv, __m512i acc[CPU_GEMV_MR][GEMV_R]) {
+GEMV_INLINE void s4_step(const int M, const int8_t * a, size_t lda, size_t kp, size_t t, __m512i wv, __m512i * acc) {
     const __m512i m15 = _mm512_set1_epi8(15), b8 = _mm512_set1_epi8(8);
-    __m512i hi[GEMV_R], lo[GEMV_R];
-    for (int q = 0; q < r; q++) {
-        hi[q] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(wv[q], 4), m15, b8, 0x6A); // (a & b) ^ c
-        lo[q] = _mm512_ternarylogic_epi32(wv[q], m15, b8, 0x6A);
-    }
+    const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(wv, 4), m15, b8, 0x6A); // (a & b) ^ c
+    const __m512i lo = _mm512_ternarylogic_epi32(wv, m15, b8, 0x6A);
     for (int i = 0; i < M; i++) {
         const __m512i ae = _mm512_load_si512((const void *)(a + (size_t)i * lda + t));
         const __m512i ao = _mm512_load_si512((const void *)(a + (size_t)i * lda + kp + t));
-        for (int q = 0; q < r; q++)
-            acc[i][q] = _mm512_add_epi16(acc[i][q], _mm512_add_epi16(_mm512_maddubs_epi16(hi[q], ae),
-                                                                     _mm512_maddubs_epi16(lo[q], ao)));
+        acc[i] = _mm512_add_epi16(acc[i], _mm512_add_epi16(_mm512_maddubs_epi16(hi, ae), _mm512_maddubs_epi16(lo, ao)));
     }
 }
 
 GEMV_INLINE void s4_group(const int M, const int r, int64_t j, const int8_t * a, size_t lda, const uint32_t * bias,
                           const uint8_t * w, size_t ldw, size_t kb, int32_t * c, size_t ldc) {
-    const uint8_t * wj = w + (size_t)j * ldw;
     const size_t kp = cpu_round_up(kb, CPU_GEMV_ALIGN);
     const __m512i ones = _mm512_set1_epi16(1);
-    __m512i acc[CPU_GEMV_MR][GEMV_R], wv[GEMV_R];
-    for (size_t t0 = 0; t0 == 0 || t0 < kb; t0 += S4_BLOCK) { // once at least: kb may be 0
-        const size_t t1 = kb - t0 > S4_BLOCK ? t0 + S4_BLOCK : kb;
-        for (int i = 0; i < CPU_GEMV_MR; i++)
-            for (int q = 0; q < GEMV_R; q++) acc[i][q] = _mm512_setzero_si512();
-        size_t t = t0;
-        for (; t + 64 <= t1; t += 64) {
-            for (int q = 0; q < r; q++) wv[q] = _mm512_loadu_si512((const void *)(wj + (size_t)q * ldw + t));
-            s4_step(M, r, a, lda, kp, t, wv, acc);
+    __m512i acc[GEMV_R][CPU_GEMV_MR];
+    gemv_zero(acc);
+    for (int q = 0; q < r; q++) {
+        const uint8_t * wq = w + (size_t)(j + q) * ldw;
+        for (size_t t0 = 0; t0 < kb; t0 += S4_BLOCK) {
+            const size_t t1 = kb - t0 > S4_BLOCK ? t0 + S4_BLOCK : kb;
+            __m512i a16[CPU_GEMV_MR];
+            for (int i = 0; i < CPU_GEMV_MR; i++) a16[i] = _mm512_setzero_si512();
+            size_t t = t0;
+            for (; t + 64 <= t1; t += 64) s4_step(M, a, lda, kp, t, _mm512_loadu_si512((const void *)(wq + t)), a16);
+            if (t < t1) // the masked weight bytes read as 0, nibbles 8, against zero activations
+                s4_step(M, a, lda, kp, t, _mm512_maskz_loadu_epi8(gemv_bytes(t1 - t), (const void *)(wq + t)), a16);
+            for (int i = 0; i < M; i++) acc[q][i] = _mm512_add_epi32(acc[q][i], _mm512_madd_epi16(a16[i], ones));
         }
-        if (t < t1) { // the masked weight bytes read as 0, nibbles 8, against zero activations
-            const __mmask64 k = gemv_bytes(t1 - t);
-            for (int q = 0; q < r; q++) wv[q] = _mm512_maskz_loadu_epi8(k, (const void *)(wj + (size_t)q * ldw + t));
-            s4_step(M, r, a, lda, kp, t, wv, acc);
-        }
-        for (int i = 0; i < M; i++)
-            for (int q = 0; q < r; q++) acc[i][q] = _mm512_madd_epi16(acc[i][q], ones);
-        gemv_store(M, r, acc, t0 == 0 ? bias : NULL, t0 > 0, c + j, ldc);
     }
+    gemv_store(M, r, acc, bias, false, c + j, ldc);
 }
 
 void bie_cpu_gemv_s4__avx512(const int8_t * a, size_t lda, const int32_t * asum, int m, const uint8_t * w, size_t ldw,
                              int64_t n, size_t kb, int32_t * c, size_t ldc) {
     uint32_t bias[CPU_GEMV_MR];
     gemv_bias(m, asum, 8, bias);
-    GEMV_FOR_GROUPS(s4_group, m, n, a, lda, bias, w, ldw, kb, c, ldc);
+    CPU_GEMV_FOR_GROUPS(s4_group, GEMV_R, m, n, a, lda, bias, w, ldw, kb, c, ldc);
 }
 
-GEMV_INLINE void s8_step(const int M, const int r, const int8_t * a, size_t lda, size_t t, const __m256i * wv,
-                         __m512i acc[CPU_GEMV_MR][GEMV_R]) {
-    __m512i w16[GEMV_R];
-    for (int q = 0; q < r; q++) w16[q] = _mm512_cvtepi8_epi16(wv[q]);
+GEMV_INLINE void s8_step(const int M, const int8_t * a, size_t lda, size_t t, __m256i wv, __m512i * acc) {
+    const __m512i w16 = _mm512_cvtepi8_epi16(wv);
     for (int i = 0; i < M; i++) {
         const __m512i a16 = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(a + (size_t)i * lda + t)));
-        for (int q = 0; q < r; q++) acc[i][q] = _mm512_add_epi32(acc[i][q], _mm512_madd_epi16(a16, w16[q]));
+        acc[i] = _mm512_add_epi32(acc[i], _mm512_madd_epi16(a16, w16));
     }
 }
 
 GEMV_INLINE void s8_group(const int M, const int r, int64_t j, const int8_t * a, size_t lda, const int8_t * w,
                           size_t ldw, size_t k, int32_t * c, size_t ldc) {
-    const int8_t * wj = w + (size_t)j * ldw;
-    __m512i acc[CPU_GEMV_MR][GEMV_R];
-    __m256i wv[GEMV_R];
-    for (int i = 0; i < CPU_GEMV_MR; i++)
-        for (int q = 0; q < GEMV_R; q++) acc[i][q] = _mm512_setzero_si512();
-    size_t t = 0;
-    for (; t + 32 <= k; t += 32) {
-        for (int q = 0; q < r; q++) wv[q] = _mm256_loadu_si256((const __m256i *)(wj + (size_t)q * ldw + t));
-        s8_step(M, r, a, lda, t, wv, acc);
-    }
-    if (t < k) {
-        const __mmask32 km = (__mmask32)((1u << (k - t)) - 1);
-        for (int q = 0; q < r; q++) wv[q] = _mm256_maskz_loadu_epi8(km, (const void *)(wj + (size_t)q * ldw + t));
-        s8_step(M, r, a, lda, t, wv, acc);
+    __m512i acc[GEMV_R][CPU_GEMV_MR];
+    gemv_zero(acc);
+    for (int q = 0; q < r; q++) {
+        const int8_t * wq = w + (size_t)(j + q) * ldw;
+        size_t t = 0;
+        for (; t + 32 <= k; t += 32) s8_step(M, a, lda, t, _mm256_loadu_si256((const __m256i *)(wq + t)), acc[q]);
+        if (t < k)
+            s8_step(M, a, lda, t, _mm256_maskz_loadu_epi8((__mmask32)((1u << (k - t)) - 1), (const void *)(wq + t)), acc[q]);
     }
     gemv_store(M, r, acc, NULL, false, c + j, ldc);
 }
@@ -138,7 +113,7 @@ GEMV_INLINE void s8_group(const int M, const int r, int64_t j, const int8_t * a,
 void bie_cpu_gemv_s8__avx512(const int8_t * a, size_t lda, const int32_t * asum, int m, const int8_t * w, size_t ldw,
                              int64_t n, size_t k, int32_t * c, size_t ldc) {
     (void)asum;
-    GEMV_FOR_GROUPS(s8_group, m, n, a, lda, w, ldw, k, c, ldc);
+    CPU_GEMV_FOR_GROUPS(s8_group, GEMV_R, m, n, a, lda, w, ldw, k, c, ldc);
 }
 
 const struct cpu_gemv_kernels bie_cpu_gemv_avx512 = {
