@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #define BENCH_COLD_BYTES ((size_t)512 << 20)
@@ -83,17 +82,6 @@ static int read_call(void * v) {
     return 0;
 }
 
-static double now_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec * 1e-6;
-}
-
-static int cmp_double(const void * a, const void * b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 // Medians of the layer and of the read, timed alternately (a layer call, then a read of the next
 // copy, repeat times, after one warm-up of each), so that both see the same state of a busy machine.
 static void interleaved(struct gemv_state * s, int repeat, double * bie_ms, double * read_ms) {
@@ -104,17 +92,15 @@ static void interleaved(struct gemv_state * s, int repeat, double * bie_ms, doub
     if (bie_call(s)) return;
     read_call(s);
     for (int i = 0; i < repeat; i++) {
-        double t0 = now_ms();
+        double t0 = bench_now_ms();
         if (bie_call(s)) return;
-        tb[i] = now_ms() - t0;
-        t0 = now_ms();
+        tb[i] = bench_now_ms() - t0;
+        t0 = bench_now_ms();
         read_call(s);
-        tr[i] = now_ms() - t0;
+        tr[i] = bench_now_ms() - t0;
     }
-    qsort(tb, (size_t)repeat, sizeof tb[0], cmp_double);
-    qsort(tr, (size_t)repeat, sizeof tr[0], cmp_double);
-    *bie_ms = repeat % 2 ? tb[repeat / 2] : 0.5 * (tb[repeat / 2 - 1] + tb[repeat / 2]);
-    *read_ms = repeat % 2 ? tr[repeat / 2] : 0.5 * (tr[repeat / 2 - 1] + tr[repeat / 2]);
+    *bie_ms = bench_median(tb, repeat);
+    *read_ms = bench_median(tr, repeat);
 }
 
 int bench_gemv_case(const struct bench_options * opt, const char * name, int quant, int64_t M, int64_t K, int64_t N,
@@ -122,11 +108,7 @@ int bench_gemv_case(const struct bench_options * opt, const char * name, int qua
     struct gemv_state s;
     memset(&s, 0, sizeof s);
     s.threads = threads;
-    struct bie_context_params p;
-    bie_context_params_default(&p);
-    p.backend = !strcmp(opt->backend, "ref") ? BIE_BACKEND_REF : BIE_BACKEND_CPU;
-    p.num_threads = threads;
-    if (bie_context_create(&p, &s.ctx) != BIE_STATUS_OK) return 1;
+    if (!(s.ctx = bench_context(opt, threads))) return 1;
     const int64_t xs[2] = {M, K}, ys[2] = {M, N}, ws[2] = {N, K};
     s.lin = (struct bie_linear_desc){.quant = (enum bie_quant)quant, .in_features = K, .out_features = N};
     const enum bie_dtype wd = quant == 1 ? BIE_DTYPE_B1 : quant == 4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8;

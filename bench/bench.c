@@ -49,7 +49,21 @@ static double time_median(bench_fn fn, void * state, int repeat) {
     return repeat % 2 ? t[repeat / 2] : 0.5 * (t[repeat / 2 - 1] + t[repeat / 2]);
 }
 
-double bench_median_ms(int (*fn)(void * state), void * state, int repeat) { return time_median(fn, state, repeat); }
+double bench_now_ms(void) { return now_ms(); }
+
+bie_context_t * bench_context(const struct bench_options * opt, int threads) {
+    struct bie_context_params p;
+    bie_context_params_default(&p);
+    p.backend = !strcmp(opt->backend, "ref") ? BIE_BACKEND_REF : BIE_BACKEND_CPU;
+    p.num_threads = threads;
+    bie_context_t * ctx = NULL;
+    return bie_context_create(&p, &ctx) == BIE_STATUS_OK ? ctx : NULL;
+}
+
+double bench_median(double * t, int n) {
+    qsort(t, (size_t)n, sizeof t[0], cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
 
 void bench_print(const struct bench_options * opt, const struct bench_result * r) {
     const double speedup = r->bie_ms > 0 ? r->baseline_ms / r->bie_ms : 0.0;

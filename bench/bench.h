@@ -44,9 +44,13 @@ struct bench_result {
 // Prints a row as a table line or (json) as one JSON object per line.
 void bench_print(const struct bench_options * opt, const struct bench_result * r);
 
-// Median milliseconds of fn(state) over `repeat` runs after one warm-up; negative when fn fails
-// (returns non-zero).
-double bench_median_ms(int (*fn)(void * state), void * state, int repeat);
+// A context for the options' backend (cpu or ref) with `threads` threads; NULL on failure.
+struct bie_context;
+struct bie_context * bench_context(const struct bench_options * opt, int threads);
+
+// Milliseconds of a monotonic clock; the median of t[0 .. n-1] (sorts t).
+double bench_now_ms(void);
+double bench_median(double * t, int n);
 
 // The `gemv` cases (bench/bench-gemv.c): a linear layer with M <= 8 rows against a read of the same
 // bytes, its weight in the caches and streamed from DRAM; prints two rows.

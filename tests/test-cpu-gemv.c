@@ -210,12 +210,8 @@ static void check_case(struct gcase * gc, bie_context_t * ref, bie_context_t ** 
 }
 
 static void free_case(struct gcase * gc) {
-    test_tensor_free(&gc->x);
-    test_tensor_free(&gc->w);
-    test_tensor_free(&gc->y);
-    test_tensor_free(&gc->sa);
-    test_tensor_free(&gc->sw);
-    if (gc->has_bias) test_tensor_free(&gc->bias);
+    struct bie_tensor * ts[] = {&gc->x, &gc->w, &gc->y, &gc->sa, &gc->sw, &gc->bias};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]); // bias: NULL data if absent
 }
 
 int main(int argc, char ** argv) {

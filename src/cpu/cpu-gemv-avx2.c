@@ -50,27 +50,33 @@ INL __m256i popc_sad(__m256i x) {
     return _mm256_sad_epu8(cnt, _mm256_setzero_si256());
 }
 
-// The 64-bit lanes hold counts below 2^32: summed as int32 lanes (the high halves are 0).
-INL void b1_group(const int M, const int r, int64_t j, const uint8_t * a, size_t lda, const uint8_t * w, size_t ldw,
-                  size_t kb, int32_t * c, size_t ldc) {
+// A step: acc[i] += the terms of the 32 weight bytes wv (bytes t .. t+31 of a row; past kb they read
+// as 0) with activation row i, for i < M.
+typedef void (*step_fn)(const int M, const uint8_t * a, size_t lda, size_t t, __m256i wv, __m256i * acc);
+
+// A group of r weight rows from row j, each row in one pass of steps, then its sums stored.
+INL void group(const int M, const int r, int64_t j, const uint8_t * a, size_t lda, const uint32_t * bias,
+               const uint8_t * w, size_t ldw, size_t kb, int32_t * c, size_t ldc, step_fn step) {
     __m256i acc[R][CPU_GEMV_MR];
     zero(acc);
     for (int q = 0; q < r; q++) {
         const uint8_t * wq = w + (size_t)(j + q) * ldw;
-        for (size_t t = 0; t < kb; t += 32) {
-            const __m256i wv = load_w(wq, t, kb - t);
-            for (int i = 0; i < M; i++) {
-                const __m256i av = _mm256_load_si256((const __m256i *)(a + (size_t)i * lda + t));
-                acc[q][i] = _mm256_add_epi64(acc[q][i], popc_sad(_mm256_xor_si256(av, wv)));
-            }
-        }
+        for (size_t t = 0; t < kb; t += 32) step(M, a, lda, t, load_w(wq, t, kb - t), acc[q]);
     }
-    store(M, r, acc, NULL, c + j, ldc);
+    store(M, r, acc, bias, c + j, ldc);
+}
+
+// The 64-bit lanes hold counts below 2^32: summed as int32 lanes (the high halves are 0).
+INL void b1_step(const int M, const uint8_t * a, size_t lda, size_t t, __m256i wv, __m256i * acc) {
+    for (int i = 0; i < M; i++) {
+        const __m256i av = _mm256_load_si256((const __m256i *)(a + (size_t)i * lda + t));
+        acc[i] = _mm256_add_epi64(acc[i], popc_sad(_mm256_xor_si256(av, wv)));
+    }
 }
 
 static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb,
                int32_t * c, size_t ldc) {
-    CPU_GEMV_FOR_GROUPS(b1_group, R, m, n, a, lda, w, ldw, kb, c, ldc);
+    CPU_GEMV_FOR_GROUPS(group, R, m, n, a, lda, NULL, w, ldw, kb, c, ldc, b1_step);
 }
 
 #define S4_BLOCK 2048 // bytes of a weight row per int16 block (64 steps of 32)
@@ -110,30 +116,21 @@ static void s4(const int8_t * a, size_t lda, const int32_t * asum, int m, const 
     CPU_GEMV_FOR_GROUPS(s4_group, R, m, n, a, lda, bias, w, ldw, kb, c, ldc);
 }
 
-INL void s8_group(const int M, const int r, int64_t j, const int8_t * a, size_t lda, const int8_t * w, size_t ldw,
-                  size_t k, int32_t * c, size_t ldc) {
-    __m256i acc[R][CPU_GEMV_MR];
-    zero(acc);
-    for (int q = 0; q < r; q++) {
-        const uint8_t * wq = (const uint8_t *)w + (size_t)(j + q) * ldw;
-        for (size_t t = 0; t < k; t += 32) {
-            const __m256i wv = load_w(wq, t, k - t);
-            for (int h = 0; h < 2; h++) { // the two 16-byte halves, sign-extended to int16
-                const __m256i w16 = _mm256_cvtepi8_epi16(h ? _mm256_extracti128_si256(wv, 1) : _mm256_castsi256_si128(wv));
-                for (int i = 0; i < M; i++) {
-                    const __m256i a16 = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(a + (size_t)i * lda + t + 16 * h)));
-                    acc[q][i] = _mm256_add_epi32(acc[q][i], _mm256_madd_epi16(a16, w16));
-                }
-            }
-        }
+// The two 16-byte halves of 32 weight bytes, sign-extended to int16.
+INL void s8_step(const int M, const uint8_t * a, size_t lda, size_t t, __m256i wv, __m256i * acc) {
+    const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wv)), w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wv, 1));
+    for (int i = 0; i < M; i++) {
+        const uint8_t * ai = a + (size_t)i * lda + t;
+        const __m256i a0 = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)ai));
+        const __m256i a1 = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)(ai + 16)));
+        acc[i] = _mm256_add_epi32(acc[i], _mm256_add_epi32(_mm256_madd_epi16(a0, w0), _mm256_madd_epi16(a1, w1)));
     }
-    store(M, r, acc, NULL, c + j, ldc);
 }
 
 static void s8(const int8_t * a, size_t lda, const int32_t * asum, int m, const int8_t * w, size_t ldw, int64_t n,
                size_t k, int32_t * c, size_t ldc) {
     (void)asum;
-    CPU_GEMV_FOR_GROUPS(s8_group, R, m, n, a, lda, w, ldw, k, c, ldc);
+    CPU_GEMV_FOR_GROUPS(group, R, m, n, (const uint8_t *)a, lda, NULL, (const uint8_t *)w, ldw, k, c, ldc, s8_step);
 }
 
 const struct cpu_gemv_kernels bie_cpu_gemv_avx2 = {.name = "avx2", .b1 = b1, .s4 = s4, .s8 = s8};

@@ -20,7 +20,8 @@ GEMV_INLINE __m512i popc_sad(__m512i x) {
     return _mm512_sad_epu8(cnt, _mm512_setzero_si512());
 }
 
-GEMV_INLINE void b1_step(const int M, const uint8_t * a, size_t lda, size_t t, __m512i wv, __m512i * acc) {
+GEMV_INLINE void b1_step(const int M, const uint8_t * a, size_t lda, size_t kb, size_t t, __m512i wv, __m512i * acc) {
+    (void)kb;
     for (int i = 0; i < M; i++) {
         const __m512i av = _mm512_load_si512((const void *)(a + (size_t)i * lda + t));
         acc[i] = _mm512_add_epi64(acc[i], popc_sad(_mm512_xor_si512(av, wv)));
@@ -28,22 +29,9 @@ GEMV_INLINE void b1_step(const int M, const uint8_t * a, size_t lda, size_t t, _
 }
 
 // The 64-bit lanes hold counts below 2^32: summed as int32 lanes (the high halves are 0).
-GEMV_INLINE void b1_group(const int M, const int r, int64_t j, const uint8_t * a, size_t lda, const uint8_t * w,
-                          size_t ldw, size_t kb, int32_t * c, size_t ldc) {
-    __m512i acc[GEMV_R][CPU_GEMV_MR];
-    gemv_zero(acc);
-    for (int q = 0; q < r; q++) {
-        const uint8_t * wq = w + (size_t)(j + q) * ldw;
-        size_t t = 0;
-        for (; t + 64 <= kb; t += 64) b1_step(M, a, lda, t, _mm512_loadu_si512((const void *)(wq + t)), acc[q]);
-        if (t < kb) b1_step(M, a, lda, t, _mm512_maskz_loadu_epi8(gemv_bytes(kb - t), (const void *)(wq + t)), acc[q]);
-    }
-    gemv_store(M, r, acc, NULL, false, c + j, ldc);
-}
-
 static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb,
                int32_t * c, size_t ldc) {
-    CPU_GEMV_FOR_GROUPS(b1_group, GEMV_R, m, n, a, lda, w, ldw, kb, c, ldc);
+    CPU_GEMV_FOR_GROUPS(gemv_group, GEMV_R, m, n, a, lda, NULL, w, ldw, kb, c, ldc, b1_step);
 }
 
 #define S4_BLOCK 4096 // bytes of a weight row per int16 block (64 steps of 64)
@@ -88,32 +76,23 @@ void bie_cpu_gemv_s4__avx512(const int8_t * a, size_t lda, const int32_t * asum,
     CPU_GEMV_FOR_GROUPS(s4_group, GEMV_R, m, n, a, lda, bias, w, ldw, kb, c, ldc);
 }
 
-GEMV_INLINE void s8_step(const int M, const int8_t * a, size_t lda, size_t t, __m256i wv, __m512i * acc) {
-    const __m512i w16 = _mm512_cvtepi8_epi16(wv);
+// The two 32-byte halves of 64 weight bytes, sign-extended to int16.
+GEMV_INLINE void s8_step(const int M, const uint8_t * a, size_t lda, size_t kb, size_t t, __m512i wv, __m512i * acc) {
+    (void)kb;
+    const __m512i w0 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(wv)), w1 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(wv, 1));
     for (int i = 0; i < M; i++) {
-        const __m512i a16 = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(a + (size_t)i * lda + t)));
-        acc[i] = _mm512_add_epi32(acc[i], _mm512_madd_epi16(a16, w16));
+        const uint8_t * ai = a + (size_t)i * lda + t;
+        const __m512i a0 = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)ai));
+        const __m512i a1 = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)(ai + 32)));
+        acc[i] = _mm512_add_epi32(acc[i], _mm512_add_epi32(_mm512_madd_epi16(a0, w0), _mm512_madd_epi16(a1, w1)));
     }
-}
-
-GEMV_INLINE void s8_group(const int M, const int r, int64_t j, const int8_t * a, size_t lda, const int8_t * w,
-                          size_t ldw, size_t k, int32_t * c, size_t ldc) {
-    __m512i acc[GEMV_R][CPU_GEMV_MR];
-    gemv_zero(acc);
-    for (int q = 0; q < r; q++) {
-        const int8_t * wq = w + (size_t)(j + q) * ldw;
-        size_t t = 0;
-        for (; t + 32 <= k; t += 32) s8_step(M, a, lda, t, _mm256_loadu_si256((const __m256i *)(wq + t)), acc[q]);
-        if (t < k)
-            s8_step(M, a, lda, t, _mm256_maskz_loadu_epi8((__mmask32)((1u << (k - t)) - 1), (const void *)(wq + t)), acc[q]);
-    }
-    gemv_store(M, r, acc, NULL, false, c + j, ldc);
 }
 
 void bie_cpu_gemv_s8__avx512(const int8_t * a, size_t lda, const int32_t * asum, int m, const int8_t * w, size_t ldw,
                              int64_t n, size_t k, int32_t * c, size_t ldc) {
     (void)asum;
-    CPU_GEMV_FOR_GROUPS(s8_group, GEMV_R, m, n, a, lda, w, ldw, k, c, ldc);
+    CPU_GEMV_FOR_GROUPS(gemv_group, GEMV_R, m, n, (const uint8_t *)a, lda, NULL, (const uint8_t *)w, ldw, k, c, ldc,
+                        s8_step);
 }
 
 const struct cpu_gemv_kernels bie_cpu_gemv_avx512 = {

@@ -56,6 +56,26 @@ GEMV_INLINE void gemv_store(int m, int r, __m512i v[GEMV_R][CPU_GEMV_MR], const 
     }
 }
 
+// A step of a kernel: acc[i] += the terms of the 64 weight bytes wv (bytes t .. t+63 of a row; past
+// kb they read as 0) with activation row i, for i < M.
+typedef void (*gemv_step_fn)(const int M, const uint8_t * a, size_t lda, size_t kb, size_t t, __m512i wv,
+                             __m512i * acc);
+
+// A group of r weight rows from row j (r is GEMV_R or 1), each row in one pass of steps (the last
+// one on a masked load), then its sums stored (gemv_store, with bias). The step is inlined.
+GEMV_INLINE void gemv_group(const int M, const int r, int64_t j, const uint8_t * a, size_t lda, const uint32_t * bias,
+                            const uint8_t * w, size_t ldw, size_t kb, int32_t * c, size_t ldc, gemv_step_fn step) {
+    __m512i acc[GEMV_R][CPU_GEMV_MR];
+    gemv_zero(acc);
+    for (int q = 0; q < r; q++) {
+        const uint8_t * wq = w + (size_t)(j + q) * ldw;
+        size_t t = 0;
+        for (; t + 64 <= kb; t += 64) step(M, a, lda, kb, t, _mm512_loadu_si512((const void *)(wq + t)), acc[q]);
+        if (t < kb) step(M, a, lda, kb, t, _mm512_maskz_loadu_epi8(gemv_bytes(kb - t), (const void *)(wq + t)), acc[q]);
+    }
+    gemv_store(M, r, acc, bias, false, c + j, ldc);
+}
+
 // The biases b * asum[i] of the unsigned-by-signed kernels (cpu-gemv.h), wrapping.
 GEMV_INLINE void gemv_bias(int m, const int32_t * asum, uint32_t b, uint32_t * out) {
     for (int i = 0; i < m; i++) out[i] = b * (uint32_t)asum[i];

@@ -19,24 +19,12 @@ void bie_cpu_gemv_s4__avx512(const int8_t * a, size_t lda, const int32_t * asum,
 void bie_cpu_gemv_s8__avx512(const int8_t * a, size_t lda, const int32_t * asum, int m, const int8_t * w, size_t ldw,
                              int64_t n, size_t k, int32_t * c, size_t ldc);
 
-GEMV_INLINE void b1_step(const int M, const uint8_t * a, size_t lda, size_t t, __m512i wv, __m512i * acc) {
+GEMV_INLINE void b1_step(const int M, const uint8_t * a, size_t lda, size_t kb, size_t t, __m512i wv, __m512i * acc) {
+    (void)kb;
     for (int i = 0; i < M; i++) {
         const __m512i av = _mm512_load_si512((const void *)(a + (size_t)i * lda + t));
         acc[i] = _mm512_add_epi32(acc[i], _mm512_popcnt_epi32(_mm512_xor_si512(av, wv)));
     }
-}
-
-GEMV_INLINE void b1_group(const int M, const int r, int64_t j, const uint8_t * a, size_t lda, const uint8_t * w,
-                          size_t ldw, size_t kb, int32_t * c, size_t ldc) {
-    __m512i acc[GEMV_R][CPU_GEMV_MR];
-    gemv_zero(acc);
-    for (int q = 0; q < r; q++) {
-        const uint8_t * wq = w + (size_t)(j + q) * ldw;
-        size_t t = 0;
-        for (; t + 64 <= kb; t += 64) b1_step(M, a, lda, t, _mm512_loadu_si512((const void *)(wq + t)), acc[q]);
-        if (t < kb) b1_step(M, a, lda, t, _mm512_maskz_loadu_epi8(gemv_bytes(kb - t), (const void *)(wq + t)), acc[q]);
-    }
-    gemv_store(M, r, acc, NULL, false, c + j, ldc);
 }
 
 // One activation row of at most B1_AREG vectors, held in registers while the weight rows stream
@@ -72,7 +60,7 @@ static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t l
         for (; j < n; j++) b1_m1_group(1, j, av, w, ldw, kb, c);
         return;
     }
-    CPU_GEMV_FOR_GROUPS(b1_group, GEMV_R, m, n, a, lda, w, ldw, kb, c, ldc);
+    CPU_GEMV_FOR_GROUPS(gemv_group, GEMV_R, m, n, a, lda, NULL, w, ldw, kb, c, ldc, b1_step);
 }
 
 #define VNNI __attribute__((target("avx512vnni")))
@@ -84,9 +72,10 @@ GEMV_INLINE void s4_nibbles(__m512i wv, __m512i * hi, __m512i * lo) {
     *lo = _mm512_ternarylogic_epi32(wv, m15, b8, 0x6A);
 }
 
-VNNI GEMV_INLINE void s4_step(const int M, const int8_t * a, size_t lda, size_t kp, size_t t, __m512i wv,
+VNNI GEMV_INLINE void s4_step(const int M, const uint8_t * a, size_t lda, size_t kb, size_t t, __m512i wv,
                               __m512i * acc) {
-    __m512i hi, lo;
+    const size_t kp = cpu_round_up(kb, CPU_GEMV_ALIGN);
+    __m512i hi, lo; // past kb: zero bytes, nibbles 8, against zero codes
     s4_nibbles(wv, &hi, &lo);
     for (int i = 0; i < M; i++) {
         const __m512i ae = _mm512_load_si512((const void *)(a + (size_t)i * lda + t));
@@ -95,52 +84,27 @@ VNNI GEMV_INLINE void s4_step(const int M, const int8_t * a, size_t lda, size_t 
     }
 }
 
-VNNI GEMV_INLINE void s4_group(const int M, const int r, int64_t j, const int8_t * a, size_t lda, const uint32_t * bias,
-                               const uint8_t * w, size_t ldw, size_t kb, int32_t * c, size_t ldc) {
-    const size_t kp = cpu_round_up(kb, CPU_GEMV_ALIGN);
-    __m512i acc[GEMV_R][CPU_GEMV_MR];
-    gemv_zero(acc);
-    for (int q = 0; q < r; q++) {
-        const uint8_t * wq = w + (size_t)(j + q) * ldw;
-        size_t t = 0;
-        for (; t + 64 <= kb; t += 64) s4_step(M, a, lda, kp, t, _mm512_loadu_si512((const void *)(wq + t)), acc[q]);
-        if (t < kb) // the masked weight bytes read as 0, nibbles 8, against zero activations
-            s4_step(M, a, lda, kp, t, _mm512_maskz_loadu_epi8(gemv_bytes(kb - t), (const void *)(wq + t)), acc[q]);
-    }
-    gemv_store(M, r, acc, bias, false, c + j, ldc);
-}
-
 VNNI static void s4_vnni(const int8_t * a, size_t lda, const int32_t * asum, int m, const uint8_t * w, size_t ldw,
                          int64_t n, size_t kb, int32_t * c, size_t ldc) {
     uint32_t bias[CPU_GEMV_MR];
     gemv_bias(m, asum, 8, bias);
-    CPU_GEMV_FOR_GROUPS(s4_group, GEMV_R, m, n, a, lda, bias, w, ldw, kb, c, ldc);
+    CPU_GEMV_FOR_GROUPS(gemv_group, GEMV_R, m, n, (const uint8_t *)a, lda, bias, w, ldw, kb, c, ldc, s4_step);
 }
 
-VNNI GEMV_INLINE void s8_step(const int M, const int8_t * a, size_t lda, size_t t, __m512i wv, __m512i * acc) {
+VNNI GEMV_INLINE void s8_step(const int M, const uint8_t * a, size_t lda, size_t kb, size_t t, __m512i wv,
+                              __m512i * acc) {
+    (void)kb;
     const __m512i u = _mm512_xor_si512(wv, _mm512_set1_epi8((char)0x80)); // w + 128, unsigned
     for (int i = 0; i < M; i++)
         acc[i] = _mm512_dpbusd_epi32(acc[i], u, _mm512_load_si512((const void *)(a + (size_t)i * lda + t)));
-}
-
-VNNI GEMV_INLINE void s8_group(const int M, const int r, int64_t j, const int8_t * a, size_t lda, const uint32_t * bias,
-                               const int8_t * w, size_t ldw, size_t k, int32_t * c, size_t ldc) {
-    __m512i acc[GEMV_R][CPU_GEMV_MR];
-    gemv_zero(acc);
-    for (int q = 0; q < r; q++) {
-        const int8_t * wq = w + (size_t)(j + q) * ldw;
-        size_t t = 0;
-        for (; t + 64 <= k; t += 64) s8_step(M, a, lda, t, _mm512_loadu_si512((const void *)(wq + t)), acc[q]);
-        if (t < k) s8_step(M, a, lda, t, _mm512_maskz_loadu_epi8(gemv_bytes(k - t), (const void *)(wq + t)), acc[q]);
-    }
-    gemv_store(M, r, acc, bias, false, c + j, ldc);
 }
 
 VNNI static void s8_vnni(const int8_t * a, size_t lda, const int32_t * asum, int m, const int8_t * w, size_t ldw,
                          int64_t n, size_t k, int32_t * c, size_t ldc) {
     uint32_t bias[CPU_GEMV_MR];
     gemv_bias(m, asum, 128, bias);
-    CPU_GEMV_FOR_GROUPS(s8_group, GEMV_R, m, n, a, lda, bias, w, ldw, k, c, ldc);
+    CPU_GEMV_FOR_GROUPS(gemv_group, GEMV_R, m, n, (const uint8_t *)a, lda, bias, (const uint8_t *)w, ldw, k, c, ldc,
+                        s8_step);
 }
 
 const struct cpu_gemv_kernels bie_cpu_gemv_avx512vpopcnt = {
