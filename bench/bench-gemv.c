@@ -132,9 +132,13 @@ int bench_gemv_case(const struct bench_options * opt, const char * name, int qua
         fprintf(stderr, "bie bench: out of memory\n");
         return 1;
     }
-    uint64_t rng = 0x2545f4914f6cdd1dull;
-    for (int64_t i = 0; i < M * K; i++) xf[i] = (float)((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 40) * 0x1p-23f - 1.0f;
-    for (int64_t i = 0; i < N * K; i++) wf[i] = (float)((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 40) * 0x1p-23f - 1.0f;
+    uint64_t rng = 0x2545f4914f6cdd1dull; // uniform in [-1, 1)
+    for (int64_t i = 0; i < M * K + N * K; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        const float v = (float)(rng >> 40) * 0x1p-23f - 1.0f;
+        if (i < M * K) xf[i] = v;
+        else wf[i - M * K] = v;
+    }
     struct bie_tensor wsrc;
     bie_tensor_make(&wsrc, wf, BIE_DTYPE_F32, 2, ws);
     memset(s.copies, 0, s.wstride);

@@ -17,7 +17,8 @@ static int64_t popc8(unsigned v) { return __builtin_popcount(v & 0xffu); }
 
 // (1) ---------------------------------------------------------------------------------------------
 
-static const int64_t kb_list[] = {0, 1, 7, 8, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 2047, 2048, 2049, 4095, 4096, 4097, 8193};
+static const int64_t kb_list[] = {0,    1,    7,    8,    31,   32,   33,   63,   64,   65,  100,
+                                  127,  128,  129,  2047, 2048, 2049, 4095, 4096, 4097, 8193};
 #define NKB ((int)(sizeof kb_list / sizeof kb_list[0]))
 
 static void kernel_case(const struct cpu_gemv_kernels * gk, int kind, int m, int64_t n, size_t kb) {
@@ -60,7 +61,8 @@ static void kernel_case(const struct cpu_gemv_kernels * gk, int kind, int m, int
                 want = 0;
                 for (size_t t = 0; t < kb; t++) {
                     if (kind == 1) want += popc8((unsigned)(uint8_t)ai[t] ^ wj[t]);
-                    else if (kind == 4) want += ((int8_t)wj[t] >> 4) * ai[t] + ((int8_t)(uint8_t)(wj[t] << 4) >> 4) * ai[kp + t];
+                    else if (kind == 4)
+                        want += ((int8_t)wj[t] >> 4) * ai[t] + ((int8_t)(uint8_t)(wj[t] << 4) >> 4) * ai[kp + t];
                     else want += (int8_t)wj[t] * ai[t];
                 }
             }
@@ -93,7 +95,8 @@ static void test_kernels(const enum bie_cpu_isa * levels, int nlev, bool quick) 
 
 // (2) ---------------------------------------------------------------------------------------------
 
-static const int64_t k_list[] = {1, 3, 7, 8, 9, 15, 17, 63, 64, 65, 127, 129, 255, 257, 511, 513, 1000, 1025, 4096, 4100, 8200, 16400};
+static const int64_t k_list[] = {1,   3,   7,   8,   9,    15,   17,   63,   64,   65,   127,
+                                 129, 255, 257, 511, 513, 1000, 1025, 4096, 4100, 8200, 16400};
 #define NK ((int)(sizeof k_list / sizeof k_list[0]))
 
 struct gcase {
@@ -128,7 +131,8 @@ static enum bie_dtype pick(const enum bie_dtype * d, int n) { return d[test_rand
 static void make_case(struct gcase * gc, enum bie_quant q, int64_t K) {
     memset(gc, 0, sizeof *gc);
     gc->q = q;
-    const enum bie_dtype packed = q == BIE_QUANT_BINARY ? BIE_DTYPE_B1 : q == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8;
+    const enum bie_dtype packed =
+        q == BIE_QUANT_BINARY ? BIE_DTYPE_B1 : q == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8;
     const enum bie_dtype wd = test_rand_int(0, 3) ? packed : BIE_DTYPE_F32;
     static const enum bie_dtype xds[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_B1};
     static const enum bie_dtype yds[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_I32, BIE_DTYPE_B1};

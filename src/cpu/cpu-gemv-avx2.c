@@ -100,7 +100,8 @@ INL void s4_group(const int M, const int r, int64_t j, const int8_t * a, size_t 
                 for (int i = 0; i < M; i++) {
                     const __m256i ae = _mm256_load_si256((const __m256i *)(a + (size_t)i * lda + t));
                     const __m256i ao = _mm256_load_si256((const __m256i *)(a + (size_t)i * lda + kp + t));
-                    a16[i] = _mm256_add_epi16(a16[i], _mm256_add_epi16(_mm256_maddubs_epi16(hi, ae), _mm256_maddubs_epi16(lo, ao)));
+                    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(hi, ae), _mm256_maddubs_epi16(lo, ao));
+                    a16[i] = _mm256_add_epi16(a16[i], p);
                 }
             }
             for (int i = 0; i < M; i++) acc[q][i] = _mm256_add_epi32(acc[q][i], _mm256_madd_epi16(a16[i], ones));
@@ -118,7 +119,8 @@ static void s4(const int8_t * a, size_t lda, const int32_t * asum, int m, const 
 
 // The two 16-byte halves of 32 weight bytes, sign-extended to int16.
 INL void s8_step(const int M, const uint8_t * a, size_t lda, size_t t, __m256i wv, __m256i * acc) {
-    const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wv)), w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wv, 1));
+    const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wv));
+    const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wv, 1));
     for (int i = 0; i < M; i++) {
         const uint8_t * ai = a + (size_t)i * lda + t;
         const __m256i a0 = _mm256_cvtepi8_epi16(_mm_load_si128((const __m128i *)ai));

@@ -79,7 +79,8 @@ void bie_cpu_gemv_s4__avx512(const int8_t * a, size_t lda, const int32_t * asum,
 // The two 32-byte halves of 64 weight bytes, sign-extended to int16.
 GEMV_INLINE void s8_step(const int M, const uint8_t * a, size_t lda, size_t kb, size_t t, __m512i wv, __m512i * acc) {
     (void)kb;
-    const __m512i w0 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(wv)), w1 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(wv, 1));
+    const __m512i w0 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(wv));
+    const __m512i w1 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(wv, 1));
     for (int i = 0; i < M; i++) {
         const uint8_t * ai = a + (size_t)i * lda + t;
         const __m512i a0 = _mm512_cvtepi8_epi16(_mm256_load_si256((const __m256i *)ai));

@@ -4,9 +4,9 @@
 // Contract in cpu-gemv.h.
 //
 // Binary: per 64 bytes of a weight row, one load, then per activation row one load (L1) and xor +
-// vpopcntd + add: 3 vector ops per 512 bit-products, so a core outruns its share of memory
-// bandwidth and the loop runs at the speed of the weight stream. The int32 lanes of the rows'
-// accumulators are summed once per group of GEMV_R rows (gemv_hsum4).
+// vpopcntd + add: 3 vector ops per 512 bit-products, so that a weight streamed from DRAM is read at
+// the read bandwidth (from L3 the arithmetic and the stream take about as long at M = 1). The int32
+// lanes of the rows' accumulators are summed once per group of GEMV_R rows (gemv_hsum4).
 // 4-bit: the signed nibbles h, l of a weight byte become the unsigned h ^ 8 = h + 8 and l + 8 (one
 // vpternlogd each: (x & 15) ^ 8), and vpdpbusd multiplies them by the signed activation codes
 // (even codes against the high nibbles, odd codes against the low ones): sum (h + 8) * a = sum h * a
@@ -42,8 +42,10 @@ GEMV_INLINE void b1_m1_group(const int r, int64_t j, const __m512i * av, const u
         const uint8_t * wq = w + (size_t)(j + q) * ldw;
         __m512i s = _mm512_setzero_si512();
         for (size_t u = 0; u < B1_AREG; u++) {
-            if (u < nf) s = _mm512_add_epi32(s, _mm512_popcnt_epi32(_mm512_xor_si512(av[u], _mm512_loadu_si512((const void *)(wq + 64 * u)))));
-            else if (u == nf && tail) s = _mm512_add_epi32(s, _mm512_popcnt_epi32(_mm512_xor_si512(av[u], _mm512_maskz_loadu_epi8(tail, (const void *)(wq + 64 * u)))));
+            const void * p = wq + 64 * u;
+            if (u < nf) s = _mm512_add_epi32(s, _mm512_popcnt_epi32(_mm512_xor_si512(av[u], _mm512_loadu_si512(p))));
+            else if (u == nf && tail)
+                s = _mm512_add_epi32(s, _mm512_popcnt_epi32(_mm512_xor_si512(av[u], _mm512_maskz_loadu_epi8(tail, p))));
         }
         acc[q][0] = s;
     }
@@ -54,7 +56,8 @@ static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t l
                int32_t * c, size_t ldc) {
     if (m == 1 && kb <= B1_AREG * 64) {
         __m512i av[B1_AREG];
-        for (size_t u = 0; u < B1_AREG; u++) av[u] = u * 64 < kb ? _mm512_load_si512((const void *)(a + 64 * u)) : _mm512_setzero_si512();
+        for (size_t u = 0; u < B1_AREG; u++)
+            av[u] = u * 64 < kb ? _mm512_load_si512((const void *)(a + 64 * u)) : _mm512_setzero_si512();
         int64_t j = 0;
         for (; j + GEMV_R <= n; j += GEMV_R) b1_m1_group(GEMV_R, j, av, w, ldw, kb, c);
         for (; j < n; j++) b1_m1_group(1, j, av, w, ldw, kb, c);

@@ -10,7 +10,7 @@
 // Steps: (1) the M activation rows, once, into the kernels' form (zero-padded to 64 bytes; the bits
 // of a last partial byte, or the last code of an odd K, kept aside); (2) the weight rows in blocks of
 // GEMV_NB, a contiguous range of blocks per thread: each block's rows stream through the kernel
-// against all activation rows (f32 weights are first quantized a block at a time into the thread's
+// against all activation rows, CPU_GEMV_MR at a time (f32 weights are first quantized a block at a time into the thread's
 // buffer, so they too are read once); the part of K the kernels do not read (the partial byte,
 // whose padding bits in the weight may hold anything) is added per row here; (3) the fused output
 // transform (cpu-epilogue.c) per block.
@@ -99,7 +99,8 @@ static void prepare_row(struct gemv * j, int64_t m, const float * bias, int16_t 
         j->kern->quantize((const float *)x->data + off, bias, 0.0f, K, c->scale_a, j->lo, j->hi, q);
     else
         for (int64_t k = 0; k < K; k++)
-            q[k] = (int16_t)cpu_quantize1(cpu_load(x, off + k * xs[1]) + (bias ? bias[k] : 0.0f), c->scale_a, j->lo, j->hi);
+            q[k] = (int16_t)cpu_quantize1(cpu_load(x, off + k * xs[1]) + (bias ? bias[k] : 0.0f), c->scale_a, j->lo,
+                                          j->hi);
     int8_t * r = (int8_t *)row;
     int32_t sum = 0;
     if (c->quant == BIE_QUANT_INT8) {
@@ -135,7 +136,8 @@ static void pack_rows(const struct gemv * j, int64_t n0, int64_t nc, uint8_t * d
         if (c->quant == BIE_QUANT_INT8) {
             for (int64_t k = 0; k < K; k++) d[k] = (uint8_t)q[k];
         } else { // element 2t in the high nibble of byte t
-            for (int64_t t = 0; t < K / 2; t++) d[t] = (uint8_t)(((unsigned)q[2 * t] & 15) << 4 | ((unsigned)q[2 * t + 1] & 15));
+            for (int64_t t = 0; t < K / 2; t++)
+                d[t] = (uint8_t)(((unsigned)q[2 * t] & 15) << 4 | ((unsigned)q[2 * t + 1] & 15));
             if (K % 2) d[K / 2] = (uint8_t)(((unsigned)q[K - 1] & 15) << 4);
         }
     }
@@ -162,15 +164,18 @@ static void run_blocks(const struct gemv * j, int64_t b0, int64_t b1, int tid) {
             const uint8_t * a = j->a + (size_t)i * j->lda;
             int32_t * ci = acc + i * GEMV_NB;
             if (c->quant == BIE_QUANT_BINARY) j->gk->b1(a, j->lda, mr, w, ldw, nc, j->kb, ci, GEMV_NB);
-            else if (c->quant == BIE_QUANT_INT4) j->gk->s4((const int8_t *)a, j->lda, j->asum + i, mr, w, ldw, nc, j->kb, ci, GEMV_NB);
-            else j->gk->s8((const int8_t *)a, j->lda, j->asum + i, mr, (const int8_t *)w, ldw, nc, j->kb, ci, GEMV_NB);
+            else if (c->quant == BIE_QUANT_INT4)
+                j->gk->s4((const int8_t *)a, j->lda, j->asum + i, mr, w, ldw, nc, j->kb, ci, GEMV_NB);
+            else
+                j->gk->s8((const int8_t *)a, j->lda, j->asum + i, mr, (const int8_t *)w, ldw, nc, j->kb, ci, GEMV_NB);
         }
         if (c->quant == BIE_QUANT_BINARY) {
             const unsigned tail = K % 8 ? (1u << (K % 8)) - 1 : 0;
             for (int64_t i = 0; i < M; i++)
                 for (int64_t o = 0; o < nc; o++) {
                     int32_t * d = acc + i * GEMV_NB + o;
-                    const int32_t p = *d + (tail ? __builtin_popcount(((unsigned)j->last[i] ^ w[(size_t)o * ldw + j->kb]) & tail) : 0);
+                    const unsigned x = ((unsigned)j->last[i] ^ w[(size_t)o * ldw + j->kb]) & tail;
+                    const int32_t p = *d + (tail ? __builtin_popcount(x) : 0);
                     *d = (int32_t)K - 2 * p;
                 }
         } else if (c->quant == BIE_QUANT_INT4 && K % 2) {
@@ -210,7 +215,8 @@ enum bie_status bie_cpu_gemv_forward(bie_context_t * ctx, const struct bie_layer
     const int64_t blocks = (j.N + GEMV_NB - 1) / GEMV_NB;
     const size_t wbytes = (size_t)j.N * (j.form == W_F32 ? (size_t)K * sizeof(float) : j.rowb);
     int threads = cpu_threads(ctx);
-    if ((size_t)threads > wbytes / bie_cpu_gemv_bytes_per_thread) threads = (int)(wbytes / bie_cpu_gemv_bytes_per_thread);
+    const size_t most = wbytes / bie_cpu_gemv_bytes_per_thread;
+    if ((size_t)threads > most) threads = (int)most;
     if (threads > blocks) threads = (int)blocks;
     if (threads < 1 || !cpu_epilogue_parallel_safe(&j.ep)) threads = 1;
 

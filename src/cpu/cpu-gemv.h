@@ -7,8 +7,9 @@
 // ceil(K/8) bytes, S4 rows of ceil(K/2) bytes with element 2t in the high nibble of byte t, I8
 // rows of K codes), once, at memory speed: no panel is packed. The few activation rows are
 // prepared once per call into the form below (a few KB that stay in L1), every thread takes a
-// contiguous range of weight rows, and the kernels stream those rows against all activation rows at
-// once, so the weights are read once whatever M is.
+// contiguous range of weight rows, and the kernels stream those rows against up to CPU_GEMV_MR
+// activation rows at once (for more, a block of rows goes through the kernel again while it is
+// in the caches), so the weights come from memory once whatever M is.
 //
 // Kernel contract (all kernels, every ISA): m <= CPU_GEMV_MR activation rows a_i = a + i*lda (bytes),
 // 64-byte aligned, each zero from its last valid byte up to the next multiple of 64 (the kernels
