@@ -76,3 +76,9 @@ demo:
 
 clean:
 	rm -rf build build-san build-fuzz
+
+# docs/performance.md from the benchmarks' JSON results in bench/results/ (scripts/perf-report.py);
+# `make test` checks that the committed page is what those files give.
+.PHONY: perf-doc
+perf-doc:
+	python3 scripts/perf-report.py

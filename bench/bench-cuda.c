@@ -13,9 +13,10 @@
 // libbie time.
 //
 // Entry point: bie_bench_cuda_main(argc, argv), the hook of bench.h (options: --quick, --json,
-// --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step) or own name
-// contains S (--case binary-conv, --case "binary-conv b1->b1"); --shape S: the rows whose shape
-// contains S ("4096x4096x4096", "C64 "); --call-only: no graph replays, e.g. under a profiler;
+// --case S: the rows whose group (binary-gemm|binary-conv|int4-linear|train-step|plan-host|
+// binary-matmul|embedding) or own name contains S (--case binary-conv, --case "binary-conv b1->b1");
+// --shape S: the rows whose shape contains S ("4096x4096x4096", "C64 "); --call-only: no graph
+// replays, e.g. under a profiler;
 // --rows M: binary-gemm only at M rows; others are ignored). With -DBIE_BENCH_CUDA_MAIN it is also
 // a program of its own.
 #include <cublas_v2.h>
@@ -199,6 +200,33 @@ static struct bie_tensor dev_tensor(void * data, enum bie_dtype dt, int nd, cons
 // one at a time, so each side is credited with its better figure.
 static double best_ms(struct timing t) { return t.ms > 0 && t.ms < t.call_ms ? t.ms : t.call_ms; }
 
+// What every --json row also names, made once: the GPU's name, the CUDA runtime's, cuBLAS's and
+// (where built with it) cuDNN's versions, bie's version and the UTC date of the run.
+static const char * json_run_info(void) {
+    static char info[512];
+    if (info[0]) return info;
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    char name[sizeof prop.name];
+    bench_json_text(name, sizeof name, prop.name);
+    int rt = 0, blas = 0;
+    CK(cudaRuntimeGetVersion(&rt));
+    CB(cublasGetVersion(g_blas, &blas));
+    char dnn[32] = "none";
+#ifdef BIE_HAVE_CUDNN
+    const size_t v = cudnnGetVersion();
+    snprintf(dnn, sizeof dnn, "%zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
+#endif
+    char date[16];
+    bench_utc_date(date, sizeof date);
+    snprintf(info, sizeof info,
+             "\"device\": \"%s\", \"cuda\": \"%d.%d\", \"cublas\": \"%d.%d.%d\", \"cudnn\": \"%s\", "
+             "\"bie_version\": \"%s\", \"date\": \"%s\"",
+             name, rt / 1000, rt % 1000 / 10, blas / 10000, blas / 100 % 100, blas % 100, dnn, bie_version_string(),
+             date);
+    return info;
+}
+
 // One row: each side's best time per call and their ratio (the figure the targets are read
 // against), then the device times (graph replays, "-" where the calls could not be captured) and
 // the isolated-call times.
@@ -209,9 +237,9 @@ static void print_row(const char * name, const char * shape, struct timing bie, 
     if (g_json) {
         printf("{\"case\": \"%s %s\", \"backend\": \"cuda\", \"threads\": 0, \"bie_ms\": %.6f, \"baseline\": \"%s\", "
                "\"baseline_ms\": %.6f, \"speedup\": %.4f, \"gops\": %.1f, \"bie_graph_ms\": %.6f, "
-               "\"baseline_graph_ms\": %.6f, \"bie_call_ms\": %.6f, \"baseline_call_ms\": %.6f}\n",
+               "\"baseline_graph_ms\": %.6f, \"bie_call_ms\": %.6f, \"baseline_call_ms\": %.6f, %s}\n",
                name, shape, ms, base_name, base_ms, ratio, ops / (ms * 1e-3) / 1e9, bie.ms, base.ms, bie.call_ms,
-               base.call_ms);
+               base.call_ms, json_run_info());
         fflush(stdout);
         return;
     }
@@ -546,6 +574,106 @@ static int want_row(const char * group, const char * name, const char * shape) {
     return (!g_case || strstr(group, g_case) || strstr(name, g_case)) && (!g_shape || strstr(shape, g_shape));
 }
 
+// --- binary-matmul: bie_matmul_forward, f16 x [B, M, K], y [B, N, K] -> f16, against cuBLAS's fp16
+// strided-batched GEMM; embedding: L rows of a packed table [V, D] into f16 against a device copy
+// of the output's bytes (which reads and writes them; the lookup's "TOPS" column is TB/s written).
+struct op_state {
+    bie_context_t * ctx;
+    int64_t B, M, N, K;
+    struct bie_tensor a, b, out, c1, c2; // matmul: x, y, out, x_clip, y_clip; embedding: indices, table, out
+    void * src, * dst;                   // the baselines' operands
+    size_t bytes;
+    int quant;
+};
+
+static void run_matmul(void * st, int r) {
+    (void)r;
+    struct op_state * s = st;
+    const struct bie_matmul_desc d = {(enum bie_quant)s->quant};
+    const struct bie_matmul_args a = {&s->a, &s->b, &s->c1, &s->c2, &s->out};
+    BK(s->ctx, bie_matmul_forward(s->ctx, &d, &a));
+}
+
+static void run_batched_cublas(void * st, int r) {
+    (void)r;
+    struct op_state * s = st;
+    const float one = 1.0f, zero = 0.0f;
+    CB(cublasGemmStridedBatchedEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)s->N, (int)s->M, (int)s->K, &one, s->b.data,
+                                  CUDA_R_16F, (int)s->K, s->N * s->K, s->a.data, CUDA_R_16F, (int)s->K, s->M * s->K,
+                                  &zero, s->dst, CUDA_R_16F, (int)s->N, s->M * s->N, (int)s->B, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+}
+
+static void run_embedding(void * st, int r) {
+    (void)r;
+    struct op_state * s = st;
+    const struct bie_embedding_desc d = {BIE_QUANT_BINARY, 0};
+    const struct bie_embedding_args a = {&s->a, &s->b, NULL, &s->out};
+    BK(s->ctx, bie_embedding_forward(s->ctx, &d, &a));
+}
+
+static void run_copy(void * st, int r) {
+    (void)r;
+    struct op_state * s = st;
+    CK(cudaMemcpyAsync(s->dst, s->src, s->bytes, cudaMemcpyDeviceToDevice, g_stream));
+}
+
+static void op_matmul_rows(bie_context_t * ctx, int64_t B, int64_t M, int64_t N, int64_t K) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "%lldx%lldx%lldx%lld", (long long)B, (long long)M, (long long)N, (long long)K);
+    const char * names[2] = {"binary-matmul f16", "q8-matmul f16"};
+    if (!want_row("binary-matmul", names[0], shape) && !want_row("binary-matmul", names[1], shape)) return;
+    struct op_state s = {ctx, B, M, N, K, {0}, {0}, {0}, {0}, {0}, NULL, NULL, 0, BIE_QUANT_BINARY};
+    const int64_t xs[3] = {B, M, K}, ys[3] = {B, N, K}, os[3] = {B, M, N};
+    s.a = dev_tensor(dev_half_random((size_t)(B * M * K)), BIE_DTYPE_F16, 3, xs);
+    s.b = dev_tensor(dev_half_random((size_t)(B * N * K)), BIE_DTYPE_F16, 3, ys);
+    CK(cudaMalloc(&s.dst, (size_t)(B * M * N) * 2));
+    s.out = dev_tensor(s.dst, BIE_DTYPE_F16, 3, os);
+    bie_tensor_make(&s.c1, &g_half, BIE_DTYPE_F32, 0, NULL); // host clips
+    bie_tensor_make(&s.c2, &g_half, BIE_DTYPE_F32, 0, NULL);
+    const struct timing base = time_ms(run_batched_cublas, &s, 1);
+    for (int i = 0; i < 2; i++) {
+        s.quant = i ? BIE_QUANT_INT8 : BIE_QUANT_BINARY;
+        if (want_row("binary-matmul", names[i], shape))
+            print_row(names[i], shape, time_ms(run_matmul, &s, 1), "cublas-fp16", base, 2.0 * B * M * N * K);
+    }
+    cudaFree(s.a.data);
+    cudaFree(s.b.data);
+    cudaFree(s.dst);
+}
+
+static void op_embedding_row(bie_context_t * ctx, int64_t V, int64_t D, int64_t L) {
+    char shape[64];
+    snprintf(shape, sizeof shape, "V%lld D%lld L%lld", (long long)V, (long long)D, (long long)L);
+    if (!want_row("embedding", "embedding b1->f16", shape)) return;
+    struct op_state s = {ctx, 0, 0, 0, 0, {0}, {0}, {0}, {0}, {0}, NULL, NULL, (size_t)(L * D) * 2, BIE_QUANT_BINARY};
+    int64_t * h = malloc((size_t)L * sizeof(int64_t));
+    uint64_t r = 0x853c49e6748fea9bull;
+    for (int64_t i = 0; i < L; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (int64_t)((r >> 33) % (uint64_t)V);
+    }
+    void * idx;
+    CK(cudaMalloc(&idx, (size_t)L * sizeof(int64_t)));
+    CK(cudaMemcpy(idx, h, (size_t)L * sizeof(int64_t), cudaMemcpyHostToDevice));
+    free(h);
+    const int64_t is[1] = {L}, ts[2] = {V, D}, os[2] = {L, D};
+    s.a = dev_tensor(idx, BIE_DTYPE_I64, 1, is);
+    s.b = dev_tensor(NULL, BIE_DTYPE_B1, 2, ts);
+    size_t tb;
+    bie_tensor_nbytes(&s.b, &tb);
+    s.b.data = dev_alloc_random(tb);
+    CK(cudaMalloc(&s.dst, s.bytes));
+    CK(cudaMalloc(&s.src, s.bytes));
+    s.out = dev_tensor(s.dst, BIE_DTYPE_F16, 2, os);
+    const struct timing base = time_ms(run_copy, &s, 1);
+    print_row("embedding b1->f16", shape, time_ms(run_embedding, &s, 1), "copy-of-out", base, (double)s.bytes);
+    cudaFree(idx);
+    cudaFree(s.b.data);
+    cudaFree(s.dst);
+    cudaFree(s.src);
+}
+
 int bie_bench_cuda_main(int argc, char ** argv) {
     long long rows_only = 0;
     for (int i = 1; i < argc; i++) {
@@ -562,9 +690,10 @@ int bie_bench_cuda_main(int argc, char ** argv) {
     }
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("bench cuda: %s, %d SMs, L2 %d MB; medians of CUDA-event timings per call, graph replays and "
-           "isolated calls; each side's lower median; ratio = baseline / bie\n",
-           prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+    if (!g_json) // (--json: only the rows, each naming the device)
+        printf("bench cuda: %s, %d SMs, L2 %d MB; medians of CUDA-event timings per call, graph replays and "
+               "isolated calls; each side's lower median; ratio = baseline / bie\n",
+               prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
     CK(cudaStreamCreate(&g_stream));
     CB(cublasCreate(&g_blas));
     CB(cublasSetStream(g_blas, g_stream));
@@ -655,6 +784,10 @@ int bie_bench_cuda_main(int argc, char ** argv) {
             print_row(names[i], shape_s, t, "cublas-fp16x3", base, 6.0 * M * N * K);
         }
     }
+    if (want_row("plan-host", "plan-host", "")) bench_cuda_host_rows(ctx, g_json);
+    op_matmul_rows(ctx, 8, 4096, 4096, 4096);
+    op_matmul_rows(ctx, 384, 128, 128, 64); // attention scores: 32 x 12 heads, 128 tokens, 64 per head
+    op_embedding_row(ctx, 50257, 1024, 65536);
     bie_context_destroy(ctx);
     cublasDestroy(g_blas);
     cudaFree(blas_ws);

@@ -65,13 +65,46 @@ double bench_median(double * t, int n) {
     return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
+// What every --json row also names, made once: the CPU's model name (/proc/cpuinfo), its logical
+// CPUs, the ISA level bie's CPU backend uses (after any BIE_CPU_ISA cap), OpenBLAS's build, bie's
+// version and the UTC date of the run.
+static const char * json_run_info(void) {
+    static char info[768];
+    if (info[0]) return info;
+    char model[160] = "unknown CPU", blas[256], line[512];
+    FILE * f = fopen("/proc/cpuinfo", "r");
+    while (f && fgets(line, sizeof line, f)) {
+        const char * colon = strchr(line, ':');
+        if (colon && !strncmp(line, "model name", 10)) {
+            bench_json_text(model, sizeof model, colon + 1);
+            break;
+        }
+    }
+    if (f) fclose(f);
+    bench_json_text(blas, sizeof blas, openblas_get_config());
+    const char * isa = "unknown";
+    bie_context_t * ctx;
+    if (bie_context_create(NULL, &ctx) == BIE_STATUS_OK) {
+        isa = bie_cpu_isa_name(bie_context_cpu_isa(ctx));
+        bie_context_destroy(ctx);
+    }
+    char date[16];
+    bench_utc_date(date, sizeof date);
+    snprintf(info, sizeof info,
+             "\"device\": \"%s\", \"cpus\": %d, \"isa\": \"%s\", \"blas\": \"%s\", \"bie_version\": \"%s\", "
+             "\"date\": \"%s\"",
+             model, omp_get_num_procs(), isa, blas, bie_version_string(), date);
+    return info;
+}
+
 void bench_print(const struct bench_options * opt, const struct bench_result * r) {
     const double speedup = r->bie_ms > 0 ? r->baseline_ms / r->bie_ms : 0.0;
     const double gops = r->bie_ms > 0 ? r->ops / (r->bie_ms * 1e6) : 0.0;
     if (opt->json)
         printf("{\"case\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"bie_ms\": %.4f, \"baseline\": \"%s\", "
-               "\"baseline_ms\": %.4f, \"speedup\": %.3f, \"gops\": %.2f}\n",
-               r->name, r->backend, r->threads, r->bie_ms, r->baseline, r->baseline_ms, speedup, gops);
+               "\"baseline_ms\": %.4f, \"speedup\": %.3f, \"gops\": %.2f, %s}\n",
+               r->name, r->backend, r->threads, r->bie_ms, r->baseline, r->baseline_ms, speedup, gops,
+               json_run_info());
     else
         printf("%-24s %-5s %3d %11.3f  %-22s %11.3f %8.2fx %9.1f\n", r->name, r->backend, r->threads, r->bie_ms,
                r->baseline, r->baseline_ms, speedup, gops);
@@ -338,14 +371,16 @@ static FILE * open_shapes(const char * path) {
 
 static void usage(FILE * f) {
     fprintf(f, "usage: bie bench [--shapes FILE] [--case SUBSTRING] [--threads N] [--repeat N] [--json]\n"
-               "                 [--quick] [--backend cpu|ref|cuda]\n"
+               "                 [--quick] [--backend cpu|ref|cuda] [--llm]\n"
                "Times bie's layers and the float baseline (OpenBLAS sgemm, im2col + sgemm) in the same run;\n"
                "prints medians, the ratio baseline/bie and bie's GOPS, with 1 thread and with all threads.\n"
-               "Default shapes: bench/shapes/cpu.txt (--quick: bench/shapes/quick.txt).\n");
+               "Default shapes: bench/shapes/cpu.txt (--quick: bench/shapes/quick.txt).\n"
+               "--llm: the weight-only n-bit layer at LLM shapes against OpenBLAS (cuBLAS fp16 with --backend cuda).\n");
 }
 
 int bie_bench_main(int argc, char ** argv) {
     struct bench_options o = {.shapes = NULL, .filter = NULL, .threads = 0, .repeat = 5, .backend = "cpu"};
+    bool llm = false;
     for (int i = 1; i < argc; i++) {
         const char * a = argv[i];
         const bool has = i + 1 < argc;
@@ -354,6 +389,7 @@ int bie_bench_main(int argc, char ** argv) {
             return 0;
         } else if (!strcmp(a, "--json")) o.json = true;
         else if (!strcmp(a, "--quick")) o.quick = true;
+        else if (!strcmp(a, "--llm")) llm = true;
         else if (!strcmp(a, "--shapes") && has) o.shapes = argv[++i];
         else if (!strcmp(a, "--case") && has) o.filter = argv[++i];
         else if (!strcmp(a, "--threads") && has) o.threads = atoi(argv[++i]);
@@ -366,6 +402,7 @@ int bie_bench_main(int argc, char ** argv) {
         }
     }
     if (o.repeat < 1) o.repeat = 1;
+    if (llm) return bench_llm_main(&o, argc, argv);
     if (!strcmp(o.backend, "cuda")) {
         if (bie_bench_cuda_main) return bie_bench_cuda_main(argc, argv);
         fprintf(stderr, "bie bench: this build has no CUDA benchmarks\n");

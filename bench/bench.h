@@ -9,7 +9,8 @@
 // one case per line, `kind key=value ...` (kinds linear, gemm, conv, train; see the files).
 // Each case prints bie's median time, the baseline's median time, their ratio and bie's GOPS,
 // with 1 thread and with all threads (or the --threads count); --json prints one object per line
-// with the keys case, backend, threads, bie_ms, baseline, baseline_ms, speedup, gops.
+// with the keys case, backend, threads, bie_ms, baseline, baseline_ms, speedup, gops, and the run's
+// device (the CPU's model name), cpus, isa, blas (OpenBLAS's build), bie_version and date (UTC).
 //
 // CUDA: `--backend cuda` hands the whole command line to bie_bench_cuda_main (bench/bench-cuda.c,
 // compiled only with the CUDA backend), which runs its own GPU cases and may print its rows with
@@ -18,7 +19,10 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <time.h>
 
 struct bench_options {
     const char * shapes;  // shape file
@@ -62,3 +66,29 @@ int bie_bench_main(int argc, char ** argv);
 
 // The CUDA cases (bench/bench-cuda.c, only in CUDA builds); argv as for bie_bench_main.
 int bie_bench_cuda_main(int argc, char ** argv) __attribute__((weak));
+// The CUDA "plan-host" rows (bench/bench-cuda-host.c): the host time per planned call against the
+// entry point's. ctx is a context with CUDA state.
+struct bie_context;
+void bench_cuda_host_rows(struct bie_context * ctx, int json);
+
+// For the --json rows of both benchmarks: src copied into dst as the inside of a JSON string
+// (outer blanks trimmed; quotes, backslashes and control characters left out), and today's UTC
+// date as YYYY-MM-DD ("unknown" if the clock cannot say).
+static inline void bench_json_text(char * dst, size_t cap, const char * src) {
+    while (*src == ' ' || *src == '\t') src++;
+    size_t n = 0;
+    for (; *src && n + 1 < cap; src++)
+        if ((unsigned char)*src >= 0x20 && *src != '"' && *src != '\\') dst[n++] = *src;
+    while (n > 0 && dst[n - 1] == ' ') n--;
+    dst[n] = 0;
+}
+static inline void bench_utc_date(char * dst, size_t cap) {
+    const time_t now = time(NULL);
+    struct tm tm;
+    if (!gmtime_r(&now, &tm) || !strftime(dst, cap, "%Y-%m-%d", &tm)) snprintf(dst, cap, "unknown");
+}
+
+// `bie bench --llm` (bench/bench-llm.c): the weight-only n-bit layer at LLM layer shapes; its GPU
+// rows (--backend cuda) are in bench/bench-llm-cuda.c, only in CUDA builds.
+int bench_llm_main(const struct bench_options * o, int argc, char ** argv);
+int bench_llm_cuda_main(const struct bench_options * o, int argc, char ** argv) __attribute__((weak));

@@ -69,6 +69,7 @@ enum bie_dtype {
     BIE_DTYPE_B1 = 6,   // packed bits, 1 <-> +1, 0 <-> -1, LSB first
     BIE_DTYPE_S4 = 7,   // packed 4-bit two's complement, even element in the high nibble
     BIE_DTYPE_F64 = 8,
+    BIE_DTYPE_I64 = 9,  // indices (bie_embedding_*) only
 };
 
 // Static name of a dtype ("f32", "b1", ...); "?" for an unknown value.
@@ -310,6 +311,45 @@ BIE_API enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * de
                                                int64_t w, int64_t * out_h, int64_t * out_w);
 
 //
+// Planned layer calls
+//
+// A plan is made once per layer, shape, dtype, layout and device: it validates the call as the
+// entry points above do, chooses the backend and its route, and sizes the workspace (a CUDA plan
+// grows its context's device workspace to it, so that executions never allocate). Executing it
+// takes arguments that differ from the planned ones only in their data pointers and the values of
+// host scales: the views are compared with the plan's (INVALID_ARGUMENT names the first that
+// differs), and the call goes straight to the planned route. A plan holds no context state: any
+// context of the same device may execute it, from any thread (one context per thread, as always).
+// A data pointer whose alignment (address mod 16) differs from the planned one is accepted and
+// takes the full entry point, which chooses its route again.
+
+typedef struct bie_plan bie_plan_t;
+
+// Plans a call with the arguments of a representative call (their data is not read).
+BIE_API enum bie_status bie_plan_linear_forward(bie_context_t * ctx, const struct bie_linear_desc * desc,
+                                                const struct bie_forward_args * args, bie_plan_t ** out);
+BIE_API enum bie_status bie_plan_conv2d_forward(bie_context_t * ctx, const struct bie_conv2d_desc * desc,
+                                                const struct bie_forward_args * args, bie_plan_t ** out);
+BIE_API enum bie_status bie_plan_linear_backward(bie_context_t * ctx, const struct bie_linear_desc * desc,
+                                                 const struct bie_backward_args * args, bie_plan_t ** out);
+BIE_API enum bie_status bie_plan_conv2d_backward(bie_context_t * ctx, const struct bie_conv2d_desc * desc,
+                                                 const struct bie_backward_args * args, bie_plan_t ** out);
+
+// Executes a forward (backward) plan: the same result as the planned entry point on these args.
+BIE_API enum bie_status bie_plan_forward(bie_context_t * ctx, const bie_plan_t * plan,
+                                         const struct bie_forward_args * args);
+BIE_API enum bie_status bie_plan_backward(bie_context_t * ctx, const bie_plan_t * plan,
+                                          const struct bie_backward_args * args);
+
+// The plan in words: the layer, each tensor (dtype, shape, strides, device), the backend and its
+// route, and the workspace. Valid until the plan is destroyed; never NULL.
+BIE_API const char * bie_plan_describe(const bie_plan_t * plan);
+// Bytes of workspace the plan's executions take on its device.
+BIE_API size_t bie_plan_workspace_size(const bie_plan_t * plan);
+// Frees the plan. NULL is accepted.
+BIE_API void bie_plan_destroy(bie_plan_t * plan);
+
+//
 // Packing and quantization utilities (any device the context's build supports)
 //
 
@@ -352,8 +392,9 @@ BIE_API enum bie_status bie_weight_to_latent_int8(bie_context_t * ctx, const str
 // What a C program needs to train a small low-bit network with the layers above and ship it:
 // readers and writers of the model file format (safetensors) and of the IDX data files of the
 // MNIST family, the float building blocks between low-bit layers (batch norm, max-pooling,
-// activations, softmax cross-entropy), the optimizers (Adam, Diode) and a sequential model that
-// ties them together. Float tensors here are dense row-major f32 CPU arrays (NCHW for images).
+// activations, softmax cross-entropy), the optimizers (Adam, Diode) and a model (a graph of
+// layers) that ties them together. Float tensors here are dense row-major f32 CPU arrays (NCHW for
+// images).
 // docs/model-format.md describes the model files.
 //
 
@@ -512,13 +553,17 @@ BIE_API enum bie_status bie_diode_step(bie_context_t * ctx, const struct bie_dio
                                        int64_t count, int8_t * w, const float * grad, float * m,
                                        float * s, int64_t * flips);
 
-// --- sequential model -------------------------------------------------------------------------------
-// A model is a chain of layers described by an architecture string, one layer per ';'-separated
-// item (docs/model-format.md has the grammar):
-//   input C H W                     the input shape (first item)
-//   conv Q OUT K [STRIDE [PAD]]     Q: f32 (float, OpenBLAS), b1, q4 or q8 (bie's layers)
-//   linear Q OUT                    flattens its input
-//   bn | maxpool K | relu | sign | hardtanh
+// --- model -----------------------------------------------------------------------------------------
+// A model is a graph of layers described by an architecture string, one layer per ';'-separated
+// item, each reading the previous item's output or the inputs it names ("@J": layer J's output,
+// "@input"); docs/model-format.md has the grammar:
+//   input C H W                          the input shape (first item)
+//   conv Q OUT K [STRIDE [PAD]] [bias]   Q: f32 (float, OpenBLAS), b1, q4 or q8 (bie's layers)
+//   linear Q OUT [bias]                  flattens its input
+//   bn | maxpool K [S [P]] | avgpool K [S [P]] | adaptive_avgpool OH [OW] | flatten
+//   relu | sign | hardtanh | tanh | gelu | gelu_tanh | silu | prelu N | add @J [@I]
+// Inference (training = 0) runs from plans: the first call at a batch size validates every layer
+// and fixes its route and buffers; later calls at that size allocate nothing and validate nothing.
 // Float layers have a weight and a bias; low-bit layers have a latent weight (f32, or int8 with
 // the Diode optimizer), bias_a, scale_a (lazily initialised from the first training batch and
 // learned) and scale_w (initialised from the weight, then fixed); bn has gamma, beta and running
@@ -532,7 +577,7 @@ enum bie_latent {
 };
 
 struct bie_model_layer_info {
-    const char * kind;     // "conv", "linear", "bn", "maxpool", "relu", "sign", "hardtanh"
+    const char * kind;     // the item's kind as in the architecture: "conv", "linear", "bn", "add", ...
     const char * quant;    // "f32", "b1", "q4", "q8", or "" for layers without weights
     int64_t in_shape[3];   // C, H, W of the input (per sample)
     int64_t out_shape[3];
@@ -585,6 +630,217 @@ BIE_API enum bie_status bie_model_load(bie_context_t * ctx, const char * path, b
 // The same from a parsed file.
 BIE_API enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safetensors_t * st,
                                                    bie_model_t ** out);
+
+//
+// Batched matmul of two activations, and embeddings with packed tables (Bitorch Engine's
+// BinaryMatMul, Q4MatMul and Q8MatMul; BinaryEmbeddingCuda and BinaryEmbeddingBag; n-bit tables)
+//
+
+// Batched matmul of two activations, as Bitorch Engine's *MatMul modules define it:
+//   x [..., M, K], y [..., N, K] (the same leading dims, flattened into B batches; at least 2
+//   dims each), out [..., M, N]:
+//   a = codes of x under x_clip, b = codes of y under y_clip (the layers' activation codes:
+//       binary sign(v) (sign(0) = +1, NaN -> -1); n-bit clamp(rne(v/clip), lo, hi))
+//   acc[.., m, n] = sum_k a[.., m, k] * b[.., n, k]     (exact, int32)
+//   out = (float)acc * (x_clip * y_clip), rounded to out's dtype; I32 out: acc
+// i.e. torch.matmul(x, y.transpose(-1, -2)) of the quantized operands. A y held as [..., K, N]
+// is passed as its transposed view (strides swapped). x and y are f32, f16 or bf16 of any
+// strides whose leading dims flatten into one batch dimension; x_clip and y_clip are scalars as
+// the layers' scale_a (host or device).
+struct bie_matmul_desc {
+    enum bie_quant quant;
+};
+
+struct bie_matmul_args {
+    const struct bie_tensor * x;
+    const struct bie_tensor * y;
+    const struct bie_tensor * x_clip;
+    const struct bie_tensor * y_clip;
+    struct bie_tensor * out;
+};
+
+// Backward (the layers' straight-through estimator applied to each operand; g = grad_out;
+// each output optional, overwritten; sums in double in the reference):
+//   gx = y_clip * g @ b,   gy = x_clip * g^T @ a          (per batch)
+//   binary: grad_x = gx * 1{|x/x_clip| <= 1}, grad_x_clip = sum(grad_x * a) / sqrt(numel(x))
+//   n-bit : r = x/x_clip, mid = 1{lo <= r <= hi}, grad_x = gx * mid,
+//           grad_x_clip = sum(gx * (lo*1{r<lo} + hi*1{r>hi} + mid*(rne(r) - r))) / sqrt(numel(x)*hi)
+//   and the same for y with gy, y_clip and b. numel counts all batches.
+struct bie_matmul_backward_args {
+    const struct bie_tensor * x;
+    const struct bie_tensor * y;
+    const struct bie_tensor * x_clip;
+    const struct bie_tensor * y_clip;
+    const struct bie_tensor * grad_out;
+    struct bie_tensor * grad_x;      // like x (float)
+    struct bie_tensor * grad_y;      // like y (float)
+    struct bie_tensor * grad_x_clip; // scalar float
+    struct bie_tensor * grad_y_clip; // scalar float
+};
+
+BIE_API enum bie_status bie_matmul_forward(bie_context_t * ctx, const struct bie_matmul_desc * desc,
+                                           const struct bie_matmul_args * args);
+BIE_API enum bie_status bie_matmul_backward(bie_context_t * ctx, const struct bie_matmul_desc * desc,
+                                            const struct bie_matmul_backward_args * args);
+
+// Embedding lookup from a table of V rows of D codes (docs/formats.md: the same row formats as
+// the layers' weights):
+//   table  [V, D]: B1 bits (binary), S4 nibbles (4-bit), I8 (8-bit codes, clamped; binary: an
+//          int8 latent table, its sign), or float (quantized on the fly: binary sign, n-bit
+//          clamp(rne(v / scale[r]), lo, hi))
+//   scale  [V] float per-row scales, or NULL (all 1; a float n-bit table needs them); any value
+//          (a zero scale gives a zero row, as a padding row has)
+//   value(r, d) = scale[r] * code(table[r, d])
+// and for each index i of indices [...] (I32 or I64, each in [0, V)):
+//   bag == 0: out[..., d] = value(indices[...], d)                         out [..., D]
+//   bag != 0: out[..., d] = sum over the last index dimension l of value(indices[..., l], d)
+//             (Bitorch Engine's BinaryEmbeddingBag votes with the sign of this sum)  out [..., D]
+// out is f32, f16 or bf16, the value (or the bag's sum, in f32 in index order) rounded once. An
+// index outside [0, V) is INVALID_ARGUMENT on the CPU; on CUDA (which does not read the indices
+// on the host) its row reads as zeros.
+struct bie_embedding_desc {
+    enum bie_quant quant;
+    int32_t bag;
+};
+
+struct bie_embedding_args {
+    const struct bie_tensor * indices;
+    const struct bie_tensor * table;
+    const struct bie_tensor * scale;
+    struct bie_tensor * out;
+};
+
+// Backward, sparse: the gradient of the rows the indices read, one row per distinct index.
+//   slot[i] = inverse[i] (inverse: like indices, I32 or I64, in [0, U)), or indices[i] when
+//   inverse is NULL (then U = V: a dense gradient)
+//   grad_rows[u, d] = sum over lookups i with slot[i] = u of grad_out[i', d] * s[i]
+// with i' = i without its last index (bag) or i itself, and s[i] = scale[indices[i]] (scale NULL:
+// 1): the straight-through gradient of value(r, d) with respect to a latent table entry (binary:
+// scale * sign(W) ~ scale * W; n-bit: pass scale NULL, scale * clamp(rne(W/scale)) ~ W).
+// grad_rows [U, D] float is overwritten (rows no lookup reaches become 0). The CPU sums in index
+// order; CUDA adds with float atomics (any order).
+struct bie_embedding_backward_args {
+    const struct bie_tensor * indices;
+    const struct bie_tensor * inverse;
+    const struct bie_tensor * scale;
+    const struct bie_tensor * grad_out;
+    struct bie_tensor * grad_rows;
+};
+
+BIE_API enum bie_status bie_embedding_forward(bie_context_t * ctx, const struct bie_embedding_desc * desc,
+                                              const struct bie_embedding_args * args);
+BIE_API enum bie_status bie_embedding_backward(bie_context_t * ctx, const struct bie_embedding_desc * desc,
+                                               const struct bie_embedding_backward_args * args);
+
+//
+// ABI layout of the public structs, for bindings that declare them by hand (Python's ctypes)
+//
+
+// *offset and *size of field `field` of struct `name` (without "struct "), e.g.
+// ("bie_tensor", "shape"); field NULL gives sizeof the struct (*offset = 0). Every struct of this
+// header that the API passes by pointer is listed. INVALID_ARGUMENT for an unknown name.
+BIE_API enum bie_status bie_abi_layout(const char * name, const char * field, int64_t * offset, int64_t * size);
+// --- weight-only n-bit linear layers (LLM weights: GPTQ, Bitorch Engine's MPQ / MBWQ) -------------
+// A layer whose weight holds n-bit codes (1..8 bits) with a float scale and zero point per group of
+// input rows and output column, under float activations (docs/formats.md "Weight-only n-bit"; the
+// equations are in docs/semantics.md). The K input rows of the weight are stored in "packed row"
+// order: packed row r reads input feature perm[r] (perm NULL: r), and rows r in
+// [g*group_size, (g+1)*group_size) form group g. For packed row r of group g, column n:
+//   q       = the r-th code of column n (below), an unsigned integer in [0, 2^b - 1], b = bits of g
+//   W[r, n] = s * (q - z)            BIE_WQ_ZERO_CODE   (GPTQ; z an integer code, or any float)
+//           = s * (q - 2^(b-1))      BIE_WQ_ZERO_SYM    (symmetric: no zeros tensor)
+//           = s * q - z              BIE_WQ_ZERO_OFFSET (Bitorch Engine's GBA / MBWQ "scale*q - zero")
+//   with s = scales[g, n], z = zeros[g, n], each operation an f32 operation.
+//   y[m, n] = bias[n] + sum_r x'[m, r] * W[r, n],  x'[m, r] = x[m, perm[r]] * channel_scale[perm[r]]
+// Codes: qweight is I32 [rows, N]; column n's codes form one little-endian bit stream read down the
+// column (word i of the column holds stream bits 32i .. 32i+31, least-significant bit first).
+// Uniform bits b: code r at stream bit r*b (GPTQ's packing, for 3 bits too), rows = ceil(K*b/32).
+// Mixed bits (bits = 0, group_bits[g] per group; group_size*b a multiple of 32): group g starts at
+// word row sum_{h<g} ceil(n_h*b_h/32) (n_h = rows of group h) and holds its codes as a stream from
+// there, Bitorch Engine's MBWQ / exl2 layer layout.
+
+enum bie_wq_zero {
+    BIE_WQ_ZERO_SYM = 0,
+    BIE_WQ_ZERO_CODE = 1,
+    BIE_WQ_ZERO_OFFSET = 2,
+};
+
+// How the CPU backend may treat activations (other backends ignore it).
+enum bie_wq_act {
+    BIE_WQ_ACT_FLOAT = 0, // f32 arithmetic on x (the reference's values up to f32 rounding)
+    BIE_WQ_ACT_INT8 = 1,  // x quantised per 32 packed rows to int8 (scale max|x|/127), integer dot
+                          // products (AVX512-VNNI): faster, with the activation rounding error
+};
+
+struct bie_wq_desc {
+    int64_t in_features;   // K
+    int64_t out_features;  // N
+    int32_t bits;          // 1..8 for every group, or 0: group_bits holds each group's
+    int32_t group_size;    // rows per group, >= 1 (K or more: one group per column)
+    enum bie_wq_zero zero;
+    enum bie_wq_act act;
+};
+
+// The weight's tensors (dense row-major; on the device of x, except group_bits, always on the host).
+//   qweight       I32 [rows, N]
+//   scales        f32/f16/bf16 [G, N], G = ceil(K / group_size)
+//   zeros         f32/f16/bf16 [G, N] (CODE and OFFSET), NULL for SYM
+//   group_bits    I32 [G] host tensor, values in 1..8, when desc.bits == 0; else NULL
+//   perm          I32 [K], a permutation of 0..K-1 (act-order), or NULL
+//   channel_scale f32/f16/bf16 [K] (input feature scale, exl2), or NULL
+//   bias          f32/f16/bf16 [N], or NULL
+struct bie_wq_weight {
+    const struct bie_tensor * qweight;
+    const struct bie_tensor * scales;
+    const struct bie_tensor * zeros;
+    const struct bie_tensor * group_bits;
+    const struct bie_tensor * perm;
+    const struct bie_tensor * channel_scale;
+    const struct bie_tensor * bias;
+};
+
+// Word rows of qweight for this layer (group_bits: the host array of G values when desc.bits == 0).
+BIE_API enum bie_status bie_wq_qweight_rows(const struct bie_wq_desc * desc, const int32_t * group_bits,
+                                            int64_t * out_rows);
+
+// Forward: x [..., K] f32/f16/bf16 (any strides whose leading dims flatten), y [..., N] f32/f16/bf16.
+BIE_API enum bie_status bie_wq_linear_forward(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                              const struct bie_wq_weight * weight, const struct bie_tensor * x,
+                                              struct bie_tensor * y);
+
+// Backward (each output may be NULL; each is overwritten):
+//   grad_x[m, perm[r]] = channel_scale[perm[r]] * sum_n grad_y[m, n] * W[r, n]    (like x; the QLoRA case)
+//   grad_w[r, n]       = sum_m x'[m, r] * grad_y[m, n]   f32 [K, N] in packed row order: the weight
+//                        gradient that Bitorch Engine hands its optimizer as privileged_grad
+// x is needed only for grad_w (may be NULL otherwise).
+BIE_API enum bie_status bie_wq_linear_backward(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                               const struct bie_wq_weight * weight, const struct bie_tensor * x,
+                                               const struct bie_tensor * grad_y, struct bie_tensor * grad_x,
+                                               struct bie_tensor * grad_w);
+
+// w [K, N] (f32/f16/bf16, packed row order) = W as defined above (perm, channel_scale and bias unused).
+BIE_API enum bie_status bie_wq_dequantize(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                          const struct bie_wq_weight * weight, struct bie_tensor * w);
+
+// Codes <-> qweight: codes is I32 [K, N] (values in [0, 2^b - 1], packed row order; host tensors).
+// bie_wq_pack writes every word of qweight (stream bits past the last code are 0).
+BIE_API enum bie_status bie_wq_pack(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                    const struct bie_tensor * group_bits, const struct bie_tensor * codes,
+                                    struct bie_tensor * qweight);
+BIE_API enum bie_status bie_wq_unpack(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                      const struct bie_tensor * group_bits, const struct bie_tensor * qweight,
+                                      struct bie_tensor * codes);
+
+// Round-to-nearest quantisation of a float weight w [K, N] (host, packed row order) into weight's
+// qweight, scales and zeros (host tensors, written), per group and column, GPTQ's quantiser:
+//   lo = min(min w, 0), hi = max(max w, 0); SYM: hi = max(-lo, hi) and lo = -hi where lo < 0;
+//   lo = hi = 0 -> lo = -1, hi = 1
+//   s = (hi - lo) / (2^b - 1); z = rne(-lo / s) (CODE) or 2^(b-1) (SYM)
+//   q = clamp(rne(w / s) + z, 0, 2^b - 1)
+// OFFSET stores zeros = s * z (so that s*q - zeros is the same weight). f32 arithmetic; scales and
+// zeros are rounded to their dtype first and the codes computed with the rounded values.
+BIE_API enum bie_status bie_wq_quantize(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                        const struct bie_tensor * w, const struct bie_wq_weight * weight);
 
 #ifdef __cplusplus
 }

@@ -6,10 +6,16 @@ weights) and one training step (forward + backward, float latent weights) of eac
 the float layer, and prints a table with the ratio float time / bie time (> 1: bie is faster).
 BinaryLinear's step is also timed the other way of keeping its input for the backward ("step,
 bits": binarize_ste's bits, "step, x": the input itself; bie.autograd.SAVED_BITS_MIN picks).
+--json prints one JSON object per row instead of the table (the keys layer, shape, mode, bie_ms,
+baseline, baseline_ms, speedup = baseline_ms / bie_ms, and the run's device, threads, dtype,
+torch, bie_version and date), the input of scripts/perf-report.py.
 
-Usage: python3 python/bench_modules.py [--device cpu|cuda] [--quick] [--budget SECONDS]
+Usage: python3 python/bench_modules.py [--device cpu|cuda] [--quick] [--budget SECONDS] [--json]
 """
 import argparse
+import datetime
+import json
+import platform
 import time
 
 import torch
@@ -87,18 +93,36 @@ def bench_pair(make_float, make_bie, x, device, budget, run):
     return rows
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def cpu_name():
+    """The CPU's model name as /proc/cpuinfo gives it (else what the platform module knows)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def setup(doc, json_rows=False):
+    """The options of the benchmark scripts: (args, device name, device, dtype, budget, run)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=["cpu", "cuda"], default=None)
     ap.add_argument("--quick", action="store_true", help="small shapes, short timings")
     ap.add_argument("--budget", type=float, default=None, help="seconds of timing per measurement")
+    if json_rows:
+        ap.add_argument("--json", action="store_true", help="one JSON object per row instead of the table")
     args = ap.parse_args()
     dev = args.device or ("cuda" if torch.cuda.is_available() and bie.cuda_available() else "cpu")
     device = torch.device(dev)
     dtype = torch.float16 if dev == "cuda" else torch.float32
-    budget = args.budget or (0.2 if args.quick else 0.5)
-    run = timer(device)
     torch.manual_seed(0)
+    return args, dev, device, dtype, args.budget or (0.2 if args.quick else 0.5), timer(device)
+
+
+def main():
+    args, dev, device, dtype, budget, run = setup(__doc__, json_rows=True)
     if dev == "cuda":
         linear = [(4096, 4096, 4096), (8192, 8192, 8192)] if not args.quick else [(2048, 2048, 2048)]
         conv = [(64, 256, 28, 256, 3), (32, 512, 14, 512, 3)] if not args.quick else [(16, 128, 28, 128, 3)]
@@ -106,10 +130,24 @@ def main():
         linear = [(256, 1024, 1024), (64, 4096, 4096)] if not args.quick else [(64, 512, 512)]
         conv = [(8, 64, 28, 64, 3), (4, 128, 14, 128, 3)] if not args.quick else [(2, 32, 14, 32, 3)]
     fk = dict(device=device, dtype=dtype)
-    print(f"# bie {bie.version()} ({bie.library_path()}), torch {torch.__version__}, device "
-          f"{torch.cuda.get_device_name(device) if dev == 'cuda' else 'cpu'} ({torch.get_num_threads()} threads), "
-          f"{str(dtype).replace('torch.', '')}")
-    print(f"{'layer':<14} {'shape':<32} {'mode':<11} {'float ms':>10} {'bie ms':>10} {'float/bie':>10}")
+    dname = torch.cuda.get_device_name(device) if dev == "cuda" else cpu_name()
+    dtname = str(dtype).replace("torch.", "")
+    run_info = {"device": dname, "threads": torch.get_num_threads(), "dtype": dtname, "torch": torch.__version__,
+                "bie_version": bie.version(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+
+    def emit(name, shape, mode, tf, tb, baseline):
+        if args.json:
+            row = {"layer": name, "shape": shape, "mode": mode, "bie_ms": round(tb, 4), "baseline": baseline,
+                   "baseline_ms": round(tf, 4), "speedup": round(tf / tb, 4)}
+            row.update(run_info)
+            print(json.dumps(row), flush=True)
+        else:
+            print(f"{name:<14} {shape:<32} {mode:<11} {tf:>10.3f} {tb:>10.3f} {tf / tb:>10.2f}", flush=True)
+
+    if not args.json:
+        print(f"# bie {bie.version()} ({bie.library_path()}), torch {torch.__version__}, device "
+              f"{dname} ({torch.get_num_threads()} threads), {dtname}")
+        print(f"{'layer':<14} {'shape':<32} {'mode':<11} {'float ms':>10} {'bie ms':>10} {'float/bie':>10}")
     for m, k, n in linear:
         x = torch.randn(m, k, **fk)
         rows = bench_pair(lambda: nn.Linear(k, n, bias=False, **fk),
@@ -117,16 +155,56 @@ def main():
                            "Q4Linear": lambda: bie.Q4Linear(k, n, **fk),
                            "Q8Linear": lambda: bie.Q8Linear(k, n, **fk)}, x, device, budget, run)
         for name, mode, tf, tb in rows:
-            print(f"{name:<14} {f'M={m} K={k} N={n}':<32} {mode:<11} {tf:>10.3f} {tb:>10.3f} {tf / tb:>10.2f}")
+            emit(name, f"M={m} K={k} N={n}", mode, tf, tb, f"nn.Linear {dtname}")
+    # convolutions on a GPU in channels-last memory on both sides (what fp16 networks use there)
+    fmt = torch.channels_last if dev == "cuda" else torch.contiguous_format
     for nb, c, hw, o, ks in conv:
-        x = torch.randn(nb, c, hw, hw, **fk)
-        rows = bench_pair(lambda: nn.Conv2d(c, o, ks, padding=1, bias=False, **fk),
-                          {"BinaryConv2d": lambda: bie.BinaryConv2d(c, o, ks, 1, 1, **fk),
-                           "Q4Conv2d": lambda: bie.Q4Conv2d(c, o, ks, 1, 1, **fk),
-                           "Q8Conv2d": lambda: bie.Q8Conv2d(c, o, ks, 1, 1, **fk)}, x, device, budget, run)
+        x = torch.randn(nb, c, hw, hw, **fk).contiguous(memory_format=fmt)
+        rows = bench_pair(lambda: nn.Conv2d(c, o, ks, padding=1, bias=False, **fk).to(memory_format=fmt),
+                          {"BinaryConv2d": lambda: bie.BinaryConv2d(c, o, ks, 1, 1, **fk).to(memory_format=fmt),
+                           "Q4Conv2d": lambda: bie.Q4Conv2d(c, o, ks, 1, 1, **fk).to(memory_format=fmt),
+                           "Q8Conv2d": lambda: bie.Q8Conv2d(c, o, ks, 1, 1, **fk).to(memory_format=fmt)},
+                          x, device, budget, run)
         for name, mode, tf, tb in rows:
-            shape = f"N={nb} C={c} {hw}x{hw} O={o} k{ks}"
-            print(f"{name:<14} {shape:<32} {mode:<11} {tf:>10.3f} {tb:>10.3f} {tf / tb:>10.2f}")
+            emit(name, f"N={nb} C={c} {hw}x{hw} O={o} k{ks}" + (" NHWC" if dev == "cuda" else ""), mode, tf, tb,
+                 f"nn.Conv2d {dtname}")
+    # host time per module call (eval, tiny shapes: the kernels finish within the host's time)
+    for name, fl, bl, x in host_cases(fk, fmt):
+        tf, tb = host_us(fl, x, device), host_us(bl, x, device)
+        emit(name, f"{tuple(x.shape)} host us/call", "host", tf * 1e-3, tb * 1e-3, f"{type(fl).__name__} {dtname}")
+
+
+def host_cases(fk, fmt):
+    """(name, float module, bie module in eval mode with packed weights, input) of the host-time rows."""
+    conv_f = nn.Conv2d(64, 64, 3, padding=1, bias=False, **fk).to(memory_format=fmt).eval()
+    conv_b = bie.BinaryConv2d(64, 64, 3, 1, 1, **fk).to(memory_format=fmt).eval()
+    lin_f = nn.Linear(1024, 1024, bias=False, **fk).eval()
+    lin_b = bie.BinaryLinear(1024, 1024, **fk).eval()
+    xc = torch.randn(1, 64, 8, 8, **fk).contiguous(memory_format=fmt)
+    xl = torch.randn(16, 1024, **fk)
+    for m, x in ((conv_b, xc), (lin_b, xl)):
+        bie.prepare_bie_layers(m)
+        with torch.no_grad():
+            m(x)
+    return [("BinaryConv2d", conv_f, conv_b, xc), ("BinaryLinear", lin_f, lin_b, xl)]
+
+
+def host_us(module, x, device, calls=200, runs=11):
+    """Median microseconds of host time per module(x) call: `calls` calls queued without a
+    synchronisation (fewer than the GPU's launch queue holds), `runs` times."""
+    times = []
+    with torch.no_grad():
+        for _ in range(20):
+            module(x)
+        for _ in range(runs):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                module(x)
+            times.append((time.perf_counter() - t0) * 1e6 / calls)
+    times.sort()
+    return times[len(times) // 2]
 
 
 if __name__ == "__main__":

@@ -7,12 +7,27 @@
 # metrics of every profiled launch) and a table per case (scripts/ncu-summary.py): each kernel's
 # time, tensor-pipe busy share, SM, DRAM and L2 throughput, issue-slot use and warp-stall reasons.
 #
-# Usage: scripts/gpu-profile.sh [BUILD_DIR (build-gpu)] [LOG_DIR (BUILD_DIR/logs)], after a CUDA
-# build (scripts/gpu-check.sh, or cmake with -DBIE_CUDA=ON and the target bie_bench_cuda).
+# Usage: scripts/gpu-profile.sh [--build DIR (build-gpu)] [--out DIR (the build's logs/)], after a
+# CUDA build (scripts/gpu-check.sh, or cmake with -DBIE_CUDA=ON and the target bie_bench_cuda).
+# Writes ncu-*.csv, ncu-*.err and ncu-summary.txt into the --out folder.
 set -u
+BUILD=
+LOG=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build|--out) [ $# -ge 2 ] || { echo "gpu-profile: $1 needs a folder"; exit 2; }
+      if [ "$1" = --build ]; then BUILD=$2; else LOG=$2; fi; shift ;;
+    --build=*) BUILD=${1#--build=} ;;
+    --out=*) LOG=${1#--out=} ;;
+    *) echo "gpu-profile: unknown option $1 (see the usage at the top of $0)"; exit 2 ;;
+  esac
+  shift
+done
+case "$BUILD" in "" | /*) ;; *) BUILD=$PWD/$BUILD ;; esac # (folders given relative to where the
+case "$LOG" in "" | /*) ;; *) LOG=$PWD/$LOG ;; esac       # script was called from)
 cd "$(dirname "$0")/.."
-BUILD=${1:-build-gpu}
-LOG=${2:-$BUILD/logs}
+BUILD=${BUILD:-build-gpu}
+LOG=${LOG:-$BUILD/logs}
 BENCH=$BUILD/bie_bench_cuda
 command -v ncu >/dev/null || { echo "gpu-profile: ncu (Nsight Compute) not found"; exit 1; }
 [ -x "$BENCH" ] || { echo "gpu-profile: $BENCH is not built"; exit 1; }

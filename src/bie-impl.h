@@ -103,6 +103,13 @@ struct bie_geometry {
     enum bie_pad_value pad_value;
 };
 
+// What a backend reports of a call it is asked to plan (bie_layer_call.plan set): it chooses its
+// route, sizes its workspace and describes both, without running anything.
+struct bie_plan_info {
+    size_t workspace;     // device (CUDA) or host bytes the calls will take
+    char route[512];      // the backend and its route, in words
+};
+
 struct bie_layer_call {
     enum bie_quant quant;
     bool is_conv;
@@ -118,11 +125,57 @@ struct bie_layer_call {
     float scale_a, scale_w;
     enum bie_device_type device_type;
     int32_t device_index;
+    struct bie_plan_info * plan; // non-NULL: plan the call (fill *plan), run nothing
 };
+
+// src/ops/layer.c: a layer call validated and normalised (as the public entry points do), and run
+// on its backend; shared with the plans (src/ops/plan.c).
+enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                                          const struct bie_conv2d_desc * conv, const struct bie_forward_args * a,
+                                          struct bie_layer_call * c);
+enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                                           const struct bie_conv2d_desc * conv, const struct bie_backward_args * a,
+                                           struct bie_layer_call * c);
+enum bie_status bie_layer_run(bie_context_t * ctx, const struct bie_layer_call * c, bool backward);
 
 // Quantization range of an n-bit layer: lo, hi (hi is also the LSQ factor's Qp).
 static inline int bie_quant_lo(enum bie_quant q) { return q == BIE_QUANT_INT4 ? -8 : -128; }
 static inline int bie_quant_hi(enum bie_quant q) { return q == BIE_QUANT_INT4 ? 7 : 127; }
+
+// --- batched matmul and embedding calls (validated by src/ops/matmul.c and embedding.c) ---------
+
+// A bie_matmul_* call: 3-D views x [B, M, K], y [B, N, K], out and grad_out [B, M, N], grad_x
+// [B, M, K], grad_y [B, N, K] (absent tensors have data == NULL); the clips as the layers' scales.
+struct bie_matmul_call {
+    enum bie_quant quant;
+    int64_t B, M, N, K;
+    struct bie_tensor x, y, out, grad_out, grad_x, grad_y, grad_x_clip, grad_y_clip;
+    struct bie_tensor x_clip_t, y_clip_t;
+    bool clips_on_host;
+    float x_clip, y_clip;
+    enum bie_device_type device_type;
+    int32_t device_index;
+};
+
+// Batch b of a matmul as a linear layer call (every tensor a view into the matmul's; grad_scale_a
+// absent). side 0: x [M, K] against the weight y [N, K] (scale_a = x_clip, scale_w = y_clip; the
+// layer's y = out, grad_y = grad_out, grad_x = grad_x). side 1: y [N, K] against the weight x
+// (scale_a = y_clip, scale_w = x_clip; grad_y = grad_out transposed, grad_x = grad_y). The
+// layer's backward of side 0 gives grad_x, of side 1 grad_y, each with its clip's partial sum as
+// grad_scale_a (over the batch's numel instead of the whole tensor's).
+void bie_matmul_layer_call(const struct bie_matmul_call * mc, int64_t b, int side, struct bie_layer_call * out);
+
+// A bie_embedding_* call: indices and inverse as 2-D views [R, L] (bag: the bags [R] of L indices;
+// else R = all indices, L = 1); table [V, D]; scale [V] (absent: data NULL); out and grad_out
+// [R, D]; grad_rows [U, D].
+struct bie_embedding_call {
+    enum bie_quant quant;
+    bool bag;
+    int64_t R, L, V, D, U;
+    struct bie_tensor indices, inverse, table, scale, out, grad_out, grad_rows;
+    enum bie_device_type device_type;
+    int32_t device_index;
+};
 
 // A backend. Every slot may be NULL (= declined). Slots receive validated arguments.
 struct bie_backend_ops {
@@ -142,7 +195,20 @@ struct bie_backend_ops {
     // mask are [M, K, 1, 1] B1 views or NULL.
     enum bie_status (*binarize_ste)(bie_context_t * ctx, const struct bie_layer_call * call,
                                     const struct bie_tensor * bits, const struct bie_tensor * mask);
+    enum bie_status (*matmul_forward)(bie_context_t * ctx, const struct bie_matmul_call * call);
+    enum bie_status (*matmul_backward)(bie_context_t * ctx, const struct bie_matmul_call * call);
+    enum bie_status (*embedding_forward)(bie_context_t * ctx, const struct bie_embedding_call * call);
+    enum bie_status (*embedding_backward)(bie_context_t * ctx, const struct bie_embedding_call * call);
 };
+
+// Runs a validated call on the backends its device may use: CUDA tensors on the CUDA backend only
+// (UNSUPPORTED when it declines or the build has none); CPU tensors on the CPU backend, then the
+// reference where it declines (the reference only, for a BIE_BACKEND_REF context). run(ctx, b, job)
+// calls backend b's slot for job (BIE_DECLINED when b has none); `what` names the call in the
+// messages ("this binary matmul forward"). Clears the context's message on success.
+typedef enum bie_status (*bie_slot_runner)(bie_context_t * ctx, const struct bie_backend_ops * b, const void * job);
+enum bie_status bie_dispatch(bie_context_t * ctx, enum bie_device_type device, bie_slot_runner run, const void * job,
+                             const char * what);
 
 extern const struct bie_backend_ops bie_ref_backend;
 extern const struct bie_backend_ops bie_cpu_backend;

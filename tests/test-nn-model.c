@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// test-nn-model.c: the sequential model end to end on small random problems:
+// test-nn-model.c: the model end to end on small random problems (test-nn-graph.c has the graph's
+// own tests):
 // - architecture strings: valid ones give the right shapes, invalid ones are refused;
 // - float conv / linear gradients (OpenBLAS paths) against central finite differences;
 // - a packed file reloaded gives bit-identical logits to the trained model, for b1, q4, q8
@@ -233,6 +234,11 @@ int main(int argc, char ** argv) {
     test_files(ctx, "input 2 6 6; conv f32 4 3; bn; conv b1 9 3 2 0; bn; linear b1 12; bn; linear f32 3", BIE_LATENT_INT8);
     test_files(ctx, "input 1 6 6; conv q4 5 3; maxpool 2; bn; linear q4 7; bn; linear f32 3", BIE_LATENT_F32);
     test_files(ctx, "input 1 5 5; linear q8 16; bn; relu; linear b1 9; sign; linear f32 3", BIE_LATENT_F32);
+    // Graphs (format version 2): residual adds, PReLU, pooling, output biases.
+    const char * graph = "input 2 6 6; conv f32 4 3; bn; prelu 4; conv b1 4 3 1 1; bn; add @2; avgpool 2;"
+                         " conv q4 6 1 1 0 bias; adaptive_avgpool 2; flatten; linear b1 8 bias; bn; gelu; linear f32 3";
+    test_files(ctx, graph, BIE_LATENT_F32);
+    test_files(ctx, graph, BIE_LATENT_INT8);
     test_learns(ctx);
     bie_context_destroy(ctx);
     return test_finish("test-nn-model");

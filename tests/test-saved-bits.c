@@ -9,7 +9,10 @@
 //   (b) the backward from (bits, mask) with bias_a NULL equals, byte for byte, the backward from
 //       the float x (and its bias_a) on the same context, for every gradient, with scale_a values
 //       that make the mask stop a fraction of the elements;
-//   (c) bad inputs return the documented status and name the argument; failed calls write nothing.
+//   (c) the same for a binary conv: from the bits and mask of its channels-last x (binarize_ste of
+//       the [N, H, W, C] view), every gradient equals the float x's on the reference (the CPU
+//       backend hands a conv's saved bits to the reference);
+//   (d) bad inputs return the documented status and name the argument; failed calls write nothing.
 // A failure prints the seed (BIE_TEST_SEED replays it) and the case.
 #include "test-cpu-common.h"
 
@@ -179,7 +182,80 @@ static void test_backward(bie_context_t ** ctxs, int nctx, int64_t M, int64_t K,
     grads_free(&proto);
 }
 
-// (c) Bad inputs.
+// (c) A binary conv's backward from the bits and mask of its channels-last x: each context's
+// result equals, byte for byte, the reference's from the float x.
+static void test_backward_conv(bie_context_t ** ctxs, int nctx) {
+    const enum bie_dtype xd = float_dts[test_rand_int(0, 2)];
+    const int64_t N = test_rand_int(1, 3), C = test_rand_int(1, 40), H = test_rand_int(1, 7), W = test_rand_int(1, 7);
+    const int64_t O = test_rand_int(1, 9);
+    struct bie_conv2d_desc d = {BIE_QUANT_BINARY, C, O, {1, 1}, {1, 1}, {0, 0}, {1, 1}, 1, BIE_PAD_ZERO};
+    for (int i = 0; i < 2; i++) {
+        d.kernel[i] = (int32_t)test_rand_int(1, 3);
+        d.stride[i] = (int32_t)test_rand_int(1, 2);
+        d.padding[i] = (int32_t)test_rand_int(0, 1);
+        d.dilation[i] = (int32_t)test_rand_int(1, 2);
+    }
+    int64_t OH, OW;
+    if (bie_conv2d_output_size(&d, H, W, &OH, &OW) != BIE_STATUS_OK) return; // (a kernel larger than the image)
+    const bool has_bias = test_rand_int(0, 1);
+    const int want = (int)test_rand_int(0, 3);
+    const float s = pick_scale();
+    const int32_t to_nchw[4] = {0, 3, 1, 2};
+    const int64_t nhwc[4] = {N, H, W, C}, xs[4] = {N, C, H, W}, ws[4] = {O, C, d.kernel[0], d.kernel[1]};
+    const int64_t ys[4] = {N, O, OH, OW};
+    struct bie_tensor x = test_tensor(xd, 4, nhwc, NULL), bits = test_tensor(BIE_DTYPE_B1, 4, nhwc, NULL),
+                      mask = test_tensor(BIE_DTYPE_B1, 4, nhwc, NULL);
+    fill_x(&x, s, false);
+    struct bie_tensor bias = test_tensor(BIE_DTYPE_F32, 1, &C, NULL), w = test_tensor(BIE_DTYPE_F32, 4, ws, NULL),
+                      gy = test_tensor(BIE_DTYPE_F32, 4, ys, NULL);
+    test_fill_uniform(&bias, -0.5f * s, 0.5f * s);
+    test_fill_uniform(&w, -1.0f, 1.0f);
+    test_fill_uniform(&gy, -1.0f, 1.0f);
+    struct bie_tensor sa = test_scalar(s), sw = test_scalar(test_rand_float(0.01f, 0.2f));
+    CHECK_OK(ctxs[0], bie_binarize_ste(ctxs[0], &x, has_bias ? &bias : NULL, &sa, &bits, &mask));
+    struct bie_tensor xv = x, bv = bits, mv = mask; // the NCHW views of the channels-last buffers
+    bie_tensor_permute(&xv, to_nchw);
+    bie_tensor_permute(&bv, to_nchw);
+    bie_tensor_permute(&mv, to_nchw);
+    struct grads proto, ref;
+    proto.gx = test_tensor(float_dts[test_rand_int(0, 2)], 4, xs, NULL);
+    proto.gw = test_tensor(float_dts[test_rand_int(0, 2)], 4, ws, NULL);
+    proto.gs = test_tensor(float_dts[test_rand_int(0, 2)], 0, NULL, NULL);
+    proto.gb = test_tensor(float_dts[test_rand_int(0, 2)], 1, &C, NULL);
+    cpu_test_garbage(&proto.gx);
+    cpu_test_garbage(&proto.gw);
+    cpu_test_garbage(&proto.gs);
+    cpu_test_garbage(&proto.gb);
+    const bool gx = want != 2, gw = want != 1, sums = want == 0 || want == 3;
+    grads_like(&proto, &ref);
+    const struct bie_backward_args af = {&xv, has_bias ? &bias : NULL, &w, &sa, &sw, &gy, gx ? &ref.gx : NULL,
+                                         gw ? &ref.gw : NULL, sums ? &ref.gs : NULL, sums ? &ref.gb : NULL, NULL};
+    CHECK_OK(ctxs[0], bie_conv2d_backward(ctxs[0], &d, &af));
+    char what[240];
+    snprintf(what, sizeof what, "conv N=%lld C=%lld %lldx%lld O=%lld k %dx%d s %dx%d p %dx%d d %dx%d x %s bias %d want %d",
+             (long long)N, (long long)C, (long long)H, (long long)W, (long long)O, d.kernel[0], d.kernel[1], d.stride[0],
+             d.stride[1], d.padding[0], d.padding[1], d.dilation[0], d.dilation[1], bie_dtype_name(xd), (int)has_bias,
+             want);
+    for (int i = 0; i < nctx; i++) {
+        struct grads b;
+        grads_like(&proto, &b);
+        const struct bie_backward_args ab = {&bv, NULL, &w, &sa, &sw, &gy, gx ? &b.gx : NULL, gw ? &b.gw : NULL,
+                                             sums ? &b.gs : NULL, sums ? &b.gb : NULL, want == 2 ? NULL : &mv};
+        CHECK_OK(ctxs[i], bie_conv2d_backward(ctxs[i], &d, &ab));
+        const char * names[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
+        const struct bie_tensor * tf[4] = {&ref.gx, &ref.gw, &ref.gs, &ref.gb}, * tb[4] = {&b.gx, &b.gw, &b.gs, &b.gb};
+        for (int t = 0; t < 4; t++)
+            CHECK(memcmp(tf[t]->data, tb[t]->data, cpu_test_nbytes(tf[t])) == 0,
+                  "context %d: %s from the saved bits differs from the float x's (%s)", i, names[t], what);
+        grads_free(&b);
+    }
+    grads_free(&ref);
+    grads_free(&proto);
+    struct bie_tensor * ts[] = {&x, &bits, &mask, &bias, &w, &gy, &sa, &sw};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]);
+}
+
+// (d) Bad inputs.
 #define EXPECT(ctx, call, want_status, name) TEST_EXPECT_STATUS(ctx, call, want_status, name)
 
 static void test_errors(bie_context_t * ctx) {
@@ -267,14 +343,16 @@ static void test_errors(bie_context_t * ctx) {
         const struct bie_linear_desc dn = {(enum bie_quant)q, K, N};
         EXPECT(ctx, bie_linear_backward(ctx, &dn, &a), BIE_STATUS_INVALID_ARGUMENT, "x");
     }
-    // convs: no backward from saved bits
-    const int64_t cx[4] = {2, 3, 4, 4}, cw[4] = {2, 3, 1, 1}, cy[4] = {2, 2, 4, 4};
-    struct bie_tensor cbits = test_tensor(BIE_DTYPE_B1, 4, cx, NULL), cmask = test_tensor(BIE_DTYPE_B1, 4, cx, NULL);
+    // convs: the mask is shaped like x
+    const int64_t cx[4] = {2, 3, 4, 4}, cw[4] = {2, 3, 1, 1}, cy[4] = {2, 2, 4, 4}, cm[4] = {2, 3, 4, 3};
+    struct bie_tensor cbits = test_tensor(BIE_DTYPE_B1, 4, cx, NULL), cmask = test_tensor(BIE_DTYPE_B1, 4, cm, NULL);
     struct bie_tensor cwt = test_tensor(BIE_DTYPE_F32, 4, cw, NULL), cgy = test_tensor(BIE_DTYPE_F32, 4, cy, NULL);
     struct bie_tensor cgx = test_tensor(BIE_DTYPE_F32, 4, cx, NULL);
     const struct bie_conv2d_desc cd = {BIE_QUANT_BINARY, 3, 2, {1, 1}, {1, 1}, {0, 0}, {1, 1}, 1, BIE_PAD_ZERO};
     struct bie_backward_args ca = {&cbits, NULL, &cwt, &sa, &sw, &cgy, &cgx, NULL, NULL, NULL, &cmask};
-    EXPECT(ctx, bie_conv2d_backward(ctx, &cd, &ca), BIE_STATUS_UNSUPPORTED, "x");
+    EXPECT(ctx, bie_conv2d_backward(ctx, &cd, &ca), BIE_STATUS_INVALID_ARGUMENT, "x_mask");
+    ca.x_mask = NULL;
+    EXPECT(ctx, bie_conv2d_backward(ctx, &cd, &ca), BIE_STATUS_INVALID_ARGUMENT, "x_mask");
 
     struct bie_tensor * ts[] = {&x, &w, &gy, &gx, &gw, &gs, &gb, &bias, &bits, &mask, &sa, &sw, &bad_sa, &sa2,
                                 &bias1, &wide, &tall, &deep, &f32, &keep, &cbits, &cmask, &cwt, &cgy, &cgx};
@@ -298,6 +376,7 @@ int main(int argc, char ** argv) {
     // larger layers: several 512-row blocks of the float-by-sign GEMMs, split column ranges
     static const int64_t big[][3] = {{3, 1100, 700}, {530, 129, 5}, {70, 513, 600}};
     for (int i = 0; i < (quick ? 1 : 3); i++) test_backward(ctxs, nctx, big[i][0], big[i][1], big[i][2]);
+    for (int i = 0; i < (quick ? 20 : 200); i++) test_backward_conv(ctxs, nctx);
     test_errors(ctxs[0]);
     test_errors(ctxs[nctx - 1]);
     for (int i = 0; i < nctx; i++) bie_context_destroy(ctxs[i]);

@@ -24,8 +24,8 @@ static void usage(FILE * f) {
 }
 
 // OpenBLAS (pthreads) and OpenMP each keep a thread per core; OpenMP's default of spinning
-// while it waits then takes the cores from OpenBLAS's GEMMs (measured: bmlp trains 1.4x faster
-// with PASSIVE on 2 shared cores). libgomp reads OMP_WAIT_POLICY when it loads, before main, so
+// while it waits then takes the cores from OpenBLAS's GEMMs, which slows training down where
+// cores are few. libgomp reads OMP_WAIT_POLICY when it loads, before main, so
 // when the variable is unset the program sets it to PASSIVE and runs itself again; an explicit
 // setting is kept.
 static void passive_openmp(char ** argv) {

@@ -55,7 +55,7 @@ int bie_info_main(int argc, char ** argv) {
         const char * v, * k = bie_safetensors_metadata_at(st, i, &v);
         printf("  %-22s %s\n", k, v);
     }
-    printf("\n  %-3s %-8s %-5s %-14s %-14s %10s %12s %12s\n", "#", "layer", "q", "input", "output", "params", "bytes",
+    printf("\n  %-3s %-16s %-5s %-14s %-14s %10s %12s %12s\n", "#", "layer", "q", "input", "output", "params", "bytes",
            "f32 bytes");
     int64_t total = 0, total_f = 0, params = 0;
     for (int64_t i = 0; i < bie_model_num_layers(m); i++) {
@@ -66,7 +66,7 @@ int bie_info_main(int argc, char ** argv) {
                  (long long)li.in_shape[2]);
         snprintf(out, sizeof out, "%lldx%lldx%lld", (long long)li.out_shape[0], (long long)li.out_shape[1],
                  (long long)li.out_shape[2]);
-        printf("  %-3lld %-8s %-5s %-14s %-14s %10lld %12lld %12lld\n", (long long)i, li.kind, li.quant, in, out,
+        printf("  %-3lld %-16s %-5s %-14s %-14s %10lld %12lld %12lld\n", (long long)i, li.kind, li.quant, in, out,
                (long long)li.params, (long long)li.bytes, (long long)li.float_bytes);
         total += li.bytes;
         total_f += li.float_bytes;

@@ -20,7 +20,7 @@ STATUS_INVALID_ARGUMENT = 1
 STATUS_UNSUPPORTED = 2
 
 # enum bie_dtype
-DT_F32, DT_F16, DT_BF16, DT_I8, DT_U8, DT_I32, DT_B1, DT_S4, DT_F64 = range(9)
+DT_F32, DT_F16, DT_BF16, DT_I8, DT_U8, DT_I32, DT_B1, DT_S4, DT_F64, DT_I64 = range(10)
 
 # enum bie_device_type
 DEV_CPU, DEV_CUDA = 0, 1
@@ -96,6 +96,67 @@ class BackwardArgs(ctypes.Structure):
     ]
 
 
+class MatmulDesc(ctypes.Structure):
+    _fields_ = [("quant", ctypes.c_int)]
+
+
+class MatmulArgs(ctypes.Structure):
+    _fields_ = [("x", _TP), ("y", _TP), ("x_clip", _TP), ("y_clip", _TP), ("out", _TP)]
+
+
+class MatmulBackwardArgs(ctypes.Structure):
+    _fields_ = [("x", _TP), ("y", _TP), ("x_clip", _TP), ("y_clip", _TP), ("grad_out", _TP), ("grad_x", _TP),
+                ("grad_y", _TP), ("grad_x_clip", _TP), ("grad_y_clip", _TP)]
+
+
+class EmbeddingDesc(ctypes.Structure):
+    _fields_ = [("quant", ctypes.c_int), ("bag", ctypes.c_int32)]
+
+
+class EmbeddingArgs(ctypes.Structure):
+    _fields_ = [("indices", _TP), ("table", _TP), ("scale", _TP), ("out", _TP)]
+
+
+class EmbeddingBackwardArgs(ctypes.Structure):
+    _fields_ = [("indices", _TP), ("inverse", _TP), ("scale", _TP), ("grad_out", _TP), ("grad_rows", _TP)]
+
+
+# The ctypes declarations of the C structs, checked against the loaded library (bie_abi_layout).
+_STRUCTS = {
+    "bie_tensor": Tensor, "bie_context_params": ContextParams, "bie_linear_desc": LinearDesc,
+    "bie_conv2d_desc": Conv2dDesc, "bie_forward_args": ForwardArgs, "bie_backward_args": BackwardArgs,
+    "bie_matmul_desc": MatmulDesc, "bie_matmul_args": MatmulArgs, "bie_matmul_backward_args": MatmulBackwardArgs,
+    "bie_embedding_desc": EmbeddingDesc, "bie_embedding_args": EmbeddingArgs,
+    "bie_embedding_backward_args": EmbeddingBackwardArgs,
+}
+
+
+def _abi_mismatches(lib):
+    """What differs between the ctypes declarations above and the library's structs (a list of
+    strings; empty when they agree)."""
+    if not hasattr(lib, "bie_abi_layout"):
+        return ["the library does not export bie_abi_layout (it is older than this binding)"]
+    f = lib.bie_abi_layout
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]
+    off, size = ctypes.c_int64(), ctypes.c_int64()
+    bad = []
+    for cname, cls in _STRUCTS.items():
+        if f(cname.encode(), None, ctypes.byref(off), ctypes.byref(size)) != STATUS_OK:
+            bad.append(f"struct {cname} is unknown to the library")
+            continue
+        if size.value != ctypes.sizeof(cls):
+            bad.append(f"sizeof(struct {cname}) is {size.value} in the library, {ctypes.sizeof(cls)} here")
+        for field, _ in cls._fields_:
+            d = getattr(cls, field)
+            if f(cname.encode(), field.encode(), ctypes.byref(off), ctypes.byref(size)) != STATUS_OK:
+                bad.append(f"struct {cname} has no field {field} in the library")
+            elif (off.value, size.value) != (d.offset, d.size):
+                bad.append(f"{cname}.{field} is at offset {off.value} size {size.value} in the library, "
+                           f"offset {d.offset} size {d.size} here")
+    return bad
+
+
 def _candidates():
     env = os.environ.get("BIE_LIBRARY")
     if env:
@@ -134,6 +195,24 @@ def _declare(lib):
         "bie_activation_scale_init": (c_int, [c_void_p, c_int, c_int, _TP, _TP]),
         "bie_weight_scale_init": (c_int, [c_void_p, c_int, _TP, _TP]),
         "bie_weight_to_latent_int8": (c_int, [c_void_p, _TP, _TP]),
+        "bie_plan_linear_forward": (c_int, [c_void_p, ctypes.POINTER(LinearDesc), ctypes.POINTER(ForwardArgs),
+                                            ctypes.POINTER(c_void_p)]),
+        "bie_plan_conv2d_forward": (c_int, [c_void_p, ctypes.POINTER(Conv2dDesc), ctypes.POINTER(ForwardArgs),
+                                            ctypes.POINTER(c_void_p)]),
+        "bie_plan_linear_backward": (c_int, [c_void_p, ctypes.POINTER(LinearDesc), ctypes.POINTER(BackwardArgs),
+                                             ctypes.POINTER(c_void_p)]),
+        "bie_plan_conv2d_backward": (c_int, [c_void_p, ctypes.POINTER(Conv2dDesc), ctypes.POINTER(BackwardArgs),
+                                             ctypes.POINTER(c_void_p)]),
+        "bie_plan_forward": (c_int, [c_void_p, c_void_p, ctypes.POINTER(ForwardArgs)]),
+        "bie_plan_backward": (c_int, [c_void_p, c_void_p, ctypes.POINTER(BackwardArgs)]),
+        "bie_plan_describe": (c_char_p, [c_void_p]),
+        "bie_plan_workspace_size": (ctypes.c_size_t, [c_void_p]),
+        "bie_plan_destroy": (None, [c_void_p]),
+        "bie_matmul_forward": (c_int, [c_void_p, ctypes.POINTER(MatmulDesc), ctypes.POINTER(MatmulArgs)]),
+        "bie_matmul_backward": (c_int, [c_void_p, ctypes.POINTER(MatmulDesc), ctypes.POINTER(MatmulBackwardArgs)]),
+        "bie_embedding_forward": (c_int, [c_void_p, ctypes.POINTER(EmbeddingDesc), ctypes.POINTER(EmbeddingArgs)]),
+        "bie_embedding_backward": (c_int, [c_void_p, ctypes.POINTER(EmbeddingDesc),
+                                           ctypes.POINTER(EmbeddingBackwardArgs)]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)
@@ -166,12 +245,17 @@ def library():
                 except OSError as e:
                     tried.append(f"{path} ({e})")
                     continue
+                bad = _abi_mismatches(lib)
+                if bad:
+                    tried.append(f"{path} (its structs do not match this binding: " + "; ".join(bad) +
+                                 "; rebuild libbie from the same sources as the binding)")
+                    continue
                 _declare(lib)
                 lib.bie_path = path
                 _lib = lib
                 break
             if _lib is None:
-                raise ImportError("bie: libbie.so was not found; build it (make build) or set BIE_LIBRARY "
+                raise ImportError("bie: no usable libbie.so was found; build it (make build) or set BIE_LIBRARY "
                                   "to its path. Tried: " + "; ".join(tried))
     return _lib
 
@@ -232,6 +316,15 @@ class _Context:
         self.check(function, getattr(self.lib, function)(self.handle, *args))
 
 
+def bind_stream(ctx, device):
+    """Points this thread's context at the current CUDA stream of `device` (no synchronisation)."""
+    import torch
+    stream = torch.cuda.current_stream(device).cuda_stream
+    if ctx.stream != stream:
+        ctx.call("bie_context_set_cuda_stream", ctypes.c_void_p(stream))
+        ctx.stream = stream
+
+
 _tls = threading.local()
 
 
@@ -251,3 +344,41 @@ def context():
 
 def version():
     return library().bie_version_string().decode()
+
+
+# --- weight-only n-bit layers (include/bie.h "weight-only n-bit linear layers"; python/bie/mpq.py) ---
+WQ_ZERO_SYM, WQ_ZERO_CODE, WQ_ZERO_OFFSET = 0, 1, 2
+WQ_ACT_FLOAT, WQ_ACT_INT8 = 0, 1
+
+
+class WqDesc(ctypes.Structure):
+    _fields_ = [("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64), ("bits", ctypes.c_int32),
+                ("group_size", ctypes.c_int32), ("zero", ctypes.c_int), ("act", ctypes.c_int)]
+
+
+class WqWeight(ctypes.Structure):
+    _fields_ = [(n, _TP) for n in ("qweight", "scales", "zeros", "group_bits", "perm", "channel_scale", "bias")]
+
+
+def _declare_wq(lib):
+    c_int, c_void_p, D, W = ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(WqDesc), ctypes.POINTER(WqWeight)
+    sigs = {
+        "bie_wq_linear_forward": [c_void_p, D, W, _TP, _TP],
+        "bie_wq_linear_backward": [c_void_p, D, W, _TP, _TP, _TP, _TP],
+        "bie_wq_dequantize": [c_void_p, D, W, _TP],
+        "bie_wq_pack": [c_void_p, D, _TP, _TP, _TP],
+        "bie_wq_unpack": [c_void_p, D, _TP, _TP, _TP],
+        "bie_wq_quantize": [c_void_p, D, _TP, W],
+    }
+    for name, args in sigs.items():
+        f = getattr(lib, name)
+        f.restype = c_int
+        f.argtypes = args
+
+
+_declare_base = _declare
+
+
+def _declare(lib):  # noqa: F811 (the base declarations, then the weight-only layer's)
+    _declare_base(lib)
+    _declare_wq(lib)

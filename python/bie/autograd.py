@@ -18,7 +18,8 @@ Backward passes call bie_*_backward and give gradients to the input, the float w
 bias_a (scale_w is not trained). A binary linear layer in training keeps 2 bits per element of its
 input for the backward instead of the input (binarize_ste: the sign bits, which its forward also
 takes, and the STE's mask), from SAVED_BITS_MIN elements of input on; every result is the one the
-float input gives. An int8 latent binary weight cannot carry a gradient in stock
+float input gives. A binary conv on CUDA does the same whenever its channels-last input allows it
+(_conv_saves_bits), whatever its size. An int8 latent binary weight cannot carry a gradient in stock
 PyTorch: when it has a `privileged_grad` attribute (a float32 tensor of its shape, set by the
 modules), the weight gradient is accumulated there instead (see bie.optim.DiodeMix).
 """
@@ -32,9 +33,8 @@ __all__ = ["BinaryLinearForward", "Q4LinearForward", "Q8LinearForward", "BinaryC
 
 
 # Inputs of fewer elements save the float input. The bits cost one more libbie call per forward
-# (a step took 30 us more host time on a small CPU layer; a 4096 x 4096 f16 forward on an H100,
-# which waits for the host, 70-180 us more), while the step's kernels took 10-13% less GPU time at
-# 4096 x 4096 and 8192 x 8192. Set it to 0 to keep bits whatever the size (memory).
+# (host time, which small layers and host-bound GPU calls feel), while they take GPU time off the
+# step's kernels on large inputs. Set it to 0 to keep bits whatever the size (memory).
 SAVED_BITS_MIN = 1 << 25
 
 
@@ -63,7 +63,12 @@ def _backward(ctx, grad_y, bias_index):
     if not (need_x or want_w or need_s or need_b):
         return None
     needs = (need_x, want_w, need_s, need_b)
-    if ctx.saved_bits is not None:  # x: binarize_ste's bits, beside its mask
+    if ctx.saved_bits is not None and ctx.conv is not None:  # a conv's bits and mask (NHWC)
+        c, x_dtype = ctx.saved_bits
+        ks, st, pd, dl, pv = ctx.conv
+        gx, gw, gs, gb = F.conv2d_backward(ctx.quant, x, weight, scale_a, scale_w, grad_y, bias_a, ks, st, pd, dl, pv,
+                                           needs, x_mask=mask[0], in_channels=c, grad_x_dtype=x_dtype)
+    elif ctx.saved_bits is not None:  # x: binarize_ste's bits, beside its mask
         k, x_dtype = ctx.saved_bits
         gx, gw, gs, gb = F.linear_backward(ctx.quant, x, weight, scale_a, scale_w, grad_y, bias_a, needs,
                                            x_mask=mask[0], in_features=k, grad_x_dtype=x_dtype)
@@ -128,6 +133,23 @@ class Q8LinearForward(_nbit_linear(QUANT_INT8)):
     """8-bit linear: a = clamp(rne(x'/scale_a), -128, 127), w = clamp(rne(W/scale_w), -128, 127)."""
 
 
+_RANK = {torch.bfloat16: 1, torch.float16: 2}
+
+
+def _conv_saves_bits(x, quant, padding, pad_value, weight, scale_a, bias_a):
+    """Whether a binary conv in training keeps binarize_ste's bits and mask of its input instead of
+    the input (1/8 of f16 in memory): on CUDA, for an f16 or bf16 channels-last x whose channels fill
+    32-bit words (the forward then reads the bits in place), with zero padding, a weight of x's dtype
+    and scale_a, bias_a no more precise than x (the backward's cuDNN route, the one that reads bits,
+    computes in grad_y's dtype)."""
+    pads = padding if isinstance(padding, (tuple, list)) else (padding, padding)
+    r = _RANK.get(x.dtype, 0)
+    return (quant == QUANT_BINARY and x.is_cuda and x.dim() == 4 and x.shape[1] % 32 == 0 and x.numel() > 0
+            and (pad_value == PAD_ZERO or not any(pads)) and weight.dtype == x.dtype
+            and _RANK.get(scale_a.dtype, 4) <= r and (bias_a is None or _RANK.get(bias_a.dtype, 4) <= r)
+            and x.is_contiguous(memory_format=torch.channels_last))
+
+
 def _conv(quant, default_pad):
     class _Conv(torch.autograd.Function):
         @staticmethod
@@ -136,8 +158,14 @@ def _conv(quant, default_pad):
             if quant != QUANT_BINARY and pad_value != PAD_ZERO:
                 raise ValueError("bie: n-bit convolutions pad with zero")
             conv = (kernel_size, stride, padding, dilation, pad_value)
-            _save(ctx, is_train, quant, x, weight, scale_a, scale_w, bias_a, conv)
-            return F.conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a, *conv)
+            if not (is_train and _conv_saves_bits(x, quant, padding, pad_value, weight, scale_a, bias_a)):
+                _save(ctx, is_train, quant, x, weight, scale_a, scale_w, bias_a, conv)
+                return F.conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a, *conv)
+            bits, mask = F.conv2d_binarize_ste(x, scale_a, bias_a)
+            _save(ctx, is_train, quant, bits, weight, scale_a, scale_w, bias_a, conv, mask)
+            ctx.saved_bits = (x.shape[1], x.dtype)
+            return F.conv2d_forward(quant, bits, weight, scale_a, scale_w, None, *conv, out_dtype=x.dtype,
+                                    in_channels=x.shape[1])
 
         @staticmethod
         def backward(ctx, grad_y):

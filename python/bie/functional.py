@@ -18,12 +18,12 @@ import ctypes
 
 import torch
 
-from . import _lib
+from . import _lib, _plans
 from ._lib import BieError, QUANT_BINARY, QUANT_INT4, QUANT_INT8, PAD_ZERO, PAD_MINUS_ONE, PAD_PLUS_ONE
 
 __all__ = [
     "BieError", "QUANT_BINARY", "QUANT_INT4", "QUANT_INT8", "PAD_ZERO", "PAD_MINUS_ONE", "PAD_PLUS_ONE",
-    "linear_forward", "linear_backward", "binarize_ste", "conv2d_forward", "conv2d_backward",
+    "linear_forward", "linear_backward", "binarize_ste", "conv2d_binarize_ste", "conv2d_forward", "conv2d_backward",
     "conv2d_output_size", "pack_weight", "unpack_weight", "packed_shape", "quantize_int8", "activation_scale_init",
     "weight_scale_init", "weight_to_latent_int8",
 ]
@@ -87,6 +87,12 @@ def _scalar(t, name):
     _check_float(t, name)
 
 
+def _no_cuda(ref):
+    return BieError("bie", _lib.STATUS_UNSUPPORTED,
+                    f"a {ref.device} tensor was given, but this libbie ({_lib.library_path()}) was built without the "
+                    "CUDA backend or sees no GPU (rebuild it with a CUDA toolkit, or use CPU tensors)")
+
+
 class _Call:
     """Runs a libbie function on this thread's context; for CUDA tensors, with the context pointed
     at the current CUDA stream of `ref`'s device (no synchronisation)."""
@@ -96,19 +102,30 @@ class _Call:
 
     def __call__(self, function, *args):
         ctx = _lib.context()
-        if self.ref.device.type != "cuda":
+        dev = self.ref.device
+        if dev.type != "cuda":
             ctx.call(function, *args)
             return
         if not _lib.cuda_available():
-            raise BieError("bie", _lib.STATUS_UNSUPPORTED,
-                           f"a {self.ref.device} tensor was given, but this libbie ({_lib.library_path()}) was "
-                           "built without the CUDA backend or sees no GPU (rebuild it with a CUDA toolkit, or use CPU tensors)")
-        with torch.cuda.device(self.ref.device):
-            stream = torch.cuda.current_stream(self.ref.device).cuda_stream
-            if ctx.stream != stream:
-                ctx.call("bie_context_set_cuda_stream", ctypes.c_void_p(stream))
-                ctx.stream = stream
-            ctx.call(function, *args)
+            raise _no_cuda(self.ref)
+        if dev.index is not None and dev.index != torch.cuda.current_device():
+            with torch.cuda.device(dev):
+                _lib.bind_stream(ctx, dev)
+                ctx.call(function, *args)
+            return
+        _lib.bind_stream(ctx, dev)
+        ctx.call(function, *args)
+
+
+def _cuda_checked(ref, make):
+    """make() (a plan's creation) with the checks and the device of _Call."""
+    if ref.device.type != "cuda":
+        return make()
+    if not _lib.cuda_available():
+        raise _no_cuda(ref)
+    with torch.cuda.device(ref.device):
+        _lib.bind_stream(_lib.context(), ref.device)
+        return make()
 
 
 # --- weights ------------------------------------------------------------------------------------
@@ -277,7 +294,17 @@ def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=No
     """y[..., N] = scale_a*scale_w * (a . w^T), a = codes of x + bias_a (libbie's linear forward).
     `out_dtype` (default x.dtype) may be a float dtype or torch.int32 (the raw accumulation).
     A binary layer takes the sign bits of binarize_ste for x with in_features = K (out_dtype then
-    defaults to float32)."""
+    defaults to float32). Planned once per metadata of the tensors (bie._plans)."""
+    key = ("linear_forward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
+           _plans.meta(scale_w), out_dtype, in_features)
+    cache = _plans.cache()
+    p = cache.get(key)
+    if p is not None:
+        n, ydt = p.out
+        x2 = x.detach().reshape(-1, x.shape[-1])
+        y = torch.empty((x2.shape[0], n), dtype=ydt, device=x.device)
+        p.run(x, (x2, bias_a, weight, scale_a, scale_w, y))
+        return y.reshape(*x.shape[:-1], n)
     x2, xv, k = _x_operand(quant, x, bias_a, scale_a, scale_w, in_features)
     n = weight.shape[0]
     y = torch.empty((x2.shape[0], n), dtype=out_dtype or (x.dtype if in_features is None else torch.float32),
@@ -288,8 +315,10 @@ def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=No
     desc = _lib.LinearDesc(int(quant), k, n)
     args, keep = _fwd_args(xv, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
                            scale_w.detach(), y)
-    _Call(x)("bie_linear_forward", ctypes.byref(desc), ctypes.byref(args))
-    del keep, x2
+    p = _cuda_checked(x, lambda: _plans.Plan("bie_plan_linear_forward", desc, args, keep, keep, False))
+    p.out = (n, y.dtype)
+    cache[key] = p
+    p.run(x, (x2, bias_a, weight, scale_a, scale_w, y))
     return y.reshape(*x.shape[:-1], n)
 
 
@@ -298,21 +327,31 @@ def binarize_ste(x, scale_a, bias_a=None):
     bits per element. Returns (bits, mask), uint8 [..., ceil(K/8)], element k of a row in bit k % 8
     of byte k // 8 (least-significant first): bits holds x' >= 0 and mask the STE's pass bit
     |x'| <= scale_a, x' = x + bias_a. linear_forward takes bits for x (in_features=K, bias_a=None),
-    linear_backward bits and mask (x_mask), with the results of the float x."""
-    _check_float(x, "x")
-    _scalar(scale_a, "scale_a")
-    if bias_a is not None:
-        _check_float(bias_a, "bias_a")
+    linear_backward bits and mask (x_mask), with the results of the float x. The argument views
+    are built once per metadata of the tensors and reused (their data pointers replaced)."""
+    key = ("binarize_ste", _plans.meta(x), _plans.meta(scale_a), _plans.meta(bias_a))
+    cache = _plans.cache()
+    e = cache.get(key)
+    if e is None:
+        _check_float(x, "x")
+        _scalar(scale_a, "scale_a")
+        if bias_a is not None:
+            _check_float(bias_a, "bias_a")
     k = x.shape[-1]
     x2 = x.detach().reshape(-1, k)
     kb = -(-k // 8)
     bits = torch.empty((x2.shape[0], kb), dtype=torch.uint8, device=x.device)
     mask = torch.empty_like(bits)
     if x2.shape[0]:
-        keep = [_view(x2), _view(bias_a.detach()) if bias_a is not None else None, _view(scale_a.detach()),
-                _packed_view(QUANT_BINARY, bits, (x2.shape[0], k)), _packed_view(QUANT_BINARY, mask, (x2.shape[0], k))]
-        _Call(x)("bie_binarize_ste", *[_ptr(v) for v in keep])
-        del keep
+        sources = (x2, bias_a, scale_a, bits, mask)
+        if e is None:
+            keep = [_view(x2), _view(bias_a.detach()) if bias_a is not None else None, _view(scale_a.detach()),
+                    _packed_view(QUANT_BINARY, bits, (x2.shape[0], k)), _packed_view(QUANT_BINARY, mask, (x2.shape[0], k))]
+            e = cache[key] = (keep, [_ptr(v) for v in keep])
+        for v, t in zip(e[0], sources):
+            if v is not None:
+                v.data = t.data_ptr()
+        _Call(x)("bie_binarize_ste", *e[1])
     return bits.reshape(*x.shape[:-1], kb), mask.reshape(*x.shape[:-1], kb)
 
 
@@ -344,37 +383,46 @@ def linear_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, nee
     grad_x of grad_x_dtype (default float32); bias_a, if given, only sets grad_bias_a's shape and
     dtype (the bits already hold it), and every gradient is the float x's."""
     saved = in_features is not None
-    x2, xv, k = _x_operand(quant, x, None if saved else bias_a, scale_a, scale_w, in_features)
-    if saved:
-        if bias_a is not None:
-            _check_float(bias_a, "bias_a")
-        mv = None
-        if x_mask is not None:
-            if x_mask.dtype != torch.uint8 or x_mask.shape != x.shape:
+    key = ("linear_backward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
+           _plans.meta(scale_w), _plans.meta(grad_y), tuple(needs), grad_weight_dtype, _plans.meta(x_mask),
+           in_features, grad_x_dtype)
+    cache = _plans.cache()
+    p = cache.get(key)
+    if p is None:
+        x2, xv, k = _x_operand(quant, x, None if saved else bias_a, scale_a, scale_w, in_features)
+        if saved:
+            if bias_a is not None:
+                _check_float(bias_a, "bias_a")
+            if x_mask is not None and (x_mask.dtype != torch.uint8 or x_mask.shape != x.shape):
                 raise ValueError(f"bie: x_mask must be uint8 of the bits' shape {tuple(x.shape)}")
-            m2 = x_mask.detach().reshape(-1, x.shape[-1])
-            mv = _packed_view(QUANT_BINARY, m2, (m2.shape[0], k))
-    elif x_mask is not None:
-        raise ValueError("bie: x_mask goes with saved bits (in_features)")
-    _check_float(grad_y, "grad_y")
+        elif x_mask is not None:
+            raise ValueError("bie: x_mask goes with saved bits (in_features)")
+        _check_float(grad_y, "grad_y")
+    else:
+        k = p.out
+        x2 = x.detach().reshape(-1, x.shape[-1])
+    m2 = x_mask.detach().reshape(-1, x.shape[-1]) if saved and x_mask is not None else None
     n = weight.shape[0]
     g2 = grad_y.reshape(-1, n)
     gx, gw, gs, gb = _grad_outputs((x2.shape[0], k), (grad_x_dtype or torch.float32) if saved else x2.dtype, x.device,
                                    weight, (n, k), scale_a, bias_a, needs, grad_weight_dtype)
+    sources = (x2, None if saved else bias_a, weight, scale_a, scale_w, g2, gx, gw, gs, gb, m2)
     if x2.shape[0] == 0:
-        if gw is not None:
-            gw.zero_()
-        if gs is not None:
-            gs.zero_()
-        if gb is not None:
-            gb.zero_()
+        for t in (gw, gs, gb):
+            if t is not None:
+                t.zero_()
+    elif p is not None:
+        p.run(x, sources)
     else:
+        mv = _packed_view(QUANT_BINARY, m2, (m2.shape[0], k)) if m2 is not None else None
         wv = _weight_view(quant, weight.detach(), (n, k))
         desc = _lib.LinearDesc(int(quant), k, n)
         args, keep = _bwd_args(xv, None if bias_a is None or saved else bias_a.detach(), wv, scale_a.detach(),
-                               scale_w.detach(), g2, gx, gw, gs, gb, mv if saved else None)
-        _Call(x)("bie_linear_backward", ctypes.byref(desc), ctypes.byref(args))
-        del keep
+                               scale_w.detach(), g2, gx, gw, gs, gb, mv)
+        p = _cuda_checked(x, lambda: _plans.Plan("bie_plan_linear_backward", desc, args, keep, keep, True))
+        p.out = k
+        cache[key] = p
+        p.run(x, sources)
     if gx is not None:
         gx = gx.reshape(*x.shape[:-1], k)
     return gx, gw, gs, gb
@@ -412,8 +460,7 @@ def _conv_desc(quant, c, o, kernel_size, stride, padding, dilation, pad_value):
     return d
 
 
-def _conv_weight_shape(x, weight, kernel_size):
-    c = x.shape[1]
+def _conv_weight_shape_c(c, weight, kernel_size):
     o = weight.shape[0]
     if kernel_size is None:
         if weight.dim() != 4:
@@ -426,49 +473,136 @@ def _conv_weight_shape(x, weight, kernel_size):
     return (o, c, kh, kw)
 
 
+def _like_memory_format(x):
+    """torch.channels_last when x is a channels-last 4-D tensor (and not also NCHW-contiguous), so
+    that a layer's output keeps its input's layout, as PyTorch's convolutions do."""
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+def _bits_view(bits, c):
+    """B1 view [N, C, H, W] of NHWC sign bits (uint8 [N, H, W, ceil(C/8)], binarize_ste's layout)."""
+    if bits.dtype != torch.uint8 or bits.dim() != 4 or bits.shape[-1] != -(-c // 8) or bits.stride(-1) != 1:
+        raise ValueError(f"bie: saved conv bits must be uint8 [N, H, W, {-(-c // 8)}] with contiguous bytes")
+    n, h, w, _ = bits.shape
+    st = bits.stride()
+    return _view(bits, _lib.DT_B1, (n, c, h, w), (st[0] * 8, 1, st[1] * 8, st[2] * 8))
+
+
+def conv2d_binarize_ste(x, scale_a, bias_a=None):
+    """binarize_ste of a conv input x [N, C, H, W] in channels-last memory: (bits, mask), uint8
+    [N, H, W, ceil(C/8)], the sign bits of x' = x + bias_a[c] and the STE's pass bits, which
+    conv2d_forward (in_channels=C) and conv2d_backward (x_mask) take instead of x."""
+    if not x.is_contiguous(memory_format=torch.channels_last):
+        raise ValueError("bie: conv2d_binarize_ste takes a channels-last x")
+    return binarize_ste(x.permute(0, 2, 3, 1), scale_a, bias_a)
+
+
 def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=None, stride=1, padding=0,
-                   dilation=1, pad_value=PAD_ZERO, out_dtype=None):
-    """y[N, O, OH, OW] = scale_a*scale_w * (a cross-correlated with w), libbie's conv2d forward."""
-    _common(x, bias_a, scale_a, scale_w)
-    if x.dim() != 4:
-        raise ValueError(f"bie: conv2d input must be 4-D [N, C, H, W], has {x.dim()} dimensions")
-    shape_w = _conv_weight_shape(x, weight, kernel_size)
-    oh, ow = conv2d_output_size(x.shape[2], x.shape[3], shape_w[2:], stride, padding, dilation)
-    if oh < 1 or ow < 1:
-        raise ValueError(f"bie: conv2d output would be {oh}x{ow} for a {x.shape[2]}x{x.shape[3]} input")
-    y = torch.empty((x.shape[0], shape_w[0], oh, ow), dtype=out_dtype or x.dtype, device=x.device)
-    if x.shape[0] == 0:
+                   dilation=1, pad_value=PAD_ZERO, out_dtype=None, in_channels=None):
+    """y[N, O, OH, OW] = scale_a*scale_w * (a cross-correlated with w), libbie's conv2d forward. y
+    keeps x's memory format (channels-last in, channels-last out). A binary layer takes the bits of
+    conv2d_binarize_ste for x with in_channels = C (bias_a is in them; out_dtype then required).
+    Planned once per metadata of the tensors (bie._plans)."""
+    geo = (None if kernel_size is None else _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation))
+    key = ("conv2d_forward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
+           _plans.meta(scale_w), geo, pad_value, out_dtype, in_channels)
+    cache = _plans.cache()
+    p = cache.get(key)
+    if p is not None:
+        shape, ydt, fmt = p.out
+        y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
+        p.run(x, (x, bias_a, weight, scale_a, scale_w, y))
         return y
-    xd = x.detach()
+    if in_channels is None:
+        _common(x, bias_a, scale_a, scale_w)
+        if x.dim() != 4:
+            raise ValueError(f"bie: conv2d input must be 4-D [N, C, H, W], has {x.dim()} dimensions")
+        n, c, h, w_ = x.shape
+        xv = _view(x.detach())
+        fmt = _like_memory_format(x)
+    else:
+        if quant != QUANT_BINARY or bias_a is not None or out_dtype is None:
+            raise ValueError("bie: saved bits go to a binary conv, without bias_a, with out_dtype")
+        _scalar(scale_a, "scale_a")
+        _scalar(scale_w, "scale_w")
+        c = int(in_channels)
+        xv = _bits_view(x, c)
+        n, h, w_ = x.shape[0], x.shape[1], x.shape[2]
+        fmt = torch.channels_last
+    shape_w = _conv_weight_shape_c(c, weight, kernel_size)
+    oh, ow = conv2d_output_size(h, w_, shape_w[2:], stride, padding, dilation)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"bie: conv2d output would be {oh}x{ow} for a {h}x{w_} input")
+    y = torch.empty((n, shape_w[0], oh, ow), dtype=out_dtype or x.dtype, device=x.device, memory_format=fmt)
+    if n == 0:
+        return y
     wv = _weight_view(quant, weight.detach(), shape_w)
     desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
-    args, keep = _fwd_args(xd, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
+    args, keep = _fwd_args(xv, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
                            scale_w.detach(), y)
-    _Call(x)("bie_conv2d_forward", ctypes.byref(desc), ctypes.byref(args))
-    del keep
+    p = _cuda_checked(x, lambda: _plans.Plan("bie_plan_conv2d_forward", desc, args, keep, keep, False))
+    p.out = (tuple(y.shape), y.dtype, fmt)
+    cache[key] = p
+    p.run(x, (x, bias_a, weight, scale_a, scale_w, y))
     return y
 
 
 def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, kernel_size=None, stride=1, padding=0,
-                    dilation=1, pad_value=PAD_ZERO, needs=(True, True, True, True), grad_weight_dtype=None):
-    """Straight-through backward of conv2d_forward: (grad_x, grad_weight, grad_scale_a, grad_bias_a)."""
-    _common(x, bias_a, scale_a, scale_w)
-    _check_float(grad_y, "grad_y")
-    shape_w = _conv_weight_shape(x, weight, kernel_size)
-    xd = x.detach()
-    gx, gw, gs, gb = _grad_outputs(xd.shape, xd.dtype, xd.device, weight, shape_w, scale_a, bias_a, needs,
+                    dilation=1, pad_value=PAD_ZERO, needs=(True, True, True, True), grad_weight_dtype=None,
+                    x_mask=None, in_channels=None, grad_x_dtype=None):
+    """Straight-through backward of conv2d_forward: (grad_x, grad_weight, grad_scale_a, grad_bias_a).
+    From saved bits (a binary conv): x and x_mask are conv2d_binarize_ste's bits and mask,
+    in_channels = C, grad_x (channels-last) of grad_x_dtype; bias_a, if given, only sets
+    grad_bias_a's shape and dtype, and every gradient is the float x's. Planned once per metadata."""
+    saved = in_channels is not None
+    geo = (None if kernel_size is None else _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation))
+    key = ("conv2d_backward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
+           _plans.meta(scale_w), _plans.meta(grad_y), geo, pad_value, tuple(needs), grad_weight_dtype,
+           _plans.meta(x_mask), in_channels, grad_x_dtype)
+    cache = _plans.cache()
+    p = cache.get(key)
+    if p is None:
+        _check_float(grad_y, "grad_y")
+        if saved:
+            _scalar(scale_a, "scale_a")
+            _scalar(scale_w, "scale_w")
+            if bias_a is not None:
+                _check_float(bias_a, "bias_a")
+            c = int(in_channels)
+            xv = _bits_view(x, c)
+            mv = _bits_view(x_mask, c) if x_mask is not None else None
+            x_shape = (x.shape[0], c, x.shape[1], x.shape[2])
+        else:
+            if x_mask is not None:
+                raise ValueError("bie: x_mask goes with saved bits (in_channels)")
+            _common(x, bias_a, scale_a, scale_w)
+            c = x.shape[1]
+            xv, mv = _view(x.detach()), None
+            x_shape = tuple(x.shape)
+        shape_w = _conv_weight_shape_c(c, weight, kernel_size)
+        fmt = torch.channels_last if saved else _like_memory_format(x)
+    else:
+        x_shape, shape_w, fmt = p.out
+    x_dtype = (grad_x_dtype or torch.float32) if saved else x.dtype
+    gx, gw, gs, gb = _grad_outputs(x_shape, x_dtype, x.device, weight, shape_w, scale_a, bias_a, needs,
                                    grad_weight_dtype)
-    if gx is not None:
-        gx = torch.empty_like(xd)  # same strides as x (channels-last stays channels-last)
-    if x.shape[0] == 0:
+    if gx is not None:  # x's memory format (saved bits: channels-last)
+        gx = torch.empty(x_shape, dtype=x_dtype, device=x.device, memory_format=fmt)
+    if x_shape[0] == 0:
         for t in (gw, gs, gb):
             if t is not None:
                 t.zero_()
         return gx, gw, gs, gb
-    wv = _weight_view(quant, weight.detach(), shape_w)
-    desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
-    args, keep = _bwd_args(xd, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
-                           scale_w.detach(), grad_y, gx, gw, gs, gb)
-    _Call(x)("bie_conv2d_backward", ctypes.byref(desc), ctypes.byref(args))
-    del keep
+    sources = (x, None if saved else bias_a, weight, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_mask)
+    if p is None:
+        wv = _weight_view(quant, weight.detach(), shape_w)
+        desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
+        args, keep = _bwd_args(xv, None if bias_a is None or saved else bias_a.detach(), wv, scale_a.detach(),
+                               scale_w.detach(), grad_y, gx, gw, gs, gb, mv)
+        p = _cuda_checked(x, lambda: _plans.Plan("bie_plan_conv2d_backward", desc, args, keep, keep, True))
+        p.out = (x_shape, shape_w, fmt)
+        cache[key] = p
+    p.run(x, sources)
     return gx, gw, gs, gb

@@ -29,6 +29,8 @@ from . import functional as F
 from .autograd import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dForward, Q4LinearForward,
                        Q8Conv2dForward, Q8LinearForward)
 from .functional import PAD_ZERO, QUANT_BINARY, QUANT_INT4, QUANT_INT8
+from . import validate as V
+from .bmm import check_bmm_type
 
 __all__ = ["BinaryLinear", "Q4Linear", "Q8Linear", "BinaryConv2d", "Q4Conv2d", "Q8Conv2d", "BieLayer",
            "set_data_parallel"]
@@ -202,7 +204,7 @@ class BieLayer(nn.Module):
         return x + self._channel_view(self.bias_a)
 
     def _init_scale_a(self, x):
-        if self._scale_ready:
+        if self._scale_ready or x.numel() == 0:  # (an empty batch leaves the scale to the next one)
             return
         if float(self.scale_a.detach()) == 0.0:  # a one-off synchronisation
             s = F.activation_scale_init(self.quant, x, self.symmetric)
@@ -246,6 +248,11 @@ class BieLayer(nn.Module):
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):
+        from .compat import state_dict_kind_error
+        err = state_dict_kind_error(self, state_dict, prefix)
+        if err:
+            error_msgs.append(err)
+            return
         qk, wk = prefix + "qweight", prefix + "weight"
         dev = self.scale_w.device
         if qk in state_dict:
@@ -263,20 +270,54 @@ class BieLayer(nn.Module):
             self.weight = None  # a packed-only checkpoint
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
-        if prefix + "eps" in missing_keys:  # Bitorch Engine's binary layers have no eps buffer
-            missing_keys.remove(prefix + "eps")
+        for k in ("eps", "_extra_state"):  # Bitorch Engine's binary layers have no eps buffer; no layer kind
+            if prefix + k in missing_keys:
+                missing_keys.remove(prefix + k)
         self._scale_ready = False
         self._qweight_key = None
         self._q8_scale_key = None
         if self.qweight is not None and self.weight is not None:
             self._qweight_key = self._weight_key()  # checkpointed together: consistent
 
+    # --- Bitorch Engine's protocol, and the layer kind kept in the state_dict ---------------------
+
+    bits_binary_word = 8
+
+    def get_extra_state(self):
+        """The layer kind, saved beside the weights, so that a state_dict of another kind is refused."""
+        return torch.tensor([int(self.quant), int(self.is_conv)], dtype=torch.int32)
+
+    def set_extra_state(self, state):
+        pass  # checked before loading (compat.state_dict_kind_error)
+
+    def set_quantized_weight_data(self, x):
+        """Sets qweight, the packed weight that eval mode uses (Bitorch Engine's protocol), from a
+        tensor in this layer's packed form (the float weight, if any, is left as it is)."""
+        from .compat import check_qweight
+        check_qweight(self, x)
+        self.qweight = x.detach().to(self.scale_w.device)
+        self._qweight_key = self._weight_key() if self.weight is not None else None
+
+    def set_bits_binary_word(self, num_bit):
+        """Bitorch Engine's word size of packed bits: libbie packs bits in bytes, so only 8 is accepted."""
+        if num_bit != 8:
+            raise ValueError(f"bie: binary weights are packed in bytes (bits_binary_word = 8), got {num_bit!r}")
+        self.bits_binary_word = 8
+
 
 class _Linear(BieLayer):
-    def __init__(self, in_features, out_features, device=None, dtype=torch.float, symmetric=True, bias=False,
-                 latent_int8=False):
+    def __init__(self, in_features=None, out_features=None, device=None, dtype=torch.float, symmetric=True, bias=False,
+                 latent_int8=False, *, input_features=None, bits_binary_word=8):
         super().__init__()
-        self.in_features, self.out_features = int(in_features), int(out_features)
+        if input_features is not None:  # Bitorch Engine's keyword for in_features
+            if in_features is not None:
+                raise TypeError("bie: give in_features or input_features, not both")
+            in_features = input_features
+        self.in_features = V.positive_int("in_features", in_features)
+        self.out_features = V.positive_int("out_features", out_features)
+        self.input_features, self.output_features = self.in_features, self.out_features  # Bitorch Engine's names
+        V.float_dtype(dtype)
+        self.set_bits_binary_word(bits_binary_word)
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype))
         self._init_common(in_features, out_features, device, dtype, symmetric, bias, latent_int8)
         self.reset_parameters()
@@ -295,21 +336,23 @@ class BinaryLinear(_Linear):
 
     quant = QUANT_BINARY
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, bmm_type=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.gemm_kernel_id = 3
+        self.bmm_type = check_bmm_type(bmm_type)
 
     def forward(self, x, bmm_type=None):
         self._check_forward(x)
+        if bmm_type is not None:
+            self.bmm_type = check_bmm_type(bmm_type)
+        check_bmm_type(self.bmm_type, x.device)
         w = self._prepare_forward(x)
         y = BinaryLinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.gemm_kernel_id, self.training,
                                       self.bias_a)
         return self._output(y)
 
 
-def _check_bits(a_bit, w_bit, bits):
-    if (a_bit is not None and a_bit != bits) or (w_bit is not None and w_bit != bits):
-        raise ValueError(f"bie: this layer is {bits}-bit (a_bit = w_bit = {bits})")
+_check_bits = V.check_bits
 
 
 class Q4Linear(_Linear):
@@ -320,6 +363,7 @@ class Q4Linear(_Linear):
     def __init__(self, in_channels, out_channels, a_bit=None, w_bit=None, device=None, dtype=torch.float, bias=False):
         _check_bits(a_bit, w_bit, 4)
         super().__init__(in_channels, out_channels, device=device, dtype=dtype, bias=bias)
+        self.a_bit = self.w_bit = 4
 
     def forward(self, x):
         self._check_forward(x)
@@ -335,6 +379,7 @@ class Q8Linear(_Linear):
     def __init__(self, in_channels, out_channels, a_bit=None, w_bit=None, device=None, dtype=torch.float, bias=False):
         _check_bits(a_bit, w_bit, 8)
         super().__init__(in_channels, out_channels, device=device, dtype=dtype, bias=bias)
+        self.a_bit = self.w_bit = 8
 
     def forward(self, x):
         self._check_forward(x)
@@ -352,6 +397,8 @@ class _Conv2d(BieLayer):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, device=None,
                  dtype=torch.float, symmetric=True, bias=False, latent_int8=False):
         super().__init__()
+        V.check_conv_args(in_channels, out_channels, kernel_size, stride, padding, dilation)
+        V.float_dtype(dtype)
         self.in_channels, self.out_channels = int(in_channels), int(out_channels)
         self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
         self.padding, self.dilation = _pair(padding), _pair(dilation)
@@ -382,6 +429,8 @@ class BinaryConv2d(_Conv2d):
 
     def __init__(self, *args, pad_value=PAD_ZERO, **kwargs):
         super().__init__(*args, **kwargs)
+        if pad_value not in (0, 1, 2):
+            raise ValueError(f"bie: pad_value must be bie.PAD_ZERO, PAD_MINUS_ONE or PAD_PLUS_ONE, got {pad_value!r}")
         self.pad_value = int(pad_value)
 
     def forward(self, x):
@@ -402,6 +451,7 @@ class Q4Conv2d(_Conv2d):
         _check_bits(a_bit, w_bit, 4)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, device=device, dtype=dtype,
                          bias=bias)
+        self.a_bit = self.w_bit = 4
 
     def forward(self, x):
         self._check_forward(x)
@@ -420,6 +470,7 @@ class Q8Conv2d(_Conv2d):
         _check_bits(a_bit, w_bit, 8)
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, device=device, dtype=dtype,
                          bias=bias)
+        self.a_bit = self.w_bit = 8
 
     def forward(self, x):
         self._check_forward(x)

@@ -6,7 +6,7 @@
 #include <string.h>
 
 bool bie_dtype_valid(enum bie_dtype dtype) {
-    return (unsigned)dtype <= (unsigned)BIE_DTYPE_F64;
+    return (unsigned)dtype <= (unsigned)BIE_DTYPE_I64;
 }
 
 bool bie_dtype_is_float(enum bie_dtype dtype) {
@@ -23,7 +23,8 @@ int bie_dtype_bits(enum bie_dtype dtype) {
     case BIE_DTYPE_BF16: return 16;
     case BIE_DTYPE_F32:
     case BIE_DTYPE_I32: return 32;
-    case BIE_DTYPE_F64: return 64;
+    case BIE_DTYPE_F64:
+    case BIE_DTYPE_I64: return 64;
     }
     return 0;
 }
@@ -90,6 +91,7 @@ double bie_load(const struct bie_tensor * t, int64_t off) {
     case BIE_DTYPE_I8: return ((const int8_t *)p)[off];
     case BIE_DTYPE_U8: return p[off];
     case BIE_DTYPE_I32: return ((const int32_t *)p)[off];
+    case BIE_DTYPE_I64: return (double)((const int64_t *)p)[off];
     case BIE_DTYPE_B1: return (p[off >> 3] >> (off & 7)) & 1 ? 1.0 : -1.0;
     case BIE_DTYPE_S4: {
         const int nib = (off & 1) ? p[off >> 1] & 0xf : p[off >> 1] >> 4;
@@ -109,6 +111,7 @@ void bie_store(const struct bie_tensor * t, int64_t off, double v) {
     case BIE_DTYPE_I8: ((int8_t *)p)[off] = (int8_t)v; break;
     case BIE_DTYPE_U8: p[off] = (unsigned char)v; break;
     case BIE_DTYPE_I32: ((int32_t *)p)[off] = (int32_t)v; break;
+    case BIE_DTYPE_I64: ((int64_t *)p)[off] = (int64_t)v; break;
     case BIE_DTYPE_B1:
         if (v >= 0) p[off >> 3] |= (unsigned char)(1u << (off & 7));
         else p[off >> 3] &= (unsigned char)~(1u << (off & 7));

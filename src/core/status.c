@@ -30,6 +30,7 @@ const char * bie_dtype_name(enum bie_dtype dtype) {
     case BIE_DTYPE_B1: return "b1";
     case BIE_DTYPE_S4: return "s4";
     case BIE_DTYPE_F64: return "f64";
+    case BIE_DTYPE_I64: return "i64";
     }
     return "?";
 }

@@ -456,6 +456,8 @@ static void linear_sign_gemms(const struct bwd * b, bool g_rows, float * work, f
 
 enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {
     if (c->device_type != BIE_DEVICE_CPU || !c->scales_on_host) return BIE_DECLINED;
+    if (c->is_conv && c->x.dtype == BIE_DTYPE_B1) return BIE_DECLINED; // saved bits of a conv: the reference
+    if (c->plan) return bie_cpu_plan(ctx, c);
     const struct bie_geometry * g = &c->g;
     const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
     const bool want_gw = c->grad_weight.data != NULL;

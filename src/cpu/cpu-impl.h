@@ -205,6 +205,9 @@ static inline int cpu_quantize1(float v, float scale, int lo, int hi) {
 
 // Threads for a context: params.num_threads, or OpenMP's default when <= 0.
 int cpu_threads(const bie_context_t * ctx);
+// A planned call on the CPU backend (call->plan): its ISA level and threads, in words; the host
+// workspace is sized when the call runs.
+enum bie_status bie_cpu_plan(bie_context_t * ctx, const struct bie_layer_call * call);
 
 static inline size_t cpu_round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -308,3 +311,7 @@ enum bie_status bie_cpu_unpack(bie_context_t * ctx, const struct bie_tensor * sr
                                const struct bie_tensor * dst);
 enum bie_status bie_cpu_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
                                      const struct bie_tensor * bits, const struct bie_tensor * mask);
+enum bie_status bie_cpu_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * call);
+enum bie_status bie_cpu_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * call);
+enum bie_status bie_cpu_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * call);
+enum bie_status bie_cpu_embedding_backward(bie_context_t * ctx, const struct bie_embedding_call * call);

@@ -41,7 +41,7 @@ struct nbit_plan {
 
 // f32 NCHW x with whole contiguous planes is quantised plane by plane, XQ_PLANES channels of a
 // sample at a time (each plane read sequentially, instead of a row of every channel in turn, which
-// reads as many streams as channels: conv-8bit-c128-28-b16 spent 5.1 ms there, now 1.6), into the
+// reads as many streams as channels), into the
 // thread's stage of XQ_PLANES planes, then written to NHWC a pixel's run of channels at a time (by
 // register transposes where the table has planes_to_rows).
 #define XQ_PLANES 32
@@ -340,7 +340,7 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     pl.M = g->batch * g->OH * g->OW;
     pl.esz = pl.bytes ? 1 : 2;
     // The outer-product tile pays for its interleaved weight panel over many rows only: with a few
-    // rows (8-bit: M = 1 and 16 measured 25-40% slower) the dot-product tile stays.
+    // rows the dot-product tile stays.
     if (pl.M >= CPU_OUTER_MIN_M)
         pl.outer = c->quant == BIE_QUANT_INT4 ? pl.kern->u4s4_outer_tile : pl.bytes ? NULL : pl.kern->i16_outer_tile;
     pl.widen = pl.outer && !pl.bytes;

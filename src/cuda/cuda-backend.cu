@@ -28,7 +28,9 @@ int bie_cuda_device_count(void) {
 void bie_cuda_state_destroy(struct bie_cuda_state * state) {
     if (!state) return;
     if (state->cublas) cublasDestroy(state->cublas);
+    bie_cudnn_state_destroy(state->cudnn);
     if (state->workspace) cudaFree(state->workspace);
+    if (state->aux) cudaFree(state->aux);
     free(state);
 }
 
@@ -62,6 +64,8 @@ int bie_cuda_cc(bie_context_t * ctx) {
         st->cc = major * 10 + minor;
         const char * force = getenv("BIE_CUDA_GEMM");
         st->force_mma = force && strcmp(force, "mma") == 0;
+        const char * bwd = getenv("BIE_CUDA_CONV_BACKWARD");
+        st->force_gemm_backward = bwd && strcmp(bwd, "gemm") == 0;
     }
     return st->cc;
 }
@@ -129,6 +133,27 @@ enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** ou
     return BIE_STATUS_OK;
 }
 
+enum bie_status bie_cuda_aux(bie_context_t * ctx, size_t bytes, void ** out) {
+    BIE_TRY(ensure_state(ctx));
+    struct bie_cuda_state * s = ctx->cuda;
+    if (s->aux_size < bytes) {
+        const size_t want = (bytes + 0xFFFF) & ~(size_t)0xFFFF;
+        if (s->aux) CU_TRY(ctx, cudaFree(s->aux), "cudaFree(aux)"); // (waits for the work using it)
+        s->aux = NULL;
+        s->aux_size = 0;
+        cudaError_t e = cudaMalloc(&s->aux, want);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            s->aux = NULL;
+            return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: cudaMalloc(%zu) for the aux arena: %s", want,
+                                 cudaGetErrorString(e));
+        }
+        s->aux_size = want;
+    }
+    *out = s->aux;
+    return BIE_STATUS_OK;
+}
+
 extern "C" enum bie_status bie_cuda_reserve(bie_context_t * ctx, size_t bytes) {
     void * p;
     return bie_cuda_workspace(ctx, bytes, &p);
@@ -160,9 +185,15 @@ enum bie_status bie_context_set_cuda_stream(bie_context_t * ctx, void * stream) 
     bie_clear_error(ctx);
     BIE_TRY(ensure_state(ctx));
     // The workspace is ordered by the stream: before other work may reuse it, what the old stream
-    // still has queued must be done.
-    if (ctx->cuda->workspace && (cudaStream_t)stream != ctx->cuda->stream)
-        CU_TRY(ctx, cudaStreamSynchronize(ctx->cuda->stream), "cudaStreamSynchronize (old stream)");
+    // still has queued must be done. A stream being captured into a CUDA graph runs nothing now
+    // (and a synchronisation would end its capture): the graph's replays are the caller's to order.
+    cudaStreamCaptureStatus to = cudaStreamCaptureStatusNone, from = cudaStreamCaptureStatusNone;
+    if (ctx->cuda->workspace && (cudaStream_t)stream != ctx->cuda->stream) {
+        CU_TRY(ctx, cudaStreamIsCapturing((cudaStream_t)stream, &to), "cudaStreamIsCapturing");
+        CU_TRY(ctx, cudaStreamIsCapturing(ctx->cuda->stream, &from), "cudaStreamIsCapturing");
+        if (to == cudaStreamCaptureStatusNone && from == cudaStreamCaptureStatusNone)
+            CU_TRY(ctx, cudaStreamSynchronize(ctx->cuda->stream), "cudaStreamSynchronize (old stream)");
+    }
     ctx->cuda->stream = (cudaStream_t)stream;
     return BIE_STATUS_OK;
 }
@@ -190,9 +221,14 @@ enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x
                                 double * sum);
 enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
                                       const struct bie_tensor * bits, const struct bie_tensor * mask);
+enum bie_status bie_cuda_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * call);
+enum bie_status bie_cuda_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * call);
+enum bie_status bie_cuda_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * call);
+enum bie_status bie_cuda_embedding_backward(bie_context_t * ctx, const struct bie_embedding_call * call);
 
 const struct bie_backend_ops bie_cuda_backend = {
     "cuda", bie_cuda_layer_forward, bie_cuda_layer_backward, bie_cuda_pack, bie_cuda_unpack, bie_cuda_reduce,
-    bie_cuda_binarize_ste,
+    bie_cuda_binarize_ste, bie_cuda_matmul_forward, bie_cuda_matmul_backward, bie_cuda_embedding_forward,
+    bie_cuda_embedding_backward,
 };
 }

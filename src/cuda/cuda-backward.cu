@@ -29,6 +29,7 @@
 #include "cuda-ste.cuh"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <algorithm>
@@ -64,12 +65,6 @@ __global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct d
     }
 }
 
-// The element type of a pass over saved bits: a byte holds the sign bits of 8 consecutive
-// elements of x (bit e for element e), and the STE mask's byte beside it their pass bits.
-struct sbits {
-    uint8_t b;
-};
-template <typename T> constexpr bool is_sbits = std::is_same<T, sbits>::value;
 
 // The codes for rows whose K elements are contiguous floats (a linear layer's weight and x), or
 // saved sign bits in rows that start on whole bytes (T = sbits): out[r][k] = code of src[r][k]
@@ -138,9 +133,8 @@ __device__ __forceinline__ unsigned chunk_any(const T * row, const uint8_t * pro
     }
 }
 // Clears the elements of grad_x's row r, chunk k0, whose bits are set in stop. A whole, 16-byte
-// aligned chunk is rewritten by 16-byte words (2-byte elements: one; f32: two); element stores
-// took 143 us for the mask of an 8192 x 4096 f16 grad_x with an eighth of x stopped (ncu, the
-// codes pass included). Out of line: inlined, it made the masked codes kernels spill.
+// aligned chunk is rewritten by 16-byte words (2-byte elements: one; f32: two) rather than element
+// by element. Out of line: inlined, it made the masked codes kernels spill.
 __device__ __noinline__ void clear_stopped(void * gx, int gdt, int64_t gx_ld, int64_t r, int64_t k0, int64_t K,
                                            unsigned stop) {
     const int es = gdt == BIE_DTYPE_F32 ? 4 : 2;
@@ -176,7 +170,7 @@ __device__ __forceinline__ void chunk_store(const float * q, unsigned stop, int6
 }
 
 // Rows of fewer than 256 elements: a thread per chunk (five blocks a multiprocessor: at six, with
-// 40 registers, it spilled 8-16 bytes; its speed at either setting was not measured).
+// 40 registers, it spills).
 template <bool MASK, typename T>
 __global__ void __launch_bounds__(256, 5)
     codes_rows(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias, int quant,
@@ -196,10 +190,8 @@ __global__ void __launch_bounds__(256, 5)
 
 // Rows of 256 elements or more: a warp per row, each lane with 64 bytes of loads in flight (4
 // chunks of f16/bf16, 2 of f32) before its first store, no division, and whole chunks without
-// bounds tests. Nsight Compute showed the thread-per-chunk kernel above bound by issue, not memory,
-// on such rows (SM 76% and DRAM 50% for the codes and mask of an 8192 x 4096 f16 x, 70.8 us at
-// locked clocks; 62% and 60% for the codes of a 4096 x 4096 weight). This one takes 47.9 us for
-// the first (59.0 before) and 21.6 us for the second (23.2), clocks unlocked. Over saved bits
+// bounds tests: on such rows the thread-per-chunk kernel above is bound by instruction issue, not
+// by memory. Over saved bits
 // (T = sbits) a lane has 8 chunks' bytes (and their mask bytes) in flight: 2 bits read per
 // element, 16 bits of f16 code written.
 template <bool MASK, typename T>
@@ -267,8 +259,7 @@ bool codes_rows_ok(const struct dview & t, bool rows_are_k, int64_t K) {
     return t.dtype == BIE_DTYPE_B1 ? t.stride[0] % 8 == 0 : bie_dtype_is_float((enum bie_dtype)t.dtype);
 }
 // The pass with or without the mask, as two instances (the mask's code in a kernel that has no
-// mask to apply costs registers: 64 against 37, and 28.6 against 23.2-23.4 us for the codes of a
-// 4096 x 4096 f16 weight in the thread-per-chunk kernel). Saved bits: row strides in bytes.
+// mask to apply would cost it registers, and time). Saved bits: row strides in bytes.
 template <typename T>
 void launch_codes(cudaStream_t stream, const struct dview & t, const struct dview & pass, int64_t rows, int64_t K,
                   const struct dview & bias, int quant, struct dscale sc, int gdt, void * out, void * gx,
@@ -300,307 +291,6 @@ bool launch_codes_rows(const struct dview & t, const struct dview & pass, bool r
     return true;
 }
 
-// The binary STE of one element from its sign bit and its pass test: the masked gradient and the
-// scale_a-gradient term (saved bits give both tests as bits).
-__device__ __forceinline__ void ste_elem_binary(bool sign, bool pass, float gx, float * gxm, float * term) {
-    *gxm = pass ? gx : 0.0f;
-    *term = sign ? *gxm : -*gxm;
-}
-// The STE of one element (header comment): from x' and gx, the masked gradient and the
-// scale_a-gradient term.
-__device__ __forceinline__ void ste_elem(float xp, float gx, int quant, float s_a, int lo, int hi, float * gxm,
-                                         float * term) {
-    if (quant == BIE_QUANT_BINARY) {
-        ste_elem_binary(xp >= 0.0f, ste_passes(xp, s_a, quant, lo, hi), gx, gxm, term);
-    } else { // (one division: the test and the term both take r)
-        const float r = __fdiv_rn(xp, s_a);
-        const bool mid = ste_passes_r(r, quant, lo, hi);
-        *gxm = mid ? gx : 0.0f;
-        const float f = r < (float)lo ? (float)lo : r > (float)hi ? (float)hi : mid ? rintf(r) - r : 0.0f;
-        *term = gx * f;
-    }
-}
-
-// Adds a block's double to *sum (blockDim.x a multiple of 32, at most 1024 threads).
-__device__ void block_sum_add(double acc, double * sum) {
-    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    __shared__ double part[32];
-    const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
-    if ((tid & 31) == 0) part[tid >> 5] = acc;
-    __syncthreads();
-    if (tid == 0) {
-        double t = 0.0;
-        for (int i = 0; i < nt / 32; i++) t += part[i];
-        atomicAdd(sum, t);
-    }
-}
-
-// Output index that tap offset k (of dilation dil) of input coordinate x feeds, or -1:
-// x = o*stride - pad + k*dil for o in [0, OX).
-__device__ __forceinline__ int out_index(int x, int pad, int k, int dil, int stride, int OX) {
-    const int t = x + pad - k * dil;
-    if (t < 0) return -1;
-    const int o = stride == 1 ? t : t / stride;
-    return o * stride == t && o < OX ? o : -1;
-}
-
-// Element off of view v as f32: typed for float, __half and __nv_bfloat16, by v's dtype for void.
-template <typename T> __device__ __forceinline__ float ld_as(const struct dview & v, int64_t off) {
-    return to_f32(((const T *)v.data)[off]);
-}
-template <> __device__ __forceinline__ float ld_as<void>(const struct dview & v, int64_t off) {
-    return ld_float(v.data, v.dtype, off);
-}
-
-constexpr int STE_TAPS = 9; // taps of a pixel whose dCol loads are issued together (a 3x3 kernel's at once)
-
-// The fused STE pass over x, any geometry, by tiles of 32 pixels (p = (n*H + h)*W + w over the
-// batch) x 32 channels, block (32, 8): the tap sums gx = sum of dCol over the taps that read
-// (h, w) are gathered along the channels (rows of dCol are channel-contiguous), a thread's 4
-// pixels x NT taps of loads in flight at once, into shared memory; x, grad_x and gxm are then
-// visited along the pixels when those are contiguous in x (NCHW), else along the channels. A
-// block keeps one channel tile (the grid is a multiple of the channel tiles) and leaves its
-// channels' sums of the masked gradient in colpart[blockIdx.x / ctiles][c], for grad_bias_a
-// (colpart_sums). NT = 0: dCol has one tap per pixel at stride 1 without padding, so gx of pixel p
-// is dCol[p][c] (a 1x1 conv's dCol, or the grad_x GEMM of a stride-1 conv); T: x's element type
-// (float, __half, __nv_bfloat16; void: any, by its dtype).
-template <int NT, typename T>
-__global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3) ste_tiles(struct dview x, struct dview bias, struct dgeom g, int quant, struct dscale sa,
-                          struct dscale sw, const float * dcol, struct dview gx_out, int write_gx, int along_pixels,
-                          double * colpart /* or NULL */, double * term_sum) {
-    constexpr int NL = NT > 0 ? NT : 1; // loads per pixel in flight
-    __shared__ float tile[32][33]; // [pixel][channel]
-    __shared__ double csum[8][33];
-    const float s_a = ld_scale(sa), s_w = ld_scale(sw);
-    const int lo = qlo(quant), hi = qhi(quant), taps = g.kh * g.kw;
-    const int64_t HW = g.H * g.W, P = g.batch * HW, ptiles = (P + 31) / 32, ctiles = (g.C + 31) / 32;
-    const int lane = threadIdx.x, ty = threadIdx.y;
-    const int64_t c0 = (blockIdx.x % ctiles) * 32;
-    // cacc[k]: the thread's running sum of channel c0 + lane (along channels: k = 0 only) or of
-    // channel c0 + ty + 8k over its lane's pixels (along pixels, summed over the lanes at the end)
-    double acc = 0.0, cacc[4] = {0.0, 0.0, 0.0, 0.0};
-    float bv[4]; // bias_a of the thread's channels, which stay fixed
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int64_t cc = c0 + (along_pixels ? ty + 8 * k : lane);
-        bv[k] = bias.data && cc < g.C ? ld_float(bias.data, bias.dtype, cc * bias.stride[3]) : 0.0f;
-    }
-    for (int64_t pt = blockIdx.x / ctiles; pt < ptiles; pt += gridDim.x / ctiles) {
-        const int64_t p0 = pt * 32;
-        // tap sums of pixels p0 + ty + 8k at channel c0 + lane
-        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // taps in order (i, then j); a skipped tap adds +0, which changes no sum
-        if (NT == 0) {
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int64_t p = p0 + ty + 8 * k, c = c0 + lane;
-                sum[k] = p < P && c < g.C ? __fadd_rn(0.0f, __ldg(dcol + p * g.C + c)) : 0.0f;
-            }
-        } else {
-            const int64_t c = c0 + lane;
-            int h[4], w[4];
-            const float * base[4];
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const int64_t p = p0 + ty + 8 * k;
-                const bool in = p < P && c < g.C;
-                const int64_t n = in ? qdiv(p, HW) : 0, q = p - n * HW;
-                h[k] = in ? (int)qdiv(q, g.W) : -(1 << 29); // outside: no tap reaches it
-                w[k] = in ? (int)(q - (int64_t)h[k] * g.W) : 0;
-                base[k] = dcol + n * g.OH * g.OW * g.K + c;
-            }
-            for (int t0 = 0; t0 < taps; t0 += NL) {
-                float v[4][NL];
-#pragma unroll
-                for (int u = 0; u < NL; u++) {
-                    const int t = t0 + u, i = t / g.kw, j = t - i * g.kw;
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const int oh = t < taps ? out_index(h[k], g.ph, i, g.dh, g.sh, (int)g.OH) : -1;
-                        const int ow = oh >= 0 ? out_index(w[k], g.pw, j, g.dw, g.sw, (int)g.OW) : -1;
-                        v[k][u] = ow >= 0 ? __ldg(base[k] + ((int64_t)oh * g.OW + ow) * g.K + (int64_t)t * g.C) : 0.0f;
-                    }
-                }
-#pragma unroll
-                for (int k = 0; k < 4; k++)
-#pragma unroll
-                    for (int u = 0; u < NL; u++) sum[k] += v[k][u];
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < 4; k++) tile[ty + 8 * k][lane] = sum[k];
-        __syncthreads();
-        // element k of this thread: pixel p0 + lane and channel c0 + ty + 8k along the pixels,
-        // else pixel p0 + ty + 8k and channel c0 + lane; the offsets of x and grad_x split into a
-        // pixel part and a channel part
-        int64_t xo[4], go[4];
-        float xv[4];
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            if (along_pixels && k > 0) {
-                xo[k] = xo[0];
-                go[k] = go[0];
-                continue;
-            }
-            const int64_t p = p0 + (along_pixels ? lane : ty + 8 * k);
-            const int64_t n = p < P ? qdiv(p, HW) : 0, q = p - n * HW, hh = p < P ? qdiv(q, g.W) : 0, ww = q - hh * g.W;
-            xo[k] = p < P ? n * x.stride[0] + hh * x.stride[2] + ww * x.stride[3] : -1;
-            go[k] = write_gx ? n * gx_out.stride[0] + hh * gx_out.stride[2] + ww * gx_out.stride[3] : 0;
-        }
-#pragma unroll
-        for (int k = 0; k < 4; k++) { // x first, all 4 loads in flight
-            const int64_t cc = c0 + (along_pixels ? ty + 8 * k : lane);
-            xv[k] = xo[k] >= 0 && cc < g.C ? ld_as<T>(x, xo[k] + cc * x.stride[1]) : 0.0f;
-            if (bias.data) xv[k] = __fadd_rn(xv[k], bv[k]);
-        }
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int r = ty + 8 * k, pi = along_pixels ? lane : r, ci = along_pixels ? r : lane;
-            const int64_t cc = c0 + ci;
-            float gxm_v = 0.0f, term = 0.0f;
-            if (xo[k] >= 0 && cc < g.C) {
-                ste_elem(xv[k], __fmul_rn(tile[pi][ci], s_w), quant, s_a, lo, hi, &gxm_v, &term);
-                if (write_gx) st_float(gx_out.data, gx_out.dtype, go[k] + cc * gx_out.stride[1], gxm_v);
-            }
-            acc += (double)term;
-            cacc[along_pixels ? k : 0] += (double)gxm_v;
-        }
-        __syncthreads();
-    }
-    if (colpart) { // this block's sums of its channels, in a fixed order
-        if (along_pixels) { // thread (lane, ty) holds channels ty + 8k: summed over the lanes
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                double t = cacc[k];
-                for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-                if (lane == 0) csum[0][ty + 8 * k] = t;
-            }
-            __syncthreads();
-            if (ty == 0 && c0 + lane < g.C) colpart[(blockIdx.x / ctiles) * g.C + c0 + lane] = csum[0][lane];
-        } else { // every warp holds channel c0 + lane: summed over the warps
-            csum[ty][lane] = cacc[0];
-            __syncthreads();
-            if (ty == 0 && c0 + lane < g.C) {
-                double t = 0.0;
-                for (int y = 0; y < (int)blockDim.y; y++) t += csum[y][lane];
-                colpart[(blockIdx.x / ctiles) * g.C + c0 + lane] = t;
-            }
-        }
-    }
-    if (term_sum) block_sum_add(acc, term_sum);
-}
-
-// ste_tiles for dCol's shape: several taps per pixel, one at a stride or with padding, or
-// dCol[p][c] itself (a 1x1, stride-1 conv without padding).
-template <typename T>
-void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dview bias, struct dgeom g, int quant,
-                      struct dscale sa, struct dscale sw, const float * dcol, struct dview gxo, int wgx, int ap,
-                      double * colpart, double * sum) {
-    const bool dense = g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0 && g.OH == g.H && g.OW == g.W;
-    const int mode = g.kh * g.kw > 1 ? 2 : dense ? 0 : 1;
-    if (mode == 0) ste_tiles<0, T><<<grid, dim3(32, 8), 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
-    else if (mode == 1) ste_tiles<1, T><<<grid, dim3(32, 8), 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
-    else ste_tiles<STE_TAPS, T><<<grid, dim3(32, 8), 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
-}
-
-// The same pass for a linear layer (dgeom_one_position: dCol[n][c] is element (n, c)'s own sum
-// over its one tap) whose x has contiguous features: a thread takes 8 consecutive features of a
-// row, with 16-byte loads and stores where aligned. Block (32, 8) covers 256 features of a slab of
-// `slab` rows; instead of the transposed copy for the per-channel sums, each block writes its
-// slab's column sums to colpart[slab index][c] (finished by colpart_sums). T = sbits: x is saved
-// sign bits and xm the saved mask, both in rows that start on whole bytes (a byte of each per
-// thread and row), and each element's gradient and term are those of the x' they came from.
-// Three blocks a multiprocessor: unbounded, the float instances took 136-139 registers, one block
-// of eight warps a multiprocessor (at four blocks they spill).
-template <typename T>
-__global__ void __launch_bounds__(256, 3)
-    ste_rows(struct dview x, struct dview xm, struct dview bias, int64_t rows, int64_t C, int64_t slab, int quant,
-             struct dscale sa, struct dscale sw, const float * dcol, struct dview gx_out, int write_gx,
-             double * colpart, double * term_sum) {
-    const float s_a = ld_scale(sa), s_w = ld_scale(sw);
-    const int lo = qlo(quant), hi = qhi(quant);
-    const int64_t c0 = ((int64_t)blockIdx.x * 32 + threadIdx.x) * 8;
-    const int64_t r0 = (int64_t)blockIdx.y * slab, r1 = r0 + slab < rows ? r0 + slab : rows;
-    float b[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        b[i] = bias.data && c0 + i < C ? ld_float(bias.data, bias.dtype, (c0 + i) * bias.stride[3]) : 0.0f;
-    double csum[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc = 0.0;
-    if (c0 < C)
-        for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
-            const float * dr = dcol + r * C;
-            const bool full = c0 + 8 <= C;
-            float xv[8], dv[8], gv[8];
-            uint32_t sign = 0, pass = 0; // saved bits
-            if constexpr (is_sbits<T>) {
-                sign = ((const uint8_t *)x.data)[r * (x.stride[0] / 8) + c0 / 8];
-                pass = ((const uint8_t *)xm.data)[r * (xm.stride[0] / 8) + c0 / 8];
-            } else {
-                const T * xr = (const T *)x.data + r * x.stride[0];
-                if (full && vec8_ok(xr, x.dtype, c0)) load8<T>(xr + c0, xv);
-                else
-                    for (int i = 0; i < 8; i++) xv[i] = c0 + i < C ? ld_float((const char *)xr, x.dtype, c0 + i) : 0.0f;
-            }
-            if (full && vec8_ok(dr, BIE_DTYPE_F32, c0)) load8<float>(dr + c0, dv);
-            else
-                for (int i = 0; i < 8; i++) dv[i] = c0 + i < C ? dr[c0 + i] : 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                // as ste_pass: the tap sum starts from 0.0f, x' adds the bias in f32
-                const float gxi = __fmul_rn(__fadd_rn(0.0f, dv[i]), s_w);
-                float term;
-                if constexpr (is_sbits<T>) {
-                    ste_elem_binary((sign >> i) & 1u, (pass >> i) & 1u, gxi, &gv[i], &term);
-                } else {
-                    const float xp = bias.data ? __fadd_rn(xv[i], b[i]) : xv[i];
-                    ste_elem(xp, gxi, quant, s_a, lo, hi, &gv[i], &term);
-                }
-                if (c0 + i < C) {
-                    csum[i] += (double)gv[i];
-                    acc += (double)term;
-                }
-            }
-            if (!write_gx) continue;
-            const int64_t go = r * gx_out.stride[0] + c0 * gx_out.stride[1];
-            if (full && gx_out.stride[1] == 1 && vec8_ok(gx_out.data, gx_out.dtype, go)) store8(gx_out.data, gx_out.dtype, go, gv);
-            else
-                for (int i = 0; i < 8 && c0 + i < C; i++) st_float(gx_out.data, gx_out.dtype, go + i * gx_out.stride[1], gv[i]);
-        }
-    if (colpart) {
-        __shared__ double cs[8][32 * 8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) cs[threadIdx.y][threadIdx.x * 8 + i] = csum[i];
-        __syncthreads();
-        for (int j = threadIdx.y * 32 + threadIdx.x; j < 256; j += 256) {
-            const int64_t c = (int64_t)blockIdx.x * 256 + j;
-            double t = 0.0;
-            for (int y = 0; y < 8; y++) t += cs[y][j];
-            if (c < C) colpart[blockIdx.y * C + c] = t;
-        }
-    }
-    if (term_sum) block_sum_add(acc, term_sum);
-}
-
-// grad_bias_a[c] = sum over the rows of colpart[row][c]: block (32, 32) per 32 channels, row r
-// summed by warp r % 32, the 32 partial sums added in a fixed order.
-__global__ void colpart_sums(const double * colpart, int64_t rows, int64_t C, struct dview out) {
-    __shared__ double part[32][33];
-    const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
-    double t = 0.0;
-    if (c < C)
-        for (int64_t r = threadIdx.y; r < rows; r += blockDim.y) t += colpart[r * C + c];
-    part[threadIdx.y][threadIdx.x] = t;
-    __syncthreads();
-    if (threadIdx.y == 0 && c < C) {
-        double sum = 0.0;
-        for (int y = 0; y < (int)blockDim.y; y++) sum += part[y][threadIdx.x];
-        st_float(out.data, out.dtype, c * out.stride[3], (float)sum);
-    }
-}
-
-__global__ void finish_scale_grad(const double * term_sum, double denom, struct dview out) {
-    st_float(out.data, out.dtype, 0, (float)(*term_sum / denom));
-}
-
 // The same for a 1x1 kernel (k = c) whose grad_W has contiguous features: 8 per thread, 16-byte
 // loads and stores where aligned.
 __global__ void scale_rows(const float * R, int64_t O, int64_t K, struct dscale sa, struct dview gw) {
@@ -623,12 +313,13 @@ __global__ void scale_rows(const float * R, int64_t O, int64_t K, struct dscale 
 }
 
 // grad_W[o,c,i,j] = scale_a * R[o][(i*kw+j)*C + c].
-__global__ void scatter_grad_w(const float * R, struct dgeom g, struct dscale sa, struct dview gw) {
+template <typename D>
+__global__ void scatter_grad_w(const D * R, struct dgeom g, struct dscale sa, struct dview gw) {
     const float s = ld_scale(sa);
     const int64_t total = g.O * g.K;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t o = qdiv(e, g.K), k = e - o * g.K, tap = qdiv(k, g.C), c = k - tap * g.C;
-        st_float(gw.data, gw.dtype, dview_off4(gw, o, c, tap / g.kw, tap % g.kw), __fmul_rn(R[e], s));
+        st_float(gw.data, gw.dtype, dview_off4(gw, o, c, tap / g.kw, tap % g.kw), __fmul_rn(to_f32(R[e]), s));
     }
 }
 
@@ -699,6 +390,201 @@ __global__ void gemm_scalars(struct dscale sw, struct dscale sa, float * out) {
     out[3] = 0.0f;
 }
 
+// Whether the [N, C, H, W] view t is dense pixel rows (any channel layout would not do: the
+// channels contiguous, the pixels (n, h, w) evenly strided, on whole bytes for B1): then *rows is
+// its [N*H*W, C] view (dims 0 and 1; dims 2 and 3 of extent 1).
+bool pixel_rows_view(const struct dview & t, struct dview * rows) {
+    const int64_t N = t.shape[0], C = t.shape[1], H = t.shape[2], W = t.shape[3];
+    const int64_t * st = t.stride;
+    if (C > 1 && st[1] != 1) return false;
+    const int64_t ps = W > 1 ? st[3] : H > 1 ? st[2] : N > 1 ? st[0] : C;
+    if ((W > 1 && st[3] != ps) || (H > 1 && st[2] != W * ps) || (N > 1 && st[0] != H * W * ps) || ps < C) return false;
+    if (t.dtype == BIE_DTYPE_B1 && ps % 8 != 0) return false;
+    *rows = t;
+    rows->shape[0] = N * H * W;
+    rows->shape[1] = C;
+    rows->shape[2] = rows->shape[3] = 1;
+    rows->stride[0] = ps;
+    rows->stride[1] = 1;
+    rows->stride[2] = rows->stride[3] = 0;
+    return true;
+}
+
+// The [O, K] rows view of a weight whose K = (i*kw + j)*C + c elements are contiguous (OHWI).
+bool weight_rows_view(const struct dview & w, const struct dgeom & g, struct dview * rows) {
+    const int64_t * st = w.stride;
+    if (!((g.C == 1 || st[1] == 1) && (g.kw == 1 || st[3] == g.C) && (g.kh == 1 || st[2] == g.C * g.kw))) return false;
+    *rows = w;
+    rows->shape[0] = g.O;
+    rows->shape[1] = g.K;
+    rows->shape[2] = rows->shape[3] = 1;
+    rows->stride[0] = g.O == 1 ? g.K : st[0];
+    rows->stride[1] = 1;
+    rows->stride[2] = rows->stride[3] = 0;
+    return true;
+}
+
+bool fits_int(int64_t v) { return v >= 0 && v < INT32_MAX; }
+
+// The significand bits of a float dtype, as an order: bf16 < f16 < f32.
+int precision_rank(enum bie_dtype dt) { return dt == BIE_DTYPE_BF16 ? 1 : dt == BIE_DTYPE_F16 ? 2 : 3; }
+
+// Whether the conv backward goes through cuDNN: a built-in cuDNN, a conv that is not a GEMM of
+// one position per image, zero padding (binary layers with pad -1 or +1 keep the GEMM route, whose
+// im2col writes the pad value), a float grad_y whose precision each gradient asked for is within
+// (cuDNN's convolutions round to it; the GEMM route keeps f32 sums), and sizes within cuDNN's
+// 32-bit arguments. Shapes for which cuDNN has no algorithm go back to the GEMM route too.
+// BIE_CUDA_CONV_BACKWARD=gemm (read with the device's facts) keeps every conv on the GEMM route.
+bool cudnn_route(bie_context_t * ctx, const struct bie_layer_call * c) {
+    const struct bie_geometry & g = c->g;
+    bie_cuda_cc(ctx); // (reads force_gemm_backward with the device's facts)
+    if (!bie_cudnn_present() || !c->is_conv || ctx->cuda->force_gemm_backward) return false;
+    if (g.kh == 1 && g.kw == 1 && g.H == 1 && g.W == 1 && g.OH == 1 && g.OW == 1 && g.ph == 0 && g.pw == 0) return false;
+    if (c->quant == BIE_QUANT_BINARY && g.pad_value != BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0)) return false;
+    if (!bie_dtype_is_float(c->grad_y.dtype)) return false;
+    // cuDNN's outputs come in grad_y's dtype: no gradient may ask for more precision than that
+    const int rank = precision_rank(c->grad_y.dtype);
+    const struct bie_tensor * outs[4] = {&c->grad_x, &c->grad_weight, &c->grad_scale_a, &c->grad_bias_a};
+    for (int i = 0; i < 4; i++)
+        if (outs[i]->data && precision_rank(outs[i]->dtype) > rank) return false;
+    const int64_t * gs = c->grad_y.stride;
+    return fits_int(g.batch * g.C * g.H * g.W) && fits_int(g.batch * g.O * g.OH * g.OW) && fits_int(g.O * g.K) &&
+           fits_int(gs[0]) && fits_int(gs[1]) && fits_int(gs[2]) && fits_int(gs[3]) && g.ph < INT32_MAX &&
+           g.pw < INT32_MAX;
+}
+
+// The conv backward through cuDNN's two float convolutions (cuda-cudnn.cu), on operands of grad_y's
+// dtype (the codes are exact in it):
+//   Wc [O][kh][kw][C] = weight codes;  dX = conv_transpose(grad_y, Wc)   (NHWC, dense)
+//   then the STE pass over x with one tap sum per pixel: gx = scale_w * dX (as the GEMM route)
+//   A [N][H][W][C] = activation codes;  dW = conv_weight(A, grad_y);  grad_W = scale_a * dW
+// x is float, or (binary) the sign bits of bie_binarize_ste with their mask (pixel rows on whole bytes).
+enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call * c, cudaStream_t s) {
+    const struct dgeom g = dgeom_make(c->g);
+    const int gdt = c->grad_y.dtype;
+    const size_t es = gdt == BIE_DTYPE_F32 ? 4 : 2;
+    const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
+    const bool want_gw = c->grad_weight.data != NULL;
+    const int64_t xpix = g.batch * g.H * g.W, xnumel = xpix * g.C, O = g.O, K = g.K;
+    struct dview x = {}, xm = {}, bias = {}, gy = {}, gxo = {}, w = {}, gwo = {}, xr = {}, xmr = {}, gxr = {};
+    dview_make(&c->x, &x);
+    dview_make(&c->grad_y, &gy);
+    dview_make(&c->weight, &w);
+    xm.data = bias.data = gxo.data = gwo.data = NULL;
+    if (c->x_mask.data) dview_make(&c->x_mask, &xm);
+    if (c->bias_a.data) dview_make(&c->bias_a, &bias);
+    if (c->grad_x.data) dview_make(&c->grad_x, &gxo);
+    if (want_gw) dview_make(&c->grad_weight, &gwo);
+    const bool saved = x.dtype == BIE_DTYPE_B1;
+    const bool x_rows = pixel_rows_view(x, &xr) && (!xm.data || pixel_rows_view(xm, &xmr));
+    if (!xm.data) xmr = xm;
+    const bool rows = x_rows && (!gxo.data || pixel_rows_view(gxo, &gxr));
+    if (saved && want_gx && !rows)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x, x_mask, grad_x: CUDA reads saved bits of a conv as "
+                             "channels-last pixel rows on whole bytes, with a channels-last grad_x");
+    if (saved && want_gw && !x_rows)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: CUDA reads saved bits of a conv as channels-last pixel "
+                             "rows on whole bytes");
+    // grad_y as it is when dense NCHW or NHWC, else (broadcast, gapped, misaligned) copied into dense NHWC first
+    const int64_t * ys = gy.stride;
+    const int64_t P = g.OH * g.OW;
+    const bool nchw = ys[3] == 1 && ys[2] == g.OW && ys[1] == P && ys[0] == g.O * P;
+    const bool nhwc = ys[1] == 1 && ys[3] == g.O && ys[2] == g.OW * g.O && ys[0] == P * g.O;
+    const bool gy_copy = !(nchw || nhwc) || ((uintptr_t)gy.data % 16) != 0; // (cuDNN's plans take 16-byte alignment)
+    const int64_t ynumel = g.batch * g.O * P;
+    cudnn_conv_shape k = {(int)g.batch, (int)g.C, (int)g.H, (int)g.W, (int)g.O, (int)g.OH, (int)g.OW, g.kh, g.kw,
+                          g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, gdt,
+                          {(int)ys[0], (int)ys[1], (int)ys[2], (int)ys[3]}};
+    if (gy_copy) {
+        const int nhwc_st[4] = {(int)(P * g.O), 1, (int)(g.OW * g.O), (int)g.O};
+        memcpy(k.gy_stride, nhwc_st, sizeof nhwc_st);
+    }
+    size_t dnn_ws = 0;
+    const enum bie_status found = bie_cudnn_conv_prepare(ctx, k, want_gx, want_gw, &dnn_ws);
+    if (found == BIE_STATUS_UNSUPPORTED && !saved) return BIE_DECLINED; // (no algorithm: the GEMM route)
+    BIE_TRY(found);
+
+    const struct dscale sa = dscale_make(c, true), sw = dscale_make(c, false);
+    ste_pass_job pj;
+    pj.rows = rows;
+    pj.x = rows ? xr : x;
+    pj.xm = xmr;
+    pj.bias = bias;
+    pj.g = g; // tiles: one tap sum per pixel of x (a 1x1, stride-1 geometry over x's pixels)
+    pj.g.kh = pj.g.kw = pj.g.sh = pj.g.sw = pj.g.dh = pj.g.dw = 1;
+    pj.g.ph = pj.g.pw = 0;
+    pj.g.OH = g.H;
+    pj.g.OW = g.W;
+    pj.g.K = g.C;
+    if (rows) { // rows: the pixels are the rows
+        pj.g.batch = xpix;
+        pj.g.H = pj.g.W = pj.g.OH = pj.g.OW = 1;
+    }
+    pj.quant = (int)c->quant;
+    pj.sa = sa;
+    pj.sw = sw;
+    pj.dcol_dtype = gdt;
+    pj.gx = rows && gxo.data ? gxr : gxo;
+    pj.xnumel = xnumel;
+    pj.gb.data = pj.gsa.data = NULL;
+    if (c->grad_bias_a.data) dview_make(&c->grad_bias_a, &pj.gb);
+    if (c->grad_scale_a.data) dview_make(&c->grad_scale_a, &pj.gsa);
+
+    size_t off = 0;
+    const size_t oWc = off; off = align256(off + (want_gx ? (size_t)(O * K) * es : 0));
+    const size_t oDX = off; off = align256(off + (want_gx ? (size_t)xnumel * es : 0));
+    const size_t oA = off; off = align256(off + (want_gw ? (size_t)xnumel * es : 0));
+    const size_t oDW = off; off = align256(off + (want_gw ? (size_t)(O * K) * es : 0));
+    const size_t oDnn = off; off = align256(off + dnn_ws);
+    const size_t oPass = off; off = align256(off + (want_gx ? bie_cuda_ste_pass_workspace(pj) : 0));
+    const size_t oGy = off; off = align256(off + (gy_copy ? (size_t)ynumel * es : 0));
+    if (c->plan) {
+        snprintf(c->plan->route, sizeof c->plan->route,
+                 "cuda:%d, cuDNN convolutions in %s (grad_x: %s; grad_weight: %s); STE pass by %s; x %s; grad_y %s",
+                 (int)c->device_index, bie_dtype_name((enum bie_dtype)gdt), want_gx ? "dgrad" : "not asked",
+                 want_gw ? "wgrad" : "not asked", rows ? "pixel rows" : "tiles",
+                 saved ? "from saved bits and mask" : bie_dtype_name((enum bie_dtype)x.dtype),
+                 gy_copy ? "copied to dense NHWC" : nhwc ? "NHWC" : "NCHW");
+        c->plan->workspace = off;
+        return BIE_STATUS_OK;
+    }
+    uint8_t * ws;
+    BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
+    const void * gyd = gy.data;
+    if (gy_copy) {
+        BIE_TRY(bie_cuda_pixel_rows(ctx, s, gy, bias_none(), 0, sa, gdt, 0, ws + oGy));
+        gyd = ws + oGy;
+    }
+
+    if (want_gx) {
+        struct dview wr;
+        const bool w_rows = weight_rows_view(w, g, &wr);
+        if (!(w_rows && (bie_dtype_is_float((enum bie_dtype)w.dtype) || w.dtype == BIE_DTYPE_B1) &&
+              launch_codes_rows(wr, bias_none(), true, O, K, bias_none(), (int)c->quant, sw, gdt, ws + oWc, s)))
+            weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 0, ws + oWc);
+        LAUNCHED(ctx, "weight codes");
+        BIE_TRY(bie_cudnn_conv_dgrad(ctx, k, ws + oWc, gyd, ws + oDX, ws + oDnn, dnn_ws));
+        pj.dcol = ws + oDX;
+        BIE_TRY(bie_cuda_ste_pass(ctx, s, pj, ws + oPass));
+    }
+    if (want_gw) {
+        if (!(x_rows && launch_codes_rows(xr, xmr, true, xpix, g.C, saved ? bias_none() : bias, (int)c->quant, sa, gdt,
+                                          ws + oA, s)))
+            BIE_TRY(bie_cuda_pixel_rows(ctx, s, x, bias, (int)c->quant, sa, gdt, 0, ws + oA));
+        LAUNCHED(ctx, "activation codes");
+        BIE_TRY(bie_cudnn_conv_wgrad(ctx, k, ws + oA, gyd, ws + oDW, ws + oDnn, dnn_ws));
+        if (gdt == BIE_DTYPE_F16)
+            scatter_grad_w<__half><<<grid_for(O * K, 256), 256, 0, s>>>((const __half *)(ws + oDW), g, sa, gwo);
+        else if (gdt == BIE_DTYPE_BF16)
+            scatter_grad_w<__nv_bfloat16><<<grid_for(O * K, 256), 256, 0, s>>>((const __nv_bfloat16 *)(ws + oDW), g, sa,
+                                                                               gwo);
+        else
+            scatter_grad_w<float><<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + oDW), g, sa, gwo);
+        LAUNCHED(ctx, "scale grad_weight");
+    }
+    return BIE_STATUS_OK;
+}
+
 } // namespace
 
 extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {
@@ -714,6 +600,14 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
     const bool want_gw = c->grad_weight.data != NULL;
     if (!want_gx && !want_gw) return BIE_STATUS_OK;
+    if (cudnn_route(ctx, c)) {
+        const enum bie_status s = backward_cudnn(ctx, c, st->stream);
+        if (s != BIE_DECLINED) return s;
+        bie_clear_error(ctx);
+    }
+    if (c->is_conv && c->x.dtype == BIE_DTYPE_B1)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: the backward of a conv from saved bits needs cuDNN and "
+                             "zero padding on CUDA");
 
     // grad_x of a stride-1 conv with several taps is computed as a convolution of grad_y (the
     // transposed conv): Gcol [x pixels][t*O + o] = grad_y at the output position that tap t of
@@ -765,17 +659,29 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
     const size_t oCol = off; off = align256(off + col_bytes); // dCol (f32) or Gcol + Gx, then Acol
     const size_t oR = off; off = align256(off + (want_gw && !gw_direct ? (size_t)(O * K) * 4 : 0));
     const size_t oScal = off; off = align256(off + 4 * sizeof(float)); // gemm_scalars
-    int64_t slab = 64;
-    if ((M + slab - 1) / slab > 65535) slab = ((M + 65534) / 65535 + 7) / 8 * 8;
-    const int64_t slabs = (M + slab - 1) / slab;
-    const int64_t ctiles = (g.C + 31) / 32, ptiles = (xnumel / g.C + 31) / 32;
-    const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(ptiles, 2048 / ctiles));
-    const int64_t part_rows = ste_linear ? slabs : groups;
-    const size_t oPart = off; off = align256(off + (c->grad_bias_a.data ? (size_t)(part_rows * g.C) * 8 : 0));
-    const size_t oSum = off; off = align256(off + sizeof(double));
+    // the STE pass (its partial sums): over x's rows for a linear layer, else by tiles of x
+    ste_pass_job pj;
+    pj.rows = ste_linear;
+    pj.g = g;
+    pj.xnumel = xnumel;
+    pj.gb.data = pj.gsa.data = NULL;
+    if (c->grad_bias_a.data) dview_make(&c->grad_bias_a, &pj.gb);
+    if (c->grad_scale_a.data) dview_make(&c->grad_scale_a, &pj.gsa);
+    const size_t oPass = off; off = align256(off + (want_gx ? bie_cuda_ste_pass_workspace(pj) : 0));
     // activation codes as pixel rows first (then im2col) unless x's rows are the GEMM's rows
     const bool acol_pixels = want_gw && !codes_rows_ok(x, dgeom_one_position(g), K);
     const size_t oPix = off; off = align256(off + (acol_pixels ? (size_t)xnumel * es : 0));
+    if (c->plan) {
+        snprintf(c->plan->route, sizeof c->plan->route,
+                 "cuda:%d, cuBLAS GEMMs in %s (grad_x: %s; grad_weight: %s); STE pass by %s",
+                 (int)c->device_index, bie_dtype_name((enum bie_dtype)gdt),
+                 !want_gx ? "not asked" : gx_conv ? "transposed conv over im2col of grad_y"
+                                        : gx_direct ? "written by the GEMM, masked in place" : "dCol GEMM",
+                 !want_gw ? "not asked" : gw_direct ? "written by the GEMM" : acol_pixels ? "im2col of codes" : "codes rows",
+                 ste_linear ? "rows" : "tiles");
+        c->plan->workspace = off;
+        return BIE_STATUS_OK;
+    }
     uint8_t * ws;
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
     cudaStream_t s = st->stream;
@@ -831,53 +737,17 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
         }
     }
     if (want_gx && !gx_direct) {
-        double * sum = c->grad_scale_a.data ? (double *)(ws + oSum) : NULL;
-        if (sum) CU_TRY(ctx, cudaMemsetAsync(sum, 0, sizeof(double), s), "cudaMemsetAsync");
-        const bool want_gb = c->grad_bias_a.data != NULL;
-        struct dview gb;
-        if (want_gb) dview_make(&c->grad_bias_a, &gb);
-        const float * dcol = (const float *)(ws + oCol + (gx_conv ? gcol_bytes : 0));
-        double * colpart = want_gb ? (double *)(ws + oPart) : NULL;
-        if (ste_linear) {
-            const dim3 grid((unsigned)((g.C + 255) / 256), (unsigned)slabs), block(32, 8);
-            const int q = (int)c->quant, wgx = c->grad_x.data != NULL;
-            if (x.dtype == BIE_DTYPE_F32)
-                ste_rows<float><<<grid, block, 0, s>>>(x, xm, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
-            else if (x.dtype == BIE_DTYPE_F16)
-                ste_rows<__half><<<grid, block, 0, s>>>(x, xm, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
-            else if (x.dtype == BIE_DTYPE_BF16)
-                ste_rows<__nv_bfloat16><<<grid, block, 0, s>>>(x, xm, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart,
-                                                               sum);
-            else
-                ste_rows<sbits><<<grid, block, 0, s>>>(x, xm, bias, M, g.C, slab, q, sa, sw, dcol, gxo, wgx, colpart, sum);
-            LAUNCHED(ctx, "STE pass (rows)");
-        } else {
-            const unsigned grid = (unsigned)(groups * ctiles);
-            const int wgx = c->grad_x.data != NULL, ap = bie_cuda_along_pixels(x);
-            const int q = (int)c->quant;
-            if (x.dtype == BIE_DTYPE_F32)
-                launch_ste_tiles<float>(grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
-            else if (x.dtype == BIE_DTYPE_F16)
-                launch_ste_tiles<__half>(grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
-            else if (x.dtype == BIE_DTYPE_BF16)
-                launch_ste_tiles<__nv_bfloat16>(grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
-            else
-                launch_ste_tiles<void>(grid, s, x, bias, gs, q, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
-            LAUNCHED(ctx, "STE pass");
-        }
-        if (want_gb) {
-            colpart_sums<<<(unsigned)ctiles, dim3(32, 32), 0, s>>>(colpart, part_rows, g.C, gb);
-            LAUNCHED(ctx, "grad_bias_a");
-        }
-        if (sum) {
-            struct dview gsa;
-            dview_make(&c->grad_scale_a, &gsa);
-            gsa.stride[3] = 0;
-            const double denom = c->quant == BIE_QUANT_BINARY ? sqrt((double)xnumel)
-                                                               : sqrt((double)xnumel * bie_quant_hi(c->quant));
-            finish_scale_grad<<<1, 1, 0, s>>>(sum, denom, gsa);
-            LAUNCHED(ctx, "grad_scale_a");
-        }
+        pj.x = x;
+        pj.xm = xm;
+        pj.bias = bias;
+        if (!ste_linear) pj.g = gs;
+        pj.quant = (int)c->quant;
+        pj.sa = sa;
+        pj.sw = sw;
+        pj.dcol = ws + oCol + (gx_conv ? gcol_bytes : 0);
+        pj.dcol_dtype = BIE_DTYPE_F32;
+        pj.gx = gxo;
+        BIE_TRY(bie_cuda_ste_pass(ctx, s, pj, ws + oPass));
     }
     // the STE mask of a grad_x that its GEMM wrote: applied by the pass of the activation codes
     void * const mask_gx = gx_direct ? gxo.data : NULL;
@@ -901,7 +771,7 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
                 bie_dtype_is_float((enum bie_dtype)gwo.dtype))
                 scale_rows<<<grid_for(O * ((K + 7) / 8), 256), 256, 0, s>>>((const float *)(ws + oR), O, K, sa, gwo);
             else
-                scatter_grad_w<<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + oR), g, sa, gwo);
+                scatter_grad_w<float><<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + oR), g, sa, gwo);
             LAUNCHED(ctx, "scatter grad_weight");
         }
     } else if (mask_gx) {

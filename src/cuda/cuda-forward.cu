@@ -17,6 +17,8 @@
 #include "cuda-impl.cuh"
 #include "cuda-ste.cuh"
 
+#include <stdio.h>
+
 namespace {
 
 struct pack_src {
@@ -26,7 +28,13 @@ struct pack_src {
     int is_weight;
     int quant;
     struct dscale s;   // scale_a for x, scale_w for the weight
+    uint32_t bias_period; // 0, or: rows hold several pixels, element k takes bias[k % bias_period]
 };
+
+// bias_a's element for element k of a row (the pixel's channel when rows hold several pixels).
+__device__ __forceinline__ int64_t bias_index(const pack_src & p, int64_t k) {
+    return p.bias_period ? (int64_t)((uint32_t)k % p.bias_period) : k;
+}
 
 // Where the elements of one tap of a row live: the offset of (row, c = 0, tap) and whether the tap
 // lies inside the image (always for weights).
@@ -108,9 +116,9 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
 // The same packing for rows whose K elements are contiguous floats (a linear layer's x and
 // weight, the common case): a warp per row, each lane turning 8 consecutive elements into one byte
 // of bits (binary) or 8 int8 codes per step, so that a warp's loads are 32 consecutive 16-byte
-// vectors (when the row is 16-byte aligned; element by element at the row's end). pack_rows reads
-// one element per lane per step and ran at ~0.4 TB/s on an H100; a first version of this kernel,
-// with a lane per 32 elements (a 64-byte stride between lanes), at ~1.1 TB/s.
+// vectors (when the row is 16-byte aligned; element by element at the row's end). pack_rows, one
+// element per lane per step, and a lane per 32 elements (a 64-byte stride between lanes) both
+// leave much of the memory bandwidth unused.
 // bias_a's 8 elements from element k0 (a vector load when they are contiguous and aligned).
 __device__ __forceinline__ void bias8(const struct dview & b, int64_t k0, float * f) {
     const int64_t st = b.stride[3];
@@ -135,7 +143,8 @@ __device__ __forceinline__ void xprime8(const pack_src & p, const T * row, int64
     if (p.bias.data)
 #pragma unroll
         for (int e = 0; e < 8; e++)
-            if (k0 + e < p.g.K) v[e] = __fadd_rn(v[e], ld_float(p.bias.data, p.bias.dtype, (k0 + e) * p.bias.stride[3]));
+            if (k0 + e < p.g.K)
+                v[e] = __fadd_rn(v[e], ld_float(p.bias.data, p.bias.dtype, bias_index(p, k0 + e) * p.bias.stride[3]));
 }
 // Codes of 8 elements starting at element k0 of a row (0 past K), as in elem_code.
 template <typename T>
@@ -211,7 +220,7 @@ template <typename T, bool BIAS>
 __device__ __forceinline__ void group_xprime(const pack_src & p, int64_t g, const raw8<T> & r, float * f) {
     if constexpr (BIAS) { // (bias_a's loads issued first: the conversion runs while they are in flight)
         float b[8];
-        bias8(p.bias, g * 8, b);
+        bias8(p.bias, bias_index(p, g * 8), b); // (a period is a multiple of 8: the 8 share a pixel)
         raw8_floats<T>(r, f);
 #pragma unroll
         for (int e = 0; e < 8; e++) f[e] = __fadd_rn(f[e], b[e]);
@@ -396,8 +405,8 @@ __device__ __forceinline__ void put_codes16(uint8_t * row, int64_t r, const int 
 // Integer weights (I8 codes, or S4 nibbles with element 2i in the high nibble) whose rows are
 // contiguous: a warp per row, 16 codes per lane and run, clamped to the layer's range as in
 // elem_code. Runs inside an aligned row are read as 16-byte (I8) or 8-byte (S4) vectors, U runs a
-// lane at a time with their loads issued first (one run at a time, each lane waited for each load
-// in turn: 44 us for an 8192 x 8192 S4 weight on an H100, DRAM 53% busy).
+// lane at a time with their loads issued first (one run at a time, each lane would wait for each
+// load in turn).
 __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out) {
     constexpr int U = 4;
     const int lane = threadIdx.x & 31;
@@ -445,8 +454,8 @@ __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t 
 // consecutive rows (output pixels, stepping ow, oh, n without divisions), a word per lane; what a
 // lane's word is (tap offsets and channel word, or row padding) is worked out once for the 8 rows,
 // whose loads are then in flight together, so a row costs a load, a store and a popcount per word.
-// (Recomputing the position per word and row was bound by instruction issue; rows one after
-// another waited for each row's loads in turn: 34 us for 12.8 MB of rows.)
+// (Recomputing the position per word and row is bound by instruction issue; rows one after
+// another wait for each row's loads in turn.)
 constexpr int IW_ROWS = 8;   // consecutive rows per warp
 struct word_pos {
     int dh, dw, cw; // tap's row and column offset from (oh*sh, ow*sw); channel word; cw < 0: row padding
@@ -693,13 +702,16 @@ enum bie_status pack_pixel_bits(bie_context_t * ctx, cudaStream_t stream, const 
     const struct dgeom & g = p.g;
     const int64_t * st = p.t.stride;
     if (pk == PIX_ROWS) {
-        // rows of `per` pixels (whole warps busy even for few channels; one pixel per row when a
-        // per-channel bias must line up with the row's elements or pixels have gaps)
+        // rows of `per` pixels (whole warps busy even for few channels; bias_a by the element's
+        // channel), up to 32 when the pixels have no gaps, as many as divide their number
         const int64_t pixels = g.batch * g.H * g.W;
-        const int64_t per = !p.bias.data && st[3] == g.C && pixels % 32 == 0 ? 32 : 1;
+        int64_t per = 1;
+        if (st[3] == g.C)
+            while (per < 32 && pixels % (2 * per) == 0) per *= 2;
         pack_src pp = p;
         pp.g.K = g.C * per;
         pp.t.stride[0] = st[3] * per;
+        pp.bias_period = per > 1 && p.bias.data ? (uint32_t)g.C : 0;
         launch_contiguous(pp, pixels / per, g.C * per / 8, scratch, NULL, stream);
     } else {
         launch_plane_bits(p, g.H * g.W * (g.C / 32), (uint32_t *)scratch, stream);
@@ -765,7 +777,11 @@ bool gather_fits(const pack_src & p) {
 enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_src & p, int64_t rows, int64_t kbytes,
                          uint8_t * out, int * pop, uint8_t * scratch) {
     const struct dgeom & g = p.g;
-    const bool contiguous = g.kh == 1 && g.kw == 1 && (p.is_weight || dgeom_one_position(g)) && (g.C == 1 || p.t.stride[1] == 1);
+    // rows of K contiguous elements in the GEMM's order: a 1x1 weight or a linear x, and any
+    // weight in OHWI order (a channels-last conv weight)
+    const bool contiguous = (g.kh == 1 && g.kw == 1 && (p.is_weight || dgeom_one_position(g)) &&
+                             (g.C == 1 || p.t.stride[1] == 1)) ||
+                            (p.is_weight && ohwi_rows(p.t.stride, g.C, g.kh, g.kw));
     const unsigned grid = grid_for(rows, 8);
     const int64_t * st = p.t.stride;
     const pixel_kind pk = scratch ? float_pixels(p) : PIX_NONE;
@@ -823,10 +839,9 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
 // writes rowterms[m] = {K over the valid taps - 2 rowpop[m], the border class} for the class counts
 // `border`. It writes epilogue terms only, so the GEMM queued next may start under it; queued right
 // after weight_terms (whose tables it does not read) it may itself start under that kernel, and
-// waits for it before it ends, so that a GEMM that waits for it has both. (Pixel popcounts and
-// then row sums, two launches, took 5.1 + 9.5 us at C = 64, 56x56, N = 128 under Nsight Compute,
-// this one 10.5 us; summing the pixel popcounts in the GEMM's epilogue cost more than both: 9
-// loads per row on each tile's path.)
+// waits for it before it ends, so that a GEMM that waits for it has both. (One launch costs less
+// than pixel popcounts and row sums in two; summing the pixel popcounts in the GEMM's epilogue
+// costs more than both: 9 loads per row on each tile's path.)
 struct border_counts4 {
     int v[4]; // top, bottom, left, right
 };
@@ -900,8 +915,8 @@ __device__ __forceinline__ int64_t class_example(int c, int64_t O, int lo, int h
 //   colcls[p][o] = BIE_DOT_BIAS - 2 popc(row) + tapcorr[p][o] (gemm_epilogue.colcls; rows of
 //     colcls_ld ints, block o also clears columns N + o, N + o + N, ... below colcls_ld);
 //   pixcls (optional) = gemm_epilogue.pixcls, the blocks taking the output pixels in turn.
-// (Five launches before: the row copy and its clearing, the row popcounts, the tap popcounts and
-// the corrections; each was a few microseconds of almost no work.)
+// (One launch rather than one each for the row copy and its clearing, the row popcounts, the tap
+// popcounts and the corrections: each would be a few microseconds of almost no work.)
 constexpr int WT_SMEM_TAPS = 2048, WT_SMEM_ROW = 4096; // (bytes of a weight row staged in shared memory)
 __host__ __device__ bool weight_terms_stages_row(int64_t K) { return (K + 7) / 8 <= WT_SMEM_ROW; }
 size_t weight_terms_smem(int64_t taps, int64_t K) {
@@ -928,15 +943,15 @@ __global__ void weight_terms(weight_terms_args a) {
     const uint8_t * row = a.w + o * a.ld;
     // The launch sizes the shared memory (weight_terms_smem): the warps' sums, the tap popcounts
     // (up to WT_SMEM_TAPS taps, else in tappop), then the row's bytes (rows of up to WT_SMEM_ROW
-    // bytes). (With a fixed 8 KB array, the C = 512 conv (7x7, N = 128), where this kernel runs
-    // beside the packer of x, took 0.0239 ms against 0.0226 with the tap sums in global memory.)
+    // bytes). (Sized by the launch rather than as a fixed array, so that the block stays small
+    // enough to run beside the packer of x that it starts under.)
     extern __shared__ int wt_smem[];
     const int ntp = taps <= WT_SMEM_TAPS ? taps : 0;
     int * const wsum = wt_smem, * const tp = ntp ? wt_smem + 32 : a.tappop + o * taps;
     // The row's bytes that hold K, loaded at once: staged in shared memory, where the tap loop
     // below reads them, and copied into the operand (K % 8 == 0 there) from the same loads. (Read
-    // by the tap loop from global memory, a load after each tap's sum, they were three latencies
-    // in a row per warp for 9 taps and 4 warps.)
+    // by the tap loop from global memory, a load after each tap's sum, they would be three
+    // latencies in a row per warp for 9 taps and 4 warps.)
     const int64_t kv = (g.K + 7) / 8;
     const bool staged = weight_terms_stages_row(g.K);
     uint8_t * const srow = (uint8_t *)(wt_smem + 32 + ntp);
@@ -1079,6 +1094,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
                           xt.stride[1] == 1 && (M == 1 || xt.stride[0] == kbytes * 8) && ((uintptr_t)xt.data % 16) == 0;
 
     pack_src px;
+    px.bias_period = 0;
     dview_make(&c->x, &px.t);
     px.bias.data = NULL;
     if (c->bias_a.data) dview_make(&c->bias_a, &px.bias);
@@ -1096,8 +1112,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     // A binary conv on the wgmma route whose x is (or is packed into) NHWC words: the GEMM gathers
     // its rows from x itself (gemm_gather), so they are not written out, when one column tile
     // covers N (each row is then gathered once; with several column tiles the rows are written
-    // once by the bit im2col and read by each, which costs less: C = 512 7x7 at N = 128, 4 tiles,
-    // took 0.044 ms gathered against 0.038 ms).
+    // once by the bit im2col and read by each, which costs less).
     const bool gather = binary && c->is_conv && !x_direct && !dgeom_one_position(px.g) && gatherable(px) &&
                         gather_fits(px) && bie_cuda_gemm_takes_wgmma(ctx, M, zero_pad_fix) &&
                         N <= bie_cuda_wgmma_tile_n(ctx, M, N, kbytes, true);
@@ -1128,6 +1143,26 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     dview_make(&c->y, &ep.y);
     const bool sign_codes = b1_out && !bie_cuda_gemm_packs_bits(ctx, M, N, zero_pad_fix, ep);
     const size_t oSign = off; off = align256(off + (sign_codes ? (size_t)ynumel : 0));
+    if (c->plan) { // the route in words (the GEMM as bie_cuda_gemm picks it)
+        const bool zp = zero_pad_fix;
+        const char * gemm = bie_cuda_gemm_counts_popcounts(M, zp) ? "few-rows split-K (mma.sync)"
+                            : bie_cuda_gemm_takes_wgmma(ctx, M, zp) ? "wgmma" : "mma.sync";
+        snprintf(c->plan->route, sizeof c->plan->route,
+                 "cuda:%d, %s GEMM %lld x %lld x %lld bytes; x: %s; weight: %s; row popcounts: %s%s; y: %s",
+                 (int)c->device_index, gemm, (long long)M, (long long)N, (long long)kbytes,
+                 x_direct ? "B1 rows read in place"
+                 : gather ? (pixels ? "packed into NHWC bit pixels, rows gathered by the GEMM"
+                                    : "NHWC bit pixels gathered by the GEMM in place")
+                 : pixels ? "packed into pixels, then im2col rows" : "packed into GEMM rows",
+                 w_direct ? "B1 rows read in place"
+                 : zp && b1_weight_rows(pw, N) ? "B1 rows copied with the border terms" : "packed into GEMM rows",
+                 gemm_rows ? "counted by the GEMM" : rowterms ? "row terms kernel"
+                 : bie_cuda_gemm_counts_popcounts(M, zp) ? "by the GEMM" : "by the packers",
+                 zp ? "; zero padding by border classes" : "",
+                 b1_out ? (sign_codes ? "sign codes, then packed" : "B1 packed by the GEMM") : bie_dtype_name(c->y.dtype));
+        c->plan->workspace = off;
+        return BIE_STATUS_OK;
+    }
     uint8_t * ws;
     BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
 
@@ -1143,8 +1178,8 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     // The weight side of a zero-padded conv is one weight_terms launch: when it also copies packed
     // B1 rows into the operand (then nothing else packs the weight), first for a gathering GEMM,
     // else right after the packer of x and beside it (terms_under_x: a programmatic dependent
-    // launch that waits for that kernel before it ends; one after the other, they took 0.0248 ms
-    // at C = 512, 7x7, N = 128, against 0.0226); else last, after the weight is packed, taking
+    // launch that waits for that kernel before it ends, so that the two overlap); else last, after
+    // the weight is packed, taking
     // popc(w) too when the weight is read in place.
     const bool w_rows_copied = zero_pad_fix && !w_direct && b1_weight_rows(pw, N);
     const bool terms_first = w_rows_copied && gather, terms_under_x = w_rows_copied && !gather && !x_direct;
@@ -1230,6 +1265,7 @@ extern "C" enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const stru
     BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
     const int64_t M = c->g.batch, K = c->g.K;
     pack_src p;
+    p.bias_period = 0;
     dview_make(&c->x, &p.t);
     p.bias.data = NULL;
     if (c->bias_a.data) dview_make(&c->bias_a, &p.bias);
@@ -1242,9 +1278,22 @@ extern "C" enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const stru
     if (bits) dview_make(bits, &vb);
     if (mask) dview_make(mask, &vm);
     if ((K == 1 || p.t.stride[1] == 1) && (!bits || byte_rows(vb, M, K)) && (!mask || byte_rows(vm, M, K))) {
-        const ste_out so = {(uint8_t *)vb.data, (uint8_t *)vm.data, bits && M > 1 ? vb.stride[0] / 8 : 0,
-                            mask && M > 1 ? vm.stride[0] / 8 : 0};
-        if (launch_contiguous(p, M, 0, NULL, NULL, st->stream, &so)) {
+        // Short rows without gaps (a conv's channels-last pixels) are taken `per` at a time as one
+        // row, so that a warp's lanes all have whole 8-element groups (bias_a by the element's feature).
+        int64_t per = 1;
+        const bool dense = M > 1 && K % 8 == 0 && p.t.stride[0] == K && (!bits || vb.stride[0] == K) &&
+                           (!mask || vm.stride[0] == K);
+        if (dense)
+            while (per < 32 && K * per < 2048 && M % (2 * per) == 0) per *= 2;
+        const int64_t rows = M / per;
+        if (per > 1) {
+            p.g.K = K * per;
+            p.t.stride[0] = K * per;
+            p.bias_period = p.bias.data ? (uint32_t)K : 0;
+        }
+        const ste_out so = {(uint8_t *)vb.data, (uint8_t *)vm.data, bits && rows > 1 ? vb.stride[0] * per / 8 : 0,
+                            mask && rows > 1 ? vm.stride[0] * per / 8 : 0};
+        if (launch_contiguous(p, rows, 0, NULL, NULL, st->stream, &so)) {
             LAUNCHED(ctx, "binarize_ste");
             return BIE_STATUS_OK;
         }

@@ -23,7 +23,7 @@
 // zero-filled by the copy engine and never stored. The popcount terms of the epilogue are loaded
 // before a tile's MMAs and finished values leave through a per-warp shared-memory buffer as whole
 // 128-byte row segments (see epilogue()): with 4-byte fragment stores and in-loop loads the
-// epilogue took twice the time of the MMAs at 8192^3. After a kernel that only wrote those terms
+// epilogue would take longer than the MMAs. After a kernel that only wrote those terms
 // (ep.terms_last) the GEMM is a programmatic dependent launch: it starts under that kernel and
 // waits for it just before its first epilogue; after one that wrote an operand too
 // (ep.operands_last), the producer also waits for it before its first load.
@@ -45,8 +45,8 @@ constexpr int BK = 128;       // bytes of K per stage (1024 bits / 128 int8 code
 __host__ __device__ constexpr int cw_for(int bn) { return bn == 64 ? 4 : 2; }
 // Binary 64 x 256 tiles (PP, ping-pong): each consumer warpgroup owns whole tiles (the CTA's tiles
 // alternate between the two), and their main loops take turns, so that one warpgroup's epilogue
-// runs while the other's MMAs keep the tensor cores busy. Cooperative 128 x 256 tiles stopped the
-// tensor cores through every epilogue (at 4096^3 it drew as many stall samples as the main loop).
+// runs while the other's MMAs keep the tensor cores busy (cooperative 128 x 256 tiles stop the
+// tensor cores through every epilogue).
 __host__ __device__ constexpr bool pp_for(bool binary, int bn) { return binary && bn == 256; }
 __host__ __device__ constexpr int bm_for(bool binary, int bn) { // rows of A per tile
     return pp_for(binary, bn) ? 64 : 64 * cw_for(bn);
@@ -55,16 +55,14 @@ __host__ __device__ constexpr int bm_for(bool binary, int bn) { // rows of A per
 // their accumulators in shared memory (popcounts, below 2^16 when K is, as the 16-bit halves of
 // words: the dump) with the tile's popcount terms, and go on to the next tile's MMAs while
 // seven epilogue warps (a fourth warpgroup and the producer warpgroup's three idle warps) finish
-// and store them, so that the tensor cores do not wait through the epilogue (at 8192^3 with
-// 128 x 256 tiles they waited a quarter of the time; four epilogue warps were too few to keep
-// up). 192 columns, because a wgmma's accumulators must fit the 128 registers per thread of a
+// and store them, so that the tensor cores do not wait through the epilogue (four epilogue warps
+// are too few to keep up). 192 columns, because a wgmma's accumulators must fit the 128 registers per thread of a
 // 512-thread launch (ptxas refuses m64n256 there). Elsewhere each consumer warp finishes its own
 // accumulators.
 constexpr int64_t SPLIT_MAX_KTILES = 63; // 63 * 1024 bits: the largest popcount fits 16 bits
 // With few tiles per SM the last tile's epilogue, which nothing overlaps, and the partial last
-// round weigh more than the overlap gains: 4096^3 took 0.0283 ms in 128 x 192 tiles and
-// 0.0228-0.0246 ms in 64 x 256 ping-pong ones in the same run (5.3 and 7.8 tiles per SM; that
-// build also prefetched the tensor maps, which changed nothing measurable).
+// round weigh more than the overlap gains, so such GEMMs (4096^3 among them) take the 64 x 256
+// ping-pong tiles.
 constexpr int64_t SPLIT_MIN_ROUNDS = 12;
 __host__ __device__ constexpr bool split_for(bool binary, int bn) { return binary && bn == 192; }
 __host__ __device__ constexpr int threads_for(bool binary, int bn) { // + the producer (+ the epilogue)
@@ -95,8 +93,8 @@ constexpr int EP_STAGE = 16 * 128;
 constexpr int EP_COLTERM = 256 * 4;
 constexpr int EP_TERMS = 256 * 4 + 2 * 128 * 4;
 // Binary 64-column tiles, whose gathered rows they count themselves, end with the ones operand
-// (ONES bytes, 1024-byte aligned; see ones_operand). (Wider tiles with the ones MMA measured slower
-// than with conv_rowterms' counts: C = 128 at 28x28, N = 128, 0.0253-0.0254 against 0.0247 ms.)
+// (ONES bytes, 1024-byte aligned; see ones_operand). (Wider tiles keep conv_rowterms' counts: for
+// them the extra MMA and the pixel terms cost more than that kernel.)
 constexpr int ONES = 1024;
 __host__ __device__ constexpr int ones_for(bool binary, int bn) { return binary && bn == 64 ? ONES : 0; }
 __host__ __device__ constexpr int smem_for(bool binary, int bn) { // + alignment slack
@@ -399,7 +397,7 @@ __device__ __forceinline__ float2 fragment_pair(const gemm_epilogue & ep, const 
 // holds the sign bits (result >= 0) with the features of a row contiguous, rows a whole number of
 // bytes apart, N % 8 == 0. The warp's 16 rows of signs go to the stage (16 rows x BN/8 bytes) a
 // word at a time, then leave a word per lane. (Two ballots per 8-column group and a bit-by-bit
-// interleave took about 30 instructions a byte; this takes about 5.)
+// interleave would take about 30 instructions a byte; this takes about 5.)
 template <bool BINARY, int BN, bool TAPS>
 __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const acc_regs & d, uint8_t * stage,
                                               const int * colterm, int64_t mw, int64_t nt, int64_t M, int64_t N,
@@ -511,14 +509,13 @@ template <typename T> __device__ __forceinline__ void stage_pair(uint8_t * rows,
 // Its values are made in registers (chunk_vals), staged in the warp's `stage` (2 KB, 1024-byte
 // aligned, rows 8h .. 8h + 7 in half h) once the warp's last bulk store has read it (stage_free),
 // and published: made visible to the async proxy and stored by lane 0 as one box (publish).
-// (Boxes of 8 rows in two alternating halves took a fence and a store each, and 4096^3 6% longer:
-// 0.0246 against 0.0232 ms.)
+// (Boxes of 8 rows in two alternating halves would cost a fence and a store issue each.)
 // STSM (16-bit y only): the values are rounded and paired in registers and staged by stmatrix,
 // each 8 x 8 block (fragment row h, column group j) one matrix, whose fragment is the
 // accumulators' (lane l: row l/4, columns 2(l%4), +1): GC/2 stmatrix.x4 where 2 GC 4-byte stores
 // did. Lane l gives the address of row l % 8 of matrix l / 8 (h = (l/8) % 2, j = 2q + l/16), a
 // 16-byte unit of the swizzle. Else a store per pair. (The epilogue warps of SPLIT tiles keep the
-// stores: with stmatrix 8192^3 took 0.1094-0.1111 against 0.1067-0.1070 ms.)
+// stores: stmatrix is slower there; see docs/decisions.md.)
 template <typename T, bool STSM> struct chunk_vals {
     static constexpr int GC = 128 / (int)sizeof(T) / 8; // column groups per chunk
     static_assert(!STSM || sizeof(T) == 2, "stmatrix stages 16-bit values");
@@ -587,10 +584,9 @@ __device__ __forceinline__ void epilogue_chunk(const gemm_epilogue & ep, const D
 }
 // All chunks of a consumer warp's tile, pipelined (16-bit y staged by stmatrix): while chunk c's
 // stage writes complete (before its fence) the warp makes the first half of chunk c + 1, and
-// while its bulk store reads the stage, the second half. (One chunk at a time, the fence waited
-// for the stage writes: at 4096^3 the fences drew 10% of the epilogue's stall samples, and the
-// loads of the column terms after each fence 8%. A quarter or none of the next chunk before the
-// fence measured the same as half.)
+// while its bulk store reads the stage, the second half. (One chunk at a time, the fence would wait
+// for the stage writes, and the loads of the column terms after each fence with it. A quarter or
+// none of the next chunk before the fence does as well as half.)
 template <bool BINARY, int BN, typename T, bool TAPS, class D>
 __device__ __forceinline__ void epilogue_chunks(const gemm_epilogue & ep, const D & d, uint8_t * stage,
                                                 const int * colterm, const CUtensorMap * ymap, int64_t mw, int64_t nt,
@@ -743,9 +739,8 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
 // thread's rows. Pieces
 // past K are left as they are: B is zero there, so they add nothing. Each thread's copies of a
 // stage arrive on its full barrier when they land (129 arrivals: 128 threads and the B load). Word
-// offsets are 32-bit: the host keeps x under 2^31 words. (Threads that each took one 16-byte chunk
-// of every 16th row spent about 30 instructions a copy, and at C = 64 the consumers waited for
-// the stages in a third of their samples.)
+// offsets are 32-bit: the host keeps x under 2^31 words. (Threads that each take one 16-byte chunk
+// of every 16th row spend about 30 instructions a copy, and the consumers wait for the stages.)
 template <int PIECE, int BM, int BN, int STAGES>
 __device__ __forceinline__ void gather_producer(const gemm_gather & gs, const CUtensorMap * tb, const struct dgeom & g,
                                                 int64_t M, uint32_t mt, uint32_t ntn, int ktiles, uint32_t base,
@@ -1107,7 +1102,7 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
         }
         // Gathered rows: this thread's two fragment rows' popcounts, column 0 of pc in lanes 4q. (A
         // copy of rt.rpop: the element-wise epilogue takes its address, and handed rt.rpop, ptxas
-        // put all of rt in local memory, 32 bytes of stack in the 64-column kernels against 8.)
+        // puts all of rt in local memory, 32 bytes of stack in the 64-column kernels against 8.)
         int rpop[2] = {0, 0};
         if (count_rows) {
             rpop[0] = rt.rpop[0] = __shfl_sync(0xffffffffu, pc[0], lane & ~3);

@@ -26,16 +26,43 @@ struct bie_cuda_state {
     unsigned long long wgmma_smem_set; // the same for the wgmma GEMM kernels
     int cc;                  // compute capability of `device` as major*10 + minor (0: not read yet)
     bool force_mma;          // BIE_CUDA_GEMM=mma was set when cc was read: no wgmma
+    bool force_gemm_backward; // BIE_CUDA_CONV_BACKWARD=gemm was set then: convs' backward without cuDNN
+    struct bie_cudnn_state * cudnn; // cuDNN handle and per-shape algorithms (cuda-cudnn.cu), or NULL
+    void * aux;              // a small device arena that outlives the layer calls inside an op
+    size_t aux_size;         // (the batched matmul's partial sums; bie_cuda_aux)
 };
+
+// The shape of a conv backward as cuDNN is asked it (cuda-cudnn.cu): x [n, c, h, w], weight
+// [o, c, kh, kw], grad_y [n, o, oh, ow] with grad_y's strides, one float dtype (BIE_DTYPE_*).
+struct cudnn_conv_shape {
+    int n, c, h, w, o, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, dtype;
+    int gy_stride[4];
+};
+struct bie_cudnn_state;
+// Whether this build has cuDNN.
+bool bie_cudnn_present(void);
+void bie_cudnn_state_destroy(struct bie_cudnn_state * d);
+// Finds (first use of a shape) the algorithms asked for; *ws_bytes: the cuDNN workspace they need.
+enum bie_status bie_cudnn_conv_prepare(bie_context_t * ctx, const cudnn_conv_shape & k, bool dx, bool dw,
+                                       size_t * ws_bytes);
+// dx [n][h][w][c] = conv_transpose(grad_y, w [o][kh][kw][c]) (dense NHWC and KRSC, k.dtype).
+enum bie_status bie_cudnn_conv_dgrad(bie_context_t * ctx, const cudnn_conv_shape & k, const void * w_krsc,
+                                     const void * gy, void * dx_nhwc, void * ws, size_t ws_bytes);
+// dw [o][kh][kw][c] = the weight gradient of conv(a [n][h][w][c], .) under grad_y.
+enum bie_status bie_cudnn_conv_wgrad(bie_context_t * ctx, const cudnn_conv_shape & k, const void * a_nhwc,
+                                     const void * gy, void * dw_krsc, void * ws, size_t ws_bytes);
 
 // Ensures ctx->cuda exists and the current device is usable; DEVICE_ERROR/UNSUPPORTED otherwise.
 enum bie_status bie_cuda_state_get(bie_context_t * ctx, int device_index, struct bie_cuda_state ** out);
 // Device workspace of at least `bytes` (256-byte aligned), valid until the next call that asks.
 enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** out);
+// Device memory of at least `bytes` that the layer calls made inside one op leave alone (they use
+// the workspace), valid until the next call that asks for it; grown like the workspace.
+enum bie_status bie_cuda_aux(bie_context_t * ctx, size_t bytes, void ** out);
 // Maps a CUDA error to DEVICE_ERROR with the CUDA message; what names the failing step.
 enum bie_status bie_cuda_fail(bie_context_t * ctx, cudaError_t e, const char * what);
 // The compute capability of the context's device as major*10 + minor (read once; 0 if unknown);
-// also reads BIE_CUDA_GEMM into force_mma.
+// also reads BIE_CUDA_GEMM into force_mma and BIE_CUDA_CONV_BACKWARD into force_gemm_backward.
 int bie_cuda_cc(bie_context_t * ctx);
 // The multiprocessor count of the context's device (read once; 0 if it cannot be read).
 int bie_cuda_sm_count(bie_context_t * ctx);

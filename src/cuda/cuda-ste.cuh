@@ -6,6 +6,8 @@
 
 #include "cuda-impl.cuh"
 
+#include <type_traits>
+
 // Whether the STE passes the gradient of the element x' (r = x'/scale_a, rounded to nearest;
 // binary: |r| <= 1, n-bit: lo <= r <= hi). A binary layer with 0 < scale_a < inf needs no
 // division: |r| <= 1 exactly when |x'| <= scale_a: a quotient in (1, 1 + 2^-24] (rounded to 1)
@@ -33,3 +35,33 @@ __device__ __forceinline__ uint32_t ste_pass_bits8(const float * v, float s_a, b
         for (int e = 0; e < 8; e++) b |= (ste_passes_r(__fdiv_rn(v[e], s_a), BIE_QUANT_BINARY, 0, 0) ? 1u : 0u) << e;
     return b;
 }
+
+// The element type of a pass over saved bits: a byte holds the sign bits of 8 consecutive
+// elements of x (bit e for element e), and the STE mask's byte beside it their pass bits.
+struct sbits {
+    uint8_t b;
+};
+template <typename T> constexpr bool is_sbits = std::is_same<T, sbits>::value;
+
+// The fused STE pass of the backward (cuda-ste-pass.cu): from dCol, the tap sums of grad_x's GEMM or
+// convolution (before scale_w), it writes grad_x (masked), grad_scale_a and grad_bias_a.
+//   rows:  x, xm (saved bits' mask) and gx are [rows, C] 4-D views whose dims 0 and 1 are the rows
+//          and their contiguous features; dCol is dense [rows][C]; g.batch = rows, g.C = C.
+//   tiles: x and gx are [batch, C, H, W] views of any strides (float x only); dCol holds the tap
+//          sums of g's geometry (rows (n, oh, ow), columns (i*kw + j)*C + c); an f16/bf16 dCol
+//          only as one tap per pixel (a 1x1, stride-1 geometry over x's own pixels, dense NHWC).
+struct ste_pass_job {
+    struct dview x, xm, bias; // bias [C] or data NULL; xm: data NULL unless x is B1
+    struct dgeom g;
+    int quant;
+    struct dscale sa, sw;
+    const void * dcol;
+    int dcol_dtype;       // F32, F16 or BF16
+    struct dview gx;      // grad_x, or data NULL (not written)
+    struct dview gb, gsa; // grad_bias_a [C] and grad_scale_a, or data NULL (not wanted)
+    int64_t xnumel;
+    bool rows;
+};
+// Device workspace the pass needs (its partial sums).
+size_t bie_cuda_ste_pass_workspace(const ste_pass_job & j);
+enum bie_status bie_cuda_ste_pass(bie_context_t * ctx, cudaStream_t s, const ste_pass_job & j, void * ws);

@@ -2,7 +2,8 @@
 // float-layers.c: the float conv of the model (first layer; low-bit layers in float_layers mode),
 // as im2col over the whole batch and one OpenBLAS sgemm per pass. A linear layer is the k = 1 case
 // over 1x1 images. Threads come from OpenBLAS (sgemm) and OpenMP (im2col, col2im), split over
-// independent rows, so results do not depend on the OpenMP thread count.
+// independent rows, so results do not depend on the OpenMP thread count; the forward's loops stay
+// on the calling thread for small work (NN_PARALLEL_FOR), as a batch-1 inference needs.
 #include "model-impl.h"
 
 #include <cblas.h>
@@ -14,20 +15,19 @@ static int64_t out_dim(int64_t h, int64_t k, int64_t s, int64_t p) { return (h +
 static void im2col(int64_t n, int64_t C, int64_t H, int64_t W, int64_t k, int64_t s, int64_t p,
                    float pad_value, const float * x, float * col) {
     const int64_t OH = out_dim(H, k, s, p), OW = out_dim(W, k, s, p), P = OH * OW, K = C * k * k;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t kk = 0; kk < K; kk++)
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t c = kk / (k * k), a = (kk / k) % k, b = kk % k;
-            const float * xp = x + (i * C + c) * H * W;
-            float * cp = col + kk * n * P + i * P;
-            for (int64_t oy = 0; oy < OH; oy++) {
-                const int64_t iy = oy * s - p + a;
-                for (int64_t ox = 0; ox < OW; ox++) {
-                    const int64_t ix = ox * s - p + b;
-                    cp[oy * OW + ox] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? xp[iy * W + ix] : pad_value;
-                }
+    NN_PARALLEL_FOR(K * n * P, t, K * n, {
+        const int64_t kk = t / n, i = t % n;
+        const int64_t c = kk / (k * k), a = (kk / k) % k, b = kk % k;
+        const float * xp = x + (i * C + c) * H * W;
+        float * cp = col + kk * n * P + i * P;
+        for (int64_t oy = 0; oy < OH; oy++) {
+            const int64_t iy = oy * s - p + a;
+            for (int64_t ox = 0; ox < OW; ox++) {
+                const int64_t ix = ox * s - p + b;
+                cp[oy * OW + ox] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? xp[iy * W + ix] : pad_value;
             }
         }
+    });
 }
 
 void bie_fconv_forward(int64_t n, int64_t C, int64_t H, int64_t W, int64_t O, int64_t k, int64_t s,
@@ -37,24 +37,22 @@ void bie_fconv_forward(int64_t n, int64_t C, int64_t H, int64_t W, int64_t O, in
     if (k == 1 && s == 1 && p == 0 && H == 1 && W == 1) { // linear: y = x W^T + b
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)O, (int)K, 1.0f, x, (int)K, w,
                     (int)K, 0.0f, y, (int)O);
-        if (bias)
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < n; i++)
+        if (bias) NN_PARALLEL_FOR(n * O, i, n, {
                 for (int64_t o = 0; o < O; o++) y[i * O + o] += bias[o];
+            });
         return;
     }
     float * col = scratch, * out = scratch + K * n * P;
     im2col(n, C, H, W, k, s, p, pad_value, x, col);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)O, (int)(n * P), (int)K, 1.0f, w, (int)K,
                 col, (int)(n * P), 0.0f, out, (int)(n * P));
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        for (int64_t o = 0; o < O; o++) {
-            const float b = bias ? bias[o] : 0.0f;
-            const float * src = out + o * n * P + i * P;
-            float * dst = y + (i * O + o) * P;
-            for (int64_t q = 0; q < P; q++) dst[q] = src[q] + b;
-        }
+    NN_PARALLEL_FOR(n * O * P, t, n * O, {
+        const int64_t i = t / O, o = t % O;
+        const float b = bias ? bias[o] : 0.0f;
+        const float * src = out + o * n * P + i * P;
+        float * dst = y + (i * O + o) * P;
+        for (int64_t q = 0; q < P; q++) dst[q] = src[q] + b;
+    });
 }
 
 void bie_fconv_backward(int64_t n, int64_t C, int64_t H, int64_t W, int64_t O, int64_t k, int64_t s,

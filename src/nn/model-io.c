@@ -3,16 +3,18 @@
 //
 // Tensor names are "layers.<i>.<field>" with <i> the layer's index in the architecture:
 //   float conv/linear: weight (F32 [O, C, kh, kw] or [O, K]), bias (F32 [O])
-//   low-bit layers:    bias_a (F32 [C]), scale_a, scale_w (F32 [1]) and the weight:
+//   low-bit layers:    bias_a (F32 [C]), scale_a, scale_w (F32 [1]), the optional output bias
+//                      (F32 [O]) and the weight:
 //     packed files: weight_b1 (U8 [O, kh, kw, ceil(C/8)]: bits LSB first, channels fastest, OHWI),
 //                   weight_s4 (U8 [O, kh, kw, ceil(C/2)]: nibbles, even element in the high nibble),
 //                   weight_q8 (I8 [O, kh, kw, C]: codes); a linear layer has kh = kw = 1, C = K
 //     checkpoints:  weight (F32 [O, C, kh, kw] latent) or weight_latent_i8 (I8, Diode)
-//   bn: gamma, beta, running_mean, running_var (F32 [C])
+//   bn: gamma, beta, running_mean, running_var (F32 [C]); prelu: weight (F32 [1] or [C])
 // Checkpoints add "<tensor>.opt_m" and "<tensor>.opt_v" (Adam moments, or Diode's m and s) for
 // every trained tensor. __metadata__ holds bie.format ("packed" or "checkpoint"), bie.version,
-// bie.arch, bie.latent, bie.step, bie.seed, and, per packed weight, "<name>.logical" =
-// "b1 [O,C,kh,kw] ohwi" (the logical shape and order).
+// bie.format_version (the model format version the architecture needs; absent means 1),
+// bie.arch, bie.latent, bie.step, bie.seed, and, per packed weight, "<name>" = "b1 [O,C,kh,kw]
+// ohwi" (the logical shape and order).
 #include "model-impl.h"
 
 #include <inttypes.h>
@@ -26,9 +28,6 @@
         enum bie_status s_ = (expr);                                                               \
         if (s_ != BIE_STATUS_OK) return s_;                                                        \
     } while (0)
-
-enum bie_status bie_model_create_empty(bie_context_t * ctx, const char * arch, enum bie_latent latent,
-                                       bool packed, bie_model_t ** out);
 
 // One tensor of a model file: where its bytes live in memory (value, and optimizer state).
 struct entry {
@@ -98,6 +97,11 @@ static void list_entries(bie_model_t * m, enum bie_model_file kind, struct entri
             add(es, i, "running_var", BIE_DTYPE_F32, 1, c, L->rvar, sizeof(float));
             continue;
         }
+        if (L->kind == L_ACT && L->prelu_n) {
+            const int64_t sl[1] = {L->prelu_n};
+            add_param(es, i, "weight", &L->w, 1, sl, ck);
+            continue;
+        }
         if (L->kind != L_CONV && L->kind != L_LINEAR) continue;
         const bool conv = L->kind == L_CONV;
         const int64_t w4[4] = {L->O, L->C, L->k, L->k}, w2[2] = {L->O, L->K}, o1[1] = {L->O};
@@ -118,7 +122,7 @@ static void list_entries(bie_model_t * m, enum bie_model_file kind, struct entri
             if (e)
                 snprintf(e->logical, sizeof e->logical, "%s [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] ohwi",
                          L->q == Q_B1 ? "b1" : L->q == Q_Q4 ? "s4" : "i8", L->O, L->C, L->k, L->k);
-        } else if (L->w8) {
+        } else if (L->q == Q_B1 && m->latent == BIE_LATENT_INT8) {
             struct entry * e = add(es, i, "weight_latent_i8", BIE_DTYPE_I8, conv ? 4 : 2, conv ? w4 : w2, L->w8, 1);
             if (e) {
                 e->opt_m = L->w.m;
@@ -127,7 +131,22 @@ static void list_entries(bie_model_t * m, enum bie_model_file kind, struct entri
         } else {
             add_param(es, i, "weight", &L->w, conv ? 4 : 2, conv ? w4 : w2, true);
         }
+        if (L->has_bias) add_param(es, i, "bias", &L->b, 1, o1, ck);
     }
+}
+
+// Bytes of the tensor values a file of this kind holds for the architecture: exact for a packed
+// file, a lower bound for a checkpoint (without the optimizer state). Nothing is allocated but
+// the list. Returns false when out of memory.
+static bool file_bytes(const struct arch * a, enum bie_latent latent, enum bie_model_file kind, uint64_t * out) {
+    bie_model_t shape_only = {.L = a->L, .n_layers = a->n, .latent = latent};
+    struct entries es = {0};
+    list_entries(&shape_only, kind, &es);
+    uint64_t total = 0;
+    for (size_t i = 0; i < es.n; i++) total += es.e[i].nbytes;
+    free(es.e);
+    *out = total;
+    return !es.oom;
 }
 
 // Packs the low-bit weights of a trained model into a packed twin's buffers.
@@ -180,9 +199,9 @@ static enum bie_status save_entries(bie_context_t * ctx, bie_model_t * m, const 
     }
     struct bie_st_tensor * t = calloc(n_t + 1, sizeof *t);
     char (*names)[112] = calloc(n_t + 1, sizeof *names);
-    const size_t total_meta = 6 + n_logical + n_meta;
+    const size_t total_meta = 7 + n_logical + n_meta;
     const char ** mv = calloc(2 * total_meta + 1, sizeof *mv);
-    char step[32], seed[32];
+    char step[32], seed[32], fversion[16];
     if (es.oom || !t || !names || !mv) {
         free(es.e);
         free(t);
@@ -206,11 +225,13 @@ static enum bie_status save_entries(bie_context_t * ctx, bie_model_t * m, const 
             k++;
         }
     }
+    snprintf(fversion, sizeof fversion, "%d", (int)m->format_version);
     snprintf(step, sizeof step, "%" PRId64, m->step);
     snprintf(seed, sizeof seed, "%" PRIu64, m->seed);
     size_t q = 0;
     mv[q++] = "bie.format"; mv[q++] = ck ? "checkpoint" : "packed";
     mv[q++] = "bie.version"; mv[q++] = bie_version_string();
+    mv[q++] = "bie.format_version"; mv[q++] = fversion;
     mv[q++] = "bie.arch"; mv[q++] = m->arch;
     mv[q++] = "bie.latent"; mv[q++] = m->latent == BIE_LATENT_INT8 ? "int8" : "f32";
     mv[q++] = "bie.step"; mv[q++] = step;
@@ -281,22 +302,32 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     if (!parse_u64(bie_safetensors_metadata(st, "bie.step"), &step) || step > (uint64_t)INT64_MAX ||
         !parse_u64(bie_safetensors_metadata(st, "bie.seed"), &seed))
         return FMT("bie.step or bie.seed is missing or not an unsigned integer");
-    // Before allocating anything: the weights the architecture declares must be in the file
-    // (at least one bit each), so a tiny hostile file cannot make us allocate gigabytes.
-    struct layer * layers = NULL;
-    int64_t n_layers = 0;
-    if (bie_model_parse_arch(ctx, arch, &layers, &n_layers) != BIE_STATUS_OK) {
+    // The format version: files without one are version 1 (a chain of layers).
+    const char * fv = bie_safetensors_metadata(st, "bie.format_version");
+    uint64_t version = 1;
+    if (fv && (!parse_u64(fv, &version) || version < 1))
+        return FMT("bie.format_version \"%.20s\" is not a version number", fv);
+    if (version > BIE_MODEL_FORMAT_VERSION)
+        return FMT("the model format version is %" PRIu64 "; this library reads versions up to %d", version,
+                   BIE_MODEL_FORMAT_VERSION);
+    struct arch a;
+    if (bie_model_parse_arch(ctx, arch, &a) != BIE_STATUS_OK) {
         char msg[BIE_ERROR_CAP];
         snprintf(msg, sizeof msg, "%s", bie_context_last_error(ctx));
         return FMT("bad bie.arch: %s", msg);
     }
-    uint64_t min_bytes = 0, have = 0;
-    for (int64_t i = 0; i < n_layers; i++)
-        if (layers[i].kind == L_CONV || layers[i].kind == L_LINEAR) min_bytes += (uint64_t)(layers[i].O * layers[i].K) / 8;
-    free(layers);
+    // Before allocating anything: the file must hold the tensors the architecture declares, so a
+    // tiny hostile file cannot make us allocate gigabytes.
+    uint64_t need = 0, have = 0;
+    const bool sized = file_bytes(&a, lat, packed ? BIE_MODEL_FILE_PACKED : BIE_MODEL_FILE_CHECKPOINT, &need);
+    const int32_t arch_version = a.version;
+    free(a.L);
+    if (!sized) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
+    if ((uint64_t)arch_version > version)
+        return FMT("bie.arch needs model format version %d, the file says %" PRIu64, (int)arch_version, version);
     for (size_t i = 0; i < bie_safetensors_count(st); i++) have += bie_safetensors_at(st, i)->nbytes;
-    if (min_bytes > have)
-        return FMT("the architecture needs at least %" PRIu64 " bytes of weights, the file holds %" PRIu64, min_bytes, have);
+    if (need > have)
+        return FMT("the architecture needs at least %" PRIu64 " bytes of tensors, the file holds %" PRIu64, need, have);
     bie_model_t * m = NULL;
     enum bie_status s = bie_model_create_empty(ctx, arch, lat, packed, &m);
     if (s != BIE_STATUS_OK) {
@@ -381,15 +412,16 @@ enum bie_status bie_model_load(bie_context_t * ctx, const char * path, bie_model
 enum bie_status bie_model_layer_info(const bie_model_t * m, int64_t i, struct bie_model_layer_info * out) {
     if (!m || !out || i < 0 || i >= m->n_layers) return BIE_STATUS_INVALID_ARGUMENT;
     const struct layer * L = &m->L[i];
-    static const char * kinds[] = {"conv", "linear", "bn", "maxpool", "act"};
-    static const char * acts[] = {"relu", "sign", "hardtanh"};
     memset(out, 0, sizeof *out);
-    out->kind = L->kind == L_ACT ? acts[L->act] : kinds[L->kind];
+    out->kind = bie_model_kind_name(L);
     out->quant = "";
     memcpy(out->in_shape, L->in, sizeof L->in);
     memcpy(out->out_shape, L->out, sizeof L->out);
     if (L->kind == L_BN) {
         out->params = 4 * L->in[0];
+        out->bytes = out->float_bytes = 4 * out->params;
+    } else if (L->kind == L_ACT && L->prelu_n) {
+        out->params = L->prelu_n;
         out->bytes = out->float_bytes = 4 * out->params;
     } else if (L->kind == L_CONV || L->kind == L_LINEAR) {
         const int64_t nw = L->O * L->K;
@@ -398,9 +430,10 @@ enum bie_status bie_model_layer_info(const bie_model_t * m, int64_t i, struct bi
             out->params = nw + L->O;
             out->bytes = 4 * out->params;
         } else {
-            out->params = nw + L->C + 2;
+            const int64_t floats = L->C + 2 + (L->has_bias ? L->O : 0);
+            out->params = nw + floats;
             const int64_t wbytes = L->packed ? (int64_t)L->packed_bytes : L->w8 ? nw : 4 * nw;
-            out->bytes = wbytes + 4 * (L->C + 2);
+            out->bytes = wbytes + 4 * floats;
         }
         out->float_bytes = 4 * out->params;
     }

@@ -278,21 +278,32 @@ static enum bie_status dispatch(bie_context_t * ctx, const struct job * j) {
     return s;
 }
 
+enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                                          const struct bie_conv2d_desc * conv, const struct bie_forward_args * a,
+                                          struct bie_layer_call * c) {
+    if (!(lin || conv)) BIE_FAIL("desc: is NULL");
+    if (!a) BIE_FAIL("args: is NULL");
+    BIE_TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, c));
+    BIE_TRY(out_view(ctx, c, "y", a->y, a->x, &c->y, true));
+    const enum bie_dtype yd = a->y->dtype;
+    if (!(bie_dtype_is_float(yd) || yd == BIE_DTYPE_I32 || (yd == BIE_DTYPE_B1 && c->quant == BIE_QUANT_BINARY)))
+        BIE_FAIL("y: dtype %s is not supported (f32, f16, bf16, i32%s)", bie_dtype_name(yd),
+             c->quant == BIE_QUANT_BINARY ? " or b1" : "");
+    return BIE_STATUS_OK;
+}
+
+enum bie_status bie_layer_run(bie_context_t * ctx, const struct bie_layer_call * c, bool backward) {
+    const struct job j = {backward ? JOB_BACKWARD : JOB_FORWARD, c, NULL, NULL};
+    return dispatch(ctx, &j);
+}
+
 static enum bie_status forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
                                const struct bie_conv2d_desc * conv, const struct bie_forward_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     bie_clear_error(ctx);
-    if (!(lin || conv)) BIE_FAIL("desc: is NULL");
-    if (!a) BIE_FAIL("args: is NULL");
     struct bie_layer_call c;
-    BIE_TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, &c));
-    BIE_TRY(out_view(ctx, &c, "y", a->y, a->x, &c.y, true));
-    const enum bie_dtype yd = a->y->dtype;
-    if (!(bie_dtype_is_float(yd) || yd == BIE_DTYPE_I32 || (yd == BIE_DTYPE_B1 && c.quant == BIE_QUANT_BINARY)))
-        BIE_FAIL("y: dtype %s is not supported (f32, f16, bf16, i32%s)", bie_dtype_name(yd),
-             c.quant == BIE_QUANT_BINARY ? " or b1" : "");
-    const struct job j = {JOB_FORWARD, &c, NULL, NULL};
-    return dispatch(ctx, &j);
+    BIE_TRY(bie_layer_prepare_forward(ctx, lin, conv, a, &c));
+    return bie_layer_run(ctx, &c, false);
 }
 
 // Checks a gradient output: a well-formed, dense-enough float tensor on the call's device.
@@ -303,16 +314,13 @@ static enum bie_status grad_check(bie_context_t * ctx, struct bie_layer_call * c
     return check_float(ctx, name, t);
 }
 
-// The backward's rule for a B1 x (the bits of bie_binarize_ste; prepare() took it for a binary
-// layer without bias_a): linear layers only, with x_mask whenever the STE mask is needed.
+// The backward's rule for a B1 x (the bits of bie_binarize_ste; prepare() takes it for a binary
+// layer without bias_a): x_mask, shaped like x, is required whenever the STE mask is needed.
 static enum bie_status saved_bits(bie_context_t * ctx, struct bie_layer_call * c, const struct bie_backward_args * a) {
     if (a->x->dtype != BIE_DTYPE_B1) {
         if (a->x_mask) BIE_FAIL("x_mask: must be NULL when x is float (the mask goes with saved b1 bits)");
         return BIE_STATUS_OK;
     }
-    if (c->is_conv)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
-                             "x: the conv2d backward needs the float input; saved b1 bits are for linear layers");
     if (!a->x_mask) {
         if (a->grad_x || a->grad_scale_a || a->grad_bias_a)
             BIE_FAIL("x_mask: is required with a b1 x when grad_x, grad_scale_a or grad_bias_a is asked for");
@@ -321,13 +329,17 @@ static enum bie_status saved_bits(bie_context_t * ctx, struct bie_layer_call * c
     BIE_TRY(bie_check_tensor(ctx, "x_mask", a->x_mask, true));
     BIE_TRY(check_device(ctx, c, "x_mask", a->x_mask));
     if (a->x_mask->dtype != BIE_DTYPE_B1) BIE_FAIL("x_mask: dtype %s is not b1", bie_dtype_name(a->x_mask->dtype));
+    if (c->is_conv) {
+        BIE_TRY(check_shape(ctx, "x_mask", a->x_mask, 4, a->x->shape));
+        c->x_mask = *a->x_mask;
+        return BIE_STATUS_OK;
+    }
     return linear_view(ctx, "x_mask", a->x_mask, a->x, c->g.C, &c->x_mask);
 }
 
-static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_desc * lin,
-                                const struct bie_conv2d_desc * conv, const struct bie_backward_args * a) {
-    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                                           const struct bie_conv2d_desc * conv, const struct bie_backward_args * a,
+                                           struct bie_layer_call * cp) {
     if (!(lin || conv)) BIE_FAIL("desc: is NULL");
     if (!a) BIE_FAIL("args: is NULL");
     struct bie_layer_call c;
@@ -362,8 +374,17 @@ static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_des
         if (bie_tensor_numel(a->grad_scale_a) != 1) BIE_FAIL("grad_scale_a: must hold exactly one element");
         c.grad_scale_a = *a->grad_scale_a;
     }
-    const struct job j = {JOB_BACKWARD, &c, NULL, NULL};
-    return dispatch(ctx, &j);
+    *cp = c;
+    return BIE_STATUS_OK;
+}
+
+static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_desc * lin,
+                                const struct bie_conv2d_desc * conv, const struct bie_backward_args * a) {
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    bie_clear_error(ctx);
+    struct bie_layer_call c;
+    BIE_TRY(bie_layer_prepare_backward(ctx, lin, conv, a, &c));
+    return bie_layer_run(ctx, &c, true);
 }
 
 enum bie_status bie_linear_forward(bie_context_t * ctx, const struct bie_linear_desc * desc,

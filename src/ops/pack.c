@@ -86,8 +86,8 @@ enum bie_status bie_pack(bie_context_t * ctx, const struct bie_tensor * src,
     default: BIE_FAIL("dst: dtype %s is not a packed dtype (b1, s4, i8)", bie_dtype_name(dst->dtype));
     }
     // Float rows to bits on a GPU: bit = (src >= 0) is bie_binarize_ste's sign bit without bias_a,
-    // and its packer reads src once with 16-byte loads (the general pack kernel took 152 us for a
-    // 4096 x 4096 f16 weight, the binarizing packer 15.5). Views it does not take go the general way.
+    // and its packer reads src once with 16-byte loads (the general pack kernel makes codes, then
+    // packs them). Views it does not take go the general way.
     if (dst->dtype == BIE_DTYPE_B1 && src_float && src->device_type == BIE_DEVICE_CUDA && src->ndim >= 1) {
         if (bie_binarize_ste(ctx, src, NULL, NULL, dst, NULL) == BIE_STATUS_OK) return BIE_STATUS_OK;
         bie_clear_error(ctx);

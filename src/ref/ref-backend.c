@@ -10,4 +10,8 @@ const struct bie_backend_ops bie_ref_backend = {
     .unpack = bie_ref_unpack,
     .reduce = bie_ref_reduce,
     .binarize_ste = bie_ref_binarize_ste,
+    .matmul_forward = bie_ref_matmul_forward,
+    .matmul_backward = bie_ref_matmul_backward,
+    .embedding_forward = bie_ref_embedding_forward,
+    .embedding_backward = bie_ref_embedding_backward,
 };

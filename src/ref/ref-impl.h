@@ -15,6 +15,10 @@ enum bie_status bie_ref_reduce(bie_context_t * ctx, const struct bie_tensor * x,
                                double * sum);
 enum bie_status bie_ref_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
                                      const struct bie_tensor * bits, const struct bie_tensor * mask);
+enum bie_status bie_ref_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * call);
+enum bie_status bie_ref_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * call);
+enum bie_status bie_ref_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * call);
+enum bie_status bie_ref_embedding_backward(bie_context_t * ctx, const struct bie_embedding_call * call);
 
 // The binary STE's pass test on x': |x' / scale_a| <= 1 with the division in f32 (NaN fails).
 static inline bool bie_ref_ste_passes(float xp, float scale_a) { return __builtin_fabsf(xp / scale_a) <= 1.0f; }

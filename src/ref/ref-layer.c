@@ -49,6 +49,8 @@
 // hi), w*scale_w) with the LSQ derivative of scale_a*clamp(rne(x'/scale_a)) for scale_a.
 #include "ref/ref-impl.h"
 
+#include <stdio.h>
+
 #include <math.h>
 
 #define WORD_BITS 64
@@ -149,8 +151,16 @@ static int64_t binary_dot(const uint64_t * abits, const uint64_t * vbits, const 
 
 static inline int32_t wrap_i32(int64_t v) { return (int32_t)(uint32_t)(uint64_t)v; }
 
+// A planned call (call->plan): the reference sizes its workspace when it runs.
+static enum bie_status plan_ref(struct bie_plan_info * plan) {
+    plan->workspace = 0;
+    snprintf(plan->route, sizeof plan->route, "reference (plain C, one thread)");
+    return BIE_STATUS_OK;
+}
+
 enum bie_status bie_ref_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call) {
     if (call->device_type != BIE_DEVICE_CPU) return BIE_DECLINED;
+    if (call->plan) return plan_ref(call->plan);
     const struct bie_geometry * g = &call->g;
     struct ref_ws ws;
     enum bie_status s = take_workspace(ctx, call, false, false, false, &ws);
@@ -189,6 +199,7 @@ enum bie_status bie_ref_layer_forward(bie_context_t * ctx, const struct bie_laye
 
 enum bie_status bie_ref_layer_backward(bie_context_t * ctx, const struct bie_layer_call * call) {
     if (call->device_type != BIE_DEVICE_CPU) return BIE_DECLINED;
+    if (call->plan) return plan_ref(call->plan);
     const struct bie_geometry * g = &call->g;
     const bool want_gx = call->grad_x.data || call->grad_scale_a.data || call->grad_bias_a.data;
     const bool want_gw = call->grad_weight.data != NULL;

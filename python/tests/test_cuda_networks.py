@@ -1,0 +1,164 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Whole models with bie layers on a GPU: CUDA graph capture equals eager, torch.compile runs,
+plans are reused (no new plan per call), the conv's saved bits give the float input's gradients.
+Skipped without a CUDA device and a CUDA build of libbie."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import bie
+from bie import _plans
+
+cuda = pytest.mark.skipif(not (torch.cuda.is_available() and bie.cuda_available()),
+                          reason="needs a CUDA device and libbie's CUDA backend")
+
+
+def small_bnn(kind="binary"):
+    """A small Bi-Real-style CNN: float stem, two low-bit 3x3 convs with shortcuts, float head."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64))
+            self.c1 = nn.Conv2d(64, 64, 3, 1, 1, bias=False)
+            self.b1 = nn.BatchNorm2d(64)
+            self.c2 = nn.Conv2d(64, 64, 3, 2, 1, bias=False)
+            self.b2 = nn.BatchNorm2d(64)
+            self.act = nn.Hardtanh()
+            self.head = nn.Linear(64, 10)
+
+        def forward(self, x):
+            x = self.stem(x)
+            x = self.b1(self.c1(self.act(x))) + x
+            x = self.b2(self.c2(self.act(x))) + nn.functional.avg_pool2d(x, 2)
+            return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+    torch.manual_seed(0)
+    m = Net()
+    bie.replace_layers(m, kind, linear=False, exclude=["stem.0"])
+    return m
+
+
+def cuda_model(kind="binary"):
+    m = small_bnn(kind).to("cuda", torch.float16).to(memory_format=torch.channels_last)
+    bie.prepare_bie_layers(m)
+    return m
+
+
+def batch(n=8):
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(n, 3, 16, 16, device="cuda", dtype=torch.float16, generator=g)
+    return x.contiguous(memory_format=torch.channels_last), torch.randint(0, 10, (n,), device="cuda", generator=g)
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["binary", "q4", "q8"])
+def test_graph_replay_equals_eager_inference(kind):
+    m = cuda_model(kind).eval()
+    x, _ = batch()
+    with torch.no_grad():
+        eager = m(x).clone()
+        static_x = x.clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                m(static_x)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = m(static_x)
+        static_x.copy_(x)
+        g.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+@cuda
+def test_graph_replay_equals_eager_training_step():
+    """A whole training step (forward, backward, SGD) captured and replayed equals the same steps
+    run eagerly from the same start."""
+    m_eager = cuda_model()
+    m_graph = copy.deepcopy(m_eager)
+    x, y = batch()
+    loss_fn = nn.CrossEntropyLoss()
+
+    def make_step(m):
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            loss_fn(m(x).float(), y).backward()
+            opt.step()
+        return step
+
+    e_step, g_step = make_step(m_eager), make_step(m_graph)
+    for _ in range(3):  # warm-up (sets the lazy scale_a, plans, cuDNN's algorithms) on both
+        e_step()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            g_step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_step()
+    for _ in range(4):
+        e_step()
+        graph.replay()
+    torch.cuda.synchronize()
+    for (n, a), b in zip(m_eager.named_parameters(), m_graph.parameters()):
+        assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3), n
+
+
+@cuda
+def test_torch_compile_runs():
+    if not hasattr(torch, "compile"):
+        pytest.skip("this PyTorch has no torch.compile")
+    m = cuda_model().eval()
+    x, _ = batch()
+    with torch.no_grad():
+        eager = m(x)
+        compiled = torch.compile(m)
+        out = compiled(x)
+    assert torch.allclose(out.float(), eager.float(), rtol=1e-2, atol=1e-2)
+
+
+@cuda
+def test_plans_are_reused():
+    m = cuda_model().train()
+    x, y = batch()
+    loss_fn = nn.CrossEntropyLoss()
+    for _ in range(2):
+        loss_fn(m(x).float(), y).backward()
+    n = len(_plans.cache())
+    for _ in range(3):
+        loss_fn(m(x).float(), y).backward()
+    assert len(_plans.cache()) == n
+
+
+@cuda
+def test_conv_saved_bits_equal_float_input():
+    """The binary conv's training forward keeps bits and mask of its channels-last input; its
+    gradients equal those of the float input kept as it is (the NCHW input takes that path)."""
+    torch.manual_seed(3)
+    layer = bie.BinaryConv2d(64, 32, 3, 1, 1, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    bie.prepare_bie_layers(layer)
+    x = torch.randn(4, 64, 9, 9, device="cuda", dtype=torch.float16)
+    g = torch.randn(4, 32, 9, 9, device="cuda", dtype=torch.float16)
+    grads = []
+    for xin in (x.contiguous(memory_format=torch.channels_last), x.contiguous()):
+        xin = xin.detach().requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        out = layer(xin)
+        out.backward(g.contiguous(memory_format=torch.channels_last) if out.is_contiguous(
+            memory_format=torch.channels_last) else g)
+        grads.append((out.detach().float(), xin.grad.float(), layer.weight.grad.float(), layer.scale_a.grad.float(),
+                      layer.bias_a.grad.float()))
+    names = ("y", "grad_x", "grad_weight", "grad_scale_a", "grad_bias_a")
+    for name, a, b in zip(names, *grads):
+        # each side within the f16 tolerance of the exact gradient (2^-9 of the largest magnitude)
+        assert float((a - b).abs().max()) <= 2 ** -8 * float(b.abs().max()), name

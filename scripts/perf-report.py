@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""perf-report.py: docs/performance.md from the benchmarks' JSON results (bench/results/*.json).
+
+Every *.json file of the results folder holds rows of one benchmark run, either as a JSON list or
+as one JSON object per line (what the benchmarks print with --json; other lines are skipped).
+A file's kind is read from its rows' keys:
+  case, backend          `bie bench --json` (backend cpu or ref) or `bie_bench_cuda --json` (cuda):
+                         bie_ms, baseline, baseline_ms, speedup, gops, device, date, ...
+  layer, shape, mode     `python3 python/bench_modules.py --json`: bie_ms, baseline, baseline_ms,
+                         speedup, device, threads, dtype, torch, date
+  model, batch, mode     `python3 python/bench_networks.py --json`: bie_ms, baseline, baseline_ms,
+                         speedup (or ratio), peak_mib (and baseline_peak_mib), device, date
+A row that holds a "note" (alone or beside the above) adds that sentence to its section, and a
+"transcribed" field says where figures come from that were not printed as JSON by the run.
+speedup (ratio) is always baseline_ms / bie_ms: above 1, bie is faster.
+
+Usage:
+  scripts/perf-report.py [--results DIR] [--output FILE]   write docs/performance.md
+  scripts/perf-report.py --check                           exit 1 if the committed page differs
+  scripts/perf-report.py --table FILE...                   print result files' rows as plain text
+`make perf-doc` runs the first form.
+"""
+import argparse
+import glob
+import json
+import os
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+BASELINES = {
+    "openblas-sgemm": "OpenBLAS sgemm",
+    "im2col+openblas-sgemm": "im2col + OpenBLAS sgemm",
+    "openblas-sgemm-step": "the float step (3 OpenBLAS sgemm)",
+    "cublas-fp16": "cuBLAS fp16",
+    "cublas-int8": "cuBLAS int8",
+    "cublas-fp16x3": "3 cuBLAS fp16 GEMMs",
+    "cudnn-fp16": "cuDNN fp16 NHWC",
+}
+ISA_ORDER = ["scalar", "avx2", "avx512", "avx512vpopcnt"]
+
+
+def load(path):
+    """The rows of one result file (a JSON list, one object, or one object per line)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    try:
+        data = json.loads(text)
+        rows = data if isinstance(data, list) else [data]
+    except json.JSONDecodeError:
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.lstrip().startswith("{"):
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    sys.exit(f"perf-report: {path}:{n}: {e}")
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def kind_of(rows):
+    for r in rows:
+        if "case" in r and "backend" in r:
+            return "cuda" if r["backend"] == "cuda" else "cpu"
+        if "layer" in r:
+            return "modules"
+        if "model" in r:
+            return "networks"
+    return None
+
+
+def ms(v):
+    """A time in milliseconds, with about four significant digits."""
+    if v is None or v < 0:
+        return "-"
+    return f"{v:.1f}" if v >= 100 else f"{v:.2f}" if v >= 10 else f"{v:.3f}" if v >= 1 else f"{v:.4f}"
+
+
+def ratio(r):
+    v = r.get("speedup", r.get("ratio"))
+    if v is None and r.get("bie_ms") and r.get("baseline_ms"):
+        v = r["baseline_ms"] / r["bie_ms"]
+    return "-" if v is None or v <= 0 else f"{v:.2f}x"  # (0: no baseline time in the run)
+
+
+def baseline(name):
+    return BASELINES.get(name, name)
+
+
+def para(*texts):
+    """A paragraph wrapped at 100 columns, then a blank line."""
+    text = " ".join(t for t in texts if t)
+    return textwrap.wrap(text, 100, break_long_words=False, break_on_hyphens=False) + [""]
+
+
+def table(header, rows):
+    numeric = ("ms", "OPS", "MiB", "baseline)", "ratio", "float/bie")
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join("---:" if i and h.endswith(numeric) else "---" for i, h in enumerate(header)) + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def dates(rows):
+    ds = sorted({r["date"] for r in rows if r.get("date")})
+    return "unknown date" if not ds else ds[0] if len(ds) == 1 else f"{ds[0]} to {ds[-1]}"
+
+
+def notes(rows):
+    seen, out = set(), []
+    for key in ("transcribed", "note"):
+        for r in rows:
+            t = r.get(key)
+            if t and t not in seen:
+                seen.add(t)
+                out.append(t)
+    return out
+
+
+def note_lines(rows):
+    n = notes(rows)
+    return para(*n) if n else []
+
+
+def group_by(rows, key):
+    groups = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(r)
+    return groups
+
+
+def cpu_shapes():
+    """Case name -> shape words, from bench/shapes/*.txt."""
+    shapes = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "bench", "shapes", "*.txt"))):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                w = line.split("#", 1)[0].split()
+                if len(w) < 2:
+                    continue
+                kv = dict(x.split("=", 1) for x in w[2:] if "=" in x)
+                if w[0] == "conv":
+                    s = f"B={kv.get('B')} C={kv.get('C')} {kv.get('H')}x{kv.get('W')} O={kv.get('O')} k{kv.get('k')}"
+                    if kv.get("s", "1") != "1":
+                        s += f" s{kv['s']}"
+                else:
+                    s = f"M={kv.get('M')} K={kv.get('K')} N={kv.get('N')}"
+                shapes.setdefault(w[1], s)
+    return shapes
+
+
+CPU_SECTIONS = [
+    ("Binary GEMM and linear layers", ("gemm-bin", "lin-bin"),
+     "`lin-bin-*`: a linear layer with f32 x [M, K], a packed b1 weight and f32 y (x binarized in the "
+     "call), against OpenBLAS sgemm of the float layer. `gemm-bin-*`: the binary GEMM alone, b1 x and "
+     "weight, i32 y, against sgemm of the same M, N, K. GOPS count 2 M N K per second of bie's time."),
+    ("Binary conv2d (ResNet-18 3x3 layers)", ("r18-",),
+     "f32 NCHW x, packed OHWI b1 weight, f32 NCHW y, zero padding 1, batch 1 and 16 (`-b16`), against "
+     "im2col + OpenBLAS sgemm per sample."),
+    ("4-bit linear and conv", ("lin-4bit", "conv-4bit"),
+     "f32 x quantised in the call, packed s4 weight, f32 y, against the float layer (sgemm, or im2col "
+     "+ sgemm)."),
+    ("8-bit linear and conv", ("lin-8bit", "conv-8bit"),
+     "f32 x quantised in the call, i8 weight, f32 y, against the float layer (sgemm, or im2col + "
+     "sgemm)."),
+    ("Binary linear training step", ("train-",),
+     "Forward, grad_x, grad_weight and grad_scale_a of a binary linear layer with an f32 latent "
+     "weight, against the float layer's forward and its two backward GEMMs (3 OpenBLAS sgemm)."),
+]
+
+
+def cpu_part(rows, files):
+    out = []
+    shapes = cpu_shapes()
+    for device, drows in group_by(rows, lambda r: r.get("device", "unknown CPU")).items():
+        isas = sorted({r.get("isa", "") for r in drows}, key=lambda i: ISA_ORDER.index(i) if i in ISA_ORDER else -1)
+        top, low = isas[-1], isas[-2::-1]  # the best level, then the lower ones from the top down
+        main = [r for r in drows if r.get("isa", "") == top]
+        threads = sorted({r["threads"] for r in main})
+        r0 = main[0]
+        out += [f"## CPU: {device}", ""]
+        out += para(f"Measured {dates(drows)} on {device} ({r0.get('cpus', '?')} logical CPUs), bie at its ISA "
+                    f"level {top}" + (f", against {r0['blas']}" if r0.get("blas") else "") + ". Command: "
+                    "`bie bench --json --repeat 5` (1 thread and all threads; medians of 5 timed runs after a "
+                    "warm-up)" + (f", and with `BIE_CPU_ISA` capping bie at {' and '.join(low)} (1 thread, the "
+                                  "baseline timed again in each run)" if low else "") + ".",
+                    f"Files: {', '.join(files)}.")
+        out += note_lines(drows)
+        for title, prefixes, what in CPU_SECTIONS:
+            sel = [r for r in main if r["case"].startswith(prefixes)]
+            if not sel:
+                continue
+            out += [f"### {title}", ""] + para(what)
+            header = ["case", "shape", "baseline"]
+            for t in threads:
+                header += [f"{t} thr: bie ms", "baseline ms", "ratio"] + (["GOPS"] if t == threads[0] else [])
+            for i in low:
+                header += [f"{i}: bie ms", "ratio"]
+            body = []
+            for case, crows in group_by(sel, lambda r: r["case"]).items():
+                by_t = {r["threads"]: r for r in crows}
+                line = [f"`{case}`", shapes.get(case, ""), baseline(crows[0]["baseline"])]
+                for t in threads:
+                    r = by_t.get(t)
+                    line += [ms(r["bie_ms"]), ms(r["baseline_ms"]), ratio(r)] if r else ["-"] * 3
+                    if t == threads[0]:
+                        line.append(f"{r['gops']:.0f}" if r else "-")
+                for i in low:
+                    lr = [x for x in drows if x.get("isa") == i and x["case"] == case]
+                    lr = min(lr, key=lambda x: x["threads"]) if lr else None
+                    line += [ms(lr["bie_ms"]), ratio(lr)] if lr else ["-", "-"]
+                body.append(line)
+            out += table(header, body) + [""]
+    return out
+
+
+CUDA_SECTIONS = [
+    ("Binary GEMM", ("binary-gemm", "binary-linear"),
+     "`binary-gemm b1->f16`: b1 x and weight, f16 y; `b1->b1`: y as sign bits; `binary-linear f16`: "
+     "f16 x binarized in the call (`+bias_a`: with a bias added first). Against cuBLAS fp16 GEMM of "
+     "the same M x N x K. TOPS count 2 M N K per second of bie's time."),
+    ("Binary conv2d 3x3 (ResNet-18 layers)", ("binary-conv",),
+     "Batch 128, stride 1, zero padding 1, C = O. `b1->b1`: NHWC bit x, sign-bit y (a binary network's "
+     "inner layers); `b1->f16`: f16 y; `f16->f16` and `f16nchw->f16`: f16 x (channels-last or NCHW) "
+     "binarized in the call. Against cuDNN's fp16 NHWC convolution (its fastest algorithm)."),
+    ("4-bit linear", ("int4-linear",),
+     "f16 x quantised in the call, s4 weight, f16 y, at 8192 x 8192 x 8192, against cuBLAS fp16 and "
+     "cuBLAS int8 GEMMs of the same shape (the int8 GEMM given ready codes)."),
+    ("Binary linear training step", ("binary-train-step",),
+     "Forward, grad_x and grad_weight of a binary linear layer (M = 8192, K = N = 4096, f16), against "
+     "the float layer's three cuBLAS fp16 GEMMs. `f16`: from the float x; `bits`: from the bits and "
+     "STE mask of `bie_binarize_ste` and a weight packed once; `stops`: an eighth of x stopped by the STE."),
+]
+
+
+def cuda_part(rows, files):
+    out = []
+    for device, drows in group_by(rows, lambda r: r.get("device", "unknown GPU")).items():
+        r0 = drows[0]
+        libs = ", ".join(f"{k} {r0[k]}" for k in ("cublas", "cudnn") if r0.get(k) not in (None, "none"))
+        out += [f"## CUDA: {device}", ""]
+        out += para(f"Measured {dates(drows)} on one {device}, CUDA {r0.get('cuda', '?')}"
+                    + (f" ({libs})" if libs else "") + ". Command: `bie_bench_cuda --json` (the CUDA cases of "
+                    "`bie bench --backend cuda`).", f"Files: {', '.join(files)}.",
+                    "Each side is timed two ways, medians of 21: CUDA events around one call on an idle "
+                    "stream, and replays of a captured CUDA graph of consecutive calls (time per call); each "
+                    "side is credited with its lower median. Inputs rotate over copies that together exceed "
+                    "the L2 cache. bie's time holds every kernel of the call (packing, popcounts, GEMM, "
+                    "epilogue).")
+        out += note_lines(drows)
+        for title, prefixes, what in CUDA_SECTIONS:
+            sel = [r for r in drows if r["case"].startswith(prefixes)]
+            if not sel:
+                continue
+            out += [f"### {title}", ""] + para(what)
+            body = []
+            for r in sel:
+                name, shape = cuda_case_split(r["case"])
+                body.append([f"`{name}`", shape, ms(r["bie_ms"]), baseline(r["baseline"]), ms(r["baseline_ms"]),
+                             ratio(r), f"{r['gops'] / 1000:.0f}" if r.get("gops") else "-"])
+            out += table(["case", "shape", "bie ms", "baseline", "baseline ms", "ratio", "bie TOPS"], body) + [""]
+    return out
+
+
+def cuda_case_split(case):
+    """'binary-gemm b1->f16 8192x8192x8192' -> ('binary-gemm b1->f16', '8192x8192x8192')."""
+    words = case.split(" ")
+    for i, w in enumerate(words):
+        if i and (w[:1].isdigit() or (w[:1] == "N" and w[1:2].isdigit())):
+            return " ".join(words[:i]), " ".join(words[i:])
+    return case, ""
+
+
+def modules_part(rows, files):
+    out = ["## PyTorch modules", ""]
+    out += para("`python/bench_modules.py` times bie's modules against `nn.Linear` / `nn.Conv2d` in the "
+                "same process: the inference forward (eval mode, packed weights) and one training step "
+                "(forward and backward of `.float().sum()`, float latent weights). BinaryLinear's step is "
+                "also timed the other way of keeping its input (`step, bits`: the bits of `binarize_ste`; "
+                "`step, x`: the input). Times are means over repeated calls (up to 200, within a time budget "
+                "per measurement). float/bie above 1: bie is faster.")
+    for device, drows in group_by(rows, lambda r: r.get("device", "unknown device")).items():
+        r0 = drows[0]
+        src = [f for f, frows in files if any(r in frows for r in drows)]
+        thr = r0.get("threads") if r0.get("dtype") == "float32" else None
+        out += [f"### {device}", ""]
+        out += para(f"Measured {dates(drows)}, {r0.get('dtype', '?')}, torch {r0.get('torch', '?')}"
+                    + (f", {thr} CPU thread{'s' if thr != 1 else ''} for both sides" if thr else "") + ".",
+                    f"Files: {', '.join(src)}.")
+        out += note_lines(drows)
+        body = [[r["layer"], r["shape"], r["mode"], ms(r["baseline_ms"]), ms(r["bie_ms"]), ratio(r)] for r in drows]
+        out += table(["layer", "shape", "mode", "float ms", "bie ms", "float/bie"], body) + [""]
+    return out
+
+
+def networks_part(rows, files):
+    out = ["## Whole networks", ""]
+    out += para("`python/bench_networks.py`: whole networks through the PyTorch modules against the same "
+                "network in float, in one process. ratio above 1: bie is faster.")
+    for device, drows in group_by(rows, lambda r: r.get("device", "unknown device")).items():
+        src = [f for f, frows in files if any(r in frows for r in drows)]
+        out += [f"### {device}", ""] + para(f"Measured {dates(drows)}.", f"Files: {', '.join(src)}.")
+        out += note_lines(drows)
+        def peak(r):
+            p, b = r.get("peak_mib"), r.get("baseline_peak_mib")
+            return "-" if p is None else f"{p:.0f}" + (f" / {b:.0f}" if b is not None else "")
+        body = [[r["model"], r["batch"], r["mode"], r.get("baseline", "float"), ms(r.get("baseline_ms")),
+                 ms(r.get("bie_ms")), ratio(r), peak(r)] for r in drows]
+        out += table(["model", "batch", "mode", "baseline", "baseline ms", "bie ms", "ratio",
+                      "peak MiB (bie / baseline)"], body)
+        out += [""]
+    return out
+
+
+HEADER = """# Performance
+
+<!-- Generated by scripts/perf-report.py from bench/results/*.json: edit those, not this page. -->
+
+The current figures of each benchmark target. bie and its baseline (the library a user would
+otherwise call) are timed in the same process over repeated runs (medians; means for the PyTorch
+modules); "ratio" is the baseline's time over bie's (above 1: bie is faster). How the kernels
+reach these figures is in the code's comments and in docs/decisions.md.
+
+To refresh a figure, run its benchmark with `--json` into `bench/results/`, then `make perf-doc`:
+
+    build/bie bench --json --repeat 5 > bench/results/cpu.json
+    BIE_CPU_ISA=avx2 build/bie bench --json --repeat 5 --threads 1 > bench/results/cpu-avx2.json
+    BIE_LIBRARY=build/libbie.so PYTHONPATH=python python3 python/bench_modules.py --device cpu --json \\
+        > bench/results/modules-cpu.json
+    scripts/gpu-check.sh --out DIR     # on a GPU machine: DIR/bench-cuda.json, DIR/bench-modules.json
+
+`make test` checks that this page is what the result files give.
+"""
+
+
+def render(results_dir):
+    paths = sorted(glob.glob(os.path.join(results_dir, "*.json")))
+    parts = {"cpu": [], "cuda": [], "modules": [], "networks": []}
+    for p in paths:
+        rows = load(p)
+        k = kind_of(rows)
+        if k is None:
+            continue
+        note_rows = [r for r in rows if set(r) <= {"note"}]
+        data = [r for r in rows if r not in note_rows]
+        for r in data:
+            if note_rows and "note" not in r:
+                r["note"] = " ".join(n["note"] for n in note_rows)
+        rel = os.path.relpath(p, ROOT)
+        parts[k].append((f"`{rel}`", data))
+    out = [HEADER]
+    if parts["cpu"]:
+        out += cpu_part([r for _, rows in parts["cpu"] for r in rows], [f for f, _ in parts["cpu"]])
+    if parts["cuda"]:
+        out += cuda_part([r for _, rows in parts["cuda"] for r in rows], [f for f, _ in parts["cuda"]])
+    if parts["modules"]:
+        out += modules_part([r for _, rows in parts["modules"] for r in rows], parts["modules"])
+    if parts["networks"]:
+        out += networks_part([r for _, rows in parts["networks"] for r in rows], parts["networks"])
+    while out and out[-1] == "":
+        out.pop()
+    return "\n".join(out) + "\n"
+
+
+def print_rows(paths):
+    for p in paths:
+        print(f"== {p}")
+        for r in load(p):
+            name = r.get("case") or " ".join(str(r.get(k, "")) for k in ("layer", "model", "shape", "batch", "mode"))
+            if r.get("backend") in ("cpu", "ref"):
+                name += f" [{r.get('isa', '?')}, {r.get('threads')} thr]"
+            print(f"  {name:<56} bie {ms(r.get('bie_ms')):>9} ms  {r.get('baseline', ''):<20} "
+                  f"{ms(r.get('baseline_ms')):>9} ms  {ratio(r):>8}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--output", default=os.path.join(ROOT, "docs", "performance.md"))
+    ap.add_argument("--check", action="store_true", help="compare with --output instead of writing it")
+    ap.add_argument("--table", nargs="+", metavar="FILE", help="print the rows of these result files")
+    args = ap.parse_args()
+    if args.table:
+        print_rows(args.table)
+        return 0
+    text = render(args.results)
+    if args.check:
+        try:
+            with open(args.output, encoding="utf-8") as f:
+                old = f.read()
+        except OSError:
+            old = None
+        if old != text:
+            print(f"perf-report: {os.path.relpath(args.output, ROOT)} is not what {os.path.relpath(args.results, ROOT)} "
+                  "gives: run `make perf-doc` and commit the result", file=sys.stderr)
+            return 1
+        print("perf-report: the page matches its result files")
+        return 0
+    with open(args.output, "w", encoding="utf-8") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

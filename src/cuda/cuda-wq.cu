@@ -1,0 +1,697 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-wq.cu: the CUDA backend of the weight-only n-bit layer (wq-impl.h; equations in bie.h and
+// src/ref/ref-wq.c).
+//
+// Decode (M <= 16 rows), f16/bf16 x, uniform 2/4/8 bits, N % 4 == 0, groups of whole chunks
+// (a chunk is 4 word rows = 128/b packed rows): wq_mma_kernel. A warp owns 32 columns and a K range
+// (split-K over blockIdx.y); each lane loads one 16-byte vector per chunk (4 columns of one word
+// row: lane = 4*g + t holds columns n0+4g .. n0+4g+3 of word row t of the chunk), so the weight is
+// read once, in 512-byte rows per warp, and never leaves registers. The codes become f16 (bf16)
+// halves by the magic-number trick ((code | 0x6400) is the half 1024 + code; minus 1024 exactly)
+// and feed mma.sync m16n8k16 as the B operand of 4 n-tiles (column 4c + j of the warp's 32 is
+// column c of n-tile j); x' (16 rows, zero-padded) is laid out per chunk in the order in which the
+// halves come out (xs below), so A fragments are plain 8-byte loads from shared memory. The mma
+// sums x'*code per chunk in f32; each group ends with y += s*acc - c*xsum (c = s*z, s*2^(b-1) or z),
+// like the CPU path. Partial sums of the K ranges go to a workspace and a second kernel adds them
+// in a fixed order (deterministic), with the bias.
+// Everything else with M <= 16 (3, 5, 6, 7 bits, mixed bits, f32 x, odd N): wq_simt_kernel, one
+// column per thread, W computed per element exactly as the reference does.
+// M > 16 (prefill) and grad_x: the weight is dequantised to x's dtype in panels (wq_dequant_kernel)
+// and cuBLAS multiplies (f32 accumulation); grad_w = x'^T g is one cuBLAS GEMM.
+#include "cuda/cuda-impl.cuh"
+
+extern "C" {
+#include "wq-impl.h"
+}
+
+#define WQ_MAX_DECODE_M 16
+#define WQ_WARPS 4          // warps per block of the decode kernels (each its own 32 columns)
+#define WQ_BATCH 8          // chunks whose words a lane keeps in flight
+
+// --- shared views ---------------------------------------------------------------------------------
+
+struct wq_dev {
+    const uint32_t * qw;
+    int64_t K, N, rows, G, gs;
+    int bits;              // uniform bits, or 0
+    const int32_t * gbits; // device [G] (mixed)
+    const int64_t * gword; // device [G+1] (mixed)
+    int zero;
+    const char * scales;
+    const char * zeros;
+    int sdt, zdt;
+};
+
+__device__ __forceinline__ uint32_t wq_code(const wq_dev & w, int64_t r, int64_t n) {
+    const int64_t g = qdiv(r, w.gs);
+    const int b = w.bits ? w.bits : w.gbits[g];
+    const int64_t bit = w.bits ? r * b : w.gword[g] * 32 + (r - g * w.gs) * b;
+    const int64_t wi = bit >> 5;
+    const int sh = (int)(bit & 31);
+    uint64_t v = w.qw[wi * w.N + n];
+    if (sh + b > 32 && wi + 1 < w.rows) v |= (uint64_t)w.qw[(wi + 1) * w.N + n] << 32;
+    return (uint32_t)(v >> sh) & ((1u << b) - 1u);
+}
+
+// W[r, n], f32 operations as in wq-impl.h (this file is built without FMA contraction).
+__device__ __forceinline__ float wq_value(const wq_dev & w, int64_t r, int64_t n) {
+    const int64_t g = qdiv(r, w.gs);
+    const int b = w.bits ? w.bits : w.gbits[g];
+    const float q = (float)wq_code(w, r, n);
+    const float s = ld_float(w.scales, w.sdt, g * w.N + n);
+    if (w.zero == BIE_WQ_ZERO_SYM) return s * (q - (float)(1 << (b - 1)));
+    const float z = ld_float(w.zeros, w.zdt, g * w.N + n);
+    return w.zero == BIE_WQ_ZERO_CODE ? s * (q - z) : s * q - z;
+}
+
+// c of a group's correction y -= c * xsum: s*z, s*2^(b-1) or z.
+__device__ __forceinline__ float wq_corr(const wq_dev & w, int64_t g, int64_t n, float s) {
+    if (w.zero == BIE_WQ_ZERO_SYM) return s * (float)(1 << ((w.bits ? w.bits : w.gbits[g]) - 1));
+    const float z = ld_float(w.zeros, w.zdt, g * w.N + n);
+    return w.zero == BIE_WQ_ZERO_CODE ? s * z : z;
+}
+
+struct wq_x {
+    dview x;            // [M, K] 2-D view (4-D right-aligned)
+    const int32_t * perm;
+    const char * cs;
+    int csdt;
+};
+
+__device__ __forceinline__ float wq_xprime(const wq_x & a, int64_t m, int64_t r, int64_t K) {
+    int64_t k = a.perm ? (int64_t)a.perm[r] : r;
+    k = k < 0 ? 0 : k >= K ? K - 1 : k; // a bad perm never reads out of bounds
+    const float v = ld_float(a.x.data, a.x.dtype, m * a.x.stride[2] + k * a.x.stride[3]);
+    return a.cs ? v * ld_float(a.cs, a.csdt, k) : v;
+}
+
+// --- x' for the kernels -----------------------------------------------------------------------------
+
+// Row r of chunk-local position p (chunk of 128/b rows): p = 16*s + 4*t + f is fragment value f of
+// lane t's word in slab s; the word holds V = 32/b codes v (rows t*V + v), and its halves pair
+// codes (i, i + V/2): slab s takes pairs 2s (values f = 0, 1) and 2s+1 (f = 2, 3).
+__host__ __device__ __forceinline__ int wq_chunk_row(int b, int p) {
+    const int V = 32 / b, s = p / 16, t = (p / 4) % 4, f = p % 4;
+    const int i = 2 * s + f / 2;
+    return t * V + i + (f % 2) * (V / 2);
+}
+
+// xs[m][p] (T, [16][Kp], rows >= M zero) in the chunk order above, and xsc[m][c] the f32 sum of
+// chunk c's rounded values.
+template <typename T>
+__global__ void wq_xs_kernel(wq_x a, int64_t M, int64_t K, int b, int64_t nchunk, T * xs, float * xsc) {
+    const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= 16 * nchunk) return;
+    const int64_t m = id / nchunk, c = id % nchunk;
+    const int cr = 128 / b;
+    const int64_t Kp = nchunk * cr;
+    float sum = 0.0f;
+    for (int p = 0; p < cr; p++) {
+        const int64_t r = c * cr + wq_chunk_row(b, p);
+        const T v = from_f32<T>(m < M && r < K ? wq_xprime(a, m, r, K) : 0.0f);
+        xs[m * Kp + c * cr + p] = v;
+        sum += to_f32(v);
+    }
+    xsc[m * nchunk + c] = sum;
+}
+
+// xo[m][r] = x'[m, r] as To (dense [M][K]).
+template <typename To>
+__global__ void wq_xdense_kernel(wq_x a, int64_t M, int64_t K, To * xo) {
+    const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= M * K) return;
+    xo[id] = from_f32<To>(wq_xprime(a, id / K, id % K, K));
+}
+
+// --- the decode kernel (mma) ------------------------------------------------------------------------
+
+template <typename T> struct wq_mma_traits;
+template <> struct wq_mma_traits<__half> {
+    static constexpr uint32_t magic = 0x64006400u; // half 1024
+    __device__ static uint32_t sub(uint32_t h) {
+        __half2 v = *(__half2 *)&h;
+        v = __hsub2(v, __half2(__float2half_rn(1024.0f), __float2half_rn(1024.0f)));
+        return *(uint32_t *)&v;
+    }
+    __device__ static void mma(float * d, const uint32_t * a, uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+template <> struct wq_mma_traits<__nv_bfloat16> {
+    static constexpr uint32_t magic = 0x43004300u; // bf16 128
+    __device__ static uint32_t sub(uint32_t h) {
+        __nv_bfloat162 v = *(__nv_bfloat162 *)&h;
+        v = __hsub2(v, __nv_bfloat162(__float2bfloat16_rn(128.0f), __float2bfloat16_rn(128.0f)));
+        return *(uint32_t *)&v;
+    }
+    __device__ static void mma(float * d, const uint32_t * a, uint32_t b0, uint32_t b1) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+// Half pair i of a word of b-bit codes: codes (i, i + V/2) as two halves (T) holding the codes.
+template <typename T, int B> __device__ __forceinline__ uint32_t wq_pair(uint32_t w, int i) {
+    const uint32_t m = (1u << B) - 1u;
+    const uint32_t v = (w >> (B * i)) & (m | (m << 16));
+    if (B == 8 && sizeof(T) == 2 && wq_mma_traits<T>::magic == 0x43004300u) {
+        // bf16 codes up to 255: 128 + code is not exact; convert through f32
+        __nv_bfloat162 h = __floats2bfloat162_rn((float)(v & 0xFFFF), (float)(v >> 16));
+        return *(uint32_t *)&h;
+    }
+    return wq_mma_traits<T>::sub(v | wq_mma_traits<T>::magic);
+}
+
+// grid (ceil(N / (32*WQ_WARPS)), S); K range of split y: chunks [y*cps, (y+1)*cps).
+template <typename T, int B>
+__global__ void __launch_bounds__(32 * WQ_WARPS) wq_mma_kernel(wq_dev w, const T * xs, const float * xsc, int64_t nchunk,
+                                                              int64_t cps, int M, float * part) {
+    constexpr int CR = 128 / B;  // rows per chunk
+    constexpr int SLABS = 8 / B; // 16-row mma steps per chunk
+    extern __shared__ __align__(16) unsigned char wq_smem[];
+    T * sx = (T *)wq_smem; // [16][cps*CR]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
+    const int64_t c0 = (int64_t)blockIdx.y * cps, c1 = c0 + cps < nchunk ? c0 + cps : nchunk;
+    if (c0 >= c1) return;
+    const int64_t n0 = ((int64_t)blockIdx.x * WQ_WARPS + warp) * 32;
+    const int64_t ncol = n0 + 4 * gq; // this lane's 4 columns
+    const bool cols_ok = ncol + 3 < w.N;
+    const int64_t kr = (c1 - c0) * CR, Kp = nchunk * CR;
+    // The block's x' slice to shared memory (16-byte copies; the slice is a multiple of 16 halves).
+    for (int64_t i = threadIdx.x; i < 16 * kr / 8; i += blockDim.x) {
+        const int64_t m = i / (kr / 8), o = (i % (kr / 8)) * 8;
+        *(uint4 *)(sx + m * kr + o) = *(const uint4 *)(xs + m * Kp + c0 * CR + o);
+    }
+    __syncthreads();
+    if (n0 >= w.N) return;
+    float acc[4][4], y[4][4], xa0 = 0.0f, xa1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] = y[j][e] = 0.0f;
+    int64_t g = qdiv(c0 * CR, w.gs);
+    auto flush = [&](int64_t gg) {
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int64_t n = n0 + 4 * (2 * t + e) + j;
+                if (n >= w.N) continue;
+                const float s = ld_float(w.scales, w.sdt, gg * w.N + n);
+                const float cz = wq_corr(w, gg, n, s);
+                y[j][e] += s * acc[j][e] - cz * xa0;         // row gq
+                y[j][e + 2] += s * acc[j][e + 2] - cz * xa1; // row gq + 8
+                acc[j][e] = acc[j][e + 2] = 0.0f;
+            }
+        xa0 = xa1 = 0.0f;
+    };
+    uint4 buf[WQ_BATCH];
+    for (int64_t cb = c0; cb < c1; cb += WQ_BATCH) {
+#pragma unroll
+        for (int u = 0; u < WQ_BATCH; u++) {
+            const int64_t row = (cb + u) * 4 + t;
+            buf[u] = make_uint4(0, 0, 0, 0);
+            if (cb + u < c1 && row < w.rows && cols_ok) buf[u] = __ldcs((const uint4 *)(w.qw + row * w.N + ncol));
+        }
+#pragma unroll
+        for (int u = 0; u < WQ_BATCH; u++) {
+            const int64_t c = cb + u;
+            if (c >= c1) break;
+            const int64_t gc = qdiv(c * CR, w.gs);
+            if (gc != g) {
+                flush(g);
+                g = gc;
+            }
+            xa0 += xsc[gq * nchunk + c];
+            xa1 += xsc[(gq + 8) * nchunk + c];
+            const uint32_t wd[4] = {buf[u].x, buf[u].y, buf[u].z, buf[u].w};
+            const T * xc = sx + (c - c0) * CR;
+#pragma unroll
+            for (int s = 0; s < SLABS; s++) {
+                const uint2 lo = *(const uint2 *)(xc + gq * kr + 16 * s + 4 * t);
+                const uint2 hi = *(const uint2 *)(xc + (gq + 8) * kr + 16 * s + 4 * t);
+                const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    wq_mma_traits<T>::mma(acc[j], a, wq_pair<T, B>(wd[j], 2 * s), wq_pair<T, B>(wd[j], 2 * s + 1));
+            }
+        }
+    }
+    flush(g);
+    // part[y][m][n] for the rows that exist.
+    float * p = part + (int64_t)blockIdx.y * M * w.N;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int64_t n = n0 + 4 * (2 * t + e) + j;
+            if (n >= w.N) continue;
+            if (gq < M) p[gq * w.N + n] = y[j][e];
+            if (gq + 8 < M) p[(gq + 8) * w.N + n] = y[j][e + 2];
+        }
+}
+
+// --- the generic decode kernel ----------------------------------------------------------------------
+
+// grid (ceil(N/128), S); thread = column, K range [y*rps, ...): part[y][m][n] = sum x'[m, r] W[r, n].
+__global__ void __launch_bounds__(128) wq_simt_kernel(wq_dev w, const float * xf, int M, int64_t rps, float * part) {
+    const int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= w.N) return;
+    const int64_t r0 = (int64_t)blockIdx.y * rps, r1 = r0 + rps < w.K ? r0 + rps : w.K;
+    float acc[WQ_MAX_DECODE_M];
+#pragma unroll
+    for (int m = 0; m < WQ_MAX_DECODE_M; m++) acc[m] = 0.0f;
+    for (int64_t r = r0; r < r1; r++) {
+        const float v = wq_value(w, r, n);
+#pragma unroll
+        for (int m = 0; m < WQ_MAX_DECODE_M; m++)
+            if (m < M) acc[m] += xf[m * w.K + r] * v;
+    }
+    float * p = part + (int64_t)blockIdx.y * M * w.N;
+    for (int m = 0; m < M; m++) p[m * w.N + n] = acc[m];
+}
+
+// y[m, n] = sum over splits of part (in split order) + bias[n].
+__global__ void wq_reduce_kernel(const float * part, int S, int64_t M, int64_t N, dview bias, dview y) {
+    const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= M * N) return;
+    float v = 0.0f;
+    for (int s = 0; s < S; s++) v += part[s * M * N + id];
+    const int64_t m = id / N, n = id % N;
+    if (bias.data) v += ld_float(bias.data, bias.dtype, n * bias.stride[3]);
+    st_float(y.data, y.dtype, m * y.stride[2] + n * y.stride[3], v);
+}
+
+// --- dequantisation ---------------------------------------------------------------------------------
+
+// w_out[(r - r0) * ldo + (n - n0)] = W[r, n] for r0 <= r < r1, n0 <= n < n1 (To: f32/f16/bf16).
+template <typename To>
+__global__ void wq_dequant_kernel(wq_dev w, int64_t r0, int64_t r1, int64_t n0, int64_t n1, To * out, int64_t ldo) {
+    const int64_t nn = n1 - n0, id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (r1 - r0) * nn) return;
+    const int64_t r = r0 + id / nn, n = n0 + id % nn;
+    out[(r - r0) * ldo + (n - n0)] = from_f32<To>(wq_value(w, r, n));
+}
+
+// y[m, n] = bias[n] (the C operand of a GEMM with beta = 1).
+template <typename T> __global__ void wq_bias_fill_kernel(dview bias, int64_t M, int64_t N, T * y, int64_t ldy) {
+    const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= M * N) return;
+    y[(id / N) * ldy + id % N] = from_f32<T>(ld_float(bias.data, bias.dtype, (id % N) * bias.stride[3]));
+}
+
+// y (any view) = ybuf (f32 [M][N]) + bias.
+__global__ void wq_store_kernel(const float * ybuf, int64_t M, int64_t N, dview bias, dview y) {
+    const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= M * N) return;
+    float v = ybuf[id];
+    if (bias.data) v += ld_float(bias.data, bias.dtype, (id % N) * bias.stride[3]);
+    st_float(y.data, y.dtype, (id / N) * y.stride[2] + (id % N) * y.stride[3], v);
+}
+
+// grad_x[m, perm[r]] = gxr[m][r] * channel_scale[perm[r]].
+__global__ void wq_scatter_kernel(const float * gxr, int64_t M, int64_t K, wq_x a, dview gx) {
+    const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= M * K) return;
+    const int64_t m = id / K, r = id % K;
+    int64_t k = a.perm ? (int64_t)a.perm[r] : r;
+    k = k < 0 ? 0 : k >= K ? K - 1 : k;
+    float v = gxr[id];
+    if (a.cs) v *= ld_float(a.cs, a.csdt, k);
+    st_float(gx.data, gx.dtype, m * gx.stride[2] + k * gx.stride[3], v);
+}
+
+// --- host side ----------------------------------------------------------------------------------------
+
+static inline unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+// Bump allocator over the context's device workspace (256-byte pieces).
+struct wq_ws {
+    char * base;
+    size_t used;
+};
+static void * take(wq_ws & a, size_t bytes) {
+    void * p = a.base + a.used;
+    a.used += (bytes + 255) / 256 * 256;
+    return p;
+}
+
+static wq_dev dev_of(const struct bie_wq_call * c, const int32_t * gbits, const int64_t * gword) {
+    wq_dev w;
+    w.qw = (const uint32_t *)c->qweight.data;
+    w.K = c->K;
+    w.N = c->N;
+    w.rows = c->rows;
+    w.G = c->G;
+    w.gs = c->gs;
+    w.bits = c->bits;
+    w.gbits = gbits;
+    w.gword = gword;
+    w.zero = (int)c->zero;
+    w.scales = (const char *)c->scales.data;
+    w.zeros = (const char *)c->zeros.data;
+    w.sdt = (int)c->scales.dtype;
+    w.zdt = c->zeros.data ? (int)c->zeros.dtype : (int)BIE_DTYPE_F32;
+    return w;
+}
+
+static wq_x x_of(const struct bie_wq_call * c, const struct bie_tensor * x) {
+    wq_x a;
+    dview_make(x, &a.x);
+    a.perm = (const int32_t *)c->perm.data;
+    a.cs = (const char *)c->channel_scale.data;
+    a.csdt = c->channel_scale.data ? (int)c->channel_scale.dtype : 0;
+    return a;
+}
+
+static dview view_or_null(const struct bie_tensor * t) {
+    dview v;
+    memset(&v, 0, sizeof v);
+    if (t->data) dview_make(t, &v);
+    return v;
+}
+
+// The device copies of the group table (mixed bits only), carved from the workspace.
+static enum bie_status upload_groups(bie_context_t * ctx, const struct bie_wq_call * c, wq_ws & a, int32_t ** gb,
+                                     int64_t ** gw) {
+    *gb = NULL;
+    *gw = NULL;
+    if (c->bits) return BIE_STATUS_OK;
+    *gb = (int32_t *)take(a, (size_t)c->G * sizeof(int32_t));
+    *gw = (int64_t *)take(a, (size_t)(c->G + 1) * sizeof(int64_t));
+    CU_TRY(ctx, cudaMemcpyAsync(*gb, c->group_bits, (size_t)c->G * sizeof(int32_t), cudaMemcpyHostToDevice, ctx->cuda->stream),
+           "wq: group bits");
+    CU_TRY(ctx, cudaMemcpyAsync(*gw, c->group_word, (size_t)(c->G + 1) * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                ctx->cuda->stream),
+           "wq: group words");
+    return BIE_STATUS_OK;
+}
+static size_t groups_bytes(const struct bie_wq_call * c) {
+    return c->bits ? 0 : ((size_t)c->G * 4 + 255) / 256 * 256 + ((size_t)(c->G + 1) * 8 + 255) / 256 * 256;
+}
+
+static bool mma_ok(const struct bie_wq_call * c) {
+    const int b = c->bits;
+    if (c->M > WQ_MAX_DECODE_M || (b != 2 && b != 4 && b != 8) || c->N % 4 != 0) return false;
+    if (c->x.dtype != BIE_DTYPE_F16 && c->x.dtype != BIE_DTYPE_BF16) return false;
+    return c->G == 1 || c->gs % (128 / b) == 0;
+}
+
+// Splits of the K range so that about 24 warps per multiprocessor are busy.
+static int64_t splits(bie_context_t * ctx, int64_t col_warps, int64_t units) {
+    const int sm = bie_cuda_sm_count(ctx) > 0 ? bie_cuda_sm_count(ctx) : 132;
+    int64_t s = (24 * (int64_t)sm + col_warps - 1) / col_warps;
+    if (s > units) s = units;
+    return s < 1 ? 1 : s;
+}
+
+template <typename T, int B>
+static enum bie_status launch_mma(bie_context_t * ctx, const wq_dev & w, const T * xs, const float * xsc, int64_t nchunk,
+                                  int64_t S, int64_t cps, int M, float * part) {
+    const size_t smem = (size_t)16 * cps * (128 / B) * sizeof(T);
+    if (smem > 48 * 1024)
+        CU_TRY(ctx, cudaFuncSetAttribute(wq_mma_kernel<T, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+               "wq: shared memory");
+    const dim3 grid(blocks_for(w.N, 32 * WQ_WARPS), (unsigned)S);
+    wq_mma_kernel<T, B><<<grid, 32 * WQ_WARPS, smem, ctx->cuda->stream>>>(w, xs, xsc, nchunk, cps, M, part);
+    LAUNCHED(ctx, "wq_mma_kernel");
+    return BIE_STATUS_OK;
+}
+
+// The decode split: S K ranges of `per` chunks (mma) or rows (SIMT) each.
+static void decode_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S, int64_t * per) {
+    const int64_t col_warps = (c->N + 31) / 32;
+    if (mma_ok(c)) {
+        const int cr = 128 / c->bits;
+        const int64_t nchunk = (c->K + cr - 1) / cr;
+        int64_t cps = (nchunk + splits(ctx, col_warps, nchunk) - 1) / splits(ctx, col_warps, nchunk);
+        const int64_t max_cps = 96 * 1024 / (16 * cr * 2); // the block's x' slice within 96 KiB of shared memory
+        if (cps > max_cps) cps = max_cps;
+        *per = cps;
+        *S = (nchunk + cps - 1) / cps;
+    } else {
+        const int64_t s0 = splits(ctx, col_warps, (c->K + 15) / 16);
+        const int64_t rps = (c->K + s0 - 1) / s0;
+        *per = rps;
+        *S = (c->K + rps - 1) / rps;
+    }
+}
+
+template <typename T>
+static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call * c, wq_ws & a, const wq_dev & w,
+                                  int64_t S, int64_t cps, float * part) {
+    const int b = c->bits, cr = 128 / b;
+    const int64_t nchunk = (c->K + cr - 1) / cr;
+    T * xs = (T *)take(a, (size_t)16 * nchunk * cr * sizeof(T));
+    float * xsc = (float *)take(a, (size_t)16 * nchunk * sizeof(float));
+    wq_xs_kernel<T><<<blocks_for(16 * nchunk, 128), 128, 0, ctx->cuda->stream>>>(x_of(c, &c->x), c->M, c->K, b, nchunk,
+                                                                              xs, xsc);
+    LAUNCHED(ctx, "wq_xs_kernel");
+    switch (b) {
+    case 2: return launch_mma<T, 2>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, part);
+    case 4: return launch_mma<T, 4>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, part);
+    default: return launch_mma<T, 8>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, part);
+    }
+}
+
+static size_t decode_bytes(const struct bie_wq_call * c, int64_t S) {
+    const size_t kp = (size_t)(c->K + 127);
+    return groups_bytes(c) + 16 * kp * 4 + 16 * kp * 4 + (size_t)(c->M * c->K) * 4 + (size_t)S * c->M * c->N * 4 + 4096;
+}
+
+static cudaDataType cuda_type(enum bie_dtype d) {
+    return d == BIE_DTYPE_F16 ? CUDA_R_16F : d == BIE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+// cuBLAS math for a GEMM on dt operands: the default (tensor cores) for f16/bf16; f32 keeps the
+// context's pedantic mode (no TF32), which bie_cuda_cublas sets and every use here restores.
+static void math_for(cublasHandle_t h, enum bie_dtype dt) {
+    cublasSetMathMode(h, dt == BIE_DTYPE_F32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH);
+}
+
+static enum bie_status cublas_ok(bie_context_t * ctx, cublasStatus_t st, const char * what) {
+    if (st == CUBLAS_STATUS_SUCCESS) return BIE_STATUS_OK;
+    if (ctx->cuda->cublas) cublasSetMathMode(ctx->cuda->cublas, CUBLAS_PEDANTIC_MATH);
+    return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: %s: %s", what, cublasGetStatusString(st));
+}
+
+template <typename T>
+static enum bie_status launch_dequant(bie_context_t * ctx, const wq_dev & w, int64_t r0, int64_t r1, int64_t n0, int64_t n1,
+                                      void * out, int64_t ldo) {
+    wq_dequant_kernel<T><<<blocks_for((r1 - r0) * (n1 - n0), 256), 256, 0, ctx->cuda->stream>>>(w, r0, r1, n0, n1, (T *)out,
+                                                                                             ldo);
+    LAUNCHED(ctx, "wq_dequant_kernel");
+    return BIE_STATUS_OK;
+}
+static enum bie_status dequant_as(bie_context_t * ctx, enum bie_dtype dt, const wq_dev & w, int64_t r0, int64_t r1,
+                                  int64_t n0, int64_t n1, void * out, int64_t ldo) {
+    if (dt == BIE_DTYPE_F16) return launch_dequant<__half>(ctx, w, r0, r1, n0, n1, out, ldo);
+    if (dt == BIE_DTYPE_BF16) return launch_dequant<__nv_bfloat16>(ctx, w, r0, r1, n0, n1, out, ldo);
+    return launch_dequant<float>(ctx, w, r0, r1, n0, n1, out, ldo);
+}
+
+static size_t esize(enum bie_dtype d) { return d == BIE_DTYPE_F32 ? 4 : 2; }
+
+// x' as a dense [M][K] buffer of dtype dt (x itself when it is one already).
+static enum bie_status dense_x(bie_context_t * ctx, const struct bie_wq_call * c, enum bie_dtype dt, wq_ws & a,
+                               const void ** out) {
+    const struct bie_tensor * x = &c->x;
+    if (!c->perm.data && !c->channel_scale.data && x->dtype == dt && x->stride[1] == 1 && x->stride[0] == c->K) {
+        *out = x->data;
+        return BIE_STATUS_OK;
+    }
+    void * p = take(a, (size_t)(c->M * c->K) * esize(dt));
+    const unsigned nb = blocks_for(c->M * c->K, 256);
+    const wq_x xa = x_of(c, x);
+    if (dt == BIE_DTYPE_F16) wq_xdense_kernel<__half><<<nb, 256, 0, ctx->cuda->stream>>>(xa, c->M, c->K, (__half *)p);
+    else if (dt == BIE_DTYPE_BF16)
+        wq_xdense_kernel<__nv_bfloat16><<<nb, 256, 0, ctx->cuda->stream>>>(xa, c->M, c->K, (__nv_bfloat16 *)p);
+    else wq_xdense_kernel<float><<<nb, 256, 0, ctx->cuda->stream>>>(xa, c->M, c->K, (float *)p);
+    LAUNCHED(ctx, "wq_xdense_kernel");
+    *out = p;
+    return BIE_STATUS_OK;
+}
+
+#define WQ_PANEL_BYTES ((size_t)64 << 20) // dequantised weight panel (prefill)
+
+static enum bie_status forward_gemm(bie_context_t * ctx, const struct bie_wq_call * c, const wq_dev & w, wq_ws & a) {
+    const enum bie_dtype dt = c->x.dtype;
+    const size_t es = esize(dt);
+    const struct bie_tensor * y = &c->y;
+    const bool direct = y->dtype == dt && y->stride[1] == 1 && y->stride[0] == c->N;
+    const void * xd;
+    BIE_TRY(dense_x(ctx, c, dt, a, &xd));
+    int64_t np = (int64_t)(WQ_PANEL_BYTES / (es * (size_t)c->K)) / 256 * 256;
+    if (np < 256) np = 256;
+    if (np > c->N) np = c->N;
+    void * wp = take(a, (size_t)c->K * np * es);
+    float * ybuf = direct ? NULL : (float *)take(a, (size_t)(c->M * c->N) * 4);
+    cublasHandle_t h;
+    BIE_TRY(bie_cuda_cublas(ctx, &h));
+    const dview bias = view_or_null(&c->bias);
+    const bool fill = direct && c->bias.data;
+    if (fill) {
+        const unsigned nb = blocks_for(c->M * c->N, 256);
+        if (dt == BIE_DTYPE_F16) wq_bias_fill_kernel<__half><<<nb, 256, 0, ctx->cuda->stream>>>(bias, c->M, c->N, (__half *)y->data, c->N);
+        else if (dt == BIE_DTYPE_BF16)
+            wq_bias_fill_kernel<__nv_bfloat16><<<nb, 256, 0, ctx->cuda->stream>>>(bias, c->M, c->N, (__nv_bfloat16 *)y->data, c->N);
+        else wq_bias_fill_kernel<float><<<nb, 256, 0, ctx->cuda->stream>>>(bias, c->M, c->N, (float *)y->data, c->N);
+        LAUNCHED(ctx, "wq_bias_fill_kernel");
+    }
+    const float one = 1.0f, beta = fill ? 1.0f : 0.0f;
+    math_for(h, dt);
+    for (int64_t n0 = 0; n0 < c->N; n0 += np) {
+        const int64_t nb = c->N - n0 < np ? c->N - n0 : np;
+        BIE_TRY(dequant_as(ctx, dt, w, 0, c->K, n0, n0 + nb, wp, nb));
+        // Column-major view: y^T[N, M] = W^T[N, K] x'^T[K, M].
+        void * yp = direct ? (void *)((char *)y->data + (size_t)n0 * es) : (void *)(ybuf + n0);
+        BIE_TRY(cublas_ok(ctx,
+                          cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)nb, (int)c->M, (int)c->K, &one, wp, cuda_type(dt),
+                                       (int)nb, xd, cuda_type(dt), (int)c->K, &beta, yp,
+                                       direct ? cuda_type(dt) : CUDA_R_32F, (int)c->N, CUBLAS_COMPUTE_32F,
+                                       CUBLAS_GEMM_DEFAULT),
+                          "cublasGemmEx (wq forward)"));
+    }
+    math_for(h, BIE_DTYPE_F32);
+    if (!direct) {
+        dview yv;
+        dview_make(y, &yv);
+        wq_store_kernel<<<blocks_for(c->M * c->N, 256), 256, 0, ctx->cuda->stream>>>(ybuf, c->M, c->N, bias, yv);
+        LAUNCHED(ctx, "wq_store_kernel");
+    }
+    return BIE_STATUS_OK;
+}
+
+static size_t gemm_bytes(const struct bie_wq_call * c, enum bie_dtype dt) {
+    const size_t es = esize(dt);
+    return groups_bytes(c) + (size_t)(c->M * c->K) * es + WQ_PANEL_BYTES + (size_t)c->K * 256 * es +
+           (size_t)(c->M * c->N) * 4 + 4096;
+}
+
+extern "C" enum bie_status bie_cuda_wq_forward(bie_context_t * ctx, const struct bie_wq_call * c) {
+    struct bie_cuda_state * st;
+    BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
+    const bool decode = c->M <= WQ_MAX_DECODE_M;
+    int64_t S = 1, per = 1;
+    if (decode) decode_plan(ctx, c, &S, &per);
+    void * ws;
+    BIE_TRY(bie_cuda_workspace(ctx, decode ? decode_bytes(c, S) : gemm_bytes(c, c->x.dtype), &ws));
+    wq_ws a = {(char *)ws, 0};
+    int32_t * gb;
+    int64_t * gw;
+    BIE_TRY(upload_groups(ctx, c, a, &gb, &gw));
+    const wq_dev w = dev_of(c, gb, gw);
+    if (!decode) return forward_gemm(ctx, c, w, a);
+    float * part = (float *)take(a, (size_t)S * c->M * c->N * 4);
+    if (mma_ok(c)) {
+        if (c->x.dtype == BIE_DTYPE_F16) BIE_TRY(decode_mma<__half>(ctx, c, a, w, S, per, part));
+        else BIE_TRY(decode_mma<__nv_bfloat16>(ctx, c, a, w, S, per, part));
+    } else {
+        const void * xf;
+        BIE_TRY(dense_x(ctx, c, BIE_DTYPE_F32, a, &xf));
+        wq_simt_kernel<<<dim3(blocks_for(c->N, 128), (unsigned)S), 128, 0, ctx->cuda->stream>>>(w, (const float *)xf,
+                                                                                             (int)c->M, per, part);
+        LAUNCHED(ctx, "wq_simt_kernel");
+    }
+    dview yv;
+    dview_make(&c->y, &yv);
+    wq_reduce_kernel<<<blocks_for(c->M * c->N, 256), 256, 0, ctx->cuda->stream>>>(part, (int)S, c->M, c->N,
+                                                                                view_or_null(&c->bias), yv);
+    LAUNCHED(ctx, "wq_reduce_kernel");
+    return BIE_STATUS_OK;
+}
+
+// A dense [rows][cols] buffer of dt holding the 2-D view t (t itself when it is one).
+static enum bie_status dense_of(bie_context_t * ctx, const struct bie_tensor * t, enum bie_dtype dt, wq_ws & a,
+                                const void ** out) {
+    const int64_t R = t->shape[0], C = t->shape[1];
+    if (t->dtype == dt && t->stride[1] == 1 && t->stride[0] == C) {
+        *out = t->data;
+        return BIE_STATUS_OK;
+    }
+    struct bie_wq_call tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.x = *t;
+    tmp.M = R;
+    tmp.K = C;
+    return dense_x(ctx, &tmp, dt, a, out);
+}
+
+extern "C" enum bie_status bie_cuda_wq_backward(bie_context_t * ctx, const struct bie_wq_call * c) {
+    struct bie_cuda_state * st;
+    BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
+    // Operands of the GEMMs in one dtype: f16/bf16 when grad_y is (x then too), else f32.
+    const enum bie_dtype dt = c->grad_y.dtype;
+    const size_t es = esize(dt);
+    const int64_t M = c->M, K = c->K, N = c->N;
+    int64_t kp = (int64_t)(WQ_PANEL_BYTES / (es * (size_t)N)) / 256 * 256;
+    if (kp < 256) kp = 256;
+    if (kp > K) kp = K;
+    const size_t bytes = groups_bytes(c) + (size_t)(M * N) * es + (size_t)(M * K) * es + (size_t)(M * K) * 4 +
+                         (size_t)kp * N * es + 8192;
+    void * ws;
+    BIE_TRY(bie_cuda_workspace(ctx, bytes, &ws));
+    wq_ws a = {(char *)ws, 0};
+    int32_t * gb;
+    int64_t * gw;
+    BIE_TRY(upload_groups(ctx, c, a, &gb, &gw));
+    const wq_dev w = dev_of(c, gb, gw);
+    cublasHandle_t h;
+    BIE_TRY(bie_cuda_cublas(ctx, &h));
+    const void * g;
+    BIE_TRY(dense_of(ctx, &c->grad_y, dt, a, &g));
+    const float one = 1.0f, zero = 0.0f;
+    math_for(h, dt);
+    if (c->grad_w.data) {
+        // grad_w^T[N, K] (column-major) = g^T[N, M] x'[M, K]
+        struct bie_wq_call cx = *c;
+        const void * xd;
+        BIE_TRY(dense_x(ctx, &cx, dt, a, &xd));
+        BIE_TRY(cublas_ok(ctx,
+                          cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)N, (int)K, (int)M, &one, g, cuda_type(dt), (int)N,
+                                       xd, cuda_type(dt), (int)K, &zero, c->grad_w.data, CUDA_R_32F, (int)N,
+                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                          "cublasGemmEx (wq grad_w)"));
+    }
+    if (c->grad_x.data) {
+        float * gxr = (float *)take(a, (size_t)(M * K) * 4);
+        void * wp = take(a, (size_t)kp * N * es);
+        for (int64_t k0 = 0; k0 < K; k0 += kp) {
+            const int64_t kb = K - k0 < kp ? K - k0 : kp;
+            BIE_TRY(dequant_as(ctx, dt, w, k0, k0 + kb, 0, N, wp, N));
+            // gxr^T[K, M] rows k0.. (column-major, ld K) = W_panel[kb, N] g^T[N, M]
+            BIE_TRY(cublas_ok(ctx,
+                              cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)kb, (int)M, (int)N, &one, wp, cuda_type(dt),
+                                           (int)N, g, cuda_type(dt), (int)N, &zero, gxr + k0, CUDA_R_32F, (int)K,
+                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                              "cublasGemmEx (wq grad_x)"));
+        }
+        dview gxv;
+        dview_make(&c->grad_x, &gxv);
+        wq_scatter_kernel<<<blocks_for(M * K, 256), 256, 0, ctx->cuda->stream>>>(gxr, M, K, x_of(c, &c->x), gxv);
+        LAUNCHED(ctx, "wq_scatter_kernel");
+    }
+    math_for(h, BIE_DTYPE_F32);
+    return BIE_STATUS_OK;
+}
+
+extern "C" enum bie_status bie_cuda_wq_dequantize(bie_context_t * ctx, const struct bie_wq_call * c,
+                                                   const struct bie_tensor * wt) {
+    struct bie_cuda_state * st;
+    BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
+    void * ws;
+    BIE_TRY(bie_cuda_workspace(ctx, groups_bytes(c) + 1024, &ws));
+    wq_ws a = {(char *)ws, 0};
+    int32_t * gb;
+    int64_t * gw;
+    BIE_TRY(upload_groups(ctx, c, a, &gb, &gw));
+    const wq_dev w = dev_of(c, gb, gw);
+    if (wt->stride[1] != 1)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: w: dequantize writes rows with unit column stride");
+    return dequant_as(ctx, wt->dtype, w, 0, c->K, 0, c->N, wt->data, wt->stride[0]);
+}
