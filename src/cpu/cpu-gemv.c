@@ -174,8 +174,9 @@ static void run_blocks(const struct gemv * j, int64_t b0, int64_t b1, int tid) {
             for (int64_t i = 0; i < M; i++)
                 for (int64_t o = 0; o < nc; o++) {
                     int32_t * d = acc + i * GEMV_NB + o;
-                    const unsigned x = ((unsigned)j->last[i] ^ w[(size_t)o * ldw + j->kb]) & tail;
-                    const int32_t p = *d + (tail ? __builtin_popcount(x) : 0);
+                    int32_t p = *d;
+                    if (tail) // the partial byte (only then does the row have byte kb)
+                        p += __builtin_popcount(((unsigned)j->last[i] ^ w[(size_t)o * ldw + j->kb]) & tail);
                     *d = (int32_t)K - 2 * p;
                 }
         } else if (c->quant == BIE_QUANT_INT4 && K % 2) {
