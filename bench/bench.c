@@ -50,6 +50,22 @@ static double time_median(bench_fn fn, void * state, int repeat) {
     return repeat % 2 ? t[repeat / 2] : 0.5 * (t[repeat / 2 - 1] + t[repeat / 2]);
 }
 
+double bench_now_ms(void) { return now_ms(); }
+
+bie_context_t * bench_context(const struct bench_options * opt, int threads) {
+    struct bie_context_params p;
+    bie_context_params_default(&p);
+    p.backend = !strcmp(opt->backend, "ref") ? BIE_BACKEND_REF : BIE_BACKEND_CPU;
+    p.num_threads = threads;
+    bie_context_t * ctx = NULL;
+    return bie_context_create(&p, &ctx) == BIE_STATUS_OK ? ctx : NULL;
+}
+
+double bench_median(double * t, int n) {
+    qsort(t, (size_t)n, sizeof t[0], cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
 // What every --json row also names, made once: the CPU's model name (/proc/cpuinfo), its logical
 // CPUs, the ISA level bie's CPU backend uses (after any BIE_CPU_ISA cap), OpenBLAS's build, bie's
 // version and the UTC date of the run.
@@ -212,6 +228,7 @@ static enum bie_dtype packed_dtype(int quant) {
 }
 
 static int run_case(const struct bench_options * opt, const struct bench_case * c, int threads) {
+    if (!strcmp(c->kind, "gemv")) return bench_gemv_case(opt, c->name, c->quant, c->M, c->K, c->N, threads);
     struct layer_state s;
     memset(&s, 0, sizeof s);
     s.c = c;
