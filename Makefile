@@ -26,8 +26,8 @@ install: build
 	cmake --install build --prefix $(PREFIX)
 
 # Release build with every unit test (the installed tree and the library without CUDA included),
-# then the whole suite again under ASan + UBSan + LSan, then the PyTorch binding's tests, from the
-# source tree and as pip installs it.
+# then the whole suite again under ASan + UBSan + LSan, the PyTorch binding's tests from the source
+# tree and as pip installs it, the concurrency tests under ThreadSanitizer and the fuzzers briefly.
 test:
 	scripts/install-deps.sh test
 	$(MAKE) --no-print-directory build
@@ -35,6 +35,7 @@ test:
 	$(MAKE) --no-print-directory test-san
 	$(MAKE) --no-print-directory test-python
 	$(MAKE) --no-print-directory test-wheel
+	$(MAKE) --no-print-directory test-tsan
 	$(MAKE) --no-print-directory test-fuzz
 
 test-san:
@@ -65,33 +66,63 @@ test-wheel:
 	  assert p.startswith(sys.prefix), p; print('installed bie uses', p, '- CUDA:', bie.cuda_unavailable_reason() or 'available')"
 	cd build && env -u BIE_LIBRARY BIE_TEST_INSTALLED=1 venv/bin/python -m pytest -p no:cacheprovider $(WHEEL_TESTS)
 
-# libFuzzer targets of the file readers (fuzz/): `make fuzz` runs each for FUZZ_RUNS inputs
-# (default 1,000,000) from its seed corpus; `make test` runs each for FUZZ_SECONDS (default 20).
-FUZZ_RUNS ?= 1000000
-FUZZ_SECONDS ?= 20
-FUZZ_TARGETS = fuzz-safetensors fuzz-idx
-.PHONY: build-fuzz
+# Fuzzing (fuzz/README.md). libFuzzer targets, built with ASan + UBSan: the file readers
+# (fuzz-safetensors, fuzz-idx), model files end to end (fuzz-model) and the layer API against the
+# reference on every backend (fuzz-layers); the bie program's arguments and bench shape files
+# (fuzz/fuzz_cli.py, on the ASan build of bie); the Python binding (hypothesis); a kill -9 loop of
+# `bie train` (fuzz/kill-train.sh).
+# `make fuzz`: each libFuzzer target to FUZZ_RUNS inputs (10 M) or FUZZ_MAX_SECONDS (1 hour)
+# whichever comes first, the others for FUZZ_MAX_SECONDS / 6 or their own bounds.
+# `make test-fuzz` (part of `make test`): each for FUZZ_SECONDS (12) or a few hundred runs.
+FUZZ_RUNS ?= 10000000
+FUZZ_MAX_SECONDS ?= 3600
+FUZZ_SECONDS ?= 12
+FUZZ_TARGETS = fuzz-safetensors fuzz-idx fuzz-model fuzz-layers
+FUZZ_FLAGS = -max_len=65536 -rss_limit_mb=2048 -timeout=60 -print_final_stats=1
+.PHONY: build-fuzz fuzz-libfuzzer fuzz-others test-tsan
 build-fuzz:
 	CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBIE_FUZZ=ON -DBIE_CUDA=OFF $(CMAKE_FLAGS) >/dev/null
-	cmake --build build-fuzz -j$(JOBS) --target $(FUZZ_TARGETS)
+	cmake --build build-fuzz -j$(JOBS) --target $(FUZZ_TARGETS) bie_cli
 
-fuzz: build-fuzz
+# Runs every libFuzzer target with FUZZ_ARGS; corpus: fuzz/corpus-<name> (fuzz-model reads the
+# safetensors one) plus what the runs found (build-fuzz/corpus/<name>).
+fuzz-libfuzzer: build-fuzz
 	@for t in $(FUZZ_TARGETS); do \
-	  mkdir -p build-fuzz/corpus/$$t; \
-	  echo "$$t: $(FUZZ_RUNS) runs"; \
-	  build-fuzz/$$t -runs=$(FUZZ_RUNS) -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1 \
-	    build-fuzz/corpus/$$t fuzz/corpus-$${t#fuzz-} >build-fuzz/$$t.log 2>&1; rc=$$?; \
-	  grep -E "^(stat::number_of_executed_units|Done)" build-fuzz/$$t.log; \
+	  seed=fuzz/corpus-$${t#fuzz-}; [ $$t = fuzz-model ] && seed=fuzz/corpus-safetensors; \
+	  mkdir -p build-fuzz/corpus/$$t; [ -d $$seed ] || seed=; \
+	  build-fuzz/$$t $(FUZZ_FLAGS) $(FUZZ_ARGS) build-fuzz/corpus/$$t $$seed >build-fuzz/$$t.log 2>&1; rc=$$?; \
+	  echo "$$t: $$(grep -E '^stat::number_of_executed_units' build-fuzz/$$t.log | sed 's/.*: *//') executions," \
+	       "$$(grep -E '^stat::average_exec_per_sec' build-fuzz/$$t.log | sed 's/.*: *//')/s, exit $$rc"; \
 	  [ $$rc -eq 0 ] || { tail -n 40 build-fuzz/$$t.log; echo "$$t failed: see build-fuzz/$$t.log"; exit 1; }; \
 	done
 
-test-fuzz: build-fuzz
-	@for t in $(FUZZ_TARGETS); do \
-	  mkdir -p build-fuzz/corpus/$$t; \
-	  build-fuzz/$$t -max_total_time=$(FUZZ_SECONDS) -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1 \
-	    build-fuzz/corpus/$$t fuzz/corpus-$${t#fuzz-} >build-fuzz/$$t.log 2>&1; rc=$$?; \
-	  grep -E "^(stat::number_of_executed_units|Done)" build-fuzz/$$t.log; \
-	  [ $$rc -eq 0 ] || { tail -n 40 build-fuzz/$$t.log; echo "$$t failed: see build-fuzz/$$t.log"; exit 1; }; \
+# The program (on its ASan build), the binding and the kill loop, for FUZZ_OTHER_SECONDS each.
+fuzz-others: build-fuzz
+	python3 fuzz/fuzz_cli.py --bie build-fuzz/bie --seconds $(FUZZ_OTHER_SECONDS) --work build-fuzz/cli
+	BIE_LIBRARY=$(CURDIR)/build/libbie.so PYTHONPATH=$(CURDIR)/python BIE_FUZZ_SECONDS=$(FUZZ_OTHER_SECONDS) \
+	  /usr/bin/python3 -m pytest -q -p no:cacheprovider fuzz/python
+	fuzz/kill-train.sh build/bie $(FUZZ_KILLS) build-fuzz/kill
+
+fuzz:
+	$(MAKE) --no-print-directory build
+	$(MAKE) --no-print-directory fuzz-libfuzzer FUZZ_ARGS="-runs=$(FUZZ_RUNS) -max_total_time=$(FUZZ_MAX_SECONDS)"
+	$(MAKE) --no-print-directory fuzz-others FUZZ_OTHER_SECONDS=$$(($(FUZZ_MAX_SECONDS) / 6)) FUZZ_KILLS=50
+
+test-fuzz:
+	$(MAKE) --no-print-directory fuzz-libfuzzer FUZZ_ARGS="-max_total_time=$(FUZZ_SECONDS)"
+	$(MAKE) --no-print-directory fuzz-others FUZZ_OTHER_SECONDS=$(FUZZ_SECONDS) FUZZ_KILLS=5
+
+# The concurrency tests under ThreadSanitizer: contexts in several threads, one OpenMP thread each
+# (libgomp and OpenBLAS are not instrumented).
+TSAN_TESTS = test-concurrency test-context
+test-tsan:
+	CC=clang cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBIE_TSAN=ON -DBIE_CUDA=OFF $(CMAKE_FLAGS) >/dev/null
+	cmake --build build-tsan -j$(JOBS) --target $(TSAN_TESTS)
+	@for t in $(TSAN_TESTS); do \
+	  echo "$$t (ThreadSanitizer)"; \
+	  BIE_TEST_TSAN=1 BIE_TEST_QUICK=1 OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 TSAN_OPTIONS="halt_on_error=1" \
+	    build-tsan/tests/$$t >build-tsan/$$t.log 2>&1 || { tail -n 60 build-tsan/$$t.log; exit 1; }; \
+	  tail -n 1 build-tsan/$$t.log; \
 	done
 
 demo:
@@ -100,7 +131,7 @@ demo:
 	scripts/demo.sh
 
 clean:
-	rm -rf build build-san build-fuzz
+	rm -rf build build-san build-fuzz build-tsan
 
 # docs/performance.md from the benchmarks' JSON results in bench/results/ (scripts/perf-report.py);
 # `make test` checks that the committed page is what those files give.

@@ -51,6 +51,22 @@ static double time_median(bench_fn fn, void * state, int repeat) {
     return repeat % 2 ? t[repeat / 2] : 0.5 * (t[repeat / 2 - 1] + t[repeat / 2]);
 }
 
+double bench_now_ms(void) { return now_ms(); }
+
+bie_context_t * bench_context(const struct bench_options * opt, int threads) {
+    struct bie_context_params p;
+    bie_context_params_default(&p);
+    p.backend = !strcmp(opt->backend, "ref") ? BIE_BACKEND_REF : BIE_BACKEND_CPU;
+    p.num_threads = threads;
+    bie_context_t * ctx = NULL;
+    return bie_context_create(&p, &ctx) == BIE_STATUS_OK ? ctx : NULL;
+}
+
+double bench_median(double * t, int n) {
+    qsort(t, (size_t)n, sizeof t[0], cmp_double);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
 // What every --json row also names, made once: the CPU's model name (/proc/cpuinfo), its logical
 // CPUs, the ISA level bie's CPU backend uses (after any BIE_CPU_ISA cap), OpenBLAS's build, bie's
 // version and the UTC date of the run.
@@ -213,6 +229,7 @@ static enum bie_dtype packed_dtype(int quant) {
 }
 
 static int run_case(const struct bench_options * opt, const struct bench_case * c, int threads) {
+    if (!strcmp(c->kind, "gemv")) return bench_gemv_case(opt, c->name, c->quant, c->M, c->K, c->N, threads);
     struct layer_state s;
     memset(&s, 0, sizeof s);
     s.c = c;
@@ -307,35 +324,89 @@ static int run_case(const struct bench_options * opt, const struct bench_case * 
 
 // --- shape files and options ----------------------------------------------------------------
 
-static bool parse_line(char * line, struct bench_case * c, int lineno) {
+// Bounds of a shape line: every size in [1, 2^20] (padding [0, 64], kernel and stride [1, 64]),
+// and every buffer the case allocates (and every sgemm argument) at most 2^31 - 1 elements.
+#define SHAPE_MAX (INT64_C(1) << 20)
+#define ELEMS_MAX (INT64_C(0x7fffffff))
+
+static bool elems_ok(int64_t a, int64_t b, int64_t c, int64_t d) {
+    int64_t p;
+    return !__builtin_mul_overflow(a, b, &p) && !__builtin_mul_overflow(p, c, &p) && !__builtin_mul_overflow(p, d, &p) &&
+           p <= ELEMS_MAX;
+}
+
+// Checks a parsed case; false (after a message naming the line) when it cannot run.
+static bool check_case(const struct bench_case * c, const char * file, int lineno) {
+    const char * why = NULL;
+    const bool conv = !strcmp(c->kind, "conv");
+    if (!conv && strcmp(c->kind, "linear") && strcmp(c->kind, "gemm") && strcmp(c->kind, "train"))
+        why = "the kind must be linear, gemm, conv or train";
+    else if (c->quant != 1 && c->quant != 4 && c->quant != 8) why = "quant must be 1, 4 or 8";
+    else if (!strcmp(c->kind, "gemm") && c->quant != 1) why = "a gemm case is binary (quant=1)";
+    else if (!conv && (c->M < 1 || c->N < 1 || c->K < 1 || c->M > SHAPE_MAX || c->N > SHAPE_MAX || c->K > SHAPE_MAX))
+        why = "M, N and K must be in [1, 2^20]";
+    else if (!conv && !(elems_ok(c->M, c->K, 1, 1) && elems_ok(c->M, c->N, 1, 1) && elems_ok(c->N, c->K, 1, 1)))
+        why = "M*K, M*N and N*K must be at most 2^31 - 1";
+    else if (conv && (c->B < 1 || c->C < 1 || c->H < 1 || c->W < 1 || c->O < 1 || c->B > SHAPE_MAX ||
+                      c->C > SHAPE_MAX || c->H > SHAPE_MAX || c->W > SHAPE_MAX || c->O > SHAPE_MAX))
+        why = "B, C, H, W and O must be in [1, 2^20]";
+    else if (conv && (c->k < 1 || c->k > 64 || c->s < 1 || c->s > 64 || c->p < 0 || c->p > 64))
+        why = "k and s must be in [1, 64], p in [0, 64]";
+    else if (conv && (c->H + 2 * c->p < c->k || c->W + 2 * c->p < c->k)) why = "the kernel is larger than the padded input";
+    if (!why && conv) {
+        const int64_t OH = (c->H + 2 * c->p - c->k) / c->s + 1, OW = (c->W + 2 * c->p - c->k) / c->s + 1;
+        if (!(elems_ok(c->B, c->C, c->H, c->W) && elems_ok(c->B, c->O, OH, OW) && elems_ok(c->O, c->C, c->k, c->k) &&
+              elems_ok(c->C * c->k * c->k, OH, OW, 1)))
+            why = "its tensors (input, output, weight, im2col) must hold at most 2^31 - 1 elements each";
+    }
+    if (why) fprintf(stderr, "bie bench: %s:%d: %s: %s\n", file, lineno, c->name, why);
+    return why == NULL;
+}
+
+// Parses one line `kind name key=value ...`: 1 for a case, 0 for a blank or comment line, -1 (after
+// a message) for a line that is not a valid case.
+static int parse_line(char * line, struct bench_case * c, const char * file, int lineno) {
     memset(c, 0, sizeof *c);
     c->quant = 1;
     c->B = 1;
     c->k = 3;
     c->s = 1;
-    char * tok = strtok(line, " \t\r\n");
-    if (!tok || tok[0] == '#') return false;
+    char * save = NULL;
+    char * tok = strtok_r(line, " \t\r\n", &save);
+    if (!tok || tok[0] == '#') return 0;
     snprintf(c->kind, sizeof c->kind, "%s", tok);
-    tok = strtok(NULL, " \t\r\n");
+    tok = strtok_r(NULL, " \t\r\n", &save);
     snprintf(c->name, sizeof c->name, "%s", tok ? tok : "?");
-    while ((tok = strtok(NULL, " \t\r\n"))) {
+    while ((tok = strtok_r(NULL, " \t\r\n", &save))) {
         char * eq = strchr(tok, '=');
-        if (!eq) continue;
+        if (!eq) {
+            fprintf(stderr, "bie bench: %s:%d: \"%.40s\" is not key=value\n", file, lineno, tok);
+            return -1;
+        }
         *eq = 0;
-        const int64_t v = strtoll(eq + 1, NULL, 10);
+        char * end = NULL;
+        errno = 0;
+        const long long v = strtoll(eq + 1, &end, 10);
+        if (errno || end == eq + 1 || *end) {
+            fprintf(stderr, "bie bench: %s:%d: %s=%.40s is not an integer\n", file, lineno, tok, eq + 1);
+            return -1;
+        }
         struct { const char * k; int64_t * p; } keys[] = {{"M", &c->M}, {"N", &c->N}, {"K", &c->K}, {"B", &c->B},
                                                           {"C", &c->C}, {"H", &c->H}, {"W", &c->W}, {"O", &c->O},
                                                           {"k", &c->k}, {"s", &c->s}, {"p", &c->p}};
         bool found = !strcmp(tok, "quant");
-        if (found) c->quant = (int)v;
+        if (found) c->quant = v < -1000 || v > 1000 ? 0 : (int)v;
         for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
             if (!strcmp(tok, keys[i].k)) {
                 *keys[i].p = v;
                 found = true;
             }
-        if (!found) fprintf(stderr, "bie bench: line %d: unknown key %s\n", lineno, tok);
+        if (!found) {
+            fprintf(stderr, "bie bench: %s:%d: unknown key %.40s\n", file, lineno, tok);
+            return -1;
+        }
     }
-    return true;
+    return check_case(c, file, lineno) ? 1 : -1;
 }
 
 // Opens the shape file as given, or relative to the program's directory: in a build tree
@@ -470,7 +541,12 @@ int bie_bench_main(int argc, char ** argv) {
     while (fgets(line, sizeof line, f)) {
         lineno++;
         struct bench_case c;
-        if (!parse_line(line, &c, lineno)) continue;
+        const int parsed = parse_line(line, &c, o.shapes, lineno);
+        if (parsed < 0) {
+            fclose(f);
+            return 2;
+        }
+        if (!parsed) continue;
         if (o.filter && !strstr(c.name, o.filter)) continue;
         if (!selected++ && !o.json)
             printf("%-24s %-5s %3s %11s  %-22s %11s %9s %9s\n", "case", "bknd", "thr", "bie_ms", "baseline",

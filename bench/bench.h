@@ -20,6 +20,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <time.h>
 
@@ -46,6 +47,19 @@ struct bench_result {
 
 // Prints a row as a table line or (json) as one JSON object per line.
 void bench_print(const struct bench_options * opt, const struct bench_result * r);
+
+// A context for the options' backend (cpu or ref) with `threads` threads; NULL on failure.
+struct bie_context;
+struct bie_context * bench_context(const struct bench_options * opt, int threads);
+
+// Milliseconds of a monotonic clock; the median of t[0 .. n-1] (sorts t).
+double bench_now_ms(void);
+double bench_median(double * t, int n);
+
+// The `gemv` cases (bench/bench-gemv.c): a linear layer with M <= 8 rows against a read of the same
+// bytes, its weight in the caches and streamed from DRAM; prints two rows.
+int bench_gemv_case(const struct bench_options * opt, const char * name, int quant, int64_t M, int64_t K, int64_t N,
+                    int threads);
 
 // Runs `bie bench [options]`; argv[0] is "bench". Returns the process exit code.
 int bie_bench_main(int argc, char ** argv);

@@ -14,7 +14,9 @@
 //   BIE_DTYPE_S4 tensor an array of 4-bit two's-complement nibbles (element offset e lives in
 //   byte e / 2, in the HIGH nibble when e is even). The public interchange formats
 //   (docs/formats.md) are such views with rows padded to whole bytes.
-// - A context is not thread-safe: use one context per thread.
+// - A context is not thread-safe: use one context per thread (a context may move between threads
+//   between calls). A call made while another thread is inside a call on the same context is
+//   refused with INVALID_ARGUMENT (its message is readable from the refused thread).
 // - Numerical contract (docs/semantics.md): sign(v) = +1 if v >= 0 else -1; integer
 //   accumulations are exact and identical on every backend; rounding to integers is
 //   round-half-to-even; float outputs are (float)acc * (scale_a * scale_w) rounded to the
@@ -108,7 +110,8 @@ BIE_API enum bie_status bie_tensor_permute(struct bie_tensor * t, const int32_t 
 // Bytes spanned by the view (from data to one past its last element, rounded up to a byte).
 BIE_API enum bie_status bie_tensor_nbytes(const struct bie_tensor * t, size_t * out_bytes);
 
-// Number of elements (product of the shape; 1 for a scalar).
+// Number of elements (product of the shape; 1 for a scalar); -1 when the product overflows int64 or
+// a dimension is negative.
 BIE_API int64_t bie_tensor_numel(const struct bie_tensor * t);
 
 //
@@ -134,7 +137,7 @@ enum bie_cpu_isa {
 
 struct bie_context_params {
     enum bie_backend backend; // BIE_BACKEND_AUTO by default
-    int32_t num_threads;      // CPU threads; <= 0: OpenMP's default
+    int32_t num_threads;      // CPU threads; <= 0: OpenMP's default; at most BIE_MAX_THREADS
     enum bie_cpu_isa max_isa; // BIE_CPU_ISA_BEST by default
 };
 
@@ -164,6 +167,25 @@ BIE_API const char * bie_cpu_isa_name(enum bie_cpu_isa isa);
 // Reserves workspace so later calls with shapes up to this size do not allocate.
 BIE_API enum bie_status bie_context_reserve(bie_context_t * ctx, enum bie_device_type device,
                                             size_t bytes);
+
+// The most CPU threads a context uses: a larger num_threads is INVALID_ARGUMENT, and OpenMP's
+// default is capped to it. (OpenMP ends the process when it cannot create the threads it was asked
+// for, so the count is bounded before it gets there.)
+#define BIE_MAX_THREADS 1024
+
+// The memory limit of a new context: 4 GiB.
+#define BIE_DEFAULT_MEMORY_LIMIT ((size_t)4 << 30)
+
+// Caps the host memory of one call's workspace, and of the activations (and gradients) of one model
+// run with this context (bie_model_memory). A call that would need more returns OUT_OF_MEMORY
+// naming both sizes; a model file whose activations for a single sample exceed the limit is
+// refused on load. bytes = 0 restores BIE_DEFAULT_MEMORY_LIMIT. docs/limits.md lists every limit.
+BIE_API enum bie_status bie_context_set_memory_limit(bie_context_t * ctx, size_t bytes);
+BIE_API size_t bie_context_memory_limit(const bie_context_t * ctx);
+
+// Frees the context's host workspace now (later calls allocate again). Host workspace larger than
+// 256 MiB, or than bie_context_reserve asked for, is also freed when the call that needed it returns.
+BIE_API enum bie_status bie_context_release_workspace(bie_context_t * ctx);
 
 //
 // Version and capabilities
@@ -412,6 +434,8 @@ BIE_API enum bie_status bie_weight_to_latent_int8(bie_context_t * ctx, const str
 // I32, I8, U8. A safetensors file has no sub-byte dtype: packed bits and nibbles are stored as U8.
 
 #define BIE_SAFETENSORS_MAX_HEADER (100u << 20)
+// bie_safetensors_read refuses larger files (from their size, before reading).
+#define BIE_SAFETENSORS_MAX_FILE ((size_t)4 << 30)
 
 struct bie_st_tensor {
     const char * name;
@@ -427,7 +451,9 @@ typedef struct bie_safetensors bie_safetensors_t;
 // Parses a file image held in memory (the bytes are copied). FORMAT_ERROR names what is wrong.
 BIE_API enum bie_status bie_safetensors_parse(bie_context_t * ctx, const void * bytes, size_t size,
                                               bie_safetensors_t ** out);
-// Reads and parses the file at path (at most 4 GiB). Messages name the file.
+// Reads and parses the file at path: a regular file of at most BIE_SAFETENSORS_MAX_FILE bytes. Its
+// header is read and checked before its data section (a bad file costs no more memory than its
+// header). Parsing is linear in the header's length. Messages name the file.
 BIE_API enum bie_status bie_safetensors_read(bie_context_t * ctx, const char * path,
                                              bie_safetensors_t ** out);
 BIE_API void bie_safetensors_free(bie_safetensors_t * st);
@@ -444,8 +470,11 @@ BIE_API const char * bie_safetensors_metadata_at(const bie_safetensors_t * st, s
                                                  const char ** value);
 
 // Writes n tensors (in this order; names unique, not "__metadata__") and the metadata (n_meta
-// key/value string pairs: meta[2i] = key, meta[2i+1] = value) to path atomically: a temporary
-// file next to path, flushed to disk, then renamed over path.
+// key/value string pairs: meta[2i] = key, meta[2i+1] = value; keys unique; names, keys and values
+// valid UTF-8, as the reader requires) to path atomically: a temporary file next to path
+// ("<path>.tmp.<pid>.<suffix>"), flushed to disk, renamed over path, and the directory flushed.
+// Temporary files that writers killed meanwhile left behind are removed first. The file gets
+// 0666 less the umask (a replaced file keeps its mode); the process umask is never changed.
 BIE_API enum bie_status bie_safetensors_write(bie_context_t * ctx, const char * path,
                                               const struct bie_st_tensor * tensors, size_t n,
                                               const char * const * meta, size_t n_meta);
@@ -453,8 +482,10 @@ BIE_API enum bie_status bie_safetensors_write(bie_context_t * ctx, const char * 
 // --- IDX files (MNIST, Fashion-MNIST) ------------------------------------------------------------
 // An IDX file: magic 0x00 0x00 type ndim, then ndim big-endian uint32 dimensions, then the
 // elements. Only unsigned bytes (type 0x08) are read. Files may be gzip-compressed (detected by
-// their magic); the decompressed size is bounded by BIE_IDX_MAX_BYTES. The element count must
-// match the rest of the file exactly: a truncated or padded file is a FORMAT_ERROR.
+// their magic). The header is checked first, and the data size it declares (at most
+// BIE_IDX_MAX_BYTES) is all the memory the data takes: a gzip stream is inflated no further, and a
+// bad header is refused before the data is inflated or read. The element count must match the rest
+// of the file exactly: a truncated or padded file is a FORMAT_ERROR. Only regular files are read.
 
 #define BIE_IDX_MAX_BYTES (1u << 30)
 
@@ -604,6 +635,12 @@ BIE_API enum bie_status bie_model_layer_info(const bie_model_t * model, int64_t 
 // Number of outputs per sample (classes) and inputs per sample (C*H*W).
 BIE_API int64_t bie_model_num_outputs(const bie_model_t * model);
 BIE_API int64_t bie_model_num_inputs(const bie_model_t * model);
+// Bytes of host memory the model's own buffers take for a batch of `batch` samples: every layer's
+// output (and, training != 0, its gradient), max-pooling indexes and the largest scratch of one
+// float layer. (Each layer call's workspace comes on top, from the context.) bie_model_forward
+// refuses a batch whose memory exceeds the context's memory limit (OUT_OF_MEMORY, before any
+// allocation), and bie_model_load / bie_model_create refuse a model whose one sample does.
+BIE_API enum bie_status bie_model_memory(const bie_model_t * model, int64_t batch, int training, size_t * out_bytes);
 
 // Forward pass over x [n, C, H, W]; *logits (owned by the model, valid until the next call)
 // is [n, outputs]. training != 0 uses batch statistics and keeps what the backward needs.

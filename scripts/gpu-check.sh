@@ -148,6 +148,26 @@ if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null; then
   [ $ok = 1 ] && note memcheck "clean" || note memcheck "ERRORS (see memcheck-*.txt)"
 fi
 
+# The layer fuzzer's CUDA mode (fuzz/cuda/fuzz-layers-cuda.c): random layer calls on the CUDA backend
+# against the reference, under compute-sanitizer (memcheck, then racecheck and synccheck on fewer runs).
+if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null && [ -x $BUILD/fuzz-layers-cuda ]; then
+  stage "layer fuzzer, CUDA mode, under compute-sanitizer"
+  runs=20000
+  [ $QUICK = 1 ] && runs=2000
+  ok=1
+  for tool in memcheck racecheck synccheck; do
+    n=$runs
+    [ $tool != memcheck ] && n=$((runs / 10))
+    if ! timeout 1500 compute-sanitizer --tool $tool --error-exitcode 9 $BUILD/fuzz-layers-cuda --runs $n --seed 1 \
+         >"$LOG/fuzz-layers-cuda-$tool.txt" 2>&1; then
+      ok=0
+      tail -30 "$LOG/fuzz-layers-cuda-$tool.txt"
+    fi
+    grep -E "ERROR SUMMARY|fuzz-layers-cuda:" "$LOG/fuzz-layers-cuda-$tool.txt"
+  done
+  [ $ok = 1 ] && note "layer fuzzer (CUDA)" "clean ($runs cases under memcheck)" || note "layer fuzzer (CUDA)" "ERRORS (fuzz-layers-cuda-*.txt)"
+fi
+
 if [ $BENCH = 1 ]; then
   stage "benchmarks"
   BQ=""

@@ -28,6 +28,10 @@
 // Returns BIE_STATUS_INVALID_ARGUMENT with a printf-style message; needs `ctx` in scope.
 #define BIE_FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
 
+// The status FORMAT_ERROR with a printf-style message, as an expression (the readers of untrusted
+// files); needs `ctx` in scope.
+#define BIE_FORMAT_ERROR(...) bie_set_error(ctx, BIE_STATUS_FORMAT_ERROR, __VA_ARGS__)
+
 struct bie_cuda_state; // owned by src/cuda (the CUDA plugin)
 
 struct bie_context {
@@ -37,7 +41,40 @@ struct bie_context {
     void * host_ws; // host workspace, grown on demand, 64-byte aligned
     size_t host_ws_size;
     struct bie_cuda_state * cuda; // NULL until the first CUDA call
+    size_t mem_limit;   // bie_context_set_memory_limit: most bytes of one workspace or model's activations
+    size_t ws_reserved; // bie_context_reserve's bytes: host workspace up to this size outlives a call
+    uintptr_t user;     // the thread inside a public call on this context, or 0 (__atomic builtins)
+    int depth;          // how deeply that thread's public calls nest
 };
+
+// Host workspace beyond this size (or beyond what bie_context_reserve asked for) is freed when the
+// outermost public call that needed it returns.
+#define BIE_WORKSPACE_KEEP ((size_t)256 << 20)
+
+// --- one thread at a time per context ---------------------------------------------------------------
+// Every public function taking a context starts with BIE_ENTER(ctx) (after its NULL check): it
+// marks the context as used by the calling thread until the function returns (nested public calls
+// by the same thread are fine) and clears the context's message. A call from another thread
+// meanwhile is refused with INVALID_ARGUMENT and a message of its own, which bie_context_last_error
+// returns on the refused thread without touching the owner's message (a context is not thread-safe;
+// sharing one gave wrong results before). When the outermost call returns, workspace beyond
+// BIE_WORKSPACE_KEEP is released.
+struct bie_ctx_guard {
+    bie_context_t * ctx;
+};
+bool bie_ctx_enter(bie_context_t * ctx);
+void bie_ctx_leave_guard(struct bie_ctx_guard * g);
+enum bie_status bie_ctx_busy(const bie_context_t * ctx);
+#define BIE_ENTER(c)                                                                               \
+    __attribute__((cleanup(bie_ctx_leave_guard))) struct bie_ctx_guard bie_guard_ = {(c)};         \
+    if (bie_guard_.ctx && !bie_ctx_enter(bie_guard_.ctx)) {                                        \
+        bie_guard_.ctx = NULL;                                                                     \
+        return bie_ctx_busy(c);                                                                    \
+    }
+
+// The CPU threads a context's calls use: its num_threads, or OpenMP's default (also for ctx NULL),
+// at most BIE_MAX_THREADS.
+int bie_context_threads(const bie_context_t * ctx);
 
 // Sets the context's message (printf-style) and returns status. ctx may be NULL.
 enum bie_status bie_set_error(bie_context_t * ctx, enum bie_status status, const char * fmt, ...)
@@ -48,7 +85,8 @@ enum bie_status bie_set_error(bie_context_t * ctx, enum bie_status status, const
 void bie_clear_error(bie_context_t * ctx);
 
 // Host workspace of at least `bytes` bytes (64-byte aligned), owned by the context and valid until
-// the next call that asks for workspace. Grows (reallocates) when too small.
+// the next call that asks for workspace. Grows (reallocates) when too small; OUT_OF_MEMORY above the
+// context's memory limit.
 enum bie_status bie_host_workspace(bie_context_t * ctx, size_t bytes, void ** out);
 
 // --- dtypes -------------------------------------------------------------------------------------
@@ -90,6 +128,12 @@ float bie_load_scalar(const struct bie_tensor * t);
 // (0 only if allow_broadcast), no int64 overflow. `name` is used in the message.
 enum bie_status bie_check_tensor(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
                                  bool allow_broadcast);
+
+// Refuses outputs (NULL entries and data == NULL skipped) whose elements overlap each other, or
+// whose bytes overlap another output's or an input's, with a message naming both.
+enum bie_status bie_check_outputs(bie_context_t * ctx, const struct bie_tensor * const * outs, const char * const * out_names,
+                                  int n_out, const struct bie_tensor * const * ins, const char * const * in_names,
+                                  int n_in);
 
 // --- normalised layer call ----------------------------------------------------------------------
 

@@ -3,17 +3,9 @@
 // random binary / 4-bit / 8-bit linear and conv2d layers (odd shapes, every kernel, stride, pad,
 // dilation and pad value, contiguous / channels-last / strided views).
 //
-// Tolerance, derived: every float output is a sum of n terms. sgemm adds them in f32 in its own
-// order (error <= n*eps*sum|terms|, eps = 2^-24 per rounding, Higham's gamma_n), the weight
-// w*scale_w is rounded once (eps*|term| each), and the output is rounded once; the reference sums
-// in double. With gmax = max|grad_y|, and the terms bounded by their maxima:
-//   grad_x[.]   n = O*kh*kw terms g*w*scale_w:     tol_x = (n+2)*eps * n*gmax*wmax*scale_w
-//   grad_W[.]   n = N*OH*OW terms g*a_pad*scale_a: tol_w = (n+2)*eps * n*gmax*amax*scale_a
-//   grad_bias_a[c] sums N*H*W grad_x values:       tol_b = N*H*W*tol_x
-//   grad_scale_a sums numel(x) grad_x*d (|d| <= dmax) / sqrt(numel(x)*(1 or hi)):
-//                                                  tol_s = numel(x)*tol_x*dmax / denominator
-// each plus one rounding of the output (eps*|value|, or half an ulp of f16/bf16). Masks and codes
-// are computed exactly as in the reference, so masked-out elements must be exactly zero.
+// Tolerance: backward-tolerance.h derives it; masks and codes are computed exactly as in the
+// reference, so masked-out elements must be exactly zero.
+#include "backward-tolerance.h"
 #include "test-cpu-common.h"
 
 #include "cpu/cpu-impl.h"
@@ -31,7 +23,6 @@ struct bcase {
     char what[320];
 };
 
-static float rel_round(enum bie_dtype d) { return d == BIE_DTYPE_BF16 ? 0x1p-8f : d == BIE_DTYPE_F16 ? 0x1p-11f : 0x1p-24f; }
 
 static void fill_case(struct bcase * bc, enum bie_dtype wd) {
     test_fill_uniform(&bc->x, -2, 2);
@@ -169,16 +160,6 @@ static void free_outs(struct outs * o) {
     test_tensor_free(&o->gb);
 }
 
-static double max_abs(const struct bie_tensor * t) {
-    double m = 0;
-    int64_t idx[BIE_MAX_DIMS] = {0};
-    do {
-        const double v = fabs(bie_load(t, bie_offset(t, idx)));
-        if (v > m) m = v;
-    } while (bie_next_index(t, idx));
-    return m;
-}
-
 // Compares every element of a and b (same views) within tol + the output rounding; returns the
 // number of mismatches (the first few are printed).
 static int compare(const char * name, const struct bie_tensor * a, const struct bie_tensor * b, double tol,
@@ -188,7 +169,7 @@ static int compare(const char * name, const struct bie_tensor * a, const struct 
     do {
         const int64_t off = bie_offset(a, idx);
         const double va = bie_load(a, off), vb = bie_load(b, off);
-        const double t = tol + 2.0 * rel_round(a->dtype) * fabs(vb);
+        const double t = tol + 2.0 * backward_rounding(a->dtype) * fabs(vb);
         if (!(fabs(va - vb) <= t)) {
             if (bad < 3)
                 fprintf(stderr, "  %s[off %lld]: cpu %.9g ref %.9g tol %.3g (%s)\n", name, (long long)off, va, vb, t,
@@ -212,23 +193,17 @@ static void check_case(struct bcase * bc, bie_context_t * ref, bie_context_t ** 
     CHECK(sr == BIE_STATUS_OK, "ref: %s (%s)", bie_context_last_error(ref), bc->what);
     const enum bie_status s1 = run(cpu1, bc, &c1);
     CHECK(s1 == BIE_STATUS_OK, "cpu: %s (%s)", bie_context_last_error(cpu1), bc->what);
-    const double eps = 0x1p-24, gmax = max_abs(&bc->gy), sa = bie_load_scalar(&bc->sa), sw = bie_load_scalar(&bc->sw);
-    const double lo = bc->q == BIE_QUANT_BINARY ? 1 : bc->q == BIE_QUANT_INT4 ? 8 : 128;
-    const double hi = bc->q == BIE_QUANT_BINARY ? 1 : bc->q == BIE_QUANT_INT4 ? 7 : 127;
-    const double wmax = lo, amax = lo, dmax = lo;
-    const double nxt = (double)bc->n_x_terms, nwt = (double)bc->n_w_terms;
-    const double tol_x = (nxt + 2) * eps * nxt * gmax * wmax * sw;
-    const double tol_w = (nwt + 2) * eps * nwt * gmax * amax * sa;
-    const double tol_b = (double)bc->n_b_terms * tol_x;
-    const double tol_s = (double)bc->nx * tol_x * dmax / sqrt((double)bc->nx * hi);
+    const struct backward_tolerance tol =
+        backward_tolerance(bc->q, tensor_max_abs(&bc->gy), bie_load_scalar(&bc->sa), bie_load_scalar(&bc->sw),
+                           (double)bc->n_x_terms, (double)bc->n_w_terms, (double)bc->n_b_terms, (double)bc->nx);
     for (int l = 0; l < nlev; l++) {
         struct outs c2;
         const enum bie_status s2 = run(cpu2[l], bc, &c2);
         CHECK(s2 == BIE_STATUS_OK, "cpu: %s (%s)", bie_context_last_error(cpu2[l]), bc->what);
-        int bad = compare("grad_x", &c2.gx, &r.gx, tol_x, bc->what);
-        bad += compare("grad_weight", &c2.gw, &r.gw, tol_w, bc->what);
-        bad += compare("grad_bias_a", &c2.gb, &r.gb, tol_b, bc->what);
-        bad += compare("grad_scale_a", &c2.gs, &r.gs, tol_s, bc->what);
+        int bad = compare("grad_x", &c2.gx, &r.gx, tol.x, bc->what);
+        bad += compare("grad_weight", &c2.gw, &r.gw, tol.w, bc->what);
+        bad += compare("grad_bias_a", &c2.gb, &r.gb, tol.b, bc->what);
+        bad += compare("grad_scale_a", &c2.gs, &r.gs, tol.s, bc->what);
         CHECK(bad == 0, "isa %s: %d gradient values outside the tolerance (%s)",
               bie_cpu_isa_name(bie_context_cpu_isa(cpu2[l])), bad, bc->what);
         // The best level at 2 threads against 1 thread: byte-identical.
@@ -241,11 +216,8 @@ static void check_case(struct bcase * bc, bie_context_t * ref, bie_context_t ** 
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    enum bie_cpu_isa levels[4];
-    const int nlev = cpu_test_levels(levels);
-    bie_context_t * ref = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
-    bie_context_t * cpu2[4];
-    for (int l = 0; l < nlev; l++) cpu2[l] = cpu_test_ctx(BIE_BACKEND_CPU, levels[l], 2);
+    bie_context_t * ref, * cpu2[4];
+    const int nlev = cpu_test_contexts(&ref, cpu2, 2);
     bie_context_t * cpu1 = cpu_test_ctx(BIE_BACKEND_CPU, BIE_CPU_ISA_BEST, 1);
     const bool quick = cpu_test_quick();
     static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};

@@ -40,6 +40,16 @@ static inline int cpu_test_levels(enum bie_cpu_isa * out) {
     return n;
 }
 
+// The reference context (one thread) and one CPU context per ISA level this machine has, each
+// with `threads` threads; returns the number of levels (printing which ran, as cpu_test_levels).
+static inline int cpu_test_contexts(bie_context_t ** ref, bie_context_t ** cpu, int threads) {
+    enum bie_cpu_isa levels[4];
+    const int nlev = cpu_test_levels(levels);
+    *ref = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
+    for (int l = 0; l < nlev; l++) cpu[l] = cpu_test_ctx(BIE_BACKEND_CPU, levels[l], threads);
+    return nlev;
+}
+
 // A 4-D [d0, d1, d2, d3] view whose memory order is `order` (a permutation of 0..3: the dims from
 // slowest to fastest), e.g. {0, 2, 3, 1} for channels-last. Sub-byte dtypes pad the innermost
 // stored dim to whole bytes (the packed interchange layout).

@@ -223,11 +223,8 @@ static void check_case(struct fcase * fc, bie_context_t * ref, bie_context_t ** 
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    enum bie_cpu_isa levels[4];
-    const int nlev = cpu_test_levels(levels);
-    bie_context_t * ref = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
-    bie_context_t * cpu[4];
-    for (int l = 0; l < nlev; l++) cpu[l] = cpu_test_ctx(BIE_BACKEND_CPU, levels[l], 2);
+    bie_context_t * ref, * cpu[4];
+    const int nlev = cpu_test_contexts(&ref, cpu, 2);
     bie_context_t * cpu1 = cpu_test_ctx(BIE_BACKEND_CPU, BIE_CPU_ISA_BEST, 1);
     const bool quick = cpu_test_quick();
 

@@ -4,6 +4,7 @@
 #include "bie.h"
 #include "cli.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,9 @@ static void passive_openmp(char ** argv) {
 }
 
 int main(int argc, char ** argv) {
+    // A file size limit (ulimit -f) reached while saving: the write fails with EFBIG and the
+    // library reports it, instead of SIGXFSZ ending the program without a word.
+    signal(SIGXFSZ, SIG_IGN);
     passive_openmp(argv);
     if (argc < 2) {
         usage(stderr);

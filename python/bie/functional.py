@@ -269,12 +269,29 @@ def _fwd_args(x, bias_a, weight_v, scale_a, scale_w, y):
     return args, keep
 
 
+def _features(x):
+    """K, the size of x's last axis: at least 1, as the C library requires (a BieError, not a torch
+    error from reshaping an empty tensor, otherwise)."""
+    k = x.shape[-1] if x.dim() else 0
+    if k < 1:
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"x: has {k} features on its last axis; a layer needs K >= 1")
+    return k
+
+
+def _out_features(weight):
+    """N, the weight's first dimension: at least 1, as the C library requires."""
+    n = weight.shape[0] if weight.dim() else 0
+    if n < 1:
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"weight: has {n} output features; a layer needs N >= 1")
+    return n
+
+
 def _x_operand(quant, x, bias_a, scale_a, scale_w, in_features):
     """(rows of x as [M, K], their libbie view, K) for a float x [..., K], or for the sign bits of
     binarize_ste (uint8 [..., ceil(K/8)], in_features = K: binary layers, bias_a already applied)."""
     if in_features is None:
         _common(x, bias_a, scale_a, scale_w)
-        k = x.shape[-1]
+        k = _features(x)
         x2 = x.detach().reshape(-1, k)
         return x2, _view(x2), k
     if quant != QUANT_BINARY or x.dtype != torch.uint8:
@@ -282,6 +299,8 @@ def _x_operand(quant, x, bias_a, scale_a, scale_w, in_features):
     if bias_a is not None:
         raise ValueError("bie: saved bits already hold bias_a (binarize_ste added it); pass bias_a=None")
     k = int(in_features)
+    if k < 1:
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"in_features: = {k}; a layer needs K >= 1")
     if x.shape[-1] != -(-k // 8):
         raise ValueError(f"bie: saved bits have rows of {x.shape[-1]} bytes, {k} features need {-(-k // 8)}")
     _scalar(scale_a, "scale_a")
@@ -306,7 +325,7 @@ def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=No
         p.run(x, (x2, bias_a, weight, scale_a, scale_w, y))
         return y.reshape(*x.shape[:-1], n)
     x2, xv, k = _x_operand(quant, x, bias_a, scale_a, scale_w, in_features)
-    n = weight.shape[0]
+    n = _out_features(weight)
     y = torch.empty((x2.shape[0], n), dtype=out_dtype or (x.dtype if in_features is None else torch.float32),
                     device=x.device)
     if x2.shape[0] == 0:
@@ -337,7 +356,7 @@ def binarize_ste(x, scale_a, bias_a=None):
         _scalar(scale_a, "scale_a")
         if bias_a is not None:
             _check_float(bias_a, "bias_a")
-    k = x.shape[-1]
+    k = _features(x)
     x2 = x.detach().reshape(-1, k)
     kb = -(-k // 8)
     bits = torch.empty((x2.shape[0], kb), dtype=torch.uint8, device=x.device)
@@ -402,7 +421,7 @@ def linear_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, nee
         k = p.out
         x2 = x.detach().reshape(-1, x.shape[-1])
     m2 = x_mask.detach().reshape(-1, x.shape[-1]) if saved and x_mask is not None else None
-    n = weight.shape[0]
+    n = _out_features(weight)
     g2 = grad_y.reshape(-1, n)
     gx, gw, gs, gb = _grad_outputs((x2.shape[0], k), (grad_x_dtype or torch.float32) if saved else x2.dtype, x.device,
                                    weight, (n, k), scale_a, bias_a, needs, grad_weight_dtype)
@@ -441,12 +460,21 @@ def conv2d_output_size(h, w, kernel_size, stride=1, padding=0, dilation=1):
     sh, sw = _pair(stride)
     ph, pw = _pair(padding)
     dh, dw = _pair(dilation)
+    if min(kh, kw, sh, sw, dh, dw) < 1 or min(ph, pw) < 0:  # as bie_conv2d_output_size refuses them
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"kernel {kh}x{kw}, stride {sh}x{sw}, dilation {dh}x{dw} "
+                       f"must be >= 1 and padding {ph}x{pw} >= 0")
     oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     return oh, ow
 
 
 def _conv_desc(quant, c, o, kernel_size, stride, padding, dilation, pad_value):
+    """The C descriptor, with the checks of the C library that do not need data (made here too, so
+    that an empty batch, which never reaches the library, is refused alike)."""
+    if int(pad_value) not in (PAD_ZERO, PAD_MINUS_ONE, PAD_PLUS_ONE) or (int(pad_value) != PAD_ZERO and
+                                                                        quant != QUANT_BINARY):
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"pad_value: {pad_value} is not a pad value of a "
+                       f"{'binary' if quant == QUANT_BINARY else 'n-bit'} conv (n-bit convs pad with zeros)")
     d = _lib.Conv2dDesc()
     d.quant = int(quant)
     d.in_channels = c
@@ -470,6 +498,9 @@ def _conv_weight_shape_c(c, weight, kernel_size):
             else (weight.shape[1], weight.shape[2])
     else:
         kh, kw = _pair(kernel_size)
+    if min(c, o) < 1:  # as the C library requires (checked here too for an empty batch)
+        raise BieError("bie", _lib.STATUS_INVALID_ARGUMENT, f"a conv needs C >= 1 input and O >= 1 output channels, "
+                       f"has C = {c}, O = {o}")
     return (o, c, kh, kw)
 
 
@@ -536,10 +567,10 @@ def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=
     if oh < 1 or ow < 1:
         raise ValueError(f"bie: conv2d output would be {oh}x{ow} for a {h}x{w_} input")
     y = torch.empty((n, shape_w[0], oh, ow), dtype=out_dtype or x.dtype, device=x.device, memory_format=fmt)
+    desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
     if n == 0:
         return y
     wv = _weight_view(quant, weight.detach(), shape_w)
-    desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
     args, keep = _fwd_args(xv, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
                            scale_w.detach(), y)
     p = _cuda_checked(x, lambda: _plans.Plan("bie_plan_conv2d_forward", desc, args, keep, keep, False))
@@ -583,6 +614,8 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
             x_shape = tuple(x.shape)
         shape_w = _conv_weight_shape_c(c, weight, kernel_size)
         fmt = torch.channels_last if saved else _like_memory_format(x)
+        desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
+        conv2d_output_size(x_shape[2], x_shape[3], shape_w[2:], stride, padding, dilation)  # its checks
     else:
         x_shape, shape_w, fmt = p.out
     x_dtype = (grad_x_dtype or torch.float32) if saved else x.dtype
@@ -598,7 +631,6 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
     sources = (x, None if saved else bias_a, weight, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_mask)
     if p is None:
         wv = _weight_view(quant, weight.detach(), shape_w)
-        desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
         args, keep = _bwd_args(xv, None if bias_a is None or saved else bias_a.detach(), wv, scale_a.detach(),
                                scale_w.detach(), grad_y, gx, gw, gs, gb, mv)
         p = _cuda_checked(x, lambda: _plans.Plan("bie_plan_conv2d_backward", desc, args, keep, keep, True))

@@ -146,7 +146,9 @@ class BieLayer(nn.Module):
             self._q8_scale_key = key
 
     def _weight_key(self):
-        return (id(self.weight), self.weight._version, self.scale_w._version, self.scale_w.data_ptr())
+        # (the parameter and buffer dicts directly: nn.Module's attribute lookup is slow on a hot path)
+        w, sw = self._parameters["weight"], self._buffers["scale_w"]
+        return (id(w), w._version, sw._version, sw.data_ptr())
 
     def generate_quantized_weight(self, qweight_only=False):
         """Packs the weight into qweight (binary: uint8 bits, 4-bit: int8 nibbles, 8-bit: int8
@@ -173,15 +175,17 @@ class BieLayer(nn.Module):
     def opt_weight(self):
         """The weight the forward uses: the float (or int8 latent) weight in training mode,
         qweight in eval mode (generated on first use, and again after the weight changed)."""
-        if self.weight is None:
-            if self.qweight is None:
+        w, q = self._parameters.get("weight"), self._buffers.get("qweight")
+        if w is None:
+            if q is None:
                 raise RuntimeError("bie: this layer has neither a weight nor a qweight")
-            return self.qweight
+            return q
         if self.training:
-            return self.weight
-        if self.qweight is None or self._qweight_key != self._weight_key():
+            return w
+        if q is None or self._qweight_key != self._weight_key():
             self.generate_quantized_weight()
-        return self.qweight
+            q = self._buffers["qweight"]
+        return q
 
     def set_weight_data(self, x):
         """Sets the weight from a (pre-trained) tensor and re-runs prepare_params."""

@@ -161,7 +161,7 @@ const char * bie_backend_unavailable_reason(enum bie_backend backend) {
 
 enum bie_status bie_context_set_cuda_stream(bie_context_t * ctx, void * stream) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     const struct bie_cuda_plugin * p;
     BIE_TRY(bie_cuda_plugin_get(ctx, "stream", &p));
     return p->set_stream(ctx, stream);
@@ -174,6 +174,6 @@ void * bie_context_cuda_stream(const bie_context_t * ctx) {
 
 enum bie_status bie_context_cuda_synchronize(bie_context_t * ctx) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     return ctx->cuda ? bie_cuda_plugin_loaded()->synchronize(ctx) : BIE_STATUS_OK;
 }

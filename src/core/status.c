@@ -56,7 +56,3 @@ enum bie_status bie_set_error(bie_context_t * ctx, enum bie_status status, const
 void bie_clear_error(bie_context_t * ctx) {
     if (ctx) ctx->error[0] = '\0';
 }
-
-const char * bie_context_last_error(const bie_context_t * ctx) {
-    return ctx ? ctx->error : "ctx is NULL";
-}

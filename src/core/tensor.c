@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // tensor.c: building and checking tensor views.
 #include "bie-impl.h"
+#include "core/checked.h"
 
+#include <stdlib.h>
 #include <string.h>
 
-static bool mul_ok(int64_t a, int64_t b, int64_t * out) {
-    return !__builtin_mul_overflow(a, b, out);
-}
+static bool mul_ok(int64_t a, int64_t b, int64_t * out) { return bie_mul_i64(a, b, out); }
 
 enum bie_status bie_tensor_make(struct bie_tensor * t, void * data, enum bie_dtype dtype, int32_t ndim,
                                 const int64_t * shape) {
@@ -25,7 +25,7 @@ enum bie_status bie_tensor_make(struct bie_tensor * t, void * data, enum bie_dty
         int64_t extent = shape[i];
         if (i == ndim - 1) { // pad the innermost rows of sub-byte dtypes to whole bytes
             const int per_byte = 8 / (bie_dtype_bits(dtype) < 8 ? bie_dtype_bits(dtype) : 8);
-            if (per_byte > 1) extent = (extent + per_byte - 1) / per_byte * per_byte;
+            if (per_byte > 1 && !bie_round_up_i64(extent, per_byte, &extent)) return BIE_STATUS_INVALID_ARGUMENT;
         }
         if (!mul_ok(stride, extent, &stride)) return BIE_STATUS_INVALID_ARGUMENT;
     }
@@ -49,21 +49,21 @@ enum bie_status bie_tensor_permute(struct bie_tensor * t, const int32_t * perm) 
 }
 
 int64_t bie_tensor_numel(const struct bie_tensor * t) {
-    if (!t) return 0;
-    int64_t n = 1;
-    for (int32_t i = 0; i < t->ndim; i++) n *= t->shape[i];
-    return n;
+    if (!t || t->ndim < 0 || t->ndim > BIE_MAX_DIMS) return 0;
+    int64_t n;
+    return bie_prod_i64(t->shape, t->ndim, &n) ? n : -1;
 }
 
-// Largest element offset + 1, or -1 on overflow.
+// Largest element offset + 1, or -1 on overflow or a negative shape or stride.
 static int64_t span_elements(const struct bie_tensor * t) {
     int64_t last = 0;
     for (int32_t i = 0; i < t->ndim; i++) {
         int64_t step;
-        if (!mul_ok(t->shape[i] - 1, t->stride[i], &step) || __builtin_add_overflow(last, step, &last))
+        if (t->shape[i] < 1 || t->stride[i] < 0 || !mul_ok(t->shape[i] - 1, t->stride[i], &step) ||
+            !bie_add_i64(last, step, &last))
             return -1;
     }
-    return last + 1;
+    return bie_add_i64(last, 1, &last) ? last : -1;
 }
 
 enum bie_status bie_tensor_nbytes(const struct bie_tensor * t, size_t * out_bytes) {
@@ -73,8 +73,10 @@ enum bie_status bie_tensor_nbytes(const struct bie_tensor * t, size_t * out_byte
     if (span < 0) return BIE_STATUS_INVALID_ARGUMENT;
     const int bits = bie_dtype_bits(t->dtype);
     int64_t total_bits;
-    if (!mul_ok(span, bits, &total_bits)) return BIE_STATUS_INVALID_ARGUMENT;
-    *out_bytes = (size_t)((total_bits + 7) / 8);
+    if (!mul_ok(span, bits, &total_bits) || !bie_add_i64(total_bits, 7, &total_bits) ||
+        (uint64_t)(total_bits / 8) > SIZE_MAX)
+        return BIE_STATUS_INVALID_ARGUMENT;
+    *out_bytes = (size_t)(total_bits / 8);
     return BIE_STATUS_OK;
 }
 
@@ -108,5 +110,67 @@ enum bie_status bie_check_tensor(bie_context_t * ctx, const char * name, const s
     size_t bytes;
     if (bie_tensor_nbytes(t, &bytes) != BIE_STATUS_OK || span_elements(t) > INT64_MAX / 64)
         return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: extent overflows", name);
+    return BIE_STATUS_OK;
+}
+
+// --- overlap of outputs -------------------------------------------------------------------------
+
+// True when two elements of t may share memory: with its dimensions of size > 1 sorted by stride,
+// each stride must exceed the largest offset the smaller ones reach (the usual sufficient test;
+// a layout that interleaves dimensions without sharing elements is refused too).
+static bool self_overlaps(const struct bie_tensor * t) {
+    int64_t st[BIE_MAX_DIMS], sh[BIE_MAX_DIMS];
+    int n = 0;
+    for (int32_t i = 0; i < t->ndim; i++)
+        if (t->shape[i] > 1) {
+            int j = n++;
+            while (j > 0 && st[j - 1] > t->stride[i]) { // insertion sort by stride
+                st[j] = st[j - 1];
+                sh[j] = sh[j - 1];
+                j--;
+            }
+            st[j] = t->stride[i];
+            sh[j] = t->shape[i];
+        }
+    int64_t reach = 0; // the largest offset of the dimensions so far
+    for (int i = 0; i < n; i++) {
+        int64_t step;
+        if (st[i] <= reach || !mul_ok(sh[i] - 1, st[i], &step) || !bie_add_i64(reach, step, &reach)) return true;
+    }
+    return false;
+}
+
+// The bytes [*lo, *hi) that t's elements touch (a checked tensor: its span fits).
+static void byte_range(const struct bie_tensor * t, uintptr_t * lo, uintptr_t * hi) {
+    size_t bytes = 0;
+    bie_tensor_nbytes(t, &bytes);
+    *lo = (uintptr_t)t->data;
+    *hi = *lo + bytes;
+}
+
+enum bie_status bie_check_outputs(bie_context_t * ctx, const struct bie_tensor * const * outs, const char * const * out_names,
+                                  int n_out, const struct bie_tensor * const * ins, const char * const * in_names,
+                                  int n_in) {
+    for (int i = 0; i < n_out; i++) {
+        if (!outs[i] || !outs[i]->data) continue;
+        if (self_overlaps(outs[i]))
+            return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
+                                 "%s: its elements overlap in memory (strides too small for its shape); an output "
+                                 "needs a distinct place for every element", out_names[i]);
+        uintptr_t lo, hi;
+        byte_range(outs[i], &lo, &hi);
+        for (int j = 0; j < n_out + n_in; j++) {
+            const bool is_out = j < n_out;
+            const struct bie_tensor * o = is_out ? outs[j] : ins[j - n_out];
+            if (j == i || !o || !o->data || o->device_type != outs[i]->device_type) continue;
+            uintptr_t olo, ohi;
+            byte_range(o, &olo, &ohi);
+            if (lo < ohi && olo < hi)
+                return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
+                                     "%s: overlaps the memory of %s %s (outputs may not share memory with each other "
+                                     "or with an input)", out_names[i], is_out ? "the output" : "the input",
+                                     is_out ? out_names[j] : in_names[j - n_out]);
+        }
+    }
     return BIE_STATUS_OK;
 }

@@ -2,11 +2,22 @@
 // cpu-backend.c: the optimised CPU backend's table. Slots that are NULL or return BIE_DECLINED
 // fall back to the reference. Forward calls on host tensors with host scales always run here
 // (every view is handled; unusual ones through slower element-wise packing).
-#include "cpu/cpu-impl.h"
+#include "cpu/cpu-gemv.h"
+
+#include <stdio.h>
+#include <string.h>
 
 static enum bie_status forward(bie_context_t * ctx, const struct bie_layer_call * call) {
     if (call->device_type != BIE_DEVICE_CPU || !call->scales_on_host) return BIE_DECLINED;
-    if (call->plan) return bie_cpu_plan(ctx, call);
+    if (call->plan) { // a planned forward's route names the matrix-vector path when it takes the call
+        const enum bie_status s = bie_cpu_plan(ctx, call);
+        if (s == BIE_STATUS_OK && bie_cpu_gemv_applies(call)) {
+            const size_t n = strlen(call->plan->route);
+            snprintf(call->plan->route + n, sizeof call->plan->route - n, ", matrix-vector");
+        }
+        return s;
+    }
+    if (bie_cpu_gemv_applies(call)) return bie_cpu_gemv_forward(ctx, call); // M <= 8: matrix-vector
     if (call->quant == BIE_QUANT_BINARY) return bie_cpu_binary_forward(ctx, call);
     return bie_cpu_nbit_forward(ctx, call);
 }

@@ -6,9 +6,9 @@
 // order, as the weight) and g = grad_y:
 //   linear (x [M][K]):  gx     = g[M][O] @ (w*scale_w)[O][K]                 (sgemm NN)
 //                       grad_W = scale_a * g^T[O][M] @ a[M][K]               (sgemm TN)
-//                       (OpenBLAS threads: these are large GEMMs; for binary layers on AVX-512
+//                       (blocks of K columns on OpenMP threads; for binary layers on AVX-512
 //                       both are float-by-sign GEMMs over bits instead, cpu-signgemm.c)
-//   conv, in tasks of a few samples on OpenMP threads, each with a one-thread sgemm:
+//   conv, in tasks of a few samples on OpenMP threads:
 //                       col[K][n*P] = im2col of a_pad (P = OH*OW; pads at their value),
 //                       G[O][n*P] = g of those samples,
 //                       part_t = scale_a * G @ col^T                         (sgemm NT)
@@ -20,14 +20,25 @@
 // bits saved by bie_binarize_ste (with x_mask): its codes are the bits, its mask the saved one, and
 // the pass sums in the same order as for the float x, so every gradient is the same to the bit.
 //
+// Every sgemm runs on its OpenMP thread only (cpu_sgemm_1t, cpu-sgemm.h): OpenBLAS's process-wide
+// thread count is neither read nor changed, and results do not depend on it.
+//
+// When f32 overflows (grad_y or a scale near FLT_MAX), the GEMMs' infinities cannot give the
+// reference's double sums (an inf * 0 or inf - inf makes NaN where the reference has a finite or
+// -inf result): the call then goes to the reference backend. Every partial sum of grad_W is at most
+// scale_a * |code| * (terms) * max|grad_y|, and of gx scale_w * |code| * (terms) * max|grad_y|; only
+// when these bounds reach FLT_MAX / 4 (or max|grad_y| is not finite) is grad_W checked for a
+// non-finite value after the GEMMs, and grad_x's through its grad_scale_a partials (always).
+//
 // Accuracy: sgemm sums in f32 (in its own order) where the reference sums in double, so float
 // outputs differ from it by at most about n*eps_f32*sum|terms| (n terms per output; see
 // tests/test-cpu-backward.c; the float-by-sign GEMM rounds each 4-term table entry, scaled, once
 // and then adds n/4 entries, within the same bound), while every mask and code is computed exactly
 // as in the reference.
 #include "cpu/cpu-impl.h"
+#include "cpu/cpu-sgemm.h"
 
-#include <cblas.h>
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 
@@ -226,6 +237,46 @@ static void col2im(const struct bwd * b, int64_t n0, int64_t nb, const float * d
     }
 }
 
+// max |grad_y| (NaN or inf when grad_y holds one): a maximum, so the same whatever the threads.
+static double grad_y_max_abs(const struct bwd * b) {
+    const struct bie_tensor * gy = &b->c->grad_y;
+    const struct bie_geometry * g = b->g;
+    const int64_t * s = gy->stride;
+    const int64_t rows = g->batch * g->O, P = g->OH * g->OW;
+    const bool dense = gy->dtype == BIE_DTYPE_F32 && (g->OW == 1 || s[3] == 1) && (g->OH == 1 || s[2] == g->OW);
+    float m = 0.0f; // fmaxf ignores NaN: a NaN or inf shows in the plain sum beside it
+    float inf_or_nan = 0.0f;
+#pragma omp parallel for num_threads(b->threads) reduction(max : m) reduction(+ : inf_or_nan)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t base = (r / g->O) * s[0] + (r % g->O) * s[1];
+        float rm = 0.0f, rs = 0.0f;
+        if (dense) {
+            const float * row = (const float *)gy->data + base;
+            for (int64_t p = 0; p < P; p++) {
+                rm = fmaxf(rm, fabsf(row[p]));
+                rs += row[p] * 0.0f; // 0, or NaN for an inf or NaN element
+            }
+        } else {
+            for (int64_t oh = 0; oh < g->OH; oh++)
+                for (int64_t ow = 0; ow < g->OW; ow++) {
+                    const float v = cpu_load(gy, base + oh * s[2] + ow * s[3]);
+                    rm = fmaxf(rm, fabsf(v));
+                    rs += v * 0.0f;
+                }
+        }
+        m = fmaxf(m, rm);
+        inf_or_nan += rs;
+    }
+    return inf_or_nan == 0.0f ? (double)m : INFINITY;
+}
+
+static bool all_finite(const float * p, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t k = 0; k < cols; k++)
+            if (!isfinite(p[r * ld + k])) return false;
+    return true;
+}
+
 // One element of the final pass: returns grad_x and adds its grad_scale_a term to *ssum.
 static inline float mask_one(const struct bwd * b, float xp, float gxi, double * ssum) {
     const float r = xp / b->c->scale_a;
@@ -351,10 +402,10 @@ static void bias_grad(const struct bwd * b) {
     }
 }
 
-// A linear layer's two GEMMs through sgemm, over fixed blocks of LIN_KB columns of K, each block one
-// one-thread sgemm on an OpenMP thread, so that every output is the same sum whatever the thread
-// count (a threaded OpenBLAS sgemm picked other kernels for other thread counts, and its results
-// moved with them). g is grad_y as [M][O] rows ldg apart, or (g_om) its transpose G [O][M]:
+// A linear layer's two GEMMs through sgemm, over fixed blocks of LIN_KB columns of K, each block
+// on one OpenMP thread (cpu_sgemm_1t), so that every output is the same sum whatever the thread
+// count (a threaded OpenBLAS sgemm picks other blockings for other thread counts, and its results
+// move with them). g is grad_y as [M][O] rows ldg apart, or (g_om) its transpose G [O][M]:
 //   grad_x (gx, before the mask) = grad_y @ wf      grad_W = scale_a * grad_y^T @ acode
 #define LIN_KB 256
 static void linear_sgemms(const struct bwd * b, const float * g, int ldg, bool g_om, float * gw, int ldgw) {
@@ -363,20 +414,18 @@ static void linear_sgemms(const struct bwd * b, const float * g, int ldg, bool g
     const bool want_gw = c->grad_weight.data != NULL;
     const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
     const CBLAS_TRANSPOSE tx = g_om ? CblasTrans : CblasNoTrans, tw = g_om ? CblasNoTrans : CblasTrans;
-    openblas_set_num_threads(1);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(b->threads)
     for (int k0 = 0; k0 < K; k0 += LIN_KB) {
         const int kb = K - k0 < LIN_KB ? K - k0 : LIN_KB;
         if (want_gx)
-            cblas_sgemm(CblasRowMajor, tx, CblasNoTrans, M, kb, O, 1.0f, g, ldg, b->wf + k0, K, 0.0f, b->gx + k0, K);
+            cpu_sgemm_1t(tx, CblasNoTrans, M, kb, O, 1.0f, g, ldg, b->wf + k0, K, 0.0f, b->gx + k0, K);
         if (want_gw)
-            cblas_sgemm(CblasRowMajor, tw, CblasNoTrans, O, kb, M, c->scale_a, g, ldg, b->acode + k0, K, 0.0f, gw + k0,
-                        ldgw);
+            cpu_sgemm_1t(tw, CblasNoTrans, O, kb, M, c->scale_a, g, ldg, b->acode + k0, K, 0.0f, gw + k0, ldgw);
     }
 }
 
-// The conv's GEMMs, in tasks of nb samples on OpenMP threads, each calling a one-thread sgemm (one
-// threading runtime: OpenBLAS's own threads never compete with OpenMP's):
+// The conv's GEMMs, in tasks of nb samples on OpenMP threads, each running its sgemms on its own
+// thread (cpu_sgemm_1t: one threading runtime, OpenBLAS's threads never compete with OpenMP's):
 //   task t: G_t = grad_y of its samples [O][cols]; col_t = im2col [K][cols];
 //           part_t = scale_a * G_t @ col_t^T;  dcol_t = (w*scale_w)^T @ G_t;  gx = col2im(dcol_t)
 //   grad_W = sum of part_t in task order (waves of `wave` tasks).
@@ -389,7 +438,6 @@ static void conv_tasks(const struct bwd * b, int64_t nb, int64_t wave, float * w
     const size_t per_thread = cpu_round_up((size_t)((O + K) * nb * P) * sizeof(float), 64) / sizeof(float);
     const bool want_gw = c->grad_weight.data != NULL;
     const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
-    openblas_set_num_threads(1);
     for (int64_t w0 = 0; w0 < ntask; w0 += wave) {
         const int64_t w1 = w0 + wave < ntask ? w0 + wave : ntask;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(b->threads)
@@ -401,12 +449,12 @@ static void conv_tasks(const struct bwd * b, int64_t nb, int64_t wave, float * w
             gather_g(b, n0, cnt, G, 1);
             if (want_gw) {
                 im2col(b, n0, cnt, col);
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)O, (int)K, cols, c->scale_a, G, cols, col,
-                            cols, 0.0f, parts + (size_t)(t - w0) * (size_t)(O * K), (int)K);
+                cpu_sgemm_1t(CblasNoTrans, CblasTrans, (int)O, (int)K, cols, c->scale_a, G, cols, col, cols, 0.0f,
+                             parts + (size_t)(t - w0) * (size_t)(O * K), (int)K);
             }
             if (want_gx) {
-                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)K, cols, (int)O, 1.0f, b->wf, (int)K, G,
-                            cols, 0.0f, col, cols);
+                cpu_sgemm_1t(CblasTrans, CblasNoTrans, (int)K, cols, (int)O, 1.0f, b->wf, (int)K, G, cols, 0.0f, col,
+                             cols);
                 col2im(b, n0, cnt, col);
             }
         }
@@ -483,9 +531,12 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     if (wave < 1) wave = 1;
     if (wave > ntask) wave = ntask;
     const int nthr = b.threads;
-    // grad_W straight into grad_weight when it is a dense f32 [O][K] row block.
+    // grad_W straight into grad_weight when it is a dense f32 [O][K] row block. A single row's
+    // stride[0] is never used (a legal view may have any, e.g. 1 for PyTorch's empty(K, 1).T):
+    // then the rows are K apart.
     const int64_t * gws = c->grad_weight.stride;
-    const bool gw_direct = want_gw && c->grad_weight.dtype == BIE_DTYPE_F32 &&
+    const bool gw_direct = want_gw && c->grad_weight.dtype == BIE_DTYPE_F32 && (O == 1 || gws[0] >= K) &&
+                           gws[0] <= INT32_MAX &&
                            (linear ? gws[1] == 1 : (gws[3] == 1 && gws[2] == g->kw && gws[1] == g->kh * g->kw));
     const size_t f = sizeof(float);
     const size_t sz_bias = (size_t)g->C * f;
@@ -520,7 +571,7 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     float * work = cpu_arena_take(&ar, sz_work);
     float * parts = cpu_arena_take(&ar, sz_parts);
     float * gw = gw_direct ? (float *)c->grad_weight.data : cpu_arena_take(&ar, sz_gw);
-    const int ldgw = gw_direct ? (int)gws[0] : (int)K;
+    const int ldgw = gw_direct && O > 1 ? (int)gws[0] : (int)K;
     double * part_s = cpu_arena_take(&ar, sz_part);
     void * tab = cpu_arena_take(&ar, sz_tab);
     b.a_idx = cpu_arena_take(&ar, sz_aidx);
@@ -528,7 +579,6 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     b.xrow = cpu_arena_take(&ar, sz_xrow);
 
     cpu_bias_dense(&c->bias_a, g->C, b.bias);
-    const int blas_threads = openblas_get_num_threads(); // restored below: a process-wide setting
     if (want_gw && !sign_gemm) make_codes(&b);
     if (want_gx && !sign_gemm) make_wf(&b);
     if (sign_gemm) {
@@ -541,6 +591,11 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
         gather_g(&b, 0, g->batch, work, b.threads);
         linear_sgemms(&b, work, (int)g->batch, true, gw, ldgw);
     }
+    if (want_gw) { // the bound of every grad_W partial sum (see the top of this file)
+        const double code = b.binary ? 1.0 : -(double)b.lo, terms = (double)(g->batch * P);
+        const double bound = (double)c->scale_a * code * terms * grad_y_max_abs(&b);
+        if (!(bound < FLT_MAX / 4) && !all_finite(gw, O, K, ldgw)) return BIE_DECLINED;
+    }
     if (want_gw && !gw_direct) {
         const int64_t * s = gws;
         for (int64_t o = 0; o < O; o++)
@@ -549,9 +604,10 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
                 store_float(&c->grad_weight, o * s[0] + ch * s[1] + i * s[2] + j * s[3], gw[o * K + k]);
             }
     }
-    openblas_set_num_threads(blas_threads);
     if (!want_gx) return BIE_STATUS_OK;
     finish_gx(&b, part_s);
+    for (int64_t i = 0; i < nseg; i++)
+        if (!isfinite(part_s[i])) return BIE_DECLINED; // f32 overflowed: the reference's double sums
     if (c->grad_scale_a.data) {
         double s = 0.0;
         for (int64_t i = 0; i < nseg; i++) s += part_s[i];

@@ -36,9 +36,7 @@ const struct cpu_kernels * bie_cpu_kernels(enum bie_cpu_isa isa) {
     }
 }
 
-int cpu_threads(const bie_context_t * ctx) {
-    return ctx->params.num_threads > 0 ? ctx->params.num_threads : omp_get_max_threads();
-}
+int cpu_threads(const bie_context_t * ctx) { return bie_context_threads(ctx); }
 
 float cpu_load(const struct bie_tensor * t, int64_t off) {
     switch (t->dtype) {

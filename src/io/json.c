@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // json.c: the strict JSON parser of json.h (recursive descent, depth-limited).
 #include "json.h"
+#include "io/strmap.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@ struct parser {
     char * err;
     size_t err_size;
     bool failed;
+    size_t values; // parsed so far (at most BIE_JSON_MAX_VALUES)
 };
 
 static bool fail(struct parser * p, const char * fmt, ...) {
@@ -239,7 +241,33 @@ static bool push_item(struct parser * p, struct bie_json * j, size_t * cap) {
     return true;
 }
 
+// The key of the last member of object j against the earlier ones: compared one by one in small
+// objects, through a hash map (filled on the ninth member) in larger ones.
+static bool unique_key(struct parser * p, const struct bie_json * j, struct bie_strmap * map) {
+    const char * key = j->items[j->count - 1].key;
+    if (j->count <= 8) {
+        for (size_t i = 0; i + 1 < j->count; i++)
+            if (strcmp(j->items[i].key, key) == 0) return fail(p, "duplicate key \"%.60s\"", key);
+        return true;
+    }
+    if (map->count == 0)
+        for (size_t i = 0; i + 1 < j->count; i++)
+            if (!bie_strmap_put(map, j->items[i].key, i, NULL)) return fail(p, "out of memory");
+    bool found;
+    if (!bie_strmap_put(map, key, j->count - 1, &found)) return fail(p, "out of memory");
+    return found ? fail(p, "duplicate key \"%.60s\"", key) : true;
+}
+
+static bool parse_members(struct parser * p, struct bie_json * j, int depth, bool object, struct bie_strmap * map);
+
 static bool parse_container(struct parser * p, struct bie_json * j, int depth, bool object) {
+    struct bie_strmap map = {0};
+    const bool ok = parse_members(p, j, depth, object, &map);
+    bie_strmap_free(&map);
+    return ok;
+}
+
+static bool parse_members(struct parser * p, struct bie_json * j, int depth, bool object, struct bie_strmap * map) {
     j->type = object ? BIE_JSON_OBJECT : BIE_JSON_ARRAY;
     if (depth >= BIE_JSON_MAX_DEPTH) return fail(p, "nesting deeper than %d", BIE_JSON_MAX_DEPTH);
     p->pos++;
@@ -257,9 +285,7 @@ static bool parse_container(struct parser * p, struct bie_json * j, int depth, b
         if (object) {
             if (p->pos >= p->n || p->s[p->pos] != '"') return fail(p, "object key expected");
             size_t kl;
-            if (!parse_string(p, &it->key, &kl)) return false;
-            for (size_t i = 0; i + 1 < j->count; i++)
-                if (strcmp(j->items[i].key, it->key) == 0) return fail(p, "duplicate key \"%.60s\"", it->key);
+            if (!parse_string(p, &it->key, &kl) || !unique_key(p, j, map)) return false;
             skip_ws(p);
             if (p->pos >= p->n || p->s[p->pos] != ':') return fail(p, "':' expected");
             p->pos++;
@@ -282,6 +308,7 @@ static bool parse_container(struct parser * p, struct bie_json * j, int depth, b
 
 static bool parse_value(struct parser * p, struct bie_json * j, int depth) {
     if (p->pos >= p->n) return fail(p, "value expected");
+    if (++p->values > BIE_JSON_MAX_VALUES) return fail(p, "more than %d values", BIE_JSON_MAX_VALUES);
     switch (p->s[p->pos]) {
     case '{': return parse_container(p, j, depth, true);
     case '[': return parse_container(p, j, depth, false);
@@ -303,7 +330,7 @@ void bie_json_free(struct bie_json * j) {
 }
 
 bool bie_json_parse(const char * text, size_t size, struct bie_json * out, char * err, size_t err_size) {
-    struct parser p = {text, size, 0, err, err_size, false};
+    struct parser p = {text, size, 0, err, err_size, false, 0};
     memset(out, 0, sizeof *out);
     skip_ws(&p);
     bool ok = parse_value(&p, out, 0);
@@ -313,6 +340,15 @@ bool bie_json_parse(const char * text, size_t size, struct bie_json * out, char 
     }
     if (!ok) bie_json_free(out);
     return ok;
+}
+
+bool bie_json_utf8_valid(const char * s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        const size_t l = utf8_len((const unsigned char *)s + i, n - i);
+        if (l == 0) return false;
+        i += l;
+    }
+    return true;
 }
 
 const struct bie_json * bie_json_get(const struct bie_json * obj, const char * key) {

@@ -4,8 +4,9 @@
 // Strict means: one value with optional surrounding whitespace and nothing else; no trailing
 // commas, comments, NaN/Infinity, leading zeros or '+' signs; strings must be valid UTF-8 with
 // no raw control characters, escapes must be complete (surrogates paired) and may not encode
-// U+0000 (names are C strings); object keys must be unique. Nesting is limited to
-// BIE_JSON_MAX_DEPTH so a hostile file cannot exhaust the stack.
+// U+0000 (names are C strings); object keys must be unique (checked with a hash map: linear time
+// for any number of keys). Nesting is limited to BIE_JSON_MAX_DEPTH so a hostile file cannot
+// exhaust the stack, and the number of values to BIE_JSON_MAX_VALUES.
 #pragma once
 
 #include <stdbool.h>
@@ -13,6 +14,9 @@
 #include <stdint.h>
 
 #define BIE_JSON_MAX_DEPTH 32
+// At most this many values (each element of an array or member of an object counts once), so that
+// a hostile header's parsed tree stays small (about 100 bytes a value) whatever its length.
+#define BIE_JSON_MAX_VALUES (1 << 19)
 
 enum bie_json_type {
     BIE_JSON_NULL,
@@ -40,6 +44,9 @@ struct bie_json {
 // to err. The tree is freed with bie_json_free.
 bool bie_json_parse(const char * text, size_t size, struct bie_json * out, char * err, size_t err_size);
 void bie_json_free(struct bie_json * j);
+
+// True when s[0..n) is valid UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
+bool bie_json_utf8_valid(const char * s, size_t n);
 
 // The member of an object named key, or NULL.
 const struct bie_json * bie_json_get(const struct bie_json * obj, const char * key);

@@ -11,6 +11,12 @@
 
 enum layer_kind { L_CONV, L_LINEAR, L_BN, L_POOL, L_ACT, L_ADD, L_FLATTEN };
 
+// Bounds on what a model (and so a checkpoint) may hold: the optimizer's step count, and the
+// magnitude of every float value (finite, |v| <= BIE_MODEL_MAX_VALUE; Adam's second moment and
+// batch norm's running variance >= 0). docs/limits.md.
+#define BIE_MODEL_MAX_STEP (INT64_C(1) << 62)
+#define BIE_MODEL_MAX_VALUE 1e30f
+
 // Precision of a conv / linear layer: float (OpenBLAS) or one of bie's low-bit layers.
 enum layer_q { Q_F32 = 0, Q_B1 = 1, Q_Q4 = 4, Q_Q8 = 8 };
 
@@ -112,6 +118,10 @@ enum bie_status bie_model_alloc_params(bie_context_t * ctx, bie_model_t * m, boo
 // Creates the structure (parsed architecture, allocated parameters, zeroed) without initialising.
 enum bie_status bie_model_create_empty(bie_context_t * ctx, const char * arch, enum bie_latent latent, bool packed,
                                        bie_model_t ** out);
+// OK when the model's buffers for `batch` samples (bie_model_memory) fit the context's memory
+// limit; else `status` with a message giving both sizes.
+enum bie_status bie_model_check_memory(bie_context_t * ctx, const bie_model_t * m, int64_t batch, bool training,
+                                       enum bie_status status);
 // Scratch memory owned by the model, grown on demand.
 enum bie_status bie_model_scratch(bie_context_t * ctx, bie_model_t * m, size_t bytes, void ** out);
 

@@ -18,16 +18,11 @@
 #include "model-impl.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) return s_;                                                        \
-    } while (0)
 
 // One tensor of a model file: where its bytes live in memory (value, and optimizer state).
 struct entry {
@@ -39,6 +34,8 @@ struct entry {
     size_t nbytes;
     float * opt_m, * opt_v; // checkpoints only; NULL when the tensor is not trained
     char logical[96];       // packed weights: their logical shape, for the metadata
+    enum { ANY, NONNEG, POSITIVE } rule; // its values: any (finite) value, >= 0 or > 0
+    bool diode;             // opt_m, opt_v are Diode's m and s (s has either sign), not Adam's m and v
 };
 
 struct entries {
@@ -74,13 +71,14 @@ static struct entry * add(struct entries * es, int64_t layer, const char * field
     return e;
 }
 
-static void add_param(struct entries * es, int64_t layer, const char * field, struct param * p, int32_t ndim,
-                      const int64_t * shape, bool with_opt) {
+static struct entry * add_param(struct entries * es, int64_t layer, const char * field, struct param * p,
+                                int32_t ndim, const int64_t * shape, bool with_opt) {
     struct entry * e = add(es, layer, field, BIE_DTYPE_F32, ndim, shape, p->v, sizeof(float));
     if (e && with_opt && p->m) {
         e->opt_m = p->m;
         e->opt_v = p->s;
     }
+    return e;
 }
 
 // Lists the tensors of a model file of the given kind, pointing into the model's buffers.
@@ -94,7 +92,8 @@ static void list_entries(bie_model_t * m, enum bie_model_file kind, struct entri
             add_param(es, i, "gamma", &L->w, 1, c, ck);
             add_param(es, i, "beta", &L->b, 1, c, ck);
             add(es, i, "running_mean", BIE_DTYPE_F32, 1, c, L->rmean, sizeof(float));
-            add(es, i, "running_var", BIE_DTYPE_F32, 1, c, L->rvar, sizeof(float));
+            struct entry * rv = add(es, i, "running_var", BIE_DTYPE_F32, 1, c, L->rvar, sizeof(float));
+            if (rv) rv->rule = NONNEG;
             continue;
         }
         if (L->kind == L_ACT && L->prelu_n) {
@@ -112,8 +111,10 @@ static void list_entries(bie_model_t * m, enum bie_model_file kind, struct entri
         }
         const int64_t c1[1] = {L->C};
         add_param(es, i, "bias_a", &L->bias_a, 1, c1, ck);
-        add_param(es, i, "scale_a", &L->scale_a, 1, one, ck);
-        add(es, i, "scale_w", BIE_DTYPE_F32, 1, one, &L->scale_w, sizeof(float));
+        struct entry * sa = add_param(es, i, "scale_a", &L->scale_a, 1, one, ck);
+        if (sa) sa->rule = ck ? NONNEG : POSITIVE; // 0 until the first batch initialises it
+        struct entry * sw = add(es, i, "scale_w", BIE_DTYPE_F32, 1, one, &L->scale_w, sizeof(float));
+        if (sw) sw->rule = POSITIVE;
         if (kind == BIE_MODEL_FILE_PACKED) {
             const int64_t per = L->q == Q_B1 ? (L->C + 7) / 8 : L->q == Q_Q4 ? (L->C + 1) / 2 : L->C;
             const int64_t shape[4] = {L->O, L->k, L->k, per};
@@ -127,6 +128,7 @@ static void list_entries(bie_model_t * m, enum bie_model_file kind, struct entri
             if (e) {
                 e->opt_m = L->w.m;
                 e->opt_v = L->w.s;
+                e->diode = true;
             }
         } else {
             add_param(es, i, "weight", &L->w, conv ? 4 : 2, conv ? w4 : w2, true);
@@ -165,7 +167,7 @@ static enum bie_status pack_into(bie_context_t * ctx, const bie_model_t * m, bie
         const int32_t perm[4] = {0, 3, 1, 2};
         bie_tensor_permute(&dst, perm);
         bie_tensor_make(&sw, (void *)&L->scale_w, BIE_DTYPE_F32, 0, NULL);
-        TRY(bie_pack(ctx, &src, L->q == Q_B1 || L->w8 ? NULL : &sw, &dst));
+        BIE_TRY(bie_pack(ctx, &src, L->q == Q_B1 || L->w8 ? NULL : &sw, &dst));
     }
     return BIE_STATUS_OK;
 }
@@ -187,10 +189,49 @@ static void copy_floats(const bie_model_t * m, bie_model_t * p) {
     }
 }
 
+// n floats of tensor `name` (suffix appended): finite, |v| <= BIE_MODEL_MAX_VALUE, and >= 0 or > 0
+// as the rule says. Else `status` naming the first value that is not.
+static enum bie_status check_floats(bie_context_t * ctx, enum bie_status status, const char * name, const char * suffix,
+                                    const float * v, size_t n, int rule) {
+    for (size_t i = 0; i < n; i++) {
+        const float x = v[i];
+        const char * why = !isfinite(x) ? "is not finite" : fabsf(x) > BIE_MODEL_MAX_VALUE ? "exceeds 1e30 in magnitude"
+                         : rule == NONNEG && x < 0.0f ? "is negative"
+                         : rule == POSITIVE && !(x > 0.0f) ? "must be > 0 (a scale_a of 0: the layer never ran)"
+                                                           : NULL;
+        if (why)
+            return bie_set_error(ctx, status, "%s%s[%zu] = %g %s", name, suffix, i, (double)x, why);
+    }
+    return BIE_STATUS_OK;
+}
+
+// Every float a model file of this kind holds (docs/limits.md): the values, and in checkpoints
+// the optimizer state (Adam's second moment >= 0).
+static enum bie_status check_values(bie_context_t * ctx, const struct entries * es, bool ck, enum bie_status status) {
+    for (size_t i = 0; i < es->n; i++) {
+        const struct entry * e = &es->e[i];
+        const size_t n = e->dtype == BIE_DTYPE_F32 ? e->nbytes / sizeof(float) : e->nbytes;
+        if (e->dtype == BIE_DTYPE_F32) BIE_TRY(check_floats(ctx, status, e->name, "", e->data, n, e->rule));
+        if (!ck || !e->opt_m) continue;
+        BIE_TRY(check_floats(ctx, status, e->name, ".opt_m", e->opt_m, n, ANY));
+        BIE_TRY(check_floats(ctx, status, e->name, ".opt_v", e->opt_v, n, e->diode ? ANY : NONNEG));
+    }
+    return BIE_STATUS_OK;
+}
+
 static enum bie_status save_entries(bie_context_t * ctx, bie_model_t * m, const char * path, enum bie_model_file kind,
                                     const char * const * meta, size_t n_meta) {
     struct entries es = {0};
     list_entries(m, kind, &es);
+    // What the loader would refuse is not written (a huge moment was saved, then refused on load).
+    const enum bie_status vs = es.oom ? BIE_STATUS_OK
+                                      : check_values(ctx, &es, kind == BIE_MODEL_FILE_CHECKPOINT, BIE_STATUS_INVALID_ARGUMENT);
+    if (vs != BIE_STATUS_OK) {
+        char msg[BIE_ERROR_CAP];
+        snprintf(msg, sizeof msg, "%s", bie_context_last_error(ctx));
+        free(es.e);
+        return bie_set_error(ctx, vs, "model: %s; the model was not saved", msg);
+    }
     const bool ck = kind == BIE_MODEL_FILE_CHECKPOINT;
     size_t n_t = 0, n_logical = 0;
     for (size_t i = 0; i < es.n; i++) {
@@ -252,17 +293,18 @@ static enum bie_status save_entries(bie_context_t * ctx, bie_model_t * m, const 
 
 enum bie_status bie_model_save(bie_context_t * ctx, const bie_model_t * m, const char * path, enum bie_model_file kind,
                                const char * const * meta, size_t n_meta) {
-    if (!m || !path) FAIL("model, path: must not be NULL");
-    if (n_meta && !meta) FAIL("meta: is NULL");
-    if (kind != BIE_MODEL_FILE_PACKED && kind != BIE_MODEL_FILE_CHECKPOINT) FAIL("kind: unknown value %d", (int)kind);
+    BIE_ENTER(ctx);
+    if (!m || !path) BIE_FAIL("model, path: must not be NULL");
+    if (n_meta && !meta) BIE_FAIL("meta: is NULL");
+    if (kind != BIE_MODEL_FILE_PACKED && kind != BIE_MODEL_FILE_CHECKPOINT) BIE_FAIL("kind: unknown value %d", (int)kind);
     for (size_t i = 0; i < n_meta; i++)
-        if (meta[2 * i] && strncmp(meta[2 * i], "bie.", 4) == 0) FAIL("meta: key \"%s\" is reserved", meta[2 * i]);
-    if (m->packed && kind == BIE_MODEL_FILE_CHECKPOINT) FAIL("model: a packed model has no checkpoint");
+        if (meta[2 * i] && strncmp(meta[2 * i], "bie.", 4) == 0) BIE_FAIL("meta: key \"%s\" is reserved", meta[2 * i]);
+    if (m->packed && kind == BIE_MODEL_FILE_CHECKPOINT) BIE_FAIL("model: a packed model has no checkpoint");
     if (m->packed || kind == BIE_MODEL_FILE_CHECKPOINT)
         return save_entries(ctx, (bie_model_t *)m, path, kind, meta, n_meta);
     // Export: build the packed twin, then save it.
     bie_model_t * p = NULL;
-    TRY(bie_model_create_empty(ctx, m->arch, m->latent, true, &p));
+    BIE_TRY(bie_model_create_empty(ctx, m->arch, m->latent, true, &p));
     p->step = m->step;
     p->seed = m->seed;
     copy_floats(m, p);
@@ -283,38 +325,38 @@ static bool parse_u64(const char * s, uint64_t * out) {
     return true;
 }
 
-#define FMT(...) bie_set_error(ctx, BIE_STATUS_FORMAT_ERROR, __VA_ARGS__)
-
 enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safetensors_t * st, bie_model_t ** out) {
-    if (!st || !out) FAIL("st, out: must not be NULL");
+    BIE_ENTER(ctx);
+    if (!st || !out) BIE_FAIL("st, out: must not be NULL");
     *out = NULL;
     const char * format = bie_safetensors_metadata(st, "bie.format");
     const char * arch = bie_safetensors_metadata(st, "bie.arch");
     const char * latent = bie_safetensors_metadata(st, "bie.latent");
-    if (!format || !arch || !latent) return FMT("not a bie model: __metadata__ lacks bie.format, bie.arch or bie.latent");
+    if (!format || !arch || !latent) return BIE_FORMAT_ERROR("not a bie model: __metadata__ lacks bie.format, bie.arch or bie.latent");
     const bool packed = !strcmp(format, "packed");
-    if (!packed && strcmp(format, "checkpoint") != 0) return FMT("bie.format \"%.40s\" is neither packed nor checkpoint", format);
+    if (!packed && strcmp(format, "checkpoint") != 0) return BIE_FORMAT_ERROR("bie.format \"%.40s\" is neither packed nor checkpoint", format);
     enum bie_latent lat;
     if (!strcmp(latent, "f32")) lat = BIE_LATENT_F32;
     else if (!strcmp(latent, "int8")) lat = BIE_LATENT_INT8;
-    else return FMT("bie.latent \"%.40s\" is neither f32 nor int8", latent);
+    else return BIE_FORMAT_ERROR("bie.latent \"%.40s\" is neither f32 nor int8", latent);
     uint64_t step = 0, seed = 0;
-    if (!parse_u64(bie_safetensors_metadata(st, "bie.step"), &step) || step > (uint64_t)INT64_MAX ||
+    if (!parse_u64(bie_safetensors_metadata(st, "bie.step"), &step) ||
         !parse_u64(bie_safetensors_metadata(st, "bie.seed"), &seed))
-        return FMT("bie.step or bie.seed is missing or not an unsigned integer");
+        return BIE_FORMAT_ERROR("bie.step or bie.seed is missing or not an unsigned integer");
+    if (step > (uint64_t)BIE_MODEL_MAX_STEP) return BIE_FORMAT_ERROR("bie.step = %" PRIu64 " exceeds 2^62", step);
     // The format version: files without one are version 1 (a chain of layers).
     const char * fv = bie_safetensors_metadata(st, "bie.format_version");
     uint64_t version = 1;
     if (fv && (!parse_u64(fv, &version) || version < 1))
-        return FMT("bie.format_version \"%.20s\" is not a version number", fv);
+        return BIE_FORMAT_ERROR("bie.format_version \"%.20s\" is not a version number", fv);
     if (version > BIE_MODEL_FORMAT_VERSION)
-        return FMT("the model format version is %" PRIu64 "; this library reads versions up to %d", version,
+        return BIE_FORMAT_ERROR("the model format version is %" PRIu64 "; this library reads versions up to %d", version,
                    BIE_MODEL_FORMAT_VERSION);
     struct arch a;
     if (bie_model_parse_arch(ctx, arch, &a) != BIE_STATUS_OK) {
         char msg[BIE_ERROR_CAP];
         snprintf(msg, sizeof msg, "%s", bie_context_last_error(ctx));
-        return FMT("bad bie.arch: %s", msg);
+        return BIE_FORMAT_ERROR("bad bie.arch: %s", msg);
     }
     // Before allocating anything: the file must hold the tensors the architecture declares, so a
     // tiny hostile file cannot make us allocate gigabytes.
@@ -324,22 +366,27 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     free(a.L);
     if (!sized) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
     if ((uint64_t)arch_version > version)
-        return FMT("bie.arch needs model format version %d, the file says %" PRIu64, (int)arch_version, version);
+        return BIE_FORMAT_ERROR("bie.arch needs model format version %d, the file says %" PRIu64, (int)arch_version, version);
     for (size_t i = 0; i < bie_safetensors_count(st); i++) have += bie_safetensors_at(st, i)->nbytes;
     if (need > have)
-        return FMT("the architecture needs at least %" PRIu64 " bytes of tensors, the file holds %" PRIu64, need, have);
+        return BIE_FORMAT_ERROR("the architecture needs at least %" PRIu64 " bytes of tensors, the file holds %" PRIu64, need, have);
     bie_model_t * m = NULL;
     enum bie_status s = bie_model_create_empty(ctx, arch, lat, packed, &m);
     if (s != BIE_STATUS_OK) {
         if (s == BIE_STATUS_INVALID_ARGUMENT) {
             char msg[BIE_ERROR_CAP];
             snprintf(msg, sizeof msg, "%s", bie_context_last_error(ctx));
-            s = FMT("bad bie.arch: %s", msg);
+            s = BIE_FORMAT_ERROR("bad bie.arch: %s", msg);
         }
         return s;
     }
     m->step = (int64_t)step;
     m->seed = seed;
+    s = bie_model_check_memory(ctx, m, 1, false, BIE_STATUS_FORMAT_ERROR);
+    if (s != BIE_STATUS_OK) {
+        bie_model_destroy(m);
+        return s;
+    }
     struct entries es = {0};
     list_entries(m, packed ? BIE_MODEL_FILE_PACKED : BIE_MODEL_FILE_CHECKPOINT, &es);
     if (es.oom) s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
@@ -352,7 +399,7 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
             const struct bie_st_tensor * t = bie_safetensors_find(st, name);
             expected++;
             if (!t) {
-                s = FMT("tensor \"%s\" is missing", name);
+                s = BIE_FORMAT_ERROR("tensor \"%s\" is missing", name);
                 break;
             }
             const enum bie_dtype want = j ? BIE_DTYPE_F32 : e->dtype;
@@ -360,7 +407,7 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
             bool ok = t->dtype == want && t->ndim == e->ndim && t->nbytes == want_bytes;
             for (int32_t d = 0; ok && d < e->ndim; d++) ok = t->shape[d] == e->shape[d];
             if (!ok) {
-                s = FMT("tensor \"%s\": dtype %s or shape does not match the architecture (want %s, %zu bytes)", name,
+                s = BIE_FORMAT_ERROR("tensor \"%s\": dtype %s or shape does not match the architecture (want %s, %zu bytes)", name,
                         bie_dtype_name(t->dtype), bie_dtype_name(want), want_bytes);
                 break;
             }
@@ -368,19 +415,10 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
         }
     }
     if (s == BIE_STATUS_OK && bie_safetensors_count(st) != expected)
-        s = FMT("the file holds %zu tensors, the architecture expects %zu", bie_safetensors_count(st), expected);
-    // Values the layers would reject later are rejected here, with the tensor's name.
-    for (int64_t i = 0; s == BIE_STATUS_OK && i < m->n_layers; i++) {
-        const struct layer * L = &m->L[i];
-        if ((L->kind == L_CONV || L->kind == L_LINEAR) && L->q != Q_F32) {
-            if (!(L->scale_w > 0 && L->scale_w < 1e30f))
-                s = FMT("layers.%" PRId64 ".scale_w = %g is not finite and > 0", i, (double)L->scale_w);
-            else if (!(L->scale_a.v[0] >= 0 && L->scale_a.v[0] < 1e30f))
-                s = FMT("layers.%" PRId64 ".scale_a = %g is not finite and >= 0", i, (double)L->scale_a.v[0]);
-            else if (packed && !(L->scale_a.v[0] > 0))
-                s = FMT("layers.%" PRId64 ".scale_a = 0: the model was never run", i);
-        }
-    }
+        s = BIE_FORMAT_ERROR("the file holds %zu tensors, the architecture expects %zu", bie_safetensors_count(st), expected);
+    // Values the layers or the optimizer would turn into NaN, and values the layers would reject
+    // later, are rejected here, with the tensor's name.
+    if (s == BIE_STATUS_OK) s = check_values(ctx, &es, !packed, BIE_STATUS_FORMAT_ERROR);
     free(es.e);
     if (s != BIE_STATUS_OK) {
         bie_model_destroy(m);
@@ -391,11 +429,12 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
 }
 
 enum bie_status bie_model_load(bie_context_t * ctx, const char * path, bie_model_t ** out, bie_safetensors_t ** out_st) {
-    if (!path || !out) FAIL("path, out: must not be NULL");
+    BIE_ENTER(ctx);
+    if (!path || !out) BIE_FAIL("path, out: must not be NULL");
     *out = NULL;
     if (out_st) *out_st = NULL;
     bie_safetensors_t * st = NULL;
-    TRY(bie_safetensors_read(ctx, path, &st));
+    BIE_TRY(bie_safetensors_read(ctx, path, &st));
     enum bie_status s = bie_model_from_safetensors(ctx, st, out);
     if (s != BIE_STATUS_OK) {
         char msg[BIE_ERROR_CAP];

@@ -210,6 +210,8 @@ static enum bie_status layer_backward(bie_context_t * ctx, bie_model_t * m, stru
 }
 
 enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * m, const float * grad_logits) {
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    BIE_ENTER(ctx);
     if (!m || !grad_logits) BIE_FAIL("model, grad_logits: must not be NULL");
     if (!m->have_training) BIE_FAIL("model: backward needs a training forward first");
     const int64_t n = m->n;

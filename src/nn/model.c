@@ -11,13 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
-#define TRY(expr)                                                                                  \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) return s_;                                                        \
-    } while (0)
-
 #define AUX_LR_FACTOR 0.1f // learning rate of bias_a and scale_a relative to the weights'
 
 // --- parameters ---------------------------------------------------------------------------------
@@ -146,12 +139,12 @@ static enum bie_status init_params(bie_context_t * ctx, bie_model_t * m) {
         bie_tensor_make(&wt, w, BIE_DTYPE_F32, 2, shape);
         bie_tensor_make(&sw, &L->scale_w, BIE_DTYPE_F32, 0, NULL);
         const enum bie_quant q = (enum bie_quant)L->q;
-        TRY(bie_weight_scale_init(ctx, q, &wt, &sw));
+        BIE_TRY(bie_weight_scale_init(ctx, q, &wt, &sw));
         if (L->w8) {
             struct bie_tensor w8;
             bie_tensor_make(&w8, L->w8, BIE_DTYPE_I8, 2, shape);
-            TRY(bie_weight_to_latent_int8(ctx, &wt, &w8));
-            TRY(bie_diode_init(ctx, L->O * L->K, L->w8, splitmix64(&st), L->w.m, L->w.s));
+            BIE_TRY(bie_weight_to_latent_int8(ctx, &wt, &w8));
+            BIE_TRY(bie_diode_init(ctx, L->O * L->K, L->w8, splitmix64(&st), L->w.m, L->w.s));
             memset(L->w.g, 0, sizeof(float) * (size_t)(L->O * L->K));
         }
     }
@@ -200,7 +193,7 @@ void bie_model_destroy(bie_model_t * m) {
 enum bie_status bie_model_create_empty(bie_context_t * ctx, const char * arch, enum bie_latent latent,
                                        bool packed, bie_model_t ** out) {
     *out = NULL;
-    if (latent != BIE_LATENT_F32 && latent != BIE_LATENT_INT8) FAIL("latent: unknown value %d", (int)latent);
+    if (latent != BIE_LATENT_F32 && latent != BIE_LATENT_INT8) BIE_FAIL("latent: unknown value %d", (int)latent);
     bie_model_t * m = calloc(1, sizeof *m);
     if (!m) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
     m->latent = latent;
@@ -229,10 +222,12 @@ enum bie_status bie_model_create_empty(bie_context_t * ctx, const char * arch, e
 
 enum bie_status bie_model_create(bie_context_t * ctx, const char * arch, enum bie_latent latent, uint64_t seed,
                                  bie_model_t ** out) {
-    if (!out) FAIL("out: is NULL");
-    TRY(bie_model_create_empty(ctx, arch, latent, false, out));
+    BIE_ENTER(ctx);
+    if (!out) BIE_FAIL("out: is NULL");
+    BIE_TRY(bie_model_create_empty(ctx, arch, latent, false, out));
     (*out)->seed = seed;
-    enum bie_status s = init_params(ctx, *out);
+    enum bie_status s = bie_model_check_memory(ctx, *out, 1, false, BIE_STATUS_INVALID_ARGUMENT);
+    if (s == BIE_STATUS_OK) s = init_params(ctx, *out);
     if (s != BIE_STATUS_OK) {
         bie_model_destroy(*out);
         *out = NULL;
@@ -371,18 +366,22 @@ enum bie_status bie_model_init_scale_a(bie_context_t * ctx, struct layer * L, in
 
 enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const float * x, int64_t n, int training,
                                   int float_layers, const float ** logits) {
-    if (!m || !x || !logits) FAIL("model, x, logits: must not be NULL");
-    if (n < 1 || n > (1 << 20)) FAIL("n: = %lld must be in [1, 2^20]", (long long)n);
-    if (training && m->packed) FAIL("model: a packed model can only run inference (training = 0)");
-    if (training && float_layers) FAIL("float_layers: only for inference");
+    BIE_ENTER(ctx);
+    if (!m || !x || !logits) BIE_FAIL("model, x, logits: must not be NULL");
+    if (n < 1 || n > (1 << 20)) BIE_FAIL("n: = %lld must be in [1, 2^20]", (long long)n);
+    if (training && m->packed) BIE_FAIL("model: a packed model can only run inference (training = 0)");
+    if (training && float_layers) BIE_FAIL("float_layers: only for inference");
+    BIE_TRY(bie_model_check_memory(ctx, m, n, training, BIE_STATUS_OUT_OF_MEMORY));
     m->have_training = false;
     if (!training) return bie_model_infer(ctx, m, x, n, float_layers != 0, logits);
     return bie_model_train_forward(ctx, m, x, n, logits);
 }
 
 enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, float weight_decay, float diode_lr) {
-    if (!m) FAIL("model: is NULL");
-    if (m->packed) FAIL("model: a packed model cannot be trained");
+    BIE_ENTER(ctx);
+    if (!m) BIE_FAIL("model: is NULL");
+    if (m->packed) BIE_FAIL("model: a packed model cannot be trained");
+    if (m->step >= BIE_MODEL_MAX_STEP) BIE_FAIL("model: step count %lld is at its bound 2^62", (long long)m->step);
     m->step++;
     m->params_version++;
     struct bie_adam_params ap;
@@ -398,9 +397,9 @@ enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, f
         if (L->kind == L_BN || ((L->kind == L_CONV || L->kind == L_LINEAR) && L->q == Q_F32)) {
             ap.weight_decay = L->kind == L_BN ? 0.0f : weight_decay;
             ap.clip = 0;
-            TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
+            BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
             ap.weight_decay = 0;
-            TRY(bie_adam_step(ctx, &ap, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
+            BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
         } else if (L->kind == L_CONV || L->kind == L_LINEAR) {
             // bias_a and scale_a duplicate the preceding batch norm's beta and gamma (the pair only
             // moves the threshold and the STE window): a tenth of the rate keeps Adam from driving
@@ -409,27 +408,27 @@ enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, f
             aux.lr = ap.lr * AUX_LR_FACTOR;
             aux.weight_decay = 0;
             aux.clip = 0;
-            TRY(bie_adam_step(ctx, &aux, m->step, L->bias_a.n, L->bias_a.v, L->bias_a.g, L->bias_a.m, L->bias_a.s));
-            TRY(bie_adam_step(ctx, &aux, m->step, 1, L->scale_a.v, L->scale_a.g, L->scale_a.m, L->scale_a.s));
+            BIE_TRY(bie_adam_step(ctx, &aux, m->step, L->bias_a.n, L->bias_a.v, L->bias_a.g, L->bias_a.m, L->bias_a.s));
+            BIE_TRY(bie_adam_step(ctx, &aux, m->step, 1, L->scale_a.v, L->scale_a.g, L->scale_a.m, L->scale_a.s));
             if (!(L->scale_a.v[0] > 1e-6f)) L->scale_a.v[0] = 1e-6f; // the layer needs scale_a > 0
             if (L->w8) {
-                TRY(bie_diode_step(ctx, &dp, L->w.n, L->w8, L->w.g, L->w.m, L->w.s, NULL));
+                BIE_TRY(bie_diode_step(ctx, &dp, L->w.n, L->w8, L->w.g, L->w.m, L->w.s, NULL));
             } else {
                 // Latent binary weights live in [-1, 1] (BinaryConnect); n-bit latents in the
                 // quantizer's range, so they cannot drift far past the clamp.
                 const float range = L->q == Q_B1 ? 1.0f : L->scale_w * (L->q == Q_Q4 ? 8.0f : 128.0f);
                 ap.clip = range;
-                TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
+                BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
             }
             if (L->has_bias) { // the output bias: plain Adam, like a float layer's bias
                 struct bie_adam_params bp = aux;
                 bp.lr = ap.lr;
-                TRY(bie_adam_step(ctx, &bp, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
+                BIE_TRY(bie_adam_step(ctx, &bp, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
             }
         } else if (L->kind == L_ACT && L->prelu_n) { // PReLU slopes: Adam without weight decay
             ap.weight_decay = 0;
             ap.clip = 0;
-            TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
+            BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
         }
     }
     return BIE_STATUS_OK;

@@ -4,12 +4,11 @@
 // order inside one thread (threads split channels or rows), so results do not depend on the
 // thread count.
 #include "bie-impl.h"
+#include "core/checked.h"
 
 #include <float.h>
 #include <math.h>
 #include <string.h>
-
-#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
 
 // Batch norm, per channel j over the m = n*hw values x[i, j, p]:
 //   training: mean = sum x / m, var = sum (x - mean)^2 / m (in double);
@@ -21,13 +20,15 @@ enum bie_status bie_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c,
                                       float * running_mean, float * running_var, float momentum,
                                       float eps, int training, float * saved_mean,
                                       float * saved_invstd, float * y) {
-    if (n <= 0 || c <= 0 || hw <= 0) FAIL("n, c, hw: must be > 0 (got %lld, %lld, %lld)", (long long)n,
+    BIE_ENTER(ctx);
+    if (n <= 0 || c <= 0 || hw <= 0) BIE_FAIL("n, c, hw: must be > 0 (got %lld, %lld, %lld)", (long long)n,
                                           (long long)c, (long long)hw);
-    if (!x || !gamma || !beta || !running_mean || !running_var || !y) FAIL("x, gamma, beta, running stats, y: must not be NULL");
-    if (training && (!saved_mean || !saved_invstd)) FAIL("saved_mean, saved_invstd: needed in training");
-    if (!(eps > 0)) FAIL("eps: must be > 0");
-    const int64_t m = n * hw;
-#pragma omp parallel for schedule(static)
+    if (!x || !gamma || !beta || !running_mean || !running_var || !y) BIE_FAIL("x, gamma, beta, running stats, y: must not be NULL");
+    if (training && (!saved_mean || !saved_invstd)) BIE_FAIL("saved_mean, saved_invstd: needed in training");
+    if (!(eps > 0)) BIE_FAIL("eps: must be > 0");
+    int64_t m, elements;
+    if (!bie_mul_i64(n, hw, &m) || !bie_mul_i64(m, c, &elements)) BIE_FAIL("n, c, hw: n*c*hw overflows int64");
+#pragma omp parallel for schedule(static) num_threads(bie_context_threads(ctx))
     for (int64_t j = 0; j < c; j++) {
         double mean, var;
         if (training) {
@@ -72,11 +73,13 @@ enum bie_status bie_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c
                                        const float * x, const float * gamma, const float * saved_mean,
                                        const float * saved_invstd, const float * grad_y, float * grad_x,
                                        float * grad_gamma, float * grad_beta) {
-    if (n <= 0 || c <= 0 || hw <= 0) FAIL("n, c, hw: must be > 0");
+    BIE_ENTER(ctx);
+    if (n <= 0 || c <= 0 || hw <= 0) BIE_FAIL("n, c, hw: must be > 0");
     if (!x || !gamma || !saved_mean || !saved_invstd || !grad_y || !grad_gamma || !grad_beta)
-        FAIL("x, gamma, saved statistics, grad_y, grad_gamma, grad_beta: must not be NULL");
-    const int64_t m = n * hw;
-#pragma omp parallel for schedule(static)
+        BIE_FAIL("x, gamma, saved statistics, grad_y, grad_gamma, grad_beta: must not be NULL");
+    int64_t m, elements;
+    if (!bie_mul_i64(n, hw, &m) || !bie_mul_i64(m, c, &elements)) BIE_FAIL("n, c, hw: n*c*hw overflows int64");
+#pragma omp parallel for schedule(static) num_threads(bie_context_threads(ctx))
     for (int64_t j = 0; j < c; j++) {
         const float mean = saved_mean[j], invstd = saved_invstd[j];
         double sg = 0, sgx = 0;
@@ -101,20 +104,23 @@ enum bie_status bie_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c
 }
 
 static enum bie_status check_pool(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w, int32_t k) {
-    if (n <= 0 || c <= 0 || h <= 0 || w <= 0) FAIL("n, c, h, w: must be > 0");
-    if (k < 1 || k > h || k > w) FAIL("k: = %d must be in [1, min(h, w)]", (int)k);
-    if (n * c * h * w > INT32_MAX) FAIL("x: more than 2^31 elements (argmax is int32)");
+    if (n <= 0 || c <= 0 || h <= 0 || w <= 0) BIE_FAIL("n, c, h, w: must be > 0");
+    if (k < 1 || k > h || k > w) BIE_FAIL("k: = %d must be in [1, min(h, w)]", (int)k);
+    const int64_t dims[4] = {n, c, h, w};
+    int64_t numel;
+    if (!bie_prod_i64(dims, 4, &numel) || numel > INT32_MAX) BIE_FAIL("x: more than 2^31 elements (argmax is int32)");
     return BIE_STATUS_OK;
 }
 
 // y[i, j, oy, ox] = max over the window x[i, j, oy*k + a, ox*k + b], a, b in [0, k).
 enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w,
                                       int32_t k, const float * x, float * y, int32_t * argmax) {
+    BIE_ENTER(ctx);
     enum bie_status s = check_pool(ctx, n, c, h, w, k);
     if (s != BIE_STATUS_OK) return s;
-    if (!x || !y) FAIL("x, y: must not be NULL");
+    if (!x || !y) BIE_FAIL("x, y: must not be NULL");
     const int64_t oh = h / k, ow = w / k;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(bie_context_threads(ctx))
     for (int64_t plane = 0; plane < n * c; plane++) {
         const float * xp = x + plane * h * w;
         if (k == 2) { // the common case, without the inner loops: same order, same ties
@@ -157,12 +163,13 @@ enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c,
 enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w,
                                        int32_t k, const float * grad_y, const int32_t * argmax,
                                        float * grad_x) {
+    BIE_ENTER(ctx);
     enum bie_status s = check_pool(ctx, n, c, h, w, k);
     if (s != BIE_STATUS_OK) return s;
-    if (!grad_y || !argmax || !grad_x) FAIL("grad_y, argmax, grad_x: must not be NULL");
+    if (!grad_y || !argmax || !grad_x) BIE_FAIL("grad_y, argmax, grad_x: must not be NULL");
     const int64_t oh = h / k, ow = w / k;
     // Windows do not overlap and each plane's argmax stays in its plane: planes are independent.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(bie_context_threads(ctx))
     for (int64_t plane = 0; plane < n * c; plane++) {
         memset(grad_x + plane * h * w, 0, sizeof(float) * (size_t)(h * w));
         for (int64_t o = plane * oh * ow; o < (plane + 1) * oh * ow; o++) {
@@ -175,9 +182,10 @@ enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c
 
 enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation act, int64_t count,
                                        const float * x, float * y) {
-    if (count < 0 || (count && (!x || !y))) FAIL("x, y: must not be NULL");
-    if (act != BIE_ACT_RELU && act != BIE_ACT_SIGN && act != BIE_ACT_HARDTANH) FAIL("act: unknown activation %d", (int)act);
-#pragma omp parallel for schedule(static)
+    BIE_ENTER(ctx);
+    if (count < 0 || (count && (!x || !y))) BIE_FAIL("x, y: must not be NULL");
+    if (act != BIE_ACT_RELU && act != BIE_ACT_SIGN && act != BIE_ACT_HARDTANH) BIE_FAIL("act: unknown activation %d", (int)act);
+#pragma omp parallel for schedule(static) num_threads(bie_context_threads(ctx))
     for (int64_t i = 0; i < count; i++) {
         const float v = x[i];
         y[i] = act == BIE_ACT_RELU ? (v > 0 ? v : 0.0f)
@@ -189,9 +197,10 @@ enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation 
 
 enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation act, int64_t count,
                                         const float * x, const float * grad_y, float * grad_x) {
-    if (count < 0 || (count && (!x || !grad_y || !grad_x))) FAIL("x, grad_y, grad_x: must not be NULL");
-    if (act != BIE_ACT_RELU && act != BIE_ACT_SIGN && act != BIE_ACT_HARDTANH) FAIL("act: unknown activation %d", (int)act);
-#pragma omp parallel for schedule(static)
+    BIE_ENTER(ctx);
+    if (count < 0 || (count && (!x || !grad_y || !grad_x))) BIE_FAIL("x, grad_y, grad_x: must not be NULL");
+    if (act != BIE_ACT_RELU && act != BIE_ACT_SIGN && act != BIE_ACT_HARDTANH) BIE_FAIL("act: unknown activation %d", (int)act);
+#pragma omp parallel for schedule(static) num_threads(bie_context_threads(ctx))
     for (int64_t i = 0; i < count; i++) {
         const float v = x[i];
         const bool pass = act == BIE_ACT_RELU ? v > 0 : fabsf(v) <= 1.0f;
@@ -203,10 +212,13 @@ enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation
 enum bie_status bie_softmax_cross_entropy(bie_context_t * ctx, int64_t n, int64_t classes,
                                           const float * logits, const uint8_t * labels, double * loss,
                                           float * grad_logits, int64_t * correct) {
-    if (n <= 0 || classes <= 0) FAIL("n, classes: must be > 0");
-    if (!logits || !labels) FAIL("logits, labels: must not be NULL");
+    BIE_ENTER(ctx);
+    int64_t elements;
+    if (n <= 0 || classes <= 0) BIE_FAIL("n, classes: must be > 0");
+    if (!bie_mul_i64(n, classes, &elements)) BIE_FAIL("n, classes: n*classes overflows int64");
+    if (!logits || !labels) BIE_FAIL("logits, labels: must not be NULL");
     for (int64_t i = 0; i < n; i++)
-        if (labels[i] >= classes) FAIL("labels[%lld] = %d is not in [0, %lld)", (long long)i, labels[i], (long long)classes);
+        if (labels[i] >= classes) BIE_FAIL("labels[%lld] = %d is not in [0, %lld)", (long long)i, labels[i], (long long)classes);
     double total = 0;
     int64_t right = 0;
     for (int64_t i = 0; i < n; i++) {

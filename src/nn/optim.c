@@ -5,8 +5,6 @@
 
 #include <math.h>
 
-#define FAIL(...) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, __VA_ARGS__)
-
 void bie_adam_params_default(struct bie_adam_params * p) {
     if (!p) return;
     p->lr = 1e-3f;
@@ -19,17 +17,18 @@ void bie_adam_params_default(struct bie_adam_params * p) {
 
 enum bie_status bie_adam_step(bie_context_t * ctx, const struct bie_adam_params * a, int64_t step,
                               int64_t count, float * p, const float * grad, float * m, float * v) {
-    if (!a) FAIL("params: is NULL");
-    if (step < 1) FAIL("step: = %lld must be >= 1", (long long)step);
-    if (count < 0 || (count && (!p || !grad || !m || !v))) FAIL("p, grad, m, v: must not be NULL");
+    BIE_ENTER(ctx);
+    if (!a) BIE_FAIL("params: is NULL");
+    if (step < 1) BIE_FAIL("step: = %lld must be >= 1", (long long)step);
+    if (count < 0 || (count && (!p || !grad || !m || !v))) BIE_FAIL("p, grad, m, v: must not be NULL");
     if (!(a->beta1 >= 0 && a->beta1 < 1 && a->beta2 >= 0 && a->beta2 < 1 && a->eps > 0 && isfinite(a->lr)))
-        FAIL("params: need 0 <= beta1, beta2 < 1, eps > 0 and a finite lr");
+        BIE_FAIL("params: need 0 <= beta1, beta2 < 1, eps > 0 and a finite lr");
     // Bias corrections folded into the step size: lr_t = lr * sqrt(1-b2^t) / (1-b1^t),
     // eps_t = eps * sqrt(1-b2^t) (the same update as dividing m and v by their corrections).
     const double bc1 = 1.0 - pow(a->beta1, (double)step), bc2 = 1.0 - pow(a->beta2, (double)step);
     const float lr_t = (float)(a->lr * sqrt(bc2) / bc1), eps_t = (float)(a->eps * sqrt(bc2));
     const float b1 = a->beta1, b2 = a->beta2, wd = a->lr * a->weight_decay, clip = a->clip;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(bie_context_threads(ctx))
     for (int64_t i = 0; i < count; i++) {
         const float g = grad[i];
         m[i] = b1 * m[i] + (1 - b1) * g;
@@ -58,7 +57,8 @@ static uint64_t splitmix64(uint64_t * state) {
 
 enum bie_status bie_diode_init(bie_context_t * ctx, int64_t count, const int8_t * w, uint64_t seed,
                                float * m, float * s) {
-    if (count < 0 || (count && (!w || !m || !s))) FAIL("w, m, s: must not be NULL");
+    BIE_ENTER(ctx);
+    if (count < 0 || (count && (!w || !m || !s))) BIE_FAIL("w, m, s: must not be NULL");
     uint64_t st = seed;
     for (int64_t i = 0; i < count; i++) {
         const float u = (float)((splitmix64(&st) >> 40) * 0x1p-24) * 1e-3f;
@@ -70,13 +70,14 @@ enum bie_status bie_diode_init(bie_context_t * ctx, int64_t count, const int8_t 
 
 enum bie_status bie_diode_step(bie_context_t * ctx, const struct bie_diode_params * a, int64_t count,
                                int8_t * w, const float * grad, float * m, float * s, int64_t * flips) {
-    if (!a) FAIL("params: is NULL");
-    if (count < 0 || (count && (!w || !grad || !m || !s))) FAIL("w, grad, m, s: must not be NULL");
+    BIE_ENTER(ctx);
+    if (!a) BIE_FAIL("params: is NULL");
+    if (count < 0 || (count && (!w || !grad || !m || !s))) BIE_FAIL("w, grad, m, s: must not be NULL");
     if (!(a->beta1 >= 0 && a->beta1 < 1 && a->beta2 >= 0 && a->beta2 < 1 && isfinite(a->lr)))
-        FAIL("params: need 0 <= beta1, beta2 < 1 and a finite lr");
+        BIE_FAIL("params: need 0 <= beta1, beta2 < 1 and a finite lr");
     const float b1 = a->beta1, b2 = a->beta2, lr = a->lr;
     int64_t flipped = 0;
-#pragma omp parallel for schedule(static) reduction(+ : flipped)
+#pragma omp parallel for schedule(static) num_threads(bie_context_threads(ctx)) reduction(+ : flipped)
     for (int64_t i = 0; i < count; i++) {
         m[i] = b1 * m[i] + (1 - b1) * grad[i];
         const float sm = m[i] > 0 ? 1.0f : m[i] < 0 ? -1.0f : 0.0f; // torch.sign

@@ -3,6 +3,7 @@
 // linear layer, saved for its backward). Validates every argument once, normalises the call (a
 // linear layer becomes a 1x1 conv over 1x1 images) and dispatches it to a backend.
 #include "bie-cuda-plugin.h"
+#include "core/checked.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -287,7 +288,12 @@ enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_
     if (!(bie_dtype_is_float(yd) || yd == BIE_DTYPE_I32 || (yd == BIE_DTYPE_B1 && c->quant == BIE_QUANT_BINARY)))
         BIE_FAIL("y: dtype %s is not supported (f32, f16, bf16, i32%s)", bie_dtype_name(yd),
              c->quant == BIE_QUANT_BINARY ? " or b1" : "");
-    return BIE_STATUS_OK;
+    if (c->scales_on_host && !isfinite(c->scale_a * c->scale_w))
+        BIE_FAIL("scale_a * scale_w: %g * %g overflows f32 (y = acc * (scale_a * scale_w) needs a finite product)",
+                 (double)c->scale_a, (double)c->scale_w);
+    const struct bie_tensor * outs[1] = {a->y}, * ins[5] = {a->x, a->bias_a, a->weight, a->scale_a, a->scale_w};
+    static const char * const out_names[1] = {"y"}, * const in_names[5] = {"x", "bias_a", "weight", "scale_a", "scale_w"};
+    return bie_check_outputs(ctx, outs, out_names, 1, ins, in_names, 5);
 }
 
 enum bie_status bie_layer_run(bie_context_t * ctx, const struct bie_layer_call * c, bool backward) {
@@ -298,7 +304,7 @@ enum bie_status bie_layer_run(bie_context_t * ctx, const struct bie_layer_call *
 static enum bie_status forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
                                const struct bie_conv2d_desc * conv, const struct bie_forward_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     struct bie_layer_call c;
     BIE_TRY(bie_layer_prepare_forward(ctx, lin, conv, a, &c));
     return bie_layer_run(ctx, &c, false);
@@ -372,6 +378,11 @@ enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie
         if (bie_tensor_numel(a->grad_scale_a) != 1) BIE_FAIL("grad_scale_a: must hold exactly one element");
         c.grad_scale_a = *a->grad_scale_a;
     }
+    const struct bie_tensor * outs[4] = {a->grad_x, a->grad_weight, a->grad_scale_a, a->grad_bias_a};
+    const struct bie_tensor * ins[7] = {a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, a->grad_y, a->x_mask};
+    static const char * const out_names[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
+    static const char * const in_names[7] = {"x", "bias_a", "weight", "scale_a", "scale_w", "grad_y", "x_mask"};
+    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 4, ins, in_names, 7));
     *cp = c;
     return BIE_STATUS_OK;
 }
@@ -379,7 +390,7 @@ enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie
 static enum bie_status backward(bie_context_t * ctx, const struct bie_linear_desc * lin,
                                 const struct bie_conv2d_desc * conv, const struct bie_backward_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     struct bie_layer_call c;
     BIE_TRY(bie_layer_prepare_backward(ctx, lin, conv, a, &c));
     return bie_layer_run(ctx, &c, true);
@@ -408,7 +419,7 @@ enum bie_status bie_conv2d_backward(bie_context_t * ctx, const struct bie_conv2d
 enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * x, const struct bie_tensor * bias_a,
                                  const struct bie_tensor * scale_a, struct bie_tensor * bits, struct bie_tensor * mask) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!bits && !mask) BIE_FAIL("bits, mask: both are NULL (ask for at least one)");
     if (mask && !scale_a) BIE_FAIL("scale_a: is NULL but the mask needs it");
     // the x side of a binary linear layer call, checked as the layer checks it
@@ -445,6 +456,9 @@ enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * 
         if (outs[i]->dtype != BIE_DTYPE_B1) BIE_FAIL("%s: dtype %s is not b1", names[i], bie_dtype_name(outs[i]->dtype));
         BIE_TRY(linear_view(ctx, names[i], outs[i], x, K, &views[i]));
     }
+    const struct bie_tensor * ins[3] = {x, bias_a, scale_a};
+    static const char * const in_names[3] = {"x", "bias_a", "scale_a"};
+    BIE_TRY(bie_check_outputs(ctx, (const struct bie_tensor * const *)outs, names, 2, ins, in_names, 3));
     const struct job j = {JOB_BINARIZE_STE, &c, bits ? &views[0] : NULL, mask ? &views[1] : NULL};
     return dispatch(ctx, &j);
 }
@@ -457,7 +471,9 @@ enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * d, int64_t
             return BIE_STATUS_INVALID_ARGUMENT;
     const int64_t eh = (int64_t)d->dilation[0] * (d->kernel[0] - 1) + 1;
     const int64_t ew = (int64_t)d->dilation[1] * (d->kernel[1] - 1) + 1;
-    const int64_t ph = h + 2 * (int64_t)d->padding[0], pw = w + 2 * (int64_t)d->padding[1];
+    int64_t ph, pw; // the padded input (checked: h and w may be anything up to INT64_MAX)
+    if (!bie_add_i64(h, 2 * (int64_t)d->padding[0], &ph) || !bie_add_i64(w, 2 * (int64_t)d->padding[1], &pw))
+        return BIE_STATUS_INVALID_ARGUMENT;
     if (ph < eh || pw < ew) return BIE_STATUS_INVALID_ARGUMENT;
     *out_h = (ph - eh) / d->stride[0] + 1;
     *out_w = (pw - ew) / d->stride[1] + 1;

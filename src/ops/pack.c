@@ -31,7 +31,9 @@ static enum bie_status common(bie_context_t * ctx, const struct bie_tensor * src
         if (!isfinite(*scale_value) || !(*scale_value > 0.0f))
             BIE_FAIL("scale: = %g must be finite and > 0", (double)*scale_value);
     }
-    return BIE_STATUS_OK;
+    const struct bie_tensor * ins[2] = {src, scale};
+    static const char * const dst_name[1] = {"dst"}, * const in_names[2] = {"src", "scale"};
+    return bie_check_outputs(ctx, &dst, dst_name, 1, ins, in_names, 2);
 }
 
 typedef enum bie_status (*pack_fn)(bie_context_t *, const struct bie_tensor *, float,
@@ -65,8 +67,8 @@ static enum bie_status run(bie_context_t * ctx, const struct bie_tensor * src, f
 enum bie_status bie_pack(bie_context_t * ctx, const struct bie_tensor * src,
                          const struct bie_tensor * scale, struct bie_tensor * dst) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
-    float sv;
+    BIE_ENTER(ctx);
+    float sv = 1.0f;
     BIE_TRY(common(ctx, src, scale, dst, &sv));
     const bool src_float = bie_dtype_is_float(src->dtype);
     switch (dst->dtype) {
@@ -96,8 +98,8 @@ enum bie_status bie_pack(bie_context_t * ctx, const struct bie_tensor * src,
 enum bie_status bie_unpack(bie_context_t * ctx, const struct bie_tensor * src,
                            const struct bie_tensor * scale, struct bie_tensor * dst) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
-    float sv;
+    BIE_ENTER(ctx);
+    float sv = 1.0f;
     BIE_TRY(common(ctx, src, scale, dst, &sv));
     if (!is_packed(src->dtype)) BIE_FAIL("src: dtype %s is not a packed dtype (b1, s4, i8)", bie_dtype_name(src->dtype));
     if (dst->dtype == BIE_DTYPE_I8) {

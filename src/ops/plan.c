@@ -79,7 +79,7 @@ static void describe(struct bie_plan * p, const char * const * names) {
 static enum bie_status make(bie_context_t * ctx, bool conv, bool backward, const struct bie_linear_desc * lin,
                             const struct bie_conv2d_desc * cd, const void * args, bie_plan_t ** out) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!out) BIE_FAIL("out: is NULL");
     *out = NULL;
     struct bie_plan * p = calloc(1, sizeof *p);
@@ -113,7 +113,6 @@ static enum bie_status make(bie_context_t * ctx, bool conv, bool backward, const
     }
     describe(p, backward ? bwd_names : fwd_names);
     *out = p;
-    bie_clear_error(ctx);
     return BIE_STATUS_OK;
 }
 
@@ -168,7 +167,7 @@ static void patch(struct bie_layer_call * c, bool backward, const struct bie_ten
 
 static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool backward, const void * args) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!p) BIE_FAIL("plan: is NULL");
     if (!args) BIE_FAIL("args: is NULL");
     if (p->backward != backward)
@@ -196,6 +195,15 @@ static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool b
             return p->conv ? bie_conv2d_backward(ctx, &p->cnv, args) : bie_linear_backward(ctx, &p->lin, args);
         return p->conv ? bie_conv2d_forward(ctx, &p->cnv, args) : bie_linear_forward(ctx, &p->lin, args);
     }
+    // outputs may not share bytes with any other tensor of the call (a property of the pointers)
+    if (backward) {
+        const struct bie_tensor * outs[4] = {t[6], t[7], t[8], t[9]}, * ins[7] = {t[0], t[1], t[2], t[3], t[4], t[5], t[10]};
+        const char * const on[4] = {names[6], names[7], names[8], names[9]};
+        const char * const in[7] = {names[0], names[1], names[2], names[3], names[4], names[5], names[10]};
+        BIE_TRY(bie_check_outputs(ctx, outs, on, 4, ins, in, 7));
+    } else {
+        BIE_TRY(bie_check_outputs(ctx, t + 5, names + 5, 1, t, names, 5));
+    }
     struct bie_layer_call c = p->call;
     patch(&c, backward, t);
     if (c.scale_a_t.device_type == BIE_DEVICE_CPU) {
@@ -206,6 +214,9 @@ static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool b
         c.scale_w = bie_load_scalar(t[4]);
         if (!isfinite(c.scale_w) || !(c.scale_w > 0.0f)) BIE_FAIL("scale_w: = %g must be finite and > 0", (double)c.scale_w);
     }
+    if (c.scales_on_host && !isfinite(c.scale_a * c.scale_w))
+        BIE_FAIL("scale_a * scale_w: %g * %g overflows f32 (y = acc * (scale_a * scale_w) needs a finite product)",
+                 (double)c.scale_a, (double)c.scale_w);
     return bie_layer_run(ctx, &c, backward);
 }
 

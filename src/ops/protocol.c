@@ -44,7 +44,7 @@ static bool quant_valid(enum bie_quant q) {
 enum bie_status bie_activation_scale_init(bie_context_t * ctx, enum bie_quant quant, int symmetric,
                                           const struct bie_tensor * x, struct bie_tensor * out_scale) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!quant_valid(quant)) BIE_FAIL("quant: = %d must be 1, 4 or 8", (int)quant);
     double sa, s;
     BIE_TRY(sums(ctx, "x", x, &sa, &s));
@@ -57,7 +57,7 @@ enum bie_status bie_activation_scale_init(bie_context_t * ctx, enum bie_quant qu
 enum bie_status bie_weight_scale_init(bie_context_t * ctx, enum bie_quant quant,
                                       const struct bie_tensor * w, struct bie_tensor * out_scale) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!quant_valid(quant)) BIE_FAIL("quant: = %d must be 1, 4 or 8", (int)quant);
     double sa, s;
     BIE_TRY(sums(ctx, "w", w, &sa, &s));
@@ -73,7 +73,7 @@ enum bie_status bie_weight_scale_init(bie_context_t * ctx, enum bie_quant quant,
 enum bie_status bie_weight_to_latent_int8(bie_context_t * ctx, const struct bie_tensor * w,
                                           struct bie_tensor * out_i8) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     double sa, s;
     BIE_TRY(sums(ctx, "w", w, &sa, &s));
     BIE_TRY(bie_check_tensor(ctx, "out_i8", out_i8, false));

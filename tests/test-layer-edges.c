@@ -1,0 +1,223 @@
+// SPDX-License-Identifier: Apache-2.0
+// test-layer-edges.c: layer calls at the edges of the contract, each against the reference
+// backend or against the documented refusal:
+// - a [1, K] grad_weight whose stride[0] is smaller than K (legal: a size-1 dimension's stride is
+//   never used; PyTorch's torch.empty(K, 1).T has it) at every ISA level and quantization;
+// - f32 overflow inside the CPU backward (grad_y near FLT_MAX, scale_a near FLT_MAX): grad_scale_a,
+//   grad_bias_a and grad_weight are the reference's numbers (-inf, 0, 3e38), never NaN;
+// - output views that overlap themselves, each other or an input are refused;
+// - scale_a * scale_w must be finite: 3e38 * 3e38 is refused instead of giving 0 * inf = NaN.
+#include "test-cpu-common.h"
+
+static const enum bie_quant k_quants[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
+
+// Linear backward with a [1, K] grad_weight view of stride {1, 1}: every ISA level equals the
+// reference to the rounding of sgemm (K terms of one product each: exact here, one term per sum).
+static void test_row_grad_weight(bie_context_t * ref, bie_context_t ** cpu, int nlev) {
+    static const int64_t ks[] = {1, 5, 64, 333};
+    for (int qi = 0; qi < 3; qi++)
+        for (int ki = 0; ki < 4; ki++) {
+            const int64_t K = ks[ki], M = 3;
+            const struct bie_linear_desc d = {k_quants[qi], K, 1};
+            struct bie_tensor x = cpu_test_view2(BIE_DTYPE_F32, M, K, false);
+            struct bie_tensor w = cpu_test_view2(BIE_DTYPE_F32, 1, K, false);
+            struct bie_tensor gy = cpu_test_view2(BIE_DTYPE_F32, M, 1, false);
+            test_fill_uniform(&x, -1, 1);
+            test_fill_uniform(&w, -1, 1);
+            test_fill_uniform(&gy, -1, 1);
+            struct bie_tensor sa = test_scalar(k_quants[qi] == BIE_QUANT_BINARY ? 1.0f : 0.1f), sw = test_scalar(0.05f);
+            const int64_t gshape[2] = {1, K}, gstride[2] = {1, 1};
+            struct bie_tensor gw_ref = test_tensor(BIE_DTYPE_F32, 2, gshape, gstride);
+            struct bie_backward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy,
+                                          .grad_weight = &gw_ref};
+            CHECK_OK(ref, bie_linear_backward(ref, &d, &a));
+            for (int l = 0; l < nlev; l++) {
+                struct bie_tensor gw = test_tensor(BIE_DTYPE_F32, 2, gshape, gstride);
+                for (int64_t k = 0; k < K; k++) ((float *)gw.data)[k] = NAN; // must be overwritten
+                a.grad_weight = &gw;
+                CHECK_OK(cpu[l], bie_linear_backward(cpu[l], &d, &a));
+                int bad = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    const float c = ((float *)gw.data)[k], r = ((float *)gw_ref.data)[k];
+                    if (!(fabsf(c - r) <= 1e-6f * (1.0f + fabsf(r)))) bad++;
+                }
+                CHECK(bad == 0, "q%d K=%lld isa %s: %d of %lld grad_weight values differ from the reference",
+                      (int)k_quants[qi], (long long)K, bie_cpu_isa_name(bie_context_cpu_isa(cpu[l])), bad,
+                      (long long)K);
+                test_tensor_free(&gw);
+            }
+            struct bie_tensor * ts[] = {&x, &w, &gy, &sa, &sw, &gw_ref};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]);
+        }
+}
+
+// grad_y near FLT_MAX makes the f32 GEMM of grad_x overflow. The reference sums in double:
+//   binary, x = [0.5, -0.5, -0.5], w = +1, scale_w = 2, grad_y = [3e38, 3e38]:
+//   gx = 1.2e39 each (inf in f32); grad_scale_a = 1.2e39 * (1 - 1 - 1) = -1.2e39 -> -inf.
+//   8-bit, x' / scale_a integral (d = rne(r) - r = 0): gx * 0 adds 0, not inf * 0.
+static void test_overflow_grad_scale(bie_context_t * ref, bie_context_t ** cpu, int nlev) {
+    for (int qi = 0; qi < 3; qi++) {
+        const int64_t K = 3, N = 2;
+        const struct bie_linear_desc d = {k_quants[qi], K, N};
+        const int64_t xs[2] = {1, K}, ws[2] = {N, K}, ys[2] = {1, N};
+        struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 2, xs, NULL), w = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
+        struct bie_tensor gy = test_tensor(BIE_DTYPE_F32, 2, ys, NULL);
+        const bool bin = k_quants[qi] == BIE_QUANT_BINARY;
+        const float xv[3] = {0.5f, -0.5f, -0.5f}, xq[3] = {1.0f, -2.0f, 3.0f};
+        for (int64_t k = 0; k < K; k++) ((float *)x.data)[k] = bin ? xv[k] : xq[k];
+        for (int64_t i = 0; i < N * K; i++) ((float *)w.data)[i] = bin ? 1.0f : 7.0f;
+        for (int64_t i = 0; i < N; i++) ((float *)gy.data)[i] = 3e38f;
+        struct bie_tensor sa = test_scalar(1.0f), sw = test_scalar(bin ? 2.0f : 1.0f);
+        struct bie_tensor gs_ref = test_scalar(0), gb_ref = test_tensor(BIE_DTYPE_F32, 1, &K, NULL);
+        struct bie_backward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy,
+                                      .grad_scale_a = &gs_ref, .grad_bias_a = &gb_ref};
+        CHECK_OK(ref, bie_linear_backward(ref, &d, &a));
+        const float rs = ((float *)gs_ref.data)[0];
+        CHECK(!isnan(rs), "q%d: the reference's grad_scale_a is NaN", (int)k_quants[qi]);
+        for (int l = 0; l < nlev; l++) {
+            struct bie_tensor gs = test_scalar(0), gb = test_tensor(BIE_DTYPE_F32, 1, &K, NULL);
+            a.grad_scale_a = &gs;
+            a.grad_bias_a = &gb;
+            CHECK_OK(cpu[l], bie_linear_backward(cpu[l], &d, &a));
+            const float cs = ((float *)gs.data)[0];
+            CHECK(cs == rs || (isnan(cs) && isnan(rs)), "q%d isa %s: grad_scale_a %g, the reference %g",
+                  (int)k_quants[qi], bie_cpu_isa_name(bie_context_cpu_isa(cpu[l])), (double)cs, (double)rs);
+            CHECK(memcmp(gb.data, gb_ref.data, sizeof(float) * (size_t)K) == 0,
+                  "q%d isa %s: grad_bias_a differs from the reference", (int)k_quants[qi],
+                  bie_cpu_isa_name(bie_context_cpu_isa(cpu[l])));
+            test_tensor_free(&gs);
+            test_tensor_free(&gb);
+        }
+        struct bie_tensor * ts[] = {&x, &w, &gy, &sa, &sw, &gs_ref, &gb_ref};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]);
+    }
+}
+
+// grad_W = scale_a * sum_m g[m, o] * a[m, k] with scale_a = 3e38 and g = [3, 3, 3, 3, -3, -3, -3,
+// -3, 1]: the exact sum is 3e38, finite; a backend that scales partial sums before adding them (the
+// float-by-sign GEMM scales sums of 4 rows: 12 * 3e38 = inf, then inf - inf) must not give NaN.
+// Every backend must give the reference's value.
+static void test_overflow_grad_weight(bie_context_t * ref, bie_context_t ** cpu, int nlev) {
+    const int64_t M = 9, K = 5, N = 1;
+    const struct bie_linear_desc d = {BIE_QUANT_BINARY, K, N};
+    const int64_t xs[2] = {M, K}, ws[2] = {N, K}, ys[2] = {M, N};
+    struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 2, xs, NULL), w = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
+    struct bie_tensor gy = test_tensor(BIE_DTYPE_F32, 2, ys, NULL);
+    for (int64_t i = 0; i < M * K; i++) ((float *)x.data)[i] = 0.5f; // every code +1
+    for (int64_t i = 0; i < N * K; i++) ((float *)w.data)[i] = 1.0f;
+    const float g[9] = {3.0f, 3.0f, 3.0f, 3.0f, -3.0f, -3.0f, -3.0f, -3.0f, 1.0f};
+    memcpy(gy.data, g, sizeof g);
+    struct bie_tensor sa = test_scalar(3e38f), sw = test_scalar(1.0f);
+    struct bie_tensor gw_ref = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
+    struct bie_backward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy,
+                                  .grad_weight = &gw_ref};
+    CHECK_OK(ref, bie_linear_backward(ref, &d, &a));
+    CHECK(((float *)gw_ref.data)[0] == 3e38f, "the reference's grad_weight %g", (double)((float *)gw_ref.data)[0]);
+    for (int l = 0; l < nlev; l++) {
+        struct bie_tensor gw = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
+        a.grad_weight = &gw;
+        CHECK_OK(cpu[l], bie_linear_backward(cpu[l], &d, &a));
+        CHECK(memcmp(gw.data, gw_ref.data, sizeof(float) * (size_t)K) == 0, "isa %s: grad_weight[0] %g, the reference %g",
+              bie_cpu_isa_name(bie_context_cpu_isa(cpu[l])), (double)((float *)gw.data)[0],
+              (double)((float *)gw_ref.data)[0]);
+        test_tensor_free(&gw);
+    }
+    struct bie_tensor * ts[] = {&x, &w, &gy, &sa, &sw, &gw_ref};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]);
+}
+
+// Outputs that share memory with themselves, each other or an input are INVALID_ARGUMENT.
+static void test_overlapping_outputs(bie_context_t * ctx) {
+    const int64_t M = 4, K = 8, N = 3;
+    const struct bie_linear_desc d = {BIE_QUANT_BINARY, K, N};
+    // Every buffer holds M*K floats, so that a wrongly accepted call stays inside it.
+    struct bie_tensor x = cpu_test_view2(BIE_DTYPE_F32, M, K, false), w = cpu_test_view2(BIE_DTYPE_F32, M, K, false);
+    struct bie_tensor y = cpu_test_view2(BIE_DTYPE_F32, M, K, false), gy = cpu_test_view2(BIE_DTYPE_F32, M, K, false);
+    w.shape[0] = N;
+    y.shape[1] = gy.shape[1] = N;
+    y.stride[0] = gy.stride[0] = N;
+    test_fill_uniform(&x, -1, 1);
+    test_fill_uniform(&w, -1, 1);
+    test_fill_uniform(&gy, -1, 1);
+    struct bie_tensor sa = test_scalar(1.0f), sw = test_scalar(0.5f);
+    // y written over x
+    struct bie_tensor yx = y;
+    yx.data = x.data;
+    struct bie_forward_args fa = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &yx};
+    TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &fa), BIE_STATUS_INVALID_ARGUMENT, "overlap");
+    // y whose rows overlap each other (stride[0] = 1 < N)
+    struct bie_tensor yo = y;
+    yo.stride[0] = 1;
+    fa.y = &yo;
+    TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &fa), BIE_STATUS_INVALID_ARGUMENT, "overlap");
+    fa.y = &y;
+    CHECK_OK(ctx, bie_linear_forward(ctx, &d, &fa));
+    // grad_weight with overlapping rows
+    struct bie_tensor gw = cpu_test_view2(BIE_DTYPE_F32, M, K, false), gx = cpu_test_view2(BIE_DTYPE_F32, M, K, false);
+    gw.shape[0] = N;
+    struct bie_tensor gwo = gw;
+    gwo.stride[0] = 2;
+    struct bie_backward_args ba = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy,
+                                   .grad_x = &gx, .grad_weight = &gwo};
+    TEST_EXPECT_STATUS(ctx, bie_linear_backward(ctx, &d, &ba), BIE_STATUS_INVALID_ARGUMENT, "grad_weight");
+    // grad_x sharing its buffer with grad_weight
+    struct bie_tensor gxw = gx;
+    gxw.data = gw.data;
+    ba.grad_weight = &gw;
+    ba.grad_x = &gxw;
+    TEST_EXPECT_STATUS(ctx, bie_linear_backward(ctx, &d, &ba), BIE_STATUS_INVALID_ARGUMENT, "overlap");
+    // grad_x written over grad_y (an input)
+    struct bie_tensor gxy = gy;
+    gxy.shape[1] = K;
+    gxy.stride[0] = K;
+    gxy.data = gy.data;
+    ba.grad_x = &gxy;
+    TEST_EXPECT_STATUS(ctx, bie_linear_backward(ctx, &d, &ba), BIE_STATUS_INVALID_ARGUMENT, "overlap");
+    ba.grad_x = &gx;
+    CHECK_OK(ctx, bie_linear_backward(ctx, &d, &ba));
+    // bie_pack's dst over its src
+    struct bie_tensor bits = cpu_test_view2(BIE_DTYPE_B1, N, K, false), bo = bits;
+    bo.data = w.data;
+    TEST_EXPECT_STATUS(ctx, bie_pack(ctx, &w, NULL, &bo), BIE_STATUS_INVALID_ARGUMENT, "overlap");
+    CHECK_OK(ctx, bie_pack(ctx, &w, NULL, &bits));
+    // broadcast (stride 0) outputs are refused as before; broadcast inputs stay legal
+    struct bie_tensor * ts[] = {&x, &w, &y, &gy, &sa, &sw, &gw, &gx, &bits};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]);
+}
+
+// y = (float)acc * (scale_a * scale_w): a product that overflows f32 is refused (acc = 0 would give
+// 0 * inf = NaN, every other acc +-inf).
+static void test_scale_product(bie_context_t * ctx) {
+    const int64_t K = 2, N = 1;
+    const struct bie_linear_desc d = {BIE_QUANT_BINARY, K, N};
+    struct bie_tensor x = cpu_test_view2(BIE_DTYPE_F32, 1, K, false), w = cpu_test_view2(BIE_DTYPE_F32, N, K, false);
+    struct bie_tensor y = cpu_test_view2(BIE_DTYPE_F32, 1, N, false);
+    ((float *)x.data)[0] = 1.0f;
+    ((float *)x.data)[1] = -1.0f;
+    ((float *)w.data)[0] = ((float *)w.data)[1] = 1.0f; // acc = 1 - 1 = 0
+    struct bie_tensor sa = test_scalar(3e38f), sw = test_scalar(3e38f);
+    struct bie_forward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
+    ((float *)y.data)[0] = 42.0f;
+    TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "scale_a * scale_w");
+    ((float *)sw.data)[0] = 1.0f;
+    CHECK_OK(ctx, bie_linear_forward(ctx, &d, &a));
+    CHECK(((float *)y.data)[0] == 0.0f, "acc 0 with a finite product gives %g", (double)((float *)y.data)[0]);
+    struct bie_tensor * ts[] = {&x, &w, &y, &sa, &sw};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]);
+}
+
+int main(int argc, char ** argv) {
+    test_init(argc, argv);
+    bie_context_t * ref, * cpu[4];
+    const int nlev = cpu_test_contexts(&ref, cpu, 2);
+    test_row_grad_weight(ref, cpu, nlev);
+    test_overflow_grad_scale(ref, cpu, nlev);
+    test_overflow_grad_weight(ref, cpu, nlev);
+    for (int l = 0; l < nlev; l++) test_overlapping_outputs(cpu[l]);
+    test_overlapping_outputs(ref);
+    test_scale_product(cpu[nlev - 1]);
+    test_scale_product(ref);
+    bie_context_destroy(ref);
+    for (int l = 0; l < nlev; l++) bie_context_destroy(cpu[l]);
+    return test_finish("test-layer-edges");
+}
