@@ -45,8 +45,7 @@ def _save(ctx, is_train, quant, x, weight, scale_a, scale_w, bias_a, conv, mask=
     ctx.has_bias = bias_a is not None
     ctx.saved_bits = None
     if is_train:
-        ctx.save_for_backward(x, weight, scale_a, scale_w, bias_a if bias_a is not None else x.new_empty(0),
-                              *(() if mask is None else (mask,)))
+        ctx.save_for_backward(x, weight, scale_a, scale_w, bias_a, *(() if mask is None else (mask,)))
         # the int8 latent weight's float gradient buffer, if any
         ctx.grad_sink = getattr(weight, "privileged_grad", None) if weight.dtype == torch.int8 else None
 
@@ -55,7 +54,6 @@ def _backward(ctx, grad_y, bias_index):
     if not ctx.is_train:
         raise RuntimeError("bie: backward through a layer call made with is_train=False")
     x, weight, scale_a, scale_w, bias_a, *mask = ctx.saved_tensors
-    bias_a = bias_a if ctx.has_bias else None
     need_x, need_w, need_s = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     need_b = ctx.has_bias and ctx.needs_input_grad[bias_index]
     sink = ctx.grad_sink
@@ -83,7 +81,7 @@ def _backward(ctx, grad_y, bias_index):
         gw = None
     if gw is not None and not need_w:
         gw = None
-    return gx, gw, (gs.reshape(scale_a.shape) if gs is not None else None), gb
+    return gx, gw, (gs.reshape(scale_a.shape) if gs is not None and gs.shape != scale_a.shape else gs), gb
 
 
 class BinaryLinearForward(torch.autograd.Function):

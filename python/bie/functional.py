@@ -341,14 +341,15 @@ def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=No
     return y.reshape(*x.shape[:-1], n)
 
 
-def binarize_ste(x, scale_a, bias_a=None):
+def binarize_ste(x, scale_a, bias_a=None, _nhwc=False):
     """libbie's bie_binarize_ste: what a binary linear layer's training needs of x [..., K], in 2
     bits per element. Returns (bits, mask), uint8 [..., ceil(K/8)], element k of a row in bit k % 8
     of byte k // 8 (least-significant first): bits holds x' >= 0 and mask the STE's pass bit
     |x'| <= scale_a, x' = x + bias_a. linear_forward takes bits for x (in_features=K, bias_a=None),
     linear_backward bits and mask (x_mask), with the results of the float x. The argument views
-    are built once per metadata of the tensors and reused (their data pointers replaced)."""
-    key = ("binarize_ste", _plans.meta(x), _plans.meta(scale_a), _plans.meta(bias_a))
+    are built once per metadata of the tensors and reused (their data pointers replaced).
+    (_nhwc: x is a channels-last [N, C, H, W], binarized as its [N, H, W, C] rows.)"""
+    key = ("binarize_ste", _plans.meta(x), _plans.meta(scale_a), _plans.meta(bias_a), _nhwc)
     cache = _plans.cache()
     e = cache.get(key)
     if e is None:
@@ -356,26 +357,34 @@ def binarize_ste(x, scale_a, bias_a=None):
         _scalar(scale_a, "scale_a")
         if bias_a is not None:
             _check_float(bias_a, "bias_a")
-    k = _features(x)
-    x2 = x.detach().reshape(-1, k)
-    kb = -(-k // 8)
-    bits = torch.empty((x2.shape[0], kb), dtype=torch.uint8, device=x.device)
-    mask = torch.empty_like(bits)
-    if x2.shape[0]:
-        sources = (x2, bias_a, scale_a, bits, mask)
-        if e is None:
-            keep = [_view(x2), _view(bias_a.detach()) if bias_a is not None else None, _view(scale_a.detach()),
-                    _packed_view(QUANT_BINARY, bits, (x2.shape[0], k)), _packed_view(QUANT_BINARY, mask, (x2.shape[0], k))]
-            e = cache[key] = (keep, [_ptr(v) for v in keep])
-        for v, t in zip(e[0], sources):
+        rows = x.permute(0, 2, 3, 1) if _nhwc else x
+        k = _features(rows)
+        x2 = rows.detach().reshape(-1, k)
+        shape = (*rows.shape[:-1], -(-k // 8))
+        bits = torch.empty(shape, dtype=torch.uint8, device=x.device)
+        mask = torch.empty(shape, dtype=torch.uint8, device=x.device)
+        keep = [_view(x2), _view(bias_a.detach()) if bias_a is not None else None, _view(scale_a.detach()),
+                _packed_view(QUANT_BINARY, bits.view(-1, shape[-1]), (x2.shape[0], k)),
+                _packed_view(QUANT_BINARY, mask.view(-1, shape[-1]), (x2.shape[0], k))]
+        # (rows that are a view of x are read in place; others are copied on each call)
+        e = cache[key] = (keep, [_ptr(v) for v in keep], shape, k, x2.shape[0] > 0, x2.data_ptr() == x.data_ptr())
+    else:
+        shape = e[2]
+        bits = torch.empty(shape, dtype=torch.uint8, device=x.device)
+        mask = torch.empty(shape, dtype=torch.uint8, device=x.device)
+        x2 = x if e[5] else (x.permute(0, 2, 3, 1) if _nhwc else x).detach().reshape(-1, e[3])
+    keep, ptrs, _, _, nonempty, _ = e
+    if nonempty:
+        for v, t in zip(keep, (x2, bias_a, scale_a, bits, mask)):
             if v is not None:
                 v.data = t.data_ptr()
-        _Call(x)("bie_binarize_ste", *e[1])
-    return bits.reshape(*x.shape[:-1], kb), mask.reshape(*x.shape[:-1], kb)
+        _Call(x)("bie_binarize_ste", *ptrs)
+    return bits, mask
 
 
-def _grad_outputs(x_shape, x_dtype, device, weight, shape_w, scale_a, bias_a, needs, grad_weight_dtype):
-    gx = torch.empty(x_shape, dtype=x_dtype, device=device) if needs[0] else None
+def _grad_outputs(x_shape, x_dtype, device, weight, shape_w, scale_a, bias_a, needs, grad_weight_dtype,
+                  x_format=torch.contiguous_format):
+    gx = torch.empty(x_shape, dtype=x_dtype, device=device, memory_format=x_format) if needs[0] else None
     if needs[1]:
         gdt = grad_weight_dtype or (weight.dtype if weight.dtype in _FLOATS else torch.float32)
         gw = torch.empty(tuple(shape_w), dtype=gdt, device=device)
@@ -527,7 +536,7 @@ def conv2d_binarize_ste(x, scale_a, bias_a=None):
     conv2d_forward (in_channels=C) and conv2d_backward (x_mask) take instead of x."""
     if not x.is_contiguous(memory_format=torch.channels_last):
         raise ValueError("bie: conv2d_binarize_ste takes a channels-last x")
-    return binarize_ste(x.permute(0, 2, 3, 1), scale_a, bias_a)
+    return binarize_ste(x, scale_a, bias_a, _nhwc=True)
 
 
 def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=None, stride=1, padding=0,
@@ -620,9 +629,7 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
         x_shape, shape_w, fmt = p.out
     x_dtype = (grad_x_dtype or torch.float32) if saved else x.dtype
     gx, gw, gs, gb = _grad_outputs(x_shape, x_dtype, x.device, weight, shape_w, scale_a, bias_a, needs,
-                                   grad_weight_dtype)
-    if gx is not None:  # x's memory format (saved bits: channels-last)
-        gx = torch.empty(x_shape, dtype=x_dtype, device=x.device, memory_format=fmt)
+                                   grad_weight_dtype, fmt)  # grad_x in x's memory format (saved bits: channels-last)
     if x_shape[0] == 0:
         for t in (gw, gs, gb):
             if t is not None:
