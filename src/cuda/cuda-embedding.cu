@@ -92,6 +92,49 @@ __global__ void embedding_forward(struct emb a) {
     }
 }
 
+// The common case at memory speed: a binary table of byte-aligned dense rows, one lookup per output
+// row (no bag) and dense, 16-byte aligned f16 / bf16 output rows of D % 8 == 0 columns. A warp per
+// output row, a lane per 8 columns: one byte of bits in, one 16-byte store of the two values
+// s*(+1) and s*(-1) rounded out (the generic kernel's products, a bag of one adding nothing).
+template <typename T> __device__ __forceinline__ unsigned short raw16(float v);
+template <> __device__ __forceinline__ unsigned short raw16<__half>(float v) { return __half_as_ushort(__float2half_rn(v)); }
+template <> __device__ __forceinline__ unsigned short raw16<__nv_bfloat16>(float v) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+template <typename T> __global__ void embedding_b1_rows(struct emb a) {
+    const int64_t G = a.D >> 3, row_bytes = a.table.stride[2] >> 3, warps = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31;
+    for (int64_t i = blockIdx.x * warps + (threadIdx.x >> 5); i < a.R; i += (int64_t)gridDim.x * warps) {
+        const int64_t r = ld_index(a.idx, i, 0);
+        const bool in = r >= 0 && r < a.V;
+        const float s = a.scale.data && in ? ld_float(a.scale.data, a.scale.dtype, r * a.scale.stride[3]) : 1.0f;
+        // an index outside [0, V) reads as a zero row (+0, as the generic kernel's)
+        const unsigned one = in ? raw16<T>(__fmul_rn(s, 1.0f)) : 0u, minus = in ? raw16<T>(__fmul_rn(s, -1.0f)) : 0u;
+        const uint8_t * row = (const uint8_t *)a.table.data + (in ? r : 0) * row_bytes;
+        uint4 * out = (uint4 *)((T *)a.out.data + i * a.out.stride[2]);
+        for (int64_t g = lane; g < G; g += 32) {
+            const unsigned byte = in ? row[g] : 0u;
+            unsigned w[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                w[k] = ((byte >> (2 * k)) & 1 ? one : minus) | (((byte >> (2 * k + 1)) & 1 ? one : minus) << 16);
+            out[g] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+// Whether embedding_b1_rows computes call c (see above); wide rows only, so that a warp's lanes
+// have columns to work on.
+bool b1_rows_route(const struct bie_embedding_call * c) {
+    const struct bie_tensor & t = c->table, & o = c->out;
+    const int od = (int)o.dtype;
+    return c->quant == BIE_QUANT_BINARY && c->L == 1 && t.dtype == BIE_DTYPE_B1 && t.ndim == 2 &&
+           t.stride[1] == 1 && t.stride[0] % 8 == 0 && (od == BIE_DTYPE_F16 || od == BIE_DTYPE_BF16) &&
+           c->D % 8 == 0 && c->D >= 128 && o.ndim >= 1 && o.stride[o.ndim - 1] == 1 &&
+           (o.ndim == 1 || o.stride[o.ndim - 2] % 8 == 0) && (uintptr_t)o.data % 16 == 0;
+}
+
 // acc [U][D] (dense f32) += grad_out * scale of every lookup, by its slot.
 __global__ void embedding_backward(struct emb a, float * acc) {
     const int64_t G = (a.D + 7) / 8, total = a.R * a.L * G;
@@ -142,7 +185,13 @@ extern "C" enum bie_status bie_cuda_embedding_forward(bie_context_t * ctx, const
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
     const struct emb a = make_emb(c);
-    embedding_forward<<<grid_for(c->R * ((c->D + 7) / 8), 256), 256, 0, st->stream>>>(a);
+    if (b1_rows_route(c)) {
+        const unsigned grid = grid_for(c->R, 256 / 32);
+        if (c->out.dtype == BIE_DTYPE_F16) embedding_b1_rows<__half><<<grid, 256, 0, st->stream>>>(a);
+        else embedding_b1_rows<__nv_bfloat16><<<grid, 256, 0, st->stream>>>(a);
+    } else {
+        embedding_forward<<<grid_for(c->R * ((c->D + 7) / 8), 256), 256, 0, st->stream>>>(a);
+    }
     LAUNCHED(ctx, "embedding forward");
     return BIE_STATUS_OK;
 }

@@ -20,26 +20,53 @@ static void dev_get(struct bie_tensor * h, const struct bie_tensor * d) {
 static void dev_drop(struct bie_tensor * d) { cuda_tensor_free(d); }
 static const struct op_device cuda_dev = {dev_put, dev_get, dev_drop, true};
 
-// Out-of-range indices read as zero rows on CUDA (no host read of the indices).
-static void check_out_of_range(bie_context_t * cu) {
-    uint8_t tb[2] = {0xff, 0x00};
+// Binary tables looked up one index per output row into wide dense f16 / bf16 rows (the CUDA
+// backend's warp-per-row route), with and without scales, dense and gapped tables.
+static void check_binary_rows(bie_context_t * ref, bie_context_t * cu) {
+    static const int64_t ds[] = {128, 136, 256, 1032};
+    for (int i = 0; i < (cuda_test_quick() ? 12 : 48); i++) {
+        struct ecase c;
+        embedding_random_case(&c);
+        c.q = BIE_QUANT_BINARY;
+        c.bag = false;
+        c.td = BIE_DTYPE_B1;
+        c.D = test_pick(ds, 4);
+        c.od = test_rand_int(0, 1) ? BIE_DTYPE_F16 : BIE_DTYPE_BF16;
+        c.tlayout = (int)test_rand_int(0, 1);
+        snprintf(c.what, sizeof c.what, "binary rows: V %lld D %lld layout %d scale %d idx %s nd %d out %s",
+                 (long long)c.V, (long long)c.D, c.tlayout, (int)c.has_scale, bie_dtype_name(c.id), (int)c.nd,
+                 bie_dtype_name(c.od));
+        embedding_check(ref, cu, "cuda", &cuda_dev, c);
+    }
+}
+
+// Out-of-range indices read as zero rows (+0) on CUDA (no host read of the indices), by the generic
+// kernel (D = 8, f32) and the binary-rows one (D = 128, f16).
+static void check_out_of_range(bie_context_t * cu, int64_t D, enum bie_dtype od) {
+    uint8_t tb[2][16];
+    memset(tb[0], 0xff, sizeof tb[0]);
+    memset(tb[1], 0x00, sizeof tb[1]);
     int32_t ix[3] = {0, 7, -1};
-    float out[3][8];
     struct bie_tensor t, i, o;
-    bie_tensor_make(&t, tb, BIE_DTYPE_B1, 2, (int64_t[]){2, 8});
+    bie_tensor_make(&t, tb, BIE_DTYPE_B1, 2, (int64_t[]){2, D});
+    t.stride[0] = 128; // rows 16 bytes apart
     bie_tensor_make(&i, ix, BIE_DTYPE_I32, 1, (int64_t[]){3});
-    bie_tensor_make(&o, out, BIE_DTYPE_F32, 2, (int64_t[]){3, 8});
+    o = test_tensor(od, 2, (int64_t[]){3, D}, NULL);
     struct bie_tensor dt = cuda_mirror(&t), di = cuda_mirror(&i), dout = cuda_mirror(&o);
     const struct bie_embedding_desc d = {BIE_QUANT_BINARY, 0};
     const struct bie_embedding_args a = {&di, &dt, NULL, &dout};
     CHECK_OK(cu, bie_embedding_forward(cu, &d, &a));
     dev_get(&o, &dout);
-    for (int k = 0; k < 8; k++)
-        CHECK(out[0][k] == 1.0f && out[1][k] == 0.0f && out[2][k] == 0.0f, "out-of-range rows: [%g %g %g] at %d",
-              out[0][k], out[1][k], out[2][k], k);
+    for (int64_t k = 0; k < D; k++) {
+        const double r0 = bie_load(&o, k), r1 = bie_load(&o, D + k), r2 = bie_load(&o, 2 * D + k);
+        CHECK(r0 == 1.0 && r1 == 0.0 && r2 == 0.0 && !signbit(r1) && !signbit(r2),
+              "out-of-range rows (D %lld, %s): [%g %g %g] at %lld", (long long)D, bie_dtype_name(od), r0, r1, r2,
+              (long long)k);
+    }
     cuda_tensor_free(&dt);
     cuda_tensor_free(&di);
     cuda_tensor_free(&dout);
+    test_tensor_free(&o);
 }
 
 int main(int argc, char ** argv) {
@@ -67,7 +94,9 @@ int main(int argc, char ** argv) {
         matmul_check_case(&c, ref, &cu, names, 1, i % 2 == 1, &cuda_dev);
     }
     for (int i = 0; i < (cuda_test_quick() ? 60 : 300); i++) embedding_check_case(ref, cu, "cuda", &cuda_dev);
-    check_out_of_range(cu);
+    check_binary_rows(ref, cu);
+    check_out_of_range(cu, 8, BIE_DTYPE_F32);
+    check_out_of_range(cu, 128, BIE_DTYPE_F16);
     bie_context_destroy(ref);
     bie_context_destroy(cu);
     return test_finish("test-cuda-ops");
