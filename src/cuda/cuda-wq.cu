@@ -96,23 +96,30 @@ __host__ __device__ __forceinline__ int wq_chunk_row(int b, int p) {
     return t * V + i + (f % 2) * (V / 2);
 }
 
-// xs[m][p] (T, [16][Kp], rows >= M zero) in the chunk order above, and xsc[m][c] the f32 sum of
-// chunk c's rounded values.
+// xs[m][p] (T, [M][Kp]) in the chunk order above, and xsc[m][c] the f32 sum of chunk c's rounded
+// values (0 for the mma's rows M .. 15). A warp per (m, c), a lane per value (and 32 on), the sum
+// in a fixed tree: the loads of a chunk are in flight together.
 template <typename T>
 __global__ void wq_xs_kernel(wq_x a, int64_t M, int64_t K, int b, int64_t nchunk, T * xs, float * xsc) {
-    const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= 16 * nchunk) return;
-    const int64_t m = id / nchunk, c = id % nchunk;
+    const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (wid >= 16 * nchunk) return;
+    const int64_t m = wid / nchunk, c = wid % nchunk;
+    if (m >= M) {
+        if (lane == 0) xsc[m * nchunk + c] = 0.0f;
+        return;
+    }
     const int cr = 128 / b;
     const int64_t Kp = nchunk * cr;
     float sum = 0.0f;
-    for (int p = 0; p < cr; p++) {
+    for (int p = lane; p < cr; p += 32) {
         const int64_t r = c * cr + wq_chunk_row(b, p);
-        const T v = from_f32<T>(m < M && r < K ? wq_xprime(a, m, r, K) : 0.0f);
+        const T v = from_f32<T>(r < K ? wq_xprime(a, m, r, K) : 0.0f);
         xs[m * Kp + c * cr + p] = v;
         sum += to_f32(v);
     }
-    xsc[m * nchunk + c] = sum;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) xsc[m * nchunk + c] = sum;
 }
 
 // xo[m][r] = x'[m, r] as To (dense [M][K]).
@@ -174,7 +181,7 @@ __global__ void __launch_bounds__(32 * WQ_WARPS) wq_mma_kernel(wq_dev w, const T
     constexpr int CR = 128 / B;  // rows per chunk
     constexpr int SLABS = 8 / B; // 16-row mma steps per chunk
     extern __shared__ __align__(16) unsigned char wq_smem[];
-    T * sx = (T *)wq_smem; // [16][cps*CR]
+    T * sx = (T *)wq_smem; // [M][cps*CR]: x' rows that exist (the mma's rows >= M are zeros)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
     const int64_t c0 = (int64_t)blockIdx.y * cps, c1 = c0 + cps < nchunk ? c0 + cps : nchunk;
     if (c0 >= c1) return;
@@ -183,7 +190,7 @@ __global__ void __launch_bounds__(32 * WQ_WARPS) wq_mma_kernel(wq_dev w, const T
     const bool cols_ok = ncol + 3 < w.N;
     const int64_t kr = (c1 - c0) * CR, Kp = nchunk * CR;
     // The block's x' slice to shared memory (16-byte copies; the slice is a multiple of 16 halves).
-    for (int64_t i = threadIdx.x; i < 16 * kr / 8; i += blockDim.x) {
+    for (int64_t i = threadIdx.x; i < M * kr / 8; i += blockDim.x) {
         const int64_t m = i / (kr / 8), o = (i % (kr / 8)) * 8;
         *(uint4 *)(sx + m * kr + o) = *(const uint4 *)(xs + m * Kp + c0 * CR + o);
     }
@@ -233,8 +240,8 @@ __global__ void __launch_bounds__(32 * WQ_WARPS) wq_mma_kernel(wq_dev w, const T
             const T * xc = sx + (c - c0) * CR;
 #pragma unroll
             for (int s = 0; s < SLABS; s++) {
-                const uint2 lo = *(const uint2 *)(xc + gq * kr + 16 * s + 4 * t);
-                const uint2 hi = *(const uint2 *)(xc + (gq + 8) * kr + 16 * s + 4 * t);
+                const uint2 lo = gq < M ? *(const uint2 *)(xc + gq * kr + 16 * s + 4 * t) : make_uint2(0, 0);
+                const uint2 hi = gq + 8 < M ? *(const uint2 *)(xc + (gq + 8) * kr + 16 * s + 4 * t) : make_uint2(0, 0);
                 const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
 #pragma unroll
                 for (int j = 0; j < 4; j++)
@@ -413,7 +420,7 @@ static int64_t splits(bie_context_t * ctx, int64_t col_warps, int64_t units) {
 template <typename T, int B>
 static enum bie_status launch_mma(bie_context_t * ctx, const wq_dev & w, const T * xs, const float * xsc, int64_t nchunk,
                                   int64_t S, int64_t cps, int M, float * part) {
-    const size_t smem = (size_t)16 * cps * (128 / B) * sizeof(T);
+    const size_t smem = (size_t)M * cps * (128 / B) * sizeof(T);
     if (smem > 48 * 1024)
         CU_TRY(ctx, cudaFuncSetAttribute(wq_mma_kernel<T, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "wq: shared memory");
@@ -430,7 +437,7 @@ static void decode_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64
         const int cr = 128 / c->bits;
         const int64_t nchunk = (c->K + cr - 1) / cr;
         int64_t cps = (nchunk + splits(ctx, col_warps, nchunk) - 1) / splits(ctx, col_warps, nchunk);
-        const int64_t max_cps = 96 * 1024 / (16 * cr * 2); // the block's x' slice within 96 KiB of shared memory
+        const int64_t max_cps = 96 * 1024 / (c->M * cr * 2); // the block's x' slice within 96 KiB of shared memory
         if (cps > max_cps) cps = max_cps;
         *per = cps;
         *S = (nchunk + cps - 1) / cps;
@@ -449,8 +456,8 @@ static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call 
     const int64_t nchunk = (c->K + cr - 1) / cr;
     T * xs = (T *)take(a, (size_t)16 * nchunk * cr * sizeof(T));
     float * xsc = (float *)take(a, (size_t)16 * nchunk * sizeof(float));
-    wq_xs_kernel<T><<<blocks_for(16 * nchunk, 128), 128, 0, ctx->cuda->stream>>>(x_of(c, &c->x), c->M, c->K, b, nchunk,
-                                                                              xs, xsc);
+    wq_xs_kernel<T><<<blocks_for(16 * nchunk * 32, 128), 128, 0, ctx->cuda->stream>>>(x_of(c, &c->x), c->M, c->K, b,
+                                                                                   nchunk, xs, xsc);
     LAUNCHED(ctx, "wq_xs_kernel");
     switch (b) {
     case 2: return launch_mma<T, 2>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, part);
