@@ -8,7 +8,8 @@
 // pass), the y side with grad_out[b] transposed. Each side's clip gradient is the batches' partial
 // sums (each over its batch's numel) added in double in batch order and divided by sqrt(B), from
 // partials kept in the context's aux arena, which the layer calls (they use the workspace) leave
-// alone. Nothing synchronises the host.
+// alone. Nothing synchronises the host. Binary forwards of many small batches take one pass of
+// sign words and one of their XOR-popcount products instead (forward_small_batches).
 #include "cuda-impl.cuh"
 
 #include <math.h>
@@ -29,9 +30,74 @@ __global__ void clip_total(const float * part, int64_t n, struct dview out) {
     if (threadIdx.x == 0) st_float(out.data, out.dtype, 0, (float)(s / sqrt((double)n)));
 }
 
+// Many small binary products (attention's heads): one launch for all batches instead of a layer
+// call per batch. Sign words: bits[r][w] bit j = 1{v >= 0} of element 32w + j of row r of the
+// [B*R, K] operand (NaN -> 0, i.e. -1; bits past K 0), a warp per word (a lane per element).
+__global__ void sign_words(struct dview v, int64_t R, int64_t K, int64_t kw, int64_t words, uint32_t * bits) {
+    const int lane = threadIdx.x & 31;
+    for (int64_t wi = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; wi < words;
+         wi += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+        const int64_t row = qdiv(wi, kw), w = wi - row * kw, b = qdiv(row, R), r = row - b * R, k = 32 * w + lane;
+        const bool one = k < K && ld_float(v.data, v.dtype, b * v.stride[1] + r * v.stride[2] + k * v.stride[3]) >= 0.0f;
+        const uint32_t word = __ballot_sync(0xffffffffu, one);
+        if (lane == 0) bits[wi] = word;
+    }
+}
+
+// out[b, m, n] = acc * (x_clip * y_clip), acc = sum_k a*b = K - 2 popc(a_bits ^ b_bits) (the
+// padding bits agree, 0 in both); an I32 out takes acc. A thread per output, n fastest.
+__global__ void sign_products(const uint32_t * xb, const uint32_t * yb, int64_t B, int64_t M, int64_t N, int64_t K,
+                              int64_t kw, struct dscale sa, struct dscale sb, struct dview out) {
+    const float s = __fmul_rn(ld_scale(sa), ld_scale(sb));
+    const int64_t total = B * M * N;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t bm = qdiv(e, N), n = e - bm * N, b = qdiv(bm, M), m = bm - b * M;
+        const uint32_t * xr = xb + bm * kw, * yr = yb + (b * N + n) * kw;
+        int64_t diff = 0;
+        for (int64_t w = 0; w < kw; w++) diff += __popc(xr[w] ^ yr[w]);
+        const int32_t acc = (int32_t)(K - 2 * diff);
+        const int64_t off = b * out.stride[1] + m * out.stride[2] + n * out.stride[3];
+        if (out.dtype == BIE_DTYPE_I32) ((int32_t *)out.data)[off] = acc;
+        else st_float(out.data, out.dtype, off, __fmul_rn((float)acc, s));
+    }
+}
+
+// Whether the batched sign products run this binary matmul: several batches of a few operations
+// each (per batch at most 2^21 word products), where a layer call per batch costs more in launches
+// than its work.
+bool small_batches(const struct bie_matmul_call * mc) {
+    const int64_t kw = (mc->K + 31) / 32;
+    return mc->quant == BIE_QUANT_BINARY && mc->B > 1 && mc->M * mc->N * kw <= ((int64_t)1 << 21) &&
+           mc->x.ndim == 3 && mc->y.ndim == 3 && mc->out.ndim == 3;
+}
+
+enum bie_status forward_small_batches(bie_context_t * ctx, const struct bie_matmul_call * mc) {
+    struct bie_cuda_state * st;
+    BIE_TRY(bie_cuda_state_get(ctx, mc->device_index, &st));
+    const int64_t kw = (mc->K + 31) / 32, xw = mc->B * mc->M * kw, yw = mc->B * mc->N * kw;
+    void * ws;
+    BIE_TRY(bie_cuda_workspace(ctx, (size_t)(xw + yw) * sizeof(uint32_t), &ws));
+    uint32_t * xb = (uint32_t *)ws, * yb = xb + xw;
+    struct dview x, y, out;
+    dview_make(&mc->x, &x);
+    dview_make(&mc->y, &y);
+    dview_make(&mc->out, &out);
+    sign_words<<<grid_for(32 * xw, 256), 256, 0, st->stream>>>(x, mc->M, mc->K, kw, xw, xb);
+    LAUNCHED(ctx, "matmul sign words (x)");
+    sign_words<<<grid_for(32 * yw, 256), 256, 0, st->stream>>>(y, mc->N, mc->K, kw, yw, yb);
+    LAUNCHED(ctx, "matmul sign words (y)");
+    struct bie_layer_call lc;
+    bie_matmul_layer_call(mc, 0, 0, &lc);
+    sign_products<<<grid_for(mc->B * mc->M * mc->N, 256), 256, 0, st->stream>>>(
+        xb, yb, mc->B, mc->M, mc->N, mc->K, kw, dscale_make(&lc, true), dscale_make(&lc, false), out);
+    LAUNCHED(ctx, "matmul sign products");
+    return BIE_STATUS_OK;
+}
+
 } // namespace
 
 extern "C" enum bie_status bie_cuda_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * mc) {
+    if (small_batches(mc)) return forward_small_batches(ctx, mc);
     for (int64_t b = 0; b < mc->B; b++) {
         struct bie_layer_call lc;
         bie_matmul_layer_call(mc, b, 0, &lc);
