@@ -689,8 +689,9 @@ bool planar_weight(const pack_src & p) {
 // == 0, rows a whole number of bytes apart): copied into the operand as bytes.
 bool b1_weight_rows(const pack_src & p, int64_t rows) {
     const int64_t * st = p.t.stride;
+    // (rows that overlap, e.g. one row broadcast with stride 0, have no pitch to copy with)
     return p.is_weight && p.t.dtype == BIE_DTYPE_B1 && ohwi_rows(st, p.g.C, p.g.kh, p.g.kw) && p.g.K % 8 == 0 &&
-           (rows == 1 || st[0] % 8 == 0);
+           (rows == 1 || (st[0] % 8 == 0 && st[0] >= p.g.K));
 }
 size_t pixel_scratch_bytes(const pack_src & p) {
     return (size_t)(p.g.batch * p.g.H * p.g.W * (p.quant == BIE_QUANT_BINARY ? p.g.C / 8 : p.g.C));

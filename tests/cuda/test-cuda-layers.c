@@ -28,7 +28,8 @@ struct lcase {
     struct bie_linear_desc ld;
     enum bie_dtype xdt, wdt, ydt, gdt;
     int bias, dev_scales, xkind, ykind;
-    int64_t wpad; // a B1 conv weight's OHWI rows wpad bits further apart than K (0: dense)
+    int64_t wpad; // a B1 conv weight's OHWI rows wpad bits further apart than K (0: dense; -1, a
+                  // linear weight: one row broadcast, rows 0 bits apart)
     float sa, sw;
     char text[400];
 };
@@ -206,8 +207,8 @@ static void make_operands(const struct lcase * c, struct operands * o) {
     } else {
         const int64_t xs3[3] = {c->batch, c->lead2, c->C}, xs2[2] = {c->batch, c->C};
         o->x = c->lead2 ? test_tensor(c->xdt, 3, xs3, NULL) : test_tensor(c->xdt, 2, xs2, NULL);
-        const int64_t ws[2] = {c->O, c->C};
-        o->w = test_tensor(c->wdt, 2, ws, NULL);
+        const int64_t ws[2] = {c->O, c->C}, bcast[2] = {0, 1};
+        o->w = test_tensor(c->wdt, 2, ws, c->wpad < 0 ? bcast : NULL);
     }
     fill_operand(&o->x, c->sa, range);
     fill_operand(&o->w, c->sw, range);
@@ -709,6 +710,16 @@ int main(int argc, char ** argv) {
         }
         c.cd.pad_value = BIE_PAD_ZERO;
         c.wdt = BIE_DTYPE_B1;
+        describe(&c);
+        test_forward(&c);
+    }
+    for (int i = 0; i < 3; i++) { // a binary linear layer's B1 weight of one row broadcast (stride 0), K % 8 == 0
+        struct lcase c;
+        do random_case(&c, 0);
+        while (c.conv || c.quant != BIE_QUANT_BINARY);
+        c.C = c.ld.in_features = 8 * test_rand_int(1, 40);
+        c.wdt = BIE_DTYPE_B1;
+        c.wpad = -1;
         describe(&c);
         test_forward(&c);
     }
