@@ -38,6 +38,24 @@ static inline struct backward_tolerance backward_tolerance(enum bie_quant q, dou
     return t;
 }
 
+// A backend that rounds the sums grad_x and R (before their scales) to a dtype of relative
+// rounding u on the way (the CUDA conv backward's cuDNN route rounds them to grad_y's dtype;
+// docs/semantics.md) adds u * max|sum| to each: u * n*gmax*lo*scale to grad_x and grad_W, and
+// through grad_x, n_b and numel(x)*lo/denominator times that to grad_bias_a and grad_scale_a.
+static inline struct backward_tolerance backward_tolerance_rounded(enum bie_quant q, struct backward_tolerance t,
+                                                                   double u, double gmax, double scale_a,
+                                                                   double scale_w, double n_x, double n_w, double n_b,
+                                                                   double nx) {
+    const double lo = q == BIE_QUANT_BINARY ? 1 : q == BIE_QUANT_INT4 ? 8 : 128;
+    const double hi = q == BIE_QUANT_BINARY ? 1 : q == BIE_QUANT_INT4 ? 7 : 127;
+    const double ex = u * n_x * gmax * lo * scale_w;
+    t.x += ex;
+    t.w += u * n_w * gmax * lo * scale_a;
+    t.b += n_b * ex;
+    t.s += nx * ex * lo / sqrt(nx * hi);
+    return t;
+}
+
 // The relative rounding of an output dtype.
 static inline double backward_rounding(enum bie_dtype d) {
     return d == BIE_DTYPE_BF16 ? 0x1p-8 : d == BIE_DTYPE_F16 ? 0x1p-11 : 0x1p-24;
