@@ -8,8 +8,9 @@
 // pass), the y side with grad_out[b] transposed. Each side's clip gradient is the batches' partial
 // sums (each over its batch's numel) added in double in batch order and divided by sqrt(B), from
 // partials kept in the context's aux arena, which the layer calls (they use the workspace) leave
-// alone. Nothing synchronises the host. Binary forwards of many small batches take one pass of
-// sign words and one of their XOR-popcount products instead (forward_small_batches).
+// alone. Nothing synchronises the host. Forwards of many small batches take one pass of operand
+// words (sign bits or int8 codes) per operand and one of their products instead
+// (forward_small_batches).
 #include "cuda-impl.cuh"
 
 #include <math.h>
@@ -30,74 +31,111 @@ __global__ void clip_total(const float * part, int64_t n, struct dview out) {
     if (threadIdx.x == 0) st_float(out.data, out.dtype, 0, (float)(s / sqrt((double)n)));
 }
 
-// Many small binary products (attention's heads): one launch for all batches instead of a layer
-// call per batch. Sign words: bits[r][w] bit j = 1{v >= 0} of element 32w + j of row r of the
-// [B*R, K] operand (NaN -> 0, i.e. -1; bits past K 0), a warp per word (a lane per element).
-__global__ void sign_words(struct dview v, int64_t R, int64_t K, int64_t kw, int64_t words, uint32_t * bits) {
-    const int lane = threadIdx.x & 31;
-    for (int64_t wi = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; wi < words;
-         wi += ((int64_t)gridDim.x * blockDim.x) >> 5) {
-        const int64_t row = qdiv(wi, kw), w = wi - row * kw, b = qdiv(row, R), r = row - b * R, k = 32 * w + lane;
-        const bool one = k < K && ld_float(v.data, v.dtype, b * v.stride[1] + r * v.stride[2] + k * v.stride[3]) >= 0.0f;
-        const uint32_t word = __ballot_sync(0xffffffffu, one);
-        if (lane == 0) bits[wi] = word;
+// Many small products (attention's heads): one launch per step for all batches instead of a
+// layer call per batch. Operand words of the [B*R, K] operands (padding past K: 0 in both):
+//   binary: bit j of word w = 1{v >= 0} of element 32w + j (NaN -> 0, i.e. -1), a warp per word;
+//   n-bit : byte j of word w = the int8 code clamp(rne(v/clip), lo, hi) of element 4w + j.
+template <bool BINARY>
+__global__ void operand_words(struct dview v, int64_t R, int64_t K, int64_t kw, int64_t words, struct dscale clip,
+                              int quant, uint32_t * out) {
+    if (BINARY) {
+        const int lane = threadIdx.x & 31;
+        for (int64_t wi = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; wi < words;
+             wi += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+            const int64_t row = qdiv(wi, kw), w = wi - row * kw, b = qdiv(row, R), r = row - b * R, k = 32 * w + lane;
+            const bool one =
+                k < K && ld_float(v.data, v.dtype, b * v.stride[1] + r * v.stride[2] + k * v.stride[3]) >= 0.0f;
+            const uint32_t word = __ballot_sync(0xffffffffu, one);
+            if (lane == 0) out[wi] = word;
+        }
+        return;
+    }
+    const float s = ld_scale(clip);
+    const int lo = qlo(quant), hi = qhi(quant);
+    for (int64_t wi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; wi < words; wi += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = qdiv(wi, kw), w = wi - row * kw, b = qdiv(row, R), r = row - b * R;
+        uint32_t word = 0;
+        for (int j = 0; j < 4; j++) {
+            const int64_t k = 4 * w + j;
+            const int code = k < K ? quant_code(ld_float(v.data, v.dtype, b * v.stride[1] + r * v.stride[2] +
+                                                                           k * v.stride[3]),
+                                                s, lo, hi)
+                                   : 0;
+            word |= (uint32_t)(uint8_t)(int8_t)code << (8 * j);
+        }
+        out[wi] = word;
     }
 }
 
-// out[b, m, n] = acc * (x_clip * y_clip), acc = sum_k a*b = K - 2 popc(a_bits ^ b_bits) (the
-// padding bits agree, 0 in both); an I32 out takes acc. A thread per output, n fastest.
-__global__ void sign_products(const uint32_t * xb, const uint32_t * yb, int64_t B, int64_t M, int64_t N, int64_t K,
+// out[b, m, n] = acc * (x_clip * y_clip), acc = sum_k a*b: binary K - 2 popc(a_bits ^ b_bits)
+// (the padding bits agree), n-bit the dp4a sums of the code words; exact in int32. An I32 out
+// takes acc. A thread per output, n fastest.
+template <bool BINARY>
+__global__ void word_products(const uint32_t * xw, const uint32_t * yw, int64_t B, int64_t M, int64_t N, int64_t K,
                               int64_t kw, struct dscale sa, struct dscale sb, struct dview out) {
     const float s = __fmul_rn(ld_scale(sa), ld_scale(sb));
     const int64_t total = B * M * N;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t bm = qdiv(e, N), n = e - bm * N, b = qdiv(bm, M), m = bm - b * M;
-        const uint32_t * xr = xb + bm * kw, * yr = yb + (b * N + n) * kw;
-        int64_t diff = 0;
-        for (int64_t w = 0; w < kw; w++) diff += __popc(xr[w] ^ yr[w]);
-        const int32_t acc = (int32_t)(K - 2 * diff);
+        const uint32_t * xr = xw + bm * kw, * yr = yw + (b * N + n) * kw;
+        int32_t acc = 0;
+        if (BINARY) {
+            int64_t diff = 0;
+            for (int64_t w = 0; w < kw; w++) diff += __popc(xr[w] ^ yr[w]);
+            acc = (int32_t)(K - 2 * diff);
+        } else {
+            for (int64_t w = 0; w < kw; w++) acc = __dp4a((int)xr[w], (int)yr[w], acc);
+        }
         const int64_t off = b * out.stride[1] + m * out.stride[2] + n * out.stride[3];
         if (out.dtype == BIE_DTYPE_I32) ((int32_t *)out.data)[off] = acc;
         else st_float(out.data, out.dtype, off, __fmul_rn((float)acc, s));
     }
 }
 
-// Whether the batched sign products run this binary matmul: several batches of a few operations
-// each (per batch at most 2^21 word products), where a layer call per batch costs more in launches
-// than its work.
-bool small_batches(const struct bie_matmul_call * mc) {
-    const int64_t kw = (mc->K + 31) / 32;
-    return mc->quant == BIE_QUANT_BINARY && mc->B > 1 && mc->M * mc->N * kw <= ((int64_t)1 << 21) &&
-           mc->x.ndim == 3 && mc->y.ndim == 3 && mc->out.ndim == 3;
+int64_t words_per_row(const struct bie_matmul_call * mc) {
+    return mc->quant == BIE_QUANT_BINARY ? (mc->K + 31) / 32 : (mc->K + 3) / 4;
 }
 
-enum bie_status forward_small_batches(bie_context_t * ctx, const struct bie_matmul_call * mc) {
+// Whether the batched word products run this matmul's forward: several batches of a few
+// operations each (per batch at most 2^21 word products), where a layer call per batch costs
+// more in launches than its work.
+bool small_batches(const struct bie_matmul_call * mc) {
+    return mc->B > 1 && mc->M * mc->N * words_per_row(mc) <= ((int64_t)1 << 21) && mc->x.ndim == 3 &&
+           mc->y.ndim == 3 && mc->out.ndim == 3;
+}
+
+template <bool BINARY> enum bie_status forward_small_batches(bie_context_t * ctx, const struct bie_matmul_call * mc) {
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, mc->device_index, &st));
-    const int64_t kw = (mc->K + 31) / 32, xw = mc->B * mc->M * kw, yw = mc->B * mc->N * kw;
+    const int64_t kw = words_per_row(mc), xn = mc->B * mc->M * kw, yn = mc->B * mc->N * kw;
     void * ws;
-    BIE_TRY(bie_cuda_workspace(ctx, (size_t)(xw + yw) * sizeof(uint32_t), &ws));
-    uint32_t * xb = (uint32_t *)ws, * yb = xb + xw;
+    BIE_TRY(bie_cuda_workspace(ctx, (size_t)(xn + yn) * sizeof(uint32_t), &ws));
+    uint32_t * xw = (uint32_t *)ws, * yw = xw + xn;
     struct dview x, y, out;
     dview_make(&mc->x, &x);
     dview_make(&mc->y, &y);
     dview_make(&mc->out, &out);
-    sign_words<<<grid_for(32 * xw, 256), 256, 0, st->stream>>>(x, mc->M, mc->K, kw, xw, xb);
-    LAUNCHED(ctx, "matmul sign words (x)");
-    sign_words<<<grid_for(32 * yw, 256), 256, 0, st->stream>>>(y, mc->N, mc->K, kw, yw, yb);
-    LAUNCHED(ctx, "matmul sign words (y)");
     struct bie_layer_call lc;
     bie_matmul_layer_call(mc, 0, 0, &lc);
-    sign_products<<<grid_for(mc->B * mc->M * mc->N, 256), 256, 0, st->stream>>>(
-        xb, yb, mc->B, mc->M, mc->N, mc->K, kw, dscale_make(&lc, true), dscale_make(&lc, false), out);
-    LAUNCHED(ctx, "matmul sign products");
+    const struct dscale sx = dscale_make(&lc, true), sy = dscale_make(&lc, false);
+    const int per = BINARY ? 32 : 1; // threads per word
+    operand_words<BINARY><<<grid_for(per * xn, 256), 256, 0, st->stream>>>(x, mc->M, mc->K, kw, xn, sx, (int)mc->quant,
+                                                                            xw);
+    LAUNCHED(ctx, "matmul operand words (x)");
+    operand_words<BINARY><<<grid_for(per * yn, 256), 256, 0, st->stream>>>(y, mc->N, mc->K, kw, yn, sy, (int)mc->quant,
+                                                                            yw);
+    LAUNCHED(ctx, "matmul operand words (y)");
+    word_products<BINARY><<<grid_for(mc->B * mc->M * mc->N, 256), 256, 0, st->stream>>>(xw, yw, mc->B, mc->M, mc->N,
+                                                                                        mc->K, kw, sx, sy, out);
+    LAUNCHED(ctx, "matmul word products");
     return BIE_STATUS_OK;
 }
 
 } // namespace
 
 extern "C" enum bie_status bie_cuda_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * mc) {
-    if (small_batches(mc)) return forward_small_batches(ctx, mc);
+    if (small_batches(mc))
+        return mc->quant == BIE_QUANT_BINARY ? forward_small_batches<true>(ctx, mc) : forward_small_batches<false>(ctx, mc);
     for (int64_t b = 0; b < mc->B; b++) {
         struct bie_layer_call lc;
         bie_matmul_layer_call(mc, b, 0, &lc);
