@@ -168,12 +168,20 @@ static int row(const struct bench_options * o, bie_context_t * ctx, cublasHandle
     const double gbs = wbytes / (t_bie * 1e6), gbs_blas = (double)fbytes / (t_blas * 1e6);
     char name[96];
     snprintf(name, sizeof name, "wq%d-g128 %lldx%lld M=%lld", bits, (long long)K, (long long)N, (long long)M);
-    if (o->json)
+    if (o->json) {
+        struct cudaDeviceProp prop;
+        CK(cudaGetDeviceProperties(&prop, 0));
+        char dev[sizeof prop.name], date[16];
+        bench_json_text(dev, sizeof dev, prop.name);
+        bench_utc_date(date, sizeof date);
+        int rt = 0;
+        CK(cudaRuntimeGetVersion(&rt));
         printf("{\"case\": \"%s\", \"backend\": \"cuda\", \"bie_ms\": %.5f, \"baseline\": \"cublas-fp16\", "
                "\"baseline_ms\": %.5f, \"speedup\": %.3f, \"gbs\": %.1f, \"baseline_gbs\": %.1f, \"copy_gbs\": %.1f, "
-               "\"bw_ratio\": %.3f}\n",
-               name, t_bie, t_blas, t_blas / t_bie, gbs, gbs_blas, copy, gbs / copy);
-    else
+               "\"bw_ratio\": %.3f, \"device\": \"%s\", \"cuda\": \"%d.%d\", \"bie_version\": \"%s\", \"date\": \"%s\"}\n",
+               name, t_bie, t_blas, t_blas / t_bie, gbs, gbs_blas, copy, gbs / copy, dev, rt / 1000, rt % 1000 / 10,
+               bie_version_string(), date);
+    } else
         printf("%-32s %10.4f  %-12s %10.4f %7.2fx %8.0f %6.0f%% %8.0f\n", name, t_bie, "cublas-fp16", t_blas,
                t_blas / t_bie, gbs, 100.0 * gbs / copy, gbs_blas);
     fflush(stdout);

@@ -228,6 +228,15 @@ CUDA_SECTIONS = [
     ("4-bit linear", ("int4-linear",),
      "f16 x quantised in the call, s4 weight, f16 y, at 8192 x 8192 x 8192, against cuBLAS fp16 and "
      "cuBLAS int8 GEMMs of the same shape (the int8 GEMM given ready codes)."),
+    ("Batched matmul of two activations and embeddings", ("binary-matmul", "q8-matmul", "embedding"),
+     "`binary-matmul` / `q8-matmul`: f16 x and y quantised in the call, f16 out, B x M x N x K (batches "
+     "first; 384 x 128 x 128 x 64 is attention's scores over 384 heads), against cuBLAS's batched fp16 "
+     "GEMM. `embedding b1->f16`: a binary table of V rows of D bits, L lookups into f16 rows, against a "
+     "device copy of the output's bytes (memory speed)."),
+    ("Weight-only n-bit layers (LLM shapes)", ("wq",),
+     "`bie bench --llm --backend cuda --json`: GPTQ-form weights (4 or 2 bits, groups of 128, per-group "
+     "scale and zero), f16 x of M rows, K x N, against cuBLAS fp16 on the f16 weight; `of copy` is bie's "
+     "weight bytes per second over the device's copy bandwidth measured in the same run."),
     ("Binary linear training step", ("binary-train-step",),
      "Forward, grad_x and grad_weight of a binary linear layer (M = 8192, K = N = 4096, f16), against "
      "the float layer's three cuBLAS fp16 GEMMs. `f16`: from the float x; `bits`: from the bits and "
@@ -256,11 +265,14 @@ def cuda_part(rows, files):
                 continue
             out += [f"### {title}", ""] + para(what)
             body = []
+            bw = any("bw_ratio" in r for r in sel)
             for r in sel:
                 name, shape = cuda_case_split(r["case"])
+                last = f"{100 * r['bw_ratio']:.0f}%" if bw else f"{r['gops'] / 1000:.0f}" if r.get("gops") else "-"
                 body.append([f"`{name}`", shape, ms(r["bie_ms"]), baseline(r["baseline"]), ms(r["baseline_ms"]),
-                             ratio(r), f"{r['gops'] / 1000:.0f}" if r.get("gops") else "-"])
-            out += table(["case", "shape", "bie ms", "baseline", "baseline ms", "ratio", "bie TOPS"], body) + [""]
+                             ratio(r), last])
+            out += table(["case", "shape", "bie ms", "baseline", "baseline ms", "ratio",
+                          "of copy" if bw else "bie TOPS"], body) + [""]
     return out
 
 
