@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // cuda-epilogue.cuh: the layer epilogue that both tensor-core GEMMs (cuda-gemm.cu, mma.sync;
-// cuda-gemm-wgmma.cu, sm_90a wgmma) apply to their raw accumulators: the binary dot product from
+// cuda-wgmma-kernel.cuh, sm_90a wgmma) apply to their raw accumulators: the binary dot product from
 // AND-popcounts (with the zero-padding correction of convolutions), the scale, and the store to y
 // in its dtype and layout. The formulas are written out in cuda-gemm.cu's header comment.
 #pragma once

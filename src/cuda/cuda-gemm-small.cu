@@ -16,6 +16,7 @@
 // words: A's padding bits are zero, and B's words are masked past K in the chunk that holds bit K
 // (a weight read in place may hold anything there).
 #include "cuda-epilogue.cuh"
+#include "cuda-ptx.cuh"
 
 namespace {
 
@@ -23,23 +24,25 @@ constexpr int KW = 4;       // warps splitting K
 constexpr int NB = 16;      // output columns per CTA (two n8 tiles)
 constexpr int CHUNK = 128;  // bytes of K per warp step (four MMA k-steps)
 
-template <bool BINARY>
-__device__ __forceinline__ void mma_step(int * c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-    if (BINARY)
-        asm volatile("mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint32_t word(const uint4 & v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Binary: adds a chunk's popcounts of the lane's A rows and B columns to pop (rows g, g + 8 of each
+// m tile, then the two n tiles' columns), B's over its first K bits only.
+template <int MT>
+__device__ __forceinline__ void count_chunk(int * pop, const uint4 (&a)[MT][2][2], const uint4 (&b)[2][2], int64_t byte0,
+                                            int64_t ch, int64_t K) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) pop[mt * 2 + h] += popc4(a[mt][h][0]) + popc4(a[mt][h][1]);
+    const int64_t w0 = byte0 / 4; // first word of the lane's first vector
+    const bool whole = (ch + 1) * CHUNK * 8 <= K; // no bit of the chunk past K
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+        pop[MT * 2 + nt] += whole ? popc4(b[nt][0]) + popc4(b[nt][1])
+                                  : popc_below(b[nt][0], w0, K) + popc_below(b[nt][1], w0 + 16, K);
 }
 
 template <bool BINARY, int MT>
@@ -93,21 +96,10 @@ __global__ void __launch_bounds__(KW * 32) gemm_small_kernel(const uint8_t * __r
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++)
-                    mma_step<BINARY>(acc + (mt * 2 + nt) * 4, word(a[mt][0][0], i), word(a[mt][1][0], i),
+                    mma_sync<BINARY>(acc + (mt * 2 + nt) * 4, word(a[mt][0][0], i), word(a[mt][1][0], i),
                                      word(a[mt][0][1], i), word(a[mt][1][1], i), word(b[nt][0], i),
                                      word(b[nt][1], i));
-        if (BINARY) {
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) pop[mt * 2 + h] += popc4(a[mt][h][0]) + popc4(a[mt][h][1]);
-            const int64_t w0 = byte0 / 4; // first word of the lane's first vector
-            const bool whole = (ch + 1) * CHUNK * 8 <= ep.g.K; // no bit of the chunk past K
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-                pop[MT * 2 + nt] += whole ? popc4(b[nt][0]) + popc4(b[nt][1])
-                                          : popc_below(b[nt][0], w0, ep.g.K) + popc_below(b[nt][1], w0 + 16, ep.g.K);
-        }
+        if (BINARY) count_chunk<MT>(pop, a, b, byte0, ch, ep.g.K);
     }
 
     // Every warp hands its partial sums over; warp w then finishes the fragment pairs of n tile

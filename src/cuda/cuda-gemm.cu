@@ -23,37 +23,12 @@
 // cp.async pipeline; shared-memory rows are 128 bytes with their 16-byte chunks XOR-swizzled by
 // the row so that ldmatrix reads are conflict-free. Rows past M or N are zero-filled.
 #include "cuda-epilogue.cuh"
+#include "cuda-ptx.cuh"
 
 namespace {
 
 constexpr int BKB = 128; // bytes of K per stage
 constexpr int STAGES = 3;
-
-__device__ __forceinline__ void cp_async16(uint32_t smem, const void * gmem, bool valid) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(n));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t & r0, uint32_t & r1, uint32_t & r2, uint32_t & r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-template <bool BINARY>
-__device__ __forceinline__ void mma(int * c, const uint32_t * a, const uint32_t * b) {
-    if (BINARY) {
-        asm volatile("mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    } else {
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-}
 
 template <bool BINARY, int WM, int WN>
 __global__ void __launch_bounds__(WM * WN * 32, 1)
@@ -127,7 +102,7 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
 #pragma unroll
             for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-                for (int nj = 0; nj < 8; nj++) mma<BINARY>(acc[mi][nj], a[mi], b[nj]);
+                for (int nj = 0; nj < 8; nj++) mma_sync<BINARY>(acc[mi][nj], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[nj][0], b[nj][1]);
         }
     }
     asm volatile("cp.async.wait_group 0;\n");

@@ -417,7 +417,7 @@ __device__ __forceinline__ void zero_pad_terms(const struct dgeom & g, const int
 }
 
 // The bits of the float 1.5 * 2^23: an integer p with |p| < 2^22 added to them gives the bits of
-// the float 1.5 * 2^23 + p (the wgmma epilogue's exact int-to-float step, cuda-gemm-wgmma.cu).
+// the float 1.5 * 2^23 + p (the wgmma epilogue's exact int-to-float step, cuda-wgmma-epilogue.cuh).
 #define BIE_DOT_BIAS 0x4B400000
 // Row length of gemm_epilogue.colcls: N rounded up to the widest wgmma tile (256 columns).
 #define BIE_COLCLS_LD(N) (((N) + 255) / 256 * 256)
@@ -506,7 +506,7 @@ bool bie_cuda_gemm_takes_wgmma(bie_context_t * ctx, int64_t M, bool taps);
 enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, const struct gemm_gather & gs, const struct dgeom & g,
                                      int * rowpop, int2 * rowterms, const int * border, bool after_terms);
 // Whether the wgmma GEMM of M x N with rows of kbytes counts the popcounts of gathered rows itself
-// (its 64-column tiles do; see ones_operand in cuda-gemm-wgmma.cu).
+// (its 64-column tiles do; see ones_operand in cuda-wgmma-tiles.cuh).
 bool bie_cuda_wgmma_counts_rows(bie_context_t * ctx, int64_t M, int64_t N, int64_t kbytes);
 // gs: NULL, or the gathered activations (A unused; wgmma route only).
 enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
@@ -525,7 +525,7 @@ enum bie_status bie_cuda_gemm_small(bie_context_t * ctx, const uint8_t * A, cons
 // the caller passes ep.sign and packs the codes with bie_cuda_store_packed.
 bool bie_cuda_gemm_packs_bits(bie_context_t * ctx, int64_t M, int64_t N, bool taps, const struct gemm_epilogue & ep);
 bool bie_cuda_wgmma_packs_bits(const struct gemm_epilogue & ep, int64_t N);
-// The same GEMM through sm_90a warpgroup MMA (cuda-gemm-wgmma.cu); bie_cuda_gemm uses it when
+// The same GEMM through sm_90a warpgroup MMA (cuda-wgmma.cu and cuda-wgmma-*.cuh); bie_cuda_gemm uses it when
 // bie_cuda_wgmma_usable says the device is a Hopper GPU (compute capability 9.0) and the driver
 // can encode tensor maps. BIE_CUDA_GEMM=mma in the environment (read once per context and device)
 // forces the mma.sync kernel.

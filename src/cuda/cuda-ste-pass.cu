@@ -68,6 +68,31 @@ template <typename T> __device__ __forceinline__ float ld_as(const struct dview 
 
 constexpr int STE_TAPS = 9; // taps of a pixel whose dCol loads are issued together (a 3x3 kernel's at once)
 
+// ste_tiles: this block's sums of its channels into colpart, in a fixed order (cacc: the thread's
+// running sums, see ste_tiles).
+__device__ __forceinline__ void colpart_store(double (&csum)[8][33], const double * cacc, int along_pixels, int64_t c0,
+                                              int64_t C, int64_t ctiles, double * colpart) {
+    const int lane = threadIdx.x, ty = threadIdx.y;
+    if (along_pixels) { // thread (lane, ty) holds channels ty + 8k: summed over the lanes
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            double t = cacc[k];
+            for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+            if (lane == 0) csum[0][ty + 8 * k] = t;
+        }
+        __syncthreads();
+        if (ty == 0 && c0 + lane < C) colpart[(blockIdx.x / ctiles) * C + c0 + lane] = csum[0][lane];
+    } else { // every warp holds channel c0 + lane: summed over the warps
+        csum[ty][lane] = cacc[0];
+        __syncthreads();
+        if (ty == 0 && c0 + lane < C) {
+            double t = 0.0;
+            for (int y = 0; y < (int)blockDim.y; y++) t += csum[y][lane];
+            colpart[(blockIdx.x / ctiles) * C + c0 + lane] = t;
+        }
+    }
+}
+
 // The fused STE pass over x, any geometry, by tiles of 32 pixels (p = (n*H + h)*W + w over the
 // batch) x 32 channels, block (32, 8): the tap sums gx = sum of dCol over the taps that read
 // (h, w) are gathered along the channels (rows of dCol are channel-contiguous), a thread's 4
@@ -180,26 +205,7 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3) ste_tiles(struct 
         }
         __syncthreads();
     }
-    if (colpart) { // this block's sums of its channels, in a fixed order
-        if (along_pixels) { // thread (lane, ty) holds channels ty + 8k: summed over the lanes
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                double t = cacc[k];
-                for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-                if (lane == 0) csum[0][ty + 8 * k] = t;
-            }
-            __syncthreads();
-            if (ty == 0 && c0 + lane < g.C) colpart[(blockIdx.x / ctiles) * g.C + c0 + lane] = csum[0][lane];
-        } else { // every warp holds channel c0 + lane: summed over the warps
-            csum[ty][lane] = cacc[0];
-            __syncthreads();
-            if (ty == 0 && c0 + lane < g.C) {
-                double t = 0.0;
-                for (int y = 0; y < (int)blockDim.y; y++) t += csum[y][lane];
-                colpart[(blockIdx.x / ctiles) * g.C + c0 + lane] = t;
-            }
-        }
-    }
+    if (colpart) colpart_store(csum, cacc, along_pixels, c0, g.C, ctiles, colpart);
     if (term_sum) block_sum_add(acc, term_sum);
 }
 
