@@ -110,6 +110,10 @@ static void test_layer(bie_context_t * ctx) {
     const char * d = bie_plan_describe(pf);
     CHECK(strstr(d, l.conv ? "conv2d forward" : "linear forward") && strstr(d, "route:") && strstr(d, "weight f32"),
           "description \"%s\" on %s", d, l.text);
+    // the CPU backend's backward route: its GEMMs and where grad_weight goes
+    const char * db = bie_plan_describe(pb);
+    CHECK(!strstr(db, "route: cpu,") || (strstr(db, "; backward by ") && strstr(db, "; grad_weight ")),
+          "backward description \"%s\" on %s", db, l.text);
     for (int round = 0; round < 2; round++) {
         test_fill_uniform(&x, -2.0f, 2.0f);
         test_fill_uniform(&w, -1.0f, 1.0f);

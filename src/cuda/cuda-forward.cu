@@ -23,8 +23,6 @@
 
 namespace {
 
-size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
-
 // bie_binarize_ste on views the packer does not take: for element e = m*K + k of x [M, K] (p.t's
 // [M, K, 1, 1] view), the codes of its sign bit and of its STE pass bit (1 or 0; either array may
 // be NULL), for bie_cuda_store_packed.
@@ -44,179 +42,245 @@ bool byte_rows(const struct dview & v, int64_t M, int64_t K) {
     return (K == 1 || v.stride[1] == 1) && (M == 1 || v.stride[0] % 8 == 0);
 }
 
-} // namespace
+// The regions of a forward call's workspace, in order (0 bytes: not used by the route).
+enum fwd_region {
+    W_PIX,     // x packed into pixels first (pixel_scratch_bytes)
+    W_A,       // A: x's GEMM rows
+    W_B,       // B: the weight's GEMM rows
+    W_ROW,     // rowpop
+    W_ROWTERM, // the zero-padding terms of rows gathered and counted by bie_cuda_conv_rowpop
+    W_COL,     // colpop
+    W_TAP,     // weight_terms' tap popcounts (more taps than it keeps in shared memory)
+    W_CORR,    // tapcorr
+    W_CLS,     // colcls
+    W_PIXCLS,  // the zero-padding terms of the pixels of rows the GEMM counts itself
+    W_SIGN,    // a B1 y as sign codes, then packed
+    W_REGIONS
+};
 
-extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const struct bie_layer_call * c) {
-    struct bie_cuda_state * st;
-    BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
+// A forward call's route, chosen before anything runs (fwd_route_make): how each operand reaches
+// the GEMM, who counts the popcounts, the zero-padding terms, the kernels' order and the workspace.
+struct fwd_route {
+    bool binary, zero_pad_fix; // zero_pad_fix: a zero-padded binary conv (border classes)
+    int taps;
+    int64_t M, N, kbytes, ldb; // ldb: bytes between the weight operand's rows
+    bool x_direct, w_direct;   // B1 rows read in place (x of a linear layer, the weight)
+    bool pixels;               // x packed pixel by pixel first
+    bool gather;               // x's rows gathered by the GEMM (gemm_gather)
+    bool gemm_rows, rowterms;  // gathered rows counted by the GEMM / by bie_cuda_conv_rowpop first
+    bool gemm_counts;          // the few-rows GEMM counts the popcounts itself
+    bool w_rows_copied;        // weight_terms copies packed B1 weight rows into the operand
+    bool terms_first, terms_under_x, rowpop_under_copy; // the order of the weight_terms launch
+    bool sign_codes;           // a B1 y the GEMM cannot pack: sign codes, then packed
+    int border[4];             // zero padding: border class counts (top, bottom, left, right)
+    int64_t classes;
+    pack_src px, pw;
+    gemm_epilogue ep; // binary, g and y; the rest is set when the route runs
+    size_t size[W_REGIONS], off[W_REGIONS], total;
+};
+
+// Whether the B1 weight's rows already are the GEMM's rows (k = (i*kw + j)*C + c contiguous, LSB
+// first, row starts 16-byte aligned and at least kbytes apart, K filling the kbytes of every row so
+// that no read passes the tensor's last element): it is read in place. Bits past K may hold
+// anything, but the activation rows have zeros there, so popc(a & w) ignores them; popc(w) is
+// taken over the first K bits only.
+bool weight_in_place(const struct bie_layer_call * c, int64_t N, int64_t kbytes) {
     const struct bie_geometry & g = c->g;
-    const bool binary = c->quant == BIE_QUANT_BINARY;
-    const int taps = (int)(g.kh * g.kw);
-    const bool zero_pad_fix = binary && c->is_conv && g.pad_value == BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0);
-    const int64_t M = g.batch * g.OH * g.OW, N = g.O;
-    if (c->is_conv && (g.H + 2 * g.ph > INT32_MAX || g.W + 2 * g.pw > INT32_MAX)) // (the kernels' pixel coordinates)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: a padded height or width past 2^31 on CUDA");
-    const int64_t kb_raw = binary ? (g.K + 7) / 8 : g.K;
-    const int64_t kbytes = (kb_raw + 127) / 128 * 128;
-    const bool b1_out = c->y.dtype == BIE_DTYPE_B1;
-    const int64_t ynumel = M * N;
-    // A B1 weight whose rows already are the GEMM's rows (k = (i*kw + j)*C + c contiguous, LSB
-    // first, row starts 16-byte aligned and at least kbytes apart, K filling the kbytes of every
-    // row so that no read passes the tensor's last element) is read in place: bits past K may
-    // hold anything, but the activation rows have zeros there, so popc(a & w) ignores them;
-    // popc(w) is taken over the first K bits only.
     const struct bie_tensor & wt = c->weight;
     const int64_t wrow = wt.stride[0];
-    const bool w_direct = binary && wt.dtype == BIE_DTYPE_B1 && ohwi_rows(wt.stride, g.C, g.kh, g.kw) &&
-                          (g.K + 7) / 8 == kbytes && (N == 1 || (wrow % 128 == 0 && wrow / 8 >= kbytes)) &&
-                          ((uintptr_t)wt.data % 16) == 0;
-    const int64_t ldb = w_direct && N > 1 ? wrow / 8 : kbytes;
-    // A B1 x of a linear layer is read in place when K fills its rows' bytes exactly (no bits past
-    // K at all, so neither operand's padding can meet the other's) and its rows are 16-byte
-    // aligned, kbytes apart.
+    return c->quant == BIE_QUANT_BINARY && wt.dtype == BIE_DTYPE_B1 && ohwi_rows(wt.stride, g.C, g.kh, g.kw) &&
+           (g.K + 7) / 8 == kbytes && (N == 1 || (wrow % 128 == 0 && wrow / 8 >= kbytes)) &&
+           ((uintptr_t)wt.data % 16) == 0;
+}
+// Whether a B1 x of a linear layer is read in place: K fills its rows' bytes exactly (no bits past
+// K at all, so neither operand's padding can meet the other's) and its rows are 16-byte aligned,
+// kbytes apart.
+bool x_in_place(const struct bie_layer_call * c, int64_t M, int64_t kbytes) {
     const struct bie_tensor & xt = c->x;
-    const bool x_direct = binary && !c->is_conv && xt.dtype == BIE_DTYPE_B1 && g.K == kbytes * 8 &&
-                          xt.stride[1] == 1 && (M == 1 || xt.stride[0] == kbytes * 8) && ((uintptr_t)xt.data % 16) == 0;
+    return c->quant == BIE_QUANT_BINARY && !c->is_conv && xt.dtype == BIE_DTYPE_B1 && c->g.K == kbytes * 8 &&
+           xt.stride[1] == 1 && (M == 1 || xt.stride[0] == kbytes * 8) && ((uintptr_t)xt.data % 16) == 0;
+}
 
+// The packers' sources: x (is_weight 0) and the weight.
+pack_src x_source(const struct bie_layer_call * c) {
     pack_src px;
     px.bias_period = 0;
     dview_make(&c->x, &px.t);
     px.bias.data = NULL;
     if (c->bias_a.data) dview_make(&c->bias_a, &px.bias);
-    px.g = dgeom_make(g);
+    px.g = dgeom_make(c->g);
     px.is_weight = 0;
     px.quant = (int)c->quant;
     px.s = dscale_make(c, true);
+    return px;
+}
+pack_src weight_source(const struct bie_layer_call * c, const pack_src & px) {
     pack_src pw = px;
     dview_make(&c->weight, &pw.t);
     pw.bias.data = NULL;
     pw.is_weight = 1;
     pw.s = dscale_make(c, false);
+    return pw;
+}
 
-    const bool pixels = !x_direct && float_pixels(px) != PIX_NONE; // x packed pixel by pixel first
+// The workspace's regions of route r.
+void fwd_workspace(fwd_route * r) {
+    const int64_t M = r->M, N = r->N;
+    const bool zp = r->zero_pad_fix;
+    size_t * z = r->size;
+    z[W_PIX] = r->pixels ? pixel_scratch_bytes(r->px) : 0;
+    z[W_A] = r->x_direct || r->gather ? 0 : (size_t)(M * r->kbytes);
+    z[W_B] = r->w_direct ? 0 : (size_t)(N * r->kbytes);
+    z[W_ROW] = r->gemm_rows ? 0 : (size_t)M * 4;
+    z[W_ROWTERM] = r->rowterms && zp ? (size_t)M * 8 : 0;
+    z[W_COL] = (size_t)N * 4;
+    z[W_TAP] = zp && r->taps > WT_SMEM_TAPS ? (size_t)(N * r->taps) * 4 : 0;
+    z[W_CORR] = zp ? (size_t)(r->classes * N) * 4 : 0;
+    z[W_CLS] = zp ? (size_t)(r->classes * BIE_COLCLS_LD(N)) * 4 : 0;
+    z[W_PIXCLS] = r->gemm_rows && zp ? (size_t)(r->ep.g.OH * r->ep.g.OW) * 8 : 0;
+    z[W_SIGN] = r->sign_codes ? (size_t)(M * N) : 0;
+    r->total = ws_layout(z, r->off, W_REGIONS);
+}
+
+// Chooses the route of a forward call (see fwd_route).
+enum bie_status fwd_route_make(bie_context_t * ctx, const struct bie_layer_call * c, fwd_route * r) {
+    const struct bie_geometry & g = c->g;
+    r->binary = c->quant == BIE_QUANT_BINARY;
+    r->taps = (int)(g.kh * g.kw);
+    r->zero_pad_fix = r->binary && c->is_conv && g.pad_value == BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0);
+    const int64_t M = r->M = g.batch * g.OH * g.OW, N = r->N = g.O;
+    if (c->is_conv && (g.H + 2 * g.ph > INT32_MAX || g.W + 2 * g.pw > INT32_MAX)) // (the kernels' pixel coordinates)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: a padded height or width past 2^31 on CUDA");
+    const int64_t kb_raw = r->binary ? (g.K + 7) / 8 : g.K;
+    const int64_t kbytes = r->kbytes = (kb_raw + 127) / 128 * 128;
+    r->w_direct = weight_in_place(c, N, kbytes);
+    r->ldb = r->w_direct && N > 1 ? c->weight.stride[0] / 8 : kbytes;
+    r->x_direct = x_in_place(c, M, kbytes);
+    r->px = x_source(c);
+    r->pw = weight_source(c, r->px);
+    const bool zp = r->zero_pad_fix;
+    r->pixels = !r->x_direct && float_pixels(r->px) != PIX_NONE;
     // A binary conv on the wgmma route whose x is (or is packed into) NHWC words: the GEMM gathers
     // its rows from x itself (gemm_gather), so they are not written out, when one column tile
     // covers N (each row is then gathered once; with several column tiles the rows are written
     // once by the bit im2col and read by each, which costs less).
-    const bool gather = binary && c->is_conv && !x_direct && !dgeom_one_position(px.g) && gatherable(px) &&
-                        gather_fits(px) && bie_cuda_gemm_takes_wgmma(ctx, M, zero_pad_fix) &&
-                        N <= bie_cuda_wgmma_tile_n(ctx, M, N, kbytes, true);
+    r->gather = r->binary && c->is_conv && !r->x_direct && !dgeom_one_position(r->px.g) && gatherable(r->px) &&
+                gather_fits(r->px) && bie_cuda_gemm_takes_wgmma(ctx, M, zp) &&
+                N <= bie_cuda_wgmma_tile_n(ctx, M, N, kbytes, true);
     // The GEMM counts the gathered rows' popcounts itself (its 64-column tiles), or
     // bie_cuda_conv_rowpop counts them first (rowterms).
-    const bool gemm_rows = gather && bie_cuda_wgmma_counts_rows(ctx, M, N, kbytes), rowterms = gather && !gemm_rows;
-    size_t off = 0;
-    const size_t oPix = off; off = align256(off + (pixels ? pixel_scratch_bytes(px) : 0));
-    const size_t oA = off; off = align256(off + (x_direct || gather ? 0 : (size_t)(M * kbytes)));
-    const size_t oB = off; off = align256(off + (w_direct ? 0 : (size_t)(N * kbytes)));
-    const size_t oRow = off; off = align256(off + (gemm_rows ? 0 : (size_t)M * 4));
-    const size_t oRowterm = off; off = align256(off + (rowterms && zero_pad_fix ? (size_t)M * 8 : 0));
-    const size_t oCol = off; off = align256(off + (size_t)N * 4);
-    int border[4] = {0, 0, 0, 0}; // zero padding: border class counts (top, bottom, left, right)
-    if (zero_pad_fix) {
-        border_counts(g.OH, g.H, g.sh, g.ph, g.kh, g.dh, &border[0], &border[1]);
-        border_counts(g.OW, g.W, g.sw, g.pw, g.kw, g.dw, &border[2], &border[3]);
+    r->gemm_rows = r->gather && bie_cuda_wgmma_counts_rows(ctx, M, N, kbytes);
+    r->rowterms = r->gather && !r->gemm_rows;
+    r->gemm_counts = bie_cuda_gemm_counts_popcounts(M, zp);
+    for (int i = 0; i < 4; i++) r->border[i] = 0;
+    if (zp) {
+        border_counts(g.OH, g.H, g.sh, g.ph, g.kh, g.dh, &r->border[0], &r->border[1]);
+        border_counts(g.OW, g.W, g.sw, g.pw, g.kw, g.dw, &r->border[2], &r->border[3]);
     }
-    const int64_t classes = (int64_t)(1 + border[0] + border[1]) * (1 + border[2] + border[3]);
-    const size_t oTap = off; off = align256(off + (zero_pad_fix && taps > WT_SMEM_TAPS ? (size_t)(N * taps) * 4 : 0));
-    const size_t oCorr = off; off = align256(off + (zero_pad_fix ? (size_t)(classes * N) * 4 : 0));
-    const size_t oCls = off; off = align256(off + (zero_pad_fix ? (size_t)(classes * BIE_COLCLS_LD(N)) * 4 : 0));
-    const size_t oPixcls = off; off = align256(off + (gemm_rows && zero_pad_fix ? (size_t)(g.OH * g.OW) * 8 : 0));
-    // A B1 y: the GEMM packs the bits itself where it can, else writes sign codes for the packer.
-    gemm_epilogue ep;
-    ep.binary = binary;
-    ep.g = px.g;
-    dview_make(&c->y, &ep.y);
-    const bool sign_codes = b1_out && !bie_cuda_gemm_packs_bits(ctx, M, N, zero_pad_fix, ep);
-    const size_t oSign = off; off = align256(off + (sign_codes ? (size_t)ynumel : 0));
-    if (c->plan) { // the route in words (the GEMM as bie_cuda_gemm picks it)
-        const bool zp = zero_pad_fix;
-        const char * gemm = bie_cuda_gemm_counts_popcounts(M, zp) ? "few-rows split-K (mma.sync)"
-                            : bie_cuda_gemm_takes_wgmma(ctx, M, zp) ? "wgmma" : "mma.sync";
-        snprintf(c->plan->route, sizeof c->plan->route,
-                 "cuda:%d, %s GEMM %lld x %lld x %lld bytes; x: %s; weight: %s; row popcounts: %s%s; y: %s",
-                 (int)c->device_index, gemm, (long long)M, (long long)N, (long long)kbytes,
-                 x_direct ? "B1 rows read in place"
-                 : gather ? (pixels ? "packed into NHWC bit pixels, rows gathered by the GEMM"
-                                    : "NHWC bit pixels gathered by the GEMM in place")
-                 : pixels ? "packed into pixels, then im2col rows" : "packed into GEMM rows",
-                 w_direct ? "B1 rows read in place"
-                 : zp && b1_weight_rows(pw, N) ? "B1 rows copied with the border terms" : "packed into GEMM rows",
-                 gemm_rows ? "counted by the GEMM" : rowterms ? "row terms kernel"
-                 : bie_cuda_gemm_counts_popcounts(M, zp) ? "by the GEMM" : "by the packers",
-                 zp ? "; zero padding by border classes" : "",
-                 b1_out ? (sign_codes ? "sign codes, then packed" : "B1 packed by the GEMM") : bie_dtype_name(c->y.dtype));
-        c->plan->workspace = off;
-        return BIE_STATUS_OK;
-    }
-    uint8_t * ws;
-    BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
-
-    int * rowpop = (int *)(ws + oRow), * colpop = (int *)(ws + oCol),
-        * tappop = taps > WT_SMEM_TAPS ? (int *)(ws + oTap) : NULL, // (else weight_terms keeps them in shared memory)
-        * tapcorr = (int *)(ws + oCorr), * colcls = (int *)(ws + oCls);
-    // the zero-padding terms of gathered rows: per row (rowterms) or per pixel (gemm_rows)
-    int2 * const rowterm_p = rowterms && zero_pad_fix ? (int2 *)(ws + oRowterm) : NULL,
-         * const pixcls_p = gemm_rows && zero_pad_fix ? (int2 *)(ws + oPixcls) : NULL;
-    const uint8_t * Am = x_direct ? (const uint8_t *)xt.data : ws + oA;
-    const bool gemm_counts = bie_cuda_gemm_counts_popcounts(M, zero_pad_fix); // the GEMM counts the bits itself
-    const uint8_t * Bm = w_direct ? (const uint8_t *)wt.data : ws + oB;
+    r->classes = (int64_t)(1 + r->border[0] + r->border[1]) * (1 + r->border[2] + r->border[3]);
     // The weight side of a zero-padded conv is one weight_terms launch: when it also copies packed
     // B1 rows into the operand (then nothing else packs the weight), first for a gathering GEMM,
     // else right after the packer of x and beside it (terms_under_x: a programmatic dependent
     // launch that waits for that kernel before it ends, so that the two overlap); else last, after
-    // the weight is packed, taking
-    // popc(w) too when the weight is read in place.
-    const bool w_rows_copied = zero_pad_fix && !w_direct && b1_weight_rows(pw, N);
-    const bool terms_first = w_rows_copied && gather, terms_under_x = w_rows_copied && !gather && !x_direct;
+    // the weight is packed, taking popc(w) too when the weight is read in place.
+    r->w_rows_copied = zp && !r->w_direct && b1_weight_rows(r->pw, N);
+    r->terms_first = r->w_rows_copied && r->gather;
+    r->terms_under_x = r->w_rows_copied && !r->gather && !r->x_direct;
     // conv_rowterms starts under that weight_terms (x needs no packing between them)
-    const bool rowpop_under_copy = rowterms && terms_first && word_pixels(px);
-    weight_terms_args wt_args = {w_rows_copied ? (const uint8_t *)wt.data : Bm,
-                                 w_rows_copied ? (N == 1 ? g.K / 8 : pw.t.stride[0] / 8) : ldb,
-                                 w_rows_copied ? ws + oB : NULL,
+    r->rowpop_under_copy = r->rowterms && r->terms_first && word_pixels(r->px);
+    // A B1 y: the GEMM packs the bits itself where it can, else writes sign codes for the packer.
+    r->ep.binary = r->binary;
+    r->ep.g = r->px.g;
+    dview_make(&c->y, &r->ep.y);
+    r->sign_codes = c->y.dtype == BIE_DTYPE_B1 && !bie_cuda_gemm_packs_bits(ctx, M, N, zp, r->ep);
+    fwd_workspace(r);
+    return BIE_STATUS_OK;
+}
+
+// The route in words (the GEMM as bie_cuda_gemm picks it), for bie_plan_describe.
+void fwd_route_describe(bie_context_t * ctx, const struct bie_layer_call * c, const fwd_route & r) {
+    const bool zp = r.zero_pad_fix;
+    const char * gemm = r.gemm_counts ? "few-rows split-K (mma.sync)"
+                        : bie_cuda_gemm_takes_wgmma(ctx, r.M, zp) ? "wgmma" : "mma.sync";
+    const char * x = r.x_direct ? "B1 rows read in place"
+                     : r.gather ? (r.pixels ? "packed into NHWC bit pixels, rows gathered by the GEMM"
+                                            : "NHWC bit pixels gathered by the GEMM in place")
+                     : r.pixels ? "packed into pixels, then im2col rows" : "packed into GEMM rows";
+    const char * w = r.w_direct                          ? "B1 rows read in place"
+                     : zp && b1_weight_rows(r.pw, r.N) ? "B1 rows copied with the border terms"
+                                                         : "packed into GEMM rows";
+    const char * pops = r.gemm_rows ? "counted by the GEMM" : r.rowterms ? "row terms kernel"
+                        : r.gemm_counts ? "by the GEMM" : "by the packers";
+    const char * y = c->y.dtype != BIE_DTYPE_B1 ? bie_dtype_name(c->y.dtype)
+                     : r.sign_codes ? "sign codes, then packed" : "B1 packed by the GEMM";
+    snprintf(c->plan->route, sizeof c->plan->route,
+             "cuda:%d, %s GEMM %lld x %lld x %lld bytes; x: %s; weight: %s; row popcounts: %s%s; y: %s",
+             (int)c->device_index, gemm, (long long)r.M, (long long)r.N, (long long)r.kbytes, x, w, pops,
+             zp ? "; zero padding by border classes" : "", y);
+    c->plan->workspace = r.total;
+}
+
+// Packs the operands and makes the epilogue's terms, in the route's order; fills ep's terms.
+enum bie_status fwd_operands(bie_context_t * ctx, const struct bie_layer_call * c, fwd_route & r, uint8_t * ws,
+                             cudaStream_t stream, gemm_gather * gs, const uint8_t ** Am, const uint8_t ** Bm) {
+    const struct bie_geometry & g = c->g;
+    const int64_t M = r.M, N = r.N, kbytes = r.kbytes;
+    const bool zp = r.zero_pad_fix;
+    int * rowpop = (int *)(ws + r.off[W_ROW]), * colpop = (int *)(ws + r.off[W_COL]),
+        * tappop = r.taps > WT_SMEM_TAPS ? (int *)(ws + r.off[W_TAP]) : NULL, // (else weight_terms keeps them in shared memory)
+        * tapcorr = (int *)(ws + r.off[W_CORR]), * colcls = (int *)(ws + r.off[W_CLS]);
+    // the zero-padding terms of gathered rows: per row (rowterms) or per pixel (gemm_rows)
+    int2 * const rowterm_p = r.rowterms && zp ? (int2 *)(ws + r.off[W_ROWTERM]) : NULL,
+         * const pixcls_p = r.gemm_rows && zp ? (int2 *)(ws + r.off[W_PIXCLS]) : NULL;
+    *Am = r.x_direct ? (const uint8_t *)c->x.data : ws + r.off[W_A];
+    *Bm = r.w_direct ? (const uint8_t *)c->weight.data : ws + r.off[W_B];
+    weight_terms_args wt_args = {r.w_rows_copied ? (const uint8_t *)c->weight.data : *Bm,
+                                 r.w_rows_copied ? (N == 1 ? g.K / 8 : r.pw.t.stride[0] / 8) : r.ldb,
+                                 r.w_rows_copied ? ws + r.off[W_B] : NULL,
                                  kbytes,
                                  tappop,
-                                 w_rows_copied || (w_direct && !gemm_counts) ? colpop : NULL,
+                                 r.w_rows_copied || (r.w_direct && !r.gemm_counts) ? colpop : NULL,
                                  tapcorr,
                                  colcls,
                                  (int)BIE_COLCLS_LD(N),
                                  pixcls_p,
-                                 px.g,
-                                 {border[0], border[1], border[2], border[3]}};
-    if (zero_pad_fix && classes * BIE_COLCLS_LD(N) > INT32_MAX) // (the epilogue's 32-bit offsets in colcls)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "zero padding: border classes x output channels past 2^31");
+                                 r.px.g,
+                                 {r.border[0], r.border[1], r.border[2], r.border[3]}};
     // Operands read in place only need their popcounts: those of both are counted in one launch,
     // after any packing.
-    const popc_rows xrows = {Am, x_direct && !gemm_counts ? M : 0, kbytes, rowpop};
-    const popc_rows wrows = {Bm, w_direct && !gemm_counts && !zero_pad_fix ? N : 0, ldb, colpop};
-    if (terms_first) BIE_TRY(launch_weight_terms(ctx, wt_args, N, taps, g.K, false));
-    gemm_gather gs;
+    const popc_rows xrows = {*Am, r.x_direct && !r.gemm_counts ? M : 0, kbytes, rowpop};
+    const popc_rows wrows = {*Bm, r.w_direct && !r.gemm_counts && !zp ? N : 0, r.ldb, colpop};
+    if (r.terms_first) BIE_TRY(launch_weight_terms(ctx, wt_args, N, r.taps, g.K, false));
     // (the few-rows GEMM counts the row popcounts itself: the packers skip them)
-    if (!x_direct && !gather)
-        BIE_TRY(pack_any(ctx, st->stream, px, M, kbytes, ws + oA, gemm_counts ? NULL : rowpop, pixels ? ws + oPix : NULL));
-    if (terms_under_x) BIE_TRY(launch_weight_terms(ctx, wt_args, N, taps, g.K, true));
-    if (!w_direct && !w_rows_copied) BIE_TRY(pack_any(ctx, st->stream, pw, N, kbytes, ws + oB, colpop, NULL));
-    if (gather) { // after the weight, so that the last kernel before the GEMM writes terms only
-        BIE_TRY(gather_source(ctx, st->stream, px, ws + oPix, &gs));
+    if (!r.x_direct && !r.gather)
+        BIE_TRY(pack_any(ctx, stream, r.px, M, kbytes, ws + r.off[W_A], r.gemm_counts ? NULL : rowpop,
+                         r.pixels ? ws + r.off[W_PIX] : NULL));
+    if (r.terms_under_x) BIE_TRY(launch_weight_terms(ctx, wt_args, N, r.taps, g.K, true));
+    if (!r.w_direct && !r.w_rows_copied) BIE_TRY(pack_any(ctx, stream, r.pw, N, kbytes, ws + r.off[W_B], colpop, NULL));
+    if (r.gather) { // after the weight, so that the last kernel before the GEMM writes terms only
+        BIE_TRY(gather_source(ctx, stream, r.px, ws + r.off[W_PIX], gs));
         // (right after weight_terms, when x needs no packing, it may start under that kernel)
-        if (rowterms) BIE_TRY(bie_cuda_conv_rowpop(ctx, gs, px.g, rowpop, rowterm_p, border, rowpop_under_copy));
+        if (r.rowterms)
+            BIE_TRY(bie_cuda_conv_rowpop(ctx, *gs, r.px.g, rowpop, rowterm_p, r.border, r.rowpop_under_copy));
     }
     if (xrows.rows || wrows.rows)
-        BIE_TRY(launch_row_popcounts(ctx, st->stream, xrows.rows ? xrows : wrows, xrows.rows ? wrows : NO_ROWS, g.K,
+        BIE_TRY(launch_row_popcounts(ctx, stream, xrows.rows ? xrows : wrows, xrows.rows ? wrows : NO_ROWS, g.K,
                                      "operand popcounts"));
-    if (zero_pad_fix && !w_rows_copied) BIE_TRY(launch_weight_terms(ctx, wt_args, N, taps, g.K, false));
+    if (zp && !r.w_rows_copied) BIE_TRY(launch_weight_terms(ctx, wt_args, N, r.taps, g.K, false));
 
-    ep.rowpop = gemm_rows ? NULL : rowpop;
+    gemm_epilogue & ep = r.ep;
+    ep.rowpop = r.gemm_rows ? NULL : rowpop;
     ep.colpop = colpop;
-    ep.tapcorr = zero_pad_fix ? tapcorr : NULL;
-    ep.colcls = zero_pad_fix ? colcls : NULL;
+    ep.tapcorr = zp ? tapcorr : NULL;
+    ep.colcls = zp ? colcls : NULL;
     ep.colcls_ld = (int)BIE_COLCLS_LD(N);
     ep.rowterms = rowterm_p;
     ep.pixcls = pixcls_p;
-    for (int i = 0; i < 4; i++) ep.border[i] = border[i];
-    ep.sa = px.s;
-    ep.sw = pw.s;
-    ep.sign = sign_codes ? (int8_t *)(ws + oSign) : NULL;
-    ep.ldb = ldb;
+    for (int i = 0; i < 4; i++) ep.border[i] = r.border[i];
+    ep.sa = r.px.s;
+    ep.sw = r.pw.s;
+    ep.sign = r.sign_codes ? (int8_t *)(ws + r.off[W_SIGN]) : NULL;
+    ep.ldb = r.ldb;
     // The last kernel before the GEMM wrote terms only: the tap tables (of a weight packed before),
     // the popcounts of an operand read in place (which are counted after any packing), or the row
     // popcounts of gathered rows. A GEMM that counts its gathered rows itself may instead follow
@@ -224,10 +288,31 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     // start at once, or a packer); the row popcounts may have started under a weight_terms that
     // copied the weight; and a weight_terms that copies it may follow the packer of x. Then the
     // GEMM's producer waits for the kernel before it.
-    ep.terms_last = (zero_pad_fix && !w_rows_copied) || xrows.rows || wrows.rows || rowterms;
-    ep.operands_last = gemm_rows ? !ep.terms_last : rowpop_under_copy || terms_under_x;
-    BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, M, N, kbytes, ep, gather ? &gs : NULL));
-    if (sign_codes) BIE_TRY(bie_cuda_store_packed(ctx, ep.sign, ep.y));
+    ep.terms_last = (zp && !r.w_rows_copied) || xrows.rows || wrows.rows || r.rowterms;
+    ep.operands_last = r.gemm_rows ? !ep.terms_last : r.rowpop_under_copy || r.terms_under_x;
+    return BIE_STATUS_OK;
+}
+
+} // namespace
+
+extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const struct bie_layer_call * c) {
+    struct bie_cuda_state * st;
+    BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
+    fwd_route r;
+    BIE_TRY(fwd_route_make(ctx, c, &r));
+    if (c->plan) {
+        fwd_route_describe(ctx, c, r);
+        return BIE_STATUS_OK;
+    }
+    uint8_t * ws;
+    BIE_TRY(bie_cuda_workspace(ctx, r.total, (void **)&ws));
+    if (r.zero_pad_fix && r.classes * BIE_COLCLS_LD(r.N) > INT32_MAX) // (the epilogue's 32-bit offsets in colcls)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "zero padding: border classes x output channels past 2^31");
+    gemm_gather gs;
+    const uint8_t *Am, *Bm;
+    BIE_TRY(fwd_operands(ctx, c, r, ws, st->stream, &gs, &Am, &Bm));
+    BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, r.M, r.N, r.kbytes, r.ep, r.gather ? &gs : NULL));
+    if (r.sign_codes) BIE_TRY(bie_cuda_store_packed(ctx, r.ep.sign, r.ep.y));
     return BIE_STATUS_OK;
 }
 
@@ -240,15 +325,8 @@ extern "C" enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const stru
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
     const int64_t M = c->g.batch, K = c->g.K;
-    pack_src p;
-    p.bias_period = 0;
-    dview_make(&c->x, &p.t);
-    p.bias.data = NULL;
-    if (c->bias_a.data) dview_make(&c->bias_a, &p.bias);
-    p.g = dgeom_make(c->g);
-    p.is_weight = 0;
+    pack_src p = x_source(c);
     p.quant = BIE_QUANT_BINARY;
-    p.s = dscale_make(c, true);
     struct dview vb, vm;
     vb.data = vm.data = NULL;
     if (bits) dview_make(bits, &vb);

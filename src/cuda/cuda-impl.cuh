@@ -111,6 +111,17 @@ struct dview {
     int64_t stride[4];
 };
 
+// A workspace laid out as consecutive regions of size[i] bytes (0: absent), each 256-byte aligned
+// (the layers' routes list their regions in a table): sets off[i] and returns the total.
+static inline size_t ws_layout(const size_t * size, size_t * off, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = total;
+        total = (total + size[i] + 255) & ~(size_t)255;
+    }
+    return total;
+}
+
 // Converts a host-side view (ndim <= 4) into a kernel view; false if ndim > 4.
 static inline bool dview_make(const struct bie_tensor * t, struct dview * v) {
     if (t->ndim > 4) return false;

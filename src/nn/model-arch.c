@@ -78,6 +78,35 @@ const char * bie_model_kind_name(const struct layer * L) {
     return "?";
 }
 
+// "conv Q OUT K [STRIDE [PAD]] [bias]" (layer li, of input shape in) into L; PAD defaults to K/2
+// ("same" for odd K at stride 1).
+static enum bie_status parse_conv(bie_context_t * ctx, long long li, char ** w, int nw, const int64_t * in,
+                                  struct layer * L) {
+    int64_t o, k, s = 1, p;
+    L->has_bias = nw > 4 && !strcmp(w[nw - 1], "bias");
+    nw -= L->has_bias;
+    if (nw < 4 || nw > 6 || !parse_q(w[1], &L->q) || !parse_int(w[2], 1, 65536, &o) ||
+        !parse_int(w[3], 1, 15, &k))
+        BIE_FAIL("arch: layer %lld: expected \"conv f32|b1|q4|q8 OUT K [STRIDE [PAD]] [bias]\"", li);
+    p = k / 2;
+    if (nw > 4 && !parse_int(w[4], 1, 8, &s)) BIE_FAIL("arch: layer %lld: stride must be in [1, 8]", li);
+    if (nw > 5 && !parse_int(w[5], 0, k, &p)) BIE_FAIL("arch: layer %lld: padding must be in [0, K]", li);
+    if (in[1] + 2 * p < k || in[2] + 2 * p < k)
+        BIE_FAIL("arch: layer %lld: a %lldx%lld kernel does not fit the %lldx%lld input", li, (long long)k, (long long)k,
+             (long long)in[1], (long long)in[2]);
+    L->kind = L_CONV;
+    L->O = o;
+    L->C = in[0];
+    L->k = k;
+    L->stride = s;
+    L->pad = p;
+    L->K = in[0] * k * k;
+    L->out[0] = o;
+    L->out[1] = (in[1] + 2 * p - k) / s + 1;
+    L->out[2] = (in[2] + 2 * p - k) / s + 1;
+    return BIE_STATUS_OK;
+}
+
 // One item: the words w[0..nw) without the "@" words, whose values are in src[0..ns). shapes[v]
 // is the per-sample shape of value v. *version is raised to what the item needs.
 static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, int nw, const int32_t * src, int ns,
@@ -97,29 +126,7 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
     memcpy(L->in, in, sizeof L->in);
     memcpy(L->out, in, sizeof L->out);
     if (!strcmp(kind, "conv")) {
-        // conv Q OUT K [STRIDE [PAD]] [bias]; PAD defaults to K/2 ("same" for odd K at stride 1)
-        int64_t o, k, s = 1, p;
-        L->has_bias = nw > 4 && !strcmp(w[nw - 1], "bias");
-        nw -= L->has_bias;
-        if (nw < 4 || nw > 6 || !parse_q(w[1], &L->q) || !parse_int(w[2], 1, 65536, &o) ||
-            !parse_int(w[3], 1, 15, &k))
-            BIE_FAIL("arch: layer %lld: expected \"conv f32|b1|q4|q8 OUT K [STRIDE [PAD]] [bias]\"", li);
-        p = k / 2;
-        if (nw > 4 && !parse_int(w[4], 1, 8, &s)) BIE_FAIL("arch: layer %lld: stride must be in [1, 8]", li);
-        if (nw > 5 && !parse_int(w[5], 0, k, &p)) BIE_FAIL("arch: layer %lld: padding must be in [0, K]", li);
-        if (in[1] + 2 * p < k || in[2] + 2 * p < k)
-            BIE_FAIL("arch: layer %lld: a %lldx%lld kernel does not fit the %lldx%lld input", li, (long long)k, (long long)k,
-                 (long long)in[1], (long long)in[2]);
-        L->kind = L_CONV;
-        L->O = o;
-        L->C = in[0];
-        L->k = k;
-        L->stride = s;
-        L->pad = p;
-        L->K = in[0] * k * k;
-        L->out[0] = o;
-        L->out[1] = (in[1] + 2 * p - k) / s + 1;
-        L->out[2] = (in[2] + 2 * p - k) / s + 1;
+        BIE_TRY(parse_conv(ctx, li, w, nw, in, L));
     } else if (!strcmp(kind, "linear")) {
         int64_t o;
         L->has_bias = nw == 4 && !strcmp(w[3], "bias");
