@@ -91,13 +91,6 @@ enum bie_status bie_cuda_cublas(bie_context_t * ctx, cublasHandle_t * out);
         cudaError_t e_ = (expr);                                                                   \
         if (e_ != cudaSuccess) return bie_cuda_fail(ctx, e_, what);                                \
     } while (0)
-#ifndef BIE_TRY // (bie-impl.h defines it too)
-#define BIE_TRY(expr)                                                                              \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) return s_;                                                        \
-    } while (0)
-#endif
 #define LAUNCHED(ctx, what) BIE_TRY(bie_cuda_check_launch(ctx, what))
 
 // A tensor view passed to kernels by value (up to 4 dims, right-aligned: a view of ndim < 4 fills

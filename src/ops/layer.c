@@ -243,38 +243,23 @@ struct job {
 };
 
 // Backend b's slot for the job, or BIE_DECLINED when it has none.
-static enum bie_status run_slot(bie_context_t * ctx, const struct bie_backend_ops * b, const struct job * j) {
+static enum bie_status run_slot(bie_context_t * ctx, const struct bie_backend_ops * b, const void * job) {
+    const struct job * j = job;
     if (j->kind == JOB_FORWARD) return b->layer_forward ? b->layer_forward(ctx, j->c) : BIE_DECLINED;
     if (j->kind == JOB_BACKWARD) return b->layer_backward ? b->layer_backward(ctx, j->c) : BIE_DECLINED;
     return b->binarize_ste ? b->binarize_ste(ctx, j->c, j->bits, j->mask) : BIE_DECLINED;
 }
 
-// A declined job's status and message ("... for this binary linear forward").
-static enum bie_status declined(bie_context_t * ctx, enum bie_status status, const char * what, const struct job * j) {
-    if (j->kind == JOB_BINARIZE_STE) return bie_set_error(ctx, status, "%s bie_binarize_ste", what);
-    return bie_set_error(ctx, status, "%s this %s %s %s", what, quant_name(j->c->quant),
-                         j->c->is_conv ? "conv2d" : "linear", j->kind == JOB_BACKWARD ? "backward" : "forward");
-}
-
-// CUDA tensors go to the CUDA backend (which never falls back to the host); CPU tensors to the CPU
-// backend, then the reference where it declines (the reference only, for a BIE_BACKEND_REF context).
+// The job on its backends (bie_dispatch), named in messages as "this binary linear forward" or
+// "bie_binarize_ste".
 static enum bie_status dispatch(bie_context_t * ctx, const struct job * j) {
-    enum bie_status s = BIE_DECLINED;
-    if (j->c->device_type == BIE_DEVICE_CUDA) {
-        const struct bie_cuda_plugin * cuda;
-        BIE_TRY(bie_cuda_plugin_get(ctx, "x", &cuda));
-        s = run_slot(ctx, &cuda->backend, j);
-        if (s == BIE_DECLINED) s = declined(ctx, BIE_STATUS_UNSUPPORTED, "cuda: no kernel for", j);
-        return s;
-    }
-    if (ctx->params.backend == BIE_BACKEND_CUDA)
-        BIE_FAIL("x: is a CPU tensor but the context's backend is CUDA");
-    const struct bie_backend_ops * order[2] = {&bie_cpu_backend, &bie_ref_backend};
-    for (int i = ctx->params.backend == BIE_BACKEND_REF ? 1 : 0; i < 2 && s == BIE_DECLINED; i++)
-        s = run_slot(ctx, order[i], j);
-    if (s == BIE_DECLINED) s = declined(ctx, BIE_STATUS_INTERNAL, "no CPU implementation for", j);
-    if (s == BIE_STATUS_OK) bie_clear_error(ctx);
-    return s;
+    char what[64];
+    if (j->kind == JOB_BINARIZE_STE)
+        snprintf(what, sizeof what, "bie_binarize_ste");
+    else
+        snprintf(what, sizeof what, "this %s %s %s", quant_name(j->c->quant), j->c->is_conv ? "conv2d" : "linear",
+                 j->kind == JOB_BACKWARD ? "backward" : "forward");
+    return bie_dispatch(ctx, j->c->device_type, run_slot, j, what);
 }
 
 enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_linear_desc * lin,

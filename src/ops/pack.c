@@ -3,6 +3,7 @@
 #include "bie-cuda-plugin.h"
 
 #include <math.h>
+#include <stdio.h>
 
 
 static bool is_packed(enum bie_dtype d) {
@@ -36,32 +37,26 @@ static enum bie_status common(bie_context_t * ctx, const struct bie_tensor * src
     return bie_check_outputs(ctx, &dst, dst_name, 1, ins, in_names, 2);
 }
 
-typedef enum bie_status (*pack_fn)(bie_context_t *, const struct bie_tensor *, float,
-                                   const struct bie_tensor *);
+// A pack or unpack job (bie_dispatch runs it on the backends that have the slot).
+struct pack_job {
+    const struct bie_tensor * src, * dst;
+    float scale;
+    bool unpack;
+};
+static enum bie_status run_slot(bie_context_t * ctx, const struct bie_backend_ops * b, const void * job) {
+    const struct pack_job * j = job;
+    enum bie_status (*f)(bie_context_t *, const struct bie_tensor *, float, const struct bie_tensor *) =
+        j->unpack ? b->unpack : b->pack;
+    return f ? f(ctx, j->src, j->scale, j->dst) : BIE_DECLINED;
+}
 
 static enum bie_status run(bie_context_t * ctx, const struct bie_tensor * src, float scale,
                            const struct bie_tensor * dst, bool unpack) {
-    enum bie_status s = BIE_DECLINED;
-    if (src->device_type == BIE_DEVICE_CUDA) {
-        const struct bie_cuda_plugin * cuda;
-        BIE_TRY(bie_cuda_plugin_get(ctx, "src", &cuda));
-        pack_fn f = unpack ? cuda->backend.unpack : cuda->backend.pack;
-        if (f) s = f(ctx, src, scale, dst);
-        if (s == BIE_DECLINED)
-            s = bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: no %s kernel for %s -> %s",
-                              unpack ? "unpack" : "pack", bie_dtype_name(src->dtype),
-                              bie_dtype_name(dst->dtype));
-        if (s == BIE_STATUS_OK) bie_clear_error(ctx);
-        return s;
-    }
-    const struct bie_backend_ops * order[2] = {&bie_cpu_backend, &bie_ref_backend};
-    for (int i = ctx->params.backend == BIE_BACKEND_REF ? 1 : 0; i < 2 && s == BIE_DECLINED; i++) {
-        pack_fn f = unpack ? order[i]->unpack : order[i]->pack;
-        if (f) s = f(ctx, src, scale, dst);
-    }
-    if (s == BIE_DECLINED) s = bie_set_error(ctx, BIE_STATUS_INTERNAL, "no CPU pack implementation");
-    if (s == BIE_STATUS_OK) bie_clear_error(ctx);
-    return s;
+    char what[64];
+    snprintf(what, sizeof what, "%s %s -> %s", unpack ? "unpack" : "pack", bie_dtype_name(src->dtype),
+             bie_dtype_name(dst->dtype));
+    const struct pack_job j = {src, dst, scale, unpack};
+    return bie_dispatch(ctx, src->device_type, run_slot, &j, what);
 }
 
 enum bie_status bie_pack(bie_context_t * ctx, const struct bie_tensor * src,
