@@ -126,12 +126,17 @@ enum bie_backend {
 };
 
 // Caps the CPU instruction set used by the optimised CPU backend. The environment variable
-// BIE_CPU_ISA=scalar|avx2|avx512|avx512vpopcnt caps it too (the lower of the two wins).
+// BIE_CPU_ISA=NAME (a level's name, bie_cpu_isa_name) caps it too (the lower of the two wins).
+// The levels are ordered, each with the instructions of the ones below it. Later versions may add
+// levels between the last one and BIE_CPU_ISA_BEST (and name them): a program that lets its user
+// choose one should take the name and convert it with bie_cpu_isa_from_name rather than list the
+// values itself.
 enum bie_cpu_isa {
     BIE_CPU_ISA_SCALAR = 0,
     BIE_CPU_ISA_AVX2 = 1,
-    BIE_CPU_ISA_AVX512 = 2,          // AVX-512 F/BW/VL
-    BIE_CPU_ISA_AVX512_VPOPCNT = 3,  // plus VPOPCNTDQ and BITALG
+    BIE_CPU_ISA_AVX512 = 2,          // AVX-512 F/BW/VL ("avx512")
+    BIE_CPU_ISA_AVX512_VPOPCNT = 3,  // plus VPOPCNTDQ and BITALG ("avx512vpopcnt")
+    BIE_CPU_ISA_AVX512_VNNI = 4,     // plus AVX512-VNNI, the n-bit dot products on bytes ("avx512vnni")
     BIE_CPU_ISA_BEST = 100,
 };
 
@@ -163,6 +168,9 @@ BIE_API enum bie_status bie_context_set_num_threads(bie_context_t * ctx, int32_t
 // The ISA the CPU backend of this context uses after capping, and its name.
 BIE_API enum bie_cpu_isa bie_context_cpu_isa(const bie_context_t * ctx);
 BIE_API const char * bie_cpu_isa_name(enum bie_cpu_isa isa);
+// The level named `name` ("scalar", "avx2", ..., "best"; see bie_cpu_isa_name) into *out;
+// BIE_STATUS_INVALID_ARGUMENT for a name that names none (*out unchanged).
+BIE_API enum bie_status bie_cpu_isa_from_name(const char * name, enum bie_cpu_isa * out);
 
 // Reserves workspace so later calls with shapes up to this size do not allocate.
 BIE_API enum bie_status bie_context_reserve(bie_context_t * ctx, enum bie_device_type device,

@@ -36,7 +36,8 @@ struct bie_cuda_state; // owned by src/cuda (the CUDA plugin)
 
 struct bie_context {
     struct bie_context_params params;
-    enum bie_cpu_isa isa; // after capping by params and BIE_CPU_ISA
+    enum bie_cpu_isa isa;     // after capping by params and BIE_CPU_ISA
+    enum bie_cpu_isa isa_cap; // params.max_isa capped by BIE_CPU_ISA (the machine's level aside)
     char error[BIE_ERROR_CAP];
     void * host_ws; // host workspace, grown on demand, 64-byte aligned
     size_t host_ws_size;
@@ -260,6 +261,10 @@ extern const struct bie_backend_ops bie_cpu_backend;
 
 // CPU ISA detection (src/core/cpu-isa.c).
 enum bie_cpu_isa bie_cpu_isa_cap_from_env(enum bie_cpu_isa isa);
+// Whether kernels may use AVX512-VNNI under the cap `cap` (a context's isa_cap): the machine has it
+// and the cap is BIE_CPU_ISA_AVX512_VNNI or above. (Some AVX-512 machines have it without the
+// VPOPCNT level: the weight-quantised layers use it there, under the AVX512 level.)
+bool bie_cpu_has_vnni(enum bie_cpu_isa cap);
 
 // Advances a multi-index over t's shape (row-major order); false once it wraps to all zeros.
 // Start with idx all zeros; a 0-dim tensor yields exactly one index.

@@ -223,7 +223,7 @@ static void check_case(struct fcase * fc, bie_context_t * ref, bie_context_t ** 
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    bie_context_t * ref, * cpu[4];
+    bie_context_t * ref, * cpu[CPU_TEST_LEVELS];
     const int nlev = cpu_test_contexts(&ref, cpu, 2);
     bie_context_t * cpu1 = cpu_test_ctx(BIE_BACKEND_CPU, BIE_CPU_ISA_BEST, 1);
     const bool quick = cpu_test_quick();

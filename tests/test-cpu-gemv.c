@@ -231,14 +231,14 @@ static void free_case(struct gcase * gc) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    enum bie_cpu_isa levels[4];
+    enum bie_cpu_isa levels[CPU_TEST_LEVELS];
     const int nlev = cpu_test_levels(levels);
     const bool quick = cpu_test_quick();
     test_kernels(levels, nlev, quick);
 
     bie_cpu_gemv_bytes_per_thread = 1; // every thread takes part whenever there are blocks for it
     bie_context_t * ref = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
-    bie_context_t * cpu[12];
+    bie_context_t * cpu[CPU_TEST_LEVELS * 3];
     int nctx = 0;
     for (int l = 0; l < nlev; l++)
         for (int t = 1; t <= 3; t++) cpu[nctx++] = cpu_test_ctx(BIE_BACKEND_CPU, levels[l], t);

@@ -32,7 +32,7 @@ static struct bie_tensor make(enum bie_dtype d, int nd, const int64_t * shape, b
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    enum bie_cpu_isa levels[4];
+    enum bie_cpu_isa levels[CPU_TEST_LEVELS];
     const int nlev = cpu_test_levels(levels);
     bie_context_t * ref = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
     const int iters = cpu_test_quick() ? 40 : 300;

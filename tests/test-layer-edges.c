@@ -208,7 +208,7 @@ static void test_scale_product(bie_context_t * ctx) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    bie_context_t * ref, * cpu[4];
+    bie_context_t * ref, * cpu[CPU_TEST_LEVELS];
     const int nlev = cpu_test_contexts(&ref, cpu, 2);
     test_row_grad_weight(ref, cpu, nlev);
     test_overflow_grad_scale(ref, cpu, nlev);

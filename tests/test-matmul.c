@@ -154,9 +154,9 @@ static void check_errors(bie_context_t * ctx) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    enum bie_cpu_isa levels[4];
+    enum bie_cpu_isa levels[CPU_TEST_LEVELS];
     const int n = cpu_test_levels(levels);
-    bie_context_t * cpus[4];
+    bie_context_t * cpus[CPU_TEST_LEVELS];
     for (int i = 0; i < n; i++) cpus[i] = cpu_test_ctx(BIE_BACKEND_CPU, levels[i], (int)test_rand_int(1, 3));
     bie_context_t * ref = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
     check_by_hand(ref);

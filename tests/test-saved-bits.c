@@ -361,9 +361,9 @@ static void test_errors(bie_context_t * ctx) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    enum bie_cpu_isa levels[4];
+    enum bie_cpu_isa levels[CPU_TEST_LEVELS];
     const int nlev = cpu_test_levels(levels);
-    bie_context_t * ctxs[6];
+    bie_context_t * ctxs[CPU_TEST_LEVELS + 2];
     int nctx = 0;
     ctxs[nctx++] = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
     for (int l = 0; l < nlev; l++) ctxs[nctx++] = cpu_test_ctx(BIE_BACKEND_CPU, levels[l], 2);

@@ -38,6 +38,7 @@ enum bie_status bie_context_create(const struct bie_context_params * params,
     if (!ctx) return BIE_STATUS_OUT_OF_MEMORY;
     ctx->params = p;
     ctx->isa = cap_isa(p.max_isa);
+    ctx->isa_cap = bie_cpu_isa_cap_from_env(p.max_isa);
     ctx->mem_limit = BIE_DEFAULT_MEMORY_LIMIT;
     *out_ctx = ctx;
     return BIE_STATUS_OK;

@@ -6,30 +6,12 @@
 #include <stdio.h>
 
 #include <omp.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
-// AVX512-VNNI: CPUID leaf 7, ECX bit 11 (the OS support for ZMM state is part of the AVX-512 levels).
-static bool has_avx512_vnni(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a, b, c, d;
-    if (__get_cpuid_max(0, NULL) < 7) return false;
-    __cpuid_count(7, 0, a, b, c, d);
-    return (c >> 11) & 1;
-#else
-    return false;
-#endif
-}
 
 const struct cpu_kernels * bie_cpu_kernels(enum bie_cpu_isa isa) {
     if (isa > bie_cpu_isa_detected()) isa = bie_cpu_isa_detected();
     switch (isa) {
-    case BIE_CPU_ISA_AVX512_VPOPCNT: {
-        static int vnni = -1; // benign race: every thread computes the same value
-        if (vnni < 0) vnni = has_avx512_vnni();
-        return vnni ? &bie_cpu_kernels_avx512vpopcnt_vnni : &bie_cpu_kernels_avx512vpopcnt;
-    }
+    case BIE_CPU_ISA_AVX512_VNNI: return &bie_cpu_kernels_avx512vpopcnt_vnni;
+    case BIE_CPU_ISA_AVX512_VPOPCNT: return &bie_cpu_kernels_avx512vpopcnt;
     case BIE_CPU_ISA_AVX512: return &bie_cpu_kernels_avx512;
     case BIE_CPU_ISA_AVX2: return &bie_cpu_kernels_avx2;
     default: return &bie_cpu_kernels_scalar;

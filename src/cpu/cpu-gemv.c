@@ -24,8 +24,8 @@ size_t bie_cpu_gemv_bytes_per_thread = (size_t)96 << 10;
 
 const struct cpu_gemv_kernels * bie_cpu_gemv_kernels(const struct cpu_kernels * kern) {
     switch (kern->isa) {
-    case BIE_CPU_ISA_AVX512_VPOPCNT:
-        return kern->u8s8_exact ? &bie_cpu_gemv_avx512vpopcnt_vnni : &bie_cpu_gemv_avx512vpopcnt;
+    case BIE_CPU_ISA_AVX512_VNNI: return &bie_cpu_gemv_avx512vpopcnt_vnni;
+    case BIE_CPU_ISA_AVX512_VPOPCNT: return &bie_cpu_gemv_avx512vpopcnt;
     case BIE_CPU_ISA_AVX512: return &bie_cpu_gemv_avx512;
     case BIE_CPU_ISA_AVX2: return &bie_cpu_gemv_avx2;
     default: return &bie_cpu_gemv_scalar;

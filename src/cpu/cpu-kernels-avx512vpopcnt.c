@@ -46,7 +46,7 @@ __attribute__((target("avx512vnni"))) static void u4s4_tile_4x4_vnni(const uint8
 }
 
 const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt_vnni = {
-    .isa = BIE_CPU_ISA_AVX512_VPOPCNT,
+    .isa = BIE_CPU_ISA_AVX512_VNNI,
     .bin = {.nr = 16, .split = false, .tile = bin_tile_4x16},
     .u8s8_exact = true, // vpdpbusd: no int16 intermediate, so the 8-bit layers use the byte tile
     .u4s4_tile = u4s4_tile_4x4_vnni,

@@ -24,11 +24,8 @@
 static const struct cpu_wq_kernels * wq_kernels(const bie_context_t * ctx) {
     enum bie_cpu_isa isa = ctx->isa;
     if (isa > bie_cpu_isa_detected()) isa = bie_cpu_isa_detected();
-    if (isa >= BIE_CPU_ISA_AVX512) {
-        static int vnni = -1; // benign race: every thread computes the same value
-        if (vnni < 0) vnni = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
-        return vnni ? &bie_cpu_wq_kernels_avx512_vnni : &bie_cpu_wq_kernels_avx512;
-    }
+    if (isa >= BIE_CPU_ISA_AVX512)
+        return bie_cpu_has_vnni(ctx->isa_cap) ? &bie_cpu_wq_kernels_avx512_vnni : &bie_cpu_wq_kernels_avx512;
     return isa >= BIE_CPU_ISA_AVX2 ? &bie_cpu_wq_kernels_avx2 : NULL;
 }
 
