@@ -9,6 +9,7 @@
 #pragma once
 
 #include "bie.h"
+#include "bie-train.h"
 
 #include <stdarg.h>
 #include <stdbool.h>

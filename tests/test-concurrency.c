@@ -10,6 +10,7 @@
 // thread counts are 1 so that only the threads of this test run (libgomp and OpenBLAS are not
 // instrumented).
 #define _GNU_SOURCE
+#include "bie-train.h"
 #include "test-util.h"
 
 #include <dlfcn.h>

@@ -9,6 +9,7 @@
 // - a call made while another thread is inside a call on the same context is refused, with its
 //   own message, and the other thread's call is unharmed.
 #include "test-child.h"
+#include "bie-train.h"
 #include "test-util.h"
 
 #include <pthread.h>

@@ -12,6 +12,7 @@
 // Memory bounds are measured in child processes (getrusage's peak RSS).
 #define _GNU_SOURCE
 #include "test-child.h"
+#include "bie-train.h"
 #include "test-util.h"
 
 #include <dirent.h>

@@ -2,6 +2,7 @@
 // test-io-idx.c: the IDX reader on raw and gzip images: valid files parse to the right shape and
 // bytes; wrong magic, unsupported types, bad ranks, zero dimensions, truncated or padded data and
 // corrupt or truncated gzip streams are FORMAT_ERRORs whose message names the file.
+#include "bie-train.h"
 #include "test-util.h"
 
 #include <unistd.h>

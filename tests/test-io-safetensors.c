@@ -2,6 +2,7 @@
 // test-io-safetensors.c: the safetensors writer and reader round trip, and the reader rejects
 // every kind of hostile header: bad lengths, bad JSON, bad dtypes, shapes and offsets, overlaps,
 // holes, duplicates, non-string metadata. Plus the strict JSON parser's corner cases.
+#include "bie-train.h"
 #include "test-util.h"
 #include "io/json.h"
 

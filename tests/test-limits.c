@@ -2,6 +2,7 @@
 // test-limits.c: size arithmetic at the ends of int64 and the documented limits (docs/limits.md):
 // every overflow is an error status, never a wrapped size (and never undefined behaviour: the
 // ASan/UBSan build runs this too).
+#include "bie-train.h"
 #include "test-util.h"
 
 static void test_tensor_sizes(void) {

@@ -5,6 +5,7 @@
 // central finite differences of the double oracle), adds, and batch norm's inference affine map
 // (bit-identical to bie_batchnorm_forward in eval mode). Shapes are random; a failure prints the
 // seed (BIE_TEST_SEED replays it) and the shape.
+#include "bie-train.h"
 #include "test-util.h"
 #include "nn/graph-ops.h"
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // test-nn-ops.c: batch norm, max-pooling, activations and softmax cross-entropy against plain
 // double-precision oracles, and their gradients against central finite differences.
+#include "bie-train.h"
 #include "test-util.h"
 
 // Float tolerance of a result computed in f32 from O(1) inputs through sums of m terms:

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // test-nn-optim.c: Adam against a double-precision transcription of its update, and Diode's
 // sign-flip rule (Bitorch Engine's DiodeMix for int8 latent binary weights) step by step.
+#include "bie-train.h"
 #include "test-util.h"
 
 static void test_adam(bie_context_t * ctx) {

@@ -11,7 +11,7 @@
 // reduction runs in a fixed order inside one thread: results do not depend on the thread count.
 #pragma once
 
-#include "bie.h"
+#include "bie-train.h"
 
 #include <stdbool.h>
 #include <stdint.h>
