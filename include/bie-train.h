@@ -50,8 +50,7 @@ BIE_API enum bie_status bie_safetensors_parse(bie_context_t * ctx, const void * 
 // Reads and parses the file at path: a regular file of at most BIE_SAFETENSORS_MAX_FILE bytes. Its
 // header is read and checked before its data section (a bad file costs no more memory than its
 // header). Parsing is linear in the header's length. Messages name the file.
-BIE_API enum bie_status bie_safetensors_read(bie_context_t * ctx, const char * path,
-                                             bie_safetensors_t ** out);
+BIE_API enum bie_status bie_safetensors_read(bie_context_t * ctx, const char * path, bie_safetensors_t ** out);
 BIE_API void bie_safetensors_free(bie_safetensors_t * st);
 BIE_API size_t bie_safetensors_count(const bie_safetensors_t * st);
 // The i-th tensor in data order, or NULL when i is out of range.
@@ -62,8 +61,7 @@ BIE_API const struct bie_st_tensor * bie_safetensors_find(const bie_safetensors_
 BIE_API const char * bie_safetensors_metadata(const bie_safetensors_t * st, const char * key);
 // Number of __metadata__ entries, and the i-th (key and value; NULL when out of range).
 BIE_API size_t bie_safetensors_metadata_count(const bie_safetensors_t * st);
-BIE_API const char * bie_safetensors_metadata_at(const bie_safetensors_t * st, size_t i,
-                                                 const char ** value);
+BIE_API const char * bie_safetensors_metadata_at(const bie_safetensors_t * st, size_t i, const char ** value);
 
 // Writes n tensors (in this order; names unique, not "__metadata__") and the metadata (n_meta
 // key/value string pairs: meta[2i] = key, meta[2i+1] = value; keys unique; names, keys and values
@@ -72,8 +70,8 @@ BIE_API const char * bie_safetensors_metadata_at(const bie_safetensors_t * st, s
 // Temporary files that writers killed meanwhile left behind are removed first. The file gets
 // 0666 less the umask (a replaced file keeps its mode); the process umask is never changed.
 BIE_API enum bie_status bie_safetensors_write(bie_context_t * ctx, const char * path,
-                                              const struct bie_st_tensor * tensors, size_t n,
-                                              const char * const * meta, size_t n_meta);
+                                              const struct bie_st_tensor * tensors, size_t n, const char * const * meta,
+                                              size_t n_meta);
 
 // --- IDX files (MNIST, Fashion-MNIST) ------------------------------------------------------------
 // An IDX file: magic 0x00 0x00 type ndim, then ndim big-endian uint32 dimensions, then the
@@ -92,8 +90,8 @@ struct bie_idx {
 };
 
 // Parses an IDX image (raw or gzip) held in memory; `name` is used in messages.
-BIE_API enum bie_status bie_idx_parse(bie_context_t * ctx, const void * bytes, size_t size,
-                                      const char * name, struct bie_idx * out);
+BIE_API enum bie_status bie_idx_parse(bie_context_t * ctx, const void * bytes, size_t size, const char * name,
+                                      struct bie_idx * out);
 BIE_API enum bie_status bie_idx_read(bie_context_t * ctx, const char * path, struct bie_idx * out);
 BIE_API void bie_idx_free(struct bie_idx * idx);
 
@@ -105,30 +103,26 @@ BIE_API void bie_idx_free(struct bie_idx * idx);
 //             saved_invstd = 1/sqrt(var + eps) for the backward
 //   eval:     mean, var = running statistics
 //   y = (x - mean) * invstd * gamma + beta
-BIE_API enum bie_status bie_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw,
-                                              const float * x, const float * gamma, const float * beta,
-                                              float * running_mean, float * running_var, float momentum,
-                                              float eps, int training, float * saved_mean,
-                                              float * saved_invstd, float * y);
+BIE_API enum bie_status bie_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
+                                              const float * gamma, const float * beta, float * running_mean,
+                                              float * running_var, float momentum, float eps, int training,
+                                              float * saved_mean, float * saved_invstd, float * y);
 // Backward of training-mode batch norm: with xh = (x - mean)*invstd and m = n*hw,
 //   grad_beta = sum gy; grad_gamma = sum gy*xh;
 //   grad_x = gamma*invstd/m * (m*gy - grad_beta - xh*grad_gamma)   (grad_x may be NULL)
-BIE_API enum bie_status bie_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw,
-                                               const float * x, const float * gamma,
-                                               const float * saved_mean, const float * saved_invstd,
-                                               const float * grad_y, float * grad_x,
+BIE_API enum bie_status bie_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
+                                               const float * gamma, const float * saved_mean,
+                                               const float * saved_invstd, const float * grad_y, float * grad_x,
                                                float * grad_gamma, float * grad_beta);
 
 // Max-pooling with a k x k window and stride k (no padding; trailing rows/columns that do not
 // fill a window are dropped): x [n, c, h, w] -> y [n, c, h/k, w/k]. argmax (may be NULL) gets
 // the index in x of each output's maximum (the first one on ties; NaN wins).
-BIE_API enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h,
-                                              int64_t w, int32_t k, const float * x, float * y,
-                                              int32_t * argmax);
+BIE_API enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w,
+                                              int32_t k, const float * x, float * y, int32_t * argmax);
 // grad_x = 0 except grad_x[argmax[i]] = grad_y[i].
-BIE_API enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h,
-                                               int64_t w, int32_t k, const float * grad_y,
-                                               const int32_t * argmax, float * grad_x);
+BIE_API enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w,
+                                               int32_t k, const float * grad_y, const int32_t * argmax, float * grad_x);
 
 enum bie_activation {
     BIE_ACT_RELU = 0,     // max(x, 0); gradient 1{x > 0}
@@ -136,19 +130,17 @@ enum bie_activation {
     BIE_ACT_HARDTANH = 2, // clamp(x, -1, 1); gradient 1{|x| <= 1}
 };
 // y = act(x) over count elements; backward: grad_x = grad_y * act'(x). y may alias x, grad_x grad_y.
-BIE_API enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation act,
-                                               int64_t count, const float * x, float * y);
-BIE_API enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation act,
-                                                int64_t count, const float * x, const float * grad_y,
-                                                float * grad_x);
+BIE_API enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation act, int64_t count,
+                                               const float * x, float * y);
+BIE_API enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation act, int64_t count,
+                                                const float * x, const float * grad_y, float * grad_x);
 
 // Softmax cross-entropy of logits [n, classes] against integer labels, averaged over n:
 //   p = softmax(logits) (max-subtracted, in double); loss = -mean log p[label];
 //   grad_logits = (p - onehot(label)) / n (may be NULL); *correct (may be NULL) counts the rows
 //   whose first maximal logit is the label. Labels outside [0, classes) are INVALID_ARGUMENT.
-BIE_API enum bie_status bie_softmax_cross_entropy(bie_context_t * ctx, int64_t n, int64_t classes,
-                                                  const float * logits, const uint8_t * labels,
-                                                  double * loss, float * grad_logits,
+BIE_API enum bie_status bie_softmax_cross_entropy(bie_context_t * ctx, int64_t n, int64_t classes, const float * logits,
+                                                  const uint8_t * labels, double * loss, float * grad_logits,
                                                   int64_t * correct);
 
 // --- optimizers -------------------------------------------------------------------------------------
@@ -165,9 +157,8 @@ BIE_API void bie_adam_params_default(struct bie_adam_params * p);
 // One Adam step (step >= 1 is the step count for the bias corrections):
 //   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
 //   p -= lr * (m/(1-b1^step)) / (sqrt(v/(1-b2^step)) + eps);  then weight decay and clip
-BIE_API enum bie_status bie_adam_step(bie_context_t * ctx, const struct bie_adam_params * params,
-                                      int64_t step, int64_t count, float * p, const float * grad,
-                                      float * m, float * v);
+BIE_API enum bie_status bie_adam_step(bie_context_t * ctx, const struct bie_adam_params * params, int64_t step,
+                                      int64_t count, float * p, const float * grad, float * m, float * v);
 
 struct bie_diode_params {
     float lr;           // the magnitude of the sign step fed into s
@@ -177,14 +168,13 @@ BIE_API void bie_diode_params_default(struct bie_diode_params * p);
 
 // Diode state initialisation for int8 latent binary weights w: m = 0,
 // s = -sign(w) * u with u uniform in [0, 1e-3) from `seed` (splitmix64, one draw per element).
-BIE_API enum bie_status bie_diode_init(bie_context_t * ctx, int64_t count, const int8_t * w,
-                                       uint64_t seed, float * m, float * s);
+BIE_API enum bie_status bie_diode_init(bie_context_t * ctx, int64_t count, const int8_t * w, uint64_t seed, float * m,
+                                       float * s);
 // One Diode step (Bitorch Engine's DiodeMix for binary weights, reference section 9):
 //   m = b1*m + (1-b1)*g;  s = b2*s + (1-b2)*sign(m)*lr;  u = -sign(s) (u = +1 where s = 0)
 //   w = -w wherever u != sign(w)   (magnitudes never change; returns the flip count in *flips)
-BIE_API enum bie_status bie_diode_step(bie_context_t * ctx, const struct bie_diode_params * params,
-                                       int64_t count, int8_t * w, const float * grad, float * m,
-                                       float * s, int64_t * flips);
+BIE_API enum bie_status bie_diode_step(bie_context_t * ctx, const struct bie_diode_params * params, int64_t count,
+                                       int8_t * w, const float * grad, float * m, float * s, int64_t * flips);
 
 // --- model -----------------------------------------------------------------------------------------
 // A model is a graph of layers described by an architecture string, one layer per ';'-separated
@@ -210,24 +200,23 @@ enum bie_latent {
 };
 
 struct bie_model_layer_info {
-    const char * kind;     // the item's kind as in the architecture: "conv", "linear", "bn", "add", ...
-    const char * quant;    // "f32", "b1", "q4", "q8", or "" for layers without weights
-    int64_t in_shape[3];   // C, H, W of the input (per sample)
+    const char * kind;   // the item's kind as in the architecture: "conv", "linear", "bn", "add", ...
+    const char * quant;  // "f32", "b1", "q4", "q8", or "" for layers without weights
+    int64_t in_shape[3]; // C, H, W of the input (per sample)
     int64_t out_shape[3];
-    int64_t params;        // number of parameters (weights, biases, scales, bn parameters and statistics)
-    int64_t bytes;         // bytes they take in the model's current form (packed if packed)
-    int64_t float_bytes;   // bytes they would take as float32
+    int64_t params;      // number of parameters (weights, biases, scales, bn parameters and statistics)
+    int64_t bytes;       // bytes they take in the model's current form (packed if packed)
+    int64_t float_bytes; // bytes they would take as float32
 };
 
 // Builds a model from an architecture string; weights are initialised from seed.
-BIE_API enum bie_status bie_model_create(bie_context_t * ctx, const char * arch, enum bie_latent latent,
-                                         uint64_t seed, bie_model_t ** out);
+BIE_API enum bie_status bie_model_create(bie_context_t * ctx, const char * arch, enum bie_latent latent, uint64_t seed,
+                                         bie_model_t ** out);
 BIE_API void bie_model_destroy(bie_model_t * model);
 BIE_API const char * bie_model_arch(const bie_model_t * model);
 BIE_API int bie_model_is_packed(const bie_model_t * model);
 BIE_API int64_t bie_model_num_layers(const bie_model_t * model);
-BIE_API enum bie_status bie_model_layer_info(const bie_model_t * model, int64_t i,
-                                             struct bie_model_layer_info * out);
+BIE_API enum bie_status bie_model_layer_info(const bie_model_t * model, int64_t i, struct bie_model_layer_info * out);
 // Number of outputs per sample (classes) and inputs per sample (C*H*W).
 BIE_API int64_t bie_model_num_outputs(const bie_model_t * model);
 BIE_API int64_t bie_model_num_inputs(const bie_model_t * model);
@@ -242,18 +231,16 @@ BIE_API enum bie_status bie_model_memory(const bie_model_t * model, int64_t batc
 // is [n, outputs]. training != 0 uses batch statistics and keeps what the backward needs.
 // float_layers != 0 runs the low-bit layers as float GEMMs over the dequantized codes (OpenBLAS;
 // the same result, for speed comparisons).
-BIE_API enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * model, const float * x,
-                                          int64_t n, int training, int float_layers,
-                                          const float ** logits);
+BIE_API enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * model, const float * x, int64_t n,
+                                          int training, int float_layers, const float ** logits);
 // Backward of the last training forward: computes every parameter's gradient.
-BIE_API enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * model,
-                                           const float * grad_logits);
+BIE_API enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * model, const float * grad_logits);
 // One optimizer step on every parameter: Adam with learning rate lr (weight_decay applies to the
 // float layers' weights; bias_a and scale_a, which duplicate batch norm's beta and gamma, use
 // lr/10; float latent weights are clipped to [-1, 1] for b1 layers, to the quantizer's range for
 // q4/q8), or Diode with diode_lr for int8 latent weights.
-BIE_API enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * model, float lr,
-                                       float weight_decay, float diode_lr);
+BIE_API enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * model, float lr, float weight_decay,
+                                       float diode_lr);
 
 enum bie_model_file {
     BIE_MODEL_FILE_PACKED = 0,     // inference: packed low-bit weights, scales, bn, float layers

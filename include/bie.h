@@ -54,10 +54,10 @@ enum bie_status {
     BIE_STATUS_INVALID_ARGUMENT = 1, // NULL pointer, bad shape/stride/dtype/scale, buffer too small
     BIE_STATUS_UNSUPPORTED = 2,      // valid request, no implementation on this build/backend
     BIE_STATUS_OUT_OF_MEMORY = 3,
-    BIE_STATUS_DEVICE_ERROR = 4,     // a CUDA call failed (message holds the CUDA error)
-    BIE_STATUS_IO_ERROR = 5,         // a file could not be opened, read or written
-    BIE_STATUS_FORMAT_ERROR = 6,     // a file is corrupt, truncated or of the wrong kind
-    BIE_STATUS_INTERNAL = 7,         // a bug in bie: please report it
+    BIE_STATUS_DEVICE_ERROR = 4, // a CUDA call failed (message holds the CUDA error)
+    BIE_STATUS_IO_ERROR = 5,     // a file could not be opened, read or written
+    BIE_STATUS_FORMAT_ERROR = 6, // a file is corrupt, truncated or of the wrong kind
+    BIE_STATUS_INTERNAL = 7,     // a bug in bie: please report it
 };
 
 // Static English name of a status ("ok", "invalid argument", ...). Never NULL.
@@ -68,12 +68,12 @@ enum bie_dtype {
     BIE_DTYPE_F16 = 1,  // IEEE binary16
     BIE_DTYPE_BF16 = 2, // bfloat16
     BIE_DTYPE_I8 = 3,
-    BIE_DTYPE_U8 = 4,   // raw bytes
+    BIE_DTYPE_U8 = 4, // raw bytes
     BIE_DTYPE_I32 = 5,
-    BIE_DTYPE_B1 = 6,   // packed bits, 1 <-> +1, 0 <-> -1, LSB first
-    BIE_DTYPE_S4 = 7,   // packed 4-bit two's complement, even element in the high nibble
+    BIE_DTYPE_B1 = 6, // packed bits, 1 <-> +1, 0 <-> -1, LSB first
+    BIE_DTYPE_S4 = 7, // packed 4-bit two's complement, even element in the high nibble
     BIE_DTYPE_F64 = 8,
-    BIE_DTYPE_I64 = 9,  // indices (bie_embedding_*) only
+    BIE_DTYPE_I64 = 9, // indices (bie_embedding_*) only
 };
 
 // Static name of a dtype ("f32", "b1", ...); "?" for an unknown value.
@@ -101,8 +101,8 @@ struct bie_tensor {
 // padded to whole bytes: stride[ndim-2] = 8*ceil(shape[ndim-1]/8) bits (B1) or
 // 2*ceil(shape[ndim-1]/2) nibbles (S4). This is the public packed interchange format.
 // Returns INVALID_ARGUMENT for ndim outside [0, BIE_MAX_DIMS], a shape <= 0 or an overflow.
-BIE_API enum bie_status bie_tensor_make(struct bie_tensor * t, void * data, enum bie_dtype dtype,
-                                        int32_t ndim, const int64_t * shape);
+BIE_API enum bie_status bie_tensor_make(struct bie_tensor * t, void * data, enum bie_dtype dtype, int32_t ndim,
+                                        const int64_t * shape);
 
 // Reorders the dimensions of a view in place: new dim i is old dim perm[i].
 // Example: bie_tensor_make(shape = {N, H, W, C}) then perm {0, 3, 1, 2} gives the NCHW view of
@@ -136,9 +136,9 @@ enum bie_backend {
 enum bie_cpu_isa {
     BIE_CPU_ISA_SCALAR = 0,
     BIE_CPU_ISA_AVX2 = 1,
-    BIE_CPU_ISA_AVX512 = 2,          // AVX-512 F/BW/VL ("avx512")
-    BIE_CPU_ISA_AVX512_VPOPCNT = 3,  // plus VPOPCNTDQ and BITALG ("avx512vpopcnt")
-    BIE_CPU_ISA_AVX512_VNNI = 4,     // plus AVX512-VNNI, the n-bit dot products on bytes ("avx512vnni")
+    BIE_CPU_ISA_AVX512 = 2,         // AVX-512 F/BW/VL ("avx512")
+    BIE_CPU_ISA_AVX512_VPOPCNT = 3, // plus VPOPCNTDQ and BITALG ("avx512vpopcnt")
+    BIE_CPU_ISA_AVX512_VNNI = 4,    // plus AVX512-VNNI, the n-bit dot products on bytes ("avx512vnni")
     BIE_CPU_ISA_BEST = 100,
 };
 
@@ -154,8 +154,7 @@ typedef struct bie_context bie_context_t;
 BIE_API void bie_context_params_default(struct bie_context_params * params);
 
 // Creates a context. params may be NULL (defaults). On failure *out_ctx is NULL.
-BIE_API enum bie_status bie_context_create(const struct bie_context_params * params,
-                                           bie_context_t ** out_ctx);
+BIE_API enum bie_status bie_context_create(const struct bie_context_params * params, bie_context_t ** out_ctx);
 
 // Frees the context and its workspaces. NULL is accepted.
 BIE_API void bie_context_destroy(bie_context_t * ctx);
@@ -175,8 +174,7 @@ BIE_API const char * bie_cpu_isa_name(enum bie_cpu_isa isa);
 BIE_API enum bie_status bie_cpu_isa_from_name(const char * name, enum bie_cpu_isa * out);
 
 // Reserves workspace so later calls with shapes up to this size do not allocate.
-BIE_API enum bie_status bie_context_reserve(bie_context_t * ctx, enum bie_device_type device,
-                                            size_t bytes);
+BIE_API enum bie_status bie_context_reserve(bie_context_t * ctx, enum bie_device_type device, size_t bytes);
 
 // The most CPU threads a context uses: a larger num_threads is INVALID_ARGUMENT, and OpenMP's
 // default is capped to it. (OpenMP ends the process when it cannot create the threads it was asked
@@ -345,8 +343,8 @@ BIE_API enum bie_status bie_conv2d_backward(bie_context_t * ctx, const struct bi
                                             const struct bie_backward_args * args);
 
 // Output spatial size of a conv; INVALID_ARGUMENT if it would be < 1.
-BIE_API enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * desc, int64_t h,
-                                               int64_t w, int64_t * out_h, int64_t * out_w);
+BIE_API enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * desc, int64_t h, int64_t w,
+                                               int64_t * out_h, int64_t * out_w);
 
 //
 // Planned layer calls
@@ -396,13 +394,13 @@ BIE_API void bie_plan_destroy(bie_plan_t * plan);
 //   dst S4: q = clamp(rne(src/scale), -8, 7); src float (scale NULL means 1) or I8 (clamped,
 //           scale must be NULL)
 //   dst I8: q = clamp(rne(src/scale), -128, 127); src float (scale NULL means 1)
-BIE_API enum bie_status bie_pack(bie_context_t * ctx, const struct bie_tensor * src,
-                                 const struct bie_tensor * scale, struct bie_tensor * dst);
+BIE_API enum bie_status bie_pack(bie_context_t * ctx, const struct bie_tensor * src, const struct bie_tensor * scale,
+                                 struct bie_tensor * dst);
 
 // The inverse: dst (f32/f16/bf16/I8, same shape) = value * scale, where value is +-1 (B1) or
 // the integer code (S4, I8); scale NULL means 1; an I8 dst needs scale NULL.
-BIE_API enum bie_status bie_unpack(bie_context_t * ctx, const struct bie_tensor * src,
-                                   const struct bie_tensor * scale, struct bie_tensor * dst);
+BIE_API enum bie_status bie_unpack(bie_context_t * ctx, const struct bie_tensor * src, const struct bie_tensor * scale,
+                                   struct bie_tensor * dst);
 
 //
 // Layer protocol helpers (Bitorch Engine's prepare_params / lazy scale initialisation)
@@ -410,13 +408,11 @@ BIE_API enum bie_status bie_unpack(bie_context_t * ctx, const struct bie_tensor 
 
 // Initial activation scale from the first input x (before bias_a), written to the scalar
 // out_scale: binary 2*mean|x| (4*mean|x| when symmetric == 0); 4/8-bit 2*mean|x|/11.269.
-BIE_API enum bie_status bie_activation_scale_init(bie_context_t * ctx, enum bie_quant quant,
-                                                  int symmetric, const struct bie_tensor * x,
-                                                  struct bie_tensor * out_scale);
+BIE_API enum bie_status bie_activation_scale_init(bie_context_t * ctx, enum bie_quant quant, int symmetric,
+                                                  const struct bie_tensor * x, struct bie_tensor * out_scale);
 
 // Weight scale: binary mean|W|; 4-bit max(2*mean|W|/5.6345, 1e-5); 8-bit 2*mean|W|/11.269.
-BIE_API enum bie_status bie_weight_scale_init(bie_context_t * ctx, enum bie_quant quant,
-                                              const struct bie_tensor * w,
+BIE_API enum bie_status bie_weight_scale_init(bie_context_t * ctx, enum bie_quant quant, const struct bie_tensor * w,
                                               struct bie_tensor * out_scale);
 
 // int8 latent binary weight (prepare_params): c = W - mean(W); q = rne(c * 127 / max|c|)
@@ -566,10 +562,10 @@ enum bie_wq_act {
 };
 
 struct bie_wq_desc {
-    int64_t in_features;   // K
-    int64_t out_features;  // N
-    int32_t bits;          // 1..8 for every group, or 0: group_bits holds each group's
-    int32_t group_size;    // rows per group, >= 1 (K or more: one group per column)
+    int64_t in_features;  // K
+    int64_t out_features; // N
+    int32_t bits;         // 1..8 for every group, or 0: group_bits holds each group's
+    int32_t group_size;   // rows per group, >= 1 (K or more: one group per column)
     enum bie_wq_zero zero;
     enum bie_wq_act act;
 };

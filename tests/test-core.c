@@ -30,10 +30,10 @@ static void test_context(void) {
 
 // The ISA levels by name, and every level (AVX512-VNNI too) as a cap.
 static void test_isa_levels(void) {
-    const enum bie_cpu_isa levels[] = {BIE_CPU_ISA_SCALAR, BIE_CPU_ISA_AVX2, BIE_CPU_ISA_AVX512,
+    const enum bie_cpu_isa levels[] = {BIE_CPU_ISA_SCALAR,         BIE_CPU_ISA_AVX2,        BIE_CPU_ISA_AVX512,
                                        BIE_CPU_ISA_AVX512_VPOPCNT, BIE_CPU_ISA_AVX512_VNNI, BIE_CPU_ISA_BEST};
     for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++) {
-        enum bie_cpu_isa got = (enum bie_cpu_isa)-1;
+        enum bie_cpu_isa got = (enum bie_cpu_isa) - 1;
         CHECK(bie_cpu_isa_from_name(bie_cpu_isa_name(levels[i]), &got) == BIE_STATUS_OK && got == levels[i],
               "isa %s by name: %d", bie_cpu_isa_name(levels[i]), (int)got);
         if (levels[i] == BIE_CPU_ISA_BEST) continue;

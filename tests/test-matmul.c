@@ -114,8 +114,14 @@ static void check_errors(bie_context_t * ctx) {
     x1.ndim = 1;
     struct bie_tensor xs = x; // leading dims that do not merge: batch stride not a multiple of rows
     xs.ndim = 4;
-    xs.shape[0] = 2; xs.shape[1] = 2; xs.shape[2] = 3; xs.shape[3] = 2;
-    xs.stride[0] = 5; xs.stride[1] = 13; xs.stride[2] = 2; xs.stride[3] = 1;
+    xs.shape[0] = 2;
+    xs.shape[1] = 2;
+    xs.shape[2] = 3;
+    xs.shape[3] = 2;
+    xs.stride[0] = 5;
+    xs.stride[1] = 13;
+    xs.stride[2] = 2;
+    xs.stride[3] = 1;
     const struct bie_matmul_desc d = {BIE_QUANT_BINARY}, dq = {(enum bie_quant)3};
     struct bie_matmul_args a;
 #define MM(X, Y, XC, YC, O) (a = (struct bie_matmul_args){X, Y, XC, YC, O}, bie_matmul_forward(ctx, &d, &a))

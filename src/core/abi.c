@@ -13,8 +13,10 @@ struct abi_field {
     size_t offset, size;
 };
 
-#define ABI_STRUCT(s) {#s, NULL, 0, sizeof(struct s)}
-#define ABI_FIELD(s, f) {#s, #f, offsetof(struct s, f), sizeof(((struct s *)0)->f)}
+#define ABI_STRUCT(s)                                                                                                  \
+    { #s, NULL, 0, sizeof(struct s) }
+#define ABI_FIELD(s, f)                                                                                                \
+    { #s, #f, offsetof(struct s, f), sizeof(((struct s *)0)->f) }
 
 static const struct abi_field fields[] = {
     ABI_STRUCT(bie_tensor),

@@ -18,8 +18,8 @@ static unsigned long long xgetbv0(void) {
 static enum bie_cpu_isa detect(void) {
     unsigned int a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return BIE_CPU_ISA_SCALAR;
-    const bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1,
-               popcnt = (c >> 23) & 1, f16c = (c >> 29) & 1;
+    const bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, popcnt = (c >> 23) & 1,
+               f16c = (c >> 29) & 1;
     if (!osxsave || !avx || !popcnt) return BIE_CPU_ISA_SCALAR;
     const unsigned long long xcr0 = xgetbv0();
     if ((xcr0 & 0x6) != 0x6) return BIE_CPU_ISA_SCALAR; // XMM and YMM state
@@ -27,8 +27,7 @@ static enum bie_cpu_isa detect(void) {
     __cpuid_count(7, 0, a, b, c, d);
     const bool avx2 = (b >> 5) & 1, bmi2 = (b >> 8) & 1;
     if (!avx2 || !fma || !f16c || !bmi2) return BIE_CPU_ISA_SCALAR;
-    const bool avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1,
-               avx512dq = (b >> 17) & 1;
+    const bool avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1, avx512dq = (b >> 17) & 1;
     const bool zmm_state = (xcr0 & 0xe6) == 0xe6; // opmask, ZMM_Hi256, Hi16_ZMM + XMM/YMM
     if (!(avx512f && avx512bw && avx512vl && avx512dq && zmm_state)) return BIE_CPU_ISA_AVX2;
     const bool vpopcntdq = (c >> 14) & 1, bitalg = (c >> 12) & 1, vnni = (c >> 11) & 1;
@@ -68,7 +67,7 @@ const char * bie_cpu_isa_name(enum bie_cpu_isa isa) {
 }
 
 // Every level, in order, and BEST.
-static const enum bie_cpu_isa levels[] = {BIE_CPU_ISA_SCALAR, BIE_CPU_ISA_AVX2, BIE_CPU_ISA_AVX512,
+static const enum bie_cpu_isa levels[] = {BIE_CPU_ISA_SCALAR,         BIE_CPU_ISA_AVX2,        BIE_CPU_ISA_AVX512,
                                           BIE_CPU_ISA_AVX512_VPOPCNT, BIE_CPU_ISA_AVX512_VNNI, BIE_CPU_ISA_BEST};
 
 enum bie_status bie_cpu_isa_from_name(const char * name, enum bie_cpu_isa * out) {
@@ -84,7 +83,8 @@ enum bie_status bie_cpu_isa_from_name(const char * name, enum bie_cpu_isa * out)
 enum bie_cpu_isa bie_cpu_isa_cap_from_env(enum bie_cpu_isa isa) {
     const char * env = getenv("BIE_CPU_ISA");
     enum bie_cpu_isa cap;
-    if (!env || !*env || bie_cpu_isa_from_name(env, &cap) != BIE_STATUS_OK) return isa; // (unknown names are ignored, as the README says)
+    if (!env || !*env || bie_cpu_isa_from_name(env, &cap) != BIE_STATUS_OK)
+        return isa; // (unknown names are ignored, as the README says)
     return cap < isa ? cap : isa;
 }
 

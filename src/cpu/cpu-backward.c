@@ -63,12 +63,12 @@ struct bwd {
     const struct cpu_kernels * kern;
     bool binary;
     int lo, hi;
-    float * bias;  // dense [C]
-    float * acode; // dense NCHW codes of x (when grad_weight is wanted)
-    float * wf;    // [O][K] w * scale_w (when gx is wanted)
-    uint32_t * a_idx, * w_idx; // instead of acode and wf on the sign-GEMM path: their sign-index blocks
-    float * gx;    // dense NCHW
-    float * xrow;  // per thread: a row of x' for the binary linear mask pass (ste_row)
+    float * bias;            // dense [C]
+    float * acode;           // dense NCHW codes of x (when grad_weight is wanted)
+    float * wf;              // [O][K] w * scale_w (when gx is wanted)
+    uint32_t *a_idx, *w_idx; // instead of acode and wf on the sign-GEMM path: their sign-index blocks
+    float * gx;              // dense NCHW
+    float * xrow;            // per thread: a row of x' for the binary linear mask pass (ste_row)
 };
 
 static inline float x_prime(const struct bwd * b, int64_t off, int64_t ch) {
@@ -191,8 +191,10 @@ static void valid_range(int64_t out, int64_t in, int64_t s, int64_t p, int64_t o
 static void im2col(const struct bwd * b, int64_t n0, int64_t nb, float * col) {
     const struct bie_geometry * g = b->g;
     const int64_t P = g->OH * g->OW, ld = nb * P;
-    const float pad = !b->binary ? 0.0f : g->pad_value == BIE_PAD_MINUS_ONE ? -1.0f
-                                      : g->pad_value == BIE_PAD_PLUS_ONE ? 1.0f : 0.0f;
+    const float pad = !b->binary                          ? 0.0f
+                      : g->pad_value == BIE_PAD_MINUS_ONE ? -1.0f
+                      : g->pad_value == BIE_PAD_PLUS_ONE  ? 1.0f
+                                                          : 0.0f;
     for (int64_t k = 0; k < g->K; k++) {
         const int64_t ch = k / (g->kh * g->kw), i = (k / g->kw) % g->kh, j = k % g->kw;
         int64_t lo, hi;
@@ -306,7 +308,7 @@ static const float * ste_row(const struct bwd * b, int64_t n, float * row) {
         for (int64_t ch = 0; ch < b->g->C; ch++) row[ch] = x_prime(b, n * xs[0] + ch * xs[1], ch);
         return row;
     }
-    const float value[4] = {-INFINITY, -c->scale_a, INFINITY, 0.0f}; // [sign bit * 2 + pass bit]
+    const float value[4] = {-INFINITY, -c->scale_a, INFINITY, 0.0f};                // [sign bit * 2 + pass bit]
     if (xs[1] == 1 && ms[1] == 1 && (n * xs[0]) % 8 == 0 && (n * ms[0]) % 8 == 0) { // rows on whole bytes
         const uint8_t * sb = (const uint8_t *)c->x.data + n * xs[0] / 8;
         const uint8_t * pb = (const uint8_t *)c->x_mask.data + n * ms[0] / 8;
@@ -341,12 +343,15 @@ static void finish_gx(const struct bwd * b, double * part_s) {
             } else if (x_rows) {
                 const float * xr = (const float *)c->x.data + n * xs[0];
                 double lanes[8] = {0};
-                for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, xr[ch] + b->bias[ch], gxp[ch], &lanes[ch & 7]);
+                for (int64_t ch = 0; ch < g->C; ch++)
+                    gxp[ch] = mask_one(b, xr[ch] + b->bias[ch], gxp[ch], &lanes[ch & 7]);
                 for (int l = 0; l < 8; l++) ssum += lanes[l];
             } else {
-                for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, x_prime(b, n * xs[0] + ch * xs[1], ch), gxp[ch], &ssum);
+                for (int64_t ch = 0; ch < g->C; ch++)
+                    gxp[ch] = mask_one(b, x_prime(b, n * xs[0] + ch * xs[1], ch), gxp[ch], &ssum);
             }
-            if (c->grad_x.data && gx_rows) memcpy((float *)c->grad_x.data + n * gs[0], gxp, (size_t)g->C * sizeof(float));
+            if (c->grad_x.data && gx_rows)
+                memcpy((float *)c->grad_x.data + n * gs[0], gxp, (size_t)g->C * sizeof(float));
             else if (c->grad_x.data)
                 for (int64_t ch = 0; ch < g->C; ch++) store_float(&c->grad_x, n * gs[0] + ch * gs[1], gxp[ch]);
             part_s[n] = ssum;
@@ -356,8 +361,8 @@ static void finish_gx(const struct bwd * b, double * part_s) {
     const int64_t planes = g->batch * g->C, HW = g->H * g->W;
     // Dense f32 planes (NCHW-like x and grad_x): plain pointer loops.
     const bool fast = c->x.dtype == BIE_DTYPE_F32 && (g->W == 1 || xs[3] == 1) && (g->H == 1 || xs[2] == g->W) &&
-                      (!c->grad_x.data || (c->grad_x.dtype == BIE_DTYPE_F32 && (g->W == 1 || gs[3] == 1) &&
-                                           (g->H == 1 || gs[2] == g->W)));
+                      (!c->grad_x.data ||
+                       (c->grad_x.dtype == BIE_DTYPE_F32 && (g->W == 1 || gs[3] == 1) && (g->H == 1 || gs[2] == g->W)));
 #pragma omp parallel for num_threads(b->threads)
     for (int64_t pl = 0; pl < planes; pl++) {
         const int64_t n = pl / g->C, ch = pl % g->C;
@@ -373,7 +378,8 @@ static void finish_gx(const struct bwd * b, double * part_s) {
                 for (int64_t e = 0; e < HW; e++) gxp[e] = mask_one(b, xp[e] + bias, gxp[e], &lanes[e & 7]);
                 for (int l = 0; l < 8; l++) ssum += lanes[l];
             }
-            if (c->grad_x.data) memcpy((float *)c->grad_x.data + n * gs[0] + ch * gs[1], gxp, (size_t)HW * sizeof(float));
+            if (c->grad_x.data)
+                memcpy((float *)c->grad_x.data + n * gs[0] + ch * gs[1], gxp, (size_t)HW * sizeof(float));
             part_s[pl] = ssum;
             continue;
         }
@@ -419,8 +425,7 @@ static void linear_sgemms(const struct bwd * b, const float * g, int ldg, bool g
 #pragma omp parallel for schedule(dynamic, 1) num_threads(b->threads)
     for (int k0 = 0; k0 < K; k0 += LIN_KB) {
         const int kb = K - k0 < LIN_KB ? K - k0 : LIN_KB;
-        if (want_gx)
-            cpu_sgemm_1t(tx, CblasNoTrans, M, kb, O, 1.0f, g, ldg, b->wf + k0, K, 0.0f, b->gx + k0, K);
+        if (want_gx) cpu_sgemm_1t(tx, CblasNoTrans, M, kb, O, 1.0f, g, ldg, b->wf + k0, K, 0.0f, b->gx + k0, K);
         if (want_gw)
             cpu_sgemm_1t(tw, CblasNoTrans, O, kb, M, c->scale_a, g, ldg, b->acode + k0, K, 0.0f, gw + k0, ldgw);
     }
@@ -480,7 +485,7 @@ static void linear_sign_gemms(const struct bwd * b, bool g_rows, float * work, f
     const int64_t M = b->g->batch, O = b->g->O, K = b->g->K;
     const bool want_gw = c->grad_weight.data != NULL;
     const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
-    uint32_t * ia = b->a_idx, * iw = b->w_idx;
+    uint32_t *ia = b->a_idx, *iw = b->w_idx;
     if (want_gw) cpu_signgemm_idx(b->kern, &c->x, M, K, c->x.stride[0], c->x.stride[1], b->bias, b->threads, ia);
     if (want_gx)
         cpu_signgemm_idx(b->kern, &c->weight, O, K, c->weight.stride[0], c->weight.stride[1], NULL, b->threads, iw);
@@ -493,13 +498,29 @@ static void linear_sign_gemms(const struct bwd * b, bool g_rows, float * work, f
         fo = (ptrdiff_t)M;
     }
     if (want_gx) {
-        const struct cpu_signgemm job = {.f = F, .rs = fm, .cs = fo, .R = M, .J = O, .K = K, .alpha = c->scale_w,
-                                         .idx = iw, .c = b->gx, .ldc = (size_t)K};
+        const struct cpu_signgemm job = {.f = F,
+                                         .rs = fm,
+                                         .cs = fo,
+                                         .R = M,
+                                         .J = O,
+                                         .K = K,
+                                         .alpha = c->scale_w,
+                                         .idx = iw,
+                                         .c = b->gx,
+                                         .ldc = (size_t)K};
         cpu_signgemm_run(b->kern, &job, b->threads, tab);
     }
     if (want_gw) {
-        const struct cpu_signgemm job = {.f = F, .rs = fo, .cs = fm, .R = O, .J = M, .K = K, .alpha = c->scale_a,
-                                         .idx = ia, .c = gw, .ldc = (size_t)ldgw};
+        const struct cpu_signgemm job = {.f = F,
+                                         .rs = fo,
+                                         .cs = fm,
+                                         .R = O,
+                                         .J = M,
+                                         .K = K,
+                                         .alpha = c->scale_a,
+                                         .idx = ia,
+                                         .c = gw,
+                                         .ldc = (size_t)ldgw};
         cpu_signgemm_run(b->kern, &job, b->threads, tab);
     }
 }
@@ -524,9 +545,9 @@ enum bwd_region {
 // A backward call's route on the CPU, chosen before anything runs (bwd_route_make).
 struct bwd_route {
     bool want_gx, want_gw, linear;
-    bool sign_gemm; // both GEMMs as float-by-sign GEMMs (cpu-signgemm.c)
-    bool gw_direct; // grad_W straight into grad_weight
-    bool g_rows;    // a linear grad_y of dense f32 rows is G itself
+    bool sign_gemm;         // both GEMMs as float-by-sign GEMMs (cpu-signgemm.c)
+    bool gw_direct;         // grad_W straight into grad_weight
+    bool g_rows;            // a linear grad_y of dense f32 rows is G itself
     int64_t nb, wave, nseg; // conv tasks of nb samples, grad_W partials of `wave` tasks at a time; STE segments
     size_t size[R_REGIONS], total;
 };
@@ -600,7 +621,9 @@ static enum bie_status bwd_route_describe(bie_context_t * ctx, const struct bie_
                               (long long)r->nb, (long long)r->wave);
     if (n < sizeof c->plan->route)
         snprintf(c->plan->route + n, sizeof c->plan->route - n, "; grad_weight %s",
-                 !r->want_gw ? "not asked" : r->gw_direct ? "written in place" : "scattered");
+                 !r->want_gw    ? "not asked"
+                 : r->gw_direct ? "written in place"
+                                : "scattered");
     c->plan->workspace = r->total;
     return BIE_STATUS_OK;
 }
@@ -641,8 +664,13 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     if (c->device_type != BIE_DEVICE_CPU || !c->scales_on_host) return BIE_DECLINED;
     if (c->is_conv && c->x.dtype == BIE_DTYPE_B1) return BIE_DECLINED; // saved bits of a conv: the reference
     const struct bie_geometry * g = &c->g;
-    struct bwd b = {.c = c, .g = g, .kern = bie_cpu_kernels(ctx->isa), .threads = cpu_threads(ctx),
-                    .binary = c->quant == BIE_QUANT_BINARY, .lo = bie_quant_lo(c->quant), .hi = bie_quant_hi(c->quant)};
+    struct bwd b = {.c = c,
+                    .g = g,
+                    .kern = bie_cpu_kernels(ctx->isa),
+                    .threads = cpu_threads(ctx),
+                    .binary = c->quant == BIE_QUANT_BINARY,
+                    .lo = bie_quant_lo(c->quant),
+                    .hi = bie_quant_hi(c->quant)};
     struct bwd_route r;
     bwd_route_make(&b, &r);
     if (c->plan) return bwd_route_describe(ctx, c, &r);

@@ -22,7 +22,8 @@ static void bin_tile_4x16(const uint8_t * a, size_t lda, const uint8_t * b, size
         }
     }
     for (int i = 0; i < CPU_MR; i++)
-        for (int j = 0; j < 2; j++) _mm256_storeu_si256((__m256i *)(c + i * ldc + j * 8), _mm512_cvtepi64_epi32(acc[i][j]));
+        for (int j = 0; j < 2; j++)
+            _mm256_storeu_si256((__m256i *)(c + i * ldc + j * 8), _mm512_cvtepi64_epi32(acc[i][j]));
 }
 
 // With AVX512-VNNI (every VPOPCNTDQ CPU so far also has it; checked at run time): the byte tile with

@@ -237,15 +237,16 @@ enum bie_status bie_cpu_wq_backward(bie_context_t * ctx, const struct bie_wq_cal
     uint8_t * bufs = cpu_arena_take(&a, (size_t)threads * per);
 #pragma omp parallel for num_threads(threads)
     for (int64_t m = 0; m < M; m++)
-        for (int64_t n = 0; n < N; n++) g[m * N + n] = cpu_load(&c->grad_y, m * c->grad_y.stride[0] + n * c->grad_y.stride[1]);
+        for (int64_t n = 0; n < N; n++)
+            g[m * N + n] = cpu_load(&c->grad_y, m * c->grad_y.stride[0] + n * c->grad_y.stride[1]);
     openblas_set_num_threads(1);
     if (gw) {
         dense_x(c, xk, threads);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
         for (int64_t b = 0; b < nkb; b++) {
             const int64_t k0 = b * WQ_PANEL, kb = K - k0 < WQ_PANEL ? K - k0 : WQ_PANEL;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kb, (int)N, (int)M, 1.0f, xk + k0, (int)K, g, (int)N,
-                        0.0f, (float *)c->grad_w.data + k0 * N, (int)N);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kb, (int)N, (int)M, 1.0f, xk + k0, (int)K, g,
+                        (int)N, 0.0f, (float *)c->grad_w.data + k0 * N, (int)N);
         }
     }
     if (gx) {
@@ -287,7 +288,8 @@ enum bie_status bie_cpu_wq_dequantize(bie_context_t * ctx, const struct bie_wq_c
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < ntiles; t++) {
         const int64_t n0 = t * tw;
-        k->dequant(&j, n0, (int)(c->N - n0 < tw ? c->N - n0 : tw), 0, j.nblk, c->K, (float *)w->data + n0, (size_t)c->N);
+        k->dequant(&j, n0, (int)(c->N - n0 < tw ? c->N - n0 : tw), 0, j.nblk, c->K, (float *)w->data + n0,
+                   (size_t)c->N);
     }
     return BIE_STATUS_OK;
 }

@@ -56,7 +56,8 @@ bool cudnn_route(bie_context_t * ctx, const struct bie_layer_call * c) {
     const struct bie_geometry & g = c->g;
     bie_cuda_cc(ctx); // (reads force_gemm_backward with the device's facts)
     if (!bie_cudnn_present() || !c->is_conv || ctx->cuda->force_gemm_backward) return false;
-    if (g.kh == 1 && g.kw == 1 && g.H == 1 && g.W == 1 && g.OH == 1 && g.OW == 1 && g.ph == 0 && g.pw == 0) return false;
+    if (g.kh == 1 && g.kw == 1 && g.H == 1 && g.W == 1 && g.OH == 1 && g.OW == 1 && g.ph == 0 && g.pw == 0)
+        return false;
     if (c->quant == BIE_QUANT_BINARY && g.pad_value != BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0)) return false;
     if (!bie_dtype_is_float(c->grad_y.dtype)) return false;
     // cuDNN's outputs come in grad_y's dtype: no gradient may ask for more precision than that
@@ -96,10 +97,12 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     if (!xm.data) xmr = xm;
     const bool rows = x_rows && (!gxo.data || pixel_rows_view(gxo, &gxr));
     if (saved && want_gx && !rows)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x, x_mask, grad_x: CUDA reads saved bits of a conv as "
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
+                             "x, x_mask, grad_x: CUDA reads saved bits of a conv as "
                              "channels-last pixel rows on whole bytes, with a channels-last grad_x");
     if (saved && want_gw && !x_rows)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: CUDA reads saved bits of a conv as channels-last pixel "
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
+                             "x: CUDA reads saved bits of a conv as channels-last pixel "
                              "rows on whole bytes");
     // grad_y as it is when dense NCHW or NHWC, else (broadcast, gapped, misaligned) copied into dense NHWC first
     const int64_t * ys = gy.stride;
@@ -108,8 +111,22 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     const bool nhwc = ys[1] == 1 && ys[3] == g.O && ys[2] == g.OW * g.O && ys[0] == P * g.O;
     const bool gy_copy = !(nchw || nhwc) || ((uintptr_t)gy.data % 16) != 0; // (cuDNN's plans take 16-byte alignment)
     const int64_t ynumel = g.batch * g.O * P;
-    cudnn_conv_shape k = {(int)g.batch, (int)g.C, (int)g.H, (int)g.W, (int)g.O, (int)g.OH, (int)g.OW, g.kh, g.kw,
-                          g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, gdt,
+    cudnn_conv_shape k = {(int)g.batch,
+                          (int)g.C,
+                          (int)g.H,
+                          (int)g.W,
+                          (int)g.O,
+                          (int)g.OH,
+                          (int)g.OW,
+                          g.kh,
+                          g.kw,
+                          g.sh,
+                          g.sw,
+                          g.ph,
+                          g.pw,
+                          g.dh,
+                          g.dw,
+                          gdt,
                           {(int)ys[0], (int)ys[1], (int)ys[2], (int)ys[3]}};
     if (gy_copy) {
         const int nhwc_st[4] = {(int)(P * g.O), 1, (int)(g.OW * g.O), (int)g.O};
@@ -165,7 +182,9 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
                  (int)c->device_index, bie_dtype_name((enum bie_dtype)gdt), want_gx ? "dgrad" : "not asked",
                  want_gw ? "wgrad" : "not asked", rows ? "pixel rows" : "tiles",
                  saved ? "from saved bits and mask" : bie_dtype_name((enum bie_dtype)x.dtype),
-                 gy_copy ? "copied to dense NHWC" : nhwc ? "NHWC" : "NCHW");
+                 gy_copy ? "copied to dense NHWC"
+                 : nhwc  ? "NHWC"
+                         : "NCHW");
         c->plan->workspace = off;
         return BIE_STATUS_OK;
     }

@@ -90,8 +90,7 @@ __device__ __forceinline__ unsigned chunk_codes(float * q, int64_t k0, int64_t K
             if (FULL || i < n) q[i] = __fadd_rn(q[i], ld_float(bias.data, bias.dtype, (k0 + i) * bias.stride[3]));
     unsigned stop = 0;
     if (MASK) {
-        if (bin_s)
-            stop = ~ste_pass_bits8(q, s, true) & 0xffu;
+        if (bin_s) stop = ~ste_pass_bits8(q, s, true) & 0xffu;
         else
 #pragma unroll
             for (int i = 0; i < 8; i++) stop |= ste_passes(q[i], s, quant, lo, hi) ? 0u : 1u << i;
@@ -107,8 +106,7 @@ __device__ __forceinline__ unsigned chunk_codes(float * q, int64_t k0, int64_t K
 }
 // A chunk of saved bits: the codes (+-1) in q and, for MASK, the bits of the elements that the saved
 // mask stops (n: the chunk's elements inside the row).
-template <bool MASK>
-__device__ __forceinline__ unsigned chunk_bits(float * q, uint32_t sign, uint32_t pass, int n) {
+template <bool MASK> __device__ __forceinline__ unsigned chunk_bits(float * q, uint32_t sign, uint32_t pass, int n) {
 #pragma unroll
     for (int i = 0; i < 8; i++) q[i] = (sign >> i) & 1u ? 1.0f : -1.0f;
     return MASK ? ~pass & ((1u << n) - 1u) : 0u;
@@ -117,8 +115,8 @@ __device__ __forceinline__ unsigned chunk_bits(float * q, uint32_t sign, uint32_
 // read for MASK): as chunk_codes after chunk_load, or as chunk_bits.
 template <bool MASK, typename T>
 __device__ __forceinline__ unsigned chunk_any(const T * row, const uint8_t * prow, int sdt, int64_t k0, int64_t K,
-                                              const struct dview & bias, int quant, float s, int lo, int hi,
-                                              bool codes, bool bin_s, float * q) {
+                                              const struct dview & bias, int quant, float s, int lo, int hi, bool codes,
+                                              bool bin_s, float * q) {
     if constexpr (is_sbits<T>) {
         return chunk_bits<MASK>(q, row[k0 / 8].b, MASK ? prow[k0 / 8] : 0u, K - k0 < 8 ? (int)(K - k0) : 8);
     } else {
@@ -174,8 +172,8 @@ __global__ void __launch_bounds__(256, 5)
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = qdiv(e, chunks), k0 = (e - r * chunks) * 8;
         float q[8];
-        const unsigned stop = chunk_any<MASK, T>(src + r * row_stride, pass ? pass + r * pass_ld : NULL, sdt, k0, K, bias,
-                                                 quant, s, lo, hi, out != NULL, bin_s, q);
+        const unsigned stop = chunk_any<MASK, T>(src + r * row_stride, pass ? pass + r * pass_ld : NULL, sdt, k0, K,
+                                                 bias, quant, s, lo, hi, out != NULL, bin_s, q);
         chunk_store<MASK>(q, stop, r, k0, K, gdt, out, gx, gx_ld);
     }
 }
@@ -236,7 +234,8 @@ __global__ void __launch_bounds__(256, 4)
         }
         for (int64_t c = vec + lane; c < chunks; c += 32) {
             float q[8];
-            const unsigned stop = chunk_any<MASK, T>(row, prow, sdt, c * 8, K, bias, quant, s, lo, hi, out != NULL, bin_s, q);
+            const unsigned stop =
+                chunk_any<MASK, T>(row, prow, sdt, c * 8, K, bias, quant, s, lo, hi, out != NULL, bin_s, q);
             chunk_store<MASK>(q, stop, r, c * 8, K, gdt, out, gx, gx_ld);
         }
     }
@@ -261,7 +260,8 @@ void launch_codes(cudaStream_t stream, const struct dview & t, const struct dvie
 __global__ void scale_rows(const float * R, int64_t O, int64_t K, struct dscale sa, struct dview gw) {
     const float s = ld_scale(sa);
     const int64_t chunks = (K + 7) / 8;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < O * chunks; e += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < O * chunks;
+         e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t o = qdiv(e, chunks), k0 = (e - o * chunks) * 8;
         const float * src = R + o * K;
         float v[8];
@@ -277,8 +277,7 @@ __global__ void scale_rows(const float * R, int64_t O, int64_t K, struct dscale 
     }
 }
 // grad_W[o,c,i,j] = scale_a * R[o][(i*kw+j)*C + c].
-template <typename D>
-__global__ void scatter_grad_w(const D * R, struct dgeom g, struct dscale sa, struct dview gw) {
+template <typename D> __global__ void scatter_grad_w(const D * R, struct dgeom g, struct dscale sa, struct dview gw) {
     const float s = ld_scale(sa);
     const int64_t total = g.O * g.K;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -323,7 +322,8 @@ enum bie_status gemm_ex(bie_context_t * ctx, cublasOperation_t ta, cublasOperati
         }
     }
     if (st != CUBLAS_STATUS_SUCCESS)
-        return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cublasGemmEx (%s): %s", what, cublasGetStatusString(st));
+        return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cublasGemmEx (%s): %s", what,
+                             cublasGetStatusString(st));
     return BIE_STATUS_OK;
 }
 // Whether the bytes of tensors a and b (b may be absent: data NULL) overlap.
@@ -357,14 +357,14 @@ enum bwd_region {
 struct bwd_route {
     struct dgeom g;
     int64_t M, O, K, xnumel, xpix;
-    int taps, gdt;        // gdt: the GEMM operands' dtype, grad_y's (codes are exact in all three)
+    int taps, gdt; // gdt: the GEMM operands' dtype, grad_y's (codes are exact in all three)
     cudaDataType_t ct;
-    size_t es;            // its element size
+    size_t es; // its element size
     bool want_gx, want_gw;
-    bool gx_conv;         // grad_x as a transposed conv of grad_y (stride 1, several taps)
-    bool ste_linear;      // the STE pass over x's rows (else by tiles of pixels x channels)
+    bool gx_conv;              // grad_x as a transposed conv of grad_y (stride 1, several taps)
+    bool ste_linear;           // the STE pass over x's rows (else by tiles of pixels x channels)
     bool gx_direct, gw_direct; // gradients written by their GEMMs with the scale as alpha
-    bool acol_pixels;     // activation codes as pixel rows first, then im2col
+    bool acol_pixels;          // activation codes as pixel rows first, then im2col
     int64_t gx_ld, gw_ld;
     struct dview x, xm, gxo, gwo;
     size_t gcol_bytes;
@@ -379,8 +379,9 @@ void bwd_workspace(bwd_route * r) {
     z[B_G] = (size_t)(M * O) * es;
     z[B_W] = r->want_gx ? (size_t)(O * K) * es : 0;
     r->gcol_bytes = (((size_t)(r->xpix * r->taps * O) * es) + 255) & ~(size_t)255;
-    const size_t gx_bytes = r->gx_conv ? r->gcol_bytes + (size_t)r->xnumel * 4
-                            : r->want_gx && !r->gx_direct ? (size_t)(M * K) * 4 : 0;
+    const size_t gx_bytes = r->gx_conv                    ? r->gcol_bytes + (size_t)r->xnumel * 4
+                            : r->want_gx && !r->gx_direct ? (size_t)(M * K) * 4
+                                                          : 0;
     z[B_COL] = std::max(gx_bytes, r->want_gw ? (size_t)(M * K) * es : (size_t)0);
     z[B_R] = r->want_gw && !r->gw_direct ? (size_t)(O * K) * 4 : 0;
     z[B_SCAL] = 4 * sizeof(float);
@@ -417,7 +418,8 @@ enum bie_status bwd_route_make(bie_context_t * ctx, const struct bie_layer_call 
     const bool saved = r->x.dtype == BIE_DTYPE_B1;
     r->ste_linear = codes_rows_ok(r->x, dgeom_one_position(g), K) && (!r->xm.data || codes_rows_ok(r->xm, true, K));
     if (saved && r->want_gx && !r->ste_linear)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x, x_mask: CUDA reads saved bits in rows that start on "
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
+                             "x, x_mask: CUDA reads saved bits in rows that start on "
                              "whole bytes with contiguous features (as bie_tensor_make lays them out)");
     // Gradients written by their GEMMs: when grad_x (of a linear layer) or grad_weight (of a 1x1
     // kernel) has dense rows of grad_y's dtype, its GEMM writes it with the scale as alpha (the
@@ -436,8 +438,8 @@ enum bie_status bwd_route_make(bie_context_t * ctx, const struct bie_layer_call 
                    !spans_overlap(c->grad_x, c->x) && !spans_overlap(c->grad_x, c->grad_y) &&
                    !spans_overlap(c->grad_x, c->bias_a) && !spans_overlap(c->grad_x, c->scale_a_t) &&
                    !spans_overlap(c->grad_x, c->x_mask);
-    r->gw_direct = r->want_gw && g.kh == 1 && g.kw == 1 && r->gwo.dtype == r->gdt && (K == 1 || r->gwo.stride[1] == 1) &&
-                   r->gw_ld >= K && !spans_overlap(c->grad_weight, c->grad_y);
+    r->gw_direct = r->want_gw && g.kh == 1 && g.kw == 1 && r->gwo.dtype == r->gdt &&
+                   (K == 1 || r->gwo.stride[1] == 1) && r->gw_ld >= K && !spans_overlap(c->grad_weight, c->grad_y);
     // the STE pass (its partial sums): over x's rows for a linear layer, else by tiles of x
     ste_pass_job & pj = r->pj;
     pj.rows = r->ste_linear;
@@ -455,10 +457,14 @@ void bwd_route_describe(const struct bie_layer_call * c, const bwd_route & r) {
     snprintf(c->plan->route, sizeof c->plan->route,
              "cuda:%d, cuBLAS GEMMs in %s (grad_x: %s; grad_weight: %s); STE pass by %s", (int)c->device_index,
              bie_dtype_name((enum bie_dtype)r.gdt),
-             !r.want_gx ? "not asked"
-             : r.gx_conv ? "transposed conv over im2col of grad_y"
-             : r.gx_direct ? "written by the GEMM, masked in place" : "dCol GEMM",
-             !r.want_gw ? "not asked" : r.gw_direct ? "written by the GEMM" : r.acol_pixels ? "im2col of codes" : "codes rows",
+             !r.want_gx    ? "not asked"
+             : r.gx_conv   ? "transposed conv over im2col of grad_y"
+             : r.gx_direct ? "written by the GEMM, masked in place"
+                           : "dCol GEMM",
+             !r.want_gw      ? "not asked"
+             : r.gw_direct   ? "written by the GEMM"
+             : r.acol_pixels ? "im2col of codes"
+                             : "codes rows",
              r.ste_linear ? "rows" : "tiles");
     c->plan->workspace = r.total;
 }
@@ -489,8 +495,17 @@ enum bie_status bwd_grad_x(bie_context_t * ctx, const struct bie_layer_call * c,
         // grad_y's pixels are the image and x's the output positions: x pixel h reads grad_y
         // row h + ph - i*dh through tap i
         struct dgeom gt = g;
-        gt.C = O; gt.H = g.OH; gt.W = g.OW; gt.O = g.C; gt.OH = g.H; gt.OW = g.W; gt.K = r.taps * O;
-        gt.ph = -g.ph; gt.pw = -g.pw; gt.dh = -g.dh; gt.dw = -g.dw;
+        gt.C = O;
+        gt.H = g.OH;
+        gt.W = g.OW;
+        gt.O = g.C;
+        gt.OH = g.H;
+        gt.OW = g.W;
+        gt.K = r.taps * O;
+        gt.ph = -g.ph;
+        gt.pw = -g.pw;
+        gt.dh = -g.dh;
+        gt.dw = -g.dw;
         BIE_TRY(bie_cuda_im2col(ctx, s, u.G, (int)r.es, 0u, gt, gt.K, ws + r.off[B_COL]));
         // Gx (row-major [xpix][C]) = Gcol [xpix][taps*O] @ Wt: column-major Gx^T = Wt^T Gcol^T.
         BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, g.C, r.xpix, gt.K, ws + r.off[B_W], g.C, ws + r.off[B_COL], gt.K,
@@ -498,7 +513,9 @@ enum bie_status bwd_grad_x(bie_context_t * ctx, const struct bie_layer_call * c,
         // Gx is a dCol of one tap per pixel: a 1x1, stride-1 conv without padding
         gs.kh = gs.kw = gs.sh = gs.sw = gs.dh = gs.dw = 1;
         gs.ph = gs.pw = 0;
-        gs.OH = g.H; gs.OW = g.W; gs.K = g.C;
+        gs.OH = g.H;
+        gs.OW = g.W;
+        gs.K = g.C;
     } else {
         if (!launch_codes_rows(w, bias_none(), g.kh == 1 && g.kw == 1, O, K, bias_none(), (int)c->quant, u.sw, r.gdt,
                                ws + r.off[B_W], s))
@@ -525,8 +542,8 @@ enum bie_status bwd_grad_x(bie_context_t * ctx, const struct bie_layer_call * c,
 }
 // grad_weight: the activation codes (Acol), R = G^T Acol by cuBLAS, scaled into grad_weight
 // (unless its GEMM writes it). mask_gx: a grad_x that its GEMM wrote, masked by the codes' pass.
-enum bie_status bwd_grad_w(bie_context_t * ctx, const struct bie_layer_call * c, const bwd_route & r,
-                           const bwd_run & u, void * mask_gx) {
+enum bie_status bwd_grad_w(bie_context_t * ctx, const struct bie_layer_call * c, const bwd_route & r, const bwd_run & u,
+                           void * mask_gx) {
     const struct dgeom & g = r.g;
     const int64_t M = r.M, O = r.O, K = r.K;
     uint8_t * const ws = u.ws;
@@ -534,9 +551,12 @@ enum bie_status bwd_grad_w(bie_context_t * ctx, const struct bie_layer_call * c,
     // a linear layer: row m of Acol is row m of x
     if (r.acol_pixels) {
         BIE_TRY(bie_cuda_pixel_rows(ctx, s, r.x, u.bias, (int)c->quant, u.sa, r.gdt, 0, ws + r.off[B_PIX]));
-        const float pad = c->quant != BIE_QUANT_BINARY ? 0.0f
-                          : g.pad_value == BIE_PAD_PLUS_ONE ? 1.0f : g.pad_value == BIE_PAD_MINUS_ONE ? -1.0f : 0.0f;
-        BIE_TRY(bie_cuda_im2col(ctx, s, ws + r.off[B_PIX], (int)r.es, element_bits(pad, r.gdt), g, K, ws + r.off[B_COL]));
+        const float pad = c->quant != BIE_QUANT_BINARY       ? 0.0f
+                          : g.pad_value == BIE_PAD_PLUS_ONE  ? 1.0f
+                          : g.pad_value == BIE_PAD_MINUS_ONE ? -1.0f
+                                                             : 0.0f;
+        BIE_TRY(
+            bie_cuda_im2col(ctx, s, ws + r.off[B_PIX], (int)r.es, element_bits(pad, r.gdt), g, K, ws + r.off[B_COL]));
     } else {
         launch_codes_rows(r.x, r.xm, true, M, K, u.bias, (int)c->quant, u.sa, r.gdt, ws + r.off[B_COL], s, mask_gx,
                           r.gx_ld);
@@ -550,8 +570,7 @@ enum bie_status bwd_grad_w(bie_context_t * ctx, const struct bie_layer_call * c,
     const struct dview & gwo = r.gwo;
     if (g.kh == 1 && g.kw == 1 && (g.C == 1 || gwo.stride[1] == 1) && bie_dtype_is_float((enum bie_dtype)gwo.dtype))
         scale_rows<<<grid_for(O * ((K + 7) / 8), 256), 256, 0, s>>>((const float *)(ws + r.off[B_R]), O, K, u.sa, gwo);
-    else
-        scatter_grad_w<float><<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + r.off[B_R]), g, u.sa, gwo);
+    else scatter_grad_w<float><<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + r.off[B_R]), g, u.sa, gwo);
     LAUNCHED(ctx, "scatter grad_weight");
     return BIE_STATUS_OK;
 }
@@ -570,16 +589,14 @@ bool launch_codes_rows(const struct dview & t, const struct dview & pass, bool r
                        const struct dview & bias, int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream,
                        void * gx, int64_t gx_ld) {
     if (!codes_rows_ok(t, rows_are_k, K)) return false;
-    if (t.dtype == BIE_DTYPE_F32)
-        launch_codes<float>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+    if (t.dtype == BIE_DTYPE_F32) launch_codes<float>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_F16)
         launch_codes<__half>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_BF16)
         launch_codes<__nv_bfloat16>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_B1)
         launch_codes<sbits>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
-    else
-        return false;
+    else return false;
     return true;
 }
 struct dview bias_none() {
@@ -599,8 +616,7 @@ void launch_scatter_grad_w(cudaStream_t s, int dt, const void * R, const struct 
         scatter_grad_w<__half><<<grid_for(g.O * g.K, 256), 256, 0, s>>>((const __half *)R, g, sa, gw);
     else if (dt == BIE_DTYPE_BF16)
         scatter_grad_w<__nv_bfloat16><<<grid_for(g.O * g.K, 256), 256, 0, s>>>((const __nv_bfloat16 *)R, g, sa, gw);
-    else
-        scatter_grad_w<float><<<grid_for(g.O * g.K, 256), 256, 0, s>>>((const float *)R, g, sa, gw);
+    else scatter_grad_w<float><<<grid_for(g.O * g.K, 256), 256, 0, s>>>((const float *)R, g, sa, gw);
 }
 
 extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {
@@ -615,7 +631,8 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
         bie_clear_error(ctx);
     }
     if (c->is_conv && c->x.dtype == BIE_DTYPE_B1)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: the backward of a conv from saved bits needs cuDNN and "
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
+                             "x: the backward of a conv from saved bits needs cuDNN and "
                              "zero padding on CUDA");
     bwd_route r;
     BIE_TRY(bwd_route_make(ctx, c, &r));

@@ -95,7 +95,7 @@ __global__ void weight_terms(weight_terms_args a) {
     // enough to run beside the packer of x that it starts under.)
     extern __shared__ int wt_smem[];
     const int ntp = taps <= WT_SMEM_TAPS ? taps : 0;
-    int * const wsum = wt_smem, * const tp = ntp ? wt_smem + 32 : a.tappop + o * taps;
+    int *const wsum = wt_smem, *const tp = ntp ? wt_smem + 32 : a.tappop + o * taps;
     // The row's bytes that hold K, loaded at once: staged in shared memory, where the tap loop
     // below reads them, and copied into the operand (K % 8 == 0 there) from the same loads. (Read
     // by the tap loop from global memory, a load after each tap's sum, they would be three
@@ -131,7 +131,7 @@ __global__ void weight_terms(weight_terms_args a) {
     }
     if (lane == 0) wsum[warp] = part;
     __syncthreads(); // (the block's global writes are visible to the block after the barrier)
-    int total = 0; // popc of the row's first K bits
+    int total = 0;   // popc of the row's first K bits
     for (int w = 0; w < warps; w++) total += wsum[w];
     if (a.colpop && threadIdx.x == 0) a.colpop[o] = total;
     if (a.pixcls)
@@ -174,7 +174,7 @@ void border_counts(int64_t O, int64_t I, int64_t s, int64_t p, int64_t k, int64_
 }
 
 enum bie_status launch_weight_terms(bie_context_t * ctx, const weight_terms_args & a, int64_t N, int taps, int64_t K,
-                                   bool under_prev) {
+                                    bool under_prev) {
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg = bie_cuda_launch_config(ctx, dim3((unsigned)N), dim3(128), weight_terms_smem(taps, K),
                                                           under_prev && bie_cuda_cc(ctx) >= 90, &attr);

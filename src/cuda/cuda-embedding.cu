@@ -153,8 +153,8 @@ extern "C" enum bie_status bie_cuda_embedding_backward(bie_context_t * ctx, cons
     struct emb a = make_emb(c);
     struct dview gr;
     dview_make(&c->grad_rows, &gr);
-    const bool direct = c->grad_rows.dtype == BIE_DTYPE_F32 && (c->D == 1 || gr.stride[3] == 1) &&
-                        (c->U == 1 || gr.stride[2] == c->D);
+    const bool direct =
+        c->grad_rows.dtype == BIE_DTYPE_F32 && (c->D == 1 || gr.stride[3] == 1) && (c->U == 1 || gr.stride[2] == c->D);
     float * acc = (float *)gr.data;
     if (!direct) BIE_TRY(bie_cuda_workspace(ctx, (size_t)(c->U * c->D) * sizeof(float), (void **)&acc));
     CU_TRY(ctx, cudaMemsetAsync(acc, 0, (size_t)(c->U * c->D) * sizeof(float), st->stream), "clear grad_rows");

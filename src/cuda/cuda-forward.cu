@@ -71,8 +71,8 @@ struct fwd_route {
     bool gemm_counts;          // the few-rows GEMM counts the popcounts itself
     bool w_rows_copied;        // weight_terms copies packed B1 weight rows into the operand
     bool terms_first, terms_under_x, rowpop_under_copy; // the order of the weight_terms launch
-    bool sign_codes;           // a B1 y the GEMM cannot pack: sign codes, then packed
-    int border[4];             // zero padding: border class counts (top, bottom, left, right)
+    bool sign_codes;                                    // a B1 y the GEMM cannot pack: sign codes, then packed
+    int border[4];                                      // zero padding: border class counts (top, bottom, left, right)
     int64_t classes;
     pack_src px, pw;
     gemm_epilogue ep; // binary, g and y; the rest is set when the route runs
@@ -200,19 +200,24 @@ enum bie_status fwd_route_make(bie_context_t * ctx, const struct bie_layer_call 
 // The route in words (the GEMM as bie_cuda_gemm picks it), for bie_plan_describe.
 void fwd_route_describe(bie_context_t * ctx, const struct bie_layer_call * c, const fwd_route & r) {
     const bool zp = r.zero_pad_fix;
-    const char * gemm = r.gemm_counts ? "few-rows split-K (mma.sync)"
-                        : bie_cuda_gemm_takes_wgmma(ctx, r.M, zp) ? "wgmma" : "mma.sync";
+    const char * gemm = r.gemm_counts                             ? "few-rows split-K (mma.sync)"
+                        : bie_cuda_gemm_takes_wgmma(ctx, r.M, zp) ? "wgmma"
+                                                                  : "mma.sync";
     const char * x = r.x_direct ? "B1 rows read in place"
                      : r.gather ? (r.pixels ? "packed into NHWC bit pixels, rows gathered by the GEMM"
                                             : "NHWC bit pixels gathered by the GEMM in place")
-                     : r.pixels ? "packed into pixels, then im2col rows" : "packed into GEMM rows";
-    const char * w = r.w_direct                          ? "B1 rows read in place"
+                     : r.pixels ? "packed into pixels, then im2col rows"
+                                : "packed into GEMM rows";
+    const char * w = r.w_direct                        ? "B1 rows read in place"
                      : zp && b1_weight_rows(r.pw, r.N) ? "B1 rows copied with the border terms"
-                                                         : "packed into GEMM rows";
-    const char * pops = r.gemm_rows ? "counted by the GEMM" : r.rowterms ? "row terms kernel"
-                        : r.gemm_counts ? "by the GEMM" : "by the packers";
+                                                       : "packed into GEMM rows";
+    const char * pops = r.gemm_rows     ? "counted by the GEMM"
+                        : r.rowterms    ? "row terms kernel"
+                        : r.gemm_counts ? "by the GEMM"
+                                        : "by the packers";
     const char * y = c->y.dtype != BIE_DTYPE_B1 ? bie_dtype_name(c->y.dtype)
-                     : r.sign_codes ? "sign codes, then packed" : "B1 packed by the GEMM";
+                     : r.sign_codes             ? "sign codes, then packed"
+                                                : "B1 packed by the GEMM";
     snprintf(c->plan->route, sizeof c->plan->route,
              "cuda:%d, %s GEMM %lld x %lld x %lld bytes; x: %s; weight: %s; row popcounts: %s%s; y: %s",
              (int)c->device_index, gemm, (long long)r.M, (long long)r.N, (long long)r.kbytes, x, w, pops,
@@ -226,12 +231,13 @@ enum bie_status fwd_operands(bie_context_t * ctx, const struct bie_layer_call * 
     const struct bie_geometry & g = c->g;
     const int64_t M = r.M, N = r.N, kbytes = r.kbytes;
     const bool zp = r.zero_pad_fix;
-    int * rowpop = (int *)(ws + r.off[W_ROW]), * colpop = (int *)(ws + r.off[W_COL]),
-        * tappop = r.taps > WT_SMEM_TAPS ? (int *)(ws + r.off[W_TAP]) : NULL, // (else weight_terms keeps them in shared memory)
-        * tapcorr = (int *)(ws + r.off[W_CORR]), * colcls = (int *)(ws + r.off[W_CLS]);
+    int *rowpop = (int *)(ws + r.off[W_ROW]), *colpop = (int *)(ws + r.off[W_COL]),
+        *tappop = r.taps > WT_SMEM_TAPS ? (int *)(ws + r.off[W_TAP])
+                                        : NULL, // (else weight_terms keeps them in shared memory)
+            *tapcorr = (int *)(ws + r.off[W_CORR]), *colcls = (int *)(ws + r.off[W_CLS]);
     // the zero-padding terms of gathered rows: per row (rowterms) or per pixel (gemm_rows)
-    int2 * const rowterm_p = r.rowterms && zp ? (int2 *)(ws + r.off[W_ROWTERM]) : NULL,
-         * const pixcls_p = r.gemm_rows && zp ? (int2 *)(ws + r.off[W_PIXCLS]) : NULL;
+    int2 *const rowterm_p = r.rowterms && zp ? (int2 *)(ws + r.off[W_ROWTERM]) : NULL,
+                *const pixcls_p = r.gemm_rows && zp ? (int2 *)(ws + r.off[W_PIXCLS]) : NULL;
     *Am = r.x_direct ? (const uint8_t *)c->x.data : ws + r.off[W_A];
     *Bm = r.w_direct ? (const uint8_t *)c->weight.data : ws + r.off[W_B];
     weight_terms_args wt_args = {r.w_rows_copied ? (const uint8_t *)c->weight.data : *Bm,
@@ -335,8 +341,8 @@ extern "C" enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const stru
         // Short rows without gaps (a conv's channels-last pixels) are taken `per` at a time as one
         // row, so that a warp's lanes all have whole 8-element groups (bias_a by the element's feature).
         int64_t per = 1;
-        const bool dense = M > 1 && K % 8 == 0 && p.t.stride[0] == K && (!bits || vb.stride[0] == K) &&
-                           (!mask || vm.stride[0] == K);
+        const bool dense =
+            M > 1 && K % 8 == 0 && p.t.stride[0] == K && (!bits || vb.stride[0] == K) && (!mask || vm.stride[0] == K);
         if (dense)
             while (per < 32 && K * per < 2048 && M % (2 * per) == 0) per *= 2;
         const int64_t rows = M / per;

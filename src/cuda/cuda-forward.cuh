@@ -15,7 +15,7 @@ struct pack_src {
     struct dgeom g;
     int is_weight;
     int quant;
-    struct dscale s;   // scale_a for x, scale_w for the weight
+    struct dscale s;      // scale_a for x, scale_w for the weight
     uint32_t bias_period; // 0, or: rows hold several pixels, element k takes bias[k % bias_period]
 };
 
@@ -24,7 +24,7 @@ struct pack_src {
 // the STE's pass bits in `mask` (either NULL: not written; binary x' only). The bits of a row's
 // last byte that lie past K keep their content.
 struct ste_out {
-    uint8_t * bits, * mask;
+    uint8_t *bits, *mask;
     int64_t bits_ld, mask_ld;
 };
 
@@ -94,7 +94,7 @@ struct weight_terms_args {
     int64_t ld;
     uint8_t * copy; // NULL: no copy
     int64_t kbytes;
-    int * tappop, * colpop, * tapcorr, * colcls; // (tappop: NULL for at most WT_SMEM_TAPS taps)
+    int *tappop, *colpop, *tapcorr, *colcls; // (tappop: NULL for at most WT_SMEM_TAPS taps)
     int colcls_ld;
     int2 * pixcls; // NULL: not written
     struct dgeom g;
@@ -103,7 +103,7 @@ struct weight_terms_args {
 // Queues weight_terms (N blocks); under_prev: as a programmatic dependent launch of the kernel
 // queued before it (sm_90 and later).
 enum bie_status launch_weight_terms(bie_context_t * ctx, const weight_terms_args & a, int64_t N, int taps, int64_t K,
-                                   bool under_prev);
+                                    bool under_prev);
 // How many of the O output rows (or columns) have taps before the image (*lo: o*s - p < 0) and
 // how many have taps past its end (*hi: o*s - p + (k-1)*d >= I); the others have none.
 void border_counts(int64_t O, int64_t I, int64_t s, int64_t p, int64_t k, int64_t d, int * lo, int * hi);

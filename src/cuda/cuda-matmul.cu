@@ -43,7 +43,7 @@ extern "C" enum bie_status bie_cuda_matmul_forward(bie_context_t * ctx, const st
 extern "C" enum bie_status bie_cuda_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * mc) {
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, mc->device_index, &st));
-    const struct bie_tensor * grads[2] = {&mc->grad_x, &mc->grad_y}, * clips[2] = {&mc->grad_x_clip, &mc->grad_y_clip};
+    const struct bie_tensor *grads[2] = {&mc->grad_x, &mc->grad_y}, *clips[2] = {&mc->grad_x_clip, &mc->grad_y_clip};
     float * part = NULL;
     if (clips[0]->data || clips[1]->data) BIE_TRY(bie_cuda_aux(ctx, 2 * (size_t)mc->B * sizeof(float), (void **)&part));
     for (int side = 0; side < 2; side++) {

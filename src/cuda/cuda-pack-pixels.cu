@@ -15,7 +15,7 @@ namespace {
 // whose loads are then in flight together, so a row costs a load, a store and a popcount per word.
 // (Recomputing the position per word and row is bound by instruction issue; rows one after
 // another wait for each row's loads in turn.)
-constexpr int IW_ROWS = 8;   // consecutive rows per warp
+constexpr int IW_ROWS = 8; // consecutive rows per warp
 struct word_pos {
     int dh, dw, cw; // tap's row and column offset from (oh*sh, ow*sw); channel word; cw < 0: row padding
 };
@@ -43,8 +43,9 @@ __device__ __forceinline__ uint32_t word_at(const uint32_t * x, const struct dge
 // whole rows per warp would leave the GPU short of warps (few rows, long rows: C = 512 at N = 128
 // gives 784 warps of five chunks each); the chunks' popcounts then meet by atomic adds in `pop`,
 // which the caller clears first.
-__global__ void __launch_bounds__(256, 3) im2col_words(const uint32_t * x, struct dgeom g, int64_t w0, int64_t w2, int64_t w3, int64_t rows,
-                             int64_t kbytes, uint32_t * out, int * pop, int split) {
+__global__ void __launch_bounds__(256, 3)
+    im2col_words(const uint32_t * x, struct dgeom g, int64_t w0, int64_t w2, int64_t w3, int64_t rows, int64_t kbytes,
+                 uint32_t * out, int * pop, int split) {
     griddep_launch_dependents(); // (weight_terms may run beside it: it waits for it before it ends)
     const int lane = threadIdx.x & 31;
     const int64_t warp0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
@@ -88,7 +89,8 @@ __global__ void __launch_bounds__(256, 3) im2col_words(const uint32_t * x, struc
             const word_pos q = word_position(g, w);
             uint32_t v[IW_ROWS];
 #pragma unroll
-            for (int r = 0; r < IW_ROWS; r++) v[r] = w < wend && r < nr ? word_at(x, g, xb[r], hb[r], wb[r], w2, w3, q, pad) : 0u;
+            for (int r = 0; r < IW_ROWS; r++)
+                v[r] = w < wend && r < nr ? word_at(x, g, xb[r], hb[r], wb[r], w2, w3, q, pad) : 0u;
 #pragma unroll
             for (int r = 0; r < IW_ROWS; r++)
                 if (w < wend && r < nr) {
@@ -108,9 +110,9 @@ __global__ void __launch_bounds__(256, 3) im2col_words(const uint32_t * x, struc
 }
 // Queues im2col_words over NHWC words of x (w0, w2, w3: the word strides of a sample, a row and a
 // pixel), splitting long rows when whole rows per warp would give fewer than ~32 warps per SM.
-enum bie_status launch_im2col_words(bie_context_t * ctx, cudaStream_t stream, const uint32_t * x, const struct dgeom & g,
-                                    int64_t w0, int64_t w2, int64_t w3, int64_t rows, int64_t kbytes, uint32_t * out,
-                                    int * pop) {
+enum bie_status launch_im2col_words(bie_context_t * ctx, cudaStream_t stream, const uint32_t * x,
+                                    const struct dgeom & g, int64_t w0, int64_t w2, int64_t w3, int64_t rows,
+                                    int64_t kbytes, uint32_t * out, int * pop) {
     const int sms = bie_cuda_sm_count(ctx);
     const int64_t groups = (rows + IW_ROWS - 1) / IW_ROWS, chunks = (kbytes / 4 + 31) / 32;
     const int split = chunks > 1 && groups < (int64_t)sms * 32;
@@ -126,8 +128,7 @@ enum bie_status launch_im2col_words(bie_context_t * ctx, cudaStream_t stream, co
 // ballot q holds the 32 channel bits of pixel q, which lane q keeps and stores as word c0/32 of
 // the pixel. Sample n's words start at out + n * row_words (H*W*C/32 for dense NHWC bits; a weight
 // [O, C, kh, kw] is a batch of O samples of kh x kw pixels, its rows kbytes apart).
-template <typename T>
-__global__ void plane_bits(pack_src p, int64_t row_words, uint32_t * out) {
+template <typename T> __global__ void plane_bits(pack_src p, int64_t row_words, uint32_t * out) {
     const struct dgeom & g = p.g;
     const int lane = threadIdx.x & 31;
     const int64_t HW = g.H * g.W, pblocks = (HW + 31) / 32, cwords = g.C / 32, blocks = g.batch * cwords * pblocks;
@@ -264,8 +265,8 @@ bool word_pixels(const pack_src & p) {
 // Whether the GEMM can gather x's implicit-GEMM rows itself (gemm_gather): NHWC words in place,
 // or float pixels that pack_pixel_bits turns into them.
 bool gatherable(const pack_src & p) {
-    return p.g.pad_value != BIE_PAD_PLUS_ONE && (word_pixels(p) || float_pixels(p) == PIX_ROWS ||
-                                                 float_pixels(p) == PIX_PLANES);
+    return p.g.pad_value != BIE_PAD_PLUS_ONE &&
+           (word_pixels(p) || float_pixels(p) == PIX_ROWS || float_pixels(p) == PIX_PLANES);
 }
 // Sets up the gather of x's rows (gatherable(p)): float pixels are packed into scratch first.
 enum bie_status gather_source(bie_context_t * ctx, cudaStream_t stream, const pack_src & p, uint8_t * scratch,
@@ -310,16 +311,18 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
     const struct dgeom & g = p.g;
     // rows of K contiguous elements in the GEMM's order: a 1x1 weight or a linear x, and any
     // weight in OHWI order (a channels-last conv weight)
-    const bool contiguous = (g.kh == 1 && g.kw == 1 && (p.is_weight || dgeom_one_position(g)) &&
-                             (g.C == 1 || p.t.stride[1] == 1)) ||
-                            (p.is_weight && ohwi_rows(p.t.stride, g.C, g.kh, g.kw));
+    const bool contiguous =
+        (g.kh == 1 && g.kw == 1 && (p.is_weight || dgeom_one_position(g)) && (g.C == 1 || p.t.stride[1] == 1)) ||
+        (p.is_weight && ohwi_rows(p.t.stride, g.C, g.kh, g.kw));
     const int64_t * st = p.t.stride;
     const pixel_kind pk = scratch ? float_pixels(p) : PIX_NONE;
     if (b1_weight_rows(p, rows)) {
         // packed bits (bie_pack_weight's OHWI rows): whole bytes, copied into the operand's rows
-        if (kbytes * 8 > g.K) CU_TRY(ctx, cudaMemsetAsync(out, 0, (size_t)(rows * kbytes), stream), "clear weight rows");
-        CU_TRY(ctx, cudaMemcpy2DAsync(out, (size_t)kbytes, p.t.data, (size_t)(rows == 1 ? g.K / 8 : st[0] / 8),
-                                      (size_t)(g.K / 8), (size_t)rows, cudaMemcpyDeviceToDevice, stream),
+        if (kbytes * 8 > g.K)
+            CU_TRY(ctx, cudaMemsetAsync(out, 0, (size_t)(rows * kbytes), stream), "clear weight rows");
+        CU_TRY(ctx,
+               cudaMemcpy2DAsync(out, (size_t)kbytes, p.t.data, (size_t)(rows == 1 ? g.K / 8 : st[0] / 8),
+                                 (size_t)(g.K / 8), (size_t)rows, cudaMemcpyDeviceToDevice, stream),
                "copy weight rows");
         return launch_row_popcounts(ctx, stream, {out, rows, kbytes, pop}, NO_ROWS, g.K, "weight popcounts");
     }
@@ -346,18 +349,17 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
     if (pk != PIX_NONE) {
         BIE_TRY(pack_pixel_bits(ctx, stream, p, pk, scratch));
         const int64_t pw = g.C / 32; // words per pixel
-        return launch_im2col_words(ctx, stream, (const uint32_t *)scratch, g, g.H * g.W * pw, g.W * pw, pw, rows, kbytes,
-                                   (uint32_t *)out, pop);
+        return launch_im2col_words(ctx, stream, (const uint32_t *)scratch, g, g.H * g.W * pw, g.W * pw, pw, rows,
+                                   kbytes, (uint32_t *)out, pop);
     }
     if (word_pixels(p))
         return launch_im2col_words(ctx, stream, (const uint32_t *)p.t.data, g, st[0] / 32, st[2] / 32, st[3] / 32, rows,
                                    kbytes, (uint32_t *)out, pop);
     if (contiguous && launch_contiguous(p, rows, kbytes, out, pop, stream)) {
     } else if (contiguous && p.is_weight && p.quant != BIE_QUANT_BINARY &&
-             (p.t.dtype == BIE_DTYPE_I8 || p.t.dtype == BIE_DTYPE_S4))
+               (p.t.dtype == BIE_DTYPE_I8 || p.t.dtype == BIE_DTYPE_S4))
         launch_pack_int_rows(p, rows, kbytes, out, stream);
-    else
-        launch_pack_rows(p, rows, kbytes, out, pop, stream);
+    else launch_pack_rows(p, rows, kbytes, out, pop, stream);
     LAUNCHED(ctx, p.is_weight ? "pack weight" : "pack activations");
     return BIE_STATUS_OK;
 }

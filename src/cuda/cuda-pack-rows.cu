@@ -126,7 +126,8 @@ __device__ __forceinline__ void codes8(const pack_src & p, const T * row, int64_
     const bool binary = p.quant == BIE_QUANT_BINARY;
     const int lo = qlo(p.quant), hi = qhi(p.quant);
 #pragma unroll
-    for (int e = 0; e < 8; e++) q[e] = k0 + e >= p.g.K ? 0 : binary ? (v[e] >= 0.0f ? 1 : 0) : quant_code(v[e], s, lo, hi);
+    for (int e = 0; e < 8; e++)
+        q[e] = k0 + e >= p.g.K ? 0 : binary ? (v[e] >= 0.0f ? 1 : 0) : quant_code(v[e], s, lo, hi);
 }
 // The sign bits (x >= 0, so -0 -> 1 and NaN -> 0, as in elem_code) of 8 loaded elements, bit e
 // for element e: two-byte floats compared in pairs (HSET2), then the pairs' bits interleaved.
@@ -284,8 +285,7 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
                 for (int e = 0; e < 8; e++) byte |= (uint32_t)q[e] << e;
                 dst[j] = (uint8_t)byte;
                 cnt += __popc(byte);
-            } else
-                put_codes8(dst, j, q);
+            } else put_codes8(dst, j, q);
         }
         if (binary && pop) {
             for (int o = 16; o > 0; o >>= 1) cnt += __shfl_xor_sync(0xffffffffu, cnt, o);
@@ -308,8 +308,7 @@ bool launch_contiguous_as(const pack_src & p, unsigned grid, int64_t rows, int64
         launch_contiguous_kernel<__half, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
     else if (p.t.dtype == BIE_DTYPE_BF16)
         launch_contiguous_kernel<__nv_bfloat16, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
-    else
-        return false;
+    else return false;
     return true;
 }
 // Run r of an integer weight row in an aligned row: 16 I8 codes (16 bytes) or 16 S4 nibbles (8

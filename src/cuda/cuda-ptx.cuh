@@ -23,17 +23,20 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
     uint32_t done;
     do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(bar), "r"(parity)
-                     : "memory");
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
     } while (!done);
 }
 // Copies the box at (byte k0, row r0) of the tensor map into shared memory, completing on bar.
 __device__ __forceinline__ void tma_load(uint32_t dst, const CUtensorMap * map, int k0, int r0, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
-                 ::"r"(dst), "l"((uint64_t)map), "r"(k0), "r"(r0), "r"(bar)
-                 : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+            "r"(dst),
+        "l"((uint64_t)map), "r"(k0), "r"(r0), "r"(bar)
+        : "memory");
 }
 
 // Asynchronous copy of B bytes (4, 8 or 16) from global to shared memory; src_bytes = 0 writes
@@ -55,8 +58,8 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // Bulk tensor store of y: the box at (column c0, row r0) of the map from shared memory (rows and
 // columns past the tensor's edges are not written), tracked by this thread's bulk groups.
 __device__ __forceinline__ void tma_store(const CUtensorMap * map, uint32_t src, int c0, int r0) {
-    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n"
-                 ::"l"((uint64_t)map), "r"(c0), "r"(r0), "r"(src)
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"((uint64_t)map),
+                 "r"(c0), "r"(r0), "r"(src)
                  : "memory");
     asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
@@ -94,38 +97,47 @@ template <int R> __device__ __forceinline__ void pin(int * d) {
 
 // One wgmma per (operand type, N): d holds the N/2 accumulators of this thread; scale_d = 0
 // overwrites them, 1 accumulates.
-#define WG_R0_31 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
-#define WG_R32_63 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-#define WG_R64_95 "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
-#define WG_R96_127 "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-#define WG_O8(i) "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), "+r"(d[i + 6]), "+r"(d[i + 7])
+#define WG_R0_31                                                                                                       \
+    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+#define WG_R32_63                                                                                                      \
+    "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define WG_R64_95                                                                                                      \
+    "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+#define WG_R96_127                                                                                                     \
+    "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+#define WG_O8(i)                                                                                                       \
+    "+r"(d[i]), "+r"(d[i + 1]), "+r"(d[i + 2]), "+r"(d[i + 3]), "+r"(d[i + 4]), "+r"(d[i + 5]), "+r"(d[i + 6]),        \
+        "+r"(d[i + 7])
 #define WG_O32(i) WG_O8(i), WG_O8(i + 8), WG_O8(i + 16), WG_O8(i + 24)
 #define WG_PRED(n) "{\n.reg .pred p;\nsetp.ne.b32 p, %" #n ", 0;\n"
-#define WG_DEF8(name, instr)                                                                       \
-    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
-        asm volatile(WG_PRED(6) instr " {%0,%1,%2,%3}, %4, %5, p;\n}\n"                              \
-                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]) : "l"(da), "l"(db), "r"(sc)); \
+#define WG_DEF8(name, instr)                                                                                           \
+    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {                                  \
+        asm volatile(WG_PRED(6) instr " {%0,%1,%2,%3}, %4, %5, p;\n}\n"                                                \
+                     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                                  \
+                     : "l"(da), "l"(db), "r"(sc));                                                                     \
     }
-#define WG_DEF64(name, instr)                                                                      \
-    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
-        asm volatile(WG_PRED(34) instr " {" WG_R0_31 "}, %32, %33, p;\n}\n"                         \
-                     : WG_O32(0) : "l"(da), "l"(db), "r"(sc));                                     \
+#define WG_DEF64(name, instr)                                                                                          \
+    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {                                  \
+        asm volatile(WG_PRED(34) instr " {" WG_R0_31 "}, %32, %33, p;\n}\n" : WG_O32(0) : "l"(da), "l"(db), "r"(sc));  \
     }
-#define WG_DEF128(name, instr)                                                                     \
-    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
-        asm volatile(WG_PRED(66) instr " {" WG_R0_31 "," WG_R32_63 "}, %64, %65, p;\n}\n"           \
-                     : WG_O32(0), WG_O32(32) : "l"(da), "l"(db), "r"(sc));                         \
+#define WG_DEF128(name, instr)                                                                                         \
+    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {                                  \
+        asm volatile(WG_PRED(66) instr " {" WG_R0_31 "," WG_R32_63 "}, %64, %65, p;\n}\n"                              \
+                     : WG_O32(0), WG_O32(32)                                                                           \
+                     : "l"(da), "l"(db), "r"(sc));                                                                     \
     }
-#define WG_DEF192(name, instr)                                                                     \
-    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
-        asm volatile(WG_PRED(98) instr " {" WG_R0_31 "," WG_R32_63 "," WG_R64_95 "}, %96, %97, p;\n}\n" \
-                     : WG_O32(0), WG_O32(32), WG_O32(64) : "l"(da), "l"(db), "r"(sc));             \
+#define WG_DEF192(name, instr)                                                                                         \
+    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {                                  \
+        asm volatile(WG_PRED(98) instr " {" WG_R0_31 "," WG_R32_63 "," WG_R64_95 "}, %96, %97, p;\n}\n"                \
+                     : WG_O32(0), WG_O32(32), WG_O32(64)                                                               \
+                     : "l"(da), "l"(db), "r"(sc));                                                                     \
     }
-#define WG_DEF256(name, instr)                                                                     \
-    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {              \
-        asm volatile(WG_PRED(130) instr " {" WG_R0_31 "," WG_R32_63 "," WG_R64_95 "," WG_R96_127      \
-                                        "}, %128, %129, p;\n}\n"                                   \
-                     : WG_O32(0), WG_O32(32), WG_O32(64), WG_O32(96) : "l"(da), "l"(db), "r"(sc)); \
+#define WG_DEF256(name, instr)                                                                                         \
+    __device__ __forceinline__ void name(int * d, uint64_t da, uint64_t db, int sc) {                                  \
+        asm volatile(WG_PRED(130) instr " {" WG_R0_31 "," WG_R32_63 "," WG_R64_95 "," WG_R96_127                       \
+                                        "}, %128, %129, p;\n}\n"                                                       \
+                     : WG_O32(0), WG_O32(32), WG_O32(64), WG_O32(96)                                                   \
+                     : "l"(da), "l"(db), "r"(sc));                                                                     \
     }
 WG_DEF8(wg_b1_8, "wgmma.mma_async.sync.aligned.m64n8k256.s32.b1.b1.and.popc")
 WG_DEF64(wg_b1_64, "wgmma.mma_async.sync.aligned.m64n64k256.s32.b1.b1.and.popc")
@@ -136,8 +148,7 @@ WG_DEF64(wg_s8_64, "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8")
 WG_DEF128(wg_s8_128, "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8")
 WG_DEF256(wg_s8_256, "wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8")
 
-template <bool BINARY, int BN>
-__device__ __forceinline__ void wg_mma(int * d, uint64_t da, uint64_t db, int sc) {
+template <bool BINARY, int BN> __device__ __forceinline__ void wg_mma(int * d, uint64_t da, uint64_t db, int sc) {
     static_assert(BN == 64 || BN == 128 || BN == 256 || (BINARY && BN == 192), "a wgmma width");
     if constexpr (BINARY) {
         if constexpr (BN == 64) wg_b1_64(d, da, db, sc);
@@ -150,7 +161,6 @@ __device__ __forceinline__ void wg_mma(int * d, uint64_t da, uint64_t db, int sc
         else wg_s8_256(d, da, db, sc);
     }
 }
-
 
 // --- ldmatrix / stmatrix ------------------------------------------------------------------------
 

@@ -13,8 +13,8 @@ namespace {
 
 // Any y (B1, I32, strided, zero-padded conv): the shared element-wise path, out of line so that
 // the unrolled fast path stays small.
-__device__ __noinline__ void store_pair_any(const gemm_epilogue * ep, row_info r, int64_t n, int64_t N, int a0,
-                                            int a1, float scale) {
+__device__ __noinline__ void store_pair_any(const gemm_epilogue * ep, row_info r, int64_t n, int64_t N, int a0, int a1,
+                                            float scale) {
     store_dot(*ep, r, n, binary_dot(*ep, r, n, a0), scale);
     if (n + 1 < N) store_dot(*ep, r, n + 1, binary_dot(*ep, r, n + 1, a1), scale);
 }
@@ -31,10 +31,8 @@ template <> __device__ __forceinline__ void store_pair<__nv_bfloat16>(__nv_bfloa
     *(__nv_bfloat162 *)p = __floats2bfloat162_rn(v0, v1);
 }
 
-
 constexpr int DOT_BIAS = BIE_DOT_BIAS;
 constexpr float DOT_BIAS_F = 12582912.0f; // 1.5 * 2^23
-
 
 // A warp's accumulators as the epilogue reads them: pair(i, h) is this thread's two values of
 // column group i in fragment row h (d[4i + 2h + e] in the wgmma layout, see epilogue()), from the
@@ -44,7 +42,9 @@ constexpr float DOT_BIAS_F = 12582912.0f; // 1.5 * 2^23
 // after them (it made two instructions of each, and 4 acc + colterm is one LEA).
 struct acc_regs {
     const int * d;
-    __device__ __forceinline__ int2 pair(int i, int h) const { return make_int2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]); }
+    __device__ __forceinline__ int2 pair(int i, int h) const {
+        return make_int2(d[4 * i + 2 * h], d[4 * i + 2 * h + 1]);
+    }
 };
 struct acc_dump {
     const uint32_t * w;
@@ -71,7 +71,8 @@ template <bool BINARY, bool TAPS> __device__ __forceinline__ int2 col_pair(const
 // then that row's offset, class * colcls_ld + the tile's first column.
 // fragment_ints: the binary pair's column parts, 4 acc + column term (the bits of 1.5 * 2^23 + p).
 template <bool TAPS, class D>
-__device__ __forceinline__ int2 fragment_ints(const gemm_epilogue & ep, const D & d, int2 ctc, int i, int h, int border) {
+__device__ __forceinline__ int2 fragment_ints(const gemm_epilogue & ep, const D & d, int2 ctc, int i, int h,
+                                              int border) {
     const int2 a = d.pair(i, h);
     const int lane = threadIdx.x % 32;
     const int2 ct = TAPS ? __ldg((const int2 *)(ep.colcls + border + 8 * i + 2 * (lane % 4))) : ctc;
@@ -117,8 +118,9 @@ __device__ __forceinline__ void epilogue_bits(const gemm_epilogue & ep, const ac
 #pragma unroll
             for (int q = 0; q < 4; q++) {
                 const int i = 4 * w4 + q;
-                const int2 v = BINARY ? fragment_ints<TAPS>(ep, d, col_pair<BINARY, TAPS>(colterm, i), i, h, rowborder[h])
-                                      : d.pair(i, h);
+                const int2 v = BINARY
+                                   ? fragment_ints<TAPS>(ep, d, col_pair<BINARY, TAPS>(colterm, i), i, h, rowborder[h])
+                                   : d.pair(i, h);
                 word |= ((v.x >= thr ? 1u : 0u) | (v.y >= thr ? 2u : 0u)) << (8 * q + 2 * t);
             }
             word |= __shfl_xor_sync(0xffffffffu, word, 1);
@@ -183,7 +185,6 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float2 v) {
         return *(const uint32_t *)&h;
     }
 }
-
 
 // Two adjacent values of a 16-row, 128-byte-wide stage in the 128-byte swizzle (16-byte unit u of
 // row r at u ^ (r % 8)): those of column group j of the chunk in fragment row h go to byte
@@ -259,10 +260,9 @@ __device__ __forceinline__ void publish(const CUtensorMap * ymap, uint8_t * stag
 // dumps in turn). The arithmetic comes before the wait, so the store before it has that long to
 // read the stage.
 template <bool BINARY, typename T, bool TAPS, class D>
-__device__ __forceinline__ void epilogue_chunk(const gemm_epilogue & ep, const D & d, uint8_t * stage,
-                                               const int * colterm, const CUtensorMap * ymap, int64_t mw, int c,
-                                               int64_t nt, int64_t M, float scale, const float * rowf,
-                                               const int * border) {
+__device__ __forceinline__ void
+epilogue_chunk(const gemm_epilogue & ep, const D & d, uint8_t * stage, const int * colterm, const CUtensorMap * ymap,
+               int64_t mw, int c, int64_t nt, int64_t M, float scale, const float * rowf, const int * border) {
     chunk_vals<T, false> cv;
     const auto ct = [&](int j) { return col_pair<BINARY, TAPS>(colterm, c * chunk_vals<T, false>::GC + j); };
     chunk_half<BINARY, T, TAPS>(cv, ep, d, ct, c, 0, scale, rowf, border);
@@ -289,7 +289,8 @@ __device__ __forceinline__ void epilogue_chunks(const gemm_epilogue & ep, const 
         for (int j = 0; j < GC; j++) ct[c % 2][j] = col_pair<BINARY, TAPS>(colterm, c * GC + j);
     };
     auto half = [&](int c, int h) {
-        chunk_half<BINARY, T, TAPS>(cv[c % 2], ep, d, [&](int j) { return ct[c % 2][j]; }, c, h, scale, rowf, border);
+        chunk_half<BINARY, T, TAPS>(
+            cv[c % 2], ep, d, [&](int j) { return ct[c % 2][j]; }, c, h, scale, rowf, border);
     };
     load_ct(0);
     half(0, 0);
@@ -345,7 +346,8 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
         T * const yd = (T *)y.data + nb * y.stride[0] + p0;
         const int64_t fs = y.stride[1];
         const int vec = ((uintptr_t)yd % 16 == 0 && fs % (16 / (int)sizeof(T)) == 0) ? 16 / (int)sizeof(T)
-                        : ((uintptr_t)yd % 4 == 0 && fs % 2 == 0 && sizeof(T) == 2) ? 2 : 1;
+                        : ((uintptr_t)yd % 4 == 0 && fs % 2 == 0 && sizeof(T) == 2)  ? 2
+                                                                                     : 1;
         T * const st = (T *)stage;
 #pragma unroll
         for (int c = 0; c < BN / CC; c++) {
@@ -408,7 +410,8 @@ __device__ __forceinline__ void epilogue(const gemm_epilogue & ep, const acc_reg
             if (mw + row >= M || n >= N) continue;
             const uint8_t * src = stage + row * 128 + (((lane % 8) ^ (row & 7)) << 4);
             T * dst = (T *)y.data + rb + n;
-            if (((uintptr_t)y.data % 16) == 0 && ((rb + n) % (16 / (int)sizeof(T))) == 0 && n + 16 / (int)sizeof(T) <= N) {
+            if (((uintptr_t)y.data % 16) == 0 && ((rb + n) % (16 / (int)sizeof(T))) == 0 &&
+                n + 16 / (int)sizeof(T) <= N) {
                 *(uint4 *)dst = *(const uint4 *)src;
             } else {
                 for (int k = 0; k < 16 / (int)sizeof(T) && n + k < N; k++) dst[k] = ((const T *)src)[k];

@@ -55,9 +55,9 @@ template <bool BINARY, int BN, typename T, bool FAST, bool TAPS> struct wgmma_ct
     int kwhole, klast;
 
     __device__ __forceinline__ wgmma_cta(uint8_t * smem_raw, const CUtensorMap & ta_, const CUtensorMap & tb_,
-                                         const CUtensorMap & ty_, const int & y_mode_, const int64_t & M_, const int64_t & N_,
-                                         const int & ktiles_,
-                                         const gemm_epilogue & ep_, const gemm_gather & gs_)
+                                         const CUtensorMap & ty_, const int & y_mode_, const int64_t & M_,
+                                         const int64_t & N_, const int & ktiles_, const gemm_epilogue & ep_,
+                                         const gemm_gather & gs_)
         : ta(ta_), tb(tb_), ty(ty_), y_mode(y_mode_), M(M_), N(N_), ktiles(ktiles_), ep(ep_), gs(gs_) {
         base = ((uint32_t)__cvta_generic_to_shared(smem_raw) + 1023) & ~1023u; // swizzle atoms
         bars = base + STAGES * STAGE_BYTES;
@@ -90,7 +90,7 @@ template <bool BINARY, int BN, typename T, bool FAST, bool TAPS> struct wgmma_ct
     __device__ __forceinline__ void init_barriers() {
         if (threadIdx.x == 0) {
             for (int s = 0; s < STAGES; s++) {
-                mbar_init(full(s), gs.x ? 129 : 1);     // (gathering: every producer thread and the B load)
+                mbar_init(full(s), gs.x ? 129 : 1);    // (gathering: every producer thread and the B load)
                 mbar_init(empty(s), PP ? 4 : 4 * NCW); // one arrival per consumer warp that reads it
             }
             if (PP) {
@@ -395,7 +395,8 @@ __global__ void __launch_bounds__(threads_for(BINARY, BN), 1)
 } // namespace
 
 // An entry of the launch table: the instance wgmma_gemm<B, BN, T, F, TAPS> and its key.
-#define WGMMA_KERNEL(B, BN, T, F, TAPS) {{B, BN, out_of<T>(), F, TAPS}, wgmma_gemm<B, BN, T, F, TAPS>}
+#define WGMMA_KERNEL(B, BN, T, F, TAPS)                                                                                \
+    { {B, BN, out_of<T>(), F, TAPS}, wgmma_gemm<B, BN, T, F, TAPS> }
 
 // The instances that the dispatch (cuda-wgmma.cu) can choose, per tile width. n-bit: B1 y (sign
 // bits), f16/bf16/f32 y by the FAST epilogue, and any y element by element (no border correction:

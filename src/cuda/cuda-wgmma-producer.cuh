@@ -49,7 +49,8 @@ __device__ __forceinline__ void gather_producer(const gemm_gather & gs, const CU
                                                 int64_t M, uint32_t mt, uint32_t ntn, int ktiles, uint32_t base,
                                                 uint32_t bars) {
     constexpr int STAGE_BYTES = (BM + BN) * BK;
-    constexpr int RS = BM < 128 ? BM : 128, TPR = 128 / RS, RPT = BM / RS; // row slots, threads per row, rows per thread
+    constexpr int RS = BM < 128 ? BM : 128, TPR = 128 / RS,
+                  RPT = BM / RS;                     // row slots, threads per row, rows per thread
     constexpr int WPP = PIECE / 4, PPS = BK / PIECE; // words per piece, pieces per row and stage
     static_assert(PPS % TPR == 0, "a stage's pieces split evenly between a row's threads");
     const int t = threadIdx.x, rs = t % RS, phase = t / RS;

@@ -43,7 +43,7 @@
 
 namespace {
 
-constexpr int BK = 128;       // bytes of K per stage (1024 bits / 128 int8 codes)
+constexpr int BK = 128; // bytes of K per stage (1024 bits / 128 int8 codes)
 
 // Consumer warpgroups per CTA, by tile width: 64-column tiles (convs with 64 channels, where
 // K is short and a tile is one or two stages) take four, 256 x 64 tiles, so that twice the warps
@@ -77,8 +77,12 @@ __host__ __device__ constexpr int threads_for(bool binary, int bn) { // + the pr
 __host__ __device__ constexpr int ring_for(bool binary, int bn) { // stage ring bytes
     return bn == 64 || split_for(binary, bn) ? 163840 : pp_for(binary, bn) ? 204800 : 196608;
 }
-__host__ __device__ constexpr int dump_for(bool binary, int bn) { return split_for(binary, bn) ? bm_for(binary, bn) * bn * 2 : 0; }
-__host__ __device__ constexpr int epilogue_warps(bool binary, int bn) { return split_for(binary, bn) ? 7 : 4 * cw_for(bn); }
+__host__ __device__ constexpr int dump_for(bool binary, int bn) {
+    return split_for(binary, bn) ? bm_for(binary, bn) * bn * 2 : 0;
+}
+__host__ __device__ constexpr int epilogue_warps(bool binary, int bn) {
+    return split_for(binary, bn) ? 7 : 4 * cw_for(bn);
+}
 // Registers per thread after setmaxnreg: the producer gives up its registers above 40, and the
 // consumers take them (the launch gives every thread 65536 / threads_for, rounded down to 8).
 // SPLIT: the two warpgroups of epilogue warps give up 8 of their 128, and the consumers take them.
@@ -87,7 +91,8 @@ __host__ __device__ constexpr int consumer_regs(bool binary, int bn) {
     return split_for(binary, bn) ? 136 : cw_for(bn) == 2 ? 232 : 104;
 }
 __host__ __device__ constexpr int regs_needed(bool binary, int bn) {
-    return 128 * ((split_for(binary, bn) ? 2 * SPLIT_HELPER_REGS : PRODUCER_REGS) + cw_for(bn) * consumer_regs(binary, bn));
+    return 128 *
+           ((split_for(binary, bn) ? 2 * SPLIT_HELPER_REGS : PRODUCER_REGS) + cw_for(bn) * consumer_regs(binary, bn));
 }
 
 // After the ring (and 1 KB for its barriers): each epilogue warp's stage (16 rows x 128 bytes in
@@ -116,15 +121,15 @@ __host__ __device__ constexpr int smem_for(bool binary, int bn) { // + alignment
 // and an FADD of the row part K - 2 popc(x) - 1.5 * 2^23 (an integer below 2^24, so a float)
 // gives the dot product exactly (an integer of magnitude <= K < 2^24). |p| <= 2 K, so the host runs
 // the fast epilogue for binary layers only when K < 2^21.
-struct bits_t {}; // the output type of the fast epilogue's B1 y (epilogue_bits)
+struct bits_t {};                                    // the output type of the fast epilogue's B1 y (epilogue_bits)
 constexpr int64_t DOT_BIAS_MAX_K = (int64_t)1 << 21; // DOT_BIAS and its conversion: in the device code
 
 __host__ __device__ constexpr int stages_for(bool binary, int bn) {
     return ring_for(binary, bn) / ((bm_for(binary, bn) + bn) * BK);
 }
 __host__ __device__ constexpr bool shape_ok(bool binary, int bn) {
-    return stages_for(binary, bn) * (bm_for(binary, bn) + bn) * BK == ring_for(binary, bn) && stages_for(binary, bn) >= 3 &&
-           smem_for(binary, bn) <= 232448 &&
+    return stages_for(binary, bn) * (bm_for(binary, bn) + bn) * BK == ring_for(binary, bn) &&
+           stages_for(binary, bn) >= 3 && smem_for(binary, bn) <= 232448 &&
            regs_needed(binary, bn) <= 65536 / threads_for(binary, bn) / 8 * 8 * threads_for(binary, bn);
 }
 static_assert(shape_ok(true, 64) && shape_ok(true, 128) && shape_ok(true, 192) && shape_ok(true, 256) &&
@@ -181,7 +186,6 @@ __device__ __forceinline__ void ones_operand(uint8_t * ones, int64_t K) {
 // The descriptor offset (16-byte units) of the ones operand's slice for K step q, given the number
 // of whole K steps (K / 256).
 __device__ __forceinline__ int ones_slice(int q, int whole) { return q < whole ? 0 : 2; }
-
 
 #endif // sm_90a device code
 

@@ -18,7 +18,8 @@ encode_tiled_fn encoder() {
     static const encode_tiled_fn fn = [] {
         void * p = NULL;
         cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
             q != cudaDriverEntryPointSuccess) {
             cudaGetLastError();
             return (encode_tiled_fn)NULL;
@@ -57,7 +58,7 @@ bool make_y_map(CUtensorMap * map, const gemm_epilogue & ep, int64_t M, int64_t 
     const cuuint64_t strides[1] = {(cuuint64_t)(pitch * esz)};
     const cuuint32_t box[2] = {(cuuint32_t)(128 / esz), 16};
     const cuuint32_t estr[2] = {1, 1};
-    const CUtensorMapDataType dt = esz == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+    const CUtensorMapDataType dt = esz == 4                   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                    : y.dtype == BIE_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                               : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     return encoder()(map, dt, 2, (void *)y.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -190,8 +191,7 @@ int bie_cuda_wgmma_tile_n(bie_context_t * ctx, int64_t M, int64_t N, int64_t kby
     const int64_t mt = (M + 127) / 128, sms = bie_cuda_sm_count(ctx), n192 = (N + 191) / 192;
     if (N <= 64) return 64;
     if (N <= 128) return 128;
-    if (binary && kbytes / BK <= SPLIT_MAX_KTILES && n192 * 192 - N <= N / 16 &&
-        mt * n192 >= SPLIT_MIN_ROUNDS * sms)
+    if (binary && kbytes / BK <= SPLIT_MAX_KTILES && n192 * 192 - N <= N / 16 && mt * n192 >= SPLIT_MIN_ROUNDS * sms)
         return 192;
     return mt * ((N + 255) / 256) >= sms ? 256 : 128;
 }
@@ -206,7 +206,8 @@ enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, cons
     // (B1 y, y without a map, gathered rows: the consumers store the tiles)
     if (bn == 192 && (gs || !split_fits(ep, M, N))) bn = 256;
     CUtensorMap ta, tb;
-    if (!make_map(&tb, B, N, kbytes, ep.ldb, bn) || (!gs && !make_map(&ta, A, M, kbytes, kbytes, bm_for(ep.binary, bn))))
+    if (!make_map(&tb, B, N, kbytes, ep.ldb, bn) ||
+        (!gs && !make_map(&ta, A, M, kbytes, kbytes, bm_for(ep.binary, bn))))
         return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cuTensorMapEncodeTiled refused the GEMM operands");
     if (gs) ta = tb; // (unused: the producer gathers A)
     gemm_gather none;
