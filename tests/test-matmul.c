@@ -169,7 +169,7 @@ int main(int argc, char ** argv) {
     check_by_hand(cpus[n - 1]);
     check_against_layer(ref);
     check_errors(ref);
-    const char * names[4];
+    const char * names[CPU_TEST_LEVELS];
     for (int i = 0; i < n; i++) names[i] = bie_cpu_isa_name(levels[i]);
     const int iters = cpu_test_quick() ? 25 : 120;
     for (int i = 0; i < 2 * iters; i++) {
