@@ -147,6 +147,8 @@ void bie_model_fconv_forward(const struct layer * L, int64_t n, const float * x,
                              float * y, float * scratch);
 // The low-bit layer's output bias: y[i, o, p] += bias[o] over n samples (no-op without one).
 void bie_model_add_output_bias(const struct layer * L, int64_t n, float * y);
+// The pooling of layer L (an L_POOL) over a batch of n samples.
+struct nn_pool bie_model_pool_args(const struct layer * L, int64_t n);
 // Lazy initialisation of a low-bit layer's scale_a from its first input x (n samples).
 enum bie_status bie_model_init_scale_a(bie_context_t * ctx, struct layer * L, int64_t n, const float * x);
 

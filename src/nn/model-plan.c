@@ -246,15 +246,7 @@ static enum bie_status build_step(bie_context_t * ctx, bie_model_t * m, const st
         break;
     case L_POOL:
         s->route = L->pool_kind == POOL_MAX ? R_MAXPOOL : L->pool_kind == POOL_AVG ? R_AVGPOOL : R_ADAPTIVE;
-        s->pool = (struct nn_pool){.n = n,
-                                   .c = L->in[0],
-                                   .h = L->in[1],
-                                   .w = L->in[2],
-                                   .oh = L->out[1],
-                                   .ow = L->out[2],
-                                   .k = L->pool,
-                                   .s = L->pool_stride,
-                                   .p = L->pool_pad};
+        s->pool = bie_model_pool_args(L, n);
         break;
     case L_ACT: s->route = L->prelu_n ? R_PRELU : R_ACT; break;
     case L_ADD: s->route = R_ADD; break;

@@ -49,7 +49,7 @@ static enum bie_status ensure_buffers(bie_context_t * ctx, bie_model_t * m, int6
     return BIE_STATUS_OK;
 }
 
-static struct nn_pool pool_geometry(const struct layer * L, int64_t n) {
+struct nn_pool bie_model_pool_args(const struct layer * L, int64_t n) {
     struct nn_pool g = {.n = n,
                         .c = L->in[0],
                         .h = L->in[1],
@@ -88,7 +88,7 @@ static enum bie_status layer_forward(bie_context_t * ctx, bie_model_t * m, struc
         if (L->pool_kind == POOL_ADAPTIVE_AVG) {
             nn_adaptive_avgpool_forward(n, L->in[0], L->in[1], L->in[2], L->out[1], L->out[2], in, out);
         } else {
-            const struct nn_pool g = pool_geometry(L, n);
+            const struct nn_pool g = bie_model_pool_args(L, n);
             if (L->pool_kind == POOL_MAX) nn_maxpool_forward(&g, in, out, L->argmax);
             else nn_avgpool_forward(&g, in, out);
         }
@@ -192,7 +192,7 @@ static enum bie_status layer_backward(bie_context_t * ctx, bie_model_t * m, stru
         if (L->pool_kind == POOL_ADAPTIVE_AVG) {
             nn_adaptive_avgpool_backward(n, L->in[0], L->in[1], L->in[2], L->out[1], L->out[2], gy, gx);
         } else {
-            const struct nn_pool g = pool_geometry(L, n);
+            const struct nn_pool g = bie_model_pool_args(L, n);
             if (L->pool_kind == POOL_MAX) nn_maxpool_backward(&g, gy, L->argmax, gx);
             else nn_avgpool_backward(&g, gy, gx);
         }
