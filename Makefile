@@ -13,7 +13,7 @@ endif
 CMAKE_FLAGS ?=
 PREFIX ?= /usr/local
 
-.PHONY: all build install test test-unit test-san test-python test-wheel test-fuzz fuzz demo clean
+.PHONY: all build install test test-format test-unit test-san test-python test-wheel test-fuzz fuzz demo clean
 
 all: build
 
@@ -25,11 +25,12 @@ build:
 install: build
 	cmake --install build --prefix $(PREFIX)
 
-# Release build with every unit test (the installed tree and the library without CUDA included),
-# then the whole suite again under ASan + UBSan + LSan, the PyTorch binding's tests from the source
+# The sources' formatting (scripts/check-format.sh), a Release build with every unit test (the
+# installed tree and the library without CUDA included), then the whole suite again under ASan + UBSan + LSan, the PyTorch binding's tests from the source
 # tree and as pip installs it, the concurrency tests under ThreadSanitizer and the fuzzers briefly.
 test:
 	scripts/install-deps.sh test
+	$(MAKE) --no-print-directory test-format
 	$(MAKE) --no-print-directory build
 	ctest --test-dir build -L unit --output-on-failure -j$(JOBS)
 	$(MAKE) --no-print-directory test-san
@@ -37,6 +38,10 @@ test:
 	$(MAKE) --no-print-directory test-wheel
 	$(MAKE) --no-print-directory test-tsan
 	$(MAKE) --no-print-directory test-fuzz
+
+# Every C and CUDA source formatted as .clang-format says.
+test-format:
+	scripts/check-format.sh
 
 test-san:
 	cmake -S . -B build-san -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBIE_SANITIZE=ON -DBIE_CUDA=OFF $(CMAKE_FLAGS)

@@ -23,14 +23,14 @@ static void host_fail(const char * what, const char * why) {
     fprintf(stderr, "bench-cuda: %s: %s\n", what, why);
     exit(1);
 }
-#define HK(ctx, expr)                                                                              \
-    do {                                                                                           \
-        if ((expr) != BIE_STATUS_OK) host_fail(#expr, bie_context_last_error(ctx));                \
+#define HK(ctx, expr)                                                                                                  \
+    do {                                                                                                               \
+        if ((expr) != BIE_STATUS_OK) host_fail(#expr, bie_context_last_error(ctx));                                    \
     } while (0)
-#define HC(expr)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess) host_fail(#expr, cudaGetErrorString(e_));                           \
+#define HC(expr)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (expr);                                                                                       \
+        if (e_ != cudaSuccess) host_fail(#expr, cudaGetErrorString(e_));                                               \
     } while (0)
 
 static double now_us(void) {
@@ -111,7 +111,8 @@ static void host_row(bie_context_t * ctx, int conv, int json, const char * info)
         bie_tensor_permute(&w, to_nchw);
         bie_tensor_permute(&y, to_nchw);
         h.cd = (struct bie_conv2d_desc){BIE_QUANT_BINARY, C, O, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, BIE_PAD_ZERO};
-        snprintf(shape, sizeof shape, "N%lld C%lld %lldx%lld 3x3", (long long)N, (long long)C, (long long)HW, (long long)HW);
+        snprintf(shape, sizeof shape, "N%lld C%lld %lldx%lld 3x3", (long long)N, (long long)C, (long long)HW,
+                 (long long)HW);
     } else {
         const int64_t xs[2] = {M, K}, ws[2] = {K, K}, ys[2] = {M, K};
         x = on_device(dev_zeros((size_t)(M * K) * 2), BIE_DTYPE_F16, 2, xs);

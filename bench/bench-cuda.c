@@ -45,20 +45,20 @@ static void fail(const char * what, const char * why) {
     fprintf(stderr, "bench-cuda: %s: %s\n", what, why);
     exit(1);
 }
-#define CK(expr)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess) fail(#expr, cudaGetErrorString(e_));                                \
+#define CK(expr)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (expr);                                                                                       \
+        if (e_ != cudaSuccess) fail(#expr, cudaGetErrorString(e_));                                                    \
     } while (0)
-#define BK(ctx, expr)                                                                              \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) fail(#expr, bie_context_last_error(ctx));                         \
+#define BK(ctx, expr)                                                                                                  \
+    do {                                                                                                               \
+        enum bie_status s_ = (expr);                                                                                   \
+        if (s_ != BIE_STATUS_OK) fail(#expr, bie_context_last_error(ctx));                                             \
     } while (0)
-#define CB(expr)                                                                                   \
-    do {                                                                                           \
-        cublasStatus_t s_ = (expr);                                                                \
-        if (s_ != CUBLAS_STATUS_SUCCESS) fail(#expr, cublasGetStatusString(s_));                   \
+#define CB(expr)                                                                                                       \
+    do {                                                                                                               \
+        cublasStatus_t s_ = (expr);                                                                                    \
+        if (s_ != CUBLAS_STATUS_SUCCESS) fail(#expr, cublasGetStatusString(s_));                                       \
     } while (0)
 
 static int g_quick = 0, g_json = 0, g_call_only = 0;
@@ -168,7 +168,8 @@ static void * dev_half_random(size_t n) {
     uint64_t s = 0x2545F4914F6CDD1Dull ^ n;
     for (size_t i = 0; i < n; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
-        const unsigned sign = (unsigned)(s >> 63), exp = 7 + (unsigned)((s >> 40) % 8), man = (unsigned)(s >> 20) & 0x3ff;
+        const unsigned sign = (unsigned)(s >> 63), exp = 7 + (unsigned)((s >> 40) % 8),
+                       man = (unsigned)(s >> 20) & 0x3ff;
         h[i] = (uint16_t)(sign << 15 | exp << 10 | man);
     }
     void * p;
@@ -258,7 +259,7 @@ static void print_row(const char * name, const char * shape, struct timing bie, 
 
 struct gemm_state {
     int64_t M, N, K;
-    void * A[MAX_ROTATIONS], * B[MAX_ROTATIONS], * C[MAX_ROTATIONS];
+    void *A[MAX_ROTATIONS], *B[MAX_ROTATIONS], *C[MAX_ROTATIONS];
     int i8;
 };
 
@@ -311,10 +312,10 @@ struct layer_state {
     struct bie_linear_desc ld;
     struct bie_conv2d_desc cd;
     struct bie_tensor x[MAX_ROTATIONS], w[MAX_ROTATIONS], y[MAX_ROTATIONS], sa, sw;
-    struct bie_tensor g[MAX_ROTATIONS], gx[MAX_ROTATIONS], gw[MAX_ROTATIONS]; // training step
+    struct bie_tensor g[MAX_ROTATIONS], gx[MAX_ROTATIONS], gw[MAX_ROTATIONS];         // training step
     struct bie_tensor bits[MAX_ROTATIONS], mask[MAX_ROTATIONS], wbits[MAX_ROTATIONS]; // saved-bits step
-    struct bie_tensor bias;                                                  // bias_a, or data NULL
-    int train;                                                               // STEP_*
+    struct bie_tensor bias;                                                           // bias_a, or data NULL
+    int train;                                                                        // STEP_*
 };
 
 // STEP_TRAIN: forward(x, W), backward(x, W). STEP_TRAIN_SAVED_BITS: bits, mask = bie_binarize_ste(x)
@@ -324,16 +325,17 @@ static void run_layer(void * st, int r) {
     struct layer_state * s = st;
     const int saved = s->train == STEP_TRAIN_SAVED_BITS;
     if (saved) {
-        BK(s->ctx, bie_binarize_ste(s->ctx, &s->x[r], s->bias.data ? &s->bias : NULL, &s->sa, &s->bits[r], &s->mask[r]));
+        BK(s->ctx,
+           bie_binarize_ste(s->ctx, &s->x[r], s->bias.data ? &s->bias : NULL, &s->sa, &s->bits[r], &s->mask[r]));
         BK(s->ctx, bie_pack(s->ctx, &s->w[r], NULL, &s->wbits[r]));
     }
-    const struct bie_tensor * x = saved ? &s->bits[r] : &s->x[r], * w = saved ? &s->wbits[r] : &s->w[r];
+    const struct bie_tensor *x = saved ? &s->bits[r] : &s->x[r], *w = saved ? &s->wbits[r] : &s->w[r];
     const struct bie_tensor * bias = s->bias.data && !saved ? &s->bias : NULL;
     struct bie_forward_args a = {x, bias, w, &s->sa, &s->sw, &s->y[r]};
     BK(s->ctx, s->conv ? bie_conv2d_forward(s->ctx, &s->cd, &a) : bie_linear_forward(s->ctx, &s->ld, &a));
     if (s->train != STEP_FORWARD) {
-        struct bie_backward_args b = {x, bias, w, &s->sa, &s->sw, &s->g[r], &s->gx[r], &s->gw[r], NULL, NULL,
-                                      saved ? &s->mask[r] : NULL};
+        struct bie_backward_args b = {
+            x, bias, w, &s->sa, &s->sw, &s->g[r], &s->gx[r], &s->gw[r], NULL, NULL, saved ? &s->mask[r] : NULL};
         BK(s->ctx, bie_linear_backward(s->ctx, &s->ld, &b));
     }
 }
@@ -371,8 +373,8 @@ static void layer_free(struct layer_state * s, int rots) {
 // Binary or 4-bit linear: x [M, K] (xdt), weight [N, K] (wdt), y [M, N] f16 (or B1), bias_a [K] f16 with
 // LAYER_BIAS (added to x in the packer, or in bie_binarize_ste for the saved bits); train: STEP_*,
 // with grad_y, grad_x and grad_weight f16 for the training steps; opt: LAYER_* bits.
-static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie_dtype xdt, enum bie_dtype wdt, int64_t M,
-                          int64_t N, int64_t K, int train, int opt) {
+static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie_dtype xdt, enum bie_dtype wdt,
+                                 int64_t M, int64_t N, int64_t K, int train, int opt) {
     struct layer_state s;
     layer_init(&s, ctx);
     s.ld.quant = q;
@@ -403,14 +405,14 @@ static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie
         s.y[r] = dev_tensor(yd, ydt, 2, ys);
         if (train != STEP_FORWARD) {
             s.g[r] = dev_tensor(dev_half_random((size_t)(M * N)), BIE_DTYPE_F16, 2, ys);
-            void * gx, * gw;
+            void *gx, *gw;
             CK(cudaMalloc(&gx, (size_t)(M * K) * 2));
             CK(cudaMalloc(&gw, (size_t)(N * K) * 2));
             s.gx[r] = dev_tensor(gx, BIE_DTYPE_F16, 2, xs);
             s.gw[r] = dev_tensor(gw, BIE_DTYPE_F16, 2, ws);
         }
         if (train == STEP_TRAIN_SAVED_BITS) { // 2 bits per element of x kept for the backward, W's bits
-            void * bits, * mask, * wbits;
+            void *bits, *mask, *wbits;
             bie_tensor_make(&probe, NULL, BIE_DTYPE_B1, 2, xs);
             size_t bb, wbb;
             bie_tensor_nbytes(&probe, &bb);
@@ -432,7 +434,7 @@ static struct timing time_linear(bie_context_t * ctx, enum bie_quant q, enum bie
 // fp16 dense training step: y = x W^T, gx = g W, gW = g^T x (three cuBLAS GEMMs).
 struct dense_step {
     int64_t M, N, K;
-    void * x[4], * w[4], * y[4], * g[4], * gx[4], * gw[4];
+    void *x[4], *w[4], *y[4], *g[4], *gx[4], *gw[4];
 };
 static void run_dense_step(void * st, int r) {
     struct dense_step * s = st;
@@ -471,7 +473,7 @@ static struct timing time_dense_step(int64_t M, int64_t N, int64_t K) {
 // Binary conv2d, channels-last: x [N, C, H, W] as NHWC bits (or f16; x_nchw: f16 in NCHW, as
 // PyTorch passes it by default), weight OHWI bits, y NHWC.
 static struct timing time_conv(bie_context_t * ctx, int64_t N, int64_t C, int64_t H, int64_t O, enum bie_dtype xdt,
-                        enum bie_dtype ydt, int x_nchw) {
+                               enum bie_dtype ydt, int x_nchw) {
     struct layer_state s;
     layer_init(&s, ctx);
     s.conv = 1;
@@ -513,7 +515,7 @@ struct cudnn_state {
     cudnnConvolutionFwdAlgo_t algo;
     void * ws;
     size_t ws_size;
-    void * x[MAX_ROTATIONS], * w[MAX_ROTATIONS], * y[MAX_ROTATIONS];
+    void *x[MAX_ROTATIONS], *w[MAX_ROTATIONS], *y[MAX_ROTATIONS];
 };
 static void run_cudnn(void * st, int r) {
     struct cudnn_state * s = st;
@@ -539,7 +541,8 @@ static struct timing time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
     cudnnSetConvolutionMathType(s.cd, CUDNN_TENSOR_OP_MATH);
     cudnnConvolutionFwdAlgoPerf_t perf[8];
     int got = 0;
-    if (cudnnGetConvolutionForwardAlgorithm_v7(s.h, s.xd, s.wd, s.cd, s.yd, 8, &got, perf) != CUDNN_STATUS_SUCCESS || !got)
+    if (cudnnGetConvolutionForwardAlgorithm_v7(s.h, s.xd, s.wd, s.cd, s.yd, 8, &got, perf) != CUDNN_STATUS_SUCCESS ||
+        !got)
         return none;
     s.algo = perf[0].algo;
     s.ws_size = perf[0].memory;
@@ -569,7 +572,7 @@ static struct timing time_cudnn(int64_t N, int64_t C, int64_t H, int64_t O) {
 }
 #endif
 
-static const char * g_case = NULL, * g_shape = NULL; // --case, --shape (NULL: all)
+static const char *g_case = NULL, *g_shape = NULL; // --case, --shape (NULL: all)
 
 // Whether a row of group runs: --case names the group (or part of it) or part of the row's name,
 // and the row's shape contains --shape.
@@ -584,7 +587,7 @@ struct op_state {
     bie_context_t * ctx;
     int64_t B, M, N, K;
     struct bie_tensor a, b, out, c1, c2; // matmul: x, y, out, x_clip, y_clip; embedding: indices, table, out
-    void * src, * dst;                   // the baselines' operands
+    void *src, *dst;                     // the baselines' operands
     size_t bytes;
     int quant;
 };
@@ -713,7 +716,11 @@ int bie_bench_cuda_main(int argc, char ** argv) {
     { // binary-gemm
         const int64_t sizes[3][3] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16, 4096, 4096}};
         // The rows of each shape: the B1 x with f16 or B1 y, and the f16 x packed in the call.
-        const struct { const char * name; enum bie_dtype xdt; int opt; } rows[4] = {
+        const struct {
+            const char * name;
+            enum bie_dtype xdt;
+            int opt;
+        } rows[4] = {
             {"binary-gemm b1->f16", BIE_DTYPE_B1, 0},
             {"binary-gemm b1->b1", BIE_DTYPE_B1, LAYER_Y_BITS},
             {"binary-linear f16", BIE_DTYPE_F16, 0},
@@ -739,7 +746,11 @@ int bie_bench_cuda_main(int argc, char ** argv) {
         const int64_t layers[4][2] = {{64, 56}, {128, 28}, {256, 14}, {512, 7}};
         const int64_t Nb = g_quick ? 32 : 128;
         // The rows of each layer: x as NHWC bits or f16 (channels-last, or NCHW), y f16 or bits.
-        const struct { const char * name; enum bie_dtype xdt, ydt; int nchw; } rows[4] = {
+        const struct {
+            const char * name;
+            enum bie_dtype xdt, ydt;
+            int nchw;
+        } rows[4] = {
             {"binary-conv b1->f16", BIE_DTYPE_B1, BIE_DTYPE_F16, 0},
             {"binary-conv b1->b1", BIE_DTYPE_B1, BIE_DTYPE_B1, 0},
             {"binary-conv f16->f16", BIE_DTYPE_F16, BIE_DTYPE_F16, 0},
@@ -799,8 +810,9 @@ int bie_bench_cuda_main(int argc, char ** argv) {
     cudaFree(blas_ws);
     cudaStreamDestroy(g_stream);
     if (!g_rows) {
-        fprintf(stderr, "bench cuda: no row matches --case '%s' --shape '%s' (groups: binary-gemm, binary-conv, "
-                        "int4-linear, train-step, plan-host, binary-matmul, embedding)\n",
+        fprintf(stderr,
+                "bench cuda: no row matches --case '%s' --shape '%s' (groups: binary-gemm, binary-conv, "
+                "int4-linear, train-step, plan-host, binary-matmul, embedding)\n",
                 g_case ? g_case : "", g_shape ? g_shape : "");
         return 2;
     }

@@ -150,8 +150,11 @@ int bench_gemv_case(const struct bench_options * opt, const char * name, int qua
     char rname[96];
     for (int cold = 0; cold < 2 && !failed; cold++) {
         s.ncopy = cold ? cold_copies : 1;
-        struct bench_result r = {.name = rname, .backend = opt->backend, .threads = threads,
-                                 .ops = 2.0 * (double)M * (double)N * (double)K, .baseline = "read-same-bytes"};
+        struct bench_result r = {.name = rname,
+                                 .backend = opt->backend,
+                                 .threads = threads,
+                                 .ops = 2.0 * (double)M * (double)N * (double)K,
+                                 .baseline = "read-same-bytes"};
         snprintf(rname, sizeof rname, "%s%s", name, cold ? "-cold" : "");
         usleep(100000);
         s.next = 0;

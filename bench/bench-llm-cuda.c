@@ -18,13 +18,13 @@
 #include "bie-cuda.h"
 #include "bie.h"
 
-#define CK(expr)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "bench-llm-cuda: %s: %s\n", #expr, cudaGetErrorString(e_));            \
-            exit(1);                                                                               \
-        }                                                                                          \
+#define CK(expr)                                                                                                       \
+    do {                                                                                                               \
+        cudaError_t e_ = (expr);                                                                                       \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "bench-llm-cuda: %s: %s\n", #expr, cudaGetErrorString(e_));                                \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 static const int64_t SHAPES[][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}, {8192, 28672}};
@@ -130,13 +130,14 @@ static int row(const struct bench_options * o, bie_context_t * ctx, cublasHandle
     struct wq_state s;
     memset(&s, 0, sizeof s);
     s.ctx = ctx;
-    s.d = (struct bie_wq_desc){.in_features = K, .out_features = N, .bits = bits, .group_size = gs,
-                               .zero = BIE_WQ_ZERO_CODE};
+    s.d = (struct bie_wq_desc){
+        .in_features = K, .out_features = N, .bits = bits, .group_size = gs, .zero = BIE_WQ_ZERO_CODE};
     int64_t rows = 0;
     bie_wq_qweight_rows(&s.d, NULL, &rows);
     const int64_t G = (K + gs - 1) / gs;
     const size_t qbytes = (size_t)(rows * N) * 4, fbytes = (size_t)(N * K) * 2;
-    const int qcopies = (int)((L2_FLUSH_BYTES + qbytes - 1) / qbytes), fcopies = (int)((L2_FLUSH_BYTES + fbytes - 1) / fbytes);
+    const int qcopies = (int)((L2_FLUSH_BYTES + qbytes - 1) / qbytes),
+              fcopies = (int)((L2_FLUSH_BYTES + fbytes - 1) / fbytes);
     uint32_t * host = malloc(qbytes);
     for (size_t i = 0; i < qbytes / 4; i++) host[i] = (uint32_t)(i * 2654435761u) ^ 0x5a5a5a5au;
     for (int c = 0; c < qcopies; c++) {
@@ -176,11 +177,12 @@ static int row(const struct bench_options * o, bie_context_t * ctx, cublasHandle
         bench_utc_date(date, sizeof date);
         int rt = 0;
         CK(cudaRuntimeGetVersion(&rt));
-        printf("{\"case\": \"%s\", \"backend\": \"cuda\", \"bie_ms\": %.5f, \"baseline\": \"cublas-fp16\", "
-               "\"baseline_ms\": %.5f, \"speedup\": %.3f, \"gbs\": %.1f, \"baseline_gbs\": %.1f, \"copy_gbs\": %.1f, "
-               "\"bw_ratio\": %.3f, \"device\": \"%s\", \"cuda\": \"%d.%d\", \"bie_version\": \"%s\", \"date\": \"%s\"}\n",
-               name, t_bie, t_blas, t_blas / t_bie, gbs, gbs_blas, copy, gbs / copy, dev, rt / 1000, rt % 1000 / 10,
-               bie_version_string(), date);
+        printf(
+            "{\"case\": \"%s\", \"backend\": \"cuda\", \"bie_ms\": %.5f, \"baseline\": \"cublas-fp16\", "
+            "\"baseline_ms\": %.5f, \"speedup\": %.3f, \"gbs\": %.1f, \"baseline_gbs\": %.1f, \"copy_gbs\": %.1f, "
+            "\"bw_ratio\": %.3f, \"device\": \"%s\", \"cuda\": \"%d.%d\", \"bie_version\": \"%s\", \"date\": \"%s\"}\n",
+            name, t_bie, t_blas, t_blas / t_bie, gbs, gbs_blas, copy, gbs / copy, dev, rt / 1000, rt % 1000 / 10,
+            bie_version_string(), date);
     } else
         printf("%-32s %10.4f  %-12s %10.4f %7.2fx %8.0f %6.0f%% %8.0f\n", name, t_bie, "cublas-fp16", t_blas,
                t_blas / t_bie, gbs, 100.0 * gbs / copy, gbs_blas);

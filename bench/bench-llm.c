@@ -57,7 +57,7 @@ static uint32_t rnd(void) {
 // sum over 512 MiB (bytes read).
 static double copy_gbs(int threads, double * read_gbs) {
     const size_t n = (size_t)512 << 20;
-    char * a = xalloc(n), * b = xalloc(n);
+    char *a = xalloc(n), *b = xalloc(n);
     memset(a, 1, n);
     memset(b, 2, n);
     double t[5];
@@ -136,8 +136,8 @@ static int llm_row(const struct bench_options * o, int threads, int64_t K, int64
     if (bie_context_create(&p, &c.ctx) != BIE_STATUS_OK) return 1;
     openblas_set_num_threads(threads);
     const int gs = 128;
-    c.d = (struct bie_wq_desc){.in_features = K, .out_features = N, .bits = bits, .group_size = gs,
-                               .zero = BIE_WQ_ZERO_CODE, .act = act};
+    c.d = (struct bie_wq_desc){
+        .in_features = K, .out_features = N, .bits = bits, .group_size = gs, .zero = BIE_WQ_ZERO_CODE, .act = act};
     int64_t rows = 0;
     bie_wq_qweight_rows(&c.d, NULL, &rows);
     const int64_t G = (K + gs - 1) / gs;
@@ -154,7 +154,7 @@ static int llm_row(const struct bench_options * o, int threads, int64_t K, int64
     bie_tensor_make(&c.zr, xalloc((size_t)(G * N) * 2), BIE_DTYPE_F16, 2, (int64_t[]){G, N});
     for (int64_t i = 0; i < G * N; i++) {
         ((uint16_t *)c.sc.data)[i] = 0x2000 + (uint16_t)(rnd() & 0x3ff); // ~0.008
-        ((uint16_t *)c.zr.data)[i] = 0x4800;                            // 8.0
+        ((uint16_t *)c.zr.data)[i] = 0x4800;                             // 8.0
     }
     c.w = (struct bie_wq_weight){.qweight = &c.qw[0], .scales = &c.sc, .zeros = &c.zr};
     c.xf = xalloc((size_t)(M * K) * 4);
@@ -173,8 +173,8 @@ static int llm_row(const struct bench_options * o, int threads, int64_t K, int64
     const double wbytes = (double)qbytes + (double)(G * N) * 4;
     const double gbs = bie_ms > 0 ? wbytes / (bie_ms * 1e6) : 0.0;
     char name[96];
-    snprintf(name, sizeof name, "wq%d-g128%s %lldx%lld M=%lld", bits, act == BIE_WQ_ACT_INT8 ? "-i8" : "",
-             (long long)K, (long long)N, (long long)M);
+    snprintf(name, sizeof name, "wq%d-g128%s %lldx%lld M=%lld", bits, act == BIE_WQ_ACT_INT8 ? "-i8" : "", (long long)K,
+             (long long)N, (long long)M);
     const char * base = M == 1 ? "openblas-sgemv" : "openblas-sgemm";
     if (o->json)
         printf("{\"case\": \"%s\", \"backend\": \"cpu\", \"threads\": %d, \"bie_ms\": %.4f, \"baseline\": \"%s\", "
@@ -211,8 +211,8 @@ int bench_llm_main(const struct bench_options * o, int argc, char ** argv) {
     if (!o->json) {
         printf("memory bandwidth (%d threads): copy %.1f GB/s (read + write), read %.1f GB/s; rows use %.1f\n", threads,
                cp, rd, copy);
-        printf("%-36s %3s %10s  %-15s %10s %8s %8s %7s %9s\n", "case", "thr", "bie_ms", "baseline", "base_ms", "speedup",
-               "GB/s", "of copy", "gops");
+        printf("%-36s %3s %10s  %-15s %10s %8s %8s %7s %9s\n", "case", "thr", "bie_ms", "baseline", "base_ms",
+               "speedup", "GB/s", "of copy", "gops");
     }
     int failed = 0;
     for (size_t s = 0; s < sizeof LLM_SHAPES / sizeof LLM_SHAPES[0]; s++)
@@ -221,8 +221,11 @@ int bench_llm_main(const struct bench_options * o, int argc, char ** argv) {
                 const int64_t M = LLM_ROWS[m];
                 if (v > 0 && M > 16) continue; // the int8 path and 2-bit rows: decode shapes
                 char key[64];
-                snprintf(key, sizeof key, "%lldx%lld M=%lld %s", (long long)LLM_SHAPES[s][0], (long long)LLM_SHAPES[s][1],
-                         (long long)M, v == 0 ? "wq4" : v == 1 ? "wq4-i8" : "wq2");
+                snprintf(key, sizeof key, "%lldx%lld M=%lld %s", (long long)LLM_SHAPES[s][0],
+                         (long long)LLM_SHAPES[s][1], (long long)M,
+                         v == 0   ? "wq4"
+                         : v == 1 ? "wq4-i8"
+                                  : "wq2");
                 if (o->filter && !strstr(key, o->filter)) continue;
                 failed |= llm_row(o, threads, LLM_SHAPES[s][0], LLM_SHAPES[s][1], M, v == 2 ? 2 : 4,
                                   v == 1 ? BIE_WQ_ACT_INT8 : BIE_WQ_ACT_FLOAT, copy);

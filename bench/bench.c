@@ -105,8 +105,7 @@ void bench_print(const struct bench_options * opt, const struct bench_result * r
     if (opt->json)
         printf("{\"case\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"bie_ms\": %.4f, \"baseline\": \"%s\", "
                "\"baseline_ms\": %.4f, \"speedup\": %.3f, \"gops\": %.2f, %s}\n",
-               r->name, r->backend, r->threads, r->bie_ms, r->baseline, r->baseline_ms, speedup, gops,
-               json_run_info());
+               r->name, r->backend, r->threads, r->bie_ms, r->baseline, r->baseline_ms, speedup, gops, json_run_info());
     else
         printf("%-24s %-5s %3d %11.3f  %-22s %11.3f %8.2fx %9.1f\n", r->name, r->backend, r->threads, r->bie_ms,
                r->baseline, r->baseline_ms, speedup, gops);
@@ -172,8 +171,14 @@ static int bie_fwd(void * v) {
 static int bie_train(void * v) {
     struct layer_state * s = v;
     if (bie_fwd(v)) return 1;
-    struct bie_backward_args a = {.x = &s->x, .weight = &s->w, .scale_a = &s->sa, .scale_w = &s->sw,
-                                  .grad_y = &s->gy, .grad_x = &s->gx, .grad_weight = &s->gw, .grad_scale_a = &s->gs};
+    struct bie_backward_args a = {.x = &s->x,
+                                  .weight = &s->w,
+                                  .scale_a = &s->sa,
+                                  .scale_w = &s->sw,
+                                  .grad_y = &s->gy,
+                                  .grad_x = &s->gx,
+                                  .grad_weight = &s->gw,
+                                  .grad_scale_a = &s->gs};
     const enum bie_status st = bie_linear_backward(s->ctx, &s->lin, &a);
     if (st != BIE_STATUS_OK) fprintf(stderr, "bie bench: %s: %s\n", s->c->name, bie_context_last_error(s->ctx));
     return st != BIE_STATUS_OK;
@@ -182,8 +187,8 @@ static int bie_train(void * v) {
 static int base_gemm(void * v) { // y[M,N] = x[M,K] w[N,K]^T
     struct layer_state * s = v;
     const struct bench_case * c = s->c;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c->M, (int)c->N, (int)c->K, 1.0f, s->fx, (int)c->K,
-                s->fw, (int)c->K, 0.0f, s->fy, (int)c->N);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)c->M, (int)c->N, (int)c->K, 1.0f, s->fx, (int)c->K, s->fw,
+                (int)c->K, 0.0f, s->fy, (int)c->N);
     return 0;
 }
 
@@ -193,8 +198,8 @@ static int base_train(void * v) { // forward, grad_x = g w, grad_w = g^T x
     base_gemm(v);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)c->M, (int)c->K, (int)c->N, 1.0f, s->fg, (int)c->N,
                 s->fw, (int)c->K, 0.0f, s->fgx, (int)c->K);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c->N, (int)c->K, (int)c->M, 1.0f, s->fg, (int)c->N,
-                s->fx, (int)c->K, 0.0f, s->fgw, (int)c->K);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)c->N, (int)c->K, (int)c->M, 1.0f, s->fg, (int)c->N, s->fx,
+                (int)c->K, 0.0f, s->fgw, (int)c->K);
     return 0;
 }
 
@@ -214,12 +219,13 @@ static int base_conv(void * v) { // per sample: col[K][P] = im2col(x), y[O][P] =
                 const int64_t ih = oh * c->s - c->p + i;
                 for (int64_t ow = 0; ow < OW; ow++) {
                     const int64_t iw = ow * c->s - c->p + j;
-                    d[oh * OW + ow] = (ih < 0 || ih >= c->H || iw < 0 || iw >= c->W) ? 0.0f : x[(ch * c->H + ih) * c->W + iw];
+                    d[oh * OW + ow] =
+                        (ih < 0 || ih >= c->H || iw < 0 || iw >= c->W) ? 0.0f : x[(ch * c->H + ih) * c->W + iw];
                 }
             }
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)c->O, (int)P, (int)K, 1.0f, s->fw, (int)K,
-                    s->col, (int)P, 0.0f, s->fy + n * c->O * P, (int)P);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)c->O, (int)P, (int)K, 1.0f, s->fw, (int)K, s->col,
+                    (int)P, 0.0f, s->fy + n * c->O * P, (int)P);
     }
     return 0;
 }
@@ -260,9 +266,14 @@ static int run_case(const struct bench_options * opt, const struct bench_case * 
         const int32_t perm[4] = {0, 3, 1, 2};
         bie_tensor_permute(&s.w, perm);
         bie_tensor_permute(&wf, perm);
-        s.conv = (struct bie_conv2d_desc){.quant = q, .in_channels = c->C, .out_channels = c->O,
-                                          .kernel = {(int)c->k, (int)c->k}, .stride = {(int)c->s, (int)c->s},
-                                          .padding = {(int)c->p, (int)c->p}, .dilation = {1, 1}, .groups = 1};
+        s.conv = (struct bie_conv2d_desc){.quant = q,
+                                          .in_channels = c->C,
+                                          .out_channels = c->O,
+                                          .kernel = {(int)c->k, (int)c->k},
+                                          .stride = {(int)c->s, (int)c->s},
+                                          .padding = {(int)c->p, (int)c->p},
+                                          .dilation = {1, 1},
+                                          .groups = 1};
         wsz = c->O * c->C * c->k * c->k;
         ops = 2.0 * (double)(c->B * OH * OW) * (double)c->O * (double)(c->C * c->k * c->k);
         s.fx = falloc(c->B * c->C * c->H * c->W, true);
@@ -331,8 +342,8 @@ static int run_case(const struct bench_options * opt, const struct bench_case * 
 
 static bool elems_ok(int64_t a, int64_t b, int64_t c, int64_t d) {
     int64_t p;
-    return !__builtin_mul_overflow(a, b, &p) && !__builtin_mul_overflow(p, c, &p) && !__builtin_mul_overflow(p, d, &p) &&
-           p <= ELEMS_MAX;
+    return !__builtin_mul_overflow(a, b, &p) && !__builtin_mul_overflow(p, c, &p) &&
+           !__builtin_mul_overflow(p, d, &p) && p <= ELEMS_MAX;
 }
 
 // Checks a parsed case; false (after a message naming the line) when it cannot run.
@@ -352,7 +363,8 @@ static bool check_case(const struct bench_case * c, const char * file, int linen
         why = "B, C, H, W and O must be in [1, 2^20]";
     else if (conv && (c->k < 1 || c->k > 64 || c->s < 1 || c->s > 64 || c->p < 0 || c->p > 64))
         why = "k and s must be in [1, 64], p in [0, 64]";
-    else if (conv && (c->H + 2 * c->p < c->k || c->W + 2 * c->p < c->k)) why = "the kernel is larger than the padded input";
+    else if (conv && (c->H + 2 * c->p < c->k || c->W + 2 * c->p < c->k))
+        why = "the kernel is larger than the padded input";
     if (!why && conv) {
         const int64_t OH = (c->H + 2 * c->p - c->k) / c->s + 1, OW = (c->W + 2 * c->p - c->k) / c->s + 1;
         if (!(elems_ok(c->B, c->C, c->H, c->W) && elems_ok(c->B, c->O, OH, OW) && elems_ok(c->O, c->C, c->k, c->k) &&
@@ -391,9 +403,11 @@ static int parse_line(char * line, struct bench_case * c, const char * file, int
             fprintf(stderr, "bie bench: %s:%d: %s=%.40s is not an integer\n", file, lineno, tok, eq + 1);
             return -1;
         }
-        struct { const char * k; int64_t * p; } keys[] = {{"M", &c->M}, {"N", &c->N}, {"K", &c->K}, {"B", &c->B},
-                                                          {"C", &c->C}, {"H", &c->H}, {"W", &c->W}, {"O", &c->O},
-                                                          {"k", &c->k}, {"s", &c->s}, {"p", &c->p}};
+        struct {
+            const char * k;
+            int64_t * p;
+        } keys[] = {{"M", &c->M}, {"N", &c->N}, {"K", &c->K}, {"B", &c->B}, {"C", &c->C}, {"H", &c->H},
+                    {"W", &c->W}, {"O", &c->O}, {"k", &c->k}, {"s", &c->s}, {"p", &c->p}};
         bool found = !strcmp(tok, "quant");
         if (found) c->quant = v < -1000 || v > 1000 ? 0 : (int)v;
         for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
@@ -484,11 +498,11 @@ int bench_run_cuda_program(int argc, char ** argv) {
 int bie_bench_main(int argc, char ** argv) {
     struct bench_options o = {.shapes = NULL, .filter = NULL, .threads = 0, .repeat = 5, .backend = "cpu"};
     static const struct option longopts[] = {
-        {"help", no_argument, NULL, 'h'},           {"json", no_argument, NULL, 'j'},
-        {"quick", no_argument, NULL, 'q'},          {"shapes", required_argument, NULL, 's'},
-        {"case", required_argument, NULL, 'c'},     {"threads", required_argument, NULL, 't'},
-        {"repeat", required_argument, NULL, 'r'},   {"backend", required_argument, NULL, 'b'},
-        {"llm", no_argument, NULL, 'l'},            {NULL, 0, NULL, 0},
+        {"help", no_argument, NULL, 'h'},         {"json", no_argument, NULL, 'j'},
+        {"quick", no_argument, NULL, 'q'},        {"shapes", required_argument, NULL, 's'},
+        {"case", required_argument, NULL, 'c'},   {"threads", required_argument, NULL, 't'},
+        {"repeat", required_argument, NULL, 'r'}, {"backend", required_argument, NULL, 'b'},
+        {"llm", no_argument, NULL, 'l'},          {NULL, 0, NULL, 0},
     };
     char ** args = malloc(sizeof *args * (size_t)(argc + 1)); // getopt permutes; the CUDA program gets argv
     if (!args) return 1;
@@ -500,7 +514,10 @@ int bie_bench_main(int argc, char ** argv) {
     bool llm = false;
     while (!bad && (c = getopt_long(argc, args, ":h", longopts, NULL)) != -1) {
         switch (c) {
-        case 'h': usage(stdout); free(args); return 0;
+        case 'h':
+            usage(stdout);
+            free(args);
+            return 0;
         case 'j': o.json = true; break;
         case 'q': o.quick = true; break;
         case 's': o.shapes = optarg; break;
@@ -509,8 +526,14 @@ int bie_bench_main(int argc, char ** argv) {
         case 'r': bad = (o.repeat = bench_int("repeat", optarg, 1, 64)) < 0; break;
         case 'b': o.backend = optarg; break;
         case 'l': llm = true; break;
-        case ':': fprintf(stderr, "bie bench: %s needs a value\n", args[optind - 1]); bad = 1; break;
-        default: fprintf(stderr, "bie bench: unknown option %s\n", args[optind - 1]); bad = 1; break;
+        case ':':
+            fprintf(stderr, "bie bench: %s needs a value\n", args[optind - 1]);
+            bad = 1;
+            break;
+        default:
+            fprintf(stderr, "bie bench: unknown option %s\n", args[optind - 1]);
+            bad = 1;
+            break;
         }
     }
     if (!bad && optind < argc) {

@@ -25,10 +25,10 @@
 #include <time.h>
 
 struct bench_options {
-    const char * shapes;  // shape file
-    const char * filter;  // --case substring, or NULL
-    int threads;          // > 0: only this count; else 1 and all
-    int repeat;           // timed runs per measurement (median)
+    const char * shapes; // shape file
+    const char * filter; // --case substring, or NULL
+    int threads;         // > 0: only this count; else 1 and all
+    int repeat;          // timed runs per measurement (median)
     bool json;
     bool quick;
     const char * backend; // "cpu", "ref" or "cuda"
@@ -36,13 +36,13 @@ struct bench_options {
 
 // One measured row.
 struct bench_result {
-    const char * name;     // case name
+    const char * name; // case name
     const char * backend;
     int threads;
     double bie_ms;
     const char * baseline; // e.g. "openblas-sgemm"
     double baseline_ms;
-    double ops;            // operations of the case (2*M*N*K for a GEMM)
+    double ops; // operations of the case (2*M*N*K for a GEMM)
 };
 
 // Prints a row as a table line or (json) as one JSON object per line.

@@ -2,6 +2,7 @@
 // fuzz-idx.c: libFuzzer target for the IDX reader, raw and gzip-compressed (the gzip path runs
 // zlib's inflate under the reader's size bounds).
 #include "bie.h"
+#include "bie-train.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -11,6 +11,7 @@
 // is 256 MiB (a hostile architecture is refused on load), and models whose forward would take
 // more than 2^26 multiply-adds per sample are loaded but not run (libFuzzer's time per input).
 #include "bie.h"
+#include "bie-train.h"
 
 #include <math.h>
 #include <stdbool.h>

@@ -3,6 +3,7 @@
 // under it) and for the model loader on top of it (architecture parsing, tensor validation).
 // Any input must give OK or an error status, never a crash, a leak or undefined behaviour.
 #include "bie.h"
+#include "bie-train.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -5,7 +5,7 @@ set -euo pipefail
 what=${1:-build}
 pkgs=(build-essential cmake pkg-config libopenblas-dev zlib1g-dev)
 case "$what" in
-  test) pkgs+=(clang libclang-rt-14-dev libomp-dev python3 python3-pytest python3-numpy python3-torch python3-hypothesis
+  test) pkgs+=(clang clang-format libclang-rt-14-dev libomp-dev python3 python3-pytest python3-numpy python3-torch python3-hypothesis
                python3-venv python3-pip dataset-fashion-mnist) ;;
   demo) pkgs+=(dataset-fashion-mnist python3 python3-matplotlib) ;;
 esac

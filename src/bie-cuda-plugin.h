@@ -41,9 +41,9 @@
 // (each size times its own odd multiplier, modulo 2^64): the same on both sides only when both were
 // built from the same definitions. A struct that starts to cross the boundary is one more term.
 #define BIE_CUDA_PLUGIN_TERM(type, i) ((uint64_t)sizeof(type) * (0x9E3779B97F4A7C15ull * (2 * (i) + 1)))
-#define BIE_CUDA_PLUGIN_LAYOUT                                                                     \
-    (BIE_CUDA_PLUGIN_TERM(struct bie_context, 0) + BIE_CUDA_PLUGIN_TERM(struct bie_layer_call, 1) +   \
-     BIE_CUDA_PLUGIN_TERM(struct bie_backend_ops, 2) + BIE_CUDA_PLUGIN_TERM(struct bie_matmul_call, 3) + \
+#define BIE_CUDA_PLUGIN_LAYOUT                                                                                         \
+    (BIE_CUDA_PLUGIN_TERM(struct bie_context, 0) + BIE_CUDA_PLUGIN_TERM(struct bie_layer_call, 1) +                    \
+     BIE_CUDA_PLUGIN_TERM(struct bie_backend_ops, 2) + BIE_CUDA_PLUGIN_TERM(struct bie_matmul_call, 3) +               \
      BIE_CUDA_PLUGIN_TERM(struct bie_embedding_call, 4) + BIE_CUDA_PLUGIN_TERM(struct bie_wq_call, 5))
 
 struct bie_cuda_plugin {
@@ -82,8 +82,7 @@ typedef const struct bie_cuda_plugin * (*bie_cuda_plugin_entry_fn)(void);
 // for the life of the process). When it is absent, sets ctx's message to why (the plugin is
 // missing, a CUDA library it needs is missing, or it is from another build) and returns
 // BIE_STATUS_UNSUPPORTED. `what` names the argument that asked for CUDA ("x", "src", "device").
-enum bie_status bie_cuda_plugin_get(bie_context_t * ctx, const char * what,
-                                    const struct bie_cuda_plugin ** out);
+enum bie_status bie_cuda_plugin_get(bie_context_t * ctx, const char * what, const struct bie_cuda_plugin ** out);
 // 1 when the plugin is present and sees at least one CUDA device (counted once per process).
 int bie_cuda_available(void);
 // The table if the plugin is loaded, else NULL; never loads it (for teardown and queries of state

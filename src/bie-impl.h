@@ -9,6 +9,7 @@
 #pragma once
 
 #include "bie.h"
+#include "bie-train.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -19,10 +20,10 @@
 #define BIE_ERROR_CAP 512
 
 // Returns from the calling function with the status of expr unless it is BIE_STATUS_OK.
-#define BIE_TRY(expr)                                                                              \
-    do {                                                                                           \
-        enum bie_status bie_try_status_ = (expr);                                                  \
-        if (bie_try_status_ != BIE_STATUS_OK) return bie_try_status_;                              \
+#define BIE_TRY(expr)                                                                                                  \
+    do {                                                                                                               \
+        enum bie_status bie_try_status_ = (expr);                                                                      \
+        if (bie_try_status_ != BIE_STATUS_OK) return bie_try_status_;                                                  \
     } while (0)
 
 // Returns BIE_STATUS_INVALID_ARGUMENT with a printf-style message; needs `ctx` in scope.
@@ -36,15 +37,16 @@ struct bie_cuda_state; // owned by src/cuda (the CUDA plugin)
 
 struct bie_context {
     struct bie_context_params params;
-    enum bie_cpu_isa isa; // after capping by params and BIE_CPU_ISA
+    enum bie_cpu_isa isa;     // after capping by params and BIE_CPU_ISA
+    enum bie_cpu_isa isa_cap; // params.max_isa capped by BIE_CPU_ISA (the machine's level aside)
     char error[BIE_ERROR_CAP];
     void * host_ws; // host workspace, grown on demand, 64-byte aligned
     size_t host_ws_size;
     struct bie_cuda_state * cuda; // NULL until the first CUDA call
-    size_t mem_limit;   // bie_context_set_memory_limit: most bytes of one workspace or model's activations
-    size_t ws_reserved; // bie_context_reserve's bytes: host workspace up to this size outlives a call
-    uintptr_t user;     // the thread inside a public call on this context, or 0 (__atomic builtins)
-    int depth;          // how deeply that thread's public calls nest
+    size_t mem_limit;             // bie_context_set_memory_limit: most bytes of one workspace or model's activations
+    size_t ws_reserved;           // bie_context_reserve's bytes: host workspace up to this size outlives a call
+    uintptr_t user;               // the thread inside a public call on this context, or 0 (__atomic builtins)
+    int depth;                    // how deeply that thread's public calls nest
 };
 
 // Host workspace beyond this size (or beyond what bie_context_reserve asked for) is freed when the
@@ -65,11 +67,11 @@ struct bie_ctx_guard {
 bool bie_ctx_enter(bie_context_t * ctx);
 void bie_ctx_leave_guard(struct bie_ctx_guard * g);
 enum bie_status bie_ctx_busy(const bie_context_t * ctx);
-#define BIE_ENTER(c)                                                                               \
-    __attribute__((cleanup(bie_ctx_leave_guard))) struct bie_ctx_guard bie_guard_ = {(c)};         \
-    if (bie_guard_.ctx && !bie_ctx_enter(bie_guard_.ctx)) {                                        \
-        bie_guard_.ctx = NULL;                                                                     \
-        return bie_ctx_busy(c);                                                                    \
+#define BIE_ENTER(c)                                                                                                   \
+    __attribute__((cleanup(bie_ctx_leave_guard))) struct bie_ctx_guard bie_guard_ = {(c)};                             \
+    if (bie_guard_.ctx && !bie_ctx_enter(bie_guard_.ctx)) {                                                            \
+        bie_guard_.ctx = NULL;                                                                                         \
+        return bie_ctx_busy(c);                                                                                        \
     }
 
 // The CPU threads a context's calls use: its num_threads, or OpenMP's default (also for ctx NULL),
@@ -131,27 +133,27 @@ enum bie_status bie_check_tensor(bie_context_t * ctx, const char * name, const s
 
 // Refuses outputs (NULL entries and data == NULL skipped) whose elements overlap each other, or
 // whose bytes overlap another output's or an input's, with a message naming both.
-enum bie_status bie_check_outputs(bie_context_t * ctx, const struct bie_tensor * const * outs, const char * const * out_names,
-                                  int n_out, const struct bie_tensor * const * ins, const char * const * in_names,
-                                  int n_in);
+enum bie_status bie_check_outputs(bie_context_t * ctx, const struct bie_tensor * const * outs,
+                                  const char * const * out_names, int n_out, const struct bie_tensor * const * ins,
+                                  const char * const * in_names, int n_in);
 
 // --- normalised layer call ----------------------------------------------------------------------
 
 // Geometry of a layer call; a linear layer is a conv with H = W = kh = kw = 1.
 struct bie_geometry {
-    int64_t batch;        // N (conv) or M (linear, all leading dims flattened)
-    int64_t C, H, W;      // input channels / features and spatial size
-    int64_t O, OH, OW;    // output channels / features and spatial size
+    int64_t batch;     // N (conv) or M (linear, all leading dims flattened)
+    int64_t C, H, W;   // input channels / features and spatial size
+    int64_t O, OH, OW; // output channels / features and spatial size
     int64_t kh, kw, sh, sw, ph, pw, dh, dw;
-    int64_t K;            // C * kh * kw: the reduction length
+    int64_t K; // C * kh * kw: the reduction length
     enum bie_pad_value pad_value;
 };
 
 // What a backend reports of a call it is asked to plan (bie_layer_call.plan set): it chooses its
 // route, sizes its workspace and describes both, without running anything.
 struct bie_plan_info {
-    size_t workspace;     // device (CUDA) or host bytes the calls will take
-    char route[512];      // the backend and its route, in words
+    size_t workspace; // device (CUDA) or host bytes the calls will take
+    char route[512];  // the backend and its route, in words
 };
 
 struct bie_layer_call {
@@ -232,8 +234,7 @@ struct bie_backend_ops {
     enum bie_status (*unpack)(bie_context_t * ctx, const struct bie_tensor * src, float scale,
                               const struct bie_tensor * dst);
     // Sums over all elements: *sum_abs = sum|x|, *sum = sum x (in double).
-    enum bie_status (*reduce)(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
-                              double * sum);
+    enum bie_status (*reduce)(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs, double * sum);
     // bie_binarize_ste: call is the x side of a binary linear layer (x [M, K, 1, 1], bias_a, scale_a,
     // device; g.batch = M, g.C = g.K = K; no scale_a, read as 0, only when mask is NULL); bits and
     // mask are [M, K, 1, 1] B1 views or NULL.
@@ -260,6 +261,10 @@ extern const struct bie_backend_ops bie_cpu_backend;
 
 // CPU ISA detection (src/core/cpu-isa.c).
 enum bie_cpu_isa bie_cpu_isa_cap_from_env(enum bie_cpu_isa isa);
+// Whether kernels may use AVX512-VNNI under the cap `cap` (a context's isa_cap): the machine has it
+// and the cap is BIE_CPU_ISA_AVX512_VNNI or above. (Some AVX-512 machines have it without the
+// VPOPCNT level: the weight-quantised layers use it there, under the AVX512 level.)
+bool bie_cpu_has_vnni(enum bie_cpu_isa cap);
 
 // Advances a multi-index over t's shape (row-major order); false once it wraps to all zeros.
 // Start with idx all zeros; a 0-dim tensor yields exactly one index.

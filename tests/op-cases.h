@@ -8,9 +8,9 @@
 
 struct mcase {
     enum bie_quant q;
-    int lead;             // leading dims (0..2)
+    int lead; // leading dims (0..2)
     int64_t ls[2], B, M, N, K;
-    int xl, yl;           // layouts: 0 dense, 1 gapped rows, 2 stored transposed
+    int xl, yl; // layouts: 0 dense, 1 gapped rows, 2 stored transposed
     enum bie_dtype xd, yd, od, gd;
     float xc, yc;
     char what[256];
@@ -51,7 +51,7 @@ static inline void matmul_fill(const struct mcase * c, const struct bie_tensor *
         switch (test_rand_int(0, 4)) {
         case 0: v = 0.0f; break;
         case 1: v = clip * ((float)test_rand_int(-3, 3) + 0.5f); break; // a tie of rne(v / clip)
-        case 2: v = clip * hi; break;                                    // on the clip boundary
+        case 2: v = clip * hi; break;                                   // on the clip boundary
         case 3: v = -clip * hi; break;
         default: v = -0.0f; break;
         }
@@ -108,7 +108,8 @@ static inline void embedding_random_case(struct ecase * c) {
     c->D = test_pick(ds, 11);
     const int r = (int)test_rand_int(0, 3);
     if (c->q == BIE_QUANT_BINARY) c->td = r == 0 ? BIE_DTYPE_I8 : r == 1 ? floats[test_rand_int(0, 2)] : BIE_DTYPE_B1;
-    else if (c->q == BIE_QUANT_INT4) c->td = r == 0 ? BIE_DTYPE_I8 : r == 1 ? floats[test_rand_int(0, 2)] : BIE_DTYPE_S4;
+    else if (c->q == BIE_QUANT_INT4)
+        c->td = r == 0 ? BIE_DTYPE_I8 : r == 1 ? floats[test_rand_int(0, 2)] : BIE_DTYPE_S4;
     else c->td = r <= 1 ? BIE_DTYPE_I8 : floats[test_rand_int(0, 2)];
     c->has_scale = bie_dtype_is_float(c->td) && c->q != BIE_QUANT_BINARY ? true : test_rand_int(0, 2) != 0;
     c->id = test_rand_int(0, 1) ? BIE_DTYPE_I64 : BIE_DTYPE_I32;
@@ -117,10 +118,12 @@ static inline void embedding_random_case(struct ecase * c) {
     for (int i = 0; i < c->nd; i++) c->ishape[i] = test_rand_int(1, 6);
     c->tlayout = (int)test_rand_int(0, c->td == BIE_DTYPE_B1 || c->td == BIE_DTYPE_S4 ? 2 : 1);
     c->use_inverse = test_rand_int(0, 1);
-    snprintf(c->what, sizeof c->what, "q%d bag %d V %lld D %lld table %s layout %d scale %d idx %s nd %d [%lld %lld %lld] out %s inv %d",
-             (int)c->q, (int)c->bag, (long long)c->V, (long long)c->D, bie_dtype_name(c->td), c->tlayout, (int)c->has_scale,
-             bie_dtype_name(c->id), (int)c->nd, (long long)c->ishape[0], (long long)(c->nd > 1 ? c->ishape[1] : 0),
-             (long long)(c->nd > 2 ? c->ishape[2] : 0), bie_dtype_name(c->od), (int)c->use_inverse);
+    snprintf(c->what, sizeof c->what,
+             "q%d bag %d V %lld D %lld table %s layout %d scale %d idx %s nd %d [%lld %lld %lld] out %s inv %d",
+             (int)c->q, (int)c->bag, (long long)c->V, (long long)c->D, bie_dtype_name(c->td), c->tlayout,
+             (int)c->has_scale, bie_dtype_name(c->id), (int)c->nd, (long long)c->ishape[0],
+             (long long)(c->nd > 1 ? c->ishape[1] : 0), (long long)(c->nd > 2 ? c->ishape[2] : 0),
+             bie_dtype_name(c->od), (int)c->use_inverse);
 }
 
 static inline struct bie_tensor make_table(const struct ecase * c) {
@@ -128,7 +131,10 @@ static inline struct bie_tensor make_table(const struct ecase * c) {
     struct bie_tensor t = test_tensor(c->td, 2, shape, NULL);
     if (c->tlayout != 0) {
         free(t.data);
-        t.stride[0] = c->tlayout == 1 ? t.stride[0] + (c->td == BIE_DTYPE_B1 ? 8 : c->td == BIE_DTYPE_S4 ? 2 : 3) : c->D;
+        t.stride[0] = c->tlayout == 1 ? t.stride[0] + (c->td == BIE_DTYPE_B1   ? 8
+                                                       : c->td == BIE_DTYPE_S4 ? 2
+                                                                               : 3)
+                                      : c->D;
         t.data = calloc(1, (size_t)(c->V * t.stride[0] * bie_dtype_bits(c->td) + 7) / 8 + 64);
     }
     if (c->td == BIE_DTYPE_I8) test_fill_uniform(&t, -130, 130);
@@ -166,7 +172,9 @@ static inline int64_t mismatches(const struct bie_tensor * a, const struct bie_t
     return bad;
 }
 
-static inline double rel_round(enum bie_dtype d) { return d == BIE_DTYPE_BF16 ? 0x1p-8 : d == BIE_DTYPE_F16 ? 0x1p-11 : 0x1p-24; }
+static inline double rel_round(enum bie_dtype d) {
+    return d == BIE_DTYPE_BF16 ? 0x1p-8 : d == BIE_DTYPE_F16 ? 0x1p-11 : 0x1p-24;
+}
 
 // max over elements of |got - ref| - (tol + rel*|ref|) (> 0: out of bounds).
 static inline double excess(const struct bie_tensor * got, const struct bie_tensor * ref, double tol) {
@@ -212,7 +220,8 @@ static inline void matmul_bounds(const struct mcase * c, double gxc, double gyc,
 // says which) against the reference: the forward must match it element by element, the backward
 // stay within matmul_bounds.
 static inline void matmul_check_case(const struct mcase * cp, bie_context_t * ref, bie_context_t * const * ctxs,
-                                     const char * const * names, int nctx, bool backward, const struct op_device * dev) {
+                                     const char * const * names, int nctx, bool backward,
+                                     const struct op_device * dev) {
     const struct mcase c = *cp;
     struct bie_tensor x = operand(&c, c.xd, c.M, c.K, c.xl), y = operand(&c, c.yd, c.N, c.K, c.yl);
     matmul_fill(&c, &x, c.xc);
@@ -232,8 +241,8 @@ static inline void matmul_check_case(const struct mcase * cp, bie_context_t * re
             CHECK_OK(ctxs[i], bie_matmul_forward(ctxs[i], &d, &a));
             dev->get(&o, &dout);
             const int64_t bad = mismatches(&o, &o_ref);
-            CHECK(bad == 0, "forward: %lld elements differ from the reference (%s, device clips %d): %s", (long long)bad,
-                  names[i], (int)dev_clips, c.what);
+            CHECK(bad == 0, "forward: %lld elements differ from the reference (%s, device clips %d): %s",
+                  (long long)bad, names[i], (int)dev_clips, c.what);
             dev->drop(&dout);
             test_tensor_free(&o);
         }
@@ -242,7 +251,8 @@ static inline void matmul_check_case(const struct mcase * cp, bie_context_t * re
         struct bie_tensor g = operand(&c, c.gd, c.M, c.N, (int)test_rand_int(0, 2));
         test_fill_uniform(&g, -1, 1);
         struct bie_tensor dg = dev->put(&g);
-        struct bie_tensor gx_r = operand(&c, BIE_DTYPE_F32, c.M, c.K, 0), gy_r = operand(&c, BIE_DTYPE_F32, c.N, c.K, 0);
+        struct bie_tensor gx_r = operand(&c, BIE_DTYPE_F32, c.M, c.K, 0),
+                          gy_r = operand(&c, BIE_DTYPE_F32, c.N, c.K, 0);
         struct bie_tensor gxc_r = test_scalar(0), gyc_r = test_scalar(0);
         struct bie_matmul_backward_args a = {&x, &y, &xc, &yc, &g, &gx_r, &gy_r, &gxc_r, &gyc_r};
         CHECK_OK(ref, bie_matmul_backward(ref, &d, &a));
@@ -256,8 +266,14 @@ static inline void matmul_check_case(const struct mcase * cp, bie_context_t * re
             struct bie_tensor dgx = dev->put(&gx), dgy = dev->put(&gy);
             struct bie_tensor dgxc = dev->clips ? dev->put(&gxc) : gxc, dgyc = dev->clips ? dev->put(&gyc) : gyc;
             const int which = (int)test_rand_int(0, 3); // 1: y's gradients only, 2: x's only
-            struct bie_matmul_backward_args b = {&dx, &dy, &dxc, &dyc, &dg, which == 1 ? NULL : &dgx,
-                                                 which == 2 ? NULL : &dgy, which == 1 ? NULL : &dgxc,
+            struct bie_matmul_backward_args b = {&dx,
+                                                 &dy,
+                                                 &dxc,
+                                                 &dyc,
+                                                 &dg,
+                                                 which == 1 ? NULL : &dgx,
+                                                 which == 2 ? NULL : &dgy,
+                                                 which == 1 ? NULL : &dgxc,
                                                  which == 2 ? NULL : &dgyc};
             CHECK_OK(ctxs[i], bie_matmul_backward(ctxs[i], &d, &b));
             dev->get(&gx, &dgx);
@@ -268,14 +284,16 @@ static inline void matmul_check_case(const struct mcase * cp, bie_context_t * re
             }
             if (which != 1) {
                 const double e = excess(&gx, &gx_r, tol[0]);
-                CHECK(e <= 0, "grad_x off by %g over the bound (%s, grad_x %s): %s", e, names[i], bie_dtype_name(gxd), c.what);
+                CHECK(e <= 0, "grad_x off by %g over the bound (%s, grad_x %s): %s", e, names[i], bie_dtype_name(gxd),
+                      c.what);
                 const double ex = fabs(bie_load_scalar(&gxc) - bie_load_scalar(&gxc_r));
                 CHECK(ex <= tol[2], "grad_x_clip %g vs %g (bound %g, %s): %s", (double)bie_load_scalar(&gxc),
                       (double)bie_load_scalar(&gxc_r), tol[2], names[i], c.what);
             }
             if (which != 2) {
                 const double e = excess(&gy, &gy_r, tol[1]);
-                CHECK(e <= 0, "grad_y off by %g over the bound (%s, grad_y %s): %s", e, names[i], bie_dtype_name(gyd), c.what);
+                CHECK(e <= 0, "grad_y off by %g over the bound (%s, grad_y %s): %s", e, names[i], bie_dtype_name(gyd),
+                      c.what);
                 const double ey = fabs(bie_load_scalar(&gyc) - bie_load_scalar(&gyc_r));
                 CHECK(ey <= tol[3], "grad_y_clip %g vs %g (bound %g, %s): %s", (double)bie_load_scalar(&gyc),
                       (double)bie_load_scalar(&gyc_r), tol[3], names[i], c.what);
@@ -326,7 +344,8 @@ static inline void embedding_check(bie_context_t * ref, bie_context_t * ctx, con
     CHECK_OK(ctx, bie_embedding_forward(ctx, &d, &a));
     dev->get(&o, &dout);
     const int64_t bad = mismatches(&o, &o_ref);
-    CHECK(bad == 0, "embedding forward: %lld elements differ from the reference (%s): %s", (long long)bad, name, c.what);
+    CHECK(bad == 0, "embedding forward: %lld elements differ from the reference (%s): %s", (long long)bad, name,
+          c.what);
 
     // backward: slots of the distinct rows (an inverse), or the dense gradient
     struct bie_tensor g = make_out(&c, floats[test_rand_int(0, 2)], test_rand_int(0, 1));
@@ -354,9 +373,11 @@ static inline void embedding_check(bie_context_t * ref, bie_context_t * ctx, con
     bie_tensor_nbytes(&gr, &gbytes);
     memset(gr.data, 0x55, gbytes); // poison: every element must be written
     struct bie_tensor dg = dev->put(&g), dinv = c.use_inverse ? dev->put(&inv) : inv, dgr = dev->put(&gr);
-    struct bie_embedding_backward_args b = {&idx, c.use_inverse ? &inv : NULL, c.has_scale ? &scale : NULL, &g, &gr_ref};
+    struct bie_embedding_backward_args b = {&idx, c.use_inverse ? &inv : NULL, c.has_scale ? &scale : NULL, &g,
+                                            &gr_ref};
     CHECK_OK(ref, bie_embedding_backward(ref, &d, &b));
-    b = (struct bie_embedding_backward_args){&didx, c.use_inverse ? &dinv : NULL, c.has_scale ? &dscale : NULL, &dg, &dgr};
+    b = (struct bie_embedding_backward_args){&didx, c.use_inverse ? &dinv : NULL, c.has_scale ? &dscale : NULL, &dg,
+                                             &dgr};
     CHECK_OK(ctx, bie_embedding_backward(ctx, &d, &b));
     dev->get(&gr, &dgr);
     for (int64_t u = 0; u < U; u++)

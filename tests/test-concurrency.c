@@ -10,6 +10,7 @@
 // thread counts are 1 so that only the threads of this test run (libgomp and OpenBLAS are not
 // instrumented).
 #define _GNU_SOURCE
+#include "bie-train.h"
 #include "test-util.h"
 
 #include <dlfcn.h>
@@ -39,8 +40,8 @@ static void set_blas(int n) {
 
 // --- several trainings at once ---------------------------------------------------------------------
 
-#define TRAIN_ARCH                                                                                      \
-    "input 2 10 10; conv f32 6 3; bn; conv q8 8 3; maxpool 2; bn; conv b1 12 3 1 1; bn; conv q4 8 3; bn; " \
+#define TRAIN_ARCH                                                                                                     \
+    "input 2 10 10; conv f32 6 3; bn; conv q8 8 3; maxpool 2; bn; conv b1 12 3 1 1; bn; conv q4 8 3; bn; "             \
     "linear q8 600; bn; linear b1 24; bn; linear f32 5"
 #define TRAIN_N 13
 #define TRAIN_STEPS 4
@@ -48,8 +49,8 @@ static void set_blas(int n) {
 struct training {
     const float * x;
     const uint8_t * y;
-    int threads;     // the context's thread count
-    char path[64];   // where to save a checkpoint after each step ("": no saving)
+    int threads;   // the context's thread count
+    char path[64]; // where to save a checkpoint after each step ("": no saving)
     float out[TRAIN_N * 5];
     enum bie_status status;
     char error[256];
@@ -119,8 +120,10 @@ static void test_concurrent_training(int omp_threads, int rounds) {
             runs++;
         }
     }
-    CHECK(mismatches == 0, "%d of %d trainings run %d at once (saving and reloading a checkpoint after each step) "
-          "differ from the same training run alone (%d OpenMP threads each)", mismatches, runs, (int)T, omp_threads);
+    CHECK(mismatches == 0,
+          "%d of %d trainings run %d at once (saving and reloading a checkpoint after each step) "
+          "differ from the same training run alone (%d OpenMP threads each)",
+          mismatches, runs, (int)T, omp_threads);
 }
 
 // --- OpenBLAS's thread count -----------------------------------------------------------------------
@@ -147,8 +150,8 @@ static void * backward_loop(void * arg) {
     for (int64_t i = 0; i < N * K; i++) ((float *)w.data)[i] = (float)((i * 53) % 97) * 0.01f - 0.5f;
     for (int64_t i = 0; i < M * N; i++) ((float *)gy.data)[i] = (float)((i * 29) % 89) * 0.01f - 0.4f;
     const struct bie_linear_desc d = {BIE_QUANT_INT8, K, N};
-    struct bie_backward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy,
-                                  .grad_x = &gx, .grad_weight = &gw};
+    struct bie_backward_args a = {
+        .x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy, .grad_x = &gx, .grad_weight = &gw};
     j->status = BIE_STATUS_OK;
     for (int r = 0; r < j->reps && j->status == BIE_STATUS_OK; r++) j->status = bie_linear_backward(j->ctx, &d, &a);
     struct bie_tensor * ts[] = {&x, &w, &gy, &gx, &gw};

@@ -9,6 +9,7 @@
 // - a call made while another thread is inside a call on the same context is refused, with its
 //   own message, and the other thread's call is unharmed.
 #include "test-child.h"
+#include "bie-train.h"
 #include "test-util.h"
 
 #include <pthread.h>
@@ -46,8 +47,10 @@ static void huge_thread_count(void) {
 
 static void test_thread_cap(void) {
     const int st = test_in_child(huge_thread_count, 120);
-    CHECK(st == 0, "2^30 threads: the child ended with status %d (0: refused; 3: accepted; 1: OpenMP ended the "
-          "process)", st);
+    CHECK(st == 0,
+          "2^30 threads: the child ended with status %d (0: refused; 3: accepted; 1: OpenMP ended the "
+          "process)",
+          st);
     bie_context_t * ctx = NULL;
     CHECK_OK(ctx, bie_context_create(NULL, &ctx));
     CHECK_OK(ctx, bie_context_set_num_threads(ctx, BIE_MAX_THREADS));
@@ -82,7 +85,8 @@ static void test_workspace(void) {
     p.backend = BIE_BACKEND_REF;
     bie_context_t * ctx = NULL;
     CHECK_OK(ctx, bie_context_create(&p, &ctx));
-    CHECK(bie_context_memory_limit(ctx) == BIE_DEFAULT_MEMORY_LIMIT, "default limit %zu", bie_context_memory_limit(ctx));
+    CHECK(bie_context_memory_limit(ctx) == BIE_DEFAULT_MEMORY_LIMIT, "default limit %zu",
+          bie_context_memory_limit(ctx));
     // A small call: its workspace stays for the next call.
     CHECK_OK(ctx, ref_forward(ctx, 64, 64));
     CHECK(ctx->host_ws_size > 0 && ctx->host_ws_size <= BIE_WORKSPACE_KEEP, "small workspace kept: %zu",
@@ -110,13 +114,13 @@ static void test_workspace(void) {
 static void test_message_cleared(void) {
     bie_context_t * ctx = NULL;
     CHECK_OK(ctx, bie_context_create(NULL, &ctx));
-#define FAIL_THEN(call)                                                                                     \
-    do {                                                                                                    \
-        bie_context_set_backend(ctx, (enum bie_backend)99);                                                 \
-        CHECK(bie_context_last_error(ctx)[0] != '\0', "no message after a failure");                        \
-        CHECK_OK(ctx, call);                                                                                \
-        CHECK(bie_context_last_error(ctx)[0] == '\0', "%s left the message \"%s\"", #call,                  \
-              bie_context_last_error(ctx));                                                                 \
+#define FAIL_THEN(call)                                                                                                \
+    do {                                                                                                               \
+        bie_context_set_backend(ctx, (enum bie_backend)99);                                                            \
+        CHECK(bie_context_last_error(ctx)[0] != '\0', "no message after a failure");                                   \
+        CHECK_OK(ctx, call);                                                                                           \
+        CHECK(bie_context_last_error(ctx)[0] == '\0', "%s left the message \"%s\"", #call,                             \
+              bie_context_last_error(ctx));                                                                            \
     } while (0)
     float x[8] = {1, -2, 3, -4, 5, -6, 7, -8}, y[8], g[8], m[8] = {0}, v[8] = {0};
     uint8_t labels[2] = {1, 2};
@@ -131,8 +135,8 @@ static void test_message_cleared(void) {
     FAIL_THEN(bie_model_create(ctx, "input 1 2 2; linear b1 3", BIE_LATENT_F32, 1, &model));
     const float * logits;
     FAIL_THEN(bie_model_forward(ctx, model, x, 2, 1, 0, &logits));
-    const struct bie_st_tensor t = {.name = "a", .dtype = BIE_DTYPE_F32, .ndim = 1, .shape = {8}, .data = x,
-                                    .nbytes = sizeof x};
+    const struct bie_st_tensor t = {
+        .name = "a", .dtype = BIE_DTYPE_F32, .ndim = 1, .shape = {8}, .data = x, .nbytes = sizeof x};
     char path[] = "/tmp/bie-test-context-XXXXXX";
     const int fd = mkstemp(path);
     close(fd);
@@ -175,8 +179,7 @@ static void test_shared_context(void) {
         pthread_t th;
         pthread_create(&th, NULL, intrude, &in);
         pthread_join(th, NULL);
-        CHECK(in.status == BIE_STATUS_INVALID_ARGUMENT, "a second thread's call got %s",
-              bie_status_string(in.status));
+        CHECK(in.status == BIE_STATUS_INVALID_ARGUMENT, "a second thread's call got %s", bie_status_string(in.status));
         CHECK(strstr(in.msg, "another thread") != NULL, "the refused thread reads \"%s\"", in.msg);
         CHECK(strcmp(bie_context_last_error(ctx), owner_msg) == 0, "the owner's message became \"%s\"",
               bie_context_last_error(ctx));

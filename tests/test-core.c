@@ -28,6 +28,31 @@ static void test_context(void) {
     bie_context_destroy(NULL);
 }
 
+// The ISA levels by name, and every level (AVX512-VNNI too) as a cap.
+static void test_isa_levels(void) {
+    const enum bie_cpu_isa levels[] = {BIE_CPU_ISA_SCALAR,         BIE_CPU_ISA_AVX2,        BIE_CPU_ISA_AVX512,
+                                       BIE_CPU_ISA_AVX512_VPOPCNT, BIE_CPU_ISA_AVX512_VNNI, BIE_CPU_ISA_BEST};
+    for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++) {
+        enum bie_cpu_isa got = (enum bie_cpu_isa) - 1;
+        CHECK(bie_cpu_isa_from_name(bie_cpu_isa_name(levels[i]), &got) == BIE_STATUS_OK && got == levels[i],
+              "isa %s by name: %d", bie_cpu_isa_name(levels[i]), (int)got);
+        if (levels[i] == BIE_CPU_ISA_BEST) continue;
+        struct bie_context_params p;
+        bie_context_params_default(&p);
+        p.max_isa = levels[i];
+        bie_context_t * ctx = NULL;
+        CHECK(bie_context_create(&p, &ctx) == BIE_STATUS_OK, "context capped at %s", bie_cpu_isa_name(levels[i]));
+        const enum bie_cpu_isa isa = bie_context_cpu_isa(ctx), det = bie_cpu_isa_detected();
+        CHECK(isa == (levels[i] < det ? levels[i] : det) || getenv("BIE_CPU_ISA"), "cap %s gives %s (machine: %s)",
+              bie_cpu_isa_name(levels[i]), bie_cpu_isa_name(isa), bie_cpu_isa_name(det));
+        bie_context_destroy(ctx);
+    }
+    enum bie_cpu_isa keep = BIE_CPU_ISA_AVX2;
+    CHECK(bie_cpu_isa_from_name("avx1024", &keep) == BIE_STATUS_INVALID_ARGUMENT && keep == BIE_CPU_ISA_AVX2,
+          "unknown isa name refused");
+    CHECK(bie_cpu_isa_from_name(NULL, &keep) == BIE_STATUS_INVALID_ARGUMENT, "NULL isa name refused");
+}
+
 static void test_tensors(void) {
     struct bie_tensor t;
     const int64_t shape[3] = {2, 3, 13};
@@ -75,6 +100,7 @@ static void test_half_conversions(void) {
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     test_context();
+    test_isa_levels();
     test_tensors();
     test_half_conversions();
     return test_finish("test-core");

@@ -23,7 +23,6 @@ struct bcase {
     char what[320];
 };
 
-
 static void fill_case(struct bcase * bc, enum bie_dtype wd) {
     test_fill_uniform(&bc->x, -2, 2);
     if (wd == BIE_DTYPE_I8) test_fill_uniform(&bc->w, -128, 128);
@@ -147,9 +146,16 @@ static enum bie_status run(bie_context_t * ctx, struct bcase * bc, struct outs *
     o->gw = cpu_test_clone(&bc->gw);
     o->gs = cpu_test_clone(&bc->gs);
     o->gb = cpu_test_clone(&bc->gb);
-    struct bie_backward_args a = {.x = &bc->x, .bias_a = bc->has_bias ? &bc->bias : NULL, .weight = &bc->w,
-                                  .scale_a = &bc->sa, .scale_w = &bc->sw, .grad_y = &bc->gy, .grad_x = &o->gx,
-                                  .grad_weight = &o->gw, .grad_scale_a = &o->gs, .grad_bias_a = &o->gb};
+    struct bie_backward_args a = {.x = &bc->x,
+                                  .bias_a = bc->has_bias ? &bc->bias : NULL,
+                                  .weight = &bc->w,
+                                  .scale_a = &bc->sa,
+                                  .scale_w = &bc->sw,
+                                  .grad_y = &bc->gy,
+                                  .grad_x = &o->gx,
+                                  .grad_weight = &o->gw,
+                                  .grad_scale_a = &o->gs,
+                                  .grad_bias_a = &o->gb};
     return bc->conv ? bie_conv2d_backward(ctx, &bc->cd, &a) : bie_linear_backward(ctx, &bc->lin, &a);
 }
 
@@ -216,7 +222,7 @@ static void check_case(struct bcase * bc, bie_context_t * ref, bie_context_t ** 
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    bie_context_t * ref, * cpu2[4];
+    bie_context_t *ref, *cpu2[CPU_TEST_LEVELS];
     const int nlev = cpu_test_contexts(&ref, cpu2, 2);
     bie_context_t * cpu1 = cpu_test_ctx(BIE_BACKEND_CPU, BIE_CPU_ISA_BEST, 1);
     const bool quick = cpu_test_quick();

@@ -31,20 +31,23 @@ static void fill_w(const struct fcase * fc) {
 }
 
 static enum bie_dtype pick_w(enum bie_quant q) {
-    static const enum bie_dtype bin[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_I8, BIE_DTYPE_B1, BIE_DTYPE_B1, BIE_DTYPE_F16};
+    static const enum bie_dtype bin[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_I8,
+                                         BIE_DTYPE_B1,  BIE_DTYPE_B1,  BIE_DTYPE_F16};
     static const enum bie_dtype n4[] = {BIE_DTYPE_F32, BIE_DTYPE_I8, BIE_DTYPE_S4, BIE_DTYPE_S4, BIE_DTYPE_BF16};
     static const enum bie_dtype n8[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_I8, BIE_DTYPE_F16};
     return q == BIE_QUANT_BINARY ? pick(bin, 6) : q == BIE_QUANT_INT4 ? pick(n4, 5) : pick(n8, 4);
 }
 
 static enum bie_dtype pick_x(enum bie_quant q) {
-    static const enum bie_dtype d[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_B1};
+    static const enum bie_dtype d[] = {BIE_DTYPE_F32, BIE_DTYPE_F32,  BIE_DTYPE_F32,
+                                       BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_B1};
     enum bie_dtype r = pick(d, 6);
     return (r == BIE_DTYPE_B1 && q != BIE_QUANT_BINARY) ? BIE_DTYPE_F32 : r;
 }
 
 static enum bie_dtype pick_y(enum bie_quant q) {
-    static const enum bie_dtype d[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_I32, BIE_DTYPE_B1, BIE_DTYPE_B1};
+    static const enum bie_dtype d[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16,
+                                       BIE_DTYPE_I32, BIE_DTYPE_B1,  BIE_DTYPE_B1};
     enum bie_dtype r = pick(d, 7);
     return (r == BIE_DTYPE_B1 && q != BIE_QUANT_BINARY) ? BIE_DTYPE_I32 : r;
 }
@@ -83,9 +86,9 @@ static void make_linear(struct fcase * fc, enum bie_quant q, int64_t K) {
     fc->w = cpu_test_view2(wd, N, K, wg);
     fc->y = cpu_test_view2(yd, M, N, yg);
     make_common(fc);
-    snprintf(fc->what, sizeof fc->what, "linear q%d M=%lld K=%lld N=%lld x %s%s w %s%s y %s%s bias %d",
-             (int)fc->q, (long long)M, (long long)K, (long long)N, bie_dtype_name(xd), xg ? "(gap)" : "",
-             bie_dtype_name(wd), wg ? "(gap)" : "", bie_dtype_name(yd), yg ? "(gap)" : "", (int)fc->has_bias);
+    snprintf(fc->what, sizeof fc->what, "linear q%d M=%lld K=%lld N=%lld x %s%s w %s%s y %s%s bias %d", (int)fc->q,
+             (long long)M, (long long)K, (long long)N, bie_dtype_name(xd), xg ? "(gap)" : "", bie_dtype_name(wd),
+             wg ? "(gap)" : "", bie_dtype_name(yd), yg ? "(gap)" : "", (int)fc->has_bias);
 }
 
 static const int nchw[4] = {0, 1, 2, 3}, nhwc[4] = {0, 2, 3, 1}, odd[4] = {1, 0, 3, 2};
@@ -139,8 +142,12 @@ static void make_conv(struct fcase * fc, bool small) {
 }
 
 static enum bie_status run(bie_context_t * ctx, struct fcase * fc, struct bie_tensor * y) {
-    struct bie_forward_args a = {.x = &fc->x, .bias_a = fc->has_bias ? &fc->bias : NULL, .weight = &fc->w,
-                                 .scale_a = &fc->sa, .scale_w = &fc->sw, .y = y};
+    struct bie_forward_args a = {.x = &fc->x,
+                                 .bias_a = fc->has_bias ? &fc->bias : NULL,
+                                 .weight = &fc->w,
+                                 .scale_a = &fc->sa,
+                                 .scale_w = &fc->sw,
+                                 .y = y};
     return fc->conv ? bie_conv2d_forward(ctx, &fc->cd, &a) : bie_linear_forward(ctx, &fc->lin, &a);
 }
 
@@ -171,9 +178,14 @@ static void make_outer(struct fcase * fc, int i) {
         static const int64_t cs[] = {32, 64, 96};
         struct bie_conv2d_desc * d = &fc->cd;
         const int k = (int)test_rand_int(1, 3);
-        *d = (struct bie_conv2d_desc){.quant = fc->q, .in_channels = test_pick(cs, 3), .out_channels = test_pick(ns, 8),
-                                      .kernel = {k, k}, .stride = {1, 1}, .padding = {k / 2, k / 2},
-                                      .dilation = {1, 1}, .groups = 1};
+        *d = (struct bie_conv2d_desc){.quant = fc->q,
+                                      .in_channels = test_pick(cs, 3),
+                                      .out_channels = test_pick(ns, 8),
+                                      .kernel = {k, k},
+                                      .stride = {1, 1},
+                                      .padding = {k / 2, k / 2},
+                                      .dilation = {1, 1},
+                                      .groups = 1};
         const int64_t N = test_rand_int(1, 2), H = test_rand_int(8, 12), W = test_rand_int(8, 12);
         int64_t OH, OW;
         bie_conv2d_output_size(d, H, W, &OH, &OW);
@@ -200,8 +212,7 @@ static void free_case(struct fcase * fc) {
     if (fc->has_bias) test_tensor_free(&fc->bias);
 }
 
-static void check_case(struct fcase * fc, bie_context_t * ref, bie_context_t ** cpu, int nlev,
-                       bie_context_t * cpu1) {
+static void check_case(struct fcase * fc, bie_context_t * ref, bie_context_t ** cpu, int nlev, bie_context_t * cpu1) {
     struct bie_tensor yr = cpu_test_clone(&fc->y);
     const enum bie_status sr = run(ref, fc, &yr);
     CHECK(sr == BIE_STATUS_OK, "ref: %s (%s)", bie_context_last_error(ref), fc->what);
@@ -223,7 +234,7 @@ static void check_case(struct fcase * fc, bie_context_t * ref, bie_context_t ** 
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    bie_context_t * ref, * cpu[4];
+    bie_context_t *ref, *cpu[CPU_TEST_LEVELS];
     const int nlev = cpu_test_contexts(&ref, cpu, 2);
     bie_context_t * cpu1 = cpu_test_ctx(BIE_BACKEND_CPU, BIE_CPU_ISA_BEST, 1);
     const bool quick = cpu_test_quick();

@@ -17,8 +17,8 @@ static int64_t popc8(unsigned v) { return __builtin_popcount(v & 0xffu); }
 
 // (1) ---------------------------------------------------------------------------------------------
 
-static const int64_t kb_list[] = {0,    1,    7,    8,    31,   32,   33,   63,   64,   65,  100,
-                                  127,  128,  129,  2047, 2048, 2049, 4095, 4096, 4097, 8193};
+static const int64_t kb_list[] = {0,   1,   7,   8,    31,   32,   33,   63,   64,   65,  100,
+                                  127, 128, 129, 2047, 2048, 2049, 4095, 4096, 4097, 8193};
 #define NKB ((int)(sizeof kb_list / sizeof kb_list[0]))
 
 static void kernel_case(const struct cpu_gemv_kernels * gk, int kind, int m, int64_t n, size_t kb) {
@@ -72,8 +72,8 @@ static void kernel_case(const struct cpu_gemv_kernels * gk, int kind, int m, int
                 bwant = want;
             }
         }
-    CHECK(bad == 0, "%s kernel kind %d m=%d n=%lld kb=%zu ldw=%zu: %lld wrong, c[%lld][%lld] = %d, want %lld",
-          gk->name, kind, m, (long long)n, kb, ldw, (long long)bad, (long long)bi, (long long)bj,
+    CHECK(bad == 0, "%s kernel kind %d m=%d n=%lld kb=%zu ldw=%zu: %lld wrong, c[%lld][%lld] = %d, want %lld", gk->name,
+          kind, m, (long long)n, kb, ldw, (long long)bad, (long long)bi, (long long)bj,
           c[(size_t)bi * ldc + (size_t)bj], (long long)bwant);
     free(w);
     free(a);
@@ -95,7 +95,7 @@ static void test_kernels(const enum bie_cpu_isa * levels, int nlev, bool quick) 
 
 // (2) ---------------------------------------------------------------------------------------------
 
-static const int64_t k_list[] = {1,   3,   7,   8,   9,    15,   17,   63,   64,   65,   127,
+static const int64_t k_list[] = {1,   3,   7,   8,   9,   15,   17,   63,   64,   65,   127,
                                  129, 255, 257, 511, 513, 1000, 1025, 4096, 4100, 8200, 16400};
 #define NK ((int)(sizeof k_list / sizeof k_list[0]))
 
@@ -141,8 +141,9 @@ static void exact_buffer(struct bie_tensor * t) {
 static void make_case(struct gcase * gc, enum bie_quant q, int64_t K) {
     memset(gc, 0, sizeof *gc);
     gc->q = q;
-    const enum bie_dtype packed =
-        q == BIE_QUANT_BINARY ? BIE_DTYPE_B1 : q == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8;
+    const enum bie_dtype packed = q == BIE_QUANT_BINARY ? BIE_DTYPE_B1
+                                  : q == BIE_QUANT_INT4 ? BIE_DTYPE_S4
+                                                        : BIE_DTYPE_I8;
     const enum bie_dtype wd = test_rand_int(0, 3) ? packed : BIE_DTYPE_F32;
     static const enum bie_dtype xds[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_B1};
     static const enum bie_dtype yds[] = {BIE_DTYPE_F32, BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_I32, BIE_DTYPE_B1};
@@ -167,8 +168,14 @@ static void make_case(struct gcase * gc, enum bie_quant q, int64_t K) {
     } else { // a 1x1 conv over at most 8 pixels: K = C
         const int64_t B = test_rand_int(1, 2), H = test_rand_int(1, 2), W = test_rand_int(1, 2);
         M = B * H * W;
-        gc->cd = (struct bie_conv2d_desc){.quant = q, .in_channels = K, .out_channels = N, .kernel = {1, 1},
-                                          .stride = {1, 1}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1};
+        gc->cd = (struct bie_conv2d_desc){.quant = q,
+                                          .in_channels = K,
+                                          .out_channels = N,
+                                          .kernel = {1, 1},
+                                          .stride = {1, 1},
+                                          .padding = {0, 0},
+                                          .dilation = {1, 1},
+                                          .groups = 1};
         static const int nchw[4] = {0, 1, 2, 3}, nhwc[4] = {0, 2, 3, 1};
         const int64_t xs[4] = {B, K, H, W}, wsh[4] = {N, K, 1, 1}, ys[4] = {B, N, H, W};
         const bool xl = xd == BIE_DTYPE_B1 || test_rand_int(0, 1), yl = yd == BIE_DTYPE_B1 || test_rand_int(0, 1);
@@ -200,8 +207,12 @@ static void make_case(struct gcase * gc, enum bie_quant q, int64_t K) {
 }
 
 static enum bie_status run(bie_context_t * ctx, struct gcase * gc, struct bie_tensor * y) {
-    struct bie_forward_args a = {.x = &gc->x, .bias_a = gc->has_bias ? &gc->bias : NULL, .weight = &gc->w,
-                                 .scale_a = &gc->sa, .scale_w = &gc->sw, .y = y};
+    struct bie_forward_args a = {.x = &gc->x,
+                                 .bias_a = gc->has_bias ? &gc->bias : NULL,
+                                 .weight = &gc->w,
+                                 .scale_a = &gc->sa,
+                                 .scale_w = &gc->sw,
+                                 .y = y};
     return gc->conv ? bie_conv2d_forward(ctx, &gc->cd, &a) : bie_linear_forward(ctx, &gc->lin, &a);
 }
 
@@ -231,14 +242,14 @@ static void free_case(struct gcase * gc) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    enum bie_cpu_isa levels[4];
+    enum bie_cpu_isa levels[CPU_TEST_LEVELS];
     const int nlev = cpu_test_levels(levels);
     const bool quick = cpu_test_quick();
     test_kernels(levels, nlev, quick);
 
     bie_cpu_gemv_bytes_per_thread = 1; // every thread takes part whenever there are blocks for it
     bie_context_t * ref = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
-    bie_context_t * cpu[12];
+    bie_context_t * cpu[CPU_TEST_LEVELS * 3];
     int nctx = 0;
     for (int l = 0; l < nlev; l++)
         for (int t = 1; t <= 3; t++) cpu[nctx++] = cpu_test_ctx(BIE_BACKEND_CPU, levels[l], t);

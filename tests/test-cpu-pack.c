@@ -32,7 +32,7 @@ static struct bie_tensor make(enum bie_dtype d, int nd, const int64_t * shape, b
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    enum bie_cpu_isa levels[4];
+    enum bie_cpu_isa levels[CPU_TEST_LEVELS];
     const int nlev = cpu_test_levels(levels);
     bie_context_t * ref = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
     const int iters = cpu_test_quick() ? 40 : 300;
@@ -52,7 +52,9 @@ int main(int argc, char ** argv) {
         }
         struct bie_tensor dst = make(pd, nd, shape, !gap);
         cpu_test_garbage(&dst);
-        struct bie_tensor sc = test_scalar(pd == BIE_DTYPE_B1 ? 1.0f : test_rand_int(0, 1) ? 1.0f : test_rand_float(0.1f, 3.0f));
+        struct bie_tensor sc = test_scalar(pd == BIE_DTYPE_B1    ? 1.0f
+                                           : test_rand_int(0, 1) ? 1.0f
+                                                                 : test_rand_float(0.1f, 3.0f));
         const struct bie_tensor * scale = pd == BIE_DTYPE_B1 ? NULL : &sc;
         struct bie_tensor dref = cpu_test_clone(&dst);
         CHECK_OK(ref, bie_pack(ref, &src, scale, &dref));
@@ -62,12 +64,14 @@ int main(int argc, char ** argv) {
             bie_context_t * cpu = cpu_test_ctx(BIE_BACKEND_CPU, levels[l], 2);
             struct bie_tensor d = cpu_test_clone(&dst);
             CHECK_OK(cpu, bie_pack(cpu, &src, scale, &d));
-            CHECK(memcmp(d.data, dref.data, cpu_test_nbytes(&d)) == 0, "pack to %s differs (isa %s, nd %d, cols %lld, gap %d)",
-                  bie_dtype_name(pd), bie_cpu_isa_name(levels[l]), nd, (long long)shape[nd - 1], (int)gap);
+            CHECK(memcmp(d.data, dref.data, cpu_test_nbytes(&d)) == 0,
+                  "pack to %s differs (isa %s, nd %d, cols %lld, gap %d)", bie_dtype_name(pd),
+                  bie_cpu_isa_name(levels[l]), nd, (long long)shape[nd - 1], (int)gap);
             struct bie_tensor u = cpu_test_clone(&src);
             CHECK_OK(cpu, bie_unpack(cpu, &dref, scale, &u));
-            CHECK(memcmp(u.data, uref.data, cpu_test_nbytes(&u)) == 0, "unpack of %s differs (isa %s, nd %d, cols %lld)",
-                  bie_dtype_name(pd), bie_cpu_isa_name(levels[l]), nd, (long long)shape[nd - 1]);
+            CHECK(memcmp(u.data, uref.data, cpu_test_nbytes(&u)) == 0,
+                  "unpack of %s differs (isa %s, nd %d, cols %lld)", bie_dtype_name(pd), bie_cpu_isa_name(levels[l]),
+                  nd, (long long)shape[nd - 1]);
             test_tensor_free(&d);
             test_tensor_free(&u);
             bie_context_destroy(cpu);

@@ -28,9 +28,15 @@ static void fixture_make(struct fixture * f, bool conv) {
     memset(f, 0, sizeof *f);
     f->conv = conv;
     if (conv) {
-        f->cd = (struct bie_conv2d_desc){.quant = BIE_QUANT_BINARY, .in_channels = 3, .out_channels = 4,
-                                         .kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1},
-                                         .dilation = {1, 1}, .groups = 1, .pad_value = BIE_PAD_ZERO};
+        f->cd = (struct bie_conv2d_desc){.quant = BIE_QUANT_BINARY,
+                                         .in_channels = 3,
+                                         .out_channels = 4,
+                                         .kernel = {3, 3},
+                                         .stride = {1, 1},
+                                         .padding = {1, 1},
+                                         .dilation = {1, 1},
+                                         .groups = 1,
+                                         .pad_value = BIE_PAD_ZERO};
         const int64_t xs[4] = {2, 3, 5, 5}, ws[4] = {4, 3, 3, 3}, ys[4] = {2, 4, 5, 5};
         f->x = test_tensor(BIE_DTYPE_F32, 4, xs, NULL);
         f->gx = test_tensor(BIE_DTYPE_F32, 4, xs, NULL);
@@ -60,7 +66,8 @@ static void fixture_make(struct fixture * f, bool conv) {
 }
 
 static void fixture_free(struct fixture * f) {
-    struct bie_tensor * ts[11] = {&f->x, &f->bias, &f->w, &f->sa, &f->sw, &f->y, &f->gy, &f->gx, &f->gw, &f->gs, &f->gb};
+    struct bie_tensor * ts[11] = {&f->x,  &f->bias, &f->w,  &f->sa, &f->sw, &f->y,
+                                  &f->gy, &f->gx,   &f->gw, &f->gs, &f->gb};
     for (int i = 0; i < 11; i++) test_tensor_free(ts[i]);
 }
 
@@ -68,7 +75,8 @@ static struct bie_forward_args fwd_args(struct fixture * f) {
     return (struct bie_forward_args){&f->x, &f->bias, &f->w, &f->sa, &f->sw, &f->y};
 }
 static struct bie_backward_args bwd_args(struct fixture * f) {
-    return (struct bie_backward_args){&f->x, &f->bias, &f->w, &f->sa, &f->sw, &f->gy, &f->gx, &f->gw, &f->gs, &f->gb, NULL};
+    return (struct bie_backward_args){&f->x,  &f->bias, &f->w,  &f->sa, &f->sw, &f->gy,
+                                      &f->gx, &f->gw,   &f->gs, &f->gb, NULL};
 }
 
 static enum bie_status fwd(struct fixture * f, const struct bie_forward_args * a) {
@@ -98,13 +106,19 @@ static void test_null_pointers(struct fixture * f) {
     CHECK_OK(ctx, fwd(f, &a));
     CHECK_OK(ctx, bwd(f, &b));
     CHECK((f->conv ? bie_conv2d_forward(NULL, &f->cd, &a) : bie_linear_forward(NULL, &f->ld, &a)) ==
-              BIE_STATUS_INVALID_ARGUMENT, "NULL ctx");
+              BIE_STATUS_INVALID_ARGUMENT,
+          "NULL ctx");
     CHECK((f->conv ? bie_conv2d_backward(NULL, &f->cd, &b) : bie_linear_backward(NULL, &f->ld, &b)) ==
-              BIE_STATUS_INVALID_ARGUMENT, "NULL ctx (backward)");
-    EXPECT(f->conv ? bie_conv2d_forward(ctx, NULL, &a) : bie_linear_forward(ctx, NULL, &a), BIE_STATUS_INVALID_ARGUMENT, "desc");
-    EXPECT(f->conv ? bie_conv2d_backward(ctx, NULL, &b) : bie_linear_backward(ctx, NULL, &b), BIE_STATUS_INVALID_ARGUMENT, "desc");
-    EXPECT(f->conv ? bie_conv2d_forward(ctx, &f->cd, NULL) : bie_linear_forward(ctx, &f->ld, NULL), BIE_STATUS_INVALID_ARGUMENT, "args");
-    EXPECT(f->conv ? bie_conv2d_backward(ctx, &f->cd, NULL) : bie_linear_backward(ctx, &f->ld, NULL), BIE_STATUS_INVALID_ARGUMENT, "args");
+              BIE_STATUS_INVALID_ARGUMENT,
+          "NULL ctx (backward)");
+    EXPECT(f->conv ? bie_conv2d_forward(ctx, NULL, &a) : bie_linear_forward(ctx, NULL, &a), BIE_STATUS_INVALID_ARGUMENT,
+           "desc");
+    EXPECT(f->conv ? bie_conv2d_backward(ctx, NULL, &b) : bie_linear_backward(ctx, NULL, &b),
+           BIE_STATUS_INVALID_ARGUMENT, "desc");
+    EXPECT(f->conv ? bie_conv2d_forward(ctx, &f->cd, NULL) : bie_linear_forward(ctx, &f->ld, NULL),
+           BIE_STATUS_INVALID_ARGUMENT, "args");
+    EXPECT(f->conv ? bie_conv2d_backward(ctx, &f->cd, NULL) : bie_linear_backward(ctx, &f->ld, NULL),
+           BIE_STATUS_INVALID_ARGUMENT, "args");
     // each tensor pointer of the forward
     const struct bie_tensor ** fp[5] = {&a.x, &a.weight, &a.scale_a, &a.scale_w, (const struct bie_tensor **)&a.y};
     const char * fn[5] = {"x", "weight", "scale_a", "scale_w", "y"};
@@ -229,7 +243,8 @@ static void test_shapes(struct fixture * f) {
     } else {
         // leading dims that cannot be flattened: x [3, 1, 5] viewed as [1, 3, 5] with odd strides
         const int64_t shape3[3] = {3, 2, 5}, ys3[3] = {3, 2, 4};
-        struct bie_tensor x3 = test_tensor(BIE_DTYPE_F32, 3, shape3, NULL), y3 = test_tensor(BIE_DTYPE_F32, 3, ys3, NULL);
+        struct bie_tensor x3 = test_tensor(BIE_DTYPE_F32, 3, shape3, NULL),
+                          y3 = test_tensor(BIE_DTYPE_F32, 3, ys3, NULL);
         x3.stride[0] = 5; // rows of dim 1 at 10 apart, of dim 0 at 5: not one row stride
         x3.stride[1] = 15;
         struct bie_forward_args a3 = a;
@@ -391,7 +406,7 @@ static void test_conv_params(void) {
     f.cd = keep;
     f.cd.pad_value = (enum bie_pad_value)3;
     EXPECT(fwd(&f, &a), BIE_STATUS_INVALID_ARGUMENT, "pad_value");
-    f.cd.pad_value = (enum bie_pad_value)-1;
+    f.cd.pad_value = (enum bie_pad_value) - 1;
     EXPECT(fwd(&f, &a), BIE_STATUS_INVALID_ARGUMENT, "pad_value");
     f.cd = keep;
     f.cd.quant = BIE_QUANT_INT4;
@@ -424,23 +439,23 @@ static void test_pack_errors(void) {
     CHECK(bie_unpack(NULL, &b1, NULL, &src) == BIE_STATUS_INVALID_ARGUMENT, "unpack: NULL ctx");
     EXPECT(bie_pack(ctx, NULL, NULL, &b1), BIE_STATUS_INVALID_ARGUMENT, "src");
     EXPECT(bie_pack(ctx, &src, NULL, NULL), BIE_STATUS_INVALID_ARGUMENT, "dst");
-    EXPECT(bie_pack(ctx, &src, NULL, &b1o), BIE_STATUS_INVALID_ARGUMENT, "dst");       // shape
-    EXPECT(bie_pack(ctx, &src, NULL, &i32), BIE_STATUS_INVALID_ARGUMENT, "dst");       // not packed
-    EXPECT(bie_pack(ctx, &src, &sc, &b1), BIE_STATUS_INVALID_ARGUMENT, "scale");       // no scale for b1
-    EXPECT(bie_pack(ctx, &i32, NULL, &b1), BIE_STATUS_INVALID_ARGUMENT, "src");        // i32 source
-    EXPECT(bie_pack(ctx, &i8, &sc, &s4), BIE_STATUS_INVALID_ARGUMENT, "scale");        // i8 -> s4 takes no scale
-    EXPECT(bie_pack(ctx, &i8, NULL, &i8), BIE_STATUS_INVALID_ARGUMENT, "src");         // i8 -> i8
-    EXPECT(bie_pack(ctx, &src, &bad, &s4), BIE_STATUS_INVALID_ARGUMENT, "scale");      // negative scale
+    EXPECT(bie_pack(ctx, &src, NULL, &b1o), BIE_STATUS_INVALID_ARGUMENT, "dst");  // shape
+    EXPECT(bie_pack(ctx, &src, NULL, &i32), BIE_STATUS_INVALID_ARGUMENT, "dst");  // not packed
+    EXPECT(bie_pack(ctx, &src, &sc, &b1), BIE_STATUS_INVALID_ARGUMENT, "scale");  // no scale for b1
+    EXPECT(bie_pack(ctx, &i32, NULL, &b1), BIE_STATUS_INVALID_ARGUMENT, "src");   // i32 source
+    EXPECT(bie_pack(ctx, &i8, &sc, &s4), BIE_STATUS_INVALID_ARGUMENT, "scale");   // i8 -> s4 takes no scale
+    EXPECT(bie_pack(ctx, &i8, NULL, &i8), BIE_STATUS_INVALID_ARGUMENT, "src");    // i8 -> i8
+    EXPECT(bie_pack(ctx, &src, &bad, &s4), BIE_STATUS_INVALID_ARGUMENT, "scale"); // negative scale
     ((float *)bad.data)[0] = NAN;
     EXPECT(bie_pack(ctx, &src, &bad, &i8), BIE_STATUS_INVALID_ARGUMENT, "scale");
     ((float *)bad.data)[0] = 0.0f;
     EXPECT(bie_unpack(ctx, &s4, &bad, &src), BIE_STATUS_INVALID_ARGUMENT, "scale");
-    EXPECT(bie_unpack(ctx, &src, NULL, &src), BIE_STATUS_INVALID_ARGUMENT, "src");     // f32 is not packed
-    EXPECT(bie_unpack(ctx, &b1, &sc, &i8), BIE_STATUS_INVALID_ARGUMENT, "scale");      // i8 dst takes no scale
+    EXPECT(bie_unpack(ctx, &src, NULL, &src), BIE_STATUS_INVALID_ARGUMENT, "src"); // f32 is not packed
+    EXPECT(bie_unpack(ctx, &b1, &sc, &i8), BIE_STATUS_INVALID_ARGUMENT, "scale");  // i8 dst takes no scale
     EXPECT(bie_unpack(ctx, &b1, NULL, &i32), BIE_STATUS_INVALID_ARGUMENT, "dst");
     EXPECT(bie_unpack(ctx, &b1o, NULL, &src), BIE_STATUS_INVALID_ARGUMENT, "dst");
     b1.device_type = BIE_DEVICE_CUDA;
-    EXPECT(bie_pack(ctx, &src, NULL, &b1), BIE_STATUS_INVALID_ARGUMENT, "dst");        // devices differ
+    EXPECT(bie_pack(ctx, &src, NULL, &b1), BIE_STATUS_INVALID_ARGUMENT, "dst"); // devices differ
     b1.device_type = BIE_DEVICE_CPU;
     src.stride[1] = 0; // a broadcast source is fine, a broadcast destination is not
     CHECK_OK(ctx, bie_pack(ctx, &src, NULL, &b1));
@@ -460,16 +475,28 @@ static void test_out_of_memory(void) {
     const int64_t ws[4] = {1, 1, 1, 1}, ys[4] = {1, 1, 1, 1};
     struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 4, xs, xst), w = test_tensor(BIE_DTYPE_F32, 4, ws, NULL);
     struct bie_tensor y = test_tensor(BIE_DTYPE_F32, 4, ys, NULL), sa = test_scalar(1.0f), sw = test_scalar(1.0f);
-    const struct bie_conv2d_desc d = {.quant = BIE_QUANT_INT8, .in_channels = 1, .out_channels = 1, .kernel = {1, 1},
-                                      .stride = {1 << 23, 1 << 23}, .padding = {0, 0}, .dilation = {1, 1},
-                                      .groups = 1, .pad_value = BIE_PAD_ZERO};
+    const struct bie_conv2d_desc d = {.quant = BIE_QUANT_INT8,
+                                      .in_channels = 1,
+                                      .out_channels = 1,
+                                      .kernel = {1, 1},
+                                      .stride = {1 << 23, 1 << 23},
+                                      .padding = {0, 0},
+                                      .dilation = {1, 1},
+                                      .groups = 1,
+                                      .pad_value = BIE_PAD_ZERO};
     const struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
     EXPECT(bie_conv2d_forward(ctx, &d, &a), BIE_STATUS_OUT_OF_MEMORY, "workspace");
     // the context still works afterwards
     const int64_t xs1[4] = {1, 1, 1, 1};
     struct bie_tensor x1 = test_tensor(BIE_DTYPE_F32, 4, xs1, NULL);
-    const struct bie_conv2d_desc d1 = {.quant = BIE_QUANT_INT8, .in_channels = 1, .out_channels = 1, .kernel = {1, 1},
-                                       .stride = {1, 1}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1,
+    const struct bie_conv2d_desc d1 = {.quant = BIE_QUANT_INT8,
+                                       .in_channels = 1,
+                                       .out_channels = 1,
+                                       .kernel = {1, 1},
+                                       .stride = {1, 1},
+                                       .padding = {0, 0},
+                                       .dilation = {1, 1},
+                                       .groups = 1,
                                        .pad_value = BIE_PAD_ZERO};
     const struct bie_forward_args a1 = {&x1, NULL, &w, &sa, &sw, &y};
     CHECK_OK(ctx, bie_conv2d_forward(ctx, &d1, &a1));

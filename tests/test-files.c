@@ -12,6 +12,7 @@
 // Memory bounds are measured in child processes (getrusage's peak RSS).
 #define _GNU_SOURCE
 #include "test-child.h"
+#include "bie-train.h"
 #include "test-util.h"
 
 #include <dirent.h>
@@ -60,8 +61,8 @@ static void path_in_dir(char * out, size_t size, const char * name) { snprintf(o
 
 static enum bie_status write_small(bie_context_t * ctx, const char * path, size_t nbytes) {
     static uint8_t data[1 << 20];
-    const struct bie_st_tensor t = {.name = "w", .dtype = BIE_DTYPE_U8, .ndim = 1, .shape = {(int64_t)nbytes},
-                                    .data = data, .nbytes = nbytes};
+    const struct bie_st_tensor t = {
+        .name = "w", .dtype = BIE_DTYPE_U8, .ndim = 1, .shape = {(int64_t)nbytes}, .data = data, .nbytes = nbytes};
     return bie_safetensors_write(ctx, path, &t, 1, NULL, 0);
 }
 
@@ -152,8 +153,10 @@ static void efbig_child(void) {
 
 static void test_efbig(void) {
     const int st = test_in_child(efbig_child, 60);
-    CHECK(st == 0, "a write past ulimit -f: child status %d (3: wrong status, 4: message without \"file size "
-          "limit\", 5: a file left behind, 153: killed by SIGXFSZ)", st);
+    CHECK(st == 0,
+          "a write past ulimit -f: child status %d (3: wrong status, 4: message without \"file size "
+          "limit\", 5: a file left behind, 153: killed by SIGXFSZ)",
+          st);
 }
 
 // What the reader refuses, the writer refuses: non-UTF-8 or repeated keys, names over the bounds.
@@ -161,9 +164,9 @@ static void test_write_checks(bie_context_t * ctx) {
     char path[300];
     path_in_dir(path, sizeof path, "checks.safetensors");
     uint8_t data[4] = {0};
-    const struct bie_st_tensor t = {.name = "w", .dtype = BIE_DTYPE_U8, .ndim = 1, .shape = {4}, .data = data,
-                                    .nbytes = 4};
-    const char * bad_utf8[2] = {"note", "caf\xe9"}, * dup[4] = {"a", "1", "a", "2"};
+    const struct bie_st_tensor t = {
+        .name = "w", .dtype = BIE_DTYPE_U8, .ndim = 1, .shape = {4}, .data = data, .nbytes = 4};
+    const char *bad_utf8[2] = {"note", "caf\xe9"}, *dup[4] = {"a", "1", "a", "2"};
     TEST_EXPECT_STATUS(ctx, bie_safetensors_write(ctx, path, &t, 1, bad_utf8, 1), BIE_STATUS_INVALID_ARGUMENT, "UTF-8");
     TEST_EXPECT_STATUS(ctx, bie_safetensors_write(ctx, path, &t, 1, dup, 2), BIE_STATUS_INVALID_ARGUMENT, "twice");
     struct bie_st_tensor two[2] = {t, t};
@@ -173,7 +176,8 @@ static void test_write_checks(bie_context_t * ctx) {
     wrap.shape[0] = INT64_C(1) << 33;
     wrap.shape[1] = INT64_C(1) << 31;
     wrap.nbytes = 0;
-    TEST_EXPECT_STATUS(ctx, bie_safetensors_write(ctx, path, &wrap, 1, NULL, 0), BIE_STATUS_INVALID_ARGUMENT, "tensors[0]");
+    TEST_EXPECT_STATUS(ctx, bie_safetensors_write(ctx, path, &wrap, 1, NULL, 0), BIE_STATUS_INVALID_ARGUMENT,
+                       "tensors[0]");
     CHECK(access(path, F_OK) != 0, "a refused write left a file");
 }
 
@@ -199,13 +203,15 @@ static void special_child(void) {
 
 static void test_special_files(void) {
     const int st = test_in_child(special_child, 60);
-    CHECK(st == 0, "FIFO, /dev/zero, directory: child status %d (1x: not refused, 2x: message, 3x: IDX; 142: "
-          "blocked until the alarm)", st);
+    CHECK(st == 0,
+          "FIFO, /dev/zero, directory: child status %d (1x: not refused, 2x: message, 3x: IDX; 142: "
+          "blocked until the alarm)",
+          st);
 }
 
-#define CHILD_EXPECT(cond)                                                                                  \
-    do {                                                                                                    \
-        if (!(cond)) _exit(7);                                                                              \
+#define CHILD_EXPECT(cond)                                                                                             \
+    do {                                                                                                               \
+        if (!(cond)) _exit(7);                                                                                         \
     } while (0)
 
 // A sparse file of `size` bytes whose first bytes are `head`.
@@ -224,7 +230,6 @@ static void read_sparse_child(void) {
     path_in_dir(path, sizeof path, "sparse.safetensors");
     bie_safetensors_t * st = NULL;
     CHILD_EXPECT(bie_safetensors_read(ctx, path, &st) == BIE_STATUS_FORMAT_ERROR);
-
 }
 
 static void test_size_first(void) {
@@ -302,7 +307,6 @@ static void big_header_child(void) {
     bie_context_create(NULL, &ctx);
     CHILD_EXPECT(parse_text(ctx, h, len) == BIE_STATUS_FORMAT_ERROR);
     free(h);
-
 }
 
 static void test_header_memory(void) {
@@ -370,7 +374,6 @@ static void bomb_child(void) {
     CHILD_EXPECT(bomb_bad_header ? s == BIE_STATUS_FORMAT_ERROR : s == BIE_STATUS_OK);
     bie_idx_free(&idx);
     free(gz);
-
 }
 
 static void test_idx_bomb(void) {

@@ -22,7 +22,8 @@ static bie_context_t * ctx;
 
 static enum bie_status backward(const struct layer_case * c, const struct bie_tensor * gy, struct bie_tensor * gx,
                                 struct bie_tensor * gw, struct bie_tensor * gs, struct bie_tensor * gb) {
-    const struct bie_backward_args a = {&c->x, c->has_bias ? &c->bias : NULL, &c->w, &c->sa, &c->sw_t, gy, gx, gw, gs, gb, NULL};
+    const struct bie_backward_args a = {
+        &c->x, c->has_bias ? &c->bias : NULL, &c->w, &c->sa, &c->sw_t, gy, gx, gw, gs, gb, NULL};
     return c->conv ? bie_conv2d_backward(ctx, &c->cd, &a) : bie_linear_backward(ctx, &c->lin, &a);
 }
 
@@ -167,8 +168,8 @@ static void check_fd(const struct layer_case * c, const char * what, double l_pl
 
 static void run_fd_case(bool conv) {
     struct layer_case c;
-    const struct case_opts o = {.conv = conv, .x_dtype = -1, .w_dtype = -1, .float_x = true, .float_w = true,
-                                .max_k_linear = 129};
+    const struct case_opts o = {
+        .conv = conv, .x_dtype = -1, .w_dtype = -1, .float_x = true, .float_w = true, .max_k_linear = 129};
     case_random(&c, &o);
     const bool bin = c.quant == BIE_QUANT_BINARY;
     const int64_t nx = lc_xnumel(&c), nw = c.O * lc_K(&c);
@@ -296,16 +297,24 @@ done:
 static void test_hand_padded_taps(void) {
     const int64_t xshape[4] = {1, 1, 1, 1}, wshape[4] = {1, 1, 3, 3}, bshape[1] = {1};
     struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 4, xshape, NULL), w = test_tensor(BIE_DTYPE_F32, 4, wshape, NULL);
-    struct bie_tensor gy = test_tensor(BIE_DTYPE_F32, 4, xshape, NULL), gx = test_tensor(BIE_DTYPE_F32, 4, xshape, NULL);
-    struct bie_tensor gw = test_tensor(BIE_DTYPE_F32, 4, wshape, NULL), gb = test_tensor(BIE_DTYPE_F32, 1, bshape, NULL);
+    struct bie_tensor gy = test_tensor(BIE_DTYPE_F32, 4, xshape, NULL),
+                      gx = test_tensor(BIE_DTYPE_F32, 4, xshape, NULL);
+    struct bie_tensor gw = test_tensor(BIE_DTYPE_F32, 4, wshape, NULL),
+                      gb = test_tensor(BIE_DTYPE_F32, 1, bshape, NULL);
     struct bie_tensor sa = test_scalar(1.0f), sw = test_scalar(0.5f), gs = test_scalar(0.0f);
     ((float *)x.data)[0] = 0.5f;
     ((float *)gy.data)[0] = 2.0f;
     for (int i = 0; i < 9; i++) ((float *)w.data)[i] = 0.3f;
     for (int p = 0; p < 3; p++) {
-        const struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY, .in_channels = 1, .out_channels = 1,
-                                          .kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1},
-                                          .dilation = {1, 1}, .groups = 1, .pad_value = (enum bie_pad_value)p};
+        const struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY,
+                                          .in_channels = 1,
+                                          .out_channels = 1,
+                                          .kernel = {3, 3},
+                                          .stride = {1, 1},
+                                          .padding = {1, 1},
+                                          .dilation = {1, 1},
+                                          .groups = 1,
+                                          .pad_value = (enum bie_pad_value)p};
         const struct bie_backward_args a = {&x, NULL, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, NULL};
         CHECK_OK(ctx, bie_conv2d_backward(ctx, &d, &a));
         const float pv = p == 0 ? 0.0f : p == 1 ? -1.0f : 1.0f;
@@ -320,9 +329,15 @@ static void test_hand_padded_taps(void) {
     }
     // Outside the clip range the input gradient vanishes: |1.5 / 1| > 1.
     ((float *)x.data)[0] = 1.5f;
-    const struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY, .in_channels = 1, .out_channels = 1,
-                                      .kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1},
-                                      .dilation = {1, 1}, .groups = 1, .pad_value = BIE_PAD_ZERO};
+    const struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY,
+                                      .in_channels = 1,
+                                      .out_channels = 1,
+                                      .kernel = {3, 3},
+                                      .stride = {1, 1},
+                                      .padding = {1, 1},
+                                      .dilation = {1, 1},
+                                      .groups = 1,
+                                      .pad_value = BIE_PAD_ZERO};
     const struct bie_backward_args a = {&x, NULL, &w, &sa, &sw, &gy, &gx, NULL, &gs, NULL, NULL};
     CHECK_OK(ctx, bie_conv2d_backward(ctx, &d, &a));
     CHECK(((float *)gx.data)[0] == 0.0f && ((float *)gs.data)[0] == 0.0f, "clipped: grad_x %g grad_scale_a %g",
@@ -338,7 +353,8 @@ static void test_hand_padded_taps(void) {
 static void test_hand_lsq(void) {
     const int64_t xshape[2] = {1, 4}, wshape[2] = {1, 4}, yshape[2] = {1, 1};
     struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 2, xshape, NULL), w = test_tensor(BIE_DTYPE_I8, 2, wshape, NULL);
-    struct bie_tensor gy = test_tensor(BIE_DTYPE_F32, 2, yshape, NULL), gx = test_tensor(BIE_DTYPE_F32, 2, xshape, NULL);
+    struct bie_tensor gy = test_tensor(BIE_DTYPE_F32, 2, yshape, NULL),
+                      gx = test_tensor(BIE_DTYPE_F32, 2, xshape, NULL);
     struct bie_tensor sa = test_scalar(1.0f), sw = test_scalar(1.0f), gs = test_scalar(0.0f);
     const float xs[4] = {0.4f, 3.3f, 9.0f, -20.0f};
     memcpy(x.data, xs, sizeof xs);
@@ -348,7 +364,8 @@ static void test_hand_lsq(void) {
     const struct bie_backward_args a = {&x, NULL, &w, &sa, &sw, &gy, &gx, NULL, &gs, NULL, NULL};
     CHECK_OK(ctx, bie_linear_backward(ctx, &d, &a));
     const double want = ((0.0 - (double)0.4f) + (3.0 - (double)3.3f) + 7.0 - 8.0) / sqrt(28.0);
-    CHECK(((float *)gs.data)[0] == (float)want, "LSQ grad_scale_a %.9g, want %.9g", (double)((float *)gs.data)[0], want);
+    CHECK(((float *)gs.data)[0] == (float)want, "LSQ grad_scale_a %.9g, want %.9g", (double)((float *)gs.data)[0],
+          want);
     const float wantx[4] = {1, 1, 0, 0};
     for (int i = 0; i < 4; i++)
         CHECK(((float *)gx.data)[i] == wantx[i], "LSQ grad_x[%d] = %g, want %g", i, (double)((float *)gx.data)[i],

@@ -2,6 +2,7 @@
 // test-io-idx.c: the IDX reader on raw and gzip images: valid files parse to the right shape and
 // bytes; wrong magic, unsupported types, bad ranks, zero dimensions, truncated or padded data and
 // corrupt or truncated gzip streams are FORMAT_ERRORs whose message names the file.
+#include "bie-train.h"
 #include "test-util.h"
 
 #include <unistd.h>
@@ -100,14 +101,15 @@ int main(int argc, char ** argv) {
     n = make_idx(raw, 2, d0, 0);
     CHECK(parse(ctx, raw, n, &idx) == F, "zero dimension accepted");
     uint32_t dbig[3] = {60000, 28000, 28000};
-    n = make_idx(raw, 1, dbig, 0) ; // a valid 1-D file of 60000 bytes
+    n = make_idx(raw, 1, dbig, 0); // a valid 1-D file of 60000 bytes
     CHECK_OK(ctx, parse(ctx, raw, n, &idx));
     bie_idx_free(&idx);
     raw[3] = 3; // now it claims 60000 x 28000 x 28000: larger than the bound
     CHECK(parse(ctx, raw, n, &idx) == F, "huge dimensions accepted");
     CHECK(parse(ctx, raw, 3, &idx) == F, "3-byte file accepted");
     CHECK(bie_idx_read(ctx, "no-such-dir/none.idx", &idx) == BIE_STATUS_IO_ERROR, "missing file");
-    CHECK(strstr(bie_context_last_error(ctx), "no-such-dir/none.idx") != NULL, "message: %s", bie_context_last_error(ctx));
+    CHECK(strstr(bie_context_last_error(ctx), "no-such-dir/none.idx") != NULL, "message: %s",
+          bie_context_last_error(ctx));
     // A file on disk, gzip-compressed, read back.
     char path[] = "bie-test-idx-XXXXXX";
     int fd = mkstemp(path);

@@ -2,6 +2,7 @@
 // test-io-safetensors.c: the safetensors writer and reader round trip, and the reader rejects
 // every kind of hostile header: bad lengths, bad JSON, bad dtypes, shapes and offsets, overlaps,
 // holes, duplicates, non-string metadata. Plus the strict JSON parser's corner cases.
+#include "bie-train.h"
 #include "test-util.h"
 #include "io/json.h"
 
@@ -77,7 +78,8 @@ static void test_round_trip(bie_context_t * ctx) {
     CHECK(bie_safetensors_write(ctx, path, &bad, 1, NULL, 0) == BIE_STATUS_INVALID_ARGUMENT, "wrong nbytes written");
     unlink(path);
     CHECK(bie_safetensors_read(ctx, path, &st) == BIE_STATUS_IO_ERROR, "missing file not an I/O error");
-    CHECK(strstr(bie_context_last_error(ctx), path) != NULL, "message does not name the file: %s", bie_context_last_error(ctx));
+    CHECK(strstr(bie_context_last_error(ctx), path) != NULL, "message does not name the file: %s",
+          bie_context_last_error(ctx));
 }
 
 static void test_hostile(bie_context_t * ctx) {
@@ -101,11 +103,14 @@ static void test_hostile(bie_context_t * ctx) {
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8, F},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, F},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8, F},
-        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[2,6]}}", 6, F}, // overlap
-        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[3,5]}}", 5, F}, // hole
-        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", 2, F}, // duplicate
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},\"b\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[2,6]}}",
+         6, F}, // overlap
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[3,5]}}",
+         5, F}, // hole
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+         2, F}, // duplicate
         {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1099511627776,1099511627776],\"data_offsets\":[0,0]}}", 0, F}, // overflow
-        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, F}, // > 8 dims
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, F},           // > 8 dims
         {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,99999999999999999999]}}", 1, F},
         {"{\"__metadata__\":{\"k\":1}}", 0, F},
         {"{\"__metadata__\":[]}", 0, F},
@@ -140,19 +145,55 @@ static bool json_ok(const char * s) {
 }
 
 static void test_json(void) {
-    const char * good[] = {"0", "-0", "1.5e+3", "-12.25E-2", "\"a\\u00e9\\ud83d\\ude00\\n\"", "[]", "{}",
-                           " [1, [2, {\"a\": null}], true, false] ", "\"\xc3\xa9\xf0\x9f\x98\x80\"", "9223372036854775807"};
-    const char * bad[] = {"", " ", "01", "+1", "1.", ".5", "1e", "-", "NaN", "Infinity", "[1,]", "{\"a\":1,}", "{a:1}",
-                          "\"\\x\"", "\"\\u12\"", "\"\\ud800\"", "\"\\udc00\"", "\"\\u0000\"", "\"a\x01\"", "\"\xc0\xaf\"",
-                          "\"\xed\xa0\x80\"", "\"\xf4\x90\x80\x80\"", "\"abc", "[1 2]", "tru", "nul", "{\"a\":1,\"a\":2}",
-                          "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]", "1 2"};
-    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) CHECK(json_ok(good[i]), "valid JSON rejected: %s", good[i]);
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) CHECK(!json_ok(bad[i]), "invalid JSON accepted: %s", bad[i]);
+    const char * good[] = {"0",
+                           "-0",
+                           "1.5e+3",
+                           "-12.25E-2",
+                           "\"a\\u00e9\\ud83d\\ude00\\n\"",
+                           "[]",
+                           "{}",
+                           " [1, [2, {\"a\": null}], true, false] ",
+                           "\"\xc3\xa9\xf0\x9f\x98\x80\"",
+                           "9223372036854775807"};
+    const char * bad[] = {
+        "",
+        " ",
+        "01",
+        "+1",
+        "1.",
+        ".5",
+        "1e",
+        "-",
+        "NaN",
+        "Infinity",
+        "[1,]",
+        "{\"a\":1,}",
+        "{a:1}",
+        "\"\\x\"",
+        "\"\\u12\"",
+        "\"\\ud800\"",
+        "\"\\udc00\"",
+        "\"\\u0000\"",
+        "\"a\x01\"",
+        "\"\xc0\xaf\"",
+        "\"\xed\xa0\x80\"",
+        "\"\xf4\x90\x80\x80\"",
+        "\"abc",
+        "[1 2]",
+        "tru",
+        "nul",
+        "{\"a\":1,\"a\":2}",
+        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]",
+        "1 2"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        CHECK(json_ok(good[i]), "valid JSON rejected: %s", good[i]);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(!json_ok(bad[i]), "invalid JSON accepted: %s", bad[i]);
     struct bie_json j;
     char err[200];
     const char * s = "{\"k\":\"a\\u00e9\",\"n\":-9223372036854775808,\"big\":18446744073709551616}";
     CHECK(bie_json_parse(s, strlen(s), &j, err, sizeof err), "parse: %s", err);
-    const struct bie_json * k = bie_json_get(&j, "k"), * n = bie_json_get(&j, "n"), * big = bie_json_get(&j, "big");
+    const struct bie_json *k = bie_json_get(&j, "k"), *n = bie_json_get(&j, "n"), *big = bie_json_get(&j, "big");
     CHECK(k && !strcmp(k->str, "a\xc3\xa9"), "decoded string");
     CHECK(n && n->is_int && n->integer == INT64_MIN, "int64 min");
     CHECK(big && !big->is_int, "2^64 must not be an int64");

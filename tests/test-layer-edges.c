@@ -28,8 +28,8 @@ static void test_row_grad_weight(bie_context_t * ref, bie_context_t ** cpu, int 
             struct bie_tensor sa = test_scalar(k_quants[qi] == BIE_QUANT_BINARY ? 1.0f : 0.1f), sw = test_scalar(0.05f);
             const int64_t gshape[2] = {1, K}, gstride[2] = {1, 1};
             struct bie_tensor gw_ref = test_tensor(BIE_DTYPE_F32, 2, gshape, gstride);
-            struct bie_backward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy,
-                                          .grad_weight = &gw_ref};
+            struct bie_backward_args a = {
+                .x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy, .grad_weight = &gw_ref};
             CHECK_OK(ref, bie_linear_backward(ref, &d, &a));
             for (int l = 0; l < nlev; l++) {
                 struct bie_tensor gw = test_tensor(BIE_DTYPE_F32, 2, gshape, gstride);
@@ -69,8 +69,13 @@ static void test_overflow_grad_scale(bie_context_t * ref, bie_context_t ** cpu, 
         for (int64_t i = 0; i < N; i++) ((float *)gy.data)[i] = 3e38f;
         struct bie_tensor sa = test_scalar(1.0f), sw = test_scalar(bin ? 2.0f : 1.0f);
         struct bie_tensor gs_ref = test_scalar(0), gb_ref = test_tensor(BIE_DTYPE_F32, 1, &K, NULL);
-        struct bie_backward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy,
-                                      .grad_scale_a = &gs_ref, .grad_bias_a = &gb_ref};
+        struct bie_backward_args a = {.x = &x,
+                                      .weight = &w,
+                                      .scale_a = &sa,
+                                      .scale_w = &sw,
+                                      .grad_y = &gy,
+                                      .grad_scale_a = &gs_ref,
+                                      .grad_bias_a = &gb_ref};
         CHECK_OK(ref, bie_linear_backward(ref, &d, &a));
         const float rs = ((float *)gs_ref.data)[0];
         CHECK(!isnan(rs), "q%d: the reference's grad_scale_a is NaN", (int)k_quants[qi]);
@@ -109,17 +114,17 @@ static void test_overflow_grad_weight(bie_context_t * ref, bie_context_t ** cpu,
     memcpy(gy.data, g, sizeof g);
     struct bie_tensor sa = test_scalar(3e38f), sw = test_scalar(1.0f);
     struct bie_tensor gw_ref = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
-    struct bie_backward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy,
-                                  .grad_weight = &gw_ref};
+    struct bie_backward_args a = {
+        .x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy, .grad_weight = &gw_ref};
     CHECK_OK(ref, bie_linear_backward(ref, &d, &a));
     CHECK(((float *)gw_ref.data)[0] == 3e38f, "the reference's grad_weight %g", (double)((float *)gw_ref.data)[0]);
     for (int l = 0; l < nlev; l++) {
         struct bie_tensor gw = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
         a.grad_weight = &gw;
         CHECK_OK(cpu[l], bie_linear_backward(cpu[l], &d, &a));
-        CHECK(memcmp(gw.data, gw_ref.data, sizeof(float) * (size_t)K) == 0, "isa %s: grad_weight[0] %g, the reference %g",
-              bie_cpu_isa_name(bie_context_cpu_isa(cpu[l])), (double)((float *)gw.data)[0],
-              (double)((float *)gw_ref.data)[0]);
+        CHECK(memcmp(gw.data, gw_ref.data, sizeof(float) * (size_t)K) == 0,
+              "isa %s: grad_weight[0] %g, the reference %g", bie_cpu_isa_name(bie_context_cpu_isa(cpu[l])),
+              (double)((float *)gw.data)[0], (double)((float *)gw_ref.data)[0]);
         test_tensor_free(&gw);
     }
     struct bie_tensor * ts[] = {&x, &w, &gy, &sa, &sw, &gw_ref};
@@ -157,8 +162,8 @@ static void test_overlapping_outputs(bie_context_t * ctx) {
     gw.shape[0] = N;
     struct bie_tensor gwo = gw;
     gwo.stride[0] = 2;
-    struct bie_backward_args ba = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy,
-                                   .grad_x = &gx, .grad_weight = &gwo};
+    struct bie_backward_args ba = {
+        .x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .grad_y = &gy, .grad_x = &gx, .grad_weight = &gwo};
     TEST_EXPECT_STATUS(ctx, bie_linear_backward(ctx, &d, &ba), BIE_STATUS_INVALID_ARGUMENT, "grad_weight");
     // grad_x sharing its buffer with grad_weight
     struct bie_tensor gxw = gx;
@@ -208,7 +213,7 @@ static void test_scale_product(bie_context_t * ctx) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    bie_context_t * ref, * cpu[4];
+    bie_context_t *ref, *cpu[CPU_TEST_LEVELS];
     const int nlev = cpu_test_contexts(&ref, cpu, 2);
     test_row_grad_weight(ref, cpu, nlev);
     test_overflow_grad_scale(ref, cpu, nlev);

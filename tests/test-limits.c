@@ -2,6 +2,7 @@
 // test-limits.c: size arithmetic at the ends of int64 and the documented limits (docs/limits.md):
 // every overflow is an error status, never a wrapped size (and never undefined behaviour: the
 // ASan/UBSan build runs this too).
+#include "bie-train.h"
 #include "test-util.h"
 
 static void test_tensor_sizes(void) {
@@ -11,7 +12,8 @@ static void test_tensor_sizes(void) {
     t.ndim = 2;
     t.shape[1] = 4;
     t.stride[1] = 1;
-    CHECK(bie_tensor_numel(&t) == -1, "numel of [2^62, 4] is %lld, want -1 (overflow)", (long long)bie_tensor_numel(&t));
+    CHECK(bie_tensor_numel(&t) == -1, "numel of [2^62, 4] is %lld, want -1 (overflow)",
+          (long long)bie_tensor_numel(&t));
     const int64_t near_max[1] = {INT64_MAX - 2};
     CHECK(bie_tensor_make(&t, NULL, BIE_DTYPE_B1, 1, near_max) == BIE_STATUS_INVALID_ARGUMENT,
           "b1 [INT64_MAX - 2]: rounding its row up to whole bytes overflows");
@@ -39,8 +41,14 @@ static void test_tensor_sizes(void) {
 
 // bie_conv2d_output_size takes any h, w: h + 2*pad near INT64_MAX is refused, not wrapped.
 static void test_conv_output_size(void) {
-    struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY, .in_channels = 1, .out_channels = 1, .kernel = {3, 3},
-                                .stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY,
+                                .in_channels = 1,
+                                .out_channels = 1,
+                                .kernel = {3, 3},
+                                .stride = {1, 1},
+                                .padding = {1, 1},
+                                .dilation = {1, 1},
+                                .groups = 1};
     int64_t oh = 0, ow = 0;
     CHECK(bie_conv2d_output_size(&d, INT64_MAX, 5, &oh, &ow) == BIE_STATUS_INVALID_ARGUMENT, "h = INT64_MAX, pad 1");
     CHECK(bie_conv2d_output_size(&d, 5, INT64_MAX - 1, &oh, &ow) == BIE_STATUS_INVALID_ARGUMENT, "w = INT64_MAX - 1");
@@ -69,7 +77,8 @@ static void test_nn_sizes(bie_context_t * ctx) {
                        BIE_STATUS_INVALID_ARGUMENT, "overflows");
     const uint8_t labels[1] = {0};
     double loss;
-    TEST_EXPECT_STATUS(ctx, bie_softmax_cross_entropy(ctx, INT64_C(1) << 40, INT64_C(1) << 40, x, labels, &loss, g, NULL),
+    TEST_EXPECT_STATUS(ctx,
+                       bie_softmax_cross_entropy(ctx, INT64_C(1) << 40, INT64_C(1) << 40, x, labels, &loss, g, NULL),
                        BIE_STATUS_INVALID_ARGUMENT, "overflows");
 }
 

@@ -114,8 +114,14 @@ static void check_errors(bie_context_t * ctx) {
     x1.ndim = 1;
     struct bie_tensor xs = x; // leading dims that do not merge: batch stride not a multiple of rows
     xs.ndim = 4;
-    xs.shape[0] = 2; xs.shape[1] = 2; xs.shape[2] = 3; xs.shape[3] = 2;
-    xs.stride[0] = 5; xs.stride[1] = 13; xs.stride[2] = 2; xs.stride[3] = 1;
+    xs.shape[0] = 2;
+    xs.shape[1] = 2;
+    xs.shape[2] = 3;
+    xs.shape[3] = 2;
+    xs.stride[0] = 5;
+    xs.stride[1] = 13;
+    xs.stride[2] = 2;
+    xs.stride[3] = 1;
     const struct bie_matmul_desc d = {BIE_QUANT_BINARY}, dq = {(enum bie_quant)3};
     struct bie_matmul_args a;
 #define MM(X, Y, XC, YC, O) (a = (struct bie_matmul_args){X, Y, XC, YC, O}, bie_matmul_forward(ctx, &d, &a))
@@ -154,16 +160,16 @@ static void check_errors(bie_context_t * ctx) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    enum bie_cpu_isa levels[4];
+    enum bie_cpu_isa levels[CPU_TEST_LEVELS];
     const int n = cpu_test_levels(levels);
-    bie_context_t * cpus[4];
+    bie_context_t * cpus[CPU_TEST_LEVELS];
     for (int i = 0; i < n; i++) cpus[i] = cpu_test_ctx(BIE_BACKEND_CPU, levels[i], (int)test_rand_int(1, 3));
     bie_context_t * ref = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
     check_by_hand(ref);
     check_by_hand(cpus[n - 1]);
     check_against_layer(ref);
     check_errors(ref);
-    const char * names[4];
+    const char * names[CPU_TEST_LEVELS];
     for (int i = 0; i < n; i++) names[i] = bie_cpu_isa_name(levels[i]);
     const int iters = cpu_test_quick() ? 25 : 120;
     for (int i = 0; i < 2 * iters; i++) {

@@ -73,7 +73,8 @@ static void test_activation_memory(bie_context_t * ctx) {
     // bie_model_memory: activations of each layer's output, the gradients in training, max-pool
     // indexes and the float layers' im2col scratch; linear in the batch.
     bie_model_t * m = NULL;
-    CHECK_OK(ctx, bie_model_create(ctx, "input 1 8 8; conv f32 4 3; maxpool 2; relu; linear b1 5", BIE_LATENT_F32, 1, &m));
+    CHECK_OK(ctx,
+             bie_model_create(ctx, "input 1 8 8; conv f32 4 3; maxpool 2; relu; linear b1 5", BIE_LATENT_F32, 1, &m));
     size_t b1 = 0, b7 = 0, t7 = 0;
     CHECK_OK(ctx, bie_model_memory(m, 1, 0, &b1));
     CHECK_OK(ctx, bie_model_memory(m, 7, 0, &b7));
@@ -92,8 +93,10 @@ static void test_activation_memory(bie_context_t * ctx) {
     int status = -1;
     const long long g = test_rss_growth(hostile_child, &status);
     // per sample (relus + 1) * width * 784 floats: 48.6 MB for 500 channels, 486 MB for a batch of 10
-    CHECK(status == 0, "hostile model under 8 and 64 MiB limits: child status %d (3: loaded, 4: batch of 10 ran, 5: "
-          "message, 6: refused under the default limit)", status);
+    CHECK(status == 0,
+          "hostile model under 8 and 64 MiB limits: child status %d (3: loaded, 4: batch of 10 ran, 5: "
+          "message, 6: refused under the default limit)",
+          status);
     CHECK(g >= 0 && g < (64 << 20), "hostile model: %lld bytes of peak RSS growth under a 64 MiB limit", g);
     unlink(hostile_path);
 }
@@ -168,9 +171,9 @@ static void test_checkpoint_values(bie_context_t * ctx) {
         const char * name;
         float v;
     } cases[] = {
-        {"layers.2.weight.opt_m", NAN},       {"layers.2.weight.opt_v", -1.0f},    {"layers.0.weight", INFINITY},
-        {"layers.1.running_var", -0.5f},      {"layers.3.running_mean", NAN},      {"layers.4.bias_a.opt_m", 3e38f},
-        {"layers.4.scale_a", -1.0f},          {"layers.0.bias.opt_v", NAN},
+        {"layers.2.weight.opt_m", NAN},  {"layers.2.weight.opt_v", -1.0f}, {"layers.0.weight", INFINITY},
+        {"layers.1.running_var", -0.5f}, {"layers.3.running_mean", NAN},   {"layers.4.bias_a.opt_m", 3e38f},
+        {"layers.4.scale_a", -1.0f},     {"layers.0.bias.opt_v", NAN},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         rewrite(ctx, good, cases[i].name, cases[i].v, NULL, NULL, bad);
@@ -190,15 +193,15 @@ static void test_checkpoint_values(bie_context_t * ctx) {
     unlink(bad);
     const float keep_m = m->L[2].w.m[0], keep_v = m->L[2].w.s[0];
     m->L[2].w.m[0] = NAN;
-    TEST_EXPECT_STATUS(ctx, bie_model_save(ctx, m, bad, BIE_MODEL_FILE_CHECKPOINT, NULL, 0), BIE_STATUS_INVALID_ARGUMENT,
-                       "layers.2.weight.opt_m");
+    TEST_EXPECT_STATUS(ctx, bie_model_save(ctx, m, bad, BIE_MODEL_FILE_CHECKPOINT, NULL, 0),
+                       BIE_STATUS_INVALID_ARGUMENT, "layers.2.weight.opt_m");
     m->L[2].w.m[0] = 1e38f; // huge but finite: saved before, then refused on load
-    TEST_EXPECT_STATUS(ctx, bie_model_save(ctx, m, bad, BIE_MODEL_FILE_CHECKPOINT, NULL, 0), BIE_STATUS_INVALID_ARGUMENT,
-                       "layers.2.weight.opt_m");
+    TEST_EXPECT_STATUS(ctx, bie_model_save(ctx, m, bad, BIE_MODEL_FILE_CHECKPOINT, NULL, 0),
+                       BIE_STATUS_INVALID_ARGUMENT, "layers.2.weight.opt_m");
     m->L[2].w.m[0] = keep_m;
     m->L[2].w.s[0] = -keep_v - 1.0f;
-    TEST_EXPECT_STATUS(ctx, bie_model_save(ctx, m, bad, BIE_MODEL_FILE_CHECKPOINT, NULL, 0), BIE_STATUS_INVALID_ARGUMENT,
-                       "layers.2.weight.opt_v");
+    TEST_EXPECT_STATUS(ctx, bie_model_save(ctx, m, bad, BIE_MODEL_FILE_CHECKPOINT, NULL, 0),
+                       BIE_STATUS_INVALID_ARGUMENT, "layers.2.weight.opt_v");
     m->L[2].w.s[0] = keep_v;
     m->L[1].rvar[0] = NAN; // also in the packed export
     TEST_EXPECT_STATUS(ctx, bie_model_save(ctx, m, bad, BIE_MODEL_FILE_PACKED, NULL, 0), BIE_STATUS_INVALID_ARGUMENT,
@@ -206,8 +209,8 @@ static void test_checkpoint_values(bie_context_t * ctx) {
     m->L[1].rvar[0] = 1.0f;
     CHECK(access(bad, F_OK) != 0, "a refused save wrote the file");
     const char * meta[2] = {"note", "\xff\xfe"};
-    TEST_EXPECT_STATUS(ctx, bie_model_save(ctx, m, bad, BIE_MODEL_FILE_CHECKPOINT, meta, 1), BIE_STATUS_INVALID_ARGUMENT,
-                       "UTF-8");
+    TEST_EXPECT_STATUS(ctx, bie_model_save(ctx, m, bad, BIE_MODEL_FILE_CHECKPOINT, meta, 1),
+                       BIE_STATUS_INVALID_ARGUMENT, "UTF-8");
     // The step counter at its bound: refused, not wrapped.
     m->step = INT64_C(1) << 62;
     TEST_EXPECT_STATUS(ctx, bie_model_step(ctx, m, 0.01f, 0.0f, 0.05f), BIE_STATUS_INVALID_ARGUMENT, "step");

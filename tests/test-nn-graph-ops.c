@@ -5,6 +5,7 @@
 // central finite differences of the double oracle), adds, and batch norm's inference affine map
 // (bit-identical to bie_batchnorm_forward in eval mode). Shapes are random; a failure prints the
 // seed (BIE_TEST_SEED replays it) and the shape.
+#include "bie-train.h"
 #include "test-util.h"
 #include "nn/graph-ops.h"
 
@@ -38,15 +39,15 @@ static bool in_window(const struct nn_pool * g, int64_t oy, int64_t ox, int64_t 
 static void test_pools(void) {
     const struct nn_pool g = random_pool();
     const int64_t hw = g.h * g.w, ohw = g.oh * g.ow, nx = g.n * g.c * hw, ny = g.n * g.c * ohw;
-    float * x = malloc(sizeof(float) * nx), * y = malloc(sizeof(float) * ny), * gy = malloc(sizeof(float) * ny),
-          * gx = malloc(sizeof(float) * nx);
+    float *x = malloc(sizeof(float) * nx), *y = malloc(sizeof(float) * ny), *gy = malloc(sizeof(float) * ny),
+          *gx = malloc(sizeof(float) * nx);
     int32_t * am = malloc(sizeof(int32_t) * ny);
     double * want_gx = malloc(sizeof(double) * nx);
     fill(x, nx, -3, 3);
     fill(gy, ny, -1, 1);
     if (test_rand_int(0, 3) == 0) x[test_rand_int(0, nx - 1)] = x[test_rand_int(0, nx - 1)]; // a tie, sometimes
     // Max pooling also sees NaN (which wins) in a copy, sometimes.
-    float * xm = malloc(sizeof(float) * nx), * y2 = malloc(sizeof(float) * ny);
+    float *xm = malloc(sizeof(float) * nx), *y2 = malloc(sizeof(float) * ny);
     memcpy(xm, x, sizeof(float) * nx);
     if (test_rand_int(0, 2) == 0) xm[test_rand_int(0, nx - 1)] = NAN;
     // (oh, ow) from the definition, floor mode
@@ -76,26 +77,31 @@ static void test_pools(void) {
                         }
                     const int64_t o = pl * ohw + oy * g.ow + ox;
                     if (kind == 0) {
-                        const bool same = isnan(best) ? isnan(y[o]) && isnan(y2[o]) : y[o] == (float)best && y2[o] == y[o];
-                        CHECK(at >= 0 && same && am[o] == at,
-                              "maxpool y[%lld] = %g (argmax %d), want %g (%lld); n %lld c %lld %lldx%lld k %d s %d p %d",
-                              (long long)o, y[o], am[o], best, (long long)at, (long long)g.n, (long long)g.c,
-                              (long long)g.h, (long long)g.w, g.k, g.s, g.p);
+                        const bool same =
+                            isnan(best) ? isnan(y[o]) && isnan(y2[o]) : y[o] == (float)best && y2[o] == y[o];
+                        CHECK(
+                            at >= 0 && same && am[o] == at,
+                            "maxpool y[%lld] = %g (argmax %d), want %g (%lld); n %lld c %lld %lldx%lld k %d s %d p %d",
+                            (long long)o, y[o], am[o], best, (long long)at, (long long)g.n, (long long)g.c,
+                            (long long)g.h, (long long)g.w, g.k, g.s, g.p);
                         if (at >= 0) want_gx[pl * hw + at] += gy[o];
                     } else {
                         const double want = sum / (g.k * g.k);
-                        CHECK(close_to(y[o], want, 1e-6, 1e-7), "avgpool y[%lld] = %g, want %g; %lldx%lld k %d s %d p %d",
-                              (long long)o, y[o], want, (long long)g.h, (long long)g.w, g.k, g.s, g.p);
+                        CHECK(close_to(y[o], want, 1e-6, 1e-7),
+                              "avgpool y[%lld] = %g, want %g; %lldx%lld k %d s %d p %d", (long long)o, y[o], want,
+                              (long long)g.h, (long long)g.w, g.k, g.s, g.p);
                         for (int64_t iy = 0; iy < g.h; iy++)
                             for (int64_t ix = 0; ix < g.w; ix++)
-                                if (in_window(&g, oy, ox, iy, ix)) want_gx[pl * hw + iy * g.w + ix] += gy[o] / (g.k * g.k);
+                                if (in_window(&g, oy, ox, iy, ix))
+                                    want_gx[pl * hw + iy * g.w + ix] += gy[o] / (g.k * g.k);
                     }
                 }
         if (kind == 0) nn_maxpool_backward(&g, gy, am, gx);
         else nn_avgpool_backward(&g, gy, gx);
         for (int64_t i = 0; i < nx; i++)
-            CHECK(close_to(gx[i], want_gx[i], 1e-5, 1e-6), "%spool grad_x[%lld] = %g, want %g; %lldx%lld k %d s %d p %d",
-                  what[kind], (long long)i, gx[i], want_gx[i], (long long)g.h, (long long)g.w, g.k, g.s, g.p);
+            CHECK(close_to(gx[i], want_gx[i], 1e-5, 1e-6),
+                  "%spool grad_x[%lld] = %g, want %g; %lldx%lld k %d s %d p %d", what[kind], (long long)i, gx[i],
+                  want_gx[i], (long long)g.h, (long long)g.w, g.k, g.s, g.p);
     }
     free(x);
     free(xm);
@@ -120,8 +126,8 @@ static void test_adaptive(void) {
     }
     const int64_t n = test_rand_int(1, 3), c = test_rand_int(1, 4), h = test_rand_int(1, 11), w = test_rand_int(1, 11);
     const int64_t oh = test_rand_int(1, h), ow = test_rand_int(1, w), nx = n * c * h * w, ny = n * c * oh * ow;
-    float * x = malloc(sizeof(float) * nx), * y = malloc(sizeof(float) * ny), * gy = malloc(sizeof(float) * ny),
-          * gx = malloc(sizeof(float) * nx);
+    float *x = malloc(sizeof(float) * nx), *y = malloc(sizeof(float) * ny), *gy = malloc(sizeof(float) * ny),
+          *gx = malloc(sizeof(float) * nx);
     double * want_gx = calloc((size_t)nx, sizeof(double));
     fill(x, nx, -2, 2);
     fill(gy, ny, -1, 1);
@@ -169,8 +175,8 @@ static double act_oracle(enum nn_act a, double v) {
 static void test_activations(void) {
     const char * names[] = {"relu", "sign", "hardtanh", "tanh", "gelu", "gelu_tanh", "silu"};
     const int64_t count = test_rand_int(1, 300);
-    float * x = malloc(sizeof(float) * (count + 8)), * y = malloc(sizeof(float) * (count + 8)),
-          * gy = malloc(sizeof(float) * (count + 8)), * gx = malloc(sizeof(float) * (count + 8));
+    float *x = malloc(sizeof(float) * (count + 8)), *y = malloc(sizeof(float) * (count + 8)),
+          *gy = malloc(sizeof(float) * (count + 8)), *gx = malloc(sizeof(float) * (count + 8));
     fill(x, count, -4, 4);
     const float special[8] = {0.0f, -0.0f, 1.0f, -1.0f, 30.0f, -30.0f, 100.0f, -100.0f};
     memcpy(x + count, special, sizeof special);
@@ -209,8 +215,8 @@ static void test_activations(void) {
 static void test_prelu(void) {
     const int64_t n = test_rand_int(1, 3), c = test_rand_int(1, 5), hw = test_rand_int(1, 7), N = n * c * hw;
     const int64_t n_slope = test_rand_int(0, 1) ? c : 1;
-    float slope[5], gs[5], * x = malloc(sizeof(float) * N), * y = malloc(sizeof(float) * N),
-                           * gy = malloc(sizeof(float) * N), * gx = malloc(sizeof(float) * N);
+    float slope[5], gs[5], *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N),
+                           *gy = malloc(sizeof(float) * N), *gx = malloc(sizeof(float) * N);
     fill(slope, n_slope, -0.5f, 0.8f);
     fill(x, N, -2, 2);
     x[0] = 0.0f;
@@ -222,7 +228,8 @@ static void test_prelu(void) {
         const int64_t j = n_slope == 1 ? 0 : (i / hw) % c;
         const double a = slope[j], want = x[i] > 0 ? x[i] : a * x[i], d = x[i] > 0 ? 1 : a;
         CHECK(y[i] == (float)want, "prelu(%g) = %g, want %g (slope %g)", x[i], y[i], want, a);
-        CHECK(close_to(gx[i], gy[i] * d, 1e-6, 1e-7), "prelu grad_x[%lld] = %g, want %g", (long long)i, gx[i], gy[i] * d);
+        CHECK(close_to(gx[i], gy[i] * d, 1e-6, 1e-7), "prelu grad_x[%lld] = %g, want %g", (long long)i, gx[i],
+              gy[i] * d);
         if (!(x[i] > 0)) want_gs[j] += (double)gy[i] * x[i];
     }
     for (int64_t j = 0; j < n_slope; j++)
@@ -237,8 +244,8 @@ static void test_prelu(void) {
 
 static void test_add_affine(bie_context_t * ctx) {
     const int64_t n = test_rand_int(1, 4), c = test_rand_int(1, 6), hw = test_rand_int(1, 9), N = n * c * hw;
-    float * a = malloc(sizeof(float) * N), * b = malloc(sizeof(float) * N), * y = malloc(sizeof(float) * N),
-          * z = malloc(sizeof(float) * N);
+    float *a = malloc(sizeof(float) * N), *b = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N),
+          *z = malloc(sizeof(float) * N);
     fill(a, N, -2, 2);
     fill(b, N, -2, 2);
     nn_add(N, a, b, y);
@@ -254,8 +261,9 @@ static void test_add_affine(bie_context_t * ctx) {
     CHECK_OK(ctx, bie_batchnorm_forward(ctx, n, c, hw, a, gamma, beta, rm, rv, 0.1f, 1e-5f, 0, NULL, NULL, y));
     nn_batchnorm_affine(c, gamma, beta, rm, rv, 1e-5f, scale, shift);
     nn_channel_affine(n, c, hw, scale, shift, a, z);
-    CHECK(memcmp(y, z, sizeof(float) * N) == 0, "batch norm affine differs from bie_batchnorm_forward (n %lld c %lld hw %lld)",
-          (long long)n, (long long)c, (long long)hw);
+    CHECK(memcmp(y, z, sizeof(float) * N) == 0,
+          "batch norm affine differs from bie_batchnorm_forward (n %lld c %lld hw %lld)", (long long)n, (long long)c,
+          (long long)hw);
     free(a);
     free(b);
     free(y);

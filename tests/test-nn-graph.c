@@ -36,7 +36,8 @@ static void random_batch(float * x, uint8_t * y, int64_t n, int64_t in, int clas
     }
 }
 
-static void train_steps(bie_context_t * ctx, bie_model_t * m, const float * x, const uint8_t * y, int64_t n, int steps) {
+static void train_steps(bie_context_t * ctx, bie_model_t * m, const float * x, const uint8_t * y, int64_t n,
+                        int steps) {
     const int64_t k = bie_model_num_outputs(m);
     float * g = malloc(sizeof(float) * (size_t)(n * k));
     for (int s = 0; s < steps; s++) {
@@ -91,17 +92,17 @@ static void test_arch(bie_context_t * ctx) {
         free(a.L);
     }
     const char * bad[] = {
-        "input 1 4 4; relu; relu; add @0 @3",         // a later layer
-        "input 1 4 4; relu; add",                     // add without a named input
-        "input 1 4 4; relu; relu @0 @input",          // two inputs to a one-input layer
-        "input 1 4 4; conv f32 2 3; add @input",      // 2x4x4 + 1x4x4
-        "input 1 4 4; relu; tanh @input; flatten",    // layer 0's output is never read
-        "input 2 4 4; prelu 3",                       // 1 or 2 slopes
-        "input 1 4 4; conv f32 2 3 1 1 bias",         // f32 layers always have a bias
-        "input 1 4 4; maxpool 3 1 2",                 // padding > K/2
-        "input 1 4 4; adaptive_avgpool 5",            // larger than the input
-        "input 1 4 4; relu @x",                       // not a layer
-        "input 1 4 4; @0 relu",                       // an item starts with its kind
+        "input 1 4 4; relu; relu; add @0 @3",      // a later layer
+        "input 1 4 4; relu; add",                  // add without a named input
+        "input 1 4 4; relu; relu @0 @input",       // two inputs to a one-input layer
+        "input 1 4 4; conv f32 2 3; add @input",   // 2x4x4 + 1x4x4
+        "input 1 4 4; relu; tanh @input; flatten", // layer 0's output is never read
+        "input 2 4 4; prelu 3",                    // 1 or 2 slopes
+        "input 1 4 4; conv f32 2 3 1 1 bias",      // f32 layers always have a bias
+        "input 1 4 4; maxpool 3 1 2",              // padding > K/2
+        "input 1 4 4; adaptive_avgpool 5",         // larger than the input
+        "input 1 4 4; relu @x",                    // not a layer
+        "input 1 4 4; @0 relu",                    // an item starts with its kind
         "input 1 4 4; flatten 2",
         "input 1 4 4; gelu 1",
         "input 1 4 4; linear b1 4 bias 2",
@@ -109,8 +110,8 @@ static void test_arch(bie_context_t * ctx) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         bie_model_t * m = NULL;
         const enum bie_status s = bie_model_create(ctx, bad[i], BIE_LATENT_F32, 1, &m);
-        CHECK(s == BIE_STATUS_INVALID_ARGUMENT && !m, "\"%s\": %s (%s)", bad[i],
-              bie_status_string(s), bie_context_last_error(ctx));
+        CHECK(s == BIE_STATUS_INVALID_ARGUMENT && !m, "\"%s\": %s (%s)", bad[i], bie_status_string(s),
+              bie_context_last_error(ctx));
         bie_model_destroy(m);
     }
 }
@@ -123,7 +124,7 @@ static void test_gradients(bie_context_t * ctx, const char * arch, const int * l
     if (!m) return;
     // Eight samples: batch norm over features with fewer has a curvature that spoils the quotient.
     const int64_t n = 8, in = bie_model_num_inputs(m), k = bie_model_num_outputs(m);
-    float * x = malloc(sizeof(float) * (size_t)(n * in)), * g = malloc(sizeof(float) * (size_t)(n * k));
+    float *x = malloc(sizeof(float) * (size_t)(n * in)), *g = malloc(sizeof(float) * (size_t)(n * k));
     uint8_t y[8];
     random_batch(x, y, n, in, (int)k);
     // PReLU slopes away from 0.25 everywhere, and output biases away from 0: a binary layer's
@@ -172,8 +173,8 @@ static void test_gradients(bie_context_t * ctx, const char * arch, const int * l
                 }
                 // As in test-nn-model: f32 loss noise over 2h, plus curvature.
                 CHECK(fabs(grad - fd[1]) < 2e-3 + 0.03 * fabs(fd[1]),
-                      "%s: layer %d (%s) %s[%lld]: grad %g, finite difference %g", arch, layers[li], bie_model_kind_name(L),
-                      p ? "b" : "w", (long long)i, grad, fd[1]);
+                      "%s: layer %d (%s) %s[%lld]: grad %g, finite difference %g", arch, layers[li],
+                      bie_model_kind_name(L), p ? "b" : "w", (long long)i, grad, fd[1]);
             }
         }
     }
@@ -203,7 +204,8 @@ static float * reference_eval(bie_context_t * ctx, bie_model_t * m, const float 
                 struct qviews v;
                 bie_model_qviews(L, n, in, out, &v);
                 struct bie_forward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.y};
-                CHECK_OK(ctx, L->kind == L_CONV ? bie_conv2d_forward(ctx, &v.cd, &a) : bie_linear_forward(ctx, &v.ld, &a));
+                CHECK_OK(ctx,
+                         L->kind == L_CONV ? bie_conv2d_forward(ctx, &v.cd, &a) : bie_linear_forward(ctx, &v.ld, &a));
                 const int64_t P = L->out[1] * L->out[2];
                 if (L->has_bias)
                     for (int64_t j = 0; j < cout; j++) out[j] += L->b.v[(j / P) % L->O];
@@ -214,7 +216,12 @@ static float * reference_eval(bie_context_t * ctx, bie_model_t * m, const float 
         } else if (L->kind == L_POOL && L->pool_kind == POOL_ADAPTIVE_AVG) {
             nn_adaptive_avgpool_forward(n, L->in[0], L->in[1], L->in[2], L->out[1], L->out[2], in, out);
         } else if (L->kind == L_POOL) {
-            struct nn_pool g = {.n = n, .c = L->in[0], .h = L->in[1], .w = L->in[2], .k = L->pool, .s = L->pool_stride,
+            struct nn_pool g = {.n = n,
+                                .c = L->in[0],
+                                .h = L->in[1],
+                                .w = L->in[2],
+                                .k = L->pool,
+                                .s = L->pool_stride,
                                 .p = L->pool_pad};
             nn_pool_geometry(&g);
             if (L->pool_kind == POOL_MAX) nn_maxpool_forward(&g, in, out, NULL);
@@ -248,8 +255,8 @@ static void check_plan(bie_context_t * ctx, bie_model_t * m, const float * x, in
     CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 0, 0, &logits));
     if (logits) memcpy(first, logits, bytes);
     float * want = reference_eval(ctx, m, x, n);
-    CHECK(memcmp(first, want, bytes) == 0, "planned logits differ from the unplanned evaluation (%s, n %lld, %s, first call)",
-          arch, (long long)n, when);
+    CHECK(memcmp(first, want, bytes) == 0,
+          "planned logits differ from the unplanned evaluation (%s, n %lld, %s, first call)", arch, (long long)n, when);
     logits = NULL;
     CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 0, 0, &logits));
     if (logits)
@@ -267,18 +274,18 @@ static void test_plans(bie_context_t * ctx, const char * arch, enum bie_latent l
     float * x = malloc(sizeof(float) * (size_t)(N * in));
     uint8_t * y = malloc((size_t)N);
     random_batch(x, y, N, in, (int)k);
-    {   // float_layers on a model never run sets the scales as the layer calls do: the same logits
-        bie_model_t * f = NULL, * g = NULL;
+    { // float_layers on a model never run sets the scales as the layer calls do: the same logits
+        bie_model_t *f = NULL, *g = NULL;
         CHECK_OK(ctx, bie_model_create(ctx, arch, latent, test_seed, &f));
         CHECK_OK(ctx, bie_model_create(ctx, arch, latent, test_seed, &g));
-        const float * lf = NULL, * lg = NULL;
+        const float *lf = NULL, *lg = NULL;
         if (f && g) {
             CHECK_OK(ctx, bie_model_forward(ctx, f, x, 4, 0, 1, &lf));
             CHECK_OK(ctx, bie_model_forward(ctx, g, x, 4, 0, 0, &lg));
         }
         for (int64_t i = 0; lf && lg && i < 4 * k; i++)
-            CHECK(fabsf(lf[i] - lg[i]) <= 1e-4f * (1 + fabsf(lg[i])), "untrained model, logit %lld: float_layers %g, layers %g (%s)",
-                  (long long)i, lf[i], lg[i], arch);
+            CHECK(fabsf(lf[i] - lg[i]) <= 1e-4f * (1 + fabsf(lg[i])),
+                  "untrained model, logit %lld: float_layers %g, layers %g (%s)", (long long)i, lf[i], lg[i], arch);
         bie_model_destroy(f);
         bie_model_destroy(g);
     }
@@ -324,8 +331,9 @@ static void test_arena(bie_context_t * ctx) {
     CHECK(bie_model_plan_arena_bytes(m) == 2 * 256 * sizeof(float), "chain arena %zu bytes, want %zu",
           bie_model_plan_arena_bytes(m), 2 * 256 * sizeof(float));
     bie_model_destroy(m);
-    CHECK_OK(ctx, bie_model_create(ctx, "input 4 8 8; conv f32 4 3; relu; conv f32 4 3; add @0; relu; conv f32 4 3; add @4",
-                                   BIE_LATENT_F32, 1, &m));
+    CHECK_OK(ctx,
+             bie_model_create(ctx, "input 4 8 8; conv f32 4 3; relu; conv f32 4 3; add @0; relu; conv f32 4 3; add @4",
+                              BIE_LATENT_F32, 1, &m));
     if (!m) return;
     CHECK_OK(ctx, bie_model_forward(ctx, m, x, 2, 0, 0, &logits));
     CHECK(bie_model_plan_arena_bytes(m) == 3 * 2 * 256 * sizeof(float), "residual arena %zu bytes, want %zu",
@@ -367,7 +375,7 @@ static void test_versions(bie_context_t * ctx) {
                 for (size_t i = 0; i < nt; i++) t[i] = *bie_safetensors_at(st, i);
                 size_t q = 0;
                 for (size_t i = 0; i < nm; i++) {
-                    const char * val, * key = bie_safetensors_metadata_at(st, i, &val);
+                    const char *val, *key = bie_safetensors_metadata_at(st, i, &val);
                     if (!strcmp(key, "bie.format_version")) {
                         if (!values[k]) continue;
                         val = values[k];
@@ -381,8 +389,8 @@ static void test_versions(bie_context_t * ctx) {
                 const enum bie_status s = bie_model_load(ctx, other, &p, NULL);
                 // Version 1 covers the chain only; absent means 1; 3 is newer than this library.
                 const bool ok = values[k] ? !strcmp(values[k], "2") || (a == 0 && !strcmp(values[k], "1")) : a == 0;
-                CHECK(ok ? s == BIE_STATUS_OK && p : s == BIE_STATUS_FORMAT_ERROR && !p &&
-                              strstr(bie_context_last_error(ctx), "version"),
+                CHECK(ok ? s == BIE_STATUS_OK && p
+                         : s == BIE_STATUS_FORMAT_ERROR && !p && strstr(bie_context_last_error(ctx), "version"),
                       "%s with bie.format_version %s: %s (%s)", archs[a], values[k] ? values[k] : "absent",
                       bie_status_string(s), bie_context_last_error(ctx));
                 bie_model_destroy(p);

@@ -42,7 +42,8 @@ static double train_steps(bie_context_t * ctx, bie_model_t * m, const float * x,
 
 static void test_arch(bie_context_t * ctx) {
     bie_model_t * m = NULL;
-    CHECK_OK(ctx, bie_model_create(ctx, "input 3 9 7; conv f32 4 3 2 1; maxpool 2; bn; relu; linear b1 5", BIE_LATENT_F32, 1, &m));
+    CHECK_OK(ctx, bie_model_create(ctx, "input 3 9 7; conv f32 4 3 2 1; maxpool 2; bn; relu; linear b1 5",
+                                   BIE_LATENT_F32, 1, &m));
     if (m) {
         struct bie_model_layer_info li;
         CHECK_OK(ctx, bie_model_layer_info(m, 0, &li));
@@ -57,10 +58,20 @@ static void test_arch(bie_context_t * ctx) {
               (long long)li.params, (long long)li.bytes);
     }
     bie_model_destroy(m);
-    const char * bad[] = {"", "conv f32 4 3", "input 1 4 4", "input 1 4 4; conv f16 4 3", "input 1 4 4; conv b1 4 16",
-                          "input 1 4 4; maxpool 5", "input 1 4 4; linear b1 0", "input 1 4 4; linear b1 4 4",
-                          "input 1 4 4; dense 4", "input 0 4 4; bn", "input 1 4 4; conv b1 4 3 0",
-                          "input 1 4 4; conv b1 4 3 1 4", "input 1 4 4; bn 3", "input 1 4 4; linear b1 99999999999999"};
+    const char * bad[] = {"",
+                          "conv f32 4 3",
+                          "input 1 4 4",
+                          "input 1 4 4; conv f16 4 3",
+                          "input 1 4 4; conv b1 4 16",
+                          "input 1 4 4; maxpool 5",
+                          "input 1 4 4; linear b1 0",
+                          "input 1 4 4; linear b1 4 4",
+                          "input 1 4 4; dense 4",
+                          "input 0 4 4; bn",
+                          "input 1 4 4; conv b1 4 3 0",
+                          "input 1 4 4; conv b1 4 3 1 4",
+                          "input 1 4 4; bn 3",
+                          "input 1 4 4; linear b1 99999999999999"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         m = NULL;
         CHECK(bie_model_create(ctx, bad[i], BIE_LATENT_F32, 1, &m) == BIE_STATUS_INVALID_ARGUMENT && !m,
@@ -74,8 +85,8 @@ static void test_arch(bie_context_t * ctx) {
 // the loss with respect to single parameters.
 static void test_float_gradients(bie_context_t * ctx) {
     bie_model_t * m = NULL;
-    CHECK_OK(ctx, bie_model_create(ctx, "input 2 5 5; conv f32 3 3 1 1; bn; linear f32 4", BIE_LATENT_F32,
-                                   test_seed, &m));
+    CHECK_OK(ctx,
+             bie_model_create(ctx, "input 2 5 5; conv f32 3 3 1 1; bn; linear f32 4", BIE_LATENT_F32, test_seed, &m));
     if (!m) return;
     const int64_t n = 3, in = 50;
     float x[150], g[12];
@@ -116,11 +127,11 @@ static void tmp_path(char * buf) {
 }
 
 static void test_files(bie_context_t * ctx, const char * arch, enum bie_latent latent) {
-    bie_model_t * m = NULL, * p = NULL, * c = NULL;
+    bie_model_t *m = NULL, *p = NULL, *c = NULL;
     CHECK_OK(ctx, bie_model_create(ctx, arch, latent, test_seed, &m));
     if (!m) return;
     const int64_t n = 16, in = bie_model_num_inputs(m), k = bie_model_num_outputs(m);
-    float * x = malloc(sizeof(float) * (size_t)(n * in)), * l0 = malloc(sizeof(float) * (size_t)(n * k));
+    float *x = malloc(sizeof(float) * (size_t)(n * in)), *l0 = malloc(sizeof(float) * (size_t)(n * k));
     uint8_t * y = malloc((size_t)n);
     random_batch(x, y, n, in, (int)k);
     train_steps(ctx, m, x, y, n, 3, 0.01f);
@@ -137,9 +148,11 @@ static void test_files(bie_context_t * ctx, const char * arch, enum bie_latent l
     CHECK_OK(ctx, bie_model_load(ctx, pp, &p, &st));
     if (p) {
         CHECK(bie_model_is_packed(p), "packed file not packed");
-        CHECK(st && bie_safetensors_metadata(st, "note") && !strcmp(bie_safetensors_metadata(st, "note"), "test"), "meta");
+        CHECK(st && bie_safetensors_metadata(st, "note") && !strcmp(bie_safetensors_metadata(st, "note"), "test"),
+              "meta");
         CHECK_OK(ctx, bie_model_forward(ctx, p, x, n, 0, 0, &logits));
-        CHECK(memcmp(logits, l0, sizeof(float) * (size_t)(n * k)) == 0, "packed logits differ (%s, latent %d)", arch, latent);
+        CHECK(memcmp(logits, l0, sizeof(float) * (size_t)(n * k)) == 0, "packed logits differ (%s, latent %d)", arch,
+              latent);
         // Float layers: the same integer sums in f32, the same scaling: the same logits.
         CHECK_OK(ctx, bie_model_forward(ctx, p, x, n, 0, 1, &logits));
         for (int64_t i = 0; i < n * k; i++)
@@ -183,13 +196,14 @@ static void test_files(bie_context_t * ctx, const char * arch, enum bie_latent l
             } else { // change its shape (same bytes, wrong dims)
                 t[victim].ndim = 1;
                 t[victim].shape[0] = (int64_t)(t[victim].nbytes / (t[victim].dtype == BIE_DTYPE_F32 ? 4 : 1));
-                if (bie_safetensors_at(s2, victim)->ndim == 1) t[victim].dtype = BIE_DTYPE_U8, t[victim].shape[0] = (int64_t)t[victim].nbytes;
+                if (bie_safetensors_at(s2, victim)->ndim == 1)
+                    t[victim].dtype = BIE_DTYPE_U8, t[victim].shape[0] = (int64_t)t[victim].nbytes;
             }
             CHECK_OK(ctx, bie_safetensors_write(ctx, bad, t, n_out, mv, nm));
             bie_model_t * bm = NULL;
             const enum bie_status s = bie_model_load(ctx, bad, &bm, NULL);
-            CHECK(s == BIE_STATUS_FORMAT_ERROR && !bm, "damaged file (%s %s) loaded: %s", r % 2 ? "reshaped" : "without",
-                  bie_safetensors_at(s2, victim)->name, bie_status_string(s));
+            CHECK(s == BIE_STATUS_FORMAT_ERROR && !bm, "damaged file (%s %s) loaded: %s",
+                  r % 2 ? "reshaped" : "without", bie_safetensors_at(s2, victim)->name, bie_status_string(s));
             bie_model_destroy(bm);
         }
         unlink(bad);
@@ -209,8 +223,9 @@ static void test_files(bie_context_t * ctx, const char * arch, enum bie_latent l
 
 static void test_learns(bie_context_t * ctx) {
     bie_model_t * m = NULL;
-    CHECK_OK(ctx, bie_model_create(ctx, "input 1 6 6; conv f32 8 3; bn; conv b1 16 3; maxpool 2; bn; linear b1 32; bn; linear f32 4",
-                                   BIE_LATENT_F32, test_seed, &m));
+    CHECK_OK(ctx, bie_model_create(
+                      ctx, "input 1 6 6; conv f32 8 3; bn; conv b1 16 3; maxpool 2; bn; linear b1 32; bn; linear f32 4",
+                      BIE_LATENT_F32, test_seed, &m));
     if (!m) return;
     const int64_t n = 64;
     float x[64 * 36];
@@ -230,8 +245,10 @@ int main(int argc, char ** argv) {
     if (getenv("BIE_TEST_BACKEND_REF")) bie_context_set_backend(ctx, BIE_BACKEND_REF);
     test_arch(ctx);
     for (int r = 0; r < (quick ? 1 : 3); r++) test_float_gradients(ctx);
-    test_files(ctx, "input 2 6 6; conv f32 4 3; bn; conv b1 8 3; maxpool 2; bn; linear b1 12; bn; linear f32 3", BIE_LATENT_F32);
-    test_files(ctx, "input 2 6 6; conv f32 4 3; bn; conv b1 9 3 2 0; bn; linear b1 12; bn; linear f32 3", BIE_LATENT_INT8);
+    test_files(ctx, "input 2 6 6; conv f32 4 3; bn; conv b1 8 3; maxpool 2; bn; linear b1 12; bn; linear f32 3",
+               BIE_LATENT_F32);
+    test_files(ctx, "input 2 6 6; conv f32 4 3; bn; conv b1 9 3 2 0; bn; linear b1 12; bn; linear f32 3",
+               BIE_LATENT_INT8);
     test_files(ctx, "input 1 6 6; conv q4 5 3; maxpool 2; bn; linear q4 7; bn; linear f32 3", BIE_LATENT_F32);
     test_files(ctx, "input 1 5 5; linear q8 16; bn; relu; linear b1 9; sign; linear f32 3", BIE_LATENT_F32);
     // Graphs (format version 2): residual adds, PReLU, pooling, output biases.

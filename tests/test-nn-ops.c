@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // test-nn-ops.c: batch norm, max-pooling, activations and softmax cross-entropy against plain
 // double-precision oracles, and their gradients against central finite differences.
+#include "bie-train.h"
 #include "test-util.h"
 
 // Float tolerance of a result computed in f32 from O(1) inputs through sums of m terms:
@@ -36,8 +37,8 @@ static double bn_loss(int64_t n, int64_t c, int64_t hw, const double * x, const 
 static void test_batchnorm(bie_context_t * ctx) {
     const int64_t n = test_rand_int(1, 5) + 1, c = test_rand_int(1, 6), hw = test_rand_int(1, 9);
     const int64_t N = n * c * hw;
-    float * x = malloc(sizeof(float) * N), * y = malloc(sizeof(float) * N), * gy = malloc(sizeof(float) * N),
-          * gx = malloc(sizeof(float) * N);
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N), *gy = malloc(sizeof(float) * N),
+          *gx = malloc(sizeof(float) * N);
     float gamma[8], beta[8], rm[8], rv[8], sm[8], si[8], gg[8], gb[8];
     fill(x, N, -2, 3);
     fill(gy, N, -1, 1);
@@ -59,12 +60,14 @@ static void test_batchnorm(bie_context_t * ctx) {
         var /= (double)m;
         CHECK(fabs(rm[j] - (0.9 * 0.5 + 0.1 * mean)) < 1e-5, "running_mean[%lld] = %g (n %lld c %lld hw %lld)",
               (long long)j, rm[j], (long long)n, (long long)c, (long long)hw);
-        CHECK(fabs(rv[j] - (0.9 * 2.0 + 0.1 * var * m / (m - 1))) < 1e-5, "running_var[%lld] = %g", (long long)j, rv[j]);
+        CHECK(fabs(rv[j] - (0.9 * 2.0 + 0.1 * var * m / (m - 1))) < 1e-5, "running_var[%lld] = %g", (long long)j,
+              rv[j]);
         for (int64_t i = 0; i < n; i++)
             for (int64_t p = 0; p < hw; p++) {
                 const int64_t at = (i * c + j) * hw + p;
                 const double want = (x[at] - mean) / sqrt(var + 1e-5) * gamma[j] + beta[j];
-                CHECK(fabs(y[at] - want) < 1e-4 * (1 + fabs(want)), "y[%lld] = %g, want %g", (long long)at, y[at], want);
+                CHECK(fabs(y[at] - want) < 1e-4 * (1 + fabs(want)), "y[%lld] = %g, want %g", (long long)at, y[at],
+                      want);
             }
     }
     // Gradients against central finite differences of L = sum(gy * y), with the forward
@@ -99,7 +102,8 @@ static void test_batchnorm(bie_context_t * ctx) {
     const double want0 = (x[0] - rm[0]) / sqrt(rv[0] + 1e-5) * gamma[0] + beta[0];
     CHECK(fabs(y[0] - want0) < 1e-4 * (1 + fabs(want0)), "eval y[0] = %g, want %g", y[0], want0);
     CHECK(bie_batchnorm_forward(ctx, 0, c, hw, x, gamma, beta, rm, rv, 0.1f, 1e-5f, 1, sm, si, y) ==
-              BIE_STATUS_INVALID_ARGUMENT, "n = 0 accepted");
+              BIE_STATUS_INVALID_ARGUMENT,
+          "n = 0 accepted");
     free(x);
     free(y);
     free(gy);
@@ -110,8 +114,8 @@ static void test_maxpool(bie_context_t * ctx) {
     const int64_t n = test_rand_int(1, 3), c = test_rand_int(1, 4), h = test_rand_int(2, 9), w = test_rand_int(2, 9);
     const int32_t k = (int32_t)test_rand_int(1, h < w ? h : w);
     const int64_t oh = h / k, ow = w / k, N = n * c * h * w, M = n * c * oh * ow;
-    float * x = malloc(sizeof(float) * N), * y = malloc(sizeof(float) * M), * gy = malloc(sizeof(float) * M),
-          * gx = malloc(sizeof(float) * N);
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * M), *gy = malloc(sizeof(float) * M),
+          *gx = malloc(sizeof(float) * N);
     int32_t * am = malloc(sizeof(int32_t) * M);
     for (int64_t i = 0; i < N; i++) x[i] = (float)test_rand_int(-4, 4); // ties happen
     fill(gy, M, -1, 1);
@@ -128,8 +132,9 @@ static void test_maxpool(bie_context_t * ctx) {
                         if (best < 0 || x[at] > x[best]) best = at;
                     }
                 const int64_t o = pl * oh * ow + oy * ow + ox;
-                CHECK(y[o] == x[best] && am[o] == best, "pool y[%lld] = %g argmax %d, want %g at %lld (k %d, %lldx%lld)",
-                      (long long)o, y[o], am[o], x[best], (long long)best, k, (long long)h, (long long)w);
+                CHECK(y[o] == x[best] && am[o] == best,
+                      "pool y[%lld] = %g argmax %d, want %g at %lld (k %d, %lldx%lld)", (long long)o, y[o], am[o],
+                      x[best], (long long)best, k, (long long)h, (long long)w);
                 want_gx[best] += gy[o];
             }
     for (int64_t i = 0; i < N; i++) CHECK(gx[i] == (float)want_gx[i], "pool grad_x[%lld] = %g", (long long)i, gx[i]);
@@ -158,12 +163,13 @@ static void test_activations(bie_context_t * ctx) {
         }
     }
     float y[1];
-    CHECK(bie_activation_forward(ctx, (enum bie_activation)7, 1, x, y) == BIE_STATUS_INVALID_ARGUMENT, "bad act accepted");
+    CHECK(bie_activation_forward(ctx, (enum bie_activation)7, 1, x, y) == BIE_STATUS_INVALID_ARGUMENT,
+          "bad act accepted");
 }
 
 static void test_softmax_xent(bie_context_t * ctx) {
     const int64_t n = test_rand_int(1, 8), k = test_rand_int(2, 12);
-    float * z = malloc(sizeof(float) * n * k), * g = malloc(sizeof(float) * n * k);
+    float *z = malloc(sizeof(float) * n * k), *g = malloc(sizeof(float) * n * k);
     uint8_t * lab = malloc((size_t)n);
     fill(z, n * k, -30, 30); // large logits: the max-subtraction must keep exp finite
     for (int64_t i = 0; i < n; i++) lab[i] = (uint8_t)test_rand_int(0, k - 1);
@@ -186,7 +192,8 @@ static void test_softmax_xent(bie_context_t * ctx) {
         double gsum = 0;
         for (int64_t j = 0; j < k; j++) {
             const double p = exp(z[i * k + j] - mx) / s, wg = (p - (j == lab[i])) / (double)n;
-            CHECK(fabs(g[i * k + j] - wg) < 1e-6, "grad[%lld,%lld] = %g, want %g", (long long)i, (long long)j, g[i * k + j], wg);
+            CHECK(fabs(g[i * k + j] - wg) < 1e-6, "grad[%lld,%lld] = %g, want %g", (long long)i, (long long)j,
+                  g[i * k + j], wg);
             gsum += g[i * k + j];
         }
         CHECK(fabs(gsum) < 1e-6, "row %lld of the gradient sums to %g, not 0", (long long)i, gsum);

@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // test-nn-optim.c: Adam against a double-precision transcription of its update, and Diode's
 // sign-flip rule (Bitorch Engine's DiodeMix for int8 latent binary weights) step by step.
+#include "bie-train.h"
 #include "test-util.h"
 
 static void test_adam(bie_context_t * ctx) {
     const int64_t n = test_rand_int(1, 300);
-    float * p = malloc(sizeof(float) * n), * g = malloc(sizeof(float) * n), * m = calloc(n, sizeof(float)),
-          * v = calloc(n, sizeof(float));
-    double * pd = malloc(sizeof(double) * n), * md = calloc(n, sizeof(double)), * vd = calloc(n, sizeof(double));
+    float *p = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n), *m = calloc(n, sizeof(float)),
+          *v = calloc(n, sizeof(float));
+    double *pd = malloc(sizeof(double) * n), *md = calloc(n, sizeof(double)), *vd = calloc(n, sizeof(double));
     struct bie_adam_params a;
     bie_adam_params_default(&a);
     a.lr = test_rand_float(1e-4f, 1e-2f);
@@ -30,8 +31,8 @@ static void test_adam(bie_context_t * ctx) {
     // Each step moves p by at most ~lr; f32 rounding of m, v and p adds a few ulps of lr per step.
     const double tol = steps * 1e-5 * a.lr + 1e-7;
     for (int64_t i = 0; i < n; i++)
-        CHECK(fabs(p[i] - pd[i]) < tol, "adam p[%lld] = %.9g, want %.9g (lr %g wd %g clip %g)", (long long)i, p[i], pd[i],
-              a.lr, a.weight_decay, a.clip);
+        CHECK(fabs(p[i] - pd[i]) < tol, "adam p[%lld] = %.9g, want %.9g (lr %g wd %g clip %g)", (long long)i, p[i],
+              pd[i], a.lr, a.weight_decay, a.clip);
     CHECK(bie_adam_step(ctx, &a, 0, n, p, g, m, v) == BIE_STATUS_INVALID_ARGUMENT, "step 0 accepted");
     free(p);
     free(g);
@@ -44,8 +45,8 @@ static void test_adam(bie_context_t * ctx) {
 
 static void test_diode(bie_context_t * ctx) {
     const int64_t n = test_rand_int(1, 500);
-    int8_t * w = malloc((size_t)n), * w0 = malloc((size_t)n);
-    float * m = malloc(sizeof(float) * n), * s = malloc(sizeof(float) * n), * g = malloc(sizeof(float) * n);
+    int8_t *w = malloc((size_t)n), *w0 = malloc((size_t)n);
+    float *m = malloc(sizeof(float) * n), *s = malloc(sizeof(float) * n), *g = malloc(sizeof(float) * n);
     for (int64_t i = 0; i < n; i++) {
         w[i] = (int8_t)test_rand_int(-127, 127);
         w0[i] = w[i];
@@ -74,11 +75,13 @@ static void test_diode(bie_context_t * ctx) {
         positive_before += w0[i] > 0;
         zeros += w0[i] == 0;
         const int want = w0[i] > 0 ? -w0[i] : w0[i]; // negation keeps the magnitude; -0 = 0
-        CHECK(w[i] == want, "diode w[%lld] = %d from %d under a positive gradient, want %d", (long long)i, w[i], w0[i], want);
+        CHECK(w[i] == want, "diode w[%lld] = %d from %d under a positive gradient, want %d", (long long)i, w[i], w0[i],
+              want);
     }
     // A zero weight counts as +1 but negation leaves it 0, so it "flips" on every step once s > 0.
     if (zeros == 0)
-        CHECK(total_flips == positive_before, "flips %lld, want %lld", (long long)total_flips, (long long)positive_before);
+        CHECK(total_flips == positive_before, "flips %lld, want %lld", (long long)total_flips,
+              (long long)positive_before);
     // One step by hand: m, s updates and the rule u = -sign(s) (+1 at s = 0).
     int8_t w1[4] = {5, -5, 7, -7};
     float m1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {-1e-9f, 1e-9f, 1e-9f, -1e-9f}, g1[4] = {1, -1, -1, 1};
@@ -87,8 +90,8 @@ static void test_diode(bie_context_t * ctx) {
     CHECK_OK(ctx, bie_diode_step(ctx, &q, 4, w1, g1, m1, s1, &f1));
     // m = 0.5*g; s = 0.5*s + 0.5*sign(m): s ~ +0.5, -0.5, -0.5, +0.5 -> u = -1, +1, +1, -1.
     CHECK(m1[0] == 0.5f && m1[1] == -0.5f, "diode m = %g %g", m1[0], m1[1]);
-    CHECK(w1[0] == -5 && w1[1] == 5 && w1[2] == 7 && w1[3] == -7 && f1 == 2, "diode one step: w = %d %d %d %d, flips %lld",
-          w1[0], w1[1], w1[2], w1[3], (long long)f1);
+    CHECK(w1[0] == -5 && w1[1] == 5 && w1[2] == 7 && w1[3] == -7 && f1 == 2,
+          "diode one step: w = %d %d %d %d, flips %lld", w1[0], w1[1], w1[2], w1[3], (long long)f1);
     free(w);
     free(w0);
     free(m);

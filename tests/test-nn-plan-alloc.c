@@ -82,10 +82,10 @@ int main(int argc, char ** argv) {
     omp_set_num_threads(2);
     bie_context_t * ctx = NULL;
     bie_context_create(&cp, &ctx);
-    bie_model_t * m = NULL, * p = NULL;
+    bie_model_t *m = NULL, *p = NULL;
     CHECK_OK(ctx, bie_model_create(ctx, ARCH, BIE_LATENT_F32, test_seed, &m));
     const int64_t N = 7, in = 3 * 8 * 8, k = 5;
-    float * x = malloc(sizeof(float) * N * in), * first = malloc(sizeof(float) * N * k), one[5];
+    float *x = malloc(sizeof(float) * N * in), *first = malloc(sizeof(float) * N * k), one[5];
     for (int64_t i = 0; i < N * in; i++) x[i] = test_rand_float(-1, 1);
     const float * logits = NULL;
     CHECK_OK(ctx, bie_model_forward(ctx, m, x, N, 1, 0, &logits)); // sets the scales and statistics
@@ -118,8 +118,8 @@ int main(int argc, char ** argv) {
         CHECK(bie_model_plan_builds(p) == builds, "plans rebuilt: %lld -> %lld", (long long)builds,
               (long long)bie_model_plan_builds(p));
         if (COUNTING)
-            CHECK(allocations == 0, "%lld heap allocations in 40 planned calls (float_layers %d)", (long long)allocations,
-                  fl);
+            CHECK(allocations == 0, "%lld heap allocations in 40 planned calls (float_layers %d)",
+                  (long long)allocations, fl);
         allocations = 0;
     }
     printf("heap allocations %s\n", COUNTING ? "counted" : "not counted (AddressSanitizer owns malloc)");

@@ -114,7 +114,8 @@ static void test_hand_sign(void) {
     struct bie_forward_args a = {&x, &b, &w, &sa, &sw, &y};
     CHECK_OK(ctx, bie_linear_forward(ctx, &d, &a));
     for (int i = 0; i < 6; i++)
-        CHECK(((int32_t *)y.data)[i] == want[i], "sign(%g): got %d, want %d", (double)xs[i], ((int32_t *)y.data)[i], want[i]);
+        CHECK(((int32_t *)y.data)[i] == want[i], "sign(%g): got %d, want %d", (double)xs[i], ((int32_t *)y.data)[i],
+              want[i]);
     ((float *)b.data)[0] = 0.25f; // -0.25 + 0.25 = 0 -> +1; 1e-30 + 0.25 > 0
     CHECK_OK(ctx, bie_linear_forward(ctx, &d, &a));
     CHECK(((int32_t *)y.data)[5] == 1 && ((int32_t *)y.data)[3] == 1, "bias_a shifts before the sign: %d %d",
@@ -138,9 +139,15 @@ static void test_hand_pad_values(void) {
     struct bie_tensor sa = test_scalar(1.0f), sw = test_scalar(1.0f);
     const int want[3] = {1, -7, 9};
     for (int p = 0; p < 3; p++) {
-        const struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY, .in_channels = 1, .out_channels = 1,
-                                          .kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1},
-                                          .dilation = {1, 1}, .groups = 1, .pad_value = (enum bie_pad_value)p};
+        const struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY,
+                                          .in_channels = 1,
+                                          .out_channels = 1,
+                                          .kernel = {3, 3},
+                                          .stride = {1, 1},
+                                          .padding = {1, 1},
+                                          .dilation = {1, 1},
+                                          .groups = 1,
+                                          .pad_value = (enum bie_pad_value)p};
         struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
         CHECK_OK(ctx, bie_conv2d_forward(ctx, &d, &a));
         CHECK(((int32_t *)y.data)[0] == want[p], "pad value %d: got %d, want %d", p, ((int32_t *)y.data)[0], want[p]);
@@ -148,8 +155,8 @@ static void test_hand_pad_values(void) {
         ((uint8_t *)yb.data)[0] = 0xAA; // the other bits of the byte are not touched
         CHECK_OK(ctx, bie_conv2d_forward(ctx, &d, &a));
         const uint8_t wantb = (uint8_t)(0xAA | (want[p] >= 0 ? 1 : 0)) & (uint8_t)(want[p] >= 0 ? 0xFF : 0xFE);
-        CHECK(((uint8_t *)yb.data)[0] == wantb, "pad value %d: b1 byte 0x%02x, want 0x%02x", p,
-              ((uint8_t *)yb.data)[0], wantb);
+        CHECK(((uint8_t *)yb.data)[0] == wantb, "pad value %d: b1 byte 0x%02x, want 0x%02x", p, ((uint8_t *)yb.data)[0],
+              wantb);
     }
     test_tensor_free(&x);
     test_tensor_free(&w);
@@ -168,15 +175,22 @@ static void test_hand_conv(void) {
     ((int8_t *)w.data)[3] = -1;
     struct bie_tensor y = test_tensor(BIE_DTYPE_I32, 4, yshape, NULL), yf = test_tensor(BIE_DTYPE_F32, 4, yshape, NULL);
     struct bie_tensor sa = test_scalar(1.0f), sw = test_scalar(0.5f);
-    const struct bie_conv2d_desc d = {.quant = BIE_QUANT_INT8, .in_channels = 1, .out_channels = 1,
-                                      .kernel = {2, 2}, .stride = {1, 1}, .padding = {1, 1},
-                                      .dilation = {2, 2}, .groups = 1, .pad_value = BIE_PAD_ZERO};
+    const struct bie_conv2d_desc d = {.quant = BIE_QUANT_INT8,
+                                      .in_channels = 1,
+                                      .out_channels = 1,
+                                      .kernel = {2, 2},
+                                      .stride = {1, 1},
+                                      .padding = {1, 1},
+                                      .dilation = {2, 2},
+                                      .groups = 1,
+                                      .pad_value = BIE_PAD_ZERO};
     struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
     CHECK_OK(ctx, bie_conv2d_forward(ctx, &d, &a));
     // y(oh, ow) = x(oh-1, ow-1) - x(oh+1, ow+1), zero outside the image
     const int want[9] = {-5, -6, 0, -8, -8, 2, 0, 4, 5};
     for (int i = 0; i < 9; i++)
-        CHECK(((int32_t *)y.data)[i] == want[i], "dilated conv output %d: got %d, want %d", i, ((int32_t *)y.data)[i], want[i]);
+        CHECK(((int32_t *)y.data)[i] == want[i], "dilated conv output %d: got %d, want %d", i, ((int32_t *)y.data)[i],
+              want[i]);
     a.y = &yf;
     CHECK_OK(ctx, bie_conv2d_forward(ctx, &d, &a));
     for (int i = 0; i < 9; i++)

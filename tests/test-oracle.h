@@ -23,8 +23,8 @@ static const char * const layout_names[] = {"dense", "permuted", "gapped"};
 // A CPU tensor of any rank with the given memory layout: dense row-major; its dims stored in the
 // order `perm` (perm[j] = logical dim stored j-th; NULL = random; {0,2,3,1} on a 4-D tensor is
 // channels-last); or row-major with gaps between rows and a doubled innermost stride now and then.
-static inline struct bie_tensor make_view(enum bie_dtype dtype, int32_t ndim, const int64_t * shape,
-                                   enum layout kind, const int32_t * perm) {
+static inline struct bie_tensor make_view(enum bie_dtype dtype, int32_t ndim, const int64_t * shape, enum layout kind,
+                                          const int32_t * perm) {
     if (kind == LAYOUT_PERMUTED && ndim > 1) {
         int32_t p[BIE_MAX_DIMS], inv[BIE_MAX_DIMS];
         for (int32_t i = 0; i < ndim; i++) p[i] = perm ? perm[i] : i;
@@ -54,7 +54,8 @@ static inline struct bie_tensor make_view(enum bie_dtype dtype, int32_t ndim, co
 
 // A linear-layer tensor [lead..., F] whose leading dims flatten into rows: dense; rows spaced with
 // gaps (innermost stride 1 or 2); or transposed (element (m, f) at m + f*M).
-static inline struct bie_tensor make_linear(enum bie_dtype dtype, int nlead, const int64_t * lead, int64_t F, int kind) {
+static inline struct bie_tensor make_linear(enum bie_dtype dtype, int nlead, const int64_t * lead, int64_t F,
+                                            int kind) {
     int64_t shape[BIE_MAX_DIMS], st[BIE_MAX_DIMS], M = 1;
     for (int i = 0; i < nlead; i++) {
         shape[i] = lead[i];
@@ -121,16 +122,20 @@ struct layer_case {
     char desc[400];
 };
 
-static inline int lc_lo(const struct layer_case * c) { return c->quant == BIE_QUANT_BINARY ? -1 : c->quant == BIE_QUANT_INT4 ? -8 : -128; }
-static inline int lc_hi(const struct layer_case * c) { return c->quant == BIE_QUANT_BINARY ? 1 : c->quant == BIE_QUANT_INT4 ? 7 : 127; }
+static inline int lc_lo(const struct layer_case * c) {
+    return c->quant == BIE_QUANT_BINARY ? -1 : c->quant == BIE_QUANT_INT4 ? -8 : -128;
+}
+static inline int lc_hi(const struct layer_case * c) {
+    return c->quant == BIE_QUANT_BINARY ? 1 : c->quant == BIE_QUANT_INT4 ? 7 : 127;
+}
 static inline int64_t lc_K(const struct layer_case * c) { return c->C * c->kh * c->kw; }
 static inline int64_t lc_xnumel(const struct layer_case * c) { return c->N * c->C * c->H * c->W; }
 static inline int64_t lc_ynumel(const struct layer_case * c) { return c->N * c->O * c->OH * c->OW; }
 
 struct gen_arg {
     const struct layer_case * c;
-    bool ties;  // values on the half-integer grid of the scale (exercises round-half-to-even)
-    int kind;   // 0 x, 1 float weight, 2 int8 weight, 3 packed weight, 4 bias
+    bool ties; // values on the half-integer grid of the scale (exercises round-half-to-even)
+    int kind;  // 0 x, 1 float weight, 2 int8 weight, 3 packed weight, 4 bias
 };
 
 static inline double gen_value(void * p) {
@@ -174,11 +179,11 @@ static inline struct bie_tensor make_scale(float v, float * out_v) {
 // Options of a random case. dtypes < 0 are drawn at random.
 struct case_opts {
     bool conv;
-    int quant;           // 0: random
-    int x_dtype;         // -1 random (B1 allowed for binary unless float_x)
-    int w_dtype;         // -1 random
-    bool float_x;        // x must be float (backward)
-    bool float_w;        // weight must be float (finite differences of grad_W)
+    int quant;    // 0: random
+    int x_dtype;  // -1 random (B1 allowed for binary unless float_x)
+    int w_dtype;  // -1 random
+    bool float_x; // x must be float (backward)
+    bool float_w; // weight must be float (finite differences of grad_W)
     int64_t max_k_linear;
 };
 
@@ -202,8 +207,8 @@ static inline void case_random(struct layer_case * c, const struct case_opts * o
     enum bie_dtype xd = o->x_dtype >= 0 ? (enum bie_dtype)o->x_dtype : float_dtypes[test_rand_int(0, 2)];
     if (o->x_dtype < 0 && bin && !o->float_x && test_rand_int(0, 4) == 0) xd = BIE_DTYPE_B1;
     enum bie_dtype wd = o->w_dtype >= 0 ? (enum bie_dtype)o->w_dtype
-                        : o->float_w   ? float_dtypes[test_rand_int(0, 2)]
-                                       : pick_w_dtype(c->quant);
+                        : o->float_w    ? float_dtypes[test_rand_int(0, 2)]
+                                        : pick_w_dtype(c->quant);
     c->has_bias = xd != BIE_DTYPE_B1 && test_rand_int(0, 1);
     const char * xlayout;
     const char * wlayout;
@@ -251,12 +256,15 @@ static inline void case_random(struct layer_case * c, const struct case_opts * o
         c->OW = (c->W + 2 * c->pw - ew) / c->sw + 1;
         const int pv = bin ? (int)test_rand_int(0, 2) : 0;
         c->pad = pv == 1 ? -1 : pv == 2 ? 1 : 0;
-        c->cd = (struct bie_conv2d_desc){.quant = c->quant, .in_channels = c->C, .out_channels = c->O,
+        c->cd = (struct bie_conv2d_desc){.quant = c->quant,
+                                         .in_channels = c->C,
+                                         .out_channels = c->O,
                                          .kernel = {(int32_t)c->kh, (int32_t)c->kw},
                                          .stride = {(int32_t)c->sh, (int32_t)c->sw},
                                          .padding = {(int32_t)c->ph, (int32_t)c->pw},
                                          .dilation = {(int32_t)c->dh, (int32_t)c->dw},
-                                         .groups = 1, .pad_value = (enum bie_pad_value)pv};
+                                         .groups = 1,
+                                         .pad_value = (enum bie_pad_value)pv};
         const int64_t xshape[4] = {c->N, c->C, c->H, c->W};
         static const int32_t nhwc[4] = {0, 2, 3, 1};
         const int xl = (int)test_rand_int(0, 4); // dense, channels-last, permuted, gapped, broadcast batch
@@ -264,7 +272,8 @@ static inline void case_random(struct layer_case * c, const struct case_opts * o
         else if (xl == 4) {
             int64_t st[4] = {0, c->H * c->W, c->W, 1};
             c->x = test_tensor(xd, 4, xshape, st);
-        } else c->x = make_view(xd, 4, xshape, xl == 0 ? LAYOUT_DENSE : xl == 2 ? LAYOUT_PERMUTED : LAYOUT_GAPPED, NULL);
+        } else
+            c->x = make_view(xd, 4, xshape, xl == 0 ? LAYOUT_DENSE : xl == 2 ? LAYOUT_PERMUTED : LAYOUT_GAPPED, NULL);
         static const char * const xl_names[5] = {"dense", "channels-last", "permuted", "gapped", "broadcast-batch"};
         xlayout = xl_names[xl];
         const int64_t wshape[4] = {c->O, c->C, c->kh, c->kw};
@@ -291,20 +300,20 @@ static inline void case_random(struct layer_case * c, const struct case_opts * o
     c->xd = dense_load(&c->x);
     c->wd = dense_load(&c->w);
     if (c->conv)
-        snprintf(c->desc, sizeof c->desc,
-                 "%d-bit conv N=%lld C=%lld H=%lld W=%lld O=%lld k=%lldx%lld s=%lld,%lld p=%lld,%lld d=%lld,%lld pad=%d "
-                 "x=%s(%s) w=%s(%s) bias=%s sa=%g sw=%g%s",
-                 (int)c->quant, (long long)c->N, (long long)c->C, (long long)c->H, (long long)c->W, (long long)c->O,
-                 (long long)c->kh, (long long)c->kw, (long long)c->sh, (long long)c->sw, (long long)c->ph,
-                 (long long)c->pw, (long long)c->dh, (long long)c->dw, c->pad, bie_dtype_name(xd), xlayout,
-                 bie_dtype_name(wd), wlayout, c->has_bias ? "yes" : "no", (double)c->sa_v, (double)c->sw_v,
-                 ties ? " ties" : "");
+        snprintf(
+            c->desc, sizeof c->desc,
+            "%d-bit conv N=%lld C=%lld H=%lld W=%lld O=%lld k=%lldx%lld s=%lld,%lld p=%lld,%lld d=%lld,%lld pad=%d "
+            "x=%s(%s) w=%s(%s) bias=%s sa=%g sw=%g%s",
+            (int)c->quant, (long long)c->N, (long long)c->C, (long long)c->H, (long long)c->W, (long long)c->O,
+            (long long)c->kh, (long long)c->kw, (long long)c->sh, (long long)c->sw, (long long)c->ph, (long long)c->pw,
+            (long long)c->dh, (long long)c->dw, c->pad, bie_dtype_name(xd), xlayout, bie_dtype_name(wd), wlayout,
+            c->has_bias ? "yes" : "no", (double)c->sa_v, (double)c->sw_v, ties ? " ties" : "");
     else
         snprintf(c->desc, sizeof c->desc,
                  "%d-bit linear x rank %d (M=%lld) K=%lld N=%lld x=%s(%s) w=%s(%s) bias=%s sa=%g sw=%g%s",
                  (int)c->quant, c->nlead + 1, (long long)c->N, (long long)c->C, (long long)c->O, bie_dtype_name(xd),
-                 xlayout, bie_dtype_name(wd), wlayout, c->has_bias ? "yes" : "no", (double)c->sa_v,
-                 (double)c->sw_v, ties ? " ties" : "");
+                 xlayout, bie_dtype_name(wd), wlayout, c->has_bias ? "yes" : "no", (double)c->sa_v, (double)c->sw_v,
+                 ties ? " ties" : "");
 }
 
 static inline void case_free(struct layer_case * c) {
@@ -382,14 +391,16 @@ static inline double * oracle_w(const struct layer_case * c) {
 }
 
 // a_pad at (n, ch, h, w): the code inside the image, the pad value outside it.
-static inline double oracle_apad(const struct layer_case * c, const double * a, int64_t n, int64_t ch, int64_t h, int64_t w) {
+static inline double oracle_apad(const struct layer_case * c, const double * a, int64_t n, int64_t ch, int64_t h,
+                                 int64_t w) {
     if (h < 0 || h >= c->H || w < 0 || w >= c->W) return c->pad;
     return a[((n * c->C + ch) * c->H + h) * c->W + w];
 }
 
 // The float cross-correlation of an activation-like array `act` (dense x-shaped, the pad value
 // `pad` outside the image) with a weight-like array `wt` [O][C][kh][kw]: dense y-shaped output.
-static inline void oracle_conv(const struct layer_case * c, const double * act, double pad, const double * wt, double * out) {
+static inline void oracle_conv(const struct layer_case * c, const double * act, double pad, const double * wt,
+                               double * out) {
     for (int64_t n = 0; n < c->N; n++)
         for (int64_t o = 0; o < c->O; o++)
             for (int64_t oh = 0; oh < c->OH; oh++)

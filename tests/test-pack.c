@@ -25,8 +25,8 @@ static struct bie_tensor f32_row(int64_t rows, int64_t k, const float * vals) {
 
 static void test_hand_bytes(void) {
     // B1: two rows of 10 -> 2 bytes per row; bit k of a row is bit k%8 of byte k/8.
-    const float v[20] = {1, -1, 0, -0.5f, 2, -3, 0.1f, -0.1f, 5, -5,   // 1010101010
-                         -1, -1, -1, -1, -1, -1, -1, 1, -0.0f, -2};   // 0000000110
+    const float v[20] = {1,  -1, 0,  -0.5f, 2,  -3, 0.1f, -0.1f, 5,     -5,  // 1010101010
+                         -1, -1, -1, -1,    -1, -1, -1,   1,     -0.0f, -2}; // 0000000110
     struct bie_tensor src = f32_row(2, 10, v);
     const int64_t shape[2] = {2, 10};
     struct bie_tensor b1 = test_tensor(BIE_DTYPE_B1, 2, shape, NULL);
@@ -73,7 +73,8 @@ static void test_layout_rule(void) {
             const int64_t shape[2] = {rows, k};
             struct bie_tensor src = test_tensor(BIE_DTYPE_F32, 2, shape, NULL);
             for (int64_t i = 0; i < rows * k; i++) ((float *)src.data)[i] = (float)test_rand_int(-9, 8);
-            struct bie_tensor b1 = test_tensor(BIE_DTYPE_B1, 2, shape, NULL), s4 = test_tensor(BIE_DTYPE_S4, 2, shape, NULL);
+            struct bie_tensor b1 = test_tensor(BIE_DTYPE_B1, 2, shape, NULL),
+                              s4 = test_tensor(BIE_DTYPE_S4, 2, shape, NULL);
             CHECK_OK(ctx, bie_pack(ctx, &src, NULL, &b1));
             CHECK_OK(ctx, bie_pack(ctx, &src, NULL, &s4));
             const uint8_t * pb = b1.data;
@@ -92,8 +93,9 @@ static void test_layout_rule(void) {
                 if (k % 8 && (pb[r * rb + rb - 1] >> (k % 8))) bad_pad++; // calloc'ed padding stays 0
                 if (k % 2 && (ps[r * rs + rs - 1] & 15)) bad_pad++;
             }
-            CHECK(bad_b == 0 && bad_s == 0 && bad_pad == 0, "rows %lld k %lld: %d bad bits, %d bad nibbles, %d dirty pads",
-                  (long long)rows, (long long)k, bad_b, bad_s, bad_pad);
+            CHECK(bad_b == 0 && bad_s == 0 && bad_pad == 0,
+                  "rows %lld k %lld: %d bad bits, %d bad nibbles, %d dirty pads", (long long)rows, (long long)k, bad_b,
+                  bad_s, bad_pad);
             test_tensor_free(&src);
             test_tensor_free(&b1);
             test_tensor_free(&s4);
@@ -111,8 +113,10 @@ static void test_round_trips(void) {
         const float scale = ldexpf(1.0f, (int)test_rand_int(-3, 3)); // exact products
         struct bie_tensor scale_t = test_scalar(scale);
         struct bie_tensor src = test_tensor(sd, 2, shape, NULL), back = test_tensor(BIE_DTYPE_F32, 2, shape, NULL);
-        struct bie_tensor b1 = test_tensor(BIE_DTYPE_B1, 2, shape, NULL), b1b = test_tensor(BIE_DTYPE_B1, 2, shape, NULL);
-        struct bie_tensor s4 = test_tensor(BIE_DTYPE_S4, 2, shape, NULL), s4b = test_tensor(BIE_DTYPE_S4, 2, shape, NULL);
+        struct bie_tensor b1 = test_tensor(BIE_DTYPE_B1, 2, shape, NULL),
+                          b1b = test_tensor(BIE_DTYPE_B1, 2, shape, NULL);
+        struct bie_tensor s4 = test_tensor(BIE_DTYPE_S4, 2, shape, NULL),
+                          s4b = test_tensor(BIE_DTYPE_S4, 2, shape, NULL);
         struct bie_tensor i8 = test_tensor(BIE_DTYPE_I8, 2, shape, NULL);
         size_t b1_bytes = 0, s4_bytes = 0;
         bie_tensor_nbytes(&b1, &b1_bytes);
@@ -209,17 +213,20 @@ static void test_padding_never_leaks(void) {
                 pad_kept += d ? (last & 15) == 15 : (last >> (k % 8)) == (0xFF >> (k % 8));
             }
             CHECK(guard == 0, "k %lld %s: pack wrote %d bytes past the view", (long long)k, bie_dtype_name(pd), guard);
-            CHECK(k % per == 0 || pad_kept == o, "k %lld %s: pack overwrote row padding", (long long)k, bie_dtype_name(pd));
-            struct bie_tensor u1 = test_tensor(BIE_DTYPE_F32, 2, shape, NULL), u2 = test_tensor(BIE_DTYPE_F32, 2, shape, NULL);
+            CHECK(k % per == 0 || pad_kept == o, "k %lld %s: pack overwrote row padding", (long long)k,
+                  bie_dtype_name(pd));
+            struct bie_tensor u1 = test_tensor(BIE_DTYPE_F32, 2, shape, NULL),
+                              u2 = test_tensor(BIE_DTYPE_F32, 2, shape, NULL);
             CHECK_OK(ctx, bie_unpack(ctx, &clean, NULL, &u1));
             CHECK_OK(ctx, bie_unpack(ctx, &dirty, NULL, &u2));
-            CHECK(memcmp(u1.data, u2.data, sizeof(float) * (size_t)(o * k)) == 0, "k %lld %s: padding leaks into unpack",
-                  (long long)k, bie_dtype_name(pd));
+            CHECK(memcmp(u1.data, u2.data, sizeof(float) * (size_t)(o * k)) == 0,
+                  "k %lld %s: padding leaks into unpack", (long long)k, bie_dtype_name(pd));
             // A layer reading the dirty weight gives the same bits as with the clean one.
             const int64_t xshape[2] = {2, k}, yshape[2] = {2, o};
             struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 2, xshape, NULL);
             test_fill_uniform(&x, -3.0f, 3.0f);
-            struct bie_tensor y1 = test_tensor(BIE_DTYPE_I32, 2, yshape, NULL), y2 = test_tensor(BIE_DTYPE_I32, 2, yshape, NULL);
+            struct bie_tensor y1 = test_tensor(BIE_DTYPE_I32, 2, yshape, NULL),
+                              y2 = test_tensor(BIE_DTYPE_I32, 2, yshape, NULL);
             struct bie_tensor sa = test_scalar(0.5f), sw = test_scalar(1.0f);
             const struct bie_linear_desc ld = {d ? BIE_QUANT_INT4 : BIE_QUANT_BINARY, k, o};
             struct bie_forward_args a = {&x, NULL, &clean, &sa, &sw, &y1};
@@ -227,8 +234,8 @@ static void test_padding_never_leaks(void) {
             a.weight = &dirty;
             a.y = &y2;
             CHECK_OK(ctx, bie_linear_forward(ctx, &ld, &a));
-            CHECK(memcmp(y1.data, y2.data, sizeof(int32_t) * 2 * (size_t)o) == 0, "k %lld %s: padding leaks into the layer",
-                  (long long)k, bie_dtype_name(pd));
+            CHECK(memcmp(y1.data, y2.data, sizeof(int32_t) * 2 * (size_t)o) == 0,
+                  "k %lld %s: padding leaks into the layer", (long long)k, bie_dtype_name(pd));
             struct bie_tensor * ts[8] = {&clean, &dirty, &u1, &u2, &x, &y1, &y2, &sa};
             for (int i = 0; i < 8; i++) test_tensor_free(ts[i]);
             test_tensor_free(&sw);

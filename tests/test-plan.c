@@ -99,7 +99,7 @@ static void test_layer(bie_context_t * ctx) {
     ba2.grad_weight = &gw2;
     ba2.grad_scale_a = &gs2;
     ba2.grad_bias_a = &gb2;
-    bie_plan_t * pf = NULL, * pb = NULL;
+    bie_plan_t *pf = NULL, *pb = NULL;
     CHECK_OK(ctx, plan_fwd(ctx, &l, &fa, &pf));
     CHECK_OK(ctx, plan_bwd(ctx, &l, &ba, &pb));
     if (!pf || !pb) {
@@ -110,6 +110,10 @@ static void test_layer(bie_context_t * ctx) {
     const char * d = bie_plan_describe(pf);
     CHECK(strstr(d, l.conv ? "conv2d forward" : "linear forward") && strstr(d, "route:") && strstr(d, "weight f32"),
           "description \"%s\" on %s", d, l.text);
+    // the CPU backend's backward route: its GEMMs and where grad_weight goes
+    const char * db = bie_plan_describe(pb);
+    CHECK(!strstr(db, "route: cpu,") || (strstr(db, "; backward by ") && strstr(db, "; grad_weight ")),
+          "backward description \"%s\" on %s", db, l.text);
     for (int round = 0; round < 2; round++) {
         test_fill_uniform(&x, -2.0f, 2.0f);
         test_fill_uniform(&w, -1.0f, 1.0f);
@@ -124,10 +128,10 @@ static void test_layer(bie_context_t * ctx) {
         CHECK(memcmp(y.data, y2.data, cpu_test_nbytes(&y)) == 0, "planned forward differs on %s", l.text);
         CHECK_OK(ctx, bwd(ctx, &l, &ba));
         CHECK_OK(ctx, bie_plan_backward(ctx, pb, &ba2));
-        const struct bie_tensor * r[4] = {&gx, &gw, &gs, &gb}, * p[4] = {&gx2, &gw2, &gs2, &gb2};
+        const struct bie_tensor *r[4] = {&gx, &gw, &gs, &gb}, *p[4] = {&gx2, &gw2, &gs2, &gb2};
         for (int i = 0; i < 4; i++)
-            CHECK(memcmp(r[i]->data, p[i]->data, cpu_test_nbytes(r[i])) == 0, "planned backward gradient %d differs on %s",
-                  i, l.text);
+            CHECK(memcmp(r[i]->data, p[i]->data, cpu_test_nbytes(r[i])) == 0,
+                  "planned backward gradient %d differs on %s", i, l.text);
     }
     // (c) bad executions write nothing
     cpu_test_garbage(&y2);

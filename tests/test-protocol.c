@@ -19,9 +19,11 @@ static void test_scales(void) {
     const float xv[4] = {1, -2, 3, -4}; // mean|x| = 2.5
     struct bie_tensor x = vec(4, xv), out = test_scalar(0.0f);
     CHECK_OK(ctx, bie_activation_scale_init(ctx, BIE_QUANT_BINARY, 1, &x, &out));
-    CHECK(((float *)out.data)[0] == 5.0f, "binary symmetric activation scale %g, want 5", (double)((float *)out.data)[0]);
+    CHECK(((float *)out.data)[0] == 5.0f, "binary symmetric activation scale %g, want 5",
+          (double)((float *)out.data)[0]);
     CHECK_OK(ctx, bie_activation_scale_init(ctx, BIE_QUANT_BINARY, 0, &x, &out));
-    CHECK(((float *)out.data)[0] == 10.0f, "binary asymmetric activation scale %g, want 10", (double)((float *)out.data)[0]);
+    CHECK(((float *)out.data)[0] == 10.0f, "binary asymmetric activation scale %g, want 10",
+          (double)((float *)out.data)[0]);
     for (int q = 4; q <= 8; q += 4) {
         CHECK_OK(ctx, bie_activation_scale_init(ctx, (enum bie_quant)q, 1, &x, &out));
         CHECK(((float *)out.data)[0] == (float)(5.0 / 11.269), "%d-bit activation scale %.9g, want %.9g", q,

@@ -69,8 +69,12 @@ static void run_case(bool conv) {
             struct bie_tensor y1 = dense_y(&c, ydt[d], &bytes);
             const enum bie_status st1 = forward(&c, &pw[v], &y1);
             CHECK(st1 == BIE_STATUS_OK, "%s: packed path: %s", c.desc, bie_context_last_error(ctx));
-            CHECK(memcmp(y0.data, y1.data, bytes) == 0, "%s: y %s differs between the %s weight and the %s %s-packed weight",
-                  c.desc, bie_dtype_name(ydt[d]), bie_dtype_name(c.w.dtype), v == 2 ? "flat-OHWI" : v ? "OHWI" : "OIHW",
+            CHECK(memcmp(y0.data, y1.data, bytes) == 0,
+                  "%s: y %s differs between the %s weight and the %s %s-packed weight", c.desc, bie_dtype_name(ydt[d]),
+                  bie_dtype_name(c.w.dtype),
+                  v == 2 ? "flat-OHWI"
+                  : v    ? "OHWI"
+                         : "OIHW",
                   bie_dtype_name(pd));
             test_tensor_free(&y1);
         }

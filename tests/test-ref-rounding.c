@@ -10,7 +10,7 @@
 struct rcase {
     enum bie_dtype dtype;
     double v;
-    double want;  // correctly rounded (RNE) value
+    double want; // correctly rounded (RNE) value
 };
 
 int main(int argc, char ** argv) {
@@ -50,7 +50,8 @@ int main(int argc, char ** argv) {
     // Random doubles: the result is the nearest representable value (ties aside, measure zero).
     int bad = 0;
     for (int i = 0; i < 100000; i++) {
-        const double v = ldexp((double)test_rand_u64() * 0x1p-64 + 0.5, (int)test_rand_int(-20, 15)) * (test_rand_int(0, 1) ? 1 : -1);
+        const double v = ldexp((double)test_rand_u64() * 0x1p-64 + 0.5, (int)test_rand_int(-20, 15)) *
+                         (test_rand_int(0, 1) ? 1 : -1);
         struct bie_tensor t = test_tensor(i % 2 ? BIE_DTYPE_F16 : BIE_DTYPE_BF16, 0, NULL, NULL);
         bie_ref_store_rounded(&t, 0, v);
         const double got = bie_load(&t, 0);

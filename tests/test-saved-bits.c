@@ -73,7 +73,8 @@ static void test_binarize(bie_context_t ** ctxs, int nctx) {
     struct bie_tensor bias = test_tensor(float_dts[test_rand_int(0, 2)], 1, &K, NULL);
     test_fill_uniform(&bias, -0.5f * s, 0.5f * s);
     struct bie_tensor sa = test_scalar(s);
-    struct bie_tensor eb = test_tensor_rows(BIE_DTYPE_B1, nd, shape, bl), em = test_tensor_rows(BIE_DTYPE_B1, nd, shape, ml);
+    struct bie_tensor eb = test_tensor_rows(BIE_DTYPE_B1, nd, shape, bl),
+                      em = test_tensor_rows(BIE_DTYPE_B1, nd, shape, ml);
     cpu_test_garbage(&eb);
     cpu_test_garbage(&em);
     struct bie_tensor b0 = cpu_test_clone(&eb), m0 = cpu_test_clone(&em); // the garbage, for each run
@@ -81,18 +82,20 @@ static void test_binarize(bie_context_t ** ctxs, int nctx) {
     if (!want_bits) memcpy(eb.data, b0.data, cpu_test_nbytes(&eb));
     if (!want_mask) memcpy(em.data, m0.data, cpu_test_nbytes(&em));
     char what[200];
-    snprintf(what, sizeof what, "x %s shape [%lld, %lld, %lld] (%d-D) layouts x/bits/mask %d/%d/%d bias %d scale %g "
-             "bits %d mask %d", bie_dtype_name(xd), (long long)shape[0], (long long)shape[1], (long long)shape[2], nd,
-             xl, bl, ml, (int)has_bias, (double)s, (int)want_bits, (int)want_mask);
+    snprintf(what, sizeof what,
+             "x %s shape [%lld, %lld, %lld] (%d-D) layouts x/bits/mask %d/%d/%d bias %d scale %g "
+             "bits %d mask %d",
+             bie_dtype_name(xd), (long long)shape[0], (long long)shape[1], (long long)shape[2], nd, xl, bl, ml,
+             (int)has_bias, (double)s, (int)want_bits, (int)want_mask);
     for (int i = 0; i < nctx; i++) {
         struct bie_tensor gb = cpu_test_clone(&b0), gm = cpu_test_clone(&m0);
         const enum bie_status st = bie_binarize_ste(ctxs[i], &x, has_bias ? &bias : NULL, want_mask ? &sa : NULL,
                                                     want_bits ? &gb : NULL, want_mask ? &gm : NULL);
         CHECK(st == BIE_STATUS_OK, "context %d: %s (%s)", i, bie_context_last_error(ctxs[i]), what);
-        CHECK(memcmp(gb.data, eb.data, cpu_test_nbytes(&eb)) == 0, "context %d: bits differ from the plain loop (%s)", i,
-              what);
-        CHECK(memcmp(gm.data, em.data, cpu_test_nbytes(&em)) == 0, "context %d: mask differs from the plain loop (%s)", i,
-              what);
+        CHECK(memcmp(gb.data, eb.data, cpu_test_nbytes(&eb)) == 0, "context %d: bits differ from the plain loop (%s)",
+              i, what);
+        CHECK(memcmp(gm.data, em.data, cpu_test_nbytes(&em)) == 0, "context %d: mask differs from the plain loop (%s)",
+              i, what);
         test_tensor_free(&gb);
         test_tensor_free(&gm);
     }
@@ -148,7 +151,8 @@ static void test_backward(bie_context_t ** ctxs, int nctx, int64_t M, int64_t K,
     cpu_test_garbage(&proto.gb);
     char what[200];
     snprintf(what, sizeof what, "linear M=%lld K=%lld N=%lld x %s w %s gap %d bias %d scale_a %g want %d", (long long)M,
-             (long long)K, (long long)N, bie_dtype_name(xd), bie_dtype_name(wd), (int)gap, (int)has_bias, (double)s, want);
+             (long long)K, (long long)N, bie_dtype_name(xd), bie_dtype_name(wd), (int)gap, (int)has_bias, (double)s,
+             want);
     for (int i = 0; i < nctx; i++) {
         bie_context_t * ctx = ctxs[i];
         CHECK_OK(ctx, bie_binarize_ste(ctx, &x, has_bias ? &bias : NULL, &sa, &bits, &mask));
@@ -156,8 +160,17 @@ static void test_backward(bie_context_t ** ctxs, int nctx, int64_t M, int64_t K,
         grads_like(&proto, &f);
         grads_like(&proto, &b);
         const bool gx = want != 2, gw = want != 1, sums = want == 0 || want == 3;
-        struct bie_backward_args af = {&x, has_bias ? &bias : NULL, &w, &sa, &sw, &gy, gx ? &f.gx : NULL,
-                                       gw ? &f.gw : NULL, sums ? &f.gs : NULL, sums ? &f.gb : NULL, NULL};
+        struct bie_backward_args af = {&x,
+                                       has_bias ? &bias : NULL,
+                                       &w,
+                                       &sa,
+                                       &sw,
+                                       &gy,
+                                       gx ? &f.gx : NULL,
+                                       gw ? &f.gw : NULL,
+                                       sums ? &f.gs : NULL,
+                                       sums ? &f.gb : NULL,
+                                       NULL};
         struct bie_backward_args ab = af;
         ab.x = &bits;
         ab.bias_a = NULL;
@@ -170,7 +183,7 @@ static void test_backward(bie_context_t ** ctxs, int nctx, int64_t M, int64_t K,
         CHECK_OK(ctx, bie_linear_backward(ctx, &d, &af));
         CHECK_OK(ctx, bie_linear_backward(ctx, &d, &ab));
         const char * names[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
-        const struct bie_tensor * tf[4] = {&f.gx, &f.gw, &f.gs, &f.gb}, * tb[4] = {&b.gx, &b.gw, &b.gs, &b.gb};
+        const struct bie_tensor *tf[4] = {&f.gx, &f.gw, &f.gs, &f.gb}, *tb[4] = {&b.gx, &b.gw, &b.gs, &b.gb};
         for (int t = 0; t < 4; t++)
             CHECK(memcmp(tf[t]->data, tb[t]->data, cpu_test_nbytes(tf[t])) == 0,
                   "context %d: %s from the saved bits differs from the float x's (%s)", i, names[t], what);
@@ -228,22 +241,40 @@ static void test_backward_conv(bie_context_t ** ctxs, int nctx) {
     cpu_test_garbage(&proto.gb);
     const bool gx = want != 2, gw = want != 1, sums = want == 0 || want == 3;
     grads_like(&proto, &ref);
-    const struct bie_backward_args af = {&xv, has_bias ? &bias : NULL, &w, &sa, &sw, &gy, gx ? &ref.gx : NULL,
-                                         gw ? &ref.gw : NULL, sums ? &ref.gs : NULL, sums ? &ref.gb : NULL, NULL};
+    const struct bie_backward_args af = {&xv,
+                                         has_bias ? &bias : NULL,
+                                         &w,
+                                         &sa,
+                                         &sw,
+                                         &gy,
+                                         gx ? &ref.gx : NULL,
+                                         gw ? &ref.gw : NULL,
+                                         sums ? &ref.gs : NULL,
+                                         sums ? &ref.gb : NULL,
+                                         NULL};
     CHECK_OK(ctxs[0], bie_conv2d_backward(ctxs[0], &d, &af));
     char what[240];
-    snprintf(what, sizeof what, "conv N=%lld C=%lld %lldx%lld O=%lld k %dx%d s %dx%d p %dx%d d %dx%d x %s bias %d want %d",
-             (long long)N, (long long)C, (long long)H, (long long)W, (long long)O, d.kernel[0], d.kernel[1], d.stride[0],
-             d.stride[1], d.padding[0], d.padding[1], d.dilation[0], d.dilation[1], bie_dtype_name(xd), (int)has_bias,
-             want);
+    snprintf(what, sizeof what,
+             "conv N=%lld C=%lld %lldx%lld O=%lld k %dx%d s %dx%d p %dx%d d %dx%d x %s bias %d want %d", (long long)N,
+             (long long)C, (long long)H, (long long)W, (long long)O, d.kernel[0], d.kernel[1], d.stride[0], d.stride[1],
+             d.padding[0], d.padding[1], d.dilation[0], d.dilation[1], bie_dtype_name(xd), (int)has_bias, want);
     for (int i = 0; i < nctx; i++) {
         struct grads b;
         grads_like(&proto, &b);
-        const struct bie_backward_args ab = {&bv, NULL, &w, &sa, &sw, &gy, gx ? &b.gx : NULL, gw ? &b.gw : NULL,
-                                             sums ? &b.gs : NULL, sums ? &b.gb : NULL, want == 2 ? NULL : &mv};
+        const struct bie_backward_args ab = {&bv,
+                                             NULL,
+                                             &w,
+                                             &sa,
+                                             &sw,
+                                             &gy,
+                                             gx ? &b.gx : NULL,
+                                             gw ? &b.gw : NULL,
+                                             sums ? &b.gs : NULL,
+                                             sums ? &b.gb : NULL,
+                                             want == 2 ? NULL : &mv};
         CHECK_OK(ctxs[i], bie_conv2d_backward(ctxs[i], &d, &ab));
         const char * names[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
-        const struct bie_tensor * tf[4] = {&ref.gx, &ref.gw, &ref.gs, &ref.gb}, * tb[4] = {&b.gx, &b.gw, &b.gs, &b.gb};
+        const struct bie_tensor *tf[4] = {&ref.gx, &ref.gw, &ref.gs, &ref.gb}, *tb[4] = {&b.gx, &b.gw, &b.gs, &b.gb};
         for (int t = 0; t < 4; t++)
             CHECK(memcmp(tf[t]->data, tb[t]->data, cpu_test_nbytes(tf[t])) == 0,
                   "context %d: %s from the saved bits differs from the float x's (%s)", i, names[t], what);
@@ -354,16 +385,17 @@ static void test_errors(bie_context_t * ctx) {
     ca.x_mask = NULL;
     EXPECT(ctx, bie_conv2d_backward(ctx, &cd, &ca), BIE_STATUS_INVALID_ARGUMENT, "x_mask");
 
-    struct bie_tensor * ts[] = {&x, &w, &gy, &gx, &gw, &gs, &gb, &bias, &bits, &mask, &sa, &sw, &bad_sa, &sa2,
-                                &bias1, &wide, &tall, &deep, &f32, &keep, &cbits, &cmask, &cwt, &cgy, &cgx};
+    struct bie_tensor * ts[] = {&x,    &w,    &gy,    &gx,     &gw,  &gs,    &gb,   &bias, &bits,
+                                &mask, &sa,   &sw,    &bad_sa, &sa2, &bias1, &wide, &tall, &deep,
+                                &f32,  &keep, &cbits, &cmask,  &cwt, &cgy,   &cgx};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]);
 }
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    enum bie_cpu_isa levels[4];
+    enum bie_cpu_isa levels[CPU_TEST_LEVELS];
     const int nlev = cpu_test_levels(levels);
-    bie_context_t * ctxs[6];
+    bie_context_t * ctxs[CPU_TEST_LEVELS + 2];
     int nctx = 0;
     ctxs[nctx++] = cpu_test_ctx(BIE_BACKEND_REF, BIE_CPU_ISA_BEST, 1);
     for (int l = 0; l < nlev; l++) ctxs[nctx++] = cpu_test_ctx(BIE_BACKEND_CPU, levels[l], 2);

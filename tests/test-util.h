@@ -44,35 +44,32 @@ static inline float test_rand_float(float lo, float hi) {
 }
 static inline int64_t test_pick(const int64_t * values, int n) { return values[test_rand_int(0, n - 1)]; }
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        test_checks++;                                                                             \
-        if (!(cond)) {                                                                             \
-            test_failures++;                                                                       \
-            if (test_failures <= 30) {                                                             \
-                fprintf(stderr, "FAIL %s:%d (seed %" PRIu64 "): %s: ", __FILE__, __LINE__,         \
-                        test_seed, #cond);                                                         \
-                fprintf(stderr, __VA_ARGS__);                                                      \
-                fprintf(stderr, "\n");                                                             \
-            }                                                                                      \
-        }                                                                                          \
+#define CHECK(cond, ...)                                                                                               \
+    do {                                                                                                               \
+        test_checks++;                                                                                                 \
+        if (!(cond)) {                                                                                                 \
+            test_failures++;                                                                                           \
+            if (test_failures <= 30) {                                                                                 \
+                fprintf(stderr, "FAIL %s:%d (seed %" PRIu64 "): %s: ", __FILE__, __LINE__, test_seed, #cond);          \
+                fprintf(stderr, __VA_ARGS__);                                                                          \
+                fprintf(stderr, "\n");                                                                                 \
+            }                                                                                                          \
+        }                                                                                                              \
     } while (0)
 
-#define CHECK_OK(ctx, expr)                                                                        \
-    do {                                                                                           \
-        enum bie_status st_ = (expr);                                                              \
-        CHECK(st_ == BIE_STATUS_OK, "%s -> %s: %s", #expr, bie_status_string(st_),                 \
-              bie_context_last_error(ctx));                                                        \
+#define CHECK_OK(ctx, expr)                                                                                            \
+    do {                                                                                                               \
+        enum bie_status st_ = (expr);                                                                                  \
+        CHECK(st_ == BIE_STATUS_OK, "%s -> %s: %s", #expr, bie_status_string(st_), bie_context_last_error(ctx));       \
     } while (0)
 
 // Checks that `call` returns want_status with a message on ctx naming `name`.
-#define TEST_EXPECT_STATUS(ctx, call, want_status, name)                                           \
-    do {                                                                                           \
-        const enum bie_status s_ = (call);                                                         \
-        const char * m_ = bie_context_last_error(ctx);                                             \
-        CHECK(s_ == (want_status) && strstr(m_, (name)) != NULL,                                   \
-              "%s: got %s \"%s\", want %s naming \"%s\"", #call, bie_status_string(s_), m_,        \
-              bie_status_string(want_status), (name));                                             \
+#define TEST_EXPECT_STATUS(ctx, call, want_status, name)                                                               \
+    do {                                                                                                               \
+        const enum bie_status s_ = (call);                                                                             \
+        const char * m_ = bie_context_last_error(ctx);                                                                 \
+        CHECK(s_ == (want_status) && strstr(m_, (name)) != NULL, "%s: got %s \"%s\", want %s naming \"%s\"", #call,    \
+              bie_status_string(s_), m_, bie_status_string(want_status), (name));                                      \
     } while (0)
 
 // Prints the summary line and returns the process exit code.
@@ -124,8 +121,7 @@ static inline void test_fill_uniform(const struct bie_tensor * t, float lo, floa
     int64_t idx[BIE_MAX_DIMS] = {0};
     do {
         double v = test_rand_float(lo, hi);
-        if (t->dtype == BIE_DTYPE_I8 || t->dtype == BIE_DTYPE_S4 || t->dtype == BIE_DTYPE_I32)
-            v = floor(v);
+        if (t->dtype == BIE_DTYPE_I8 || t->dtype == BIE_DTYPE_S4 || t->dtype == BIE_DTYPE_I32) v = floor(v);
         bie_store(t, bie_offset(t, idx), v);
     } while (bie_next_index(t, idx));
 }

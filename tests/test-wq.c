@@ -25,8 +25,8 @@ static void check_forward(bie_context_t * ref, bie_context_t ** cpu, struct laye
     for (int ci = 0; ci < 4; ci++) {
         struct bie_wq_desc d = L->d;
         d.act = ci == 3 ? BIE_WQ_ACT_INT8 : BIE_WQ_ACT_FLOAT;
-        const bool i8 = ci == 3 && M <= 16 && bie_cpu_isa_detected() >= BIE_CPU_ISA_AVX512 &&
-                        __builtin_cpu_supports("avx512vnni");
+        const bool i8 =
+            ci == 3 && M <= 16 && bie_cpu_isa_detected() >= BIE_CPU_ISA_AVX512 && __builtin_cpu_supports("avx512vnni");
         memset(y.data, 0xFF, (size_t)(M * N) * 4 / (yd == BIE_DTYPE_F32 ? 1 : 2));
         CHECK_OK(cpu[ci], bie_wq_linear_forward(cpu[ci], &d, &L->w, &x, &y));
         int bad = 0;
@@ -44,9 +44,11 @@ static void check_forward(bie_context_t * ref, bie_context_t ** cpu, struct laye
                 const double tol = (double)(K + L->G + 8) * U32 * B + Bq + eps_of(yd) * (fabs(want) + 2.0 * Bq) + 1e-30;
                 if (!(fabs(got - want) <= tol)) {
                     bad++;
-                    CHECK(false, "%s forward M=%lld K=%lld N=%lld bits=%d gs=%d zero=%d: y[%lld,%lld] = %.9g, ref %.9g (tol %.3g)",
-                          ctx_name(ci), (long long)M, (long long)K, (long long)N, L->d.bits, L->d.group_size,
-                          (int)L->d.zero, (long long)m, (long long)n, got, want, tol);
+                    CHECK(
+                        false,
+                        "%s forward M=%lld K=%lld N=%lld bits=%d gs=%d zero=%d: y[%lld,%lld] = %.9g, ref %.9g (tol %.3g)",
+                        ctx_name(ci), (long long)M, (long long)K, (long long)N, L->d.bits, L->d.group_size,
+                        (int)L->d.zero, (long long)m, (long long)n, got, want, tol);
                 }
             }
         }
@@ -64,7 +66,8 @@ static void check_backward(bie_context_t * ref, bie_context_t ** cpu, struct lay
     test_fill_uniform(&x, -1.0f, 1.0f);
     test_fill_uniform(&g, -1.0f, 1.0f);
     const enum bie_dtype gd = pick_float();
-    struct bie_tensor gxr = test_tensor(gd, 2, (int64_t[]){M, K}, NULL), gx = test_tensor(gd, 2, (int64_t[]){M, K}, NULL);
+    struct bie_tensor gxr = test_tensor(gd, 2, (int64_t[]){M, K}, NULL),
+                      gx = test_tensor(gd, 2, (int64_t[]){M, K}, NULL);
     struct bie_tensor gwr = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL);
     struct bie_tensor gw = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL);
     CHECK_OK(ref, bie_wq_linear_backward(ref, &L->d, &L->w, &x, &g, &gxr, &gwr));
@@ -76,24 +79,27 @@ static void check_backward(bie_context_t * ref, bie_context_t ** cpu, struct lay
                 const int64_t k = L->perm.data ? ((int32_t *)L->perm.data)[r] : r;
                 const double csv = L->cs.data ? fabs(bie_load(&L->cs, k)) : 1.0;
                 double B = 0.0;
-                for (int64_t n = 0; n < N; n++) B += fabs(bie_load(&g, m * g.stride[0] + n * g.stride[1])) * wbound(L, r, n);
+                for (int64_t n = 0; n < N; n++)
+                    B += fabs(bie_load(&g, m * g.stride[0] + n * g.stride[1])) * wbound(L, r, n);
                 const double want = bie_load(&gxr, m * K + k), got = bie_load(&gx, m * K + k);
                 const double tol = (double)(N + 8) * U32 * B * csv + eps_of(gd) * fabs(want) + 1e-30;
                 if (!(fabs(got - want) <= tol)) {
                     bad++;
-                    CHECK(false, "%s grad_x M=%lld K=%lld N=%lld bits=%d: [%lld,%lld] = %.9g, ref %.9g (tol %.3g)", ctx_name(ci),
-                          (long long)M, (long long)K, (long long)N, L->d.bits, (long long)m, (long long)k, got, want, tol);
+                    CHECK(false, "%s grad_x M=%lld K=%lld N=%lld bits=%d: [%lld,%lld] = %.9g, ref %.9g (tol %.3g)",
+                          ctx_name(ci), (long long)M, (long long)K, (long long)N, L->d.bits, (long long)m, (long long)k,
+                          got, want, tol);
                 }
             }
         for (int64_t r = 0; r < K && bad < 6; r++)
             for (int64_t n = 0; n < N && bad < 6; n++) {
                 double B = 0.0;
-                for (int64_t m = 0; m < M; m++) B += fabs(xprime(L, &x, m, r) * bie_load(&g, m * g.stride[0] + n * g.stride[1]));
+                for (int64_t m = 0; m < M; m++)
+                    B += fabs(xprime(L, &x, m, r) * bie_load(&g, m * g.stride[0] + n * g.stride[1]));
                 const double want = ((float *)gwr.data)[r * N + n], got = ((float *)gw.data)[r * N + n];
                 if (!(fabs(got - want) <= (double)(M + 8) * U32 * B + 1e-30)) {
                     bad++;
-                    CHECK(false, "%s grad_w M=%lld K=%lld N=%lld: [%lld,%lld] = %.9g, ref %.9g", ctx_name(ci), (long long)M,
-                          (long long)K, (long long)N, (long long)r, (long long)n, got, want);
+                    CHECK(false, "%s grad_w M=%lld K=%lld N=%lld: [%lld,%lld] = %.9g, ref %.9g", ctx_name(ci),
+                          (long long)M, (long long)K, (long long)N, (long long)r, (long long)n, got, want);
                 }
             }
     }
@@ -103,7 +109,8 @@ static void check_backward(bie_context_t * ref, bie_context_t ** cpu, struct lay
 
 static void check_dequant_and_codes(bie_context_t * ref, bie_context_t ** cpu, struct layer * L) {
     const int64_t K = L->d.in_features, N = L->d.out_features;
-    struct bie_tensor wr = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL), w = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL);
+    struct bie_tensor wr = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL),
+                      w = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL);
     CHECK_OK(ref, bie_wq_dequantize(ref, &L->d, &L->w, &wr));
     for (int ci = 0; ci < 3; ci++) {
         CHECK_OK(cpu[ci], bie_wq_dequantize(cpu[ci], &L->d, &L->w, &w));
@@ -175,8 +182,9 @@ static void check_quantize(bie_context_t * ctx) {
         const int bits = (int)test_pick(bl, 5), gsz = (int)test_pick(gl, bits ? 5 : 3);
         const enum bie_wq_zero zero = (enum bie_wq_zero)test_rand_int(0, 2);
         struct layer L;
-    make_layer(&L, 1, K, N, bits, gsz, zero, false, false, false);
-        struct bie_tensor w = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL), wq = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL);
+        make_layer(&L, 1, K, N, bits, gsz, zero, false, false, false);
+        struct bie_tensor w = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL),
+                          wq = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL);
         test_fill_uniform(&w, -0.3f, 0.3f);
         if (it == 0) memset(w.data, 0, (size_t)(K * N) * 4); // all-zero groups take [-1, 1]
         CHECK_OK(ctx, bie_wq_quantize(ctx, &L.d, &w, &L.w));
@@ -188,7 +196,8 @@ static void check_quantize(bie_context_t * ctx) {
                 const double s = bie_load(&L.scales, (r / gs) * N + n);
                 const double err = fabs(((float *)wq.data)[r * N + n] - ((float *)w.data)[r * N + n]);
                 // the rounding of s and z to their dtype moves the grid by up to 2^b times that rounding
-                const double slack = s * (eps_of(L.scales.dtype) + eps_of(L.zeros.data ? L.zeros.dtype : BIE_DTYPE_F32)) *
+                const double slack = s *
+                                     (eps_of(L.scales.dtype) + eps_of(L.zeros.data ? L.zeros.dtype : BIE_DTYPE_F32)) *
                                      (double)(1 << L.bits[r / gs]);
                 if (!(err <= 0.5 * s + slack + 1e-7)) {
                     bad++;
@@ -205,7 +214,8 @@ static void check_quantize(bie_context_t * ctx) {
 static void check_errors(bie_context_t * ctx) {
     struct layer L;
     make_layer(&L, 2, 64, 8, 4, 32, BIE_WQ_ZERO_CODE, true, false, false);
-    struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){2, 64}, NULL), y = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){2, 8}, NULL);
+    struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){2, 64}, NULL),
+                      y = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){2, 8}, NULL);
     struct bie_wq_desc d = L.d;
     d.bits = 9;
     TEST_EXPECT_STATUS(ctx, bie_wq_linear_forward(ctx, &d, &L.w, &x, &y), BIE_STATUS_INVALID_ARGUMENT, "bits");
@@ -279,8 +289,8 @@ int main(int argc, char ** argv) {
         const int64_t N = test_rand_int(1, 90), M = test_pick(ml, 9);
         const enum bie_wq_zero zero = (enum bie_wq_zero)test_rand_int(0, 2);
         struct layer L;
-    make_layer(&L, M, K, N, bits, gsz, zero, test_rand_int(0, 2) == 0, test_rand_int(0, 3) == 0,
-                                    test_rand_int(0, 1) == 0);
+        make_layer(&L, M, K, N, bits, gsz, zero, test_rand_int(0, 2) == 0, test_rand_int(0, 3) == 0,
+                   test_rand_int(0, 1) == 0);
         check_forward(ref, cpu, &L);
         if (it % 3 == 0) check_backward(ref, cpu, &L);
         if (it % 2 == 0) check_dequant_and_codes(ref, cpu, &L);

@@ -12,8 +12,8 @@ static const double U32 = 1.0 / (1 << 24); // unit roundoff of f32
 struct layer {
     struct bie_wq_desc d;
     int64_t M, G, rows;
-    int32_t * bits;    // [G]
-    int32_t * codes;   // [K][N]
+    int32_t * bits;  // [G]
+    int32_t * codes; // [K][N]
     struct bie_tensor qweight, scales, zeros, gbits, perm, cs, bias;
     struct bie_wq_weight w;
 };
@@ -43,8 +43,8 @@ static inline enum bie_dtype pick_float(void) {
 }
 
 // A random layer in *out (its weight view points into *out).
-static inline void make_layer(struct layer * out, int64_t M, int64_t K, int64_t N, int bits, int gsz, enum bie_wq_zero zero,
-                       bool perm, bool cs, bool bias) {
+static inline void make_layer(struct layer * out, int64_t M, int64_t K, int64_t N, int bits, int gsz,
+                              enum bie_wq_zero zero, bool perm, bool cs, bool bias) {
     struct layer L;
     memset(&L, 0, sizeof L);
     L.d = (struct bie_wq_desc){.in_features = K, .out_features = N, .bits = bits, .group_size = gsz, .zero = zero};
@@ -123,7 +123,9 @@ static inline double wbound(const struct layer * L, int64_t r, int64_t n) {
     return s * q + (L->d.zero == BIE_WQ_ZERO_OFFSET ? z : s * z);
 }
 
-static inline double eps_of(enum bie_dtype d) { return d == BIE_DTYPE_F16 ? 1.0 / 1024 : d == BIE_DTYPE_BF16 ? 1.0 / 128 : U32 * 2; }
+static inline double eps_of(enum bie_dtype d) {
+    return d == BIE_DTYPE_F16 ? 1.0 / 1024 : d == BIE_DTYPE_BF16 ? 1.0 / 128 : U32 * 2;
+}
 
 // x'[m, r] as the layer reads it.
 static inline double xprime(const struct layer * L, const struct bie_tensor * x, int64_t m, int64_t r) {
@@ -132,4 +134,3 @@ static inline double xprime(const struct layer * L, const struct bie_tensor * x,
     if (L->cs.data) v *= (float)bie_load(&L->cs, k);
     return v;
 }
-

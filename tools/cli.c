@@ -179,8 +179,10 @@ bool cli_check_model_file(const char * prog, const char * path) {
     else if (!memcmp(b, "\x08\x01", 2) || !memcmp(b, "\x08\x03", 2) || !memcmp(b, "\x08\x07", 2))
         kind = "it looks like an ONNX model";
     else if (b[8] == '{') kind = "its header length is larger than the file";
-    fprintf(stderr, "%s: %s is not a safetensors file: %s (bie reads the models that bie train and the "
-                    "PyTorch binding's bie.export_model write)\n", prog, path, kind);
+    fprintf(stderr,
+            "%s: %s is not a safetensors file: %s (bie reads the models that bie train and the "
+            "PyTorch binding's bie.export_model write)\n",
+            prog, path, kind);
     return false;
 }
 
@@ -264,7 +266,8 @@ bool data_load(bie_context_t * ctx, const char * dir, bool train, struct dataset
     }
     for (int64_t i = 0; i < out->labels.shape[0]; i++)
         if (out->labels.data[i] > 9) {
-            fprintf(stderr, "bie: data: %s: label %d of item %lld is not in [0, 9]\n", lp, out->labels.data[i], (long long)i);
+            fprintf(stderr, "bie: data: %s: label %d of item %lld is not in [0, 9]\n", lp, out->labels.data[i],
+                    (long long)i);
             data_free(out);
             return false;
         }

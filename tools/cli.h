@@ -4,6 +4,7 @@
 #pragma once
 
 #include "bie.h"
+#include "bie-train.h"
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -8,22 +8,23 @@
 #include <string.h>
 
 static void usage(FILE * f) {
-    fprintf(f, "usage: bie eval MODEL [options]\n\n"
-               "Runs MODEL (a packed model or a checkpoint written by bie train) on the test split and\n"
-               "prints its accuracy and speed.\n\n"
-               "  --data=DIR        IDX files (t10k-images-idx3-ubyte[.gz] ...), default " DEFAULT_DATA_DIR "\n"
-               "  --batch=N         images per forward call, 1..65536 (default %d)\n"
-               "  --threads=N       threads, 1..1024 (default: all cores)\n"
-               "  --limit=N         evaluate the first N test images only\n"
-               "  --compare-float   also run the model with its low-bit layers as float GEMMs\n"
-               "                    (OpenBLAS) and print both speeds and their ratio\n"
-               "  -h, --help        this help\n\n"
-               "Exit codes: 0 success, 1 run-time error (unreadable or corrupt model, data), 2 usage error.\n",
+    fprintf(f,
+            "usage: bie eval MODEL [options]\n\n"
+            "Runs MODEL (a packed model or a checkpoint written by bie train) on the test split and\n"
+            "prints its accuracy and speed.\n\n"
+            "  --data=DIR        IDX files (t10k-images-idx3-ubyte[.gz] ...), default " DEFAULT_DATA_DIR "\n"
+            "  --batch=N         images per forward call, 1..65536 (default %d)\n"
+            "  --threads=N       threads, 1..1024 (default: all cores)\n"
+            "  --limit=N         evaluate the first N test images only\n"
+            "  --compare-float   also run the model with its low-bit layers as float GEMMs\n"
+            "                    (OpenBLAS) and print both speeds and their ratio\n"
+            "  -h, --help        this help\n\n"
+            "Exit codes: 0 success, 1 run-time error (unreadable or corrupt model, data), 2 usage error.\n",
             CLI_EVAL_BATCH);
 }
 
 int bie_eval_main(int argc, char ** argv) {
-    const char * path = NULL, * data = DEFAULT_DATA_DIR;
+    const char *path = NULL, *data = DEFAULT_DATA_DIR;
     int64_t batch = CLI_EVAL_BATCH, threads = 0, limit = 0;
     bool compare = false;
     struct cli_option opts[] = {
@@ -42,7 +43,8 @@ int bie_eval_main(int argc, char ** argv) {
     }
     if (!cli_check_model_file("bie eval", path)) return EXIT_FAILURE_;
     bie_context_t * ctx = NULL;
-    if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK) return fprintf(stderr, "bie eval: no context\n"), EXIT_FAILURE_;
+    if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK)
+        return fprintf(stderr, "bie eval: no context\n"), EXIT_FAILURE_;
     set_threads(ctx, threads);
     int rc = EXIT_FAILURE_;
     bie_model_t * m = NULL;

@@ -40,7 +40,7 @@ int bie_info_main(int argc, char ** argv) {
     }
     printf("%s\n", path);
     for (size_t i = 0; i < bie_safetensors_metadata_count(st); i++) {
-        const char * v, * k = bie_safetensors_metadata_at(st, i, &v);
+        const char *v, *k = bie_safetensors_metadata_at(st, i, &v);
         printf("  %-22s %s\n", k, v);
     }
     printf("\n  %-3s %-16s %-5s %-14s %-14s %10s %12s %12s\n", "#", "layer", "q", "input", "output", "params", "bytes",

@@ -13,58 +13,57 @@
 #include <unistd.h>
 
 static void usage(FILE * f) {
-    fprintf(f,
-            "usage: bie train [options]\n\n"
-            "Trains a low-bit network on Fashion-MNIST (or any IDX data set of the MNIST family) and\n"
-            "exports the packed inference model (safetensors, docs/model-format.md). Options take their\n"
-            "value as --opt VALUE or --opt=VALUE.\n\n"
-            "model:\n"
-            "  --model=NAME       bmlp | bcnn | q4cnn (default bcnn)\n"
-            "                       bmlp : input layer (f32, or q8 with --input-bits 8), two binary linear\n"
-            "                              layers of --hidden units, batch norm, float classifier\n"
-            "                       bcnn : float conv 3x3 (--c1), binary convs 3x3 (--c2 at full size,\n"
-            "                              --c3 after a 2x2 max-pool), max-pool, a binary linear layer of\n"
-            "                              --hidden units, batch norm after each, float classifier\n"
-            "                       q4cnn: bcnn with 4-bit layers instead of binary ones\n"
-            "  --c1=N --c2=N --c3=N  conv widths, 1..4096 (defaults 32 64 64)\n"
-            "  --hidden=N         hidden units, 1..65536 (default 256; bmlp 1024)\n"
-            "  --input-bits=32|8  bmlp's input layer: float or 8-bit (default 32)\n"
-            "  --arch=STRING      any architecture (overrides --model; grammar in docs/model-format.md)\n"
-            "  --latent=f32|int8  latent weights of binary layers: float + Adam (default) or int8 + Diode\n"
-            "training:\n"
-            "  --epochs=N         epochs, 1..1000 (default 3)\n"
-            "  --batch=N          mini-batch size, 1..65536 (default 128)\n"
-            "  --lr=X             peak Adam learning rate of the cosine schedule, in [1e-9, 10]\n"
-            "                     (default 0.002; bmlp 0.001)\n"
-            "  --diode-lr=X       Diode's step fed into its sign accumulator, in [0, 10] (default 0.05)\n"
-            "  --wd=X             decoupled weight decay of float weights, in [0, 10] (default 0)\n"
-            "  --seed=N           seed of the initialisation and the shuffling, >= 0 (default 1)\n"
-            "  --threads=N        threads, 1..1024 (default: all cores); a run is deterministic for a\n"
-            "                     given seed and thread count\n"
-            "  --limit=N          train on the first N training images only\n"
-            "  --test-limit=N     test on the first N test images only\n"
-            "data and files (checked before training starts):\n"
-            "  --data=DIR         IDX files (train-images-idx3-ubyte[.gz] ...), default " DEFAULT_DATA_DIR "\n"
-            "  --out=FILE         the packed model (default model.safetensors)\n"
-            "  --checkpoint=FILE  checkpoint written after each epoch (default FILE.ckpt for --out FILE);\n"
-            "                     removed once the run succeeds\n"
-            "  --keep-checkpoint  keep the checkpoint after a successful run\n"
-            "  --no-checkpoint    write no checkpoint (then --resume and --stop-after are not possible)\n"
-            "  --resume           continue from the checkpoint: the options not given are the\n"
-            "                     checkpoint's, and a given option that differs from it is refused (the\n"
-            "                     result is the same as an uninterrupted run's)\n"
-            "  --stop-after=N     stop after epoch N, 1..1000 (the schedule still spans --epochs);\n"
-            "                     --resume continues\n"
-            "  --log=FILE         metrics as JSON lines: every --log-every batches and after each epoch\n"
-            "                     (appended to on --resume); scripts/plot-training.py draws them\n"
-            "  --log-every=N      batches between two progress lines of the log, 1..1000000 (default 50)\n"
-            "  -h, --help         this help\n\n"
-            "Progress goes to stderr (a bar on a terminal, lines otherwise); results to stdout.\n"
-            "Exit codes: 0 success, 1 run-time error, 2 usage error.\n");
+    fprintf(f, "usage: bie train [options]\n\n"
+               "Trains a low-bit network on Fashion-MNIST (or any IDX data set of the MNIST family) and\n"
+               "exports the packed inference model (safetensors, docs/model-format.md). Options take their\n"
+               "value as --opt VALUE or --opt=VALUE.\n\n"
+               "model:\n"
+               "  --model=NAME       bmlp | bcnn | q4cnn (default bcnn)\n"
+               "                       bmlp : input layer (f32, or q8 with --input-bits 8), two binary linear\n"
+               "                              layers of --hidden units, batch norm, float classifier\n"
+               "                       bcnn : float conv 3x3 (--c1), binary convs 3x3 (--c2 at full size,\n"
+               "                              --c3 after a 2x2 max-pool), max-pool, a binary linear layer of\n"
+               "                              --hidden units, batch norm after each, float classifier\n"
+               "                       q4cnn: bcnn with 4-bit layers instead of binary ones\n"
+               "  --c1=N --c2=N --c3=N  conv widths, 1..4096 (defaults 32 64 64)\n"
+               "  --hidden=N         hidden units, 1..65536 (default 256; bmlp 1024)\n"
+               "  --input-bits=32|8  bmlp's input layer: float or 8-bit (default 32)\n"
+               "  --arch=STRING      any architecture (overrides --model; grammar in docs/model-format.md)\n"
+               "  --latent=f32|int8  latent weights of binary layers: float + Adam (default) or int8 + Diode\n"
+               "training:\n"
+               "  --epochs=N         epochs, 1..1000 (default 3)\n"
+               "  --batch=N          mini-batch size, 1..65536 (default 128)\n"
+               "  --lr=X             peak Adam learning rate of the cosine schedule, in [1e-9, 10]\n"
+               "                     (default 0.002; bmlp 0.001)\n"
+               "  --diode-lr=X       Diode's step fed into its sign accumulator, in [0, 10] (default 0.05)\n"
+               "  --wd=X             decoupled weight decay of float weights, in [0, 10] (default 0)\n"
+               "  --seed=N           seed of the initialisation and the shuffling, >= 0 (default 1)\n"
+               "  --threads=N        threads, 1..1024 (default: all cores); a run is deterministic for a\n"
+               "                     given seed and thread count\n"
+               "  --limit=N          train on the first N training images only\n"
+               "  --test-limit=N     test on the first N test images only\n"
+               "data and files (checked before training starts):\n"
+               "  --data=DIR         IDX files (train-images-idx3-ubyte[.gz] ...), default " DEFAULT_DATA_DIR "\n"
+               "  --out=FILE         the packed model (default model.safetensors)\n"
+               "  --checkpoint=FILE  checkpoint written after each epoch (default FILE.ckpt for --out FILE);\n"
+               "                     removed once the run succeeds\n"
+               "  --keep-checkpoint  keep the checkpoint after a successful run\n"
+               "  --no-checkpoint    write no checkpoint (then --resume and --stop-after are not possible)\n"
+               "  --resume           continue from the checkpoint: the options not given are the\n"
+               "                     checkpoint's, and a given option that differs from it is refused (the\n"
+               "                     result is the same as an uninterrupted run's)\n"
+               "  --stop-after=N     stop after epoch N, 1..1000 (the schedule still spans --epochs);\n"
+               "                     --resume continues\n"
+               "  --log=FILE         metrics as JSON lines: every --log-every batches and after each epoch\n"
+               "                     (appended to on --resume); scripts/plot-training.py draws them\n"
+               "  --log-every=N      batches between two progress lines of the log, 1..1000000 (default 50)\n"
+               "  -h, --help         this help\n\n"
+               "Progress goes to stderr (a bar on a terminal, lines otherwise); results to stdout.\n"
+               "Exit codes: 0 success, 1 run-time error, 2 usage error.\n");
 }
 
 struct opts {
-    const char * model, * arch, * data, * out, * checkpoint, * latent, * log;
+    const char *model, *arch, *data, *out, *checkpoint, *latent, *log;
     int64_t c1, c2, c3, hidden, input_bits, epochs, batch, seed, threads, limit, test_limit, stop_after, log_every;
     double lr, diode_lr, wd;
     bool resume, keep_checkpoint, no_checkpoint;
@@ -182,7 +181,8 @@ static void progress_show(struct progress * p, int64_t epoch, int64_t epochs, in
         for (int i = 0; i < 20; i++) bar[i] = i < fill ? '#' : '.';
         bar[20] = '\0';
         fprintf(stderr, "\r\033[Kepoch %lld/%lld [%s] %lld/%lld loss %.4f acc %.2f%% %.0f img/s ETA %s",
-                (long long)epoch, (long long)epochs, bar, (long long)batch, (long long)batches, loss, 100 * acc, ips, e);
+                (long long)epoch, (long long)epochs, bar, (long long)batch, (long long)batches, loss, 100 * acc, ips,
+                e);
         if (final) fputc('\n', stderr);
     } else {
         fprintf(stderr, "epoch %lld/%lld batch %lld/%lld loss %.4f acc %.2f%% %.0f img/s ETA %s\n", (long long)epoch,
@@ -219,8 +219,10 @@ static bool parse(int argc, char ** argv, struct command * cmd, int * code) {
     *code = EXIT_USAGE;
     if (o->no_checkpoint && (o->resume || o->stop_after || o->keep_checkpoint || o->checkpoint)) {
         fprintf(stderr, "bie train: --no-checkpoint excludes --%s\n",
-                o->resume ? "resume" : o->stop_after ? "stop-after (a stopped run resumes from its checkpoint)"
-                : o->keep_checkpoint ? "keep-checkpoint" : "checkpoint");
+                o->resume            ? "resume"
+                : o->stop_after      ? "stop-after (a stopped run resumes from its checkpoint)"
+                : o->keep_checkpoint ? "keep-checkpoint"
+                                     : "checkpoint");
         return false;
     }
     snprintf(cmd->ckpt, sizeof cmd->ckpt, "%s%s", o->checkpoint ? o->checkpoint : o->out, o->checkpoint ? "" : ".ckpt");
@@ -278,8 +280,10 @@ static bool adopt_recorded(struct command * cmd, const bie_safetensors_t * st, b
         }
     }
     if (*differ) {
-        fprintf(stderr, "bie train: --resume continues the checkpoint's run, and these options differ from it:\n%s"
-                        "Drop them to resume, or train anew without --resume.\n", differ);
+        fprintf(stderr,
+                "bie train: --resume continues the checkpoint's run, and these options differ from it:\n%s"
+                "Drop them to resume, or train anew without --resume.\n",
+                differ);
         return false;
     }
     return true;
@@ -323,9 +327,9 @@ int bie_train_main(int argc, char ** argv) {
         return EXIT_FAILURE_;
     }
     int rc = EXIT_FAILURE_;
-    bie_model_t * m = NULL, * packed = NULL;
+    bie_model_t *m = NULL, *packed = NULL;
     bie_safetensors_t * st = NULL;
-    float * x = NULL, * grad = NULL;
+    float *x = NULL, *grad = NULL;
     uint8_t * y = NULL;
     int64_t * order = NULL;
     FILE * log = NULL;

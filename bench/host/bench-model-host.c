@@ -47,8 +47,9 @@ static char * make_arch(int blocks, int w) {
     const char * q[3] = {"b1", "q4", "q8"};
     for (int b = 0; b < blocks; b++) {
         const int base = 1 + 8 * b; // index of this block's first layer
-        at += snprintf(s + at, cap - (size_t)at, "; linear %s %d; bn; relu; linear %s %d bias; bn; add @%d; tanh; linear f32 %d",
-                       q[b % 3], w, q[(b + 1) % 3], w, base - 1, w);
+        at += snprintf(s + at, cap - (size_t)at,
+                       "; linear %s %d; bn; relu; linear %s %d bias; bn; add @%d; tanh; linear f32 %d", q[b % 3], w,
+                       q[(b + 1) % 3], w, base - 1, w);
     }
     return s;
 }
@@ -85,24 +86,21 @@ static void run_layer(bie_context_t * ctx, struct runner * r, int64_t i, bool un
         break;
     case L_BN:
         if (unplanned)
-            bie_batchnorm_forward(ctx, 1, c, hw, in, L->w.v, L->b.v, L->rmean, L->rvar, BN_MOMENTUM, BN_EPS, 0, NULL, NULL,
-                                  out);
-        else
-            nn_channel_affine(1, c, hw, L->bn_scale, L->bn_shift, in, out);
+            bie_batchnorm_forward(ctx, 1, c, hw, in, L->w.v, L->b.v, L->rmean, L->rvar, BN_MOMENTUM, BN_EPS, 0, NULL,
+                                  NULL, out);
+        else nn_channel_affine(1, c, hw, L->bn_scale, L->bn_shift, in, out);
         break;
     case L_ACT:
-        if (unplanned && L->act <= NN_ACT_HARDTANH) bie_activation_forward(ctx, (enum bie_activation)L->act, count, in, out);
+        if (unplanned && L->act <= NN_ACT_HARDTANH)
+            bie_activation_forward(ctx, (enum bie_activation)L->act, count, in, out);
         else nn_act_forward(L->act, count, in, out);
         break;
-    case L_ADD:
-        nn_add(count, in, r->val[L->src[1]], out);
-        break;
+    case L_ADD: nn_add(count, in, r->val[L->src[1]], out); break;
     case L_FLATTEN:
         if (unplanned) memcpy(out, in, sizeof(float) * (size_t)count);
         else r->val[i + 1] = (float *)in;
         break;
-    default:
-        break;
+    default: break;
     }
 }
 
@@ -149,7 +147,7 @@ int main(int argc, char ** argv) {
         return 1;
     }
     // Train one step so that the scales are set; then pack it as a model file would be.
-    float * x = malloc(sizeof(float) * 4 * (size_t)width), * g = malloc(sizeof(float) * 4 * (size_t)width);
+    float *x = malloc(sizeof(float) * 4 * (size_t)width), *g = malloc(sizeof(float) * 4 * (size_t)width);
     for (int i = 0; i < 4 * width; i++) x[i] = (float)((i * 37) % 17) / 8.0f - 1.0f;
     const float * logits;
     bie_model_forward(ctx, m, x, 4, 1, 0, &logits);
@@ -183,8 +181,8 @@ int main(int argc, char ** argv) {
     const int64_t nl = p->n_layers;
     printf("CPU: %s\nmodel: %lld layers of %d features at batch 1 (%s...)\n", cpu, (long long)nl, width,
            "input; flatten; linear b1; bn; relu; linear q4 bias; bn; add; tanh; linear f32");
-    printf("%-8s %12s %12s %12s %14s %14s %8s\n", "threads", "model us", "kernels us", "unplanned us",
-           "host ns/layer", "unpl. ns/layer", "ratio");
+    printf("%-8s %12s %12s %12s %14s %14s %8s\n", "threads", "model us", "kernels us", "unplanned us", "host ns/layer",
+           "unpl. ns/layer", "ratio");
     double * t = malloc(sizeof(double) * 3 * (size_t)repeat);
     for (int threads = 1; threads <= 2; threads++) {
         if (only_threads && threads != only_threads) continue;
@@ -223,8 +221,14 @@ int main(int argc, char ** argv) {
     run_layers(ctx, &r, false);
     for (int64_t i = 0; i < nl; i++) {
         const struct layer * L = &p->L[i];
-        const int k = L->kind == L_LINEAR ? (L->q == Q_B1 ? 0 : L->q == Q_Q4 ? 1 : L->q == Q_Q8 ? 2 : 3)
-                    : L->kind == L_BN ? 4 : L->kind == L_ACT ? 5 : L->kind == L_ADD ? 6 : 7;
+        const int k = L->kind == L_LINEAR ? (L->q == Q_B1   ? 0
+                                             : L->q == Q_Q4 ? 1
+                                             : L->q == Q_Q8 ? 2
+                                                            : 3)
+                      : L->kind == L_BN   ? 4
+                      : L->kind == L_ACT  ? 5
+                      : L->kind == L_ADD  ? 6
+                                          : 7;
         for (int u = 0; u < 2; u++) {
             for (int rep = 0; rep < repeat; rep++) {
                 const double t0 = now_ns();
@@ -238,7 +242,8 @@ int main(int argc, char ** argv) {
     printf("\nper layer kind, each layer alone: ns per call as planned (the kernel) and through the public API\n");
     for (int k = 0; k < 8; k++)
         if (n_kind[k])
-            printf("  %-11s x%-3d %10.0f %10.0f\n", kinds[k], n_kind[k], per_kind[k] / n_kind[k], per_kind_unpl[k] / n_kind[k]);
+            printf("  %-11s x%-3d %10.0f %10.0f\n", kinds[k], n_kind[k], per_kind[k] / n_kind[k],
+                   per_kind_unpl[k] / n_kind[k]);
     for (int64_t i = 1; i <= nl; i++) free(r.buf[i]);
     free(r.buf);
     free(r.val);

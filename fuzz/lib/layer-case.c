@@ -512,8 +512,9 @@ bool fuzz_backends_init(struct fuzz_backends * b, bool with_cuda) {
     p.num_threads = 1;
     if (bie_context_create(&p, &b->ctx[0]) != BIE_STATUS_OK) return false;
     b->name[b->n++] = "ref";
-    static const char * const isa_names[4] = {"cpu/scalar", "cpu/avx2", "cpu/avx512", "cpu/avx512vpopcnt"};
-    for (int i = BIE_CPU_ISA_SCALAR; i <= (int)bie_cpu_isa_detected() && i <= BIE_CPU_ISA_AVX512_VPOPCNT; i++) {
+    static const char * const isa_names[5] = {"cpu/scalar", "cpu/avx2", "cpu/avx512", "cpu/avx512vpopcnt",
+                                              "cpu/avx512vnni"};
+    for (int i = BIE_CPU_ISA_SCALAR; i <= (int)bie_cpu_isa_detected() && i <= BIE_CPU_ISA_AVX512_VNNI; i++) {
         p.backend = BIE_BACKEND_CPU;
         p.max_isa = (enum bie_cpu_isa)i;
         p.num_threads = i == (int)bie_cpu_isa_detected() ? 2 : 1;

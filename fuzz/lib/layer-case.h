@@ -23,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FUZZ_MAX_BACKENDS 6
+#define FUZZ_MAX_BACKENDS 7
 
 struct fuzz_backends {
     int n;

@@ -389,6 +389,9 @@ class WqWeight(ctypes.Structure):
     _fields_ = [(n, _TP) for n in ("qweight", "scales", "zeros", "group_bits", "perm", "channel_scale", "bias")]
 
 
+_STRUCTS.update({"bie_wq_desc": WqDesc, "bie_wq_weight": WqWeight})  # (checked at load time with the others)
+
+
 def _declare_wq(lib):
     c_int, c_void_p, D, W = ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(WqDesc), ctypes.POINTER(WqWeight)
     sigs = {

@@ -13,8 +13,10 @@ struct abi_field {
     size_t offset, size;
 };
 
-#define ABI_STRUCT(s) {#s, NULL, 0, sizeof(struct s)}
-#define ABI_FIELD(s, f) {#s, #f, offsetof(struct s, f), sizeof(((struct s *)0)->f)}
+#define ABI_STRUCT(s)                                                                                                  \
+    { #s, NULL, 0, sizeof(struct s) }
+#define ABI_FIELD(s, f)                                                                                                \
+    { #s, #f, offsetof(struct s, f), sizeof(((struct s *)0)->f) }
 
 static const struct abi_field fields[] = {
     ABI_STRUCT(bie_tensor),
@@ -105,6 +107,21 @@ static const struct abi_field fields[] = {
     ABI_FIELD(bie_diode_params, lr),
     ABI_FIELD(bie_diode_params, beta1),
     ABI_FIELD(bie_diode_params, beta2),
+    ABI_STRUCT(bie_wq_desc),
+    ABI_FIELD(bie_wq_desc, in_features),
+    ABI_FIELD(bie_wq_desc, out_features),
+    ABI_FIELD(bie_wq_desc, bits),
+    ABI_FIELD(bie_wq_desc, group_size),
+    ABI_FIELD(bie_wq_desc, zero),
+    ABI_FIELD(bie_wq_desc, act),
+    ABI_STRUCT(bie_wq_weight),
+    ABI_FIELD(bie_wq_weight, qweight),
+    ABI_FIELD(bie_wq_weight, scales),
+    ABI_FIELD(bie_wq_weight, zeros),
+    ABI_FIELD(bie_wq_weight, group_bits),
+    ABI_FIELD(bie_wq_weight, perm),
+    ABI_FIELD(bie_wq_weight, channel_scale),
+    ABI_FIELD(bie_wq_weight, bias),
 };
 
 enum bie_status bie_abi_layout(const char * name, const char * field, int64_t * offset, int64_t * size) {

@@ -16,8 +16,7 @@ void bie_context_params_default(struct bie_context_params * params) {
 }
 
 static bool backend_valid(enum bie_backend b) {
-    return b == BIE_BACKEND_AUTO || b == BIE_BACKEND_REF || b == BIE_BACKEND_CPU ||
-           b == BIE_BACKEND_CUDA;
+    return b == BIE_BACKEND_AUTO || b == BIE_BACKEND_REF || b == BIE_BACKEND_CPU || b == BIE_BACKEND_CUDA;
 }
 
 static enum bie_cpu_isa cap_isa(enum bie_cpu_isa requested) {
@@ -26,8 +25,7 @@ static enum bie_cpu_isa cap_isa(enum bie_cpu_isa requested) {
     return bie_cpu_isa_cap_from_env(isa);
 }
 
-enum bie_status bie_context_create(const struct bie_context_params * params,
-                                   bie_context_t ** out_ctx) {
+enum bie_status bie_context_create(const struct bie_context_params * params, bie_context_t ** out_ctx) {
     if (!out_ctx) return BIE_STATUS_INVALID_ARGUMENT;
     *out_ctx = NULL;
     struct bie_context_params p;
@@ -38,6 +36,7 @@ enum bie_status bie_context_create(const struct bie_context_params * params,
     if (!ctx) return BIE_STATUS_OUT_OF_MEMORY;
     ctx->params = p;
     ctx->isa = cap_isa(p.max_isa);
+    ctx->isa_cap = bie_cpu_isa_cap_from_env(p.max_isa);
     ctx->mem_limit = BIE_DEFAULT_MEMORY_LIMIT;
     *out_ctx = ctx;
     return BIE_STATUS_OK;
@@ -54,8 +53,7 @@ enum bie_status bie_context_set_backend(bie_context_t * ctx, enum bie_backend ba
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     BIE_ENTER(ctx);
     if (!backend_valid(backend))
-        return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "backend: unknown value %d",
-                             (int)backend);
+        return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "backend: unknown value %d", (int)backend);
     ctx->params.backend = backend;
     return BIE_STATUS_OK;
 }
@@ -100,8 +98,8 @@ enum bie_status bie_context_release_workspace(bie_context_t * ctx) {
 
 // --- one thread at a time ----------------------------------------------------------------------------
 
-static _Thread_local char tls_token;                       // its address names the thread
-static _Thread_local const bie_context_t * tls_refused;    // the context whose call was refused here
+static _Thread_local char tls_token;                    // its address names the thread
+static _Thread_local const bie_context_t * tls_refused; // the context whose call was refused here
 static _Thread_local char tls_refused_msg[BIE_ERROR_CAP];
 
 bool bie_ctx_enter(bie_context_t * ctx) {
@@ -139,9 +137,7 @@ const char * bie_context_last_error(const bie_context_t * ctx) {
     return tls_refused == ctx ? tls_refused_msg : ctx->error;
 }
 
-enum bie_cpu_isa bie_context_cpu_isa(const bie_context_t * ctx) {
-    return ctx ? ctx->isa : BIE_CPU_ISA_SCALAR;
-}
+enum bie_cpu_isa bie_context_cpu_isa(const bie_context_t * ctx) { return ctx ? ctx->isa : BIE_CPU_ISA_SCALAR; }
 
 enum bie_status bie_host_workspace(bie_context_t * ctx, size_t bytes, void ** out) {
     *out = NULL;
@@ -149,13 +145,12 @@ enum bie_status bie_host_workspace(bie_context_t * ctx, size_t bytes, void ** ou
     if (bytes > ctx->mem_limit || bytes > SIZE_MAX - 64)
         return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY,
                              "workspace: the call needs %zu bytes, more than the context's memory limit of %zu "
-                             "(bie_context_set_memory_limit)", bytes, ctx->mem_limit);
+                             "(bie_context_set_memory_limit)",
+                             bytes, ctx->mem_limit);
     if (ctx->host_ws_size < bytes) {
         size_t size = (bytes + 63) / 64 * 64;
         void * p = aligned_alloc(64, size);
-        if (!p)
-            return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY,
-                                 "workspace: cannot allocate %zu bytes", size);
+        if (!p) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "workspace: cannot allocate %zu bytes", size);
         free(ctx->host_ws);
         ctx->host_ws = p;
         ctx->host_ws_size = size;

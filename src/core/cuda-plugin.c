@@ -128,8 +128,7 @@ enum bie_status bie_cuda_plugin_get(bie_context_t * ctx, const char * what, cons
     pthread_once(&load_once, load);
     *out = plugin;
     if (plugin) return BIE_STATUS_OK;
-    return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "%s: the CUDA backend is not available: %s", what,
-                         why_absent);
+    return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "%s: the CUDA backend is not available: %s", what, why_absent);
 }
 
 const struct bie_cuda_plugin * bie_cuda_plugin_loaded(void) { return plugin; }

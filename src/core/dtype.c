@@ -5,9 +5,7 @@
 #include <math.h>
 #include <string.h>
 
-bool bie_dtype_valid(enum bie_dtype dtype) {
-    return (unsigned)dtype <= (unsigned)BIE_DTYPE_I64;
-}
+bool bie_dtype_valid(enum bie_dtype dtype) { return (unsigned)dtype <= (unsigned)BIE_DTYPE_I64; }
 
 bool bie_dtype_is_float(enum bie_dtype dtype) {
     return dtype == BIE_DTYPE_F32 || dtype == BIE_DTYPE_F16 || dtype == BIE_DTYPE_BF16;

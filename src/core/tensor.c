@@ -33,8 +33,7 @@ enum bie_status bie_tensor_make(struct bie_tensor * t, void * data, enum bie_dty
 }
 
 enum bie_status bie_tensor_permute(struct bie_tensor * t, const int32_t * perm) {
-    if (!t || (t->ndim > 0 && !perm) || t->ndim < 0 || t->ndim > BIE_MAX_DIMS)
-        return BIE_STATUS_INVALID_ARGUMENT;
+    if (!t || (t->ndim > 0 && !perm) || t->ndim < 0 || t->ndim > BIE_MAX_DIMS) return BIE_STATUS_INVALID_ARGUMENT;
     int64_t shape[BIE_MAX_DIMS], stride[BIE_MAX_DIMS];
     bool seen[BIE_MAX_DIMS] = {false};
     for (int32_t i = 0; i < t->ndim; i++) {
@@ -85,27 +84,22 @@ enum bie_status bie_check_tensor(bie_context_t * ctx, const char * name, const s
     if (!t) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: is NULL", name);
     if (!t->data) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: data is NULL", name);
     if (!bie_dtype_valid(t->dtype))
-        return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: unknown dtype %d", name,
-                             (int)t->dtype);
+        return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: unknown dtype %d", name, (int)t->dtype);
     if (t->ndim < 0 || t->ndim > BIE_MAX_DIMS)
-        return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: ndim %d is outside [0, %d]",
-                             name, (int)t->ndim, BIE_MAX_DIMS);
+        return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: ndim %d is outside [0, %d]", name, (int)t->ndim,
+                             BIE_MAX_DIMS);
     if (t->device_type != BIE_DEVICE_CPU && t->device_type != BIE_DEVICE_CUDA)
-        return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: unknown device type %d", name,
-                             (int)t->device_type);
+        return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: unknown device type %d", name, (int)t->device_type);
     int64_t numel = 1;
     for (int32_t i = 0; i < t->ndim; i++) {
         if (t->shape[i] <= 0)
-            return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
-                                 "%s: shape[%d] = %lld must be positive", name, (int)i,
-                                 (long long)t->shape[i]);
+            return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: shape[%d] = %lld must be positive", name,
+                                 (int)i, (long long)t->shape[i]);
         if (t->stride[i] < 0 || (t->stride[i] == 0 && !allow_broadcast && t->shape[i] > 1))
-            return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
-                                 "%s: stride[%d] = %lld must be %s", name, (int)i,
+            return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: stride[%d] = %lld must be %s", name, (int)i,
                                  (long long)t->stride[i], allow_broadcast ? ">= 0" : "> 0");
         if (!mul_ok(numel, t->shape[i], &numel))
-            return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: element count overflows",
-                                 name);
+            return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: element count overflows", name);
     }
     size_t bytes;
     if (bie_tensor_nbytes(t, &bytes) != BIE_STATUS_OK || span_elements(t) > INT64_MAX / 64)
@@ -148,15 +142,16 @@ static void byte_range(const struct bie_tensor * t, uintptr_t * lo, uintptr_t * 
     *hi = *lo + bytes;
 }
 
-enum bie_status bie_check_outputs(bie_context_t * ctx, const struct bie_tensor * const * outs, const char * const * out_names,
-                                  int n_out, const struct bie_tensor * const * ins, const char * const * in_names,
-                                  int n_in) {
+enum bie_status bie_check_outputs(bie_context_t * ctx, const struct bie_tensor * const * outs,
+                                  const char * const * out_names, int n_out, const struct bie_tensor * const * ins,
+                                  const char * const * in_names, int n_in) {
     for (int i = 0; i < n_out; i++) {
         if (!outs[i] || !outs[i]->data) continue;
         if (self_overlaps(outs[i]))
             return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
                                  "%s: its elements overlap in memory (strides too small for its shape); an output "
-                                 "needs a distinct place for every element", out_names[i]);
+                                 "needs a distinct place for every element",
+                                 out_names[i]);
         uintptr_t lo, hi;
         byte_range(outs[i], &lo, &hi);
         for (int j = 0; j < n_out + n_in; j++) {
@@ -168,7 +163,8 @@ enum bie_status bie_check_outputs(bie_context_t * ctx, const struct bie_tensor *
             if (lo < ohi && olo < hi)
                 return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
                                      "%s: overlaps the memory of %s %s (outputs may not share memory with each other "
-                                     "or with an input)", out_names[i], is_out ? "the output" : "the input",
+                                     "or with an input)",
+                                     out_names[i], is_out ? "the output" : "the input",
                                      is_out ? out_names[j] : in_names[j - n_out]);
         }
     }

@@ -41,6 +41,8 @@
 #include <float.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
+#include <string.h>
 
 int64_t bie_cpu_bwd_task_pixels = 2048;
 int64_t bie_cpu_bwd_wave_max = 16;
@@ -61,12 +63,12 @@ struct bwd {
     const struct cpu_kernels * kern;
     bool binary;
     int lo, hi;
-    float * bias;  // dense [C]
-    float * acode; // dense NCHW codes of x (when grad_weight is wanted)
-    float * wf;    // [O][K] w * scale_w (when gx is wanted)
-    uint32_t * a_idx, * w_idx; // instead of acode and wf on the sign-GEMM path: their sign-index blocks
-    float * gx;    // dense NCHW
-    float * xrow;  // per thread: a row of x' for the binary linear mask pass (ste_row)
+    float * bias;            // dense [C]
+    float * acode;           // dense NCHW codes of x (when grad_weight is wanted)
+    float * wf;              // [O][K] w * scale_w (when gx is wanted)
+    uint32_t *a_idx, *w_idx; // instead of acode and wf on the sign-GEMM path: their sign-index blocks
+    float * gx;              // dense NCHW
+    float * xrow;            // per thread: a row of x' for the binary linear mask pass (ste_row)
 };
 
 static inline float x_prime(const struct bwd * b, int64_t off, int64_t ch) {
@@ -189,8 +191,10 @@ static void valid_range(int64_t out, int64_t in, int64_t s, int64_t p, int64_t o
 static void im2col(const struct bwd * b, int64_t n0, int64_t nb, float * col) {
     const struct bie_geometry * g = b->g;
     const int64_t P = g->OH * g->OW, ld = nb * P;
-    const float pad = !b->binary ? 0.0f : g->pad_value == BIE_PAD_MINUS_ONE ? -1.0f
-                                      : g->pad_value == BIE_PAD_PLUS_ONE ? 1.0f : 0.0f;
+    const float pad = !b->binary                          ? 0.0f
+                      : g->pad_value == BIE_PAD_MINUS_ONE ? -1.0f
+                      : g->pad_value == BIE_PAD_PLUS_ONE  ? 1.0f
+                                                          : 0.0f;
     for (int64_t k = 0; k < g->K; k++) {
         const int64_t ch = k / (g->kh * g->kw), i = (k / g->kw) % g->kh, j = k % g->kw;
         int64_t lo, hi;
@@ -304,7 +308,7 @@ static const float * ste_row(const struct bwd * b, int64_t n, float * row) {
         for (int64_t ch = 0; ch < b->g->C; ch++) row[ch] = x_prime(b, n * xs[0] + ch * xs[1], ch);
         return row;
     }
-    const float value[4] = {-INFINITY, -c->scale_a, INFINITY, 0.0f}; // [sign bit * 2 + pass bit]
+    const float value[4] = {-INFINITY, -c->scale_a, INFINITY, 0.0f};                // [sign bit * 2 + pass bit]
     if (xs[1] == 1 && ms[1] == 1 && (n * xs[0]) % 8 == 0 && (n * ms[0]) % 8 == 0) { // rows on whole bytes
         const uint8_t * sb = (const uint8_t *)c->x.data + n * xs[0] / 8;
         const uint8_t * pb = (const uint8_t *)c->x_mask.data + n * ms[0] / 8;
@@ -339,12 +343,15 @@ static void finish_gx(const struct bwd * b, double * part_s) {
             } else if (x_rows) {
                 const float * xr = (const float *)c->x.data + n * xs[0];
                 double lanes[8] = {0};
-                for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, xr[ch] + b->bias[ch], gxp[ch], &lanes[ch & 7]);
+                for (int64_t ch = 0; ch < g->C; ch++)
+                    gxp[ch] = mask_one(b, xr[ch] + b->bias[ch], gxp[ch], &lanes[ch & 7]);
                 for (int l = 0; l < 8; l++) ssum += lanes[l];
             } else {
-                for (int64_t ch = 0; ch < g->C; ch++) gxp[ch] = mask_one(b, x_prime(b, n * xs[0] + ch * xs[1], ch), gxp[ch], &ssum);
+                for (int64_t ch = 0; ch < g->C; ch++)
+                    gxp[ch] = mask_one(b, x_prime(b, n * xs[0] + ch * xs[1], ch), gxp[ch], &ssum);
             }
-            if (c->grad_x.data && gx_rows) memcpy((float *)c->grad_x.data + n * gs[0], gxp, (size_t)g->C * sizeof(float));
+            if (c->grad_x.data && gx_rows)
+                memcpy((float *)c->grad_x.data + n * gs[0], gxp, (size_t)g->C * sizeof(float));
             else if (c->grad_x.data)
                 for (int64_t ch = 0; ch < g->C; ch++) store_float(&c->grad_x, n * gs[0] + ch * gs[1], gxp[ch]);
             part_s[n] = ssum;
@@ -354,8 +361,8 @@ static void finish_gx(const struct bwd * b, double * part_s) {
     const int64_t planes = g->batch * g->C, HW = g->H * g->W;
     // Dense f32 planes (NCHW-like x and grad_x): plain pointer loops.
     const bool fast = c->x.dtype == BIE_DTYPE_F32 && (g->W == 1 || xs[3] == 1) && (g->H == 1 || xs[2] == g->W) &&
-                      (!c->grad_x.data || (c->grad_x.dtype == BIE_DTYPE_F32 && (g->W == 1 || gs[3] == 1) &&
-                                           (g->H == 1 || gs[2] == g->W)));
+                      (!c->grad_x.data ||
+                       (c->grad_x.dtype == BIE_DTYPE_F32 && (g->W == 1 || gs[3] == 1) && (g->H == 1 || gs[2] == g->W)));
 #pragma omp parallel for num_threads(b->threads)
     for (int64_t pl = 0; pl < planes; pl++) {
         const int64_t n = pl / g->C, ch = pl % g->C;
@@ -371,7 +378,8 @@ static void finish_gx(const struct bwd * b, double * part_s) {
                 for (int64_t e = 0; e < HW; e++) gxp[e] = mask_one(b, xp[e] + bias, gxp[e], &lanes[e & 7]);
                 for (int l = 0; l < 8; l++) ssum += lanes[l];
             }
-            if (c->grad_x.data) memcpy((float *)c->grad_x.data + n * gs[0] + ch * gs[1], gxp, (size_t)HW * sizeof(float));
+            if (c->grad_x.data)
+                memcpy((float *)c->grad_x.data + n * gs[0] + ch * gs[1], gxp, (size_t)HW * sizeof(float));
             part_s[pl] = ssum;
             continue;
         }
@@ -417,8 +425,7 @@ static void linear_sgemms(const struct bwd * b, const float * g, int ldg, bool g
 #pragma omp parallel for schedule(dynamic, 1) num_threads(b->threads)
     for (int k0 = 0; k0 < K; k0 += LIN_KB) {
         const int kb = K - k0 < LIN_KB ? K - k0 : LIN_KB;
-        if (want_gx)
-            cpu_sgemm_1t(tx, CblasNoTrans, M, kb, O, 1.0f, g, ldg, b->wf + k0, K, 0.0f, b->gx + k0, K);
+        if (want_gx) cpu_sgemm_1t(tx, CblasNoTrans, M, kb, O, 1.0f, g, ldg, b->wf + k0, K, 0.0f, b->gx + k0, K);
         if (want_gw)
             cpu_sgemm_1t(tw, CblasNoTrans, O, kb, M, c->scale_a, g, ldg, b->acode + k0, K, 0.0f, gw + k0, ldgw);
     }
@@ -478,7 +485,7 @@ static void linear_sign_gemms(const struct bwd * b, bool g_rows, float * work, f
     const int64_t M = b->g->batch, O = b->g->O, K = b->g->K;
     const bool want_gw = c->grad_weight.data != NULL;
     const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
-    uint32_t * ia = b->a_idx, * iw = b->w_idx;
+    uint32_t *ia = b->a_idx, *iw = b->w_idx;
     if (want_gw) cpu_signgemm_idx(b->kern, &c->x, M, K, c->x.stride[0], c->x.stride[1], b->bias, b->threads, ia);
     if (want_gx)
         cpu_signgemm_idx(b->kern, &c->weight, O, K, c->weight.stride[0], c->weight.stride[1], NULL, b->threads, iw);
@@ -491,33 +498,72 @@ static void linear_sign_gemms(const struct bwd * b, bool g_rows, float * work, f
         fo = (ptrdiff_t)M;
     }
     if (want_gx) {
-        const struct cpu_signgemm job = {.f = F, .rs = fm, .cs = fo, .R = M, .J = O, .K = K, .alpha = c->scale_w,
-                                         .idx = iw, .c = b->gx, .ldc = (size_t)K};
+        const struct cpu_signgemm job = {.f = F,
+                                         .rs = fm,
+                                         .cs = fo,
+                                         .R = M,
+                                         .J = O,
+                                         .K = K,
+                                         .alpha = c->scale_w,
+                                         .idx = iw,
+                                         .c = b->gx,
+                                         .ldc = (size_t)K};
         cpu_signgemm_run(b->kern, &job, b->threads, tab);
     }
     if (want_gw) {
-        const struct cpu_signgemm job = {.f = F, .rs = fo, .cs = fm, .R = O, .J = M, .K = K, .alpha = c->scale_a,
-                                         .idx = ia, .c = gw, .ldc = (size_t)ldgw};
+        const struct cpu_signgemm job = {.f = F,
+                                         .rs = fo,
+                                         .cs = fm,
+                                         .R = O,
+                                         .J = M,
+                                         .K = K,
+                                         .alpha = c->scale_a,
+                                         .idx = ia,
+                                         .c = gw,
+                                         .ldc = (size_t)ldgw};
         cpu_signgemm_run(b->kern, &job, b->threads, tab);
     }
 }
 
-enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {
-    if (c->device_type != BIE_DEVICE_CPU || !c->scales_on_host) return BIE_DECLINED;
-    if (c->is_conv && c->x.dtype == BIE_DTYPE_B1) return BIE_DECLINED; // saved bits of a conv: the reference
-    if (c->plan) return bie_cpu_plan(ctx, c);
-    const struct bie_geometry * g = &c->g;
-    const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
-    const bool want_gw = c->grad_weight.data != NULL;
-    if (!want_gx && !want_gw) return BIE_STATUS_OK;
-    struct bwd b = {.c = c, .g = g, .kern = bie_cpu_kernels(ctx->isa), .threads = cpu_threads(ctx), .binary = c->quant == BIE_QUANT_BINARY,
-                    .lo = bie_quant_lo(c->quant), .hi = bie_quant_hi(c->quant)};
+// The regions of the backward's host workspace, in order (0 bytes: not used by the route).
+enum bwd_region {
+    R_BIAS,  // bias_a, dense [C]
+    R_ACODE, // activation codes (sgemm route, grad_weight wanted)
+    R_WF,    // w * scale_w (sgemm route, grad_x wanted)
+    R_GX,    // gx, dense NCHW
+    R_WORK,  // per-thread work buffers (conv: G and col per task; linear: G = grad_y^T unless g_rows)
+    R_PARTS, // grad_W partials of a wave of conv tasks
+    R_GW,    // grad_W [O][K] unless written in place
+    R_PART,  // grad_scale_a partials, one per segment
+    R_TAB,   // the sign GEMMs' tables
+    R_AIDX,  // sign-index blocks of x + bias_a
+    R_WIDX,  // and of the weight
+    R_XROW,  // per thread: a row of x' (binary linear mask pass)
+    R_REGIONS
+};
+
+// A backward call's route on the CPU, chosen before anything runs (bwd_route_make).
+struct bwd_route {
+    bool want_gx, want_gw, linear;
+    bool sign_gemm;         // both GEMMs as float-by-sign GEMMs (cpu-signgemm.c)
+    bool gw_direct;         // grad_W straight into grad_weight
+    bool g_rows;            // a linear grad_y of dense f32 rows is G itself
+    int64_t nb, wave, nseg; // conv tasks of nb samples, grad_W partials of `wave` tasks at a time; STE segments
+    size_t size[R_REGIONS], total;
+};
+
+static void bwd_route_make(const struct bwd * b, struct bwd_route * r) {
+    const struct bie_layer_call * c = b->c;
+    const struct bie_geometry * g = b->g;
+    r->want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
+    r->want_gw = c->grad_weight.data != NULL;
+    const bool want_gx = r->want_gx, want_gw = r->want_gw;
     const int64_t K = g->K, O = g->O, P = g->OH * g->OW, nx = g->batch * g->C * g->H * g->W;
-    const bool linear = !c->is_conv;
+    const bool linear = r->linear = !c->is_conv;
     // Binary linear layers on a kernel table that has it: both GEMMs as float-by-sign GEMMs
     // (cpu-signgemm.c) over sign bits of the weight and of x + bias_a, instead of sgemm over f32
     // +-1 matrices.
-    const bool sign_gemm = linear && b.binary && b.kern->fsign_tile;
+    const bool sign_gemm = r->sign_gemm = linear && b->binary && b->kern->fsign_tile;
     // Conv tasks: `nb` samples each (about 2048 output pixels, and a [K][nb*P] column matrix of at most
     // 4 Mi floats); grad_W partials of `wave` tasks at a time (at most 64 MiB), added in task order.
     // Both depend on the shape only, so the result does not depend on the thread count.
@@ -530,89 +576,134 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
     if (wave > bie_cpu_bwd_wave_max) wave = bie_cpu_bwd_wave_max;
     if (wave < 1) wave = 1;
     if (wave > ntask) wave = ntask;
-    const int nthr = b.threads;
+    r->nb = nb;
+    r->wave = wave;
+    const int nthr = b->threads;
     // grad_W straight into grad_weight when it is a dense f32 [O][K] row block. A single row's
     // stride[0] is never used (a legal view may have any, e.g. 1 for PyTorch's empty(K, 1).T):
     // then the rows are K apart.
     const int64_t * gws = c->grad_weight.stride;
-    const bool gw_direct = want_gw && c->grad_weight.dtype == BIE_DTYPE_F32 && (O == 1 || gws[0] >= K) &&
-                           gws[0] <= INT32_MAX &&
-                           (linear ? gws[1] == 1 : (gws[3] == 1 && gws[2] == g->kw && gws[1] == g->kh * g->kw));
+    r->gw_direct = want_gw && c->grad_weight.dtype == BIE_DTYPE_F32 && (O == 1 || gws[0] >= K) && gws[0] <= INT32_MAX &&
+                   (linear ? gws[1] == 1 : (gws[3] == 1 && gws[2] == g->kw && gws[1] == g->kh * g->kw));
+    r->g_rows = linear && c->grad_y.dtype == BIE_DTYPE_F32 && c->grad_y.stride[1] == 1 &&
+                (g->batch == 1 || c->grad_y.stride[0] >= O);
+    r->nseg = linear ? g->batch : g->batch * g->C;
     const size_t f = sizeof(float);
-    const size_t sz_bias = (size_t)g->C * f;
-    const size_t sz_acode = want_gw && !sign_gemm ? (size_t)nx * f : 0;
-    const size_t sz_wf = want_gx && !sign_gemm ? (size_t)(O * K) * f : 0;
-    const size_t sz_aidx = want_gw && sign_gemm ? cpu_signgemm_idx_bytes(g->batch, K) : 0;
-    const size_t sz_widx = want_gx && sign_gemm ? cpu_signgemm_idx_bytes(O, K) : 0;
-    const size_t sz_tab = sign_gemm ? cpu_signgemm_workspace(nthr) : 0;
-    const size_t sz_gx = want_gx ? (size_t)nx * f : 0;
-    const bool g_rows = linear && c->grad_y.dtype == BIE_DTYPE_F32 && c->grad_y.stride[1] == 1 &&
-                        (g->batch == 1 || c->grad_y.stride[0] >= O);
-    // Per-thread work buffer (conv: G [O][nb*P] and col [K][nb*P]); linear: G [O][M] unless g_rows.
-    const size_t sz_work = linear ? (g_rows ? 0 : (size_t)(O * g->batch) * f)
-                                  : (size_t)nthr * cpu_round_up((size_t)((O + K) * nb * P) * f, 64);
-    const size_t sz_parts = !linear && want_gw ? (size_t)(wave * O * K) * f : 0;
-    const size_t sz_gw = want_gw && !gw_direct ? (size_t)(O * K) * f : 0;
-    const int64_t nseg = linear ? g->batch : g->batch * g->C;
-    const size_t sz_part = want_gx ? (size_t)nseg * sizeof(double) : 0;
-    const size_t sz_xrow = want_gx && linear && b.binary ? (size_t)nthr * (size_t)g->C * f : 0;
-    const size_t total = cpu_arena_size(sz_bias) + cpu_arena_size(sz_acode) + cpu_arena_size(sz_wf) +
-                         cpu_arena_size(sz_gx) + cpu_arena_size(sz_work) + cpu_arena_size(sz_parts) +
-                         cpu_arena_size(sz_gw) + cpu_arena_size(sz_part) + cpu_arena_size(sz_tab) +
-                         cpu_arena_size(sz_aidx) + cpu_arena_size(sz_widx) + cpu_arena_size(sz_xrow);
-    void * ws;
-    enum bie_status st = bie_host_workspace(ctx, total, &ws);
-    if (st != BIE_STATUS_OK) return st;
-    struct cpu_arena ar = {.base = ws, .used = 0, .cap = total};
-    b.bias = cpu_arena_take(&ar, sz_bias);
-    b.acode = cpu_arena_take(&ar, sz_acode);
-    b.wf = cpu_arena_take(&ar, sz_wf);
-    b.gx = cpu_arena_take(&ar, sz_gx);
-    float * work = cpu_arena_take(&ar, sz_work);
-    float * parts = cpu_arena_take(&ar, sz_parts);
-    float * gw = gw_direct ? (float *)c->grad_weight.data : cpu_arena_take(&ar, sz_gw);
-    const int ldgw = gw_direct && O > 1 ? (int)gws[0] : (int)K;
-    double * part_s = cpu_arena_take(&ar, sz_part);
-    void * tab = cpu_arena_take(&ar, sz_tab);
-    b.a_idx = cpu_arena_take(&ar, sz_aidx);
-    b.w_idx = cpu_arena_take(&ar, sz_widx);
-    b.xrow = cpu_arena_take(&ar, sz_xrow);
+    size_t * z = r->size;
+    z[R_BIAS] = (size_t)g->C * f;
+    z[R_ACODE] = want_gw && !sign_gemm ? (size_t)nx * f : 0;
+    z[R_WF] = want_gx && !sign_gemm ? (size_t)(O * K) * f : 0;
+    z[R_GX] = want_gx ? (size_t)nx * f : 0;
+    z[R_WORK] = linear ? (r->g_rows ? 0 : (size_t)(O * g->batch) * f)
+                       : (size_t)nthr * cpu_round_up((size_t)((O + K) * nb * P) * f, 64);
+    z[R_PARTS] = !linear && want_gw ? (size_t)(wave * O * K) * f : 0;
+    z[R_GW] = want_gw && !r->gw_direct ? (size_t)(O * K) * f : 0;
+    z[R_PART] = want_gx ? (size_t)r->nseg * sizeof(double) : 0;
+    z[R_TAB] = sign_gemm ? cpu_signgemm_workspace(nthr) : 0;
+    z[R_AIDX] = want_gw && sign_gemm ? cpu_signgemm_idx_bytes(g->batch, K) : 0;
+    z[R_WIDX] = want_gx && sign_gemm ? cpu_signgemm_idx_bytes(O, K) : 0;
+    z[R_XROW] = want_gx && linear && b->binary ? (size_t)nthr * (size_t)g->C * f : 0;
+    r->total = 0;
+    for (int i = 0; i < R_REGIONS; i++) r->total += cpu_arena_size(z[i]);
+}
 
-    cpu_bias_dense(&c->bias_a, g->C, b.bias);
-    if (want_gw && !sign_gemm) make_codes(&b);
-    if (want_gx && !sign_gemm) make_wf(&b);
-    if (sign_gemm) {
-        linear_sign_gemms(&b, g_rows, work, gw, ldgw, tab);
-    } else if (!linear) {
-        conv_tasks(&b, nb, wave, work, parts, gw, ldgw);
-    } else if (g_rows) { // grad_y is a dense-row f32 [M][O]
-        linear_sgemms(&b, c->grad_y.data, (int)(g->batch == 1 ? O : c->grad_y.stride[0]), false, gw, ldgw);
-    } else { // G = grad_y^T as a dense [O][M]
-        gather_g(&b, 0, g->batch, work, b.threads);
-        linear_sgemms(&b, work, (int)g->batch, true, gw, ldgw);
-    }
-    if (want_gw) { // the bound of every grad_W partial sum (see the top of this file)
-        const double code = b.binary ? 1.0 : -(double)b.lo, terms = (double)(g->batch * P);
-        const double bound = (double)c->scale_a * code * terms * grad_y_max_abs(&b);
+// The route in words, after bie_cpu_plan's backend words, for bie_plan_describe.
+static enum bie_status bwd_route_describe(bie_context_t * ctx, const struct bie_layer_call * c,
+                                          const struct bwd_route * r) {
+    const enum bie_status st = bie_cpu_plan(ctx, c);
+    if (st != BIE_STATUS_OK) return st;
+    size_t n = strlen(c->plan->route);
+    n += (size_t)snprintf(c->plan->route + n, sizeof c->plan->route - n, "; backward by %s GEMMs",
+                          r->sign_gemm ? "float-by-sign" : "sgemm");
+    if (!r->linear && n < sizeof c->plan->route)
+        n += (size_t)snprintf(c->plan->route + n, sizeof c->plan->route - n,
+                              ", conv tasks of %lld samples, grad_weight partials of %lld tasks at a time",
+                              (long long)r->nb, (long long)r->wave);
+    if (n < sizeof c->plan->route)
+        snprintf(c->plan->route + n, sizeof c->plan->route - n, "; grad_weight %s",
+                 !r->want_gw    ? "not asked"
+                 : r->gw_direct ? "written in place"
+                                : "scattered");
+    c->plan->workspace = r->total;
+    return BIE_STATUS_OK;
+}
+
+// grad_W's bound check and scatter, then grad_x's mask pass and the scale_a and bias_a gradients.
+static enum bie_status bwd_finish(const struct bwd * b, const struct bwd_route * r, const float * gw, int ldgw,
+                                  double * part_s) {
+    const struct bie_layer_call * c = b->c;
+    const struct bie_geometry * g = b->g;
+    const int64_t K = g->K, O = g->O, P = g->OH * g->OW, nx = g->batch * g->C * g->H * g->W;
+    if (r->want_gw) { // the bound of every grad_W partial sum (see the top of this file)
+        const double code = b->binary ? 1.0 : -(double)b->lo, terms = (double)(g->batch * P);
+        const double bound = (double)c->scale_a * code * terms * grad_y_max_abs(b);
         if (!(bound < FLT_MAX / 4) && !all_finite(gw, O, K, ldgw)) return BIE_DECLINED;
     }
-    if (want_gw && !gw_direct) {
-        const int64_t * s = gws;
+    if (r->want_gw && !r->gw_direct) {
+        const int64_t * s = c->grad_weight.stride;
         for (int64_t o = 0; o < O; o++)
             for (int64_t k = 0; k < K; k++) {
                 const int64_t ch = k / (g->kh * g->kw), i = (k / g->kw) % g->kh, j = k % g->kw;
                 store_float(&c->grad_weight, o * s[0] + ch * s[1] + i * s[2] + j * s[3], gw[o * K + k]);
             }
     }
-    if (!want_gx) return BIE_STATUS_OK;
-    finish_gx(&b, part_s);
-    for (int64_t i = 0; i < nseg; i++)
+    if (!r->want_gx) return BIE_STATUS_OK;
+    finish_gx(b, part_s);
+    for (int64_t i = 0; i < r->nseg; i++)
         if (!isfinite(part_s[i])) return BIE_DECLINED; // f32 overflowed: the reference's double sums
     if (c->grad_scale_a.data) {
         double s = 0.0;
-        for (int64_t i = 0; i < nseg; i++) s += part_s[i];
-        store_float(&c->grad_scale_a, 0, (float)(s / sqrt((double)nx * (b.binary ? 1.0 : b.hi))));
+        for (int64_t i = 0; i < r->nseg; i++) s += part_s[i];
+        store_float(&c->grad_scale_a, 0, (float)(s / sqrt((double)nx * (b->binary ? 1.0 : b->hi))));
     }
-    if (c->grad_bias_a.data) bias_grad(&b);
+    if (c->grad_bias_a.data) bias_grad(b);
     return BIE_STATUS_OK;
+}
+
+enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {
+    if (c->device_type != BIE_DEVICE_CPU || !c->scales_on_host) return BIE_DECLINED;
+    if (c->is_conv && c->x.dtype == BIE_DTYPE_B1) return BIE_DECLINED; // saved bits of a conv: the reference
+    const struct bie_geometry * g = &c->g;
+    struct bwd b = {.c = c,
+                    .g = g,
+                    .kern = bie_cpu_kernels(ctx->isa),
+                    .threads = cpu_threads(ctx),
+                    .binary = c->quant == BIE_QUANT_BINARY,
+                    .lo = bie_quant_lo(c->quant),
+                    .hi = bie_quant_hi(c->quant)};
+    struct bwd_route r;
+    bwd_route_make(&b, &r);
+    if (c->plan) return bwd_route_describe(ctx, c, &r);
+    if (!r.want_gx && !r.want_gw) return BIE_STATUS_OK;
+    void * ws;
+    const enum bie_status st = bie_host_workspace(ctx, r.total, &ws);
+    if (st != BIE_STATUS_OK) return st;
+    struct cpu_arena ar = {.base = ws, .used = 0, .cap = r.total};
+    void * reg[R_REGIONS];
+    for (int i = 0; i < R_REGIONS; i++) reg[i] = cpu_arena_take(&ar, r.size[i]);
+    b.bias = reg[R_BIAS];
+    b.acode = reg[R_ACODE];
+    b.wf = reg[R_WF];
+    b.gx = reg[R_GX];
+    b.a_idx = reg[R_AIDX];
+    b.w_idx = reg[R_WIDX];
+    b.xrow = reg[R_XROW];
+    float * work = reg[R_WORK];
+    float * gw = r.gw_direct ? (float *)c->grad_weight.data : reg[R_GW];
+    const int ldgw = r.gw_direct && g->O > 1 ? (int)c->grad_weight.stride[0] : (int)g->K;
+
+    cpu_bias_dense(&c->bias_a, g->C, b.bias);
+    if (r.want_gw && !r.sign_gemm) make_codes(&b);
+    if (r.want_gx && !r.sign_gemm) make_wf(&b);
+    if (r.sign_gemm) {
+        linear_sign_gemms(&b, r.g_rows, work, gw, ldgw, reg[R_TAB]);
+    } else if (!r.linear) {
+        conv_tasks(&b, r.nb, r.wave, work, reg[R_PARTS], gw, ldgw);
+    } else if (r.g_rows) { // grad_y is a dense-row f32 [M][O]
+        linear_sgemms(&b, c->grad_y.data, (int)(g->batch == 1 ? g->O : c->grad_y.stride[0]), false, gw, ldgw);
+    } else { // G = grad_y^T as a dense [O][M]
+        gather_g(&b, 0, g->batch, work, b.threads);
+        linear_sgemms(&b, work, (int)g->batch, true, gw, ldgw);
+    }
+    return bwd_finish(&b, &r, gw, ldgw, reg[R_PART]);
 }

@@ -104,10 +104,9 @@ static void pack_x_bits(const struct bin_plan * pl, const float * bias, int thre
             for (int64_t r = 0; r < 8; r++) {
                 const int64_t ch = cb * 8 + r;
                 if (ch < C)
-                    pl->kern->sign_bits((const float *)x->data + n * xs[0] + ch * xs[1], NULL, bias ? bias[ch] : 0.0f, HW,
-                                        tmp + r * HWb);
-                else
-                    memset(tmp + r * HWb, 0, (size_t)HWb);
+                    pl->kern->sign_bits((const float *)x->data + n * xs[0] + ch * xs[1], NULL, bias ? bias[ch] : 0.0f,
+                                        HW, tmp + r * HWb);
+                else memset(tmp + r * HWb, 0, (size_t)HWb);
             }
             uint8_t * dst = pl->xb + n * HW * Cb + cb;
             for (int64_t pb = 0; pb < HWb; pb++) {
@@ -155,10 +154,8 @@ static void pack_x_bits(const struct bin_plan * pl, const float * bias, int thre
 
 // Moves an unsplit row into panel row `dst` (splitting it into nibble planes when asked).
 static inline void put_row(const struct bin_plan * pl, const uint8_t * row, uint8_t * dst) {
-    if (pl->bt->split)
-        pl->kern->nibble_split(row, (size_t)pl->KBp, dst, dst + pl->KBp);
-    else if (row != dst)
-        memcpy(dst, row, (size_t)pl->KBp);
+    if (pl->bt->split) pl->kern->nibble_split(row, (size_t)pl->KBp, dst, dst + pl->KBp);
+    else if (row != dst) memcpy(dst, row, (size_t)pl->KBp);
 }
 
 // Step 2: weight rows (OHWI bits), the tap sums S, and the interleaved B groups.
@@ -169,8 +166,7 @@ static void pack_weights(const struct bin_plan * pl, int threads) {
     const int64_t * ws = w->stride;
     const int64_t C = g->C, Cb = pl->Cb, T = pl->T;
     const uint8_t tail_mask = (uint8_t)(C % 8 ? (1u << (C % 8)) - 1 : 0xff);
-    const bool b1_bytes = w->dtype == BIE_DTYPE_B1 && ws[1] == 1 && ws[0] % 8 == 0 && ws[2] % 8 == 0 &&
-                          ws[3] % 8 == 0;
+    const bool b1_bytes = w->dtype == BIE_DTYPE_B1 && ws[1] == 1 && ws[0] % 8 == 0 && ws[2] % 8 == 0 && ws[3] % 8 == 0;
     const bool f32_rows = w->dtype == BIE_DTYPE_F32 && ws[1] == 1;
 #pragma omp parallel for num_threads(threads)
     for (int64_t o = 0; o < pl->Np; o++) {
@@ -224,8 +220,7 @@ static void pack_activations(const struct bin_plan * pl, int threads, uint8_t * 
     const int64_t P = g->OH * g->OW, Cb = pl->Cb;
 #pragma omp parallel for num_threads(threads)
     for (int64_t m = 0; m < pl->Mp; m++) {
-        uint8_t * row = pl->bt->split ? rows_ws + (size_t)omp_get_thread_num() * pl->KBp
-                                            : pl->A + (size_t)m * pl->rowb;
+        uint8_t * row = pl->bt->split ? rows_ws + (size_t)omp_get_thread_num() * pl->KBp : pl->A + (size_t)m * pl->rowb;
         if (m >= pl->M) {
             memset(row, 0, (size_t)pl->KBp);
         } else {
@@ -261,8 +256,7 @@ static void pack_activations(const struct bin_plan * pl, int threads, uint8_t * 
 }
 
 // Per tile: acc = K - 2*popc, plus the pad correction on border pixels, then the output transform.
-static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t nc, int32_t * acc,
-                        size_t ldacc) {
+static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t nc, int32_t * acc, size_t ldacc) {
     const struct bin_plan * pl = vpl;
     const struct bie_geometry * g = &pl->c->g;
     const int32_t K = (int32_t)g->K;
@@ -273,8 +267,7 @@ static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t 
         if (!pl->pad_mult) continue;
         const int64_t p = (m0 + r) % P, oh = p / g->OW, ow = p % g->OW;
         const int64_t ih0 = oh * g->sh - g->ph, iw0 = ow * g->sw - g->pw;
-        if (ih0 >= 0 && ih0 + (g->kh - 1) * g->dh < g->H && iw0 >= 0 && iw0 + (g->kw - 1) * g->dw < g->W)
-            continue;
+        if (ih0 >= 0 && ih0 + (g->kh - 1) * g->dh < g->H && iw0 >= 0 && iw0 + (g->kw - 1) * g->dw < g->W) continue;
         for (int64_t t = 0; t < pl->T; t++) {
             const int64_t ih = ih0 + (t / g->kw) * g->dh, iw = iw0 + (t % g->kw) * g->dw;
             if (ih >= 0 && ih < g->H && iw >= 0 && iw < g->W) continue;
@@ -299,12 +292,16 @@ enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_lay
     pl.Mp = (int64_t)cpu_round_up((size_t)pl.M, CPU_MR);
     pl.Np = (int64_t)cpu_round_up((size_t)pl.N, 16);
     pl.group_bytes = (size_t)pl.KBp * (size_t)pl.bt->nr * (pl.bt->split ? 2 : 1);
-    pl.pad_mult = (g->ph > 0 || g->pw > 0) ? (g->pad_value == BIE_PAD_ZERO ? 1 : g->pad_value == BIE_PAD_PLUS_ONE ? 2 : 0) : 0;
+    pl.pad_mult = (g->ph > 0 || g->pw > 0) ? (g->pad_value == BIE_PAD_ZERO       ? 1
+                                              : g->pad_value == BIE_PAD_PLUS_ONE ? 2
+                                                                                 : 0)
+                                           : 0;
     cpu_epilogue_init(&pl.ep, c, pl.kern);
 
     const int64_t Wb = (g->W + 7) / 8;
     const size_t sz_xb = (size_t)(g->batch * g->H * g->W * pl.Cb);
-    const size_t per_tmp = cpu_round_up((size_t)(pl.Cb * 8 * Wb), 64), per_tmp_planes = cpu_round_up((size_t)(g->H * g->W + 7) / 8 * 8, 64);
+    const size_t per_tmp = cpu_round_up((size_t)(pl.Cb * 8 * Wb), 64),
+                 per_tmp_planes = cpu_round_up((size_t)(g->H * g->W + 7) / 8 * 8, 64);
     const size_t sz_tmp = (size_t)threads * (per_tmp > per_tmp_planes ? per_tmp : per_tmp_planes);
     const size_t sz_rows = (size_t)threads * (size_t)pl.KBp;
     const size_t sz_a = (size_t)pl.Mp * pl.rowb, sz_b = (size_t)(pl.Np / pl.bt->nr) * pl.group_bytes;
@@ -313,8 +310,8 @@ enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_lay
     const size_t sz_bias = (size_t)g->C * sizeof(float);
     const size_t sz_tiles = cpu_gemm_workspace(threads);
     const size_t total = cpu_arena_size(sz_xb) + cpu_arena_size(sz_tmp) + cpu_arena_size(sz_rows) +
-                         cpu_arena_size(sz_a) + cpu_arena_size(sz_b) + cpu_arena_size(sz_s) +
-                         cpu_arena_size(sz_bias) + cpu_arena_size(sz_tiles) + cpu_arena_size(sz_wrows);
+                         cpu_arena_size(sz_a) + cpu_arena_size(sz_b) + cpu_arena_size(sz_s) + cpu_arena_size(sz_bias) +
+                         cpu_arena_size(sz_tiles) + cpu_arena_size(sz_wrows);
     void * ws;
     enum bie_status st = bie_host_workspace(ctx, total, &ws);
     if (st != BIE_STATUS_OK) return st;
@@ -335,8 +332,18 @@ enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_lay
     pack_activations(&pl, threads, rows);
 
     const struct cpu_gemm job = {
-        .kern = pl.kern, .kind = 1, .bin = pl.bt, .a = pl.A, .b = pl.B, .lda = pl.rowb, .ldb = pl.group_bytes / (size_t)pl.bt->nr,
-        .k = (size_t)pl.KBp, .M = pl.M, .N = pl.N, .finish = finish_tile, .finish_ctx = &pl,
+        .kern = pl.kern,
+        .kind = 1,
+        .bin = pl.bt,
+        .a = pl.A,
+        .b = pl.B,
+        .lda = pl.rowb,
+        .ldb = pl.group_bytes / (size_t)pl.bt->nr,
+        .k = (size_t)pl.KBp,
+        .M = pl.M,
+        .N = pl.N,
+        .finish = finish_tile,
+        .finish_ctx = &pl,
     };
     cpu_gemm_run(&job, threads, tiles, cpu_epilogue_parallel_safe(&pl.ep));
     return BIE_STATUS_OK;

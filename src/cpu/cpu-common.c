@@ -6,30 +6,12 @@
 #include <stdio.h>
 
 #include <omp.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
-// AVX512-VNNI: CPUID leaf 7, ECX bit 11 (the OS support for ZMM state is part of the AVX-512 levels).
-static bool has_avx512_vnni(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a, b, c, d;
-    if (__get_cpuid_max(0, NULL) < 7) return false;
-    __cpuid_count(7, 0, a, b, c, d);
-    return (c >> 11) & 1;
-#else
-    return false;
-#endif
-}
 
 const struct cpu_kernels * bie_cpu_kernels(enum bie_cpu_isa isa) {
     if (isa > bie_cpu_isa_detected()) isa = bie_cpu_isa_detected();
     switch (isa) {
-    case BIE_CPU_ISA_AVX512_VPOPCNT: {
-        static int vnni = -1; // benign race: every thread computes the same value
-        if (vnni < 0) vnni = has_avx512_vnni();
-        return vnni ? &bie_cpu_kernels_avx512vpopcnt_vnni : &bie_cpu_kernels_avx512vpopcnt;
-    }
+    case BIE_CPU_ISA_AVX512_VNNI: return &bie_cpu_kernels_avx512vpopcnt_vnni;
+    case BIE_CPU_ISA_AVX512_VPOPCNT: return &bie_cpu_kernels_avx512vpopcnt;
     case BIE_CPU_ISA_AVX512: return &bie_cpu_kernels_avx512;
     case BIE_CPU_ISA_AVX2: return &bie_cpu_kernels_avx2;
     default: return &bie_cpu_kernels_scalar;
@@ -93,7 +75,7 @@ static void gemm_tile(const struct cpu_gemm * job, const struct tiling * g, int6
             const uint8_t * bp = (const uint8_t *)job->b + (size_t)(n0 + j) * job->ldb;
             for (int64_t i = 0; i < mc; i += CPU_MR)
                 job->bin->tile((const uint8_t *)job->a + (size_t)(m0 + i) * job->lda, job->lda, bp, job->k,
-                                    acc + (size_t)i * ldacc + (size_t)j, ldacc);
+                               acc + (size_t)i * ldacc + (size_t)j, ldacc);
         }
     } else {
         // n-bit: K in blocks of KC_BYTES per row, so that a kernel's A and B rows stay in L1;
@@ -106,11 +88,8 @@ static void gemm_tile(const struct cpu_gemm * job, const struct tiling * g, int6
                 for (int64_t i = 0; i < mc; i += CPU_MR) {
                     const uint8_t * ap = (const uint8_t *)job->a + ((size_t)(m0 + i) * job->lda + k0) * esz;
                     int32_t part[CPU_MR * 4];
-                    if (job->kind == 4)
-                        job->kern->u4s4_tile(ap, job->lda, (const int8_t *)bp, job->ldb, kn, part, 4);
-                    else
-                        job->kern->i16_tile((const int16_t *)ap, job->lda, (const int16_t *)bp, job->ldb, kn,
-                                            part, 4);
+                    if (job->kind == 4) job->kern->u4s4_tile(ap, job->lda, (const int8_t *)bp, job->ldb, kn, part, 4);
+                    else job->kern->i16_tile((const int16_t *)ap, job->lda, (const int16_t *)bp, job->ldb, kn, part, 4);
                     for (int r = 0; r < CPU_MR; r++)
                         for (int q = 0; q < nr; q++) {
                             uint32_t * d = (uint32_t *)(acc + (size_t)(i + r) * ldacc + (size_t)(j + q));
@@ -135,8 +114,13 @@ void cpu_gemm_run(const struct cpu_gemm * job, int threads, void * tile_ws, bool
     if (!parallel_stores) threads = 1;
     if (threads > tiles) threads = (int)tiles;
     // Consecutive tiles share the block of the larger operand, which then streams from memory once.
-    const struct tiling g = {nr, mtiles, ntiles, nb, job->kind == 16 ? sizeof(int16_t) : 1,
-                             (size_t)job->N * job->ldb > (size_t)job->M * job->lda, tile_ws};
+    const struct tiling g = {nr,
+                             mtiles,
+                             ntiles,
+                             nb,
+                             job->kind == 16 ? sizeof(int16_t) : 1,
+                             (size_t)job->N * job->ldb > (size_t)job->M * job->lda,
+                             tile_ws};
     if (threads > 1) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
         for (int64_t t = 0; t < tiles; t++) gemm_tile(job, &g, t, omp_get_thread_num());

@@ -118,7 +118,7 @@ enum bie_status bie_cpu_embedding_forward(bie_context_t * ctx, const struct bie_
     }
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t i = 0; i < c->R; i++) {
-        float * v = (float *)(ws + 2 * row * (size_t)omp_get_thread_num()), * acc = (float *)((uint8_t *)v + row);
+        float *v = (float *)(ws + 2 * row * (size_t)omp_get_thread_num()), *acc = (float *)((uint8_t *)v + row);
         for (int64_t l = 0; l < c->L; l++) {
             decode_row(c, index_at(&c->indices, i, l), l == 0 ? acc : v);
             if (l > 0)

@@ -18,8 +18,8 @@ void cpu_epilogue_init(struct cpu_epilogue * e, const struct bie_layer_call * ca
     bie_tensor_nbytes(&call->y, &ybytes);
     e->stream = ybytes >= CPU_STREAM_BYTES;
     const struct bie_tensor * y = &call->y;
-    e->b1_bytes = y->dtype == BIE_DTYPE_B1 && y->stride[1] == 1 && y->stride[0] % 8 == 0 &&
-                  y->stride[2] % 8 == 0 && y->stride[3] % 8 == 0;
+    e->b1_bytes = y->dtype == BIE_DTYPE_B1 && y->stride[1] == 1 && y->stride[0] % 8 == 0 && y->stride[2] % 8 == 0 &&
+                  y->stride[3] % 8 == 0;
 }
 
 bool cpu_epilogue_parallel_safe(const struct cpu_epilogue * e) {

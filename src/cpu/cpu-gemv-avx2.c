@@ -74,8 +74,8 @@ INL void b1_step(const int M, const uint8_t * a, size_t lda, size_t t, __m256i w
     }
 }
 
-static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb,
-               int32_t * c, size_t ldc) {
+static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb, int32_t * c,
+               size_t ldc) {
     CPU_GEMV_FOR_GROUPS(group, R, m, n, a, lda, NULL, w, ldw, kb, c, ldc, b1_step);
 }
 

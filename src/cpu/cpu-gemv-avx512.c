@@ -29,8 +29,8 @@ GEMV_INLINE void b1_step(const int M, const uint8_t * a, size_t lda, size_t kb, 
 }
 
 // The 64-bit lanes hold counts below 2^32: summed as int32 lanes (the high halves are 0).
-static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb,
-               int32_t * c, size_t ldc) {
+static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb, int32_t * c,
+               size_t ldc) {
     CPU_GEMV_FOR_GROUPS(gemv_group, GEMV_R, m, n, a, lda, NULL, w, ldw, kb, c, ldc, b1_step);
 }
 

@@ -18,10 +18,10 @@
 #define GEMV_R 4
 
 // Zeroes a group's accumulators (acc[q][i]: weight row q, activation row i).
-#define gemv_zero(acc)                                                                             \
-    do {                                                                                           \
-        for (int q_ = 0; q_ < GEMV_R; q_++)                                                        \
-            for (int i_ = 0; i_ < CPU_GEMV_MR; i_++) (acc)[q_][i_] = _mm512_setzero_si512();       \
+#define gemv_zero(acc)                                                                                                 \
+    do {                                                                                                               \
+        for (int q_ = 0; q_ < GEMV_R; q_++)                                                                            \
+            for (int i_ = 0; i_ < CPU_GEMV_MR; i_++) (acc)[q_][i_] = _mm512_setzero_si512();                           \
     } while (0)
 
 // The first n bytes of a vector (n < 64).
@@ -40,8 +40,8 @@ GEMV_INLINE __m128i gemv_hsum4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
 
 // Stores the sums of a row group: c[i*ldc + q] = (acc ? c[i*ldc + q] : 0) + sum(v[q][i]) - bias[i]
 // (wrapping), for i < m, q < r (r is GEMV_R or 1).
-GEMV_INLINE void gemv_store(int m, int r, __m512i v[GEMV_R][CPU_GEMV_MR], const uint32_t * bias, bool acc,
-                            int32_t * c, size_t ldc) {
+GEMV_INLINE void gemv_store(int m, int r, __m512i v[GEMV_R][CPU_GEMV_MR], const uint32_t * bias, bool acc, int32_t * c,
+                            size_t ldc) {
     for (int i = 0; i < m; i++) {
         int32_t * ci = c + (size_t)i * ldc;
         const uint32_t b = bias ? bias[i] : 0u;
@@ -80,4 +80,3 @@ GEMV_INLINE void gemv_group(const int M, const int r, int64_t j, const uint8_t *
 GEMV_INLINE void gemv_bias(int m, const int32_t * asum, uint32_t b, uint32_t * out) {
     for (int i = 0; i < m; i++) out[i] = b * (uint32_t)asum[i];
 }
-

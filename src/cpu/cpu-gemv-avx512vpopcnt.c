@@ -52,8 +52,8 @@ GEMV_INLINE void b1_m1_group(const int r, int64_t j, const __m512i * av, const u
     gemv_store(1, r, acc, NULL, false, c + j, 0);
 }
 
-static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb,
-               int32_t * c, size_t ldc) {
+static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb, int32_t * c,
+               size_t ldc) {
     if (m == 1 && kb <= B1_AREG * 64) {
         __m512i av[B1_AREG];
         for (size_t u = 0; u < B1_AREG; u++)

@@ -12,8 +12,8 @@ static inline uint64_t popc64(uint64_t v) {
     return (v * 0x0101010101010101ull) >> 56;
 }
 
-static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb,
-               int32_t * c, size_t ldc) {
+static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb, int32_t * c,
+               size_t ldc) {
     for (int64_t j = 0; j < n; j++) {
         const uint8_t * wj = w + (size_t)j * ldw;
         uint64_t s[CPU_GEMV_MR] = {0};

@@ -24,8 +24,8 @@ size_t bie_cpu_gemv_bytes_per_thread = (size_t)96 << 10;
 
 const struct cpu_gemv_kernels * bie_cpu_gemv_kernels(const struct cpu_kernels * kern) {
     switch (kern->isa) {
-    case BIE_CPU_ISA_AVX512_VPOPCNT:
-        return kern->u8s8_exact ? &bie_cpu_gemv_avx512vpopcnt_vnni : &bie_cpu_gemv_avx512vpopcnt;
+    case BIE_CPU_ISA_AVX512_VNNI: return &bie_cpu_gemv_avx512vpopcnt_vnni;
+    case BIE_CPU_ISA_AVX512_VPOPCNT: return &bie_cpu_gemv_avx512vpopcnt;
     case BIE_CPU_ISA_AVX512: return &bie_cpu_gemv_avx512;
     case BIE_CPU_ISA_AVX2: return &bie_cpu_gemv_avx2;
     default: return &bie_cpu_gemv_scalar;
@@ -54,17 +54,17 @@ struct gemv {
     const struct cpu_kernels * kern;
     const struct cpu_gemv_kernels * gk;
     enum wform form;
-    int lo, hi;        // n-bit code range
+    int lo, hi; // n-bit code range
     int64_t M, N, K;
-    size_t kb;         // bytes of a weight row the kernels read: K/8 (binary), K/2 (4-bit), K (8-bit)
-    size_t rowb;       // bytes of a packed weight row: kb plus the partial byte, if any
-    size_t lda;        // bytes per activation row
-    uint8_t * a;       // the activation rows
+    size_t kb;   // bytes of a weight row the kernels read: K/8 (binary), K/2 (4-bit), K (8-bit)
+    size_t rowb; // bytes of a packed weight row: kb plus the partial byte, if any
+    size_t lda;  // bytes per activation row
+    uint8_t * a; // the activation rows
     int32_t asum[CPU_GEMV_MAX_M];
     int32_t last[CPU_GEMV_MAX_M]; // binary: the bits of A's partial byte; 4-bit, K odd: the code x[K-1]
-    const uint8_t * w; // W_PACKED: row 0, and the row stride ldw in bytes
+    const uint8_t * w;            // W_PACKED: row 0, and the row stride ldw in bytes
     size_t ldw;
-    uint8_t * wbuf;    // W_F32: per thread GEMV_NB packed rows, then K int16 codes
+    uint8_t * wbuf; // W_F32: per thread GEMV_NB packed rows, then K int16 codes
     size_t wbuf_bytes;
     struct cpu_epilogue ep;
 };
@@ -166,8 +166,7 @@ static void run_blocks(const struct gemv * j, int64_t b0, int64_t b1, int tid) {
             if (c->quant == BIE_QUANT_BINARY) j->gk->b1(a, j->lda, mr, w, ldw, nc, j->kb, ci, GEMV_NB);
             else if (c->quant == BIE_QUANT_INT4)
                 j->gk->s4((const int8_t *)a, j->lda, j->asum + i, mr, w, ldw, nc, j->kb, ci, GEMV_NB);
-            else
-                j->gk->s8((const int8_t *)a, j->lda, j->asum + i, mr, (const int8_t *)w, ldw, nc, j->kb, ci, GEMV_NB);
+            else j->gk->s8((const int8_t *)a, j->lda, j->asum + i, mr, (const int8_t *)w, ldw, nc, j->kb, ci, GEMV_NB);
         }
         if (c->quant == BIE_QUANT_BINARY) {
             const unsigned tail = K % 8 ? (1u << (K % 8)) - 1 : 0;
@@ -223,8 +222,8 @@ enum bie_status bie_cpu_gemv_forward(bie_context_t * ctx, const struct bie_layer
 
     const size_t sz_a = (size_t)j.M * j.lda, sz_q = (size_t)K * sizeof(int16_t), sz_bias = (size_t)g->C * sizeof(float);
     j.wbuf_bytes = j.form == W_F32 ? cpu_arena_size(GEMV_NB * j.rowb) + cpu_arena_size(sz_q) : 0;
-    const size_t total = cpu_arena_size(sz_a) + cpu_arena_size(sz_q) + cpu_arena_size(sz_bias) +
-                         (size_t)threads * j.wbuf_bytes;
+    const size_t total =
+        cpu_arena_size(sz_a) + cpu_arena_size(sz_q) + cpu_arena_size(sz_bias) + (size_t)threads * j.wbuf_bytes;
     void * ws;
     BIE_TRY(bie_host_workspace(ctx, total, &ws));
     struct cpu_arena ar = {.base = ws, .used = 0, .cap = total};

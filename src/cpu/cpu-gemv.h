@@ -34,10 +34,10 @@
 
 typedef void (*cpu_gemv_b1_fn)(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n,
                                size_t kb, int32_t * c, size_t ldc);
-typedef void (*cpu_gemv_s4_fn)(const int8_t * a, size_t lda, const int32_t * asum, int m, const uint8_t * w,
-                               size_t ldw, int64_t n, size_t kb, int32_t * c, size_t ldc);
-typedef void (*cpu_gemv_s8_fn)(const int8_t * a, size_t lda, const int32_t * asum, int m, const int8_t * w,
-                               size_t ldw, int64_t n, size_t k, int32_t * c, size_t ldc);
+typedef void (*cpu_gemv_s4_fn)(const int8_t * a, size_t lda, const int32_t * asum, int m, const uint8_t * w, size_t ldw,
+                               int64_t n, size_t kb, int32_t * c, size_t ldc);
+typedef void (*cpu_gemv_s8_fn)(const int8_t * a, size_t lda, const int32_t * asum, int m, const int8_t * w, size_t ldw,
+                               int64_t n, size_t k, int32_t * c, size_t ldc);
 
 struct cpu_gemv_kernels {
     const char * name;
@@ -55,20 +55,20 @@ extern const struct cpu_gemv_kernels bie_cpu_gemv_avx512vpopcnt_vnni; // n-bit k
 // For the SIMD kernels: calls group(M, r, j, ...) for the groups of n weight rows (j = 0, R, 2R, ...
 // with r = R, then single rows with r = 1), M the compile-time count (1 .. CPU_GEMV_MR) of
 // activation rows that m selects, so that the group's loops over them unroll.
-#define CPU_GEMV_GROUPS_(group, R, M, n, ...)                                                      \
-    do {                                                                                           \
-        int64_t j_ = 0;                                                                            \
-        for (; j_ + (R) <= (n); j_ += (R)) group(M, R, j_, __VA_ARGS__);                           \
-        for (; j_ < (n); j_++) group(M, 1, j_, __VA_ARGS__);                                       \
+#define CPU_GEMV_GROUPS_(group, R, M, n, ...)                                                                          \
+    do {                                                                                                               \
+        int64_t j_ = 0;                                                                                                \
+        for (; j_ + (R) <= (n); j_ += (R)) group(M, R, j_, __VA_ARGS__);                                               \
+        for (; j_ < (n); j_++) group(M, 1, j_, __VA_ARGS__);                                                           \
     } while (0)
-#define CPU_GEMV_FOR_GROUPS(group, R, m, n, ...)                                                   \
-    do {                                                                                           \
-        switch (m) {                                                                               \
-        case 1: CPU_GEMV_GROUPS_(group, R, 1, n, __VA_ARGS__); break;                              \
-        case 2: CPU_GEMV_GROUPS_(group, R, 2, n, __VA_ARGS__); break;                              \
-        case 3: CPU_GEMV_GROUPS_(group, R, 3, n, __VA_ARGS__); break;                              \
-        default: CPU_GEMV_GROUPS_(group, R, 4, n, __VA_ARGS__);                                    \
-        }                                                                                          \
+#define CPU_GEMV_FOR_GROUPS(group, R, m, n, ...)                                                                       \
+    do {                                                                                                               \
+        switch (m) {                                                                                                   \
+        case 1: CPU_GEMV_GROUPS_(group, R, 1, n, __VA_ARGS__); break;                                                  \
+        case 2: CPU_GEMV_GROUPS_(group, R, 2, n, __VA_ARGS__); break;                                                  \
+        case 3: CPU_GEMV_GROUPS_(group, R, 3, n, __VA_ARGS__); break;                                                  \
+        default: CPU_GEMV_GROUPS_(group, R, 4, n, __VA_ARGS__);                                                        \
+        }                                                                                                              \
     } while (0)
 
 // The kernels for a context's kernel table (its ISA level; VNNI where that table uses it).

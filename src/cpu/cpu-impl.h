@@ -39,8 +39,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define CPU_MR 4       // rows of every microkernel tile
-#define CPU_KB_ALIGN 8  // binary rows are padded to this many bytes (whole 64-bit words)
+#define CPU_MR 4         // rows of every microkernel tile
+#define CPU_KB_ALIGN 8   // binary rows are padded to this many bytes (whole 64-bit words)
 #define CPU_K16_ALIGN 32 // int16 rows are padded to this many elements
 #define CPU_K4_ALIGN 64  // 4-bit byte rows are padded to this many elements
 #define CPU_OUTER_MR 8   // rows of the outer-product int16 tile (activation panel width)
@@ -66,12 +66,11 @@ struct cpu_kernels {
     struct cpu_bin_tile bin;      // the binary tile
     struct cpu_bin_tile bin_long; // the one for rows of at least bin_long_kb bytes (tile NULL: none)
     size_t bin_long_kb;
-    int i16_nr;     // columns of the int16 tile (and of the byte tile)
+    int i16_nr;      // columns of the int16 tile (and of the byte tile)
     bool u8s8_exact; // u4s4_tile is exact for all unsigned x signed bytes (VNNI), not only 4-bit ones
     // c[i*ldc + j] = sum_k a_i[k] * b_j[k] (int32, wrapping) for i < CPU_MR, j < i16_nr;
     // k a multiple of 32; lda/ldb in elements.
-    void (*i16_tile)(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k,
-                     int32_t * c, size_t ldc);
+    void (*i16_tile)(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k, int32_t * c, size_t ldc);
     // The outer-product form of the same sums on pair-interleaved panels (layout above; NULL: none):
     // c[i*ldc + j] = (accumulate ? c[i*ldc + j] : 0) + sum_{k < 2*n} a_i[k] * b_j[k] (int32,
     // wrapping) for i < CPU_OUTER_MR, j < CPU_OUTER_NR; a, b (int16) point at pair p0 of their
@@ -92,8 +91,7 @@ struct cpu_kernels {
     void (*interleave_mr)(const void * rows, size_t rb, size_t n, void * panel);
     // c[i*ldc + j] = sum_k a_i[k] * b_j[k] for i < CPU_MR, j < i16_nr, with a unsigned bytes in
     // [0, 15] and b signed bytes in [-8, 7] (the 4-bit GEMM); k a multiple of 64; lda/ldb in bytes.
-    void (*u4s4_tile)(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k, int32_t * c,
-                      size_t ldc);
+    void (*u4s4_tile)(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k, int32_t * c, size_t ldc);
     // The outer-product form of those sums on quad-interleaved byte panels (NULL: none): as
     // i16_outer_tile with sum_{k < 4*n}, a (unsigned) and b (signed) bytes pointing at quad q0.
     cpu_outer_tile_fn u4s4_outer_tile;
@@ -101,8 +99,8 @@ struct cpu_kernels {
     // i < n; the unused high bits of the last byte are 0.
     void (*sign_bits)(const float * x, const float * bias, float b0, int64_t n, uint8_t * out);
     // out[i] = clamp(rne((x[i] + b_i) / scale), lo, hi) with b_i as above (f32 math).
-    void (*quantize)(const float * x, const float * bias, float b0, int64_t n, float scale, int lo,
-                     int hi, int16_t * out);
+    void (*quantize)(const float * x, const float * bias, float b0, int64_t n, float scale, int lo, int hi,
+                     int16_t * out);
     // The binary backward's mask pass on a row: with v = x[i] + b_i (b_i = bias[i] if bias else
     // b0) and r = v / scale (f32): gx[i] = |r| <= 1 ? gx[i] : 0 (in place); returns
     // sum of gx[i] * (v >= 0 ? 1 : -1) over the row, in double, in an order fixed by n.
@@ -124,13 +122,13 @@ struct cpu_kernels {
     //   tab[(i*nq + q)*16 + e] = alpha * (((s0*f_i[4q] + s1*f_i[4q+1]) + s2*f_i[4q+2]) + s3*f_i[4q+3])
     // with s_b = +1 if bit b of e is set, else -1, and f_i[j] = f[i*rs + j*cs] for i < mr, j < jn,
     // else 0 (f32 operations in that order).
-    void (*sign_tables)(const float * f, ptrdiff_t rs, ptrdiff_t cs, int mr, int64_t jn, int64_t nq,
-                        float alpha, float * tab);
+    void (*sign_tables)(const float * f, ptrdiff_t rs, ptrdiff_t cs, int mr, int64_t jn, int64_t nq, float alpha,
+                        float * tab);
     // fsign_tile: for i < mr, k < nk (nk <= 64; nq a multiple of 8):
     //   c[i*ldc + k] = (acc ? c[i*ldc + k] : 0) + tab(i, 0)[e_0] + tab(i, 1)[e_1] + ... (f32, in order q)
     // with e_q = (idx[(q/8)*ids + k] >> 4*(q%8)) & 15; idx must be readable for k < 64.
-    void (*fsign_tile)(const float * tab, int64_t nq, const uint32_t * idx, size_t ids, int mr, int64_t nk,
-                       bool acc, float * c, size_t ldc);
+    void (*fsign_tile)(const float * tab, int64_t nq, const uint32_t * idx, size_t ids, int mr, int64_t nk, bool acc,
+                       float * c, size_t ldc);
 };
 
 extern const struct cpu_kernels bie_cpu_kernels_scalar;
@@ -140,12 +138,12 @@ extern const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt;
 extern const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt_vnni; // with AVX512-VNNI n-bit tiles
 
 // The scalar store that the AVX2 table shares (cpu-kernels-scalar.c).
-void bie_cpu_store_cols_f32__scalar(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s,
-                                    float * dst, size_t ldd, bool stream);
+void bie_cpu_store_cols_f32__scalar(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s, float * dst,
+                                    size_t ldd, bool stream);
 
 // The AVX-512 kernels that the VPOPCNTDQ table shares (cpu-kernels-avx512.c).
-void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t * b, size_t ldb,
-                                  size_t k, int32_t * c, size_t ldc);
+void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k, int32_t * c,
+                                  size_t ldc);
 void bie_cpu_i16_outer_tile__avx512(const void * a, const void * b, size_t kp, bool accumulate, int32_t * c,
                                     size_t ldc);
 void bie_cpu_u4s4_outer_tile__avx512(const void * a, const void * b, size_t kq, bool accumulate, int32_t * c,
@@ -154,33 +152,32 @@ void bie_cpu_interleave_nr__avx512(const int16_t * rows, size_t kp, int16_t * pa
 void bie_cpu_widen_nr__avx512(const int8_t * rows, ptrdiff_t ld, int nr, size_t n, int16_t * panel);
 void bie_cpu_interleave_mr__avx512(const void * rows, size_t rb, size_t n, void * panel);
 void bie_cpu_planes_to_rows__avx512(const int16_t * src, size_t lds, size_t np, int16_t * dst, size_t ldd);
-void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
-                                   int32_t * c, size_t ldc);
-double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0, float scale, float * gx,
-                                   int64_t n);
+void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k, int32_t * c,
+                                   size_t ldc);
+double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0, float scale, float * gx, int64_t n);
 void bie_cpu_sign_bits__avx512(const float * x, const float * bias, float b0, int64_t n, uint8_t * out);
-void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int64_t n, float scale,
-                              int lo, int hi, int16_t * out);
+void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int64_t n, float scale, int lo, int hi,
+                              int16_t * out);
 void bie_cpu_sign_idx__avx512(const float * src, const float * bias, int64_t n, int t, uint32_t * dst);
 void bie_cpu_sign_tables__avx512(const float * f, ptrdiff_t rs, ptrdiff_t cs, int mr, int64_t jn, int64_t nq,
                                  float alpha, float * tab);
-void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s,
-                                    float * dst, size_t ldd, bool stream);
-void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * idx, size_t ids, int mr,
-                                int64_t nk, bool acc, float * c, size_t ldc);
+void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s, float * dst,
+                                    size_t ldd, bool stream);
+void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * idx, size_t ids, int mr, int64_t nk,
+                                bool acc, float * c, size_t ldc);
 
 // The entries every AVX-512 table holds alike, and the outer-product n-bit tiles of the tables
 // without VNNI (with it, the vpdpbusd byte tile serves both n-bit kinds): a table lists these and
 // adds only what differs, so a new AVX-512 kernel is named once.
-#define BIE_CPU_AVX512_SHARED                                                                      \
-    .i16_nr = 4, .i16_tile = bie_cpu_i16_tile_4x4__avx512, .sign_bits = bie_cpu_sign_bits__avx512,  \
-    .quantize = bie_cpu_quantize__avx512, .mask_binary = bie_cpu_mask_binary__avx512,              \
-    .store_cols_f32 = bie_cpu_store_cols_f32__avx512, .sign_idx = bie_cpu_sign_idx__avx512,        \
-    .sign_tables = bie_cpu_sign_tables__avx512, .fsign_tile = bie_cpu_fsign_tile__avx512,          \
+#define BIE_CPU_AVX512_SHARED                                                                                          \
+    .i16_nr = 4, .i16_tile = bie_cpu_i16_tile_4x4__avx512, .sign_bits = bie_cpu_sign_bits__avx512,                     \
+    .quantize = bie_cpu_quantize__avx512, .mask_binary = bie_cpu_mask_binary__avx512,                                  \
+    .store_cols_f32 = bie_cpu_store_cols_f32__avx512, .sign_idx = bie_cpu_sign_idx__avx512,                            \
+    .sign_tables = bie_cpu_sign_tables__avx512, .fsign_tile = bie_cpu_fsign_tile__avx512,                              \
     .planes_to_rows = bie_cpu_planes_to_rows__avx512
-#define BIE_CPU_AVX512_OUTER                                                                       \
-    .i16_outer_tile = bie_cpu_i16_outer_tile__avx512, .interleave_nr = bie_cpu_interleave_nr__avx512, \
-    .widen_nr = bie_cpu_widen_nr__avx512, .interleave_mr = bie_cpu_interleave_mr__avx512,           \
+#define BIE_CPU_AVX512_OUTER                                                                                           \
+    .i16_outer_tile = bie_cpu_i16_outer_tile__avx512, .interleave_nr = bie_cpu_interleave_nr__avx512,                  \
+    .widen_nr = bie_cpu_widen_nr__avx512, .interleave_mr = bie_cpu_interleave_mr__avx512,                              \
     .u4s4_outer_tile = bie_cpu_u4s4_outer_tile__avx512
 
 // The table for an ISA level (the best one not above it); at the VPOPCNTDQ level, the VNNI variant
@@ -240,9 +237,9 @@ static inline bool cpu_is_plain_1x1(const struct bie_geometry * g) {
 struct cpu_epilogue {
     const struct bie_layer_call * call;
     const struct cpu_kernels * kern;
-    float scale;      // scale_a * scale_w, computed once in f32
-    bool stream;      // y is large: stores may bypass the caches
-    bool b1_bytes;    // y is B1 with whole-byte channel rows (stride[1] == 1, others % 8 == 0)
+    float scale;   // scale_a * scale_w, computed once in f32
+    bool stream;   // y is large: stores may bypass the caches
+    bool b1_bytes; // y is B1 with whole-byte channel rows (stride[1] == 1, others % 8 == 0)
 };
 void cpu_epilogue_init(struct cpu_epilogue * e, const struct bie_layer_call * call, const struct cpu_kernels * kern);
 // True when the stores of different output pixels can run on different threads.
@@ -291,8 +288,8 @@ static inline size_t cpu_signgemm_idx_bytes(int64_t J, int64_t K) {
 }
 // The sign-index blocks of S[j][k] = (t[j*s0 + k*s1] + bias[k] >= 0 ? +1 : -1) for j < J, k < K (f32
 // add; bias NULL: none; an element of a B1 view reads as +-1).
-void cpu_signgemm_idx(const struct cpu_kernels * kern, const struct bie_tensor * t, int64_t J, int64_t K,
-                      int64_t s0, int64_t s1, const float * bias, int threads, uint32_t * idx);
+void cpu_signgemm_idx(const struct cpu_kernels * kern, const struct bie_tensor * t, int64_t J, int64_t K, int64_t s0,
+                      int64_t s1, const float * bias, int threads, uint32_t * idx);
 size_t cpu_signgemm_workspace(int threads);
 void cpu_signgemm_run(const struct cpu_kernels * kern, const struct cpu_signgemm * job, int threads, void * ws);
 

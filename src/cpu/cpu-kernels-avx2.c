@@ -19,8 +19,8 @@ static inline int32_t hsum_epi32(__m256i v) {
 // 4x8 tile: word w of A row i (lo and hi nibble planes) is broadcast against word w of the
 // group's 8 columns (two vectors of 4 lanes per plane).
 static void bin_tile_4x8(const uint8_t * a, size_t lda, const uint8_t * b, size_t kb, int32_t * c, size_t ldc) {
-    const __m256i lut = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1,
-                                         2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4);
+    const __m256i lut = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4, 0, 1, 1, 2, 1, 2, 2, 3, 1, 2,
+                                         2, 3, 2, 3, 3, 4);
     const __m256i zero = _mm256_setzero_si256();
     const size_t kw = kb / 8;
     const uint8_t * bh = b + kw * 64; // hi words of the group
@@ -41,12 +41,12 @@ static void bin_tile_4x8(const uint8_t * a, size_t lda, const uint8_t * b, size_
                 memcpy(&lo, a + i * lda + w * 8, 8);
                 memcpy(&hi, a + i * lda + kb + w * 8, 8);
                 const __m256i al = _mm256_set1_epi64x(lo), ah = _mm256_set1_epi64x(hi);
-                acc[i][0] = _mm256_add_epi8(acc[i][0],
-                                            _mm256_add_epi8(_mm256_shuffle_epi8(lut, _mm256_xor_si256(al, bl0)),
-                                                            _mm256_shuffle_epi8(lut, _mm256_xor_si256(ah, bh0))));
-                acc[i][1] = _mm256_add_epi8(acc[i][1],
-                                            _mm256_add_epi8(_mm256_shuffle_epi8(lut, _mm256_xor_si256(al, bl1)),
-                                                            _mm256_shuffle_epi8(lut, _mm256_xor_si256(ah, bh1))));
+                acc[i][0] =
+                    _mm256_add_epi8(acc[i][0], _mm256_add_epi8(_mm256_shuffle_epi8(lut, _mm256_xor_si256(al, bl0)),
+                                                               _mm256_shuffle_epi8(lut, _mm256_xor_si256(ah, bh0))));
+                acc[i][1] =
+                    _mm256_add_epi8(acc[i][1], _mm256_add_epi8(_mm256_shuffle_epi8(lut, _mm256_xor_si256(al, bl1)),
+                                                               _mm256_shuffle_epi8(lut, _mm256_xor_si256(ah, bh1))));
             }
         }
         for (int i = 0; i < CPU_MR; i++)
@@ -61,8 +61,8 @@ static void bin_tile_4x8(const uint8_t * a, size_t lda, const uint8_t * b, size_
 }
 
 // 4x2 tile of int16 dot products: vpmaddwd gives exact int32 pair sums (no saturation).
-static void i16_tile_4x2(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k,
-                         int32_t * c, size_t ldc) {
+static void i16_tile_4x2(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k, int32_t * c,
+                         size_t ldc) {
     __m256i acc[CPU_MR][2];
     for (int i = 0; i < CPU_MR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_si256();
     for (size_t p = 0; p < k; p += 16) {
@@ -118,8 +118,8 @@ static void sign_bits(const float * x, const float * bias, float b0, int64_t n, 
     if (i < n) bie_cpu_kernels_scalar.sign_bits(x + i, bias ? bias + i : NULL, b0, n - i, out + i / 8);
 }
 
-static void quantize(const float * x, const float * bias, float b0, int64_t n, float scale, int lo,
-                     int hi, int16_t * out) {
+static void quantize(const float * x, const float * bias, float b0, int64_t n, float scale, int lo, int hi,
+                     int16_t * out) {
     const __m256 bv0 = _mm256_set1_ps(b0), sv = _mm256_set1_ps(scale);
     const __m256 lov = _mm256_set1_ps((float)lo), hiv = _mm256_set1_ps((float)hi);
     int64_t i = 0;
@@ -132,8 +132,7 @@ static void quantize(const float * x, const float * bias, float b0, int64_t n, f
         _mm_storeu_si128((__m128i *)(out + i),
                          _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
     }
-    if (i < n)
-        bie_cpu_kernels_scalar.quantize(x + i, bias ? bias + i : NULL, b0, n - i, scale, lo, hi, out + i);
+    if (i < n) bie_cpu_kernels_scalar.quantize(x + i, bias ? bias + i : NULL, b0, n - i, scale, lo, hi, out + i);
 }
 
 static double mask_binary(const float * x, const float * bias, float b0, float scale, float * gx, int64_t n) {

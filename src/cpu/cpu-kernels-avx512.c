@@ -42,19 +42,20 @@ static void bin_tile_4x16(const uint8_t * a, size_t lda, const uint8_t * b, size
                 memcpy(&lo, a + i * lda + w * 8, 8);
                 memcpy(&hi, a + i * lda + kb + w * 8, 8);
                 const __m512i al = _mm512_set1_epi64(lo), ah = _mm512_set1_epi64(hi);
-                acc[i][0] = _mm512_add_epi8(acc[i][0],
-                                            _mm512_add_epi8(_mm512_shuffle_epi8(lut, _mm512_xor_si512(al, bl0)),
-                                                            _mm512_shuffle_epi8(lut, _mm512_xor_si512(ah, bh0))));
-                acc[i][1] = _mm512_add_epi8(acc[i][1],
-                                            _mm512_add_epi8(_mm512_shuffle_epi8(lut, _mm512_xor_si512(al, bl1)),
-                                                            _mm512_shuffle_epi8(lut, _mm512_xor_si512(ah, bh1))));
+                acc[i][0] =
+                    _mm512_add_epi8(acc[i][0], _mm512_add_epi8(_mm512_shuffle_epi8(lut, _mm512_xor_si512(al, bl0)),
+                                                               _mm512_shuffle_epi8(lut, _mm512_xor_si512(ah, bh0))));
+                acc[i][1] =
+                    _mm512_add_epi8(acc[i][1], _mm512_add_epi8(_mm512_shuffle_epi8(lut, _mm512_xor_si512(al, bl1)),
+                                                               _mm512_shuffle_epi8(lut, _mm512_xor_si512(ah, bh1))));
             }
         }
         for (int i = 0; i < CPU_MR; i++)
             for (int j = 0; j < 2; j++) tot[i][j] = _mm512_add_epi64(tot[i][j], _mm512_sad_epu8(acc[i][j], zero));
     }
     for (int i = 0; i < CPU_MR; i++)
-        for (int j = 0; j < 2; j++) _mm256_storeu_si256((__m256i *)(c + i * ldc + j * 8), _mm512_cvtepi64_epi32(tot[i][j]));
+        for (int j = 0; j < 2; j++)
+            _mm256_storeu_si256((__m256i *)(c + i * ldc + j * 8), _mm512_cvtepi64_epi32(tot[i][j]));
 }
 
 // Bytes of popcounts of v (each <= 8) by the nibble lookup.
@@ -111,22 +112,25 @@ static void bin_tile_4x8_hs(const uint8_t * a, size_t lda, const uint8_t * b, si
     for (int i = 0; i < CPU_MR; i++) {
         // bytes: popc(ones) + 2*popc(twos) + 4*popc(fours) <= 56, plus <= 7 tail words <= 56
         const __m512i p2 = popc_bytes(twos[i], lut);
-        __m512i s = _mm512_add_epi8(popc_bytes(ones[i], lut),
-                                    _mm512_add_epi8(_mm512_add_epi8(p2, p2), _mm512_slli_epi16(popc_bytes(fours[i], lut), 2)));
+        __m512i s =
+            _mm512_add_epi8(popc_bytes(ones[i], lut),
+                            _mm512_add_epi8(_mm512_add_epi8(p2, p2), _mm512_slli_epi16(popc_bytes(fours[i], lut), 2)));
         for (size_t t = w; t < kw; t++) {
             int64_t v;
             memcpy(&v, a + i * lda + t * 8, 8);
-            s = _mm512_add_epi8(s, popc_bytes(_mm512_xor_si512(_mm512_set1_epi64(v), _mm512_load_si512((const void *)(b + t * 64))), lut));
+            s = _mm512_add_epi8(
+                s,
+                popc_bytes(_mm512_xor_si512(_mm512_set1_epi64(v), _mm512_load_si512((const void *)(b + t * 64))), lut));
         }
-        tot[i] = _mm512_add_epi64(tot[i], _mm512_add_epi64(_mm512_slli_epi64(_mm512_sad_epu8(e8[i], zero), 3),
-                                                           _mm512_sad_epu8(s, zero)));
+        tot[i] = _mm512_add_epi64(
+            tot[i], _mm512_add_epi64(_mm512_slli_epi64(_mm512_sad_epu8(e8[i], zero), 3), _mm512_sad_epu8(s, zero)));
         _mm256_storeu_si256((__m256i *)(c + i * ldc), _mm512_cvtepi64_epi32(tot[i]));
     }
 }
 
 // 4x4 tile of int16 dot products with vpmaddwd (exact int32 pair sums).
-void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t * b, size_t ldb,
-                                  size_t k, int32_t * c, size_t ldc) {
+void bie_cpu_i16_tile_4x4__avx512(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k, int32_t * c,
+                                  size_t ldc) {
     __m512i acc[CPU_MR][4];
     for (int i = 0; i < CPU_MR; i++)
         for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_si512();
@@ -162,11 +166,11 @@ static inline void outer_store(const __m512i acc[CPU_OUTER_MR][CPU_OUTER_NR / 16
 // without VNNI (an FMA does 16 products per op). The loop is written in assembly: from the same
 // code in intrinsics GCC 12 keeps the 8 broadcasts and 16 products of a pair live at once, runs out
 // of the 32 zmm registers and adds 16 register moves and a spill per pair.
-#define I16_ROW(i, acc0, acc1)                                                                     \
-    "vpbroadcastd " #i "*4(%[a]), %%zmm2\n\t"                                                      \
-    "vpmaddwd %%zmm0, %%zmm2, %%zmm3\n\t"                                                          \
-    "vpmaddwd %%zmm1, %%zmm2, %%zmm4\n\t"                                                          \
-    "vpaddd %%zmm3, %%zmm" #acc0 ", %%zmm" #acc0 "\n\t"                                            \
+#define I16_ROW(i, acc0, acc1)                                                                                         \
+    "vpbroadcastd " #i "*4(%[a]), %%zmm2\n\t"                                                                          \
+    "vpmaddwd %%zmm0, %%zmm2, %%zmm3\n\t"                                                                              \
+    "vpmaddwd %%zmm1, %%zmm2, %%zmm4\n\t"                                                                              \
+    "vpaddd %%zmm3, %%zmm" #acc0 ", %%zmm" #acc0 "\n\t"                                                                \
     "vpaddd %%zmm4, %%zmm" #acc1 ", %%zmm" #acc1 "\n\t"
 #define I16_ZERO(r) "vpxord %%zmm" #r ", %%zmm" #r ", %%zmm" #r "\n\t"
 #define I16_SAVE(r) "vmovdqu64 %%zmm" #r ", (" #r " - 16) * 64(%[o])\n\t"
@@ -178,18 +182,15 @@ void bie_cpu_i16_outer_tile__avx512(const void * va, const void * vb, size_t kp,
     const uint8_t * a = va;
     const uint8_t * b = vb;
     const uint8_t * bend = b + kp * CPU_OUTER_NR * 4; // kp > 0
-    __m512i acc[CPU_OUTER_MR][CPU_OUTER_NR / 16]; // row i, vector j in zmm(16 + 2i + j)
-    __asm__ volatile(I16_EACH(I16_ZERO)
-                     "1:\n\t"
-                     "vmovdqa64 (%[b]), %%zmm0\n\t"
-                     "vmovdqa64 64(%[b]), %%zmm1\n\t"
-                     I16_ROW(0, 16, 17) I16_ROW(1, 18, 19) I16_ROW(2, 20, 21) I16_ROW(3, 22, 23)
-                     I16_ROW(4, 24, 25) I16_ROW(5, 26, 27) I16_ROW(6, 28, 29) I16_ROW(7, 30, 31)
-                     "add $32, %[a]\n\t"
-                     "sub $-128, %[b]\n\t"
-                     "cmp %[b], %[bend]\n\t"
-                     "jne 1b\n\t"
-                     I16_EACH(I16_SAVE)
+    __m512i acc[CPU_OUTER_MR][CPU_OUTER_NR / 16];     // row i, vector j in zmm(16 + 2i + j)
+    __asm__ volatile(I16_EACH(I16_ZERO) "1:\n\t"
+                                        "vmovdqa64 (%[b]), %%zmm0\n\t"
+                                        "vmovdqa64 64(%[b]), %%zmm1\n\t" I16_ROW(0, 16, 17) I16_ROW(1, 18, 19)
+                                            I16_ROW(2, 20, 21) I16_ROW(3, 22, 23) I16_ROW(4, 24, 25) I16_ROW(5, 26, 27)
+                                                I16_ROW(6, 28, 29) I16_ROW(7, 30, 31) "add $32, %[a]\n\t"
+                                                                                      "sub $-128, %[b]\n\t"
+                                                                                      "cmp %[b], %[bend]\n\t"
+                                                                                      "jne 1b\n\t" I16_EACH(I16_SAVE)
                      : [a] "+r"(a), [b] "+r"(b)
                      : [bend] "r"(bend), [o] "r"(acc)
                      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21",
@@ -234,8 +235,8 @@ void bie_cpu_u4s4_outer_tile__avx512(const void * va, const void * vb, size_t kq
 
 // 4x4 tile of the 4-bit GEMM: vpmaddubsw (unsigned a in [0, 15] times signed w in [-8, 7], pair
 // sums <= 240 in magnitude) into int16 counters, widened with vpmaddwd every 128 steps.
-void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k,
-                                   int32_t * c, size_t ldc) {
+void bie_cpu_u4s4_tile_4x4__avx512(const uint8_t * a, size_t lda, const int8_t * b, size_t ldb, size_t k, int32_t * c,
+                                   size_t ldc) {
     const __m512i ones = _mm512_set1_epi16(1);
     __m512i tot[CPU_MR][4];
     for (int i = 0; i < CPU_MR; i++)
@@ -273,8 +274,8 @@ void bie_cpu_sign_bits__avx512(const float * x, const float * bias, float b0, in
     }
 }
 
-void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int64_t n, float scale,
-                              int lo, int hi, int16_t * out) {
+void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int64_t n, float scale, int lo, int hi,
+                              int16_t * out) {
     const __m512 bv0 = _mm512_set1_ps(b0), sv = _mm512_set1_ps(scale);
     const __m512 lov = _mm512_set1_ps((float)lo), hiv = _mm512_set1_ps((float)hi);
     for (int64_t i = 0; i < n; i += 16) {
@@ -287,14 +288,14 @@ void bie_cpu_quantize__avx512(const float * x, const float * bias, float b0, int
     }
 }
 
-double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0, float scale, float * gx,
-                                   int64_t n) {
+double bie_cpu_mask_binary__avx512(const float * x, const float * bias, float b0, float scale, float * gx, int64_t n) {
     const __m512 bv0 = _mm512_set1_ps(b0), sv = _mm512_set1_ps(scale), one = _mm512_set1_ps(1.0f);
     const __m512 fz = _mm512_setzero_ps();
     __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 live = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-        const __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(live, x + i), bias ? _mm512_maskz_loadu_ps(live, bias + i) : bv0);
+        const __m512 v =
+            _mm512_add_ps(_mm512_maskz_loadu_ps(live, x + i), bias ? _mm512_maskz_loadu_ps(live, bias + i) : bv0);
         const __m512 r = _mm512_abs_ps(_mm512_div_ps(v, sv));
         const __mmask16 keep = _mm512_mask_cmp_ps_mask(live, r, one, _CMP_LE_OQ);
         const __m512 out = _mm512_maskz_loadu_ps(keep, gx + i);
@@ -335,7 +336,8 @@ void bie_cpu_sign_tables__avx512(const float * f, ptrdiff_t rs, ptrdiff_t cs, in
     const __m512i e = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512i one = _mm512_set1_epi32(1);
     __m512i flip[4]; // the sign bit in lanes e whose bit b is 0
-    for (int b = 0; b < 4; b++) flip[b] = _mm512_slli_epi32(_mm512_andnot_si512(_mm512_srli_epi32(e, (unsigned)b), one), 31);
+    for (int b = 0; b < 4; b++)
+        flip[b] = _mm512_slli_epi32(_mm512_andnot_si512(_mm512_srli_epi32(e, (unsigned)b), one), 31);
     const __m512 av = _mm512_set1_ps(alpha);
     for (int i = 0; i < CPU_MR; i++)
         for (int64_t q = 0; q < nq; q++) {
@@ -346,14 +348,15 @@ void bie_cpu_sign_tables__avx512(const float * f, ptrdiff_t rs, ptrdiff_t cs, in
             }
             __m512 t = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_set1_ps(v[0])), flip[0]));
             for (int b = 1; b < 4; b++)
-                t = _mm512_add_ps(t, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_set1_ps(v[b])), flip[b])));
+                t = _mm512_add_ps(
+                    t, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_set1_ps(v[b])), flip[b])));
             _mm512_store_ps(tab + (i * nq + q) * 16, _mm512_mul_ps(t, av));
         }
 }
 
 // CPU_MR rows by 4 vectors of 16 columns: 16 accumulators, 4 index vectors, one table register.
-void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * idx, size_t ids, int mr,
-                                int64_t nk, bool acc, float * c, size_t ldc) {
+void bie_cpu_fsign_tile__avx512(const float * tab, int64_t nq, const uint32_t * idx, size_t ids, int mr, int64_t nk,
+                                bool acc, float * c, size_t ldc) {
     __mmask16 km[4];
     for (int v = 0; v < 4; v++) {
         const int64_t rem = nk - 16 * v;
@@ -394,7 +397,8 @@ static inline void transpose16(__m512 v[16]) {
     for (int r = 0; r < 16; r += 4)
         for (int q = 0; q < 2; q++) {
             v[r + q] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[r + q]), _mm512_castps_pd(t[r + 2 + q])));
-            v[r + 2 + q] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[r + q]), _mm512_castps_pd(t[r + 2 + q])));
+            v[r + 2 + q] =
+                _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[r + q]), _mm512_castps_pd(t[r + 2 + q])));
         }
     for (int r = 0; r < 16; r += 8)
         for (int q = 0; q < 4; q++) {
@@ -416,7 +420,8 @@ void bie_cpu_interleave_nr__avx512(const int16_t * rows, size_t kp, int16_t * pa
             __m512 v[16];
             for (int r = 0; r < 16; r++) v[r] = _mm512_loadu_ps((const void *)(rows + (size_t)(r0 + r) * kp + 2 * p));
             transpose16(v);
-            for (int o = 0; o < 16; o++) _mm512_storeu_ps((void *)(panel + ((p + (size_t)o) * CPU_OUTER_NR + (size_t)r0) * 2), v[perm16(o)]);
+            for (int o = 0; o < 16; o++)
+                _mm512_storeu_ps((void *)(panel + ((p + (size_t)o) * CPU_OUTER_NR + (size_t)r0) * 2), v[perm16(o)]);
         }
     for (; p < np; p++)
         for (int r = 0; r < CPU_OUTER_NR; r++)
@@ -425,8 +430,8 @@ void bie_cpu_interleave_nr__avx512(const int16_t * rows, size_t kp, int16_t * pa
 
 // 16x16 blocks: 16 rows of acc (masked to the columns left), converted and scaled, transposed in
 // registers (transpose16), and stored as 16 runs of 16 pixels (masked to the rows left).
-void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s,
-                                    float * dst, size_t ldd, bool stream) {
+void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s, float * dst,
+                                    size_t ldd, bool stream) {
     const __m512 sv = _mm512_set1_ps(s);
     for (int64_t r0 = 0; r0 < rows; r0 += 16) {
         const int64_t rn = rows - r0 < 16 ? rows - r0 : 16;
@@ -436,7 +441,9 @@ void bie_cpu_store_cols_f32__avx512(const int32_t * acc, size_t ldacc, int64_t r
             const __mmask16 omask = (__mmask16)((1u << on) - 1);
             __m512 v[16];
             for (int r = 0; r < 16; r++)
-                v[r] = r < rn ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(omask, acc + (size_t)(r0 + r) * ldacc + (size_t)o0)), sv)
+                v[r] = r < rn ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(
+                                                  omask, acc + (size_t)(r0 + r) * ldacc + (size_t)o0)),
+                                              sv)
                               : _mm512_setzero_ps();
             transpose16(v);
             for (int o = 0; o < on; o++) {
@@ -475,9 +482,9 @@ void bie_cpu_interleave_mr__avx512(const void * rows, size_t rb, size_t n, void 
             const __m512i z0 = _mm512_shuffle_i32x4(a[j + 1], b[j + 1], _MM_SHUFFLE(1, 0, 1, 0));
             const __m512i x1 = _mm512_shuffle_i32x4(a[j], b[j], _MM_SHUFFLE(3, 2, 3, 2));
             const __m512i z1 = _mm512_shuffle_i32x4(a[j + 1], b[j + 1], _MM_SHUFFLE(3, 2, 3, 2));
-            const __m512i o[4] = {_mm512_shuffle_i32x4(x0, z0, _MM_SHUFFLE(2, 0, 2, 0)), // L = 0
-                                  _mm512_shuffle_i32x4(x0, z0, _MM_SHUFFLE(3, 1, 3, 1)), // L = 1
-                                  _mm512_shuffle_i32x4(x1, z1, _MM_SHUFFLE(2, 0, 2, 0)), // L = 2
+            const __m512i o[4] = {_mm512_shuffle_i32x4(x0, z0, _MM_SHUFFLE(2, 0, 2, 0)),  // L = 0
+                                  _mm512_shuffle_i32x4(x0, z0, _MM_SHUFFLE(3, 1, 3, 1)),  // L = 1
+                                  _mm512_shuffle_i32x4(x1, z1, _MM_SHUFFLE(2, 0, 2, 0)),  // L = 2
                                   _mm512_shuffle_i32x4(x1, z1, _MM_SHUFFLE(3, 1, 3, 1))}; // L = 3
             for (int L = 0; L < 4; L++) _mm512_storeu_si512((void *)(dst + (u + 4 * L + j) * 8), o[L]);
         }
@@ -489,8 +496,10 @@ void bie_cpu_planes_to_rows__avx512(const int16_t * src, size_t lds, size_t np, 
     for (size_t p0 = 0; p0 < np; p0 += 16) {
         __m512 v[16];
         for (int q = 0; q < 16; q++) {
-            const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(src + 2 * (size_t)q * lds + p0)));
-            const __m512i hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(src + (2 * (size_t)q + 1) * lds + p0)));
+            const __m512i lo =
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(src + 2 * (size_t)q * lds + p0)));
+            const __m512i hi =
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(src + (2 * (size_t)q + 1) * lds + p0)));
             v[q] = _mm512_castsi512_ps(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
         }
         transpose16(v);
@@ -509,7 +518,8 @@ void bie_cpu_widen_nr__avx512(const int8_t * rows, ptrdiff_t ld, int nr, size_t 
                                          _mm256_loadu_si256((const void *)(rows + (r0 + r) * ld + 2 * (ptrdiff_t)p))))
                                    : _mm512_setzero_ps();
             transpose16(v);
-            for (int o = 0; o < 16; o++) _mm512_store_ps((void *)(panel + ((p + (size_t)o) * CPU_OUTER_NR + (size_t)r0) * 2), v[perm16(o)]);
+            for (int o = 0; o < 16; o++)
+                _mm512_store_ps((void *)(panel + ((p + (size_t)o) * CPU_OUTER_NR + (size_t)r0) * 2), v[perm16(o)]);
         }
 }
 

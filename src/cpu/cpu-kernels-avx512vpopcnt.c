@@ -22,7 +22,8 @@ static void bin_tile_4x16(const uint8_t * a, size_t lda, const uint8_t * b, size
         }
     }
     for (int i = 0; i < CPU_MR; i++)
-        for (int j = 0; j < 2; j++) _mm256_storeu_si256((__m256i *)(c + i * ldc + j * 8), _mm512_cvtepi64_epi32(acc[i][j]));
+        for (int j = 0; j < 2; j++)
+            _mm256_storeu_si256((__m256i *)(c + i * ldc + j * 8), _mm512_cvtepi64_epi32(acc[i][j]));
 }
 
 // With AVX512-VNNI (every VPOPCNTDQ CPU so far also has it; checked at run time): the byte tile with
@@ -46,7 +47,7 @@ __attribute__((target("avx512vnni"))) static void u4s4_tile_4x4_vnni(const uint8
 }
 
 const struct cpu_kernels bie_cpu_kernels_avx512vpopcnt_vnni = {
-    .isa = BIE_CPU_ISA_AVX512_VPOPCNT,
+    .isa = BIE_CPU_ISA_AVX512_VNNI,
     .bin = {.nr = 16, .split = false, .tile = bin_tile_4x16},
     .u8s8_exact = true, // vpdpbusd: no int16 intermediate, so the 8-bit layers use the byte tile
     .u4s4_tile = u4s4_tile_4x4_vnni,

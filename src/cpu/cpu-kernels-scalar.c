@@ -27,8 +27,8 @@ static void bin_tile_4x4(const uint8_t * a, size_t lda, const uint8_t * b, size_
 }
 
 // 4x4 tile of int16 dot products (wrapping int32 sums, as the SIMD kernels).
-static void i16_tile_4x4(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k,
-                         int32_t * c, size_t ldc) {
+static void i16_tile_4x4(const int16_t * a, size_t lda, const int16_t * b, size_t ldb, size_t k, int32_t * c,
+                         size_t ldc) {
     uint32_t s[CPU_MR][4] = {{0}};
     for (size_t p = 0; p < k; p++) {
         int32_t bv[4];
@@ -62,10 +62,9 @@ static void sign_bits(const float * x, const float * bias, float b0, int64_t n, 
     }
 }
 
-static void quantize(const float * x, const float * bias, float b0, int64_t n, float scale, int lo,
-                     int hi, int16_t * out) {
-    for (int64_t i = 0; i < n; i++)
-        out[i] = (int16_t)cpu_quantize1(x[i] + (bias ? bias[i] : b0), scale, lo, hi);
+static void quantize(const float * x, const float * bias, float b0, int64_t n, float scale, int lo, int hi,
+                     int16_t * out) {
+    for (int64_t i = 0; i < n; i++) out[i] = (int16_t)cpu_quantize1(x[i] + (bias ? bias[i] : b0), scale, lo, hi);
 }
 
 static double mask_binary(const float * x, const float * bias, float b0, float scale, float * gx, int64_t n) {
@@ -85,11 +84,12 @@ static void nibble_split(const uint8_t * in, size_t n, uint8_t * lo, uint8_t * h
     }
 }
 
-void bie_cpu_store_cols_f32__scalar(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s,
-                                    float * dst, size_t ldd, bool stream) {
+void bie_cpu_store_cols_f32__scalar(const int32_t * acc, size_t ldacc, int64_t rows, int64_t cols, float s, float * dst,
+                                    size_t ldd, bool stream) {
     (void)stream;
     for (int64_t o = 0; o < cols; o++)
-        for (int64_t r = 0; r < rows; r++) dst[(size_t)o * ldd + (size_t)r] = (float)acc[(size_t)r * ldacc + (size_t)o] * s;
+        for (int64_t r = 0; r < rows; r++)
+            dst[(size_t)o * ldd + (size_t)r] = (float)acc[(size_t)r * ldacc + (size_t)o] * s;
 }
 
 const struct cpu_kernels bie_cpu_kernels_scalar = {

@@ -17,8 +17,8 @@ enum bie_status bie_cpu_matmul_forward(bie_context_t * ctx, const struct bie_mat
     for (int64_t b = 0; b < mc->B; b++) {
         struct bie_layer_call lc;
         bie_matmul_layer_call(mc, b, 0, &lc);
-        enum bie_status s = mc->quant == BIE_QUANT_BINARY ? bie_cpu_binary_forward(ctx, &lc)
-                                                          : bie_cpu_nbit_forward(ctx, &lc);
+        enum bie_status s =
+            mc->quant == BIE_QUANT_BINARY ? bie_cpu_binary_forward(ctx, &lc) : bie_cpu_nbit_forward(ctx, &lc);
         if (s == BIE_DECLINED) s = bie_ref_layer_forward(ctx, &lc);
         BIE_TRY(s);
     }
@@ -27,7 +27,7 @@ enum bie_status bie_cpu_matmul_forward(bie_context_t * ctx, const struct bie_mat
 
 enum bie_status bie_cpu_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * mc) {
     if (mc->device_type != BIE_DEVICE_CPU || !mc->clips_on_host) return BIE_DECLINED;
-    const struct bie_tensor * grads[2] = {&mc->grad_x, &mc->grad_y}, * clips[2] = {&mc->grad_x_clip, &mc->grad_y_clip};
+    const struct bie_tensor *grads[2] = {&mc->grad_x, &mc->grad_y}, *clips[2] = {&mc->grad_x_clip, &mc->grad_y_clip};
     for (int side = 0; side < 2; side++) {
         if (!grads[side]->data && !clips[side]->data) continue;
         float part = 0.0f;

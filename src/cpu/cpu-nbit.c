@@ -22,13 +22,13 @@ struct nbit_plan {
     const struct cpu_kernels * kern;
     int lo, hi;
     int64_t Kp, M, N, Mp, Np;
-    bool bytes;    // byte panels: a + off (unsigned) times w (signed); else int16 panels
+    bool bytes;              // byte panels: a + off (unsigned) times w (signed); else int16 panels
     cpu_outer_tile_fn outer; // the outer-product tile on interleaved panels, or NULL: plain rows
-    bool widen;    // the int16 outer tile: B is int8 code rows, widened per block (outer_gemm)
-    bool own_a;    // outer tile, many m-tiles: each task packs its activation panels (outer_gemm)
-    int64_t esz;   // bytes per code in A: 1 (byte panels) or 2
-    int64_t wesz;  // bytes per code in B: 1 (byte panels, widen) or 2
-    int off;       // 8 (4-bit) or 128 (8-bit, only with an exact u8 x s8 tile)
+    bool widen;              // the int16 outer tile: B is int8 code rows, widened per block (outer_gemm)
+    bool own_a;              // outer tile, many m-tiles: each task packs its activation panels (outer_gemm)
+    int64_t esz;             // bytes per code in A: 1 (byte panels) or 2
+    int64_t wesz;            // bytes per code in B: 1 (byte panels, widen) or 2
+    int off;                 // 8 (4-bit) or 128 (8-bit, only with an exact u8 x s8 tile)
     int16_t * xq;
     void * A;
     void * B;
@@ -109,8 +109,8 @@ static void quantize_x(const struct nbit_plan * pl, const float * bias, int thre
                 const int64_t off = (nh / H) * xs[0] + (nh % H) * xs[2] + w * xs[3];
                 int16_t * d = pl->xq + (nh * W + w) * C;
                 for (int64_t ch = 0; ch < C; ch++)
-                    d[ch] = (int16_t)cpu_quantize1(cpu_load(x, off + ch * xs[1]) + (bias ? bias[ch] : 0.0f), sa,
-                                                   pl->lo, pl->hi);
+                    d[ch] = (int16_t)cpu_quantize1(cpu_load(x, off + ch * xs[1]) + (bias ? bias[ch] : 0.0f), sa, pl->lo,
+                                                   pl->hi);
             }
     }
 }
@@ -168,25 +168,26 @@ static void pack_weights(const struct nbit_plan * pl, int threads) {
     const int64_t step = panels ? CPU_OUTER_NR : 1; // columns per panel
 #pragma omp parallel for num_threads(threads)
     for (int64_t o0 = 0; o0 < pl->Np; o0 += step)
-    for (int64_t o = o0; o < o0 + step; o++) {
-        int16_t * stage = pl->rows + (size_t)omp_get_thread_num() * (size_t)(step * Kp);
-        void * dst = panels ? staged(pl, stage, o - o0, wesz) : panel_row(pl, pl->B, o, wesz);
-        int16_t * row = wesz == 1 ? stage : dst; // the int16 codes
-        memset(row, 0, (size_t)Kp * sizeof(int16_t));
-        for (int64_t t = 0; o < g->O && t < T; t++)
-            weight_codes(pl, o * ws[0] + (t / g->kw) * ws[2] + (t % g->kw) * ws[3], row + t * C);
-        if (wesz == 1) { // Kp is a local: the byte stores could alias pl, which would keep this scalar
-            int8_t * d = dst;
-            int32_t sum = 0;
-            for (int64_t k = 0; k < Kp; k++) {
-                d[k] = (int8_t)row[k];
-                sum += row[k];
+        for (int64_t o = o0; o < o0 + step; o++) {
+            int16_t * stage = pl->rows + (size_t)omp_get_thread_num() * (size_t)(step * Kp);
+            void * dst = panels ? staged(pl, stage, o - o0, wesz) : panel_row(pl, pl->B, o, wesz);
+            int16_t * row = wesz == 1 ? stage : dst; // the int16 codes
+            memset(row, 0, (size_t)Kp * sizeof(int16_t));
+            for (int64_t t = 0; o < g->O && t < T; t++)
+                weight_codes(pl, o * ws[0] + (t / g->kw) * ws[2] + (t % g->kw) * ws[3], row + t * C);
+            if (wesz == 1) { // Kp is a local: the byte stores could alias pl, which would keep this scalar
+                int8_t * d = dst;
+                int32_t sum = 0;
+                for (int64_t k = 0; k < Kp; k++) {
+                    d[k] = (int8_t)row[k];
+                    sum += row[k];
+                }
+                pl->sumw[o] = sum;
             }
-            pl->sumw[o] = sum;
+            if (panels && o == o0 + step - 1)
+                pl->kern->interleave_nr(staged(pl, stage, 0, wesz), (size_t)(Kp * wesz / 2),
+                                        panel_row(pl, pl->B, o0, wesz));
         }
-        if (panels && o == o0 + step - 1)
-            pl->kern->interleave_nr(staged(pl, stage, 0, wesz), (size_t)(Kp * wesz / 2), panel_row(pl, pl->B, o0, wesz));
-    }
 }
 
 // Each output pixel's im2col row of Kp codes: int16, or unsigned bytes code + off.
@@ -206,10 +207,8 @@ static void pack_panel(const struct nbit_plan * pl, int64_t m0, int64_t step, vo
                 const int64_t ih = oh * g->sh - g->ph + (t / g->kw) * g->dh;
                 const int64_t iw = ow * g->sw - g->pw + (t % g->kw) * g->dw;
                 int16_t * d = row + t * C;
-                if (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W)
-                    memset(d, 0, (size_t)C * sizeof(int16_t));
-                else
-                    memcpy(d, pl->xq + ((n * g->H + ih) * g->W + iw) * C, (size_t)C * sizeof(int16_t));
+                if (ih < 0 || ih >= g->H || iw < 0 || iw >= g->W) memset(d, 0, (size_t)C * sizeof(int16_t));
+                else memcpy(d, pl->xq + ((n * g->H + ih) * g->W + iw) * C, (size_t)C * sizeof(int16_t));
             }
             if (pl->bytes) { // a + off on the K codes, 0 on the row padding (which w also has as 0)
                 uint8_t * d = dst;
@@ -221,7 +220,9 @@ static void pack_panel(const struct nbit_plan * pl, int64_t m0, int64_t step, vo
             }
         }
     }
-    if (pl->outer) pl->kern->interleave_mr(staged(pl, stage, 0, pl->esz), (size_t)(Kp * pl->esz), (size_t)(Kp * pl->esz / 4), base);
+    if (pl->outer)
+        pl->kern->interleave_mr(staged(pl, stage, 0, pl->esz), (size_t)(Kp * pl->esz), (size_t)(Kp * pl->esz / 4),
+                                base);
 }
 
 static void pack_activations(const struct nbit_plan * pl, int threads) {
@@ -230,12 +231,12 @@ static void pack_activations(const struct nbit_plan * pl, int threads) {
     for (int64_t m0 = 0; m0 < pl->Mp; m0 += step) pack_panel(pl, m0, step, panel_row(pl, pl->A, m0, pl->esz));
 }
 
-static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t nc, int32_t * acc,
-                        size_t ldacc) {
+static void finish_tile(void * vpl, int64_t m0, int64_t mc, int64_t n0, int64_t nc, int32_t * acc, size_t ldacc) {
     const struct nbit_plan * pl = vpl;
     if (pl->bytes)
         for (int64_t r = 0; r < mc; r++)
-            for (int64_t o = 0; o < nc; o++) acc[(size_t)r * ldacc + (size_t)o] -= (int32_t)((uint32_t)pl->off * (uint32_t)pl->sumw[n0 + o]);
+            for (int64_t o = 0; o < nc; o++)
+                acc[(size_t)r * ldacc + (size_t)o] -= (int32_t)((uint32_t)pl->off * (uint32_t)pl->sumw[n0 + o]);
     cpu_epilogue_store(&pl->ep, m0, mc, n0, nc, acc, ldacc);
 }
 
@@ -290,7 +291,8 @@ static void outer_columns(const struct nbit_plan * pl, const uint8_t * a, int64_
                 b = (const uint8_t *)pl->B + ((n0 + j) * Kp + k0 * CPU_OUTER_NR) * esz;
             }
             for (int64_t i = 0; i < mc; i += CPU_OUTER_MR) {
-                if (next) prefetch_rows(next, pl->ldw, nrn, knn, i / CPU_OUTER_MR, (mc + CPU_OUTER_MR - 1) / CPU_OUTER_MR);
+                if (next)
+                    prefetch_rows(next, pl->ldw, nrn, knn, i / CPU_OUTER_MR, (mc + CPU_OUTER_MR - 1) / CPU_OUTER_MR);
                 pl->outer(a + (i * Kp + k0 * CPU_OUTER_MR) * esz, b, (size_t)(kn / unit), k0 > 0, acc + i * nt + j,
                           (size_t)nt);
             }
@@ -359,8 +361,8 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     // is the int8 range).
     const struct bie_tensor * w = &c->weight;
     const bool in_place = pl.widen && w->dtype == BIE_DTYPE_I8 && pl.lo == INT8_MIN && pl.hi == INT8_MAX &&
-                          g->K == pl.Kp && w->stride[1] == 1 &&
-                          (g->kw == 1 || w->stride[3] == g->C) && (g->kh == 1 || w->stride[2] == g->kw * g->C);
+                          g->K == pl.Kp && w->stride[1] == 1 && (g->kw == 1 || w->stride[3] == g->C) &&
+                          (g->kh == 1 || w->stride[2] == g->kw * g->C);
 
     const size_t sz_xq = (size_t)(g->batch * g->H * g->W * g->C) * sizeof(int16_t);
     const size_t sz_tmp = (size_t)threads * x_stage(c) * sizeof(int16_t);
@@ -372,9 +374,9 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
     const size_t sz_rows = (size_t)threads * rows_per_thread * (size_t)pl.Kp * sizeof(int16_t);
     const size_t sz_bias = (size_t)g->C * sizeof(float);
     const size_t sz_tiles = pl.outer ? (size_t)threads * outer_thread_bytes(&pl) : cpu_gemm_workspace(threads);
-    const size_t total = cpu_arena_size(sz_xq) + cpu_arena_size(sz_tmp) + cpu_arena_size(sz_a) +
-                         cpu_arena_size(sz_b) + cpu_arena_size(sz_bias) + cpu_arena_size(sz_tiles) +
-                         cpu_arena_size(sz_sumw) + cpu_arena_size(sz_rows);
+    const size_t total = cpu_arena_size(sz_xq) + cpu_arena_size(sz_tmp) + cpu_arena_size(sz_a) + cpu_arena_size(sz_b) +
+                         cpu_arena_size(sz_bias) + cpu_arena_size(sz_tiles) + cpu_arena_size(sz_sumw) +
+                         cpu_arena_size(sz_rows);
     void * ws;
     enum bie_status st = bie_host_workspace(ctx, total, &ws);
     if (st != BIE_STATUS_OK) return st;
@@ -405,8 +407,17 @@ enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer
         return BIE_STATUS_OK;
     }
     const struct cpu_gemm job = {
-        .kern = pl.kern, .kind = pl.bytes ? 4 : 16, .a = pl.A, .b = pl.B, .lda = (size_t)pl.Kp, .ldb = (size_t)pl.Kp,
-        .k = (size_t)pl.Kp, .M = pl.M, .N = pl.N, .finish = finish_tile, .finish_ctx = &pl,
+        .kern = pl.kern,
+        .kind = pl.bytes ? 4 : 16,
+        .a = pl.A,
+        .b = pl.B,
+        .lda = (size_t)pl.Kp,
+        .ldb = (size_t)pl.Kp,
+        .k = (size_t)pl.Kp,
+        .M = pl.M,
+        .N = pl.N,
+        .finish = finish_tile,
+        .finish_ctx = &pl,
     };
     cpu_gemm_run(&job, threads, tiles, true);
     return BIE_STATUS_OK;

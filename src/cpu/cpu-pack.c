@@ -141,7 +141,7 @@ enum bie_status bie_cpu_binarize_ste(bie_context_t * ctx, const struct bie_layer
     cpu_bias_dense(&c->bias_a, K, bias);
 #pragma omp parallel for num_threads(threads)
     for (int64_t m = 0; m < M; m++) {
-        float * buf = ws + (1 + 2 * (size_t)omp_get_thread_num()) * row, * neg = buf + row;
+        float *buf = ws + (1 + 2 * (size_t)omp_get_thread_num()) * row, *neg = buf + row;
         const float * xp = in_place ? (const float *)c->x.data + m * xs[0] : buf;
         if (!in_place)
             for (int64_t i = 0; i < K; i++) buf[i] = cpu_load(&c->x, m * xs[0] + i * xs[1]) + bias[i];

@@ -14,11 +14,11 @@
 
 #include <omp.h>
 
-#define SG_JC 512   // rows j per table block (a multiple of 32)
+#define SG_JC 512 // rows j per table block (a multiple of 32)
 #define SG_TAB_FLOATS (CPU_MR * SG_JC / 4 * 16)
 
-void cpu_signgemm_idx(const struct cpu_kernels * kern, const struct bie_tensor * t, int64_t J, int64_t K,
-                      int64_t s0, int64_t s1, const float * bias, int threads, uint32_t * idx) {
+void cpu_signgemm_idx(const struct cpu_kernels * kern, const struct bie_tensor * t, int64_t J, int64_t K, int64_t s0,
+                      int64_t s1, const float * bias, int threads, uint32_t * idx) {
     const size_t ids = cpu_signgemm_ids(K);
     const bool fast = t->dtype == BIE_DTYPE_F32 && s1 == 1;
     // a B1 t in rows of whole bytes: a packed weight, or saved bits of x (bias_a is in them; the

@@ -32,8 +32,8 @@ AI __m256 ld_stat(const void * p, enum bie_dtype dt, int64_t off, int nc) {
     switch (dt) {
     case BIE_DTYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + off)));
     case BIE_DTYPE_BF16:
-        return _mm256_castsi256_ps(
-            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + off))), 16));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + off))), 16));
     default: return _mm256_loadu_ps((const float *)p + off);
     }
 }
@@ -86,7 +86,8 @@ AI void prefetch_block(const struct cpu_wq_job * j, int64_t blk, int b, int64_t 
 }
 
 AI __m256 byte_f32(__m256i q, int t) {
-    const __m256i v = t == 3 ? _mm256_srli_epi32(q, 24) : _mm256_and_si256(_mm256_srli_epi32(q, 8 * t), _mm256_set1_epi32(0xFF));
+    const __m256i v =
+        t == 3 ? _mm256_srli_epi32(q, 24) : _mm256_and_si256(_mm256_srli_epi32(q, 8 * t), _mm256_set1_epi32(0xFF));
     return _mm256_cvtepi32_ps(v);
 }
 
@@ -99,7 +100,8 @@ AI void flush(const struct cpu_wq_job * j, int64_t g, int64_t m0, const int MR, 
         const __m256 s = ld_stat(j->scales, j->sdtype, g * j->N + n0 + 8 * v, cn);
         __m256 c;
         if (j->zero == BIE_WQ_ZERO_SYM) c = _mm256_mul_ps(s, _mm256_set1_ps((float)(1 << (b - 1))));
-        else if (j->zero == BIE_WQ_ZERO_CODE) c = _mm256_mul_ps(s, ld_stat(j->zeros, j->zdtype, g * j->N + n0 + 8 * v, cn));
+        else if (j->zero == BIE_WQ_ZERO_CODE)
+            c = _mm256_mul_ps(s, ld_stat(j->zeros, j->zdtype, g * j->N + n0 + 8 * v, cn));
         else c = ld_stat(j->zeros, j->zdtype, g * j->N + n0 + 8 * v, cn);
         for (int r = 0; r < MR; r++) {
             __m256 * a = &acc[r * V + v];
@@ -123,7 +125,8 @@ AI void gemv_f32_t(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, 
         const int b = j->group_bits[g];
         const float * xb = j->xa + 32 * blk + m0 * j->ldx;
         for (int v = 0; v < V; v++) {
-            if (blk + PF_BLOCKS < j->nblk) prefetch_block(j, blk + PF_BLOCKS, j->group_bits[j->blk_group[blk + PF_BLOCKS]], n0 + 8 * v);
+            if (blk + PF_BLOCKS < j->nblk)
+                prefetch_block(j, blk + PF_BLOCKS, j->group_bits[j->blk_group[blk + PF_BLOCKS]], n0 + 8 * v);
             __m256i q[8];
             decode(j, blk, b, n0 + 8 * v, nc - 8 * v, q);
             for (int i = 0; i < 8; i++)
@@ -143,8 +146,7 @@ AI void gemv_f32_t(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, 
         }
 }
 
-static void gemv_f32(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, int mr, float * out,
-                       size_t ldo) {
+static void gemv_f32(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, int mr, float * out, size_t ldo) {
     const int w = 8 * (mr == 1 ? 4 : mr == 2 ? 2 : 1); // columns per call of the template
     for (int c = 0; c < nc; c += w) {
         const int cn = nc - c < w ? nc - c : w;
@@ -167,7 +169,7 @@ static void dequant(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t b0,
             const int b = j->group_bits[g];
             const __m256 s = ld_stat(j->scales, j->sdtype, g * j->N + n0 + c, cn);
             const __m256 z = j->zero == BIE_WQ_ZERO_SYM ? _mm256_set1_ps((float)(1 << (b - 1)))
-                                                         : ld_stat(j->zeros, j->zdtype, g * j->N + n0 + c, cn);
+                                                        : ld_stat(j->zeros, j->zdtype, g * j->N + n0 + c, cn);
             __m256i q[8];
             decode(j, blk, b, n0 + c, cn, q);
             for (int p = 0; p < 32; p++) {

@@ -84,8 +84,8 @@ AI void prefetch_block(const struct cpu_wq_job * j, int64_t blk, int b, int64_t 
 
 // Byte t of every lane of quad q as f32.
 AI __m512 byte_f32(__m512i q, int t) {
-    const __m512i v = t == 3 ? _mm512_srli_epi32(q, 24) : _mm512_and_si512(_mm512_srli_epi32(q, (unsigned)(8 * t)),
-                                                                          _mm512_set1_epi32(0xFF));
+    const __m512i v = t == 3 ? _mm512_srli_epi32(q, 24)
+                             : _mm512_and_si512(_mm512_srli_epi32(q, (unsigned)(8 * t)), _mm512_set1_epi32(0xFF));
     return _mm512_cvtepi32_ps(v);
 }
 
@@ -98,7 +98,8 @@ AI void flush(const struct cpu_wq_job * j, int64_t g, int64_t m0, const int MR, 
         const __m512 s = ld_stat(j->scales, j->sdtype, g * j->N + n0 + 16 * v, mk);
         __m512 c;
         if (j->zero == BIE_WQ_ZERO_SYM) c = _mm512_mul_ps(s, _mm512_set1_ps((float)(1 << (b - 1))));
-        else if (j->zero == BIE_WQ_ZERO_CODE) c = _mm512_mul_ps(s, ld_stat(j->zeros, j->zdtype, g * j->N + n0 + 16 * v, mk));
+        else if (j->zero == BIE_WQ_ZERO_CODE)
+            c = _mm512_mul_ps(s, ld_stat(j->zeros, j->zdtype, g * j->N + n0 + 16 * v, mk));
         else c = ld_stat(j->zeros, j->zdtype, g * j->N + n0 + 16 * v, mk);
         for (int r = 0; r < MR; r++) {
             __m512 * a = &acc[r * V + v];
@@ -131,7 +132,8 @@ AI void gemv_f32_t(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, 
         const int b = j->group_bits[g];
         const float * xb = j->xa + 32 * blk + m0 * j->ldx;
         for (int v = 0; v < V; v++) {
-            if (blk + PF_BLOCKS < j->nblk) prefetch_block(j, blk + PF_BLOCKS, j->group_bits[j->blk_group[blk + PF_BLOCKS]], n0 + 16 * v);
+            if (blk + PF_BLOCKS < j->nblk)
+                prefetch_block(j, blk + PF_BLOCKS, j->group_bits[j->blk_group[blk + PF_BLOCKS]], n0 + 16 * v);
             __m512i q[8];
             decode(j, blk, b, n0 + 16 * v, lane_mask(nc - 16 * v), q);
             for (int i = 0; i < 8; i++)
@@ -146,8 +148,7 @@ AI void gemv_f32_t(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, 
     store_out(y, MR, V, nc, out, ldo);
 }
 
-static void gemv_f32(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, int mr, float * out,
-                       size_t ldo) {
+static void gemv_f32(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, int mr, float * out, size_t ldo) {
     const int w = 16 * (mr == 1 ? 4 : mr == 2 ? 2 : 1); // columns per call of the template
     for (int c = 0; c < nc; c += w) {
         const int cn = nc - c < w ? nc - c : w;
@@ -180,7 +181,8 @@ __attribute__((target("avx512vnni"))) AI void gemv_i8_t(const struct cpu_wq_job 
         const int b = j->group_bits[g];
         const int8_t * xb = j->xq + 32 * blk + m0 * j->ldx;
         for (int v = 0; v < V; v++) {
-            if (blk + PF_BLOCKS < j->nblk) prefetch_block(j, blk + PF_BLOCKS, j->group_bits[j->blk_group[blk + PF_BLOCKS]], n0 + 16 * v);
+            if (blk + PF_BLOCKS < j->nblk)
+                prefetch_block(j, blk + PF_BLOCKS, j->group_bits[j->blk_group[blk + PF_BLOCKS]], n0 + 16 * v);
             __m512i q[8];
             decode(j, blk, b, n0 + 16 * v, lane_mask(nc - 16 * v), q);
             __m512i ai[4];
@@ -197,8 +199,8 @@ __attribute__((target("avx512vnni"))) AI void gemv_i8_t(const struct cpu_wq_job 
     store_out(y, MR, V, nc, out, ldo);
 }
 
-__attribute__((target("avx512vnni"))) static void gemv_i8(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, int mr, float * out,
-                       size_t ldo) {
+__attribute__((target("avx512vnni"))) static void gemv_i8(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0,
+                                                          int mr, float * out, size_t ldo) {
     const int w = 16 * (mr == 1 ? 4 : mr == 2 ? 2 : 1); // columns per call of the template
     for (int c = 0; c < nc; c += w) {
         const int cn = nc - c < w ? nc - c : w;
@@ -220,7 +222,7 @@ static void dequant(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t b0,
             const int b = j->group_bits[g];
             const __m512 s = ld_stat(j->scales, j->sdtype, g * j->N + n0 + c, mk);
             const __m512 z = j->zero == BIE_WQ_ZERO_SYM ? _mm512_set1_ps((float)(1 << (b - 1)))
-                                                         : ld_stat(j->zeros, j->zdtype, g * j->N + n0 + c, mk);
+                                                        : ld_stat(j->zeros, j->zdtype, g * j->N + n0 + c, mk);
             __m512i q[8];
             decode(j, blk, b, n0 + c, mk, q);
             for (int p = 0; p < 32; p++) {
@@ -236,5 +238,5 @@ static void dequant(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t b0,
 }
 
 const struct cpu_wq_kernels bie_cpu_wq_kernels_avx512 = {.lanes = 16, .gemv_f32 = gemv_f32, .dequant = dequant};
-const struct cpu_wq_kernels bie_cpu_wq_kernels_avx512_vnni = {.lanes = 16, .gemv_f32 = gemv_f32, .gemv_i8 = gemv_i8,
-                                                              .dequant = dequant};
+const struct cpu_wq_kernels bie_cpu_wq_kernels_avx512_vnni = {
+    .lanes = 16, .gemv_f32 = gemv_f32, .gemv_i8 = gemv_i8, .dequant = dequant};

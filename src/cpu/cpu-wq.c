@@ -24,11 +24,8 @@
 static const struct cpu_wq_kernels * wq_kernels(const bie_context_t * ctx) {
     enum bie_cpu_isa isa = ctx->isa;
     if (isa > bie_cpu_isa_detected()) isa = bie_cpu_isa_detected();
-    if (isa >= BIE_CPU_ISA_AVX512) {
-        static int vnni = -1; // benign race: every thread computes the same value
-        if (vnni < 0) vnni = __builtin_cpu_supports("avx512vnni") ? 1 : 0;
-        return vnni ? &bie_cpu_wq_kernels_avx512_vnni : &bie_cpu_wq_kernels_avx512;
-    }
+    if (isa >= BIE_CPU_ISA_AVX512)
+        return bie_cpu_has_vnni(ctx->isa_cap) ? &bie_cpu_wq_kernels_avx512_vnni : &bie_cpu_wq_kernels_avx512;
     return isa >= BIE_CPU_ISA_AVX2 ? &bie_cpu_wq_kernels_avx2 : NULL;
 }
 
@@ -240,15 +237,16 @@ enum bie_status bie_cpu_wq_backward(bie_context_t * ctx, const struct bie_wq_cal
     uint8_t * bufs = cpu_arena_take(&a, (size_t)threads * per);
 #pragma omp parallel for num_threads(threads)
     for (int64_t m = 0; m < M; m++)
-        for (int64_t n = 0; n < N; n++) g[m * N + n] = cpu_load(&c->grad_y, m * c->grad_y.stride[0] + n * c->grad_y.stride[1]);
+        for (int64_t n = 0; n < N; n++)
+            g[m * N + n] = cpu_load(&c->grad_y, m * c->grad_y.stride[0] + n * c->grad_y.stride[1]);
     openblas_set_num_threads(1);
     if (gw) {
         dense_x(c, xk, threads);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
         for (int64_t b = 0; b < nkb; b++) {
             const int64_t k0 = b * WQ_PANEL, kb = K - k0 < WQ_PANEL ? K - k0 : WQ_PANEL;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kb, (int)N, (int)M, 1.0f, xk + k0, (int)K, g, (int)N,
-                        0.0f, (float *)c->grad_w.data + k0 * N, (int)N);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kb, (int)N, (int)M, 1.0f, xk + k0, (int)K, g,
+                        (int)N, 0.0f, (float *)c->grad_w.data + k0 * N, (int)N);
         }
     }
     if (gx) {
@@ -290,7 +288,8 @@ enum bie_status bie_cpu_wq_dequantize(bie_context_t * ctx, const struct bie_wq_c
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < ntiles; t++) {
         const int64_t n0 = t * tw;
-        k->dequant(&j, n0, (int)(c->N - n0 < tw ? c->N - n0 : tw), 0, j.nblk, c->K, (float *)w->data + n0, (size_t)c->N);
+        k->dequant(&j, n0, (int)(c->N - n0 < tw ? c->N - n0 : tw), 0, j.nblk, c->K, (float *)w->data + n0,
+                   (size_t)c->N);
     }
     return BIE_STATUS_OK;
 }

@@ -33,8 +33,8 @@ static inline int cpu_wq_order(int b, int p) {
 struct cpu_wq_job {
     const uint32_t * qw; // [rows][N]
     int64_t N, rows, nblk;
-    const int64_t * blk_word; // [nblk] first word row of each block
-    const int32_t * blk_group; // [nblk]
+    const int64_t * blk_word;   // [nblk] first word row of each block
+    const int32_t * blk_group;  // [nblk]
     const int32_t * group_bits; // [G]
     enum bie_wq_zero zero;
     const void * scales;

@@ -25,8 +25,9 @@ int bie_cuda_device_count(char * why, size_t cap) {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         cudaGetLastError(); // clear the sticky "no driver" error
-        if (why && cap) snprintf(why, cap, "no CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
-                                 cudaGetErrorName(e));
+        if (why && cap)
+            snprintf(why, cap, "no CUDA device: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
+                     cudaGetErrorName(e));
         return 0;
     }
     if (n == 0 && why && cap) snprintf(why, cap, "no CUDA device: the driver reports none");
@@ -45,7 +46,8 @@ void bie_cuda_state_destroy(struct bie_cuda_state * state) {
 static enum bie_status ensure_state(bie_context_t * ctx) {
     if (ctx->cuda) return BIE_STATUS_OK;
     char why[256];
-    if (bie_cuda_device_count(why, sizeof why) == 0) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "device: %s", why);
+    if (bie_cuda_device_count(why, sizeof why) == 0)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "device: %s", why);
     ctx->cuda = (struct bie_cuda_state *)calloc(1, sizeof *ctx->cuda);
     if (!ctx->cuda) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: out of host memory");
     cudaGetDevice(&ctx->cuda->device);
@@ -101,7 +103,8 @@ enum bie_status bie_cuda_state_get(bie_context_t * ctx, int device_index, struct
     if (ctx->cuda->workspace && ctx->cuda->device != device_index)
         return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
                              "x: is on cuda:%d but this context's workspace is on cuda:%d (use one "
-                             "context per device)", device_index, ctx->cuda->device);
+                             "context per device)",
+                             device_index, ctx->cuda->device);
     if (ctx->cuda->device != device_index) { // per-device facts are read again
         ctx->cuda->sm_count = 0;
         ctx->cuda->gemm_smem_set = 0;
@@ -131,8 +134,8 @@ enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** ou
         cudaError_t e = cudaMalloc(&p, want);
         if (e != cudaSuccess) {
             cudaGetLastError();
-            return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: cudaMalloc(%zu) for the workspace: %s",
-                                 want, cudaGetErrorString(e));
+            return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: cudaMalloc(%zu) for the workspace: %s", want,
+                                 cudaGetErrorString(e));
         }
         s->workspace = p;
         s->workspace_size = want;
@@ -220,8 +223,7 @@ enum bie_status bie_cuda_pack(bie_context_t * ctx, const struct bie_tensor * src
                               const struct bie_tensor * dst);
 enum bie_status bie_cuda_unpack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
                                 const struct bie_tensor * dst);
-enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
-                                double * sum);
+enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs, double * sum);
 enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
                                       const struct bie_tensor * bits, const struct bie_tensor * mask);
 enum bie_status bie_cuda_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * call);

@@ -25,8 +25,7 @@
 // A binary linear layer's x may be the sign bits saved by bie_binarize_ste, with the STE mask's
 // bits (x_mask): the passes over x then read those 2 bits per element instead (element type sbits),
 // and every number is the one the float x gives (the same tests made them; cuda-ste.cuh).
-#include "cuda-impl.cuh"
-#include "cuda-ste.cuh"
+#include "cuda-backward.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -37,15 +36,12 @@
 
 namespace {
 
-size_t align256(size_t v) { return (v + 255) & ~(size_t)255; }
-
 // Writes v as element e of a dense buffer of dtype gdt (F32, F16 or BF16).
 __device__ __forceinline__ void st_dense(void * p, int gdt, int64_t e, float v) {
     if (gdt == BIE_DTYPE_F16) ((__half *)p)[e] = __float2half_rn(v);
     else if (gdt == BIE_DTYPE_BF16) ((__nv_bfloat16 *)p)[e] = __float2bfloat16_rn(v);
     else ((float *)p)[e] = v;
 }
-
 // Wc[o][k] = weight code at (o, c, i, j), k = (i*kw + j)*C + c; tap_major: Wc[t][o][c] instead
 // (t = i*kw + j), the weight of grad_x as a convolution of grad_y.
 __global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct dscale sw, int gdt, int tap_major,
@@ -64,8 +60,6 @@ __global__ void weight_codes(struct dview w, struct dgeom g, int quant, struct d
         st_dense(Wc, gdt, tap_major ? (tap * g.O + o) * g.C + c : e, q);
     }
 }
-
-
 // The codes for rows whose K elements are contiguous floats (a linear layer's weight and x), or
 // saved sign bits in rows that start on whole bytes (T = sbits): out[r][k] = code of src[r][k]
 // (+ bias[k] for x; +-1 from a bit). Same values as weight_codes and the activation codes of
@@ -96,8 +90,7 @@ __device__ __forceinline__ unsigned chunk_codes(float * q, int64_t k0, int64_t K
             if (FULL || i < n) q[i] = __fadd_rn(q[i], ld_float(bias.data, bias.dtype, (k0 + i) * bias.stride[3]));
     unsigned stop = 0;
     if (MASK) {
-        if (bin_s)
-            stop = ~ste_pass_bits8(q, s, true) & 0xffu;
+        if (bin_s) stop = ~ste_pass_bits8(q, s, true) & 0xffu;
         else
 #pragma unroll
             for (int i = 0; i < 8; i++) stop |= ste_passes(q[i], s, quant, lo, hi) ? 0u : 1u << i;
@@ -113,8 +106,7 @@ __device__ __forceinline__ unsigned chunk_codes(float * q, int64_t k0, int64_t K
 }
 // A chunk of saved bits: the codes (+-1) in q and, for MASK, the bits of the elements that the saved
 // mask stops (n: the chunk's elements inside the row).
-template <bool MASK>
-__device__ __forceinline__ unsigned chunk_bits(float * q, uint32_t sign, uint32_t pass, int n) {
+template <bool MASK> __device__ __forceinline__ unsigned chunk_bits(float * q, uint32_t sign, uint32_t pass, int n) {
 #pragma unroll
     for (int i = 0; i < 8; i++) q[i] = (sign >> i) & 1u ? 1.0f : -1.0f;
     return MASK ? ~pass & ((1u << n) - 1u) : 0u;
@@ -123,8 +115,8 @@ __device__ __forceinline__ unsigned chunk_bits(float * q, uint32_t sign, uint32_
 // read for MASK): as chunk_codes after chunk_load, or as chunk_bits.
 template <bool MASK, typename T>
 __device__ __forceinline__ unsigned chunk_any(const T * row, const uint8_t * prow, int sdt, int64_t k0, int64_t K,
-                                              const struct dview & bias, int quant, float s, int lo, int hi,
-                                              bool codes, bool bin_s, float * q) {
+                                              const struct dview & bias, int quant, float s, int lo, int hi, bool codes,
+                                              bool bin_s, float * q) {
     if constexpr (is_sbits<T>) {
         return chunk_bits<MASK>(q, row[k0 / 8].b, MASK ? prow[k0 / 8] : 0u, K - k0 < 8 ? (int)(K - k0) : 8);
     } else {
@@ -156,7 +148,6 @@ __device__ __noinline__ void clear_stopped(void * gx, int gdt, int64_t gx_ld, in
         ((uint4 *)p)[h] = v;
     }
 }
-
 // Zeroes the stopped elements of grad_x's row r (MASK) and stores the codes (when out is given).
 template <bool MASK>
 __device__ __forceinline__ void chunk_store(const float * q, unsigned stop, int64_t r, int64_t k0, int64_t K, int gdt,
@@ -168,7 +159,6 @@ __device__ __forceinline__ void chunk_store(const float * q, unsigned stop, int6
     else
         for (int i = 0; i < 8 && k0 + i < K; i++) st_dense(out, gdt, o + i, q[i]);
 }
-
 // Rows of fewer than 256 elements: a thread per chunk (five blocks a multiprocessor: at six, with
 // 40 registers, it spills).
 template <bool MASK, typename T>
@@ -182,12 +172,11 @@ __global__ void __launch_bounds__(256, 5)
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = qdiv(e, chunks), k0 = (e - r * chunks) * 8;
         float q[8];
-        const unsigned stop = chunk_any<MASK, T>(src + r * row_stride, pass ? pass + r * pass_ld : NULL, sdt, k0, K, bias,
-                                                 quant, s, lo, hi, out != NULL, bin_s, q);
+        const unsigned stop = chunk_any<MASK, T>(src + r * row_stride, pass ? pass + r * pass_ld : NULL, sdt, k0, K,
+                                                 bias, quant, s, lo, hi, out != NULL, bin_s, q);
         chunk_store<MASK>(q, stop, r, k0, K, gdt, out, gx, gx_ld);
     }
 }
-
 // Rows of 256 elements or more: a warp per row, each lane with 64 bytes of loads in flight (4
 // chunks of f16/bf16, 2 of f32) before its first store, no division, and whole chunks without
 // bounds tests: on such rows the thread-per-chunk kernel above is bound by instruction issue, not
@@ -245,18 +234,11 @@ __global__ void __launch_bounds__(256, 4)
         }
         for (int64_t c = vec + lane; c < chunks; c += 32) {
             float q[8];
-            const unsigned stop = chunk_any<MASK, T>(row, prow, sdt, c * 8, K, bias, quant, s, lo, hi, out != NULL, bin_s, q);
+            const unsigned stop =
+                chunk_any<MASK, T>(row, prow, sdt, c * 8, K, bias, quant, s, lo, hi, out != NULL, bin_s, q);
             chunk_store<MASK>(q, stop, r, c * 8, K, gdt, out, gx, gx_ld);
         }
     }
-}
-
-// Launches codes_rows when the rows of t ([rows, K] in its 4-D view: dim 0 rows, dim 1 the K
-// contiguous elements, dims 2-3 of extent 1; rows_are_k says the layer's geometry makes them so)
-// are contiguous floats, or bits in rows that start on whole bytes; false otherwise.
-bool codes_rows_ok(const struct dview & t, bool rows_are_k, int64_t K) {
-    if (!rows_are_k || !(K == 1 || t.stride[1] == 1)) return false;
-    return t.dtype == BIE_DTYPE_B1 ? t.stride[0] % 8 == 0 : bie_dtype_is_float((enum bie_dtype)t.dtype);
 }
 // The pass with or without the mask, as two instances (the mask's code in a kernel that has no
 // mask to apply would cost it registers, and time). Saved bits: row strides in bytes.
@@ -273,30 +255,13 @@ void launch_codes(cudaStream_t stream, const struct dview & t, const struct dvie
     kern<<<grid, 256, 0, stream>>>((const T *)t.data, t.dtype, ld, rows, K, bias, quant, sc, gdt, out, gx, gx_ld, pp,
                                    pp ? pass.stride[0] / 8 : 0);
 }
-// pass: for t of saved bits and a gx to mask, the saved mask (rows like t's); else unused.
-bool launch_codes_rows(const struct dview & t, const struct dview & pass, bool rows_are_k, int64_t rows, int64_t K,
-                       const struct dview & bias, int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream,
-                       void * gx = NULL, int64_t gx_ld = 0) {
-    if (!codes_rows_ok(t, rows_are_k, K)) return false;
-    if (t.dtype == BIE_DTYPE_F32)
-        launch_codes<float>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
-    else if (t.dtype == BIE_DTYPE_F16)
-        launch_codes<__half>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
-    else if (t.dtype == BIE_DTYPE_BF16)
-        launch_codes<__nv_bfloat16>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
-    else if (t.dtype == BIE_DTYPE_B1)
-        launch_codes<sbits>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
-    else
-        return false;
-    return true;
-}
-
 // The same for a 1x1 kernel (k = c) whose grad_W has contiguous features: 8 per thread, 16-byte
 // loads and stores where aligned.
 __global__ void scale_rows(const float * R, int64_t O, int64_t K, struct dscale sa, struct dview gw) {
     const float s = ld_scale(sa);
     const int64_t chunks = (K + 7) / 8;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < O * chunks; e += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < O * chunks;
+         e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t o = qdiv(e, chunks), k0 = (e - o * chunks) * 8;
         const float * src = R + o * K;
         float v[8];
@@ -311,10 +276,8 @@ __global__ void scale_rows(const float * R, int64_t O, int64_t K, struct dscale 
             for (int i = 0; i < 8 && k0 + i < K; i++) st_float(gw.data, gw.dtype, go + i, v[i]);
     }
 }
-
 // grad_W[o,c,i,j] = scale_a * R[o][(i*kw+j)*C + c].
-template <typename D>
-__global__ void scatter_grad_w(const D * R, struct dgeom g, struct dscale sa, struct dview gw) {
+template <typename D> __global__ void scatter_grad_w(const D * R, struct dgeom g, struct dscale sa, struct dview gw) {
     const float s = ld_scale(sa);
     const int64_t total = g.O * g.K;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
@@ -322,20 +285,12 @@ __global__ void scatter_grad_w(const D * R, struct dgeom g, struct dscale sa, st
         st_float(gw.data, gw.dtype, dview_off4(gw, o, c, tap / g.kw, tap % g.kw), __fmul_rn(to_f32(R[e]), s));
     }
 }
-
-struct dview bias_none() {
-    struct dview v;
-    v.data = NULL;
-    return v;
-}
-
 // The bit pattern of v as an element of dtype dt (F32, F16 or BF16; v = 0 or +-1, exact in all).
 uint32_t element_bits(float v, int dt) {
     uint32_t f;
     memcpy(&f, &v, 4);
     return dt == BIE_DTYPE_F32 ? f : dt == BIE_DTYPE_BF16 ? f >> 16 : v == 0.0f ? 0u : v > 0.0f ? 0x3c00u : 0xbc00u;
 }
-
 // Where a gradient GEMM writes, D = alpha * op(A) op(B): column-major C of dtype ct and leading
 // dimension ldc; alpha on the host, or (alpha_dev non-NULL) alpha_dev[0] = alpha and alpha_dev[1]
 // = 0 on the device, written by an earlier kernel of the stream.
@@ -346,7 +301,6 @@ struct gemm_dst {
     float alpha;
     const float * alpha_dev;
 };
-
 // d.C [m][n] = alpha * op(A) op(B), operands of dtype t, f32 accumulation.
 enum bie_status gemm_ex(bie_context_t * ctx, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n,
                         int64_t k, const void * A, int64_t lda, const void * B, int64_t ldb, const struct gemm_dst & d,
@@ -368,10 +322,10 @@ enum bie_status gemm_ex(bie_context_t * ctx, cublasOperation_t ta, cublasOperati
         }
     }
     if (st != CUBLAS_STATUS_SUCCESS)
-        return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cublasGemmEx (%s): %s", what, cublasGetStatusString(st));
+        return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cublasGemmEx (%s): %s", what,
+                             cublasGetStatusString(st));
     return BIE_STATUS_OK;
 }
-
 // Whether the bytes of tensors a and b (b may be absent: data NULL) overlap.
 bool spans_overlap(const struct bie_tensor & a, const struct bie_tensor & b) {
     if (!a.data || !b.data) return false;
@@ -380,7 +334,6 @@ bool spans_overlap(const struct bie_tensor & a, const struct bie_tensor & b) {
     const uintptr_t pa = (uintptr_t)a.data, pb = (uintptr_t)b.data;
     return pa < pb + nb && pb < pa + na;
 }
-
 // {scale_w, 0, scale_a, 0}: the alphas of the GEMMs that write grad_x and grad_weight directly
 // when the scales are device tensors.
 __global__ void gemm_scalars(struct dscale sw, struct dscale sa, float * out) {
@@ -389,214 +342,286 @@ __global__ void gemm_scalars(struct dscale sw, struct dscale sa, float * out) {
     out[2] = ld_scale(sa);
     out[3] = 0.0f;
 }
-
-// Whether the [N, C, H, W] view t is dense pixel rows (any channel layout would not do: the
-// channels contiguous, the pixels (n, h, w) evenly strided, on whole bytes for B1): then *rows is
-// its [N*H*W, C] view (dims 0 and 1; dims 2 and 3 of extent 1).
-bool pixel_rows_view(const struct dview & t, struct dview * rows) {
-    const int64_t N = t.shape[0], C = t.shape[1], H = t.shape[2], W = t.shape[3];
-    const int64_t * st = t.stride;
-    if (C > 1 && st[1] != 1) return false;
-    const int64_t ps = W > 1 ? st[3] : H > 1 ? st[2] : N > 1 ? st[0] : C;
-    if ((W > 1 && st[3] != ps) || (H > 1 && st[2] != W * ps) || (N > 1 && st[0] != H * W * ps) || ps < C) return false;
-    if (t.dtype == BIE_DTYPE_B1 && ps % 8 != 0) return false;
-    *rows = t;
-    rows->shape[0] = N * H * W;
-    rows->shape[1] = C;
-    rows->shape[2] = rows->shape[3] = 1;
-    rows->stride[0] = ps;
-    rows->stride[1] = 1;
-    rows->stride[2] = rows->stride[3] = 0;
-    return true;
-}
-
-// The [O, K] rows view of a weight whose K = (i*kw + j)*C + c elements are contiguous (OHWI).
-bool weight_rows_view(const struct dview & w, const struct dgeom & g, struct dview * rows) {
-    const int64_t * st = w.stride;
-    if (!((g.C == 1 || st[1] == 1) && (g.kw == 1 || st[3] == g.C) && (g.kh == 1 || st[2] == g.C * g.kw))) return false;
-    *rows = w;
-    rows->shape[0] = g.O;
-    rows->shape[1] = g.K;
-    rows->shape[2] = rows->shape[3] = 1;
-    rows->stride[0] = g.O == 1 ? g.K : st[0];
-    rows->stride[1] = 1;
-    rows->stride[2] = rows->stride[3] = 0;
-    return true;
-}
-
-bool fits_int(int64_t v) { return v >= 0 && v < INT32_MAX; }
-
-// The significand bits of a float dtype, as an order: bf16 < f16 < f32.
-int precision_rank(enum bie_dtype dt) { return dt == BIE_DTYPE_BF16 ? 1 : dt == BIE_DTYPE_F16 ? 2 : 3; }
-
-// Whether the conv backward goes through cuDNN: a built-in cuDNN, a conv that is not a GEMM of
-// one position per image, zero padding (binary layers with pad -1 or +1 keep the GEMM route, whose
-// im2col writes the pad value), a float grad_y whose precision each gradient asked for is within
-// (cuDNN's convolutions round to it; the GEMM route keeps f32 sums), and sizes within cuDNN's
-// 32-bit arguments. Shapes for which cuDNN has no algorithm go back to the GEMM route too.
-// BIE_CUDA_CONV_BACKWARD=gemm (read with the device's facts) keeps every conv on the GEMM route.
-bool cudnn_route(bie_context_t * ctx, const struct bie_layer_call * c) {
-    const struct bie_geometry & g = c->g;
-    bie_cuda_cc(ctx); // (reads force_gemm_backward with the device's facts)
-    if (!bie_cudnn_present() || !c->is_conv || ctx->cuda->force_gemm_backward) return false;
-    if (g.kh == 1 && g.kw == 1 && g.H == 1 && g.W == 1 && g.OH == 1 && g.OW == 1 && g.ph == 0 && g.pw == 0) return false;
-    if (c->quant == BIE_QUANT_BINARY && g.pad_value != BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0)) return false;
-    if (!bie_dtype_is_float(c->grad_y.dtype)) return false;
-    // cuDNN's outputs come in grad_y's dtype: no gradient may ask for more precision than that
-    const int rank = precision_rank(c->grad_y.dtype);
-    const struct bie_tensor * outs[4] = {&c->grad_x, &c->grad_weight, &c->grad_scale_a, &c->grad_bias_a};
-    for (int i = 0; i < 4; i++)
-        if (outs[i]->data && precision_rank(outs[i]->dtype) > rank) return false;
-    const int64_t * gs = c->grad_y.stride;
-    return fits_int(g.batch * g.C * g.H * g.W) && fits_int(g.batch * g.O * g.OH * g.OW) && fits_int(g.O * g.K) &&
-           fits_int(gs[0]) && fits_int(gs[1]) && fits_int(gs[2]) && fits_int(gs[3]) && g.ph < INT32_MAX &&
-           g.pw < INT32_MAX;
-}
-
-// The conv backward through cuDNN's two float convolutions (cuda-cudnn.cu), on operands of grad_y's
-// dtype (the codes are exact in it):
-//   Wc [O][kh][kw][C] = weight codes;  dX = conv_transpose(grad_y, Wc)   (NHWC, dense)
-//   then the STE pass over x with one tap sum per pixel: gx = scale_w * dX (as the GEMM route)
-//   A [N][H][W][C] = activation codes;  dW = conv_weight(A, grad_y);  grad_W = scale_a * dW
-// x is float, or (binary) the sign bits of bie_binarize_ste with their mask (pixel rows on whole bytes).
-enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call * c, cudaStream_t s) {
-    const struct dgeom g = dgeom_make(c->g);
-    const int gdt = c->grad_y.dtype;
-    const size_t es = gdt == BIE_DTYPE_F32 ? 4 : 2;
-    const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
-    const bool want_gw = c->grad_weight.data != NULL;
-    const int64_t xpix = g.batch * g.H * g.W, xnumel = xpix * g.C, O = g.O, K = g.K;
-    struct dview x = {}, xm = {}, bias = {}, gy = {}, gxo = {}, w = {}, gwo = {}, xr = {}, xmr = {}, gxr = {};
-    dview_make(&c->x, &x);
-    dview_make(&c->grad_y, &gy);
-    dview_make(&c->weight, &w);
-    xm.data = bias.data = gxo.data = gwo.data = NULL;
-    if (c->x_mask.data) dview_make(&c->x_mask, &xm);
-    if (c->bias_a.data) dview_make(&c->bias_a, &bias);
-    if (c->grad_x.data) dview_make(&c->grad_x, &gxo);
-    if (want_gw) dview_make(&c->grad_weight, &gwo);
-    const bool saved = x.dtype == BIE_DTYPE_B1;
-    const bool x_rows = pixel_rows_view(x, &xr) && (!xm.data || pixel_rows_view(xm, &xmr));
-    if (!xm.data) xmr = xm;
-    const bool rows = x_rows && (!gxo.data || pixel_rows_view(gxo, &gxr));
-    if (saved && want_gx && !rows)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x, x_mask, grad_x: CUDA reads saved bits of a conv as "
-                             "channels-last pixel rows on whole bytes, with a channels-last grad_x");
-    if (saved && want_gw && !x_rows)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: CUDA reads saved bits of a conv as channels-last pixel "
-                             "rows on whole bytes");
-    // grad_y as it is when dense NCHW or NHWC, else (broadcast, gapped, misaligned) copied into dense NHWC first
-    const int64_t * ys = gy.stride;
-    const int64_t P = g.OH * g.OW;
-    const bool nchw = ys[3] == 1 && ys[2] == g.OW && ys[1] == P && ys[0] == g.O * P;
-    const bool nhwc = ys[1] == 1 && ys[3] == g.O && ys[2] == g.OW * g.O && ys[0] == P * g.O;
-    const bool gy_copy = !(nchw || nhwc) || ((uintptr_t)gy.data % 16) != 0; // (cuDNN's plans take 16-byte alignment)
-    const int64_t ynumel = g.batch * g.O * P;
-    cudnn_conv_shape k = {(int)g.batch, (int)g.C, (int)g.H, (int)g.W, (int)g.O, (int)g.OH, (int)g.OW, g.kh, g.kw,
-                          g.sh, g.sw, g.ph, g.pw, g.dh, g.dw, gdt,
-                          {(int)ys[0], (int)ys[1], (int)ys[2], (int)ys[3]}};
-    if (gy_copy) {
-        const int nhwc_st[4] = {(int)(P * g.O), 1, (int)(g.OW * g.O), (int)g.O};
-        memcpy(k.gy_stride, nhwc_st, sizeof nhwc_st);
-    }
-    size_t dnn_ws = 0;
-    const enum bie_status found = bie_cudnn_conv_prepare(ctx, k, want_gx, want_gw, &dnn_ws);
-    if (found == BIE_STATUS_UNSUPPORTED && !saved) return BIE_DECLINED; // (no algorithm: the GEMM route)
-    BIE_TRY(found);
-
-    const struct dscale sa = dscale_make(c, true), sw = dscale_make(c, false);
+// The regions of the GEMM route's workspace, in order (0 bytes: not used by the route).
+enum bwd_region {
+    B_G,    // G = grad_y as dense rows [M][O] (unless grad_y already is)
+    B_W,    // the weight codes
+    B_COL,  // dCol (f32) or Gcol + Gx (transposed conv), then Acol
+    B_R,    // R = G^T Acol (f32), unless grad_weight is written by its GEMM
+    B_SCAL, // gemm_scalars
+    B_PASS, // the STE pass's partial sums
+    B_PIX,  // activation codes as pixel rows (then im2col)
+    B_REGIONS
+};
+// The GEMM route of a backward call, chosen before anything runs (bwd_route_make).
+struct bwd_route {
+    struct dgeom g;
+    int64_t M, O, K, xnumel, xpix;
+    int taps, gdt; // gdt: the GEMM operands' dtype, grad_y's (codes are exact in all three)
+    cudaDataType_t ct;
+    size_t es; // its element size
+    bool want_gx, want_gw;
+    bool gx_conv;              // grad_x as a transposed conv of grad_y (stride 1, several taps)
+    bool ste_linear;           // the STE pass over x's rows (else by tiles of pixels x channels)
+    bool gx_direct, gw_direct; // gradients written by their GEMMs with the scale as alpha
+    bool acol_pixels;          // activation codes as pixel rows first, then im2col
+    int64_t gx_ld, gw_ld;
+    struct dview x, xm, gxo, gwo;
+    size_t gcol_bytes;
     ste_pass_job pj;
-    pj.rows = rows;
-    pj.x = rows ? xr : x;
-    pj.xm = xmr;
-    pj.bias = bias;
-    pj.g = g; // tiles: one tap sum per pixel of x (a 1x1, stride-1 geometry over x's pixels)
-    pj.g.kh = pj.g.kw = pj.g.sh = pj.g.sw = pj.g.dh = pj.g.dw = 1;
-    pj.g.ph = pj.g.pw = 0;
-    pj.g.OH = g.H;
-    pj.g.OW = g.W;
-    pj.g.K = g.C;
-    if (rows) { // rows: the pixels are the rows
-        pj.g.batch = xpix;
-        pj.g.H = pj.g.W = pj.g.OH = pj.g.OW = 1;
-    }
-    pj.quant = (int)c->quant;
-    pj.sa = sa;
-    pj.sw = sw;
-    pj.dcol_dtype = gdt;
-    pj.gx = rows && gxo.data ? gxr : gxo;
-    pj.xnumel = xnumel;
+    size_t size[B_REGIONS], off[B_REGIONS], total;
+};
+// The workspace's regions of route r.
+void bwd_workspace(bwd_route * r) {
+    const int64_t M = r->M, O = r->O, K = r->K;
+    const size_t es = r->es;
+    size_t * z = r->size;
+    z[B_G] = (size_t)(M * O) * es;
+    z[B_W] = r->want_gx ? (size_t)(O * K) * es : 0;
+    r->gcol_bytes = (((size_t)(r->xpix * r->taps * O) * es) + 255) & ~(size_t)255;
+    const size_t gx_bytes = r->gx_conv                    ? r->gcol_bytes + (size_t)r->xnumel * 4
+                            : r->want_gx && !r->gx_direct ? (size_t)(M * K) * 4
+                                                          : 0;
+    z[B_COL] = std::max(gx_bytes, r->want_gw ? (size_t)(M * K) * es : (size_t)0);
+    z[B_R] = r->want_gw && !r->gw_direct ? (size_t)(O * K) * 4 : 0;
+    z[B_SCAL] = 4 * sizeof(float);
+    z[B_PASS] = r->want_gx ? bie_cuda_ste_pass_workspace(r->pj) : 0;
+    z[B_PIX] = r->acol_pixels ? (size_t)r->xnumel * es : 0;
+    r->total = ws_layout(z, r->off, B_REGIONS);
+}
+// Chooses the GEMM route of a backward call (see bwd_route).
+enum bie_status bwd_route_make(bie_context_t * ctx, const struct bie_layer_call * c, bwd_route * r) {
+    const struct dgeom g = r->g = dgeom_make(c->g);
+    const int64_t M = r->M = g.batch * g.OH * g.OW, O = r->O = g.O, K = r->K = g.K;
+    r->xnumel = g.batch * g.C * g.H * g.W;
+    r->gdt = c->grad_y.dtype;
+    r->ct = r->gdt == BIE_DTYPE_F16 ? CUDA_R_16F : r->gdt == BIE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    r->es = r->gdt == BIE_DTYPE_F32 ? 4 : 2;
+    r->want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
+    r->want_gw = c->grad_weight.data != NULL;
+    // grad_x of a stride-1 conv with several taps is computed as a convolution of grad_y (the
+    // transposed conv): Gcol [x pixels][t*O + o] = grad_y at the output position that tap t of
+    // the pixel feeds (0 where none), and Gx [x pixels][C] = Gcol @ Wt, Wt[t*O + o][c] = Wc[o][t*C + c].
+    // Its operand (taps*O half-size elements per x pixel) is half the f32 dCol [M][K] of the
+    // general path (dCol = G @ Wc, whose tap sums the STE pass gathers), and the STE pass reads
+    // one f32 per element instead of taps.
+    r->taps = g.kh * g.kw;
+    r->xpix = r->xnumel / g.C;
+    r->gx_conv = r->want_gx && !dgeom_one_position(g) && r->taps > 1 && g.sh == 1 && g.sw == 1;
+    // The STE pass of a linear layer over contiguous features takes row slabs (ste_rows), any
+    // other layer tiles of pixels x channels (ste_tiles, `groups` blocks per channel tile); both
+    // leave partial channel sums of the masked gradient (a row per slab or group) for grad_bias_a.
+    // Saved bits (a B1 x, with x_mask for grad_x) are read by the row passes only.
+    dview_make(&c->x, &r->x);
+    r->xm.data = NULL;
+    if (c->x_mask.data) dview_make(&c->x_mask, &r->xm);
+    const bool saved = r->x.dtype == BIE_DTYPE_B1;
+    r->ste_linear = codes_rows_ok(r->x, dgeom_one_position(g), K) && (!r->xm.data || codes_rows_ok(r->xm, true, K));
+    if (saved && r->want_gx && !r->ste_linear)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
+                             "x, x_mask: CUDA reads saved bits in rows that start on "
+                             "whole bytes with contiguous features (as bie_tensor_make lays them out)");
+    // Gradients written by their GEMMs: when grad_x (of a linear layer) or grad_weight (of a 1x1
+    // kernel) has dense rows of grad_y's dtype, its GEMM writes it with the scale as alpha (the
+    // f32 product scale * sum rounded once, as the reference rounds it), so neither dCol nor R
+    // goes through memory in f32. grad_x goes so only when neither grad_scale_a nor grad_bias_a is
+    // asked for (they sum the unrounded masked gradient); its STE mask is then applied in place by
+    // the pass that writes the activation codes, which reads x anyway. A gradient that shares
+    // bytes with what is read after its GEMM writes it keeps the path through the workspace.
+    r->gxo.data = r->gwo.data = NULL;
+    if (c->grad_x.data) dview_make(&c->grad_x, &r->gxo);
+    if (r->want_gw) dview_make(&c->grad_weight, &r->gwo);
+    r->gx_ld = M == 1 ? K : r->gxo.stride[0];
+    r->gw_ld = O == 1 ? K : r->gwo.stride[0];
+    r->gx_direct = r->gxo.data && !c->grad_scale_a.data && !c->grad_bias_a.data && r->ste_linear &&
+                   r->gxo.dtype == r->gdt && (K == 1 || r->gxo.stride[1] == 1) && r->gx_ld >= K &&
+                   !spans_overlap(c->grad_x, c->x) && !spans_overlap(c->grad_x, c->grad_y) &&
+                   !spans_overlap(c->grad_x, c->bias_a) && !spans_overlap(c->grad_x, c->scale_a_t) &&
+                   !spans_overlap(c->grad_x, c->x_mask);
+    r->gw_direct = r->want_gw && g.kh == 1 && g.kw == 1 && r->gwo.dtype == r->gdt &&
+                   (K == 1 || r->gwo.stride[1] == 1) && r->gw_ld >= K && !spans_overlap(c->grad_weight, c->grad_y);
+    // the STE pass (its partial sums): over x's rows for a linear layer, else by tiles of x
+    ste_pass_job & pj = r->pj;
+    pj.rows = r->ste_linear;
+    pj.g = g;
+    pj.xnumel = r->xnumel;
     pj.gb.data = pj.gsa.data = NULL;
     if (c->grad_bias_a.data) dview_make(&c->grad_bias_a, &pj.gb);
     if (c->grad_scale_a.data) dview_make(&c->grad_scale_a, &pj.gsa);
-
-    size_t off = 0;
-    const size_t oWc = off; off = align256(off + (want_gx ? (size_t)(O * K) * es : 0));
-    const size_t oDX = off; off = align256(off + (want_gx ? (size_t)xnumel * es : 0));
-    const size_t oA = off; off = align256(off + (want_gw ? (size_t)xnumel * es : 0));
-    const size_t oDW = off; off = align256(off + (want_gw ? (size_t)(O * K) * es : 0));
-    const size_t oDnn = off; off = align256(off + dnn_ws);
-    const size_t oPass = off; off = align256(off + (want_gx ? bie_cuda_ste_pass_workspace(pj) : 0));
-    const size_t oGy = off; off = align256(off + (gy_copy ? (size_t)ynumel * es : 0));
-    if (c->plan) {
-        snprintf(c->plan->route, sizeof c->plan->route,
-                 "cuda:%d, cuDNN convolutions in %s (grad_x: %s; grad_weight: %s); STE pass by %s; x %s; grad_y %s",
-                 (int)c->device_index, bie_dtype_name((enum bie_dtype)gdt), want_gx ? "dgrad" : "not asked",
-                 want_gw ? "wgrad" : "not asked", rows ? "pixel rows" : "tiles",
-                 saved ? "from saved bits and mask" : bie_dtype_name((enum bie_dtype)x.dtype),
-                 gy_copy ? "copied to dense NHWC" : nhwc ? "NHWC" : "NCHW");
-        c->plan->workspace = off;
-        return BIE_STATUS_OK;
-    }
+    // activation codes as pixel rows first (then im2col) unless x's rows are the GEMM's rows
+    r->acol_pixels = r->want_gw && !codes_rows_ok(r->x, dgeom_one_position(g), K);
+    bwd_workspace(r);
+    return BIE_STATUS_OK;
+}
+void bwd_route_describe(const struct bie_layer_call * c, const bwd_route & r) {
+    snprintf(c->plan->route, sizeof c->plan->route,
+             "cuda:%d, cuBLAS GEMMs in %s (grad_x: %s; grad_weight: %s); STE pass by %s", (int)c->device_index,
+             bie_dtype_name((enum bie_dtype)r.gdt),
+             !r.want_gx    ? "not asked"
+             : r.gx_conv   ? "transposed conv over im2col of grad_y"
+             : r.gx_direct ? "written by the GEMM, masked in place"
+                           : "dCol GEMM",
+             !r.want_gw      ? "not asked"
+             : r.gw_direct   ? "written by the GEMM"
+             : r.acol_pixels ? "im2col of codes"
+                             : "codes rows",
+             r.ste_linear ? "rows" : "tiles");
+    c->plan->workspace = r.total;
+}
+// The operands and scales that the route's steps share once the workspace is there.
+struct bwd_run {
     uint8_t * ws;
-    BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
-    const void * gyd = gy.data;
-    if (gy_copy) {
-        BIE_TRY(bie_cuda_pixel_rows(ctx, s, gy, bias_none(), 0, sa, gdt, 0, ws + oGy));
-        gyd = ws + oGy;
-    }
-
-    if (want_gx) {
-        struct dview wr;
-        const bool w_rows = weight_rows_view(w, g, &wr);
-        if (!(w_rows && (bie_dtype_is_float((enum bie_dtype)w.dtype) || w.dtype == BIE_DTYPE_B1) &&
-              launch_codes_rows(wr, bias_none(), true, O, K, bias_none(), (int)c->quant, sw, gdt, ws + oWc, s)))
-            weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 0, ws + oWc);
+    cudaStream_t s;
+    struct dview bias;
+    struct dscale sa, sw;
+    const void * G;
+    gemm_dst gx_dst, gw_dst;
+};
+// an f32 buffer of the workspace (ld elements), or a gradient written directly with its scale
+gemm_dst f32_dst(void * p, int64_t ld) { return gemm_dst{p, CUDA_R_32F, ld, 1.0f, NULL}; }
+// grad_x: the weight codes, dCol (or Gx, by the transposed conv) by cuBLAS, then the STE pass
+// (unless grad_x is written by its GEMM, masked later).
+enum bie_status bwd_grad_x(bie_context_t * ctx, const struct bie_layer_call * c, bwd_route & r, const bwd_run & u) {
+    const struct dgeom & g = r.g;
+    const int64_t M = r.M, O = r.O, K = r.K;
+    uint8_t * const ws = u.ws;
+    const cudaStream_t s = u.s;
+    struct dgeom gs = g; // the geometry the STE pass gathers tap sums with
+    struct dview w;
+    dview_make(&c->weight, &w);
+    if (r.gx_conv) {
+        weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, u.sw, r.gdt, 1, ws + r.off[B_W]);
         LAUNCHED(ctx, "weight codes");
-        BIE_TRY(bie_cudnn_conv_dgrad(ctx, k, ws + oWc, gyd, ws + oDX, ws + oDnn, dnn_ws));
-        pj.dcol = ws + oDX;
-        BIE_TRY(bie_cuda_ste_pass(ctx, s, pj, ws + oPass));
+        // grad_y's pixels are the image and x's the output positions: x pixel h reads grad_y
+        // row h + ph - i*dh through tap i
+        struct dgeom gt = g;
+        gt.C = O;
+        gt.H = g.OH;
+        gt.W = g.OW;
+        gt.O = g.C;
+        gt.OH = g.H;
+        gt.OW = g.W;
+        gt.K = r.taps * O;
+        gt.ph = -g.ph;
+        gt.pw = -g.pw;
+        gt.dh = -g.dh;
+        gt.dw = -g.dw;
+        BIE_TRY(bie_cuda_im2col(ctx, s, u.G, (int)r.es, 0u, gt, gt.K, ws + r.off[B_COL]));
+        // Gx (row-major [xpix][C]) = Gcol [xpix][taps*O] @ Wt: column-major Gx^T = Wt^T Gcol^T.
+        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, g.C, r.xpix, gt.K, ws + r.off[B_W], g.C, ws + r.off[B_COL], gt.K,
+                        f32_dst(ws + r.off[B_COL] + r.gcol_bytes, g.C), r.ct, "grad_x"));
+        // Gx is a dCol of one tap per pixel: a 1x1, stride-1 conv without padding
+        gs.kh = gs.kw = gs.sh = gs.sw = gs.dh = gs.dw = 1;
+        gs.ph = gs.pw = 0;
+        gs.OH = g.H;
+        gs.OW = g.W;
+        gs.K = g.C;
+    } else {
+        if (!launch_codes_rows(w, bias_none(), g.kh == 1 && g.kw == 1, O, K, bias_none(), (int)c->quant, u.sw, r.gdt,
+                               ws + r.off[B_W], s))
+            weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, u.sw, r.gdt, 0, ws + r.off[B_W]);
+        LAUNCHED(ctx, "weight codes");
+        // dCol (row-major [M][K]) = G [M][O] @ Wc [O][K]: column-major dCol^T = Wc^T G^T; or
+        // (gx_direct) grad_x = scale_w * dCol, masked later
+        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + r.off[B_W], K, u.G, O,
+                        r.gx_direct ? u.gx_dst : f32_dst(ws + r.off[B_COL], K), r.ct, "grad_x"));
     }
-    if (want_gw) {
-        if (!(x_rows && launch_codes_rows(xr, xmr, true, xpix, g.C, saved ? bias_none() : bias, (int)c->quant, sa, gdt,
-                                          ws + oA, s)))
-            BIE_TRY(bie_cuda_pixel_rows(ctx, s, x, bias, (int)c->quant, sa, gdt, 0, ws + oA));
-        LAUNCHED(ctx, "activation codes");
-        BIE_TRY(bie_cudnn_conv_wgrad(ctx, k, ws + oA, gyd, ws + oDW, ws + oDnn, dnn_ws));
-        if (gdt == BIE_DTYPE_F16)
-            scatter_grad_w<__half><<<grid_for(O * K, 256), 256, 0, s>>>((const __half *)(ws + oDW), g, sa, gwo);
-        else if (gdt == BIE_DTYPE_BF16)
-            scatter_grad_w<__nv_bfloat16><<<grid_for(O * K, 256), 256, 0, s>>>((const __nv_bfloat16 *)(ws + oDW), g, sa,
-                                                                               gwo);
-        else
-            scatter_grad_w<float><<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + oDW), g, sa, gwo);
-        LAUNCHED(ctx, "scale grad_weight");
+    if (r.gx_direct) return BIE_STATUS_OK;
+    ste_pass_job & pj = r.pj;
+    pj.x = r.x;
+    pj.xm = r.xm;
+    pj.bias = u.bias;
+    if (!r.ste_linear) pj.g = gs;
+    pj.quant = (int)c->quant;
+    pj.sa = u.sa;
+    pj.sw = u.sw;
+    pj.dcol = ws + r.off[B_COL] + (r.gx_conv ? r.gcol_bytes : 0);
+    pj.dcol_dtype = BIE_DTYPE_F32;
+    pj.gx = r.gxo;
+    return bie_cuda_ste_pass(ctx, s, pj, ws + r.off[B_PASS]);
+}
+// grad_weight: the activation codes (Acol), R = G^T Acol by cuBLAS, scaled into grad_weight
+// (unless its GEMM writes it). mask_gx: a grad_x that its GEMM wrote, masked by the codes' pass.
+enum bie_status bwd_grad_w(bie_context_t * ctx, const struct bie_layer_call * c, const bwd_route & r, const bwd_run & u,
+                           void * mask_gx) {
+    const struct dgeom & g = r.g;
+    const int64_t M = r.M, O = r.O, K = r.K;
+    uint8_t * const ws = u.ws;
+    const cudaStream_t s = u.s;
+    // a linear layer: row m of Acol is row m of x
+    if (r.acol_pixels) {
+        BIE_TRY(bie_cuda_pixel_rows(ctx, s, r.x, u.bias, (int)c->quant, u.sa, r.gdt, 0, ws + r.off[B_PIX]));
+        const float pad = c->quant != BIE_QUANT_BINARY       ? 0.0f
+                          : g.pad_value == BIE_PAD_PLUS_ONE  ? 1.0f
+                          : g.pad_value == BIE_PAD_MINUS_ONE ? -1.0f
+                                                             : 0.0f;
+        BIE_TRY(
+            bie_cuda_im2col(ctx, s, ws + r.off[B_PIX], (int)r.es, element_bits(pad, r.gdt), g, K, ws + r.off[B_COL]));
+    } else {
+        launch_codes_rows(r.x, r.xm, true, M, K, u.bias, (int)c->quant, u.sa, r.gdt, ws + r.off[B_COL], s, mask_gx,
+                          r.gx_ld);
+        LAUNCHED(ctx, mask_gx ? "activation codes and STE mask" : "activation codes");
     }
+    // R (row-major [O][K]) = G^T @ Acol: column-major R^T [K][O] = Acol^T [K][M] . G [M][O];
+    // grad_W = scale_a * R, written by the GEMM itself when gw_direct
+    BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + r.off[B_COL], K, u.G, O,
+                    r.gw_direct ? u.gw_dst : f32_dst(ws + r.off[B_R], K), r.ct, "grad_weight"));
+    if (r.gw_direct) return BIE_STATUS_OK;
+    const struct dview & gwo = r.gwo;
+    if (g.kh == 1 && g.kw == 1 && (g.C == 1 || gwo.stride[1] == 1) && bie_dtype_is_float((enum bie_dtype)gwo.dtype))
+        scale_rows<<<grid_for(O * ((K + 7) / 8), 256), 256, 0, s>>>((const float *)(ws + r.off[B_R]), O, K, u.sa, gwo);
+    else scatter_grad_w<float><<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + r.off[B_R]), g, u.sa, gwo);
+    LAUNCHED(ctx, "scatter grad_weight");
     return BIE_STATUS_OK;
 }
 
 } // namespace
 
+// Launches codes_rows when the rows of t ([rows, K] in its 4-D view: dim 0 rows, dim 1 the K
+// contiguous elements, dims 2-3 of extent 1; rows_are_k says the layer's geometry makes them so)
+// are contiguous floats, or bits in rows that start on whole bytes; false otherwise.
+bool codes_rows_ok(const struct dview & t, bool rows_are_k, int64_t K) {
+    if (!rows_are_k || !(K == 1 || t.stride[1] == 1)) return false;
+    return t.dtype == BIE_DTYPE_B1 ? t.stride[0] % 8 == 0 : bie_dtype_is_float((enum bie_dtype)t.dtype);
+}
+// pass: for t of saved bits and a gx to mask, the saved mask (rows like t's); else unused.
+bool launch_codes_rows(const struct dview & t, const struct dview & pass, bool rows_are_k, int64_t rows, int64_t K,
+                       const struct dview & bias, int quant, struct dscale sc, int gdt, void * out, cudaStream_t stream,
+                       void * gx, int64_t gx_ld) {
+    if (!codes_rows_ok(t, rows_are_k, K)) return false;
+    if (t.dtype == BIE_DTYPE_F32) launch_codes<float>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+    else if (t.dtype == BIE_DTYPE_F16)
+        launch_codes<__half>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+    else if (t.dtype == BIE_DTYPE_BF16)
+        launch_codes<__nv_bfloat16>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+    else if (t.dtype == BIE_DTYPE_B1)
+        launch_codes<sbits>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+    else return false;
+    return true;
+}
+struct dview bias_none() {
+    struct dview v;
+    v.data = NULL;
+    return v;
+}
+
+void launch_weight_codes(cudaStream_t s, const struct dview & w, const struct dgeom & g, int quant, struct dscale sw,
+                         int gdt, int tap_major, void * Wc) {
+    weight_codes<<<grid_for(g.O * g.K, 256), 256, 0, s>>>(w, g, quant, sw, gdt, tap_major, Wc);
+}
+
+void launch_scatter_grad_w(cudaStream_t s, int dt, const void * R, const struct dgeom & g, struct dscale sa,
+                           const struct dview & gw) {
+    if (dt == BIE_DTYPE_F16)
+        scatter_grad_w<__half><<<grid_for(g.O * g.K, 256), 256, 0, s>>>((const __half *)R, g, sa, gw);
+    else if (dt == BIE_DTYPE_BF16)
+        scatter_grad_w<__nv_bfloat16><<<grid_for(g.O * g.K, 256), 256, 0, s>>>((const __nv_bfloat16 *)R, g, sa, gw);
+    else scatter_grad_w<float><<<grid_for(g.O * g.K, 256), 256, 0, s>>>((const float *)R, g, sa, gw);
+}
+
 extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
-    const struct bie_geometry & geo = c->g;
-    const struct dgeom g = dgeom_make(geo);
-    const int64_t M = g.batch * g.OH * g.OW, O = g.O, K = g.K;
-    const int64_t xnumel = g.batch * g.C * g.H * g.W;
-    const int gdt = c->grad_y.dtype; // GEMM operand dtype: grad_y's (codes are exact in all three)
-    const cudaDataType_t ct = gdt == BIE_DTYPE_F16 ? CUDA_R_16F : gdt == BIE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    const size_t es = gdt == BIE_DTYPE_F32 ? 4 : 2;
     const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
     const bool want_gw = c->grad_weight.data != NULL;
     if (!want_gx && !want_gw) return BIE_STATUS_OK;
@@ -606,176 +631,41 @@ extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const st
         bie_clear_error(ctx);
     }
     if (c->is_conv && c->x.dtype == BIE_DTYPE_B1)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x: the backward of a conv from saved bits needs cuDNN and "
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
+                             "x: the backward of a conv from saved bits needs cuDNN and "
                              "zero padding on CUDA");
-
-    // grad_x of a stride-1 conv with several taps is computed as a convolution of grad_y (the
-    // transposed conv): Gcol [x pixels][t*O + o] = grad_y at the output position that tap t of
-    // the pixel feeds (0 where none), and Gx [x pixels][C] = Gcol @ Wt, Wt[t*O + o][c] = Wc[o][t*C + c].
-    // Its operand (taps*O half-size elements per x pixel) is half the f32 dCol [M][K] of the
-    // general path (dCol = G @ Wc, whose tap sums the STE pass gathers), and the STE pass reads
-    // one f32 per element instead of taps.
-    const int taps = g.kh * g.kw;
-    const int64_t xpix = xnumel / g.C;
-    const bool gx_conv = want_gx && !dgeom_one_position(g) && taps > 1 && g.sh == 1 && g.sw == 1;
-    // The STE pass of a linear layer over contiguous features takes row slabs (ste_rows), any
-    // other layer tiles of pixels x channels (ste_tiles, `groups` blocks per channel tile); both
-    // leave partial channel sums of the masked gradient (a row per slab or group) for grad_bias_a.
-    // Saved bits (a B1 x, with x_mask for grad_x) are read by the row passes only.
-    struct dview x, xm, bias, gy;
-    dview_make(&c->x, &x);
-    xm.data = NULL;
-    if (c->x_mask.data) dview_make(&c->x_mask, &xm);
-    const bool saved = x.dtype == BIE_DTYPE_B1;
-    const bool ste_linear = codes_rows_ok(x, dgeom_one_position(g), K) && (!xm.data || codes_rows_ok(xm, true, K));
-    if (saved && want_gx && !ste_linear)
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "x, x_mask: CUDA reads saved bits in rows that start on "
-                             "whole bytes with contiguous features (as bie_tensor_make lays them out)");
-    // Gradients written by their GEMMs: when grad_x (of a linear layer) or grad_weight (of a 1x1
-    // kernel) has dense rows of grad_y's dtype, its GEMM writes it with the scale as alpha (the
-    // f32 product scale * sum rounded once, as the reference rounds it), so neither dCol nor R
-    // goes through memory in f32. grad_x goes so only when neither grad_scale_a nor grad_bias_a is
-    // asked for (they sum the unrounded masked gradient); its STE mask is then applied in place by
-    // the pass that writes the activation codes, which reads x anyway. A gradient that shares
-    // bytes with what is read after its GEMM writes it keeps the path through the workspace.
-    struct dview gxo, gwo;
-    gxo.data = gwo.data = NULL;
-    if (c->grad_x.data) dview_make(&c->grad_x, &gxo);
-    if (want_gw) dview_make(&c->grad_weight, &gwo);
-    const int64_t gx_ld = M == 1 ? K : gxo.stride[0], gw_ld = O == 1 ? K : gwo.stride[0];
-    const bool gx_direct = gxo.data && !c->grad_scale_a.data && !c->grad_bias_a.data && ste_linear &&
-                           gxo.dtype == gdt && (K == 1 || gxo.stride[1] == 1) && gx_ld >= K &&
-                           !spans_overlap(c->grad_x, c->x) && !spans_overlap(c->grad_x, c->grad_y) &&
-                           !spans_overlap(c->grad_x, c->bias_a) && !spans_overlap(c->grad_x, c->scale_a_t) &&
-                           !spans_overlap(c->grad_x, c->x_mask);
-    const bool gw_direct = want_gw && g.kh == 1 && g.kw == 1 && gwo.dtype == gdt && (K == 1 || gwo.stride[1] == 1) &&
-                           gw_ld >= K && !spans_overlap(c->grad_weight, c->grad_y);
-    size_t off = 0;
-    const size_t oG = off; off = align256(off + (size_t)(M * O) * es);
-    const size_t oW = off; off = align256(off + (want_gx ? (size_t)(O * K) * es : 0));
-    const size_t gcol_bytes = align256((size_t)(xpix * taps * O) * es);
-    const size_t gx_bytes = gx_conv ? gcol_bytes + (size_t)xnumel * 4 : want_gx && !gx_direct ? (size_t)(M * K) * 4 : 0;
-    const size_t col_bytes = std::max(gx_bytes, want_gw ? (size_t)(M * K) * es : (size_t)0);
-    const size_t oCol = off; off = align256(off + col_bytes); // dCol (f32) or Gcol + Gx, then Acol
-    const size_t oR = off; off = align256(off + (want_gw && !gw_direct ? (size_t)(O * K) * 4 : 0));
-    const size_t oScal = off; off = align256(off + 4 * sizeof(float)); // gemm_scalars
-    // the STE pass (its partial sums): over x's rows for a linear layer, else by tiles of x
-    ste_pass_job pj;
-    pj.rows = ste_linear;
-    pj.g = g;
-    pj.xnumel = xnumel;
-    pj.gb.data = pj.gsa.data = NULL;
-    if (c->grad_bias_a.data) dview_make(&c->grad_bias_a, &pj.gb);
-    if (c->grad_scale_a.data) dview_make(&c->grad_scale_a, &pj.gsa);
-    const size_t oPass = off; off = align256(off + (want_gx ? bie_cuda_ste_pass_workspace(pj) : 0));
-    // activation codes as pixel rows first (then im2col) unless x's rows are the GEMM's rows
-    const bool acol_pixels = want_gw && !codes_rows_ok(x, dgeom_one_position(g), K);
-    const size_t oPix = off; off = align256(off + (acol_pixels ? (size_t)xnumel * es : 0));
+    bwd_route r;
+    BIE_TRY(bwd_route_make(ctx, c, &r));
     if (c->plan) {
-        snprintf(c->plan->route, sizeof c->plan->route,
-                 "cuda:%d, cuBLAS GEMMs in %s (grad_x: %s; grad_weight: %s); STE pass by %s",
-                 (int)c->device_index, bie_dtype_name((enum bie_dtype)gdt),
-                 !want_gx ? "not asked" : gx_conv ? "transposed conv over im2col of grad_y"
-                                        : gx_direct ? "written by the GEMM, masked in place" : "dCol GEMM",
-                 !want_gw ? "not asked" : gw_direct ? "written by the GEMM" : acol_pixels ? "im2col of codes" : "codes rows",
-                 ste_linear ? "rows" : "tiles");
-        c->plan->workspace = off;
+        bwd_route_describe(c, r);
         return BIE_STATUS_OK;
     }
-    uint8_t * ws;
-    BIE_TRY(bie_cuda_workspace(ctx, off, (void **)&ws));
-    cudaStream_t s = st->stream;
-
-    bias.data = NULL;
-    if (c->bias_a.data) dview_make(&c->bias_a, &bias);
+    bwd_run u;
+    BIE_TRY(bie_cuda_workspace(ctx, r.total, (void **)&u.ws));
+    u.s = st->stream;
+    u.bias.data = NULL;
+    if (c->bias_a.data) dview_make(&c->bias_a, &u.bias);
+    struct dview gy;
     dview_make(&c->grad_y, &gy);
-    const struct dscale sa = dscale_make(c, true), sw = dscale_make(c, false);
-    float * scal = (float *)(ws + oScal);
-    if ((gx_direct && sw.ptr) || (gw_direct && sa.ptr)) {
-        gemm_scalars<<<1, 1, 0, s>>>(sw, sa, scal);
+    u.sa = dscale_make(c, true), u.sw = dscale_make(c, false);
+    float * scal = (float *)(u.ws + r.off[B_SCAL]);
+    if ((r.gx_direct && u.sw.ptr) || (r.gw_direct && u.sa.ptr)) {
+        gemm_scalars<<<1, 1, 0, u.s>>>(u.sw, u.sa, scal);
         LAUNCHED(ctx, "GEMM scalars");
     }
-    // an f32 buffer of the workspace (ld elements), or a gradient written directly with its scale
-    auto f32_dst = [](void * p, int64_t ld) { return gemm_dst{p, CUDA_R_32F, ld, 1.0f, NULL}; };
-    const gemm_dst gx_dst = {gxo.data, ct, gx_ld, sw.value, sw.ptr ? scal : NULL};
-    const gemm_dst gw_dst = {gwo.data, ct, gw_ld, sa.value, sa.ptr ? scal + 2 : NULL};
-
+    u.gx_dst = {r.gxo.data, r.ct, r.gx_ld, u.sw.value, u.sw.ptr ? scal : NULL};
+    u.gw_dst = {r.gwo.data, r.ct, r.gw_ld, u.sa.value, u.sa.ptr ? scal + 2 : NULL};
     // A linear grad_y with dense rows already is G; otherwise gather it.
-    const bool g_direct = !c->is_conv && gy.stride[1] == 1 && (M == 1 || gy.stride[0] == O);
-    const void * G = g_direct ? (const void *)gy.data : (const void *)(ws + oG);
-    if (!g_direct) BIE_TRY(bie_cuda_pixel_rows(ctx, s, gy, bias_none(), 0, sa, gdt, 0, ws + oG));
-
-    struct dgeom gs = g; // the geometry the STE pass gathers tap sums with
-    if (want_gx) {
-        struct dview w;
-        dview_make(&c->weight, &w);
-        if (gx_conv) {
-            weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 1, ws + oW);
-            LAUNCHED(ctx, "weight codes");
-            // grad_y's pixels are the image and x's the output positions: x pixel h reads grad_y
-            // row h + ph - i*dh through tap i
-            struct dgeom gt = g;
-            gt.C = O; gt.H = g.OH; gt.W = g.OW; gt.O = g.C; gt.OH = g.H; gt.OW = g.W; gt.K = taps * O;
-            gt.ph = -g.ph; gt.pw = -g.pw; gt.dh = -g.dh; gt.dw = -g.dw;
-            BIE_TRY(bie_cuda_im2col(ctx, s, G, (int)es, 0u, gt, gt.K, ws + oCol));
-            // Gx (row-major [xpix][C]) = Gcol [xpix][taps*O] @ Wt: column-major Gx^T = Wt^T Gcol^T.
-            BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, g.C, xpix, gt.K, ws + oW, g.C, ws + oCol, gt.K,
-                            f32_dst(ws + oCol + gcol_bytes, g.C), ct, "grad_x"));
-            // Gx is a dCol of one tap per pixel: a 1x1, stride-1 conv without padding
-            gs.kh = gs.kw = gs.sh = gs.sw = gs.dh = gs.dw = 1;
-            gs.ph = gs.pw = 0;
-            gs.OH = g.H; gs.OW = g.W; gs.K = g.C;
-        } else {
-            if (!launch_codes_rows(w, bias_none(), g.kh == 1 && g.kw == 1, O, K, bias_none(), (int)c->quant, sw, gdt,
-                                   ws + oW, s))
-                weight_codes<<<grid_for(O * K, 256), 256, 0, s>>>(w, g, (int)c->quant, sw, gdt, 0, ws + oW);
-            LAUNCHED(ctx, "weight codes");
-            // dCol (row-major [M][K]) = G [M][O] @ Wc [O][K]: column-major dCol^T = Wc^T G^T; or
-            // (gx_direct) grad_x = scale_w * dCol, masked later
-            BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_N, K, M, O, ws + oW, K, G, O,
-                            gx_direct ? gx_dst : f32_dst(ws + oCol, K), ct, "grad_x"));
-        }
-    }
-    if (want_gx && !gx_direct) {
-        pj.x = x;
-        pj.xm = xm;
-        pj.bias = bias;
-        if (!ste_linear) pj.g = gs;
-        pj.quant = (int)c->quant;
-        pj.sa = sa;
-        pj.sw = sw;
-        pj.dcol = ws + oCol + (gx_conv ? gcol_bytes : 0);
-        pj.dcol_dtype = BIE_DTYPE_F32;
-        pj.gx = gxo;
-        BIE_TRY(bie_cuda_ste_pass(ctx, s, pj, ws + oPass));
-    }
+    const bool g_direct = !c->is_conv && gy.stride[1] == 1 && (r.M == 1 || gy.stride[0] == r.O);
+    u.G = g_direct ? (const void *)gy.data : (const void *)(u.ws + r.off[B_G]);
+    if (!g_direct) BIE_TRY(bie_cuda_pixel_rows(ctx, u.s, gy, bias_none(), 0, u.sa, r.gdt, 0, u.ws + r.off[B_G]));
+    if (want_gx) BIE_TRY(bwd_grad_x(ctx, c, r, u));
     // the STE mask of a grad_x that its GEMM wrote: applied by the pass of the activation codes
-    void * const mask_gx = gx_direct ? gxo.data : NULL;
+    void * const mask_gx = r.gx_direct ? r.gxo.data : NULL;
     if (want_gw) {
-        // a linear layer: row m of Acol is row m of x
-        if (acol_pixels) {
-            BIE_TRY(bie_cuda_pixel_rows(ctx, s, x, bias, (int)c->quant, sa, gdt, 0, ws + oPix));
-            const float pad = c->quant != BIE_QUANT_BINARY ? 0.0f
-                              : g.pad_value == BIE_PAD_PLUS_ONE ? 1.0f : g.pad_value == BIE_PAD_MINUS_ONE ? -1.0f : 0.0f;
-            BIE_TRY(bie_cuda_im2col(ctx, s, ws + oPix, (int)es, element_bits(pad, gdt), g, K, ws + oCol));
-        } else {
-            launch_codes_rows(x, xm, true, M, K, bias, (int)c->quant, sa, gdt, ws + oCol, s, mask_gx, gx_ld);
-            LAUNCHED(ctx, mask_gx ? "activation codes and STE mask" : "activation codes");
-        }
-        // R (row-major [O][K]) = G^T @ Acol: column-major R^T [K][O] = Acol^T [K][M] . G [M][O];
-        // grad_W = scale_a * R, written by the GEMM itself when gw_direct
-        BIE_TRY(gemm_ex(ctx, CUBLAS_OP_N, CUBLAS_OP_T, K, O, M, ws + oCol, K, G, O,
-                        gw_direct ? gw_dst : f32_dst(ws + oR, K), ct, "grad_weight"));
-        if (!gw_direct) {
-            if (g.kh == 1 && g.kw == 1 && (g.C == 1 || gwo.stride[1] == 1) &&
-                bie_dtype_is_float((enum bie_dtype)gwo.dtype))
-                scale_rows<<<grid_for(O * ((K + 7) / 8), 256), 256, 0, s>>>((const float *)(ws + oR), O, K, sa, gwo);
-            else
-                scatter_grad_w<float><<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + oR), g, sa, gwo);
-            LAUNCHED(ctx, "scatter grad_weight");
-        }
+        BIE_TRY(bwd_grad_w(ctx, c, r, u, mask_gx));
     } else if (mask_gx) {
-        launch_codes_rows(x, xm, true, M, K, bias, (int)c->quant, sa, gdt, NULL, s, mask_gx, gx_ld);
+        launch_codes_rows(r.x, r.xm, true, r.M, r.K, u.bias, (int)c->quant, u.sa, r.gdt, NULL, u.s, mask_gx, r.gx_ld);
         LAUNCHED(ctx, "STE mask");
     }
     return BIE_STATUS_OK;

@@ -21,13 +21,13 @@
 
 namespace {
 
-constexpr int CACHE = 64;               // shapes kept per context
+constexpr int CACHE = 64;                  // shapes kept per context
 constexpr size_t ALGO_WS_CAP = 1ull << 30; // largest cuDNN workspace an algorithm may ask for
 
 // An execution plan of the graph API and what it holds on to.
 struct gplan {
     cudnnBackendDescriptor_t t[3], conv, op, graph, plan; // (NULL where not made)
-    int64_t uid[3];                                        // the tensors' ids, in the order of run()'s pointers
+    int64_t uid[3];                                       // the tensors' ids, in the order of run()'s pointers
     int64_t ws;
     bool tried, ok;
 };
@@ -60,10 +60,10 @@ namespace {
 enum bie_status fail(bie_context_t * ctx, cudnnStatus_t s, const char * what) {
     return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: cuDNN %s: %s", what, cudnnGetErrorString(s));
 }
-#define DNN_TRY(ctx, expr, what)                                                                   \
-    do {                                                                                           \
-        cudnnStatus_t s_ = (expr);                                                                 \
-        if (s_ != CUDNN_STATUS_SUCCESS) return fail(ctx, s_, what);                                \
+#define DNN_TRY(ctx, expr, what)                                                                                       \
+    do {                                                                                                               \
+        cudnnStatus_t s_ = (expr);                                                                                     \
+        if (s_ != CUDNN_STATUS_SUCCESS) return fail(ctx, s_, what);                                                    \
     } while (0)
 
 cudnnDataType_t dnn_type(int dt) {
@@ -118,12 +118,16 @@ enum bie_status make_entry(bie_context_t * ctx, const cudnn_conv_shape & k, entr
     DNN_TRY(ctx, cudnnCreateFilterDescriptor(&e->w), "descriptor");
     DNN_TRY(ctx, cudnnCreateConvolutionDescriptor(&e->conv), "descriptor");
     const cudnnDataType_t t = dnn_type(k.dtype);
-    DNN_TRY(ctx, cudnnSetTensor4dDescriptorEx(e->dy, t, k.n, k.o, k.oh, k.ow, k.gy_stride[0], k.gy_stride[1],
-                                              k.gy_stride[2], k.gy_stride[3]), "grad_y descriptor");
+    DNN_TRY(ctx,
+            cudnnSetTensor4dDescriptorEx(e->dy, t, k.n, k.o, k.oh, k.ow, k.gy_stride[0], k.gy_stride[1], k.gy_stride[2],
+                                         k.gy_stride[3]),
+            "grad_y descriptor");
     DNN_TRY(ctx, cudnnSetTensor4dDescriptor(e->dx, CUDNN_TENSOR_NHWC, t, k.n, k.c, k.h, k.w), "x descriptor");
     DNN_TRY(ctx, cudnnSetFilter4dDescriptor(e->w, t, CUDNN_TENSOR_NHWC, k.o, k.c, k.kh, k.kw), "filter descriptor");
-    DNN_TRY(ctx, cudnnSetConvolution2dDescriptor(e->conv, k.ph, k.pw, k.sh, k.sw, k.dh, k.dw, CUDNN_CROSS_CORRELATION,
-                                                 CUDNN_DATA_FLOAT), "convolution descriptor");
+    DNN_TRY(ctx,
+            cudnnSetConvolution2dDescriptor(e->conv, k.ph, k.pw, k.sh, k.sw, k.dh, k.dw, CUDNN_CROSS_CORRELATION,
+                                            CUDNN_DATA_FLOAT),
+            "convolution descriptor");
     DNN_TRY(ctx, cudnnSetConvolutionMathType(e->conv, k.dtype == BIE_DTYPE_F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH),
             "math type");
     return BIE_STATUS_OK;
@@ -136,7 +140,7 @@ template <typename P> bool usable(const P & p, int dtype) {
 }
 // The fastest usable algorithm, a deterministic one when it is at most 10% slower.
 template <typename P> const P * pick(const P * p, int n, int dtype) {
-    const P * best = NULL, * det = NULL;
+    const P *best = NULL, *det = NULL;
     for (int i = 0; i < n; i++) {
         if (!usable(p[i], dtype)) continue;
         if (!best || p[i].time < best->time) best = &p[i];
@@ -148,8 +152,9 @@ template <typename P> const P * pick(const P * p, int n, int dtype) {
 enum bie_status find_data(bie_context_t * ctx, cudnnHandle_t h, entry * e) {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     int n = 0;
-    DNN_TRY(ctx, cudnnFindConvolutionBackwardDataAlgorithm(h, e->w, e->dy, e->conv, e->dx,
-                                                           CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf),
+    DNN_TRY(ctx,
+            cudnnFindConvolutionBackwardDataAlgorithm(h, e->w, e->dy, e->conv, e->dx,
+                                                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf),
             "cudnnFindConvolutionBackwardDataAlgorithm");
     const cudnnConvolutionBwdDataAlgoPerf_t * p = pick(perf, n, e->key.dtype);
     e->data_found = true;
@@ -165,8 +170,9 @@ enum bie_status find_data(bie_context_t * ctx, cudnnHandle_t h, entry * e) {
 enum bie_status find_filter(bie_context_t * ctx, cudnnHandle_t h, entry * e) {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
     int n = 0;
-    DNN_TRY(ctx, cudnnFindConvolutionBackwardFilterAlgorithm(h, e->dx, e->dy, e->conv, e->w,
-                                                             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf),
+    DNN_TRY(ctx,
+            cudnnFindConvolutionBackwardFilterAlgorithm(h, e->dx, e->dy, e->conv, e->w,
+                                                        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf),
             "cudnnFindConvolutionBackwardFilterAlgorithm");
     const cudnnConvolutionBwdFilterAlgoPerf_t * p = pick(perf, n, e->key.dtype);
     e->filter_found = true;
@@ -181,9 +187,9 @@ enum bie_status find_filter(bie_context_t * ctx, cudnnHandle_t h, entry * e) {
 
 // --- the graph API (f16, bf16) -------------------------------------------------------------------
 
-#define G_TRY(expr)                                                                                \
-    do {                                                                                           \
-        if ((expr) != CUDNN_STATUS_SUCCESS) return false;                                          \
+#define G_TRY(expr)                                                                                                    \
+    do {                                                                                                               \
+        if ((expr) != CUDNN_STATUS_SUCCESS) return false;                                                              \
     } while (0)
 
 bool set_i64(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t a, int64_t n, const int64_t * v) {
@@ -209,8 +215,8 @@ bool full_precision(cudnnBackendDescriptor_t cfg) {
     cudnnBackendDescriptor_t engine;
     if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS) return false;
     int64_t n = 0;
-    bool ok = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine) ==
-              CUDNN_STATUS_SUCCESS;
+    bool ok = cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                       &engine) == CUDNN_STATUS_SUCCESS;
     cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
     n = 0;
     ok = ok && cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE,
@@ -257,8 +263,10 @@ bool g_build(cudnnHandle_t h, const cudnn_conv_shape & k, bool data, gplan * g) 
             !set_desc(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, g->t[1]) ||
             !set_desc(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, g->t[2]))
             return false;
-        G_TRY(cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1, &one));
-        G_TRY(cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1, &zero));
+        G_TRY(cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_TYPE_FLOAT, 1,
+                                       &one));
+        G_TRY(cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, CUDNN_TYPE_FLOAT, 1,
+                                       &zero));
     } else {
         G_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR, &g->op));
         if (!set_desc(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, g->conv) ||
@@ -266,8 +274,10 @@ bool g_build(cudnnHandle_t h, const cudnn_conv_shape & k, bool data, gplan * g) 
             !set_desc(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, g->t[1]) ||
             !set_desc(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, g->t[2]))
             return false;
-        G_TRY(cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1, &one));
-        G_TRY(cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1, &zero));
+        G_TRY(cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_TYPE_FLOAT, 1,
+                                       &one));
+        G_TRY(cudnnBackendSetAttribute(g->op, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, CUDNN_TYPE_FLOAT, 1,
+                                       &zero));
     }
     G_TRY(cudnnBackendFinalize(g->op));
     G_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->graph));
@@ -283,29 +293,31 @@ bool g_build(cudnnHandle_t h, const cudnn_conv_shape & k, bool data, gplan * g) 
               cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &hm) ==
                   CUDNN_STATUS_SUCCESS &&
               cudnnBackendFinalize(heur) == CUDNN_STATUS_SUCCESS &&
-              cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n, NULL) ==
-                  CUDNN_STATUS_SUCCESS;
+              cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &n,
+                                       NULL) == CUDNN_STATUS_SUCCESS;
     constexpr int MAXCFG = 32;
     cudnnBackendDescriptor_t cfg[MAXCFG];
     int made = 0;
     if (ok && n > 0) {
         if (n > MAXCFG) n = MAXCFG;
         for (; made < n; made++)
-            if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfg[made]) != CUDNN_STATUS_SUCCESS) break;
+            if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfg[made]) != CUDNN_STATUS_SUCCESS)
+                break;
         int64_t got = 0;
-        ok = made == n && cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, n,
-                                                   &got, cfg) == CUDNN_STATUS_SUCCESS;
+        ok = made == n && cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                                   n, &got, cfg) == CUDNN_STATUS_SUCCESS;
         for (int64_t i = 0; ok && i < got && !g->plan; i++) {
             if (!full_precision(cfg[i])) continue;
             cudnnBackendDescriptor_t plan;
-            if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS) break;
+            if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
+                break;
             int64_t w = 0, cnt = 0;
             if (cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h) ==
                     CUDNN_STATUS_SUCCESS &&
                 set_desc(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg[i]) &&
                 cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS &&
-                cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt, &w) ==
-                    CUDNN_STATUS_SUCCESS &&
+                cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt,
+                                         &w) == CUDNN_STATUS_SUCCESS &&
                 w >= 0 && (size_t)w <= ALGO_WS_CAP) {
                 g->plan = plan;
                 g->ws = w;
@@ -418,8 +430,10 @@ enum bie_status bie_cudnn_conv_dgrad(bie_context_t * ctx, const cudnn_conv_shape
     if (k.dtype != BIE_DTYPE_F32) return g_run(ctx, h, &e->gdata, (void *)w_krsc, dx_nhwc, gy, ws);
     const float one = 1.0f, zero = 0.0f;
     DNN_TRY(ctx, cudnnSetConvolutionMathType(e->conv, e->data_math), "math type");
-    DNN_TRY(ctx, cudnnConvolutionBackwardData(h, &one, e->w, w_krsc, e->dy, gy, e->conv, e->data_algo, ws, ws_bytes,
-                                              &zero, e->dx, dx_nhwc), "cudnnConvolutionBackwardData");
+    DNN_TRY(ctx,
+            cudnnConvolutionBackwardData(h, &one, e->w, w_krsc, e->dy, gy, e->conv, e->data_algo, ws, ws_bytes, &zero,
+                                         e->dx, dx_nhwc),
+            "cudnnConvolutionBackwardData");
     return BIE_STATUS_OK;
 }
 
@@ -431,8 +445,10 @@ enum bie_status bie_cudnn_conv_wgrad(bie_context_t * ctx, const cudnn_conv_shape
     if (k.dtype != BIE_DTYPE_F32) return g_run(ctx, h, &e->gfilter, dw_krsc, (void *)a_nhwc, gy, ws);
     const float one = 1.0f, zero = 0.0f;
     DNN_TRY(ctx, cudnnSetConvolutionMathType(e->conv, e->filter_math), "math type");
-    DNN_TRY(ctx, cudnnConvolutionBackwardFilter(h, &one, e->dx, a_nhwc, e->dy, gy, e->conv, e->filter_algo, ws,
-                                                ws_bytes, &zero, e->w, dw_krsc), "cudnnConvolutionBackwardFilter");
+    DNN_TRY(ctx,
+            cudnnConvolutionBackwardFilter(h, &one, e->dx, a_nhwc, e->dy, gy, e->conv, e->filter_algo, ws, ws_bytes,
+                                           &zero, e->w, dw_krsc),
+            "cudnnConvolutionBackwardFilter");
     return BIE_STATUS_OK;
 }
 

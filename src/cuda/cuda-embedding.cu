@@ -97,7 +97,9 @@ __global__ void embedding_forward(struct emb a) {
 // output row, a lane per 8 columns: one byte of bits in, one 16-byte store of the two values
 // s*(+1) and s*(-1) rounded out (the generic kernel's products, a bag of one adding nothing).
 template <typename T> __device__ __forceinline__ unsigned short raw16(float v);
-template <> __device__ __forceinline__ unsigned short raw16<__half>(float v) { return __half_as_ushort(__float2half_rn(v)); }
+template <> __device__ __forceinline__ unsigned short raw16<__half>(float v) {
+    return __half_as_ushort(__float2half_rn(v));
+}
 template <> __device__ __forceinline__ unsigned short raw16<__nv_bfloat16>(float v) {
     return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
@@ -127,12 +129,12 @@ template <typename T> __global__ void embedding_b1_rows(struct emb a) {
 // Whether embedding_b1_rows computes call c (see above); wide rows only, so that a warp's lanes
 // have columns to work on.
 bool b1_rows_route(const struct bie_embedding_call * c) {
-    const struct bie_tensor & t = c->table, & o = c->out;
+    const struct bie_tensor &t = c->table, &o = c->out;
     const int od = (int)o.dtype;
-    return c->quant == BIE_QUANT_BINARY && c->L == 1 && t.dtype == BIE_DTYPE_B1 && t.ndim == 2 &&
-           t.stride[1] == 1 && t.stride[0] % 8 == 0 && (od == BIE_DTYPE_F16 || od == BIE_DTYPE_BF16) &&
-           c->D % 8 == 0 && c->D >= 128 && o.ndim >= 1 && o.stride[o.ndim - 1] == 1 &&
-           (o.ndim == 1 || o.stride[o.ndim - 2] % 8 == 0) && (uintptr_t)o.data % 16 == 0;
+    return c->quant == BIE_QUANT_BINARY && c->L == 1 && t.dtype == BIE_DTYPE_B1 && t.ndim == 2 && t.stride[1] == 1 &&
+           t.stride[0] % 8 == 0 && (od == BIE_DTYPE_F16 || od == BIE_DTYPE_BF16) && c->D % 8 == 0 && c->D >= 128 &&
+           o.ndim >= 1 && o.stride[o.ndim - 1] == 1 && (o.ndim == 1 || o.stride[o.ndim - 2] % 8 == 0) &&
+           (uintptr_t)o.data % 16 == 0;
 }
 
 // acc [U][D] (dense f32) += grad_out * scale of every lookup, by its slot.
@@ -202,8 +204,8 @@ extern "C" enum bie_status bie_cuda_embedding_backward(bie_context_t * ctx, cons
     struct emb a = make_emb(c);
     struct dview gr;
     dview_make(&c->grad_rows, &gr);
-    const bool direct = c->grad_rows.dtype == BIE_DTYPE_F32 && (c->D == 1 || gr.stride[3] == 1) &&
-                        (c->U == 1 || gr.stride[2] == c->D);
+    const bool direct =
+        c->grad_rows.dtype == BIE_DTYPE_F32 && (c->D == 1 || gr.stride[3] == 1) && (c->U == 1 || gr.stride[2] == c->D);
     float * acc = (float *)gr.data;
     if (!direct) BIE_TRY(bie_cuda_workspace(ctx, (size_t)(c->U * c->D) * sizeof(float), (void **)&acc));
     CU_TRY(ctx, cudaMemsetAsync(acc, 0, (size_t)(c->U * c->D) * sizeof(float), st->stream), "clear grad_rows");

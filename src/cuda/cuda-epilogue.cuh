@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // cuda-epilogue.cuh: the layer epilogue that both tensor-core GEMMs (cuda-gemm.cu, mma.sync;
-// cuda-gemm-wgmma.cu, sm_90a wgmma) apply to their raw accumulators: the binary dot product from
+// cuda-wgmma-kernel.cuh, sm_90a wgmma) apply to their raw accumulators: the binary dot product from
 // AND-popcounts (with the zero-padding correction of convolutions), the scale, and the store to y
 // in its dtype and layout. The formulas are written out in cuda-gemm.cu's header comment.
 #pragma once
@@ -13,8 +13,8 @@ namespace {
 struct row_info {
     int64_t nb, oh, ow;
     int rowpop;
-    int64_t kterm;     // number of valid positions (K, or C*|V| for zero padding)
-    int border;        // border class of the pixel (zero padding only; 0: no tap outside the image)
+    int64_t kterm; // number of valid positions (K, or C*|V| for zero padding)
+    int border;    // border class of the pixel (zero padding only; 0: no tap outside the image)
     bool valid;
 };
 
@@ -54,7 +54,7 @@ __device__ __forceinline__ int binary_dot(const gemm_epilogue & ep, const row_in
 
 // Stores one finished dot product (any y layout; B1 y: its sign code for the packed writer).
 __device__ __forceinline__ void store_dot(const gemm_epilogue & ep, const row_info & r, int64_t n, int dot,
-                                       float scale) {
+                                          float scale) {
     const struct dview & y = ep.y;
     if (y.dtype == BIE_DTYPE_B1) {
         ep.sign[((r.nb * ep.g.O + n) * ep.g.OH + r.oh) * ep.g.OW + r.ow] = dot >= 0 ? 1 : 0;

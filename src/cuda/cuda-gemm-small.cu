@@ -16,38 +16,41 @@
 // words: A's padding bits are zero, and B's words are masked past K in the chunk that holds bit K
 // (a weight read in place may hold anything there).
 #include "cuda-epilogue.cuh"
+#include "cuda-ptx.cuh"
 
 namespace {
 
-constexpr int KW = 4;       // warps splitting K
-constexpr int NB = 16;      // output columns per CTA (two n8 tiles)
-constexpr int CHUNK = 128;  // bytes of K per warp step (four MMA k-steps)
-
-template <bool BINARY>
-__device__ __forceinline__ void mma_step(int * c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-    if (BINARY)
-        asm volatile("mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+constexpr int KW = 4;      // warps splitting K
+constexpr int NB = 16;     // output columns per CTA (two n8 tiles)
+constexpr int CHUNK = 128; // bytes of K per warp step (four MMA k-steps)
 
 __device__ __forceinline__ uint32_t word(const uint4 & v, int i) {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+// Binary: adds a chunk's popcounts of the lane's A rows and B columns to pop (rows g, g + 8 of each
+// m tile, then the two n tiles' columns), B's over its first K bits only.
+template <int MT>
+__device__ __forceinline__ void count_chunk(int * pop, const uint4 (&a)[MT][2][2], const uint4 (&b)[2][2],
+                                            int64_t byte0, int64_t ch, int64_t K) {
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) pop[mt * 2 + h] += popc4(a[mt][h][0]) + popc4(a[mt][h][1]);
+    const int64_t w0 = byte0 / 4;                 // first word of the lane's first vector
+    const bool whole = (ch + 1) * CHUNK * 8 <= K; // no bit of the chunk past K
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++)
+        pop[MT * 2 + nt] +=
+            whole ? popc4(b[nt][0]) + popc4(b[nt][1]) : popc_below(b[nt][0], w0, K) + popc_below(b[nt][1], w0 + 16, K);
+}
+
 template <bool BINARY, int MT>
-__global__ void __launch_bounds__(KW * 32) gemm_small_kernel(const uint8_t * __restrict__ A,
-                                                             const uint8_t * __restrict__ B, int64_t M, int64_t N,
-                                                             int64_t kbytes, const gemm_epilogue ep) {
-    constexpr int ACC = MT * 2 * 4;     // accumulators per lane
-    constexpr int POPS = MT * 2 + 2;    // row popcounts (rows g, g+8 of each m tile), then columns
+__global__ void __launch_bounds__(KW * 32)
+    gemm_small_kernel(const uint8_t * __restrict__ A, const uint8_t * __restrict__ B, int64_t M, int64_t N,
+                      int64_t kbytes, const gemm_epilogue ep) {
+    constexpr int ACC = MT * 2 * 4;  // accumulators per lane
+    constexpr int POPS = MT * 2 + 2; // row popcounts (rows g, g+8 of each m tile), then columns
     __shared__ int part[KW][32][ACC + POPS];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t n0 = (int64_t)blockIdx.x * NB;
@@ -93,21 +96,9 @@ __global__ void __launch_bounds__(KW * 32) gemm_small_kernel(const uint8_t * __r
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++)
-                    mma_step<BINARY>(acc + (mt * 2 + nt) * 4, word(a[mt][0][0], i), word(a[mt][1][0], i),
-                                     word(a[mt][0][1], i), word(a[mt][1][1], i), word(b[nt][0], i),
-                                     word(b[nt][1], i));
-        if (BINARY) {
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) pop[mt * 2 + h] += popc4(a[mt][h][0]) + popc4(a[mt][h][1]);
-            const int64_t w0 = byte0 / 4; // first word of the lane's first vector
-            const bool whole = (ch + 1) * CHUNK * 8 <= ep.g.K; // no bit of the chunk past K
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++)
-                pop[MT * 2 + nt] += whole ? popc4(b[nt][0]) + popc4(b[nt][1])
-                                          : popc_below(b[nt][0], w0, ep.g.K) + popc_below(b[nt][1], w0 + 16, ep.g.K);
-        }
+                    mma_sync<BINARY>(acc + (mt * 2 + nt) * 4, word(a[mt][0][0], i), word(a[mt][1][0], i),
+                                     word(a[mt][0][1], i), word(a[mt][1][1], i), word(b[nt][0], i), word(b[nt][1], i));
+        if (BINARY) count_chunk<MT>(pop, a, b, byte0, ch, ep.g.K);
     }
 
     // Every warp hands its partial sums over; warp w then finishes the fragment pairs of n tile
@@ -170,17 +161,19 @@ __global__ void __launch_bounds__(KW * 32) gemm_small_kernel(const uint8_t * __r
 }
 
 template <bool BINARY, int MT>
-enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
-                       int64_t kbytes, const gemm_epilogue & ep) {
+enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N, int64_t kbytes,
+                       const gemm_epilogue & ep) {
     const int64_t blocks = (N + NB - 1) / NB;
-    if (blocks > INT32_MAX) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "weight: too many output features for one launch");
+    if (blocks > INT32_MAX)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "weight: too many output features for one launch");
     // A programmatic dependent launch on sm_90 and later: the CTAs are scheduled while the kernel
     // before finishes (they wait for it first thing), which hides most of a launch's latency in a
     // run of small calls.
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg =
         bie_cuda_launch_config(ctx, dim3((unsigned)blocks), dim3(KW * 32), 0, bie_cuda_cc(ctx) >= 90, &attr);
-    CU_TRY(ctx, cudaLaunchKernelEx(&cfg, gemm_small_kernel<BINARY, MT>, A, B, M, N, kbytes, ep), "gemm (few rows) launch");
+    CU_TRY(ctx, cudaLaunchKernelEx(&cfg, gemm_small_kernel<BINARY, MT>, A, B, M, N, kbytes, ep),
+           "gemm (few rows) launch");
     LAUNCHED(ctx, "gemm (few rows)");
     return BIE_STATUS_OK;
 }
@@ -191,6 +184,7 @@ enum bie_status bie_cuda_gemm_small(bie_context_t * ctx, const uint8_t * A, cons
                                     int64_t kbytes, const gemm_epilogue & ep) {
     if (M > SMALL_M_MAX || ep.tapcorr || kbytes % CHUNK)
         return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm (few rows): called outside its case");
-    if (ep.binary) return M <= 16 ? launch<true, 1>(ctx, A, B, M, N, kbytes, ep) : launch<true, 2>(ctx, A, B, M, N, kbytes, ep);
+    if (ep.binary)
+        return M <= 16 ? launch<true, 1>(ctx, A, B, M, N, kbytes, ep) : launch<true, 2>(ctx, A, B, M, N, kbytes, ep);
     return M <= 16 ? launch<false, 1>(ctx, A, B, M, N, kbytes, ep) : launch<false, 2>(ctx, A, B, M, N, kbytes, ep);
 }

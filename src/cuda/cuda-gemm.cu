@@ -23,42 +23,17 @@
 // cp.async pipeline; shared-memory rows are 128 bytes with their 16-byte chunks XOR-swizzled by
 // the row so that ldmatrix reads are conflict-free. Rows past M or N are zero-filled.
 #include "cuda-epilogue.cuh"
+#include "cuda-ptx.cuh"
 
 namespace {
 
 constexpr int BKB = 128; // bytes of K per stage
 constexpr int STAGES = 3;
 
-__device__ __forceinline__ void cp_async16(uint32_t smem, const void * gmem, bool valid) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem), "l"(gmem), "r"(n));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t & r0, uint32_t & r1, uint32_t & r2, uint32_t & r3) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(addr));
-}
-
-template <bool BINARY>
-__device__ __forceinline__ void mma(int * c, const uint32_t * a, const uint32_t * b) {
-    if (BINARY) {
-        asm volatile("mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    } else {
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-}
-
 template <bool BINARY, int WM, int WN>
 __global__ void __launch_bounds__(WM * WN * 32, 1)
-    gemm_kernel(const uint8_t * __restrict__ A, const uint8_t * __restrict__ B, int64_t M, int64_t N,
-                int64_t kbytes, const gemm_epilogue ep) {
+    gemm_kernel(const uint8_t * __restrict__ A, const uint8_t * __restrict__ B, int64_t M, int64_t N, int64_t kbytes,
+                const gemm_epilogue ep) {
     constexpr int BM = 64 * WM, BN = 64 * WN, NT = WM * WN * 32;
     extern __shared__ __align__(128) uint8_t smem[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(smem);
@@ -127,7 +102,8 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
 #pragma unroll
             for (int mi = 0; mi < 4; mi++)
 #pragma unroll
-                for (int nj = 0; nj < 8; nj++) mma<BINARY>(acc[mi][nj], a[mi], b[nj]);
+                for (int nj = 0; nj < 8; nj++)
+                    mma_sync<BINARY>(acc[mi][nj], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[nj][0], b[nj][1]);
         }
     }
     asm volatile("cp.async.wait_group 0;\n");
@@ -166,28 +142,29 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
 }
 
 template <bool BINARY, int WM, int WN>
-enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
-                       int64_t kbytes, const gemm_epilogue & ep) {
+enum bie_status launch(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N, int64_t kbytes,
+                       const gemm_epilogue & ep) {
     constexpr int BM = 64 * WM, BN = 64 * WN;
     const int pipe = STAGES * (BM + BN) * BKB, stage_out = WM * WN * 64 * (64 + 4) * 4; // epilogue tiles
     const int smem = pipe > stage_out ? pipe : stage_out;
     auto kern = gemm_kernel<BINARY, WM, WN>;
     const unsigned bit = 1u << ((BINARY ? 8 : 0) + WM * 4 + WN - 5); // one bit per instantiation
-    if (!(ctx->cuda->gemm_smem_set & bit)) { // once per context and device
+    if (!(ctx->cuda->gemm_smem_set & bit)) {                         // once per context and device
         CU_TRY(ctx, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                "cudaFuncSetAttribute(gemm)");
         ctx->cuda->gemm_smem_set |= bit;
     }
     const int64_t gx = (M + BM - 1) / BM, gy = (N + BN - 1) / BN;
-    if (gy > 65535) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "weight: too many output features for one launch");
+    if (gy > 65535)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "weight: too many output features for one launch");
     kern<<<dim3((unsigned)gx, (unsigned)gy), WM * WN * 32, smem, ctx->cuda->stream>>>(A, B, M, N, kbytes, ep);
     LAUNCHED(ctx, "gemm");
     return BIE_STATUS_OK;
 }
 
 template <bool BINARY>
-enum bie_status pick(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
-                     int64_t kbytes, const gemm_epilogue & ep) {
+enum bie_status pick(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N, int64_t kbytes,
+                     const gemm_epilogue & ep) {
     const int sms = bie_cuda_sm_count(ctx);
     auto tiles = [&](int bm, int bn) { return ((M + bm - 1) / bm) * ((N + bn - 1) / bn); };
     if (tiles(128, 256) >= sms) return launch<BINARY, 2, 4>(ctx, A, B, M, N, kbytes, ep);
@@ -219,6 +196,7 @@ enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint
     if (gs && !wgmma) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm: gathered rows off the wgmma route");
     if (bie_cuda_gemm_counts_popcounts(M, ep.tapcorr != NULL)) return bie_cuda_gemm_small(ctx, A, B, M, N, kbytes, ep);
     if (wgmma) return bie_cuda_gemm_wgmma(ctx, A, B, M, N, kbytes, ep, gs);
-    if (ep.y.dtype == BIE_DTYPE_B1 && !ep.sign) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm: B1 y without codes");
+    if (ep.y.dtype == BIE_DTYPE_B1 && !ep.sign)
+        return bie_set_error(ctx, BIE_STATUS_INTERNAL, "gemm: B1 y without codes");
     return ep.binary ? pick<true>(ctx, A, B, M, N, kbytes, ep) : pick<false>(ctx, A, B, M, N, kbytes, ep);
 }

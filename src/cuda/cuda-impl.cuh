@@ -16,20 +16,20 @@ extern "C" {
 }
 
 struct bie_cuda_state {
-    void * workspace;        // device arena, grown only when a larger call arrives
+    void * workspace; // device arena, grown only when a larger call arrives
     size_t workspace_size;
-    cudaStream_t stream;     // the caller's stream (NULL = legacy default stream)
-    cublasHandle_t cublas;   // created on first use, bound to `stream` before every use
-    int device;              // ordinal the workspace lives on
-    int sm_count;            // of `device` (0: not read yet)
-    unsigned gemm_smem_set;  // GEMM kernels whose shared-memory limit was raised (bit per config)
+    cudaStream_t stream;               // the caller's stream (NULL = legacy default stream)
+    cublasHandle_t cublas;             // created on first use, bound to `stream` before every use
+    int device;                        // ordinal the workspace lives on
+    int sm_count;                      // of `device` (0: not read yet)
+    unsigned gemm_smem_set;            // GEMM kernels whose shared-memory limit was raised (bit per config)
     unsigned long long wgmma_smem_set; // the same for the wgmma GEMM kernels
-    int cc;                  // compute capability of `device` as major*10 + minor (0: not read yet)
-    bool force_mma;          // BIE_CUDA_GEMM=mma was set when cc was read: no wgmma
-    bool force_gemm_backward; // BIE_CUDA_CONV_BACKWARD=gemm was set then: convs' backward without cuDNN
-    struct bie_cudnn_state * cudnn; // cuDNN handle and per-shape algorithms (cuda-cudnn.cu), or NULL
-    void * aux;              // a small device arena that outlives the layer calls inside an op
-    size_t aux_size;         // (the batched matmul's partial sums; bie_cuda_aux)
+    int cc;                            // compute capability of `device` as major*10 + minor (0: not read yet)
+    bool force_mma;                    // BIE_CUDA_GEMM=mma was set when cc was read: no wgmma
+    bool force_gemm_backward;          // BIE_CUDA_CONV_BACKWARD=gemm was set then: convs' backward without cuDNN
+    struct bie_cudnn_state * cudnn;    // cuDNN handle and per-shape algorithms (cuda-cudnn.cu), or NULL
+    void * aux;                        // a small device arena that outlives the layer calls inside an op
+    size_t aux_size;                   // (the batched matmul's partial sums; bie_cuda_aux)
 };
 
 // The shape of a conv backward as cuDNN is asked it (cuda-cudnn.cu): x [n, c, h, w], weight
@@ -86,18 +86,11 @@ static inline cudaLaunchConfig_t bie_cuda_launch_config(bie_context_t * ctx, dim
 enum bie_status bie_cuda_check_launch(bie_context_t * ctx, const char * what);
 enum bie_status bie_cuda_cublas(bie_context_t * ctx, cublasHandle_t * out);
 
-#define CU_TRY(ctx, expr, what)                                                                    \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess) return bie_cuda_fail(ctx, e_, what);                                \
+#define CU_TRY(ctx, expr, what)                                                                                        \
+    do {                                                                                                               \
+        cudaError_t e_ = (expr);                                                                                       \
+        if (e_ != cudaSuccess) return bie_cuda_fail(ctx, e_, what);                                                    \
     } while (0)
-#ifndef BIE_TRY // (bie-impl.h defines it too)
-#define BIE_TRY(expr)                                                                              \
-    do {                                                                                           \
-        enum bie_status s_ = (expr);                                                               \
-        if (s_ != BIE_STATUS_OK) return s_;                                                        \
-    } while (0)
-#endif
 #define LAUNCHED(ctx, what) BIE_TRY(bie_cuda_check_launch(ctx, what))
 
 // A tensor view passed to kernels by value (up to 4 dims, right-aligned: a view of ndim < 4 fills
@@ -110,6 +103,17 @@ struct dview {
     int64_t shape[4];
     int64_t stride[4];
 };
+
+// A workspace laid out as consecutive regions of size[i] bytes (0: absent), each 256-byte aligned
+// (the layers' routes list their regions in a table): sets off[i] and returns the total.
+static inline size_t ws_layout(const size_t * size, size_t * off, int n) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        off[i] = total;
+        total = (total + size[i] + 255) & ~(size_t)255;
+    }
+    return total;
+}
 
 // Converts a host-side view (ndim <= 4) into a kernel view; false if ndim > 4.
 static inline bool dview_make(const struct bie_tensor * t, struct dview * v) {
@@ -186,9 +190,7 @@ template <> __device__ __forceinline__ int8_t from_f32<int8_t>(float v) { return
 // 8 consecutive floats of type T (float, __half, __nv_bfloat16) as one or two 16-byte loads bring
 // them (raw8_load: p 16-byte aligned). Kernels that keep several loads in flight load raw8s first
 // and convert them after (raw8_floats); load8 does both at once.
-template <typename T> struct raw8 {
-    uint4 u[sizeof(T) / 2];
-};
+template <typename T> struct raw8 { uint4 u[sizeof(T) / 2]; };
 template <typename T> __device__ __forceinline__ raw8<T> raw8_load(const T * p) {
     raw8<T> r;
 #pragma unroll
@@ -218,7 +220,9 @@ template <> __device__ __forceinline__ void raw8_floats<__half>(const raw8<__hal
 template <> __device__ __forceinline__ void raw8_floats<__nv_bfloat16>(const raw8<__nv_bfloat16> & r, float * v) {
     floats8_pairs<__nv_bfloat162>(r.u[0], v);
 }
-template <typename T> __device__ __forceinline__ void load8(const T * p, float * v) { raw8_floats<T>(raw8_load<T>(p), v); }
+template <typename T> __device__ __forceinline__ void load8(const T * p, float * v) {
+    raw8_floats<T>(raw8_load<T>(p), v);
+}
 
 // Stores 8 floats as elements off .. off+7 of a dense F32, F16 or BF16 buffer (rounding to
 // nearest even) with 16-byte stores; the caller checks that the address is 16-byte aligned.
@@ -302,8 +306,7 @@ __device__ __forceinline__ int64_t qmod(int64_t a, int64_t b) {
     return ((a | b) >> 32) ? a % b : (int64_t)((uint32_t)a % (uint32_t)b);
 }
 
-__device__ __forceinline__ int64_t dview_off4(const struct dview & v, int64_t i0, int64_t i1, int64_t i2,
-                                              int64_t i3) {
+__device__ __forceinline__ int64_t dview_off4(const struct dview & v, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
     return i0 * v.stride[0] + i1 * v.stride[1] + i2 * v.stride[2] + i3 * v.stride[3];
 }
 
@@ -337,9 +340,7 @@ static inline struct dview dview_squeeze(const struct dview & v) {
     return r;
 }
 
-static inline int64_t dview_numel(const struct dview & v) {
-    return v.shape[0] * v.shape[1] * v.shape[2] * v.shape[3];
-}
+static inline int64_t dview_numel(const struct dview & v) { return v.shape[0] * v.shape[1] * v.shape[2] * v.shape[3]; }
 
 static inline unsigned grid_for(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
@@ -370,9 +371,22 @@ __host__ __device__ __forceinline__ bool dgeom_one_position(const struct dgeom &
 
 static inline struct dgeom dgeom_make(const struct bie_geometry & g) {
     struct dgeom d;
-    d.batch = g.batch; d.C = g.C; d.H = g.H; d.W = g.W; d.O = g.O; d.OH = g.OH; d.OW = g.OW; d.K = g.K;
-    d.kh = (int)g.kh; d.kw = (int)g.kw; d.sh = (int)g.sh; d.sw = (int)g.sw;
-    d.ph = (int)g.ph; d.pw = (int)g.pw; d.dh = (int)g.dh; d.dw = (int)g.dw;
+    d.batch = g.batch;
+    d.C = g.C;
+    d.H = g.H;
+    d.W = g.W;
+    d.O = g.O;
+    d.OH = g.OH;
+    d.OW = g.OW;
+    d.K = g.K;
+    d.kh = (int)g.kh;
+    d.kw = (int)g.kw;
+    d.sh = (int)g.sh;
+    d.sw = (int)g.sw;
+    d.ph = (int)g.ph;
+    d.pw = (int)g.pw;
+    d.dh = (int)g.dh;
+    d.dw = (int)g.dw;
     d.pad_value = (int)g.pad_value;
     return d;
 }
@@ -417,7 +431,7 @@ __device__ __forceinline__ void zero_pad_terms(const struct dgeom & g, const int
 }
 
 // The bits of the float 1.5 * 2^23: an integer p with |p| < 2^22 added to them gives the bits of
-// the float 1.5 * 2^23 + p (the wgmma epilogue's exact int-to-float step, cuda-gemm-wgmma.cu).
+// the float 1.5 * 2^23 + p (the wgmma epilogue's exact int-to-float step, cuda-wgmma-epilogue.cuh).
 #define BIE_DOT_BIAS 0x4B400000
 // Row length of gemm_epilogue.colcls: N rounded up to the widest wgmma tile (256 columns).
 #define BIE_COLCLS_LD(N) (((N) + 255) / 256 * 256)
@@ -427,8 +441,8 @@ __device__ __forceinline__ void zero_pad_terms(const struct dgeom & g, const int
 // binary = 0: int8 codes. The epilogue turns acc into y.
 struct gemm_epilogue {
     int binary;
-    const int * rowpop;  // [M] popc(a row) (binary)
-    const int * colpop;  // [N] popc(w row) (binary)
+    const int * rowpop; // [M] popc(a row) (binary)
+    const int * colpop; // [N] popc(w row) (binary)
     // Zero-padded binary conv (else tapcorr is NULL): tapcorr[p][n] = 2 * popc of weight row n over
     // the taps outside the image for the rows of border class p (border_class below), with the
     // class counts of the output rows (top, bottom) and columns (left, right) that have such taps.
@@ -444,12 +458,12 @@ struct gemm_epilogue {
     // per row, {K over its valid taps - 2 popc(row), its border class}; or, when the GEMM counts the
     // rows itself (bie_cuda_wgmma_counts_rows), pixcls[oh * OW + ow] = {K over the taps of output
     // pixel (oh, ow) inside the image, its border class}, for any sample's rows.
-    const int2 * rowterms, * pixcls;
+    const int2 *rowterms, *pixcls;
     struct dgeom g;
     struct dscale sa, sw;
-    struct dview y;      // [batch, O, OH, OW]; y.dtype B1 -> write sign codes to `sign` instead
-    int8_t * sign;       // [M][N] codes of (acc >= 0) for a B1 y
-    int64_t ldb;         // bytes between rows of B (>= kbytes, a multiple of 16)
+    struct dview y; // [batch, O, OH, OW]; y.dtype B1 -> write sign codes to `sign` instead
+    int8_t * sign;  // [M][N] codes of (acc >= 0) for a B1 y
+    int64_t ldb;    // bytes between rows of B (>= kbytes, a multiple of 16)
     // 1: the last kernel queued before the GEMM wrote only rowpop, colpop, rowterms, pixcls or the
     // tap tables (all else it reads is complete), so the wgmma GEMM may start under it as a
     // programmatic dependent launch. operands_last, 1: that kernel wrote something the GEMM's
@@ -506,26 +520,25 @@ bool bie_cuda_gemm_takes_wgmma(bie_context_t * ctx, int64_t M, bool taps);
 enum bie_status bie_cuda_conv_rowpop(bie_context_t * ctx, const struct gemm_gather & gs, const struct dgeom & g,
                                      int * rowpop, int2 * rowterms, const int * border, bool after_terms);
 // Whether the wgmma GEMM of M x N with rows of kbytes counts the popcounts of gathered rows itself
-// (its 64-column tiles do; see ones_operand in cuda-gemm-wgmma.cu).
+// (its 64-column tiles do; see ones_operand in cuda-wgmma-tiles.cuh).
 bool bie_cuda_wgmma_counts_rows(bie_context_t * ctx, int64_t M, int64_t N, int64_t kbytes);
 // gs: NULL, or the gathered activations (A unused; wgmma route only).
-enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
-                              int64_t N, int64_t kbytes, const struct gemm_epilogue & ep,
-                              const struct gemm_gather * gs = NULL);
+enum bie_status bie_cuda_gemm(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
+                              int64_t kbytes, const struct gemm_epilogue & ep, const struct gemm_gather * gs = NULL);
 // Calls of at most SMALL_M_MAX rows (and no zero-padding correction) run the few-rows GEMM
 // (cuda-gemm-small.cu), which counts the binary popcounts itself: ep.rowpop and ep.colpop may be
 // NULL for them.
 #define SMALL_M_MAX 32
 static inline bool bie_cuda_gemm_counts_popcounts(int64_t M, bool taps) { return M <= SMALL_M_MAX && !taps; }
-enum bie_status bie_cuda_gemm_small(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
-                                    int64_t N, int64_t kbytes, const struct gemm_epilogue & ep);
+enum bie_status bie_cuda_gemm_small(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
+                                    int64_t kbytes, const struct gemm_epilogue & ep);
 // Whether bie_cuda_gemm writes a B1 y itself (through the wgmma epilogue: rows of y a whole number
 // of bytes apart with contiguous features, N % 8 == 0), judged from ep.y, ep.g and ep.binary and
 // whether the call will have the zero-padding table (taps): then ep.sign must be NULL; otherwise
 // the caller passes ep.sign and packs the codes with bie_cuda_store_packed.
 bool bie_cuda_gemm_packs_bits(bie_context_t * ctx, int64_t M, int64_t N, bool taps, const struct gemm_epilogue & ep);
 bool bie_cuda_wgmma_packs_bits(const struct gemm_epilogue & ep, int64_t N);
-// The same GEMM through sm_90a warpgroup MMA (cuda-gemm-wgmma.cu); bie_cuda_gemm uses it when
+// The same GEMM through sm_90a warpgroup MMA (cuda-wgmma.cu and cuda-wgmma-*.cuh); bie_cuda_gemm uses it when
 // bie_cuda_wgmma_usable says the device is a Hopper GPU (compute capability 9.0) and the driver
 // can encode tensor maps. BIE_CUDA_GEMM=mma in the environment (read once per context and device)
 // forces the mma.sync kernel.
@@ -533,6 +546,5 @@ bool bie_cuda_wgmma_usable(bie_context_t * ctx);
 // The width (columns of y) of the wgmma GEMM's tiles for M x N with rows of kbytes: 64, 128,
 // 192 (binary, used when y suits them, else 256) or 256.
 int bie_cuda_wgmma_tile_n(bie_context_t * ctx, int64_t M, int64_t N, int64_t kbytes, bool binary);
-enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M,
-                                    int64_t N, int64_t kbytes, const struct gemm_epilogue & ep,
-                                    const struct gemm_gather * gs);
+enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, const uint8_t * B, int64_t M, int64_t N,
+                                    int64_t kbytes, const struct gemm_epilogue & ep, const struct gemm_gather * gs);

@@ -12,7 +12,6 @@ namespace {
 
 constexpr int TILE = 32; // a pixel_rows block moves 32 pixels x 32 channels
 
-
 // The activation code of x' (binary +-1 with x' >= 0 -> +1, NaN -> -1; n-bit clamp(rne(x'/sc))).
 __device__ __forceinline__ float act_code(float v, int quant, float sc, int lo, int hi) {
     return quant == BIE_QUANT_BINARY ? (v >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(v, sc, lo, hi);
@@ -111,9 +110,9 @@ template <typename T> __device__ __forceinline__ void st_pair(T * p, float a, fl
 // even and the rows and base are aligned for it (pair_out), so that a warp moves 128-byte lines instead of
 // 64-byte ones. Same values as pixel_rows.
 template <typename T>
-__global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, int64_t C, int quant,
-                                 struct dscale s, int64_t out_ld, int pair_out, T * out) {
-    constexpr int PT = 2 * TILE; // pixels per tile
+__global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, int64_t C, int quant, struct dscale s,
+                                 int64_t out_ld, int pair_out, T * out) {
+    constexpr int PT = 2 * TILE;         // pixels per tile
     __shared__ float tile[PT][TILE + 1]; // [pixel][channel]
     const float sc = quant ? ld_scale(s) : 1.0f;
     const int lo = qlo(quant), hi = qhi(quant);
@@ -216,8 +215,8 @@ bool bie_cuda_along_pixels(const struct dview & t) {
 }
 
 enum bie_status bie_cuda_pixel_rows(bie_context_t * ctx, cudaStream_t s, const struct dview & t,
-                                    const struct dview & bias, int quant, struct dscale sc, int out_dtype, int64_t out_ld,
-                                    void * out) {
+                                    const struct dview & bias, int quant, struct dscale sc, int out_dtype,
+                                    int64_t out_ld, void * out) {
     const int64_t HW = t.shape[2] * t.shape[3], W = t.shape[3], C = t.shape[1];
     if (out_ld == 0) out_ld = HW * C;
     const int64_t tiles = (t.shape[0] * HW + TILE - 1) / TILE * ((C + TILE - 1) / TILE);
@@ -233,23 +232,37 @@ enum bie_status bie_cuda_pixel_rows(bie_context_t * ctx, cudaStream_t s, const s
         const int64_t ptiles2 = (t.shape[0] * HW + 2 * TILE - 1) / (2 * TILE) * ((C + TILE - 1) / TILE);
         const unsigned g2 = (unsigned)(ptiles2 < 16384 ? (ptiles2 < 1 ? 1 : ptiles2) : 16384);
         switch (out_dtype) {
-        case BIE_DTYPE_F32: pixel_rows_pairs<float><<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (float *)out); break;
-        case BIE_DTYPE_F16: pixel_rows_pairs<__half><<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (__half *)out); break;
-        case BIE_DTYPE_BF16:
-            pixel_rows_pairs<__nv_bfloat16><<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (__nv_bfloat16 *)out);
+        case BIE_DTYPE_F32:
+            pixel_rows_pairs<float><<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (float *)out);
             break;
-        case BIE_DTYPE_I8: pixel_rows_pairs<int8_t><<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (int8_t *)out); break;
+        case BIE_DTYPE_F16:
+            pixel_rows_pairs<__half><<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (__half *)out);
+            break;
+        case BIE_DTYPE_BF16:
+            pixel_rows_pairs<__nv_bfloat16>
+                <<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (__nv_bfloat16 *)out);
+            break;
+        case BIE_DTYPE_I8:
+            pixel_rows_pairs<int8_t><<<g2, block, 0, s>>>(t, bias, HW, C, quant, sc, out_ld, po, (int8_t *)out);
+            break;
         default: return bie_set_error(ctx, BIE_STATUS_INTERNAL, "pixel rows: output dtype %d", out_dtype);
         }
         return bie_cuda_check_launch(ctx, "pixel rows (pairs)");
     }
     switch (out_dtype) {
-    case BIE_DTYPE_F32: pixel_rows<float><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (float *)out); break;
-    case BIE_DTYPE_F16: pixel_rows<__half><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (__half *)out); break;
-    case BIE_DTYPE_BF16:
-        pixel_rows<__nv_bfloat16><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (__nv_bfloat16 *)out);
+    case BIE_DTYPE_F32:
+        pixel_rows<float><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (float *)out);
         break;
-    case BIE_DTYPE_I8: pixel_rows<int8_t><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (int8_t *)out); break;
+    case BIE_DTYPE_F16:
+        pixel_rows<__half><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (__half *)out);
+        break;
+    case BIE_DTYPE_BF16:
+        pixel_rows<__nv_bfloat16>
+            <<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (__nv_bfloat16 *)out);
+        break;
+    case BIE_DTYPE_I8:
+        pixel_rows<int8_t><<<grid, block, 0, s>>>(t, bias, HW, W, C, quant, sc, ap, out_ld, (int8_t *)out);
+        break;
     default: return bie_set_error(ctx, BIE_STATUS_INTERNAL, "pixel rows: output dtype %d", out_dtype);
     }
     return bie_cuda_check_launch(ctx, "pixel rows");

@@ -52,15 +52,16 @@ __global__ void operand_words(struct dview v, int64_t R, int64_t K, int64_t kw, 
     }
     const float s = ld_scale(clip);
     const int lo = qlo(quant), hi = qhi(quant);
-    for (int64_t wi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; wi < words; wi += (int64_t)gridDim.x * blockDim.x) {
+    for (int64_t wi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; wi < words;
+         wi += (int64_t)gridDim.x * blockDim.x) {
         const int64_t row = qdiv(wi, kw), w = wi - row * kw, b = qdiv(row, R), r = row - b * R;
         uint32_t word = 0;
         for (int j = 0; j < 4; j++) {
             const int64_t k = 4 * w + j;
-            const int code = k < K ? quant_code(ld_float(v.data, v.dtype, b * v.stride[1] + r * v.stride[2] +
-                                                                           k * v.stride[3]),
-                                                s, lo, hi)
-                                   : 0;
+            const int code =
+                k < K ? quant_code(ld_float(v.data, v.dtype, b * v.stride[1] + r * v.stride[2] + k * v.stride[3]), s,
+                                   lo, hi)
+                      : 0;
             word |= (uint32_t)(uint8_t)(int8_t)code << (8 * j);
         }
         out[wi] = word;
@@ -77,7 +78,7 @@ __global__ void word_products(const uint32_t * xw, const uint32_t * yw, int64_t 
     const int64_t total = B * M * N;
     for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t bm = qdiv(e, N), n = e - bm * N, b = qdiv(bm, M), m = bm - b * M;
-        const uint32_t * xr = xw + bm * kw, * yr = yw + (b * N + n) * kw;
+        const uint32_t *xr = xw + bm * kw, *yr = yw + (b * N + n) * kw;
         int32_t acc = 0;
         if (BINARY) {
             int64_t diff = 0;
@@ -100,8 +101,8 @@ int64_t words_per_row(const struct bie_matmul_call * mc) {
 // operations each (per batch at most 2^21 word products), where a layer call per batch costs
 // more in launches than its work.
 bool small_batches(const struct bie_matmul_call * mc) {
-    return mc->B > 1 && mc->M * mc->N * words_per_row(mc) <= ((int64_t)1 << 21) && mc->x.ndim == 3 &&
-           mc->y.ndim == 3 && mc->out.ndim == 3;
+    return mc->B > 1 && mc->M * mc->N * words_per_row(mc) <= ((int64_t)1 << 21) && mc->x.ndim == 3 && mc->y.ndim == 3 &&
+           mc->out.ndim == 3;
 }
 
 template <bool BINARY> enum bie_status forward_small_batches(bie_context_t * ctx, const struct bie_matmul_call * mc) {
@@ -110,7 +111,7 @@ template <bool BINARY> enum bie_status forward_small_batches(bie_context_t * ctx
     const int64_t kw = words_per_row(mc), xn = mc->B * mc->M * kw, yn = mc->B * mc->N * kw;
     void * ws;
     BIE_TRY(bie_cuda_workspace(ctx, (size_t)(xn + yn) * sizeof(uint32_t), &ws));
-    uint32_t * xw = (uint32_t *)ws, * yw = xw + xn;
+    uint32_t *xw = (uint32_t *)ws, *yw = xw + xn;
     struct dview x, y, out;
     dview_make(&mc->x, &x);
     dview_make(&mc->y, &y);
@@ -119,11 +120,11 @@ template <bool BINARY> enum bie_status forward_small_batches(bie_context_t * ctx
     bie_matmul_layer_call(mc, 0, 0, &lc);
     const struct dscale sx = dscale_make(&lc, true), sy = dscale_make(&lc, false);
     const int per = BINARY ? 32 : 1; // threads per word
-    operand_words<BINARY><<<grid_for(per * xn, 256), 256, 0, st->stream>>>(x, mc->M, mc->K, kw, xn, sx, (int)mc->quant,
-                                                                            xw);
+    operand_words<BINARY>
+        <<<grid_for(per * xn, 256), 256, 0, st->stream>>>(x, mc->M, mc->K, kw, xn, sx, (int)mc->quant, xw);
     LAUNCHED(ctx, "matmul operand words (x)");
-    operand_words<BINARY><<<grid_for(per * yn, 256), 256, 0, st->stream>>>(y, mc->N, mc->K, kw, yn, sy, (int)mc->quant,
-                                                                            yw);
+    operand_words<BINARY>
+        <<<grid_for(per * yn, 256), 256, 0, st->stream>>>(y, mc->N, mc->K, kw, yn, sy, (int)mc->quant, yw);
     LAUNCHED(ctx, "matmul operand words (y)");
     word_products<BINARY><<<grid_for(mc->B * mc->M * mc->N, 256), 256, 0, st->stream>>>(xw, yw, mc->B, mc->M, mc->N,
                                                                                         mc->K, kw, sx, sy, out);
@@ -135,7 +136,8 @@ template <bool BINARY> enum bie_status forward_small_batches(bie_context_t * ctx
 
 extern "C" enum bie_status bie_cuda_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * mc) {
     if (small_batches(mc))
-        return mc->quant == BIE_QUANT_BINARY ? forward_small_batches<true>(ctx, mc) : forward_small_batches<false>(ctx, mc);
+        return mc->quant == BIE_QUANT_BINARY ? forward_small_batches<true>(ctx, mc)
+                                             : forward_small_batches<false>(ctx, mc);
     for (int64_t b = 0; b < mc->B; b++) {
         struct bie_layer_call lc;
         bie_matmul_layer_call(mc, b, 0, &lc);
@@ -147,7 +149,7 @@ extern "C" enum bie_status bie_cuda_matmul_forward(bie_context_t * ctx, const st
 extern "C" enum bie_status bie_cuda_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * mc) {
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, mc->device_index, &st));
-    const struct bie_tensor * grads[2] = {&mc->grad_x, &mc->grad_y}, * clips[2] = {&mc->grad_x_clip, &mc->grad_y_clip};
+    const struct bie_tensor *grads[2] = {&mc->grad_x, &mc->grad_y}, *clips[2] = {&mc->grad_x_clip, &mc->grad_y_clip};
     float * part = NULL;
     if (clips[0]->data || clips[1]->data) BIE_TRY(bie_cuda_aux(ctx, 2 * (size_t)mc->B * sizeof(float), (void **)&part));
     for (int side = 0; side < 2; side++) {

@@ -36,7 +36,8 @@ __global__ void store_packed_rows(const int8_t * codes, struct dview dst, int64_
     for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < rows * row_bytes;
          t += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = t / row_bytes, j = t % row_bytes;
-        const int64_t i2 = r % dst.shape[2], i1 = (r / dst.shape[2]) % dst.shape[1], i0 = r / (dst.shape[2] * dst.shape[1]);
+        const int64_t i2 = r % dst.shape[2], i1 = (r / dst.shape[2]) % dst.shape[1],
+                      i0 = r / (dst.shape[2] * dst.shape[1]);
         const int64_t base = i0 * dst.stride[0] + i1 * dst.stride[1] + i2 * dst.stride[2]; // multiple of per
         const int64_t cbase = i0 * cst0 + i1 * cst1 + i2 * cst2;
         uint8_t * p = (uint8_t *)dst.data + base / per + j;

@@ -68,6 +68,31 @@ template <typename T> __device__ __forceinline__ float ld_as(const struct dview 
 
 constexpr int STE_TAPS = 9; // taps of a pixel whose dCol loads are issued together (a 3x3 kernel's at once)
 
+// ste_tiles: this block's sums of its channels into colpart, in a fixed order (cacc: the thread's
+// running sums, see ste_tiles).
+__device__ __forceinline__ void colpart_store(double (&csum)[8][33], const double * cacc, int along_pixels, int64_t c0,
+                                              int64_t C, int64_t ctiles, double * colpart) {
+    const int lane = threadIdx.x, ty = threadIdx.y;
+    if (along_pixels) { // thread (lane, ty) holds channels ty + 8k: summed over the lanes
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            double t = cacc[k];
+            for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+            if (lane == 0) csum[0][ty + 8 * k] = t;
+        }
+        __syncthreads();
+        if (ty == 0 && c0 + lane < C) colpart[(blockIdx.x / ctiles) * C + c0 + lane] = csum[0][lane];
+    } else { // every warp holds channel c0 + lane: summed over the warps
+        csum[ty][lane] = cacc[0];
+        __syncthreads();
+        if (ty == 0 && c0 + lane < C) {
+            double t = 0.0;
+            for (int y = 0; y < (int)blockDim.y; y++) t += csum[y][lane];
+            colpart[(blockIdx.x / ctiles) * C + c0 + lane] = t;
+        }
+    }
+}
+
 // The fused STE pass over x, any geometry, by tiles of 32 pixels (p = (n*H + h)*W + w over the
 // batch) x 32 channels, block (32, 8): the tap sums gx = sum of dCol over the taps that read
 // (h, w) are gathered along the channels (rows of dCol are channel-contiguous), a thread's 4
@@ -79,11 +104,12 @@ constexpr int STE_TAPS = 9; // taps of a pixel whose dCol loads are issued toget
 // is dCol[p][c] (a 1x1 conv's dCol, or the grad_x GEMM of a stride-1 conv); T: x's element type
 // (float, __half, __nv_bfloat16; void: any, by its dtype).
 template <int NT, typename T, typename D>
-__global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3) ste_tiles(struct dview x, struct dview bias, struct dgeom g, int quant, struct dscale sa,
-                          struct dscale sw, const D * dcol, struct dview gx_out, int write_gx, int along_pixels,
-                          double * colpart /* or NULL */, double * term_sum) {
+__global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3)
+    ste_tiles(struct dview x, struct dview bias, struct dgeom g, int quant, struct dscale sa, struct dscale sw,
+              const D * dcol, struct dview gx_out, int write_gx, int along_pixels, double * colpart /* or NULL */,
+              double * term_sum) {
     constexpr int NL = NT > 0 ? NT : 1; // loads per pixel in flight
-    __shared__ float tile[32][33]; // [pixel][channel]
+    __shared__ float tile[32][33];      // [pixel][channel]
     __shared__ double csum[8][33];
     const float s_a = ld_scale(sa), s_w = ld_scale(sw);
     const int lo = qlo(quant), hi = qhi(quant), taps = g.kh * g.kw;
@@ -102,7 +128,8 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3) ste_tiles(struct 
     for (int64_t pt = blockIdx.x / ctiles; pt < ptiles; pt += gridDim.x / ctiles) {
         const int64_t p0 = pt * 32;
         // tap sums of pixels p0 + ty + 8k at channel c0 + lane
-        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // taps in order (i, then j); a skipped tap adds +0, which changes no sum
+        float sum[4] = {0.0f, 0.0f, 0.0f,
+                        0.0f}; // taps in order (i, then j); a skipped tap adds +0, which changes no sum
         if (NT == 0) {
 #pragma unroll
             for (int k = 0; k < 4; k++) {
@@ -180,26 +207,7 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3) ste_tiles(struct 
         }
         __syncthreads();
     }
-    if (colpart) { // this block's sums of its channels, in a fixed order
-        if (along_pixels) { // thread (lane, ty) holds channels ty + 8k: summed over the lanes
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                double t = cacc[k];
-                for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-                if (lane == 0) csum[0][ty + 8 * k] = t;
-            }
-            __syncthreads();
-            if (ty == 0 && c0 + lane < g.C) colpart[(blockIdx.x / ctiles) * g.C + c0 + lane] = csum[0][lane];
-        } else { // every warp holds channel c0 + lane: summed over the warps
-            csum[ty][lane] = cacc[0];
-            __syncthreads();
-            if (ty == 0 && c0 + lane < g.C) {
-                double t = 0.0;
-                for (int y = 0; y < (int)blockDim.y; y++) t += csum[y][lane];
-                colpart[(blockIdx.x / ctiles) * g.C + c0 + lane] = t;
-            }
-        }
-    }
+    if (colpart) colpart_store(csum, cacc, along_pixels, c0, g.C, ctiles, colpart);
     if (term_sum) block_sum_add(acc, term_sum);
 }
 
@@ -217,7 +225,8 @@ void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dvie
         return;
     }
     if (mode == 0) ste_tiles<0, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
-    else if (mode == 1) ste_tiles<1, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+    else if (mode == 1)
+        ste_tiles<1, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
     else ste_tiles<STE_TAPS, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
 }
 
@@ -235,8 +244,8 @@ void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dvie
 template <typename T, typename D>
 __global__ void __launch_bounds__(256, 3)
     ste_rows(struct dview x, struct dview xm, struct dview bias, int64_t rows, int64_t C, int64_t slab, int quant,
-             struct dscale sa, struct dscale sw, const D * dcol, struct dview gx_out, int write_gx,
-             double * colpart, double * term_sum) {
+             struct dscale sa, struct dscale sw, const D * dcol, struct dview gx_out, int write_gx, double * colpart,
+             double * term_sum) {
     const float s_a = ld_scale(sa), s_w = ld_scale(sw);
     const int lo = qlo(quant), hi = qhi(quant);
     const int64_t c0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
@@ -282,9 +291,11 @@ __global__ void __launch_bounds__(256, 3)
             }
             if (!write_gx) continue;
             const int64_t go = r * gx_out.stride[0] + c0 * gx_out.stride[1];
-            if (full && gx_out.stride[1] == 1 && vec8_ok(gx_out.data, gx_out.dtype, go)) store8(gx_out.data, gx_out.dtype, go, gv);
+            if (full && gx_out.stride[1] == 1 && vec8_ok(gx_out.data, gx_out.dtype, go))
+                store8(gx_out.data, gx_out.dtype, go, gv);
             else
-                for (int i = 0; i < 8 && c0 + i < C; i++) st_float(gx_out.data, gx_out.dtype, go + i * gx_out.stride[1], gv[i]);
+                for (int i = 0; i < 8 && c0 + i < C; i++)
+                    st_float(gx_out.data, gx_out.dtype, go + i * gx_out.stride[1], gv[i]);
         }
     if (colpart) { // column sums over the block's rows of threads, in a fixed order
         __shared__ double cs[256 * 8];
@@ -382,9 +393,8 @@ size_t bie_cuda_ste_pass_workspace(const ste_pass_job & j) {
 enum bie_status bie_cuda_ste_pass(bie_context_t * ctx, cudaStream_t s, const ste_pass_job & j, void * ws) {
     const pass_split p = split_of(j);
     double * colpart = j.gb.data ? (double *)ws : NULL;
-    double * sum = j.gsa.data
-                       ? (double *)((uint8_t *)ws + align256(j.gb.data ? (size_t)(p.part_rows * j.g.C) * 8 : 0))
-                       : NULL;
+    double * sum =
+        j.gsa.data ? (double *)((uint8_t *)ws + align256(j.gb.data ? (size_t)(p.part_rows * j.g.C) * 8 : 0)) : NULL;
     if (!j.rows && j.x.dtype == BIE_DTYPE_B1)
         return bie_set_error(ctx, BIE_STATUS_INTERNAL, "STE pass: saved bits are read by rows only");
     if (sum) CU_TRY(ctx, cudaMemsetAsync(sum, 0, sizeof(double), s), "cudaMemsetAsync");
@@ -404,8 +414,9 @@ enum bie_status bie_cuda_ste_pass(bie_context_t * ctx, cudaStream_t s, const ste
     if (sum) {
         struct dview gsa = j.gsa;
         gsa.stride[3] = 0;
-        const double denom = j.quant == BIE_QUANT_BINARY ? sqrt((double)j.xnumel)
-                                                          : sqrt((double)j.xnumel * bie_quant_hi((enum bie_quant)j.quant));
+        const double denom = j.quant == BIE_QUANT_BINARY
+                                 ? sqrt((double)j.xnumel)
+                                 : sqrt((double)j.xnumel * bie_quant_hi((enum bie_quant)j.quant));
         finish_scale_grad<<<1, 1, 0, s>>>(sum, denom, gsa);
         LAUNCHED(ctx, "grad_scale_a");
     }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // cuda-ste.cuh: the straight-through estimator's pass test on the device, shared by the backward's
-// passes (cuda-backward.cu) and bie_binarize_ste (cuda-forward.cu), which saves it as mask bits
-// for a backward from the sign bits: both must decide every element alike.
+// passes (cuda-backward.cu) and bie_binarize_ste (cuda-forward.cu, cuda-pack-rows.cu), which
+// saves it as mask bits for a backward from the sign bits: both must decide every element alike.
 #pragma once
 
 #include "cuda-impl.cuh"

@@ -25,8 +25,8 @@ extern "C" {
 }
 
 #define WQ_MAX_DECODE_M 16
-#define WQ_WARPS 4          // warps per block of the decode kernels (each its own 32 columns)
-#define WQ_BATCH 8          // chunks whose words a lane keeps in flight
+#define WQ_WARPS 4 // warps per block of the decode kernels (each its own 32 columns)
+#define WQ_BATCH 8 // chunks whose words a lane keeps in flight
 
 // --- shared views ---------------------------------------------------------------------------------
 
@@ -72,7 +72,7 @@ __device__ __forceinline__ float wq_corr(const wq_dev & w, int64_t g, int64_t n,
 }
 
 struct wq_x {
-    dview x;            // [M, K] 2-D view (4-D right-aligned)
+    dview x; // [M, K] 2-D view (4-D right-aligned)
     const int32_t * perm;
     const char * cs;
     int csdt;
@@ -123,8 +123,7 @@ __global__ void wq_xs_kernel(wq_x a, int64_t M, int64_t K, int b, int64_t nchunk
 }
 
 // xo[m][r] = x'[m, r] as To (dense [M][K]).
-template <typename To>
-__global__ void wq_xdense_kernel(wq_x a, int64_t M, int64_t K, To * xo) {
+template <typename To> __global__ void wq_xdense_kernel(wq_x a, int64_t M, int64_t K, To * xo) {
     const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= M * K) return;
     xo[id] = from_f32<To>(wq_xprime(a, id / K, id % K, K));
@@ -176,8 +175,8 @@ template <typename T, int B> __device__ __forceinline__ uint32_t wq_pair(uint32_
 
 // grid (ceil(N / (32*WQ_WARPS)), S); K range of split y: chunks [y*cps, (y+1)*cps).
 template <typename T, int B>
-__global__ void __launch_bounds__(32 * WQ_WARPS) wq_mma_kernel(wq_dev w, const T * xs, const float * xsc, int64_t nchunk,
-                                                              int64_t cps, int M, float * part) {
+__global__ void __launch_bounds__(32 * WQ_WARPS)
+    wq_mma_kernel(wq_dev w, const T * xs, const float * xsc, int64_t nchunk, int64_t cps, int M, float * part) {
     constexpr int CR = 128 / B;  // rows per chunk
     constexpr int SLABS = 8 / B; // 16-row mma steps per chunk
     extern __shared__ __align__(16) unsigned char wq_smem[];
@@ -391,10 +390,13 @@ static enum bie_status upload_groups(bie_context_t * ctx, const struct bie_wq_ca
     if (c->bits) return BIE_STATUS_OK;
     *gb = (int32_t *)take(a, (size_t)c->G * sizeof(int32_t));
     *gw = (int64_t *)take(a, (size_t)(c->G + 1) * sizeof(int64_t));
-    CU_TRY(ctx, cudaMemcpyAsync(*gb, c->group_bits, (size_t)c->G * sizeof(int32_t), cudaMemcpyHostToDevice, ctx->cuda->stream),
-           "wq: group bits");
-    CU_TRY(ctx, cudaMemcpyAsync(*gw, c->group_word, (size_t)(c->G + 1) * sizeof(int64_t), cudaMemcpyHostToDevice,
-                                ctx->cuda->stream),
+    CU_TRY(
+        ctx,
+        cudaMemcpyAsync(*gb, c->group_bits, (size_t)c->G * sizeof(int32_t), cudaMemcpyHostToDevice, ctx->cuda->stream),
+        "wq: group bits");
+    CU_TRY(ctx,
+           cudaMemcpyAsync(*gw, c->group_word, (size_t)(c->G + 1) * sizeof(int64_t), cudaMemcpyHostToDevice,
+                           ctx->cuda->stream),
            "wq: group words");
     return BIE_STATUS_OK;
 }
@@ -418,8 +420,8 @@ static int64_t splits(bie_context_t * ctx, int64_t col_warps, int64_t units) {
 }
 
 template <typename T, int B>
-static enum bie_status launch_mma(bie_context_t * ctx, const wq_dev & w, const T * xs, const float * xsc, int64_t nchunk,
-                                  int64_t S, int64_t cps, int M, float * part) {
+static enum bie_status launch_mma(bie_context_t * ctx, const wq_dev & w, const T * xs, const float * xsc,
+                                  int64_t nchunk, int64_t S, int64_t cps, int M, float * part) {
     const size_t smem = (size_t)M * cps * (128 / B) * sizeof(T);
     if (smem > 48 * 1024)
         CU_TRY(ctx, cudaFuncSetAttribute(wq_mma_kernel<T, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
@@ -457,7 +459,7 @@ static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call 
     T * xs = (T *)take(a, (size_t)16 * nchunk * cr * sizeof(T));
     float * xsc = (float *)take(a, (size_t)16 * nchunk * sizeof(float));
     wq_xs_kernel<T><<<blocks_for(16 * nchunk * 32, 128), 128, 0, ctx->cuda->stream>>>(x_of(c, &c->x), c->M, c->K, b,
-                                                                                   nchunk, xs, xsc);
+                                                                                      nchunk, xs, xsc);
     LAUNCHED(ctx, "wq_xs_kernel");
     switch (b) {
     case 2: return launch_mma<T, 2>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, part);
@@ -488,10 +490,10 @@ static enum bie_status cublas_ok(bie_context_t * ctx, cublasStatus_t st, const c
 }
 
 template <typename T>
-static enum bie_status launch_dequant(bie_context_t * ctx, const wq_dev & w, int64_t r0, int64_t r1, int64_t n0, int64_t n1,
-                                      void * out, int64_t ldo) {
-    wq_dequant_kernel<T><<<blocks_for((r1 - r0) * (n1 - n0), 256), 256, 0, ctx->cuda->stream>>>(w, r0, r1, n0, n1, (T *)out,
-                                                                                             ldo);
+static enum bie_status launch_dequant(bie_context_t * ctx, const wq_dev & w, int64_t r0, int64_t r1, int64_t n0,
+                                      int64_t n1, void * out, int64_t ldo) {
+    wq_dequant_kernel<T>
+        <<<blocks_for((r1 - r0) * (n1 - n0), 256), 256, 0, ctx->cuda->stream>>>(w, r0, r1, n0, n1, (T *)out, ldo);
     LAUNCHED(ctx, "wq_dequant_kernel");
     return BIE_STATUS_OK;
 }
@@ -544,9 +546,11 @@ static enum bie_status forward_gemm(bie_context_t * ctx, const struct bie_wq_cal
     const bool fill = direct && c->bias.data;
     if (fill) {
         const unsigned nb = blocks_for(c->M * c->N, 256);
-        if (dt == BIE_DTYPE_F16) wq_bias_fill_kernel<__half><<<nb, 256, 0, ctx->cuda->stream>>>(bias, c->M, c->N, (__half *)y->data, c->N);
+        if (dt == BIE_DTYPE_F16)
+            wq_bias_fill_kernel<__half><<<nb, 256, 0, ctx->cuda->stream>>>(bias, c->M, c->N, (__half *)y->data, c->N);
         else if (dt == BIE_DTYPE_BF16)
-            wq_bias_fill_kernel<__nv_bfloat16><<<nb, 256, 0, ctx->cuda->stream>>>(bias, c->M, c->N, (__nv_bfloat16 *)y->data, c->N);
+            wq_bias_fill_kernel<__nv_bfloat16>
+                <<<nb, 256, 0, ctx->cuda->stream>>>(bias, c->M, c->N, (__nv_bfloat16 *)y->data, c->N);
         else wq_bias_fill_kernel<float><<<nb, 256, 0, ctx->cuda->stream>>>(bias, c->M, c->N, (float *)y->data, c->N);
         LAUNCHED(ctx, "wq_bias_fill_kernel");
     }
@@ -558,8 +562,8 @@ static enum bie_status forward_gemm(bie_context_t * ctx, const struct bie_wq_cal
         // Column-major view: y^T[N, M] = W^T[N, K] x'^T[K, M].
         void * yp = direct ? (void *)((char *)y->data + (size_t)n0 * es) : (void *)(ybuf + n0);
         BIE_TRY(cublas_ok(ctx,
-                          cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)nb, (int)c->M, (int)c->K, &one, wp, cuda_type(dt),
-                                       (int)nb, xd, cuda_type(dt), (int)c->K, &beta, yp,
+                          cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, (int)nb, (int)c->M, (int)c->K, &one, wp,
+                                       cuda_type(dt), (int)nb, xd, cuda_type(dt), (int)c->K, &beta, yp,
                                        direct ? cuda_type(dt) : CUDA_R_32F, (int)c->N, CUBLAS_COMPUTE_32F,
                                        CUBLAS_GEMM_DEFAULT),
                           "cublasGemmEx (wq forward)"));
@@ -602,13 +606,13 @@ extern "C" enum bie_status bie_cuda_wq_forward(bie_context_t * ctx, const struct
         const void * xf;
         BIE_TRY(dense_x(ctx, c, BIE_DTYPE_F32, a, &xf));
         wq_simt_kernel<<<dim3(blocks_for(c->N, 128), (unsigned)S), 128, 0, ctx->cuda->stream>>>(w, (const float *)xf,
-                                                                                             (int)c->M, per, part);
+                                                                                                (int)c->M, per, part);
         LAUNCHED(ctx, "wq_simt_kernel");
     }
     dview yv;
     dview_make(&c->y, &yv);
     wq_reduce_kernel<<<blocks_for(c->M * c->N, 256), 256, 0, ctx->cuda->stream>>>(part, (int)S, c->M, c->N,
-                                                                                view_or_null(&c->bias), yv);
+                                                                                  view_or_null(&c->bias), yv);
     LAUNCHED(ctx, "wq_reduce_kernel");
     return BIE_STATUS_OK;
 }
@@ -660,8 +664,8 @@ extern "C" enum bie_status bie_cuda_wq_backward(bie_context_t * ctx, const struc
         const void * xd;
         BIE_TRY(dense_x(ctx, &cx, dt, a, &xd));
         BIE_TRY(cublas_ok(ctx,
-                          cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)N, (int)K, (int)M, &one, g, cuda_type(dt), (int)N,
-                                       xd, cuda_type(dt), (int)K, &zero, c->grad_w.data, CUDA_R_32F, (int)N,
+                          cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_T, (int)N, (int)K, (int)M, &one, g, cuda_type(dt),
+                                       (int)N, xd, cuda_type(dt), (int)K, &zero, c->grad_w.data, CUDA_R_32F, (int)N,
                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                           "cublasGemmEx (wq grad_w)"));
     }
@@ -673,9 +677,9 @@ extern "C" enum bie_status bie_cuda_wq_backward(bie_context_t * ctx, const struc
             BIE_TRY(dequant_as(ctx, dt, w, k0, k0 + kb, 0, N, wp, N));
             // gxr^T[K, M] rows k0.. (column-major, ld K) = W_panel[kb, N] g^T[N, M]
             BIE_TRY(cublas_ok(ctx,
-                              cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)kb, (int)M, (int)N, &one, wp, cuda_type(dt),
-                                           (int)N, g, cuda_type(dt), (int)N, &zero, gxr + k0, CUDA_R_32F, (int)K,
-                                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                              cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)kb, (int)M, (int)N, &one, wp,
+                                           cuda_type(dt), (int)N, g, cuda_type(dt), (int)N, &zero, gxr + k0, CUDA_R_32F,
+                                           (int)K, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                               "cublasGemmEx (wq grad_x)"));
         }
         dview gxv;
@@ -688,7 +692,7 @@ extern "C" enum bie_status bie_cuda_wq_backward(bie_context_t * ctx, const struc
 }
 
 extern "C" enum bie_status bie_cuda_wq_dequantize(bie_context_t * ctx, const struct bie_wq_call * c,
-                                                   const struct bie_tensor * wt) {
+                                                  const struct bie_tensor * wt) {
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
     void * ws;

@@ -33,9 +33,10 @@ enum bie_status bie_file_open_read(bie_context_t * ctx, const char * path, size_
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
         return bie_set_error(ctx, BIE_STATUS_IO_ERROR, "%s: not a regular file (%s)", path,
-                             S_ISDIR(sb.st_mode) ? "a directory" : S_ISFIFO(sb.st_mode) ? "a FIFO"
-                             : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode)               ? "a device"
-                                                                                        : "a special file");
+                             S_ISDIR(sb.st_mode)                          ? "a directory"
+                             : S_ISFIFO(sb.st_mode)                       ? "a FIFO"
+                             : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device"
+                                                                          : "a special file");
     }
     if (sb.st_size < 0 || (uint64_t)sb.st_size > (uint64_t)max_size) {
         close(fd);
@@ -135,8 +136,8 @@ static int write_all(int fd, const void * buf, size_t n) {
 
 static enum bie_status write_error(bie_context_t * ctx, const char * path, const char * what, int e) {
     if (e == EFBIG)
-        return bie_set_error(ctx, BIE_STATUS_IO_ERROR,
-                             "%s: %s failed: the file size limit is reached (ulimit -f; %s)", path, what, strerror(e));
+        return bie_set_error(ctx, BIE_STATUS_IO_ERROR, "%s: %s failed: the file size limit is reached (ulimit -f; %s)",
+                             path, what, strerror(e));
     return bie_set_error(ctx, BIE_STATUS_IO_ERROR, "%s: %s failed: %s", path, what, strerror(e));
 }
 
@@ -150,8 +151,8 @@ enum bie_status bie_write_file_atomic(bie_context_t * ctx, const char * path, si
     if (!dname) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "%s: out of memory", path);
     const int dirfd = open(dname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     free(dname);
-    if (dirfd < 0) return bie_set_error(ctx, BIE_STATUS_IO_ERROR, "%s: cannot open its directory: %s", path,
-                                        strerror(errno));
+    if (dirfd < 0)
+        return bie_set_error(ctx, BIE_STATUS_IO_ERROR, "%s: cannot open its directory: %s", path, strerror(errno));
     remove_stale_temps(dirfd, base);
     // The new file gets the mode a plain creat() would give (0666 less the umask, applied by the
     // kernel: the umask is neither read nor changed); a replaced file keeps its own mode.

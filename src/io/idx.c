@@ -62,7 +62,8 @@ static enum bie_status gz_read(bie_context_t * ctx, const char * name, struct gz
 static enum bie_status check_magic(bie_context_t * ctx, const char * name, const uint8_t * p, size_t n, int * ndim) {
     if (n < 4) return BIE_FORMAT_ERROR("%s: too short for an IDX header (%zu bytes)", name, n);
     if (p[0] != 0 || p[1] != 0)
-        return BIE_FORMAT_ERROR("%s: bad IDX magic %02x %02x %02x %02x (not an IDX file)", name, p[0], p[1], p[2], p[3]);
+        return BIE_FORMAT_ERROR("%s: bad IDX magic %02x %02x %02x %02x (not an IDX file)", name, p[0], p[1], p[2],
+                                p[3]);
     if (p[2] != 0x08)
         return BIE_FORMAT_ERROR("%s: IDX element type 0x%02x is not supported (only unsigned bytes, 0x08)", name, p[2]);
     *ndim = p[3];
@@ -147,8 +148,8 @@ enum bie_status bie_idx_parse(bie_context_t * ctx, const void * bytes, size_t si
     memset(out, 0, sizeof *out);
     if (!name) name = "IDX data";
     if (!bytes && size) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "bytes: is NULL");
-    const enum bie_status s = is_gzip(bytes, size) ? parse_gzip(ctx, name, bytes, size, out)
-                                                   : parse_raw(ctx, name, bytes, size, out);
+    const enum bie_status s =
+        is_gzip(bytes, size) ? parse_gzip(ctx, name, bytes, size, out) : parse_raw(ctx, name, bytes, size, out);
     if (s != BIE_STATUS_OK) bie_idx_free(out);
     return s;
 }

@@ -12,8 +12,7 @@
 enum bie_status bie_file_open_read(bie_context_t * ctx, const char * path, size_t max_size, int * out_fd,
                                    size_t * out_size);
 // Reads exactly n bytes at offset (FORMAT_ERROR when the file is shorter: it shrank meanwhile).
-enum bie_status bie_file_read_at(bie_context_t * ctx, const char * path, int fd, void * buf, size_t n,
-                                 uint64_t offset);
+enum bie_status bie_file_read_at(bie_context_t * ctx, const char * path, int fd, void * buf, size_t n, uint64_t offset);
 
 // Reads the whole file at path into a malloc'd buffer (*out, *out_size) with the checks of
 // bie_file_open_read: its size is known, and bounded, before a byte is read.

@@ -62,8 +62,15 @@ static int hex4(struct parser * p, uint32_t * out) {
 }
 
 static size_t put_utf8(char * d, uint32_t cp) {
-    if (cp < 0x80) { d[0] = (char)cp; return 1; }
-    if (cp < 0x800) { d[0] = (char)(0xC0 | (cp >> 6)); d[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x80) {
+        d[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        d[0] = (char)(0xC0 | (cp >> 6));
+        d[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
     if (cp < 0x10000) {
         d[0] = (char)(0xE0 | (cp >> 12));
         d[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
@@ -84,10 +91,19 @@ static size_t utf8_len(const unsigned char * s, size_t n) {
     if (c < 0x80) return 1;
     size_t l;
     uint32_t cp, min;
-    if ((c & 0xE0) == 0xC0) { l = 2; cp = c & 0x1F; min = 0x80; }
-    else if ((c & 0xF0) == 0xE0) { l = 3; cp = c & 0x0F; min = 0x800; }
-    else if ((c & 0xF8) == 0xF0) { l = 4; cp = c & 0x07; min = 0x10000; }
-    else return 0;
+    if ((c & 0xE0) == 0xC0) {
+        l = 2;
+        cp = c & 0x1F;
+        min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+        l = 3;
+        cp = c & 0x0F;
+        min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+        l = 4;
+        cp = c & 0x07;
+        min = 0x10000;
+    } else return 0;
     if (n < l) return 0;
     for (size_t i = 1; i < l; i++) {
         if ((s[i] & 0xC0) != 0x80) return 0;
@@ -109,7 +125,10 @@ static bool parse_string(struct parser * p, char ** out, size_t * out_len) {
     size_t k = 0;
     while (p->s[p->pos] != '"') {
         unsigned char c = (unsigned char)p->s[p->pos];
-        if (c < 0x20) { free(d); return fail(p, "control character in string"); }
+        if (c < 0x20) {
+            free(d);
+            return fail(p, "control character in string");
+        }
         if (c == '\\') {
             p->pos++;
             char e = p->s[p->pos++];
@@ -124,8 +143,14 @@ static bool parse_string(struct parser * p, char ** out, size_t * out_len) {
             case 't': d[k++] = '\t'; break;
             case 'u': {
                 uint32_t cp;
-                if (!hex4(p, &cp)) { free(d); return false; }
-                if (cp >= 0xDC00 && cp <= 0xDFFF) { free(d); return fail(p, "lone low surrogate"); }
+                if (!hex4(p, &cp)) {
+                    free(d);
+                    return false;
+                }
+                if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                    free(d);
+                    return fail(p, "lone low surrogate");
+                }
                 if (cp >= 0xD800 && cp <= 0xDBFF) {
                     uint32_t lo;
                     if (p->n - p->pos < 2 || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u') {
@@ -133,21 +158,36 @@ static bool parse_string(struct parser * p, char ** out, size_t * out_len) {
                         return fail(p, "unpaired high surrogate");
                     }
                     p->pos += 2;
-                    if (!hex4(p, &lo)) { free(d); return false; }
-                    if (lo < 0xDC00 || lo > 0xDFFF) { free(d); return fail(p, "bad low surrogate"); }
+                    if (!hex4(p, &lo)) {
+                        free(d);
+                        return false;
+                    }
+                    if (lo < 0xDC00 || lo > 0xDFFF) {
+                        free(d);
+                        return fail(p, "bad low surrogate");
+                    }
                     cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
                 }
-                if (cp == 0) { free(d); return fail(p, "\\u0000 is not allowed"); }
+                if (cp == 0) {
+                    free(d);
+                    return fail(p, "\\u0000 is not allowed");
+                }
                 // An escape of <= 6 (or 12) bytes decodes to <= 3 (or 4) bytes: fits in place.
                 k += put_utf8(d + k, cp);
                 break;
             }
-            default: free(d); p->pos--; return fail(p, "invalid escape");
+            default:
+                free(d);
+                p->pos--;
+                return fail(p, "invalid escape");
             }
             continue;
         }
         size_t l = utf8_len((const unsigned char *)p->s + p->pos, p->n - p->pos);
-        if (l == 0) { free(d); return fail(p, "invalid UTF-8 in string"); }
+        if (l == 0) {
+            free(d);
+            return fail(p, "invalid UTF-8 in string");
+        }
         memcpy(d + k, p->s + p->pos, l);
         k += l;
         p->pos += l;
@@ -215,7 +255,10 @@ static bool parse_number(struct parser * p, struct bie_json * j) {
         bool ok = true;
         for (; *q; q++) {
             uint64_t d = (uint64_t)(*q - '0');
-            if (v > (UINT64_MAX - d) / 10) { ok = false; break; }
+            if (v > (UINT64_MAX - d) / 10) {
+                ok = false;
+                break;
+            }
             v = v * 10 + d;
         }
         if (ok && (neg ? v <= (uint64_t)INT64_MAX + 1 : v <= (uint64_t)INT64_MAX)) {
@@ -313,8 +356,14 @@ static bool parse_value(struct parser * p, struct bie_json * j, int depth) {
     case '{': return parse_container(p, j, depth, true);
     case '[': return parse_container(p, j, depth, false);
     case '"': j->type = BIE_JSON_STRING; return parse_string(p, &j->str, &j->len);
-    case 't': j->type = BIE_JSON_BOOL; j->boolean = true; return literal(p, "true");
-    case 'f': j->type = BIE_JSON_BOOL; j->boolean = false; return literal(p, "false");
+    case 't':
+        j->type = BIE_JSON_BOOL;
+        j->boolean = true;
+        return literal(p, "true");
+    case 'f':
+        j->type = BIE_JSON_BOOL;
+        j->boolean = false;
+        return literal(p, "false");
     case 'n': j->type = BIE_JSON_NULL; return literal(p, "null");
     default: return parse_number(p, j);
     }

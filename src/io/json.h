@@ -30,12 +30,12 @@ enum bie_json_type {
 struct bie_json {
     enum bie_json_type type;
     bool boolean;
-    bool is_int;        // a number written without fraction or exponent that fits in int64
-    int64_t integer;    // its value when is_int
+    bool is_int;     // a number written without fraction or exponent that fits in int64
+    int64_t integer; // its value when is_int
     double number;
-    char * str;         // STRING: decoded, NUL-terminated (no interior NUL)
+    char * str; // STRING: decoded, NUL-terminated (no interior NUL)
     size_t len;
-    char * key;         // the key of an object member, else NULL
+    char * key;              // the key of an object member, else NULL
     struct bie_json * items; // ARRAY / OBJECT members, in file order
     size_t count;
 };

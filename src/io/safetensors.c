@@ -28,9 +28,8 @@ static const struct {
     enum bie_dtype dtype;
     size_t size;
 } k_dtypes[] = {
-    {"F32", BIE_DTYPE_F32, 4}, {"F16", BIE_DTYPE_F16, 2}, {"BF16", BIE_DTYPE_BF16, 2},
-    {"F64", BIE_DTYPE_F64, 8}, {"I32", BIE_DTYPE_I32, 4}, {"I8", BIE_DTYPE_I8, 1},
-    {"U8", BIE_DTYPE_U8, 1},
+    {"F32", BIE_DTYPE_F32, 4}, {"F16", BIE_DTYPE_F16, 2}, {"BF16", BIE_DTYPE_BF16, 2}, {"F64", BIE_DTYPE_F64, 8},
+    {"I32", BIE_DTYPE_I32, 4}, {"I8", BIE_DTYPE_I8, 1},   {"U8", BIE_DTYPE_U8, 1},
 };
 
 static int dtype_index(enum bie_dtype d) {
@@ -58,7 +57,7 @@ struct placed {
 };
 
 static int cmp_begin(const void * a, const void * b) {
-    const struct placed * x = a, * y = b;
+    const struct placed *x = a, *y = b;
     if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
     return x->t.nbytes < y->t.nbytes ? -1 : x->t.nbytes > y->t.nbytes;
 }
@@ -68,17 +67,20 @@ static enum bie_status parse_tensor(bie_context_t * ctx, const struct bie_json *
     struct bie_st_tensor * t = &pl->t;
     const char * name = j->key;
     if (j->type != BIE_JSON_OBJECT) return BIE_FORMAT_ERROR("tensor \"%.80s\": not an object", name);
-    if (j->count != 3) return BIE_FORMAT_ERROR("tensor \"%.80s\": must have exactly dtype, shape and data_offsets", name);
-    const struct bie_json * jd = bie_json_get(j, "dtype"), * js = bie_json_get(j, "shape"),
-                          * jo = bie_json_get(j, "data_offsets");
-    if (!jd || !js || !jo) return BIE_FORMAT_ERROR("tensor \"%.80s\": must have exactly dtype, shape and data_offsets", name);
+    if (j->count != 3)
+        return BIE_FORMAT_ERROR("tensor \"%.80s\": must have exactly dtype, shape and data_offsets", name);
+    const struct bie_json *jd = bie_json_get(j, "dtype"), *js = bie_json_get(j, "shape"),
+                          *jo = bie_json_get(j, "data_offsets");
+    if (!jd || !js || !jo)
+        return BIE_FORMAT_ERROR("tensor \"%.80s\": must have exactly dtype, shape and data_offsets", name);
     if (jd->type != BIE_JSON_STRING) return BIE_FORMAT_ERROR("tensor \"%.80s\": dtype is not a string", name);
     int di = -1;
     for (size_t i = 0; i < sizeof k_dtypes / sizeof k_dtypes[0]; i++)
         if (strcmp(jd->str, k_dtypes[i].name) == 0) di = (int)i;
     if (di < 0) return BIE_FORMAT_ERROR("tensor \"%.80s\": unsupported dtype \"%.20s\"", name, jd->str);
     if (js->type != BIE_JSON_ARRAY) return BIE_FORMAT_ERROR("tensor \"%.80s\": shape is not an array", name);
-    if (js->count > BIE_MAX_DIMS) return BIE_FORMAT_ERROR("tensor \"%.80s\": more than %d dimensions", name, BIE_MAX_DIMS);
+    if (js->count > BIE_MAX_DIMS)
+        return BIE_FORMAT_ERROR("tensor \"%.80s\": more than %d dimensions", name, BIE_MAX_DIMS);
     uint64_t numel = 1;
     t->ndim = (int32_t)js->count;
     for (size_t i = 0; i < js->count; i++) {
@@ -92,17 +94,20 @@ static enum bie_status parse_tensor(bie_context_t * ctx, const struct bie_json *
     }
     if (numel > UINT64_MAX / k_dtypes[di].size) return BIE_FORMAT_ERROR("tensor \"%.80s\": shape overflows", name);
     const uint64_t nbytes = numel * k_dtypes[di].size;
-    if (jo->type != BIE_JSON_ARRAY || jo->count != 2) return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets is not [begin, end]", name);
+    if (jo->type != BIE_JSON_ARRAY || jo->count != 2)
+        return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets is not [begin, end]", name);
     for (int i = 0; i < 2; i++)
         if (jo->items[i].type != BIE_JSON_NUMBER || !jo->items[i].is_int || jo->items[i].integer < 0)
             return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets[%d] is not a non-negative integer", name, i);
     const uint64_t b = (uint64_t)jo->items[0].integer, e = (uint64_t)jo->items[1].integer;
     if (b > e || e > data_size)
-        return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets [%" PRIu64 ", %" PRIu64 "] outside the data section of %" PRIu64 " bytes",
-                   name, b, e, data_size);
+        return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets [%" PRIu64 ", %" PRIu64
+                                "] outside the data section of %" PRIu64 " bytes",
+                                name, b, e, data_size);
     if (e - b != nbytes)
-        return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets span %" PRIu64 " bytes but dtype %s and shape need %" PRIu64,
-                   name, e - b, k_dtypes[di].name, nbytes);
+        return BIE_FORMAT_ERROR("tensor \"%.80s\": data_offsets span %" PRIu64
+                                " bytes but dtype %s and shape need %" PRIu64,
+                                name, e - b, k_dtypes[di].name, nbytes);
     t->dtype = k_dtypes[di].dtype;
     pl->begin = b;
     t->nbytes = (size_t)nbytes;
@@ -118,9 +123,11 @@ static enum bie_status parse_owned(bie_context_t * ctx, bie_safetensors_t * st) 
     if (st->size < 8) return BIE_FORMAT_ERROR("file of %zu bytes is too short for a safetensors header", st->size);
     const uint64_t hlen = bie_load_le64(st->bytes);
     if (hlen > BIE_SAFETENSORS_MAX_HEADER)
-        return BIE_FORMAT_ERROR("header length %" PRIu64 " exceeds the limit of %u bytes", hlen, BIE_SAFETENSORS_MAX_HEADER);
+        return BIE_FORMAT_ERROR("header length %" PRIu64 " exceeds the limit of %u bytes", hlen,
+                                BIE_SAFETENSORS_MAX_HEADER);
     if (hlen > st->size - 8)
-        return BIE_FORMAT_ERROR("header length %" PRIu64 " exceeds the file (%zu bytes after the length)", hlen, st->size - 8);
+        return BIE_FORMAT_ERROR("header length %" PRIu64 " exceeds the file (%zu bytes after the length)", hlen,
+                                st->size - 8);
     if (hlen < 2) return BIE_FORMAT_ERROR("header of %" PRIu64 " bytes cannot hold a JSON object", hlen);
     char err[256];
     struct bie_json root;
@@ -179,7 +186,8 @@ static enum bie_status parse_owned(bie_context_t * ctx, bie_safetensors_t * st) 
         const uint64_t b = pl[i].begin;
         if (b != at) {
             s = BIE_FORMAT_ERROR("tensor \"%.80s\" %s (data_offsets begin at %" PRIu64 ", expected %" PRIu64 ")",
-                    st->tensors[i].name, b < at ? "overlaps another tensor" : "leaves a hole before it", b, at);
+                                 st->tensors[i].name, b < at ? "overlaps another tensor" : "leaves a hole before it", b,
+                                 at);
             goto done;
         }
         at = b + st->tensors[i].nbytes;
@@ -208,8 +216,7 @@ static void bind_data(bie_safetensors_t * st) {
     }
 }
 
-enum bie_status bie_safetensors_parse(bie_context_t * ctx, const void * bytes, size_t size,
-                                      bie_safetensors_t ** out) {
+enum bie_status bie_safetensors_parse(bie_context_t * ctx, const void * bytes, size_t size, bie_safetensors_t ** out) {
     BIE_ENTER(ctx);
     if (!out) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "out: is NULL");
     *out = NULL;
@@ -361,28 +368,33 @@ static enum bie_status check_names(bie_context_t * ctx, const struct bie_st_tens
     enum bie_status s = BIE_STATUS_OK;
     bool dup = false;
     for (size_t i = 0; s == BIE_STATUS_OK && i < n_meta; i++) {
-        if (!meta[2 * i] || !meta[2 * i + 1]) s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "meta: entry %zu is NULL", i);
+        if (!meta[2 * i] || !meta[2 * i + 1])
+            s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "meta: entry %zu is NULL", i);
         else if (!utf8(meta[2 * i]) || !utf8(meta[2 * i + 1]))
             s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "meta: entry %zu (\"%.40s\") is not valid UTF-8", i,
                               meta[2 * i]);
-        else if (!bie_strmap_put(&seen, meta[2 * i], i, &dup)) s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
-        else if (dup) s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "meta: key \"%.80s\" appears twice", meta[2 * i]);
+        else if (!bie_strmap_put(&seen, meta[2 * i], i, &dup))
+            s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
+        else if (dup)
+            s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "meta: key \"%.80s\" appears twice", meta[2 * i]);
     }
     bie_strmap_free(&seen);
     for (size_t i = 0; s == BIE_STATUS_OK && i < n; i++) {
         const char * name = tensors[i].name;
         if (!name) s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "tensors[%zu]: name is NULL", i);
-        else if (!utf8(name)) s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "tensors[%zu]: name is not valid UTF-8", i);
-        else if (!bie_strmap_put(&seen, name, i, &dup)) s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
-        else if (dup) s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "tensors[%zu]: name \"%.80s\" appears twice", i, name);
+        else if (!utf8(name))
+            s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "tensors[%zu]: name is not valid UTF-8", i);
+        else if (!bie_strmap_put(&seen, name, i, &dup))
+            s = bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
+        else if (dup)
+            s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "tensors[%zu]: name \"%.80s\" appears twice", i, name);
     }
     bie_strmap_free(&seen);
     return s;
 }
 
-enum bie_status bie_safetensors_write(bie_context_t * ctx, const char * path,
-                                      const struct bie_st_tensor * tensors, size_t n,
-                                      const char * const * meta, size_t n_meta) {
+enum bie_status bie_safetensors_write(bie_context_t * ctx, const char * path, const struct bie_st_tensor * tensors,
+                                      size_t n, const char * const * meta, size_t n_meta) {
     BIE_ENTER(ctx);
     if (!path || (n && !tensors) || (n_meta && !meta))
         return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "path/tensors/meta: is NULL");

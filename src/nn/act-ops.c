@@ -32,8 +32,7 @@ static inline float dact1(enum nn_act act, float v) {
         const float t = tanhf(v);
         return 1.0f - t * t;
     }
-    case NN_ACT_GELU:
-        return 0.5f * (1.0f + erff(v * (float)M_SQRT1_2)) + v * (float)INV_SQRT_2PI * expf(-0.5f * v * v);
+    case NN_ACT_GELU: return 0.5f * (1.0f + erff(v * (float)M_SQRT1_2)) + v * (float)INV_SQRT_2PI * expf(-0.5f * v * v);
     case NN_ACT_GELU_TANH: {
         const float t = tanhf((float)SQRT_2_OVER_PI * (v + GELU_C * v * v * v));
         return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * (float)SQRT_2_OVER_PI * (1.0f + 3.0f * GELU_C * v * v);
@@ -71,7 +70,7 @@ void nn_prelu_backward(int64_t n, int64_t c, int64_t hw, const float * slope, in
         const int64_t planes = n * c;
         NN_PARALLEL_FOR(planes * hw, pl, planes, {
             const float a = slope[n_slope == 1 ? 0 : pl % c];
-            const float * xp = x + pl * hw, * gp = grad_y + pl * hw;
+            const float *xp = x + pl * hw, *gp = grad_y + pl * hw;
             float * gx = grad_x + pl * hw;
             for (int64_t p = 0; p < hw; p++) gx[p] = xp[p] > 0 ? gp[p] : a * gp[p];
         });
@@ -86,7 +85,7 @@ void nn_prelu_backward(int64_t n, int64_t c, int64_t hw, const float * slope, in
     NN_PARALLEL_FOR(n * c * hw, j, c, {
         double s = 0;
         for (int64_t i = 0; i < n; i++) {
-            const float * xp = x + (i * c + j) * hw, * gp = grad_y + (i * c + j) * hw;
+            const float *xp = x + (i * c + j) * hw, *gp = grad_y + (i * c + j) * hw;
             for (int64_t p = 0; p < hw; p++)
                 if (!(xp[p] > 0)) s += (double)gp[p] * xp[p];
         }

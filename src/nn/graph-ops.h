@@ -11,7 +11,7 @@
 // reduction runs in a fixed order inside one thread: results do not depend on the thread count.
 #pragma once
 
-#include "bie.h"
+#include "bie-train.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -22,15 +22,14 @@
 // for (int64_t i = 0; i < count; i++) { body }, split over the OpenMP threads when `work`
 // reaches NN_PAR_MIN, else on the calling thread without entering a parallel region at all
 // (libgomp allocates a team even for an if(0) region, and waking threads costs microseconds).
-#define NN_PARALLEL_FOR(work, i, count, ...)                                                       \
-    do {                                                                                           \
-        const int64_t nn_count_ = (count);                                                         \
-        if ((work) >= NN_PAR_MIN) {                                                                \
-            _Pragma("omp parallel for schedule(static)") for (int64_t i = 0; i < nn_count_; i++)  \
-                __VA_ARGS__                                                                        \
-        } else {                                                                                   \
-            for (int64_t i = 0; i < nn_count_; i++) __VA_ARGS__                                    \
-        }                                                                                          \
+#define NN_PARALLEL_FOR(work, i, count, ...)                                                                           \
+    do {                                                                                                               \
+        const int64_t nn_count_ = (count);                                                                             \
+        if ((work) >= NN_PAR_MIN) {                                                                                    \
+            _Pragma("omp parallel for schedule(static)") for (int64_t i = 0; i < nn_count_; i++) __VA_ARGS__           \
+        } else {                                                                                                       \
+            for (int64_t i = 0; i < nn_count_; i++) __VA_ARGS__                                                        \
+        }                                                                                                              \
     } while (0)
 
 // --- pooling --------------------------------------------------------------------------------------
@@ -68,8 +67,8 @@ void nn_avgpool_backward(const struct nn_pool * g, const float * grad_y, float *
 // output row oy averages the input rows [floor(oy*h/oh), ceil((oy+1)*h/oh)), likewise columns:
 //   y[i, j, oy, ox] = (sum over the window of x) / (window rows * window columns)
 // summed in double, rounded once. oh = ow = 1 is global average pooling.
-void nn_adaptive_avgpool_forward(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow,
-                                 const float * x, float * y);
+void nn_adaptive_avgpool_forward(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow, const float * x,
+                                 float * y);
 // grad_x[i, j, iy, ix] = sum over the windows holding (iy, ix) of grad_y / (that window's size).
 void nn_adaptive_avgpool_backward(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow,
                                   const float * grad_y, float * grad_x);

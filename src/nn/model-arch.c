@@ -57,8 +57,8 @@ static const struct {
     enum nn_act act;
     int32_t version;
 } acts[] = {
-    {"relu", NN_ACT_RELU, 1},       {"sign", NN_ACT_SIGN, 1}, {"hardtanh", NN_ACT_HARDTANH, 1},
-    {"tanh", NN_ACT_TANH, 2},       {"gelu", NN_ACT_GELU, 2}, {"gelu_tanh", NN_ACT_GELU_TANH, 2},
+    {"relu", NN_ACT_RELU, 1}, {"sign", NN_ACT_SIGN, 1}, {"hardtanh", NN_ACT_HARDTANH, 1},
+    {"tanh", NN_ACT_TANH, 2}, {"gelu", NN_ACT_GELU, 2}, {"gelu_tanh", NN_ACT_GELU_TANH, 2},
     {"silu", NN_ACT_SILU, 2},
 };
 
@@ -67,7 +67,8 @@ const char * bie_model_kind_name(const struct layer * L) {
     case L_CONV: return "conv";
     case L_LINEAR: return "linear";
     case L_BN: return "bn";
-    case L_POOL: return L->pool_kind == POOL_MAX ? "maxpool" : L->pool_kind == POOL_AVG ? "avgpool" : "adaptive_avgpool";
+    case L_POOL:
+        return L->pool_kind == POOL_MAX ? "maxpool" : L->pool_kind == POOL_AVG ? "avgpool" : "adaptive_avgpool";
     case L_ADD: return "add";
     case L_FLATTEN: return "flatten";
     case L_ACT:
@@ -78,6 +79,34 @@ const char * bie_model_kind_name(const struct layer * L) {
     return "?";
 }
 
+// "conv Q OUT K [STRIDE [PAD]] [bias]" (layer li, of input shape in) into L; PAD defaults to K/2
+// ("same" for odd K at stride 1).
+static enum bie_status parse_conv(bie_context_t * ctx, long long li, char ** w, int nw, const int64_t * in,
+                                  struct layer * L) {
+    int64_t o, k, s = 1, p;
+    L->has_bias = nw > 4 && !strcmp(w[nw - 1], "bias");
+    nw -= L->has_bias;
+    if (nw < 4 || nw > 6 || !parse_q(w[1], &L->q) || !parse_int(w[2], 1, 65536, &o) || !parse_int(w[3], 1, 15, &k))
+        BIE_FAIL("arch: layer %lld: expected \"conv f32|b1|q4|q8 OUT K [STRIDE [PAD]] [bias]\"", li);
+    p = k / 2;
+    if (nw > 4 && !parse_int(w[4], 1, 8, &s)) BIE_FAIL("arch: layer %lld: stride must be in [1, 8]", li);
+    if (nw > 5 && !parse_int(w[5], 0, k, &p)) BIE_FAIL("arch: layer %lld: padding must be in [0, K]", li);
+    if (in[1] + 2 * p < k || in[2] + 2 * p < k)
+        BIE_FAIL("arch: layer %lld: a %lldx%lld kernel does not fit the %lldx%lld input", li, (long long)k,
+                 (long long)k, (long long)in[1], (long long)in[2]);
+    L->kind = L_CONV;
+    L->O = o;
+    L->C = in[0];
+    L->k = k;
+    L->stride = s;
+    L->pad = p;
+    L->K = in[0] * k * k;
+    L->out[0] = o;
+    L->out[1] = (in[1] + 2 * p - k) / s + 1;
+    L->out[2] = (in[2] + 2 * p - k) / s + 1;
+    return BIE_STATUS_OK;
+}
+
 // One item: the words w[0..nw) without the "@" words, whose values are in src[0..ns). shapes[v]
 // is the per-sample shape of value v. *version is raised to what the item needs.
 static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, int nw, const int32_t * src, int ns,
@@ -86,7 +115,8 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
     const char * kind = w[0];
     const long long li = (long long)idx;
     const bool is_add = !strcmp(kind, "add");
-    if (ns > (is_add ? 2 : 1)) BIE_FAIL("arch: layer %lld: \"%s\" reads %s input", li, kind, is_add ? "at most two \"@\"" : "one");
+    if (ns > (is_add ? 2 : 1))
+        BIE_FAIL("arch: layer %lld: \"%s\" reads %s input", li, kind, is_add ? "at most two \"@\"" : "one");
     if (ns > 0) *version = 2;
     // The inputs: the previous layer's output (value idx) unless named; "add @J" adds the
     // previous layer's output and layer J's.
@@ -97,29 +127,7 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
     memcpy(L->in, in, sizeof L->in);
     memcpy(L->out, in, sizeof L->out);
     if (!strcmp(kind, "conv")) {
-        // conv Q OUT K [STRIDE [PAD]] [bias]; PAD defaults to K/2 ("same" for odd K at stride 1)
-        int64_t o, k, s = 1, p;
-        L->has_bias = nw > 4 && !strcmp(w[nw - 1], "bias");
-        nw -= L->has_bias;
-        if (nw < 4 || nw > 6 || !parse_q(w[1], &L->q) || !parse_int(w[2], 1, 65536, &o) ||
-            !parse_int(w[3], 1, 15, &k))
-            BIE_FAIL("arch: layer %lld: expected \"conv f32|b1|q4|q8 OUT K [STRIDE [PAD]] [bias]\"", li);
-        p = k / 2;
-        if (nw > 4 && !parse_int(w[4], 1, 8, &s)) BIE_FAIL("arch: layer %lld: stride must be in [1, 8]", li);
-        if (nw > 5 && !parse_int(w[5], 0, k, &p)) BIE_FAIL("arch: layer %lld: padding must be in [0, K]", li);
-        if (in[1] + 2 * p < k || in[2] + 2 * p < k)
-            BIE_FAIL("arch: layer %lld: a %lldx%lld kernel does not fit the %lldx%lld input", li, (long long)k, (long long)k,
-                 (long long)in[1], (long long)in[2]);
-        L->kind = L_CONV;
-        L->O = o;
-        L->C = in[0];
-        L->k = k;
-        L->stride = s;
-        L->pad = p;
-        L->K = in[0] * k * k;
-        L->out[0] = o;
-        L->out[1] = (in[1] + 2 * p - k) / s + 1;
-        L->out[2] = (in[2] + 2 * p - k) / s + 1;
+        BIE_TRY(parse_conv(ctx, li, w, nw, in, L));
     } else if (!strcmp(kind, "linear")) {
         int64_t o;
         L->has_bias = nw == 4 && !strcmp(w[3], "bias");
@@ -145,7 +153,7 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
         if (nw > 3 && !parse_int(w[3], 0, k / 2, &p)) BIE_FAIL("arch: layer %lld: padding must be in [0, K/2]", li);
         if (in[1] + 2 * p < k || in[2] + 2 * p < k)
             BIE_FAIL("arch: layer %lld: a %lldx%lld window does not fit the %lldx%lld input", li, (long long)k,
-                 (long long)k, (long long)in[1], (long long)in[2]);
+                     (long long)k, (long long)in[1], (long long)in[2]);
         if (avg || nw > 2) *version = 2;
         L->kind = L_POOL;
         L->pool_kind = avg ? POOL_AVG : POOL_MAX;
@@ -162,7 +170,7 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
         if (nw == 2) ow = oh;
         if (oh > in[1] || ow > in[2])
             BIE_FAIL("arch: layer %lld: an adaptive pool to %lldx%lld of a %lldx%lld input", li, (long long)oh,
-                 (long long)ow, (long long)in[1], (long long)in[2]);
+                     (long long)ow, (long long)in[1], (long long)in[2]);
         *version = 2;
         L->kind = L_POOL;
         L->pool_kind = POOL_ADAPTIVE_AVG;
@@ -186,7 +194,7 @@ static enum bie_status parse_item(bie_context_t * ctx, int64_t idx, char ** w, i
         const int64_t * b = shapes[L->src[1]];
         if (b[0] != in[0] || b[1] != in[1] || b[2] != in[2])
             BIE_FAIL("arch: layer %lld: adds a %lldx%lldx%lld value to a %lldx%lldx%lld one", li, (long long)in[0],
-                 (long long)in[1], (long long)in[2], (long long)b[0], (long long)b[1], (long long)b[2]);
+                     (long long)in[1], (long long)in[2], (long long)b[0], (long long)b[1], (long long)b[2]);
         *version = 2;
         L->kind = L_ADD;
     } else {
@@ -217,8 +225,8 @@ static enum bie_status parse_source(bie_context_t * ctx, int64_t idx, const char
         return BIE_STATUS_OK;
     }
     if (!parse_int(word + 1, 0, MAX_LAYERS, &j) || j >= idx)
-        BIE_FAIL("arch: layer %lld: \"%.20s\" names no earlier layer (\"@J\" with J < %lld, or \"@input\")", (long long)idx,
-             word, (long long)idx);
+        BIE_FAIL("arch: layer %lld: \"%.20s\" names no earlier layer (\"@J\" with J < %lld, or \"@input\")",
+                 (long long)idx, word, (long long)idx);
     *out = (int32_t)(j + 1);
     return BIE_STATUS_OK;
 }

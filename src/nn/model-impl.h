@@ -37,16 +37,16 @@ struct param {
 struct layer {
     enum layer_kind kind;
     enum layer_q q;
-    enum nn_act act;   // L_ACT (NN_ACT_*), or prelu (prelu_n > 0)
-    int32_t n_src;     // 1, or 2 for add
-    int32_t src[2];    // the values read (0: the model input; i + 1: layer i's output)
-    int32_t uses;      // how many times later layers read this layer's output
-    int64_t in[3], out[3]; // C, H, W per sample (in: of src[0])
+    enum nn_act act;                 // L_ACT (NN_ACT_*), or prelu (prelu_n > 0)
+    int32_t n_src;                   // 1, or 2 for add
+    int32_t src[2];                  // the values read (0: the model input; i + 1: layer i's output)
+    int32_t uses;                    // how many times later layers read this layer's output
+    int64_t in[3], out[3];           // C, H, W per sample (in: of src[0])
     int64_t O, C, k, stride, pad, K; // conv / linear geometry (linear: k = 1, C = K = in numel)
-    bool has_bias;     // low-bit conv / linear: a float output bias (in b); float layers always have one
+    bool has_bias;                   // low-bit conv / linear: a float output bias (in b); float layers always have one
     enum pool_kind pool_kind;
     int32_t pool, pool_stride, pool_pad; // L_POOL: window, stride, padding (adaptive: unused)
-    int64_t prelu_n;   // prelu: 1 or C slopes (in w)
+    int64_t prelu_n;                     // prelu: 1 or C slopes (in w)
     // float conv / linear: weight [O, K] (K in C, kh, kw order) and bias [O].
     // low-bit: latent weight [O, C, k, k] (f32 in w.v, or int8 in w8 with its gradient in w.g),
     //          bias_a [C], scale_a [1] (0 until initialised), scale_w (fixed), or packed bytes,
@@ -58,7 +58,7 @@ struct layer {
     float scale_w;
     uint8_t * packed;
     size_t packed_bytes;
-    float * rmean, * rvar, * smean, * sinvstd, * bn_scale, * bn_shift;
+    float *rmean, *rvar, *smean, *sinvstd, *bn_scale, *bn_shift;
     int32_t * argmax;
     float * wcodes; // float codes of the weight for float_layers mode (built on demand)
 };
@@ -76,10 +76,10 @@ struct bie_model {
     int64_t step; // optimizer steps taken
     uint64_t seed;
     // Training forward and backward: one buffer per value.
-    int64_t cap_n; // batch capacity of the buffers below
-    float ** act;  // act[v]: value v (act[0] is the caller's x); act[n_layers]: logits
-    float ** grad; // grad[v]: gradient of value v
-    float * gtmp;  // a gradient to add into grad[v] when v has several readers
+    int64_t cap_n;   // batch capacity of the buffers below
+    float ** act;    // act[v]: value v (act[0] is the caller's x); act[n_layers]: logits
+    float ** grad;   // grad[v]: gradient of value v
+    float * gtmp;    // a gradient to add into grad[v] when v has several readers
     bool * grad_set; // backward: grad[v] holds a gradient already
     float * scratch;
     size_t scratch_size;
@@ -147,6 +147,8 @@ void bie_model_fconv_forward(const struct layer * L, int64_t n, const float * x,
                              float * y, float * scratch);
 // The low-bit layer's output bias: y[i, o, p] += bias[o] over n samples (no-op without one).
 void bie_model_add_output_bias(const struct layer * L, int64_t n, float * y);
+// The pooling of layer L (an L_POOL) over a batch of n samples.
+struct nn_pool bie_model_pool_args(const struct layer * L, int64_t n);
 // Lazy initialisation of a low-bit layer's scale_a from its first input x (n samples).
 enum bie_status bie_model_init_scale_a(bie_context_t * ctx, struct layer * L, int64_t n, const float * x);
 
@@ -166,11 +168,11 @@ size_t bie_model_plan_arena_bytes(const bie_model_t * m);
 // Float conv over a batch with OpenBLAS (im2col over the whole batch, one sgemm):
 //   y[n, o, p] = bias[o] + sum_k W[o, k] * col[k, n*P + p], padded taps read pad_value.
 // scratch must hold (K + O) * n * P floats.
-void bie_fconv_forward(int64_t n, int64_t C, int64_t H, int64_t W, int64_t O, int64_t k, int64_t s,
-                       int64_t p, float pad_value, const float * x, const float * w, const float * bias,
-                       float * y, float * scratch);
+void bie_fconv_forward(int64_t n, int64_t C, int64_t H, int64_t W, int64_t O, int64_t k, int64_t s, int64_t p,
+                       float pad_value, const float * x, const float * w, const float * bias, float * y,
+                       float * scratch);
 // Backward: grad_w = gt col^T, grad_b = row sums of gt, grad_x = col2im(W^T gt) (each may be NULL).
 // scratch as for the forward, plus K * n * P floats when grad_x is wanted.
-void bie_fconv_backward(int64_t n, int64_t C, int64_t H, int64_t W, int64_t O, int64_t k, int64_t s,
-                        int64_t p, const float * x, const float * w, const float * grad_y, float * grad_x,
-                        float * grad_w, float * grad_b, float * scratch);
+void bie_fconv_backward(int64_t n, int64_t C, int64_t H, int64_t W, int64_t O, int64_t k, int64_t s, int64_t p,
+                        const float * x, const float * w, const float * grad_y, float * grad_x, float * grad_w,
+                        float * grad_b, float * scratch);

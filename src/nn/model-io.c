@@ -23,7 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 // One tensor of a model file: where its bytes live in memory (value, and optimizer state).
 struct entry {
     char name[96];
@@ -32,10 +31,10 @@ struct entry {
     int64_t shape[4];
     void * data;
     size_t nbytes;
-    float * opt_m, * opt_v; // checkpoints only; NULL when the tensor is not trained
-    char logical[96];       // packed weights: their logical shape, for the metadata
+    float *opt_m, *opt_v;                // checkpoints only; NULL when the tensor is not trained
+    char logical[96];                    // packed weights: their logical shape, for the metadata
     enum { ANY, NONNEG, POSITIVE } rule; // its values: any (finite) value, >= 0 or > 0
-    bool diode;             // opt_m, opt_v are Diode's m and s (s has either sign), not Adam's m and v
+    bool diode;                          // opt_m, opt_v are Diode's m and s (s has either sign), not Adam's m and v
 };
 
 struct entries {
@@ -71,8 +70,8 @@ static struct entry * add(struct entries * es, int64_t layer, const char * field
     return e;
 }
 
-static struct entry * add_param(struct entries * es, int64_t layer, const char * field, struct param * p,
-                                int32_t ndim, const int64_t * shape, bool with_opt) {
+static struct entry * add_param(struct entries * es, int64_t layer, const char * field, struct param * p, int32_t ndim,
+                                const int64_t * shape, bool with_opt) {
     struct entry * e = add(es, layer, field, BIE_DTYPE_F32, ndim, shape, p->v, sizeof(float));
     if (e && with_opt && p->m) {
         e->opt_m = p->m;
@@ -122,7 +121,10 @@ static void list_entries(bie_model_t * m, enum bie_model_file kind, struct entri
             struct entry * e = add(es, i, f, L->q == Q_Q8 ? BIE_DTYPE_I8 : BIE_DTYPE_U8, 4, shape, L->packed, 1);
             if (e)
                 snprintf(e->logical, sizeof e->logical, "%s [%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64 "] ohwi",
-                         L->q == Q_B1 ? "b1" : L->q == Q_Q4 ? "s4" : "i8", L->O, L->C, L->k, L->k);
+                         L->q == Q_B1   ? "b1"
+                         : L->q == Q_Q4 ? "s4"
+                                        : "i8",
+                         L->O, L->C, L->k, L->k);
         } else if (L->q == Q_B1 && m->latent == BIE_LATENT_INT8) {
             struct entry * e = add(es, i, "weight_latent_i8", BIE_DTYPE_I8, conv ? 4 : 2, conv ? w4 : w2, L->w8, 1);
             if (e) {
@@ -195,12 +197,12 @@ static enum bie_status check_floats(bie_context_t * ctx, enum bie_status status,
                                     const float * v, size_t n, int rule) {
     for (size_t i = 0; i < n; i++) {
         const float x = v[i];
-        const char * why = !isfinite(x) ? "is not finite" : fabsf(x) > BIE_MODEL_MAX_VALUE ? "exceeds 1e30 in magnitude"
-                         : rule == NONNEG && x < 0.0f ? "is negative"
-                         : rule == POSITIVE && !(x > 0.0f) ? "must be > 0 (a scale_a of 0: the layer never ran)"
-                                                           : NULL;
-        if (why)
-            return bie_set_error(ctx, status, "%s%s[%zu] = %g %s", name, suffix, i, (double)x, why);
+        const char * why = !isfinite(x)                      ? "is not finite"
+                           : fabsf(x) > BIE_MODEL_MAX_VALUE  ? "exceeds 1e30 in magnitude"
+                           : rule == NONNEG && x < 0.0f      ? "is negative"
+                           : rule == POSITIVE && !(x > 0.0f) ? "must be > 0 (a scale_a of 0: the layer never ran)"
+                                                             : NULL;
+        if (why) return bie_set_error(ctx, status, "%s%s[%zu] = %g %s", name, suffix, i, (double)x, why);
     }
     return BIE_STATUS_OK;
 }
@@ -224,8 +226,8 @@ static enum bie_status save_entries(bie_context_t * ctx, bie_model_t * m, const 
     struct entries es = {0};
     list_entries(m, kind, &es);
     // What the loader would refuse is not written (a huge moment was saved, then refused on load).
-    const enum bie_status vs = es.oom ? BIE_STATUS_OK
-                                      : check_values(ctx, &es, kind == BIE_MODEL_FILE_CHECKPOINT, BIE_STATUS_INVALID_ARGUMENT);
+    const enum bie_status vs =
+        es.oom ? BIE_STATUS_OK : check_values(ctx, &es, kind == BIE_MODEL_FILE_CHECKPOINT, BIE_STATUS_INVALID_ARGUMENT);
     if (vs != BIE_STATUS_OK) {
         char msg[BIE_ERROR_CAP];
         snprintf(msg, sizeof msg, "%s", bie_context_last_error(ctx));
@@ -239,7 +241,7 @@ static enum bie_status save_entries(bie_context_t * ctx, bie_model_t * m, const 
         n_logical += es.e[i].logical[0] != 0;
     }
     struct bie_st_tensor * t = calloc(n_t + 1, sizeof *t);
-    char (*names)[112] = calloc(n_t + 1, sizeof *names);
+    char(*names)[112] = calloc(n_t + 1, sizeof *names);
     const size_t total_meta = 7 + n_logical + n_meta;
     const char ** mv = calloc(2 * total_meta + 1, sizeof *mv);
     char step[32], seed[32], fversion[16];
@@ -270,13 +272,20 @@ static enum bie_status save_entries(bie_context_t * ctx, bie_model_t * m, const 
     snprintf(step, sizeof step, "%" PRId64, m->step);
     snprintf(seed, sizeof seed, "%" PRIu64, m->seed);
     size_t q = 0;
-    mv[q++] = "bie.format"; mv[q++] = ck ? "checkpoint" : "packed";
-    mv[q++] = "bie.version"; mv[q++] = bie_version_string();
-    mv[q++] = "bie.format_version"; mv[q++] = fversion;
-    mv[q++] = "bie.arch"; mv[q++] = m->arch;
-    mv[q++] = "bie.latent"; mv[q++] = m->latent == BIE_LATENT_INT8 ? "int8" : "f32";
-    mv[q++] = "bie.step"; mv[q++] = step;
-    mv[q++] = "bie.seed"; mv[q++] = seed;
+    mv[q++] = "bie.format";
+    mv[q++] = ck ? "checkpoint" : "packed";
+    mv[q++] = "bie.version";
+    mv[q++] = bie_version_string();
+    mv[q++] = "bie.format_version";
+    mv[q++] = fversion;
+    mv[q++] = "bie.arch";
+    mv[q++] = m->arch;
+    mv[q++] = "bie.latent";
+    mv[q++] = m->latent == BIE_LATENT_INT8 ? "int8" : "f32";
+    mv[q++] = "bie.step";
+    mv[q++] = step;
+    mv[q++] = "bie.seed";
+    mv[q++] = seed;
     for (size_t i = 0; i < es.n; i++)
         if (es.e[i].logical[0]) {
             mv[q++] = es.e[i].name; // the key "<name>" ... its value the logical shape
@@ -296,7 +305,8 @@ enum bie_status bie_model_save(bie_context_t * ctx, const bie_model_t * m, const
     BIE_ENTER(ctx);
     if (!m || !path) BIE_FAIL("model, path: must not be NULL");
     if (n_meta && !meta) BIE_FAIL("meta: is NULL");
-    if (kind != BIE_MODEL_FILE_PACKED && kind != BIE_MODEL_FILE_CHECKPOINT) BIE_FAIL("kind: unknown value %d", (int)kind);
+    if (kind != BIE_MODEL_FILE_PACKED && kind != BIE_MODEL_FILE_CHECKPOINT)
+        BIE_FAIL("kind: unknown value %d", (int)kind);
     for (size_t i = 0; i < n_meta; i++)
         if (meta[2 * i] && strncmp(meta[2 * i], "bie.", 4) == 0) BIE_FAIL("meta: key \"%s\" is reserved", meta[2 * i]);
     if (m->packed && kind == BIE_MODEL_FILE_CHECKPOINT) BIE_FAIL("model: a packed model has no checkpoint");
@@ -332,9 +342,11 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     const char * format = bie_safetensors_metadata(st, "bie.format");
     const char * arch = bie_safetensors_metadata(st, "bie.arch");
     const char * latent = bie_safetensors_metadata(st, "bie.latent");
-    if (!format || !arch || !latent) return BIE_FORMAT_ERROR("not a bie model: __metadata__ lacks bie.format, bie.arch or bie.latent");
+    if (!format || !arch || !latent)
+        return BIE_FORMAT_ERROR("not a bie model: __metadata__ lacks bie.format, bie.arch or bie.latent");
     const bool packed = !strcmp(format, "packed");
-    if (!packed && strcmp(format, "checkpoint") != 0) return BIE_FORMAT_ERROR("bie.format \"%.40s\" is neither packed nor checkpoint", format);
+    if (!packed && strcmp(format, "checkpoint") != 0)
+        return BIE_FORMAT_ERROR("bie.format \"%.40s\" is neither packed nor checkpoint", format);
     enum bie_latent lat;
     if (!strcmp(latent, "f32")) lat = BIE_LATENT_F32;
     else if (!strcmp(latent, "int8")) lat = BIE_LATENT_INT8;
@@ -350,8 +362,8 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     if (fv && (!parse_u64(fv, &version) || version < 1))
         return BIE_FORMAT_ERROR("bie.format_version \"%.20s\" is not a version number", fv);
     if (version > BIE_MODEL_FORMAT_VERSION)
-        return BIE_FORMAT_ERROR("the model format version is %" PRIu64 "; this library reads versions up to %d", version,
-                   BIE_MODEL_FORMAT_VERSION);
+        return BIE_FORMAT_ERROR("the model format version is %" PRIu64 "; this library reads versions up to %d",
+                                version, BIE_MODEL_FORMAT_VERSION);
     struct arch a;
     if (bie_model_parse_arch(ctx, arch, &a) != BIE_STATUS_OK) {
         char msg[BIE_ERROR_CAP];
@@ -366,10 +378,12 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     free(a.L);
     if (!sized) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "out of memory");
     if ((uint64_t)arch_version > version)
-        return BIE_FORMAT_ERROR("bie.arch needs model format version %d, the file says %" PRIu64, (int)arch_version, version);
+        return BIE_FORMAT_ERROR("bie.arch needs model format version %d, the file says %" PRIu64, (int)arch_version,
+                                version);
     for (size_t i = 0; i < bie_safetensors_count(st); i++) have += bie_safetensors_at(st, i)->nbytes;
     if (need > have)
-        return BIE_FORMAT_ERROR("the architecture needs at least %" PRIu64 " bytes of tensors, the file holds %" PRIu64, need, have);
+        return BIE_FORMAT_ERROR("the architecture needs at least %" PRIu64 " bytes of tensors, the file holds %" PRIu64,
+                                need, have);
     bie_model_t * m = NULL;
     enum bie_status s = bie_model_create_empty(ctx, arch, lat, packed, &m);
     if (s != BIE_STATUS_OK) {
@@ -407,15 +421,17 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
             bool ok = t->dtype == want && t->ndim == e->ndim && t->nbytes == want_bytes;
             for (int32_t d = 0; ok && d < e->ndim; d++) ok = t->shape[d] == e->shape[d];
             if (!ok) {
-                s = BIE_FORMAT_ERROR("tensor \"%s\": dtype %s or shape does not match the architecture (want %s, %zu bytes)", name,
-                        bie_dtype_name(t->dtype), bie_dtype_name(want), want_bytes);
+                s = BIE_FORMAT_ERROR(
+                    "tensor \"%s\": dtype %s or shape does not match the architecture (want %s, %zu bytes)", name,
+                    bie_dtype_name(t->dtype), bie_dtype_name(want), want_bytes);
                 break;
             }
             memcpy(j == 0 ? e->data : j == 1 ? (void *)e->opt_m : (void *)e->opt_v, t->data, t->nbytes);
         }
     }
     if (s == BIE_STATUS_OK && bie_safetensors_count(st) != expected)
-        s = BIE_FORMAT_ERROR("the file holds %zu tensors, the architecture expects %zu", bie_safetensors_count(st), expected);
+        s = BIE_FORMAT_ERROR("the file holds %zu tensors, the architecture expects %zu", bie_safetensors_count(st),
+                             expected);
     // Values the layers or the optimizer would turn into NaN, and values the layers would reject
     // later, are rejected here, with the tensor's name.
     if (s == BIE_STATUS_OK) s = check_values(ctx, &es, !packed, BIE_STATUS_FORMAT_ERROR);
@@ -428,7 +444,8 @@ enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safete
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_model_load(bie_context_t * ctx, const char * path, bie_model_t ** out, bie_safetensors_t ** out_st) {
+enum bie_status bie_model_load(bie_context_t * ctx, const char * path, bie_model_t ** out,
+                               bie_safetensors_t ** out_st) {
     BIE_ENTER(ctx);
     if (!path || !out) BIE_FAIL("path, out: must not be NULL");
     *out = NULL;

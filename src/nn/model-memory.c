@@ -43,7 +43,6 @@ enum bie_status bie_model_check_memory(bie_context_t * ctx, const bie_model_t * 
         return bie_set_error(ctx, status,
                              "model: %s of %" PRId64 " sample%s needs %zu bytes of activations, more than the "
                              "context's memory limit of %zu (bie_context_set_memory_limit)",
-                             training ? "training" : "a batch", batch, batch == 1 ? "" : "s",
-                             bytes, ctx->mem_limit);
+                             training ? "training" : "a batch", batch, batch == 1 ? "" : "s", bytes, ctx->mem_limit);
     return BIE_STATUS_OK;
 }

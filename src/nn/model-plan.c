@@ -23,17 +23,17 @@
 #define ALIGN_FLOATS 16 // slots start on 64-byte boundaries
 
 enum route {
-    R_QCALL,    // a low-bit layer through its planned layer call (+ output bias)
-    R_QFLOAT,   // a low-bit layer as a float GEMM over its codes (float_layers mode)
-    R_FCONV,    // a float conv or linear layer (im2col + OpenBLAS)
-    R_AFFINE,   // batch norm in inference: x * scale + shift per channel
+    R_QCALL,  // a low-bit layer through its planned layer call (+ output bias)
+    R_QFLOAT, // a low-bit layer as a float GEMM over its codes (float_layers mode)
+    R_FCONV,  // a float conv or linear layer (im2col + OpenBLAS)
+    R_AFFINE, // batch norm in inference: x * scale + shift per channel
     R_MAXPOOL,
     R_AVGPOOL,
     R_ADAPTIVE, // adaptive average pooling
     R_ACT,
     R_PRELU,
     R_ADD,
-    R_COPY,     // flatten of the model's input (whose buffer is the caller's)
+    R_COPY, // flatten of the model's input (whose buffer is the caller's)
 };
 
 struct step {
@@ -41,7 +41,7 @@ struct step {
     struct layer * L;
     const float * in[2]; // the inputs; NULL: the model's input x of the call
     float * out;
-    int64_t count;       // elements of the input over the batch (element-wise routes)
+    int64_t count; // elements of the input over the batch (element-wise routes)
     struct nn_pool pool;
     struct bie_layer_call call; // R_QCALL
 };
@@ -50,7 +50,7 @@ struct plan {
     int64_t n;
     bool float_layers;
     bool valid;
-    uint64_t version;   // the model's params_version when it was built
+    uint64_t version; // the model's params_version when it was built
     uint64_t last_used;
     int32_t n_steps;
     struct step * steps; // room for n_layers steps
@@ -77,9 +77,7 @@ static int64_t value_floats(const bie_model_t * m, int32_t v) {
     return v == 0 ? shape_numel(m->input) : shape_numel(m->L[v - 1].out);
 }
 
-static bool elementwise(const struct layer * L) {
-    return L->kind == L_ACT || L->kind == L_BN || L->kind == L_ADD;
-}
+static bool elementwise(const struct layer * L) { return L->kind == L_ACT || L->kind == L_BN || L->kind == L_ADD; }
 
 // Assigns a slot to every value, in layer order, reusing the slots of values already read for the
 // last time. refs[s] counts the reads still to come of the value slot s holds.
@@ -237,8 +235,8 @@ static enum bie_status build_step(bie_context_t * ctx, bie_model_t * m, const st
             struct qviews v;
             bie_model_qviews(L, n, in, s->out, &v);
             const struct bie_forward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.y};
-            BIE_TRY(bie_layer_prepare_forward(ctx, L->kind == L_LINEAR ? &v.ld : NULL, L->kind == L_CONV ? &v.cd : NULL, &a,
-                                           &s->call));
+            BIE_TRY(bie_layer_prepare_forward(ctx, L->kind == L_LINEAR ? &v.ld : NULL, L->kind == L_CONV ? &v.cd : NULL,
+                                              &a, &s->call));
         }
         break;
     }
@@ -248,15 +246,10 @@ static enum bie_status build_step(bie_context_t * ctx, bie_model_t * m, const st
         break;
     case L_POOL:
         s->route = L->pool_kind == POOL_MAX ? R_MAXPOOL : L->pool_kind == POOL_AVG ? R_AVGPOOL : R_ADAPTIVE;
-        s->pool = (struct nn_pool){.n = n, .c = L->in[0], .h = L->in[1], .w = L->in[2], .oh = L->out[1],
-                                   .ow = L->out[2], .k = L->pool, .s = L->pool_stride, .p = L->pool_pad};
+        s->pool = bie_model_pool_args(L, n);
         break;
-    case L_ACT:
-        s->route = L->prelu_n ? R_PRELU : R_ACT;
-        break;
-    case L_ADD:
-        s->route = R_ADD;
-        break;
+    case L_ACT: s->route = L->prelu_n ? R_PRELU : R_ACT; break;
+    case L_ADD: s->route = R_ADD; break;
     case L_FLATTEN:
         s->route = R_COPY; // only reached for the model input: other flattens have no step
         break;
@@ -279,12 +272,12 @@ static enum bie_status run_step(bie_context_t * ctx, const struct model_plan * m
     case R_QFLOAT: {
         // a = codes of x', then y = (W_codes * a) * (scale_a * scale_w): integer-valued sums in f32
         // are exact below 2^24, so this is the low-bit layer's result through OpenBLAS.
-        float * codes = mp->scratch, * rest = codes + n * shape_numel(L->in);
+        float *codes = mp->scratch, *rest = codes + n * shape_numel(L->in);
         bie_model_quantize_input(L, n, a, codes);
         bie_model_fconv_forward(L, n, codes, L->wcodes, NULL, y, rest);
         const float scale = L->scale_a.v[0] * L->scale_w;
         const int64_t total = n * shape_numel(L->out);
-    NN_PARALLEL_FOR(total, i, total, { y[i] *= scale; });
+        NN_PARALLEL_FOR(total, i, total, { y[i] *= scale; });
         bie_model_add_output_bias(L, n, y);
         break;
     }
@@ -313,8 +306,7 @@ static struct plan * find_plan(bie_model_t * m, int64_t n, bool float_layers, bo
             return p;
         }
         if (!live) victim = p;
-        else if (victim->valid && victim->version == m->params_version && p->last_used < victim->last_used)
-            victim = p;
+        else if (victim->valid && victim->version == m->params_version && p->last_used < victim->last_used) victim = p;
     }
     *fresh = true;
     victim->valid = false;

@@ -36,7 +36,8 @@ static enum bie_status ensure_buffers(bie_context_t * ctx, bie_model_t * m, int6
         most = count > most ? count : most;
         if (!m->act[v]) m->act[v] = malloc(sizeof(float) * (size_t)count);
         if (!m->grad[v]) m->grad[v] = malloc(sizeof(float) * (size_t)count);
-        if (!m->act[v] || !m->grad[v]) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "model: out of memory for activations");
+        if (!m->act[v] || !m->grad[v])
+            return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "model: out of memory for activations");
         struct layer * L = &m->L[v - 1];
         if (L->kind == L_POOL && L->pool_kind == POOL_MAX && !L->argmax) {
             L->argmax = malloc(sizeof(int32_t) * (size_t)count);
@@ -48,9 +49,16 @@ static enum bie_status ensure_buffers(bie_context_t * ctx, bie_model_t * m, int6
     return BIE_STATUS_OK;
 }
 
-static struct nn_pool pool_geometry(const struct layer * L, int64_t n) {
-    struct nn_pool g = {.n = n, .c = L->in[0], .h = L->in[1], .w = L->in[2], .oh = L->out[1], .ow = L->out[2],
-                        .k = L->pool, .s = L->pool_stride, .p = L->pool_pad};
+struct nn_pool bie_model_pool_args(const struct layer * L, int64_t n) {
+    struct nn_pool g = {.n = n,
+                        .c = L->in[0],
+                        .h = L->in[1],
+                        .w = L->in[2],
+                        .oh = L->out[1],
+                        .ow = L->out[2],
+                        .k = L->pool,
+                        .s = L->pool_stride,
+                        .p = L->pool_pad};
     return g;
 }
 
@@ -80,7 +88,7 @@ static enum bie_status layer_forward(bie_context_t * ctx, bie_model_t * m, struc
         if (L->pool_kind == POOL_ADAPTIVE_AVG) {
             nn_adaptive_avgpool_forward(n, L->in[0], L->in[1], L->in[2], L->out[1], L->out[2], in, out);
         } else {
-            const struct nn_pool g = pool_geometry(L, n);
+            const struct nn_pool g = bie_model_pool_args(L, n);
             if (L->pool_kind == POOL_MAX) nn_maxpool_forward(&g, in, out, L->argmax);
             else nn_avgpool_forward(&g, in, out);
         }
@@ -89,12 +97,8 @@ static enum bie_status layer_forward(bie_context_t * ctx, bie_model_t * m, struc
         if (L->prelu_n) nn_prelu_forward(n, L->in[0], L->in[1] * L->in[2], L->w.v, L->prelu_n, in, out);
         else nn_act_forward(L->act, count, in, out);
         return BIE_STATUS_OK;
-    case L_ADD:
-        nn_add(count, in, m->act[L->src[1]], out);
-        return BIE_STATUS_OK;
-    case L_FLATTEN:
-        memcpy(out, in, sizeof(float) * (size_t)count);
-        return BIE_STATUS_OK;
+    case L_ADD: nn_add(count, in, m->act[L->src[1]], out); return BIE_STATUS_OK;
+    case L_FLATTEN: memcpy(out, in, sizeof(float) * (size_t)count); return BIE_STATUS_OK;
     }
     return bie_set_error(ctx, BIE_STATUS_INTERNAL, "model: layer kind %d", (int)L->kind);
 }
@@ -114,9 +118,7 @@ enum bie_status bie_model_train_forward(bie_context_t * ctx, bie_model_t * m, co
 
 // Where the gradient of value v is written: grad[v] while nothing is there, else gtmp (then added
 // in by grad_done); NULL for the model's input, whose gradient nobody asks for.
-static float * grad_target(bie_model_t * m, int32_t v) {
-    return v == 0 ? NULL : m->grad_set[v] ? m->gtmp : m->grad[v];
-}
+static float * grad_target(bie_model_t * m, int32_t v) { return v == 0 ? NULL : m->grad_set[v] ? m->gtmp : m->grad[v]; }
 
 static void grad_done(bie_model_t * m, int32_t v, int64_t count) {
     if (v == 0) return;
@@ -140,8 +142,8 @@ static enum bie_status qlayer_backward(bie_context_t * ctx, struct layer * L, in
     bie_tensor_make(&v.gw, L->w.g, BIE_DTYPE_F32, 2 + 2 * conv, conv ? w4 : w2);
     bie_tensor_make(&v.gsa, L->scale_a.g, BIE_DTYPE_F32, 0, NULL);
     bie_tensor_make(&v.gba, L->bias_a.g, BIE_DTYPE_F32, 1, c1);
-    struct bie_backward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.gy,
-                                  gx ? &v.gx : NULL, &v.gw, &v.gsa, &v.gba, NULL};
+    struct bie_backward_args a = {&v.x,  &v.bias_a, &v.w,   &v.scale_a, &v.scale_w, &v.gy, gx ? &v.gx : NULL,
+                                  &v.gw, &v.gsa,    &v.gba, NULL};
     BIE_TRY(conv ? bie_conv2d_backward(ctx, &v.cd, &a) : bie_linear_backward(ctx, &v.ld, &a));
     if (L->has_bias) { // grad_bias[o] = sum over samples and pixels of grad_y[i, o, p]
         const int64_t P = L->out[1] * L->out[2];
@@ -183,14 +185,14 @@ static enum bie_status layer_backward(bie_context_t * ctx, bie_model_t * m, stru
         break;
     case L_BN:
         BIE_TRY(bie_batchnorm_backward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->smean, L->sinvstd, gy, gx,
-                                   L->w.g, L->b.g));
+                                       L->w.g, L->b.g));
         break;
     case L_POOL:
         if (!gx) break;
         if (L->pool_kind == POOL_ADAPTIVE_AVG) {
             nn_adaptive_avgpool_backward(n, L->in[0], L->in[1], L->in[2], L->out[1], L->out[2], gy, gx);
         } else {
-            const struct nn_pool g = pool_geometry(L, n);
+            const struct nn_pool g = bie_model_pool_args(L, n);
             if (L->pool_kind == POOL_MAX) nn_maxpool_backward(&g, gy, L->argmax, gx);
             else nn_avgpool_backward(&g, gy, gx);
         }
@@ -202,8 +204,7 @@ static enum bie_status layer_backward(bie_context_t * ctx, bie_model_t * m, stru
     case L_FLATTEN:
         if (gx) memcpy(gx, gy, sizeof(float) * (size_t)count);
         break;
-    case L_ADD:
-        break;
+    case L_ADD: break;
     }
     grad_done(m, L->src[0], count);
     return BIE_STATUS_OK;

@@ -190,8 +190,8 @@ void bie_model_destroy(bie_model_t * m) {
     free(m);
 }
 
-enum bie_status bie_model_create_empty(bie_context_t * ctx, const char * arch, enum bie_latent latent,
-                                       bool packed, bie_model_t ** out) {
+enum bie_status bie_model_create_empty(bie_context_t * ctx, const char * arch, enum bie_latent latent, bool packed,
+                                       bie_model_t ** out) {
     *out = NULL;
     if (latent != BIE_LATENT_F32 && latent != BIE_LATENT_INT8) BIE_FAIL("latent: unknown value %d", (int)latent);
     bie_model_t * m = calloc(1, sizeof *m);

@@ -15,15 +15,15 @@
 //             running_mean += momentum*(mean - running_mean);
 //             running_var  += momentum*(var*m/(m-1) - running_var)
 //   y = (x - mean) / sqrt(var + eps) * gamma + beta
-enum bie_status bie_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw,
-                                      const float * x, const float * gamma, const float * beta,
-                                      float * running_mean, float * running_var, float momentum,
-                                      float eps, int training, float * saved_mean,
+enum bie_status bie_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
+                                      const float * gamma, const float * beta, float * running_mean,
+                                      float * running_var, float momentum, float eps, int training, float * saved_mean,
                                       float * saved_invstd, float * y) {
     BIE_ENTER(ctx);
-    if (n <= 0 || c <= 0 || hw <= 0) BIE_FAIL("n, c, hw: must be > 0 (got %lld, %lld, %lld)", (long long)n,
-                                          (long long)c, (long long)hw);
-    if (!x || !gamma || !beta || !running_mean || !running_var || !y) BIE_FAIL("x, gamma, beta, running stats, y: must not be NULL");
+    if (n <= 0 || c <= 0 || hw <= 0)
+        BIE_FAIL("n, c, hw: must be > 0 (got %lld, %lld, %lld)", (long long)n, (long long)c, (long long)hw);
+    if (!x || !gamma || !beta || !running_mean || !running_var || !y)
+        BIE_FAIL("x, gamma, beta, running stats, y: must not be NULL");
     if (training && (!saved_mean || !saved_invstd)) BIE_FAIL("saved_mean, saved_invstd: needed in training");
     if (!(eps > 0)) BIE_FAIL("eps: must be > 0");
     int64_t m, elements;
@@ -69,10 +69,9 @@ enum bie_status bie_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c,
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw,
-                                       const float * x, const float * gamma, const float * saved_mean,
-                                       const float * saved_invstd, const float * grad_y, float * grad_x,
-                                       float * grad_gamma, float * grad_beta) {
+enum bie_status bie_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
+                                       const float * gamma, const float * saved_mean, const float * saved_invstd,
+                                       const float * grad_y, float * grad_x, float * grad_gamma, float * grad_beta) {
     BIE_ENTER(ctx);
     if (n <= 0 || c <= 0 || hw <= 0) BIE_FAIL("n, c, hw: must be > 0");
     if (!x || !gamma || !saved_mean || !saved_invstd || !grad_y || !grad_gamma || !grad_beta)
@@ -84,7 +83,7 @@ enum bie_status bie_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c
         const float mean = saved_mean[j], invstd = saved_invstd[j];
         double sg = 0, sgx = 0;
         for (int64_t i = 0; i < n; i++) {
-            const float * xp = x + (i * c + j) * hw, * gp = grad_y + (i * c + j) * hw;
+            const float *xp = x + (i * c + j) * hw, *gp = grad_y + (i * c + j) * hw;
             for (int64_t p = 0; p < hw; p++) {
                 sg += gp[p];
                 sgx += (double)gp[p] * ((xp[p] - mean) * invstd);
@@ -95,7 +94,7 @@ enum bie_status bie_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c
         if (!grad_x) continue;
         const float k = gamma[j] * invstd / (float)m, fsg = (float)sg, fsgx = (float)sgx, fm = (float)m;
         for (int64_t i = 0; i < n; i++) {
-            const float * xp = x + (i * c + j) * hw, * gp = grad_y + (i * c + j) * hw;
+            const float *xp = x + (i * c + j) * hw, *gp = grad_y + (i * c + j) * hw;
             float * gx = grad_x + (i * c + j) * hw;
             for (int64_t p = 0; p < hw; p++) gx[p] = k * (fm * gp[p] - fsg - (xp[p] - mean) * invstd * fsgx);
         }
@@ -113,8 +112,8 @@ static enum bie_status check_pool(bie_context_t * ctx, int64_t n, int64_t c, int
 }
 
 // y[i, j, oy, ox] = max over the window x[i, j, oy*k + a, ox*k + b], a, b in [0, k).
-enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w,
-                                      int32_t k, const float * x, float * y, int32_t * argmax) {
+enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w, int32_t k,
+                                      const float * x, float * y, int32_t * argmax) {
     BIE_ENTER(ctx);
     enum bie_status s = check_pool(ctx, n, c, h, w, k);
     if (s != BIE_STATUS_OK) return s;
@@ -160,9 +159,8 @@ enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c,
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w,
-                                       int32_t k, const float * grad_y, const int32_t * argmax,
-                                       float * grad_x) {
+enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w, int32_t k,
+                                       const float * grad_y, const int32_t * argmax, float * grad_x) {
     BIE_ENTER(ctx);
     enum bie_status s = check_pool(ctx, n, c, h, w, k);
     if (s != BIE_STATUS_OK) return s;
@@ -180,26 +178,28 @@ enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation act, int64_t count,
-                                       const float * x, float * y) {
+enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation act, int64_t count, const float * x,
+                                       float * y) {
     BIE_ENTER(ctx);
     if (count < 0 || (count && (!x || !y))) BIE_FAIL("x, y: must not be NULL");
-    if (act != BIE_ACT_RELU && act != BIE_ACT_SIGN && act != BIE_ACT_HARDTANH) BIE_FAIL("act: unknown activation %d", (int)act);
+    if (act != BIE_ACT_RELU && act != BIE_ACT_SIGN && act != BIE_ACT_HARDTANH)
+        BIE_FAIL("act: unknown activation %d", (int)act);
 #pragma omp parallel for schedule(static) num_threads(bie_context_threads(ctx))
     for (int64_t i = 0; i < count; i++) {
         const float v = x[i];
-        y[i] = act == BIE_ACT_RELU ? (v > 0 ? v : 0.0f)
-             : act == BIE_ACT_SIGN ? (v >= 0 ? 1.0f : -1.0f)
-                                   : fminf(fmaxf(v, -1.0f), 1.0f);
+        y[i] = act == BIE_ACT_RELU   ? (v > 0 ? v : 0.0f)
+               : act == BIE_ACT_SIGN ? (v >= 0 ? 1.0f : -1.0f)
+                                     : fminf(fmaxf(v, -1.0f), 1.0f);
     }
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation act, int64_t count,
-                                        const float * x, const float * grad_y, float * grad_x) {
+enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation act, int64_t count, const float * x,
+                                        const float * grad_y, float * grad_x) {
     BIE_ENTER(ctx);
     if (count < 0 || (count && (!x || !grad_y || !grad_x))) BIE_FAIL("x, grad_y, grad_x: must not be NULL");
-    if (act != BIE_ACT_RELU && act != BIE_ACT_SIGN && act != BIE_ACT_HARDTANH) BIE_FAIL("act: unknown activation %d", (int)act);
+    if (act != BIE_ACT_RELU && act != BIE_ACT_SIGN && act != BIE_ACT_HARDTANH)
+        BIE_FAIL("act: unknown activation %d", (int)act);
 #pragma omp parallel for schedule(static) num_threads(bie_context_threads(ctx))
     for (int64_t i = 0; i < count; i++) {
         const float v = x[i];
@@ -209,16 +209,17 @@ enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_softmax_cross_entropy(bie_context_t * ctx, int64_t n, int64_t classes,
-                                          const float * logits, const uint8_t * labels, double * loss,
-                                          float * grad_logits, int64_t * correct) {
+enum bie_status bie_softmax_cross_entropy(bie_context_t * ctx, int64_t n, int64_t classes, const float * logits,
+                                          const uint8_t * labels, double * loss, float * grad_logits,
+                                          int64_t * correct) {
     BIE_ENTER(ctx);
     int64_t elements;
     if (n <= 0 || classes <= 0) BIE_FAIL("n, classes: must be > 0");
     if (!bie_mul_i64(n, classes, &elements)) BIE_FAIL("n, classes: n*classes overflows int64");
     if (!logits || !labels) BIE_FAIL("logits, labels: must not be NULL");
     for (int64_t i = 0; i < n; i++)
-        if (labels[i] >= classes) BIE_FAIL("labels[%lld] = %d is not in [0, %lld)", (long long)i, labels[i], (long long)classes);
+        if (labels[i] >= classes)
+            BIE_FAIL("labels[%lld] = %d is not in [0, %lld)", (long long)i, labels[i], (long long)classes);
     double total = 0;
     int64_t right = 0;
     for (int64_t i = 0; i < n; i++) {

@@ -150,8 +150,8 @@ static inline void adaptive_window(int64_t o, int64_t len, int64_t out, int64_t 
     *hi = ((o + 1) * len + out - 1) / out;
 }
 
-void nn_adaptive_avgpool_forward(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow,
-                                 const float * x, float * y) {
+void nn_adaptive_avgpool_forward(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow, const float * x,
+                                 float * y) {
     const int64_t planes = n * c;
     NN_PARALLEL_FOR(planes * h * w, pl, planes, {
         const float * xp = x + pl * h * w;

@@ -11,8 +11,10 @@ enum bie_status bie_dispatch(bie_context_t * ctx, enum bie_device_type device, b
         s = run(ctx, &cuda->backend, job);
         if (s == BIE_DECLINED) s = bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: no kernel for %s", what);
     } else if (ctx->params.backend == BIE_BACKEND_CUDA) {
-        s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "%s: the tensors are on the CPU but the context's backend "
-                          "is CUDA", what);
+        s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
+                          "%s: the tensors are on the CPU but the context's backend "
+                          "is CUDA",
+                          what);
     } else {
         const struct bie_backend_ops * order[2] = {&bie_cpu_backend, &bie_ref_backend};
         for (int i = ctx->params.backend == BIE_BACKEND_REF ? 1 : 0; i < 2 && s == BIE_DECLINED; i++)

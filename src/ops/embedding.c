@@ -32,8 +32,8 @@ static enum bie_status check_range(bie_context_t * ctx, const char * name, const
     for (int64_t i = 0; i < t->shape[0]; i++)
         for (int64_t l = 0; l < t->shape[1]; l++) {
             const int64_t off = i * t->stride[0] + l * t->stride[1];
-            const int64_t v = t->dtype == BIE_DTYPE_I64 ? ((const int64_t *)t->data)[off]
-                                                        : ((const int32_t *)t->data)[off];
+            const int64_t v =
+                t->dtype == BIE_DTYPE_I64 ? ((const int64_t *)t->data)[off] : ((const int32_t *)t->data)[off];
             if (v < 0 || v >= n)
                 BIE_FAIL("%s: element %lld is %lld, outside [0, %lld)", name, (long long)(i * t->shape[1] + l),
                          (long long)v, (long long)n);
@@ -43,7 +43,8 @@ static enum bie_status check_range(bie_context_t * ctx, const char * name, const
 
 // The indices-shaped output (out, grad_out): the indices' shape (a bag: without its last dim) and D.
 static enum bie_status out_view(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
-                                const struct bie_tensor * indices, struct bie_embedding_call * c, struct bie_tensor * out) {
+                                const struct bie_tensor * indices, struct bie_embedding_call * c,
+                                struct bie_tensor * out) {
     const int32_t lead = c->bag ? indices->ndim - 1 : indices->ndim;
     int64_t shape[BIE_MAX_DIMS];
     if (lead + 1 > BIE_MAX_DIMS) BIE_FAIL("indices: too many dimensions for an output of one more");
@@ -74,12 +75,17 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_embedding_d
     BIE_TRY(bie_op_check_device(ctx, "table", table, c->device_type, c->device_index));
     if (table->ndim != 2) BIE_FAIL("table: must be 2-D [num_embeddings, embedding_dim], has %d dims", (int)table->ndim);
     const enum bie_dtype td = table->dtype;
-    const bool ok = bie_dtype_is_float(td) || td == BIE_DTYPE_I8 || (td == BIE_DTYPE_B1 && c->quant == BIE_QUANT_BINARY) ||
+    const bool ok = bie_dtype_is_float(td) || td == BIE_DTYPE_I8 ||
+                    (td == BIE_DTYPE_B1 && c->quant == BIE_QUANT_BINARY) ||
                     (td == BIE_DTYPE_S4 && c->quant == BIE_QUANT_INT4);
     if (!ok)
         BIE_FAIL("table: dtype %s is not a %s table (%s, i8 or float)", bie_dtype_name(td),
-                 c->quant == BIE_QUANT_BINARY ? "binary" : c->quant == BIE_QUANT_INT4 ? "4-bit" : "8-bit",
-                 c->quant == BIE_QUANT_BINARY ? "b1" : c->quant == BIE_QUANT_INT4 ? "s4" : "i8");
+                 c->quant == BIE_QUANT_BINARY ? "binary"
+                 : c->quant == BIE_QUANT_INT4 ? "4-bit"
+                                              : "8-bit",
+                 c->quant == BIE_QUANT_BINARY ? "b1"
+                 : c->quant == BIE_QUANT_INT4 ? "s4"
+                                              : "i8");
     c->table = *table;
     c->V = table->shape[0];
     c->D = table->shape[1];
@@ -102,15 +108,17 @@ struct job {
 
 static enum bie_status run_slot(bie_context_t * ctx, const struct bie_backend_ops * b, const void * p) {
     const struct job * j = p;
-    enum bie_status (*f)(bie_context_t *, const struct bie_embedding_call *) = j->backward ? b->embedding_backward
-                                                                                           : b->embedding_forward;
+    enum bie_status (*f)(bie_context_t *, const struct bie_embedding_call *) =
+        j->backward ? b->embedding_backward : b->embedding_forward;
     return f ? f(ctx, j->c) : BIE_DECLINED;
 }
 
 static enum bie_status dispatch(bie_context_t * ctx, const struct bie_embedding_call * c, bool backward) {
     char what[64];
     snprintf(what, sizeof what, "this %s embedding%s %s",
-             c->quant == BIE_QUANT_BINARY ? "binary" : c->quant == BIE_QUANT_INT4 ? "4-bit" : "8-bit",
+             c->quant == BIE_QUANT_BINARY ? "binary"
+             : c->quant == BIE_QUANT_INT4 ? "4-bit"
+                                          : "8-bit",
              c->bag ? " bag" : "", backward ? "backward" : "forward");
     const struct job j = {c, backward};
     return bie_dispatch(ctx, c->device_type, run_slot, &j, what);
@@ -137,7 +145,8 @@ enum bie_status bie_embedding_backward(bie_context_t * ctx, const struct bie_emb
     // The backward reads no table: validate the indices against the rows of grad_rows' dense case.
     if (!a->grad_rows) BIE_FAIL("grad_rows: is NULL");
     BIE_TRY(bie_check_tensor(ctx, "grad_rows", a->grad_rows, false));
-    if (a->grad_rows->ndim != 2) BIE_FAIL("grad_rows: must be 2-D [rows, embedding_dim], has %d dims", (int)a->grad_rows->ndim);
+    if (a->grad_rows->ndim != 2)
+        BIE_FAIL("grad_rows: must be 2-D [rows, embedding_dim], has %d dims", (int)a->grad_rows->ndim);
     struct bie_embedding_call c;
     memset(&c, 0, sizeof c);
     if (!desc) BIE_FAIL("desc: is NULL");
@@ -172,8 +181,8 @@ enum bie_status bie_embedding_backward(bie_context_t * ctx, const struct bie_emb
         BIE_TRY(index_view(ctx, "inverse", a->inverse, c.bag, &c, &c.inverse));
         BIE_TRY(check_range(ctx, "inverse", &c.inverse, c.U));
     } else if (a->scale && c.V != c.U) {
-        BIE_FAIL("grad_rows: has %lld rows; without an inverse it is the dense gradient of all %lld rows", (long long)c.U,
-                 (long long)c.V);
+        BIE_FAIL("grad_rows: has %lld rows; without an inverse it is the dense gradient of all %lld rows",
+                 (long long)c.U, (long long)c.V);
     }
     BIE_TRY(check_range(ctx, "indices", &c.indices, c.V));
     if (!a->grad_out) BIE_FAIL("grad_out: is NULL");

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <string.h>
 
-
 static const char * quant_name(enum bie_quant q) {
     return q == BIE_QUANT_BINARY ? "binary" : q == BIE_QUANT_INT4 ? "4-bit" : "8-bit";
 }
@@ -34,8 +33,7 @@ static enum bie_status check_device(bie_context_t * ctx, struct bie_layer_call *
                                     const struct bie_tensor * t) {
     if (t->device_type != c->device_type || t->device_index != c->device_index)
         BIE_FAIL("%s: is on %s:%d but x is on %s:%d", name, t->device_type == BIE_DEVICE_CUDA ? "cuda" : "cpu",
-             (int)t->device_index, c->device_type == BIE_DEVICE_CUDA ? "cuda" : "cpu",
-             (int)c->device_index);
+                 (int)t->device_index, c->device_type == BIE_DEVICE_CUDA ? "cuda" : "cpu", (int)c->device_index);
     return BIE_STATUS_OK;
 }
 
@@ -48,14 +46,13 @@ static enum bie_status check_float(bie_context_t * ctx, const char * name, const
 static enum bie_status check_scale(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
                                    const struct bie_tensor * t, struct bie_tensor * dst, float * value) {
     BIE_TRY(bie_check_tensor(ctx, name, t, true));
-    if (bie_tensor_numel(t) != 1) BIE_FAIL("%s: must hold exactly one element, has %lld", name,
-                                       (long long)bie_tensor_numel(t));
+    if (bie_tensor_numel(t) != 1)
+        BIE_FAIL("%s: must hold exactly one element, has %lld", name, (long long)bie_tensor_numel(t));
     BIE_TRY(check_float(ctx, name, t));
     *dst = *t;
     if (t->device_type == BIE_DEVICE_CPU) {
         *value = bie_load_scalar(t);
-        if (!isfinite(*value) || !(*value > 0.0f))
-            BIE_FAIL("%s: = %g must be finite and > 0", name, (double)*value);
+        if (!isfinite(*value) || !(*value > 0.0f)) BIE_FAIL("%s: = %g must be finite and > 0", name, (double)*value);
     } else {
         BIE_TRY(check_device(ctx, c, name, t));
         c->scales_on_host = false;
@@ -64,18 +61,16 @@ static enum bie_status check_scale(bie_context_t * ctx, struct bie_layer_call * 
 }
 
 // Shape check: t must have exactly `ndim` dims equal to `shape`.
-static enum bie_status check_shape(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
-                                   int32_t ndim, const int64_t * shape) {
+static enum bie_status check_shape(bie_context_t * ctx, const char * name, const struct bie_tensor * t, int32_t ndim,
+                                   const int64_t * shape) {
     bool ok = t->ndim == ndim;
     for (int32_t i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
     if (!ok) {
         char want[160] = "", have[160] = "";
         for (int32_t i = 0; i < ndim; i++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "",
-                     (long long)shape[i]);
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "", (long long)shape[i]);
         for (int32_t i = 0; i < t->ndim; i++)
-            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", i ? ", " : "",
-                     (long long)t->shape[i]);
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
         BIE_FAIL("%s: shape [%s] does not match the expected [%s]", name, have, want);
     }
     return BIE_STATUS_OK;
@@ -95,12 +90,11 @@ static int64_t row_stride(const struct bie_tensor * t) {
 }
 
 static enum bie_status linear_view(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
-                                   const struct bie_tensor * like_x, int64_t features,
-                                   struct bie_tensor * out) {
+                                   const struct bie_tensor * like_x, int64_t features, struct bie_tensor * out) {
     if (t->ndim < 1) BIE_FAIL("%s: must have at least one dimension", name);
     if (t->shape[t->ndim - 1] != features)
         BIE_FAIL("%s: last dimension is %lld, expected %lld", name, (long long)t->shape[t->ndim - 1],
-             (long long)features);
+                 (long long)features);
     if (like_x) { // same leading shape as x
         bool ok = like_x->ndim == t->ndim;
         for (int32_t i = 0; ok && i < t->ndim - 1; i++) ok = like_x->shape[i] == t->shape[i];
@@ -148,8 +142,8 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
     struct bie_geometry * g = &c->g;
     if (lin) {
         if (lin->in_features <= 0 || lin->out_features <= 0)
-            BIE_FAIL("desc: in_features = %lld and out_features = %lld must be positive",
-                 (long long)lin->in_features, (long long)lin->out_features);
+            BIE_FAIL("desc: in_features = %lld and out_features = %lld must be positive", (long long)lin->in_features,
+                     (long long)lin->out_features);
         BIE_TRY(linear_view(ctx, "x", x, NULL, lin->in_features, &c->x));
         const int64_t wshape[2] = {lin->out_features, lin->in_features};
         BIE_TRY(check_shape(ctx, "weight", weight, 2, wshape));
@@ -164,8 +158,8 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
         g->pad_value = BIE_PAD_ZERO;
     } else {
         if (conv->in_channels <= 0 || conv->out_channels <= 0)
-            BIE_FAIL("desc: in_channels = %lld and out_channels = %lld must be positive",
-                 (long long)conv->in_channels, (long long)conv->out_channels);
+            BIE_FAIL("desc: in_channels = %lld and out_channels = %lld must be positive", (long long)conv->in_channels,
+                     (long long)conv->out_channels);
         if (conv->groups != 1)
             return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "desc: groups = %d (only 1 is supported)",
                                  (int)conv->groups);
@@ -176,13 +170,13 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
         if (x->ndim != 4) BIE_FAIL("x: a conv2d input must be 4-D [N, C, H, W], has %d dims", (int)x->ndim);
         if (x->shape[1] != conv->in_channels)
             BIE_FAIL("x: has %lld channels, desc.in_channels is %lld", (long long)x->shape[1],
-                 (long long)conv->in_channels);
+                     (long long)conv->in_channels);
         int64_t oh, ow;
         BIE_TRY(bie_conv2d_output_size(conv, x->shape[2], x->shape[3], &oh, &ow) == BIE_STATUS_OK
-                ? BIE_STATUS_OK
-                : bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
-                                "desc: kernel/stride/padding/dilation are invalid for a %lldx%lld input",
-                                (long long)x->shape[2], (long long)x->shape[3]));
+                    ? BIE_STATUS_OK
+                    : bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT,
+                                    "desc: kernel/stride/padding/dilation are invalid for a %lldx%lld input",
+                                    (long long)x->shape[2], (long long)x->shape[3]));
         const int64_t wshape[4] = {conv->out_channels, conv->in_channels, conv->kernel[0], conv->kernel[1]};
         BIE_TRY(check_shape(ctx, "weight", weight, 4, wshape));
         c->x = *x;
@@ -220,8 +214,8 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
 
 // Checks an output-shaped tensor (y or grad_y) and stores its 4-D view.
 static enum bie_status out_view(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
-                                const struct bie_tensor * t, const struct bie_tensor * x,
-                                struct bie_tensor * out, bool is_output) {
+                                const struct bie_tensor * t, const struct bie_tensor * x, struct bie_tensor * out,
+                                bool is_output) {
     BIE_TRY(bie_check_tensor(ctx, name, t, !is_output));
     BIE_TRY(check_device(ctx, c, name, t));
     if (c->is_conv) {
@@ -239,42 +233,26 @@ enum job_kind { JOB_FORWARD, JOB_BACKWARD, JOB_BINARIZE_STE };
 struct job {
     enum job_kind kind;
     const struct bie_layer_call * c;
-    const struct bie_tensor * bits, * mask; // JOB_BINARIZE_STE's outputs (or NULL)
+    const struct bie_tensor *bits, *mask; // JOB_BINARIZE_STE's outputs (or NULL)
 };
 
 // Backend b's slot for the job, or BIE_DECLINED when it has none.
-static enum bie_status run_slot(bie_context_t * ctx, const struct bie_backend_ops * b, const struct job * j) {
+static enum bie_status run_slot(bie_context_t * ctx, const struct bie_backend_ops * b, const void * job) {
+    const struct job * j = job;
     if (j->kind == JOB_FORWARD) return b->layer_forward ? b->layer_forward(ctx, j->c) : BIE_DECLINED;
     if (j->kind == JOB_BACKWARD) return b->layer_backward ? b->layer_backward(ctx, j->c) : BIE_DECLINED;
     return b->binarize_ste ? b->binarize_ste(ctx, j->c, j->bits, j->mask) : BIE_DECLINED;
 }
 
-// A declined job's status and message ("... for this binary linear forward").
-static enum bie_status declined(bie_context_t * ctx, enum bie_status status, const char * what, const struct job * j) {
-    if (j->kind == JOB_BINARIZE_STE) return bie_set_error(ctx, status, "%s bie_binarize_ste", what);
-    return bie_set_error(ctx, status, "%s this %s %s %s", what, quant_name(j->c->quant),
-                         j->c->is_conv ? "conv2d" : "linear", j->kind == JOB_BACKWARD ? "backward" : "forward");
-}
-
-// CUDA tensors go to the CUDA backend (which never falls back to the host); CPU tensors to the CPU
-// backend, then the reference where it declines (the reference only, for a BIE_BACKEND_REF context).
+// The job on its backends (bie_dispatch), named in messages as "this binary linear forward" or
+// "bie_binarize_ste".
 static enum bie_status dispatch(bie_context_t * ctx, const struct job * j) {
-    enum bie_status s = BIE_DECLINED;
-    if (j->c->device_type == BIE_DEVICE_CUDA) {
-        const struct bie_cuda_plugin * cuda;
-        BIE_TRY(bie_cuda_plugin_get(ctx, "x", &cuda));
-        s = run_slot(ctx, &cuda->backend, j);
-        if (s == BIE_DECLINED) s = declined(ctx, BIE_STATUS_UNSUPPORTED, "cuda: no kernel for", j);
-        return s;
-    }
-    if (ctx->params.backend == BIE_BACKEND_CUDA)
-        BIE_FAIL("x: is a CPU tensor but the context's backend is CUDA");
-    const struct bie_backend_ops * order[2] = {&bie_cpu_backend, &bie_ref_backend};
-    for (int i = ctx->params.backend == BIE_BACKEND_REF ? 1 : 0; i < 2 && s == BIE_DECLINED; i++)
-        s = run_slot(ctx, order[i], j);
-    if (s == BIE_DECLINED) s = declined(ctx, BIE_STATUS_INTERNAL, "no CPU implementation for", j);
-    if (s == BIE_STATUS_OK) bie_clear_error(ctx);
-    return s;
+    char what[64];
+    if (j->kind == JOB_BINARIZE_STE) snprintf(what, sizeof what, "bie_binarize_ste");
+    else
+        snprintf(what, sizeof what, "this %s %s %s", quant_name(j->c->quant), j->c->is_conv ? "conv2d" : "linear",
+                 j->kind == JOB_BACKWARD ? "backward" : "forward");
+    return bie_dispatch(ctx, j->c->device_type, run_slot, j, what);
 }
 
 enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
@@ -287,12 +265,12 @@ enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_
     const enum bie_dtype yd = a->y->dtype;
     if (!(bie_dtype_is_float(yd) || yd == BIE_DTYPE_I32 || (yd == BIE_DTYPE_B1 && c->quant == BIE_QUANT_BINARY)))
         BIE_FAIL("y: dtype %s is not supported (f32, f16, bf16, i32%s)", bie_dtype_name(yd),
-             c->quant == BIE_QUANT_BINARY ? " or b1" : "");
+                 c->quant == BIE_QUANT_BINARY ? " or b1" : "");
     if (c->scales_on_host && !isfinite(c->scale_a * c->scale_w))
         BIE_FAIL("scale_a * scale_w: %g * %g overflows f32 (y = acc * (scale_a * scale_w) needs a finite product)",
                  (double)c->scale_a, (double)c->scale_w);
-    const struct bie_tensor * outs[1] = {a->y}, * ins[5] = {a->x, a->bias_a, a->weight, a->scale_a, a->scale_w};
-    static const char * const out_names[1] = {"y"}, * const in_names[5] = {"x", "bias_a", "weight", "scale_a", "scale_w"};
+    const struct bie_tensor *outs[1] = {a->y}, *ins[5] = {a->x, a->bias_a, a->weight, a->scale_a, a->scale_w};
+    static const char *const out_names[1] = {"y"}, *const in_names[5] = {"x", "bias_a", "weight", "scale_a", "scale_w"};
     return bie_check_outputs(ctx, outs, out_names, 1, ins, in_names, 5);
 }
 
@@ -417,7 +395,8 @@ enum bie_status bie_conv2d_backward(bie_context_t * ctx, const struct bie_conv2d
 }
 
 enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * x, const struct bie_tensor * bias_a,
-                                 const struct bie_tensor * scale_a, struct bie_tensor * bits, struct bie_tensor * mask) {
+                                 const struct bie_tensor * scale_a, struct bie_tensor * bits,
+                                 struct bie_tensor * mask) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     BIE_ENTER(ctx);
     if (!bits && !mask) BIE_FAIL("bits, mask: both are NULL (ask for at least one)");
@@ -453,7 +432,8 @@ enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * 
         if (!outs[i]) continue;
         BIE_TRY(bie_check_tensor(ctx, names[i], outs[i], false));
         BIE_TRY(check_device(ctx, &c, names[i], outs[i]));
-        if (outs[i]->dtype != BIE_DTYPE_B1) BIE_FAIL("%s: dtype %s is not b1", names[i], bie_dtype_name(outs[i]->dtype));
+        if (outs[i]->dtype != BIE_DTYPE_B1)
+            BIE_FAIL("%s: dtype %s is not b1", names[i], bie_dtype_name(outs[i]->dtype));
         BIE_TRY(linear_view(ctx, names[i], outs[i], x, K, &views[i]));
     }
     const struct bie_tensor * ins[3] = {x, bias_a, scale_a};
@@ -463,8 +443,8 @@ enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * 
     return dispatch(ctx, &j);
 }
 
-enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * d, int64_t h, int64_t w,
-                                       int64_t * out_h, int64_t * out_w) {
+enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * d, int64_t h, int64_t w, int64_t * out_h,
+                                       int64_t * out_w) {
     if (!d || !out_h || !out_w || h <= 0 || w <= 0) return BIE_STATUS_INVALID_ARGUMENT;
     for (int i = 0; i < 2; i++)
         if (d->kernel[i] < 1 || d->stride[i] < 1 || d->padding[i] < 0 || d->dilation[i] < 1)

@@ -73,8 +73,8 @@ struct job {
 
 static enum bie_status run_slot(bie_context_t * ctx, const struct bie_backend_ops * b, const void * p) {
     const struct job * j = p;
-    enum bie_status (*f)(bie_context_t *, const struct bie_matmul_call *) = j->backward ? b->matmul_backward
-                                                                                        : b->matmul_forward;
+    enum bie_status (*f)(bie_context_t *, const struct bie_matmul_call *) =
+        j->backward ? b->matmul_backward : b->matmul_forward;
     return f ? f(ctx, j->c) : BIE_DECLINED;
 }
 

@@ -26,7 +26,8 @@ enum bie_status bie_op_check_scale(bie_context_t * ctx, const char * name, const
                                    enum bie_device_type type, int32_t index, float * value, bool * on_host) {
     if (!t) BIE_FAIL("%s: is NULL", name);
     BIE_TRY(bie_check_tensor(ctx, name, t, true));
-    if (bie_tensor_numel(t) != 1) BIE_FAIL("%s: must hold exactly one element, has %lld", name, (long long)bie_tensor_numel(t));
+    if (bie_tensor_numel(t) != 1)
+        BIE_FAIL("%s: must hold exactly one element, has %lld", name, (long long)bie_tensor_numel(t));
     BIE_TRY(bie_op_check_float(ctx, name, t));
     if (t->device_type == BIE_DEVICE_CPU) {
         *value = bie_load_scalar(t);

@@ -18,11 +18,11 @@
 
 struct bie_plan {
     bool conv, backward;
-    struct bie_layer_call call;             // normalised; data pointers replaced on each execution
+    struct bie_layer_call call; // normalised; data pointers replaced on each execution
     int ntensors;
-    struct bie_tensor meta[PLAN_TENSORS];   // the planned tensors (data: NULL when absent)
+    struct bie_tensor meta[PLAN_TENSORS]; // the planned tensors (data: NULL when absent)
     bool present[PLAN_TENSORS];
-    uint8_t align[PLAN_TENSORS];            // data address mod 16 (the routes may depend on it)
+    uint8_t align[PLAN_TENSORS]; // data address mod 16 (the routes may depend on it)
     struct bie_plan_info info;
     struct bie_linear_desc lin;
     struct bie_conv2d_desc cnv;
@@ -30,16 +30,17 @@ struct bie_plan {
 };
 
 static const char * const fwd_names[6] = {"x", "bias_a", "weight", "scale_a", "scale_w", "y"};
-static const char * const bwd_names[PLAN_TENSORS] = {"x", "bias_a", "weight", "scale_a", "scale_w", "grad_y",
-                                                     "grad_x", "grad_weight", "grad_scale_a", "grad_bias_a", "x_mask"};
+static const char * const bwd_names[PLAN_TENSORS] = {"x",      "bias_a", "weight",      "scale_a",      "scale_w",
+                                                     "grad_y", "grad_x", "grad_weight", "grad_scale_a", "grad_bias_a",
+                                                     "x_mask"};
 
 static void fwd_list(const struct bie_forward_args * a, const struct bie_tensor * t[PLAN_TENSORS]) {
     const struct bie_tensor * l[6] = {a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, a->y};
     for (int i = 0; i < 6; i++) t[i] = l[i];
 }
 static void bwd_list(const struct bie_backward_args * a, const struct bie_tensor * t[PLAN_TENSORS]) {
-    const struct bie_tensor * l[PLAN_TENSORS] = {a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, a->grad_y,
-                                                 a->grad_x, a->grad_weight, a->grad_scale_a, a->grad_bias_a,
+    const struct bie_tensor * l[PLAN_TENSORS] = {a->x,      a->bias_a, a->weight,      a->scale_a,      a->scale_w,
+                                                 a->grad_y, a->grad_x, a->grad_weight, a->grad_scale_a, a->grad_bias_a,
                                                  a->x_mask};
     for (int i = 0; i < PLAN_TENSORS; i++) t[i] = l[i];
 }
@@ -59,13 +60,16 @@ static void tensor_words(char * buf, size_t n, const struct bie_tensor * t) {
 static void describe(struct bie_plan * p, const char * const * names) {
     const struct bie_layer_call * c = &p->call;
     const struct bie_geometry * g = &c->g;
-    size_t u = (size_t)snprintf(p->text, sizeof p->text, "%s %s %s", c->quant == BIE_QUANT_BINARY ? "binary"
-                                                                     : c->quant == BIE_QUANT_INT4 ? "4-bit" : "8-bit",
+    size_t u = (size_t)snprintf(p->text, sizeof p->text, "%s %s %s",
+                                c->quant == BIE_QUANT_BINARY ? "binary"
+                                : c->quant == BIE_QUANT_INT4 ? "4-bit"
+                                                             : "8-bit",
                                 p->conv ? "conv2d" : "linear", p->backward ? "backward" : "forward");
     if (p->conv && u < sizeof p->text)
-        u += (size_t)snprintf(p->text + u, sizeof p->text - u, " %lldx%lld stride %lldx%lld pad %lldx%lld dil %lldx%lld",
-                              (long long)g->kh, (long long)g->kw, (long long)g->sh, (long long)g->sw, (long long)g->ph,
-                              (long long)g->pw, (long long)g->dh, (long long)g->dw);
+        u +=
+            (size_t)snprintf(p->text + u, sizeof p->text - u, " %lldx%lld stride %lldx%lld pad %lldx%lld dil %lldx%lld",
+                             (long long)g->kh, (long long)g->kw, (long long)g->sh, (long long)g->sw, (long long)g->ph,
+                             (long long)g->pw, (long long)g->dh, (long long)g->dw);
     for (int i = 0; i < p->ntensors && u < sizeof p->text; i++) {
         if (!p->present[i]) continue;
         char w[200];
@@ -170,8 +174,7 @@ static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool b
     BIE_ENTER(ctx);
     if (!p) BIE_FAIL("plan: is NULL");
     if (!args) BIE_FAIL("args: is NULL");
-    if (p->backward != backward)
-        BIE_FAIL("plan: is a %s plan", p->backward ? "backward" : "forward");
+    if (p->backward != backward) BIE_FAIL("plan: is a %s plan", p->backward ? "backward" : "forward");
     const struct bie_tensor * t[PLAN_TENSORS] = {NULL};
     if (backward) bwd_list(args, t);
     else fwd_list(args, t);
@@ -197,7 +200,8 @@ static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool b
     }
     // outputs may not share bytes with any other tensor of the call (a property of the pointers)
     if (backward) {
-        const struct bie_tensor * outs[4] = {t[6], t[7], t[8], t[9]}, * ins[7] = {t[0], t[1], t[2], t[3], t[4], t[5], t[10]};
+        const struct bie_tensor *outs[4] = {t[6], t[7], t[8], t[9]},
+                                *ins[7] = {t[0], t[1], t[2], t[3], t[4], t[5], t[10]};
         const char * const on[4] = {names[6], names[7], names[8], names[9]};
         const char * const in[7] = {names[0], names[1], names[2], names[3], names[4], names[5], names[10]};
         BIE_TRY(bie_check_outputs(ctx, outs, on, 4, ins, in, 7));
@@ -208,11 +212,13 @@ static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool b
     patch(&c, backward, t);
     if (c.scale_a_t.device_type == BIE_DEVICE_CPU) {
         c.scale_a = bie_load_scalar(t[3]);
-        if (!isfinite(c.scale_a) || !(c.scale_a > 0.0f)) BIE_FAIL("scale_a: = %g must be finite and > 0", (double)c.scale_a);
+        if (!isfinite(c.scale_a) || !(c.scale_a > 0.0f))
+            BIE_FAIL("scale_a: = %g must be finite and > 0", (double)c.scale_a);
     }
     if (c.scale_w_t.device_type == BIE_DEVICE_CPU) {
         c.scale_w = bie_load_scalar(t[4]);
-        if (!isfinite(c.scale_w) || !(c.scale_w > 0.0f)) BIE_FAIL("scale_w: = %g must be finite and > 0", (double)c.scale_w);
+        if (!isfinite(c.scale_w) || !(c.scale_w > 0.0f))
+            BIE_FAIL("scale_w: = %g must be finite and > 0", (double)c.scale_w);
     }
     if (c.scales_on_host && !isfinite(c.scale_a * c.scale_w))
         BIE_FAIL("scale_a * scale_w: %g * %g overflows f32 (y = acc * (scale_a * scale_w) needs a finite product)",

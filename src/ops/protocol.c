@@ -10,11 +10,11 @@
 
 #include <math.h>
 
-
-static enum bie_status sums(bie_context_t * ctx, const char * name, const struct bie_tensor * x,
-                            double * sum_abs, double * sum) {
+static enum bie_status sums(bie_context_t * ctx, const char * name, const struct bie_tensor * x, double * sum_abs,
+                            double * sum) {
     BIE_TRY(bie_check_tensor(ctx, name, x, true));
-    if (!bie_dtype_is_float(x->dtype)) BIE_FAIL("%s: dtype %s is not supported (use f32, f16 or bf16)", name, bie_dtype_name(x->dtype));
+    if (!bie_dtype_is_float(x->dtype))
+        BIE_FAIL("%s: dtype %s is not supported (use f32, f16 or bf16)", name, bie_dtype_name(x->dtype));
     const struct bie_backend_ops * b = &bie_ref_backend;
     if (x->device_type == BIE_DEVICE_CUDA) {
         const struct bie_cuda_plugin * cuda;
@@ -54,8 +54,8 @@ enum bie_status bie_activation_scale_init(bie_context_t * ctx, enum bie_quant qu
     return store_scale(ctx, out_scale, v);
 }
 
-enum bie_status bie_weight_scale_init(bie_context_t * ctx, enum bie_quant quant,
-                                      const struct bie_tensor * w, struct bie_tensor * out_scale) {
+enum bie_status bie_weight_scale_init(bie_context_t * ctx, enum bie_quant quant, const struct bie_tensor * w,
+                                      struct bie_tensor * out_scale) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     BIE_ENTER(ctx);
     if (!quant_valid(quant)) BIE_FAIL("quant: = %d must be 1, 4 or 8", (int)quant);

@@ -57,9 +57,9 @@ static bool is_dense(const struct bie_tensor * t) {
 }
 
 // A weight tensor: present (or absent when allowed), dense, of the given shape (n dims), float or I32.
-static enum bie_status weight_tensor(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
-                                     bool required, bool is_float, int nd, int64_t d0, int64_t d1,
-                                     const struct bie_wq_call * c, bool host, struct bie_tensor * out) {
+static enum bie_status weight_tensor(bie_context_t * ctx, const char * name, const struct bie_tensor * t, bool required,
+                                     bool is_float, int nd, int64_t d0, int64_t d1, const struct bie_wq_call * c,
+                                     bool host, struct bie_tensor * out) {
     memset(out, 0, sizeof *out);
     if (!t) {
         if (required) BIE_FAIL("%s: is required here", name);
@@ -69,8 +69,7 @@ static enum bie_status weight_tensor(bie_context_t * ctx, const char * name, con
     if (is_float ? !bie_dtype_is_float(t->dtype) : t->dtype != BIE_DTYPE_I32)
         BIE_FAIL("%s: dtype %s, expected %s", name, bie_dtype_name(t->dtype), is_float ? "f32, f16 or bf16" : "i32");
     if (t->ndim != nd || t->shape[0] != d0 || (nd == 2 && t->shape[1] != d1)) {
-        if (nd == 2)
-            BIE_FAIL("%s: must have shape [%lld, %lld]", name, (long long)d0, (long long)d1);
+        if (nd == 2) BIE_FAIL("%s: must have shape [%lld, %lld]", name, (long long)d0, (long long)d1);
         BIE_FAIL("%s: must have shape [%lld]", name, (long long)d0);
     }
     if (!is_dense(t)) BIE_FAIL("%s: must be dense (row-major, contiguous)", name);
@@ -86,12 +85,13 @@ static enum bie_status act_view(bie_context_t * ctx, const char * name, const st
     BIE_TRY(bie_check_tensor(ctx, name, t, false));
     if (!bie_dtype_is_float(t->dtype) || t->dtype == BIE_DTYPE_F64)
         BIE_FAIL("%s: dtype %s, expected f32, f16 or bf16", name, bie_dtype_name(t->dtype));
-    if (t->ndim < 1 || t->shape[t->ndim - 1] != F)
-        BIE_FAIL("%s: last dimension must be %lld", name, (long long)F);
+    if (t->ndim < 1 || t->shape[t->ndim - 1] != F) BIE_FAIL("%s: last dimension must be %lld", name, (long long)F);
     if (t->device_type != c->device_type || t->device_index != c->device_index)
         BIE_FAIL("%s: must be on the device of the weight", name);
-    if (!view2(t, out)) BIE_FAIL("%s: leading dimensions cannot be flattened without a copy (make them contiguous)", name);
-    if (M >= 0 && out->shape[0] != M) BIE_FAIL("%s: has %lld rows, expected %lld", name, (long long)out->shape[0], (long long)M);
+    if (!view2(t, out))
+        BIE_FAIL("%s: leading dimensions cannot be flattened without a copy (make them contiguous)", name);
+    if (M >= 0 && out->shape[0] != M)
+        BIE_FAIL("%s: has %lld rows, expected %lld", name, (long long)out->shape[0], (long long)M);
     return BIE_STATUS_OK;
 }
 
@@ -107,7 +107,8 @@ static enum bie_status layout(bie_context_t * ctx, const struct bie_wq_desc * de
     if (desc->group_size <= 0) BIE_FAIL("desc: group_size = %d must be positive", desc->group_size);
     if (desc->zero != BIE_WQ_ZERO_SYM && desc->zero != BIE_WQ_ZERO_CODE && desc->zero != BIE_WQ_ZERO_OFFSET)
         BIE_FAIL("desc: unknown zero mode %d", (int)desc->zero);
-    if (desc->act != BIE_WQ_ACT_FLOAT && desc->act != BIE_WQ_ACT_INT8) BIE_FAIL("desc: unknown act mode %d", (int)desc->act);
+    if (desc->act != BIE_WQ_ACT_FLOAT && desc->act != BIE_WQ_ACT_INT8)
+        BIE_FAIL("desc: unknown act mode %d", (int)desc->act);
     c->K = K;
     c->N = N;
     c->bits = desc->bits;
@@ -123,7 +124,8 @@ static enum bie_status layout(bie_context_t * ctx, const struct bie_wq_desc * de
     int64_t * word = malloc((size_t)(c->G + 1) * sizeof(int64_t));
     owned[0] = bits;
     owned[1] = word;
-    if (!bits || !word) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "weight: out of memory for the group table");
+    if (!bits || !word)
+        return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "weight: out of memory for the group table");
     c->group_bits = bits;
     c->group_word = word;
     if (desc->bits) {
@@ -175,7 +177,8 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_wq_desc * d
         for (int64_t r = 0; r < K; r++) {
             if (p[r] < 0 || p[r] >= K || seen[p[r]]) {
                 free(seen);
-                BIE_FAIL("perm: [%lld] = %d: not a permutation of 0..%lld", (long long)r, (int)p[r], (long long)(K - 1));
+                BIE_FAIL("perm: [%lld] = %d: not a permutation of 0..%lld", (long long)r, (int)p[r],
+                         (long long)(K - 1));
             }
             seen[p[r]] = 1;
         }
@@ -254,8 +257,7 @@ enum bie_status bie_wq_linear_backward(bie_context_t * ctx, const struct bie_wq_
     }
     if (s == BIE_STATUS_OK && !grad_x && !grad_w)
         s = bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "grad_x, grad_w: at least one is needed");
-    if (s == BIE_STATUS_OK)
-        s = dispatch(ctx, &c, true, bie_cpu_wq_backward, bie_ref_wq_backward);
+    if (s == BIE_STATUS_OK) s = dispatch(ctx, &c, true, bie_cpu_wq_backward, bie_ref_wq_backward);
     release(owned);
     return s;
 }
@@ -307,8 +309,9 @@ static enum bie_status codes_tensor(bie_context_t * ctx, const char * name, cons
 }
 
 // bie_wq_pack (pack = true: codes -> qweight) and bie_wq_unpack (qweight -> codes).
-static enum bie_status codes_call(bie_context_t * ctx, const struct bie_wq_desc * desc, const struct bie_tensor * group_bits,
-                                  const struct bie_tensor * codes, const struct bie_tensor * qweight, bool pack) {
+static enum bie_status codes_call(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                                  const struct bie_tensor * group_bits, const struct bie_tensor * codes,
+                                  const struct bie_tensor * qweight, bool pack) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     if (!qweight) BIE_FAIL("qweight: is NULL");
     struct bie_wq_call c;
@@ -348,8 +351,9 @@ enum bie_status bie_wq_pack(bie_context_t * ctx, const struct bie_wq_desc * desc
     return codes_call(ctx, desc, group_bits, codes, qweight, true);
 }
 
-enum bie_status bie_wq_unpack(bie_context_t * ctx, const struct bie_wq_desc * desc, const struct bie_tensor * group_bits,
-                              const struct bie_tensor * qweight, struct bie_tensor * codes) {
+enum bie_status bie_wq_unpack(bie_context_t * ctx, const struct bie_wq_desc * desc,
+                              const struct bie_tensor * group_bits, const struct bie_tensor * qweight,
+                              struct bie_tensor * codes) {
     return codes_call(ctx, desc, group_bits, codes, qweight, false);
 }
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 int bie_ref_quantize(float v, float scale, int lo, int hi) {
-    const float r = bie_rne(v / scale);       // f32 division, round half to even
+    const float r = bie_rne(v / scale);                // f32 division, round half to even
     return (int)fminf(fmaxf(r, (float)lo), (float)hi); // fmaxf(NaN, lo) = lo
 }
 
@@ -71,8 +71,8 @@ void bie_ref_w_codes(const struct bie_layer_call * call, int8_t * wc) {
                 }
 }
 
-void bie_ref_patch(const struct bie_geometry * g, const int8_t * a, int64_t n, int64_t oh, int64_t ow,
-                   int64_t * idx, int8_t * val) {
+void bie_ref_patch(const struct bie_geometry * g, const int8_t * a, int64_t n, int64_t oh, int64_t ow, int64_t * idx,
+                   int8_t * val) {
     const int8_t pad = g->pad_value == BIE_PAD_MINUS_ONE ? -1 : g->pad_value == BIE_PAD_PLUS_ONE ? 1 : 0;
     int64_t k = 0;
     for (int64_t c = 0; c < g->C; c++)

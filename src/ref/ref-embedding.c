@@ -35,7 +35,9 @@ static float value(const struct bie_embedding_call * c, int64_t r, int64_t d) {
     return c->scale.data ? s * (float)code : (float)code;
 }
 
-static int64_t load_index(const struct bie_tensor * t, int64_t i, int64_t l) { return (int64_t)bie_load(t, off2(t, i, l)); }
+static int64_t load_index(const struct bie_tensor * t, int64_t i, int64_t l) {
+    return (int64_t)bie_load(t, off2(t, i, l));
+}
 
 enum bie_status bie_ref_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * c) {
     (void)ctx;
@@ -65,9 +67,11 @@ enum bie_status bie_ref_embedding_backward(bie_context_t * ctx, const struct bie
             const int64_t r = load_index(&c->indices, i, l);
             const int64_t u = c->inverse.data ? load_index(&c->inverse, i, l) : r;
             const double s = c->scale.data ? bie_load(&c->scale, r * c->scale.stride[0]) : 1.0;
-            for (int64_t d = 0; d < c->D; d++) acc[u * c->D + d] += bie_load(&c->grad_out, off2(&c->grad_out, i, d)) * s;
+            for (int64_t d = 0; d < c->D; d++)
+                acc[u * c->D + d] += bie_load(&c->grad_out, off2(&c->grad_out, i, d)) * s;
         }
     for (int64_t u = 0; u < c->U; u++)
-        for (int64_t d = 0; d < c->D; d++) bie_ref_store_rounded(&c->grad_rows, off2(&c->grad_rows, u, d), acc[u * c->D + d]);
+        for (int64_t d = 0; d < c->D; d++)
+            bie_ref_store_rounded(&c->grad_rows, off2(&c->grad_rows, u, d), acc[u * c->D + d]);
     return BIE_STATUS_OK;
 }

@@ -11,8 +11,7 @@ enum bie_status bie_ref_pack(bie_context_t * ctx, const struct bie_tensor * src,
                              const struct bie_tensor * dst);
 enum bie_status bie_ref_unpack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
                                const struct bie_tensor * dst);
-enum bie_status bie_ref_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
-                               double * sum);
+enum bie_status bie_ref_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs, double * sum);
 enum bie_status bie_ref_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
                                      const struct bie_tensor * bits, const struct bie_tensor * mask);
 enum bie_status bie_ref_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * call);
@@ -49,8 +48,8 @@ void bie_ref_w_codes(const struct bie_layer_call * call, int8_t * w);
 // The patch read by output position (n, oh, ow): for each k, idx[k] is the dense x index of the
 // tap or -1 when it falls in the padding, and val[k] is a_pad: the code a[idx[k]] inside the
 // image, the pad value (0, -1 or +1) outside it.
-void bie_ref_patch(const struct bie_geometry * g, const int8_t * a, int64_t n, int64_t oh, int64_t ow,
-                   int64_t * idx, int8_t * val);
+void bie_ref_patch(const struct bie_geometry * g, const int8_t * a, int64_t n, int64_t oh, int64_t ow, int64_t * idx,
+                   int8_t * val);
 
 // Dense-to-view copies over a 4-D view t [d0][d1][d2][d3].
 void bie_ref_load4(const struct bie_tensor * t, double * dense);

@@ -95,7 +95,8 @@ static enum bie_status take_workspace(bie_context_t * ctx, const struct bie_laye
     const size_t o_gx = bie_ref_arena_take(&ar, want_gx ? (size_t)x_numel(g) : 0, sizeof(double));
     const size_t o_gw = bie_ref_arena_take(&ar, want_gw ? (size_t)(g->O * g->K) : 0, sizeof(double));
     if (ar.overflow)
-        return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "workspace: the reference's workspace size overflows size_t");
+        return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY,
+                             "workspace: the reference's workspace size overflows size_t");
     void * base;
     enum bie_status s = bie_host_workspace(ctx, ar.size, &base);
     if (s != BIE_STATUS_OK) return s;

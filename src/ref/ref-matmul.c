@@ -57,7 +57,7 @@ enum bie_status bie_ref_matmul_forward(bie_context_t * ctx, const struct bie_mat
     for (int64_t b = 0; b < B; b++)
         for (int64_t m = 0; m < M; m++)
             for (int64_t n = 0; n < N; n++) {
-                const int8_t * ar = a + (b * M + m) * K, * br = bq + (b * N + n) * K;
+                const int8_t *ar = a + (b * M + m) * K, *br = bq + (b * N + n) * K;
                 int64_t acc64 = 0;
                 for (int64_t k = 0; k < K; k++) acc64 += (int64_t)ar[k] * br[k];
                 const int32_t acc = (int32_t)(uint32_t)(uint64_t)acc64;
@@ -71,14 +71,15 @@ enum bie_status bie_ref_matmul_forward(bie_context_t * ctx, const struct bie_mat
 // oc [B][S][K] and its clip; writes grad_v (if asked) and returns grad_c's sum in *clip_sum.
 static void operand_backward(const struct bie_matmul_call * c, int side, const int8_t * vc, const int8_t * oc,
                              double * gv, double * clip_sum) {
-    const struct bie_tensor * v = side ? &c->y : &c->x, * gout = side ? &c->grad_y : &c->grad_x;
+    const struct bie_tensor *v = side ? &c->y : &c->x, *gout = side ? &c->grad_y : &c->grad_x;
     const int64_t B = c->B, R = side ? c->N : c->M, S = side ? c->M : c->N, K = c->K;
     const float clip = side ? c->y_clip : c->x_clip, other = side ? c->x_clip : c->y_clip;
     for (int64_t i = 0; i < B * R * K; i++) gv[i] = 0.0;
     for (int64_t b = 0; b < B; b++)
         for (int64_t r = 0; r < R; r++)
             for (int64_t s = 0; s < S; s++) {
-                const double g = bie_load(&c->grad_out, side ? off3(&c->grad_out, b, s, r) : off3(&c->grad_out, b, r, s));
+                const double g =
+                    bie_load(&c->grad_out, side ? off3(&c->grad_out, b, s, r) : off3(&c->grad_out, b, r, s));
                 const int8_t * orow = oc + (b * S + s) * K;
                 double * grow = gv + (b * R + r) * K;
                 for (int64_t k = 0; k < K; k++) grow[k] += g * orow[k];
@@ -98,7 +99,10 @@ static void operand_backward(const struct bie_matmul_call * c, int side, const i
                 } else {
                     const bool mid = rr >= (float)lo && rr <= (float)hi;
                     gv[i] = mid ? g : 0.0;
-                    sum += g * (rr < (float)lo ? lo : rr > (float)hi ? hi : mid ? (double)bie_rne(rr) - (double)rr : 0.0);
+                    sum += g * (rr < (float)lo   ? lo
+                                : rr > (float)hi ? hi
+                                : mid            ? (double)bie_rne(rr) - (double)rr
+                                                 : 0.0);
                 }
                 if (gout->data) bie_ref_store_rounded(gout, off3(gout, b, r, k), gv[i]);
             }
@@ -115,7 +119,7 @@ enum bie_status bie_ref_matmul_backward(bie_context_t * ctx, const struct bie_ma
     if (ar.overflow) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "workspace: the reference's size overflows");
     char * base;
     BIE_TRY(take(ctx, ar.size, (void **)&base));
-    int8_t * a = (int8_t *)(base + o_a), * bq = a + nx;
+    int8_t *a = (int8_t *)(base + o_a), *bq = a + nx;
     double * gv = (double *)(base + o_g);
     codes(c->quant, &c->x, c->x_clip, a);
     codes(c->quant, &c->y, c->y_clip, bq);

@@ -43,8 +43,7 @@ enum bie_status bie_ref_unpack(bie_context_t * ctx, const struct bie_tensor * sr
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_ref_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
-                               double * sum) {
+enum bie_status bie_ref_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs, double * sum) {
     (void)ctx;
     double sa = 0.0, s = 0.0;
     int64_t idx[BIE_MAX_DIMS] = {0};
@@ -69,7 +68,9 @@ enum bie_status bie_ref_binarize_ste(bie_context_t * ctx, const struct bie_layer
         for (int64_t k = 0; k < K; k++) {
             const float v = xp[m * K + k];
             if (bits) bie_store(bits, m * bits->stride[0] + k * bits->stride[1], v >= 0.0f ? 1 : -1);
-            if (mask) bie_store(mask, m * mask->stride[0] + k * mask->stride[1], bie_ref_ste_passes(v, call->scale_a) ? 1 : -1);
+            if (mask)
+                bie_store(mask, m * mask->stride[0] + k * mask->stride[1],
+                          bie_ref_ste_passes(v, call->scale_a) ? 1 : -1);
         }
     return BIE_STATUS_OK;
 }

@@ -35,13 +35,13 @@ static inline void cuda_test_contexts(bie_context_t ** ref, bie_context_t ** cu)
     }
 }
 
-#define CUDA_OK(expr)                                                                              \
-    do {                                                                                           \
-        cudaError_t e_ = (expr);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_)); \
-            exit(1);                                                                               \
-        }                                                                                          \
+#define CUDA_OK(expr)                                                                                                  \
+    do {                                                                                                               \
+        cudaError_t e_ = (expr);                                                                                       \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(e_));                     \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
     } while (0)
 
 static inline size_t tensor_span(const struct bie_tensor * t) {
@@ -110,7 +110,8 @@ static inline void max_diff(const struct bie_tensor * a, const struct bie_tensor
 // Writes index idx of an ndim-dimensional tensor as "[i,j,...]" into s (n bytes, truncated).
 static inline void format_index(char * s, size_t n, const int64_t * idx, int ndim) {
     size_t len = (size_t)snprintf(s, n, "[");
-    for (int d = 0; d < ndim && len < n; d++) len += (size_t)snprintf(s + len, n - len, "%s%lld", d ? "," : "", (long long)idx[d]);
+    for (int d = 0; d < ndim && len < n; d++)
+        len += (size_t)snprintf(s + len, n - len, "%s%lld", d ? "," : "", (long long)idx[d]);
     if (len < n) snprintf(s + len, n - len, "]");
 }
 

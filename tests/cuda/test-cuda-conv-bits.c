@@ -13,14 +13,13 @@
 
 #include <math.h>
 
-static bie_context_t * ref_ctx, * cu_ctx;
+static bie_context_t *ref_ctx, *cu_ctx;
 static const enum bie_dtype float_dts[3] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16};
 
-static double tol_for(enum bie_dtype dt) {
-    return dt == BIE_DTYPE_F32 ? 1e-4 : dt == BIE_DTYPE_F16 ? 0x1p-9 : 0x1p-6;
-}
+static double tol_for(enum bie_dtype dt) { return dt == BIE_DTYPE_F32 ? 1e-4 : dt == BIE_DTYPE_F16 ? 0x1p-9 : 0x1p-6; }
 
-static void close_to(const char * name, const struct bie_tensor * got, const struct bie_tensor * ref, const char * text) {
+static void close_to(const char * name, const struct bie_tensor * got, const struct bie_tensor * ref,
+                     const char * text) {
     double d, m;
     max_diff(got, ref, &d, &m);
     const double tol = tol_for(got->dtype) * (m > 1e-30 ? m : 1e-30);
@@ -60,11 +59,12 @@ static int random_conv(struct conv_case * c, enum bie_quant q, int saved) {
     c->dev_scales = (int)test_rand_int(0, 1);
     c->sa = (float)test_rand_int(4, 40) / 16.0f;
     c->sw = test_rand_float(0.02f, 0.3f);
-    snprintf(c->text, sizeof c->text, "q=%d N=%lld C=%lld %lldx%lld O=%lld k=%dx%d s=%dx%d p=%dx%d d=%dx%d x=%s g=%s "
-             "bias=%d devscale=%d sa=%g", (int)q, (long long)c->N, (long long)c->C, (long long)c->H, (long long)c->W,
-             (long long)O, c->d.kernel[0], c->d.kernel[1], c->d.stride[0], c->d.stride[1], c->d.padding[0],
-             c->d.padding[1], c->d.dilation[0], c->d.dilation[1], bie_dtype_name(c->xdt), bie_dtype_name(c->gdt),
-             c->bias, c->dev_scales, (double)c->sa);
+    snprintf(c->text, sizeof c->text,
+             "q=%d N=%lld C=%lld %lldx%lld O=%lld k=%dx%d s=%dx%d p=%dx%d d=%dx%d x=%s g=%s "
+             "bias=%d devscale=%d sa=%g",
+             (int)q, (long long)c->N, (long long)c->C, (long long)c->H, (long long)c->W, (long long)O, c->d.kernel[0],
+             c->d.kernel[1], c->d.stride[0], c->d.stride[1], c->d.padding[0], c->d.padding[1], c->d.dilation[0],
+             c->d.dilation[1], bie_dtype_name(c->xdt), bie_dtype_name(c->gdt), c->bias, c->dev_scales, (double)c->sa);
     return 1;
 }
 
@@ -153,9 +153,17 @@ static void free_grads(struct grads * g) {
 }
 static struct bie_backward_args grad_args(const struct ops * o, struct grads * g, int device, const bool want[4]) {
     struct bie_tensor * t = device ? g->d : g->h;
-    struct bie_backward_args a = {device ? &o->dx : &o->x, NULL, device ? &o->dw : &o->w, device ? &o->dsa : &o->sa,
-                                  device ? &o->dsw : &o->sw, device ? &o->dg : &o->g, want[0] ? &t[0] : NULL,
-                                  want[1] ? &t[1] : NULL, want[2] ? &t[2] : NULL, want[3] ? &t[3] : NULL, NULL};
+    struct bie_backward_args a = {device ? &o->dx : &o->x,
+                                  NULL,
+                                  device ? &o->dw : &o->w,
+                                  device ? &o->dsa : &o->sa,
+                                  device ? &o->dsw : &o->sw,
+                                  device ? &o->dg : &o->g,
+                                  want[0] ? &t[0] : NULL,
+                                  want[1] ? &t[1] : NULL,
+                                  want[2] ? &t[2] : NULL,
+                                  want[3] ? &t[3] : NULL,
+                                  NULL};
     return a;
 }
 
@@ -199,7 +207,8 @@ static void test_saved(void) {
             const double a = bie_load(&fl.h[2], 0), b = bie_load(&sb.h[2], 0);
             const enum bie_dtype dt = fl.h[2].dtype;
             const double ulp = dt == BIE_DTYPE_F32 ? 0x1p-23 : dt == BIE_DTYPE_F16 ? 0x1p-10 : 0x1p-7;
-            CHECK(fabs(a - b) <= ulp * fabs(a), "grad_scale_a from the bits %g, from the float x %g on %s", b, a, c.text);
+            CHECK(fabs(a - b) <= ulp * fabs(a), "grad_scale_a from the bits %g, from the float x %g on %s", b, a,
+                  c.text);
         } else {
             CHECK(memcmp(fl.h[i].data, sb.h[i].data, tensor_span(&fl.h[i])) == 0,
                   "%s from the saved bits differs from the float x's on %s", gnames[i], c.text);
@@ -275,7 +284,7 @@ int main(int argc, char ** argv) {
     p.backend = BIE_BACKEND_AUTO;
     if (bie_context_create(&p, &cu_ctx) != BIE_STATUS_OK) return 1;
     const int n = cuda_test_quick() ? 12 : 80;
-    for (int i = 0; i < n; i++) test_saved(); // (cu_ctx meets the device first, without the variable)
+    for (int i = 0; i < n; i++) test_saved();    // (cu_ctx meets the device first, without the variable)
     setenv("BIE_CUDA_CONV_BACKWARD", "gemm", 1); // read by a context when it first meets the device
     bie_context_t * gemm_ctx;
     if (bie_context_create(&p, &gemm_ctx) != BIE_STATUS_OK) return 1;

@@ -18,7 +18,7 @@
 //            from the bits identical to the forward from the float x.
 #include "cuda-test.h"
 
-static bie_context_t * ref_ctx, * cu_ctx;
+static bie_context_t *ref_ctx, *cu_ctx;
 
 struct lcase {
     int conv;
@@ -58,8 +58,8 @@ static void random_case(struct lcase * c, int big) {
         c->batch = 1100;
         c->C = test_rand_int(40, 1200);
         c->O = test_rand_int(0, 1) ? 4100 : 4104; // 4104: 16-byte rows in f16, stored by bulk copies
-    } else if (big == 8) { // n-bit linear, rows long enough for the packers' vector loops (2048
-                           // elements a warp step) and their tails
+    } else if (big == 8) {                        // n-bit linear, rows long enough for the packers' vector loops (2048
+                                                  // elements a warp step) and their tails
         c->conv = 0;
         c->batch = test_rand_int(1, 300);
         c->C = test_rand_int(2048, 5000);
@@ -70,9 +70,9 @@ static void random_case(struct lcase * c, int big) {
         c->batch = test_rand_int(6400, 6600);
         c->C = test_rand_int(1, 600);
         c->O = 8 * test_rand_int(768, 790); // (16-byte rows of y: stored by bulk copies, as those tiles need)
-    } else if (big == 5) { // binary, 256-column tiles (64 x 256 ping-pong tiles on Hopper): more
-                           // 128 x 256 tiles than SMs, too few for the epilogue warps; a third with
-                           // 3 row tiles and 89-90 column tiles (a CTA's tiles in several of them)
+    } else if (big == 5) {                  // binary, 256-column tiles (64 x 256 ping-pong tiles on Hopper): more
+                                            // 128 x 256 tiles than SMs, too few for the epilogue warps; a third with
+                                            // 3 row tiles and 89-90 column tiles (a CTA's tiles in several of them)
         c->conv = 0;
         const int few_rows = test_rand_int(0, 2) == 0;
         c->batch = few_rows ? test_rand_int(129, 192) : test_rand_int(1090, 1300);
@@ -147,8 +147,11 @@ static void random_case(struct lcase * c, int big) {
     c->xdt = float_dts[test_rand_int(0, 2)];
     if (bin && test_rand_int(0, 3) == 0) c->xdt = BIE_DTYPE_B1;
     const int wpick = (int)test_rand_int(0, 4);
-    c->wdt = wpick < 3 ? float_dts[wpick] : wpick == 3 ? BIE_DTYPE_I8
-             : bin ? BIE_DTYPE_B1 : c->quant == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8;
+    c->wdt = wpick < 3                    ? float_dts[wpick]
+             : wpick == 3                 ? BIE_DTYPE_I8
+             : bin                        ? BIE_DTYPE_B1
+             : c->quant == BIE_QUANT_INT4 ? BIE_DTYPE_S4
+                                          : BIE_DTYPE_I8;
     static const enum bie_dtype ydts[5] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_I32, BIE_DTYPE_B1};
     c->ydt = ydts[test_rand_int(0, bin ? 4 : 3)];
     c->gdt = float_dts[test_rand_int(0, 2)];
@@ -158,11 +161,12 @@ static void random_case(struct lcase * c, int big) {
     c->ykind = (int)test_rand_int(0, 2);
     c->sa = test_rand_float(0.05f, 2.0f);
     c->sw = test_rand_float(0.05f, 2.0f);
-    if (test_rand_int(0, 3) == 0) c->sa = c->sw = 1.0f; // a plain GEMM's
+    if (test_rand_int(0, 3) == 0) c->sa = c->sw = 1.0f;    // a plain GEMM's
     if (big == 4) c->ydt = float_dts[test_rand_int(0, 2)]; // (float y: the only y those tiles store)
-    if (big == 8 && test_rand_int(0, 1)) c->wdt = c->quant == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8; // (packed codes)
+    if (big == 8 && test_rand_int(0, 1))
+        c->wdt = c->quant == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8; // (packed codes)
     if (big == 3 || big == 6) { // whole words of channels per pixel: channels-last bits (the word-copy bit
-                    // im2col), or floats channels-last or NCHW (packed into such bits first)
+                                // im2col), or floats channels-last or NCHW (packed into such bits first)
         c->xdt = test_rand_int(0, 1) ? BIE_DTYPE_B1 : float_dts[test_rand_int(0, 2)];
         c->xkind = c->xdt == BIE_DTYPE_B1 ? 1 : (int)test_rand_int(0, 1); // floats: NCHW planes too
         c->bias = c->xdt != BIE_DTYPE_B1 && test_rand_int(0, 1);
@@ -189,7 +193,7 @@ static void fill_operand(const struct bie_tensor * t, float scale, float range) 
 }
 
 struct operands {
-    struct bie_tensor x, bias, w, sa, sw; // host
+    struct bie_tensor x, bias, w, sa, sw;      // host
     struct bie_tensor dx, dbias, dw, dsa, dsw; // device
 };
 
@@ -287,9 +291,7 @@ static void test_forward(const struct lcase * c) {
     free_operands(c, &o);
 }
 
-static double tol_for(enum bie_dtype dt) {
-    return dt == BIE_DTYPE_F32 ? 1e-4 : dt == BIE_DTYPE_F16 ? 0x1p-9 : 0x1p-6;
-}
+static double tol_for(enum bie_dtype dt) { return dt == BIE_DTYPE_F32 ? 1e-4 : dt == BIE_DTYPE_F16 ? 0x1p-9 : 0x1p-6; }
 
 static void compare_grad(const char * name, const struct bie_tensor * got, const struct bie_tensor * ref,
                          const struct lcase * c) {
@@ -418,11 +420,21 @@ static void test_backward(struct lcase * c, int saved, int in_place) {
                       dgs = cuda_mirror(&gs_r);
     // which gradients are asked for: all four, grad_weight only, or grad_x with or without
     // grad_weight (with neither scale nor bias gradient the STE mask is applied in place)
-    const int want = in_place ? (int)test_rand_int(1, 2) : (int)test_rand_int(0, 5), only_w = want == 0, no_sums = want == 1 || want == 2;
-    struct bie_backward_args ar = {&o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &g, &gx_r, &gw_r, &gs_r, &gb_r, NULL};
-    struct bie_backward_args ac = {&o.dx, c->bias ? &o.dbias : NULL, &o.dw, &o.dsa, &o.dsw, &dg,
-                                   only_w ? NULL : &dgx, want == 2 ? NULL : &dgw, only_w || no_sums ? NULL : &dgs,
-                                   only_w || no_sums ? NULL : &dgb, NULL};
+    const int want = in_place ? (int)test_rand_int(1, 2) : (int)test_rand_int(0, 5), only_w = want == 0,
+              no_sums = want == 1 || want == 2;
+    struct bie_backward_args ar = {&o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &g, &gx_r, &gw_r, &gs_r, &gb_r,
+                                   NULL};
+    struct bie_backward_args ac = {&o.dx,
+                                   c->bias ? &o.dbias : NULL,
+                                   &o.dw,
+                                   &o.dsa,
+                                   &o.dsw,
+                                   &dg,
+                                   only_w ? NULL : &dgx,
+                                   want == 2 ? NULL : &dgw,
+                                   only_w || no_sums ? NULL : &dgs,
+                                   only_w || no_sums ? NULL : &dgb,
+                                   NULL};
     if (saved) {
         ac.x = &dbits;
         ac.bias_a = NULL;
@@ -503,31 +515,35 @@ static void test_binarize(int big) {
     const int want_mask = !want_bits || test_rand_int(0, 3) != 0;
     const float sa = (float)test_rand_int(4, 40) / 16.0f;
     char text[240];
-    snprintf(text, sizeof text, "binarize_ste x %s [%lld, %lld, %lld] (%d-D) layouts x/bits/mask %d/%d/%d bias %d "
-             "devscale %d scale %g bits %d mask %d", bie_dtype_name(xd), (long long)shape[0], (long long)shape[1],
-             (long long)shape[2], nd, xl, bl, ml, bias, dev_scale, (double)sa, want_bits, want_mask);
-    struct bie_tensor x = test_tensor_rows(xd, nd, shape, xl), b = test_tensor(float_dts[test_rand_int(0, 2)], 1, &K, NULL);
+    snprintf(text, sizeof text,
+             "binarize_ste x %s [%lld, %lld, %lld] (%d-D) layouts x/bits/mask %d/%d/%d bias %d "
+             "devscale %d scale %g bits %d mask %d",
+             bie_dtype_name(xd), (long long)shape[0], (long long)shape[1], (long long)shape[2], nd, xl, bl, ml, bias,
+             dev_scale, (double)sa, want_bits, want_mask);
+    struct bie_tensor x = test_tensor_rows(xd, nd, shape, xl),
+                      b = test_tensor(float_dts[test_rand_int(0, 2)], 1, &K, NULL);
     fill_operand(&x, sa, 2.0f);
     fill_operand(&b, sa * 0.25f, 1.0f);
     struct bie_tensor s = test_scalar(sa), ds = dev_scale ? cuda_mirror(&s) : s;
-    struct bie_tensor rb = test_tensor_rows(BIE_DTYPE_B1, nd, shape, bl), rm = test_tensor_rows(BIE_DTYPE_B1, nd, shape, ml);
+    struct bie_tensor rb = test_tensor_rows(BIE_DTYPE_B1, nd, shape, bl),
+                      rm = test_tensor_rows(BIE_DTYPE_B1, nd, shape, ml);
     fill_poison(&rb);
     fill_poison(&rm);
     struct bie_tensor cb = rb, cm = rm;
     cb.data = malloc(tensor_span(&rb) + 64);
     cm.data = malloc(tensor_span(&rm) + 64);
     struct bie_tensor dx = cuda_mirror(&x), db = cuda_mirror(&b), dbits = cuda_mirror(&rb), dmask = cuda_mirror(&rm);
-    const enum bie_status sr = bie_binarize_ste(ref_ctx, &x, bias ? &b : NULL, &s, want_bits ? &rb : NULL,
-                                                want_mask ? &rm : NULL);
-    const enum bie_status sc = bie_binarize_ste(cu_ctx, &dx, bias ? &db : NULL, &ds, want_bits ? &dbits : NULL,
-                                                want_mask ? &dmask : NULL);
+    const enum bie_status sr =
+        bie_binarize_ste(ref_ctx, &x, bias ? &b : NULL, &s, want_bits ? &rb : NULL, want_mask ? &rm : NULL);
+    const enum bie_status sc =
+        bie_binarize_ste(cu_ctx, &dx, bias ? &db : NULL, &ds, want_bits ? &dbits : NULL, want_mask ? &dmask : NULL);
     CHECK(sr == BIE_STATUS_OK, "reference failed (%s) on %s", bie_context_last_error(ref_ctx), text);
     CHECK(sc == BIE_STATUS_OK, "cuda failed (%s) on %s", bie_context_last_error(cu_ctx), text);
     if (sr == BIE_STATUS_OK && sc == BIE_STATUS_OK) {
         CHECK(bie_context_cuda_synchronize(cu_ctx) == BIE_STATUS_OK, "sync: %s", bie_context_last_error(cu_ctx));
         cuda_fetch(&cb, &dbits);
         cuda_fetch(&cm, &dmask);
-        const struct bie_tensor * got[2] = {&cb, &cm}, * ref[2] = {&rb, &rm};
+        const struct bie_tensor *got[2] = {&cb, &cm}, *ref[2] = {&rb, &rm};
         for (int i = 0; i < 2; i++) {
             const int same = memcmp(got[i]->data, ref[i]->data, tensor_span(ref[i])) == 0;
             char where[512] = "";
@@ -552,7 +568,8 @@ static void test_saved_layouts(void) {
     struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 2, xs, NULL), w = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
     struct bie_tensor g = test_tensor(BIE_DTYPE_F32, 2, ys, NULL), s = test_scalar(0.75f);
     struct bie_tensor bits = test_tensor_rows(BIE_DTYPE_B1, 2, xs, 2), mask = test_tensor_rows(BIE_DTYPE_B1, 2, xs, 2);
-    struct bie_tensor gw_r = test_tensor(BIE_DTYPE_F32, 2, ws, NULL), gw_c = gw_r, gx = test_tensor(BIE_DTYPE_F32, 2, xs, NULL);
+    struct bie_tensor gw_r = test_tensor(BIE_DTYPE_F32, 2, ws, NULL), gw_c = gw_r,
+                      gx = test_tensor(BIE_DTYPE_F32, 2, xs, NULL);
     gw_c.data = malloc(tensor_span(&gw_r) + 64);
     fill_operand(&x, 0.75f, 2.0f);
     fill_operand(&w, 1.0f, 1.0f);
@@ -757,8 +774,7 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < 6; i++) { // few rows (the split-K GEMM) with a B1 y that it packs itself: linear layers,
                                   // then a one-sample conv of 5 x 5 output pixels (channels-last y)
         struct lcase c;
-        do
-            random_case(&c, 0);
+        do random_case(&c, 0);
         while (c.conv != (i >= 3));
         c.quant = c.cd.quant = c.ld.quant = BIE_QUANT_BINARY;
         if (c.wdt == BIE_DTYPE_S4) c.wdt = BIE_DTYPE_B1;

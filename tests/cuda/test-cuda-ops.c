@@ -72,7 +72,7 @@ static void check_out_of_range(bie_context_t * cu, int64_t D, enum bie_dtype od)
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     cuda_test_require_gpu("test-cuda-ops");
-    bie_context_t * ref, * cu;
+    bie_context_t *ref, *cu;
     cuda_test_contexts(&ref, &cu);
     const char * names[1] = {"cuda"};
     const int iters = cuda_test_quick() ? 30 : 150;

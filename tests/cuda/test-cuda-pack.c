@@ -5,7 +5,7 @@
 // to 1 ulp), and the no-GPU / error statuses.
 #include "cuda-test.h"
 
-static bie_context_t * ref_ctx, * cu_ctx;
+static bie_context_t *ref_ctx, *cu_ctx;
 
 static void random_shape(int32_t * ndim, int64_t * shape) {
     *ndim = (int32_t)test_rand_int(1, 4);
@@ -49,7 +49,9 @@ static void test_pack_unpack(void) {
         int64_t idx[BIE_MAX_DIMS] = {0};
         do {
             const int64_t k = test_rand_int(0, 9);
-            double v = k == 0 ? 0.0 : k == 1 ? ((double)test_rand_int(-10, 9) + 0.5) * scale : test_rand_float(-200, 200) * (k == 2 ? 1 : 0.05) * scale;
+            double v = k == 0   ? 0.0
+                       : k == 1 ? ((double)test_rand_int(-10, 9) + 0.5) * scale
+                                : test_rand_float(-200, 200) * (k == 2 ? 1 : 0.05) * scale;
             if (sd == BIE_DTYPE_I8) v = (double)test_rand_int(-128, 127);
             bie_store(&src, bie_offset(&src, idx), v);
         } while (bie_next_index(&src, idx));
@@ -62,8 +64,9 @@ static void test_pack_unpack(void) {
         CHECK_OK(cu_ctx, bie_pack(cu_ctx, &dsrc, with_scale ? &sc : NULL, &ddst));
         CHECK_OK(cu_ctx, bie_context_cuda_synchronize(cu_ctx));
         cuda_fetch(&d_cu, &ddst);
-        CHECK(memcmp(d_cu.data, d_ref.data, tensor_span(&d_ref)) == 0, "pack %s -> %s (ndim %d, last %lld, scale %d) differs",
-              bie_dtype_name(sd), bie_dtype_name(dd), (int)nd, (long long)shape[nd - 1], with_scale);
+        CHECK(memcmp(d_cu.data, d_ref.data, tensor_span(&d_ref)) == 0,
+              "pack %s -> %s (ndim %d, last %lld, scale %d) differs", bie_dtype_name(sd), bie_dtype_name(dd), (int)nd,
+              (long long)shape[nd - 1], with_scale);
         // unpack the packed tensor back
         const enum bie_dtype od = outs[test_rand_int(0, 3)];
         const int uscale = od != BIE_DTYPE_I8 && test_rand_int(0, 1);
@@ -138,7 +141,8 @@ static void test_errors(void) {
 static void test_no_device(void) {
     bie_context_t * ctx;
     if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK) exit(1);
-    CHECK(bie_context_set_cuda_stream(ctx, NULL) == BIE_STATUS_UNSUPPORTED, "set stream: %s", bie_context_last_error(ctx));
+    CHECK(bie_context_set_cuda_stream(ctx, NULL) == BIE_STATUS_UNSUPPORTED, "set stream: %s",
+          bie_context_last_error(ctx));
     CHECK(bie_context_cuda_stream(ctx) == NULL, "no stream");
     CHECK(bie_context_reserve(ctx, BIE_DEVICE_CUDA, 1 << 20) == BIE_STATUS_UNSUPPORTED, "reserve: %s",
           bie_context_last_error(ctx));

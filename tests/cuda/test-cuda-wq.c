@@ -26,9 +26,13 @@ static void to_device(const struct layer * L, struct dev_layer * D) {
     D->perm = mirror_or_empty(&L->perm);
     D->cs = mirror_or_empty(&L->cs);
     D->bias = mirror_or_empty(&L->bias);
-    D->w = (struct bie_wq_weight){.qweight = &D->qweight, .scales = &D->scales, .zeros = D->zeros.data ? &D->zeros : NULL,
-                                  .group_bits = L->w.group_bits, .perm = D->perm.data ? &D->perm : NULL,
-                                  .channel_scale = D->cs.data ? &D->cs : NULL, .bias = D->bias.data ? &D->bias : NULL};
+    D->w = (struct bie_wq_weight){.qweight = &D->qweight,
+                                  .scales = &D->scales,
+                                  .zeros = D->zeros.data ? &D->zeros : NULL,
+                                  .group_bits = L->w.group_bits,
+                                  .perm = D->perm.data ? &D->perm : NULL,
+                                  .channel_scale = D->cs.data ? &D->cs : NULL,
+                                  .bias = D->bias.data ? &D->bias : NULL};
 }
 
 static void free_device(struct dev_layer * D) {
@@ -59,16 +63,19 @@ static void check_case(bie_context_t * ref, bie_context_t * cu, struct layer * L
             const double tol = (double)(K + L->G + 8) * U32 * B + ex * B + eps_of(yd) * fabs(want) + 1e-30;
             if (!(fabs(got - want) <= tol)) {
                 bad++;
-                CHECK(false, "forward M=%lld K=%lld N=%lld bits=%d gs=%d zero=%d x=%s: y[%lld,%lld] = %.9g, ref %.9g (tol %.3g)",
-                      (long long)M, (long long)K, (long long)N, L->d.bits, L->d.group_size, (int)L->d.zero,
-                      bie_dtype_name(xd), (long long)m, (long long)n, got, want, tol);
+                CHECK(
+                    false,
+                    "forward M=%lld K=%lld N=%lld bits=%d gs=%d zero=%d x=%s: y[%lld,%lld] = %.9g, ref %.9g (tol %.3g)",
+                    (long long)M, (long long)K, (long long)N, L->d.bits, L->d.group_size, (int)L->d.zero,
+                    bie_dtype_name(xd), (long long)m, (long long)n, got, want, tol);
             }
         }
     CHECK(bad == 0, "forward: outputs off");
     if (backward) {
         struct bie_tensor g = test_tensor(xd, 2, (int64_t[]){M, N}, NULL);
         test_fill_uniform(&g, -1.0f, 1.0f);
-        struct bie_tensor gxr = test_tensor(xd, 2, (int64_t[]){M, K}, NULL), gx = test_tensor(xd, 2, (int64_t[]){M, K}, NULL);
+        struct bie_tensor gxr = test_tensor(xd, 2, (int64_t[]){M, K}, NULL),
+                          gx = test_tensor(xd, 2, (int64_t[]){M, K}, NULL);
         struct bie_tensor gwr = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL), gw = gwr;
         gw = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL);
         struct bie_tensor gg = cuda_mirror(&g), gxg = cuda_mirror(&gx), gwg = cuda_mirror(&gw);
@@ -98,8 +105,8 @@ static void check_case(bie_context_t * ref, bie_context_t * cu, struct layer * L
                 const double want = ((float *)gwr.data)[r * N + n], got = ((float *)gw.data)[r * N + n];
                 if (!(fabs(got - want) <= ((double)(M + 8) * U32 + ex) * B + 1e-30)) {
                     bad++;
-                    CHECK(false, "grad_w M=%lld K=%lld N=%lld: [%lld,%lld] = %.9g, ref %.9g", (long long)M, (long long)K,
-                          (long long)N, (long long)r, (long long)n, got, want);
+                    CHECK(false, "grad_w M=%lld K=%lld N=%lld: [%lld,%lld] = %.9g, ref %.9g", (long long)M,
+                          (long long)K, (long long)N, (long long)r, (long long)n, got, want);
                 }
             }
         struct bie_tensor * ts[] = {&g, &gxr, &gx, &gwr, &gw};
@@ -109,7 +116,8 @@ static void check_case(bie_context_t * ref, bie_context_t * cu, struct layer * L
         cuda_tensor_free(&gwg);
     }
     // dequantize: f32, the same operations as the reference
-    struct bie_tensor wr = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL), wh = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL);
+    struct bie_tensor wr = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL),
+                      wh = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){K, N}, NULL);
     struct bie_tensor wg = cuda_mirror(&wh);
     CHECK_OK(ref, bie_wq_dequantize(ref, &L->d, &L->w, &wr));
     CHECK_OK(cu, bie_wq_dequantize(cu, &L->d, &D.w, &wg));

@@ -6,8 +6,8 @@
 #include <stdio.h>
 
 // y[M, N] = binary linear layer of x[M, K] with a float latent weight w[N, K].
-int binary_linear(float *x, float *w, float *y, int64_t M, int64_t K, int64_t N) {
-    bie_context_t *ctx;
+int binary_linear(float * x, float * w, float * y, int64_t M, int64_t K, int64_t N) {
+    bie_context_t * ctx;
     if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK) return -1;
     struct bie_tensor tx, tw, ty, sa, sw;
     float scale_a, scale_w;
@@ -16,11 +16,11 @@ int binary_linear(float *x, float *w, float *y, int64_t M, int64_t K, int64_t N)
     bie_tensor_make(&ty, y, BIE_DTYPE_F32, 2, (int64_t[]){M, N});
     bie_tensor_make(&sa, &scale_a, BIE_DTYPE_F32, 0, NULL);
     bie_tensor_make(&sw, &scale_w, BIE_DTYPE_F32, 0, NULL);
-    bie_activation_scale_init(ctx, BIE_QUANT_BINARY, 1, &tx, &sa);   // 2*mean|x|
-    bie_weight_scale_init(ctx, BIE_QUANT_BINARY, &tw, &sw);          // mean|w|
+    bie_activation_scale_init(ctx, BIE_QUANT_BINARY, 1, &tx, &sa); // 2*mean|x|
+    bie_weight_scale_init(ctx, BIE_QUANT_BINARY, &tw, &sw);        // mean|w|
     struct bie_linear_desc d = {BIE_QUANT_BINARY, K, N};
     struct bie_forward_args a = {.x = &tx, .weight = &tw, .scale_a = &sa, .scale_w = &sw, .y = &ty};
-    enum bie_status s = bie_linear_forward(ctx, &d, &a);  // y = scale_a*scale_w*(sign x . sign w)
+    enum bie_status s = bie_linear_forward(ctx, &d, &a); // y = scale_a*scale_w*(sign x . sign w)
     if (s != BIE_STATUS_OK) fprintf(stderr, "bie: %s\n", bie_context_last_error(ctx));
     bie_context_destroy(ctx);
     return s == BIE_STATUS_OK ? 0 : -1;

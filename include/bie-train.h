@@ -1,0 +1,262 @@
+// SPDX-License-Identifier: Apache-2.0
+// bie-train.h: libbie's training module: the model file format (safetensors) and the IDX data
+// files, the float building blocks between low-bit layers, the optimizers and models. The
+// conventions of bie.h (statuses, messages in the context, one context per thread) hold here too.
+#pragma once
+
+#include "bie.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+//
+// Training module (src/nn, src/io)
+//
+// What a C program needs to train a small low-bit network with the layers above and ship it:
+// readers and writers of the model file format (safetensors) and of the IDX data files of the
+// MNIST family, the float building blocks between low-bit layers (batch norm, max-pooling,
+// activations, softmax cross-entropy), the optimizers (Adam, Diode) and a model (a graph of
+// layers) that ties them together. Float tensors here are dense row-major f32 CPU arrays (NCHW for
+// images).
+// docs/model-format.md describes the model files.
+//
+
+// --- safetensors --------------------------------------------------------------------------------
+// Every file is treated as hostile: the header length is bounded (BIE_SAFETENSORS_MAX_HEADER),
+// the JSON header is parsed strictly, every tensor's dtype, shape and data_offsets are checked
+// against each other and against the file, and the tensors must tile the data section exactly
+// (no overlap, no hole), as the format requires. Dtypes read and written: F32, F16, BF16, F64,
+// I32, I8, U8. A safetensors file has no sub-byte dtype: packed bits and nibbles are stored as U8.
+
+#define BIE_SAFETENSORS_MAX_HEADER (100u << 20)
+// bie_safetensors_read refuses larger files (from their size, before reading).
+#define BIE_SAFETENSORS_MAX_FILE ((size_t)4 << 30)
+
+struct bie_st_tensor {
+    const char * name;
+    enum bie_dtype dtype;
+    int32_t ndim;
+    int64_t shape[BIE_MAX_DIMS]; // a dimension may be 0 (an empty tensor)
+    const void * data;           // nbytes bytes, not necessarily aligned (copy with memcpy)
+    size_t nbytes;
+};
+
+typedef struct bie_safetensors bie_safetensors_t;
+
+// Parses a file image held in memory (the bytes are copied). FORMAT_ERROR names what is wrong.
+BIE_API enum bie_status bie_safetensors_parse(bie_context_t * ctx, const void * bytes, size_t size,
+                                              bie_safetensors_t ** out);
+// Reads and parses the file at path: a regular file of at most BIE_SAFETENSORS_MAX_FILE bytes. Its
+// header is read and checked before its data section (a bad file costs no more memory than its
+// header). Parsing is linear in the header's length. Messages name the file.
+BIE_API enum bie_status bie_safetensors_read(bie_context_t * ctx, const char * path, bie_safetensors_t ** out);
+BIE_API void bie_safetensors_free(bie_safetensors_t * st);
+BIE_API size_t bie_safetensors_count(const bie_safetensors_t * st);
+// The i-th tensor in data order, or NULL when i is out of range.
+BIE_API const struct bie_st_tensor * bie_safetensors_at(const bie_safetensors_t * st, size_t i);
+// The tensor named name, or NULL.
+BIE_API const struct bie_st_tensor * bie_safetensors_find(const bie_safetensors_t * st, const char * name);
+// The __metadata__ value of key, or NULL.
+BIE_API const char * bie_safetensors_metadata(const bie_safetensors_t * st, const char * key);
+// Number of __metadata__ entries, and the i-th (key and value; NULL when out of range).
+BIE_API size_t bie_safetensors_metadata_count(const bie_safetensors_t * st);
+BIE_API const char * bie_safetensors_metadata_at(const bie_safetensors_t * st, size_t i, const char ** value);
+
+// Writes n tensors (in this order; names unique, not "__metadata__") and the metadata (n_meta
+// key/value string pairs: meta[2i] = key, meta[2i+1] = value; keys unique; names, keys and values
+// valid UTF-8, as the reader requires) to path atomically: a temporary file next to path
+// ("<path>.tmp.<pid>.<suffix>"), flushed to disk, renamed over path, and the directory flushed.
+// Temporary files that writers killed meanwhile left behind are removed first. The file gets
+// 0666 less the umask (a replaced file keeps its mode); the process umask is never changed.
+BIE_API enum bie_status bie_safetensors_write(bie_context_t * ctx, const char * path,
+                                              const struct bie_st_tensor * tensors, size_t n, const char * const * meta,
+                                              size_t n_meta);
+
+// --- IDX files (MNIST, Fashion-MNIST) ------------------------------------------------------------
+// An IDX file: magic 0x00 0x00 type ndim, then ndim big-endian uint32 dimensions, then the
+// elements. Only unsigned bytes (type 0x08) are read. Files may be gzip-compressed (detected by
+// their magic). The header is checked first, and the data size it declares (at most
+// BIE_IDX_MAX_BYTES) is all the memory the data takes: a gzip stream is inflated no further, and a
+// bad header is refused before the data is inflated or read. The element count must match the rest
+// of the file exactly: a truncated or padded file is a FORMAT_ERROR. Only regular files are read.
+
+#define BIE_IDX_MAX_BYTES (1u << 30)
+
+struct bie_idx {
+    uint8_t * data; // owned (free with bie_idx_free)
+    int32_t ndim;   // 1..4
+    int64_t shape[4];
+};
+
+// Parses an IDX image (raw or gzip) held in memory; `name` is used in messages.
+BIE_API enum bie_status bie_idx_parse(bie_context_t * ctx, const void * bytes, size_t size, const char * name,
+                                      struct bie_idx * out);
+BIE_API enum bie_status bie_idx_read(bie_context_t * ctx, const char * path, struct bie_idx * out);
+BIE_API void bie_idx_free(struct bie_idx * idx);
+
+// --- float building blocks (dense f32, CPU, OpenMP over channels / images) ------------------------
+
+// Batch norm over x [n, c, hw] (hw = 1 after a linear layer), per channel:
+//   training: mean, var = batch statistics (biased var); running = (1-momentum)*running +
+//             momentum*stat (running_var takes the unbiased var); writes saved_mean and
+//             saved_invstd = 1/sqrt(var + eps) for the backward
+//   eval:     mean, var = running statistics
+//   y = (x - mean) * invstd * gamma + beta
+BIE_API enum bie_status bie_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
+                                              const float * gamma, const float * beta, float * running_mean,
+                                              float * running_var, float momentum, float eps, int training,
+                                              float * saved_mean, float * saved_invstd, float * y);
+// Backward of training-mode batch norm: with xh = (x - mean)*invstd and m = n*hw,
+//   grad_beta = sum gy; grad_gamma = sum gy*xh;
+//   grad_x = gamma*invstd/m * (m*gy - grad_beta - xh*grad_gamma)   (grad_x may be NULL)
+BIE_API enum bie_status bie_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
+                                               const float * gamma, const float * saved_mean,
+                                               const float * saved_invstd, const float * grad_y, float * grad_x,
+                                               float * grad_gamma, float * grad_beta);
+
+// Max-pooling with a k x k window and stride k (no padding; trailing rows/columns that do not
+// fill a window are dropped): x [n, c, h, w] -> y [n, c, h/k, w/k]. argmax (may be NULL) gets
+// the index in x of each output's maximum (the first one on ties; NaN wins).
+BIE_API enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w,
+                                              int32_t k, const float * x, float * y, int32_t * argmax);
+// grad_x = 0 except grad_x[argmax[i]] = grad_y[i].
+BIE_API enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w,
+                                               int32_t k, const float * grad_y, const int32_t * argmax, float * grad_x);
+
+enum bie_activation {
+    BIE_ACT_RELU = 0,     // max(x, 0); gradient 1{x > 0}
+    BIE_ACT_SIGN = 1,     // +1 if x >= 0 else -1; straight-through gradient 1{|x| <= 1}
+    BIE_ACT_HARDTANH = 2, // clamp(x, -1, 1); gradient 1{|x| <= 1}
+};
+// y = act(x) over count elements; backward: grad_x = grad_y * act'(x). y may alias x, grad_x grad_y.
+BIE_API enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation act, int64_t count,
+                                               const float * x, float * y);
+BIE_API enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation act, int64_t count,
+                                                const float * x, const float * grad_y, float * grad_x);
+
+// Softmax cross-entropy of logits [n, classes] against integer labels, averaged over n:
+//   p = softmax(logits) (max-subtracted, in double); loss = -mean log p[label];
+//   grad_logits = (p - onehot(label)) / n (may be NULL); *correct (may be NULL) counts the rows
+//   whose first maximal logit is the label. Labels outside [0, classes) are INVALID_ARGUMENT.
+BIE_API enum bie_status bie_softmax_cross_entropy(bie_context_t * ctx, int64_t n, int64_t classes, const float * logits,
+                                                  const uint8_t * labels, double * loss, float * grad_logits,
+                                                  int64_t * correct);
+
+// --- optimizers -------------------------------------------------------------------------------------
+
+struct bie_adam_params {
+    float lr;           // learning rate of this step (a schedule is the caller's business)
+    float beta1, beta2; // 0.9, 0.999
+    float eps;          // 1e-8
+    float weight_decay; // decoupled (AdamW): p -= lr*weight_decay*p; 0 for none
+    float clip;         // > 0: clamp p to [-clip, clip] after the step (latent binary weights)
+};
+BIE_API void bie_adam_params_default(struct bie_adam_params * p);
+
+// One Adam step (step >= 1 is the step count for the bias corrections):
+//   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
+//   p -= lr * (m/(1-b1^step)) / (sqrt(v/(1-b2^step)) + eps);  then weight decay and clip
+BIE_API enum bie_status bie_adam_step(bie_context_t * ctx, const struct bie_adam_params * params, int64_t step,
+                                      int64_t count, float * p, const float * grad, float * m, float * v);
+
+struct bie_diode_params {
+    float lr;           // the magnitude of the sign step fed into s
+    float beta1, beta2; // Bitorch Engine's defaults: 0.99, 0.9999
+};
+BIE_API void bie_diode_params_default(struct bie_diode_params * p);
+
+// Diode state initialisation for int8 latent binary weights w: m = 0,
+// s = -sign(w) * u with u uniform in [0, 1e-3) from `seed` (splitmix64, one draw per element).
+BIE_API enum bie_status bie_diode_init(bie_context_t * ctx, int64_t count, const int8_t * w, uint64_t seed, float * m,
+                                       float * s);
+// One Diode step (Bitorch Engine's DiodeMix for binary weights, reference section 9):
+//   m = b1*m + (1-b1)*g;  s = b2*s + (1-b2)*sign(m)*lr;  u = -sign(s) (u = +1 where s = 0)
+//   w = -w wherever u != sign(w)   (magnitudes never change; returns the flip count in *flips)
+BIE_API enum bie_status bie_diode_step(bie_context_t * ctx, const struct bie_diode_params * params, int64_t count,
+                                       int8_t * w, const float * grad, float * m, float * s, int64_t * flips);
+
+// --- model -----------------------------------------------------------------------------------------
+// A model is a graph of layers described by an architecture string, one layer per ';'-separated
+// item, each reading the previous item's output or the inputs it names ("@J": layer J's output,
+// "@input"); docs/model-format.md has the grammar:
+//   input C H W                          the input shape (first item)
+//   conv Q OUT K [STRIDE [PAD]] [bias]   Q: f32 (float, OpenBLAS), b1, q4 or q8 (bie's layers)
+//   linear Q OUT [bias]                  flattens its input
+//   bn | maxpool K [S [P]] | avgpool K [S [P]] | adaptive_avgpool OH [OW] | flatten
+//   relu | sign | hardtanh | tanh | gelu | gelu_tanh | silu | prelu N | add @J [@I]
+// Inference (training = 0) runs from plans: the first call at a batch size validates every layer
+// and fixes its route and buffers; later calls at that size allocate nothing and validate nothing.
+// Float layers have a weight and a bias; low-bit layers have a latent weight (f32, or int8 with
+// the Diode optimizer), bias_a, scale_a (lazily initialised from the first training batch and
+// learned) and scale_w (initialised from the weight, then fixed); bn has gamma, beta and running
+// statistics. A model loaded from a packed file holds packed weights and can only run forward.
+
+typedef struct bie_model bie_model_t;
+
+enum bie_latent {
+    BIE_LATENT_F32 = 0,  // float latent weights trained with Adam (clipped to [-1, 1] for b1)
+    BIE_LATENT_INT8 = 1, // int8 latent weights of b1 layers trained with Diode
+};
+
+struct bie_model_layer_info {
+    const char * kind;   // the item's kind as in the architecture: "conv", "linear", "bn", "add", ...
+    const char * quant;  // "f32", "b1", "q4", "q8", or "" for layers without weights
+    int64_t in_shape[3]; // C, H, W of the input (per sample)
+    int64_t out_shape[3];
+    int64_t params;      // number of parameters (weights, biases, scales, bn parameters and statistics)
+    int64_t bytes;       // bytes they take in the model's current form (packed if packed)
+    int64_t float_bytes; // bytes they would take as float32
+};
+
+// Builds a model from an architecture string; weights are initialised from seed.
+BIE_API enum bie_status bie_model_create(bie_context_t * ctx, const char * arch, enum bie_latent latent, uint64_t seed,
+                                         bie_model_t ** out);
+BIE_API void bie_model_destroy(bie_model_t * model);
+BIE_API const char * bie_model_arch(const bie_model_t * model);
+BIE_API int bie_model_is_packed(const bie_model_t * model);
+BIE_API int64_t bie_model_num_layers(const bie_model_t * model);
+BIE_API enum bie_status bie_model_layer_info(const bie_model_t * model, int64_t i, struct bie_model_layer_info * out);
+// Number of outputs per sample (classes) and inputs per sample (C*H*W).
+BIE_API int64_t bie_model_num_outputs(const bie_model_t * model);
+BIE_API int64_t bie_model_num_inputs(const bie_model_t * model);
+// Bytes of host memory the model's own buffers take for a batch of `batch` samples: every layer's
+// output (and, training != 0, its gradient), max-pooling indexes and the largest scratch of one
+// float layer. (Each layer call's workspace comes on top, from the context.) bie_model_forward
+// refuses a batch whose memory exceeds the context's memory limit (OUT_OF_MEMORY, before any
+// allocation), and bie_model_load / bie_model_create refuse a model whose one sample does.
+BIE_API enum bie_status bie_model_memory(const bie_model_t * model, int64_t batch, int training, size_t * out_bytes);
+
+// Forward pass over x [n, C, H, W]; *logits (owned by the model, valid until the next call)
+// is [n, outputs]. training != 0 uses batch statistics and keeps what the backward needs.
+// float_layers != 0 runs the low-bit layers as float GEMMs over the dequantized codes (OpenBLAS;
+// the same result, for speed comparisons).
+BIE_API enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * model, const float * x, int64_t n,
+                                          int training, int float_layers, const float ** logits);
+// Backward of the last training forward: computes every parameter's gradient.
+BIE_API enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * model, const float * grad_logits);
+// One optimizer step on every parameter: Adam with learning rate lr (weight_decay applies to the
+// float layers' weights; bias_a and scale_a, which duplicate batch norm's beta and gamma, use
+// lr/10; float latent weights are clipped to [-1, 1] for b1 layers, to the quantizer's range for
+// q4/q8), or Diode with diode_lr for int8 latent weights.
+BIE_API enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * model, float lr, float weight_decay,
+                                       float diode_lr);
+
+enum bie_model_file {
+    BIE_MODEL_FILE_PACKED = 0,     // inference: packed low-bit weights, scales, bn, float layers
+    BIE_MODEL_FILE_CHECKPOINT = 1, // training: latent weights and optimizer state too
+};
+// Saves the model atomically as safetensors; meta adds n_meta key/value pairs to __metadata__.
+BIE_API enum bie_status bie_model_save(bie_context_t * ctx, const bie_model_t * model, const char * path,
+                                       enum bie_model_file kind, const char * const * meta, size_t n_meta);
+// Loads a packed model or a checkpoint (validating every tensor against the architecture).
+// *out_st (may be NULL) receives the parsed file so the caller can read its metadata.
+BIE_API enum bie_status bie_model_load(bie_context_t * ctx, const char * path, bie_model_t ** out,
+                                       bie_safetensors_t ** out_st);
+// The same from a parsed file.
+BIE_API enum bie_status bie_model_from_safetensors(bie_context_t * ctx, const bie_safetensors_t * st,
+                                                   bie_model_t ** out);
+
+#ifdef __cplusplus
+}
+#endif
