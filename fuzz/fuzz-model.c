@@ -94,8 +94,14 @@ int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     if (!bie_model_is_packed(m)) {
         const float * logits;
         double loss;
+        struct bie_tensor tz, tl, tg;
+        bie_tensor_make(&tl, y, BIE_DTYPE_U8, 1, &n);
+        bie_tensor_make(&tg, g, BIE_DTYPE_F32, 2, (const int64_t[]){n, k});
+        const struct bie_softmax_cross_entropy_args sa = {&tz, &tl, &tg, &loss, NULL};
         if (bie_model_forward(ctx, m, x, n, 1, 0, &logits) == BIE_STATUS_OK &&
-            bie_softmax_cross_entropy(ctx, n, k, logits, y, &loss, g, NULL) == BIE_STATUS_OK &&
+            bie_tensor_make(&tz, (void *)(uintptr_t)logits, BIE_DTYPE_F32, 2, (const int64_t[]){n, k}) ==
+                BIE_STATUS_OK &&
+            bie_softmax_cross_entropy(ctx, &sa) == BIE_STATUS_OK &&
             bie_model_backward(ctx, m, g) == BIE_STATUS_OK)
             bie_model_step(ctx, m, 0.01f, 0.0f, 0.05f);
         const bool ran = infer(ctx, m, x, n, l0) != NULL;

@@ -71,8 +71,12 @@ static void * train_one(void * arg) {
         const float * logits;
         double loss;
         t->status = bie_model_forward(ctx, m, t->x, TRAIN_N, 1, 0, &logits);
-        if (t->status == BIE_STATUS_OK)
-            t->status = bie_softmax_cross_entropy(ctx, TRAIN_N, 5, logits, t->y, &loss, g, NULL);
+        if (t->status == BIE_STATUS_OK) {
+            struct bie_tensor tz = TEST_VIEW(logits, BIE_DTYPE_F32, TRAIN_N, 5),
+                              tl = TEST_VIEW(t->y, BIE_DTYPE_U8, TRAIN_N), tg = TEST_VIEW(g, BIE_DTYPE_F32, TRAIN_N, 5);
+            t->status =
+                bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, &tg, &loss, NULL});
+        }
         if (t->status == BIE_STATUS_OK) t->status = bie_model_backward(ctx, m, g);
         if (t->status == BIE_STATUS_OK) t->status = bie_model_step(ctx, m, 0.01f, 0.0f, 0.05f);
         if (t->status == BIE_STATUS_OK && t->path[0]) { // save, and continue from the reloaded file

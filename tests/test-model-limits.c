@@ -115,7 +115,9 @@ static bie_model_t * trained(bie_context_t * ctx) {
     const float * logits;
     double loss;
     CHECK_OK(ctx, bie_model_forward(ctx, m, x, 4, 1, 0, &logits));
-    CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, 4, 3, logits, y, &loss, g, NULL));
+    struct bie_tensor tz = TEST_VIEW(logits, BIE_DTYPE_F32, 4, 3), tl = TEST_VIEW(y, BIE_DTYPE_U8, 4),
+                      tg = TEST_VIEW(g, BIE_DTYPE_F32, 4, 3);
+    CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, &tg, &loss, NULL}));
     CHECK_OK(ctx, bie_model_backward(ctx, m, g));
     CHECK_OK(ctx, bie_model_step(ctx, m, 0.01f, 0.0f, 0.05f));
     return m;

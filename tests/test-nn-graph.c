@@ -10,7 +10,7 @@
 // - plans are built once per batch size and rebuilt after the parameters change; a chain of
 //   element-wise layers runs in one slot;
 // - files without bie.format_version load as version 1; newer or insufficient versions are refused.
-#include "test-util.h"
+#include "test-train-util.h"
 #include "nn/model-impl.h"
 
 #include <unistd.h>
@@ -43,7 +43,7 @@ static void train_steps(bie_context_t * ctx, bie_model_t * m, const float * x, c
     for (int s = 0; s < steps; s++) {
         const float * logits;
         CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 1, 0, &logits));
-        CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, n, k, logits, y, NULL, g, NULL));
+        CHECK_OK(ctx, test_xent(ctx, n, k, logits, y, NULL, g, NULL));
         CHECK_OK(ctx, bie_model_backward(ctx, m, g));
         CHECK_OK(ctx, bie_model_step(ctx, m, 0.01f, 0.0f, 0.05f));
     }
@@ -138,7 +138,7 @@ static void test_gradients(bie_context_t * ctx, const char * arch, const int * l
     const float * logits;
     double loss;
     CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 1, 0, &logits));
-    CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, n, k, logits, y, &loss, g, NULL));
+    CHECK_OK(ctx, test_xent(ctx, n, k, logits, y, &loss, g, NULL));
     CHECK_OK(ctx, bie_model_backward(ctx, m, g));
     int checked = 0, skipped = 0;
     for (int li = 0; li < n_layers; li++) {
@@ -159,7 +159,7 @@ static void test_gradients(bie_context_t * ctx, const char * arch, const int * l
                     for (int s = 0; s < 2; s++) {
                         ps[p]->v[i] = keep + (s ? h : -h);
                         CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 1, 0, &logits));
-                        CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, n, k, logits, y, &l[s], NULL, NULL));
+                        CHECK_OK(ctx, test_xent(ctx, n, k, logits, y, &l[s], NULL, NULL));
                     }
                     fd[hs] = (l[1] - l[0]) / (2.0 * h);
                 }
@@ -211,8 +211,13 @@ static float * reference_eval(bie_context_t * ctx, bie_model_t * m, const float 
                     for (int64_t j = 0; j < cout; j++) out[j] += L->b.v[(j / P) % L->O];
             }
         } else if (L->kind == L_BN) {
-            CHECK_OK(ctx, bie_batchnorm_forward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->b.v, L->rmean,
-                                                L->rvar, 0.1f, 1e-5f, 0, NULL, NULL, out));
+            const int64_t c = L->in[0], hw = L->in[1] * L->in[2];
+            struct bie_tensor tx = TEST_VIEW(in, BIE_DTYPE_F32, n, c, hw), ty = TEST_VIEW(out, BIE_DTYPE_F32, n, c, hw),
+                              tw = TEST_VIEW(L->w.v, BIE_DTYPE_F32, c), tb = TEST_VIEW(L->b.v, BIE_DTYPE_F32, c),
+                              tm = TEST_VIEW(L->rmean, BIE_DTYPE_F32, c), tv = TEST_VIEW(L->rvar, BIE_DTYPE_F32, c);
+            CHECK_OK(ctx,
+                     bie_batchnorm_forward(ctx, &(struct bie_batchnorm_desc){0.1f, 1e-5f, 0},
+                                           &(struct bie_batchnorm_args){&tx, &tw, &tb, &tm, &tv, NULL, NULL, &ty}));
         } else if (L->kind == L_POOL && L->pool_kind == POOL_ADAPTIVE_AVG) {
             nn_adaptive_avgpool_forward(n, L->in[0], L->in[1], L->in[2], L->out[1], L->out[2], in, out);
         } else if (L->kind == L_POOL) {
@@ -229,7 +234,9 @@ static float * reference_eval(bie_context_t * ctx, bie_model_t * m, const float 
         } else if (L->kind == L_ACT && L->prelu_n) {
             nn_prelu_forward(n, L->in[0], L->in[1] * L->in[2], L->w.v, L->prelu_n, in, out);
         } else if (L->kind == L_ACT && L->act <= NN_ACT_HARDTANH) {
-            CHECK_OK(ctx, bie_activation_forward(ctx, (enum bie_activation)L->act, cin, in, out));
+            struct bie_tensor tx = TEST_VIEW(in, BIE_DTYPE_F32, cin), ty = TEST_VIEW(out, BIE_DTYPE_F32, cin);
+            CHECK_OK(ctx,
+                     bie_activation_forward(ctx, (enum bie_activation)L->act, &(struct bie_activation_args){&tx, &ty}));
         } else if (L->kind == L_ACT) {
             nn_act_forward(L->act, cin, in, out);
         } else if (L->kind == L_ADD) {

@@ -8,7 +8,7 @@
 // - float_layers mode (low-bit layers as float GEMMs) gives the same logits;
 // - training lowers the loss on a learnable problem;
 // - damaged model files are refused with FORMAT_ERROR.
-#include "test-util.h"
+#include "test-train-util.h"
 #include "nn/model-impl.h"
 
 #include <unistd.h>
@@ -32,7 +32,7 @@ static double train_steps(bie_context_t * ctx, bie_model_t * m, const float * x,
     for (int s = 0; s < steps; s++) {
         const float * logits;
         CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 1, 0, &logits));
-        CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, n, k, logits, y, &loss, g, NULL));
+        CHECK_OK(ctx, test_xent(ctx, n, k, logits, y, &loss, g, NULL));
         CHECK_OK(ctx, bie_model_backward(ctx, m, g));
         CHECK_OK(ctx, bie_model_step(ctx, m, lr, 0.0f, 0.05f));
     }
@@ -95,7 +95,7 @@ static void test_float_gradients(bie_context_t * ctx) {
     const float * logits;
     double loss;
     CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 1, 0, &logits));
-    CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, n, 4, logits, y, &loss, g, NULL));
+    CHECK_OK(ctx, test_xent(ctx, n, 4, logits, y, &loss, g, NULL));
     CHECK_OK(ctx, bie_model_backward(ctx, m, g));
     struct param * ps[4] = {&m->L[0].w, &m->L[0].b, &m->L[2].w, &m->L[1].w};
     const char * names[4] = {"conv weight", "conv bias", "linear weight", "bn gamma"};
@@ -107,7 +107,7 @@ static void test_float_gradients(bie_context_t * ctx) {
             for (int s = 0; s < 2; s++) {
                 ps[p]->v[i] = keep + (s ? h : -h);
                 CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 1, 0, &logits));
-                CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, n, 4, logits, y, &l[s], NULL, NULL));
+                CHECK_OK(ctx, test_xent(ctx, n, 4, logits, y, &l[s], NULL, NULL));
             }
             ps[p]->v[i] = keep;
             const double fd = (l[1] - l[0]) / (2.0 * h);

@@ -319,8 +319,13 @@ bool evaluate(bie_context_t * ctx, bie_model_t * m, const struct dataset * d, in
         enum bie_status s = bie_model_forward(ctx, m, x, b, 0, float_layers, &logits);
         model_time += now_seconds() - t0;
         int64_t c = 0;
-        if (s == BIE_STATUS_OK)
-            s = bie_softmax_cross_entropy(ctx, b, bie_model_num_outputs(m), logits, y, NULL, NULL, &c);
+        struct bie_tensor tz, tl;
+        if (s == BIE_STATUS_OK) {
+            bie_tensor_make(&tz, (void *)(uintptr_t)logits, BIE_DTYPE_F32, 2,
+                            (const int64_t[]){b, bie_model_num_outputs(m)});
+            bie_tensor_make(&tl, y, BIE_DTYPE_U8, 1, &b);
+            s = bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, NULL, NULL, &c});
+        }
         if (s != BIE_STATUS_OK) {
             fail_status(ctx, "evaluation", s);
             ok = false;

@@ -438,7 +438,13 @@ int bie_train_main(int argc, char ** argv) {
             double loss = 0;
             int64_t c = 0;
             s = bie_model_forward(ctx, m, x, nb, 1, 0, &logits);
-            if (s == BIE_STATUS_OK) s = bie_softmax_cross_entropy(ctx, nb, classes, logits, y, &loss, grad, &c);
+            struct bie_tensor tz, tl, tg;
+            if (s == BIE_STATUS_OK) {
+                bie_tensor_make(&tz, (void *)(uintptr_t)logits, BIE_DTYPE_F32, 2, (const int64_t[]){nb, classes});
+                bie_tensor_make(&tl, y, BIE_DTYPE_U8, 1, &nb);
+                bie_tensor_make(&tg, grad, BIE_DTYPE_F32, 2, (const int64_t[]){nb, classes});
+                s = bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, &tg, &loss, &c});
+            }
             if (s == BIE_STATUS_OK) s = bie_model_backward(ctx, m, grad);
             if (s == BIE_STATUS_OK) s = bie_model_step(ctx, m, lr, (float)o->wd, dlr);
             if (s != BIE_STATUS_OK) {

@@ -85,15 +85,25 @@ static void run_layer(bie_context_t * ctx, struct runner * r, int64_t i, bool un
         }
         break;
     case L_BN:
-        if (unplanned)
-            bie_batchnorm_forward(ctx, 1, c, hw, in, L->w.v, L->b.v, L->rmean, L->rvar, BN_MOMENTUM, BN_EPS, 0, NULL,
-                                  NULL, out);
-        else nn_channel_affine(1, c, hw, L->bn_scale, L->bn_shift, in, out);
+        if (unplanned) {
+            struct bie_tensor tx, ty, tw, tb, tm, tv;
+            bie_tensor_make(&tx, (void *)(uintptr_t)in, BIE_DTYPE_F32, 3, (const int64_t[]){1, c, hw});
+            bie_tensor_make(&ty, out, BIE_DTYPE_F32, 3, (const int64_t[]){1, c, hw});
+            bie_tensor_make(&tw, L->w.v, BIE_DTYPE_F32, 1, &c);
+            bie_tensor_make(&tb, L->b.v, BIE_DTYPE_F32, 1, &c);
+            bie_tensor_make(&tm, L->rmean, BIE_DTYPE_F32, 1, &c);
+            bie_tensor_make(&tv, L->rvar, BIE_DTYPE_F32, 1, &c);
+            bie_batchnorm_forward(ctx, &(struct bie_batchnorm_desc){BN_MOMENTUM, BN_EPS, 0},
+                                  &(struct bie_batchnorm_args){&tx, &tw, &tb, &tm, &tv, NULL, NULL, &ty});
+        } else nn_channel_affine(1, c, hw, L->bn_scale, L->bn_shift, in, out);
         break;
     case L_ACT:
-        if (unplanned && L->act <= NN_ACT_HARDTANH)
-            bie_activation_forward(ctx, (enum bie_activation)L->act, count, in, out);
-        else nn_act_forward(L->act, count, in, out);
+        if (unplanned && L->act <= NN_ACT_HARDTANH) {
+            struct bie_tensor tx, ty;
+            bie_tensor_make(&tx, (void *)(uintptr_t)in, BIE_DTYPE_F32, 1, &count);
+            bie_tensor_make(&ty, out, BIE_DTYPE_F32, 1, &count);
+            bie_activation_forward(ctx, (enum bie_activation)L->act, &(struct bie_activation_args){&tx, &ty});
+        } else nn_act_forward(L->act, count, in, out);
         break;
     case L_ADD: nn_add(count, in, r->val[L->src[1]], out); break;
     case L_FLATTEN:

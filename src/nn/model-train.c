@@ -82,8 +82,8 @@ static enum bie_status layer_forward(bie_context_t * ctx, bie_model_t * m, struc
         }
         return BIE_STATUS_OK;
     case L_BN:
-        return bie_batchnorm_forward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->b.v, L->rmean, L->rvar,
-                                     BN_MOMENTUM, BN_EPS, 1, L->smean, L->sinvstd, out);
+        return bie_nn_batchnorm_forward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->b.v, L->rmean, L->rvar,
+                                        BN_MOMENTUM, BN_EPS, 1, L->smean, L->sinvstd, out);
     case L_POOL:
         if (L->pool_kind == POOL_ADAPTIVE_AVG) {
             nn_adaptive_avgpool_forward(n, L->in[0], L->in[1], L->in[2], L->out[1], L->out[2], in, out);
@@ -184,8 +184,8 @@ static enum bie_status layer_backward(bie_context_t * ctx, bie_model_t * m, stru
         }
         break;
     case L_BN:
-        BIE_TRY(bie_batchnorm_backward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->smean, L->sinvstd, gy, gx,
-                                       L->w.g, L->b.g));
+        BIE_TRY(bie_nn_batchnorm_backward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->smean, L->sinvstd, gy,
+                                          gx, L->w.g, L->b.g));
         break;
     case L_POOL:
         if (!gx) break;

@@ -144,7 +144,7 @@ static enum bie_status init_params(bie_context_t * ctx, bie_model_t * m) {
             struct bie_tensor w8;
             bie_tensor_make(&w8, L->w8, BIE_DTYPE_I8, 2, shape);
             BIE_TRY(bie_weight_to_latent_int8(ctx, &wt, &w8));
-            BIE_TRY(bie_diode_init(ctx, L->O * L->K, L->w8, splitmix64(&st), L->w.m, L->w.s));
+            BIE_TRY(bie_nn_diode_init(ctx, L->O * L->K, L->w8, splitmix64(&st), L->w.m, L->w.s));
             memset(L->w.g, 0, sizeof(float) * (size_t)(L->O * L->K));
         }
     }
@@ -397,9 +397,9 @@ enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, f
         if (L->kind == L_BN || ((L->kind == L_CONV || L->kind == L_LINEAR) && L->q == Q_F32)) {
             ap.weight_decay = L->kind == L_BN ? 0.0f : weight_decay;
             ap.clip = 0;
-            BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
+            BIE_TRY(bie_nn_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
             ap.weight_decay = 0;
-            BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
+            BIE_TRY(bie_nn_adam_step(ctx, &ap, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
         } else if (L->kind == L_CONV || L->kind == L_LINEAR) {
             // bias_a and scale_a duplicate the preceding batch norm's beta and gamma (the pair only
             // moves the threshold and the STE window): a tenth of the rate keeps Adam from driving
@@ -408,27 +408,28 @@ enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, f
             aux.lr = ap.lr * AUX_LR_FACTOR;
             aux.weight_decay = 0;
             aux.clip = 0;
-            BIE_TRY(bie_adam_step(ctx, &aux, m->step, L->bias_a.n, L->bias_a.v, L->bias_a.g, L->bias_a.m, L->bias_a.s));
-            BIE_TRY(bie_adam_step(ctx, &aux, m->step, 1, L->scale_a.v, L->scale_a.g, L->scale_a.m, L->scale_a.s));
+            BIE_TRY(
+                bie_nn_adam_step(ctx, &aux, m->step, L->bias_a.n, L->bias_a.v, L->bias_a.g, L->bias_a.m, L->bias_a.s));
+            BIE_TRY(bie_nn_adam_step(ctx, &aux, m->step, 1, L->scale_a.v, L->scale_a.g, L->scale_a.m, L->scale_a.s));
             if (!(L->scale_a.v[0] > 1e-6f)) L->scale_a.v[0] = 1e-6f; // the layer needs scale_a > 0
             if (L->w8) {
-                BIE_TRY(bie_diode_step(ctx, &dp, L->w.n, L->w8, L->w.g, L->w.m, L->w.s, NULL));
+                BIE_TRY(bie_nn_diode_step(ctx, &dp, L->w.n, L->w8, L->w.g, L->w.m, L->w.s, NULL));
             } else {
                 // Latent binary weights live in [-1, 1] (BinaryConnect); n-bit latents in the
                 // quantizer's range, so they cannot drift far past the clamp.
                 const float range = L->q == Q_B1 ? 1.0f : L->scale_w * (L->q == Q_Q4 ? 8.0f : 128.0f);
                 ap.clip = range;
-                BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
+                BIE_TRY(bie_nn_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
             }
             if (L->has_bias) { // the output bias: plain Adam, like a float layer's bias
                 struct bie_adam_params bp = aux;
                 bp.lr = ap.lr;
-                BIE_TRY(bie_adam_step(ctx, &bp, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
+                BIE_TRY(bie_nn_adam_step(ctx, &bp, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
             }
         } else if (L->kind == L_ACT && L->prelu_n) { // PReLU slopes: Adam without weight decay
             ap.weight_decay = 0;
             ap.clip = 0;
-            BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
+            BIE_TRY(bie_nn_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
         }
     }
     return BIE_STATUS_OK;
