@@ -262,7 +262,8 @@ BIE_API enum bie_status bie_diode_step(bie_context_t * ctx, const struct bie_dio
 //   bn | maxpool K [S [P]] | avgpool K [S [P]] | adaptive_avgpool OH [OW] | flatten
 //   relu | sign | hardtanh | tanh | gelu | gelu_tanh | silu | prelu N | add @J [@I]
 // Inference (training = 0) runs from plans: the first call at a batch size validates every layer
-// and fixes its route and buffers; later calls at that size allocate nothing and validate nothing.
+// and fixes its route and buffers; later calls at that size allocate nothing and check only the
+// views of x and logits.
 // Float layers have a weight and a bias; low-bit layers have a latent weight (f32, or int8 with
 // the Diode optimizer), bias_a, scale_a (lazily initialised from the first training batch and
 // learned) and scale_w (initialised from the weight, then fixed); bn has gamma, beta and running
@@ -303,20 +304,39 @@ BIE_API int64_t bie_model_num_inputs(const bie_model_t * model);
 // allocation), and bie_model_load / bie_model_create refuse a model whose one sample does.
 BIE_API enum bie_status bie_model_memory(const bie_model_t * model, int64_t batch, int training, size_t * out_bytes);
 
-// Forward pass over x [n, C, H, W]; *logits (owned by the model, valid until the next call)
-// is [n, outputs]. training != 0 uses batch statistics and keeps what the backward needs.
-// float_layers != 0 runs the low-bit layers as float GEMMs over the dequantized codes (OpenBLAS;
-// the same result, for speed comparisons).
-BIE_API enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * model, const float * x, int64_t n,
-                                          int training, int float_layers, const float ** logits);
-// Backward of the last training forward: computes every parameter's gradient.
-BIE_API enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * model, const float * grad_logits);
+// Forward pass over x [n, C, H, W] (or [n, C*H*W]), a dense f32 CPU view with 1 <= n <= 2^20,
+// into logits [n, outputs] (dense f32 CPU, overlapping nothing of x). A training forward keeps x's
+// data for the backward: it must stay unchanged until bie_model_backward.
+struct bie_model_forward_desc {
+    int32_t training;     // != 0: batch statistics, and keeps what the backward needs
+    int32_t float_layers; // != 0 (inference only): the low-bit layers as float GEMMs over the
+                          // dequantized codes (OpenBLAS; the same result, for speed comparisons)
+};
+struct bie_model_forward_args {
+    const struct bie_tensor * x;
+    struct bie_tensor * logits;
+};
+BIE_API enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * model,
+                                          const struct bie_model_forward_desc * desc,
+                                          const struct bie_model_forward_args * args);
+// Backward of the last training forward: computes every parameter's gradient from grad_logits
+// (dense f32 CPU [n, outputs], n that forward's).
+struct bie_model_backward_args {
+    const struct bie_tensor * grad_logits;
+};
+BIE_API enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * model,
+                                           const struct bie_model_backward_args * args);
 // One optimizer step on every parameter: Adam with learning rate lr (weight_decay applies to the
 // float layers' weights; bias_a and scale_a, which duplicate batch norm's beta and gamma, use
 // lr/10; float latent weights are clipped to [-1, 1] for b1 layers, to the quantizer's range for
 // q4/q8), or Diode with diode_lr for int8 latent weights.
-BIE_API enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * model, float lr, float weight_decay,
-                                       float diode_lr);
+struct bie_model_step_desc {
+    float lr;
+    float weight_decay;
+    float diode_lr;
+};
+BIE_API enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * model,
+                                       const struct bie_model_step_desc * desc);
 
 enum bie_model_file {
     BIE_MODEL_FILE_PACKED = 0,     // inference: packed low-bit weights, scales, bn, float layers

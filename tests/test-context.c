@@ -10,7 +10,7 @@
 //   own message, and the other thread's call is unharmed.
 #include "test-child.h"
 #include "bie-train.h"
-#include "test-util.h"
+#include "test-train-util.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -140,7 +140,7 @@ static void test_message_cleared(void) {
     bie_model_t * model = NULL;
     FAIL_THEN(bie_model_create(ctx, "input 1 2 2; linear b1 3", BIE_LATENT_F32, 1, &model));
     const float * logits;
-    FAIL_THEN(bie_model_forward(ctx, model, x, 2, 1, 0, &logits));
+    FAIL_THEN(test_forward(ctx, model, x, 2, 1, 0, &logits));
     const struct bie_st_tensor t = {
         .name = "a", .dtype = BIE_DTYPE_F32, .ndim = 1, .shape = {8}, .data = x, .nbytes = sizeof x};
     char path[] = "/tmp/bie-test-context-XXXXXX";

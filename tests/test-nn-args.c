@@ -2,7 +2,7 @@
 // test-nn-args.c: the tensor views of the float building blocks and optimizers (bie-train.h) are
 // checked before anything runs: NULL arguments, wrong dtypes, shapes that disagree, strided views,
 // CUDA tensors and outputs overlapping inputs are INVALID_ARGUMENT with a message naming the
-// argument, and the outputs are left untouched.
+// argument, and the outputs are left untouched. The model's entry points check their views too.
 #include "bie-train.h"
 #include "test-util.h"
 
@@ -179,6 +179,47 @@ static void test_optim_args(bie_context_t * ctx) {
                        BIE_STATUS_INVALID_ARGUMENT, "m");
 }
 
+// The model's entry points: x [n, C, H, W] or [n, C*H*W], logits [n, outputs], grad_logits of the
+// last training forward's n.
+static void test_model_args(bie_context_t * ctx) {
+    bie_model_t * m = NULL;
+    CHECK_OK(ctx, bie_model_create(ctx, "input 2 2 2; flatten; linear b1 4; bn; linear f32 3", BIE_LATENT_F32, 1, &m));
+    if (!m) return;
+    float mx[2 * 8], lz[2 * 3], lg[2 * 3] = {0.1f, -0.1f, 0, 0, 0.2f, -0.2f};
+    for (int i = 0; i < 16; i++) mx[i] = (float)(i % 5) - 2.0f;
+    struct bie_tensor x4 = TEST_VIEW(mx, BIE_DTYPE_F32, 2, 2, 2, 2), x2 = TEST_VIEW(mx, BIE_DTYPE_F32, 2, 8),
+                      z = TEST_VIEW(lz, BIE_DTYPE_F32, 2, 3), g = TEST_VIEW(lg, BIE_DTYPE_F32, 2, 3);
+    const struct bie_model_forward_desc train = {1, 0}, infer = {0, 0};
+    CHECK_OK(ctx, bie_model_forward(ctx, m, &train, &(struct bie_model_forward_args){&x4, &z}));
+    CHECK_OK(ctx, bie_model_backward(ctx, m, &(struct bie_model_backward_args){&g}));
+    CHECK_OK(ctx, bie_model_step(ctx, m, &(struct bie_model_step_desc){0.01f, 0, 0.05f}));
+    CHECK_OK(ctx, bie_model_forward(ctx, m, &infer, &(struct bie_model_forward_args){&x2, &z}));
+    struct bie_tensor x3 = TEST_VIEW(mx, BIE_DTYPE_F32, 2, 2, 4); // neither [n, C, H, W] nor [n, C*H*W]
+    TEST_EXPECT_STATUS(ctx, bie_model_forward(ctx, m, &infer, &(struct bie_model_forward_args){&x3, &z}),
+                       BIE_STATUS_INVALID_ARGUMENT, "x");
+    struct bie_tensor xw = TEST_VIEW(mx, BIE_DTYPE_F32, 2, 2, 2, 3); // another input shape
+    TEST_EXPECT_STATUS(ctx, bie_model_forward(ctx, m, &infer, &(struct bie_model_forward_args){&xw, &z}),
+                       BIE_STATUS_INVALID_ARGUMENT, "x");
+    struct bie_tensor z1 = TEST_VIEW(lz, BIE_DTYPE_F32, 1, 3), zi = TEST_VIEW(lz, BIE_DTYPE_I32, 2, 3);
+    TEST_EXPECT_STATUS(ctx, bie_model_forward(ctx, m, &infer, &(struct bie_model_forward_args){&x2, &z1}),
+                       BIE_STATUS_INVALID_ARGUMENT, "logits");
+    TEST_EXPECT_STATUS(ctx, bie_model_forward(ctx, m, &infer, &(struct bie_model_forward_args){&x2, &zi}),
+                       BIE_STATUS_INVALID_ARGUMENT, "logits");
+    TEST_EXPECT_STATUS(ctx, bie_model_forward(ctx, m, &infer, &(struct bie_model_forward_args){&x2, NULL}),
+                       BIE_STATUS_INVALID_ARGUMENT, "logits");
+    struct bie_tensor zx = TEST_VIEW(mx, BIE_DTYPE_F32, 2, 3); // logits over x
+    TEST_EXPECT_STATUS(ctx, bie_model_forward(ctx, m, &infer, &(struct bie_model_forward_args){&x2, &zx}),
+                       BIE_STATUS_INVALID_ARGUMENT, "logits");
+    TEST_EXPECT_STATUS(ctx, bie_model_forward(ctx, m, NULL, &(struct bie_model_forward_args){&x2, &z}),
+                       BIE_STATUS_INVALID_ARGUMENT, "desc");
+    CHECK_OK(ctx, bie_model_forward(ctx, m, &train, &(struct bie_model_forward_args){&x2, &z}));
+    TEST_EXPECT_STATUS(ctx, bie_model_backward(ctx, m, &(struct bie_model_backward_args){&z1}),
+                       BIE_STATUS_INVALID_ARGUMENT, "grad_logits");
+    TEST_EXPECT_STATUS(ctx, bie_model_backward(ctx, m, NULL), BIE_STATUS_INVALID_ARGUMENT, "args");
+    TEST_EXPECT_STATUS(ctx, bie_model_step(ctx, m, NULL), BIE_STATUS_INVALID_ARGUMENT, "desc");
+    bie_model_destroy(m);
+}
+
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     bie_context_t * ctx = NULL;
@@ -187,6 +228,7 @@ int main(int argc, char ** argv) {
     test_batchnorm_args(ctx);
     test_pool_act_xent_args(ctx);
     test_optim_args(ctx);
+    test_model_args(ctx);
     bie_context_destroy(ctx);
     return test_finish("test-nn-args");
 }

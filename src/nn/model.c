@@ -364,22 +364,49 @@ enum bie_status bie_model_init_scale_a(bie_context_t * ctx, struct layer * L, in
 
 // --- forward ------------------------------------------------------------------------------------
 
-enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const float * x, int64_t n, int training,
-                                  int float_layers, const float ** logits) {
-    BIE_ENTER(ctx);
-    if (!m || !x || !logits) BIE_FAIL("model, x, logits: must not be NULL");
-    if (n < 1 || n > (1 << 20)) BIE_FAIL("n: = %lld must be in [1, 2^20]", (long long)n);
-    if (training && m->packed) BIE_FAIL("model: a packed model can only run inference (training = 0)");
-    if (training && float_layers) BIE_FAIL("float_layers: only for inference");
-    BIE_TRY(bie_model_check_memory(ctx, m, n, training, BIE_STATUS_OUT_OF_MEMORY));
-    m->have_training = false;
-    if (!training) return bie_model_infer(ctx, m, x, n, float_layers != 0, logits);
-    return bie_model_train_forward(ctx, m, x, n, logits);
+// x [n, C, H, W] or [n, C*H*W] of the model's input: n.
+static enum bie_status check_input(bie_context_t * ctx, const bie_model_t * m, const struct bie_tensor * x,
+                                   int64_t * n) {
+    BIE_TRY(bie_nn_check_dense(ctx, "x", x, BIE_DTYPE_F32));
+    const int64_t * in = m->input;
+    const bool ok = (x->ndim == 4 && x->shape[1] == in[0] && x->shape[2] == in[1] && x->shape[3] == in[2]) ||
+                    (x->ndim == 2 && x->shape[1] == bie_model_num_inputs(m));
+    if (!ok)
+        BIE_FAIL("x: must be [n, %lld, %lld, %lld] or [n, %lld] (the model's input)", (long long)in[0],
+                 (long long)in[1], (long long)in[2], (long long)bie_model_num_inputs(m));
+    *n = x->shape[0];
+    if (*n > (1 << 20)) BIE_FAIL("x: n = %lld must be in [1, 2^20]", (long long)*n);
+    return BIE_STATUS_OK;
 }
 
-enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, float weight_decay, float diode_lr) {
+enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const struct bie_model_forward_desc * desc,
+                                  const struct bie_model_forward_args * a) {
     BIE_ENTER(ctx);
-    if (!m) BIE_FAIL("model: is NULL");
+    if (!m || !desc || !a) BIE_FAIL("model, desc, args: must not be NULL");
+    int64_t n = 0;
+    BIE_TRY(check_input(ctx, m, a->x, &n));
+    const int64_t k = bie_model_num_outputs(m);
+    BIE_TRY(bie_nn_check_shape(ctx, "logits", a->logits, BIE_DTYPE_F32, 2, (const int64_t[]){n, k}));
+    const struct bie_tensor * outs[] = {a->logits};
+    const char * out_names[] = {"logits"};
+    const struct bie_tensor * ins[] = {a->x};
+    const char * in_names[] = {"x"};
+    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 1, ins, in_names, 1));
+    if (desc->training && m->packed) BIE_FAIL("model: a packed model can only run inference (training = 0)");
+    if (desc->training && desc->float_layers) BIE_FAIL("desc.float_layers: only for inference");
+    BIE_TRY(bie_model_check_memory(ctx, m, n, desc->training, BIE_STATUS_OUT_OF_MEMORY));
+    m->have_training = false;
+    const float * logits = NULL;
+    if (!desc->training) BIE_TRY(bie_model_infer(ctx, m, a->x->data, n, desc->float_layers != 0, &logits));
+    else BIE_TRY(bie_model_train_forward(ctx, m, a->x->data, n, &logits));
+    memcpy(a->logits->data, logits, sizeof(float) * (size_t)(n * k));
+    return BIE_STATUS_OK;
+}
+
+enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, const struct bie_model_step_desc * desc) {
+    BIE_ENTER(ctx);
+    if (!m || !desc) BIE_FAIL("model, desc: must not be NULL");
+    const float lr = desc->lr, weight_decay = desc->weight_decay, diode_lr = desc->diode_lr;
     if (m->packed) BIE_FAIL("model: a packed model cannot be trained");
     if (m->step >= BIE_MODEL_MAX_STEP) BIE_FAIL("model: step count %lld is at its bound 2^62", (long long)m->step);
     m->step++;

@@ -7,9 +7,7 @@
 
 #include <stdbool.h>
 
-// t is a well-formed, dense row-major CPU view of dtype (strided and broadcast views are refused:
-// the kernels walk flat arrays).
-static enum bie_status check_dense(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
+enum bie_status bie_nn_check_dense(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
                                    enum bie_dtype dtype) {
     BIE_TRY(bie_check_tensor(ctx, name, t, false));
     if (t->dtype != dtype) BIE_FAIL("%s: dtype %s, expected %s", name, bie_dtype_name(t->dtype), bie_dtype_name(dtype));
@@ -34,15 +32,14 @@ static bool same_shape(const struct bie_tensor * a, const struct bie_tensor * b)
 // t is dense of dtype with like's shape (like already checked).
 static enum bie_status check_like(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
                                   enum bie_dtype dtype, const char * like_name, const struct bie_tensor * like) {
-    BIE_TRY(check_dense(ctx, name, t, dtype));
+    BIE_TRY(bie_nn_check_dense(ctx, name, t, dtype));
     if (!same_shape(t, like)) BIE_FAIL("%s: its shape must be %s's", name, like_name);
     return BIE_STATUS_OK;
 }
 
-// t is dense of dtype with ndim dims equal to shape.
-static enum bie_status check_shape(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
+enum bie_status bie_nn_check_shape(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
                                    enum bie_dtype dtype, int32_t ndim, const int64_t * shape) {
-    BIE_TRY(check_dense(ctx, name, t, dtype));
+    BIE_TRY(bie_nn_check_dense(ctx, name, t, dtype));
     bool ok = t->ndim == ndim;
     for (int32_t i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
     if (!ok) {
@@ -57,7 +54,7 @@ static enum bie_status check_shape(bie_context_t * ctx, const char * name, const
 // x [n, c, ...] of a batch norm: n, c and hw (the product of the rest).
 static enum bie_status bn_dims(bie_context_t * ctx, const struct bie_tensor * x, int64_t * n, int64_t * c,
                                int64_t * hw) {
-    BIE_TRY(check_dense(ctx, "x", x, BIE_DTYPE_F32));
+    BIE_TRY(bie_nn_check_dense(ctx, "x", x, BIE_DTYPE_F32));
     if (x->ndim < 2) BIE_FAIL("x: must be [n, c, ...] (ndim %d)", (int)x->ndim);
     *n = x->shape[0];
     *c = x->shape[1];
@@ -72,13 +69,14 @@ enum bie_status bie_batchnorm_forward(bie_context_t * ctx, const struct bie_batc
     if (!desc || !a) BIE_FAIL("desc, args: must not be NULL");
     int64_t n = 0, c = 0, hw = 0;
     BIE_TRY(bn_dims(ctx, a->x, &n, &c, &hw));
-    BIE_TRY(check_shape(ctx, "gamma", a->gamma, BIE_DTYPE_F32, 1, &c));
-    BIE_TRY(check_shape(ctx, "beta", a->beta, BIE_DTYPE_F32, 1, &c));
-    BIE_TRY(check_shape(ctx, "running_mean", a->running_mean, BIE_DTYPE_F32, 1, &c));
-    BIE_TRY(check_shape(ctx, "running_var", a->running_var, BIE_DTYPE_F32, 1, &c));
-    if (desc->training || a->saved_mean) BIE_TRY(check_shape(ctx, "saved_mean", a->saved_mean, BIE_DTYPE_F32, 1, &c));
+    BIE_TRY(bie_nn_check_shape(ctx, "gamma", a->gamma, BIE_DTYPE_F32, 1, &c));
+    BIE_TRY(bie_nn_check_shape(ctx, "beta", a->beta, BIE_DTYPE_F32, 1, &c));
+    BIE_TRY(bie_nn_check_shape(ctx, "running_mean", a->running_mean, BIE_DTYPE_F32, 1, &c));
+    BIE_TRY(bie_nn_check_shape(ctx, "running_var", a->running_var, BIE_DTYPE_F32, 1, &c));
+    if (desc->training || a->saved_mean)
+        BIE_TRY(bie_nn_check_shape(ctx, "saved_mean", a->saved_mean, BIE_DTYPE_F32, 1, &c));
     if (desc->training || a->saved_invstd)
-        BIE_TRY(check_shape(ctx, "saved_invstd", a->saved_invstd, BIE_DTYPE_F32, 1, &c));
+        BIE_TRY(bie_nn_check_shape(ctx, "saved_invstd", a->saved_invstd, BIE_DTYPE_F32, 1, &c));
     BIE_TRY(check_like(ctx, "y", a->y, BIE_DTYPE_F32, "x", a->x));
     const struct bie_tensor * outs[] = {a->y, a->running_mean, a->running_var, a->saved_mean, a->saved_invstd};
     const char * out_names[] = {"y", "running_mean", "running_var", "saved_mean", "saved_invstd"};
@@ -96,13 +94,13 @@ enum bie_status bie_batchnorm_backward(bie_context_t * ctx, const struct bie_bat
     if (!a) BIE_FAIL("args: must not be NULL");
     int64_t n = 0, c = 0, hw = 0;
     BIE_TRY(bn_dims(ctx, a->x, &n, &c, &hw));
-    BIE_TRY(check_shape(ctx, "gamma", a->gamma, BIE_DTYPE_F32, 1, &c));
-    BIE_TRY(check_shape(ctx, "saved_mean", a->saved_mean, BIE_DTYPE_F32, 1, &c));
-    BIE_TRY(check_shape(ctx, "saved_invstd", a->saved_invstd, BIE_DTYPE_F32, 1, &c));
+    BIE_TRY(bie_nn_check_shape(ctx, "gamma", a->gamma, BIE_DTYPE_F32, 1, &c));
+    BIE_TRY(bie_nn_check_shape(ctx, "saved_mean", a->saved_mean, BIE_DTYPE_F32, 1, &c));
+    BIE_TRY(bie_nn_check_shape(ctx, "saved_invstd", a->saved_invstd, BIE_DTYPE_F32, 1, &c));
     BIE_TRY(check_like(ctx, "grad_y", a->grad_y, BIE_DTYPE_F32, "x", a->x));
     if (a->grad_x) BIE_TRY(check_like(ctx, "grad_x", a->grad_x, BIE_DTYPE_F32, "x", a->x));
-    BIE_TRY(check_shape(ctx, "grad_gamma", a->grad_gamma, BIE_DTYPE_F32, 1, &c));
-    BIE_TRY(check_shape(ctx, "grad_beta", a->grad_beta, BIE_DTYPE_F32, 1, &c));
+    BIE_TRY(bie_nn_check_shape(ctx, "grad_gamma", a->grad_gamma, BIE_DTYPE_F32, 1, &c));
+    BIE_TRY(bie_nn_check_shape(ctx, "grad_beta", a->grad_beta, BIE_DTYPE_F32, 1, &c));
     const struct bie_tensor * outs[] = {a->grad_x, a->grad_gamma, a->grad_beta};
     const char * out_names[] = {"grad_x", "grad_gamma", "grad_beta"};
     const struct bie_tensor * ins[] = {a->x, a->gamma, a->saved_mean, a->saved_invstd, a->grad_y};
@@ -116,7 +114,7 @@ enum bie_status bie_batchnorm_backward(bie_context_t * ctx, const struct bie_bat
 // x (or grad_x) [n, c, h, w] and k: the pooled shape [n, c, h/k, w/k].
 static enum bie_status pool_dims(bie_context_t * ctx, const char * name, const struct bie_tensor * x,
                                  const struct bie_maxpool2d_desc * desc, int64_t pooled[4]) {
-    BIE_TRY(check_dense(ctx, name, x, BIE_DTYPE_F32));
+    BIE_TRY(bie_nn_check_dense(ctx, name, x, BIE_DTYPE_F32));
     if (x->ndim != 4) BIE_FAIL("%s: must be [n, c, h, w] (ndim %d)", name, (int)x->ndim);
     if (bie_tensor_numel(x) > INT32_MAX) BIE_FAIL("%s: more than 2^31 elements (argmax is int32)", name);
     const int32_t k = desc->k;
@@ -136,8 +134,8 @@ enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, const struct bie_maxp
     if (!desc || !a) BIE_FAIL("desc, args: must not be NULL");
     int64_t ys[4] = {0};
     BIE_TRY(pool_dims(ctx, "x", a->x, desc, ys));
-    BIE_TRY(check_shape(ctx, "y", a->y, BIE_DTYPE_F32, 4, ys));
-    if (a->argmax) BIE_TRY(check_shape(ctx, "argmax", a->argmax, BIE_DTYPE_I32, 4, ys));
+    BIE_TRY(bie_nn_check_shape(ctx, "y", a->y, BIE_DTYPE_F32, 4, ys));
+    if (a->argmax) BIE_TRY(bie_nn_check_shape(ctx, "argmax", a->argmax, BIE_DTYPE_I32, 4, ys));
     const struct bie_tensor * outs[] = {a->y, a->argmax};
     const char * out_names[] = {"y", "argmax"};
     const struct bie_tensor * ins[] = {a->x};
@@ -154,8 +152,8 @@ enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, const struct bie_max
     if (!desc || !a) BIE_FAIL("desc, args: must not be NULL");
     int64_t ys[4] = {0};
     BIE_TRY(pool_dims(ctx, "grad_x", a->grad_x, desc, ys));
-    BIE_TRY(check_shape(ctx, "grad_y", a->grad_y, BIE_DTYPE_F32, 4, ys));
-    BIE_TRY(check_shape(ctx, "argmax", a->argmax, BIE_DTYPE_I32, 4, ys));
+    BIE_TRY(bie_nn_check_shape(ctx, "grad_y", a->grad_y, BIE_DTYPE_F32, 4, ys));
+    BIE_TRY(bie_nn_check_shape(ctx, "argmax", a->argmax, BIE_DTYPE_I32, 4, ys));
     const struct bie_tensor * outs[] = {a->grad_x};
     const char * out_names[] = {"grad_x"};
     const struct bie_tensor * ins[] = {a->grad_y, a->argmax};
@@ -186,7 +184,7 @@ enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation 
                                        const struct bie_activation_args * a) {
     BIE_ENTER(ctx);
     if (!a) BIE_FAIL("args: must not be NULL");
-    BIE_TRY(check_dense(ctx, "x", a->x, BIE_DTYPE_F32));
+    BIE_TRY(bie_nn_check_dense(ctx, "x", a->x, BIE_DTYPE_F32));
     BIE_TRY(check_elementwise_out(ctx, "y", a->y, "x", a->x, NULL, NULL));
     return bie_nn_activation_forward(ctx, act, bie_tensor_numel(a->x), a->x->data, a->y->data);
 }
@@ -195,7 +193,7 @@ enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation
                                         const struct bie_activation_backward_args * a) {
     BIE_ENTER(ctx);
     if (!a) BIE_FAIL("args: must not be NULL");
-    BIE_TRY(check_dense(ctx, "x", a->x, BIE_DTYPE_F32));
+    BIE_TRY(bie_nn_check_dense(ctx, "x", a->x, BIE_DTYPE_F32));
     BIE_TRY(check_like(ctx, "grad_y", a->grad_y, BIE_DTYPE_F32, "x", a->x));
     BIE_TRY(check_elementwise_out(ctx, "grad_x", a->grad_x, "grad_y", a->grad_y, "x", a->x));
     return bie_nn_activation_backward(ctx, act, bie_tensor_numel(a->x), a->x->data, a->grad_y->data, a->grad_x->data);
@@ -204,9 +202,9 @@ enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation
 enum bie_status bie_softmax_cross_entropy(bie_context_t * ctx, const struct bie_softmax_cross_entropy_args * a) {
     BIE_ENTER(ctx);
     if (!a) BIE_FAIL("args: must not be NULL");
-    BIE_TRY(check_dense(ctx, "logits", a->logits, BIE_DTYPE_F32));
+    BIE_TRY(bie_nn_check_dense(ctx, "logits", a->logits, BIE_DTYPE_F32));
     if (a->logits->ndim != 2) BIE_FAIL("logits: must be [n, classes] (ndim %d)", (int)a->logits->ndim);
-    BIE_TRY(check_shape(ctx, "labels", a->labels, BIE_DTYPE_U8, 1, a->logits->shape));
+    BIE_TRY(bie_nn_check_shape(ctx, "labels", a->labels, BIE_DTYPE_U8, 1, a->logits->shape));
     if (a->grad_logits) BIE_TRY(check_like(ctx, "grad_logits", a->grad_logits, BIE_DTYPE_F32, "logits", a->logits));
     const struct bie_tensor * outs[] = {a->grad_logits};
     const char * out_names[] = {"grad_logits"};
@@ -221,7 +219,7 @@ enum bie_status bie_softmax_cross_entropy(bie_context_t * ctx, const struct bie_
 static enum bie_status check_state(bie_context_t * ctx, const char * const names[4], struct bie_tensor * p,
                                    enum bie_dtype p_dtype, const struct bie_tensor * grad, struct bie_tensor * m,
                                    struct bie_tensor * v) {
-    BIE_TRY(check_dense(ctx, names[0], p, p_dtype));
+    BIE_TRY(bie_nn_check_dense(ctx, names[0], p, p_dtype));
     BIE_TRY(check_like(ctx, names[1], grad, BIE_DTYPE_F32, names[0], p));
     BIE_TRY(check_like(ctx, names[2], m, BIE_DTYPE_F32, names[0], p));
     BIE_TRY(check_like(ctx, names[3], v, BIE_DTYPE_F32, names[0], p));
@@ -244,7 +242,7 @@ enum bie_status bie_adam_step(bie_context_t * ctx, const struct bie_adam_params 
 enum bie_status bie_diode_init(bie_context_t * ctx, const struct bie_diode_init_args * a) {
     BIE_ENTER(ctx);
     if (!a) BIE_FAIL("args: must not be NULL");
-    BIE_TRY(check_dense(ctx, "w", a->w, BIE_DTYPE_I8));
+    BIE_TRY(bie_nn_check_dense(ctx, "w", a->w, BIE_DTYPE_I8));
     BIE_TRY(check_like(ctx, "m", a->m, BIE_DTYPE_F32, "w", a->w));
     BIE_TRY(check_like(ctx, "s", a->s, BIE_DTYPE_F32, "w", a->w));
     const struct bie_tensor * outs[] = {a->m, a->s};

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // nn-kernels.h: the float building blocks and optimizer steps on dense f32 arrays (nn-ops.c,
 // optim.c). The public entry points of bie-train.h check their tensor views and call these
-// (nn-entry.c); the model calls them directly on its own buffers. The math of each is written above
-// the public declaration in bie-train.h; these check only counts and NULLs.
+// (nn-entry.c, with the view checks below, which the model's entry points share); the model calls
+// them directly on its own buffers. The math of each is written above the public declaration in
+// bie-train.h; these check only counts and NULLs.
 #pragma once
 
 #include "bie-impl.h"
@@ -36,3 +37,11 @@ enum bie_status bie_nn_diode_init(bie_context_t * ctx, int64_t count, const int8
 // flips may be NULL.
 enum bie_status bie_nn_diode_step(bie_context_t * ctx, const struct bie_diode_params * params, int64_t count,
                                   int8_t * w, const float * grad, float * m, float * s, int64_t * flips);
+
+// t is a well-formed, dense row-major CPU view of dtype (strided and broadcast views are refused:
+// the kernels walk flat arrays). Messages name `name`.
+enum bie_status bie_nn_check_dense(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
+                                   enum bie_dtype dtype);
+// The same, with ndim (1, 2 or 4) dims equal to shape.
+enum bie_status bie_nn_check_shape(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
+                                   enum bie_dtype dtype, int32_t ndim, const int64_t * shape);
