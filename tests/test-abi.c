@@ -28,6 +28,7 @@ int main(int argc, char ** argv) {
     check("bie_batchnorm_args", "y", offsetof(struct bie_batchnorm_args, y), sizeof(void *));
     check("bie_adam_args", "v", offsetof(struct bie_adam_args, v), sizeof(void *));
     check("bie_diode_init_args", "seed", 0, sizeof(uint64_t));
+    check("bie_model_step_desc", "diode_lr", offsetof(struct bie_model_step_desc, diode_lr), sizeof(float));
     int64_t off, size;
     CHECK(bie_abi_layout("bie_tensor", "no_such_field", &off, &size) == BIE_STATUS_INVALID_ARGUMENT, "unknown field");
     CHECK(bie_abi_layout("bie_nothing", NULL, &off, &size) == BIE_STATUS_INVALID_ARGUMENT, "unknown struct");
