@@ -175,6 +175,26 @@ def lce_worker(args):
 
 # --- bie side -----------------------------------------------------------------------------------------
 
+class BieTensor(ctypes.Structure):  # struct bie_tensor
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * 8), ("stride", ctypes.c_int64 * 8), ("device_type", ctypes.c_int),
+                ("device_index", ctypes.c_int32)]
+
+
+class BieForwardDesc(ctypes.Structure):  # struct bie_model_forward_desc
+    _fields_ = [("training", ctypes.c_int32), ("float_layers", ctypes.c_int32)]
+
+
+class BieForwardArgs(ctypes.Structure):  # struct bie_model_forward_args
+    _fields_ = [("x", ctypes.POINTER(BieTensor)), ("logits", ctypes.POINTER(BieTensor))]
+
+
+def bie_matrix(buf, rows, cols):
+    """A dense f32 [rows, cols] CPU view of a ctypes float array."""
+    return BieTensor(ctypes.cast(buf, ctypes.c_void_p), 0, 2, (ctypes.c_int64 * 8)(rows, cols),
+                     (ctypes.c_int64 * 8)(cols, 1), 0, 0)
+
+
 def bie_lib(path):
     lib = ctypes.CDLL(path)
     vp, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -185,11 +205,12 @@ def bie_lib(path):
     lib.bie_model_create.argtypes = [vp, ctypes.c_char_p, c_int, ctypes.c_uint64, ctypes.POINTER(vp)]
     lib.bie_model_save.argtypes = [vp, vp, ctypes.c_char_p, c_int, vp, ctypes.c_size_t]
     lib.bie_model_load.argtypes = [vp, ctypes.c_char_p, ctypes.POINTER(vp), vp]
-    lib.bie_model_forward.argtypes = [vp, vp, ctypes.POINTER(ctypes.c_float), i64, c_int, c_int,
-                                      ctypes.POINTER(ctypes.POINTER(ctypes.c_float))]
+    lib.bie_model_forward.argtypes = [vp, vp, ctypes.POINTER(BieForwardDesc), ctypes.POINTER(BieForwardArgs)]
     lib.bie_model_destroy.argtypes = [vp]
     lib.bie_model_num_inputs.argtypes = [vp]
     lib.bie_model_num_inputs.restype = i64
+    lib.bie_model_num_outputs.argtypes = [vp]
+    lib.bie_model_num_outputs.restype = i64
     lib.bie_context_destroy.argtypes = [vp]
     return lib
 
@@ -210,13 +231,16 @@ def bie_worker(args):
     arch = bie_arch(args.model).encode()
     m = ctypes.c_void_p()
     ok(lib.bie_model_create(ctx, arch, 0, 1, ctypes.byref(m)))
-    n_in = lib.bie_model_num_inputs(m)
+    n_in, n_out = lib.bie_model_num_inputs(m), lib.bie_model_num_outputs(m)
     random.seed(1)
-    logits = ctypes.POINTER(ctypes.c_float)()
-    xs = {}
+    logits = (ctypes.c_float * (64 * n_out))()
+    infer = BieForwardDesc(0, 0)
+    xs, views, fargs = {}, {}, {}
     for batch in (1, 64):
         xs[batch] = (ctypes.c_float * (batch * n_in))(*[random.gauss(0.0, 1.0) for _ in range(batch * n_in)])
-    ok(lib.bie_model_forward(ctx, m, xs[64], 64, 0, 0, ctypes.byref(logits)))  # sets the scales
+        views[batch] = (bie_matrix(xs[batch], batch, n_in), bie_matrix(logits, batch, n_out))
+        fargs[batch] = BieForwardArgs(ctypes.pointer(views[batch][0]), ctypes.pointer(views[batch][1]))
+    ok(lib.bie_model_forward(ctx, m, ctypes.byref(infer), ctypes.byref(fargs[64])))  # sets the scales
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "model.safetensors").encode()
         ok(lib.bie_model_save(ctx, m, path, 0, None, 0))
@@ -226,11 +250,11 @@ def bie_worker(args):
     out = {"model": args.model, "arch": arch.decode(), "runs": {}}
     for batch in (1, 64):
         for _ in range(3 if batch == 1 else 1):
-            ok(lib.bie_model_forward(ctx, m, xs[batch], batch, 0, 0, ctypes.byref(logits)))
+            ok(lib.bie_model_forward(ctx, m, ctypes.byref(infer), ctypes.byref(fargs[batch])))
         ts = []
         for _ in range(args.reps if batch == 1 else args.reps64):
             t0 = time.perf_counter_ns()
-            s = lib.bie_model_forward(ctx, m, xs[batch], batch, 0, 0, ctypes.byref(logits))
+            s = lib.bie_model_forward(ctx, m, ctypes.byref(infer), ctypes.byref(fargs[batch]))
             ts.append((time.perf_counter_ns() - t0) / 1e6)
             ok(s)
         out["runs"][f"b{batch}-t{t}"] = ts

@@ -38,11 +38,18 @@ static double macs(const bie_model_t * m) {
     return t;
 }
 
+// x [n, inputs] and out [n, outputs] as views of m.
+static void views(const bie_model_t * m, const float * x, int64_t n, float * out, struct bie_tensor * tx,
+                  struct bie_tensor * tout) {
+    bie_tensor_make(tx, (void *)(uintptr_t)x, BIE_DTYPE_F32, 2, (const int64_t[]){n, bie_model_num_inputs(m)});
+    bie_tensor_make(tout, out, BIE_DTYPE_F32, 2, (const int64_t[]){n, bie_model_num_outputs(m)});
+}
+
 static const float * infer(bie_context_t * ctx, bie_model_t * m, const float * x, int64_t n, float * out) {
-    const float * logits = NULL;
-    if (bie_model_forward(ctx, m, x, n, 0, 0, &logits) != BIE_STATUS_OK) return NULL;
-    memcpy(out, logits, sizeof(float) * (size_t)(n * bie_model_num_outputs(m)));
-    return out;
+    struct bie_tensor tx, tz;
+    views(m, x, n, out, &tx, &tz);
+    const struct bie_model_forward_desc d = {0, 0};
+    return bie_model_forward(ctx, m, &d, &(struct bie_model_forward_args){&tx, &tz}) == BIE_STATUS_OK ? out : NULL;
 }
 
 // Saves m as `kind`, loads it back and compares its logits on x with want (NULL: not compared).
@@ -92,12 +99,18 @@ int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     for (int64_t i = 0; i < n * in; i++) x[i] = (float)data[(size_t)i % size] / 64.0f - 2.0f;
     for (int64_t i = 0; i < n; i++) y[i] = (uint8_t)(data[(size_t)i % size] % (k < 256 ? k : 256));
     if (!bie_model_is_packed(m)) {
-        const float * logits;
         double loss;
-        if (bie_model_forward(ctx, m, x, n, 1, 0, &logits) == BIE_STATUS_OK &&
-            bie_softmax_cross_entropy(ctx, n, k, logits, y, &loss, g, NULL) == BIE_STATUS_OK &&
-            bie_model_backward(ctx, m, g) == BIE_STATUS_OK)
-            bie_model_step(ctx, m, 0.01f, 0.0f, 0.05f);
+        struct bie_tensor tx, tz, tl, tg;
+        views(m, x, n, l0, &tx, &tz);
+        bie_tensor_make(&tl, y, BIE_DTYPE_U8, 1, &n);
+        bie_tensor_make(&tg, g, BIE_DTYPE_F32, 2, (const int64_t[]){n, k});
+        const struct bie_model_forward_desc train = {1, 0};
+        const struct bie_model_step_desc step = {0.01f, 0.0f, 0.05f};
+        if (bie_model_forward(ctx, m, &train, &(struct bie_model_forward_args){&tx, &tz}) == BIE_STATUS_OK &&
+            bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, &tg, &loss, NULL}) ==
+                BIE_STATUS_OK &&
+            bie_model_backward(ctx, m, &(struct bie_model_backward_args){&tg}) == BIE_STATUS_OK)
+            bie_model_step(ctx, m, &step);
         const bool ran = infer(ctx, m, x, n, l0) != NULL;
         round_trip(ctx, m, BIE_MODEL_FILE_CHECKPOINT, path, x, n, ran ? l0 : NULL);
         round_trip(ctx, m, BIE_MODEL_FILE_PACKED, path, x, n, ran ? l0 : NULL);

@@ -17,7 +17,7 @@ extern "C" {
 // readers and writers of the model file format (safetensors) and of the IDX data files of the
 // MNIST family, the float building blocks between low-bit layers (batch norm, max-pooling,
 // activations, softmax cross-entropy), the optimizers (Adam, Diode) and a model (a graph of
-// layers) that ties them together. Float tensors here are dense row-major f32 CPU arrays (NCHW for
+// layers) that ties them together. Float tensors here are dense row-major f32 CPU views (NCHW for
 // images).
 // docs/model-format.md describes the model files.
 //
@@ -95,55 +95,112 @@ BIE_API enum bie_status bie_idx_parse(bie_context_t * ctx, const void * bytes, s
 BIE_API enum bie_status bie_idx_read(bie_context_t * ctx, const char * path, struct bie_idx * out);
 BIE_API void bie_idx_free(struct bie_idx * idx);
 
-// --- float building blocks (dense f32, CPU, OpenMP over channels / images) ------------------------
+// --- float building blocks (f32, CPU, OpenMP over channels / images) ----------------------------
+// Tensors are bie_tensor views: f32 (labels U8, argmax I32, Diode weights I8) on the CPU, dense
+// row-major (contiguous; a strided or broadcast view is INVALID_ARGUMENT naming it). Outputs may
+// not overlap each other or an input, except where a function says so. Every shape is checked
+// against the others; a message names the argument that is wrong.
 
-// Batch norm over x [n, c, hw] (hw = 1 after a linear layer), per channel:
+// Batch norm over x [n, c, ...] (hw = the product of the dimensions after c; x may be [n, c]
+// after a linear layer), per channel:
 //   training: mean, var = batch statistics (biased var); running = (1-momentum)*running +
 //             momentum*stat (running_var takes the unbiased var); writes saved_mean and
 //             saved_invstd = 1/sqrt(var + eps) for the backward
 //   eval:     mean, var = running statistics
 //   y = (x - mean) * invstd * gamma + beta
-BIE_API enum bie_status bie_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
-                                              const float * gamma, const float * beta, float * running_mean,
-                                              float * running_var, float momentum, float eps, int training,
-                                              float * saved_mean, float * saved_invstd, float * y);
+struct bie_batchnorm_desc {
+    float momentum;   // training only: the running statistics' update rate (0.1 in PyTorch)
+    float eps;        // > 0 (1e-5 in PyTorch)
+    int32_t training; // != 0: batch statistics, running statistics updated, saved_* written
+};
+struct bie_batchnorm_args {
+    const struct bie_tensor * x;      // [n, c, ...]
+    const struct bie_tensor * gamma;  // [c]
+    const struct bie_tensor * beta;   // [c]
+    struct bie_tensor * running_mean; // [c], read (eval) or updated (training)
+    struct bie_tensor * running_var;  // [c]
+    struct bie_tensor * saved_mean;   // [c], written in training (may be NULL in eval)
+    struct bie_tensor * saved_invstd; // [c], likewise
+    struct bie_tensor * y;            // like x
+};
+BIE_API enum bie_status bie_batchnorm_forward(bie_context_t * ctx, const struct bie_batchnorm_desc * desc,
+                                              const struct bie_batchnorm_args * args);
 // Backward of training-mode batch norm: with xh = (x - mean)*invstd and m = n*hw,
 //   grad_beta = sum gy; grad_gamma = sum gy*xh;
 //   grad_x = gamma*invstd/m * (m*gy - grad_beta - xh*grad_gamma)   (grad_x may be NULL)
-BIE_API enum bie_status bie_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
-                                               const float * gamma, const float * saved_mean,
-                                               const float * saved_invstd, const float * grad_y, float * grad_x,
-                                               float * grad_gamma, float * grad_beta);
+struct bie_batchnorm_backward_args {
+    const struct bie_tensor * x;            // [n, c, ...]
+    const struct bie_tensor * gamma;        // [c]
+    const struct bie_tensor * saved_mean;   // [c], from the training forward
+    const struct bie_tensor * saved_invstd; // [c]
+    const struct bie_tensor * grad_y;       // like x
+    struct bie_tensor * grad_x;             // like x, or NULL
+    struct bie_tensor * grad_gamma;         // [c]
+    struct bie_tensor * grad_beta;          // [c]
+};
+BIE_API enum bie_status bie_batchnorm_backward(bie_context_t * ctx, const struct bie_batchnorm_backward_args * args);
 
 // Max-pooling with a k x k window and stride k (no padding; trailing rows/columns that do not
-// fill a window are dropped): x [n, c, h, w] -> y [n, c, h/k, w/k]. argmax (may be NULL) gets
-// the index in x of each output's maximum (the first one on ties; NaN wins).
-BIE_API enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w,
-                                              int32_t k, const float * x, float * y, int32_t * argmax);
+// fill a window are dropped): x [n, c, h, w] -> y [n, c, h/k, w/k], 1 <= k <= min(h, w), x of at
+// most 2^31 elements. argmax (I32, y's shape; may be NULL) gets the index in x of each output's
+// maximum (the first one on ties; NaN wins).
+struct bie_maxpool2d_desc {
+    int32_t k;
+};
+struct bie_maxpool2d_args {
+    const struct bie_tensor * x; // [n, c, h, w]
+    struct bie_tensor * y;       // [n, c, h/k, w/k]
+    struct bie_tensor * argmax;  // I32 [n, c, h/k, w/k], or NULL
+};
+BIE_API enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, const struct bie_maxpool2d_desc * desc,
+                                              const struct bie_maxpool2d_args * args);
 // grad_x = 0 except grad_x[argmax[i]] = grad_y[i].
-BIE_API enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w,
-                                               int32_t k, const float * grad_y, const int32_t * argmax, float * grad_x);
+struct bie_maxpool2d_backward_args {
+    const struct bie_tensor * grad_y; // [n, c, h/k, w/k]
+    const struct bie_tensor * argmax; // I32, grad_y's shape, from the forward
+    struct bie_tensor * grad_x;       // [n, c, h, w]
+};
+BIE_API enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, const struct bie_maxpool2d_desc * desc,
+                                               const struct bie_maxpool2d_backward_args * args);
 
 enum bie_activation {
     BIE_ACT_RELU = 0,     // max(x, 0); gradient 1{x > 0}
     BIE_ACT_SIGN = 1,     // +1 if x >= 0 else -1; straight-through gradient 1{|x| <= 1}
     BIE_ACT_HARDTANH = 2, // clamp(x, -1, 1); gradient 1{|x| <= 1}
 };
-// y = act(x) over count elements; backward: grad_x = grad_y * act'(x). y may alias x, grad_x grad_y.
-BIE_API enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation act, int64_t count,
-                                               const float * x, float * y);
-BIE_API enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation act, int64_t count,
-                                                const float * x, const float * grad_y, float * grad_x);
+// y = act(x) elementwise, any shape (y's shape is x's); backward: grad_x = grad_y * act'(x).
+// y may be x itself (the same data and shape), and grad_x grad_y; other overlaps are refused.
+struct bie_activation_args {
+    const struct bie_tensor * x;
+    struct bie_tensor * y;
+};
+BIE_API enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation act,
+                                               const struct bie_activation_args * args);
+struct bie_activation_backward_args {
+    const struct bie_tensor * x;
+    const struct bie_tensor * grad_y; // x's shape
+    struct bie_tensor * grad_x;       // x's shape
+};
+BIE_API enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation act,
+                                                const struct bie_activation_backward_args * args);
 
 // Softmax cross-entropy of logits [n, classes] against integer labels, averaged over n:
 //   p = softmax(logits) (max-subtracted, in double); loss = -mean log p[label];
 //   grad_logits = (p - onehot(label)) / n (may be NULL); *correct (may be NULL) counts the rows
 //   whose first maximal logit is the label. Labels outside [0, classes) are INVALID_ARGUMENT.
-BIE_API enum bie_status bie_softmax_cross_entropy(bie_context_t * ctx, int64_t n, int64_t classes, const float * logits,
-                                                  const uint8_t * labels, double * loss, float * grad_logits,
-                                                  int64_t * correct);
+struct bie_softmax_cross_entropy_args {
+    const struct bie_tensor * logits; // [n, classes]
+    const struct bie_tensor * labels; // U8 [n]
+    struct bie_tensor * grad_logits;  // [n, classes], or NULL
+    double * loss;                    // or NULL
+    int64_t * correct;                // or NULL
+};
+BIE_API enum bie_status bie_softmax_cross_entropy(bie_context_t * ctx,
+                                                  const struct bie_softmax_cross_entropy_args * args);
 
 // --- optimizers -------------------------------------------------------------------------------------
+// Parameters, gradients and optimizer state are views of one shape (any), dense f32 CPU tensors
+// (Diode's weights I8); the state is updated in place and may not overlap the rest.
 
 struct bie_adam_params {
     float lr;           // learning rate of this step (a schedule is the caller's business)
@@ -157,8 +214,15 @@ BIE_API void bie_adam_params_default(struct bie_adam_params * p);
 // One Adam step (step >= 1 is the step count for the bias corrections):
 //   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g^2
 //   p -= lr * (m/(1-b1^step)) / (sqrt(v/(1-b2^step)) + eps);  then weight decay and clip
-BIE_API enum bie_status bie_adam_step(bie_context_t * ctx, const struct bie_adam_params * params, int64_t step,
-                                      int64_t count, float * p, const float * grad, float * m, float * v);
+struct bie_adam_args {
+    int64_t step;                   // >= 1
+    struct bie_tensor * p;          // the parameters, updated
+    const struct bie_tensor * grad; // p's shape
+    struct bie_tensor * m;          // p's shape, the first moment, updated
+    struct bie_tensor * v;          // p's shape, the second moment, updated
+};
+BIE_API enum bie_status bie_adam_step(bie_context_t * ctx, const struct bie_adam_params * params,
+                                      const struct bie_adam_args * args);
 
 struct bie_diode_params {
     float lr;           // the magnitude of the sign step fed into s
@@ -168,13 +232,25 @@ BIE_API void bie_diode_params_default(struct bie_diode_params * p);
 
 // Diode state initialisation for int8 latent binary weights w: m = 0,
 // s = -sign(w) * u with u uniform in [0, 1e-3) from `seed` (splitmix64, one draw per element).
-BIE_API enum bie_status bie_diode_init(bie_context_t * ctx, int64_t count, const int8_t * w, uint64_t seed, float * m,
-                                       float * s);
+struct bie_diode_init_args {
+    uint64_t seed;
+    const struct bie_tensor * w; // I8
+    struct bie_tensor * m;       // w's shape
+    struct bie_tensor * s;       // w's shape
+};
+BIE_API enum bie_status bie_diode_init(bie_context_t * ctx, const struct bie_diode_init_args * args);
 // One Diode step (Bitorch Engine's DiodeMix for binary weights, reference section 9):
 //   m = b1*m + (1-b1)*g;  s = b2*s + (1-b2)*sign(m)*lr;  u = -sign(s) (u = +1 where s = 0)
-//   w = -w wherever u != sign(w)   (magnitudes never change; returns the flip count in *flips)
-BIE_API enum bie_status bie_diode_step(bie_context_t * ctx, const struct bie_diode_params * params, int64_t count,
-                                       int8_t * w, const float * grad, float * m, float * s, int64_t * flips);
+//   w = -w wherever u != sign(w)   (magnitudes never change; the flip count goes to *flips)
+struct bie_diode_args {
+    struct bie_tensor * w;          // I8, updated
+    const struct bie_tensor * grad; // w's shape
+    struct bie_tensor * m;          // w's shape, updated
+    struct bie_tensor * s;          // w's shape, updated
+    int64_t * flips;                // or NULL
+};
+BIE_API enum bie_status bie_diode_step(bie_context_t * ctx, const struct bie_diode_params * params,
+                                       const struct bie_diode_args * args);
 
 // --- model -----------------------------------------------------------------------------------------
 // A model is a graph of layers described by an architecture string, one layer per ';'-separated
@@ -186,7 +262,8 @@ BIE_API enum bie_status bie_diode_step(bie_context_t * ctx, const struct bie_dio
 //   bn | maxpool K [S [P]] | avgpool K [S [P]] | adaptive_avgpool OH [OW] | flatten
 //   relu | sign | hardtanh | tanh | gelu | gelu_tanh | silu | prelu N | add @J [@I]
 // Inference (training = 0) runs from plans: the first call at a batch size validates every layer
-// and fixes its route and buffers; later calls at that size allocate nothing and validate nothing.
+// and fixes its route and buffers; later calls at that size allocate nothing and check only the
+// views of x and logits.
 // Float layers have a weight and a bias; low-bit layers have a latent weight (f32, or int8 with
 // the Diode optimizer), bias_a, scale_a (lazily initialised from the first training batch and
 // learned) and scale_w (initialised from the weight, then fixed); bn has gamma, beta and running
@@ -227,20 +304,39 @@ BIE_API int64_t bie_model_num_inputs(const bie_model_t * model);
 // allocation), and bie_model_load / bie_model_create refuse a model whose one sample does.
 BIE_API enum bie_status bie_model_memory(const bie_model_t * model, int64_t batch, int training, size_t * out_bytes);
 
-// Forward pass over x [n, C, H, W]; *logits (owned by the model, valid until the next call)
-// is [n, outputs]. training != 0 uses batch statistics and keeps what the backward needs.
-// float_layers != 0 runs the low-bit layers as float GEMMs over the dequantized codes (OpenBLAS;
-// the same result, for speed comparisons).
-BIE_API enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * model, const float * x, int64_t n,
-                                          int training, int float_layers, const float ** logits);
-// Backward of the last training forward: computes every parameter's gradient.
-BIE_API enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * model, const float * grad_logits);
+// Forward pass over x [n, C, H, W] (or [n, C*H*W]), a dense f32 CPU view with 1 <= n <= 2^20,
+// into logits [n, outputs] (dense f32 CPU, overlapping nothing of x). A training forward keeps x's
+// data for the backward: it must stay unchanged until bie_model_backward.
+struct bie_model_forward_desc {
+    int32_t training;     // != 0: batch statistics, and keeps what the backward needs
+    int32_t float_layers; // != 0 (inference only): the low-bit layers as float GEMMs over the
+                          // dequantized codes (OpenBLAS; the same result, for speed comparisons)
+};
+struct bie_model_forward_args {
+    const struct bie_tensor * x;
+    struct bie_tensor * logits;
+};
+BIE_API enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * model,
+                                          const struct bie_model_forward_desc * desc,
+                                          const struct bie_model_forward_args * args);
+// Backward of the last training forward: computes every parameter's gradient from grad_logits
+// (dense f32 CPU [n, outputs], n that forward's).
+struct bie_model_backward_args {
+    const struct bie_tensor * grad_logits;
+};
+BIE_API enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * model,
+                                           const struct bie_model_backward_args * args);
 // One optimizer step on every parameter: Adam with learning rate lr (weight_decay applies to the
 // float layers' weights; bias_a and scale_a, which duplicate batch norm's beta and gamma, use
 // lr/10; float latent weights are clipped to [-1, 1] for b1 layers, to the quantizer's range for
 // q4/q8), or Diode with diode_lr for int8 latent weights.
-BIE_API enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * model, float lr, float weight_decay,
-                                       float diode_lr);
+struct bie_model_step_desc {
+    float lr;
+    float weight_decay;
+    float diode_lr;
+};
+BIE_API enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * model,
+                                       const struct bie_model_step_desc * desc);
 
 enum bie_model_file {
     BIE_MODEL_FILE_PACKED = 0,     // inference: packed low-bit weights, scales, bn, float layers

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // test-abi.c: bie_abi_layout reports the public structs' sizes and field offsets as this compiler
 // lays them out (what a binding compares its own declarations with), and refuses unknown names.
+#include "bie-train.h"
 #include "test-util.h"
 
 #include <stddef.h>
@@ -24,6 +25,10 @@ int main(int argc, char ** argv) {
           sizeof(void *));
     check("bie_embedding_desc", "bag", offsetof(struct bie_embedding_desc, bag), sizeof(int32_t));
     check("bie_embedding_backward_args", NULL, 0, sizeof(struct bie_embedding_backward_args));
+    check("bie_batchnorm_args", "y", offsetof(struct bie_batchnorm_args, y), sizeof(void *));
+    check("bie_adam_args", "v", offsetof(struct bie_adam_args, v), sizeof(void *));
+    check("bie_diode_init_args", "seed", 0, sizeof(uint64_t));
+    check("bie_model_step_desc", "diode_lr", offsetof(struct bie_model_step_desc, diode_lr), sizeof(float));
     int64_t off, size;
     CHECK(bie_abi_layout("bie_tensor", "no_such_field", &off, &size) == BIE_STATUS_INVALID_ARGUMENT, "unknown field");
     CHECK(bie_abi_layout("bie_nothing", NULL, &off, &size) == BIE_STATUS_INVALID_ARGUMENT, "unknown struct");

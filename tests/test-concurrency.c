@@ -64,17 +64,22 @@ static void * train_one(void * arg) {
     p.num_threads = t->threads;
     bie_context_t * ctx = NULL;
     bie_model_t * m = NULL;
-    float g[TRAIN_N * 5];
+    float g[TRAIN_N * 5], logits[TRAIN_N * 5];
+    double loss;
+    struct bie_tensor tx = TEST_VIEW(t->x, BIE_DTYPE_F32, TRAIN_N, 2, 10, 10),
+                      tz = TEST_VIEW(logits, BIE_DTYPE_F32, TRAIN_N, 5), tl = TEST_VIEW(t->y, BIE_DTYPE_U8, TRAIN_N),
+                      tg = TEST_VIEW(g, BIE_DTYPE_F32, TRAIN_N, 5), to = TEST_VIEW(t->out, BIE_DTYPE_F32, TRAIN_N, 5);
+    const struct bie_model_forward_desc train = {1, 0}, infer = {0, 0};
+    const struct bie_model_step_desc step = {0.01f, 0.0f, 0.05f};
     t->status = bie_context_create(&p, &ctx);
     if (t->status == BIE_STATUS_OK) t->status = bie_model_create(ctx, TRAIN_ARCH, BIE_LATENT_F32, 7, &m);
     for (int s = 0; s < TRAIN_STEPS && t->status == BIE_STATUS_OK; s++) {
-        const float * logits;
-        double loss;
-        t->status = bie_model_forward(ctx, m, t->x, TRAIN_N, 1, 0, &logits);
+        t->status = bie_model_forward(ctx, m, &train, &(struct bie_model_forward_args){&tx, &tz});
         if (t->status == BIE_STATUS_OK)
-            t->status = bie_softmax_cross_entropy(ctx, TRAIN_N, 5, logits, t->y, &loss, g, NULL);
-        if (t->status == BIE_STATUS_OK) t->status = bie_model_backward(ctx, m, g);
-        if (t->status == BIE_STATUS_OK) t->status = bie_model_step(ctx, m, 0.01f, 0.0f, 0.05f);
+            t->status =
+                bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, &tg, &loss, NULL});
+        if (t->status == BIE_STATUS_OK) t->status = bie_model_backward(ctx, m, &(struct bie_model_backward_args){&tg});
+        if (t->status == BIE_STATUS_OK) t->status = bie_model_step(ctx, m, &step);
         if (t->status == BIE_STATUS_OK && t->path[0]) { // save, and continue from the reloaded file
             bie_model_t * back = NULL;
             t->status = bie_model_save(ctx, m, t->path, BIE_MODEL_FILE_CHECKPOINT, NULL, 0);
@@ -86,9 +91,8 @@ static void * train_one(void * arg) {
         }
     }
     if (t->path[0]) unlink(t->path);
-    const float * logits = NULL;
-    if (t->status == BIE_STATUS_OK) t->status = bie_model_forward(ctx, m, t->x, TRAIN_N, 0, 0, &logits);
-    if (t->status == BIE_STATUS_OK) memcpy(t->out, logits, sizeof t->out);
+    if (t->status == BIE_STATUS_OK)
+        t->status = bie_model_forward(ctx, m, &infer, &(struct bie_model_forward_args){&tx, &to});
     snprintf(t->error, sizeof t->error, "%s", bie_context_last_error(ctx));
     bie_model_destroy(m);
     bie_context_destroy(ctx);

@@ -10,7 +10,7 @@
 //   own message, and the other thread's call is unharmed.
 #include "test-child.h"
 #include "bie-train.h"
-#include "test-util.h"
+#include "test-train-util.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -127,14 +127,20 @@ static void test_message_cleared(void) {
     double loss;
     struct bie_adam_params ap;
     bie_adam_params_default(&ap);
-    FAIL_THEN(bie_activation_forward(ctx, BIE_ACT_RELU, 8, x, y));
-    FAIL_THEN(bie_softmax_cross_entropy(ctx, 2, 4, x, labels, &loss, g, NULL));
-    FAIL_THEN(bie_adam_step(ctx, &ap, 1, 8, y, g, m, v));
-    FAIL_THEN(bie_maxpool2d_forward(ctx, 1, 2, 2, 2, 2, x, y, NULL));
+    struct bie_tensor tx = TEST_VIEW(x, BIE_DTYPE_F32, 8), ty = TEST_VIEW(y, BIE_DTYPE_F32, 8),
+                      tg = TEST_VIEW(g, BIE_DTYPE_F32, 8), tm = TEST_VIEW(m, BIE_DTYPE_F32, 8),
+                      tv = TEST_VIEW(v, BIE_DTYPE_F32, 8), tz = TEST_VIEW(x, BIE_DTYPE_F32, 2, 4),
+                      tgz = TEST_VIEW(g, BIE_DTYPE_F32, 2, 4), tl = TEST_VIEW(labels, BIE_DTYPE_U8, 2),
+                      tpx = TEST_VIEW(x, BIE_DTYPE_F32, 1, 2, 2, 2), tpy = TEST_VIEW(y, BIE_DTYPE_F32, 1, 2, 1, 1);
+    FAIL_THEN(bie_activation_forward(ctx, BIE_ACT_RELU, &(struct bie_activation_args){&tx, &ty}));
+    FAIL_THEN(bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, &tgz, &loss, NULL}));
+    FAIL_THEN(bie_adam_step(ctx, &ap, &(struct bie_adam_args){1, &ty, &tg, &tm, &tv}));
+    FAIL_THEN(
+        bie_maxpool2d_forward(ctx, &(struct bie_maxpool2d_desc){2}, &(struct bie_maxpool2d_args){&tpx, &tpy, NULL}));
     bie_model_t * model = NULL;
     FAIL_THEN(bie_model_create(ctx, "input 1 2 2; linear b1 3", BIE_LATENT_F32, 1, &model));
     const float * logits;
-    FAIL_THEN(bie_model_forward(ctx, model, x, 2, 1, 0, &logits));
+    FAIL_THEN(test_forward(ctx, model, x, 2, 1, 0, &logits));
     const struct bie_st_tensor t = {
         .name = "a", .dtype = BIE_DTYPE_F32, .ndim = 1, .shape = {8}, .data = x, .nbytes = sizeof x};
     char path[] = "/tmp/bie-test-context-XXXXXX";
@@ -160,7 +166,8 @@ struct intruder {
 static void * intrude(void * arg) {
     struct intruder * in = arg;
     float x[4] = {1, -1, 2, -2}, y[4];
-    in->status = bie_activation_forward(in->ctx, BIE_ACT_RELU, 4, x, y);
+    struct bie_tensor tx = TEST_VIEW(x, BIE_DTYPE_F32, 4), ty = TEST_VIEW(y, BIE_DTYPE_F32, 4);
+    in->status = bie_activation_forward(in->ctx, BIE_ACT_RELU, &(struct bie_activation_args){&tx, &ty});
     snprintf(in->msg, sizeof in->msg, "%s", bie_context_last_error(in->ctx));
     return NULL;
 }

@@ -60,26 +60,41 @@ static void test_conv_output_size(void) {
     CHECK(bie_conv2d_output_size(&d, 5, 5, &oh, &ow) == BIE_STATUS_INVALID_ARGUMENT, "huge kernel");
 }
 
-// The float building blocks take sizes as int64: products that overflow are refused before any
-// element is touched (the buffers here hold one element; the sizes claim 2^64).
+// The float building blocks' views may claim more elements than fit int64, or (max-pooling, whose
+// argmax is int32) more than 2^31: such views are refused before any element is touched (the
+// buffers here hold four elements).
 static void test_nn_sizes(bie_context_t * ctx) {
     float x[4] = {0}, y[4] = {0}, g[4] = {1, 1, 1, 1}, st[4] = {0, 0, 1, 1};
     int32_t am[4] = {0};
-    const int64_t e16 = 65536;
-    TEST_EXPECT_STATUS(ctx, bie_maxpool2d_forward(ctx, e16, e16, e16, e16, 2, x, y, am), BIE_STATUS_INVALID_ARGUMENT,
-                       "2^31");
-    TEST_EXPECT_STATUS(ctx, bie_maxpool2d_backward(ctx, e16, e16, e16, e16, 2, g, am, y), BIE_STATUS_INVALID_ARGUMENT,
-                       "2^31");
+    const int64_t e16 = 65536, e15 = 32768;
+    struct bie_tensor px = TEST_VIEW(x, BIE_DTYPE_F32, 1, 1, e16, e16),
+                      py = TEST_VIEW(y, BIE_DTYPE_F32, 1, 1, e15, e15),
+                      pg = TEST_VIEW(g, BIE_DTYPE_F32, 1, 1, e15, e15),
+                      pa = TEST_VIEW(am, BIE_DTYPE_I32, 1, 1, e15, e15);
+    const struct bie_maxpool2d_desc pd = {2};
+    TEST_EXPECT_STATUS(ctx, bie_maxpool2d_forward(ctx, &pd, &(struct bie_maxpool2d_args){&px, &py, &pa}),
+                       BIE_STATUS_INVALID_ARGUMENT, "2^31");
+    TEST_EXPECT_STATUS(ctx, bie_maxpool2d_backward(ctx, &pd, &(struct bie_maxpool2d_backward_args){&pg, &pa, &px}),
+                       BIE_STATUS_INVALID_ARGUMENT, "2^31");
     const int64_t e22 = INT64_C(1) << 22;
-    TEST_EXPECT_STATUS(ctx, bie_batchnorm_forward(ctx, e22, e22, e22, x, st, st, st, st, 0.1f, 1e-5f, 1, st, st, y),
+    struct bie_tensor bx = TEST_VIEW(x, BIE_DTYPE_F32, 1, 1, 1), by = TEST_VIEW(y, BIE_DTYPE_F32, 1, 1, 1),
+                      bs = TEST_VIEW(st, BIE_DTYPE_F32, 1);
+    bx.shape[0] = bx.shape[1] = bx.shape[2] = by.shape[0] = by.shape[1] = by.shape[2] = e22; // 2^66 elements
+    TEST_EXPECT_STATUS(ctx,
+                       bie_batchnorm_forward(ctx, &(struct bie_batchnorm_desc){0.1f, 1e-5f, 1},
+                                             &(struct bie_batchnorm_args){&bx, &bs, &bs, &bs, &bs, &bs, &bs, &by}),
                        BIE_STATUS_INVALID_ARGUMENT, "overflows");
-    TEST_EXPECT_STATUS(ctx, bie_batchnorm_backward(ctx, e22, 1, e22 * e22, x, st, st, st, g, y, st, st),
-                       BIE_STATUS_INVALID_ARGUMENT, "overflows");
+    TEST_EXPECT_STATUS(
+        ctx,
+        bie_batchnorm_backward(ctx, &(struct bie_batchnorm_backward_args){&bx, &bs, &bs, &bs, &by, NULL, &bs, &bs}),
+        BIE_STATUS_INVALID_ARGUMENT, "overflows");
     const uint8_t labels[1] = {0};
     double loss;
-    TEST_EXPECT_STATUS(ctx,
-                       bie_softmax_cross_entropy(ctx, INT64_C(1) << 40, INT64_C(1) << 40, x, labels, &loss, g, NULL),
-                       BIE_STATUS_INVALID_ARGUMENT, "overflows");
+    struct bie_tensor lz = TEST_VIEW(x, BIE_DTYPE_F32, 1, 1), ll = TEST_VIEW(labels, BIE_DTYPE_U8, 1);
+    lz.shape[0] = lz.shape[1] = ll.shape[0] = INT64_C(1) << 40;
+    TEST_EXPECT_STATUS(
+        ctx, bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&lz, &ll, NULL, &loss, NULL}),
+        BIE_STATUS_INVALID_ARGUMENT, "overflows");
 }
 
 int main(int argc, char ** argv) {

@@ -9,7 +9,7 @@
 //   with the tensor's name (a NaN moment resumed silently and exported a broken model before);
 // - the optimizer's step counter never overflows.
 #include "test-child.h"
-#include "test-util.h"
+#include "test-train-util.h"
 #include "nn/model-impl.h"
 
 #include <sys/resource.h>
@@ -61,9 +61,14 @@ static void hostile_child(void) {
     const int64_t n = 10, in = bie_model_num_inputs(m);
     float * x = calloc((size_t)(n * in), sizeof(float));
     bie_context_set_memory_limit(ctx, (size_t)64 << 20);
-    const float * logits;
-    if (bie_model_forward(ctx, m, x, n, 0, 0, &logits) != BIE_STATUS_OUT_OF_MEMORY) _exit(4);
+    float * logits = calloc((size_t)(n * bie_model_num_outputs(m)), sizeof(float));
+    struct bie_tensor tx = TEST_VIEW(x, BIE_DTYPE_F32, n, in),
+                      tz = TEST_VIEW(logits, BIE_DTYPE_F32, n, bie_model_num_outputs(m));
+    if (bie_model_forward(ctx, m, &(struct bie_model_forward_desc){0, 0}, &(struct bie_model_forward_args){&tx, &tz}) !=
+        BIE_STATUS_OUT_OF_MEMORY)
+        _exit(4);
     if (!strstr(bie_context_last_error(ctx), "memory limit")) _exit(5);
+    free(logits);
     free(x);
     bie_model_destroy(m);
     bie_context_destroy(ctx);
@@ -114,10 +119,12 @@ static bie_model_t * trained(bie_context_t * ctx) {
     for (int i = 0; i < 4 * 36; i++) x[i] = test_rand_float(-1, 1);
     const float * logits;
     double loss;
-    CHECK_OK(ctx, bie_model_forward(ctx, m, x, 4, 1, 0, &logits));
-    CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, 4, 3, logits, y, &loss, g, NULL));
-    CHECK_OK(ctx, bie_model_backward(ctx, m, g));
-    CHECK_OK(ctx, bie_model_step(ctx, m, 0.01f, 0.0f, 0.05f));
+    CHECK_OK(ctx, test_forward(ctx, m, x, 4, 1, 0, &logits));
+    struct bie_tensor tz = TEST_VIEW(logits, BIE_DTYPE_F32, 4, 3), tl = TEST_VIEW(y, BIE_DTYPE_U8, 4),
+                      tg = TEST_VIEW(g, BIE_DTYPE_F32, 4, 3);
+    CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, &tg, &loss, NULL}));
+    CHECK_OK(ctx, test_backward(ctx, m, 4, g));
+    CHECK_OK(ctx, test_step(ctx, m, 0.01f, 0.0f, 0.05f));
     return m;
 }
 
@@ -213,7 +220,7 @@ static void test_checkpoint_values(bie_context_t * ctx) {
                        BIE_STATUS_INVALID_ARGUMENT, "UTF-8");
     // The step counter at its bound: refused, not wrapped.
     m->step = INT64_C(1) << 62;
-    TEST_EXPECT_STATUS(ctx, bie_model_step(ctx, m, 0.01f, 0.0f, 0.05f), BIE_STATUS_INVALID_ARGUMENT, "step");
+    TEST_EXPECT_STATUS(ctx, test_step(ctx, m, 0.01f, 0.0f, 0.05f), BIE_STATUS_INVALID_ARGUMENT, "step");
     CHECK(m->step == INT64_C(1) << 62, "the step counter moved to %lld", (long long)m->step);
     unlink(good);
     unlink(bad);

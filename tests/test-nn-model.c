@@ -8,7 +8,7 @@
 // - float_layers mode (low-bit layers as float GEMMs) gives the same logits;
 // - training lowers the loss on a learnable problem;
 // - damaged model files are refused with FORMAT_ERROR.
-#include "test-util.h"
+#include "test-train-util.h"
 #include "nn/model-impl.h"
 
 #include <unistd.h>
@@ -31,10 +31,10 @@ static double train_steps(bie_context_t * ctx, bie_model_t * m, const float * x,
     double loss = 0;
     for (int s = 0; s < steps; s++) {
         const float * logits;
-        CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 1, 0, &logits));
-        CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, n, k, logits, y, &loss, g, NULL));
-        CHECK_OK(ctx, bie_model_backward(ctx, m, g));
-        CHECK_OK(ctx, bie_model_step(ctx, m, lr, 0.0f, 0.05f));
+        CHECK_OK(ctx, test_forward(ctx, m, x, n, 1, 0, &logits));
+        CHECK_OK(ctx, test_xent(ctx, n, k, logits, y, &loss, g, NULL));
+        CHECK_OK(ctx, test_backward(ctx, m, n, g));
+        CHECK_OK(ctx, test_step(ctx, m, lr, 0.0f, 0.05f));
     }
     free(g);
     return loss;
@@ -94,9 +94,9 @@ static void test_float_gradients(bie_context_t * ctx) {
     random_batch(x, y, n, in, 4);
     const float * logits;
     double loss;
-    CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 1, 0, &logits));
-    CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, n, 4, logits, y, &loss, g, NULL));
-    CHECK_OK(ctx, bie_model_backward(ctx, m, g));
+    CHECK_OK(ctx, test_forward(ctx, m, x, n, 1, 0, &logits));
+    CHECK_OK(ctx, test_xent(ctx, n, 4, logits, y, &loss, g, NULL));
+    CHECK_OK(ctx, test_backward(ctx, m, n, g));
     struct param * ps[4] = {&m->L[0].w, &m->L[0].b, &m->L[2].w, &m->L[1].w};
     const char * names[4] = {"conv weight", "conv bias", "linear weight", "bn gamma"};
     for (int p = 0; p < 4; p++) {
@@ -106,8 +106,8 @@ static void test_float_gradients(bie_context_t * ctx) {
             double l[2];
             for (int s = 0; s < 2; s++) {
                 ps[p]->v[i] = keep + (s ? h : -h);
-                CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 1, 0, &logits));
-                CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, n, 4, logits, y, &l[s], NULL, NULL));
+                CHECK_OK(ctx, test_forward(ctx, m, x, n, 1, 0, &logits));
+                CHECK_OK(ctx, test_xent(ctx, n, 4, logits, y, &l[s], NULL, NULL));
             }
             ps[p]->v[i] = keep;
             const double fd = (l[1] - l[0]) / (2.0 * h);
@@ -142,7 +142,7 @@ static void test_files(bie_context_t * ctx, const char * arch, enum bie_latent l
     CHECK_OK(ctx, bie_model_save(ctx, m, pp, BIE_MODEL_FILE_PACKED, meta, 1));
     CHECK_OK(ctx, bie_model_save(ctx, m, cp, BIE_MODEL_FILE_CHECKPOINT, NULL, 0));
     const float * logits;
-    CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 0, 0, &logits));
+    CHECK_OK(ctx, test_forward(ctx, m, x, n, 0, 0, &logits));
     memcpy(l0, logits, sizeof(float) * (size_t)(n * k));
     bie_safetensors_t * st = NULL;
     CHECK_OK(ctx, bie_model_load(ctx, pp, &p, &st));
@@ -150,15 +150,15 @@ static void test_files(bie_context_t * ctx, const char * arch, enum bie_latent l
         CHECK(bie_model_is_packed(p), "packed file not packed");
         CHECK(st && bie_safetensors_metadata(st, "note") && !strcmp(bie_safetensors_metadata(st, "note"), "test"),
               "meta");
-        CHECK_OK(ctx, bie_model_forward(ctx, p, x, n, 0, 0, &logits));
+        CHECK_OK(ctx, test_forward(ctx, p, x, n, 0, 0, &logits));
         CHECK(memcmp(logits, l0, sizeof(float) * (size_t)(n * k)) == 0, "packed logits differ (%s, latent %d)", arch,
               latent);
         // Float layers: the same integer sums in f32, the same scaling: the same logits.
-        CHECK_OK(ctx, bie_model_forward(ctx, p, x, n, 0, 1, &logits));
+        CHECK_OK(ctx, test_forward(ctx, p, x, n, 0, 1, &logits));
         for (int64_t i = 0; i < n * k; i++)
             CHECK(fabsf(logits[i] - l0[i]) <= 1e-4f * (1 + fabsf(l0[i])), "float_layers logit %lld: %g vs %g (%s)",
                   (long long)i, logits[i], l0[i], arch);
-        CHECK(bie_model_forward(ctx, p, x, n, 1, 0, &logits) == BIE_STATUS_INVALID_ARGUMENT, "packed model trained");
+        CHECK(test_forward(ctx, p, x, n, 1, 0, &logits) == BIE_STATUS_INVALID_ARGUMENT, "packed model trained");
         CHECK(bie_model_save(ctx, p, cp, BIE_MODEL_FILE_CHECKPOINT, NULL, 0) == BIE_STATUS_INVALID_ARGUMENT,
               "checkpoint of a packed model");
     }
@@ -169,9 +169,9 @@ static void test_files(bie_context_t * ctx, const char * arch, enum bie_latent l
         const double la = train_steps(ctx, m, x, y, n, 2, 0.01f), lb = train_steps(ctx, c, x, y, n, 2, 0.01f);
         CHECK(la == lb, "resumed training differs: loss %.17g vs %.17g (%s)", la, lb, arch);
         const float * la_logits;
-        CHECK_OK(ctx, bie_model_forward(ctx, m, x, n, 0, 0, &la_logits));
+        CHECK_OK(ctx, test_forward(ctx, m, x, n, 0, 0, &la_logits));
         memcpy(l0, la_logits, sizeof(float) * (size_t)(n * k));
-        CHECK_OK(ctx, bie_model_forward(ctx, c, x, n, 0, 0, &logits));
+        CHECK_OK(ctx, test_forward(ctx, c, x, n, 0, 0, &logits));
         CHECK(memcmp(logits, l0, sizeof(float) * (size_t)(n * k)) == 0, "resumed logits differ");
     }
     // Damaged files: every tensor truncated in turn by rewriting the file without it.

@@ -48,7 +48,15 @@ static void test_batchnorm(bie_context_t * ctx) {
         rm[j] = 0.5f;
         rv[j] = 2.0f;
     }
-    CHECK_OK(ctx, bie_batchnorm_forward(ctx, n, c, hw, x, gamma, beta, rm, rv, 0.1f, 1e-5f, 1, sm, si, y));
+    struct bie_tensor tx = TEST_VIEW(x, BIE_DTYPE_F32, n, c, hw), ty = TEST_VIEW(y, BIE_DTYPE_F32, n, c, hw),
+                      tgy = TEST_VIEW(gy, BIE_DTYPE_F32, n, c, hw), tgx = TEST_VIEW(gx, BIE_DTYPE_F32, n, c, hw);
+    struct bie_tensor tgamma = TEST_VIEW(gamma, BIE_DTYPE_F32, c), tbeta = TEST_VIEW(beta, BIE_DTYPE_F32, c),
+                      trm = TEST_VIEW(rm, BIE_DTYPE_F32, c), trv = TEST_VIEW(rv, BIE_DTYPE_F32, c),
+                      tsm = TEST_VIEW(sm, BIE_DTYPE_F32, c), tsi = TEST_VIEW(si, BIE_DTYPE_F32, c),
+                      tgg = TEST_VIEW(gg, BIE_DTYPE_F32, c), tgb = TEST_VIEW(gb, BIE_DTYPE_F32, c);
+    const struct bie_batchnorm_desc train = {0.1f, 1e-5f, 1}, eval = {0.1f, 1e-5f, 0};
+    const struct bie_batchnorm_args fa = {&tx, &tgamma, &tbeta, &trm, &trv, &tsm, &tsi, &ty};
+    CHECK_OK(ctx, bie_batchnorm_forward(ctx, &train, &fa));
     const int64_t m = n * hw;
     for (int64_t j = 0; j < c; j++) {
         double mean = 0, var = 0;
@@ -72,7 +80,8 @@ static void test_batchnorm(bie_context_t * ctx) {
     }
     // Gradients against central finite differences of L = sum(gy * y), with the forward
     // evaluated in double (bn_loss) so the difference quotient is not swamped by f32 rounding.
-    CHECK_OK(ctx, bie_batchnorm_backward(ctx, n, c, hw, x, gamma, sm, si, gy, gx, gg, gb));
+    const struct bie_batchnorm_backward_args ba = {&tx, &tgamma, &tsm, &tsi, &tgy, &tgx, &tgg, &tgb};
+    CHECK_OK(ctx, bie_batchnorm_backward(ctx, &ba));
     double * xd = malloc(sizeof(double) * N);
     for (int64_t q = 0; q < N; q++) xd[q] = x[q];
     const double h = 1e-5;
@@ -98,12 +107,10 @@ static void test_batchnorm(bie_context_t * ctx) {
         CHECK(fabs(gb[j] - sb) < tol_sum(m), "grad_beta[%lld] = %g, want %g", (long long)j, gb[j], sb);
     }
     // Eval mode uses the running statistics.
-    CHECK_OK(ctx, bie_batchnorm_forward(ctx, n, c, hw, x, gamma, beta, rm, rv, 0.1f, 1e-5f, 0, NULL, NULL, y));
+    const struct bie_batchnorm_args ea = {&tx, &tgamma, &tbeta, &trm, &trv, NULL, NULL, &ty};
+    CHECK_OK(ctx, bie_batchnorm_forward(ctx, &eval, &ea));
     const double want0 = (x[0] - rm[0]) / sqrt(rv[0] + 1e-5) * gamma[0] + beta[0];
     CHECK(fabs(y[0] - want0) < 1e-4 * (1 + fabs(want0)), "eval y[0] = %g, want %g", y[0], want0);
-    CHECK(bie_batchnorm_forward(ctx, 0, c, hw, x, gamma, beta, rm, rv, 0.1f, 1e-5f, 1, sm, si, y) ==
-              BIE_STATUS_INVALID_ARGUMENT,
-          "n = 0 accepted");
     free(x);
     free(y);
     free(gy);
@@ -119,8 +126,14 @@ static void test_maxpool(bie_context_t * ctx) {
     int32_t * am = malloc(sizeof(int32_t) * M);
     for (int64_t i = 0; i < N; i++) x[i] = (float)test_rand_int(-4, 4); // ties happen
     fill(gy, M, -1, 1);
-    CHECK_OK(ctx, bie_maxpool2d_forward(ctx, n, c, h, w, k, x, y, am));
-    CHECK_OK(ctx, bie_maxpool2d_backward(ctx, n, c, h, w, k, gy, am, gx));
+    struct bie_tensor tx = TEST_VIEW(x, BIE_DTYPE_F32, n, c, h, w), ty = TEST_VIEW(y, BIE_DTYPE_F32, n, c, oh, ow),
+                      tgy = TEST_VIEW(gy, BIE_DTYPE_F32, n, c, oh, ow), tgx = TEST_VIEW(gx, BIE_DTYPE_F32, n, c, h, w),
+                      tam = TEST_VIEW(am, BIE_DTYPE_I32, n, c, oh, ow);
+    const struct bie_maxpool2d_desc desc = {k};
+    const struct bie_maxpool2d_args fa = {&tx, &ty, &tam};
+    const struct bie_maxpool2d_backward_args ba = {&tgy, &tam, &tgx};
+    CHECK_OK(ctx, bie_maxpool2d_forward(ctx, &desc, &fa));
+    CHECK_OK(ctx, bie_maxpool2d_backward(ctx, &desc, &ba));
     double * want_gx = calloc((size_t)N, sizeof(double));
     for (int64_t pl = 0; pl < n * c; pl++)
         for (int64_t oy = 0; oy < oh; oy++)
@@ -138,8 +151,8 @@ static void test_maxpool(bie_context_t * ctx) {
                 want_gx[best] += gy[o];
             }
     for (int64_t i = 0; i < N; i++) CHECK(gx[i] == (float)want_gx[i], "pool grad_x[%lld] = %g", (long long)i, gx[i]);
-    CHECK(bie_maxpool2d_forward(ctx, n, c, h, w, (int32_t)(h + w), x, y, am) == BIE_STATUS_INVALID_ARGUMENT,
-          "a window larger than the image accepted");
+    const struct bie_maxpool2d_desc big = {(int32_t)(h + w)};
+    TEST_EXPECT_STATUS(ctx, bie_maxpool2d_forward(ctx, &big, &fa), BIE_STATUS_INVALID_ARGUMENT, "desc.k");
     free(x);
     free(y);
     free(gy);
@@ -155,16 +168,21 @@ static void test_activations(bie_context_t * ctx) {
     const float ones[7] = {1, 1, 1, 1, 1, 1, 1};
     for (int a = 0; a < 3; a++) {
         float y[7], g[7];
-        CHECK_OK(ctx, bie_activation_forward(ctx, (enum bie_activation)a, 7, x, y));
-        CHECK_OK(ctx, bie_activation_backward(ctx, (enum bie_activation)a, 7, x, ones, g));
+        struct bie_tensor tx = TEST_VIEW(x, BIE_DTYPE_F32, 7), ty = TEST_VIEW(y, BIE_DTYPE_F32, 7),
+                          to = TEST_VIEW(ones, BIE_DTYPE_F32, 7), tg = TEST_VIEW(g, BIE_DTYPE_F32, 7);
+        CHECK_OK(ctx, bie_activation_forward(ctx, (enum bie_activation)a, &(struct bie_activation_args){&tx, &ty}));
+        CHECK_OK(ctx, bie_activation_backward(ctx, (enum bie_activation)a,
+                                              &(struct bie_activation_backward_args){&tx, &to, &tg}));
         for (int i = 0; i < 7; i++) {
             CHECK(y[i] == want_y[a][i], "act %d y(%g) = %g, want %g", a, x[i], y[i], want_y[a][i]);
             CHECK(g[i] == want_g[a][i], "act %d grad(%g) = %g, want %g", a, x[i], g[i], want_g[a][i]);
         }
     }
-    float y[1];
-    CHECK(bie_activation_forward(ctx, (enum bie_activation)7, 1, x, y) == BIE_STATUS_INVALID_ARGUMENT,
-          "bad act accepted");
+    float y[7];
+    struct bie_tensor tx = TEST_VIEW(x, BIE_DTYPE_F32, 7), ty = TEST_VIEW(y, BIE_DTYPE_F32, 7);
+    const struct bie_activation_args fa = {&tx, &ty};
+    TEST_EXPECT_STATUS(ctx, bie_activation_forward(ctx, (enum bie_activation)7, &fa), BIE_STATUS_INVALID_ARGUMENT,
+                       "act");
 }
 
 static void test_softmax_xent(bie_context_t * ctx) {
@@ -175,7 +193,10 @@ static void test_softmax_xent(bie_context_t * ctx) {
     for (int64_t i = 0; i < n; i++) lab[i] = (uint8_t)test_rand_int(0, k - 1);
     double loss;
     int64_t correct;
-    CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, n, k, z, lab, &loss, g, &correct));
+    struct bie_tensor tz = TEST_VIEW(z, BIE_DTYPE_F32, n, k), tg = TEST_VIEW(g, BIE_DTYPE_F32, n, k),
+                      tl = TEST_VIEW(lab, BIE_DTYPE_U8, n);
+    const struct bie_softmax_cross_entropy_args sa = {&tz, &tl, &tg, &loss, &correct};
+    CHECK_OK(ctx, bie_softmax_cross_entropy(ctx, &sa));
     double want = 0;
     int64_t want_c = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -202,8 +223,8 @@ static void test_softmax_xent(bie_context_t * ctx) {
     CHECK(fabs(loss - want) < 1e-9 * (1 + want), "loss = %.12g, want %.12g", loss, want);
     CHECK(correct == want_c, "correct = %lld, want %lld", (long long)correct, (long long)want_c);
     lab[0] = (uint8_t)k;
-    CHECK(bie_softmax_cross_entropy(ctx, n, k, z, lab, &loss, g, &correct) == BIE_STATUS_INVALID_ARGUMENT,
-          "label out of range accepted");
+    TEST_EXPECT_STATUS(ctx, bie_softmax_cross_entropy(ctx, &sa), BIE_STATUS_INVALID_ARGUMENT, "labels[0]");
+    lab[0] = 0;
     free(z);
     free(g);
     free(lab);

@@ -16,9 +16,11 @@ static void test_adam(bie_context_t * ctx) {
     a.clip = test_rand_int(0, 1) ? 0.05f : 0.0f;
     for (int64_t i = 0; i < n; i++) pd[i] = p[i] = test_rand_float(-0.06f, 0.06f);
     const int steps = 20;
+    struct bie_tensor tp = TEST_VIEW(p, BIE_DTYPE_F32, n), tg = TEST_VIEW(g, BIE_DTYPE_F32, n),
+                      tm = TEST_VIEW(m, BIE_DTYPE_F32, n), tv = TEST_VIEW(v, BIE_DTYPE_F32, n);
     for (int t = 1; t <= steps; t++) {
         for (int64_t i = 0; i < n; i++) g[i] = test_rand_float(-1, 1);
-        CHECK_OK(ctx, bie_adam_step(ctx, &a, t, n, p, g, m, v));
+        CHECK_OK(ctx, bie_adam_step(ctx, &a, &(struct bie_adam_args){t, &tp, &tg, &tm, &tv}));
         for (int64_t i = 0; i < n; i++) {
             md[i] = a.beta1 * md[i] + (1 - a.beta1) * g[i];
             vd[i] = a.beta2 * vd[i] + (1 - a.beta2) * (double)g[i] * g[i];
@@ -33,7 +35,8 @@ static void test_adam(bie_context_t * ctx) {
     for (int64_t i = 0; i < n; i++)
         CHECK(fabs(p[i] - pd[i]) < tol, "adam p[%lld] = %.9g, want %.9g (lr %g wd %g clip %g)", (long long)i, p[i],
               pd[i], a.lr, a.weight_decay, a.clip);
-    CHECK(bie_adam_step(ctx, &a, 0, n, p, g, m, v) == BIE_STATUS_INVALID_ARGUMENT, "step 0 accepted");
+    TEST_EXPECT_STATUS(ctx, bie_adam_step(ctx, &a, &(struct bie_adam_args){0, &tp, &tg, &tm, &tv}),
+                       BIE_STATUS_INVALID_ARGUMENT, "step");
     free(p);
     free(g);
     free(m);
@@ -51,7 +54,9 @@ static void test_diode(bie_context_t * ctx) {
         w[i] = (int8_t)test_rand_int(-127, 127);
         w0[i] = w[i];
     }
-    CHECK_OK(ctx, bie_diode_init(ctx, n, w, test_seed, m, s));
+    struct bie_tensor tw = TEST_VIEW(w, BIE_DTYPE_I8, n), tm = TEST_VIEW(m, BIE_DTYPE_F32, n),
+                      ts = TEST_VIEW(s, BIE_DTYPE_F32, n), tg = TEST_VIEW(g, BIE_DTYPE_F32, n);
+    CHECK_OK(ctx, bie_diode_init(ctx, &(struct bie_diode_init_args){test_seed, &tw, &tm, &ts}));
     for (int64_t i = 0; i < n; i++) {
         CHECK(m[i] == 0.0f, "diode init m[%lld] = %g", (long long)i, m[i]);
         // s = -sign(w) * u, u in [0, 1e-3): opposite sign to w (or zero).
@@ -67,7 +72,7 @@ static void test_diode(bie_context_t * ctx) {
     int64_t total_flips = 0;
     for (int step = 0; step < 3000; step++) {
         int64_t flips;
-        CHECK_OK(ctx, bie_diode_step(ctx, &p, n, w, g, m, s, &flips));
+        CHECK_OK(ctx, bie_diode_step(ctx, &p, &(struct bie_diode_args){&tw, &tg, &tm, &ts, &flips}));
         total_flips += flips;
     }
     int64_t positive_before = 0, zeros = 0;
@@ -87,7 +92,9 @@ static void test_diode(bie_context_t * ctx) {
     float m1[4] = {0.0f, 0.0f, 0.0f, 0.0f}, s1[4] = {-1e-9f, 1e-9f, 1e-9f, -1e-9f}, g1[4] = {1, -1, -1, 1};
     struct bie_diode_params q = {1.0f, 0.5f, 0.5f};
     int64_t f1;
-    CHECK_OK(ctx, bie_diode_step(ctx, &q, 4, w1, g1, m1, s1, &f1));
+    struct bie_tensor tw1 = TEST_VIEW(w1, BIE_DTYPE_I8, 4), tm1 = TEST_VIEW(m1, BIE_DTYPE_F32, 4),
+                      ts1 = TEST_VIEW(s1, BIE_DTYPE_F32, 4), tg1 = TEST_VIEW(g1, BIE_DTYPE_F32, 4);
+    CHECK_OK(ctx, bie_diode_step(ctx, &q, &(struct bie_diode_args){&tw1, &tg1, &tm1, &ts1, &f1}));
     // m = 0.5*g; s = 0.5*s + 0.5*sign(m): s ~ +0.5, -0.5, -0.5, +0.5 -> u = -1, +1, +1, -1.
     CHECK(m1[0] == 0.5f && m1[1] == -0.5f, "diode m = %g %g", m1[0], m1[1]);
     CHECK(w1[0] == -5 && w1[1] == 5 && w1[2] == 7 && w1[3] == -7 && f1 == 2,

@@ -9,7 +9,7 @@
 // Two threads: libgomp allocates a team on every parallel region of ONE thread (teams of more
 // are kept for the next region), and the CPU kernels' packing loops enter parallel regions at
 // any thread count. The model's own loops never enter a region for small work.
-#include "test-util.h"
+#include "test-train-util.h"
 #include "nn/model-impl.h"
 
 #include <omp.h>
@@ -88,7 +88,7 @@ int main(int argc, char ** argv) {
     float *x = malloc(sizeof(float) * N * in), *first = malloc(sizeof(float) * N * k), one[5];
     for (int64_t i = 0; i < N * in; i++) x[i] = test_rand_float(-1, 1);
     const float * logits = NULL;
-    CHECK_OK(ctx, bie_model_forward(ctx, m, x, N, 1, 0, &logits)); // sets the scales and statistics
+    CHECK_OK(ctx, test_forward(ctx, m, x, N, 1, 0, &logits)); // sets the scales and statistics
     char path[] = "bie-test-plan-XXXXXX";
     const int fd = mkstemp(path);
     if (fd >= 0) close(fd);
@@ -98,15 +98,15 @@ int main(int argc, char ** argv) {
     if (!p) return test_finish("test-nn-plan-alloc");
     for (int fl = 0; fl < 2; fl++) {
         // Plans for 1 and N samples (the first call at each size builds its plan).
-        CHECK_OK(ctx, bie_model_forward(ctx, p, x, N, 0, fl, &logits));
+        CHECK_OK(ctx, test_forward(ctx, p, x, N, 0, fl, &logits));
         memcpy(first, logits, sizeof(float) * N * k);
-        CHECK_OK(ctx, bie_model_forward(ctx, p, x, 1, 0, fl, &logits));
+        CHECK_OK(ctx, test_forward(ctx, p, x, 1, 0, fl, &logits));
         memcpy(one, logits, sizeof one);
         const int64_t builds = bie_model_plan_builds(p);
         __atomic_store_n(&counting, 1, __ATOMIC_RELAXED);
         for (int r = 0; r < 40; r++) {
             const int64_t n = r % 3 ? 1 : N;
-            const enum bie_status s = bie_model_forward(ctx, p, x, n, 0, fl, &logits);
+            const enum bie_status s = test_forward(ctx, p, x, n, 0, fl, &logits);
             if (s != BIE_STATUS_OK || memcmp(logits, n == 1 ? one : first, sizeof(float) * (size_t)(n * k)) != 0) {
                 __atomic_store_n(&counting, 0, __ATOMIC_RELAXED);
                 CHECK(false, "call %d (n %lld, float_layers %d): %s, or logits differ from the first call's", r,

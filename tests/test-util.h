@@ -131,3 +131,17 @@ static inline struct bie_tensor test_scalar(float v) {
     ((float *)t.data)[0] = v;
     return t;
 }
+
+// A dense row-major CPU view of existing memory: TEST_VIEW(data, dtype, d0, d1, ...).
+static inline struct bie_tensor test_view(const void * data, enum bie_dtype dtype, int32_t ndim,
+                                          const int64_t * shape) {
+    struct bie_tensor t;
+    if (bie_tensor_make(&t, (void *)(uintptr_t)data, dtype, ndim, shape) != BIE_STATUS_OK) {
+        fprintf(stderr, "test_view: bad shape\n");
+        exit(2);
+    }
+    return t;
+}
+#define TEST_VIEW(data, dtype, ...)                                                                                    \
+    test_view((data), (dtype), (int32_t)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)),                          \
+              (const int64_t[]){__VA_ARGS__})

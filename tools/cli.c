@@ -300,7 +300,10 @@ bool evaluate(bie_context_t * ctx, bie_model_t * m, const struct dataset * d, in
     float * x = malloc(sizeof(float) * (size_t)(batch * px));
     uint8_t * y = malloc((size_t)batch);
     int64_t * order = malloc(sizeof(int64_t) * (size_t)batch);
-    if (!x || !y || !order) {
+    const int64_t k = bie_model_num_outputs(m);
+    float * logits = malloc(sizeof(float) * (size_t)(batch * k));
+    if (!x || !y || !order || !logits) {
+        free(logits);
         free(x);
         free(y);
         free(order);
@@ -314,19 +317,24 @@ bool evaluate(bie_context_t * ctx, bie_model_t * m, const struct dataset * d, in
         const int64_t b = n - at < batch ? n - at : batch;
         for (int64_t i = 0; i < b; i++) order[i] = at + i;
         data_batch(d, order, b, x, y);
-        const float * logits;
+        struct bie_tensor tx, tz, tl;
+        bie_tensor_make(&tx, x, BIE_DTYPE_F32, 2, (const int64_t[]){b, px});
+        bie_tensor_make(&tz, logits, BIE_DTYPE_F32, 2, (const int64_t[]){b, k});
+        bie_tensor_make(&tl, y, BIE_DTYPE_U8, 1, &b);
         const double t0 = now_seconds();
-        enum bie_status s = bie_model_forward(ctx, m, x, b, 0, float_layers, &logits);
+        enum bie_status s = bie_model_forward(ctx, m, &(struct bie_model_forward_desc){0, float_layers},
+                                              &(struct bie_model_forward_args){&tx, &tz});
         model_time += now_seconds() - t0;
         int64_t c = 0;
         if (s == BIE_STATUS_OK)
-            s = bie_softmax_cross_entropy(ctx, b, bie_model_num_outputs(m), logits, y, NULL, NULL, &c);
+            s = bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, NULL, NULL, &c});
         if (s != BIE_STATUS_OK) {
             fail_status(ctx, "evaluation", s);
             ok = false;
         }
         correct += c;
     }
+    free(logits);
     free(x);
     free(y);
     free(order);

@@ -329,7 +329,7 @@ int bie_train_main(int argc, char ** argv) {
     int rc = EXIT_FAILURE_;
     bie_model_t *m = NULL, *packed = NULL;
     bie_safetensors_t * st = NULL;
-    float *x = NULL, *grad = NULL;
+    float *x = NULL, *grad = NULL, *logits = NULL;
     uint8_t * y = NULL;
     int64_t * order = NULL;
     FILE * log = NULL;
@@ -399,9 +399,10 @@ int bie_train_main(int argc, char ** argv) {
     const int64_t total_steps = batches * o->epochs;
     x = malloc(sizeof(float) * (size_t)(o->batch * train.h * train.w));
     grad = malloc(sizeof(float) * (size_t)(o->batch * classes));
+    logits = malloc(sizeof(float) * (size_t)(o->batch * classes));
     y = malloc((size_t)o->batch);
     order = malloc(sizeof(int64_t) * (size_t)n_train);
-    if (!x || !grad || !y || !order) {
+    if (!x || !grad || !logits || !y || !order) {
         fprintf(stderr, "bie train: out of memory\n");
         goto done;
     }
@@ -434,13 +435,19 @@ int bie_train_main(int argc, char ** argv) {
             const int64_t step = (epoch - 1) * batches + b; // cosine schedule over the whole run
             const float lr = (float)(o->lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps)));
             const float dlr = (float)(o->diode_lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps)));
-            const float * logits;
             double loss = 0;
             int64_t c = 0;
-            s = bie_model_forward(ctx, m, x, nb, 1, 0, &logits);
-            if (s == BIE_STATUS_OK) s = bie_softmax_cross_entropy(ctx, nb, classes, logits, y, &loss, grad, &c);
-            if (s == BIE_STATUS_OK) s = bie_model_backward(ctx, m, grad);
-            if (s == BIE_STATUS_OK) s = bie_model_step(ctx, m, lr, (float)o->wd, dlr);
+            struct bie_tensor tx, tz, tl, tg;
+            bie_tensor_make(&tx, x, BIE_DTYPE_F32, 2, (const int64_t[]){nb, bie_model_num_inputs(m)});
+            bie_tensor_make(&tz, logits, BIE_DTYPE_F32, 2, (const int64_t[]){nb, classes});
+            bie_tensor_make(&tl, y, BIE_DTYPE_U8, 1, &nb);
+            bie_tensor_make(&tg, grad, BIE_DTYPE_F32, 2, (const int64_t[]){nb, classes});
+            s = bie_model_forward(ctx, m, &(struct bie_model_forward_desc){1, 0},
+                                  &(struct bie_model_forward_args){&tx, &tz});
+            if (s == BIE_STATUS_OK)
+                s = bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, &tg, &loss, &c});
+            if (s == BIE_STATUS_OK) s = bie_model_backward(ctx, m, &(struct bie_model_backward_args){&tg});
+            if (s == BIE_STATUS_OK) s = bie_model_step(ctx, m, &(struct bie_model_step_desc){lr, (float)o->wd, dlr});
             if (s != BIE_STATUS_OK) {
                 if (prog.tty) fputc('\n', stderr);
                 rc = fail_status(ctx, "training step", s);
@@ -551,6 +558,7 @@ done:
     bie_model_destroy(packed);
     free(x);
     free(grad);
+    free(logits);
     free(y);
     free(order);
     data_free(&train);

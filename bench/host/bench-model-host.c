@@ -85,15 +85,25 @@ static void run_layer(bie_context_t * ctx, struct runner * r, int64_t i, bool un
         }
         break;
     case L_BN:
-        if (unplanned)
-            bie_batchnorm_forward(ctx, 1, c, hw, in, L->w.v, L->b.v, L->rmean, L->rvar, BN_MOMENTUM, BN_EPS, 0, NULL,
-                                  NULL, out);
-        else nn_channel_affine(1, c, hw, L->bn_scale, L->bn_shift, in, out);
+        if (unplanned) {
+            struct bie_tensor tx, ty, tw, tb, tm, tv;
+            bie_tensor_make(&tx, (void *)(uintptr_t)in, BIE_DTYPE_F32, 3, (const int64_t[]){1, c, hw});
+            bie_tensor_make(&ty, out, BIE_DTYPE_F32, 3, (const int64_t[]){1, c, hw});
+            bie_tensor_make(&tw, L->w.v, BIE_DTYPE_F32, 1, &c);
+            bie_tensor_make(&tb, L->b.v, BIE_DTYPE_F32, 1, &c);
+            bie_tensor_make(&tm, L->rmean, BIE_DTYPE_F32, 1, &c);
+            bie_tensor_make(&tv, L->rvar, BIE_DTYPE_F32, 1, &c);
+            bie_batchnorm_forward(ctx, &(struct bie_batchnorm_desc){BN_MOMENTUM, BN_EPS, 0},
+                                  &(struct bie_batchnorm_args){&tx, &tw, &tb, &tm, &tv, NULL, NULL, &ty});
+        } else nn_channel_affine(1, c, hw, L->bn_scale, L->bn_shift, in, out);
         break;
     case L_ACT:
-        if (unplanned && L->act <= NN_ACT_HARDTANH)
-            bie_activation_forward(ctx, (enum bie_activation)L->act, count, in, out);
-        else nn_act_forward(L->act, count, in, out);
+        if (unplanned && L->act <= NN_ACT_HARDTANH) {
+            struct bie_tensor tx, ty;
+            bie_tensor_make(&tx, (void *)(uintptr_t)in, BIE_DTYPE_F32, 1, &count);
+            bie_tensor_make(&ty, out, BIE_DTYPE_F32, 1, &count);
+            bie_activation_forward(ctx, (enum bie_activation)L->act, &(struct bie_activation_args){&tx, &ty});
+        } else nn_act_forward(L->act, count, in, out);
         break;
     case L_ADD: nn_add(count, in, r->val[L->src[1]], out); break;
     case L_FLATTEN:
@@ -147,13 +157,22 @@ int main(int argc, char ** argv) {
         return 1;
     }
     // Train one step so that the scales are set; then pack it as a model file would be.
-    float *x = malloc(sizeof(float) * 4 * (size_t)width), *g = malloc(sizeof(float) * 4 * (size_t)width);
+    float *x = malloc(sizeof(float) * 4 * (size_t)width), *g = malloc(sizeof(float) * 4 * (size_t)width),
+          *logits = malloc(sizeof(float) * 4 * (size_t)width);
     for (int i = 0; i < 4 * width; i++) x[i] = (float)((i * 37) % 17) / 8.0f - 1.0f;
-    const float * logits;
-    bie_model_forward(ctx, m, x, 4, 1, 0, &logits);
+    const int64_t in = bie_model_num_inputs(m), k = bie_model_num_outputs(m);
+    struct bie_tensor tx4, tz4, tg4, tx1, tz1;
+    bie_tensor_make(&tx4, x, BIE_DTYPE_F32, 2, (const int64_t[]){4, in});
+    bie_tensor_make(&tz4, logits, BIE_DTYPE_F32, 2, (const int64_t[]){4, k});
+    bie_tensor_make(&tg4, g, BIE_DTYPE_F32, 2, (const int64_t[]){4, k});
+    bie_tensor_make(&tx1, x, BIE_DTYPE_F32, 2, (const int64_t[]){1, in});
+    bie_tensor_make(&tz1, logits, BIE_DTYPE_F32, 2, (const int64_t[]){1, k});
+    const struct bie_model_forward_desc train = {1, 0}, infer = {0, 0};
+    const struct bie_model_forward_args one = {&tx1, &tz1};
+    bie_model_forward(ctx, m, &train, &(struct bie_model_forward_args){&tx4, &tz4});
     for (int i = 0; i < 4 * width; i++) g[i] = 0.01f;
-    bie_model_backward(ctx, m, g);
-    bie_model_step(ctx, m, 1e-3f, 0, 0);
+    bie_model_backward(ctx, m, &(struct bie_model_backward_args){&tg4});
+    bie_model_step(ctx, m, &(struct bie_model_step_desc){1e-3f, 0, 0});
     const char path[] = "bench-model-host.safetensors";
     bie_model_t * p = NULL;
     if (bie_model_save(ctx, m, path, BIE_MODEL_FILE_PACKED, NULL, 0) != BIE_STATUS_OK ||
@@ -163,7 +182,7 @@ int main(int argc, char ** argv) {
     }
     remove(path);
     // Build the plan at n = 1, and the runner's buffers and validated calls.
-    bie_model_forward(ctx, p, x, 1, 0, 0, &logits);
+    bie_model_forward(ctx, p, &infer, &one);
     struct runner r = {.m = p, .x = x};
     r.val = calloc((size_t)p->n_layers + 1, sizeof *r.val);
     r.buf = calloc((size_t)p->n_layers + 1, sizeof *r.buf);
@@ -191,7 +210,7 @@ int main(int argc, char ** argv) {
         double med[3];
         double * ts[3] = {t, t + repeat, t + 2 * repeat};
         for (int w = 0; w < 3; w++) { // warm-up
-            bie_model_forward(ctx, p, x, 1, 0, 0, &logits);
+            bie_model_forward(ctx, p, &infer, &one);
             run_layers(ctx, &r, false);
             run_layers(ctx, &r, true);
         }
@@ -202,7 +221,7 @@ int main(int argc, char ** argv) {
                 const int what = (j + rep) % 3;
                 const double t0 = now_ns();
                 for (int c = 0; c < calls; c++) {
-                    if (what == 0) bie_model_forward(ctx, p, x, 1, 0, 0, &logits);
+                    if (what == 0) bie_model_forward(ctx, p, &infer, &one);
                     else run_layers(ctx, &r, what == 2);
                 }
                 ts[what][rep] = (now_ns() - t0) / calls;
@@ -251,6 +270,7 @@ int main(int argc, char ** argv) {
     free(t);
     free(x);
     free(g);
+    free(logits);
     free(arch);
     bie_model_destroy(m);
     bie_model_destroy(p);

@@ -11,6 +11,25 @@ import torch.nn as nn
 
 import bie
 from bie import _lib
+from bie.functional import _view
+
+_TP = ctypes.POINTER(_lib.Tensor)
+
+
+class _ForwardDesc(ctypes.Structure):  # struct bie_model_forward_desc
+    _fields_ = [("training", ctypes.c_int32), ("float_layers", ctypes.c_int32)]
+
+
+class _ForwardArgs(ctypes.Structure):  # struct bie_model_forward_args
+    _fields_ = [("x", _TP), ("logits", _TP)]
+
+
+class _BackwardArgs(ctypes.Structure):  # struct bie_model_backward_args
+    _fields_ = [("grad_logits", _TP)]
+
+
+class _StepDesc(ctypes.Structure):  # struct bie_model_step_desc
+    _fields_ = [("lr", ctypes.c_float), ("weight_decay", ctypes.c_float), ("diode_lr", ctypes.c_float)]
 
 
 def model_api():
@@ -21,12 +40,11 @@ def model_api():
     lib.bie_model_create.restype = ctypes.c_int
     lib.bie_model_create.argtypes = [p, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint64, ctypes.POINTER(p)]
     lib.bie_model_forward.restype = ctypes.c_int
-    lib.bie_model_forward.argtypes = [p, p, p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
-                                      ctypes.POINTER(ctypes.POINTER(ctypes.c_float))]
+    lib.bie_model_forward.argtypes = [p, p, ctypes.POINTER(_ForwardDesc), ctypes.POINTER(_ForwardArgs)]
     lib.bie_model_backward.restype = ctypes.c_int
-    lib.bie_model_backward.argtypes = [p, p, p]
+    lib.bie_model_backward.argtypes = [p, p, ctypes.POINTER(_BackwardArgs)]
     lib.bie_model_step.restype = ctypes.c_int
-    lib.bie_model_step.argtypes = [p, p, ctypes.c_float, ctypes.c_float, ctypes.c_float]
+    lib.bie_model_step.argtypes = [p, p, ctypes.POINTER(_StepDesc)]
     lib.bie_model_save.restype = ctypes.c_int
     lib.bie_model_save.argtypes = [p, p, ctypes.c_char_p, ctypes.c_int, p, ctypes.c_size_t]
     lib.bie_model_destroy.argtypes = [p]
@@ -37,11 +55,12 @@ def model_api():
 
 def _forward(lib, ctx, m, x, training=0):
     x = x.contiguous().to(torch.float32)
-    out = ctypes.POINTER(ctypes.c_float)()
-    ctx.check("bie_model_forward", lib.bie_model_forward(ctx.handle, m, x.data_ptr(), x.shape[0], training, 0,
-                                                          ctypes.byref(out)))
-    k = lib.bie_model_num_outputs(m)
-    return torch.tensor(out[:x.shape[0] * k]).reshape(x.shape[0], k)
+    out = torch.empty(x.shape[0], lib.bie_model_num_outputs(m), dtype=torch.float32)
+    xv, ov = _view(x), _view(out)
+    args = _ForwardArgs(ctypes.pointer(xv), ctypes.pointer(ov))
+    ctx.check("bie_model_forward", lib.bie_model_forward(ctx.handle, m, ctypes.byref(_ForwardDesc(training, 0)),
+                                                          ctypes.byref(args)))
+    return out
 
 
 def bie_logits(path, x):
@@ -68,8 +87,10 @@ def c_trained_model(arch, path, x, labels, steps=3, seed=1):
             z = _forward(lib, ctx, m, x, training=1)
             grad = (torch.softmax(z.double(), 1) - torch.nn.functional.one_hot(labels, z.shape[1])) / z.shape[0]
             grad = grad.to(torch.float32).contiguous()
-            ctx.check("bie_model_backward", lib.bie_model_backward(ctx.handle, m, grad.data_ptr()))
-            ctx.check("bie_model_step", lib.bie_model_step(ctx.handle, m, 0.01, 0.0, 0.05))
+            gv = _view(grad)
+            ctx.check("bie_model_backward",
+                      lib.bie_model_backward(ctx.handle, m, ctypes.byref(_BackwardArgs(ctypes.pointer(gv)))))
+            ctx.check("bie_model_step", lib.bie_model_step(ctx.handle, m, ctypes.byref(_StepDesc(0.01, 0.0, 0.05))))
         ctx.check("bie_model_save", lib.bie_model_save(ctx.handle, m, os.fsencode(path), 0, None, 0))
     finally:
         lib.bie_model_destroy(m)

@@ -6,6 +6,7 @@
 
 #include "bie-impl.h"
 #include "nn/graph-ops.h"
+#include "nn/nn-kernels.h"
 
 #include <stdbool.h>
 

@@ -82,8 +82,8 @@ static enum bie_status layer_forward(bie_context_t * ctx, bie_model_t * m, struc
         }
         return BIE_STATUS_OK;
     case L_BN:
-        return bie_batchnorm_forward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->b.v, L->rmean, L->rvar,
-                                     BN_MOMENTUM, BN_EPS, 1, L->smean, L->sinvstd, out);
+        return bie_nn_batchnorm_forward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->b.v, L->rmean, L->rvar,
+                                        BN_MOMENTUM, BN_EPS, 1, L->smean, L->sinvstd, out);
     case L_POOL:
         if (L->pool_kind == POOL_ADAPTIVE_AVG) {
             nn_adaptive_avgpool_forward(n, L->in[0], L->in[1], L->in[2], L->out[1], L->out[2], in, out);
@@ -184,8 +184,8 @@ static enum bie_status layer_backward(bie_context_t * ctx, bie_model_t * m, stru
         }
         break;
     case L_BN:
-        BIE_TRY(bie_batchnorm_backward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->smean, L->sinvstd, gy, gx,
-                                       L->w.g, L->b.g));
+        BIE_TRY(bie_nn_batchnorm_backward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->smean, L->sinvstd, gy,
+                                          gx, L->w.g, L->b.g));
         break;
     case L_POOL:
         if (!gx) break;
@@ -210,14 +210,15 @@ static enum bie_status layer_backward(bie_context_t * ctx, bie_model_t * m, stru
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * m, const float * grad_logits) {
+enum bie_status bie_model_backward(bie_context_t * ctx, bie_model_t * m, const struct bie_model_backward_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     BIE_ENTER(ctx);
-    if (!m || !grad_logits) BIE_FAIL("model, grad_logits: must not be NULL");
+    if (!m || !a) BIE_FAIL("model, args: must not be NULL");
     if (!m->have_training) BIE_FAIL("model: backward needs a training forward first");
-    const int64_t n = m->n;
+    const int64_t n = m->n, k = bie_model_num_outputs(m);
+    BIE_TRY(bie_nn_check_shape(ctx, "grad_logits", a->grad_logits, BIE_DTYPE_F32, 2, (const int64_t[]){n, k}));
     memset(m->grad_set, 0, sizeof(bool) * (size_t)(m->n_layers + 1));
-    memcpy(m->grad[m->n_layers], grad_logits, sizeof(float) * (size_t)(n * bie_model_num_outputs(m)));
+    memcpy(m->grad[m->n_layers], a->grad_logits->data, sizeof(float) * (size_t)(n * k));
     m->grad_set[m->n_layers] = true;
     for (int64_t i = m->n_layers - 1; i >= 0; i--) {
         struct layer * L = &m->L[i];

@@ -144,7 +144,7 @@ static enum bie_status init_params(bie_context_t * ctx, bie_model_t * m) {
             struct bie_tensor w8;
             bie_tensor_make(&w8, L->w8, BIE_DTYPE_I8, 2, shape);
             BIE_TRY(bie_weight_to_latent_int8(ctx, &wt, &w8));
-            BIE_TRY(bie_diode_init(ctx, L->O * L->K, L->w8, splitmix64(&st), L->w.m, L->w.s));
+            BIE_TRY(bie_nn_diode_init(ctx, L->O * L->K, L->w8, splitmix64(&st), L->w.m, L->w.s));
             memset(L->w.g, 0, sizeof(float) * (size_t)(L->O * L->K));
         }
     }
@@ -364,22 +364,49 @@ enum bie_status bie_model_init_scale_a(bie_context_t * ctx, struct layer * L, in
 
 // --- forward ------------------------------------------------------------------------------------
 
-enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const float * x, int64_t n, int training,
-                                  int float_layers, const float ** logits) {
-    BIE_ENTER(ctx);
-    if (!m || !x || !logits) BIE_FAIL("model, x, logits: must not be NULL");
-    if (n < 1 || n > (1 << 20)) BIE_FAIL("n: = %lld must be in [1, 2^20]", (long long)n);
-    if (training && m->packed) BIE_FAIL("model: a packed model can only run inference (training = 0)");
-    if (training && float_layers) BIE_FAIL("float_layers: only for inference");
-    BIE_TRY(bie_model_check_memory(ctx, m, n, training, BIE_STATUS_OUT_OF_MEMORY));
-    m->have_training = false;
-    if (!training) return bie_model_infer(ctx, m, x, n, float_layers != 0, logits);
-    return bie_model_train_forward(ctx, m, x, n, logits);
+// x [n, C, H, W] or [n, C*H*W] of the model's input: n.
+static enum bie_status check_input(bie_context_t * ctx, const bie_model_t * m, const struct bie_tensor * x,
+                                   int64_t * n) {
+    BIE_TRY(bie_nn_check_dense(ctx, "x", x, BIE_DTYPE_F32));
+    const int64_t * in = m->input;
+    const bool ok = (x->ndim == 4 && x->shape[1] == in[0] && x->shape[2] == in[1] && x->shape[3] == in[2]) ||
+                    (x->ndim == 2 && x->shape[1] == bie_model_num_inputs(m));
+    if (!ok)
+        BIE_FAIL("x: must be [n, %lld, %lld, %lld] or [n, %lld] (the model's input)", (long long)in[0],
+                 (long long)in[1], (long long)in[2], (long long)bie_model_num_inputs(m));
+    *n = x->shape[0];
+    if (*n > (1 << 20)) BIE_FAIL("x: n = %lld must be in [1, 2^20]", (long long)*n);
+    return BIE_STATUS_OK;
 }
 
-enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, float weight_decay, float diode_lr) {
+enum bie_status bie_model_forward(bie_context_t * ctx, bie_model_t * m, const struct bie_model_forward_desc * desc,
+                                  const struct bie_model_forward_args * a) {
     BIE_ENTER(ctx);
-    if (!m) BIE_FAIL("model: is NULL");
+    if (!m || !desc || !a) BIE_FAIL("model, desc, args: must not be NULL");
+    int64_t n = 0;
+    BIE_TRY(check_input(ctx, m, a->x, &n));
+    const int64_t k = bie_model_num_outputs(m);
+    BIE_TRY(bie_nn_check_shape(ctx, "logits", a->logits, BIE_DTYPE_F32, 2, (const int64_t[]){n, k}));
+    const struct bie_tensor * outs[] = {a->logits};
+    const char * out_names[] = {"logits"};
+    const struct bie_tensor * ins[] = {a->x};
+    const char * in_names[] = {"x"};
+    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 1, ins, in_names, 1));
+    if (desc->training && m->packed) BIE_FAIL("model: a packed model can only run inference (training = 0)");
+    if (desc->training && desc->float_layers) BIE_FAIL("desc.float_layers: only for inference");
+    BIE_TRY(bie_model_check_memory(ctx, m, n, desc->training, BIE_STATUS_OUT_OF_MEMORY));
+    m->have_training = false;
+    const float * logits = NULL;
+    if (!desc->training) BIE_TRY(bie_model_infer(ctx, m, a->x->data, n, desc->float_layers != 0, &logits));
+    else BIE_TRY(bie_model_train_forward(ctx, m, a->x->data, n, &logits));
+    memcpy(a->logits->data, logits, sizeof(float) * (size_t)(n * k));
+    return BIE_STATUS_OK;
+}
+
+enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, const struct bie_model_step_desc * desc) {
+    BIE_ENTER(ctx);
+    if (!m || !desc) BIE_FAIL("model, desc: must not be NULL");
+    const float lr = desc->lr, weight_decay = desc->weight_decay, diode_lr = desc->diode_lr;
     if (m->packed) BIE_FAIL("model: a packed model cannot be trained");
     if (m->step >= BIE_MODEL_MAX_STEP) BIE_FAIL("model: step count %lld is at its bound 2^62", (long long)m->step);
     m->step++;
@@ -397,9 +424,9 @@ enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, f
         if (L->kind == L_BN || ((L->kind == L_CONV || L->kind == L_LINEAR) && L->q == Q_F32)) {
             ap.weight_decay = L->kind == L_BN ? 0.0f : weight_decay;
             ap.clip = 0;
-            BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
+            BIE_TRY(bie_nn_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
             ap.weight_decay = 0;
-            BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
+            BIE_TRY(bie_nn_adam_step(ctx, &ap, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
         } else if (L->kind == L_CONV || L->kind == L_LINEAR) {
             // bias_a and scale_a duplicate the preceding batch norm's beta and gamma (the pair only
             // moves the threshold and the STE window): a tenth of the rate keeps Adam from driving
@@ -408,27 +435,28 @@ enum bie_status bie_model_step(bie_context_t * ctx, bie_model_t * m, float lr, f
             aux.lr = ap.lr * AUX_LR_FACTOR;
             aux.weight_decay = 0;
             aux.clip = 0;
-            BIE_TRY(bie_adam_step(ctx, &aux, m->step, L->bias_a.n, L->bias_a.v, L->bias_a.g, L->bias_a.m, L->bias_a.s));
-            BIE_TRY(bie_adam_step(ctx, &aux, m->step, 1, L->scale_a.v, L->scale_a.g, L->scale_a.m, L->scale_a.s));
+            BIE_TRY(
+                bie_nn_adam_step(ctx, &aux, m->step, L->bias_a.n, L->bias_a.v, L->bias_a.g, L->bias_a.m, L->bias_a.s));
+            BIE_TRY(bie_nn_adam_step(ctx, &aux, m->step, 1, L->scale_a.v, L->scale_a.g, L->scale_a.m, L->scale_a.s));
             if (!(L->scale_a.v[0] > 1e-6f)) L->scale_a.v[0] = 1e-6f; // the layer needs scale_a > 0
             if (L->w8) {
-                BIE_TRY(bie_diode_step(ctx, &dp, L->w.n, L->w8, L->w.g, L->w.m, L->w.s, NULL));
+                BIE_TRY(bie_nn_diode_step(ctx, &dp, L->w.n, L->w8, L->w.g, L->w.m, L->w.s, NULL));
             } else {
                 // Latent binary weights live in [-1, 1] (BinaryConnect); n-bit latents in the
                 // quantizer's range, so they cannot drift far past the clamp.
                 const float range = L->q == Q_B1 ? 1.0f : L->scale_w * (L->q == Q_Q4 ? 8.0f : 128.0f);
                 ap.clip = range;
-                BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
+                BIE_TRY(bie_nn_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
             }
             if (L->has_bias) { // the output bias: plain Adam, like a float layer's bias
                 struct bie_adam_params bp = aux;
                 bp.lr = ap.lr;
-                BIE_TRY(bie_adam_step(ctx, &bp, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
+                BIE_TRY(bie_nn_adam_step(ctx, &bp, m->step, L->b.n, L->b.v, L->b.g, L->b.m, L->b.s));
             }
         } else if (L->kind == L_ACT && L->prelu_n) { // PReLU slopes: Adam without weight decay
             ap.weight_decay = 0;
             ap.clip = 0;
-            BIE_TRY(bie_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
+            BIE_TRY(bie_nn_adam_step(ctx, &ap, m->step, L->w.n, L->w.v, L->w.g, L->w.m, L->w.s));
         }
     }
     return BIE_STATUS_OK;

@@ -4,6 +4,7 @@
 // order inside one thread (threads split channels or rows), so results do not depend on the
 // thread count.
 #include "bie-impl.h"
+#include "nn/nn-kernels.h"
 #include "core/checked.h"
 
 #include <float.h>
@@ -15,10 +16,10 @@
 //             running_mean += momentum*(mean - running_mean);
 //             running_var  += momentum*(var*m/(m-1) - running_var)
 //   y = (x - mean) / sqrt(var + eps) * gamma + beta
-enum bie_status bie_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
-                                      const float * gamma, const float * beta, float * running_mean,
-                                      float * running_var, float momentum, float eps, int training, float * saved_mean,
-                                      float * saved_invstd, float * y) {
+enum bie_status bie_nn_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
+                                         const float * gamma, const float * beta, float * running_mean,
+                                         float * running_var, float momentum, float eps, int training,
+                                         float * saved_mean, float * saved_invstd, float * y) {
     BIE_ENTER(ctx);
     if (n <= 0 || c <= 0 || hw <= 0)
         BIE_FAIL("n, c, hw: must be > 0 (got %lld, %lld, %lld)", (long long)n, (long long)c, (long long)hw);
@@ -69,9 +70,9 @@ enum bie_status bie_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c,
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
-                                       const float * gamma, const float * saved_mean, const float * saved_invstd,
-                                       const float * grad_y, float * grad_x, float * grad_gamma, float * grad_beta) {
+enum bie_status bie_nn_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
+                                          const float * gamma, const float * saved_mean, const float * saved_invstd,
+                                          const float * grad_y, float * grad_x, float * grad_gamma, float * grad_beta) {
     BIE_ENTER(ctx);
     if (n <= 0 || c <= 0 || hw <= 0) BIE_FAIL("n, c, hw: must be > 0");
     if (!x || !gamma || !saved_mean || !saved_invstd || !grad_y || !grad_gamma || !grad_beta)
@@ -112,8 +113,8 @@ static enum bie_status check_pool(bie_context_t * ctx, int64_t n, int64_t c, int
 }
 
 // y[i, j, oy, ox] = max over the window x[i, j, oy*k + a, ox*k + b], a, b in [0, k).
-enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w, int32_t k,
-                                      const float * x, float * y, int32_t * argmax) {
+enum bie_status bie_nn_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w, int32_t k,
+                                         const float * x, float * y, int32_t * argmax) {
     BIE_ENTER(ctx);
     enum bie_status s = check_pool(ctx, n, c, h, w, k);
     if (s != BIE_STATUS_OK) return s;
@@ -159,8 +160,8 @@ enum bie_status bie_maxpool2d_forward(bie_context_t * ctx, int64_t n, int64_t c,
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w, int32_t k,
-                                       const float * grad_y, const int32_t * argmax, float * grad_x) {
+enum bie_status bie_nn_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t h, int64_t w, int32_t k,
+                                          const float * grad_y, const int32_t * argmax, float * grad_x) {
     BIE_ENTER(ctx);
     enum bie_status s = check_pool(ctx, n, c, h, w, k);
     if (s != BIE_STATUS_OK) return s;
@@ -178,8 +179,8 @@ enum bie_status bie_maxpool2d_backward(bie_context_t * ctx, int64_t n, int64_t c
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation act, int64_t count, const float * x,
-                                       float * y) {
+enum bie_status bie_nn_activation_forward(bie_context_t * ctx, enum bie_activation act, int64_t count, const float * x,
+                                          float * y) {
     BIE_ENTER(ctx);
     if (count < 0 || (count && (!x || !y))) BIE_FAIL("x, y: must not be NULL");
     if (act != BIE_ACT_RELU && act != BIE_ACT_SIGN && act != BIE_ACT_HARDTANH)
@@ -194,8 +195,8 @@ enum bie_status bie_activation_forward(bie_context_t * ctx, enum bie_activation 
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation act, int64_t count, const float * x,
-                                        const float * grad_y, float * grad_x) {
+enum bie_status bie_nn_activation_backward(bie_context_t * ctx, enum bie_activation act, int64_t count, const float * x,
+                                           const float * grad_y, float * grad_x) {
     BIE_ENTER(ctx);
     if (count < 0 || (count && (!x || !grad_y || !grad_x))) BIE_FAIL("x, grad_y, grad_x: must not be NULL");
     if (act != BIE_ACT_RELU && act != BIE_ACT_SIGN && act != BIE_ACT_HARDTANH)
@@ -209,9 +210,9 @@ enum bie_status bie_activation_backward(bie_context_t * ctx, enum bie_activation
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_softmax_cross_entropy(bie_context_t * ctx, int64_t n, int64_t classes, const float * logits,
-                                          const uint8_t * labels, double * loss, float * grad_logits,
-                                          int64_t * correct) {
+enum bie_status bie_nn_softmax_cross_entropy(bie_context_t * ctx, int64_t n, int64_t classes, const float * logits,
+                                             const uint8_t * labels, double * loss, float * grad_logits,
+                                             int64_t * correct) {
     BIE_ENTER(ctx);
     int64_t elements;
     if (n <= 0 || classes <= 0) BIE_FAIL("n, classes: must be > 0");

@@ -2,6 +2,7 @@
 // optim.c: Adam (for float parameters and float latent weights) and Diode (the sign-flip rule for
 // int8 latent binary weights, Bitorch Engine's DiodeMix).
 #include "bie-impl.h"
+#include "nn/nn-kernels.h"
 
 #include <math.h>
 
@@ -15,8 +16,8 @@ void bie_adam_params_default(struct bie_adam_params * p) {
     p->clip = 0.0f;
 }
 
-enum bie_status bie_adam_step(bie_context_t * ctx, const struct bie_adam_params * a, int64_t step, int64_t count,
-                              float * p, const float * grad, float * m, float * v) {
+enum bie_status bie_nn_adam_step(bie_context_t * ctx, const struct bie_adam_params * a, int64_t step, int64_t count,
+                                 float * p, const float * grad, float * m, float * v) {
     BIE_ENTER(ctx);
     if (!a) BIE_FAIL("params: is NULL");
     if (step < 1) BIE_FAIL("step: = %lld must be >= 1", (long long)step);
@@ -55,8 +56,8 @@ static uint64_t splitmix64(uint64_t * state) {
     return z ^ (z >> 31);
 }
 
-enum bie_status bie_diode_init(bie_context_t * ctx, int64_t count, const int8_t * w, uint64_t seed, float * m,
-                               float * s) {
+enum bie_status bie_nn_diode_init(bie_context_t * ctx, int64_t count, const int8_t * w, uint64_t seed, float * m,
+                                  float * s) {
     BIE_ENTER(ctx);
     if (count < 0 || (count && (!w || !m || !s))) BIE_FAIL("w, m, s: must not be NULL");
     uint64_t st = seed;
@@ -68,8 +69,8 @@ enum bie_status bie_diode_init(bie_context_t * ctx, int64_t count, const int8_t 
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_diode_step(bie_context_t * ctx, const struct bie_diode_params * a, int64_t count, int8_t * w,
-                               const float * grad, float * m, float * s, int64_t * flips) {
+enum bie_status bie_nn_diode_step(bie_context_t * ctx, const struct bie_diode_params * a, int64_t count, int8_t * w,
+                                  const float * grad, float * m, float * s, int64_t * flips) {
     BIE_ENTER(ctx);
     if (!a) BIE_FAIL("params: is NULL");
     if (count < 0 || (count && (!w || !grad || !m || !s))) BIE_FAIL("w, grad, m, s: must not be NULL");
