@@ -313,256 +313,304 @@ static size_t checkpoint_meta(struct command * cmd, struct checkpoint_meta * cm,
     return n / 2;
 }
 
+// What a run holds, released by run_free.
+struct run {
+    bie_context_t * ctx;
+    bie_model_t *m, *packed;
+    bie_safetensors_t * st;
+    float *x, *grad, *logits;
+    uint8_t * y;
+    int64_t * order;
+    FILE * log;
+    struct dataset train, test;
+    char arch[4096];
+    int64_t first_epoch, n_train, n_test, batches, classes;
+    struct progress prog;
+    double t_start;
+};
+#define RUN_ON (-1) // a step's result when the run goes on (else the exit code)
+
+static void run_free(struct run * r) {
+    if (r->log) fclose(r->log);
+    bie_safetensors_free(r->st);
+    bie_model_destroy(r->m);
+    bie_model_destroy(r->packed);
+    free(r->x);
+    free(r->grad);
+    free(r->logits);
+    free(r->y);
+    free(r->order);
+    data_free(&r->train);
+    data_free(&r->test);
+    bie_context_destroy(r->ctx);
+}
+
+// --resume: the checkpoint's model, its last epoch and its recorded options.
+static int resume_from(struct command * cmd, struct run * r, bool * recorded) {
+    if (!cli_check_model_file("bie train", cmd->ckpt)) return EXIT_FAILURE_;
+    const enum bie_status s = bie_model_load(r->ctx, cmd->ckpt, &r->m, &r->st);
+    if (s != BIE_STATUS_OK) return fail_status(r->ctx, "--resume", s);
+    const char * ep = bie_safetensors_metadata(r->st, "train.epoch");
+    struct cli_option epoch_opt = {"train.epoch", CLI_INT, &r->first_epoch, 0, 1000, NULL, false};
+    if (bie_model_is_packed(r->m) || !ep || !cli_set("bie train: checkpoint", &epoch_opt, ep)) {
+        fprintf(stderr, "bie train: %s is not a training checkpoint\n", cmd->ckpt);
+        return EXIT_FAILURE_;
+    }
+    fprintf(stderr, "resuming from %s after epoch %lld\n", cmd->ckpt, (long long)r->first_epoch);
+    r->first_epoch++;
+    return adopt_recorded(cmd, r->st, recorded) ? RUN_ON : EXIT_USAGE;
+}
+
+// The data, the model (created, or the checkpoint's checked against the options) and the buffers.
+static int setup(struct command * cmd, struct run * r) {
+    struct opts * o = &cmd->o;
+    bool recorded = false;
+    r->first_epoch = 1;
+    int rc = o->resume ? resume_from(cmd, r, &recorded) : RUN_ON;
+    if (rc != RUN_ON) return rc;
+    apply_defaults(cmd);
+    set_threads(r->ctx, o->threads);
+    if (o->log && !(r->log = fopen(o->log, o->resume ? "a" : "w"))) {
+        fprintf(stderr, "bie train: --log %s: %s\n", o->log, strerror(errno));
+        return EXIT_FAILURE_;
+    }
+    if (!data_load(r->ctx, o->data, true, &r->train) || !data_load(r->ctx, o->data, false, &r->test))
+        return EXIT_FAILURE_;
+    if (!build_arch(o, 1, r->train.h, r->train.w, r->arch, sizeof r->arch)) return EXIT_USAGE;
+    if (o->resume) {
+        // A checkpoint that records no options (an older one) is still checked by its architecture.
+        if (!recorded && strcmp(bie_model_arch(r->m), r->arch) != 0 && !o->arch) {
+            fprintf(stderr, "bie train: the checkpoint's architecture differs from the options:\n  %s\n  %s\n",
+                    bie_model_arch(r->m), r->arch);
+            return EXIT_USAGE;
+        }
+        snprintf(r->arch, sizeof r->arch, "%s", bie_model_arch(r->m));
+    } else {
+        const enum bie_status s = bie_model_create(
+            r->ctx, r->arch, !strcmp(o->latent, "int8") ? BIE_LATENT_INT8 : BIE_LATENT_F32, (uint64_t)o->seed, &r->m);
+        if (s != BIE_STATUS_OK) return fail_status(r->ctx, "model", s);
+    }
+    const int64_t pixels = r->train.h * r->train.w;
+    if (bie_model_num_inputs(r->m) != pixels) {
+        fprintf(stderr, "bie train: the model takes %lld inputs, the images have %lld pixels\n",
+                (long long)bie_model_num_inputs(r->m), (long long)pixels);
+        return EXIT_FAILURE_;
+    }
+    r->n_train = o->limit > 0 && o->limit < r->train.n ? o->limit : r->train.n;
+    r->n_test = o->test_limit > 0 && o->test_limit < r->test.n ? o->test_limit : r->test.n;
+    r->batches = (r->n_train + o->batch - 1) / o->batch;
+    r->classes = bie_model_num_outputs(r->m);
+    r->x = malloc(sizeof(float) * (size_t)(o->batch * pixels));
+    r->grad = malloc(sizeof(float) * (size_t)(o->batch * r->classes));
+    r->logits = malloc(sizeof(float) * (size_t)(o->batch * r->classes));
+    r->y = malloc((size_t)o->batch);
+    r->order = malloc(sizeof(int64_t) * (size_t)r->n_train);
+    if (!r->x || !r->grad || !r->logits || !r->y || !r->order) {
+        fprintf(stderr, "bie train: out of memory\n");
+        return EXIT_FAILURE_;
+    }
+    return RUN_ON;
+}
+
+// The run's first lines: on stdout, and the log's "start" record.
+static void announce(const struct command * cmd, const struct run * r) {
+    const struct opts * o = &cmd->o;
+    printf("model: %s\narch: %s\ntraining on %lld images, testing on %lld, %lld epochs of %lld batches\n",
+           o->arch ? "custom" : o->model, r->arch, (long long)r->n_train, (long long)r->n_test, (long long)o->epochs,
+           (long long)r->batches);
+    fflush(stdout);
+    FILE * log = r->log;
+    jl_begin(log, "start");
+    jl_str(log, "model", o->arch ? "custom" : o->model);
+    jl_str(log, "arch", r->arch);
+    jl_int(log, "epochs", o->epochs);
+    jl_int(log, "batch", o->batch);
+    jl_int(log, "batches_per_epoch", r->batches);
+    jl_num(log, "lr", o->lr);
+    jl_int(log, "train_images", r->n_train);
+    jl_int(log, "test_images", r->n_test);
+    jl_int(log, "first_epoch", r->first_epoch);
+    jl_int(log, "threads", bie_omp_threads());
+    jl_end(log);
+}
+
+// Sums of the batches since the epoch began (all) and since the last log line (win).
+struct tally {
+    double loss, t;
+    int64_t correct, seen;
+};
+
+// One training step on nb images (forward, loss, backward, step) at the schedule's learning rates.
+static int train_step(const struct command * cmd, struct run * r, int64_t nb, int64_t step, double * loss,
+                      int64_t * correct) {
+    const struct opts * o = &cmd->o;
+    const double total = (double)(r->batches * o->epochs), cosine = 0.5 * (1.0 + cos(M_PI * (double)step / total));
+    const float lr = (float)(o->lr * cosine), dlr = (float)(o->diode_lr * cosine); // over the whole run
+    struct bie_tensor tx, tz, tl, tg;
+    bie_tensor_make(&tx, r->x, BIE_DTYPE_F32, 2, (const int64_t[]){nb, bie_model_num_inputs(r->m)});
+    bie_tensor_make(&tz, r->logits, BIE_DTYPE_F32, 2, (const int64_t[]){nb, r->classes});
+    bie_tensor_make(&tl, r->y, BIE_DTYPE_U8, 1, &nb);
+    bie_tensor_make(&tg, r->grad, BIE_DTYPE_F32, 2, (const int64_t[]){nb, r->classes});
+    enum bie_status s = bie_model_forward(r->ctx, r->m, &(struct bie_model_forward_desc){1, 0},
+                                          &(struct bie_model_forward_args){&tx, &tz});
+    if (s == BIE_STATUS_OK)
+        s = bie_softmax_cross_entropy(r->ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, &tg, loss, correct});
+    if (s == BIE_STATUS_OK) s = bie_model_backward(r->ctx, r->m, &(struct bie_model_backward_args){&tg});
+    if (s == BIE_STATUS_OK) s = bie_model_step(r->ctx, r->m, &(struct bie_model_step_desc){lr, (float)o->wd, dlr});
+    if (s != BIE_STATUS_OK) {
+        if (r->prog.tty) fputc('\n', stderr);
+        return fail_status(r->ctx, "training step", s);
+    }
+    return RUN_ON;
+}
+
+// The log's "step" record: the mean loss and accuracy of the batches since the last one.
+static void log_window(const struct command * cmd, const struct run * r, int64_t epoch, int64_t b,
+                       const struct tally * win, double now) {
+    const double lr = cmd->o.lr * 0.5 *
+                      (1.0 + cos(M_PI * (double)((epoch - 1) * r->batches + b) / (double)(r->batches * cmd->o.epochs)));
+    jl_begin(r->log, "step");
+    jl_int(r->log, "epoch", epoch);
+    jl_int(r->log, "batch", b + 1);
+    jl_num(r->log, "epoch_progress", (double)(epoch - 1) + (double)(b + 1) / (double)r->batches);
+    jl_num(r->log, "loss", win->loss / (double)win->seen);
+    jl_num(r->log, "accuracy", (double)win->correct / (double)win->seen);
+    jl_num(r->log, "lr", (float)lr);
+    jl_num(r->log, "images_per_s", (double)win->seen / (now - win->t > 0 ? now - win->t : 1e-9));
+    jl_num(r->log, "elapsed_s", now - r->t_start);
+    jl_end(r->log);
+}
+
+// The batches of one epoch; all holds their sums.
+static int train_batches(const struct command * cmd, struct run * r, int64_t epoch, struct tally * all) {
+    const struct opts * o = &cmd->o;
+    struct tally win = {0, all->t, 0, 0};
+    for (int64_t b = 0; b < r->batches; b++) {
+        const int64_t at = b * o->batch, nb = r->n_train - at < o->batch ? r->n_train - at : o->batch;
+        data_batch(&r->train, r->order + at, nb, r->x, r->y);
+        double loss = 0;
+        int64_t c = 0;
+        const int rc = train_step(cmd, r, nb, (epoch - 1) * r->batches + b, &loss, &c);
+        if (rc != RUN_ON) return rc;
+        if (!isfinite(loss)) {
+            fprintf(stderr, "\nbie train: the loss diverged (%g) at epoch %lld batch %lld; try a smaller --lr\n", loss,
+                    (long long)epoch, (long long)b);
+            return EXIT_FAILURE_;
+        }
+        all->loss += loss * (double)nb;
+        all->correct += c;
+        all->seen += nb;
+        win.loss += loss * (double)nb;
+        win.correct += c;
+        win.seen += nb;
+        const double now = now_seconds(), el = now - all->t, ips = (double)all->seen / (el > 0 ? el : 1e-9);
+        const double left = (double)(r->n_train - all->seen) + (double)(o->epochs - epoch) * (double)r->n_train;
+        progress_show(&r->prog, epoch, o->epochs, b + 1, r->batches, all->loss / (double)all->seen,
+                      (double)all->correct / (double)all->seen, ips, left / ips, b + 1 == r->batches);
+        if (r->log && ((b + 1) % o->log_every == 0 || b + 1 == r->batches)) {
+            log_window(cmd, r, epoch, b, &win, now);
+            win = (struct tally){0, now, 0, 0};
+        }
+    }
+    return RUN_ON;
+}
+
+// One epoch: its batches, the test accuracy, its lines and its checkpoint.
+static int train_epoch(struct command * cmd, struct run * r, int64_t epoch, double * test_acc) {
+    const struct opts * o = &cmd->o;
+    shuffle(r->order, r->n_train, (uint64_t)o->seed, epoch);
+    struct tally all = {0, now_seconds(), 0, 0};
+    int rc = train_batches(cmd, r, epoch, &all);
+    if (rc != RUN_ON) return rc;
+    double ips_test;
+    if (!evaluate(r->ctx, r->m, &r->test, o->test_limit, CLI_EVAL_BATCH, 0, test_acc, &ips_test)) return EXIT_FAILURE_;
+    const double epoch_s = now_seconds() - all.t, loss = all.loss / (double)all.seen;
+    const double acc = (double)all.correct / (double)all.seen;
+    printf("epoch %lld: train loss %.4f, train accuracy %.2f%%, test accuracy %.2f%%, %.1f s (elapsed %.1f s)\n",
+           (long long)epoch, loss, 100.0 * acc, 100.0 * *test_acc, epoch_s, now_seconds() - r->t_start);
+    fflush(stdout);
+    jl_begin(r->log, "epoch");
+    jl_int(r->log, "epoch", epoch);
+    jl_num(r->log, "train_loss", loss);
+    jl_num(r->log, "train_accuracy", acc);
+    jl_num(r->log, "test_accuracy", *test_acc);
+    jl_num(r->log, "epoch_s", epoch_s);
+    jl_num(r->log, "elapsed_s", now_seconds() - r->t_start);
+    jl_end(r->log);
+    if (!o->no_checkpoint) {
+        struct checkpoint_meta cm;
+        const size_t n_meta = checkpoint_meta(cmd, &cm, epoch, *test_acc);
+        const enum bie_status s = bie_model_save(r->ctx, r->m, cmd->ckpt, BIE_MODEL_FILE_CHECKPOINT, cm.meta, n_meta);
+        if (s != BIE_STATUS_OK) return fail_status(r->ctx, "checkpoint", s);
+    }
+    if (o->stop_after && epoch >= o->stop_after && epoch < o->epochs) {
+        printf("stopped after epoch %lld; continue with --resume (checkpoint %s)\n", (long long)epoch, cmd->ckpt);
+        return EXIT_OK_;
+    }
+    return RUN_ON;
+}
+
+// The packed export, evaluated from the file alone (the same accuracy as the training's), and the
+// checkpoint removed unless kept.
+static int finish(const struct command * cmd, struct run * r, double test_acc) {
+    const struct opts * o = &cmd->o;
+    const double train_time = now_seconds() - r->t_start;
+    char acc[32];
+    snprintf(acc, sizeof acc, "%.4f", 100.0 * test_acc);
+    const char * meta[] = {"train.test_accuracy", acc};
+    enum bie_status s = bie_model_save(r->ctx, r->m, o->out, BIE_MODEL_FILE_PACKED, meta, 1);
+    if (s != BIE_STATUS_OK) return fail_status(r->ctx, "export", s);
+    s = bie_model_load(r->ctx, o->out, &r->packed, NULL);
+    if (s != BIE_STATUS_OK) return fail_status(r->ctx, "reloading the export", s);
+    double packed_acc, ips;
+    if (!evaluate(r->ctx, r->packed, &r->test, o->test_limit, CLI_EVAL_BATCH, 0, &packed_acc, &ips))
+        return EXIT_FAILURE_;
+    printf("final test accuracy %.2f%% after %.1f s of training\n", 100.0 * test_acc, train_time);
+    printf("exported %s: test accuracy %.2f%% from the packed file (%.0f images/s)\n", o->out, 100.0 * packed_acc, ips);
+    jl_begin(r->log, "end");
+    jl_num(r->log, "test_accuracy", test_acc);
+    jl_num(r->log, "packed_test_accuracy", packed_acc);
+    jl_num(r->log, "train_s", train_time);
+    jl_str(r->log, "model_file", o->out);
+    jl_end(r->log);
+    if (packed_acc != test_acc) {
+        fprintf(stderr, "bie train: the packed model's accuracy differs from the trained model's\n");
+        return EXIT_FAILURE_;
+    }
+    if (!o->no_checkpoint && !o->keep_checkpoint && remove(cmd->ckpt) != 0 && errno != ENOENT)
+        fprintf(stderr, "bie train: cannot remove the checkpoint %s: %s\n", cmd->ckpt, strerror(errno));
+    return EXIT_OK_;
+}
+
+static int train_run(struct command * cmd, struct run * r) {
+    int rc = setup(cmd, r);
+    if (rc != RUN_ON) return rc;
+    announce(cmd, r);
+    r->prog = (struct progress){isatty(2) != 0, 0};
+    r->t_start = now_seconds();
+    double test_acc = -1;
+    for (int64_t epoch = r->first_epoch; epoch <= cmd->o.epochs; epoch++)
+        if ((rc = train_epoch(cmd, r, epoch, &test_acc)) != RUN_ON) return rc;
+    if (test_acc < 0) { // resumed after the last epoch: measure once
+        double ips_test;
+        if (!evaluate(r->ctx, r->m, &r->test, cmd->o.test_limit, CLI_EVAL_BATCH, 0, &test_acc, &ips_test))
+            return EXIT_FAILURE_;
+    }
+    return finish(cmd, r, test_acc);
+}
+
 int bie_train_main(int argc, char ** argv) {
     struct command cmd;
     int code;
     if (!parse(argc, argv, &cmd, &code)) return code;
-    struct opts * o = &cmd.o;
     if (!check_outputs(&cmd)) return EXIT_USAGE;
-    const char * ckpt = cmd.ckpt;
-
-    bie_context_t * ctx = NULL;
-    if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK) {
+    struct run r;
+    memset(&r, 0, sizeof r);
+    if (bie_context_create(NULL, &r.ctx) != BIE_STATUS_OK) {
         fprintf(stderr, "bie train: cannot create a context\n");
         return EXIT_FAILURE_;
     }
-    int rc = EXIT_FAILURE_;
-    bie_model_t *m = NULL, *packed = NULL;
-    bie_safetensors_t * st = NULL;
-    float *x = NULL, *grad = NULL, *logits = NULL;
-    uint8_t * y = NULL;
-    int64_t * order = NULL;
-    FILE * log = NULL;
-    char arch[4096];
-    enum bie_status s;
-    int64_t first_epoch = 1;
-    struct dataset train, test;
-    memset(&train, 0, sizeof train);
-    memset(&test, 0, sizeof test);
-    bool recorded = false;
-    if (o->resume) {
-        if (!cli_check_model_file("bie train", ckpt)) goto done;
-        s = bie_model_load(ctx, ckpt, &m, &st);
-        if (s != BIE_STATUS_OK) {
-            rc = fail_status(ctx, "--resume", s);
-            goto done;
-        }
-        const char * ep = bie_safetensors_metadata(st, "train.epoch");
-        struct cli_option epoch_opt = {"train.epoch", CLI_INT, &first_epoch, 0, 1000, NULL, false};
-        if (bie_model_is_packed(m) || !ep || !cli_set("bie train: checkpoint", &epoch_opt, ep)) {
-            fprintf(stderr, "bie train: %s is not a training checkpoint\n", ckpt);
-            goto done;
-        }
-        fprintf(stderr, "resuming from %s after epoch %lld\n", ckpt, (long long)first_epoch);
-        first_epoch++;
-        if (!adopt_recorded(&cmd, st, &recorded)) {
-            rc = EXIT_USAGE;
-            goto done;
-        }
-    }
-    apply_defaults(&cmd);
-    set_threads(ctx, o->threads);
-    if (o->log && !(log = fopen(o->log, o->resume ? "a" : "w"))) {
-        fprintf(stderr, "bie train: --log %s: %s\n", o->log, strerror(errno));
-        goto done;
-    }
-    if (!data_load(ctx, o->data, true, &train) || !data_load(ctx, o->data, false, &test)) goto done;
-    if (!build_arch(o, 1, train.h, train.w, arch, sizeof arch)) {
-        rc = EXIT_USAGE;
-        goto done;
-    }
-    if (o->resume) {
-        // A checkpoint that records no options (an older one) is still checked by its architecture.
-        if (!recorded && strcmp(bie_model_arch(m), arch) != 0 && !o->arch) {
-            fprintf(stderr, "bie train: the checkpoint's architecture differs from the options:\n  %s\n  %s\n",
-                    bie_model_arch(m), arch);
-            rc = EXIT_USAGE;
-            goto done;
-        }
-        snprintf(arch, sizeof arch, "%s", bie_model_arch(m));
-    } else {
-        s = bie_model_create(ctx, arch, !strcmp(o->latent, "int8") ? BIE_LATENT_INT8 : BIE_LATENT_F32,
-                             (uint64_t)o->seed, &m);
-        if (s != BIE_STATUS_OK) {
-            rc = fail_status(ctx, "model", s);
-            goto done;
-        }
-    }
-    if (bie_model_num_inputs(m) != train.h * train.w) {
-        fprintf(stderr, "bie train: the model takes %lld inputs, the images have %lld pixels\n",
-                (long long)bie_model_num_inputs(m), (long long)(train.h * train.w));
-        goto done;
-    }
-    const int64_t n_train = o->limit > 0 && o->limit < train.n ? o->limit : train.n;
-    const int64_t n_test = o->test_limit > 0 && o->test_limit < test.n ? o->test_limit : test.n;
-    const int64_t batches = (n_train + o->batch - 1) / o->batch, classes = bie_model_num_outputs(m);
-    const int64_t total_steps = batches * o->epochs;
-    x = malloc(sizeof(float) * (size_t)(o->batch * train.h * train.w));
-    grad = malloc(sizeof(float) * (size_t)(o->batch * classes));
-    logits = malloc(sizeof(float) * (size_t)(o->batch * classes));
-    y = malloc((size_t)o->batch);
-    order = malloc(sizeof(int64_t) * (size_t)n_train);
-    if (!x || !grad || !logits || !y || !order) {
-        fprintf(stderr, "bie train: out of memory\n");
-        goto done;
-    }
-    printf("model: %s\narch: %s\ntraining on %lld images, testing on %lld, %lld epochs of %lld batches\n",
-           o->arch ? "custom" : o->model, arch, (long long)n_train, (long long)n_test, (long long)o->epochs,
-           (long long)batches);
-    fflush(stdout);
-    jl_begin(log, "start");
-    jl_str(log, "model", o->arch ? "custom" : o->model);
-    jl_str(log, "arch", arch);
-    jl_int(log, "epochs", o->epochs);
-    jl_int(log, "batch", o->batch);
-    jl_int(log, "batches_per_epoch", batches);
-    jl_num(log, "lr", o->lr);
-    jl_int(log, "train_images", n_train);
-    jl_int(log, "test_images", n_test);
-    jl_int(log, "first_epoch", first_epoch);
-    jl_int(log, "threads", bie_omp_threads());
-    jl_end(log);
-    struct progress prog = {isatty(2) != 0, 0};
-    const double t_start = now_seconds();
-    double test_acc = -1;
-    for (int64_t epoch = first_epoch; epoch <= o->epochs; epoch++) {
-        shuffle(order, n_train, (uint64_t)o->seed, epoch);
-        double loss_sum = 0, t_epoch = now_seconds(), win_loss = 0, t_win = t_epoch;
-        int64_t correct = 0, seen = 0, win_correct = 0, win_seen = 0;
-        for (int64_t b = 0; b < batches; b++) {
-            const int64_t at = b * o->batch, nb = n_train - at < o->batch ? n_train - at : o->batch;
-            data_batch(&train, order + at, nb, x, y);
-            const int64_t step = (epoch - 1) * batches + b; // cosine schedule over the whole run
-            const float lr = (float)(o->lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps)));
-            const float dlr = (float)(o->diode_lr * 0.5 * (1.0 + cos(M_PI * (double)step / (double)total_steps)));
-            double loss = 0;
-            int64_t c = 0;
-            struct bie_tensor tx, tz, tl, tg;
-            bie_tensor_make(&tx, x, BIE_DTYPE_F32, 2, (const int64_t[]){nb, bie_model_num_inputs(m)});
-            bie_tensor_make(&tz, logits, BIE_DTYPE_F32, 2, (const int64_t[]){nb, classes});
-            bie_tensor_make(&tl, y, BIE_DTYPE_U8, 1, &nb);
-            bie_tensor_make(&tg, grad, BIE_DTYPE_F32, 2, (const int64_t[]){nb, classes});
-            s = bie_model_forward(ctx, m, &(struct bie_model_forward_desc){1, 0},
-                                  &(struct bie_model_forward_args){&tx, &tz});
-            if (s == BIE_STATUS_OK)
-                s = bie_softmax_cross_entropy(ctx, &(struct bie_softmax_cross_entropy_args){&tz, &tl, &tg, &loss, &c});
-            if (s == BIE_STATUS_OK) s = bie_model_backward(ctx, m, &(struct bie_model_backward_args){&tg});
-            if (s == BIE_STATUS_OK) s = bie_model_step(ctx, m, &(struct bie_model_step_desc){lr, (float)o->wd, dlr});
-            if (s != BIE_STATUS_OK) {
-                if (prog.tty) fputc('\n', stderr);
-                rc = fail_status(ctx, "training step", s);
-                goto done;
-            }
-            if (!isfinite(loss)) {
-                fprintf(stderr, "\nbie train: the loss diverged (%g) at epoch %lld batch %lld; try a smaller --lr\n",
-                        loss, (long long)epoch, (long long)b);
-                goto done;
-            }
-            loss_sum += loss * (double)nb;
-            correct += c;
-            seen += nb;
-            win_loss += loss * (double)nb;
-            win_correct += c;
-            win_seen += nb;
-            const double now = now_seconds(), el = now - t_epoch, ips = (double)seen / (el > 0 ? el : 1e-9);
-            const double left = (double)(n_train - seen) + (double)(o->epochs - epoch) * (double)n_train;
-            progress_show(&prog, epoch, o->epochs, b + 1, batches, loss_sum / (double)seen,
-                          (double)correct / (double)seen, ips, left / ips, b + 1 == batches);
-            if (log && ((b + 1) % o->log_every == 0 || b + 1 == batches)) {
-                // The mean loss and accuracy of the batches since the last line.
-                jl_begin(log, "step");
-                jl_int(log, "epoch", epoch);
-                jl_int(log, "batch", b + 1);
-                jl_num(log, "epoch_progress", (double)(epoch - 1) + (double)(b + 1) / (double)batches);
-                jl_num(log, "loss", win_loss / (double)win_seen);
-                jl_num(log, "accuracy", (double)win_correct / (double)win_seen);
-                jl_num(log, "lr", lr);
-                jl_num(log, "images_per_s", (double)win_seen / (now - t_win > 0 ? now - t_win : 1e-9));
-                jl_num(log, "elapsed_s", now - t_start);
-                jl_end(log);
-                win_loss = 0;
-                win_correct = win_seen = 0;
-                t_win = now;
-            }
-        }
-        double ips_test;
-        if (!evaluate(ctx, m, &test, o->test_limit, CLI_EVAL_BATCH, 0, &test_acc, &ips_test)) goto done;
-        const double epoch_s = now_seconds() - t_epoch;
-        printf("epoch %lld: train loss %.4f, train accuracy %.2f%%, test accuracy %.2f%%, %.1f s (elapsed %.1f s)\n",
-               (long long)epoch, loss_sum / (double)seen, 100.0 * (double)correct / (double)seen, 100.0 * test_acc,
-               epoch_s, now_seconds() - t_start);
-        fflush(stdout);
-        jl_begin(log, "epoch");
-        jl_int(log, "epoch", epoch);
-        jl_num(log, "train_loss", loss_sum / (double)seen);
-        jl_num(log, "train_accuracy", (double)correct / (double)seen);
-        jl_num(log, "test_accuracy", test_acc);
-        jl_num(log, "epoch_s", epoch_s);
-        jl_num(log, "elapsed_s", now_seconds() - t_start);
-        jl_end(log);
-        if (!o->no_checkpoint) {
-            struct checkpoint_meta cm;
-            const size_t n_meta = checkpoint_meta(&cmd, &cm, epoch, test_acc);
-            s = bie_model_save(ctx, m, ckpt, BIE_MODEL_FILE_CHECKPOINT, cm.meta, n_meta);
-            if (s != BIE_STATUS_OK) {
-                rc = fail_status(ctx, "checkpoint", s);
-                goto done;
-            }
-        }
-        if (o->stop_after && epoch >= o->stop_after && epoch < o->epochs) {
-            printf("stopped after epoch %lld; continue with --resume (checkpoint %s)\n", (long long)epoch, ckpt);
-            rc = EXIT_OK_;
-            goto done;
-        }
-    }
-    if (test_acc < 0) { // resumed after the last epoch: measure once
-        double ips_test;
-        if (!evaluate(ctx, m, &test, o->test_limit, CLI_EVAL_BATCH, 0, &test_acc, &ips_test)) goto done;
-    }
-    const double train_time = now_seconds() - t_start;
-    char acc[32];
-    snprintf(acc, sizeof acc, "%.4f", 100.0 * test_acc);
-    const char * meta[] = {"train.test_accuracy", acc};
-    s = bie_model_save(ctx, m, o->out, BIE_MODEL_FILE_PACKED, meta, 1);
-    if (s != BIE_STATUS_OK) {
-        rc = fail_status(ctx, "export", s);
-        goto done;
-    }
-    // The exported file is evaluated from the file alone: the same accuracy as the training's.
-    s = bie_model_load(ctx, o->out, &packed, NULL);
-    if (s != BIE_STATUS_OK) {
-        rc = fail_status(ctx, "reloading the export", s);
-        goto done;
-    }
-    double packed_acc, ips;
-    if (!evaluate(ctx, packed, &test, o->test_limit, CLI_EVAL_BATCH, 0, &packed_acc, &ips)) goto done;
-    printf("final test accuracy %.2f%% after %.1f s of training\n", 100.0 * test_acc, train_time);
-    printf("exported %s: test accuracy %.2f%% from the packed file (%.0f images/s)\n", o->out, 100.0 * packed_acc, ips);
-    jl_begin(log, "end");
-    jl_num(log, "test_accuracy", test_acc);
-    jl_num(log, "packed_test_accuracy", packed_acc);
-    jl_num(log, "train_s", train_time);
-    jl_str(log, "model_file", o->out);
-    jl_end(log);
-    if (packed_acc != test_acc) {
-        fprintf(stderr, "bie train: the packed model's accuracy differs from the trained model's\n");
-        goto done;
-    }
-    if (!o->no_checkpoint && !o->keep_checkpoint && remove(ckpt) != 0 && errno != ENOENT)
-        fprintf(stderr, "bie train: cannot remove the checkpoint %s: %s\n", ckpt, strerror(errno));
-    rc = EXIT_OK_;
-done:
-    if (log) fclose(log);
-    bie_safetensors_free(st);
-    bie_model_destroy(m);
-    bie_model_destroy(packed);
-    free(x);
-    free(grad);
-    free(logits);
-    free(y);
-    free(order);
-    data_free(&train);
-    data_free(&test);
-    bie_context_destroy(ctx);
+    const int rc = train_run(&cmd, &r);
+    run_free(&r);
     return rc;
 }
