@@ -302,8 +302,23 @@ def modules_part(rows, files):
                     + (f", {thr} CPU thread{'s' if thr != 1 else ''} for both sides" if thr else "") + ".",
                     f"Files: {', '.join(src)}.")
         out += note_lines(drows)
-        body = [[r["layer"], r["shape"], r["mode"], ms(r["baseline_ms"]), ms(r["bie_ms"]), ratio(r)] for r in drows]
-        out += table(["layer", "shape", "mode", "float ms", "bie ms", "float/bie"], body) + [""]
+        # one line per layer and shape: the forward and the training step side by side, other modes after
+        by = {}
+        for r in drows:
+            by.setdefault((r["layer"], r["shape"]), []).append(r)
+
+        def cell(r):
+            return ("-", "-") if r is None else (f"{ms(r['bie_ms'])} / {ms(r['baseline_ms'])}", ratio(r))
+
+        body = []
+        for (layer, shape), rs in by.items():
+            fwd = next((r for r in rs if r["mode"] == "forward"), None)
+            step = next((r for r in rs if r["mode"] == "train step"), None)
+            more = "; ".join(f"{r['mode']}: {ms(r['bie_ms'])} / {ms(r['baseline_ms'])}, {ratio(r)}"
+                             for r in rs if r not in (fwd, step))
+            body.append([layer, shape, *cell(fwd), *cell(step), more or "-"])
+        out += table(["layer", "shape", "forward ms (bie / float)", "float/bie", "train step ms (bie / float)",
+                      "float/bie", "other"], body) + [""]
     return out
 
 
@@ -325,11 +340,29 @@ def networks_part(rows, files):
         def peak(r):
             p, b = r.get("peak_mib"), r.get("baseline_peak_mib")
             return "-" if p is None else f"{p:.0f}" + (f" / {b:.0f}" if b is not None else "")
-        body = [[r["model"], r["batch"], r["mode"] + (", CUDA graphs" if r.get("graphs") else ""),
-                 r.get("baseline", "float"), ms(r.get("baseline_ms")), ms(r.get("bie_ms")), ratio(r), peak(r)]
-                for r in drows]
-        out += table(["model", "batch", "mode", "baseline", "baseline ms", "bie ms", "ratio",
-                      "peak MiB (bie / baseline)"], body)
+        # one line per model, batch and timing (eager or graphs): inference and training step side by side
+        runs, other = {}, []
+        for r in drows:
+            if r["mode"] in ("inference", "train step"):
+                runs.setdefault((r["model"], r["batch"], bool(r.get("graphs"))), {})[r["mode"]] = r
+            else:
+                other.append(r)
+
+        def pair(r):
+            return "-" if r is None else f"{ms(r.get('bie_ms'))} / {ms(r.get('baseline_ms'))}"
+
+        body = []
+        for (model, batch, graphs), m in runs.items():
+            inf, step = m.get("inference"), m.get("train step")
+            body.append([model, batch, "CUDA graphs" if graphs else "eager", pair(inf), ratio(inf) if inf else "-",
+                         pair(step), ratio(step) if step else "-", peak(step or inf)])
+        base = ", ".join(sorted({r.get("baseline", "float") for m in runs.values() for r in m.values()}))
+        out += para(f"Baseline: {base}.")
+        out += table(["model", "batch", "timing", "inference ms (bie / baseline)", "ratio",
+                      "train step ms (bie / baseline)", "ratio", "peak MiB (bie / baseline)"], body)
+        for r in other:
+            out += ["", f"- {r['model']}, batch {r['batch']}, {r['mode']}: {ms(r.get('bie_ms'))} ms against "
+                    f"{r.get('baseline', 'the baseline')} {ms(r.get('baseline_ms'))} ms, {ratio(r)}."]
         out += [""]
     return out
 
