@@ -28,15 +28,7 @@ static void fixture_make(struct fixture * f, bool conv) {
     memset(f, 0, sizeof *f);
     f->conv = conv;
     if (conv) {
-        f->cd = (struct bie_conv2d_desc){.quant = BIE_QUANT_BINARY,
-                                         .in_channels = 3,
-                                         .out_channels = 4,
-                                         .kernel = {3, 3},
-                                         .stride = {1, 1},
-                                         .padding = {1, 1},
-                                         .dilation = {1, 1},
-                                         .groups = 1,
-                                         .pad_value = BIE_PAD_ZERO};
+        f->cd = test_conv3x3(3, 4, BIE_PAD_ZERO);
         const int64_t xs[4] = {2, 3, 5, 5}, ws[4] = {4, 3, 3, 3}, ys[4] = {2, 4, 5, 5};
         f->x = test_tensor(BIE_DTYPE_F32, 4, xs, NULL);
         f->gx = test_tensor(BIE_DTYPE_F32, 4, xs, NULL);

@@ -306,15 +306,7 @@ static void test_hand_padded_taps(void) {
     ((float *)gy.data)[0] = 2.0f;
     for (int i = 0; i < 9; i++) ((float *)w.data)[i] = 0.3f;
     for (int p = 0; p < 3; p++) {
-        const struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY,
-                                          .in_channels = 1,
-                                          .out_channels = 1,
-                                          .kernel = {3, 3},
-                                          .stride = {1, 1},
-                                          .padding = {1, 1},
-                                          .dilation = {1, 1},
-                                          .groups = 1,
-                                          .pad_value = (enum bie_pad_value)p};
+        const struct bie_conv2d_desc d = test_conv3x3(1, 1, (enum bie_pad_value)p);
         const struct bie_backward_args a = {&x, NULL, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, NULL};
         CHECK_OK(ctx, bie_conv2d_backward(ctx, &d, &a));
         const float pv = p == 0 ? 0.0f : p == 1 ? -1.0f : 1.0f;
@@ -329,15 +321,7 @@ static void test_hand_padded_taps(void) {
     }
     // Outside the clip range the input gradient vanishes: |1.5 / 1| > 1.
     ((float *)x.data)[0] = 1.5f;
-    const struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY,
-                                      .in_channels = 1,
-                                      .out_channels = 1,
-                                      .kernel = {3, 3},
-                                      .stride = {1, 1},
-                                      .padding = {1, 1},
-                                      .dilation = {1, 1},
-                                      .groups = 1,
-                                      .pad_value = BIE_PAD_ZERO};
+    const struct bie_conv2d_desc d = test_conv3x3(1, 1, BIE_PAD_ZERO);
     const struct bie_backward_args a = {&x, NULL, &w, &sa, &sw, &gy, &gx, NULL, &gs, NULL, NULL};
     CHECK_OK(ctx, bie_conv2d_backward(ctx, &d, &a));
     CHECK(((float *)gx.data)[0] == 0.0f && ((float *)gs.data)[0] == 0.0f, "clipped: grad_x %g grad_scale_a %g",

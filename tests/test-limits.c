@@ -41,14 +41,7 @@ static void test_tensor_sizes(void) {
 
 // bie_conv2d_output_size takes any h, w: h + 2*pad near INT64_MAX is refused, not wrapped.
 static void test_conv_output_size(void) {
-    struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY,
-                                .in_channels = 1,
-                                .out_channels = 1,
-                                .kernel = {3, 3},
-                                .stride = {1, 1},
-                                .padding = {1, 1},
-                                .dilation = {1, 1},
-                                .groups = 1};
+    struct bie_conv2d_desc d = test_conv3x3(1, 1, BIE_PAD_ZERO);
     int64_t oh = 0, ow = 0;
     CHECK(bie_conv2d_output_size(&d, INT64_MAX, 5, &oh, &ow) == BIE_STATUS_INVALID_ARGUMENT, "h = INT64_MAX, pad 1");
     CHECK(bie_conv2d_output_size(&d, 5, INT64_MAX - 1, &oh, &ow) == BIE_STATUS_INVALID_ARGUMENT, "w = INT64_MAX - 1");

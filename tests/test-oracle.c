@@ -139,15 +139,7 @@ static void test_hand_pad_values(void) {
     struct bie_tensor sa = test_scalar(1.0f), sw = test_scalar(1.0f);
     const int want[3] = {1, -7, 9};
     for (int p = 0; p < 3; p++) {
-        const struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY,
-                                          .in_channels = 1,
-                                          .out_channels = 1,
-                                          .kernel = {3, 3},
-                                          .stride = {1, 1},
-                                          .padding = {1, 1},
-                                          .dilation = {1, 1},
-                                          .groups = 1,
-                                          .pad_value = (enum bie_pad_value)p};
+        const struct bie_conv2d_desc d = test_conv3x3(1, 1, (enum bie_pad_value)p);
         struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
         CHECK_OK(ctx, bie_conv2d_forward(ctx, &d, &a));
         CHECK(((int32_t *)y.data)[0] == want[p], "pad value %d: got %d, want %d", p, ((int32_t *)y.data)[0], want[p]);

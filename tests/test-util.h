@@ -44,6 +44,15 @@ static inline float test_rand_float(float lo, float hi) {
 }
 static inline int64_t test_pick(const int64_t * values, int n) { return values[test_rand_int(0, n - 1)]; }
 
+// The tests' small conv: binary, C -> O channels, 3x3, stride 1, padding 1, dilation 1.
+static inline struct bie_conv2d_desc test_conv3x3(int64_t c, int64_t o, enum bie_pad_value pad) {
+    struct bie_conv2d_desc d = {.quant = BIE_QUANT_BINARY, .in_channels = c, .out_channels = o, .groups = 1};
+    d.kernel[0] = d.kernel[1] = 3;
+    d.stride[0] = d.stride[1] = d.padding[0] = d.padding[1] = d.dilation[0] = d.dilation[1] = 1;
+    d.pad_value = pad;
+    return d;
+}
+
 #define CHECK(cond, ...)                                                                                               \
     do {                                                                                                               \
         test_checks++;                                                                                                 \
