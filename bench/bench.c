@@ -349,9 +349,10 @@ static bool elems_ok(int64_t a, int64_t b, int64_t c, int64_t d) {
 // Checks a parsed case; false (after a message naming the line) when it cannot run.
 static bool check_case(const struct bench_case * c, const char * file, int lineno) {
     const char * why = NULL;
-    const bool conv = !strcmp(c->kind, "conv");
-    if (!conv && strcmp(c->kind, "linear") && strcmp(c->kind, "gemm") && strcmp(c->kind, "train"))
-        why = "the kind must be linear, gemm, conv or train";
+    const bool conv = !strcmp(c->kind, "conv"), gemv = !strcmp(c->kind, "gemv");
+    if (!conv && !gemv && strcmp(c->kind, "linear") && strcmp(c->kind, "gemm") && strcmp(c->kind, "train"))
+        why = "the kind must be linear, gemm, gemv, conv or train";
+    else if (gemv && (c->M < 1 || c->M > 8)) why = "a gemv case has M in [1, 8] (the matrix-vector path)";
     else if (c->quant != 1 && c->quant != 4 && c->quant != 8) why = "quant must be 1, 4 or 8";
     else if (!strcmp(c->kind, "gemm") && c->quant != 1) why = "a gemm case is binary (quant=1)";
     else if (!conv && (c->M < 1 || c->N < 1 || c->K < 1 || c->M > SHAPE_MAX || c->N > SHAPE_MAX || c->K > SHAPE_MAX))

@@ -32,6 +32,10 @@ expect 2 "the directory missing-dir does not exist" -- "$bie" train --out=missin
 expect 2 "--no-checkpoint excludes --resume" -- "$bie" train --no-checkpoint --resume
 expect 2 "no checkpoint" -- "$bie" train --resume --out=none.safetensors
 expect 2 "no case of" -- "$bie" bench --quick --case=no-such-case
+# every kind of the default shapes file parses: a gemv case (the last kind added) runs
+"$bie" bench --case=gemv-bin-m1 --repeat=1 --threads=1 >out.txt 2>err.txt ||
+  fail "bie bench --case=gemv-bin-m1 exited $?: $(cat err.txt)"
+grep -q "gemv-bin-m1" out.txt || fail "bie bench --case=gemv-bin-m1 printed no row: $(cat out.txt)"
 printf 'PK\003\004 zip archive bytes' >model.pt
 expect 1 "model.pt is not a safetensors file: it is a zip archive" -- "$bie" eval model.pt
 expect 1 "is not a safetensors file" -- "$bie" info model.pt
