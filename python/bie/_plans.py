@@ -54,7 +54,8 @@ class Plan:
         ctx = _lib.context()
         dev = ref.device
         if dev.type == "cuda":
-            if dev.index is not None and dev.index != _current_device():
+            import torch
+            if dev.index is not None and dev.index != torch.cuda.current_device():
                 with torch.cuda.device(dev):
                     return self._call(ctx, dev)
         return self._call(ctx, dev)
@@ -68,11 +69,6 @@ class Plan:
 
 
 _tls = threading.local()
-
-
-def _current_device():
-    import torch
-    return torch.cuda.current_device()
 
 
 def cache():
