@@ -440,12 +440,17 @@ struct tally {
     int64_t correct, seen;
 };
 
+// The cosine schedule's factor at a step (over the whole run): 1 at the start, 0 at the end.
+static double schedule(const struct command * cmd, const struct run * r, int64_t step) {
+    return 0.5 * (1.0 + cos(M_PI * (double)step / (double)(r->batches * cmd->o.epochs)));
+}
+
 // One training step on nb images (forward, loss, backward, step) at the schedule's learning rates.
 static int train_step(const struct command * cmd, struct run * r, int64_t nb, int64_t step, double * loss,
                       int64_t * correct) {
     const struct opts * o = &cmd->o;
-    const double total = (double)(r->batches * o->epochs), cosine = 0.5 * (1.0 + cos(M_PI * (double)step / total));
-    const float lr = (float)(o->lr * cosine), dlr = (float)(o->diode_lr * cosine); // over the whole run
+    const double cosine = schedule(cmd, r, step);
+    const float lr = (float)(o->lr * cosine), dlr = (float)(o->diode_lr * cosine);
     struct bie_tensor tx, tz, tl, tg;
     bie_tensor_make(&tx, r->x, BIE_DTYPE_F32, 2, (const int64_t[]){nb, bie_model_num_inputs(r->m)});
     bie_tensor_make(&tz, r->logits, BIE_DTYPE_F32, 2, (const int64_t[]){nb, r->classes});
@@ -467,15 +472,14 @@ static int train_step(const struct command * cmd, struct run * r, int64_t nb, in
 // The log's "step" record: the mean loss and accuracy of the batches since the last one.
 static void log_window(const struct command * cmd, const struct run * r, int64_t epoch, int64_t b,
                        const struct tally * win, double now) {
-    const double lr = cmd->o.lr * 0.5 *
-                      (1.0 + cos(M_PI * (double)((epoch - 1) * r->batches + b) / (double)(r->batches * cmd->o.epochs)));
+    const float lr = (float)(cmd->o.lr * schedule(cmd, r, (epoch - 1) * r->batches + b));
     jl_begin(r->log, "step");
     jl_int(r->log, "epoch", epoch);
     jl_int(r->log, "batch", b + 1);
     jl_num(r->log, "epoch_progress", (double)(epoch - 1) + (double)(b + 1) / (double)r->batches);
     jl_num(r->log, "loss", win->loss / (double)win->seen);
     jl_num(r->log, "accuracy", (double)win->correct / (double)win->seen);
-    jl_num(r->log, "lr", (float)lr);
+    jl_num(r->log, "lr", lr);
     jl_num(r->log, "images_per_s", (double)win->seen / (now - win->t > 0 ? now - win->t : 1e-9));
     jl_num(r->log, "elapsed_s", now - r->t_start);
     jl_end(r->log);
