@@ -202,3 +202,19 @@ __device__ __forceinline__ void mma_sync(int * c, uint32_t a0, uint32_t a1, uint
                      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+
+// d += A B for one m16n8 tile of f16 (BF16: bf16) operands with f32 accumulators, m16n8k16, from
+// the fragments a[0..3] (A, row-major) and b0, b1 (B, column-major).
+template <bool BF16>
+__device__ __forceinline__ void mma_sync_f32(float * d, const uint32_t * a, uint32_t b0, uint32_t b1) {
+    if (BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}

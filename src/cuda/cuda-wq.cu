@@ -19,6 +19,7 @@
 // M > 16 (prefill) and grad_x: the weight is dequantised to x's dtype in panels (wq_dequant_kernel)
 // and cuBLAS multiplies (f32 accumulation); grad_w = x'^T g is one cuBLAS GEMM.
 #include "cuda/cuda-impl.cuh"
+#include "cuda/cuda-ptx.cuh"
 
 extern "C" {
 #include "wq-impl.h"
@@ -140,10 +141,7 @@ template <> struct wq_mma_traits<__half> {
         return *(uint32_t *)&v;
     }
     __device__ static void mma(float * d, const uint32_t * a, uint32_t b0, uint32_t b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        mma_sync_f32<false>(d, a, b0, b1);
     }
 };
 template <> struct wq_mma_traits<__nv_bfloat16> {
@@ -154,10 +152,7 @@ template <> struct wq_mma_traits<__nv_bfloat16> {
         return *(uint32_t *)&v;
     }
     __device__ static void mma(float * d, const uint32_t * a, uint32_t b0, uint32_t b1) {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        mma_sync_f32<true>(d, a, b0, b1);
     }
 };
 
