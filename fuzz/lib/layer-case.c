@@ -461,7 +461,8 @@ static void check_backward(const struct fcase * c, const char * backend, uint8_t
                                                      (double)(nx / C), (double)nx);
     // CUDA's conv backward may round its sums to grad_y's dtype when no gradient is more precise
     // (the cuDNN route; which route a call takes is the backend's choice)
-    bool rounded = conv && !strcmp(backend, "cuda") && (gy->dtype == BIE_DTYPE_F16 || gy->dtype == BIE_DTYPE_BF16);
+    const bool cuda = !strcmp(backend, "cuda");
+    bool rounded = conv && cuda && (gy->dtype == BIE_DTYPE_F16 || gy->dtype == BIE_DTYPE_BF16);
     for (int r = R_GX; rounded && r <= R_GB; r++)
         if (c->r[r].present && backward_rounding(c->r[r].t.dtype) < backward_rounding(gy->dtype)) rounded = false;
     if (rounded)
@@ -487,7 +488,7 @@ static void check_backward(const struct fcase * c, const char * backend, uint8_t
             // (on CUDA, not finite where the reference's is not, or where the sums may pass FLT_MAX:
             // the f32 partial sums overflowed, and which infinity or NaN comes out depends on the
             // order of the terms; docs/semantics.md)
-            const bool overflowed = !strcmp(backend, "cuda") && !isfinite(a) && (!isfinite(b) || sums[r] >= FLT_MAX);
+            const bool overflowed = cuda && !isfinite(a) && (!isfinite(b) || sums[r] >= FLT_MAX);
             if (a != b && !(fabs(a - b) <= tol[r] + 2.0 * rel * fabs(b) + 1e-30) && !(isnan(a) && isnan(b)) &&
                 !overflowed) {
                 char d[160];
