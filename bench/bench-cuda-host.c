@@ -123,7 +123,7 @@ static void host_row(bie_context_t * ctx, int conv, int json, const char * info)
     }
     sa = on_device(scales, BIE_DTYPE_F32, 0, NULL);
     sw = on_device(scales + 1, BIE_DTYPE_F32, 0, NULL);
-    h.a = (struct bie_forward_args){&x, NULL, &w, &sa, &sw, &y};
+    h.a = (struct bie_forward_args){.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
     if (conv) HK(ctx, bie_plan_conv2d_forward(ctx, &h.cd, &h.a, &h.plan));
     else HK(ctx, bie_plan_linear_forward(ctx, &h.ld, &h.a, &h.plan));
     const double direct = host_us(ctx, call_direct, &h), planned = host_us(ctx, call_planned, &h);

@@ -331,7 +331,8 @@ static void run_layer(void * st, int r) {
     }
     const struct bie_tensor *x = saved ? &s->bits[r] : &s->x[r], *w = saved ? &s->wbits[r] : &s->w[r];
     const struct bie_tensor * bias = s->bias.data && !saved ? &s->bias : NULL;
-    struct bie_forward_args a = {x, bias, w, &s->sa, &s->sw, &s->y[r]};
+    struct bie_forward_args a = {
+        .x = x, .bias_a = bias, .weight = w, .scale_a = &s->sa, .scale_w = &s->sw, .y = &s->y[r]};
     BK(s->ctx, s->conv ? bie_conv2d_forward(s->ctx, &s->cd, &a) : bie_linear_forward(s->ctx, &s->ld, &a));
     if (s->train != STEP_FORWARD) {
         struct bie_backward_args b = {

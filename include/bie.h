@@ -269,6 +269,19 @@ struct bie_conv2d_desc {
 //   scale_a, scale_w: scalars (numel 1) of f32/f16/bf16, finite and > 0
 //   y      : f32/f16/bf16 (scaled), I32 (raw acc, unscaled) or, for binary layers, B1
 //            (sign(acc) packed: the input of the next binary layer without a float round trip)
+// Optional output epilogue (each term NULL when unused; with any term y must be f32/f16/bf16): a
+// per-feature affine map and a residual, applied in the same call (an inference BatchNorm folded
+// into the layer, then the shortcut of a residual block). With v the scaled output above, rounded
+// to y's dtype as it would be stored without the epilogue,
+//   y[.., o, ..] = round_y(((f32(v) * out_mul[o]) + out_add[o]) + f32(residual[.., o, ..]))
+// each f32 product and sum rounded on its own, the step of a NULL term skipped.
+//   out_mul, out_add : [N] / [O] f32
+//   residual         : shaped like y, of y's dtype, any strides; may not share bytes with y
+// Optional sign bits of the output (the input of a following binary layer, packed in the same
+// pass; y must be f32/f16/bf16): out_bits (B1, shaped like y) gets, for every element,
+//   bit = f32(y) + f32(out_bits_bias[o]) >= 0       (out_bits_bias NULL: f32(y) >= 0; NaN: 0)
+// with y as stored (after any epilogue): the bits that layer would make of y with that bias_a.
+//   out_bits_bias    : [N] / [O] f32, or NULL
 struct bie_forward_args {
     const struct bie_tensor * x;
     const struct bie_tensor * bias_a;
@@ -276,6 +289,11 @@ struct bie_forward_args {
     const struct bie_tensor * scale_a;
     const struct bie_tensor * scale_w;
     struct bie_tensor * y;
+    const struct bie_tensor * out_mul;
+    const struct bie_tensor * out_add;
+    const struct bie_tensor * residual;
+    struct bie_tensor * out_bits;
+    const struct bie_tensor * out_bits_bias;
 };
 
 // Backward arguments: the same x, bias_a, weight and scales as the forward, grad_y shaped like y

@@ -165,6 +165,9 @@ struct bie_layer_call {
     // binary linear layer whose x is saved B1 bits) is x-shaped B1: 1 where the STE passes.
     struct bie_tensor x, bias_a, weight, y, x_mask;
     struct bie_tensor grad_y, grad_x, grad_weight, grad_bias_a, grad_scale_a;
+    // The forward's epilogue (bie_forward_args): out_mul / out_add / out_bits_bias 1-D [O] f32,
+    // residual and out_bits (B1) 4-D views shaped like y; absent terms have data == NULL.
+    struct bie_tensor out_mul, out_add, residual, out_bits, out_bits_bias;
     // Scales: the user's scalar tensors, and their values when they live on the host.
     struct bie_tensor scale_a_t, scale_w_t;
     bool scales_on_host;
@@ -173,6 +176,11 @@ struct bie_layer_call {
     int32_t device_index;
     struct bie_plan_info * plan; // non-NULL: plan the call (fill *plan), run nothing
 };
+
+// Whether a forward call has an epilogue term (out_mul, out_add, residual or out_bits).
+static inline bool bie_layer_has_epilogue(const struct bie_layer_call * c) {
+    return c->out_mul.data || c->out_add.data || c->residual.data || c->out_bits.data;
+}
 
 // src/ops/layer.c: a layer call validated and normalised (as the public entry points do), and run
 // on its backend; shared with the plans (src/ops/plan.c).

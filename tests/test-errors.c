@@ -64,7 +64,8 @@ static void fixture_free(struct fixture * f) {
 }
 
 static struct bie_forward_args fwd_args(struct fixture * f) {
-    return (struct bie_forward_args){&f->x, &f->bias, &f->w, &f->sa, &f->sw, &f->y};
+    return (struct bie_forward_args){
+        .x = &f->x, .bias_a = &f->bias, .weight = &f->w, .scale_a = &f->sa, .scale_w = &f->sw, .y = &f->y};
 }
 static struct bie_backward_args bwd_args(struct fixture * f) {
     return (struct bie_backward_args){&f->x,  &f->bias, &f->w,  &f->sa, &f->sw, &f->gy,
@@ -476,7 +477,7 @@ static void test_out_of_memory(void) {
                                       .dilation = {1, 1},
                                       .groups = 1,
                                       .pad_value = BIE_PAD_ZERO};
-    const struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
+    const struct bie_forward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
     EXPECT(bie_conv2d_forward(ctx, &d, &a), BIE_STATUS_OUT_OF_MEMORY, "workspace");
     // the context still works afterwards
     const int64_t xs1[4] = {1, 1, 1, 1};
@@ -490,7 +491,7 @@ static void test_out_of_memory(void) {
                                        .dilation = {1, 1},
                                        .groups = 1,
                                        .pad_value = BIE_PAD_ZERO};
-    const struct bie_forward_args a1 = {&x1, NULL, &w, &sa, &sw, &y};
+    const struct bie_forward_args a1 = {.x = &x1, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
     CHECK_OK(ctx, bie_conv2d_forward(ctx, &d1, &a1));
     struct bie_tensor * ts[6] = {&x, &w, &y, &sa, &sw, &x1};
     for (int i = 0; i < 6; i++) test_tensor_free(ts[i]);

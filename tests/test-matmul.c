@@ -48,7 +48,7 @@ static void check_against_layer(bie_context_t * ref) {
             struct bie_tensor lo = test_tensor(BIE_DTYPE_I32, 2, ob.shape, NULL);
             struct bie_tensor lgx = test_tensor(BIE_DTYPE_F32, 2, gxb.shape, NULL);
             const struct bie_linear_desc ld = {c.q, c.K, c.N};
-            const struct bie_forward_args fa = {&xb, NULL, &yb, &xc, &yc, &lo};
+            const struct bie_forward_args fa = {.x = &xb, .weight = &yb, .scale_a = &xc, .scale_w = &yc, .y = &lo};
             CHECK_OK(ref, bie_linear_forward(ref, &ld, &fa));
             CHECK(mismatches(&lo, &ob) == 0, "batch %lld: the matmul's acc differs from the linear layer's: %s",
                   (long long)b, c.what);

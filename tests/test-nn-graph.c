@@ -203,7 +203,7 @@ static float * reference_eval(bie_context_t * ctx, bie_model_t * m, const float 
             } else {
                 struct qviews v;
                 bie_model_qviews(L, n, in, out, &v);
-                struct bie_forward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.y};
+                struct bie_forward_args a = bie_model_qviews_forward(&v);
                 CHECK_OK(ctx,
                          L->kind == L_CONV ? bie_conv2d_forward(ctx, &v.cd, &a) : bie_linear_forward(ctx, &v.ld, &a));
                 const int64_t P = L->out[1] * L->out[2];

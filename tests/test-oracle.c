@@ -10,7 +10,12 @@
 static bie_context_t * ctx;
 
 static enum bie_status forward(const struct layer_case * c, struct bie_tensor * y) {
-    const struct bie_forward_args a = {&c->x, c->has_bias ? &c->bias : NULL, &c->w, &c->sa, &c->sw_t, y};
+    const struct bie_forward_args a = {.x = &c->x,
+                                       .bias_a = c->has_bias ? &c->bias : NULL,
+                                       .weight = &c->w,
+                                       .scale_a = &c->sa,
+                                       .scale_w = &c->sw_t,
+                                       .y = y};
     return c->conv ? bie_conv2d_forward(ctx, &c->cd, &a) : bie_linear_forward(ctx, &c->lin, &a);
 }
 
@@ -68,7 +73,7 @@ static void test_hand_rounding(void) {
     struct bie_tensor sa = test_scalar(1.0f), sw = test_scalar(1.0f);
     for (int q = 4; q <= 8; q += 4) {
         const struct bie_linear_desc d = {(enum bie_quant)q, 10, 10};
-        const struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
+        const struct bie_forward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
         CHECK_OK(ctx, bie_linear_forward(ctx, &d, &a));
         for (int i = 0; i < 10; i++) {
             const int want = q == 4 ? want4[i] : want8[i];
@@ -85,7 +90,7 @@ static void test_hand_rounding(void) {
     ((int8_t *)w2.data)[0] = 1;
     ((int8_t *)w2.data)[1] = 10;
     const struct bie_linear_desc d2 = {BIE_QUANT_INT8, 2, 1};
-    const struct bie_forward_args a2 = {&x2t, NULL, &w2, &sa2, &sw, &y2};
+    const struct bie_forward_args a2 = {.x = &x2t, .weight = &w2, .scale_a = &sa2, .scale_w = &sw, .y = &y2};
     CHECK_OK(ctx, bie_linear_forward(ctx, &d2, &a2));
     const int want = 4 + 10 * 2; // 0.3f / 0.2f = 1.5 in f32 -> 2
     CHECK(((int32_t *)y2.data)[0] == want, "f32 division: got %d, want %d", ((int32_t *)y2.data)[0], want);
@@ -111,7 +116,7 @@ static void test_hand_sign(void) {
     struct bie_tensor y = test_tensor(BIE_DTYPE_I32, 2, xshape, NULL), b = f32_tensor(1, bshape, bias);
     struct bie_tensor sa = test_scalar(1.0f), sw = test_scalar(1.0f);
     const struct bie_linear_desc d = {BIE_QUANT_BINARY, 1, 1};
-    struct bie_forward_args a = {&x, &b, &w, &sa, &sw, &y};
+    struct bie_forward_args a = {.x = &x, .bias_a = &b, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
     CHECK_OK(ctx, bie_linear_forward(ctx, &d, &a));
     for (int i = 0; i < 6; i++)
         CHECK(((int32_t *)y.data)[i] == want[i], "sign(%g): got %d, want %d", (double)xs[i], ((int32_t *)y.data)[i],
@@ -140,7 +145,7 @@ static void test_hand_pad_values(void) {
     const int want[3] = {1, -7, 9};
     for (int p = 0; p < 3; p++) {
         const struct bie_conv2d_desc d = test_conv3x3(1, 1, (enum bie_pad_value)p);
-        struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
+        struct bie_forward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
         CHECK_OK(ctx, bie_conv2d_forward(ctx, &d, &a));
         CHECK(((int32_t *)y.data)[0] == want[p], "pad value %d: got %d, want %d", p, ((int32_t *)y.data)[0], want[p]);
         a.y = &yb;
@@ -176,7 +181,7 @@ static void test_hand_conv(void) {
                                       .dilation = {2, 2},
                                       .groups = 1,
                                       .pad_value = BIE_PAD_ZERO};
-    struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
+    struct bie_forward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
     CHECK_OK(ctx, bie_conv2d_forward(ctx, &d, &a));
     // y(oh, ow) = x(oh-1, ow-1) - x(oh+1, ow+1), zero outside the image
     const int want[9] = {-5, -6, 0, -8, -8, 2, 0, 4, 5};
@@ -206,7 +211,7 @@ static void test_hand_output_rounding(void) {
     const double want[3] = {100000.0, INFINITY, 99840.0};
     for (int i = 0; i < 3; i++) {
         struct bie_tensor y = test_tensor(dts[i], 2, yshape, NULL);
-        const struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
+        const struct bie_forward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
         CHECK_OK(ctx, bie_linear_forward(ctx, &d, &a));
         CHECK(bie_load(&y, 0) == want[i], "y %s = %g, want %g", bie_dtype_name(dts[i]), bie_load(&y, 0), want[i]);
         test_tensor_free(&y);
@@ -228,7 +233,7 @@ static void test_hand_int32_wrap(void) {
     }
     struct bie_tensor y = test_tensor(BIE_DTYPE_I32, 2, yshape, NULL), sa = test_scalar(1.0f), sw = test_scalar(1.0f);
     const struct bie_linear_desc d = {BIE_QUANT_INT8, K, 1};
-    const struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
+    const struct bie_forward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
     CHECK_OK(ctx, bie_linear_forward(ctx, &d, &a));
     CHECK(((int32_t *)y.data)[0] == -2147467264, "int32 wrap: got %d, want -2147467264", ((int32_t *)y.data)[0]);
     test_tensor_free(&x);

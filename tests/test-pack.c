@@ -229,7 +229,7 @@ static void test_padding_never_leaks(void) {
                               y2 = test_tensor(BIE_DTYPE_I32, 2, yshape, NULL);
             struct bie_tensor sa = test_scalar(0.5f), sw = test_scalar(1.0f);
             const struct bie_linear_desc ld = {d ? BIE_QUANT_INT4 : BIE_QUANT_BINARY, k, o};
-            struct bie_forward_args a = {&x, NULL, &clean, &sa, &sw, &y1};
+            struct bie_forward_args a = {.x = &x, .weight = &clean, .scale_a = &sa, .scale_w = &sw, .y = &y1};
             CHECK_OK(ctx, bie_linear_forward(ctx, &ld, &a));
             a.weight = &dirty;
             a.y = &y2;

@@ -92,7 +92,8 @@ static void test_layer(bie_context_t * ctx) {
     struct bie_tensor gx2 = cpu_test_clone(&gx), gw2 = cpu_test_clone(&gw), gs2 = cpu_test_clone(&gs),
                       gb2 = cpu_test_clone(&gb);
     struct bie_tensor sa = test_scalar(0.5f), sw = test_scalar(0.25f);
-    struct bie_forward_args fa = {&x, &b, &w, &sa, &sw, &y}, fa2 = fa;
+    struct bie_forward_args fa = {.x = &x, .bias_a = &b, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y},
+                            fa2 = fa;
     fa2.y = &y2;
     struct bie_backward_args ba = {&x, &b, &w, &sa, &sw, &g, &gx, &gw, &gs, &gb, NULL}, ba2 = ba;
     ba2.grad_x = &gx2;

@@ -10,7 +10,12 @@
 static bie_context_t * ctx;
 
 static enum bie_status forward(const struct layer_case * c, const struct bie_tensor * w, struct bie_tensor * y) {
-    const struct bie_forward_args a = {&c->x, c->has_bias ? &c->bias : NULL, w, &c->sa, &c->sw_t, y};
+    const struct bie_forward_args a = {.x = &c->x,
+                                       .bias_a = c->has_bias ? &c->bias : NULL,
+                                       .weight = w,
+                                       .scale_a = &c->sa,
+                                       .scale_w = &c->sw_t,
+                                       .y = y};
     return c->conv ? bie_conv2d_forward(ctx, &c->cd, &a) : bie_linear_forward(ctx, &c->lin, &a);
 }
 

@@ -75,7 +75,7 @@ static void run_layer(bie_context_t * ctx, struct runner * r, int64_t i, bool un
         } else if (unplanned) {
             struct qviews v;
             bie_model_qviews(L, 1, in, out, &v);
-            struct bie_forward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.y};
+            struct bie_forward_args a = bie_model_qviews_forward(&v);
             bie_linear_forward(ctx, &v.ld, &a);
             bie_model_add_output_bias(L, 1, out);
         } else {
@@ -193,7 +193,7 @@ int main(int argc, char ** argv) {
         if (L->kind == L_LINEAR && L->q != Q_F32) {
             struct qviews v;
             bie_model_qviews(L, 1, x, r.buf[i + 1], &v);
-            struct bie_forward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.y};
+            struct bie_forward_args a = bie_model_qviews_forward(&v);
             bie_layer_prepare_forward(ctx, &v.ld, NULL, &a, &r.call[i]);
         }
     }

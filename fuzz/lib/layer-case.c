@@ -20,11 +20,12 @@
 
 // Roles of the tensors of a case (which ones a call uses depends on the op).
 enum role { R_X, R_BIAS, R_W, R_SA, R_SW, R_Y, R_GY, R_GX, R_GW, R_GS, R_GB, R_MASK, R_BITS, R_COUNT };
-static const char * const k_role[R_COUNT] = {"x", "bias_a", "weight", "scale_a", "scale_w", "y", "grad_y",
-                                            "grad_x", "grad_weight", "grad_scale_a", "grad_bias_a", "mask", "bits"};
+static const char * const k_role[R_COUNT] = {"x",           "bias_a", "weight", "scale_a",     "scale_w",
+                                             "y",           "grad_y", "grad_x", "grad_weight", "grad_scale_a",
+                                             "grad_bias_a", "mask",   "bits"};
 enum op { OP_LIN_FWD, OP_LIN_BWD, OP_CONV_FWD, OP_CONV_BWD, OP_BINARIZE, OP_PACK, OP_UNPACK, OP_COUNT };
-static const char * const k_op[OP_COUNT] = {"linear forward", "linear backward", "conv2d forward", "conv2d backward",
-                                            "binarize_ste", "pack", "unpack"};
+static const char * const k_op[OP_COUNT] = {
+    "linear forward", "linear backward", "conv2d forward", "conv2d backward", "binarize_ste", "pack", "unpack"};
 
 struct ft {
     bool present, output;
@@ -107,7 +108,7 @@ static void make_view(struct fz * f, struct ft * t, enum bie_dtype d, int nd, co
         t->t.stride[dim] = stride;
         int64_t extent = shape[dim] > 0 ? shape[dim] : 1;
         if (i == nd - 1 && bits < 8) extent = (extent + 8 / bits - 1) / (8 / bits) * (8 / bits);
-        if (layout == 1 && i == nd - 1) extent += bits < 8 ? 8 : 3; // a gap after each innermost row
+        if (layout == 1 && i == nd - 1) extent += bits < 8 ? 8 : 3;                 // a gap after each innermost row
         if (extent > (INT64_C(1) << 24) || stride > (INT64_C(1) << 30)) extent = 1; // shapes are small here
         stride *= extent;
     }
@@ -149,14 +150,20 @@ static void corrupt(struct fz * f, struct ft * t) {
     int64_t b = bad[fz_range(f, 0, 4)];
     if (which == 1 && b == 0) b = -1; // a stride of 0 is a legal broadcast of an input
     switch (which) {
-    case 0: if (v->ndim > 0) v->shape[d] = b; break;
-    case 1: if (v->ndim > 0) v->stride[d] = b; break;
+    case 0:
+        if (v->ndim > 0) v->shape[d] = b;
+        break;
+    case 1:
+        if (v->ndim > 0) v->stride[d] = b;
+        break;
     case 2: v->ndim = fz_one_in(f, 2) ? -1 : BIE_MAX_DIMS + 1; break;
     case 3: v->dtype = (enum bie_dtype)fz_range(f, 9, 255); break;
     case 4: v->device_type = (enum bie_device_type)fz_range(f, 2, 9); break;
     case 5: v->data = NULL; break;
     case 6: v->ndim = v->ndim > 0 ? v->ndim - 1 : 1; break; // a wrong rank
-    default: if (v->ndim > 0) v->shape[d] += 1; break;       // a wrong size (its buffer is the old one's)
+    default:
+        if (v->ndim > 0) v->shape[d] += 1;
+        break; // a wrong size (its buffer is the old one's)
     }
     // A wrong size with a buffer of the old size: give the buffer room for the new view, so that
     // a library that accepts it (a finding only if it should not) does not run past it.
@@ -187,7 +194,9 @@ static enum bie_quant pick_quant(struct fz * f) {
 
 static enum bie_dtype weight_dtype(struct fz * f, enum bie_quant q) {
     const enum bie_dtype w[5] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_I8,
-                                 q == BIE_QUANT_BINARY ? BIE_DTYPE_B1 : q == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_BF16,
+                                 q == BIE_QUANT_BINARY ? BIE_DTYPE_B1
+                                 : q == BIE_QUANT_INT4 ? BIE_DTYPE_S4
+                                                       : BIE_DTYPE_BF16,
                                  BIE_DTYPE_F32};
     return pick(f, w, 5);
 }
@@ -206,8 +215,8 @@ static void describe(struct fcase * c) {
     for (int r = 0; r < R_COUNT && len < (int)sizeof c->what - 80; r++) {
         const struct bie_tensor * t = &c->r[r].t;
         if (!c->r[r].present) continue;
-        len += snprintf(c->what + len, sizeof c->what - (size_t)len, "; %s %s%s [", k_role[r],
-                        bie_dtype_name(t->dtype), t->data ? "" : " (data NULL)");
+        len += snprintf(c->what + len, sizeof c->what - (size_t)len, "; %s %s%s [", k_role[r], bie_dtype_name(t->dtype),
+                        t->data ? "" : " (data NULL)");
         for (int i = 0; i < t->ndim && i < BIE_MAX_DIMS && len < (int)sizeof c->what - 40; i++)
             len += snprintf(c->what + len, sizeof c->what - (size_t)len, "%s%lld:%lld", i ? " " : "",
                             (long long)t->shape[i], (long long)t->stride[i]);
@@ -228,7 +237,8 @@ static void decode_linear(struct fz * f, struct fcase * c, uint64_t * rng, bool 
     const bool bits_x = q == BIE_QUANT_BINARY && fz_one_in(f, 5);
     const enum bie_dtype xd = bits_x ? BIE_DTYPE_B1 : pick(f, k_float, 3);
     make_view(f, &c->r[R_X], xd, nd, xs, false, rng, c->specials, 2.0f);
-    if (!bits_x && fz_one_in(f, 2)) make_view(f, &c->r[R_BIAS], pick(f, k_float, 3), 1, &K, false, rng, c->specials, 0.3f);
+    if (!bits_x && fz_one_in(f, 2))
+        make_view(f, &c->r[R_BIAS], pick(f, k_float, 3), 1, &K, false, rng, c->specials, 0.3f);
     const int64_t wsh[2] = {N, K};
     const enum bie_dtype wd = weight_dtype(f, q);
     make_view(f, &c->r[R_W], wd, 2, wsh, false, rng, c->specials, wd == BIE_DTYPE_I8 ? 200.0f : 1.0f);
@@ -244,7 +254,8 @@ static void decode_linear(struct fz * f, struct fcase * c, uint64_t * rng, bool 
     if (!fz_one_in(f, 4)) make_view(f, &c->r[R_GX], pick(f, k_float, 3), nd, xs, true, rng, false, 1.0f);
     if (!fz_one_in(f, 4)) make_view(f, &c->r[R_GW], pick(f, k_float, 3), 2, wsh, true, rng, false, 1.0f);
     const int64_t one = 1;
-    if (!fz_one_in(f, 4)) make_view(f, &c->r[R_GS], pick(f, k_float, 3), (int)fz_range(f, 0, 1), &one, true, rng, false, 1.0f);
+    if (!fz_one_in(f, 4))
+        make_view(f, &c->r[R_GS], pick(f, k_float, 3), (int)fz_range(f, 0, 1), &one, true, rng, false, 1.0f);
     if (!fz_one_in(f, 4)) make_view(f, &c->r[R_GB], pick(f, k_float, 3), 1, &K, true, rng, false, 1.0f);
     if (bits_x && !fz_one_in(f, 6)) make_view(f, &c->r[R_MASK], BIE_DTYPE_B1, nd, xs, false, rng, false, 1.0f);
 }
@@ -264,7 +275,8 @@ static void decode_conv(struct fz * f, struct fcase * c, uint64_t * rng, bool ba
     d->pad_value = d->quant == BIE_QUANT_BINARY ? (enum bie_pad_value)fz_range(f, 0, 2) : BIE_PAD_ZERO;
     if (fz_one_in(f, 30)) { // a broken descriptor: values the contract refuses (a legal huge padding
         // would make a huge output, which the case's buffers do not hold)
-        static const int32_t bad[4][3] = {{0, -1, INT32_MAX}, {0, -1, INT32_MIN}, {-1, INT32_MIN, -2}, {0, -1, INT32_MAX}};
+        static const int32_t bad[4][3] = {
+            {0, -1, INT32_MAX}, {0, -1, INT32_MIN}, {-1, INT32_MIN, -2}, {0, -1, INT32_MAX}};
         int32_t * fld[4] = {&d->kernel[0], &d->stride[1], &d->padding[0], &d->dilation[1]};
         const int which = (int)fz_range(f, 0, 3);
         *fld[which] = bad[which][fz_range(f, 0, 2)];
@@ -303,7 +315,8 @@ static void decode_other(struct fz * f, struct fcase * c, uint64_t * rng) {
     for (int i = 0; i < nd; i++) shape[i] = fz_range(f, 1, i == nd - 1 ? 90 : 9);
     if (c->op == OP_BINARIZE) {
         make_view(f, &c->r[R_X], pick(f, k_float, 3), nd, shape, false, rng, c->specials, 2.0f);
-        if (fz_one_in(f, 2)) make_view(f, &c->r[R_BIAS], pick(f, k_float, 3), 1, &shape[nd - 1], false, rng, c->specials, 0.3f);
+        if (fz_one_in(f, 2))
+            make_view(f, &c->r[R_BIAS], pick(f, k_float, 3), 1, &shape[nd - 1], false, rng, c->specials, 0.3f);
         make_scale(f, &c->r[R_SA], rng, 1.0f);
         if (!fz_one_in(f, 4)) make_view(f, &c->r[R_BITS], BIE_DTYPE_B1, nd, shape, true, rng, false, 1.0f);
         if (!fz_one_in(f, 4)) make_view(f, &c->r[R_MASK], BIE_DTYPE_B1, nd, shape, true, rng, false, 1.0f);
@@ -312,7 +325,8 @@ static void decode_other(struct fz * f, struct fcase * c, uint64_t * rng) {
     static const enum bie_dtype packed[3] = {BIE_DTYPE_B1, BIE_DTYPE_S4, BIE_DTYPE_I8};
     static const enum bie_dtype plain[4] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_I8};
     const bool pack = c->op == OP_PACK;
-    const enum bie_dtype sd = pack ? pick(f, plain, 4) : pick(f, packed, 3), dd = pack ? pick(f, packed, 3) : pick(f, plain, 4);
+    const enum bie_dtype sd = pack ? pick(f, plain, 4) : pick(f, packed, 3),
+                         dd = pack ? pick(f, packed, 3) : pick(f, plain, 4);
     make_view(f, &c->r[R_X], sd, nd, shape, false, rng, c->specials, sd == BIE_DTYPE_I8 ? 200.0f : 3.0f);
     make_view(f, &c->r[R_Y], dd, nd, shape, true, rng, false, 1.0f);
     if (fz_one_in(f, 2)) make_scale(f, &c->r[R_SA], rng, 0.25f);
@@ -351,16 +365,22 @@ static void free_case(struct fcase * c) {
 static struct bie_tensor * arg(struct fcase * c, enum role r) { return c->r[r].present ? &c->r[r].t : NULL; }
 
 static enum bie_status call(bie_context_t * ctx, struct fcase * c) {
-    const struct bie_forward_args fa = {arg(c, R_X), arg(c, R_BIAS), arg(c, R_W), arg(c, R_SA), arg(c, R_SW), arg(c, R_Y)};
-    const struct bie_backward_args ba = {arg(c, R_X),  arg(c, R_BIAS), arg(c, R_W),  arg(c, R_SA),
-                                         arg(c, R_SW), arg(c, R_GY),   arg(c, R_GX), arg(c, R_GW),
+    const struct bie_forward_args fa = {.x = arg(c, R_X),
+                                        .bias_a = arg(c, R_BIAS),
+                                        .weight = arg(c, R_W),
+                                        .scale_a = arg(c, R_SA),
+                                        .scale_w = arg(c, R_SW),
+                                        .y = arg(c, R_Y)};
+    const struct bie_backward_args ba = {arg(c, R_X),  arg(c, R_BIAS), arg(c, R_W),   arg(c, R_SA),
+                                         arg(c, R_SW), arg(c, R_GY),   arg(c, R_GX),  arg(c, R_GW),
                                          arg(c, R_GS), arg(c, R_GB),   arg(c, R_MASK)};
     switch (c->op) {
     case OP_LIN_FWD: return bie_linear_forward(ctx, &c->lin, &fa);
     case OP_LIN_BWD: return bie_linear_backward(ctx, &c->lin, &ba);
     case OP_CONV_FWD: return bie_conv2d_forward(ctx, &c->conv, &fa);
     case OP_CONV_BWD: return bie_conv2d_backward(ctx, &c->conv, &ba);
-    case OP_BINARIZE: return bie_binarize_ste(ctx, arg(c, R_X), arg(c, R_BIAS), arg(c, R_SA), arg(c, R_BITS), arg(c, R_MASK));
+    case OP_BINARIZE:
+        return bie_binarize_ste(ctx, arg(c, R_X), arg(c, R_BIAS), arg(c, R_SA), arg(c, R_BITS), arg(c, R_MASK));
     case OP_PACK: return bie_pack(ctx, arg(c, R_X), arg(c, R_SA), arg(c, R_Y));
     case OP_UNPACK: return bie_unpack(ctx, arg(c, R_X), arg(c, R_SA), arg(c, R_Y));
     case OP_COUNT: break;
@@ -447,9 +467,10 @@ static void covered(const struct bie_tensor * t, uint8_t * mark) {
 
 // The gradients of a backend (got) against the reference's (want), within the tolerance of
 // tests/backward-tolerance.h, and the bytes around them untouched.
-static void check_backward(const struct fcase * c, const char * backend, uint8_t * const * got, uint8_t * const * want) {
+static void check_backward(const struct fcase * c, const char * backend, uint8_t * const * got,
+                           uint8_t * const * want) {
     const bool conv = c->op == OP_CONV_BWD;
-    const struct bie_tensor * x = &c->r[R_X].t, * gy = &c->r[R_GY].t;
+    const struct bie_tensor *x = &c->r[R_X].t, *gy = &c->r[R_GY].t;
     int64_t nx = 1, ny = 1;
     for (int i = 0; i < x->ndim; i++) nx *= x->shape[i];
     for (int i = 0; i < gy->ndim; i++) ny *= gy->shape[i];
@@ -457,8 +478,8 @@ static void check_backward(const struct fcase * c, const char * backend, uint8_t
     const int64_t C = conv ? c->conv.in_channels : c->lin.in_features;
     const double n_x = conv ? (double)(O * c->conv.kernel[0] * c->conv.kernel[1]) : (double)O;
     const double gmax = tensor_max_abs(gy), sa = bie_load(&c->r[R_SA].t, 0), sw = bie_load(&c->r[R_SW].t, 0);
-    struct backward_tolerance t = backward_tolerance(c->lin.quant, gmax, sa, sw, n_x, (double)(ny / O),
-                                                     (double)(nx / C), (double)nx);
+    struct backward_tolerance t =
+        backward_tolerance(c->lin.quant, gmax, sa, sw, n_x, (double)(ny / O), (double)(nx / C), (double)nx);
     // CUDA's conv backward may round its sums to grad_y's dtype when no gradient is more precise
     // (the cuDNN route; which route a call takes is the backend's choice)
     const bool cuda = !strcmp(backend, "cuda");
@@ -473,8 +494,10 @@ static void check_backward(const struct fcase * c, const char * backend, uint8_t
     // FLT_MAX, an f32 partial sum may overflow.
     const double lo = c->lin.quant == BIE_QUANT_BINARY ? 1 : c->lin.quant == BIE_QUANT_INT4 ? 8 : 128;
     const double s_x = n_x * gmax * lo * sw;
-    const double sums[R_COUNT] = {[R_GX] = s_x, [R_GW] = (double)(ny / O) * gmax * lo * sa,
-                                  [R_GB] = (double)(nx / C) * s_x, [R_GS] = (double)nx * s_x * lo};
+    const double sums[R_COUNT] = {[R_GX] = s_x,
+                                  [R_GW] = (double)(ny / O) * gmax * lo * sa,
+                                  [R_GB] = (double)(nx / C) * s_x,
+                                  [R_GS] = (double)nx * s_x * lo};
     for (int r = R_GX; r <= R_GB; r++) {
         if (!c->r[r].present || !got[r]) continue;
         struct bie_tensor g = c->r[r].t, w = c->r[r].t;
@@ -492,15 +515,16 @@ static void check_backward(const struct fcase * c, const char * backend, uint8_t
             if (a != b && !(fabs(a - b) <= tol[r] + 2.0 * rel * fabs(b) + 1e-30) && !(isnan(a) && isnan(b)) &&
                 !overflowed) {
                 char d[160];
-                snprintf(d, sizeof d, "%s[%lld] = %.9g, the reference %.9g (tolerance %.3g)", k_role[r], (long long)off, a,
-                         b, tol[r]);
+                snprintf(d, sizeof d, "%s[%lld] = %.9g, the reference %.9g (tolerance %.3g)", k_role[r], (long long)off,
+                         a, b, tol[r]);
                 finding(c, backend, "%s", d);
             }
         } while (bie_next_index(&g, idx));
         uint8_t * mark = calloc(c->r[r].bytes, 1);
         covered(&g, mark);
         for (size_t i = 0; i < c->r[r].bytes; i++)
-            if (!mark[i] && got[r][i] != c->r[r].init[i]) finding(c, backend, "wrote outside the view of %s", k_role[r]);
+            if (!mark[i] && got[r][i] != c->r[r].init[i])
+                finding(c, backend, "wrote outside the view of %s", k_role[r]);
         free(mark);
     }
 }
@@ -583,7 +607,8 @@ int fuzz_layer_case(const struct fuzz_backends * b, const uint8_t * data, size_t
         }
         for (int r = 0; r < R_COUNT; r++)
             if (c.r[r].output && c.r[r].present && memcmp(c.r[r].buf, want[r], c.r[r].bytes) != 0)
-                finding(&c, b->name[i], "%s differs from the reference's (the whole buffer must be identical)", k_role[r]);
+                finding(&c, b->name[i], "%s differs from the reference's (the whole buffer must be identical)",
+                        k_role[r]);
     }
     if (verbose) fprintf(stderr, "  -> %s %s\n", bie_status_string(ref_status), bie_context_last_error(b->ctx[0]));
     for (int r = 0; r < R_COUNT; r++) free(want[r]);

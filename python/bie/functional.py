@@ -262,9 +262,12 @@ def _common(x, bias_a, scale_a, scale_w):
         _check_float(bias_a, "bias_a")
 
 
-def _fwd_args(x, bias_a, weight_v, scale_a, scale_w, y):
+def _fwd_args(x, bias_a, weight_v, scale_a, scale_w, y, out_mul=None, out_add=None, residual=None, out_bits_v=None,
+              out_bits_bias=None):
     keep = [x if isinstance(x, _lib.Tensor) else _view(x), _view(bias_a) if bias_a is not None else None, weight_v,
             _view(scale_a), _view(scale_w), _view(y)]
+    keep += [None if t is None else _view(t.detach()) for t in (out_mul, out_add, residual)]
+    keep += [out_bits_v, None if out_bits_bias is None else _view(out_bits_bias.detach())]
     args = _lib.ForwardArgs(*[_ptr(v) for v in keep])
     return args, keep
 
@@ -544,20 +547,26 @@ def conv2d_binarize_ste(x, scale_a, bias_a=None):
 
 
 def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=None, stride=1, padding=0,
-                   dilation=1, pad_value=PAD_ZERO, out_dtype=None, in_channels=None):
+                   dilation=1, pad_value=PAD_ZERO, out_dtype=None, in_channels=None, out_mul=None, out_add=None,
+                   residual=None, out_bits=None, out_bits_bias=None):
     """y[N, O, OH, OW] = scale_a*scale_w * (a cross-correlated with w), libbie's conv2d forward. y
     keeps x's memory format (channels-last in, channels-last out). A binary layer takes the bits of
     conv2d_binarize_ste for x with in_channels = C (bias_a is in them; out_dtype then required).
-    Planned once per metadata of the tensors (bie._plans)."""
+    The optional epilogue (float32 [O] out_mul and out_add, a residual shaped like y of y's dtype)
+    gives y = ((y * out_mul[o]) + out_add[o]) + residual in the same call (bie_forward_args), and
+    out_bits (uint8 [N, OH, OW, ceil(O/8)], conv2d_binarize_ste's layout) the sign bits of
+    y + out_bits_bias[o] (float32 [O], or None), what a following binary conv with that bias_a
+    takes as its input (in_channels=O). Planned once per metadata of the tensors (bie._plans)."""
     geo = (None if kernel_size is None else _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation))
     key = ("conv2d_forward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
-           _plans.meta(scale_w), geo, pad_value, out_dtype, in_channels)
+           _plans.meta(scale_w), geo, pad_value, out_dtype, in_channels, _plans.meta(out_mul), _plans.meta(out_add),
+           _plans.meta(residual), _plans.meta(out_bits), _plans.meta(out_bits_bias))
     cache = _plans.cache()
     p = cache.get(key)
     if p is not None:
         shape, ydt, fmt = p.out
         y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
-        p.run(x, (x, bias_a, weight, scale_a, scale_w, y))
+        p.run(x, (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias))
         return y
     if in_channels is None:
         _common(x, bias_a, scale_a, scale_w)
@@ -584,12 +593,13 @@ def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=
     if n == 0:
         return y
     wv = _weight_view(quant, weight.detach(), shape_w)
+    bits_v = None if out_bits is None else _bits_view(out_bits, shape_w[0])
     args, keep = _fwd_args(xv, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
-                           scale_w.detach(), y)
+                           scale_w.detach(), y, out_mul, out_add, residual, bits_v, out_bits_bias)
     p = _cuda_checked(x, lambda: _plans.Plan("bie_plan_conv2d_forward", desc, args, keep, keep, False))
     p.out = (tuple(y.shape), y.dtype, fmt)
     cache[key] = p
-    p.run(x, (x, bias_a, weight, scale_a, scale_w, y))
+    p.run(x, (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias))
     return y
 
 

@@ -3,6 +3,7 @@
 // fall back to the reference. Forward calls on host tensors with host scales always run here
 // (every view is handled; unusual ones through slower element-wise packing).
 #include "cpu/cpu-gemv.h"
+#include "ref/ref-impl.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -17,9 +18,12 @@ static enum bie_status forward(bie_context_t * ctx, const struct bie_layer_call 
         }
         return s;
     }
-    if (bie_cpu_gemv_applies(call)) return bie_cpu_gemv_forward(ctx, call); // M <= 8: matrix-vector
-    if (call->quant == BIE_QUANT_BINARY) return bie_cpu_binary_forward(ctx, call);
-    return bie_cpu_nbit_forward(ctx, call);
+    enum bie_status s;
+    if (bie_cpu_gemv_applies(call)) s = bie_cpu_gemv_forward(ctx, call); // M <= 8: matrix-vector
+    else if (call->quant == BIE_QUANT_BINARY) s = bie_cpu_binary_forward(ctx, call);
+    else s = bie_cpu_nbit_forward(ctx, call);
+    if (s == BIE_STATUS_OK) bie_ref_layer_epilogue(call); // (memory-bound: one pass over y)
+    return s;
 }
 
 const struct bie_backend_ops bie_cpu_backend = {

@@ -20,6 +20,7 @@
 #include "cuda-forward.cuh"
 
 #include <stdio.h>
+#include <string.h>
 
 namespace {
 
@@ -55,6 +56,7 @@ enum fwd_region {
     W_CLS,     // colcls
     W_PIXCLS,  // the zero-padding terms of the pixels of rows the GEMM counts itself
     W_SIGN,    // a B1 y as sign codes, then packed
+    W_BITS,    // the output epilogue's out_bits as codes, then packed (views the epilogue pass cannot write)
     W_REGIONS
 };
 
@@ -72,6 +74,7 @@ struct fwd_route {
     bool w_rows_copied;        // weight_terms copies packed B1 weight rows into the operand
     bool terms_first, terms_under_x, rowpop_under_copy; // the order of the weight_terms launch
     bool sign_codes;                                    // a B1 y the GEMM cannot pack: sign codes, then packed
+    bool bits_codes;                                    // out_bits through codes (W_BITS)
     int border[4];                                      // zero padding: border class counts (top, bottom, left, right)
     int64_t classes;
     pack_src px, pw;
@@ -139,12 +142,14 @@ void fwd_workspace(fwd_route * r) {
     z[W_CLS] = zp ? (size_t)(r->classes * BIE_COLCLS_LD(N)) * 4 : 0;
     z[W_PIXCLS] = r->gemm_rows && zp ? (size_t)(r->ep.g.OH * r->ep.g.OW) * 8 : 0;
     z[W_SIGN] = r->sign_codes ? (size_t)(M * N) : 0;
+    z[W_BITS] = r->bits_codes ? (size_t)(M * N) : 0;
     r->total = ws_layout(z, r->off, W_REGIONS);
 }
 
 // Chooses the route of a forward call (see fwd_route).
 enum bie_status fwd_route_make(bie_context_t * ctx, const struct bie_layer_call * c, fwd_route * r) {
     const struct bie_geometry & g = c->g;
+    memset(&r->ep, 0, sizeof r->ep);
     r->binary = c->quant == BIE_QUANT_BINARY;
     r->taps = (int)(g.kh * g.kw);
     r->zero_pad_fix = r->binary && c->is_conv && g.pad_value == BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0);
@@ -193,6 +198,7 @@ enum bie_status fwd_route_make(bie_context_t * ctx, const struct bie_layer_call 
     r->ep.g = r->px.g;
     dview_make(&c->y, &r->ep.y);
     r->sign_codes = c->y.dtype == BIE_DTYPE_B1 && !bie_cuda_gemm_packs_bits(ctx, M, N, zp, r->ep);
+    r->bits_codes = c->out_bits.data && !bie_cuda_epilogue_dense(c);
     fwd_workspace(r);
     return BIE_STATUS_OK;
 }
@@ -218,10 +224,11 @@ void fwd_route_describe(bie_context_t * ctx, const struct bie_layer_call * c, co
     const char * y = c->y.dtype != BIE_DTYPE_B1 ? bie_dtype_name(c->y.dtype)
                      : r.sign_codes             ? "sign codes, then packed"
                                                 : "B1 packed by the GEMM";
+    const char * epi = bie_layer_has_epilogue(c) ? "; output epilogue: one pass after the GEMM" : "";
     snprintf(c->plan->route, sizeof c->plan->route,
-             "cuda:%d, %s GEMM %lld x %lld x %lld bytes; x: %s; weight: %s; row popcounts: %s%s; y: %s",
+             "cuda:%d, %s GEMM %lld x %lld x %lld bytes; x: %s; weight: %s; row popcounts: %s%s; y: %s%s",
              (int)c->device_index, gemm, (long long)r.M, (long long)r.N, (long long)r.kbytes, x, w, pops,
-             zp ? "; zero padding by border classes" : "", y);
+             zp ? "; zero padding by border classes" : "", y, epi);
     c->plan->workspace = r.total;
 }
 
@@ -319,7 +326,7 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     BIE_TRY(fwd_operands(ctx, c, r, ws, st->stream, &gs, &Am, &Bm));
     BIE_TRY(bie_cuda_gemm(ctx, Am, Bm, r.M, r.N, r.kbytes, r.ep, r.gather ? &gs : NULL));
     if (r.sign_codes) BIE_TRY(bie_cuda_store_packed(ctx, r.ep.sign, r.ep.y));
-    return BIE_STATUS_OK;
+    return bie_cuda_layer_epilogue(ctx, c, (int8_t *)(ws + r.off[W_BITS]));
 }
 
 // bie_binarize_ste (bie-impl.h's binarize_ste slot): contiguous float rows of x into byte-aligned

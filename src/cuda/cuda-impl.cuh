@@ -82,6 +82,12 @@ static inline cudaLaunchConfig_t bie_cuda_launch_config(bie_context_t * ctx, dim
     cfg.numAttrs = pdl ? 1 : 0;
     return cfg;
 }
+// A forward's output epilogue (out_mul, out_add, residual, out_bits; cuda-epilogue-pass.cu) as one
+// pass over the y that the layer's GEMM wrote; nothing when the call has none. Where
+// bie_cuda_epilogue_dense says no and out_bits is asked for, codes is device scratch of one byte
+// per element of y (the bits go through bie_cuda_store_packed).
+bool bie_cuda_epilogue_dense(const struct bie_layer_call * c);
+enum bie_status bie_cuda_layer_epilogue(bie_context_t * ctx, const struct bie_layer_call * c, int8_t * codes);
 // Checks the last launch (cudaGetLastError) and maps it.
 enum bie_status bie_cuda_check_launch(bie_context_t * ctx, const char * what);
 enum bie_status bie_cuda_cublas(bie_context_t * ctx, cublasHandle_t * out);

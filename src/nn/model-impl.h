@@ -133,6 +133,11 @@ struct qviews {
     struct bie_conv2d_desc cd;
 };
 void bie_model_qviews(struct layer * L, int64_t n, const float * x, float * y, struct qviews * v);
+// The forward arguments over those views (no output epilogue).
+static inline struct bie_forward_args bie_model_qviews_forward(struct qviews * v) {
+    return (struct bie_forward_args){
+        .x = &v->x, .bias_a = &v->bias_a, .weight = &v->w, .scale_a = &v->scale_a, .scale_w = &v->scale_w, .y = &v->y};
+}
 // Float codes of a low-bit layer's weight in [O, K] order (K = c, kh, kw) for float_layers mode:
 // +-1 (b1) or the integer codes (q4, q8), built once into L->wcodes.
 enum bie_status bie_model_weight_codes(bie_context_t * ctx, struct layer * L);

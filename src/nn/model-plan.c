@@ -234,7 +234,7 @@ static enum bie_status build_step(bie_context_t * ctx, bie_model_t * m, const st
             s->route = R_QCALL;
             struct qviews v;
             bie_model_qviews(L, n, in, s->out, &v);
-            const struct bie_forward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.y};
+            const struct bie_forward_args a = bie_model_qviews_forward(&v);
             BIE_TRY(bie_layer_prepare_forward(ctx, L->kind == L_LINEAR ? &v.ld : NULL, L->kind == L_CONV ? &v.cd : NULL,
                                               &a, &s->call));
         }

@@ -76,7 +76,7 @@ static enum bie_status layer_forward(bie_context_t * ctx, bie_model_t * m, struc
             if (L->scale_a.v[0] == 0.0f) BIE_TRY(bie_model_init_scale_a(ctx, L, n, in)); // from the first batch
             struct qviews v;
             bie_model_qviews(L, n, in, out, &v);
-            struct bie_forward_args a = {&v.x, &v.bias_a, &v.w, &v.scale_a, &v.scale_w, &v.y};
+            struct bie_forward_args a = bie_model_qviews_forward(&v);
             BIE_TRY(L->kind == L_CONV ? bie_conv2d_forward(ctx, &v.cd, &a) : bie_linear_forward(ctx, &v.ld, &a));
             bie_model_add_output_bias(L, n, out);
         }

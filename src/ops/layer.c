@@ -255,6 +255,39 @@ static enum bie_status dispatch(bie_context_t * ctx, const struct job * j) {
     return bie_dispatch(ctx, j->c->device_type, run_slot, j, what);
 }
 
+// The forward's optional epilogue terms (bie_forward_args), into the call.
+static enum bie_status epilogue_check(bie_context_t * ctx, struct bie_layer_call * c,
+                                      const struct bie_forward_args * a) {
+    if (!a->out_mul && !a->out_add && !a->residual && !a->out_bits && !a->out_bits_bias) return BIE_STATUS_OK;
+    if (!bie_dtype_is_float(a->y->dtype))
+        BIE_FAIL("y: is %s; an epilogue (out_mul, out_add, residual, out_bits) needs an f32, f16 or bf16 y",
+                 bie_dtype_name(a->y->dtype));
+    if (a->out_bits_bias && !a->out_bits) BIE_FAIL("out_bits_bias: given without out_bits");
+    const struct bie_tensor * v[3] = {a->out_mul, a->out_add, a->out_bits_bias};
+    static const char * const names[3] = {"out_mul", "out_add", "out_bits_bias"};
+    struct bie_tensor * dst[3] = {&c->out_mul, &c->out_add, &c->out_bits_bias};
+    for (int i = 0; i < 3; i++) {
+        if (!v[i]) continue;
+        BIE_TRY(bie_check_tensor(ctx, names[i], v[i], true));
+        BIE_TRY(check_device(ctx, c, names[i], v[i]));
+        if (v[i]->dtype != BIE_DTYPE_F32) BIE_FAIL("%s: dtype %s must be f32", names[i], bie_dtype_name(v[i]->dtype));
+        BIE_TRY(check_shape(ctx, names[i], v[i], 1, &c->g.O));
+        *dst[i] = *v[i];
+    }
+    if (a->residual) {
+        BIE_TRY(out_view(ctx, c, "residual", a->residual, a->x, &c->residual, false));
+        if (a->residual->dtype != a->y->dtype)
+            BIE_FAIL("residual: dtype %s must be y's (%s)", bie_dtype_name(a->residual->dtype),
+                     bie_dtype_name(a->y->dtype));
+    }
+    if (a->out_bits) {
+        BIE_TRY(out_view(ctx, c, "out_bits", a->out_bits, a->x, &c->out_bits, true));
+        if (a->out_bits->dtype != BIE_DTYPE_B1)
+            BIE_FAIL("out_bits: dtype %s must be b1", bie_dtype_name(a->out_bits->dtype));
+    }
+    return BIE_STATUS_OK;
+}
+
 enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
                                           const struct bie_conv2d_desc * conv, const struct bie_forward_args * a,
                                           struct bie_layer_call * c) {
@@ -269,9 +302,15 @@ enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_
     if (c->scales_on_host && !isfinite(c->scale_a * c->scale_w))
         BIE_FAIL("scale_a * scale_w: %g * %g overflows f32 (y = acc * (scale_a * scale_w) needs a finite product)",
                  (double)c->scale_a, (double)c->scale_w);
-    const struct bie_tensor *outs[1] = {a->y}, *ins[5] = {a->x, a->bias_a, a->weight, a->scale_a, a->scale_w};
-    static const char *const out_names[1] = {"y"}, *const in_names[5] = {"x", "bias_a", "weight", "scale_a", "scale_w"};
-    return bie_check_outputs(ctx, outs, out_names, 1, ins, in_names, 5);
+    BIE_TRY(epilogue_check(ctx, c, a));
+    const struct bie_tensor *outs[2] = {a->y, a->out_bits},
+                            *ins[9] = {a->x,       a->bias_a,  a->weight,   a->scale_a,      a->scale_w,
+                                       a->out_mul, a->out_add, a->residual, a->out_bits_bias};
+    static const char *const out_names[2] = {"y", "out_bits"}, *const in_names[9] = {
+                                                                   "x",       "bias_a",   "weight",
+                                                                   "scale_a", "scale_w",  "out_mul",
+                                                                   "out_add", "residual", "out_bits_bias"};
+    return bie_check_outputs(ctx, outs, out_names, 2, ins, in_names, 9);
 }
 
 enum bie_status bie_layer_run(bie_context_t * ctx, const struct bie_layer_call * c, bool backward) {

@@ -12,7 +12,7 @@
 #include <string.h>
 
 // The tensors of a call, in the order of the argument structs: forward x, bias_a, weight, scale_a,
-// scale_w, y; backward x, bias_a, weight, scale_a, scale_w, grad_y, grad_x, grad_weight,
+// scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias; backward x, bias_a, weight, scale_a, scale_w, grad_y, grad_x, grad_weight,
 // grad_scale_a, grad_bias_a, x_mask.
 #define PLAN_TENSORS 11
 
@@ -29,14 +29,17 @@ struct bie_plan {
     char text[1024];
 };
 
-static const char * const fwd_names[6] = {"x", "bias_a", "weight", "scale_a", "scale_w", "y"};
+#define FWD_TENSORS 11
+static const char * const fwd_names[FWD_TENSORS] = {"x",       "bias_a",  "weight",   "scale_a",  "scale_w",      "y",
+                                                    "out_mul", "out_add", "residual", "out_bits", "out_bits_bias"};
 static const char * const bwd_names[PLAN_TENSORS] = {"x",      "bias_a", "weight",      "scale_a",      "scale_w",
                                                      "grad_y", "grad_x", "grad_weight", "grad_scale_a", "grad_bias_a",
                                                      "x_mask"};
 
 static void fwd_list(const struct bie_forward_args * a, const struct bie_tensor * t[PLAN_TENSORS]) {
-    const struct bie_tensor * l[6] = {a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, a->y};
-    for (int i = 0; i < 6; i++) t[i] = l[i];
+    const struct bie_tensor * l[FWD_TENSORS] = {a->x,       a->bias_a,  a->weight,   a->scale_a,  a->scale_w,      a->y,
+                                                a->out_mul, a->out_add, a->residual, a->out_bits, a->out_bits_bias};
+    for (int i = 0; i < FWD_TENSORS; i++) t[i] = l[i];
 }
 static void bwd_list(const struct bie_backward_args * a, const struct bie_tensor * t[PLAN_TENSORS]) {
     const struct bie_tensor * l[PLAN_TENSORS] = {a->x,      a->bias_a, a->weight,      a->scale_a,      a->scale_w,
@@ -98,7 +101,7 @@ static enum bie_status make(bie_context_t * ctx, bool conv, bool backward, const
         const struct bie_tensor * t[PLAN_TENSORS] = {NULL};
         if (backward) bwd_list(args, t);
         else fwd_list(args, t);
-        p->ntensors = backward ? PLAN_TENSORS : 6;
+        p->ntensors = backward ? PLAN_TENSORS : FWD_TENSORS;
         for (int i = 0; i < p->ntensors; i++) {
             p->present[i] = t[i] != NULL;
             if (!t[i]) continue;
@@ -161,6 +164,11 @@ static void patch(struct bie_layer_call * c, bool backward, const struct bie_ten
     c->scale_w_t.data = t[4]->data;
     if (!backward) {
         c->y.data = t[5]->data;
+        c->out_mul.data = t[6] ? t[6]->data : NULL;
+        c->out_add.data = t[7] ? t[7]->data : NULL;
+        c->residual.data = t[8] ? t[8]->data : NULL;
+        c->out_bits.data = t[9] ? t[9]->data : NULL;
+        c->out_bits_bias.data = t[10] ? t[10]->data : NULL;
         return;
     }
     c->grad_y.data = t[5]->data;
@@ -206,7 +214,12 @@ static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool b
         const char * const in[7] = {names[0], names[1], names[2], names[3], names[4], names[5], names[10]};
         BIE_TRY(bie_check_outputs(ctx, outs, on, 4, ins, in, 7));
     } else {
-        BIE_TRY(bie_check_outputs(ctx, t + 5, names + 5, 1, t, names, 5));
+        const struct bie_tensor *outs[2] = {t[5], t[9]},
+                                *ins[9] = {t[0], t[1], t[2], t[3], t[4], t[6], t[7], t[8], t[10]};
+        const char * const on[2] = {names[5], names[9]};
+        const char * const in[9] = {names[0], names[1], names[2], names[3], names[4],
+                                    names[6], names[7], names[8], names[10]};
+        BIE_TRY(bie_check_outputs(ctx, outs, on, 2, ins, in, 9));
     }
     struct bie_layer_call c = p->call;
     patch(&c, backward, t);

@@ -6,6 +6,11 @@
 #include "bie-impl.h"
 
 enum bie_status bie_ref_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call);
+// The forward's epilogue on a host y that holds the layer's stored output (bie_forward_args):
+//   y[n, o, h, w] = round_y(((f32(y) * out_mul[o]) + out_add[o]) + f32(residual[n, o, h, w]))
+// each f32 operation rounded on its own, the step of an absent term skipped; then the sign bits
+//   out_bits[n, o, h, w] = f32(y[n, o, h, w]) + out_bits_bias[o] >= 0   (NaN: 0).
+void bie_ref_layer_epilogue(const struct bie_layer_call * call);
 enum bie_status bie_ref_layer_backward(bie_context_t * ctx, const struct bie_layer_call * call);
 enum bie_status bie_ref_pack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
                              const struct bie_tensor * dst);

@@ -220,8 +220,13 @@ static void test_saved(void) {
     fill_poison(&y);
     memcpy(y2.data, y.data, tensor_span(&y));
     struct bie_tensor dy = cuda_mirror(&y), dy2 = cuda_mirror(&y2);
-    struct bie_forward_args fx = {&o.dx, c.bias ? &o.dbias : NULL, &o.dw, &o.dsa, &o.dsw, &dy};
-    struct bie_forward_args fb = {&dbits, NULL, &o.dw, &o.dsa, &o.dsw, &dy2};
+    struct bie_forward_args fx = {.x = &o.dx,
+                                  .bias_a = c.bias ? &o.dbias : NULL,
+                                  .weight = &o.dw,
+                                  .scale_a = &o.dsa,
+                                  .scale_w = &o.dsw,
+                                  .y = &dy};
+    struct bie_forward_args fb = {.x = &dbits, .weight = &o.dw, .scale_a = &o.dsa, .scale_w = &o.dsw, .y = &dy2};
     CHECK_OK(cu_ctx, bie_conv2d_forward(cu_ctx, &c.d, &fx));
     CHECK_OK(cu_ctx, bie_conv2d_forward(cu_ctx, &c.d, &fb));
     CHECK(bie_context_cuda_synchronize(cu_ctx) == BIE_STATUS_OK, "sync: %s", bie_context_last_error(cu_ctx));

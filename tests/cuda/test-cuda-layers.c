@@ -28,6 +28,8 @@ struct lcase {
     struct bie_linear_desc ld;
     enum bie_dtype xdt, wdt, ydt, gdt;
     int bias, dev_scales, xkind, ykind;
+    int terms;    // the output epilogue's terms (out_mul 1, out_add 2, residual 4, out_bits 8, out_bits_bias 16);
+                  // 0: random for float y
     int64_t wpad; // a B1 conv weight's OHWI rows wpad bits further apart than K (0: dense; -1, a
                   // linear weight: one row broadcast, rows 0 bits apart)
     float sa, sw;
@@ -92,6 +94,19 @@ static void random_case(struct lcase * c, int big) {
         for (int i = 0; i < 2; i++) {
             c->cd.kernel[i] = 3;
             c->cd.stride[i] = 1;
+            c->cd.padding[i] = 1;
+            c->cd.dilation[i] = 1;
+        }
+        c->cd.groups = 1;
+    } else if (big == 9) { // a binary ResNet block's conv, channels-last, with an output epilogue
+        c->conv = 1;
+        c->batch = test_rand_int(2, 4);
+        c->C = 64 * test_rand_int(1, 2);
+        c->H = c->W = test_rand_int(8, 16);
+        c->O = c->C * test_rand_int(1, 2);
+        for (int i = 0; i < 2; i++) {
+            c->cd.kernel[i] = 3;
+            c->cd.stride[i] = c->O == c->C ? 1 : 2;
             c->cd.padding[i] = 1;
             c->cd.dilation[i] = 1;
         }
@@ -165,6 +180,13 @@ static void random_case(struct lcase * c, int big) {
     if (big == 4) c->ydt = float_dts[test_rand_int(0, 2)]; // (float y: the only y those tiles store)
     if (big == 8 && test_rand_int(0, 1))
         c->wdt = c->quant == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8; // (packed codes)
+    if (big == 9) {
+        c->xdt = float_dts[test_rand_int(0, 2)];
+        c->ydt = float_dts[test_rand_int(0, 2)];
+        c->xkind = c->ykind = 1;
+        c->cd.pad_value = BIE_PAD_ZERO;
+        c->terms = (int)test_rand_int(1, 31);
+    }
     if (big == 3 || big == 6) { // whole words of channels per pixel: channels-last bits (the word-copy bit
                                 // im2col), or floats channels-last or NCHW (packed into such bits first)
         c->xdt = test_rand_int(0, 1) ? BIE_DTYPE_B1 : float_dts[test_rand_int(0, 2)];
@@ -270,21 +292,74 @@ static void test_forward(const struct lcase * c) {
     y_cu.data = malloc(tensor_span(&y_ref) + 64);
     memcpy(y_cu.data, y_ref.data, tensor_span(&y_ref));
     struct bie_tensor dy = cuda_mirror(&y_cu);
-    struct bie_forward_args ar = {&o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &y_ref};
-    struct bie_forward_args ac = {&o.dx, c->bias ? &o.dbias : NULL, &o.dw, &o.dsa, &o.dsw, &dy};
+    struct bie_forward_args ar = {
+        .x = &o.x, .bias_a = c->bias ? &o.bias : NULL, .weight = &o.w, .scale_a = &o.sa, .scale_w = &o.sw, .y = &y_ref};
+    struct bie_forward_args ac = {.x = &o.dx,
+                                  .bias_a = c->bias ? &o.dbias : NULL,
+                                  .weight = &o.dw,
+                                  .scale_a = &o.dsa,
+                                  .scale_w = &o.dsw,
+                                  .y = &dy};
+    // The output epilogue on a float y (bits 0-4 of terms: out_mul, out_add, residual, out_bits,
+    // out_bits_bias), each term in about half of the cases; out_bits poisoned alike on both sides.
+    const int64_t O = c->O;
+    struct bie_tensor mul = test_tensor(BIE_DTYPE_F32, 1, &O, NULL), add = test_tensor(BIE_DTYPE_F32, 1, &O, NULL);
+    struct bie_tensor res = make_out(c, c->ydt);
+    test_fill_uniform(&mul, -2.0f, 2.0f);
+    test_fill_uniform(&add, -3.0f, 3.0f);
+    test_fill_uniform(&res, -4.0f, 4.0f);
+    struct bie_tensor bb = test_tensor(BIE_DTYPE_F32, 1, &O, NULL), bits_ref = make_out(c, BIE_DTYPE_B1);
+    test_fill_uniform(&bb, -4.0f, 4.0f);
+    fill_poison(&bits_ref);
+    struct bie_tensor bits_cu = bits_ref;
+    bits_cu.data = malloc(tensor_span(&bits_ref) + 64);
+    memcpy(bits_cu.data, bits_ref.data, tensor_span(&bits_ref));
+    struct bie_tensor dmul = cuda_mirror(&mul), dadd = cuda_mirror(&add), dres = cuda_mirror(&res);
+    struct bie_tensor dbb = cuda_mirror(&bb), dbits = cuda_mirror(&bits_cu);
+    int terms = c->terms ? c->terms : bie_dtype_is_float(c->ydt) ? (int)test_rand_int(0, 31) : 0;
+    if ((terms & 24) == 16) terms |= 8;
+    if (terms & 8) ar.out_bits = &bits_ref, ac.out_bits = &dbits;
+    if (terms & 16) ar.out_bits_bias = &bb, ac.out_bits_bias = &dbb;
+    if (terms & 1) ar.out_mul = &mul, ac.out_mul = &dmul;
+    if (terms & 2) ar.out_add = &add, ac.out_add = &dadd;
+    if (terms & 4) ar.residual = &res, ac.residual = &dres;
+    if (c->terms) { // the route names the epilogue
+        bie_plan_t * p = NULL;
+        CHECK_OK(cu_ctx, c->conv ? bie_plan_conv2d_forward(cu_ctx, &c->cd, &ac, &p)
+                                 : bie_plan_linear_forward(cu_ctx, &c->ld, &ac, &p));
+        CHECK(p && strstr(bie_plan_describe(p), "output epilogue"), "route \"%s\" on %s", bie_plan_describe(p),
+              c->text);
+        bie_plan_destroy(p);
+    }
     enum bie_status sr = forward(ref_ctx, c, &ar);
     enum bie_status sc = forward(cu_ctx, c, &ac);
-    CHECK(sr == BIE_STATUS_OK, "reference forward failed (%s) on %s", bie_context_last_error(ref_ctx), c->text);
-    CHECK(sc == BIE_STATUS_OK, "cuda forward failed (%s) on %s", bie_context_last_error(cu_ctx), c->text);
+    CHECK(sr == BIE_STATUS_OK, "reference forward failed (%s) on %s epilogue=%d", bie_context_last_error(ref_ctx),
+          c->text, terms);
+    CHECK(sc == BIE_STATUS_OK, "cuda forward failed (%s) on %s epilogue=%d", bie_context_last_error(cu_ctx), c->text,
+          terms);
     if (sr == BIE_STATUS_OK && sc == BIE_STATUS_OK) {
         CHECK(bie_context_cuda_synchronize(cu_ctx) == BIE_STATUS_OK, "sync: %s", bie_context_last_error(cu_ctx));
         cuda_fetch(&y_cu, &dy);
         const int same = memcmp(y_cu.data, y_ref.data, tensor_span(&y_ref)) == 0;
         char where[512] = "";
         const long long bad = same ? 0 : (long long)count_mismatch(&y_cu, &y_ref, where, sizeof where);
-        CHECK(same, "forward y differs from the reference (%lld of %lld elements; %s) on %s", bad,
-              (long long)bie_tensor_numel(&y_ref), where, c->text);
+        CHECK(same, "forward y differs from the reference (%lld of %lld elements; %s) on %s epilogue=%d", bad,
+              (long long)bie_tensor_numel(&y_ref), where, c->text, terms);
+        cuda_fetch(&bits_cu, &dbits);
+        CHECK(memcmp(bits_cu.data, bits_ref.data, tensor_span(&bits_ref)) == 0,
+              "out_bits differ from the reference on %s epilogue=%d", c->text, terms);
     }
+    cuda_tensor_free(&dbb);
+    cuda_tensor_free(&dbits);
+    test_tensor_free(&bb);
+    test_tensor_free(&bits_ref);
+    test_tensor_free(&bits_cu);
+    cuda_tensor_free(&dmul);
+    cuda_tensor_free(&dadd);
+    cuda_tensor_free(&dres);
+    test_tensor_free(&mul);
+    test_tensor_free(&add);
+    test_tensor_free(&res);
     cuda_tensor_free(&dy);
     test_tensor_free(&y_ref);
     test_tensor_free(&y_cu);
@@ -309,7 +384,12 @@ static void same_as_float(const struct lcase * c, const struct operands * o, con
     struct bie_tensor y = make_out(c, c->ydt);
     struct bie_tensor dyf = cuda_mirror(&y), dyb = cuda_mirror(&y), yb = y;
     yb.data = malloc(tensor_span(&y) + 64);
-    struct bie_forward_args af = {&o->dx, c->bias ? &o->dbias : NULL, &o->dw, &o->dsa, &o->dsw, &dyf};
+    struct bie_forward_args af = {.x = &o->dx,
+                                  .bias_a = c->bias ? &o->dbias : NULL,
+                                  .weight = &o->dw,
+                                  .scale_a = &o->dsa,
+                                  .scale_w = &o->dsw,
+                                  .y = &dyf};
     struct bie_forward_args fb = af;
     fb.x = ab->x;
     fb.bias_a = NULL;
@@ -705,6 +785,11 @@ int main(int argc, char ** argv) {
     for (int i = 0; i < (cuda_test_quick() ? 1 : 2); i++) { // binary convs gathered in 256-column tiles
         struct lcase c;
         random_case(&c, 6);
+        test_forward(&c);
+    }
+    for (int i = 0; i < (cuda_test_quick() ? 6 : 40); i++) { // ResNet block convs with an output epilogue
+        struct lcase c;
+        random_case(&c, 9);
         test_forward(&c);
     }
     for (int i = 0; i < (cuda_test_quick() ? 2 : 10); i++) { // larger convolutions

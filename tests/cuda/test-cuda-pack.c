@@ -153,7 +153,7 @@ static void test_no_device(void) {
     bie_tensor_make(&y, (void *)(uintptr_t)0x3000, BIE_DTYPE_F32, 2, yshape);
     x.device_type = w.device_type = y.device_type = BIE_DEVICE_CUDA;
     const struct bie_linear_desc d = {BIE_QUANT_BINARY, 40, 5};
-    struct bie_forward_args a = {&x, NULL, &w, &sa, &sw, &y};
+    struct bie_forward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
     enum bie_status st = bie_linear_forward(ctx, &d, &a);
     CHECK(st == BIE_STATUS_UNSUPPORTED, "forward on a CUDA tensor without a GPU: %s: %s", bie_status_string(st),
           bie_context_last_error(ctx));

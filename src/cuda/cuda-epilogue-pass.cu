@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-epilogue-pass.cu: a layer forward's output epilogue (bie_forward_args: out_mul, out_add,
+// residual) as one pass over y after the GEMM wrote it, for the routes whose GEMM epilogue does not
+// apply it itself. The arithmetic is bie_ref_layer_epilogue's (src/ref/ref-layer.c).
+#include "cuda-impl.cuh"
+
+#include <type_traits>
+
+namespace {
+
+struct epilogue_terms {
+    const float * mul; // [O] (stride ms) or NULL
+    const float * add; // [O] (stride as) or NULL
+    const float * bb;  // out_bits_bias [O] (stride bs) or NULL
+    int64_t ms, as, bs;
+    bool update; // any of mul, add, residual (else y is only read, for the bits)
+};
+
+// round_y(((f32(v) * mul[o]) + add[o]) + r), the steps of absent terms skipped.
+__device__ __forceinline__ float epilogue_value(const epilogue_terms & t, int64_t o, float v, bool has_res, float r) {
+    if (t.mul) v = __fmul_rn(v, __ldg(t.mul + o * t.ms));
+    if (t.add) v = __fadd_rn(v, __ldg(t.add + o * t.as));
+    if (has_res) v = __fadd_rn(v, r);
+    return v;
+}
+// The sign bit of the stored y (yv: its value as a float) under out_bits_bias.
+__device__ __forceinline__ bool epilogue_bit(const epilogue_terms & t, int64_t o, float yv) {
+    return (t.bb ? __fadd_rn(yv, __ldg(t.bb + o * t.bs)) : yv) >= 0.0f;
+}
+
+// y and residual dense with the O features innermost (channels-last conv output, linear rows), 8
+// elements (one 16-byte vector for 16-bit T) per thread: O % 8 == 0 and both 16-byte aligned;
+// bits (or NULL): the out_bits bytes, dense in the same order (byte i: elements 8i .. 8i + 7).
+template <typename T>
+__global__ void epilogue_dense8(T * y, const T * res, uint8_t * bits, epilogue_terms t, int64_t n8, int64_t O) {
+    constexpr int dt = std::is_same<T, float>::value    ? BIE_DTYPE_F32
+                       : std::is_same<T, __half>::value ? BIE_DTYPE_F16
+                                                        : BIE_DTYPE_BF16;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
+        float v[8], r[8];
+        load8<T>(y + 8 * i, v);
+        if (res) load8<T>(res + 8 * i, r);
+        const int64_t o0 = (8 * i) % O;
+        if (t.update) {
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                v[k] = to_f32(from_f32<T>(epilogue_value(t, o0 + k, v[k], res != nullptr, res ? r[k] : 0.0f)));
+            store8((char *)y, dt, 8 * i, v);
+        }
+        if (bits) {
+            unsigned b = 0;
+#pragma unroll
+            for (int k = 0; k < 8; k++) b |= (epilogue_bit(t, o0 + k, v[k]) ? 1u : 0u) << k;
+            bits[i] = (uint8_t)b;
+        }
+    }
+}
+
+// Any 4-D views: one element per thread; the bits (if asked) as codes in y's element order.
+__global__ void epilogue_any(struct dview y, struct dview res, int8_t * codes, epilogue_terms t, int64_t n) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i[4], q = e;
+        for (int d = 3; d >= 0; d--) {
+            const int64_t s = y.shape[d];
+            i[d] = q % s;
+            q /= s;
+        }
+        const int64_t oy = dview_off4(y, i[0], i[1], i[2], i[3]);
+        float v = ld_float(y.data, y.dtype, oy);
+        if (t.update) {
+            const float r = res.data ? ld_float(res.data, res.dtype, dview_off4(res, i[0], i[1], i[2], i[3])) : 0.0f;
+            st_float(y.data, y.dtype, oy, epilogue_value(t, i[1], v, res.data != nullptr, r));
+            v = ld_float(y.data, y.dtype, oy);
+        }
+        if (codes) codes[e] = epilogue_bit(t, i[1], v) ? 1 : 0;
+    }
+}
+
+// Whether a 4-D view [n, O, h, w] is dense with the features innermost (element (n, o, h, w) at
+// ((n*h + h')*w + w')*O + o), ignoring the strides of size-1 dims.
+bool features_innermost(const struct bie_tensor & v) {
+    const int64_t order[4] = {1, 3, 2, 0}; // innermost first
+    int64_t want = 1;
+    for (int k = 0; k < 4; k++) {
+        const int d = (int)order[k];
+        if (v.shape[d] != 1 && v.stride[d] != want) return false;
+        want *= v.shape[d];
+    }
+    return true;
+}
+
+} // namespace
+
+bool bie_cuda_epilogue_dense(const struct bie_layer_call * c) {
+    const struct bie_tensor &y = c->y, &r = c->residual, &b = c->out_bits;
+    return features_innermost(y) && (!r.data || features_innermost(r)) && (!b.data || features_innermost(b)) &&
+           y.shape[1] % 8 == 0 && (uintptr_t)y.data % 16 == 0 && (!r.data || (uintptr_t)r.data % 16 == 0);
+}
+
+enum bie_status bie_cuda_layer_epilogue(bie_context_t * ctx, const struct bie_layer_call * c, int8_t * codes) {
+    if (!bie_layer_has_epilogue(c)) return BIE_STATUS_OK;
+    const struct bie_tensor &y = c->y, &r = c->residual, &b = c->out_bits;
+    const epilogue_terms t = {(const float *)c->out_mul.data,
+                              (const float *)c->out_add.data,
+                              (const float *)c->out_bits_bias.data,
+                              c->out_mul.stride[0],
+                              c->out_add.stride[0],
+                              c->out_bits_bias.stride[0],
+                              c->out_mul.data || c->out_add.data || r.data};
+    const int64_t n = y.shape[0] * y.shape[1] * y.shape[2] * y.shape[3], O = y.shape[1];
+    if (n == 0) return BIE_STATUS_OK;
+    cudaStream_t s = ctx->cuda->stream;
+    if (bie_cuda_epilogue_dense(c)) {
+        const int64_t n8 = n / 8;
+        uint8_t * bits = (uint8_t *)b.data;
+        switch (y.dtype) {
+        case BIE_DTYPE_F16:
+            epilogue_dense8<__half>
+                <<<grid_for(n8, 256), 256, 0, s>>>((__half *)y.data, (const __half *)r.data, bits, t, n8, O);
+            break;
+        case BIE_DTYPE_BF16:
+            epilogue_dense8<__nv_bfloat16><<<grid_for(n8, 256), 256, 0, s>>>(
+                (__nv_bfloat16 *)y.data, (const __nv_bfloat16 *)r.data, bits, t, n8, O);
+            break;
+        default:
+            epilogue_dense8<float>
+                <<<grid_for(n8, 256), 256, 0, s>>>((float *)y.data, (const float *)r.data, bits, t, n8, O);
+        }
+        LAUNCHED(ctx, "layer epilogue");
+        return BIE_STATUS_OK;
+    }
+    struct dview yv, rv;
+    dview_make(&y, &yv);
+    rv.data = NULL;
+    if (r.data) dview_make(&r, &rv);
+    epilogue_any<<<grid_for(n, 256), 256, 0, s>>>(yv, rv, b.data ? codes : NULL, t, n);
+    LAUNCHED(ctx, "layer epilogue");
+    if (b.data) {
+        struct dview bv;
+        dview_make(&b, &bv);
+        BIE_TRY(bie_cuda_store_packed(ctx, codes, bv));
+    }
+    return BIE_STATUS_OK;
+}
