@@ -9,6 +9,9 @@ cudnn.benchmark on; on the CPU in float32.
 
 For each batch size it measures, for the float network and each bie network:
   - inference: eval mode, packed weights, no autograd (median of timed iterations);
+  - fused inference: the same after bie.fuse (each block's Hardtanh, conv, BatchNorm and shortcut
+    add one libbie call), against the plain float network; the float network with torch.fx's
+    conv-BN fold is printed beside it (row field baseline_folded_ms);
   - training step: forward, backward, SGD with momentum (median of timed iterations);
   - peak memory of the training step (torch.cuda.max_memory_allocated, MiB; for bie plus its
     workspaces, the device memory PyTorch does not hold that appeared since the first measurement).
@@ -179,10 +182,27 @@ def measure(kind, batch, device, dtype, budget, graphs):
         infer()  # packs the weights
         run = graphed(infer, device) if graphs else infer
         t_inf = time_it(run, device, budget)
-    del model, opt, run
+        del run
+        # the same network with its BatchNorms folded: bie.fuse for bie's (the block chains of
+        # Hardtanh, conv, BatchNorm and shortcut add as one call each), torch.fx's conv-BN fold for
+        # the float network (its convs' BatchNorms into their weights)
+        if kind == "float":
+            from torch.fx.experimental.optimization import fuse as torch_fuse
+            folded = torch_fuse(model)
+        else:
+            folded = bie.fuse(model)
+        folded.eval()
+
+        def infer_folded():
+            folded(x)
+
+        infer_folded()
+        run = graphed(infer_folded, device) if graphs else infer_folded
+        t_fold = time_it(run, device, budget)
+    del model, opt, run, folded
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return t_inf, t_step, peak
+    return t_inf, t_fold, t_step, peak
 
 
 def profile(kind, batch, device, dtype):
@@ -259,19 +279,21 @@ def main():
     rows = []
     print(f"# ResNet-18 BNN on {name}, {dtype}, {'channels_last, ' if device.type == 'cuda' else ''}"
           f"{'CUDA graphs' if args.graphs else 'eager'}; bie {bie.version()}, torch {torch.__version__}")
-    print(f"{'batch':>5} {'model':>6} {'infer ms':>9} {'float':>8} {'ratio':>6} {'step ms':>8} {'float':>8} "
-          f"{'ratio':>6} {'peak MiB':>9} {'float':>8} {'mem':>5}")
+    print(f"{'batch':>5} {'model':>6} {'infer ms':>9} {'float':>8} {'ratio':>6} {'fused ms':>9} {'ratio':>6} "
+          f"{'step ms':>8} {'float':>8} {'ratio':>6} {'peak MiB':>9} {'float':>8} {'mem':>5}")
     for b in batches:
-        fi, fs, fp = measure("float", b, device, dtype, args.budget, args.graphs)
+        fi, ff, fs, fp = measure("float", b, device, dtype, args.budget, args.graphs)
+        print(f"{b:>5} {'float':>6} {fi:9.3f} {'':>8} {'':>6} {ff:9.3f} (torch.fx conv-BN fold)", flush=True)
         for kind in args.models.split(","):
-            bi, bs, bp = measure(kind, b, device, dtype, args.budget, args.graphs)
-            print(f"{b:>5} {kind:>6} {bi:9.3f} {fi:8.3f} {fi / bi:5.2f}x {bs:8.3f} {fs:8.3f} {fs / bs:5.2f}x "
-                  f"{bp:9.0f} {fp:8.0f} {bp / fp:5.2f}", flush=True)
-            for mode, ours, base in (("inference", bi, fi), ("train step", bs, fs)):
+            bi, bf, bs, bp = measure(kind, b, device, dtype, args.budget, args.graphs)
+            print(f"{b:>5} {kind:>6} {bi:9.3f} {fi:8.3f} {fi / bi:5.2f}x {bf:9.3f} {fi / bf:5.2f}x {bs:8.3f} {fs:8.3f} "
+                  f"{fs / bs:5.2f}x {bp:9.0f} {fp:8.0f} {bp / fp:5.2f}", flush=True)
+            for mode, ours, base in (("inference", bi, fi), ("inference fused", bf, fi), ("train step", bs, fs)):
                 rows.append({"network": "resnet18-bnn", "model": kind, "batch": b, "mode": mode,
                              "graphs": args.graphs, "bie_ms": round(ours, 4), "baseline": "torch fp16" if
                              device.type == "cuda" else "torch f32", "baseline_ms": round(base, 4),
                              "ratio": round(base / ours, 3), "device": name, "date": date,
+                             **({"baseline_folded_ms": round(ff, 4)} if mode == "inference fused" else {}),
                              **({"peak_mib": round(bp, 1), "baseline_peak_mib": round(fp, 1)}
                                 if mode == "train step" and device.type == "cuda" else {})})
     if args.json:

@@ -343,7 +343,7 @@ def networks_part(rows, files):
         # one line per model, batch and timing (eager or graphs): inference and training step side by side
         runs, other = {}, []
         for r in drows:
-            if r["mode"] in ("inference", "train step"):
+            if r["mode"] in ("inference", "inference fused", "train step"):
                 runs.setdefault((r["model"], r["batch"], bool(r.get("graphs"))), {})[r["mode"]] = r
             else:
                 other.append(r)
@@ -353,13 +353,22 @@ def networks_part(rows, files):
 
         body = []
         for (model, batch, graphs), m in runs.items():
-            inf, step = m.get("inference"), m.get("train step")
+            inf, fused, step = m.get("inference"), m.get("inference fused"), m.get("train step")
+            fold = fused.get("baseline_folded_ms") if fused else None
             body.append([model, batch, "CUDA graphs" if graphs else "eager", pair(inf), ratio(inf) if inf else "-",
-                         pair(step), ratio(step) if step else "-", peak(step or inf)])
-        base = ", ".join(sorted({r.get("baseline", "float") for m in runs.values() for r in m.values()}))
-        out += para(f"Baseline: {base}.")
-        out += table(["model", "batch", "timing", "inference ms (bie / baseline)", "ratio",
-                      "train step ms (bie / baseline)", "ratio", "peak MiB (bie / baseline)"], body)
+                         pair(fused), ratio(fused) if fused else "-", "-" if fold is None else ms(fold),
+                         "-" if fold is None else f"{fold / fused['bie_ms']:.2f}x", pair(step),
+                         ratio(step) if step else "-", peak(step or inf)])
+        if body:
+            base = ", ".join(sorted({r.get("baseline", "float") for m in runs.values() for r in m.values()}))
+            out += para(f"Baseline: {base}. fused: after bie.fuse (each block's Hardtanh, conv, BatchNorm and "
+                        "shortcut add one libbie call with the BatchNorm folded into its epilogue, the float "
+                        "convs' BatchNorms folded into their weights), against the same plain float network; "
+                        "folded: the float network with its BatchNorms folded by torch.fx "
+                        "(torch.fx.experimental.optimization.fuse), and the fused network's ratio against it.")
+            out += table(["model", "batch", "timing", "inference ms (bie / baseline)", "ratio",
+                          "fused inference ms (bie / baseline)", "ratio", "folded ms", "ratio",
+                          "train step ms (bie / baseline)", "ratio", "peak MiB (bie / baseline)"], body)
         for r in other:
             out += ["", f"- {r['model']}, batch {r['batch']}, {r['mode']}: {ms(r.get('bie_ms'))} ms against "
                     f"{r.get('baseline', 'the baseline')} {ms(r.get('baseline_ms'))} ms, {ratio(r)}."]

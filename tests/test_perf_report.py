@@ -58,7 +58,7 @@ class PerfReport(unittest.TestCase):
                       "| 1.000 | 12.00 | 12.00x | 4.000 | 5.00x |", page)
         self.assertIn("A test note.", page)
         self.assertIn("## Whole networks", page)
-        self.assertIn("| resnet18-binary | 128 | eager | 2.500 / 5.000 | 2.00x | - | - | 1900 / 2046 |", page)
+        self.assertIn("| resnet18-binary | 128 | eager | 2.500 / 5.000 | 2.00x | - | - | - | - | - | - | 1900 / 2046 |", page)
         self.assertIn("| BinaryLinear | M=1 K=8 N=8 | 0.5000 / 1.500 | 3.00x | - | - | - |", page)
         self.assertIn("Copied by hand.", page)
         self.assertNotIn("## CUDA", page)

@@ -1,0 +1,255 @@
+# SPDX-License-Identifier: Apache-2.0
+"""bie.fuse: a model whose bie convs take the BatchNorm after them, the residual add after that and
+(binary convs) the sign-preserving activation before them into one libbie call at inference, and
+whose float convs take the BatchNorm after them into their weights (FoldedConv2d).
+
+A binary network's blocks run conv -> BatchNorm -> add shortcut, each a full pass over the
+activations in plain PyTorch. fuse(model) traces the model (torch.fx, bie layers as leaves) and
+replaces each such chain by a FusedConv2d: in eval mode without autograd it is one libbie conv
+whose output epilogue (bie_forward_args: out_mul, out_add, residual) applies the folded BatchNorm,
+out_mul = gamma / sqrt(running_var + eps), out_add = beta - running_mean * out_mul (+ the conv's
+bias * out_mul), and adds the shortcut:
+
+    y = round_y(((f32(conv(x)) * out_mul[o]) + out_add[o]) + f32(shortcut))
+
+A Hardtanh (a clamp to [lo, hi]) whose only reader is a binary conv is dropped there when
+lo < -bias_a[c] <= hi for every channel: the conv reads only the bits x + bias_a >= 0, and the
+clamp keeps them (x >= -bias_a exactly when clamp(x, lo, hi) >= -bias_a for such a bias_a). When
+such a conv reads the output of another FusedConv2d, that one writes these bits in its epilogue
+pass (bie_forward_args.out_bits), and the binary conv takes them instead of packing its input. In training, or with autograd on, a FusedConv2d runs the original modules (activation,
+conv, BatchNorm, add), so training and gradients are those of the model it came from. The fold is
+taken again whenever the module enters eval mode (model.eval()).
+"""
+import operator
+
+import torch
+import torch.fx as fx
+import torch.nn as nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+from . import functional as F
+from .layers import BieLayer, BinaryConv2d, _Conv2d
+
+
+class _Tracer(fx.Tracer):
+    def is_leaf_module(self, m, qualname):
+        return isinstance(m, BieLayer) or super().is_leaf_module(m, qualname)
+
+
+def _clamp(m):
+    """Whether m is a clamp to [min_val, max_val] that a binary conv may absorb."""
+    return isinstance(m, nn.Hardtanh) and m.min_val < m.max_val
+
+
+@torch.no_grad()
+def _act_keeps_bits(act, bias_a):
+    """Whether a binary conv with this bias_a reads the same bits from x as from act(x) (one host sync)."""
+    if act is None:
+        return True
+    nb = -bias_a.detach().float()
+    return bool(((nb > act.min_val) & (nb <= act.max_val)).all())
+
+
+class FusedConv2d(nn.Module):
+    """A bie conv (`conv`), optionally after a Hardtanh (`act`, binary convs only) and before a BatchNorm2d (`bn`), with an optional residual added to the result:
+    forward(x, residual=None) = bn(conv(act(x))) + residual. At inference (eval mode, no autograd)
+    it is one libbie call with the BatchNorm folded into its output epilogue."""
+
+    def __init__(self, conv, bn=None, act=None):
+        super().__init__()
+        if not isinstance(conv, _Conv2d):
+            raise TypeError(f"bie: FusedConv2d takes a bie conv layer, not {type(conv).__name__}")
+        if act is not None and not (isinstance(conv, BinaryConv2d) and _clamp(act)):
+            raise ValueError("bie: only a Hardtanh before a binary conv can be fused")
+        if bn is not None and bn.num_features != conv.out_channels:
+            raise ValueError(f"bie: BatchNorm2d of {bn.num_features} features after a conv of {conv.out_channels}")
+        self.conv, self.bn, self.act = conv, bn, act
+        self.register_buffer("out_mul", None, persistent=False)
+        self.register_buffer("out_add", None, persistent=False)
+        self.register_buffer("bits_bias", None, persistent=False)
+        self._drop_act = False
+        self.bits_for = None  # the FusedConv2d (binary) that reads this one's output, set by fuse()
+        # the conv's geometry as conv2d_forward takes it, and bits shapes by input shape
+        self._geo = conv._geometry() + ((conv.pad_value,) if isinstance(conv, BinaryConv2d) else ())
+        self._bits_shapes = {}
+        self._fold()
+
+    def extra_repr(self):
+        return f"act={self.act is not None}, bn={self.bn is not None}"
+
+    @torch.no_grad()
+    def _fold(self):
+        dev = self.conv.weight.device if self.conv.weight is not None else None
+        o = self.conv.out_channels
+        mul = torch.ones(o, dtype=torch.float32, device=dev)
+        add = torch.zeros(o, dtype=torch.float32, device=dev)
+        bn = self.bn
+        if bn is not None:
+            if bn.running_var is None or bn.running_mean is None:
+                raise ValueError("bie: a BatchNorm2d without running statistics cannot be folded")
+            mul = torch.rsqrt(bn.running_var.float() + bn.eps)
+            if bn.weight is not None:
+                mul = mul * bn.weight.float()
+            add = -bn.running_mean.float() * mul
+            if bn.bias is not None:
+                add = add + bn.bias.float()
+        if self.conv.bias is not None:
+            add = add + self.conv.bias.float() * mul
+        if self.act is not None:  # (one host sync, when the module enters eval mode)
+            self._drop_act = _act_keeps_bits(self.act, self.conv.bias_a)
+        nxt = self.bits_for
+        self.bits_bias = None
+        if nxt is not None and _act_keeps_bits(nxt.act, nxt.conv.bias_a):
+            self.bits_bias = nxt.conv.bias_a.detach().float().contiguous()
+        self.out_mul = None if bn is None else mul.contiguous()
+        self.out_add = None if bn is None and self.conv.bias is None else add.contiguous()
+
+    def train(self, mode=True):
+        super().train(mode)
+        if not mode:
+            self._fold()
+        return self
+
+    def _fast(self, x, residual):
+        if self.conv.training or torch.is_grad_enabled():
+            return False
+        return residual is None or (residual.dim() == 4 and residual.shape[0] == x.shape[0])
+
+    def _bits_out(self, x, bb):
+        """A buffer for the bits this call writes for bits_for (uint8 [N, OH, OW, ceil(O/8)])."""
+        n, _, h, w = x.shape
+        shape = self._bits_shapes.get((n, h, w))
+        if shape is None:
+            c = self.conv
+            oh, ow = F.conv2d_output_size(h, w, c.kernel_size, c.stride, c.padding, c.dilation)
+            shape = self._bits_shapes[(n, h, w)] = (n, oh, ow, -(-c.out_channels // 8))
+        return torch.empty(shape, dtype=torch.uint8, device=bb.device)
+
+    def forward(self, x, residual=None):
+        conv = self.conv
+        if not self._fast(x, residual):
+            y = conv(x if self.act is None else self.act(x))
+            if self.bn is not None:
+                y = self.bn(y)
+            return y if residual is None else y + residual
+        if self.act is not None and not self._drop_act:
+            x = self.act(x)
+        conv._check_forward(x)
+        w = conv._prepare_forward(x)
+        mul, add, bb = self.out_mul, self.out_add, self.bits_bias
+        if (mul if mul is not None else add if add is not None else x).device != x.device:
+            self._fold()
+            mul, add, bb = self.out_mul, self.out_add, self.bits_bias
+        if residual is not None and residual.dtype != x.dtype:
+            residual = residual.to(x.dtype)
+        geo = self._geo
+        bits = None if bb is None or bb.device != x.device else self._bits_out(x, bb)
+        given = getattr(x, "_bie_bits", None)
+        if given is not None and given[0] is self and (self.act is None or self._drop_act):
+            # the bits of x + bias_a that the conv before made for this one
+            y = F.conv2d_forward(conv.quant, given[1], w, conv.scale_a, conv.scale_w, None, *geo, out_dtype=x.dtype,
+                                 in_channels=conv.in_channels, out_mul=mul, out_add=add, residual=residual,
+                                 out_bits=bits, out_bits_bias=bb)
+        else:
+            y = F.conv2d_forward(conv.quant, x, w, conv.scale_a, conv.scale_w, conv.bias_a, *geo, out_mul=mul,
+                                 out_add=add, residual=residual, out_bits=bits, out_bits_bias=bb)
+        if bits is not None:
+            y._bie_bits = (self.bits_for, bits)
+        return y
+
+
+class FoldedConv2d(nn.Module):
+    """A float nn.Conv2d and the BatchNorm2d after it: bn(conv(x)) in training (or with autograd
+    on), and at inference one convolution whose weight and bias hold the BatchNorm (folded by
+    torch.nn.utils.fusion.fuse_conv_bn_eval when the module enters eval mode)."""
+
+    def __init__(self, conv, bn):
+        super().__init__()
+        self.conv, self.bn = conv, bn
+        self._folded = None
+
+    def train(self, mode=True):
+        super().train(mode)
+        object.__setattr__(self, "_folded", None if mode else fuse_conv_bn_eval(self.conv, self.bn))
+        return self
+
+    def forward(self, x):
+        if self.training or torch.is_grad_enabled() or self._folded is None:
+            return self.bn(self.conv(x))
+        return self._folded(x)
+
+
+def _only_user(node):
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def fuse(model):
+    """A torch.fx GraphModule of `model` in which each bie conv followed by a BatchNorm2d (and by an
+    add of another tensor after it, and preceded by a Hardtanh when it is binary) is one
+    FusedConv2d, and each float nn.Conv2d followed by a BatchNorm2d one FoldedConv2d. The model must be traceable by torch.fx (no data-dependent control flow in
+    its forward); its parameters and buffers are shared, not copied."""
+    gm = fx.GraphModule(model, _Tracer().trace(model))
+    mods = dict(gm.named_modules())
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or not isinstance(mods.get(node.target), _Conv2d) or node.kwargs:
+            continue
+        conv = mods[node.target]
+        bn_node = _only_user(node)
+        if bn_node is None or bn_node.op != "call_module" or not isinstance(mods.get(bn_node.target), nn.BatchNorm2d):
+            continue
+        bn = mods[bn_node.target]
+        if bn.num_features != conv.out_channels or bn.running_var is None:
+            continue
+        last, residual = bn_node, None
+        add = _only_user(bn_node)
+        if (add is not None and add.op == "call_function" and add.target in (operator.add, torch.add)
+                and len(add.args) == 2 and not add.kwargs and all(isinstance(a, fx.Node) for a in add.args)
+                and add.args[0] is not add.args[1]):
+            residual = add.args[1] if add.args[0] is bn_node else add.args[0]
+            last = add
+        x_in, act_node, act = node.args[0], None, None
+        if (isinstance(x_in, fx.Node) and x_in.op == "call_module" and isinstance(conv, BinaryConv2d)
+                and _clamp(mods.get(x_in.target)) and _only_user(x_in) is node):
+            act_node, act = x_in, mods[x_in.target]
+            x_in = act_node.args[0]
+        name = f"fused_{count}"
+        count += 1
+        gm.add_submodule(name, FusedConv2d(conv, bn, act).train(model.training))
+        with gm.graph.inserting_before(last):
+            fused = gm.graph.call_module(name, (x_in,) if residual is None else (x_in, residual))
+        last.replace_all_uses_with(fused)
+        dead = [last] + ([bn_node] if last is not bn_node else []) + [node] + ([act_node] if act_node else [])
+        for n in dead:  # readers before what they read
+            gm.graph.erase_node(n)
+    # float convs and their BatchNorms
+    for node in list(gm.graph.nodes):
+        conv = mods.get(node.target) if node.op == "call_module" else None
+        if type(conv) is not nn.Conv2d or len(node.args) != 1 or node.kwargs:
+            continue
+        bn_node = _only_user(node)
+        bn = mods.get(bn_node.target) if bn_node is not None and bn_node.op == "call_module" else None
+        if not isinstance(bn, nn.BatchNorm2d) or bn.running_var is None or bn.num_features != conv.out_channels:
+            continue
+        name = f"folded_{count}"
+        count += 1
+        gm.add_submodule(name, FoldedConv2d(conv, bn).train(model.training))
+        with gm.graph.inserting_before(bn_node):
+            folded = gm.graph.call_module(name, node.args)
+        bn_node.replace_all_uses_with(folded)
+        gm.graph.erase_node(bn_node)
+        gm.graph.erase_node(node)
+    # a FusedConv2d whose output a binary one reads as its input writes that one's bits
+    for node in gm.graph.nodes:
+        m = gm.get_submodule(node.target) if node.op == "call_module" else None
+        if isinstance(m, FusedConv2d) and isinstance(m.conv, BinaryConv2d) and isinstance(node.args[0], fx.Node):
+            src = node.args[0]
+            p = gm.get_submodule(src.target) if src.op == "call_module" else None
+            if isinstance(p, FusedConv2d) and p.bits_for is None:
+                object.__setattr__(p, "bits_for", m)  # (a reference, not a submodule)
+                p._fold()
+    gm.graph.lint()
+    gm.recompile()
+    gm.delete_all_unused_submodules()
+    return gm

@@ -1,0 +1,186 @@
+# SPDX-License-Identifier: Apache-2.0
+"""bie.fuse: which chains it fuses (float conv + BatchNorm too); at inference a FusedConv2d is, to the bit, the conv followed by
+the epilogue ((y * out_mul) + out_add) + residual in float32 (libbie's contract), and the fused
+model matches the original within the rounding of the folded BatchNorm; in training it is the
+original model exactly, gradients included; a bias_a outside the Hardtanh's range keeps it."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import bie
+from bie import functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, c, stride=1):
+        super().__init__()
+        self.act = nn.Hardtanh()
+        self.conv = nn.Conv2d(c, c, 3, stride, 1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+        self.pool = nn.AvgPool2d(2) if stride == 2 else nn.Identity()
+
+    def forward(self, x):
+        return self.bn(self.conv(self.act(x))) + self.pool(x)
+
+
+class Net(nn.Module):
+    def __init__(self, c=24):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, 1, 1)
+        self.stem_bn = nn.BatchNorm2d(c)
+        self.b1, self.b2 = Block(c), Block(c, 2)
+        self.conv3 = nn.Conv2d(c, c, 3, 1, 1, bias=True)  # BatchNorm, no residual
+        self.bn3 = nn.BatchNorm2d(c)
+        self.head = nn.Linear(c, 5)
+
+    def forward(self, x):
+        x = self.b2(self.b1(self.stem_bn(self.stem(x))))
+        x = self.bn3(self.conv3(x))
+        return self.head(x.mean((2, 3)))
+
+
+def model(kind, device, dtype):
+    torch.manual_seed(0)
+    m = Net()
+    bie.replace_layers(m, kind, linear=False, exclude=["stem"])
+    m = m.to(device=device, dtype=dtype)
+    if device.type == "cuda":
+        m = m.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        for bn in (mm for mm in m.modules() if isinstance(mm, nn.BatchNorm2d)):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.uniform_(-0.3, 0.3)
+    bie.prepare_bie_layers(m)
+    return m
+
+
+def inputs(device, dtype, n=3):
+    x = torch.randn(n, 3, 10, 12, device=device, dtype=dtype)
+    return x.contiguous(memory_format=torch.channels_last) if device.type == "cuda" else x
+
+
+def dtypes(device):
+    return [torch.float32, torch.float16] if device.type == "cuda" else [torch.float32]
+
+
+@pytest.mark.parametrize("kind", ["binary", "q4", "q8"])
+def test_fuse_finds_the_chains(device, kind):
+    g = bie.fuse(model(kind, device, torch.float32))
+    fused = [m for m in g.modules() if isinstance(m, bie.FusedConv2d)]
+    assert len(fused) == 3
+    assert sum(m.act is not None for m in fused) == (2 if kind == "binary" else 0)
+    calls = [g.get_submodule(n.target) for n in g.graph.nodes if n.op == "call_module"]
+    assert not any(isinstance(c, (nn.BatchNorm2d, bie.BieLayer)) for c in calls)
+    assert sum(isinstance(c, bie.FoldedConv2d) for c in calls) == 1  # the float stem and its BatchNorm
+    assert sum(isinstance(c, nn.Hardtanh) for c in calls) == (0 if kind == "binary" else 2)
+
+
+@pytest.mark.parametrize("kind", ["binary", "q4", "q8"])
+def test_fused_inference_matches_model(device, kind):
+    for dt in dtypes(device):
+        m = model(kind, device, dt).eval()
+        g = bie.fuse(m).eval()
+        x = inputs(device, dt)
+        with torch.no_grad():
+            a, b = m(x), g(x)
+        tol = 1e-4 if dt == torch.float32 else 3e-2
+        assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol * a.abs().max().item()), (kind, dt)
+
+
+@pytest.mark.parametrize("kind", ["binary", "q8"])
+def test_fused_conv_is_conv_then_epilogue(device, kind):
+    for dt in dtypes(device):
+        m = model(kind, device, dt).eval()
+        g = bie.fuse(m).eval()
+        f = g.fused_0
+        x = inputs(device, dt)
+        x = m.stem_bn(m.stem(x))
+        res = torch.randn_like(x)
+        with torch.no_grad():
+            got = f(x, res)
+            c = f.conv
+            extra = (c.pad_value,) if kind == "binary" else ()
+            y = F.conv2d_forward(c.quant, x, c.opt_weight, c.scale_a, c.scale_w, c.bias_a, *c._geometry(), *extra)
+            shape = (1, -1, 1, 1)
+            want = ((y.float() * f.out_mul.view(shape)) + f.out_add.view(shape)) + res.float()
+        assert torch.equal(got, want.to(dt)), (kind, dt)
+
+
+def test_training_is_the_original_model(device):
+    m = model("binary", device, torch.float32).train()
+    m2 = copy.deepcopy(m)
+    g = bie.fuse(m2).train()
+    x = inputs(device, torch.float32)
+    a, b = m(x), g(x)
+    assert torch.equal(a, b)
+    a.square().sum().backward()
+    b.square().sum().backward()
+    for (n1, p1), (n2, p2) in zip(m.named_parameters(), m2.named_parameters()):
+        assert n1 == n2 and (p1.grad is None) == (p2.grad is None), n1
+        if p1.grad is not None:
+            assert torch.equal(p1.grad, p2.grad), n1
+
+
+def test_activation_kept_where_bias_a_leaves_its_range(device):
+    m = model("binary", device, torch.float32).eval()
+    with torch.no_grad():
+        m.b1.conv.bias_a[3] = -1.5  # -bias_a = 1.5 > max_val: the clamp changes this channel's bits
+    g = bie.fuse(m).eval()
+    assert not g.fused_0._drop_act and g.fused_1._drop_act
+    x = inputs(device, torch.float32) * 4
+    with torch.no_grad():
+        a, b = m(x), g(x)
+    assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * a.abs().max().item())
+
+
+def test_fuse_rejects_what_it_cannot_fold():
+    with pytest.raises(TypeError):
+        bie.FusedConv2d(nn.Conv2d(3, 3, 3))
+    with pytest.raises(ValueError):
+        bie.FusedConv2d(bie.Q8Conv2d(4, 4, 3), act=nn.Hardtanh())
+    with pytest.raises(ValueError):
+        bie.FusedConv2d(bie.BinaryConv2d(4, 4, 3), bn=nn.BatchNorm2d(5))
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and bie.cuda_available()),
+                    reason="needs a CUDA device and libbie's CUDA backend")
+def test_fused_model_in_a_cuda_graph():
+    dev = torch.device("cuda")
+    g = bie.fuse(model("binary", dev, torch.float16).eval()).eval()
+    x = inputs(dev, torch.float16, n=8)
+    with torch.no_grad():
+        want = g(x)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            g(x)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = g(x)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
+def test_bits_handed_to_the_next_binary_conv(device):
+    """The bits a FusedConv2d writes for the binary one after it give that one's output exactly."""
+    for dt in dtypes(device):
+        m = model("binary", device, dt).eval()
+        x = inputs(device, dt)
+        with torch.no_grad():
+            m(x)  # (the lazy scale_a)
+        g = bie.fuse(m).eval()
+        assert g.fused_0.bits_for is g.fused_1 and g.fused_0.bits_bias is not None
+        with torch.no_grad():
+            s = g.folded_3(x)
+            y0 = g.fused_0(s, s)
+            assert y0._bie_bits[0] is g.fused_1
+            res = g.b2.pool(y0)
+            with_bits = g.fused_1(y0, res)
+            without = g.fused_1(y0.clone(), res)
+        assert torch.equal(with_bits, without), dt
