@@ -19,10 +19,31 @@
 #endif
 
 // Roles of the tensors of a case (which ones a call uses depends on the op).
-enum role { R_X, R_BIAS, R_W, R_SA, R_SW, R_Y, R_GY, R_GX, R_GW, R_GS, R_GB, R_MASK, R_BITS, R_COUNT };
-static const char * const k_role[R_COUNT] = {"x",           "bias_a", "weight", "scale_a",     "scale_w",
-                                             "y",           "grad_y", "grad_x", "grad_weight", "grad_scale_a",
-                                             "grad_bias_a", "mask",   "bits"};
+enum role {
+    R_X,
+    R_BIAS,
+    R_W,
+    R_SA,
+    R_SW,
+    R_Y,
+    R_GY,
+    R_GX,
+    R_GW,
+    R_GS,
+    R_GB,
+    R_MASK,
+    R_BITS,
+    R_OMUL,
+    R_OADD,
+    R_RES,
+    R_OBITS,
+    R_OBB, // the forward's output epilogue
+    R_COUNT
+};
+static const char * const k_role[R_COUNT] = {"x",           "bias_a",   "weight",       "scale_a",     "scale_w",
+                                             "y",           "grad_y",   "grad_x",       "grad_weight", "grad_scale_a",
+                                             "grad_bias_a", "mask",     "bits",         "out_mul",     "out_add",
+                                             "residual",    "out_bits", "out_bits_bias"};
 enum op { OP_LIN_FWD, OP_LIN_BWD, OP_CONV_FWD, OP_CONV_BWD, OP_BINARIZE, OP_PACK, OP_UNPACK, OP_COUNT };
 static const char * const k_op[OP_COUNT] = {
     "linear forward", "linear backward", "conv2d forward", "conv2d backward", "binarize_ste", "pack", "unpack"};
@@ -224,6 +245,25 @@ static void describe(struct fcase * c) {
     }
 }
 
+// Sometimes a forward's output epilogue (bie_forward_args): out_mul, out_add, a residual like y,
+// out_bits and out_bits_bias, each in about half of those cases (no special values: NaN payloads
+// are not part of the contract).
+static void decode_epilogue(struct fz * f, struct fcase * c, int nd, const int64_t * ys, int64_t n_out,
+                            uint64_t * rng) {
+    if (!fz_one_in(f, 3)) return;
+    static const enum bie_dtype k_f32[1] = {BIE_DTYPE_F32};
+    const enum bie_dtype yd = c->r[R_Y].t.dtype;
+    if (fz_one_in(f, 2)) make_view(f, &c->r[R_OMUL], pick(f, k_f32, 1), 1, &n_out, false, rng, false, 2.0f);
+    if (fz_one_in(f, 2)) make_view(f, &c->r[R_OADD], pick(f, k_f32, 1), 1, &n_out, false, rng, false, 2.0f);
+    if (fz_one_in(f, 2))
+        make_view(f, &c->r[R_RES], is_float(yd) && !fz_one_in(f, 10) ? yd : pick(f, k_float, 3), nd, ys, false, rng,
+                  false, 4.0f);
+    if (fz_one_in(f, 2)) {
+        make_view(f, &c->r[R_OBITS], BIE_DTYPE_B1, nd, ys, true, rng, false, 1.0f);
+        if (fz_one_in(f, 2)) make_view(f, &c->r[R_OBB], pick(f, k_f32, 1), 1, &n_out, false, rng, false, 2.0f);
+    }
+}
+
 // x and the layer tensors of a linear call: x [..., K] (1, 2 or 3 dims), weight [N, K].
 static void decode_linear(struct fz * f, struct fcase * c, uint64_t * rng, bool backward) {
     const enum bie_quant q = pick_quant(f);
@@ -248,6 +288,7 @@ static void decode_linear(struct fz * f, struct fcase * c, uint64_t * rng, bool 
         const enum bie_dtype yds[5] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_I32,
                                        q == BIE_QUANT_BINARY ? BIE_DTYPE_B1 : BIE_DTYPE_F32};
         make_view(f, &c->r[R_Y], pick(f, yds, 5), nd, ys, true, rng, false, 1.0f);
+        decode_epilogue(f, c, nd, ys, N, rng);
         return;
     }
     make_view(f, &c->r[R_GY], pick(f, k_float, 3), nd, ys, false, rng, false, 1.0f);
@@ -299,6 +340,7 @@ static void decode_conv(struct fz * f, struct fcase * c, uint64_t * rng, bool ba
         const enum bie_dtype yds[5] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_I32,
                                        d->quant == BIE_QUANT_BINARY ? BIE_DTYPE_B1 : BIE_DTYPE_F32};
         make_view(f, &c->r[R_Y], pick(f, yds, 5), 4, ys, true, rng, false, 1.0f);
+        decode_epilogue(f, c, 4, ys, d->out_channels, rng);
         return;
     }
     make_view(f, &c->r[R_GY], pick(f, k_float, 3), 4, ys, false, rng, false, 1.0f);
@@ -370,7 +412,12 @@ static enum bie_status call(bie_context_t * ctx, struct fcase * c) {
                                         .weight = arg(c, R_W),
                                         .scale_a = arg(c, R_SA),
                                         .scale_w = arg(c, R_SW),
-                                        .y = arg(c, R_Y)};
+                                        .y = arg(c, R_Y),
+                                        .out_mul = arg(c, R_OMUL),
+                                        .out_add = arg(c, R_OADD),
+                                        .residual = arg(c, R_RES),
+                                        .out_bits = arg(c, R_OBITS),
+                                        .out_bits_bias = arg(c, R_OBB)};
     const struct bie_backward_args ba = {arg(c, R_X),  arg(c, R_BIAS), arg(c, R_W),   arg(c, R_SA),
                                          arg(c, R_SW), arg(c, R_GY),   arg(c, R_GX),  arg(c, R_GW),
                                          arg(c, R_GS), arg(c, R_GB),   arg(c, R_MASK)};
