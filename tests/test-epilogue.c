@@ -13,68 +13,25 @@
 //       without out_bits, a plan executed without its residual: INVALID_ARGUMENT naming the
 //       tensor, nothing written.
 // A failure prints the seed (BIE_TEST_SEED replays it) and the case.
-#include "test-cpu-common.h"
+#include "small-layer.h"
 
-static const enum bie_quant quants[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
 static const enum bie_dtype ydts[3] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16};
 
 struct ecase {
-    int conv, nd, terms;
-    struct bie_linear_desc ld;
-    struct bie_conv2d_desc cd;
-    int64_t xs[4], ws[4], ys[4], O;
+    struct small_layer l;
+    int terms; // out_mul 1, out_add 2, residual 4, out_bits 8, out_bits_bias 16
     enum bie_dtype ydt;
-    char text[200];
+    int64_t O;
+    char text[300];
 };
 
 static void random_case(struct ecase * e) {
-    memset(e, 0, sizeof *e);
-    e->conv = (int)test_rand_int(0, 1);
-    const enum bie_quant q = quants[test_rand_int(0, 2)];
-    const int64_t C = test_rand_int(1, 40), O = test_rand_int(1, 20);
-    e->O = O;
+    small_layer_random(&e->l);
+    e->O = e->l.ys[1];
     e->ydt = ydts[test_rand_int(0, 2)];
-    e->terms = (int)test_rand_int(1, 31); // out_mul 1, out_add 2, residual 4, out_bits 8, out_bits_bias 16
+    e->terms = (int)test_rand_int(1, 31);
     if ((e->terms & 24) == 16) e->terms |= 8;
-    if (e->conv) {
-        e->cd = (struct bie_conv2d_desc){q, C, O, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, BIE_PAD_ZERO};
-        const int64_t H = test_rand_int(3, 9), W = test_rand_int(3, 9), N = test_rand_int(1, 3);
-        e->cd.stride[0] = (int32_t)test_rand_int(1, 2);
-        int64_t oh, ow;
-        bie_conv2d_output_size(&e->cd, H, W, &oh, &ow);
-        const int64_t xs[4] = {N, C, H, W}, ws[4] = {O, C, 3, 3}, ys[4] = {N, O, oh, ow};
-        memcpy(e->xs, xs, sizeof xs);
-        memcpy(e->ws, ws, sizeof ws);
-        memcpy(e->ys, ys, sizeof ys);
-        e->nd = 4;
-    } else {
-        e->ld = (struct bie_linear_desc){q, C, O};
-        const int64_t M = test_rand_int(1, 30);
-        const int64_t xs[2] = {M, C}, ws[2] = {O, C}, ys[2] = {M, O};
-        memcpy(e->xs, xs, sizeof xs);
-        memcpy(e->ws, ws, sizeof ws);
-        memcpy(e->ys, ys, sizeof ys);
-        e->nd = 2;
-    }
-    snprintf(e->text, sizeof e->text, "%s q=%d x [%lld, %lld, ...] O=%lld y=%s terms=%d", e->conv ? "conv" : "linear",
-             (int)q, (long long)e->xs[0], (long long)e->xs[1], (long long)O, bie_dtype_name(e->ydt), e->terms);
-}
-
-static enum bie_status fwd(bie_context_t * ctx, const struct ecase * e, const struct bie_forward_args * a) {
-    return e->conv ? bie_conv2d_forward(ctx, &e->cd, a) : bie_linear_forward(ctx, &e->ld, a);
-}
-
-// A view of `shape`, dense (layout 0), strided with gaps (1) or, for a conv, channels-last (2).
-static struct bie_tensor operand(const struct ecase * e, const int64_t * shape, enum bie_dtype dt, int layout) {
-    if (layout == 2 && e->nd == 4) {
-        static const int cl[4] = {0, 2, 3, 1};
-        return cpu_test_view4(dt, shape, cl);
-    }
-    if (layout == 0) return test_tensor(dt, e->nd, shape, NULL);
-    int64_t st[4];
-    st[e->nd - 1] = 2;
-    for (int i = e->nd - 2; i >= 0; i--) st[i] = st[i + 1] * shape[i + 1] + 3;
-    return test_tensor(dt, e->nd, shape, st);
+    snprintf(e->text, sizeof e->text, "%s y=%s terms=%d", e->l.text, bie_dtype_name(e->ydt), e->terms);
 }
 
 // (a), (b) One case on the reference (ctx[0]) and the CPU backend (ctx[1]).
@@ -82,12 +39,14 @@ static void test_case(bie_context_t * const ctx[2]) {
     struct ecase e;
     random_case(&e);
     const int ylay = (int)test_rand_int(0, 2), rlay = (int)test_rand_int(0, 2);
-    struct bie_tensor x = operand(&e, e.xs, BIE_DTYPE_F32, 0), w = operand(&e, e.ws, BIE_DTYPE_F32, 0);
-    struct bie_tensor y0 = operand(&e, e.ys, e.ydt, ylay), res = operand(&e, e.ys, e.ydt, rlay);
+    struct bie_tensor x = small_layer_operand(&e.l, e.l.xs, BIE_DTYPE_F32, 0),
+                      w = small_layer_operand(&e.l, e.l.ws, BIE_DTYPE_F32, 0);
+    struct bie_tensor y0 = small_layer_operand(&e.l, e.l.ys, e.ydt, ylay),
+                      res = small_layer_operand(&e.l, e.l.ys, e.ydt, rlay);
     struct bie_tensor mul = test_tensor(BIE_DTYPE_F32, 1, &e.O, NULL), add = test_tensor(BIE_DTYPE_F32, 1, &e.O, NULL);
     struct bie_tensor sa = test_scalar(test_rand_float(0.1f, 1.0f)), sw = test_scalar(test_rand_float(0.1f, 1.0f));
     struct bie_tensor bb = test_tensor(BIE_DTYPE_F32, 1, &e.O, NULL);
-    struct bie_tensor b0 = operand(&e, e.ys, BIE_DTYPE_B1, test_rand_int(0, 1) ? 2 : 0);
+    struct bie_tensor b0 = small_layer_operand(&e.l, e.l.ys, BIE_DTYPE_B1, test_rand_int(0, 1) ? 2 : 0);
     test_fill_uniform(&bb, -4.0f, 4.0f);
     cpu_test_garbage(&b0);
     struct bie_tensor b1 = cpu_test_clone(&b0), b2 = cpu_test_clone(&b0), b3 = cpu_test_clone(&b0);
@@ -100,7 +59,7 @@ static void test_case(bie_context_t * const ctx[2]) {
     struct bie_tensor y1 = cpu_test_clone(&y0), y2 = cpu_test_clone(&y0), y3 = cpu_test_clone(&y0);
     // the layer without the epilogue, then the epilogue by hand
     struct bie_forward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y0};
-    CHECK_OK(ctx[0], fwd(ctx[0], &e, &a));
+    CHECK_OK(ctx[0], small_layer_forward(ctx[0], &e.l, &a));
     int64_t idx[BIE_MAX_DIMS] = {0};
     do {
         const int64_t o = idx[1], off = bie_offset(&y0, idx);
@@ -120,7 +79,7 @@ static void test_case(bie_context_t * const ctx[2]) {
     for (int c = 0; c < 2; c++) {
         a.y = ys[c];
         a.out_bits = e.terms & 8 ? bs[c] : NULL;
-        CHECK_OK(ctx[c], fwd(ctx[c], &e, &a));
+        CHECK_OK(ctx[c], small_layer_forward(ctx[c], &e.l, &a));
         CHECK(memcmp(ys[c]->data, y0.data, cpu_test_nbytes(&y0)) == 0, "%s: y differs from the layer + epilogue on %s",
               c ? "cpu" : "reference", e.text);
         CHECK(memcmp(bs[c]->data, b0.data, cpu_test_nbytes(&b0)) == 0, "%s: out_bits differ on %s",
@@ -129,8 +88,8 @@ static void test_case(bie_context_t * const ctx[2]) {
     a.out_bits = e.terms & 8 ? &b3 : NULL;
     bie_plan_t * p = NULL;
     a.y = &y3;
-    CHECK_OK(ctx[1],
-             e.conv ? bie_plan_conv2d_forward(ctx[1], &e.cd, &a, &p) : bie_plan_linear_forward(ctx[1], &e.ld, &a, &p));
+    CHECK_OK(ctx[1], e.l.conv ? bie_plan_conv2d_forward(ctx[1], &e.l.cd, &a, &p)
+                              : bie_plan_linear_forward(ctx[1], &e.l.ld, &a, &p));
     if (p) {
         CHECK_OK(ctx[1], bie_plan_forward(ctx[1], p, &a));
         CHECK(memcmp(y3.data, y0.data, cpu_test_nbytes(&y0)) == 0, "planned y differs on %s", e.text);

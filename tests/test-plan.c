@@ -10,84 +10,29 @@
 //       backward, a non-finite host scale: INVALID_ARGUMENT naming it, nothing written; a data
 //       pointer of another alignment takes the entry point and gives its result.
 // A failure prints the seed (BIE_TEST_SEED replays it) and the case.
-#include "test-cpu-common.h"
+#include "small-layer.h"
 
-static const enum bie_quant quants[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
-
-struct layer {
-    int conv;
-    struct bie_linear_desc ld;
-    struct bie_conv2d_desc cd;
-    int64_t xs[4], ws[4], ys[4];
-    int nd;
-    char text[200];
-};
-
-static void random_layer(struct layer * l) {
-    memset(l, 0, sizeof *l);
-    l->conv = (int)test_rand_int(0, 1);
-    const enum bie_quant q = quants[test_rand_int(0, 2)];
-    const int64_t C = test_rand_int(1, 40), O = test_rand_int(1, 20);
-    if (l->conv) {
-        l->cd = (struct bie_conv2d_desc){q, C, O, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, BIE_PAD_ZERO};
-        const int64_t H = test_rand_int(3, 9), W = test_rand_int(3, 9);
-        l->cd.stride[0] = (int32_t)test_rand_int(1, 2);
-        int64_t oh, ow;
-        bie_conv2d_output_size(&l->cd, H, W, &oh, &ow);
-        const int64_t N = test_rand_int(1, 3);
-        const int64_t xs[4] = {N, C, H, W}, ws[4] = {O, C, 3, 3}, ys[4] = {N, O, oh, ow};
-        memcpy(l->xs, xs, sizeof xs);
-        memcpy(l->ws, ws, sizeof ws);
-        memcpy(l->ys, ys, sizeof ys);
-        l->nd = 4;
-    } else {
-        l->ld = (struct bie_linear_desc){q, C, O};
-        const int64_t M = test_rand_int(1, 30);
-        l->xs[0] = M;
-        l->xs[1] = C;
-        l->ws[0] = O;
-        l->ws[1] = C;
-        l->ys[0] = M;
-        l->ys[1] = O;
-        l->nd = 2;
-    }
-    snprintf(l->text, sizeof l->text, "%s q=%d x [%lld, %lld, ...] O=%lld", l->conv ? "conv" : "linear", (int)q,
-             (long long)l->xs[0], (long long)l->xs[1], (long long)O);
-}
-
-static enum bie_status fwd(bie_context_t * ctx, const struct layer * l, const struct bie_forward_args * a) {
-    return l->conv ? bie_conv2d_forward(ctx, &l->cd, a) : bie_linear_forward(ctx, &l->ld, a);
-}
-static enum bie_status bwd(bie_context_t * ctx, const struct layer * l, const struct bie_backward_args * a) {
+static enum bie_status bwd(bie_context_t * ctx, const struct small_layer * l, const struct bie_backward_args * a) {
     return l->conv ? bie_conv2d_backward(ctx, &l->cd, a) : bie_linear_backward(ctx, &l->ld, a);
 }
-static enum bie_status plan_fwd(bie_context_t * ctx, const struct layer * l, const struct bie_forward_args * a,
-                                bie_plan_t ** p) {
-    return l->conv ? bie_plan_conv2d_forward(ctx, &l->cd, a, p) : bie_plan_linear_forward(ctx, &l->ld, a, p);
-}
-static enum bie_status plan_bwd(bie_context_t * ctx, const struct layer * l, const struct bie_backward_args * a,
+static enum bie_status plan_bwd(bie_context_t * ctx, const struct small_layer * l, const struct bie_backward_args * a,
                                 bie_plan_t ** p) {
     return l->conv ? bie_plan_conv2d_backward(ctx, &l->cd, a, p) : bie_plan_linear_backward(ctx, &l->ld, a, p);
 }
 
-static struct bie_tensor operand(const struct layer * l, const int64_t * shape, enum bie_dtype dt, bool strided) {
-    if (!strided || dt == BIE_DTYPE_B1) return test_tensor(dt, l->nd, shape, NULL);
-    int64_t st[4];
-    st[l->nd - 1] = 2;
-    for (int i = l->nd - 2; i >= 0; i--) st[i] = st[i + 1] * shape[i + 1] + 3;
-    return test_tensor(dt, l->nd, shape, st);
-}
-
 // (a), (b) One layer: a forward and a backward plan, each executed on two sets of fresh tensors.
 static void test_layer(bie_context_t * ctx) {
-    struct layer l;
-    random_layer(&l);
+    struct small_layer l;
+    small_layer_random(&l);
     const bool strided = test_rand_int(0, 1);
     const int64_t C = l.xs[1];
-    struct bie_tensor x = operand(&l, l.xs, BIE_DTYPE_F32, strided), w = operand(&l, l.ws, BIE_DTYPE_F32, false);
-    struct bie_tensor b = test_tensor(BIE_DTYPE_F32, 1, &C, NULL), y = operand(&l, l.ys, BIE_DTYPE_F32, strided);
-    struct bie_tensor y2 = cpu_test_clone(&y), g = operand(&l, l.ys, BIE_DTYPE_F32, false);
-    struct bie_tensor gx = operand(&l, l.xs, BIE_DTYPE_F32, false), gw = operand(&l, l.ws, BIE_DTYPE_F32, false);
+    struct bie_tensor x = small_layer_operand(&l, l.xs, BIE_DTYPE_F32, strided),
+                      w = small_layer_operand(&l, l.ws, BIE_DTYPE_F32, false);
+    struct bie_tensor b = test_tensor(BIE_DTYPE_F32, 1, &C, NULL),
+                      y = small_layer_operand(&l, l.ys, BIE_DTYPE_F32, strided);
+    struct bie_tensor y2 = cpu_test_clone(&y), g = small_layer_operand(&l, l.ys, BIE_DTYPE_F32, false);
+    struct bie_tensor gx = small_layer_operand(&l, l.xs, BIE_DTYPE_F32, false),
+                      gw = small_layer_operand(&l, l.ws, BIE_DTYPE_F32, false);
     struct bie_tensor gs = test_scalar(0.0f), gb = test_tensor(BIE_DTYPE_F32, 1, &C, NULL);
     struct bie_tensor gx2 = cpu_test_clone(&gx), gw2 = cpu_test_clone(&gw), gs2 = cpu_test_clone(&gs),
                       gb2 = cpu_test_clone(&gb);
@@ -101,7 +46,7 @@ static void test_layer(bie_context_t * ctx) {
     ba2.grad_scale_a = &gs2;
     ba2.grad_bias_a = &gb2;
     bie_plan_t *pf = NULL, *pb = NULL;
-    CHECK_OK(ctx, plan_fwd(ctx, &l, &fa, &pf));
+    CHECK_OK(ctx, small_layer_plan_forward(ctx, &l, &fa, &pf));
     CHECK_OK(ctx, plan_bwd(ctx, &l, &ba, &pb));
     if (!pf || !pb) {
         bie_plan_destroy(pf);
@@ -124,7 +69,7 @@ static void test_layer(bie_context_t * ctx) {
         *(float *)sw.data = test_rand_float(0.1f, 1.0f);
         cpu_test_garbage(&y);
         memcpy(y2.data, y.data, cpu_test_nbytes(&y));
-        CHECK_OK(ctx, fwd(ctx, &l, &fa));
+        CHECK_OK(ctx, small_layer_forward(ctx, &l, &fa));
         CHECK_OK(ctx, bie_plan_forward(ctx, pf, &fa2));
         CHECK(memcmp(y.data, y2.data, cpu_test_nbytes(&y)) == 0, "planned forward differs on %s", l.text);
         CHECK_OK(ctx, bwd(ctx, &l, &ba));
@@ -173,7 +118,7 @@ static void test_layer(bie_context_t * ctx) {
     bad.x = &xs;
     cpu_test_garbage(&y);
     memcpy(y2.data, y.data, cpu_test_nbytes(&y)); // (gaps between y's elements alike)
-    CHECK_OK(ctx, fwd(ctx, &l, &fa));
+    CHECK_OK(ctx, small_layer_forward(ctx, &l, &fa));
     CHECK_OK(ctx, bie_plan_forward(ctx, pf, &bad));
     CHECK(memcmp(y.data, y2.data, cpu_test_nbytes(&y)) == 0, "forward from a shifted x differs on %s", l.text);
     free(shifted);
