@@ -108,6 +108,28 @@ struct grads {
     struct bie_tensor gx, gw, gs, gb;
 };
 
+// Backward arguments that ask for the gradients `want` selects (0: all four; 1: grad_x and the
+// sums, no grad_weight; 2: grad_weight alone; 3: all four), into g; x_mask NULL.
+static struct bie_backward_args want_args(const struct bie_tensor * x, const struct bie_tensor * bias,
+                                          const struct bie_tensor * w, const struct bie_tensor * sa,
+                                          const struct bie_tensor * sw, const struct bie_tensor * gy, struct grads * g,
+                                          int want) {
+    const bool gx = want != 2, gw = want != 1, sums = want == 0 || want == 3;
+    return (struct bie_backward_args){
+        x,   bias, w, sa, sw, gy, gx ? &g->gx : NULL, gw ? &g->gw : NULL, sums ? &g->gs : NULL, sums ? &g->gb : NULL,
+        NULL};
+}
+
+// Context i's gradients from the bits (got) are, byte for byte, those from the float x (want).
+static void same_grads(const struct grads * want, const struct grads * got, int i, const char * what) {
+    static const char * const names[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
+    const struct bie_tensor *tf[4] = {&want->gx, &want->gw, &want->gs, &want->gb},
+                            *tb[4] = {&got->gx, &got->gw, &got->gs, &got->gb};
+    for (int t = 0; t < 4; t++)
+        CHECK(memcmp(tf[t]->data, tb[t]->data, cpu_test_nbytes(tf[t])) == 0,
+              "context %d: %s from the saved bits differs from the float x's (%s)", i, names[t], what);
+}
+
 static void grads_like(const struct grads * proto, struct grads * g) {
     g->gx = cpu_test_clone(&proto->gx);
     g->gw = cpu_test_clone(&proto->gw);
@@ -159,34 +181,13 @@ static void test_backward(bie_context_t ** ctxs, int nctx, int64_t M, int64_t K,
         struct grads f, b;
         grads_like(&proto, &f);
         grads_like(&proto, &b);
-        const bool gx = want != 2, gw = want != 1, sums = want == 0 || want == 3;
-        struct bie_backward_args af = {&x,
-                                       has_bias ? &bias : NULL,
-                                       &w,
-                                       &sa,
-                                       &sw,
-                                       &gy,
-                                       gx ? &f.gx : NULL,
-                                       gw ? &f.gw : NULL,
-                                       sums ? &f.gs : NULL,
-                                       sums ? &f.gb : NULL,
-                                       NULL};
-        struct bie_backward_args ab = af;
-        ab.x = &bits;
-        ab.bias_a = NULL;
+        struct bie_backward_args af = want_args(&x, has_bias ? &bias : NULL, &w, &sa, &sw, &gy, &f, want),
+                                 ab = want_args(&bits, NULL, &w, &sa, &sw, &gy, &b, want);
         ab.x_mask = want == 2 ? NULL : &mask;
-        ab.grad_x = gx ? &b.gx : NULL;
-        ab.grad_weight = gw ? &b.gw : NULL;
-        ab.grad_scale_a = sums ? &b.gs : NULL;
-        ab.grad_bias_a = sums ? &b.gb : NULL;
         const struct bie_linear_desc d = {BIE_QUANT_BINARY, K, N};
         CHECK_OK(ctx, bie_linear_backward(ctx, &d, &af));
         CHECK_OK(ctx, bie_linear_backward(ctx, &d, &ab));
-        const char * names[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
-        const struct bie_tensor *tf[4] = {&f.gx, &f.gw, &f.gs, &f.gb}, *tb[4] = {&b.gx, &b.gw, &b.gs, &b.gb};
-        for (int t = 0; t < 4; t++)
-            CHECK(memcmp(tf[t]->data, tb[t]->data, cpu_test_nbytes(tf[t])) == 0,
-                  "context %d: %s from the saved bits differs from the float x's (%s)", i, names[t], what);
+        same_grads(&f, &b, i, what);
         grads_free(&f);
         grads_free(&b);
     }
@@ -239,19 +240,8 @@ static void test_backward_conv(bie_context_t ** ctxs, int nctx) {
     cpu_test_garbage(&proto.gw);
     cpu_test_garbage(&proto.gs);
     cpu_test_garbage(&proto.gb);
-    const bool gx = want != 2, gw = want != 1, sums = want == 0 || want == 3;
     grads_like(&proto, &ref);
-    const struct bie_backward_args af = {&xv,
-                                         has_bias ? &bias : NULL,
-                                         &w,
-                                         &sa,
-                                         &sw,
-                                         &gy,
-                                         gx ? &ref.gx : NULL,
-                                         gw ? &ref.gw : NULL,
-                                         sums ? &ref.gs : NULL,
-                                         sums ? &ref.gb : NULL,
-                                         NULL};
+    const struct bie_backward_args af = want_args(&xv, has_bias ? &bias : NULL, &w, &sa, &sw, &gy, &ref, want);
     CHECK_OK(ctxs[0], bie_conv2d_backward(ctxs[0], &d, &af));
     char what[240];
     snprintf(what, sizeof what,
@@ -261,23 +251,10 @@ static void test_backward_conv(bie_context_t ** ctxs, int nctx) {
     for (int i = 0; i < nctx; i++) {
         struct grads b;
         grads_like(&proto, &b);
-        const struct bie_backward_args ab = {&bv,
-                                             NULL,
-                                             &w,
-                                             &sa,
-                                             &sw,
-                                             &gy,
-                                             gx ? &b.gx : NULL,
-                                             gw ? &b.gw : NULL,
-                                             sums ? &b.gs : NULL,
-                                             sums ? &b.gb : NULL,
-                                             want == 2 ? NULL : &mv};
+        struct bie_backward_args ab = want_args(&bv, NULL, &w, &sa, &sw, &gy, &b, want);
+        ab.x_mask = want == 2 ? NULL : &mv;
         CHECK_OK(ctxs[i], bie_conv2d_backward(ctxs[i], &d, &ab));
-        const char * names[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
-        const struct bie_tensor *tf[4] = {&ref.gx, &ref.gw, &ref.gs, &ref.gb}, *tb[4] = {&b.gx, &b.gw, &b.gs, &b.gb};
-        for (int t = 0; t < 4; t++)
-            CHECK(memcmp(tf[t]->data, tb[t]->data, cpu_test_nbytes(tf[t])) == 0,
-                  "context %d: %s from the saved bits differs from the float x's (%s)", i, names[t], what);
+        same_grads(&ref, &b, i, what);
         grads_free(&b);
     }
     grads_free(&ref);

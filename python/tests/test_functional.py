@@ -84,16 +84,23 @@ def test_linear_forward_exact(device, quant, lead, k, n):
             assert torch.equal(acc.cpu(), R.forward(quant, x, wf, sa, sw, bias, out_dtype=torch.int32).cpu())
 
 
+def conv_operands(device, quant, shape, dtype):
+    """x, weight, bias_a and the scales of a conv case, and the pad values its layer takes."""
+    n, c, h, w_, o, ks = shape[:6]
+    pads = [bie.PAD_ZERO, bie.PAD_MINUS_ONE, bie.PAD_PLUS_ONE] if quant == bie.QUANT_BINARY else [bie.PAD_ZERO]
+    x = torch.randn(n, c, h, w_, device=device).to(dtype)
+    wt = torch.randn(o, c, *ks, device=device).to(dtype)
+    bias = (torch.randn(c, device=device) * 0.3).to(dtype)
+    sa, sw = scales(quant, x, device)
+    return x, wt, bias, sa, sw, pads
+
+
 @pytest.mark.parametrize("quant", QUANTS)
 @pytest.mark.parametrize("shape", CONV_SHAPES)
 def test_conv2d_forward_exact(device, quant, shape):
-    n, c, h, w_, o, ks, st, pd, dl = shape
-    pads = [bie.PAD_ZERO, bie.PAD_MINUS_ONE, bie.PAD_PLUS_ONE] if quant == bie.QUANT_BINARY else [bie.PAD_ZERO]
+    ks, st, pd, dl = shape[5:]
     for dtype in FLOATS:
-        x = torch.randn(n, c, h, w_, device=device).to(dtype)
-        wt = torch.randn(o, c, *ks, device=device).to(dtype)
-        bias = (torch.randn(c, device=device) * 0.3).to(dtype)
-        sa, sw = scales(quant, x, device)
+        x, wt, bias, sa, sw, pads = conv_operands(device, quant, shape, dtype)
         for name, wf in weight_forms(quant, wt, sw):
             for pv in pads:
                 geo = R.Geometry(st, pd, dl, pv)
@@ -122,12 +129,8 @@ def test_linear_backward(device, quant, lead, k, n):
 @pytest.mark.parametrize("shape", CONV_SHAPES)
 def test_conv2d_backward(device, quant, shape):
     n, c, h, w_, o, ks, st, pd, dl = shape
-    pads = [bie.PAD_ZERO, bie.PAD_MINUS_ONE, bie.PAD_PLUS_ONE] if quant == bie.QUANT_BINARY else [bie.PAD_ZERO]
     for dtype in FLOATS:
-        x = torch.randn(n, c, h, w_, device=device).to(dtype)
-        wt = torch.randn(o, c, *ks, device=device).to(dtype)
-        bias = (torch.randn(c, device=device) * 0.3).to(dtype)
-        sa, sw = scales(quant, x, device)
+        x, wt, bias, sa, sw, pads = conv_operands(device, quant, shape, dtype)
         oh, ow = F.conv2d_output_size(h, w_, ks, st, pd, dl)
         g = torch.randn(n, o, oh, ow, device=device).to(dtype)
         for pv in pads:
