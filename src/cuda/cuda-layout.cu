@@ -82,6 +82,29 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
     }
 }
 
+// The activation codes of a dense channels-last t (element (n, c, h, w) at ((n*H + h)*W + w)*C + c,
+// C % 8 == 0, 16-byte aligned), which lies in pixel-row order already: 8 elements per thread, read
+// as one or two 16-byte vectors and written as 8 bytes. Same values as pixel_rows.
+template <typename TI>
+__global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, int64_t C, int quant, struct dscale s,
+                                 int8_t * out) {
+    const float sc = ld_scale(s);
+    const int lo = qlo(quant), hi = qhi(quant);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
+        float v[8];
+        load8<TI>(t + 8 * i, v);
+        const int64_t c0 = (8 * i) % C;
+        uint32_t w[2] = {0, 0};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float q = v[k];
+            if (bias.data) q = __fadd_rn(q, ld_float(bias.data, bias.dtype, (c0 + k) * bias.stride[3]));
+            w[k / 4] |= (uint32_t)(uint8_t)(int8_t)act_code(q, quant, sc, lo, hi) << (8 * (k % 4));
+        }
+        *(uint2 *)(out + 8 * i) = make_uint2(w[0], w[1]);
+    }
+}
+
 // Two f16 / bf16 / f32 elements at element offset off (even) of p, as f32.
 __device__ __forceinline__ float2 ld_pair(const char * p, int dtype, int64_t off) {
     if (dtype == BIE_DTYPE_F32) return *(const float2 *)((const float *)p + off);
@@ -225,6 +248,21 @@ enum bie_status bie_cuda_pixel_rows(bie_context_t * ctx, cudaStream_t s, const s
     const int ap = bie_cuda_along_pixels(t);
     const int es = bie_dtype_is_float((enum bie_dtype)t.dtype) ? bie_dtype_bits((enum bie_dtype)t.dtype) / 8 : 0;
     const bool dense_planes = t.stride[3] == 1 && (t.shape[2] == 1 || t.stride[2] == t.shape[3]);
+    const int64_t N = t.shape[0], H = t.shape[2];
+    const bool dense_nhwc = t.stride[1] == 1 && (W == 1 || t.stride[3] == C) && (H == 1 || t.stride[2] == W * C) &&
+                            (N == 1 || t.stride[0] == HW * C);
+    if (quant && out_dtype == BIE_DTYPE_I8 && es && dense_nhwc && out_ld == HW * C && C % 8 == 0 &&
+        (uintptr_t)t.data % 16 == 0 && (uintptr_t)out % 8 == 0) {
+        const int64_t n8 = N * HW * C / 8;
+        const unsigned g8 = grid_for(n8, 256);
+        if (t.dtype == BIE_DTYPE_F16)
+            pixel_codes_nhwc<__half><<<g8, 256, 0, s>>>((const __half *)t.data, bias, n8, C, quant, sc, (int8_t *)out);
+        else if (t.dtype == BIE_DTYPE_BF16)
+            pixel_codes_nhwc<__nv_bfloat16>
+                <<<g8, 256, 0, s>>>((const __nv_bfloat16 *)t.data, bias, n8, C, quant, sc, (int8_t *)out);
+        else pixel_codes_nhwc<float><<<g8, 256, 0, s>>>((const float *)t.data, bias, n8, C, quant, sc, (int8_t *)out);
+        return bie_cuda_check_launch(ctx, "pixel codes (channels-last)");
+    }
     if (es && dense_planes && HW % 2 == 0 && t.stride[0] % 2 == 0 && t.stride[1] % 2 == 0 &&
         (uintptr_t)t.data % (2 * es) == 0) {
         const int os = bie_dtype_bits((enum bie_dtype)out_dtype) / 8;
