@@ -120,31 +120,28 @@ static void test_errors(bie_context_t * ctx) {
     struct bie_tensor keep = cpu_test_clone(&y);
     struct bie_forward_args a = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &yi, .out_mul = &mul};
     TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "y");
-    a.y = &y;
-    a.out_mul = &mul16;
-    TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "out_mul");
-    a.out_mul = NULL;
-    a.out_add = &mul7;
-    TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "out_add");
-    a.out_add = NULL;
-    a.residual = &res32;
-    TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "residual");
-    struct bie_tensor rs = res;
+    // each bad term alone (the field it goes in, out_mul 0 .. out_bits_bias 4, and the name the
+    // error gives)
+    struct bie_tensor rs = res, alias = y;
     rs.shape[0] = 3;
-    a.residual = &rs;
-    TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "residual");
-    struct bie_tensor alias = y;
-    a.residual = &alias;
-    TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "residual");
+    const struct {
+        int field;
+        struct bie_tensor * t;
+        const char * name;
+    } bad[7] = {{0, &mul16, "out_mul"},  {1, &mul7, "out_add"}, {2, &res32, "residual"},   {2, &rs, "residual"},
+                {2, &alias, "residual"}, {3, &res, "out_bits"}, {4, &mul, "out_bits_bias"}};
+    for (int i = 0; i < 7; i++) {
+        struct bie_forward_args b = {.x = &x, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y};
+        if (bad[i].field == 0) b.out_mul = bad[i].t;
+        else if (bad[i].field == 1) b.out_add = bad[i].t;
+        else if (bad[i].field == 2) b.residual = bad[i].t;
+        else if (bad[i].field == 3) b.out_bits = bad[i].t;
+        else b.out_bits_bias = bad[i].t;
+        TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &b), BIE_STATUS_INVALID_ARGUMENT, bad[i].name);
+    }
     CHECK(memcmp(keep.data, y.data, cpu_test_nbytes(&y)) == 0, "a rejected epilogue wrote y");
-    a.residual = NULL;
-    a.out_bits = &res;
-    TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "out_bits");
-    a.out_bits = NULL;
-    a.out_bits_bias = &mul;
-    TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "out_bits_bias");
-    a.out_bits_bias = NULL;
-    CHECK(memcmp(keep.data, y.data, cpu_test_nbytes(&y)) == 0, "a rejected epilogue wrote y");
+    a.y = &y;
+    a.out_mul = NULL;
     a.residual = &res;
     test_fill_uniform(&res, -1.0f, 1.0f);
     CHECK_OK(ctx, bie_linear_forward(ctx, &d, &a));
