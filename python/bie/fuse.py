@@ -79,7 +79,7 @@ class FusedConv2d(nn.Module):
 
     @torch.no_grad()
     def _fold(self):
-        dev = self.conv.weight.device if self.conv.weight is not None else None
+        dev = self.conv.scale_w.device  # (a buffer every bie layer keeps, packed or not)
         o = self.conv.out_channels
         mul = torch.ones(o, dtype=torch.float32, device=dev)
         add = torch.zeros(o, dtype=torch.float32, device=dev)
@@ -137,13 +137,10 @@ class FusedConv2d(nn.Module):
         conv._check_forward(x)
         w = conv._prepare_forward(x)
         mul, add, bb = self.out_mul, self.out_add, self.bits_bias
-        if (mul if mul is not None else add if add is not None else x).device != x.device:
-            self._fold()
-            mul, add, bb = self.out_mul, self.out_add, self.bits_bias
         if residual is not None and residual.dtype != x.dtype:
             residual = residual.to(x.dtype)
         geo = self._geo
-        bits = None if bb is None or bb.device != x.device else self._bits_out(x, bb)
+        bits = None if bb is None else self._bits_out(x, bb)
         given = getattr(x, "_bie_bits", None)
         if given is not None and given[0] is self and (self.act is None or self._drop_act):
             # the bits of x + bias_a that the conv before made for this one

@@ -20,7 +20,6 @@
 #include "cuda-forward.cuh"
 
 #include <stdio.h>
-#include <string.h>
 
 namespace {
 
@@ -149,7 +148,6 @@ void fwd_workspace(fwd_route * r) {
 // Chooses the route of a forward call (see fwd_route).
 enum bie_status fwd_route_make(bie_context_t * ctx, const struct bie_layer_call * c, fwd_route * r) {
     const struct bie_geometry & g = c->g;
-    memset(&r->ep, 0, sizeof r->ep);
     r->binary = c->quant == BIE_QUANT_BINARY;
     r->taps = (int)(g.kh * g.kw);
     r->zero_pad_fix = r->binary && c->is_conv && g.pad_value == BIE_PAD_ZERO && (g.ph > 0 || g.pw > 0);

@@ -207,18 +207,21 @@ void bie_ref_layer_epilogue(const struct bie_layer_call * call) {
     const float * bb = call->out_bits_bias.data;
     const struct bie_tensor * bits = &call->out_bits;
     const int64_t ms = call->out_mul.stride[0], as = call->out_add.stride[0], bs = call->out_bits_bias.stride[0];
+    const bool update = mul || add || r->data; // (else y is only read, for the bits)
     for (int64_t n = 0; n < y->shape[0]; n++)
         for (int64_t o = 0; o < y->shape[1]; o++)
             for (int64_t h = 0; h < y->shape[2]; h++)
                 for (int64_t w = 0; w < y->shape[3]; w++) {
                     const int64_t oy = n * y->stride[0] + o * y->stride[1] + h * y->stride[2] + w * y->stride[3];
-                    float t = (float)bie_load(y, oy);
-                    if (mul) t = t * mul[o * ms];
-                    if (add) t = t + add[o * as];
-                    if (r->data)
-                        t = t + (float)bie_load(r, n * r->stride[0] + o * r->stride[1] + h * r->stride[2] +
-                                                       w * r->stride[3]);
-                    bie_store(y, oy, t);
+                    if (update) {
+                        float t = (float)bie_load(y, oy);
+                        if (mul) t = t * mul[o * ms];
+                        if (add) t = t + add[o * as];
+                        if (r->data)
+                            t = t + (float)bie_load(r, n * r->stride[0] + o * r->stride[1] + h * r->stride[2] +
+                                                           w * r->stride[3]);
+                        bie_store(y, oy, t);
+                    }
                     if (!bits->data) continue;
                     const float v = (float)bie_load(y, oy); // (B1: bit = v >= 0, so NaN gives 0)
                     bie_store(bits,
