@@ -540,6 +540,44 @@ BIE_API enum bie_status bie_embedding_backward(bie_context_t * ctx, const struct
                                                const struct bie_embedding_backward_args * args);
 
 //
+// The float pass between a float conv and a low-bit layer (a network's stem)
+//
+
+// Max-pooling of a per-channel affine map and clamp: the folded BatchNorm, the ReLU (or Hardtanh)
+// and the MaxPool2d that follow a float conv, in one pass over its output, and the bits that a
+// binary layer reading y would make of it. x [N, C, H, W], y [N, C, OH, OW]. The map is monotone
+// in x, so it is applied once per output, to the window's largest x (smallest where mul[c] < 0):
+//   s             = -1 where mul[c] < 0, else +1
+//   m[n, c, i, j] = s * (the largest (s * f32(x[n, c, h, w])) + 0 over h in [i*stride_h - pad_h,
+//                   .. + kernel_h), w in [j*stride_w - pad_w, .. + kernel_w), inside x; NaN wins)
+//   y[n, c, i, j] = round_y(clamp((m * mul[c]) + add[c], lo, hi))
+//                   (f32 operations; an absent mul or add is skipped; the clamp keeps NaN)
+//   out_bits[n, c, i, j] = f32(y[n, c, i, j]) + out_bits_bias[c] >= 0   (NaN: 0; no bias: f32(y) >= 0)
+// (+ 0 counts a zero x as +0, so that m does not depend on the order of the window's values.)
+// This is max_pool2d(clamp(x * mul + add, lo, hi)) up to the sign of a zero and an infinite x under a
+// zero mul. OH = (H + 2*pad_h - kernel_h) / stride_h + 1 (floor), OW likewise: PyTorch's MaxPool2d
+// without dilation and ceil_mode, which needs kernel >= 1, stride >= 1, 0 <= 2*pad <= kernel and an
+// output of at least one row and column. lo <= hi (-INFINITY / INFINITY for no clamp, 0 / INFINITY
+// for a ReLU). x and y are f32, f16 or bf16 (y's dtype may differ from x's) of any strides on one
+// device; mul, add and out_bits_bias [C] f32; out_bits B1 shaped like y.
+struct bie_affine_maxpool2d_desc {
+    int32_t kernel_h, kernel_w, stride_h, stride_w, pad_h, pad_w;
+    float lo, hi;
+};
+
+struct bie_affine_maxpool2d_args {
+    const struct bie_tensor * x;
+    const struct bie_tensor * mul; // or NULL
+    const struct bie_tensor * add; // or NULL
+    struct bie_tensor * y;
+    struct bie_tensor * out_bits;            // or NULL
+    const struct bie_tensor * out_bits_bias; // or NULL (needs out_bits)
+};
+
+BIE_API enum bie_status bie_affine_maxpool2d_forward(bie_context_t * ctx, const struct bie_affine_maxpool2d_desc * desc,
+                                                     const struct bie_affine_maxpool2d_args * args);
+
+//
 // ABI layout of the public structs, for bindings that declare them by hand (Python's ctypes)
 //
 

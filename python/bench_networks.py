@@ -10,8 +10,9 @@ cudnn.benchmark on; on the CPU in float32.
 For each batch size it measures, for the float network and each bie network:
   - inference: eval mode, packed weights, no autograd (median of timed iterations);
   - fused inference: the same after bie.fuse (each block's Hardtanh, conv, BatchNorm and shortcut
-    add one libbie call), against the plain float network; the float network with torch.fx's
-    conv-BN fold is printed beside it (row field baseline_folded_ms);
+    add one libbie call; the stem's BatchNorm, ReLU and max-pool one libbie pass after its conv),
+    against the plain float network; the float network with torch.fx's conv-BN fold is printed
+    beside it (row field baseline_folded_ms);
   - training step: forward, backward, SGD with momentum (median of timed iterations);
   - peak memory of the training step (torch.cuda.max_memory_allocated, MiB; for bie plus its
     workspaces, the device memory PyTorch does not hold that appeared since the first measurement).

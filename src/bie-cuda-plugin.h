@@ -44,7 +44,8 @@
 #define BIE_CUDA_PLUGIN_LAYOUT                                                                                         \
     (BIE_CUDA_PLUGIN_TERM(struct bie_context, 0) + BIE_CUDA_PLUGIN_TERM(struct bie_layer_call, 1) +                    \
      BIE_CUDA_PLUGIN_TERM(struct bie_backend_ops, 2) + BIE_CUDA_PLUGIN_TERM(struct bie_matmul_call, 3) +               \
-     BIE_CUDA_PLUGIN_TERM(struct bie_embedding_call, 4) + BIE_CUDA_PLUGIN_TERM(struct bie_wq_call, 5))
+     BIE_CUDA_PLUGIN_TERM(struct bie_embedding_call, 4) + BIE_CUDA_PLUGIN_TERM(struct bie_wq_call, 5) +                \
+     BIE_CUDA_PLUGIN_TERM(struct bie_pool_call, 6))
 
 struct bie_cuda_plugin {
     // Checked by libbie before any other field is read; these four fields keep their place in

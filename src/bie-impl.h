@@ -231,6 +231,17 @@ struct bie_embedding_call {
     int32_t device_index;
 };
 
+// A bie_affine_maxpool2d_forward call: x [N, C, H, W], y and out_bits [N, C, OH, OW] (out_bits
+// absent: data NULL), mul, add and bits_bias [C] f32 (absent: data NULL).
+struct bie_pool_call {
+    int32_t kh, kw, sh, sw, ph, pw;
+    float lo, hi;
+    int64_t N, C, H, W, OH, OW;
+    struct bie_tensor x, mul, add, y, out_bits, bits_bias;
+    enum bie_device_type device_type;
+    int32_t device_index;
+};
+
 // A backend. Every slot may be NULL (= declined). Slots receive validated arguments.
 struct bie_backend_ops {
     const char * name;
@@ -252,6 +263,7 @@ struct bie_backend_ops {
     enum bie_status (*matmul_backward)(bie_context_t * ctx, const struct bie_matmul_call * call);
     enum bie_status (*embedding_forward)(bie_context_t * ctx, const struct bie_embedding_call * call);
     enum bie_status (*embedding_backward)(bie_context_t * ctx, const struct bie_embedding_call * call);
+    enum bie_status (*affine_maxpool2d)(bie_context_t * ctx, const struct bie_pool_call * call);
 };
 
 // Runs a validated call on the backends its device may use: CUDA tensors on the CUDA backend only

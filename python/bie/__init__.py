@@ -6,7 +6,7 @@ from .functional import PAD_MINUS_ONE, PAD_PLUS_ONE, PAD_ZERO, QUANT_BINARY, QUA
 from .autograd import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dCutlassForward, Q4Conv2dForward,
                        Q4LinearForward, Q8Conv2dForward, Q8LinearForward)
 from .layers import BieLayer, BinaryConv2d, BinaryLinear, Q4Conv2d, Q4Linear, Q8Conv2d, Q8Linear, set_data_parallel
-from .fuse import FoldedConv2d, FusedConv2d, fuse
+from .fuse import FoldedConv2d, FoldedConvPool, FusedConv2d, fuse
 from .model_helper import bie_layers, pack_bie_layers, prepare_bie_layers, replace_layers
 from .optim import DiodeMix
 from .export import export_model
@@ -32,7 +32,7 @@ __all__ = [
     "BinaryLinearForward", "Q4LinearForward", "Q8LinearForward", "BinaryConv2dForward", "Q4Conv2dForward",
     "Q4Conv2dCutlassForward", "Q8Conv2dForward",
     "BieLayer", "BinaryLinear", "BinaryConv2d", "Q4Linear", "Q4Conv2d", "Q8Linear", "Q8Conv2d",
-    "fuse", "FusedConv2d", "FoldedConv2d", "prepare_bie_layers", "pack_bie_layers", "bie_layers", "replace_layers", "DiodeMix", "set_data_parallel", "export_model",
+    "fuse", "FusedConv2d", "FoldedConv2d", "FoldedConvPool", "prepare_bie_layers", "pack_bie_layers", "bie_layers", "replace_layers", "DiodeMix", "set_data_parallel", "export_model",
     "import_model",
     "functional", "reference",
     # Bitorch Engine's other layers and names (bie.compat)

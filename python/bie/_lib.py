@@ -125,13 +125,24 @@ class EmbeddingBackwardArgs(ctypes.Structure):
     _fields_ = [("indices", _TP), ("inverse", _TP), ("scale", _TP), ("grad_out", _TP), ("grad_rows", _TP)]
 
 
+class AffineMaxpool2dDesc(ctypes.Structure):
+    _fields_ = [("kernel_h", ctypes.c_int32), ("kernel_w", ctypes.c_int32), ("stride_h", ctypes.c_int32),
+                ("stride_w", ctypes.c_int32), ("pad_h", ctypes.c_int32), ("pad_w", ctypes.c_int32),
+                ("lo", ctypes.c_float), ("hi", ctypes.c_float)]
+
+
+class AffineMaxpool2dArgs(ctypes.Structure):
+    _fields_ = [("x", _TP), ("mul", _TP), ("add", _TP), ("y", _TP), ("out_bits", _TP), ("out_bits_bias", _TP)]
+
+
 # The ctypes declarations of the C structs, checked against the loaded library (bie_abi_layout).
 _STRUCTS = {
     "bie_tensor": Tensor, "bie_context_params": ContextParams, "bie_linear_desc": LinearDesc,
     "bie_conv2d_desc": Conv2dDesc, "bie_forward_args": ForwardArgs, "bie_backward_args": BackwardArgs,
     "bie_matmul_desc": MatmulDesc, "bie_matmul_args": MatmulArgs, "bie_matmul_backward_args": MatmulBackwardArgs,
     "bie_embedding_desc": EmbeddingDesc, "bie_embedding_args": EmbeddingArgs,
-    "bie_embedding_backward_args": EmbeddingBackwardArgs,
+    "bie_embedding_backward_args": EmbeddingBackwardArgs, "bie_affine_maxpool2d_desc": AffineMaxpool2dDesc,
+    "bie_affine_maxpool2d_args": AffineMaxpool2dArgs,
 }
 
 
@@ -215,6 +226,8 @@ def _declare(lib):
         "bie_matmul_forward": (c_int, [c_void_p, ctypes.POINTER(MatmulDesc), ctypes.POINTER(MatmulArgs)]),
         "bie_matmul_backward": (c_int, [c_void_p, ctypes.POINTER(MatmulDesc), ctypes.POINTER(MatmulBackwardArgs)]),
         "bie_embedding_forward": (c_int, [c_void_p, ctypes.POINTER(EmbeddingDesc), ctypes.POINTER(EmbeddingArgs)]),
+        "bie_affine_maxpool2d_forward": (c_int, [c_void_p, ctypes.POINTER(AffineMaxpool2dDesc),
+                                                 ctypes.POINTER(AffineMaxpool2dArgs)]),
         "bie_embedding_backward": (c_int, [c_void_p, ctypes.POINTER(EmbeddingDesc),
                                            ctypes.POINTER(EmbeddingBackwardArgs)]),
     }

@@ -15,6 +15,7 @@ integer codes) or packed:
 The math is libbie's (docs/semantics.md); nothing numerical is done here.
 """
 import ctypes
+import math
 
 import torch
 
@@ -25,7 +26,7 @@ __all__ = [
     "BieError", "QUANT_BINARY", "QUANT_INT4", "QUANT_INT8", "PAD_ZERO", "PAD_MINUS_ONE", "PAD_PLUS_ONE",
     "linear_forward", "linear_backward", "binarize_ste", "conv2d_binarize_ste", "conv2d_forward", "conv2d_backward",
     "conv2d_output_size", "pack_weight", "unpack_weight", "packed_shape", "quantize_int8", "activation_scale_init",
-    "weight_scale_init", "weight_to_latent_int8",
+    "weight_scale_init", "weight_to_latent_int8", "affine_maxpool2d",
 ]
 
 _DTYPES = {
@@ -535,6 +536,36 @@ def _bits_view(bits, c):
     n, h, w, _ = bits.shape
     st = bits.stride()
     return _view(bits, _lib.DT_B1, (n, c, h, w), (st[0] * 8, 1, st[1] * 8, st[2] * 8))
+
+
+def affine_maxpool2d(x, kernel_size, stride=None, padding=0, mul=None, add=None, lo=-math.inf, hi=math.inf,
+                     out_bits=None, out_bits_bias=None):
+    """max_pool2d(clamp(x * mul[c] + add[c], lo, hi), kernel_size, stride, padding) in one pass
+    (bie_affine_maxpool2d_forward): a float conv's folded BatchNorm, its ReLU (lo = 0) or Hardtanh
+    and its MaxPool2d. mul and add are float32 [C] or None; y has x's dtype and memory format.
+    out_bits (uint8 [N, OH, OW, ceil(C/8)], conv2d_binarize_ste's layout) gets the sign bits of
+    y + out_bits_bias[c] (float32 [C], or None): a following binary conv's input (in_channels=C)."""
+    if x.dim() != 4:
+        raise ValueError(f"bie: affine_maxpool2d input must be 4-D [N, C, H, W], has {x.dim()} dimensions")
+    _check_float(x, "x")
+    k = _pair(kernel_size)
+    s = k if stride is None else _pair(stride)
+    p = _pair(padding)
+    n, c, h, w = x.shape
+    oh, ow = conv2d_output_size(h, w, k, s, p, (1, 1))
+    if oh < 1 or ow < 1 or any(2 * p[i] > k[i] for i in range(2)):
+        raise ValueError(f"bie: a {k[0]}x{k[1]} max-pool (stride {s}, padding {p}) does not fit a {h}x{w} input")
+    y = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=_like_memory_format(x))
+    if y.numel() == 0:
+        return y
+    keep = [_view(x.detach()), None if mul is None else _view(mul), None if add is None else _view(add), _view(y),
+            None if out_bits is None else _bits_view(out_bits, c),
+            None if out_bits_bias is None else _view(out_bits_bias)]
+    desc = _lib.AffineMaxpool2dDesc(k[0], k[1], s[0], s[1], p[0], p[1], float(lo), float(hi))
+    args = _lib.AffineMaxpool2dArgs(*[_ptr(v) for v in keep])
+    _Call(x)("bie_affine_maxpool2d_forward", ctypes.byref(desc), ctypes.byref(args))
+    del keep
+    return y
 
 
 def conv2d_binarize_ste(x, scale_a, bias_a=None):

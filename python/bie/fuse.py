@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """bie.fuse: a model whose bie convs take the BatchNorm after them, the residual add after that and
-(binary convs) the sign-preserving activation before them into one libbie call at inference, and
-whose float convs take the BatchNorm after them into their weights (FoldedConv2d).
+(binary convs) the sign-preserving activation before them into one libbie call at inference; whose
+float convs followed by a BatchNorm, a ReLU or Hardtanh and a MaxPool2d (a stem) run as the conv and
+one libbie pass for the rest (FoldedConvPool); and whose other float convs take the BatchNorm after
+them into their weights (FoldedConv2d).
 
 A binary network's blocks run conv -> BatchNorm -> add shortcut, each a full pass over the
 activations in plain PyTorch. fuse(model) traces the model (torch.fx, bie layers as leaves) and
@@ -15,11 +17,13 @@ bias * out_mul), and adds the shortcut:
 A Hardtanh (a clamp to [lo, hi]) whose only reader is a binary conv is dropped there when
 lo < -bias_a[c] <= hi for every channel: the conv reads only the bits x + bias_a >= 0, and the
 clamp keeps them (x >= -bias_a exactly when clamp(x, lo, hi) >= -bias_a for such a bias_a). When
-such a conv reads the output of another FusedConv2d, that one writes these bits in its epilogue
-pass (bie_forward_args.out_bits), and the binary conv takes them instead of packing its input. In training, or with autograd on, a FusedConv2d runs the original modules (activation,
-conv, BatchNorm, add), so training and gradients are those of the model it came from. The fold is
-taken again whenever the module enters eval mode (model.eval()).
+such a conv reads the output of another FusedConv2d or of a FoldedConvPool, that one writes these
+bits in the same pass (out_bits), and the binary conv takes them instead of packing its input. In
+training, or with autograd on, the fused modules run the original ones (activation, conv,
+BatchNorm, add, pool), so training and gradients are those of the model they came from. The fold
+is taken again whenever a module enters eval mode (model.eval()).
 """
+import math
 import operator
 
 import torch
@@ -48,6 +52,34 @@ def _act_keeps_bits(act, bias_a):
         return True
     nb = -bias_a.detach().float()
     return bool(((nb > act.min_val) & (nb <= act.max_val)).all())
+
+
+@torch.no_grad()
+def _bn_affine(bn, bias, channels, device):
+    """(mul, add), float32 [channels]: bn(v + bias) = v * mul + add for an inference BatchNorm2d
+    (bn None: the identity) after a conv with this bias (or None)."""
+    mul = torch.ones(channels, dtype=torch.float32, device=device)
+    add = torch.zeros(channels, dtype=torch.float32, device=device)
+    if bn is not None:
+        if bn.running_var is None or bn.running_mean is None:
+            raise ValueError("bie: a BatchNorm2d without running statistics cannot be folded")
+        mul = torch.rsqrt(bn.running_var.float() + bn.eps)
+        if bn.weight is not None:
+            mul = mul * bn.weight.float()
+        add = -bn.running_mean.float() * mul
+        if bn.bias is not None:
+            add = add + bn.bias.float()
+    if bias is not None:
+        add = add + bias.float() * mul
+    return mul.contiguous(), add.contiguous()
+
+
+def _bits_bias(nxt):
+    """The out_bits_bias (float32 [C]) under which a layer writes the input bits of nxt, the binary
+    FusedConv2d that reads its output, or None (no such reader, or one whose Hardtanh must stay)."""
+    if nxt is None or not _act_keeps_bits(nxt.act, nxt.conv.bias_a):
+        return None
+    return nxt.conv.bias_a.detach().float().contiguous()
 
 
 class FusedConv2d(nn.Module):
@@ -81,28 +113,12 @@ class FusedConv2d(nn.Module):
     def _fold(self):
         dev = self.conv.scale_w.device  # (a buffer every bie layer keeps, packed or not)
         o = self.conv.out_channels
-        mul = torch.ones(o, dtype=torch.float32, device=dev)
-        add = torch.zeros(o, dtype=torch.float32, device=dev)
-        bn = self.bn
-        if bn is not None:
-            if bn.running_var is None or bn.running_mean is None:
-                raise ValueError("bie: a BatchNorm2d without running statistics cannot be folded")
-            mul = torch.rsqrt(bn.running_var.float() + bn.eps)
-            if bn.weight is not None:
-                mul = mul * bn.weight.float()
-            add = -bn.running_mean.float() * mul
-            if bn.bias is not None:
-                add = add + bn.bias.float()
-        if self.conv.bias is not None:
-            add = add + self.conv.bias.float() * mul
+        mul, add = _bn_affine(self.bn, self.conv.bias, o, dev)
         if self.act is not None:  # (one host sync, when the module enters eval mode)
             self._drop_act = _act_keeps_bits(self.act, self.conv.bias_a)
-        nxt = self.bits_for
-        self.bits_bias = None
-        if nxt is not None and _act_keeps_bits(nxt.act, nxt.conv.bias_a):
-            self.bits_bias = nxt.conv.bias_a.detach().float().contiguous()
-        self.out_mul = None if bn is None else mul.contiguous()
-        self.out_add = None if bn is None and self.conv.bias is None else add.contiguous()
+        self.bits_bias = _bits_bias(self.bits_for)
+        self.out_mul = None if self.bn is None else mul
+        self.out_add = None if self.bn is None and self.conv.bias is None else add
 
     def train(self, mode=True):
         super().train(mode)
@@ -176,6 +192,64 @@ class FoldedConv2d(nn.Module):
         return self._folded(x)
 
 
+class FoldedConvPool(nn.Module):
+    """A float nn.Conv2d, the BatchNorm2d after it, an optional ReLU or Hardtanh and a MaxPool2d (a
+    network's stem): pool(act(bn(conv(x)))) in training (or with autograd on), and at inference the
+    convolution without bias followed by one libbie pass (bie_affine_maxpool2d_forward) that applies
+    the folded BatchNorm, the clamp and the max-pool, and writes the bits of the binary conv that
+    reads the result (bits_for), if any."""
+
+    def __init__(self, conv, bn, act, pool):
+        super().__init__()
+        if type(conv) is not nn.Conv2d or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+            raise ValueError("bie: FoldedConvPool takes an nn.Conv2d with numeric zero padding")
+        if pool.dilation not in (1, (1, 1)) or pool.ceil_mode or pool.return_indices:
+            raise ValueError("bie: FoldedConvPool takes a MaxPool2d without dilation, ceil_mode or indices")
+        if act is not None and not isinstance(act, (nn.ReLU, nn.Hardtanh)):
+            raise ValueError("bie: FoldedConvPool takes a ReLU or Hardtanh between the BatchNorm and the pool")
+        self.conv, self.bn, self.act, self.pool = conv, bn, act, pool
+        self.register_buffer("mul", None, persistent=False)
+        self.register_buffer("add", None, persistent=False)
+        self.register_buffer("bits_bias", None, persistent=False)
+        self.bits_for = None  # the FusedConv2d (binary) that reads this one's output, set by fuse()
+        self._lo, self._hi = ((-math.inf, math.inf) if act is None else (0.0, math.inf) if isinstance(act, nn.ReLU)
+                              else (float(act.min_val), float(act.max_val)))
+        self._bits_shapes = {}
+        self._fold()
+
+    @torch.no_grad()
+    def _fold(self):
+        self.mul, self.add = _bn_affine(self.bn, self.conv.bias, self.conv.out_channels, self.conv.weight.device)
+        self.bits_bias = _bits_bias(self.bits_for)
+
+    def train(self, mode=True):
+        super().train(mode)
+        if not mode:
+            self._fold()
+        return self
+
+    def forward(self, x):
+        if self.training or torch.is_grad_enabled():
+            y = self.bn(self.conv(x))
+            return self.pool(y if self.act is None else self.act(y))
+        c = self.conv
+        y = torch.nn.functional.conv2d(x, c.weight, None, c.stride, c.padding, c.dilation, c.groups)
+        bits, bb = None, self.bits_bias
+        if bb is not None:
+            n, _, h, w = y.shape
+            shape = self._bits_shapes.get((n, h, w))
+            if shape is None:
+                p = self.pool
+                oh, ow = F.conv2d_output_size(h, w, p.kernel_size, p.stride, p.padding)
+                shape = self._bits_shapes[(n, h, w)] = (n, oh, ow, -(-c.out_channels // 8))
+            bits = torch.empty(shape, dtype=torch.uint8, device=y.device)
+        out = F.affine_maxpool2d(y, self.pool.kernel_size, self.pool.stride, self.pool.padding, self.mul, self.add,
+                                 self._lo, self._hi, bits, bb)
+        if bits is not None:
+            out._bie_bits = (self.bits_for, bits)
+        return out
+
+
 def _only_user(node):
     users = list(node.users)
     return users[0] if len(users) == 1 else None
@@ -220,7 +294,34 @@ def fuse(model):
         dead = [last] + ([bn_node] if last is not bn_node else []) + [node] + ([act_node] if act_node else [])
         for n in dead:  # readers before what they read
             gm.graph.erase_node(n)
-    # float convs and their BatchNorms
+    # float convs, their BatchNorms, activations and max-pools
+    for node in list(gm.graph.nodes):
+        conv = mods.get(node.target) if node.op == "call_module" else None
+        if type(conv) is not nn.Conv2d or len(node.args) != 1 or node.kwargs:
+            continue
+        chain = [node]
+        while len(chain) < 4 and _only_user(chain[-1]) is not None and _only_user(chain[-1]).op == "call_module":
+            chain.append(_only_user(chain[-1]))
+        ms = [mods.get(n.target) for n in chain]
+        if len(ms) >= 3 and isinstance(ms[2], nn.MaxPool2d):  # no activation
+            ms, chain = ms[:2] + [None, ms[2]], chain[:2] + [None, chain[2]]
+        if (len(ms) < 4 or not isinstance(ms[1], nn.BatchNorm2d) or ms[1].running_var is None
+                or ms[1].num_features != conv.out_channels or not isinstance(ms[3], nn.MaxPool2d)
+                or not (ms[2] is None or type(ms[2]) in (nn.ReLU, nn.Hardtanh))):
+            continue
+        try:
+            fused = FoldedConvPool(conv, ms[1], ms[2], ms[3]).train(model.training)
+        except ValueError:
+            continue
+        name = f"folded_{count}"
+        count += 1
+        gm.add_submodule(name, fused)
+        with gm.graph.inserting_before(chain[-1]):
+            new = gm.graph.call_module(name, node.args)
+        chain[-1].replace_all_uses_with(new)
+        for n in reversed([n for n in chain if n is not None]):  # readers before what they read
+            gm.graph.erase_node(n)
+    mods = dict(gm.named_modules())
     for node in list(gm.graph.nodes):
         conv = mods.get(node.target) if node.op == "call_module" else None
         if type(conv) is not nn.Conv2d or len(node.args) != 1 or node.kwargs:
@@ -243,7 +344,7 @@ def fuse(model):
         if isinstance(m, FusedConv2d) and isinstance(m.conv, BinaryConv2d) and isinstance(node.args[0], fx.Node):
             src = node.args[0]
             p = gm.get_submodule(src.target) if src.op == "call_module" else None
-            if isinstance(p, FusedConv2d) and p.bits_for is None:
+            if isinstance(p, (FusedConv2d, FoldedConvPool)) and p.bits_for is None:
                 object.__setattr__(p, "bits_for", m)  # (a reference, not a submodule)
                 p._fold()
     gm.graph.lint()

@@ -184,3 +184,92 @@ def test_bits_handed_to_the_next_binary_conv(device):
             with_bits = g.fused_1(y0, res)
             without = g.fused_1(y0.clone(), res)
         assert torch.equal(with_bits, without), dt
+
+
+class StemNet(nn.Module):
+    """A ResNet-style stem (conv, BatchNorm, activation, max-pool) before a binary block."""
+
+    def __init__(self, act, c=16):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, 1, 1, bias=True), nn.BatchNorm2d(c), *act,
+                                  nn.MaxPool2d(3, 2, 1))
+        self.b1 = Block(c)
+
+    def forward(self, x):
+        return self.b1(self.stem(x))
+
+
+def stem_model(device, dtype, act):
+    torch.manual_seed(1)
+    m = StemNet(act)
+    bie.replace_layers(m, "binary", linear=False, exclude=["stem.0"])
+    m = m.to(device=device, dtype=dtype)
+    if device.type == "cuda":
+        m = m.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        for bn in (mm for mm in m.modules() if isinstance(mm, nn.BatchNorm2d)):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+            bn.weight.uniform_(-1.5, 1.5)  # negative scales too: the max is taken after the map
+            bn.bias.uniform_(-0.3, 0.3)
+    bie.prepare_bie_layers(m)
+    return m
+
+
+@pytest.mark.parametrize("act", [[nn.ReLU()], [nn.Hardtanh(-0.5, 0.75)], []], ids=["relu", "hardtanh", "none"])
+def test_stem_is_one_pool_pass(device, act):
+    for dt in dtypes(device):
+        m = stem_model(device, dt, act).eval()
+        x = inputs(device, dt, n=2)
+        with torch.no_grad():
+            m(x)
+        g = bie.fuse(m).eval()
+        calls = [g.get_submodule(n.target) for n in g.graph.nodes if n.op == "call_module"]
+        stems = [c for c in calls if isinstance(c, bie.FoldedConvPool)]
+        assert len(stems) == 1 and not any(isinstance(c, (nn.MaxPool2d, nn.BatchNorm2d, nn.ReLU)) for c in calls)
+        assert stems[0].bits_for is g.fused_0
+        with torch.no_grad():
+            a, b = m(x), g(x)
+            # the pass alone: the conv, then clamp(y * mul + add) in f32, max-pooled, rounded once
+            s = stems[0]
+            y = torch.nn.functional.conv2d(x, s.conv.weight, None, 1, 1)
+            t = (y.float() * s.mul.view(1, -1, 1, 1)) + s.add.view(1, -1, 1, 1)
+            want = torch.nn.functional.max_pool2d(t.clamp(s._lo, s._hi), 3, 2, 1).to(dt)
+            got = s(x)
+        assert torch.equal(got, want), dt
+        tol = 1e-4 if dt == torch.float32 else 3e-2
+        assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol * a.abs().max().item()), dt
+
+
+def test_stem_bits_are_the_next_convs(device):
+    """The bits the stem's pass writes give the binary conv after it its output exactly."""
+    for dt in dtypes(device):
+        m = stem_model(device, dt, [nn.ReLU()]).eval()
+        x = inputs(device, dt, n=2)
+        with torch.no_grad():
+            m(x)
+        g = bie.fuse(m).eval()
+        s = next(c for c in g.modules() if isinstance(c, bie.FoldedConvPool))
+        with torch.no_grad():
+            y = s(x)
+            assert y._bie_bits[0] is g.fused_0
+            assert torch.equal(g.fused_0(y, y), g.fused_0(y.clone(), y)), dt
+
+
+def test_stem_training_is_the_original(device):
+    m = stem_model(device, torch.float32, [nn.ReLU()]).train()
+    g = bie.fuse(copy.deepcopy(m)).train()
+    x = inputs(device, torch.float32, n=2)
+    assert torch.equal(m(x), g(x))
+
+
+def test_affine_maxpool2d_refuses_bad_windows(device):
+    x = torch.randn(1, 8, 4, 4, device=device)
+    with pytest.raises(ValueError):
+        F.affine_maxpool2d(x, 3, 1, 2)  # padding over half the window
+    with pytest.raises(ValueError):
+        F.affine_maxpool2d(x, 5)  # larger than the input
+    with pytest.raises(bie.BieError):
+        F.affine_maxpool2d(x, 2, mul=torch.ones(7, device=device))  # not [C]
+    with pytest.raises(bie.BieError):
+        F.affine_maxpool2d(x, 2, lo=1.0, hi=0.0)

@@ -230,6 +230,7 @@ enum bie_status bie_cuda_matmul_forward(bie_context_t * ctx, const struct bie_ma
 enum bie_status bie_cuda_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * call);
 enum bie_status bie_cuda_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * call);
 enum bie_status bie_cuda_embedding_backward(bie_context_t * ctx, const struct bie_embedding_call * call);
+enum bie_status bie_cuda_affine_maxpool2d(bie_context_t * ctx, const struct bie_pool_call * call);
 
 // The table libbie reaches the backend through (src/bie-cuda-plugin.h). A new entry point is one
 // line here and one in struct bie_cuda_plugin.
@@ -251,6 +252,7 @@ static const struct bie_cuda_plugin table = {
             .matmul_backward = bie_cuda_matmul_backward,
             .embedding_forward = bie_cuda_embedding_forward,
             .embedding_backward = bie_cuda_embedding_backward,
+            .affine_maxpool2d = bie_cuda_affine_maxpool2d,
         },
     .device_count = bie_cuda_device_count,
     .state_destroy = bie_cuda_state_destroy,

@@ -76,25 +76,13 @@ __global__ void epilogue_any(struct dview y, struct dview res, int8_t * codes, e
     }
 }
 
-// Whether a 4-D view [n, O, h, w] is dense with the features innermost (element (n, o, h, w) at
-// ((n*h + h')*w + w')*O + o), ignoring the strides of size-1 dims.
-bool features_innermost(const struct bie_tensor & v) {
-    const int64_t order[4] = {1, 3, 2, 0}; // innermost first
-    int64_t want = 1;
-    for (int k = 0; k < 4; k++) {
-        const int d = (int)order[k];
-        if (v.shape[d] != 1 && v.stride[d] != want) return false;
-        want *= v.shape[d];
-    }
-    return true;
-}
-
 } // namespace
 
 bool bie_cuda_epilogue_dense(const struct bie_layer_call * c) {
     const struct bie_tensor &y = c->y, &r = c->residual, &b = c->out_bits;
-    return features_innermost(y) && (!r.data || features_innermost(r)) && (!b.data || features_innermost(b)) &&
-           y.shape[1] % 8 == 0 && (uintptr_t)y.data % 16 == 0 && (!r.data || (uintptr_t)r.data % 16 == 0);
+    return bie_cuda_channels_last(y) && (!r.data || bie_cuda_channels_last(r)) &&
+           (!b.data || bie_cuda_channels_last(b)) && y.shape[1] % 8 == 0 && (uintptr_t)y.data % 16 == 0 &&
+           (!r.data || (uintptr_t)r.data % 16 == 0);
 }
 
 enum bie_status bie_cuda_layer_epilogue(bie_context_t * ctx, const struct bie_layer_call * c, int8_t * codes) {

@@ -346,6 +346,19 @@ static inline struct dview dview_squeeze(const struct dview & v) {
     return r;
 }
 
+// Whether a 4-D view [n, c, h, w] is dense with the channels innermost (element (n, c, h, w) at
+// ((n*h + h')*w + w')*c + c'), ignoring the strides of size-1 dims.
+static inline bool bie_cuda_channels_last(const struct bie_tensor & v) {
+    const int order[4] = {1, 3, 2, 0}; // innermost first
+    int64_t want = 1;
+    for (int k = 0; k < 4; k++) {
+        const int d = order[k];
+        if (v.shape[d] != 1 && v.stride[d] != want) return false;
+        want *= v.shape[d];
+    }
+    return true;
+}
+
 static inline int64_t dview_numel(const struct dview & v) { return v.shape[0] * v.shape[1] * v.shape[2] * v.shape[3]; }
 
 static inline unsigned grid_for(int64_t n, int threads) {

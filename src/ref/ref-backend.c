@@ -14,4 +14,5 @@ const struct bie_backend_ops bie_ref_backend = {
     .matmul_backward = bie_ref_matmul_backward,
     .embedding_forward = bie_ref_embedding_forward,
     .embedding_backward = bie_ref_embedding_backward,
+    .affine_maxpool2d = bie_ref_affine_maxpool2d,
 };

@@ -23,6 +23,7 @@ enum bie_status bie_ref_matmul_forward(bie_context_t * ctx, const struct bie_mat
 enum bie_status bie_ref_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * call);
 enum bie_status bie_ref_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * call);
 enum bie_status bie_ref_embedding_backward(bie_context_t * ctx, const struct bie_embedding_call * call);
+enum bie_status bie_ref_affine_maxpool2d(bie_context_t * ctx, const struct bie_pool_call * call);
 
 // The binary STE's pass test on x': |x' / scale_a| <= 1 with the division in f32 (NaN fails).
 static inline bool bie_ref_ste_passes(float xp, float scale_a) { return __builtin_fabsf(xp / scale_a) <= 1.0f; }

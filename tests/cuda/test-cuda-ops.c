@@ -8,9 +8,12 @@
 //   matmul backward: within the f32-accumulation bound, clip gradients included;
 //   embedding forward: identical (tables b1 / s4 / i8 / float, bags, per-row scales, i32 / i64);
 //            an index outside [0, V) reads as a zero row;
-//   embedding backward: within the bound of float atomics adding n terms in any order.
+//   embedding backward: within the bound of float atomics adding n terms in any order;
+//   affine max-pool: identical, y and bits (the cases of tests/pool-cases.h, and channels-last
+//            ones of 8k channels that take the vectorised route, the ResNet stem's among them).
 #include "cuda-test.h"
 #include "op-cases.h"
+#include "pool-cases.h"
 
 static struct bie_tensor dev_put(const struct bie_tensor * h) { return cuda_mirror(h); }
 static void dev_get(struct bie_tensor * h, const struct bie_tensor * d) {
@@ -97,6 +100,23 @@ int main(int argc, char ** argv) {
     check_binary_rows(ref, cu);
     check_out_of_range(cu, 8, BIE_DTYPE_F32);
     check_out_of_range(cu, 128, BIE_DTYPE_F16);
+    for (int i = 0; i < (cuda_test_quick() ? 100 : 400); i++) {
+        struct pcase c;
+        pool_random_case(&c);
+        if (i % 2) { // channels-last x and y of 8k channels, bits channels-last or none
+            c.C = 8 * test_rand_int(1, 9);
+            c.xl = c.yl = 1;
+            c.bl = test_rand_int(0, 1) ? 1 : -1;
+            c.bb = c.bl >= 0 && c.bb;
+            if (i % 16 == 1) { // the stem's pool: 3x3, stride 2, padding 1, ReLU, at its real size
+                c.N = 2, c.C = 64, c.H = c.W = 112;
+                c.d = (struct bie_affine_maxpool2d_desc){3, 3, 2, 2, 1, 1, 0.0f, INFINITY};
+                c.OH = c.OW = 56;
+            }
+            pool_describe(&c);
+        }
+        pool_check_case(&c, ref, cu, "cuda", &cuda_dev);
+    }
     bie_context_destroy(ref);
     bie_context_destroy(cu);
     return test_finish("test-cuda-ops");

@@ -1,0 +1,252 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-pool.cu: bie_affine_maxpool2d_forward on the GPU, one pass over x. Channels-last x and y
+// (a network's stem in PyTorch's channels_last) take 8 channels of one output pixel per thread
+// with 16-byte loads and stores, and write the bits' byte of those 8 channels; other views take
+// one output element per thread. The arithmetic is bie_ref_affine_maxpool2d's (src/ref/ref-pool.c):
+// the window's max of x (min where mul < 0, taken as the max of -x), then the clamped affine map.
+#include "cuda-impl.cuh"
+
+namespace {
+
+struct pool_terms {
+    const float * mul; // [C] (stride ms) or NULL
+    const float * add; // [C] (stride as) or NULL
+    const float * bb;  // bits_bias [C] (stride bs) or NULL
+    int64_t ms, as, bs;
+    float lo, hi;
+    int kh, kw, sh, sw, ph, pw;
+    int64_t H, W, OH, OW;
+};
+
+// clamp((v * mul) + add, lo, hi), keeping NaN.
+__device__ __forceinline__ float affine_clamp(const pool_terms & t, float v, float mul, float add) {
+    if (t.mul) v = __fmul_rn(v, mul);
+    if (t.add) v = __fadd_rn(v, add);
+    return v < t.lo ? t.lo : v > t.hi ? t.hi : v;
+}
+// max with NaN winning (max.NaN), and s*v + 0 (exact: v or -v, a zero counted as +0).
+__device__ __forceinline__ float max_nan(float a, float b) {
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
+__device__ __forceinline__ float signed_plus0(float v, float s) { return __fmaf_rn(v, s, 0.0f); }
+// -1 where mul < 0, else +1 (the window's min of x is the max of -x).
+__device__ __forceinline__ float pool_sign(const pool_terms & t, int64_t c) {
+    return t.mul && __ldg(t.mul + c * t.ms) < 0.0f ? -1.0f : 1.0f;
+}
+
+// The running maxima of s*x + 0 for 8 channels, in the element type's own arithmetic: pairs of
+// 16-bit floats (fma and max.NaN on f16x2 / bf16x2, exact here) or f32.
+template <typename T2> __device__ __forceinline__ T2 pair_of(float a, float b);
+template <> __device__ __forceinline__ __half2 pair_of<__half2>(float a, float b) { return __floats2half2_rn(a, b); }
+template <> __device__ __forceinline__ __nv_bfloat162 pair_of<__nv_bfloat162>(float a, float b) {
+    return __floats2bfloat162_rn(a, b);
+}
+template <typename T2> struct max8_pairs {
+    T2 m[4], s[4];
+    __device__ __forceinline__ void init(const float * sg) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            s[k] = pair_of<T2>(sg[2 * k], sg[2 * k + 1]);
+            m[k] = pair_of<T2>(-INFINITY, -INFINITY);
+        }
+    }
+    __device__ __forceinline__ void take_u(const uint4 & u) {
+        const T2 * h = (const T2 *)&u;
+        const T2 zero = pair_of<T2>(0.0f, 0.0f);
+#pragma unroll
+        for (int k = 0; k < 4; k++) m[k] = __hmax2_nan(m[k], __hfma2(h[k], s[k], zero));
+    }
+    __device__ __forceinline__ void get(float * v) const {
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float2 f = to_float2(m[k]);
+            v[2 * k] = f.x;
+            v[2 * k + 1] = f.y;
+        }
+    }
+};
+template <typename T> struct max8;
+template <> struct max8<__half> : max8_pairs<__half2> {
+    __device__ __forceinline__ void take(const raw8<__half> & r) { take_u(r.u[0]); }
+};
+template <> struct max8<__nv_bfloat16> : max8_pairs<__nv_bfloat162> {
+    __device__ __forceinline__ void take(const raw8<__nv_bfloat16> & r) { take_u(r.u[0]); }
+};
+template <> struct max8<float> {
+    float m[8], s[8];
+    __device__ __forceinline__ void init(const float * sg) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) s[k] = sg[k], m[k] = -INFINITY;
+    }
+    __device__ __forceinline__ void take(const raw8<float> & r) {
+        float v[8];
+        raw8_floats<float>(r, v);
+#pragma unroll
+        for (int k = 0; k < 8; k++) m[k] = max_nan(m[k], signed_plus0(v[k], s[k]));
+    }
+    __device__ __forceinline__ void get(float * v) const {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = m[k];
+    }
+};
+
+__device__ __forceinline__ bool pool_bit(const pool_terms & t, int64_t c, float yv) {
+    return (t.bb ? __fadd_rn(yv, __ldg(t.bb + c * t.bs)) : yv) >= 0.0f;
+}
+
+// The window of output (i, j) clipped to x: rows [h0, h1), columns [w0, w1).
+__device__ __forceinline__ void window(const pool_terms & t, int64_t i, int64_t j, int64_t & h0, int64_t & h1,
+                                       int64_t & w0, int64_t & w1) {
+    h0 = i * t.sh - t.ph;
+    w0 = j * t.sw - t.pw;
+    h1 = min(h0 + t.kh, t.H);
+    w1 = min(w0 + t.kw, t.W);
+    h0 = max(h0, (int64_t)0);
+    w0 = max(w0, (int64_t)0);
+}
+
+// x and y channels-last, C % 8 == 0, 16-byte aligned, OW * C8 < 2^31: blockIdx.y (and its
+// strides) walks the output rows n*OH + i; in a row, thread q takes channels 8*(q % C8) .. + 7 of
+// output column q / C8. bits (or NULL): the out_bits bytes, channels-last and dense. KH x KW windows
+// (0 x 0: the call's size, read one position at a time) issue all their loads first.
+template <typename T, int KH, int KW>
+__global__ void pool_nhwc8(const T * x, struct dview xv, char * y, struct dview yv, uint8_t * bits, pool_terms t,
+                           int C8, int64_t rows) {
+    const int per_row = (int)t.OW * C8;
+    for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+        const int64_t n = row / t.OH, i = row - n * t.OH;
+        for (int q = blockIdx.x * blockDim.x + threadIdx.x; q < per_row; q += gridDim.x * blockDim.x) {
+            const int j = q / C8, c0 = 8 * (q - j * C8);
+            float sg[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) sg[k] = pool_sign(t, c0 + k);
+            max8<T> acc;
+            acc.init(sg);
+            const T * xn = x + n * xv.stride[0] + c0;
+            const int64_t h0 = i * t.sh - t.ph, w0 = (int64_t)j * t.sw - t.pw;
+            if (KH > 0) {
+                raw8<T> r[KH > 0 ? KH * KW : 1];
+                bool in[KH > 0 ? KH * KW : 1];
+#pragma unroll
+                for (int a = 0; a < KH; a++)
+#pragma unroll
+                    for (int b = 0; b < KW; b++) {
+                        const int64_t h = h0 + a, w = w0 + b;
+                        in[a * KW + b] = h >= 0 && h < t.H && w >= 0 && w < t.W;
+                        if (in[a * KW + b]) r[a * KW + b] = raw8_load<T>(xn + h * xv.stride[2] + w * xv.stride[3]);
+                    }
+#pragma unroll
+                for (int p = 0; p < KH * KW; p++)
+                    if (in[p]) acc.take(r[p]);
+            } else {
+                for (int64_t h = max(h0, (int64_t)0); h < min(h0 + t.kh, t.H); h++)
+                    for (int64_t w = max(w0, (int64_t)0); w < min(w0 + t.kw, t.W); w++)
+                        acc.take(raw8_load<T>(xn + h * xv.stride[2] + w * xv.stride[3]));
+            }
+            float m[8];
+            acc.get(m);
+#pragma unroll
+            for (int k = 0; k < 8; k++)
+                m[k] = affine_clamp(t, m[k] * sg[k], t.mul ? __ldg(t.mul + (c0 + k) * t.ms) : 1.0f,
+                                    t.add ? __ldg(t.add + (c0 + k) * t.as) : 0.0f);
+            store8(y, yv.dtype, n * yv.stride[0] + c0 + i * yv.stride[2] + (int64_t)j * yv.stride[3], m);
+            if (bits) {
+                unsigned b = 0;
+#pragma unroll
+                for (int k = 0; k < 8; k++) {
+                    const float yk = yv.dtype == BIE_DTYPE_F32   ? m[k]
+                                     : yv.dtype == BIE_DTYPE_F16 ? __half2float(__float2half_rn(m[k]))
+                                                                 : __bfloat162float(__float2bfloat16_rn(m[k]));
+                    b |= (pool_bit(t, c0 + k, yk) ? 1u : 0u) << k;
+                }
+                bits[row * per_row + q] = (uint8_t)b;
+            }
+        }
+    }
+}
+
+// Launches pool_nhwc8 for x's element type T: 3x3 and 2x2 windows unrolled, others at run time.
+template <typename T>
+void launch_nhwc8(const struct dview & xv, const struct dview & yv, uint8_t * bits, const pool_terms & t, int C8,
+                  int64_t rows, cudaStream_t s) {
+    const int per_row = (int)t.OW * C8;
+    const dim3 grid((unsigned)((per_row + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
+    const T * x = (const T *)xv.data;
+    if (t.kh == 3 && t.kw == 3) pool_nhwc8<T, 3, 3><<<grid, 256, 0, s>>>(x, xv, yv.data, yv, bits, t, C8, rows);
+    else if (t.kh == 2 && t.kw == 2) pool_nhwc8<T, 2, 2><<<grid, 256, 0, s>>>(x, xv, yv.data, yv, bits, t, C8, rows);
+    else pool_nhwc8<T, 0, 0><<<grid, 256, 0, s>>>(x, xv, yv.data, yv, bits, t, C8, rows);
+}
+
+// Any views: one output element per thread, in y's row-major order; the bits (if asked) as codes.
+__global__ void pool_any(struct dview xv, struct dview yv, int8_t * codes, pool_terms t, int64_t n, int64_t C) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = e % t.OW, i = (e / t.OW) % t.OH, c = (e / (t.OW * t.OH)) % C, b = e / (t.OW * t.OH * C);
+        const float sg = pool_sign(t, c);
+        int64_t h0, h1, w0, w1;
+        window(t, i, j, h0, h1, w0, w1);
+        float m = -INFINITY;
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t w = w0; w < w1; w++)
+                m = max_nan(m, signed_plus0(ld_float(xv.data, xv.dtype, dview_off4(xv, b, c, h, w)), sg));
+        m = affine_clamp(t, m * sg, t.mul ? __ldg(t.mul + c * t.ms) : 1.0f, t.add ? __ldg(t.add + c * t.as) : 0.0f);
+        const int64_t oy = dview_off4(yv, b, c, i, j);
+        st_float(yv.data, yv.dtype, oy, m);
+        if (codes) codes[e] = pool_bit(t, c, ld_float(yv.data, yv.dtype, oy)) ? 1 : 0;
+    }
+}
+
+bool aligned16(const void * p) { return (uintptr_t)p % 16 == 0; }
+
+} // namespace
+
+extern "C" enum bie_status bie_cuda_affine_maxpool2d(bie_context_t * ctx, const struct bie_pool_call * c) {
+    struct bie_cuda_state * st;
+    BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
+    const int64_t n = c->N * c->C * c->OH * c->OW;
+    if (n == 0) return BIE_STATUS_OK;
+    pool_terms t = {(const float *)c->mul.data,
+                    (const float *)c->add.data,
+                    (const float *)c->bits_bias.data,
+                    c->mul.stride[0],
+                    c->add.stride[0],
+                    c->bits_bias.stride[0],
+                    c->lo,
+                    c->hi,
+                    c->kh,
+                    c->kw,
+                    c->sh,
+                    c->sw,
+                    c->ph,
+                    c->pw,
+                    c->H,
+                    c->W,
+                    c->OH,
+                    c->OW};
+    struct dview xv, yv;
+    dview_make(&c->x, &xv);
+    dview_make(&c->y, &yv);
+    const bool bits_dense = !c->out_bits.data || bie_cuda_channels_last(c->out_bits);
+    if (c->C % 8 == 0 && c->OW * (c->C / 8) < INT32_MAX && bie_cuda_channels_last(c->x) &&
+        bie_cuda_channels_last(c->y) && bits_dense && aligned16(c->x.data) && aligned16(c->y.data)) {
+        const int C8 = (int)(c->C / 8);
+        const int64_t rows = c->N * c->OH;
+        uint8_t * bits = (uint8_t *)c->out_bits.data;
+        if (c->x.dtype == BIE_DTYPE_F16) launch_nhwc8<__half>(xv, yv, bits, t, C8, rows, st->stream);
+        else if (c->x.dtype == BIE_DTYPE_BF16) launch_nhwc8<__nv_bfloat16>(xv, yv, bits, t, C8, rows, st->stream);
+        else launch_nhwc8<float>(xv, yv, bits, t, C8, rows, st->stream);
+        LAUNCHED(ctx, "affine max-pool");
+        return BIE_STATUS_OK;
+    }
+    int8_t * codes = NULL;
+    if (c->out_bits.data) BIE_TRY(bie_cuda_workspace(ctx, (size_t)n, (void **)&codes));
+    pool_any<<<grid_for(n, 256), 256, 0, st->stream>>>(xv, yv, codes, t, n, c->C);
+    LAUNCHED(ctx, "affine max-pool");
+    if (codes) {
+        struct dview bv;
+        dview_make(&c->out_bits, &bv);
+        BIE_TRY(bie_cuda_store_packed(ctx, codes, bv));
+    }
+    return BIE_STATUS_OK;
+}
