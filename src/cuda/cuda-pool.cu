@@ -110,7 +110,8 @@ __device__ __forceinline__ void window(const pool_terms & t, int64_t i, int64_t 
 // x and y channels-last, C % 8 == 0, 16-byte aligned, OW * C8 < 2^31: blockIdx.y (and its
 // strides) walks the output rows n*OH + i; in a row, thread q takes channels 8*(q % C8) .. + 7 of
 // output column q / C8. bits (or NULL): the out_bits bytes, channels-last and dense. KH x KW windows
-// (0 x 0: the call's size, read one position at a time) issue all their loads first.
+// (0 x 0: the call's size) inside x issue all their loads first; windows over its edge (and all of
+// a 0 x 0 size) read one position at a time.
 template <typename T, int KH, int KW>
 __global__ void pool_nhwc8(const T * x, struct dview xv, char * y, struct dview yv, uint8_t * bits, pool_terms t,
                            int C8, int64_t rows) {
@@ -124,26 +125,22 @@ __global__ void pool_nhwc8(const T * x, struct dview xv, char * y, struct dview 
             for (int k = 0; k < 8; k++) sg[k] = pool_sign(t, c0 + k);
             max8<T> acc;
             acc.init(sg);
-            const T * xn = x + n * xv.stride[0] + c0;
-            const int64_t h0 = i * t.sh - t.ph, w0 = (int64_t)j * t.sw - t.pw;
-            if (KH > 0) {
+            const T * xn = x + n * xv.stride[0] + c0; // this image's channels c0 ..; offsets within an image fit
+            const int sh2 = (int)xv.stride[2], sw3 = (int)xv.stride[3]; // in 32 bits (the launch checks)
+            const int h0 = (int)(i * t.sh - t.ph), w0 = j * t.sw - t.pw;
+            if (KH > 0 && h0 >= 0 && w0 >= 0 && h0 + KH <= t.H && w0 + KW <= t.W) { // inside x: no checks
                 raw8<T> r[KH > 0 ? KH * KW : 1];
-                bool in[KH > 0 ? KH * KW : 1];
 #pragma unroll
                 for (int a = 0; a < KH; a++)
 #pragma unroll
-                    for (int b = 0; b < KW; b++) {
-                        const int64_t h = h0 + a, w = w0 + b;
-                        in[a * KW + b] = h >= 0 && h < t.H && w >= 0 && w < t.W;
-                        if (in[a * KW + b]) r[a * KW + b] = raw8_load<T>(xn + h * xv.stride[2] + w * xv.stride[3]);
-                    }
+                    for (int b = 0; b < KW; b++) r[a * KW + b] = raw8_load<T>(xn + (h0 + a) * sh2 + (w0 + b) * sw3);
 #pragma unroll
-                for (int p = 0; p < KH * KW; p++)
-                    if (in[p]) acc.take(r[p]);
+                for (int p = 0; p < (KH > 0 ? KH * KW : 1); p++) acc.take(r[p]);
             } else {
-                for (int64_t h = max(h0, (int64_t)0); h < min(h0 + t.kh, t.H); h++)
-                    for (int64_t w = max(w0, (int64_t)0); w < min(w0 + t.kw, t.W); w++)
-                        acc.take(raw8_load<T>(xn + h * xv.stride[2] + w * xv.stride[3]));
+                const int kh = KH > 0 ? KH : t.kh, kw = KW > 0 ? KW : t.kw;
+                for (int h = max(h0, 0); h < min(h0 + kh, (int)t.H); h++)
+                    for (int w = max(w0, 0); w < min(w0 + kw, (int)t.W); w++)
+                        acc.take(raw8_load<T>(xn + h * sh2 + w * sw3));
             }
             float m[8];
             acc.get(m);
@@ -228,7 +225,8 @@ extern "C" enum bie_status bie_cuda_affine_maxpool2d(bie_context_t * ctx, const 
     dview_make(&c->x, &xv);
     dview_make(&c->y, &yv);
     const bool bits_dense = !c->out_bits.data || bie_cuda_channels_last(c->out_bits);
-    if (c->C % 8 == 0 && c->OW * (c->C / 8) < INT32_MAX && bie_cuda_channels_last(c->x) &&
+    const int64_t image = (c->H - 1) * c->x.stride[2] + (c->W - 1) * c->x.stride[3] + c->C; // x's span in an image
+    if (c->C % 8 == 0 && c->OW * (c->C / 8) < INT32_MAX && image < INT32_MAX && bie_cuda_channels_last(c->x) &&
         bie_cuda_channels_last(c->y) && bits_dense && aligned16(c->x.data) && aligned16(c->y.data)) {
         const int C8 = (int)(c->C / 8);
         const int64_t rows = c->N * c->OH;
