@@ -588,6 +588,16 @@ def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=
     out_bits (uint8 [N, OH, OW, ceil(O/8)], conv2d_binarize_ste's layout) the sign bits of
     y + out_bits_bias[o] (float32 [O], or None), what a following binary conv with that bias_a
     takes as its input (in_channels=O). Planned once per metadata of the tensors (bie._plans)."""
+    return _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_size, stride, padding, dilation,
+                                   pad_value, out_dtype, in_channels, out_mul, out_add, residual, out_bits,
+                                   out_bits_bias)[0]
+
+
+def _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_size, stride, padding, dilation,
+                            pad_value, out_dtype, in_channels, out_mul, out_add, residual, out_bits, out_bits_bias):
+    """conv2d_forward's (y, plan): the plan runs later calls whose tensors have the same metadata with
+    plan.run(x, (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits,
+    out_bits_bias)) into a y of plan.out = (shape, dtype, memory format); None for an empty batch."""
     geo = (None if kernel_size is None else _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation))
     key = ("conv2d_forward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
            _plans.meta(scale_w), geo, pad_value, out_dtype, in_channels, _plans.meta(out_mul), _plans.meta(out_add),
@@ -598,7 +608,7 @@ def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=
         shape, ydt, fmt = p.out
         y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
         p.run(x, (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias))
-        return y
+        return y, p
     if in_channels is None:
         _common(x, bias_a, scale_a, scale_w)
         if x.dim() != 4:
@@ -622,7 +632,7 @@ def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=
     y = torch.empty((n, shape_w[0], oh, ow), dtype=out_dtype or x.dtype, device=x.device, memory_format=fmt)
     desc = _conv_desc(quant, shape_w[1], shape_w[0], shape_w[2:], stride, padding, dilation, pad_value)
     if n == 0:
-        return y
+        return y, None
     wv = _weight_view(quant, weight.detach(), shape_w)
     bits_v = None if out_bits is None else _bits_view(out_bits, shape_w[0])
     args, keep = _fwd_args(xv, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
@@ -631,7 +641,7 @@ def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=
     p.out = (tuple(y.shape), y.dtype, fmt)
     cache[key] = p
     p.run(x, (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias))
-    return y
+    return y, p
 
 
 def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, kernel_size=None, stride=1, padding=0,

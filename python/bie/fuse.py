@@ -102,8 +102,9 @@ class FusedConv2d(nn.Module):
         self._drop_act = False
         self.bits_for = None  # the FusedConv2d (binary) that reads this one's output, set by fuse()
         # the conv's geometry as conv2d_forward takes it, and bits shapes by input shape
-        self._geo = conv._geometry() + ((conv.pad_value,) if isinstance(conv, BinaryConv2d) else ())
+        self._geo = conv._geometry() + (conv.pad_value if isinstance(conv, BinaryConv2d) else F.PAD_ZERO,)
         self._bits_shapes = {}
+        self._runs = {}  # the plans of earlier calls, by what a call's own tensors are (forward())
         self._fold()
 
     def extra_repr(self):
@@ -119,6 +120,7 @@ class FusedConv2d(nn.Module):
         self.bits_bias = _bits_bias(self.bits_for)
         self.out_mul = None if self.bn is None else mul
         self.out_add = None if self.bn is None and self.conv.bias is None else add
+        self._runs = {}
 
     def train(self, mode=True):
         super().train(mode)
@@ -150,22 +152,39 @@ class FusedConv2d(nn.Module):
             return y if residual is None else y + residual
         if self.act is not None and not self._drop_act:
             x = self.act(x)
-        conv._check_forward(x)
         w = conv._prepare_forward(x)
         mul, add, bb = self.out_mul, self.out_add, self.bits_bias
         if residual is not None and residual.dtype != x.dtype:
             residual = residual.to(x.dtype)
-        geo = self._geo
-        bits = None if bb is None else self._bits_out(x, bb)
         given = getattr(x, "_bie_bits", None)
-        if given is not None and given[0] is self and (self.act is None or self._drop_act):
-            # the bits of x + bias_a that the conv before made for this one
-            y = F.conv2d_forward(conv.quant, given[1], w, conv.scale_a, conv.scale_w, None, *geo, out_dtype=x.dtype,
-                                 in_channels=conv.in_channels, out_mul=mul, out_add=add, residual=residual,
-                                 out_bits=bits, out_bits_bias=bb)
+        # the bits of x + bias_a that the conv before made for this one, if it did
+        src = given[1] if given is not None and given[0] is self and (self.act is None or self._drop_act) else None
+        operands = (w, conv.scale_a, conv.scale_w, conv.bias_a)
+        key = (x.shape, x.stride(), x.dtype, x.device, src is None, tuple(map(id, operands)),
+               None if residual is None else (residual.shape, residual.stride(), residual.device))
+        run = self._runs.get(key)
+        if run is not None:  # a call like an earlier one: its plan, without rebuilding the plan's key
+            plan, bits_shape = run[0], run[1]
+            shape, ydt, fmt = plan.out
+            y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
+            bits = None if bb is None else torch.empty(bits_shape, dtype=torch.uint8, device=x.device)
+            if src is None:
+                plan.run(x, (x, conv.bias_a, w, conv.scale_a, conv.scale_w, y, mul, add, residual, bits, bb))
+            else:
+                plan.run(x, (src, None, w, conv.scale_a, conv.scale_w, y, mul, add, residual, bits, bb))
         else:
-            y = F.conv2d_forward(conv.quant, x, w, conv.scale_a, conv.scale_w, conv.bias_a, *geo, out_mul=mul,
-                                 out_add=add, residual=residual, out_bits=bits, out_bits_bias=bb)
+            conv._check_forward(x)
+            bits = None if bb is None else self._bits_out(x, bb)
+            if src is None:
+                y, plan = F._conv2d_forward_planned(conv.quant, x, w, conv.scale_a, conv.scale_w, conv.bias_a,
+                                                    *self._geo, None, None, mul, add, residual, bits, bb)
+            else:
+                y, plan = F._conv2d_forward_planned(conv.quant, src, w, conv.scale_a, conv.scale_w, None, *self._geo,
+                                                    x.dtype, conv.in_channels, mul, add, residual, bits, bb)
+            if plan is not None:  # (kept with the operands it was made for, so that their ids stay theirs)
+                if len(self._runs) >= 64:
+                    self._runs.clear()
+                self._runs[key] = (plan, None if bits is None else tuple(bits.shape), operands)
         if bits is not None:
             y._bie_bits = (self.bits_for, bits)
         return y

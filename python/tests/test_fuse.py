@@ -273,3 +273,24 @@ def test_affine_maxpool2d_refuses_bad_windows(device):
         F.affine_maxpool2d(x, 2, mul=torch.ones(7, device=device))  # not [C]
     with pytest.raises(bie.BieError):
         F.affine_maxpool2d(x, 2, lo=1.0, hi=0.0)
+
+
+def test_repeated_calls_reuse_their_plans(device):
+    """Later calls (the module's own plan cache) give what the first gave, across batch sizes, with
+    and without the bits of the conv before, and after the operands change (a new eval fold)."""
+    for dt in dtypes(device):
+        m = model("binary", device, dt).eval()
+        xs = [inputs(device, dt, n) for n in (3, 5)]
+        with torch.no_grad():
+            m(xs[0])
+        g = bie.fuse(m).eval()
+        with torch.no_grad():
+            first = [g(x) for x in xs]
+            for _ in range(2):
+                for x, want in zip(xs, first):
+                    assert torch.equal(g(x), want), dt
+            assert len(g.fused_1._runs) == 2
+            m.b1.bn.running_mean.add_(0.25)
+            g.eval()
+            assert not g.fused_0._runs
+            assert not torch.equal(g(xs[0]), first[0])
