@@ -44,9 +44,10 @@ static const char * const k_role[R_COUNT] = {"x",           "bias_a",   "weight"
                                              "y",           "grad_y",   "grad_x",       "grad_weight", "grad_scale_a",
                                              "grad_bias_a", "mask",     "bits",         "out_mul",     "out_add",
                                              "residual",    "out_bits", "out_bits_bias"};
-enum op { OP_LIN_FWD, OP_LIN_BWD, OP_CONV_FWD, OP_CONV_BWD, OP_BINARIZE, OP_PACK, OP_UNPACK, OP_COUNT };
-static const char * const k_op[OP_COUNT] = {
-    "linear forward", "linear backward", "conv2d forward", "conv2d backward", "binarize_ste", "pack", "unpack"};
+enum op { OP_LIN_FWD, OP_LIN_BWD, OP_CONV_FWD, OP_CONV_BWD, OP_BINARIZE, OP_PACK, OP_UNPACK, OP_POOL, OP_COUNT };
+static const char * const k_op[OP_COUNT] = {"linear forward",  "linear backward", "conv2d forward",
+                                            "conv2d backward", "binarize_ste",    "pack",
+                                            "unpack",          "affine max-pool"};
 
 struct ft {
     bool present, output;
@@ -60,6 +61,7 @@ struct fcase {
     enum op op;
     struct bie_linear_desc lin;
     struct bie_conv2d_desc conv;
+    struct bie_affine_maxpool2d_desc pool;
     struct ft r[R_COUNT];
     bool specials; // data holds NaN, infinities, huge and tiny values (forward-like calls only)
     char what[768];
@@ -233,6 +235,10 @@ static void describe(struct fcase * c) {
     else if (c->op <= OP_LIN_BWD)
         len += snprintf(c->what + len, sizeof c->what - (size_t)len, " K=%lld N=%lld", (long long)c->lin.in_features,
                         (long long)c->lin.out_features);
+    else if (c->op == OP_POOL)
+        len += snprintf(c->what + len, sizeof c->what - (size_t)len, " k=%dx%d s=%dx%d p=%dx%d clamp [%g, %g]",
+                        c->pool.kernel_h, c->pool.kernel_w, c->pool.stride_h, c->pool.stride_w, c->pool.pad_h,
+                        c->pool.pad_w, (double)c->pool.lo, (double)c->pool.hi);
     for (int r = 0; r < R_COUNT && len < (int)sizeof c->what - 80; r++) {
         const struct bie_tensor * t = &c->r[r].t;
         if (!c->r[r].present) continue;
@@ -374,6 +380,44 @@ static void decode_other(struct fz * f, struct fcase * c, uint64_t * rng) {
     if (fz_one_in(f, 2)) make_scale(f, &c->r[R_SA], rng, 0.25f);
 }
 
+// bie_affine_maxpool2d_forward: x [N, C, H, W] with mul, add and bits_bias [C] and y, out_bits
+// [N, C, OH, OW], sometimes a window, stride, padding or clamp the contract refuses. No special
+// values in x (NaN payloads are not part of the contract; the CUDA tests check NaN's handling).
+static void decode_pool(struct fz * f, struct fcase * c, uint64_t * rng) {
+    struct bie_affine_maxpool2d_desc * d = &c->pool;
+    const int64_t N = fz_range(f, 1, 3), C = fz_range(f, 1, fz_one_in(f, 4) ? 40 : 9), H = fz_range(f, 1, 12),
+                  W = fz_range(f, 1, 12);
+    d->kernel_h = (int32_t)fz_range(f, 1, 4), d->kernel_w = (int32_t)fz_range(f, 1, 4);
+    d->stride_h = (int32_t)fz_range(f, 1, 3), d->stride_w = (int32_t)fz_range(f, 1, 3);
+    d->pad_h = (int32_t)fz_range(f, 0, d->kernel_h / 2), d->pad_w = (int32_t)fz_range(f, 0, d->kernel_w / 2);
+    static const float clamps[4][2] = {{-INFINITY, INFINITY}, {0.0f, INFINITY}, {-1.0f, 1.0f}, {0.5f, 0.5f}};
+    const int k = (int)fz_range(f, 0, 3);
+    d->lo = clamps[k][0], d->hi = clamps[k][1];
+    if (fz_one_in(f, 30)) { // a broken descriptor
+        static const int32_t bad[3] = {0, -1, INT32_MAX};
+        int32_t * fld[4] = {&d->kernel_h, &d->stride_w, &d->pad_h, &d->kernel_w};
+        *fld[fz_range(f, 0, 3)] = bad[fz_range(f, 0, 2)];
+        if (fz_one_in(f, 2)) d->lo = fz_one_in(f, 2) ? NAN : 2.0f;
+    }
+    int64_t OH = 1, OW = 1; // an invalid geometry keeps 1x1: the call must refuse it
+    if (d->kernel_h >= 1 && d->stride_h >= 1 && d->pad_h >= 0 && 2 * (int64_t)d->pad_h <= d->kernel_h &&
+        H + 2 * d->pad_h >= d->kernel_h)
+        OH = (H + 2 * d->pad_h - d->kernel_h) / d->stride_h + 1;
+    if (d->kernel_w >= 1 && d->stride_w >= 1 && d->pad_w >= 0 && 2 * (int64_t)d->pad_w <= d->kernel_w &&
+        W + 2 * d->pad_w >= d->kernel_w)
+        OW = (W + 2 * d->pad_w - d->kernel_w) / d->stride_w + 1;
+    const int64_t xs[4] = {N, C, H, W}, ys[4] = {N, C, OH, OW};
+    static const enum bie_dtype k_f32[1] = {BIE_DTYPE_F32};
+    make_view(f, &c->r[R_X], pick(f, k_float, 3), 4, xs, false, rng, false, 2.0f);
+    make_view(f, &c->r[R_Y], pick(f, k_float, 3), 4, ys, true, rng, false, 1.0f);
+    if (fz_one_in(f, 2)) make_view(f, &c->r[R_OMUL], pick(f, k_f32, 1), 1, &C, false, rng, false, 2.0f);
+    if (fz_one_in(f, 2)) make_view(f, &c->r[R_OADD], pick(f, k_f32, 1), 1, &C, false, rng, false, 2.0f);
+    if (fz_one_in(f, 2)) {
+        make_view(f, &c->r[R_OBITS], BIE_DTYPE_B1, 4, ys, true, rng, false, 1.0f);
+        if (fz_one_in(f, 2)) make_view(f, &c->r[R_OBB], pick(f, k_f32, 1), 1, &C, false, rng, false, 2.0f);
+    }
+}
+
 static void decode(struct fz * f, struct fcase * c) {
     memset(c, 0, sizeof *c);
     uint64_t rng = fz_u32(f) | (uint64_t)fz_u32(f) << 32;
@@ -382,6 +426,7 @@ static void decode(struct fz * f, struct fcase * c) {
     c->specials = !backward && fz_one_in(f, 3);
     if (c->op <= OP_LIN_BWD) decode_linear(f, c, &rng, backward);
     else if (c->op <= OP_CONV_BWD) decode_conv(f, c, &rng, backward);
+    else if (c->op == OP_POOL) decode_pool(f, c, &rng);
     else decode_other(f, c, &rng);
     for (int r = 0; r < R_COUNT; r++) corrupt(f, &c->r[r]);
     // Sometimes an output written over an input's or another output's memory: must be refused.
@@ -430,6 +475,11 @@ static enum bie_status call(bie_context_t * ctx, struct fcase * c) {
         return bie_binarize_ste(ctx, arg(c, R_X), arg(c, R_BIAS), arg(c, R_SA), arg(c, R_BITS), arg(c, R_MASK));
     case OP_PACK: return bie_pack(ctx, arg(c, R_X), arg(c, R_SA), arg(c, R_Y));
     case OP_UNPACK: return bie_unpack(ctx, arg(c, R_X), arg(c, R_SA), arg(c, R_Y));
+    case OP_POOL: {
+        const struct bie_affine_maxpool2d_args pa = {arg(c, R_X), arg(c, R_OMUL),  arg(c, R_OADD),
+                                                     arg(c, R_Y), arg(c, R_OBITS), arg(c, R_OBB)};
+        return bie_affine_maxpool2d_forward(ctx, &c->pool, &pa);
+    }
     case OP_COUNT: break;
     }
     return BIE_STATUS_INTERNAL;

@@ -3,7 +3,7 @@
 // cuda/fuzz-layers-cuda.c on a GPU under compute-sanitizer).
 //
 // Each input decodes to one call of the public API — a linear or conv2d forward or backward,
-// bie_binarize_ste, bie_pack or bie_unpack — with a random quantization, shape (small, or extreme:
+// bie_binarize_ste, bie_pack, bie_unpack or bie_affine_maxpool2d_forward — with a random quantization, shape (small, or extreme:
 // zero, negative, INT64_MAX-sized), layout (dense, gaps, permuted, broadcast inputs), dtype (valid
 // or not), NULL arguments, overlapping outputs, and data (special values in forward calls). The
 // call runs on every backend: the reference, the CPU backend at each ISA level of the machine and,

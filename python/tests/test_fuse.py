@@ -41,10 +41,10 @@ class Net(nn.Module):
         return self.head(x.mean((2, 3)))
 
 
-def model(kind, device, dtype):
-    torch.manual_seed(0)
-    m = Net()
-    bie.replace_layers(m, kind, linear=False, exclude=["stem"])
+def prepared(m, kind, device, dtype, exclude, gamma=(0.5, 1.5)):
+    """m with its convs but `exclude` made bie layers of `kind`, on device in dtype (channels-last on
+    CUDA), and BatchNorms with random statistics and affine terms (gamma drawn from `gamma`)."""
+    bie.replace_layers(m, kind, linear=False, exclude=exclude)
     m = m.to(device=device, dtype=dtype)
     if device.type == "cuda":
         m = m.to(memory_format=torch.channels_last)
@@ -52,10 +52,15 @@ def model(kind, device, dtype):
         for bn in (mm for mm in m.modules() if isinstance(mm, nn.BatchNorm2d)):
             bn.running_mean.uniform_(-0.5, 0.5)
             bn.running_var.uniform_(0.5, 2.0)
-            bn.weight.uniform_(0.5, 1.5)
+            bn.weight.uniform_(*gamma)
             bn.bias.uniform_(-0.3, 0.3)
     bie.prepare_bie_layers(m)
     return m
+
+
+def model(kind, device, dtype):
+    torch.manual_seed(0)
+    return prepared(Net(), kind, device, dtype, ["stem"])
 
 
 def inputs(device, dtype, n=3):
@@ -201,19 +206,8 @@ class StemNet(nn.Module):
 
 def stem_model(device, dtype, act):
     torch.manual_seed(1)
-    m = StemNet(act)
-    bie.replace_layers(m, "binary", linear=False, exclude=["stem.0"])
-    m = m.to(device=device, dtype=dtype)
-    if device.type == "cuda":
-        m = m.to(memory_format=torch.channels_last)
-    with torch.no_grad():
-        for bn in (mm for mm in m.modules() if isinstance(mm, nn.BatchNorm2d)):
-            bn.running_mean.uniform_(-0.5, 0.5)
-            bn.running_var.uniform_(0.5, 2.0)
-            bn.weight.uniform_(-1.5, 1.5)  # negative scales too: the max is taken after the map
-            bn.bias.uniform_(-0.3, 0.3)
-    bie.prepare_bie_layers(m)
-    return m
+    # negative BatchNorm scales too: the pool takes the min of x there
+    return prepared(StemNet(act), "binary", device, dtype, ["stem.0"], gamma=(-1.5, 1.5))
 
 
 @pytest.mark.parametrize("act", [[nn.ReLU()], [nn.Hardtanh(-0.5, 0.75)], []], ids=["relu", "hardtanh", "none"])

@@ -8,11 +8,7 @@
 
 namespace {
 
-struct epilogue_terms {
-    const float * mul; // [O] (stride ms) or NULL
-    const float * add; // [O] (stride as) or NULL
-    const float * bb;  // out_bits_bias [O] (stride bs) or NULL
-    int64_t ms, as, bs;
+struct epilogue_terms : channel_terms {
     bool update; // any of mul, add, residual (else y is only read, for the bits)
 };
 
@@ -23,11 +19,6 @@ __device__ __forceinline__ float epilogue_value(const epilogue_terms & t, int64_
     if (has_res) v = __fadd_rn(v, r);
     return v;
 }
-// The sign bit of the stored y (yv: its value as a float) under out_bits_bias.
-__device__ __forceinline__ bool epilogue_bit(const epilogue_terms & t, int64_t o, float yv) {
-    return (t.bb ? __fadd_rn(yv, __ldg(t.bb + o * t.bs)) : yv) >= 0.0f;
-}
-
 // y and residual dense with the O features innermost (channels-last conv output, linear rows), 8
 // elements (one 16-byte vector for 16-bit T) per thread: O % 8 == 0 and both 16-byte aligned;
 // bits (or NULL): the out_bits bytes, dense in the same order (byte i: elements 8i .. 8i + 7).
@@ -50,7 +41,7 @@ __global__ void epilogue_dense8(T * y, const T * res, uint8_t * bits, epilogue_t
         if (bits) {
             unsigned b = 0;
 #pragma unroll
-            for (int k = 0; k < 8; k++) b |= (epilogue_bit(t, o0 + k, v[k]) ? 1u : 0u) << k;
+            for (int k = 0; k < 8; k++) b |= (t.bit(o0 + k, v[k]) ? 1u : 0u) << k;
             bits[i] = (uint8_t)b;
         }
     }
@@ -72,7 +63,7 @@ __global__ void epilogue_any(struct dview y, struct dview res, int8_t * codes, e
             st_float(y.data, y.dtype, oy, epilogue_value(t, i[1], v, res.data != nullptr, r));
             v = ld_float(y.data, y.dtype, oy);
         }
-        if (codes) codes[e] = epilogue_bit(t, i[1], v) ? 1 : 0;
+        if (codes) codes[e] = t.bit(i[1], v) ? 1 : 0;
     }
 }
 
@@ -88,12 +79,7 @@ bool bie_cuda_epilogue_dense(const struct bie_layer_call * c) {
 enum bie_status bie_cuda_layer_epilogue(bie_context_t * ctx, const struct bie_layer_call * c, int8_t * codes) {
     if (!bie_layer_has_epilogue(c)) return BIE_STATUS_OK;
     const struct bie_tensor &y = c->y, &r = c->residual, &b = c->out_bits;
-    const epilogue_terms t = {(const float *)c->out_mul.data,
-                              (const float *)c->out_add.data,
-                              (const float *)c->out_bits_bias.data,
-                              c->out_mul.stride[0],
-                              c->out_add.stride[0],
-                              c->out_bits_bias.stride[0],
+    const epilogue_terms t = {channel_terms_of(c->out_mul, c->out_add, c->out_bits_bias),
                               c->out_mul.data || c->out_add.data || r.data};
     const int64_t n = y.shape[0] * y.shape[1] * y.shape[2] * y.shape[3], O = y.shape[1];
     if (n == 0) return BIE_STATUS_OK;

@@ -346,6 +346,22 @@ static inline struct dview dview_squeeze(const struct dview & v) {
     return r;
 }
 
+// The per-channel f32 terms of a pass over a layer's output: [C] vectors with their strides (data
+// NULL: absent): a scale, an offset and the bias of the sign bits written for a binary layer.
+struct channel_terms {
+    const float *mul, *add, *bb;
+    int64_t ms, as, bs;
+    // The sign bit of a stored value yv of channel c: yv + bb[c] >= 0 (NaN: 0).
+    __device__ __forceinline__ bool bit(int64_t c, float yv) const {
+        return (bb ? __fadd_rn(yv, __ldg(bb + c * bs)) : yv) >= 0.0f;
+    }
+};
+static inline channel_terms channel_terms_of(const struct bie_tensor & mul, const struct bie_tensor & add,
+                                             const struct bie_tensor & bb) {
+    return {(const float *)mul.data, (const float *)add.data, (const float *)bb.data,
+            mul.stride[0],           add.stride[0],           bb.stride[0]};
+}
+
 // Whether a 4-D view [n, c, h, w] is dense with the channels innermost (element (n, c, h, w) at
 // ((n*h + h')*w + w')*c + c'), ignoring the strides of size-1 dims.
 static inline bool bie_cuda_channels_last(const struct bie_tensor & v) {

@@ -8,11 +8,7 @@
 
 namespace {
 
-struct pool_terms {
-    const float * mul; // [C] (stride ms) or NULL
-    const float * add; // [C] (stride as) or NULL
-    const float * bb;  // bits_bias [C] (stride bs) or NULL
-    int64_t ms, as, bs;
+struct pool_terms : channel_terms {
     float lo, hi;
     int kh, kw, sh, sw, ph, pw;
     int64_t H, W, OH, OW;
@@ -92,10 +88,6 @@ template <> struct max8<float> {
     }
 };
 
-__device__ __forceinline__ bool pool_bit(const pool_terms & t, int64_t c, float yv) {
-    return (t.bb ? __fadd_rn(yv, __ldg(t.bb + c * t.bs)) : yv) >= 0.0f;
-}
-
 // The window of output (i, j) clipped to x: rows [h0, h1), columns [w0, w1).
 __device__ __forceinline__ void window(const pool_terms & t, int64_t i, int64_t j, int64_t & h0, int64_t & h1,
                                        int64_t & w0, int64_t & w1) {
@@ -156,7 +148,7 @@ __global__ void pool_nhwc8(const T * x, struct dview xv, char * y, struct dview 
                     const float yk = yv.dtype == BIE_DTYPE_F32   ? m[k]
                                      : yv.dtype == BIE_DTYPE_F16 ? __half2float(__float2half_rn(m[k]))
                                                                  : __bfloat162float(__float2bfloat16_rn(m[k]));
-                    b |= (pool_bit(t, c0 + k, yk) ? 1u : 0u) << k;
+                    b |= (t.bit(c0 + k, yk) ? 1u : 0u) << k;
                 }
                 bits[row * per_row + q] = (uint8_t)b;
             }
@@ -190,7 +182,7 @@ __global__ void pool_any(struct dview xv, struct dview yv, int8_t * codes, pool_
         m = affine_clamp(t, m * sg, t.mul ? __ldg(t.mul + c * t.ms) : 1.0f, t.add ? __ldg(t.add + c * t.as) : 0.0f);
         const int64_t oy = dview_off4(yv, b, c, i, j);
         st_float(yv.data, yv.dtype, oy, m);
-        if (codes) codes[e] = pool_bit(t, c, ld_float(yv.data, yv.dtype, oy)) ? 1 : 0;
+        if (codes) codes[e] = t.bit(c, ld_float(yv.data, yv.dtype, oy)) ? 1 : 0;
     }
 }
 
@@ -203,24 +195,19 @@ extern "C" enum bie_status bie_cuda_affine_maxpool2d(bie_context_t * ctx, const 
     BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
     const int64_t n = c->N * c->C * c->OH * c->OW;
     if (n == 0) return BIE_STATUS_OK;
-    pool_terms t = {(const float *)c->mul.data,
-                    (const float *)c->add.data,
-                    (const float *)c->bits_bias.data,
-                    c->mul.stride[0],
-                    c->add.stride[0],
-                    c->bits_bias.stride[0],
-                    c->lo,
-                    c->hi,
-                    c->kh,
-                    c->kw,
-                    c->sh,
-                    c->sw,
-                    c->ph,
-                    c->pw,
-                    c->H,
-                    c->W,
-                    c->OH,
-                    c->OW};
+    const pool_terms t = {channel_terms_of(c->mul, c->add, c->bits_bias),
+                          c->lo,
+                          c->hi,
+                          c->kh,
+                          c->kw,
+                          c->sh,
+                          c->sw,
+                          c->ph,
+                          c->pw,
+                          c->H,
+                          c->W,
+                          c->OH,
+                          c->OW};
     struct dview xv, yv;
     dview_make(&c->x, &xv);
     dview_make(&c->y, &yv);
