@@ -351,11 +351,27 @@ static inline struct dview dview_squeeze(const struct dview & v) {
 struct channel_terms {
     const float *mul, *add, *bb;
     int64_t ms, as, bs;
-    // The sign bit of a stored value yv of channel c: yv + bb[c] >= 0 (NaN: 0).
+    // The sign bit of a stored value yv of channel c: yv + bb[c] >= 0 (NaN: 0); bit_of with bb[c]
+    // already read (bbc; any value when bb is absent).
+    __device__ __forceinline__ bool bit_of(float yv, float bbc) const { return (bb ? __fadd_rn(yv, bbc) : yv) >= 0.0f; }
     __device__ __forceinline__ bool bit(int64_t c, float yv) const {
-        return (bb ? __fadd_rn(yv, __ldg(bb + c * bs)) : yv) >= 0.0f;
+        return bit_of(yv, bb ? __ldg(bb + c * bs) : 0.0f);
     }
 };
+// v[k] = p[(c0 + k) * stride] for k < 8 (p NULL: absent, v = dflt), with two 16-byte loads where p
+// is dense and aligned there.
+__device__ __forceinline__ void load_channels8(const float * p, int64_t stride, int64_t c0, float dflt, float * v) {
+    if (!p) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = dflt;
+    } else if (stride == 1 && (uintptr_t)(p + c0) % 16 == 0) {
+        const float4 a = __ldg((const float4 *)(p + c0)), b = __ldg((const float4 *)(p + c0) + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = __ldg(p + (c0 + k) * stride);
+    }
+}
 static inline channel_terms channel_terms_of(const struct bie_tensor & mul, const struct bie_tensor & add,
                                              const struct bie_tensor & bb) {
     return {(const float *)mul.data, (const float *)add.data, (const float *)bb.data,

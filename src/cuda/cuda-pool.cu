@@ -112,9 +112,12 @@ __global__ void pool_nhwc8(const T * x, struct dview xv, char * y, struct dview 
         const int64_t n = row / t.OH, i = row - n * t.OH;
         for (int q = blockIdx.x * blockDim.x + threadIdx.x; q < per_row; q += gridDim.x * blockDim.x) {
             const int j = q / C8, c0 = 8 * (q - j * C8);
-            float sg[8];
+            float mul[8], add[8], bbc[8], sg[8];
+            load_channels8(t.mul, t.ms, c0, 1.0f, mul);
+            load_channels8(t.add, t.as, c0, 0.0f, add);
+            load_channels8(t.bb, t.bs, c0, 0.0f, bbc);
 #pragma unroll
-            for (int k = 0; k < 8; k++) sg[k] = pool_sign(t, c0 + k);
+            for (int k = 0; k < 8; k++) sg[k] = mul[k] < 0.0f ? -1.0f : 1.0f;
             max8<T> acc;
             acc.init(sg);
             const T * xn = x + n * xv.stride[0] + c0; // this image's channels c0 ..; offsets within an image fit
@@ -137,9 +140,7 @@ __global__ void pool_nhwc8(const T * x, struct dview xv, char * y, struct dview 
             float m[8];
             acc.get(m);
 #pragma unroll
-            for (int k = 0; k < 8; k++)
-                m[k] = affine_clamp(t, m[k] * sg[k], t.mul ? __ldg(t.mul + (c0 + k) * t.ms) : 1.0f,
-                                    t.add ? __ldg(t.add + (c0 + k) * t.as) : 0.0f);
+            for (int k = 0; k < 8; k++) m[k] = affine_clamp(t, m[k] * sg[k], mul[k], add[k]);
             store8(y, yv.dtype, n * yv.stride[0] + c0 + i * yv.stride[2] + (int64_t)j * yv.stride[3], m);
             if (bits) {
                 unsigned b = 0;
@@ -148,7 +149,7 @@ __global__ void pool_nhwc8(const T * x, struct dview xv, char * y, struct dview 
                     const float yk = yv.dtype == BIE_DTYPE_F32   ? m[k]
                                      : yv.dtype == BIE_DTYPE_F16 ? __half2float(__float2half_rn(m[k]))
                                                                  : __bfloat162float(__float2bfloat16_rn(m[k]));
-                    b |= (t.bit(c0 + k, yk) ? 1u : 0u) << k;
+                    b |= (t.bit_of(yk, bbc[k]) ? 1u : 0u) << k;
                 }
                 bits[row * per_row + q] = (uint8_t)b;
             }
