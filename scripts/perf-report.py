@@ -362,9 +362,9 @@ def networks_part(rows, files):
         if body:
             base = ", ".join(sorted({r.get("baseline", "float") for m in runs.values() for r in m.values()}))
             out += para(f"Baseline: {base}. fused: after bie.fuse (each block's Hardtanh, conv, BatchNorm and "
-                        "shortcut add one libbie call with the BatchNorm folded into its epilogue; the stem's "
-                        "BatchNorm, ReLU and max-pool one libbie pass after its conv; the downsample convs' "
-                        "BatchNorms folded into their weights), against the same plain float network; "
+                        "shortcut add one libbie call; the stem's BatchNorm, ReLU and max-pool one libbie pass "
+                        "after its conv; the downsample convs' BatchNorms folded, their bias added in the next "
+                        "call), against the same plain float network; "
                         "folded: the float network with its BatchNorms folded by torch.fx "
                         "(torch.fx.experimental.optimization.fuse), and the fused network's ratio against it.")
             out += table(["model", "batch", "timing", "inference ms (bie / baseline)", "ratio",

@@ -101,6 +101,9 @@ class FusedConv2d(nn.Module):
         self.register_buffer("bits_bias", None, persistent=False)
         self._drop_act = False
         self.bits_for = None  # the FusedConv2d (binary) that reads this one's output, set by fuse()
+        self.res_bias_from = None  # the FoldedConv2d whose bias this call adds to its residual (fuse())
+        self.register_buffer("res_bias", None, persistent=False)
+        self.register_buffer("out_add_res", None, persistent=False)
         # the conv's geometry as conv2d_forward takes it, and bits shapes by input shape
         self._geo = conv._geometry() + (conv.pad_value if isinstance(conv, BinaryConv2d) else F.PAD_ZERO,)
         self._bits_shapes = {}
@@ -120,6 +123,9 @@ class FusedConv2d(nn.Module):
         self.bits_bias = _bits_bias(self.bits_for)
         self.out_mul = None if self.bn is None else mul
         self.out_add = None if self.bn is None and self.conv.bias is None else add
+        src = self.res_bias_from
+        self.res_bias = None if src is None else _bn_affine(src.bn, src.conv.bias, o, dev)[1]
+        self.out_add_res = None if src is None else (add + self.res_bias).contiguous()
         self._runs = {}
 
     def train(self, mode=True):
@@ -145,7 +151,11 @@ class FusedConv2d(nn.Module):
 
     def forward(self, x, residual=None):
         conv = self.conv
+        # a residual without its bias, which this call adds (FoldedConv2d.bias_to)
+        res_bias = residual is not None and getattr(residual, "_bie_res_bias", None) is self
         if not self._fast(x, residual):
+            if res_bias:
+                residual = residual + self.res_bias.to(residual.dtype).view(1, -1, 1, 1)
             y = conv(x if self.act is None else self.act(x))
             if self.bn is not None:
                 y = self.bn(y)
@@ -153,14 +163,14 @@ class FusedConv2d(nn.Module):
         if self.act is not None and not self._drop_act:
             x = self.act(x)
         w = conv._prepare_forward(x)
-        mul, add, bb = self.out_mul, self.out_add, self.bits_bias
+        mul, add, bb = self.out_mul, self.out_add_res if res_bias else self.out_add, self.bits_bias
         if residual is not None and residual.dtype != x.dtype:
             residual = residual.to(x.dtype)
         given = getattr(x, "_bie_bits", None)
         # the bits of x + bias_a that the conv before made for this one, if it did
         src = given[1] if given is not None and given[0] is self and (self.act is None or self._drop_act) else None
         operands = (w, conv.scale_a, conv.scale_w, conv.bias_a)
-        key = (x.shape, x.stride(), x.dtype, x.device, src is None, tuple(map(id, operands)),
+        key = (x.shape, x.stride(), x.dtype, x.device, src is None, res_bias, tuple(map(id, operands)),
                None if residual is None else (residual.shape, residual.stride(), residual.device))
         run = self._runs.get(key)
         if run is not None:  # a call like an earlier one: its plan, without rebuilding the plan's key
@@ -193,12 +203,15 @@ class FusedConv2d(nn.Module):
 class FoldedConv2d(nn.Module):
     """A float nn.Conv2d and the BatchNorm2d after it: bn(conv(x)) in training (or with autograd
     on), and at inference one convolution whose weight and bias hold the BatchNorm (folded by
-    torch.nn.utils.fusion.fuse_conv_bn_eval when the module enters eval mode)."""
+    torch.nn.utils.fusion.fuse_conv_bn_eval when the module enters eval mode). When its output is
+    only the residual of a FusedConv2d (bias_to, set by fuse(): a downsample shortcut), it leaves
+    the bias to that call's out_add and marks its output so (y._bie_res_bias = bias_to)."""
 
     def __init__(self, conv, bn):
         super().__init__()
         self.conv, self.bn = conv, bn
         self._folded = None
+        self.bias_to = None
 
     def train(self, mode=True):
         super().train(mode)
@@ -208,7 +221,12 @@ class FoldedConv2d(nn.Module):
     def forward(self, x):
         if self.training or torch.is_grad_enabled() or self._folded is None:
             return self.bn(self.conv(x))
-        return self._folded(x)
+        if self.bias_to is None:
+            return self._folded(x)
+        c = self._folded
+        y = torch.nn.functional.conv2d(x, c.weight, None, c.stride, c.padding, c.dilation, c.groups)
+        y._bie_res_bias = self.bias_to
+        return y
 
 
 class FoldedConvPool(nn.Module):
@@ -357,6 +375,18 @@ def fuse(model):
         bn_node.replace_all_uses_with(folded)
         gm.graph.erase_node(bn_node)
         gm.graph.erase_node(node)
+    # a FoldedConv2d read only as a FusedConv2d's residual leaves its bias to that call's out_add
+    for node in gm.graph.nodes:
+        m = gm.get_submodule(node.target) if node.op == "call_module" else None
+        user = _only_user(node)
+        if (not isinstance(m, FoldedConv2d) or user is None or user.op != "call_module" or len(user.args) != 2
+                or user.args[1] is not node or user.args[0] is node):
+            continue
+        f = gm.get_submodule(user.target)
+        if isinstance(f, FusedConv2d) and f.res_bias_from is None and f.conv.out_channels == m.conv.out_channels:
+            object.__setattr__(m, "bias_to", f)  # (references, not submodules)
+            object.__setattr__(f, "res_bias_from", m)
+            f._fold()
     # a FusedConv2d whose output a binary one reads as its input writes that one's bits
     for node in gm.graph.nodes:
         m = gm.get_submodule(node.target) if node.op == "call_module" else None

@@ -288,3 +288,40 @@ def test_repeated_calls_reuse_their_plans(device):
             g.eval()
             assert not g.fused_0._runs
             assert not torch.equal(g(xs[0]), first[0])
+
+
+class DownBlock(nn.Module):
+    """A block whose shortcut is a strided 1x1 conv and its BatchNorm (a ResNet downsample)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.act = nn.Hardtanh()
+        self.conv = nn.Conv2d(c, 2 * c, 3, 2, 1, bias=False)
+        self.bn = nn.BatchNorm2d(2 * c)
+        self.down = nn.Sequential(nn.Conv2d(c, 2 * c, 1, 2, bias=False), nn.BatchNorm2d(2 * c))
+
+    def forward(self, x):
+        return self.bn(self.conv(self.act(x))) + self.down(x)
+
+
+def test_downsample_bias_goes_to_the_fused_call(device):
+    """The downsample's folded bias is added in the fused conv's epilogue (out_add), not by a pass of
+    its own: the result matches the model within the folds' rounding, eval or not."""
+    for dt in dtypes(device):
+        torch.manual_seed(2)
+        m = prepared(nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1), nn.BatchNorm2d(8), DownBlock(8)), "binary", device, dt,
+                     ["0", "2.down.0"]).eval()
+        x = inputs(device, dt)
+        with torch.no_grad():
+            m(x)
+        g = bie.fuse(m).eval()
+        folded = [c for c in g.modules() if isinstance(c, bie.FoldedConv2d)]
+        fused = [c for c in g.modules() if isinstance(c, bie.FusedConv2d)]
+        assert len(fused) == 1 and [f.bias_to for f in folded].count(fused[0]) == 1
+        assert fused[0].res_bias_from is not None and fused[0].out_add_res is not None
+        with torch.no_grad():
+            a, b = m(x), g(x)
+        tol = 1e-4 if dt == torch.float32 else 3e-2
+        assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol * a.abs().max().item()), dt
+        assert torch.equal(m.train()(x), g.train()(x))  # training: the original modules
+        m.eval(), g.eval()
