@@ -3,7 +3,8 @@
 // documented pattern), and what it must leave alone of the process's state:
 // - several models training at once give, to the bit, the result of the same training run alone;
 // - the library never calls openblas_set_num_threads (a process-wide setting), and OpenBLAS's
-//   thread count seen by another thread stays what the application set during bie's backward;
+//   thread count seen by another thread stays what the application set during bie's backward (the
+//   weight-only layers' forward and backward included);
 // - the trainings save and reload checkpoints at the same time: the process umask (read from
 //   /proc/self/status, which does not change it) stays as it was, and every file reloads.
 // These are also the programs of `make test-tsan` (ThreadSanitizer), where the OpenMP and OpenBLAS
@@ -12,6 +13,7 @@
 #define _GNU_SOURCE
 #include "bie-train.h"
 #include "test-util.h"
+#include "test-wq.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -203,6 +205,47 @@ static void test_openblas_untouched(int omp_threads) {
           openblas_get_num_threads());
 }
 
+// The weight-only n-bit layer's CPU forward (its sgemm path: more than 16 rows) and backward leave
+// OpenBLAS's thread count alone too, and give the same results at 1 and 2 OpenMP threads.
+static void test_wq_openblas_untouched(int omp_threads) {
+    set_blas(2);
+    __atomic_store_n(&calls_openblas_set, 0, __ATOMIC_RELAXED);
+    struct layer L;
+    make_layer(&L, 40, 96, 70, 4, 32, BIE_WQ_ZERO_CODE, false, false, false);
+    struct bie_tensor x = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){L.M, 96}, NULL),
+                      gy = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){L.M, 70}, NULL);
+    test_fill_uniform(&x, -1.0f, 1.0f);
+    test_fill_uniform(&gy, -1.0f, 1.0f);
+    struct bie_tensor y[2], gx[2], gw[2];
+    for (int t = 0; t < 2; t++) {
+        struct bie_context_params p;
+        bie_context_params_default(&p);
+        p.num_threads = t == 0 ? 1 : omp_threads;
+        bie_context_t * ctx;
+        bie_context_create(&p, &ctx);
+        y[t] = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){L.M, 70}, NULL);
+        gx[t] = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){L.M, 96}, NULL);
+        gw[t] = test_tensor(BIE_DTYPE_F32, 2, (int64_t[]){96, 70}, NULL);
+        CHECK_OK(ctx, bie_wq_linear_forward(ctx, &L.d, &L.w, &x, &y[t]));
+        CHECK_OK(ctx, bie_wq_linear_backward(ctx, &L.d, &L.w, &x, &gy, &gx[t], &gw[t]));
+        bie_context_destroy(ctx);
+    }
+    CHECK(calls_openblas_set == 0, "the weight-only layer called openblas_set_num_threads %d times",
+          calls_openblas_set);
+    CHECK(openblas_get_num_threads() == 2,
+          "OpenBLAS's thread count is %d after the weight-only layer, the application "
+          "set 2",
+          openblas_get_num_threads());
+    const size_t ny = (size_t)(L.M * 70) * 4, nx = (size_t)(L.M * 96) * 4, nw = (size_t)(96 * 70) * 4;
+    CHECK(memcmp(y[0].data, y[1].data, ny) == 0 && memcmp(gx[0].data, gx[1].data, nx) == 0 &&
+              memcmp(gw[0].data, gw[1].data, nw) == 0,
+          "the weight-only layer's results differ between 1 and %d OpenMP threads", omp_threads);
+    for (int t = 0; t < 2; t++) test_tensor_free(&y[t]), test_tensor_free(&gx[t]), test_tensor_free(&gw[t]);
+    test_tensor_free(&x);
+    test_tensor_free(&gy);
+    free_layer(&L);
+}
+
 // The process umask, read without changing it.
 static int read_umask(void) {
     FILE * f = fopen("/proc/self/status", "r");
@@ -223,6 +266,7 @@ int main(int argc, char ** argv) {
     set_blas(2);
     test_concurrent_training(omp_threads, tsan && *tsan ? 1 : 3);
     test_openblas_untouched(omp_threads);
+    test_wq_openblas_untouched(omp_threads);
     CHECK(read_umask() == mask0 && mask0 == 027, "the process umask is %03o after the saves, it was %03o", read_umask(),
           mask0);
     return test_finish("test-concurrency");

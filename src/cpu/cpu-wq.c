@@ -12,9 +12,9 @@
 // an OpenMP thread (so every output is the same sum whatever the thread count).
 // Declined (to the reference): the scalar ISA, and groups that are not whole 32-row blocks.
 #include "cpu/cpu-impl.h"
+#include "cpu/cpu-sgemm.h"
 #include "cpu/cpu-wq.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 
@@ -195,15 +195,14 @@ static enum bie_status forward_sgemm(bie_context_t * ctx, const struct bie_wq_ca
     float * xa = cpu_arena_take(&a, (size_t)(c->M * c->K) * sizeof(float));
     uint8_t * bufs = cpu_arena_take(&a, (size_t)threads * per);
     dense_x(c, xa, threads);
-    openblas_set_num_threads(1);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t p = 0; p < npanel; p++) {
         float * wp = (float *)(bufs + (size_t)omp_get_thread_num() * per);
         float * yp = (float *)((uint8_t *)wp + cpu_arena_size((size_t)(c->K * WQ_PANEL) * sizeof(float)));
         const int64_t n0 = p * WQ_PANEL, nb = c->N - n0 < WQ_PANEL ? c->N - n0 : WQ_PANEL;
         k->dequant(&j, n0, (int)nb, 0, j.nblk, c->K, wp, WQ_PANEL);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)c->M, (int)nb, (int)c->K, 1.0f, xa, (int)c->K, wp,
-                    WQ_PANEL, 0.0f, yp, WQ_PANEL);
+        cpu_sgemm_1t(CblasNoTrans, CblasNoTrans, (int)c->M, (int)nb, (int)c->K, 1.0f, xa, (int)c->K, wp, WQ_PANEL, 0.0f,
+                     yp, WQ_PANEL);
         store_rows(c, yp, WQ_PANEL, 0, c->M, n0, nb);
     }
     return BIE_STATUS_OK;
@@ -239,14 +238,13 @@ enum bie_status bie_cpu_wq_backward(bie_context_t * ctx, const struct bie_wq_cal
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++)
             g[m * N + n] = cpu_load(&c->grad_y, m * c->grad_y.stride[0] + n * c->grad_y.stride[1]);
-    openblas_set_num_threads(1);
     if (gw) {
         dense_x(c, xk, threads);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
         for (int64_t b = 0; b < nkb; b++) {
             const int64_t k0 = b * WQ_PANEL, kb = K - k0 < WQ_PANEL ? K - k0 : WQ_PANEL;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)kb, (int)N, (int)M, 1.0f, xk + k0, (int)K, g,
-                        (int)N, 0.0f, (float *)c->grad_w.data + k0 * N, (int)N);
+            cpu_sgemm_1t(CblasTrans, CblasNoTrans, (int)kb, (int)N, (int)M, 1.0f, xk + k0, (int)K, g, (int)N, 0.0f,
+                         (float *)c->grad_w.data + k0 * N, (int)N);
         }
     }
     if (gx) {
@@ -255,8 +253,8 @@ enum bie_status bie_cpu_wq_backward(bie_context_t * ctx, const struct bie_wq_cal
             float * wp = (float *)(bufs + (size_t)omp_get_thread_num() * per);
             const int64_t k0 = b * WQ_PANEL, kb = K - k0 < WQ_PANEL ? K - k0 : WQ_PANEL;
             k->dequant(&j, 0, (int)N, k0 / 32, (k0 + kb + 31) / 32, K, wp, (size_t)N);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)kb, (int)N, 1.0f, g, (int)N, wp, (int)N,
-                        0.0f, xk + k0, (int)K);
+            cpu_sgemm_1t(CblasNoTrans, CblasTrans, (int)M, (int)kb, (int)N, 1.0f, g, (int)N, wp, (int)N, 0.0f, xk + k0,
+                         (int)K);
         }
         const struct bie_tensor * t = &c->grad_x;
 #pragma omp parallel for num_threads(threads)
