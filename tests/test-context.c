@@ -160,15 +160,49 @@ static void test_message_cleared(void) {
 // every public function takes, so the overlap is certain, not a race the test hopes to hit).
 struct intruder {
     bie_context_t * ctx;
+    bool every_family; // also one call of each other family of entry points (which must be refused)
     enum bie_status status;
     char msg[BIE_ERROR_CAP];
+    const char * owner_msg; // the owner's message, which a refused call leaves as it is
+    int not_refused;        // of those calls, how many were let in (they write the owner's message)
 };
+// A call of entry point family i (NULL arguments: the guard refuses a second thread before it reads
+// them), or -1 past the last family.
+static enum bie_status family_call(bie_context_t * ctx, int i) {
+    switch (i) {
+    case 0: return bie_matmul_forward(ctx, NULL, NULL);
+    case 1: return bie_matmul_backward(ctx, NULL, NULL);
+    case 2: return bie_embedding_forward(ctx, NULL, NULL);
+    case 3: return bie_embedding_backward(ctx, NULL, NULL);
+    case 4: return bie_wq_linear_forward(ctx, NULL, NULL, NULL, NULL);
+    case 5: return bie_wq_linear_backward(ctx, NULL, NULL, NULL, NULL, NULL, NULL);
+    case 6: return bie_wq_dequantize(ctx, NULL, NULL, NULL);
+    case 7: return bie_wq_pack(ctx, NULL, NULL, NULL, NULL);
+    case 8: return bie_wq_unpack(ctx, NULL, NULL, NULL, NULL);
+    case 9: return bie_wq_quantize(ctx, NULL, NULL, NULL);
+    case 10: return bie_affine_maxpool2d_forward(ctx, NULL, NULL);
+    case 11: return bie_linear_forward(ctx, NULL, NULL);
+    case 12: return bie_pack(ctx, NULL, NULL, NULL);
+    default: return (enum bie_status) - 1;
+    }
+}
 static void * intrude(void * arg) {
     struct intruder * in = arg;
     float x[4] = {1, -1, 2, -2}, y[4];
     struct bie_tensor tx = TEST_VIEW(x, BIE_DTYPE_F32, 4), ty = TEST_VIEW(y, BIE_DTYPE_F32, 4);
     in->status = bie_activation_forward(in->ctx, BIE_ACT_RELU, &(struct bie_activation_args){&tx, &ty});
     snprintf(in->msg, sizeof in->msg, "%s", bie_context_last_error(in->ctx));
+    for (int i = 0; in->every_family; i++) {
+        const enum bie_status s = family_call(in->ctx, i);
+        if ((int)s == -1) break;
+        if (s != BIE_STATUS_INVALID_ARGUMENT || strcmp(in->ctx->error, in->owner_msg) != 0) {
+            if (!in->not_refused)
+                fprintf(stderr, "family %d: %s, the context's message \"%s\"\n", i, bie_status_string(s),
+                        in->ctx->error);
+            in->not_refused++;
+            snprintf(in->ctx->error, sizeof in->ctx->error, "%s", in->owner_msg); // (the owner waits in join)
+        }
+    }
     return NULL;
 }
 
@@ -182,11 +216,13 @@ static void test_shared_context(void) {
         struct bie_ctx_guard g = {ctx};
         CHECK(bie_ctx_enter(ctx), "enter"); // this thread is now inside a call on ctx
         snprintf(ctx->error, sizeof ctx->error, "%s", owner_msg);
-        struct intruder in = {.ctx = ctx};
+        struct intruder in = {.ctx = ctx, .every_family = true, .owner_msg = owner_msg};
         pthread_t th;
         pthread_create(&th, NULL, intrude, &in);
         pthread_join(th, NULL);
         CHECK(in.status == BIE_STATUS_INVALID_ARGUMENT, "a second thread's call got %s", bie_status_string(in.status));
+        CHECK(in.not_refused == 0, "%d entry points let a second thread in (the first is printed above)",
+              in.not_refused);
         CHECK(strstr(in.msg, "another thread") != NULL, "the refused thread reads \"%s\"", in.msg);
         CHECK(strcmp(bie_context_last_error(ctx), owner_msg) == 0, "the owner's message became \"%s\"",
               bie_context_last_error(ctx));

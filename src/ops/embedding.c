@@ -127,7 +127,7 @@ static enum bie_status dispatch(bie_context_t * ctx, const struct bie_embedding_
 enum bie_status bie_embedding_forward(bie_context_t * ctx, const struct bie_embedding_desc * desc,
                                       const struct bie_embedding_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!a) BIE_FAIL("args: is NULL");
     struct bie_embedding_call c;
     BIE_TRY(prepare(ctx, desc, a->indices, a->table, a->scale, &c));
@@ -140,7 +140,7 @@ enum bie_status bie_embedding_forward(bie_context_t * ctx, const struct bie_embe
 enum bie_status bie_embedding_backward(bie_context_t * ctx, const struct bie_embedding_desc * desc,
                                        const struct bie_embedding_backward_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!a) BIE_FAIL("args: is NULL");
     // The backward reads no table: validate the indices against the rows of grad_rows' dense case.
     if (!a->grad_rows) BIE_FAIL("grad_rows: is NULL");

@@ -88,7 +88,7 @@ static enum bie_status dispatch(bie_context_t * ctx, const struct bie_matmul_cal
 enum bie_status bie_matmul_forward(bie_context_t * ctx, const struct bie_matmul_desc * desc,
                                    const struct bie_matmul_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!a) BIE_FAIL("args: is NULL");
     struct bie_matmul_call c;
     BIE_TRY(prepare(ctx, desc, a->x, a->y, a->x_clip, a->y_clip, &c));
@@ -104,7 +104,7 @@ enum bie_status bie_matmul_forward(bie_context_t * ctx, const struct bie_matmul_
 enum bie_status bie_matmul_backward(bie_context_t * ctx, const struct bie_matmul_desc * desc,
                                     const struct bie_matmul_backward_args * a) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
-    bie_clear_error(ctx);
+    BIE_ENTER(ctx);
     if (!a) BIE_FAIL("args: is NULL");
     struct bie_matmul_call c;
     BIE_TRY(prepare(ctx, desc, a->x, a->y, a->x_clip, a->y_clip, &c));

@@ -216,6 +216,7 @@ enum bie_status bie_wq_linear_forward(bie_context_t * ctx, const struct bie_wq_d
                                       const struct bie_wq_weight * weight, const struct bie_tensor * x,
                                       struct bie_tensor * y) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    BIE_ENTER(ctx);
     struct bie_wq_call c;
     void * owned[2] = {NULL, NULL};
     enum bie_status s = prepare(ctx, desc, weight, &c, owned);
@@ -235,6 +236,7 @@ enum bie_status bie_wq_linear_backward(bie_context_t * ctx, const struct bie_wq_
                                        const struct bie_tensor * grad_y, struct bie_tensor * grad_x,
                                        struct bie_tensor * grad_w) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    BIE_ENTER(ctx);
     struct bie_wq_call c;
     void * owned[2] = {NULL, NULL};
     enum bie_status s = prepare(ctx, desc, weight, &c, owned);
@@ -265,6 +267,7 @@ enum bie_status bie_wq_linear_backward(bie_context_t * ctx, const struct bie_wq_
 enum bie_status bie_wq_dequantize(bie_context_t * ctx, const struct bie_wq_desc * desc,
                                   const struct bie_wq_weight * weight, struct bie_tensor * w) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    BIE_ENTER(ctx);
     struct bie_wq_call c;
     void * owned[2] = {NULL, NULL};
     enum bie_status s = prepare(ctx, desc, weight, &c, owned);
@@ -313,6 +316,7 @@ static enum bie_status codes_call(bie_context_t * ctx, const struct bie_wq_desc 
                                   const struct bie_tensor * group_bits, const struct bie_tensor * codes,
                                   const struct bie_tensor * qweight, bool pack) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    BIE_ENTER(ctx);
     if (!qweight) BIE_FAIL("qweight: is NULL");
     struct bie_wq_call c;
     void * owned[2] = {NULL, NULL};
@@ -369,6 +373,7 @@ static float rounded(const struct bie_tensor * t, float v) {
 enum bie_status bie_wq_quantize(bie_context_t * ctx, const struct bie_wq_desc * desc, const struct bie_tensor * w,
                                 const struct bie_wq_weight * weight) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    BIE_ENTER(ctx);
     struct bie_wq_call c;
     void * owned[2] = {NULL, NULL};
     enum bie_status s = prepare(ctx, desc, weight, &c, owned);
