@@ -5,7 +5,7 @@
 // x / y / grad_y / grad_x are 2-D views [M, K] or [M, N] (leading dims flattened), the weight's
 // tensors are dense, and the group layout is resolved on the host (bits and first word row of every
 // group). Backends then run without re-validating: the reference (src/ref/ref-wq.c, the
-// specification), the CPU kernels (src/cpu/cpu-wq*.c) and CUDA (src/cuda/cuda-wq.cu). A backend may
+// specification), the CPU kernels (src/cpu/cpu-wq*.c) and CUDA (src/cuda/cuda-wq*.cu). A backend may
 // return BIE_DECLINED (CPU -> reference).
 #pragma once
 
@@ -60,7 +60,7 @@ enum bie_status bie_cpu_wq_backward(bie_context_t * ctx, const struct bie_wq_cal
 enum bie_status bie_cpu_wq_dequantize(bie_context_t * ctx, const struct bie_wq_call * c, const struct bie_tensor * w);
 
 #ifdef BIE_HAVE_CUDA
-// CUDA (src/cuda/cuda-wq.cu): every case of a valid call (no fallback).
+// CUDA (src/cuda/cuda-wq*.cu): every case of a valid call (no fallback).
 enum bie_status bie_cuda_wq_forward(bie_context_t * ctx, const struct bie_wq_call * c);
 enum bie_status bie_cuda_wq_backward(bie_context_t * ctx, const struct bie_wq_call * c);
 enum bie_status bie_cuda_wq_dequantize(bie_context_t * ctx, const struct bie_wq_call * c, const struct bie_tensor * w);

@@ -2,259 +2,21 @@
 // cuda-wq.cu: the CUDA backend of the weight-only n-bit layer (wq-impl.h; equations in bie.h and
 // src/ref/ref-wq.c).
 //
-// Decode (M <= 16 rows), f16/bf16 x, uniform 2/4/8 bits, N % 4 == 0, groups of whole chunks
-// (a chunk is 4 word rows = 128/b packed rows): wq_mma_kernel. A warp owns 32 columns and a K range
-// (split-K over blockIdx.y); each lane loads one 16-byte vector per chunk (4 columns of one word
-// row: lane = 4*g + t holds columns n0+4g .. n0+4g+3 of word row t of the chunk), so the weight is
-// read once, in 512-byte rows per warp, and never leaves registers. The codes become f16 (bf16)
-// halves by the magic-number trick ((code | 0x6400) is the half 1024 + code; minus 1024 exactly)
-// and feed mma.sync m16n8k16 as the B operand of 4 n-tiles (column 4c + j of the warp's 32 is
-// column c of n-tile j); x' (16 rows, zero-padded) is laid out per chunk in the order in which the
-// halves come out (xs below), so A fragments are plain 8-byte loads from shared memory. The mma
-// sums x'*code per chunk in f32; each group ends with y += s*acc - c*xsum (c = s*z, s*2^(b-1) or z),
-// like the CPU path. Partial sums of the K ranges go to a workspace and a second kernel adds them
-// in a fixed order (deterministic), with the bias.
+// Decode (M <= 16 rows), f16/bf16 x, uniform 2/4/8 bits, N % 4 == 0, groups of whole chunks: the
+// mma kernel of cuda-wq-decode.cu.
 // Everything else with M <= 16 (3, 5, 6, 7 bits, mixed bits, f32 x, odd N): wq_simt_kernel, one
 // column per thread, W computed per element exactly as the reference does.
 // M > 16 (prefill) and grad_x: the weight is dequantised to x's dtype in panels (wq_dequant_kernel)
 // and cuBLAS multiplies (f32 accumulation); grad_w = x'^T g is one cuBLAS GEMM.
-#include "cuda/cuda-impl.cuh"
-#include "cuda/cuda-ptx.cuh"
-
-extern "C" {
-#include "wq-impl.h"
-}
-
-#define WQ_MAX_DECODE_M 16
-#define WQ_WARPS 4 // warps per block of the decode kernels (each its own 32 columns)
-#define WQ_BATCH 8 // chunks whose words a lane keeps in flight
-
-// --- shared views ---------------------------------------------------------------------------------
-
-struct wq_dev {
-    const uint32_t * qw;
-    int64_t K, N, rows, G, gs;
-    int bits;              // uniform bits, or 0
-    const int32_t * gbits; // device [G] (mixed)
-    const int64_t * gword; // device [G+1] (mixed)
-    int zero;
-    const char * scales;
-    const char * zeros;
-    int sdt, zdt;
-};
-
-__device__ __forceinline__ uint32_t wq_code(const wq_dev & w, int64_t r, int64_t n) {
-    const int64_t g = qdiv(r, w.gs);
-    const int b = w.bits ? w.bits : w.gbits[g];
-    const int64_t bit = w.bits ? r * b : w.gword[g] * 32 + (r - g * w.gs) * b;
-    const int64_t wi = bit >> 5;
-    const int sh = (int)(bit & 31);
-    uint64_t v = w.qw[wi * w.N + n];
-    if (sh + b > 32 && wi + 1 < w.rows) v |= (uint64_t)w.qw[(wi + 1) * w.N + n] << 32;
-    return (uint32_t)(v >> sh) & ((1u << b) - 1u);
-}
-
-// W[r, n], f32 operations as in wq-impl.h (this file is built without FMA contraction).
-__device__ __forceinline__ float wq_value(const wq_dev & w, int64_t r, int64_t n) {
-    const int64_t g = qdiv(r, w.gs);
-    const int b = w.bits ? w.bits : w.gbits[g];
-    const float q = (float)wq_code(w, r, n);
-    const float s = ld_float(w.scales, w.sdt, g * w.N + n);
-    if (w.zero == BIE_WQ_ZERO_SYM) return s * (q - (float)(1 << (b - 1)));
-    const float z = ld_float(w.zeros, w.zdt, g * w.N + n);
-    return w.zero == BIE_WQ_ZERO_CODE ? s * (q - z) : s * q - z;
-}
-
-// c of a group's correction y -= c * xsum: s*z, s*2^(b-1) or z.
-__device__ __forceinline__ float wq_corr(const wq_dev & w, int64_t g, int64_t n, float s) {
-    if (w.zero == BIE_WQ_ZERO_SYM) return s * (float)(1 << ((w.bits ? w.bits : w.gbits[g]) - 1));
-    const float z = ld_float(w.zeros, w.zdt, g * w.N + n);
-    return w.zero == BIE_WQ_ZERO_CODE ? s * z : z;
-}
-
-struct wq_x {
-    dview x; // [M, K] 2-D view (4-D right-aligned)
-    const int32_t * perm;
-    const char * cs;
-    int csdt;
-};
-
-__device__ __forceinline__ float wq_xprime(const wq_x & a, int64_t m, int64_t r, int64_t K) {
-    int64_t k = a.perm ? (int64_t)a.perm[r] : r;
-    k = k < 0 ? 0 : k >= K ? K - 1 : k; // a bad perm never reads out of bounds
-    const float v = ld_float(a.x.data, a.x.dtype, m * a.x.stride[2] + k * a.x.stride[3]);
-    return a.cs ? v * ld_float(a.cs, a.csdt, k) : v;
-}
+#include "cuda/cuda-wq.cuh"
 
 // --- x' for the kernels -----------------------------------------------------------------------------
-
-// Row r of chunk-local position p (chunk of 128/b rows): p = 16*s + 4*t + f is fragment value f of
-// lane t's word in slab s; the word holds V = 32/b codes v (rows t*V + v), and its halves pair
-// codes (i, i + V/2): slab s takes pairs 2s (values f = 0, 1) and 2s+1 (f = 2, 3).
-__host__ __device__ __forceinline__ int wq_chunk_row(int b, int p) {
-    const int V = 32 / b, s = p / 16, t = (p / 4) % 4, f = p % 4;
-    const int i = 2 * s + f / 2;
-    return t * V + i + (f % 2) * (V / 2);
-}
-
-// xs[m][p] (T, [M][Kp]) in the chunk order above, and xsc[m][c] the f32 sum of chunk c's rounded
-// values (0 for the mma's rows M .. 15). A warp per (m, c), a lane per value (and 32 on), the sum
-// in a fixed tree: the loads of a chunk are in flight together.
-template <typename T>
-__global__ void wq_xs_kernel(wq_x a, int64_t M, int64_t K, int b, int64_t nchunk, T * xs, float * xsc) {
-    const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (wid >= 16 * nchunk) return;
-    const int64_t m = wid / nchunk, c = wid % nchunk;
-    if (m >= M) {
-        if (lane == 0) xsc[m * nchunk + c] = 0.0f;
-        return;
-    }
-    const int cr = 128 / b;
-    const int64_t Kp = nchunk * cr;
-    float sum = 0.0f;
-    for (int p = lane; p < cr; p += 32) {
-        const int64_t r = c * cr + wq_chunk_row(b, p);
-        const T v = from_f32<T>(r < K ? wq_xprime(a, m, r, K) : 0.0f);
-        xs[m * Kp + c * cr + p] = v;
-        sum += to_f32(v);
-    }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) xsc[m * nchunk + c] = sum;
-}
 
 // xo[m][r] = x'[m, r] as To (dense [M][K]).
 template <typename To> __global__ void wq_xdense_kernel(wq_x a, int64_t M, int64_t K, To * xo) {
     const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= M * K) return;
     xo[id] = from_f32<To>(wq_xprime(a, id / K, id % K, K));
-}
-
-// --- the decode kernel (mma) ------------------------------------------------------------------------
-
-template <typename T> struct wq_mma_traits;
-template <> struct wq_mma_traits<__half> {
-    static constexpr uint32_t magic = 0x64006400u; // half 1024
-    __device__ static uint32_t sub(uint32_t h) {
-        __half2 v = *(__half2 *)&h;
-        v = __hsub2(v, __half2(__float2half_rn(1024.0f), __float2half_rn(1024.0f)));
-        return *(uint32_t *)&v;
-    }
-    __device__ static void mma(float * d, const uint32_t * a, uint32_t b0, uint32_t b1) {
-        mma_sync_f32<false>(d, a, b0, b1);
-    }
-};
-template <> struct wq_mma_traits<__nv_bfloat16> {
-    static constexpr uint32_t magic = 0x43004300u; // bf16 128
-    __device__ static uint32_t sub(uint32_t h) {
-        __nv_bfloat162 v = *(__nv_bfloat162 *)&h;
-        v = __hsub2(v, __nv_bfloat162(__float2bfloat16_rn(128.0f), __float2bfloat16_rn(128.0f)));
-        return *(uint32_t *)&v;
-    }
-    __device__ static void mma(float * d, const uint32_t * a, uint32_t b0, uint32_t b1) {
-        mma_sync_f32<true>(d, a, b0, b1);
-    }
-};
-
-// Half pair i of a word of b-bit codes: codes (i, i + V/2) as two halves (T) holding the codes.
-template <typename T, int B> __device__ __forceinline__ uint32_t wq_pair(uint32_t w, int i) {
-    const uint32_t m = (1u << B) - 1u;
-    const uint32_t v = (w >> (B * i)) & (m | (m << 16));
-    if (B == 8 && sizeof(T) == 2 && wq_mma_traits<T>::magic == 0x43004300u) {
-        // bf16 codes up to 255: 128 + code is not exact; convert through f32
-        __nv_bfloat162 h = __floats2bfloat162_rn((float)(v & 0xFFFF), (float)(v >> 16));
-        return *(uint32_t *)&h;
-    }
-    return wq_mma_traits<T>::sub(v | wq_mma_traits<T>::magic);
-}
-
-// grid (ceil(N / (32*WQ_WARPS)), S); K range of split y: chunks [y*cps, (y+1)*cps).
-template <typename T, int B>
-__global__ void __launch_bounds__(32 * WQ_WARPS)
-    wq_mma_kernel(wq_dev w, const T * xs, const float * xsc, int64_t nchunk, int64_t cps, int M, float * part) {
-    constexpr int CR = 128 / B;  // rows per chunk
-    constexpr int SLABS = 8 / B; // 16-row mma steps per chunk
-    extern __shared__ __align__(16) unsigned char wq_smem[];
-    T * sx = (T *)wq_smem; // [M][cps*CR]: x' rows that exist (the mma's rows >= M are zeros)
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
-    const int64_t c0 = (int64_t)blockIdx.y * cps, c1 = c0 + cps < nchunk ? c0 + cps : nchunk;
-    if (c0 >= c1) return;
-    const int64_t n0 = ((int64_t)blockIdx.x * WQ_WARPS + warp) * 32;
-    const int64_t ncol = n0 + 4 * gq; // this lane's 4 columns
-    const bool cols_ok = ncol + 3 < w.N;
-    const int64_t kr = (c1 - c0) * CR, Kp = nchunk * CR;
-    // The block's x' slice to shared memory (16-byte copies; the slice is a multiple of 16 halves).
-    for (int64_t i = threadIdx.x; i < M * kr / 8; i += blockDim.x) {
-        const int64_t m = i / (kr / 8), o = (i % (kr / 8)) * 8;
-        *(uint4 *)(sx + m * kr + o) = *(const uint4 *)(xs + m * Kp + c0 * CR + o);
-    }
-    __syncthreads();
-    if (n0 >= w.N) return;
-    float acc[4][4], y[4][4], xa0 = 0.0f, xa1 = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[j][e] = y[j][e] = 0.0f;
-    int64_t g = qdiv(c0 * CR, w.gs);
-    auto flush = [&](int64_t gg) {
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int64_t n = n0 + 4 * (2 * t + e) + j;
-                if (n >= w.N) continue;
-                const float s = ld_float(w.scales, w.sdt, gg * w.N + n);
-                const float cz = wq_corr(w, gg, n, s);
-                y[j][e] += s * acc[j][e] - cz * xa0;         // row gq
-                y[j][e + 2] += s * acc[j][e + 2] - cz * xa1; // row gq + 8
-                acc[j][e] = acc[j][e + 2] = 0.0f;
-            }
-        xa0 = xa1 = 0.0f;
-    };
-    uint4 buf[WQ_BATCH];
-    for (int64_t cb = c0; cb < c1; cb += WQ_BATCH) {
-#pragma unroll
-        for (int u = 0; u < WQ_BATCH; u++) {
-            const int64_t row = (cb + u) * 4 + t;
-            buf[u] = make_uint4(0, 0, 0, 0);
-            if (cb + u < c1 && row < w.rows && cols_ok) buf[u] = __ldcs((const uint4 *)(w.qw + row * w.N + ncol));
-        }
-#pragma unroll
-        for (int u = 0; u < WQ_BATCH; u++) {
-            const int64_t c = cb + u;
-            if (c >= c1) break;
-            const int64_t gc = qdiv(c * CR, w.gs);
-            if (gc != g) {
-                flush(g);
-                g = gc;
-            }
-            xa0 += xsc[gq * nchunk + c];
-            xa1 += xsc[(gq + 8) * nchunk + c];
-            const uint32_t wd[4] = {buf[u].x, buf[u].y, buf[u].z, buf[u].w};
-            const T * xc = sx + (c - c0) * CR;
-#pragma unroll
-            for (int s = 0; s < SLABS; s++) {
-                const uint2 lo = gq < M ? *(const uint2 *)(xc + gq * kr + 16 * s + 4 * t) : make_uint2(0, 0);
-                const uint2 hi = gq + 8 < M ? *(const uint2 *)(xc + (gq + 8) * kr + 16 * s + 4 * t) : make_uint2(0, 0);
-                const uint32_t a[4] = {lo.x, hi.x, lo.y, hi.y};
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    wq_mma_traits<T>::mma(acc[j], a, wq_pair<T, B>(wd[j], 2 * s), wq_pair<T, B>(wd[j], 2 * s + 1));
-            }
-        }
-    }
-    flush(g);
-    // part[y][m][n] for the rows that exist.
-    float * p = part + (int64_t)blockIdx.y * M * w.N;
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int64_t n = n0 + 4 * (2 * t + e) + j;
-            if (n >= w.N) continue;
-            if (gq < M) p[gq * w.N + n] = y[j][e];
-            if (gq + 8 < M) p[(gq + 8) * w.N + n] = y[j][e + 2];
-        }
 }
 
 // --- the generic decode kernel ----------------------------------------------------------------------
@@ -329,19 +91,6 @@ __global__ void wq_scatter_kernel(const float * gxr, int64_t M, int64_t K, wq_x 
 
 // --- host side ----------------------------------------------------------------------------------------
 
-static inline unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
-
-// Bump allocator over the context's device workspace (256-byte pieces).
-struct wq_ws {
-    char * base;
-    size_t used;
-};
-static void * take(wq_ws & a, size_t bytes) {
-    void * p = a.base + a.used;
-    a.used += (bytes + 255) / 256 * 256;
-    return p;
-}
-
 static wq_dev dev_of(const struct bie_wq_call * c, const int32_t * gbits, const int64_t * gword) {
     wq_dev w;
     w.qw = (const uint32_t *)c->qweight.data;
@@ -359,15 +108,6 @@ static wq_dev dev_of(const struct bie_wq_call * c, const int32_t * gbits, const 
     w.sdt = (int)c->scales.dtype;
     w.zdt = c->zeros.data ? (int)c->zeros.dtype : (int)BIE_DTYPE_F32;
     return w;
-}
-
-static wq_x x_of(const struct bie_wq_call * c, const struct bie_tensor * x) {
-    wq_x a;
-    dview_make(x, &a.x);
-    a.perm = (const int32_t *)c->perm.data;
-    a.cs = (const char *)c->channel_scale.data;
-    a.csdt = c->channel_scale.data ? (int)c->channel_scale.dtype : 0;
-    return a;
 }
 
 static dview view_or_null(const struct bie_tensor * t) {
@@ -399,13 +139,6 @@ static size_t groups_bytes(const struct bie_wq_call * c) {
     return c->bits ? 0 : ((size_t)c->G * 4 + 255) / 256 * 256 + ((size_t)(c->G + 1) * 8 + 255) / 256 * 256;
 }
 
-static bool mma_ok(const struct bie_wq_call * c) {
-    const int b = c->bits;
-    if (c->M > WQ_MAX_DECODE_M || (b != 2 && b != 4 && b != 8) || c->N % 4 != 0) return false;
-    if (c->x.dtype != BIE_DTYPE_F16 && c->x.dtype != BIE_DTYPE_BF16) return false;
-    return c->G == 1 || c->gs % (128 / b) == 0;
-}
-
 // Splits of the K range so that about 24 warps per multiprocessor are busy.
 static int64_t splits(bie_context_t * ctx, int64_t col_warps, int64_t units) {
     const int sm = bie_cuda_sm_count(ctx) > 0 ? bie_cuda_sm_count(ctx) : 132;
@@ -414,53 +147,13 @@ static int64_t splits(bie_context_t * ctx, int64_t col_warps, int64_t units) {
     return s < 1 ? 1 : s;
 }
 
-template <typename T, int B>
-static enum bie_status launch_mma(bie_context_t * ctx, const wq_dev & w, const T * xs, const float * xsc,
-                                  int64_t nchunk, int64_t S, int64_t cps, int M, float * part) {
-    const size_t smem = (size_t)M * cps * (128 / B) * sizeof(T);
-    if (smem > 48 * 1024)
-        CU_TRY(ctx, cudaFuncSetAttribute(wq_mma_kernel<T, B>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-               "wq: shared memory");
-    const dim3 grid(blocks_for(w.N, 32 * WQ_WARPS), (unsigned)S);
-    wq_mma_kernel<T, B><<<grid, 32 * WQ_WARPS, smem, ctx->cuda->stream>>>(w, xs, xsc, nchunk, cps, M, part);
-    LAUNCHED(ctx, "wq_mma_kernel");
-    return BIE_STATUS_OK;
-}
-
 // The decode split: S K ranges of `per` chunks (mma) or rows (SIMT) each.
 static void decode_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S, int64_t * per) {
-    const int64_t col_warps = (c->N + 31) / 32;
-    if (mma_ok(c)) {
-        const int cr = 128 / c->bits;
-        const int64_t nchunk = (c->K + cr - 1) / cr;
-        int64_t cps = (nchunk + splits(ctx, col_warps, nchunk) - 1) / splits(ctx, col_warps, nchunk);
-        const int64_t max_cps = 96 * 1024 / (c->M * cr * 2); // the block's x' slice within 96 KiB of shared memory
-        if (cps > max_cps) cps = max_cps;
-        *per = cps;
-        *S = (nchunk + cps - 1) / cps;
-    } else {
-        const int64_t s0 = splits(ctx, col_warps, (c->K + 15) / 16);
-        const int64_t rps = (c->K + s0 - 1) / s0;
-        *per = rps;
-        *S = (c->K + rps - 1) / rps;
-    }
-}
-
-template <typename T>
-static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call * c, wq_ws & a, const wq_dev & w,
-                                  int64_t S, int64_t cps, float * part) {
-    const int b = c->bits, cr = 128 / b;
-    const int64_t nchunk = (c->K + cr - 1) / cr;
-    T * xs = (T *)take(a, (size_t)16 * nchunk * cr * sizeof(T));
-    float * xsc = (float *)take(a, (size_t)16 * nchunk * sizeof(float));
-    wq_xs_kernel<T><<<blocks_for(16 * nchunk * 32, 128), 128, 0, ctx->cuda->stream>>>(x_of(c, &c->x), c->M, c->K, b,
-                                                                                      nchunk, xs, xsc);
-    LAUNCHED(ctx, "wq_xs_kernel");
-    switch (b) {
-    case 2: return launch_mma<T, 2>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, part);
-    case 4: return launch_mma<T, 4>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, part);
-    default: return launch_mma<T, 8>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, part);
-    }
+    if (wq_mma_ok(c)) return wq_mma_plan(ctx, c, S, per);
+    const int64_t s0 = splits(ctx, (c->N + 31) / 32, (c->K + 15) / 16);
+    const int64_t rps = (c->K + s0 - 1) / s0;
+    *per = rps;
+    *S = (c->K + rps - 1) / rps;
 }
 
 static size_t decode_bytes(const struct bie_wq_call * c, int64_t S) {
@@ -594,9 +287,8 @@ extern "C" enum bie_status bie_cuda_wq_forward(bie_context_t * ctx, const struct
     const wq_dev w = dev_of(c, gb, gw);
     if (!decode) return forward_gemm(ctx, c, w, a);
     float * part = (float *)take(a, (size_t)S * c->M * c->N * 4);
-    if (mma_ok(c)) {
-        if (c->x.dtype == BIE_DTYPE_F16) BIE_TRY(decode_mma<__half>(ctx, c, a, w, S, per, part));
-        else BIE_TRY(decode_mma<__nv_bfloat16>(ctx, c, a, w, S, per, part));
+    if (wq_mma_ok(c)) {
+        BIE_TRY(wq_decode_mma(ctx, c, a, w, S, per, part));
     } else {
         const void * xf;
         BIE_TRY(dense_x(ctx, c, BIE_DTYPE_F32, a, &xf));

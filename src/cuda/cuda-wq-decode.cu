@@ -1,0 +1,399 @@
+// SPDX-License-Identifier: Apache-2.0
+// cuda-wq-decode.cu: the weight-only layer's mma decode kernel (cuda-wq.cuh; equations in bie.h and
+// src/ref/ref-wq.c).
+//
+// Decode (M <= 16 rows), f16/bf16 x, uniform 2/4/8 bits, N % 4 == 0, groups of whole chunks
+// (a chunk is 4 word rows = 128/b packed rows): wq_mma_kernel. A warp owns 32 columns and a K range
+// (split-K over blockIdx.y). Its chunks stream with cp.async through a WQ_STAGES-deep ring in shared
+// memory (8 lanes copy one 128-byte word row), so the weight is read once and the bytes in flight
+// cost no registers; the prologue reads the split's scales and zeros. Lane 4*g + t takes the 16
+// bytes of word row t, columns n0+4g .. n0+4g+3, from the ring. The codes become f16 (bf16) halves
+// by the magic-number trick ((code << p) | 0x6400 is the half 1024 + code * 2^p; one fma gives the
+// code) and feed mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the warp,
+// its row g + 8 column 4g + 2u + 1, and the k index runs over the chunk's rows in the order in which
+// the halves come out. x' is the B operand (its M <= 8 rows an n-tile, two n-tiles to 16), laid
+// out per chunk in that order (xs below), so B fragments are plain 8-byte loads from shared memory.
+// The mma sums x'*code per chunk in f32; each group ends with y += s*acc - c*xsum (c = s*z,
+// s*2^(b-1) or z), like the CPU path. Partial sums of the K ranges go to a workspace and a second
+// kernel adds them in a fixed order (deterministic), with the bias.
+#include <type_traits>
+
+#include "cuda/cuda-ptx.cuh"
+#include "cuda/cuda-wq.cuh"
+
+#define WQ_WARPS 4             // warps a block for M <= 8 (each its own 32 columns); twice that for M > 8
+#define WQ_STAGES 8            // chunks a lane keeps in flight (the cp.async ring)
+#define WQ_MAX_SPLIT_GROUPS 34 // groups whose scales a decode block holds in shared memory
+#define WQ_WARPS_PER_SM 48     // column warps a multiprocessor that the split aims at
+
+// --- x' in chunk order ------------------------------------------------------------------------------
+
+// Row r of chunk-local position p (chunk of 128/b rows): p = 16*s + 4*t + f is fragment value f of
+// lane t's word in slab s; the word holds V = 32/b codes v (rows t*V + v), and its halves pair
+// codes (i, i + V/2): slab s takes pairs 2s (values f = 0, 1) and 2s+1 (f = 2, 3).
+__host__ __device__ __forceinline__ int wq_chunk_row(int b, int p) {
+    const int V = 32 / b, s = p / 16, t = (p / 4) % 4, f = p % 4;
+    const int i = 2 * s + f / 2;
+    return t * V + i + (f % 2) * (V / 2);
+}
+
+// xs[m][p] (T, [M][Kp]) in the chunk order above, and xsc[m][c] the f32 sum of chunk c's rounded
+// values. A warp per (m, c), a lane per value (and 32 on), the sum in a fixed tree: the loads of a
+// chunk are in flight together.
+template <typename T>
+__global__ void wq_xs_kernel(wq_x a, int64_t M, int64_t K, int b, int64_t nchunk, T * xs, float * xsc) {
+    const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (wid >= M * nchunk) return;
+    const int64_t m = wid / nchunk, c = wid % nchunk;
+    const int cr = 128 / b;
+    const int64_t Kp = nchunk * cr;
+    float sum = 0.0f;
+    for (int p = lane; p < cr; p += 32) {
+        const int64_t r = c * cr + wq_chunk_row(b, p);
+        const T v = from_f32<T>(r < K ? wq_xprime(a, m, r, K) : 0.0f);
+        xs[m * Kp + c * cr + p] = v;
+        sum += to_f32(v);
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) xsc[m * nchunk + c] = sum;
+}
+
+// --- the kernel -------------------------------------------------------------------------------------
+
+// The 16-bit type's magic number: (code << p) | magic is the value base + code * 2^p, exactly
+// (f16 base 1024: spacing 1 up to 2048; bf16 base 128: exact while the code's bits fit the
+// mantissa, which holds for every (b, p) used below except 8-bit codes).
+template <typename T> struct wq_mma_traits {
+    static constexpr bool bf16 = sizeof(T) == 2 && !std::is_same<T, __half>::value;
+    static constexpr uint32_t magic = bf16 ? 0x43004300u : 0x64006400u;
+    static constexpr float base = bf16 ? 128.0f : 1024.0f;
+    // h * m + a on both halves (one rounding: exact where the result is a small integer)
+    __device__ static uint32_t fma(uint32_t h, float m, float a) {
+        uint32_t r;
+        if constexpr (bf16) {
+            const __nv_bfloat162 v =
+                __hfma2(*(const __nv_bfloat162 *)&h, __float2bfloat162_rn(m), __float2bfloat162_rn(a));
+            r = *(const uint32_t *)&v;
+        } else {
+            const __half2 v = __hfma2(*(const __half2 *)&h, __float2half2_rn(m), __float2half2_rn(a));
+            r = *(const uint32_t *)&v;
+        }
+        return r;
+    }
+    __device__ static void mma(float * d, const uint32_t * a, uint32_t b0, uint32_t b1) {
+        mma_sync_f32<bf16>(d, a, b0, b1);
+    }
+};
+
+// Half pair i of a word of b-bit codes: codes (i, i + V/2) (bits b*i and b*i + 16) as two halves (T)
+// holding the codes. Pair i sits in byte i / P (P = 8/b pairs a byte) at bit p = b * (i % P): one
+// shift per byte, then (v & mask) | magic = base + code * 2^p, and code = that * 2^-p - base * 2^-p
+// in one fma (a subtraction where p = 0). Where bits p .. p+b-1 would leave the mantissa (bf16's
+// 7 bits), the pair is shifted down to p = 0 first.
+template <typename T, int B> __device__ __forceinline__ uint32_t wq_pair(uint32_t w, int i) {
+    constexpr int P = 8 / B;
+    constexpr int MANT = wq_mma_traits<T>::bf16 ? 7 : 10; // mantissa bits
+    int p = B * (i % P);
+    const int sh = 8 * (i / P) + (p + B > MANT ? p : 0); // the code's bits must stay in the mantissa
+    p = p + B > MANT ? 0 : p;
+    const uint32_t v = sh ? w >> sh : w;
+    const uint32_t m = ((1u << B) - 1u) << p;
+    if (B == 8 && wq_mma_traits<T>::bf16) {
+        // bf16 codes up to 255: 128 + code is not exact; convert through f32
+        const uint32_t c = v & 0x00FF00FFu;
+        __nv_bfloat162 h = __floats2bfloat162_rn((float)(c & 0xFFFF), (float)(c >> 16));
+        return *(uint32_t *)&h;
+    }
+    const uint32_t h = lop3_and_or(v, m | (m << 16), wq_mma_traits<T>::magic);
+    const float inv = 1.0f / (float)(1 << p);
+    return wq_mma_traits<T>::fma(h, inv, -wq_mma_traits<T>::base * inv);
+}
+
+// The ring's and the scale slots' bytes a warp takes in shared memory (ngroups: groups a split
+// touches at most, wq_split_groups).
+__host__ __device__ constexpr int wq_warp_smem(int ngroups) { return WQ_STAGES * 512 + ngroups * 256; }
+
+// The x' slice's row stride in shared memory: kr halves padded to 16 mod 64, so that the rows of
+// one B-fragment load (lane 4*g + t reads row g at 8-byte position t) start 8 banks apart and each
+// half-warp touches all 32 banks once.
+__host__ __device__ inline int64_t wq_x_stride(int64_t kr) { return kr + ((16 - kr % 64) + 64) % 64; }
+
+// Groups that a split of cps chunks touches at most (cpg chunks a group; it may start inside one).
+__host__ __device__ inline int wq_split_groups(int64_t cps, int64_t cpg) { return (int)((cps - 1) / cpg) + 2; }
+
+// The split's scales s and corrections c (s*z, s*2^(b-1) or z) of the quad's 4 columns as f32:
+// group gl at slots + gl*256 + quad (float4 s, float4 c); lane t of the quad takes gl = t mod 4.
+template <int B>
+__device__ __forceinline__ void wq_split_scales(const wq_dev & w, unsigned char * slots, int64_t g0, int ng, int t,
+                                                int quad, int64_t ncol, bool cols_ok) {
+    for (int gl = t; gl < ng; gl += 4) {
+        float4 * sl = (float4 *)(slots + gl * 256 + quad);
+        float sv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (cols_ok)
+            for (int c = 0; c < 4; c++) {
+                const int64_t e = (g0 + gl) * w.N + ncol + c;
+                sv[c] = ld_float(w.scales, w.sdt, e);
+                cz[c] = w.zero == BIE_WQ_ZERO_SYM    ? sv[c] * (float)(1 << (B - 1))
+                        : w.zero == BIE_WQ_ZERO_CODE ? sv[c] * ld_float(w.zeros, w.zdt, e)
+                                                     : ld_float(w.zeros, w.zdt, e);
+            }
+        sl[0] = make_float4(sv[0], sv[1], sv[2], sv[3]);
+        sl[1] = make_float4(cz[0], cz[1], cz[2], cz[3]);
+    }
+}
+
+// The block's x' slice (rows m < M, kr values from xs's position p0 of Kp) to sx (row stride ks;
+// 16-byte copies, the slice being a multiple of 16 halves), and x' summed per group of the split
+// (in chunk order, from the chunk sums xsc) to sxg[m][gl].
+template <typename T>
+__device__ __forceinline__ void wq_split_x(const T * xs, const float * xsc, T * sx, float * sxg, int M, int64_t Kp,
+                                           int64_t p0, int64_t kr, int64_t ks, int64_t nchunk, int64_t c0, int nc,
+                                           int rem0, int cpg, int ng, int ngroups) {
+    for (int64_t i = threadIdx.x; i < M * kr / 8; i += blockDim.x) {
+        const int64_t m = i / (kr / 8), o = (i % (kr / 8)) * 8;
+        *(uint4 *)(sx + m * ks + o) = *(const uint4 *)(xs + m * Kp + p0 + o);
+    }
+    for (int i = threadIdx.x; i < M * ng; i += blockDim.x) {
+        const int m = i / ng, gl = i % ng;
+        const int a = gl == 0 ? 0 : rem0 + (gl - 1) * cpg, e = gl == 0 ? rem0 : a + cpg;
+        float v = 0.0f;
+        for (int c = a; c < e && c < nc; c++) v += xsc[m * nchunk + c0 + c];
+        sxg[m * ngroups + gl] = v;
+    }
+}
+
+// One chunk's 8/b mma steps: acc[j][u] += A(codes v, m-tile u) B(x' rows of n-tile j) (xc: the
+// chunk's x' in shared memory, row stride ks).
+template <typename T, int B, int NT>
+__device__ __forceinline__ void wq_chunk_mma(float (&acc)[NT][2][4], uint4 v, const T * xc, int64_t ks, int M, int gq,
+                                             int t) {
+    const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int s = 0; s < 8 / B; s++) {
+        uint2 b[NT];
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int m = 8 * j + gq;
+            b[j] = m < M ? *(const uint2 *)(xc + m * ks + 16 * s + 4 * t) : make_uint2(0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const uint32_t a[4] = {wq_pair<T, B>(wd[2 * u], 2 * s), wq_pair<T, B>(wd[2 * u + 1], 2 * s),
+                                   wq_pair<T, B>(wd[2 * u], 2 * s + 1), wq_pair<T, B>(wd[2 * u + 1], 2 * s + 1)};
+#pragma unroll
+            for (int j = 0; j < NT; j++) wq_mma_traits<T>::mma(acc[j][u], a, b[j].x, b[j].y);
+        }
+    }
+}
+
+// Group gl ends: y += s * acc - c * xsum (two fmas; slots: the quad's slot of group 0), acc = 0.
+// acc[j][u][e]: n-tile j (rows 8j + 2t + (e & 1)), m-tile u: columns ncol + 2u + (e >> 1).
+template <int NT>
+__device__ __forceinline__ void wq_flush(float (&acc)[NT][2][4], float (&y)[NT][2][4], const unsigned char * slots,
+                                         const float * sxg, int ngroups, int gl, int M, int t) {
+    const float4 * sl = (const float4 *)(slots + gl * 256);
+    const float4 s4 = sl[0], c4 = sl[1];
+    const float sv[4] = {s4.x, s4.y, s4.z, s4.w}, cz[4] = {c4.x, c4.y, c4.z, c4.w};
+    float xa[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int m = 8 * j + 2 * t + e;
+            xa[j][e] = m < M ? sxg[m * ngroups + gl] : 0.0f;
+        }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                float & a = acc[j][i >> 1][2 * (i & 1) + e];
+                float & o = y[j][i >> 1][2 * (i & 1) + e];
+                o = __fmaf_rn(sv[i], a, __fmaf_rn(-cz[i], xa[j][e], o));
+                a = 0.0f;
+            }
+}
+
+// grid (ceil(N / (32*WQ_WARPS*NT)), S); K range of split y: chunks [y*cps, (y+1)*cps). NT n-tiles
+// of 8 activation rows (M <= 8*NT), WQ_WARPS*NT warps. Groups are whole chunks: cpg chunks a group
+// (the whole K range when there is one group); ngroups = wq_split_groups(cps, cpg). The prologue
+// turns the split's scales and zeros into f32 scales and corrections and sums x' per group (in
+// chunk order), so the loop only streams codes and multiplies; group and chunk positions advance by
+// counters.
+template <typename T, int B, int NT>
+__global__ void __launch_bounds__(32 * WQ_WARPS * NT)
+    wq_mma_kernel(wq_dev w, const T * xs, const float * xsc, int64_t nchunk, int64_t cps, int M, int cpg, int ngroups,
+                  float * part) {
+    constexpr int CR = 128 / B; // rows per chunk
+    extern __shared__ __align__(16) unsigned char wq_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
+    const int64_t c0 = (int64_t)blockIdx.y * cps, c1 = c0 + cps < nchunk ? c0 + cps : nchunk;
+    if (c0 >= c1) return;
+    const int nc = (int)(c1 - c0);
+    const int64_t kr = (int64_t)nc * CR;
+    const int64_t ks = wq_x_stride(kr);                               // x' row stride in shared memory
+    uint4 * ring = (uint4 *)(wq_smem + warp * wq_warp_smem(ngroups)); // [stage][lane]
+    unsigned char * slots = (unsigned char *)(ring + WQ_STAGES * 32); // [group][quad]: float4 s, float4 c
+    T * sx = (T *)(wq_smem + WQ_WARPS * NT * wq_warp_smem(ngroups));  // [M][ks]
+    float * sxg = (float *)(sx + M * ks);                             // [M][ngroups]: x' sums per group
+    const int64_t n0 = ((int64_t)blockIdx.x * WQ_WARPS * NT + warp) * 32;
+    const int64_t ncol = n0 + 4 * gq; // this lane's 4 columns (N % 4 == 0: all of them exist or none)
+    const bool cols_ok = ncol < w.N;
+    const int rem0 = cpg - (int)(c0 % cpg); // chunks of the first group inside the split
+    const int ng = nc <= rem0 ? 1 : 1 + (nc - rem0 + cpg - 1) / cpg;
+    // Chunk i's words into its ring stage; chunks past the weight's last word row (or columns past N)
+    // are zeros. The copying lane of the piece (word row tc, columns n0 + 4*gc ..) is 8*tc + gc, so
+    // that 8 consecutive lanes read one 128-byte row (one L2 request); the piece lands at 16-byte
+    // position (gc + 2*tc) % 8 of the stage's row tc, where the consuming lane 4*gc + tc finds it
+    // and each 8-lane phase of either side touches every bank once.
+    const int tc = lane >> 3, gc = lane & 7;
+    const bool ccols = n0 + 4 * gc < w.N;
+    const int64_t row0 = c0 * 4 + tc;
+    const int live = !ccols ? 0 : row0 >= w.rows ? 0 : (int)((w.rows - row0 + 3) / 4);
+    const uint32_t * qp = w.qw + (ccols ? row0 * w.N + n0 + 4 * gc : 0);
+    const int64_t step = 4 * w.N;
+    const uint32_t ring0 = (uint32_t)__cvta_generic_to_shared(ring + 8 * tc + ((gc + 2 * tc) & 7));
+    const uint4 * rp = ring + 8 * t + ((gq + 2 * t) & 7); // this lane's piece in stage 0
+    auto issue = [&](int i) {
+        if (i < nc) cp_async<16>(ring0 + (i & (WQ_STAGES - 1)) * 512, i < live ? qp : w.qw, i < live ? 16 : 0);
+        qp += step;
+        cp_async_commit();
+    };
+    for (int i = 0; i < WQ_STAGES - 1; i++) issue(i);
+    wq_split_scales<B>(w, slots, c0 * CR / w.gs, ng, t, gq * 32, ncol, cols_ok);
+    wq_split_x(xs, xsc, sx, sxg, M, nchunk * CR, c0 * CR, kr, ks, nchunk, c0, nc, rem0, cpg, ng, ngroups);
+    __syncthreads();
+    if (n0 >= w.N) {
+        cp_async_wait_all();
+        return;
+    }
+    float acc[NT][2][4], y[NT][2][4]; // as in wq_flush
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[j][u][e] = y[j][u][e] = 0.0f;
+    int gl = 0, crem = rem0;
+    // Chunk i: its group's flush when it opens a new one, then its 8/b mma steps.
+    auto chunk = [&](int i) {
+        if (crem == 0) {
+            wq_flush<NT>(acc, y, slots + gq * 32, sxg, ngroups, gl++, M, t);
+            crem = cpg;
+        }
+        crem--;
+        wq_chunk_mma<T, B, NT>(acc, rp[(i & (WQ_STAGES - 1)) * 32], sx + (int64_t)i * CR, ks, M, gq, t);
+    };
+    // Two chunks an iteration: one wait and one warp barrier for both.
+    for (int i = 0; i < nc; i += 2) {
+        cp_async_wait<WQ_STAGES - 3>(); // chunks i, i+1 landed
+        __syncwarp();                   // ... for the lanes that read them
+        chunk(i);
+        if (i + 1 < nc) chunk(i + 1);
+        __syncwarp(); // every lane has read chunk i's stage before it is refilled
+        issue(i + WQ_STAGES - 1);
+        issue(i + WQ_STAGES);
+    }
+    cp_async_wait_all();
+    wq_flush<NT>(acc, y, slots + gq * 32, sxg, ngroups, gl, M, t);
+    // part[y][m][ncol .. ncol+3] for the rows that exist.
+    float * p = part + (int64_t)blockIdx.y * M * w.N;
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int m = 8 * j + 2 * t + e;
+            if (m < M && cols_ok)
+                *(float4 *)(p + m * w.N + ncol) = make_float4(y[j][0][e], y[j][0][2 + e], y[j][1][e], y[j][1][2 + e]);
+        }
+}
+
+// --- host side ----------------------------------------------------------------------------------------
+
+bool wq_mma_ok(const struct bie_wq_call * c) {
+    const int b = c->bits;
+    if (c->M > WQ_MAX_DECODE_M || (b != 2 && b != 4 && b != 8) || c->N % 4 != 0) return false;
+    if (c->x.dtype != BIE_DTYPE_F16 && c->x.dtype != BIE_DTYPE_BF16) return false;
+    return c->G == 1 || c->gs % (128 / b) == 0;
+}
+
+// The decode kernel's shared memory: the warps' rings and scale slots, the x' slice and its group
+// sums.
+static size_t mma_smem(int bits, int M, int64_t cps, int ngroups) {
+    return (size_t)WQ_WARPS * (M > 8 ? 2 : 1) * wq_warp_smem(ngroups) +
+           (size_t)M * wq_x_stride(cps * (128 / bits)) * 2 + (size_t)M * ngroups * 4;
+}
+
+// Chunks a group (the whole K range when there is one group).
+static int64_t chunks_per_group(const struct bie_wq_call * c, int64_t nchunk) {
+    return c->G == 1 ? nchunk : c->gs / (128 / c->bits);
+}
+
+template <typename T, int B, int NT>
+static enum bie_status launch_mma(bie_context_t * ctx, const wq_dev & w, const T * xs, const float * xsc,
+                                  int64_t nchunk, int64_t S, int64_t cps, int M, int cpg, float * part) {
+    const int ngroups = wq_split_groups(cps, cpg);
+    const size_t smem = mma_smem(B, M, cps, ngroups);
+    if (smem > 48 * 1024)
+        CU_TRY(ctx,
+               cudaFuncSetAttribute(wq_mma_kernel<T, B, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+               "wq: shared memory");
+    const dim3 grid(blocks_for(w.N, 32 * WQ_WARPS * NT), (unsigned)S);
+    wq_mma_kernel<T, B, NT>
+        <<<grid, 32 * WQ_WARPS * NT, smem, ctx->cuda->stream>>>(w, xs, xsc, nchunk, cps, M, cpg, ngroups, part);
+    LAUNCHED(ctx, "wq_mma_kernel");
+    return BIE_STATUS_OK;
+}
+
+template <typename T, int B>
+static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, const T * xs, const float * xsc,
+                                       int64_t nchunk, int64_t S, int64_t cps, int M, int cpg, float * part) {
+    if (M <= 8) return launch_mma<T, B, 1>(ctx, w, xs, xsc, nchunk, S, cps, M, cpg, part);
+    return launch_mma<T, B, 2>(ctx, w, xs, xsc, nchunk, S, cps, M, cpg, part);
+}
+
+// The split: S K ranges of cps chunks. The kernel keeps its weights in flight in shared memory
+// rather than registers; the K range is split until about WQ_WARPS_PER_SM column warps a
+// multiprocessor are launched (more than fit at once: the split tail's blocks then fill the last
+// wave), within the x' slice's and the scale slots' shared memory.
+void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S, int64_t * cps) {
+    const int64_t col_warps = (c->N + 31) / 32;
+    const int cr = 128 / c->bits;
+    const int64_t nchunk = (c->K + cr - 1) / cr;
+    const int sm = bie_cuda_sm_count(ctx) > 0 ? bie_cuda_sm_count(ctx) : 132;
+    int64_t s = (int64_t)WQ_WARPS_PER_SM * sm / col_warps;
+    s = s < 1 ? 1 : s > nchunk ? nchunk : s;
+    int64_t per = (nchunk + s - 1) / s;
+    const int64_t max_per = 48 * 1024 / (c->M * cr * 2); // the x' slice within 48 KiB
+    if (per > max_per) per = max_per;
+    const int64_t cpg = chunks_per_group(c, nchunk);
+    if (wq_split_groups(per, cpg) > WQ_MAX_SPLIT_GROUPS) per = (WQ_MAX_SPLIT_GROUPS - 1) * cpg;
+    *cps = per;
+    *S = (nchunk + per - 1) / per;
+}
+
+template <typename T>
+static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call * c, wq_ws & a, const wq_dev & w,
+                                  int64_t S, int64_t cps, float * part) {
+    const int b = c->bits, cr = 128 / b;
+    const int64_t nchunk = (c->K + cr - 1) / cr;
+    T * xs = (T *)take(a, (size_t)c->M * nchunk * cr * sizeof(T));
+    float * xsc = (float *)take(a, (size_t)c->M * nchunk * sizeof(float));
+    wq_xs_kernel<T><<<blocks_for(c->M * nchunk * 32, 128), 128, 0, ctx->cuda->stream>>>(x_of(c, &c->x), c->M, c->K, b,
+                                                                                        nchunk, xs, xsc);
+    LAUNCHED(ctx, "wq_xs_kernel");
+    const int cpg = (int)chunks_per_group(c, nchunk);
+    switch (b) {
+    case 2: return launch_mma_rows<T, 2>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, cpg, part);
+    case 4: return launch_mma_rows<T, 4>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, cpg, part);
+    default: return launch_mma_rows<T, 8>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, cpg, part);
+    }
+}
+
+enum bie_status wq_decode_mma(bie_context_t * ctx, const struct bie_wq_call * c, wq_ws & a, const wq_dev & w, int64_t S,
+                              int64_t cps, float * part) {
+    if (c->x.dtype == BIE_DTYPE_F16) return decode_mma<__half>(ctx, c, a, w, S, cps, part);
+    return decode_mma<__nv_bfloat16>(ctx, c, a, w, S, cps, part);
+}
