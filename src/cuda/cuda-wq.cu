@@ -6,8 +6,9 @@
 // mma kernel of cuda-wq-decode.cu.
 // Everything else with M <= 16 (3, 5, 6, 7 bits, mixed bits, f32 x, odd N): wq_simt_kernel, one
 // column per thread, W computed per element exactly as the reference does.
-// M > 16 (prefill) and grad_x: the weight is dequantised to x's dtype in panels (wq_dequant_kernel)
-// and cuBLAS multiplies (f32 accumulation); grad_w = x'^T g is one cuBLAS GEMM.
+// M > 16 (prefill) and grad_x: the weight is dequantised to x's dtype in panels (wq_dequant_words
+// for uniform 2/4/8 bits in groups of whole words, else wq_dequant_kernel) and cuBLAS multiplies
+// (f32 accumulation); grad_w = x'^T g is one cuBLAS GEMM.
 #include "cuda/cuda-wq.cuh"
 
 // --- x' for the kernels -----------------------------------------------------------------------------
@@ -51,6 +52,31 @@ __global__ void wq_reduce_kernel(const float * part, int S, int64_t M, int64_t N
 }
 
 // --- dequantisation ---------------------------------------------------------------------------------
+
+// The same for uniform 2, 4 or 8 bits with groups of whole words (r0 a word's first row): a thread
+// per word (word row i, column n) reads it and its group's scale (and zero) once and writes its
+// 32/b rows, each row's stores coalesced over the columns; W as wq_value computes it.
+// grid (ceil((n1 - n0) / 256), word rows, strided).
+template <typename To, int B>
+__global__ void __launch_bounds__(256)
+    wq_dequant_words(wq_dev w, int64_t r0, int64_t r1, int64_t n0, int64_t n1, To * out, int64_t ldo) {
+    constexpr int V = 32 / B;
+    const int64_t n = n0 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= n1) return;
+    for (int64_t i = r0 / V + blockIdx.y; i * V < r1; i += gridDim.y) {
+        const uint32_t word = w.qw[i * w.N + n];
+        const int64_t g = qdiv(i * V, w.gs), e = g * w.N + n;
+        const float s = ld_float(w.scales, w.sdt, e);
+        const float z = w.zero == BIE_WQ_ZERO_SYM ? (float)(1 << (B - 1)) : ld_float(w.zeros, w.zdt, e);
+#pragma unroll
+        for (int v = 0; v < V; v++) {
+            const int64_t r = i * V + v;
+            if (r >= r1) break;
+            const float q = (float)((word >> (B * v)) & ((1u << B) - 1u));
+            out[(r - r0) * ldo + (n - n0)] = from_f32<To>(w.zero == BIE_WQ_ZERO_OFFSET ? s * q - z : s * (q - z));
+        }
+    }
+}
 
 // w_out[(r - r0) * ldo + (n - n0)] = W[r, n] for r0 <= r < r1, n0 <= n < n1 (To: f32/f16/bf16).
 template <typename To>
@@ -180,6 +206,16 @@ static enum bie_status cublas_ok(bie_context_t * ctx, cublasStatus_t st, const c
 template <typename T>
 static enum bie_status launch_dequant(bie_context_t * ctx, const wq_dev & w, int64_t r0, int64_t r1, int64_t n0,
                                       int64_t n1, void * out, int64_t ldo) {
+    const int b = w.bits, V = b ? 32 / b : 1;
+    if ((b == 2 || b == 4 || b == 8) && (w.G == 1 || w.gs % V == 0) && r0 % V == 0) {
+        const int64_t i0 = r0 / V, i1 = (r1 + V - 1) / V;
+        const dim3 grid(blocks_for(n1 - n0, 256), (unsigned)(i1 - i0 < 65535 ? i1 - i0 : 65535));
+        if (b == 2) wq_dequant_words<T, 2><<<grid, 256, 0, ctx->cuda->stream>>>(w, r0, r1, n0, n1, (T *)out, ldo);
+        else if (b == 4) wq_dequant_words<T, 4><<<grid, 256, 0, ctx->cuda->stream>>>(w, r0, r1, n0, n1, (T *)out, ldo);
+        else wq_dequant_words<T, 8><<<grid, 256, 0, ctx->cuda->stream>>>(w, r0, r1, n0, n1, (T *)out, ldo);
+        LAUNCHED(ctx, "wq_dequant_words");
+        return BIE_STATUS_OK;
+    }
     wq_dequant_kernel<T>
         <<<blocks_for((r1 - r0) * (n1 - n0), 256), 256, 0, ctx->cuda->stream>>>(w, r0, r1, n0, n1, (T *)out, ldo);
     LAUNCHED(ctx, "wq_dequant_kernel");
