@@ -235,8 +235,9 @@ CUDA_SECTIONS = [
      "device copy of the output's bytes (memory speed)."),
     ("Weight-only n-bit layers (LLM shapes)", ("wq",),
      "`bie bench --llm --backend cuda --json`: GPTQ-form weights (4 or 2 bits, groups of 128, per-group "
-     "scale and zero), f16 x of M rows, K x N, against cuBLAS fp16 on the f16 weight; `of copy` is bie's "
-     "weight bytes per second over the device's copy bandwidth measured in the same run."),
+     "scale and zero), f16 x of M rows, K x N, against cuBLAS fp16 on the f16 weight, each side a replayed "
+     "CUDA graph of consecutive calls over weight copies larger than the L2 cache (median of 7); `of copy`: "
+     "bie's weight bytes per second over the device's copy bandwidth measured in the same run."),
     ("Binary linear training step", ("binary-train-step",),
      "Forward, grad_x and grad_weight of a binary linear layer (M = 8192, K = N = 4096, f16), against "
      "the float layer's three cuBLAS fp16 GEMMs. `f16`: from the float x; `bits`: from the bits and "
@@ -244,20 +245,24 @@ CUDA_SECTIONS = [
 ]
 
 
-def cuda_part(rows, files):
+def cuda_part(rows):
     out = []
     for device, drows in group_by(rows, lambda r: r.get("device", "unknown GPU")).items():
         r0 = drows[0]
         libs = ", ".join(f"{k} {r0[k]}" for k in ("cublas", "cudnn") if r0.get(k) not in (None, "none"))
+        files = sorted({r["_file"] for r in drows})
         out += [f"## CUDA: {device}", ""]
-        out += para(f"Measured {dates(drows)} on one {device}, CUDA {r0.get('cuda', '?')}"
-                    + (f" ({libs})" if libs else "") + ". Command: `bie_bench_cuda --json` (the CUDA cases of "
-                    "`bie bench --backend cuda`).", f"Files: {', '.join(files)}.",
-                    "Each side is timed two ways, medians of 21: CUDA events around one call on an idle "
-                    "stream, and replays of a captured CUDA graph of consecutive calls (time per call); each "
-                    "side is credited with its lower median. Inputs rotate over copies that together exceed "
-                    "the L2 cache. bie's time holds every kernel of the call (packing, popcounts, GEMM, "
-                    "epilogue).")
+        head = f"Measured {dates(drows)} on one {device}, CUDA {r0.get('cuda', '?')}" + (f" ({libs})" if libs else "")
+        if all(r["case"].startswith("wq") for r in drows):  # `bie bench --llm` rows only: timed as their section says
+            out += para(head + f". Files: {', '.join(files)}.")
+        else:
+            out += para(head + ". Command: `bie_bench_cuda --json` (the CUDA cases of `bie bench --backend cuda`).",
+                        f"Files: {', '.join(files)}.",
+                        "Each side is timed two ways, medians of 21: CUDA events around one call on an idle "
+                        "stream, and replays of a captured CUDA graph of consecutive calls (time per call); each "
+                        "side is credited with its lower median. Inputs rotate over copies that together exceed "
+                        "the L2 cache. bie's time holds every kernel of the call (packing, popcounts, GEMM, "
+                        "epilogue).")
         out += note_lines(drows)
         for title, prefixes, what in CUDA_SECTIONS:
             sel = [r for r in drows if r["case"].startswith(prefixes)]
@@ -419,7 +424,10 @@ def render(results_dir):
     if parts["cpu"]:
         out += cpu_part([r for _, rows in parts["cpu"] for r in rows], [f for f, _ in parts["cpu"]])
     if parts["cuda"]:
-        out += cuda_part([r for _, rows in parts["cuda"] for r in rows], [f for f, _ in parts["cuda"]])
+        for f, rows in parts["cuda"]:
+            for r in rows:
+                r["_file"] = f
+        out += cuda_part([r for _, rows in parts["cuda"] for r in rows])
     if parts["modules"]:
         out += modules_part([r for _, rows in parts["modules"] for r in rows], parts["modules"])
     if parts["networks"]:
