@@ -499,10 +499,7 @@ static void test_out_of_memory(void) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    struct bie_context_params p;
-    bie_context_params_default(&p);
-    p.backend = BIE_BACKEND_REF;
-    if (bie_context_create(&p, &ctx) != BIE_STATUS_OK) return 2;
+    ctx = test_new_context(BIE_BACKEND_REF);
     for (int conv = 0; conv < 2; conv++) {
         struct fixture f;
         fixture_make(&f, conv);

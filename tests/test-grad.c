@@ -360,10 +360,7 @@ static void test_hand_lsq(void) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    struct bie_context_params p;
-    bie_context_params_default(&p);
-    p.backend = BIE_BACKEND_REF;
-    if (bie_context_create(&p, &ctx) != BIE_STATUS_OK) return 2;
+    ctx = test_new_context(BIE_BACKEND_REF);
     test_hand_padded_taps();
     test_hand_lsq();
     const bool quick = test_quick();

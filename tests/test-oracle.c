@@ -245,10 +245,7 @@ static void test_hand_int32_wrap(void) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    struct bie_context_params p;
-    bie_context_params_default(&p);
-    p.backend = BIE_BACKEND_REF;
-    if (bie_context_create(&p, &ctx) != BIE_STATUS_OK) return 2;
+    ctx = test_new_context(BIE_BACKEND_REF);
     test_hand_rounding();
     test_hand_sign();
     test_hand_pad_values();

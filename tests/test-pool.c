@@ -114,11 +114,7 @@ static void refused(bie_context_t * ctx) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    bie_context_t *ref, *cpu;
-    struct bie_context_params p;
-    bie_context_params_default(&p);
-    p.backend = BIE_BACKEND_REF;
-    if (bie_context_create(&p, &ref) != BIE_STATUS_OK || bie_context_create(NULL, &cpu) != BIE_STATUS_OK) return 2;
+    bie_context_t *ref = test_new_context(BIE_BACKEND_REF), *cpu = test_new_context(BIE_BACKEND_AUTO);
     bie_context_t * both[2] = {ref, cpu};
     for (int i = 0; i < 2; i++) {
         worked_example(both[i]);

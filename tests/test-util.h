@@ -82,6 +82,20 @@ static inline struct bie_conv2d_desc test_conv3x3(int64_t c, int64_t o, enum bie
     } while (0)
 
 // Prints the summary line and returns the process exit code.
+// A context on the given backend (BIE_BACKEND_REF: the plain-C reference); exits 2 if it cannot be
+// made.
+static inline bie_context_t * test_new_context(enum bie_backend backend) {
+    struct bie_context_params p;
+    bie_context_params_default(&p);
+    p.backend = backend;
+    bie_context_t * ctx = NULL;
+    if (bie_context_create(&p, &ctx) != BIE_STATUS_OK) {
+        fprintf(stderr, "cannot create a context on backend %d\n", (int)backend);
+        exit(2);
+    }
+    return ctx;
+}
+
 static inline int test_finish(const char * name) {
     printf("%s: %d checks, seed %" PRIu64 "\n", name, test_checks, test_seed);
     printf("%d passed, %d failed\n", test_checks - test_failures, test_failures);

@@ -261,11 +261,9 @@ static void check_errors(bie_context_t * ctx) {
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
+    bie_context_t * ref = test_new_context(BIE_BACKEND_REF);
     struct bie_context_params p;
     bie_context_params_default(&p);
-    p.backend = BIE_BACKEND_REF;
-    bie_context_t * ref;
-    bie_context_create(&p, &ref);
     bie_context_t * cpu[4];
     const enum bie_cpu_isa isas[4] = {BIE_CPU_ISA_AVX2, BIE_CPU_ISA_AVX512, BIE_CPU_ISA_BEST, BIE_CPU_ISA_BEST};
     for (int i = 0; i < 4; i++) {

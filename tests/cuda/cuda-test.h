@@ -26,13 +26,8 @@ static inline void cuda_test_require_gpu(const char * name) {
 
 // A context on the reference backend (the host copies' results) and one on the default (CUDA) one.
 static inline void cuda_test_contexts(bie_context_t ** ref, bie_context_t ** cu) {
-    struct bie_context_params p;
-    bie_context_params_default(&p);
-    p.backend = BIE_BACKEND_REF;
-    if (bie_context_create(&p, ref) != BIE_STATUS_OK || bie_context_create(NULL, cu) != BIE_STATUS_OK) {
-        fprintf(stderr, "cannot create the contexts\n");
-        exit(2);
-    }
+    *ref = test_new_context(BIE_BACKEND_REF);
+    *cu = test_new_context(BIE_BACKEND_AUTO);
 }
 
 #define CUDA_OK(expr)                                                                                                  \

@@ -282,17 +282,11 @@ static void test_routes(bie_context_t * gemm_ctx) {
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     cuda_test_require_gpu("test-cuda-conv-bits");
-    struct bie_context_params p;
-    bie_context_params_default(&p);
-    p.backend = BIE_BACKEND_REF;
-    if (bie_context_create(&p, &ref_ctx) != BIE_STATUS_OK) return 1;
-    p.backend = BIE_BACKEND_AUTO;
-    if (bie_context_create(&p, &cu_ctx) != BIE_STATUS_OK) return 1;
+    cuda_test_contexts(&ref_ctx, &cu_ctx);
     const int n = cuda_test_quick() ? 12 : 80;
     for (int i = 0; i < n; i++) test_saved();    // (cu_ctx meets the device first, without the variable)
     setenv("BIE_CUDA_CONV_BACKWARD", "gemm", 1); // read by a context when it first meets the device
-    bie_context_t * gemm_ctx;
-    if (bie_context_create(&p, &gemm_ctx) != BIE_STATUS_OK) return 1;
+    bie_context_t * gemm_ctx = test_new_context(BIE_BACKEND_AUTO);
     for (int i = 0; i < n; i++) test_routes(gemm_ctx);
     unsetenv("BIE_CUDA_CONV_BACKWARD");
     bie_context_destroy(gemm_ctx);

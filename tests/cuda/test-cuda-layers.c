@@ -745,12 +745,7 @@ static void test_stream(void) {
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     cuda_test_require_gpu("test-cuda-layers");
-    struct bie_context_params p;
-    bie_context_params_default(&p);
-    p.backend = BIE_BACKEND_REF;
-    if (bie_context_create(&p, &ref_ctx) != BIE_STATUS_OK) return 1;
-    p.backend = BIE_BACKEND_AUTO;
-    if (bie_context_create(&p, &cu_ctx) != BIE_STATUS_OK) return 1;
+    cuda_test_contexts(&ref_ctx, &cu_ctx);
     const int n = cuda_test_quick() ? 20 : 150;
     for (int i = 0; i < n; i++) {
         struct lcase c;

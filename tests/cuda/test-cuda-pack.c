@@ -179,12 +179,7 @@ int main(int argc, char ** argv) {
         printf("test-cuda-pack: the no-device statuses hold (%d checks)\n", test_checks);
     }
     cuda_test_require_gpu("test-cuda-pack");
-    struct bie_context_params p;
-    bie_context_params_default(&p);
-    p.backend = BIE_BACKEND_REF;
-    if (bie_context_create(&p, &ref_ctx) != BIE_STATUS_OK) return 1;
-    p.backend = BIE_BACKEND_AUTO;
-    if (bie_context_create(&p, &cu_ctx) != BIE_STATUS_OK) return 1;
+    cuda_test_contexts(&ref_ctx, &cu_ctx);
     test_pack_unpack();
     test_scale_init();
     if (!getenv("BIE_TEST_NO_FAULT")) test_errors();

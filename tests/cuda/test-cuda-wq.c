@@ -136,13 +136,8 @@ static void check_case(bie_context_t * ref, bie_context_t * cu, struct layer * L
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     cuda_test_require_gpu("test-cuda-wq");
-    struct bie_context_params p;
-    bie_context_params_default(&p);
-    p.backend = BIE_BACKEND_REF;
     bie_context_t *ref, *cu;
-    bie_context_create(&p, &ref);
-    p.backend = BIE_BACKEND_AUTO;
-    bie_context_create(&p, &cu);
+    cuda_test_contexts(&ref, &cu);
     const int iters = cuda_test_quick() ? 40 : 160;
     for (int it = 0; it < iters; it++) {
         const int64_t ml[] = {1, 2, 3, 5, 8, 16, 17, 40};
