@@ -419,9 +419,7 @@ static void test_versions(bie_context_t * ctx) {
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     quick = getenv("BIE_TEST_QUICK") != NULL;
-    bie_context_t * ctx = NULL;
-    bie_context_create(NULL, &ctx);
-    if (getenv("BIE_TEST_BACKEND_REF")) bie_context_set_backend(ctx, BIE_BACKEND_REF);
+    bie_context_t * ctx = test_env_context();
     test_arch(ctx);
     // (Kinks next to batch norm over a few values make finite differences unusable, though the
     // gradients agree with PyTorch's: the kinks of these graphs are away from batch norm.)

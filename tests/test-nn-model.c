@@ -240,9 +240,7 @@ static void test_learns(bie_context_t * ctx) {
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     quick = getenv("BIE_TEST_QUICK") != NULL;
-    bie_context_t * ctx = NULL;
-    bie_context_create(NULL, &ctx);
-    if (getenv("BIE_TEST_BACKEND_REF")) bie_context_set_backend(ctx, BIE_BACKEND_REF);
+    bie_context_t * ctx = test_env_context();
     test_arch(ctx);
     for (int r = 0; r < (quick ? 1 : 3); r++) test_float_gradients(ctx);
     test_files(ctx, "input 2 6 6; conv f32 4 3; bn; conv b1 8 3; maxpool 2; bn; linear b1 12; bn; linear f32 3",

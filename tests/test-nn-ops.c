@@ -12,19 +12,26 @@ static void fill(float * x, int64_t n, float lo, float hi) {
     for (int64_t i = 0; i < n; i++) x[i] = test_rand_float(lo, hi);
 }
 
+// Mean and (biased) variance of channel j of x [n, c, hw], in double.
+static void channel_stats(int64_t n, int64_t c, int64_t hw, const double * x, int64_t j, double * mean, double * var) {
+    const int64_t m = n * hw;
+    double s = 0, v = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t p = 0; p < hw; p++) s += x[(i * c + j) * hw + p];
+    s /= (double)m;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t p = 0; p < hw; p++) v += pow(x[(i * c + j) * hw + p] - s, 2);
+    *mean = s;
+    *var = v / (double)m;
+}
+
 // sum(gy * batchnorm(x)) in double with batch statistics (the training forward).
 static double bn_loss(int64_t n, int64_t c, int64_t hw, const double * x, const float * gamma, const float * beta,
                       const float * gy) {
     double L = 0;
-    const int64_t m = n * hw;
     for (int64_t j = 0; j < c; j++) {
-        double mean = 0, var = 0;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t p = 0; p < hw; p++) mean += x[(i * c + j) * hw + p];
-        mean /= (double)m;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t p = 0; p < hw; p++) var += pow(x[(i * c + j) * hw + p] - mean, 2);
-        var /= (double)m;
+        double mean, var;
+        channel_stats(n, c, hw, x, j, &mean, &var);
         for (int64_t i = 0; i < n; i++)
             for (int64_t p = 0; p < hw; p++) {
                 const int64_t at = (i * c + j) * hw + p;
@@ -58,14 +65,11 @@ static void test_batchnorm(bie_context_t * ctx) {
     const struct bie_batchnorm_args fa = {&tx, &tgamma, &tbeta, &trm, &trv, &tsm, &tsi, &ty};
     CHECK_OK(ctx, bie_batchnorm_forward(ctx, &train, &fa));
     const int64_t m = n * hw;
+    double * xd = malloc(sizeof(double) * N);
+    for (int64_t i = 0; i < N; i++) xd[i] = x[i];
     for (int64_t j = 0; j < c; j++) {
-        double mean = 0, var = 0;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t p = 0; p < hw; p++) mean += x[(i * c + j) * hw + p];
-        mean /= (double)m;
-        for (int64_t i = 0; i < n; i++)
-            for (int64_t p = 0; p < hw; p++) var += pow(x[(i * c + j) * hw + p] - mean, 2);
-        var /= (double)m;
+        double mean, var;
+        channel_stats(n, c, hw, xd, j, &mean, &var);
         CHECK(fabs(rm[j] - (0.9 * 0.5 + 0.1 * mean)) < 1e-5, "running_mean[%lld] = %g (n %lld c %lld hw %lld)",
               (long long)j, rm[j], (long long)n, (long long)c, (long long)hw);
         CHECK(fabs(rv[j] - (0.9 * 2.0 + 0.1 * var * m / (m - 1))) < 1e-5, "running_var[%lld] = %g", (long long)j,
@@ -82,8 +86,6 @@ static void test_batchnorm(bie_context_t * ctx) {
     // evaluated in double (bn_loss) so the difference quotient is not swamped by f32 rounding.
     const struct bie_batchnorm_backward_args ba = {&tx, &tgamma, &tsm, &tsi, &tgy, &tgx, &tgg, &tgb};
     CHECK_OK(ctx, bie_batchnorm_backward(ctx, &ba));
-    double * xd = malloc(sizeof(double) * N);
-    for (int64_t q = 0; q < N; q++) xd[q] = x[q];
     const double h = 1e-5;
     for (int trial = 0; trial < 6; trial++) {
         const int64_t at = test_rand_int(0, N - 1);

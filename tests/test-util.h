@@ -81,7 +81,6 @@ static inline struct bie_conv2d_desc test_conv3x3(int64_t c, int64_t o, enum bie
               bie_status_string(s_), m_, bie_status_string(want_status), (name));                                      \
     } while (0)
 
-// Prints the summary line and returns the process exit code.
 // A context on the given backend (BIE_BACKEND_REF: the plain-C reference); exits 2 if it cannot be
 // made.
 static inline bie_context_t * test_new_context(enum bie_backend backend) {
@@ -96,6 +95,15 @@ static inline bie_context_t * test_new_context(enum bie_backend backend) {
     return ctx;
 }
 
+// The default context, moved to the reference backend when BIE_TEST_BACKEND_REF is set (a test
+// run over the reference); exits 2 if it cannot be made.
+static inline bie_context_t * test_env_context(void) {
+    bie_context_t * ctx = test_new_context(BIE_BACKEND_AUTO);
+    if (getenv("BIE_TEST_BACKEND_REF")) bie_context_set_backend(ctx, BIE_BACKEND_REF);
+    return ctx;
+}
+
+// Prints the summary line and returns the process exit code.
 static inline int test_finish(const char * name) {
     printf("%s: %d checks, seed %" PRIu64 "\n", name, test_checks, test_seed);
     printf("%d passed, %d failed\n", test_checks - test_failures, test_failures);
