@@ -132,11 +132,8 @@ __device__ __forceinline__ void wq_split_scales(const wq_dev & w, unsigned char 
         float sv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (cols_ok)
             for (int c = 0; c < 4; c++) {
-                const int64_t e = (g0 + gl) * w.N + ncol + c;
-                sv[c] = ld_float(w.scales, w.sdt, e);
-                cz[c] = w.zero == BIE_WQ_ZERO_SYM    ? sv[c] * (float)(1 << (B - 1))
-                        : w.zero == BIE_WQ_ZERO_CODE ? sv[c] * ld_float(w.zeros, w.zdt, e)
-                                                     : ld_float(w.zeros, w.zdt, e);
+                sv[c] = ld_float(w.scales, w.sdt, (g0 + gl) * w.N + ncol + c);
+                cz[c] = wq_correction(w.zero, sv[c], wq_zero(w, g0 + gl, ncol + c, B));
             }
         sl[0] = make_float4(sv[0], sv[1], sv[2], sv[3]);
         sl[1] = make_float4(cz[0], cz[1], cz[2], cz[3]);

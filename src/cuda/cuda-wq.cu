@@ -53,9 +53,18 @@ __global__ void wq_reduce_kernel(const float * part, int S, int64_t M, int64_t N
 
 // --- dequantisation ---------------------------------------------------------------------------------
 
+// w_out[(r - r0) * ldo + (n - n0)] = W[r, n] for r0 <= r < r1, n0 <= n < n1 (To: f32/f16/bf16).
+template <typename To>
+__global__ void wq_dequant_kernel(wq_dev w, int64_t r0, int64_t r1, int64_t n0, int64_t n1, To * out, int64_t ldo) {
+    const int64_t nn = n1 - n0, id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (id >= (r1 - r0) * nn) return;
+    const int64_t r = r0 + id / nn, n = n0 + id % nn;
+    out[(r - r0) * ldo + (n - n0)] = from_f32<To>(wq_value(w, r, n));
+}
+
 // The same for uniform 2, 4 or 8 bits with groups of whole words (r0 a word's first row): a thread
 // per word (word row i, column n) reads it and its group's scale (and zero) once and writes its
-// 32/b rows, each row's stores coalesced over the columns; W as wq_value computes it.
+// 32/b rows, each row's stores coalesced over the columns.
 // grid (ceil((n1 - n0) / 256), word rows, strided).
 template <typename To, int B>
 __global__ void __launch_bounds__(256)
@@ -66,25 +75,15 @@ __global__ void __launch_bounds__(256)
     for (int64_t i = r0 / V + blockIdx.y; i * V < r1; i += gridDim.y) {
         const uint32_t word = w.qw[i * w.N + n];
         const int64_t g = qdiv(i * V, w.gs), e = g * w.N + n;
-        const float s = ld_float(w.scales, w.sdt, e);
-        const float z = w.zero == BIE_WQ_ZERO_SYM ? (float)(1 << (B - 1)) : ld_float(w.zeros, w.zdt, e);
+        const float s = ld_float(w.scales, w.sdt, e), z = wq_zero(w, g, n, B);
 #pragma unroll
         for (int v = 0; v < V; v++) {
             const int64_t r = i * V + v;
             if (r >= r1) break;
             const float q = (float)((word >> (B * v)) & ((1u << B) - 1u));
-            out[(r - r0) * ldo + (n - n0)] = from_f32<To>(w.zero == BIE_WQ_ZERO_OFFSET ? s * q - z : s * (q - z));
+            out[(r - r0) * ldo + (n - n0)] = from_f32<To>(wq_weight(w.zero, s, z, q));
         }
     }
-}
-
-// w_out[(r - r0) * ldo + (n - n0)] = W[r, n] for r0 <= r < r1, n0 <= n < n1 (To: f32/f16/bf16).
-template <typename To>
-__global__ void wq_dequant_kernel(wq_dev w, int64_t r0, int64_t r1, int64_t n0, int64_t n1, To * out, int64_t ldo) {
-    const int64_t nn = n1 - n0, id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (id >= (r1 - r0) * nn) return;
-    const int64_t r = r0 + id / nn, n = n0 + id % nn;
-    out[(r - r0) * ldo + (n - n0)] = from_f32<To>(wq_value(w, r, n));
 }
 
 // y[m, n] = bias[n] (the C operand of a GEMM with beta = 1).

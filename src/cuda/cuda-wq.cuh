@@ -35,15 +35,26 @@ __device__ __forceinline__ uint32_t wq_code(const wq_dev & w, int64_t r, int64_t
     return (uint32_t)(v >> sh) & ((1u << b) - 1u);
 }
 
-// W[r, n], f32 operations as in wq-impl.h (this file is built without FMA contraction).
+// The weight of code q in a group of scale s and zero z (2^(b-1) for SYM): s*(q - z), or s*q - z
+// for OFFSET; and the group's correction c of y += s * sum(x'*q) - c * sum(x'): s*z, or z for
+// OFFSET. f32 operations as in wq-impl.h (these files are built without FMA contraction).
+__device__ __forceinline__ float wq_weight(int zero, float s, float z, float q) {
+    return zero == BIE_WQ_ZERO_OFFSET ? s * q - z : s * (q - z);
+}
+__device__ __forceinline__ float wq_correction(int zero, float s, float z) {
+    return zero == BIE_WQ_ZERO_OFFSET ? z : s * z;
+}
+
+// The zero of group g, column n (2^(b-1) for SYM).
+__device__ __forceinline__ float wq_zero(const wq_dev & w, int64_t g, int64_t n, int b) {
+    return w.zero == BIE_WQ_ZERO_SYM ? (float)(1 << (b - 1)) : ld_float(w.zeros, w.zdt, g * w.N + n);
+}
+
+// W[r, n].
 __device__ __forceinline__ float wq_value(const wq_dev & w, int64_t r, int64_t n) {
     const int64_t g = qdiv(r, w.gs);
     const int b = w.bits ? w.bits : w.gbits[g];
-    const float q = (float)wq_code(w, r, n);
-    const float s = ld_float(w.scales, w.sdt, g * w.N + n);
-    if (w.zero == BIE_WQ_ZERO_SYM) return s * (q - (float)(1 << (b - 1)));
-    const float z = ld_float(w.zeros, w.zdt, g * w.N + n);
-    return w.zero == BIE_WQ_ZERO_CODE ? s * (q - z) : s * q - z;
+    return wq_weight(w.zero, ld_float(w.scales, w.sdt, g * w.N + n), wq_zero(w, g, n, b), (float)wq_code(w, r, n));
 }
 
 struct wq_x {
