@@ -163,17 +163,19 @@ enum bie_status fwd_route_make(bie_context_t * ctx, const struct bie_layer_call 
     r->pw = weight_source(c, r->px);
     const bool zp = r->zero_pad_fix;
     r->pixels = !r->x_direct && float_pixels(r->px) != PIX_NONE;
-    // A binary conv on the wgmma route whose x is (or is packed into) NHWC words: the GEMM gathers
-    // its rows from x itself (gemm_gather), so they are not written out, when one column tile
-    // covers N (each row is then gathered once; with several column tiles the rows are written
-    // once by the bit im2col and read by each, which costs less).
-    r->gather = r->binary && c->is_conv && !r->x_direct && !dgeom_one_position(r->px.g) && gatherable(r->px) &&
-                gather_fits(r->px) && bie_cuda_gemm_takes_wgmma(ctx, M, zp) &&
-                N <= bie_cuda_wgmma_tile_n(ctx, M, N, kbytes, true);
-    // The GEMM counts the gathered rows' popcounts itself (its 64-column tiles), or
+    // A conv on the wgmma route whose x is (or is packed into) NHWC words: the GEMM gathers its
+    // rows from x itself (gemm_gather), so they are not written out. A binary conv does so when one
+    // column tile covers N (each row is then gathered once; with several column tiles the rows are
+    // written once by the bit im2col and read by each, which costs less); an n-bit conv always (its
+    // im2col rows hold a byte a tap and channel: kh*kw times the pixels' bytes, written and read
+    // once each, against pixels that stay in L2 between the column tiles' reads).
+    r->gather = c->is_conv && !r->x_direct && !dgeom_one_position(r->px.g) && gatherable(r->px) && gather_fits(r->px) &&
+                bie_cuda_gemm_takes_wgmma(ctx, M, zp) &&
+                (!r->binary || N <= bie_cuda_wgmma_tile_n(ctx, M, N, kbytes, true));
+    // The GEMM counts a binary conv's gathered rows' popcounts itself (its 64-column tiles), or
     // bie_cuda_conv_rowpop counts them first (rowterms).
-    r->gemm_rows = r->gather && bie_cuda_wgmma_counts_rows(ctx, M, N, kbytes);
-    r->rowterms = r->gather && !r->gemm_rows;
+    r->gemm_rows = r->gather && r->binary && bie_cuda_wgmma_counts_rows(ctx, M, N, kbytes);
+    r->rowterms = r->gather && r->binary && !r->gemm_rows;
     r->gemm_counts = bie_cuda_gemm_counts_popcounts(M, zp);
     for (int i = 0; i < 4; i++) r->border[i] = 0;
     if (zp) {
@@ -208,8 +210,9 @@ void fwd_route_describe(bie_context_t * ctx, const struct bie_layer_call * c, co
                         : bie_cuda_gemm_takes_wgmma(ctx, r.M, zp) ? "wgmma"
                                                                   : "mma.sync";
     const char * x = r.x_direct ? "B1 rows read in place"
-                     : r.gather ? (r.pixels ? "packed into NHWC bit pixels, rows gathered by the GEMM"
-                                            : "NHWC bit pixels gathered by the GEMM in place")
+                     : r.gather ? (!r.binary  ? "packed into NHWC int8 pixels, rows gathered by the GEMM"
+                                   : r.pixels ? "packed into NHWC bit pixels, rows gathered by the GEMM"
+                                              : "NHWC bit pixels gathered by the GEMM in place")
                      : r.pixels ? "packed into pixels, then im2col rows"
                                 : "packed into GEMM rows";
     const char * w = r.w_direct                        ? "B1 rows read in place"
@@ -297,10 +300,11 @@ enum bie_status fwd_operands(bie_context_t * ctx, const struct bie_layer_call * 
     // popcounts of gathered rows. A GEMM that counts its gathered rows itself may instead follow
     // the kernel that packed or copied one of its operands (weight_terms, which lets its dependents
     // start at once, or a packer); the row popcounts may have started under a weight_terms that
-    // copied the weight; and a weight_terms that copies it may follow the packer of x. Then the
-    // GEMM's producer waits for the kernel before it.
+    // copied the weight; a weight_terms that copies it may follow the packer of x; and an n-bit
+    // conv's gathering GEMM follows the packer of its pixels. Then the GEMM's producer waits for
+    // the kernel before it.
     ep.terms_last = (zp && !r.w_rows_copied) || xrows.rows || wrows.rows || r.rowterms;
-    ep.operands_last = r.gemm_rows ? !ep.terms_last : r.rowpop_under_copy || r.terms_under_x;
+    ep.operands_last = r.gemm_rows ? !ep.terms_last : r.rowpop_under_copy || r.terms_under_x || (r.gather && !r.binary);
     return BIE_STATUS_OK;
 }
 

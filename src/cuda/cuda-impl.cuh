@@ -547,17 +547,18 @@ static inline struct fast_divisor fast_div_make(uint32_t d) {
 __device__ __forceinline__ uint32_t fast_div(uint32_t n, const struct fast_divisor & f) {
     return f.d == 1 ? n : __umulhi(n, f.mul) >> f.shift;
 }
-// The activation rows of a binary conv gathered by the GEMM itself, instead of read from A: x as
-// NHWC bits in whole 32-bit words of channels (C % 32 == 0; w0, w2, w3: the words between samples,
-// rows and pixels), taps outside the image read as zero words (zero or -1 padding, not +1). The
-// wgmma GEMM copies each stage's rows from x with asynchronous copies of `piece` bytes (16, 8 or
-// 4: what the channel words and strides allow), so the rows never go through memory. Their
-// popcounts come from bie_cuda_conv_rowpop, or from the GEMM itself where
-// bie_cuda_wgmma_counts_rows says so (ep.rowpop is then not read).
+// The activation rows of a conv gathered by the GEMM itself, instead of read from A: x as NHWC
+// pixels in whole 32-bit words of channels (binary: bits, C % 32 == 0; n-bit: int8 codes, C % 4 ==
+// 0; w0, w2, w3: the words between samples, rows and pixels; wpt and kwords: the words of one tap
+// and of a whole row of K), taps outside the image read as zero words (zero or -1 padding, not
+// +1; an n-bit code 0). The wgmma GEMM copies each stage's rows from x with asynchronous copies of
+// `piece` bytes (16, 8 or 4: what the channel words and strides allow), so the rows never go
+// through memory. A binary conv's row popcounts come from bie_cuda_conv_rowpop, or from the GEMM
+// itself where bie_cuda_wgmma_counts_rows says so (ep.rowpop is then not read).
 struct gemm_gather {
     const uint32_t * x;
     int64_t w0, w2, w3;
-    int piece;
+    int wpt, kwords, piece;
     struct fast_divisor div_ow, div_oh; // by OW and by OH (output pixel m -> n, oh, ow)
 };
 // Whether the GEMM of M rows (taps: with the zero-padding table) takes the wgmma route, the only

@@ -263,9 +263,11 @@ bool word_pixels(const pack_src & p) {
     return !p.is_weight && p.quant == BIE_QUANT_BINARY && p.t.dtype == BIE_DTYPE_B1 && p.g.C % 32 == 0 && st[1] == 1 &&
            st[0] % 32 == 0 && st[2] % 32 == 0 && st[3] % 32 == 0 && ((uintptr_t)p.t.data % 4) == 0;
 }
-// Whether the GEMM can gather x's implicit-GEMM rows itself (gemm_gather): NHWC words in place,
-// or float pixels that pack_pixel_bits turns into them.
+// Whether the GEMM can gather x's implicit-GEMM rows itself (gemm_gather): binary NHWC words in
+// place, or float pixels that pack_pixel_bits turns into them; n-bit float pixels whose int8 codes
+// (bie_cuda_pixel_rows) fill whole words.
 bool gatherable(const pack_src & p) {
+    if (p.quant != BIE_QUANT_BINARY) return float_pixels(p) == PIX_CODES && p.g.C % 4 == 0;
     return p.g.pad_value != BIE_PAD_PLUS_ONE &&
            (word_pixels(p) || float_pixels(p) == PIX_ROWS || float_pixels(p) == PIX_PLANES);
 }
@@ -273,7 +275,8 @@ bool gatherable(const pack_src & p) {
 enum bie_status gather_source(bie_context_t * ctx, cudaStream_t stream, const pack_src & p, uint8_t * scratch,
                               gemm_gather * gs) {
     const struct dgeom & g = p.g;
-    const int64_t pw = g.C / 32;
+    const bool binary = p.quant == BIE_QUANT_BINARY;
+    const int64_t pw = binary ? g.C / 32 : g.C / 4; // words per pixel
     if (word_pixels(p)) {
         const int64_t * st = p.t.stride;
         gs->x = (const uint32_t *)p.t.data;
@@ -281,12 +284,15 @@ enum bie_status gather_source(bie_context_t * ctx, cudaStream_t stream, const pa
         gs->w2 = st[2] / 32;
         gs->w3 = st[3] / 32;
     } else {
-        BIE_TRY(pack_pixel_bits(ctx, stream, p, float_pixels(p), scratch));
+        if (binary) BIE_TRY(pack_pixel_bits(ctx, stream, p, float_pixels(p), scratch));
+        else BIE_TRY(bie_cuda_pixel_rows(ctx, stream, p.t, p.bias, p.quant, p.s, BIE_DTYPE_I8, 0, scratch));
         gs->x = (const uint32_t *)scratch;
         gs->w0 = g.H * g.W * pw;
         gs->w2 = g.W * pw;
         gs->w3 = pw;
     }
+    gs->wpt = (int)pw;
+    gs->kwords = (int)(g.kh * g.kw * pw);
     // The widest copy that stays inside a tap and is aligned at every pixel.
     auto fits = [&](int words) {
         return pw % words == 0 && gs->w0 % words == 0 && gs->w2 % words == 0 && gs->w3 % words == 0 &&
@@ -300,8 +306,9 @@ enum bie_status gather_source(bie_context_t * ctx, cudaStream_t stream, const pa
 // Whether x's words fit the gathering producer's 32-bit offsets.
 bool gather_fits(const pack_src & p) {
     const int64_t * st = p.t.stride;
-    const int64_t words = word_pixels(p) ? p.g.batch * (st[0] / 32) : p.g.batch * p.g.H * p.g.W * (p.g.C / 32);
-    return words < INT32_MAX && p.g.H * p.g.sh < INT32_MAX / 2 && p.g.W * p.g.sw < INT32_MAX / 2 &&
+    const int64_t pw = p.quant == BIE_QUANT_BINARY ? p.g.C / 32 : p.g.C / 4;
+    const int64_t words = word_pixels(p) ? p.g.batch * (st[0] / 32) : p.g.batch * p.g.H * p.g.W * pw;
+    return words < INT32_MAX && p.g.K < INT32_MAX && p.g.H * p.g.sh < INT32_MAX / 2 && p.g.W * p.g.sw < INT32_MAX / 2 &&
            p.g.batch * p.g.OH * p.g.OW < INT32_MAX && p.g.OH < (1 << 30) && p.g.OW < (1 << 30); // (fast_div)
 }
 // Packs rows with pack_contiguous_rows when their K elements are contiguous floats (the weight of

@@ -33,7 +33,7 @@ __device__ __forceinline__ void tma_producer(const CUtensorMap * ta, const CUten
 }
 
 // The producer of a gathering GEMM (gemm_gather): the whole producer warpgroup fills each stage's
-// A tile from the NHWC words of x, and thread 0 also loads its B tile. A tile's rows are dealt to
+// A tile from the NHWC words of x (bits or int8 codes), and thread 0 also loads its B tile. A tile's rows are dealt to
 // the threads (RPT rows each, or for 64-row tiles TPR = 2 threads per row taking every other
 // piece), and a thread copies its rows' pieces of PIECE bytes (each within one tap) into the
 // 128-byte swizzle the MMA descriptors read; a tap outside the image (and a row past M) is
@@ -54,7 +54,7 @@ __device__ __forceinline__ void gather_producer(const gemm_gather & gs, const CU
     constexpr int WPP = PIECE / 4, PPS = BK / PIECE; // words per piece, pieces per row and stage
     static_assert(PPS % TPR == 0, "a stage's pieces split evenly between a row's threads");
     const int t = threadIdx.x, rs = t % RS, phase = t / RS;
-    const int H = (int)g.H, W = (int)g.W, wpt = (int)(g.C / 32), kwords = (int)(g.K / 32);
+    const int H = (int)g.H, W = (int)g.W, wpt = gs.wpt, kwords = gs.kwords;
     const int w0 = (int)gs.w0, w2 = (int)gs.w2, w3 = (int)gs.w3;
     const int next_tap = g.dw * w3 - wpt, next_row = g.dh * w2 - g.kw * g.dw * w3; // word offsets (see step)
     int it = 0;

@@ -213,6 +213,5 @@ enum bie_status bie_cuda_gemm_wgmma(bie_context_t * ctx, const uint8_t * A, cons
     gemm_gather none;
     memset(&none, 0, sizeof none);
     const int ktiles = (int)(kbytes / BK);
-    if (gs && !ep.binary) return bie_set_error(ctx, BIE_STATUS_INTERNAL, "wgmma gemm: gathered rows of an n-bit layer");
     return launch(ctx, ta, tb, bn, M, N, ktiles, ep, gs ? *gs : none);
 }
