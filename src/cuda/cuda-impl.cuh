@@ -246,6 +246,20 @@ __device__ __forceinline__ void store8(char * p, int dtype, int64_t off, const f
         *(uint4 *)((__nv_bfloat16 *)p + off) = *(const uint4 *)h;
     }
 }
+// bias_a's 8 elements from element k0 (a vector load when they are contiguous and aligned).
+__device__ __forceinline__ void bias8(const struct dview & b, int64_t k0, float * f) {
+    const int64_t st = b.stride[3];
+    if (st == 1) {
+        const float * f32 = (const float *)b.data + k0;
+        const __half * f16 = (const __half *)b.data + k0;
+        const __nv_bfloat16 * b16 = (const __nv_bfloat16 *)b.data + k0;
+        if (b.dtype == BIE_DTYPE_F32 && (uintptr_t)f32 % 16 == 0) return load8<float>(f32, f);
+        if (b.dtype == BIE_DTYPE_F16 && (uintptr_t)f16 % 16 == 0) return load8<__half>(f16, f);
+        if (b.dtype == BIE_DTYPE_BF16 && (uintptr_t)b16 % 16 == 0) return load8<__nv_bfloat16>(b16, f);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) f[e] = ld_float(b.data, b.dtype, (k0 + e) * st);
+}
 // Whether 8 elements at element offset off of a buffer of dtype dt can go through store8/load8.
 __device__ __forceinline__ bool vec8_ok(const void * p, int dt, int64_t off) {
     const int es = dt == BIE_DTYPE_F32 ? 4 : dt == BIE_DTYPE_F16 || dt == BIE_DTYPE_BF16 ? 2 : 0;
@@ -297,10 +311,20 @@ __device__ __forceinline__ float ld_scale(struct dscale s) {
 __host__ __device__ __forceinline__ int qlo(int quant) { return quant == BIE_QUANT_INT4 ? -8 : -128; }
 __host__ __device__ __forceinline__ int qhi(int quant) { return quant == BIE_QUANT_INT4 ? 7 : 127; }
 
-// n-bit quantisation of the contract: clamp(rne(v / s), lo, hi), NaN -> lo.
-__device__ __forceinline__ int quant_code(float v, float s, int lo, int hi) {
-    const float r = rintf(__fdiv_rn(v, s));
+// n-bit quantisation of the contract: clamp(rne(v / s), lo, hi), NaN -> lo, with v / s the
+// correctly rounded quotient q. t = v * rn(1/s) carries two roundings of relative size 2^-24, so
+// |t - q| < 2^-22 |t|; the integers nearest t and q differ only when a half-integer lies that close
+// to t. Where none lies within 2^-20 |t| of it (which fails for NaN, infinities and |t| >= 2^21),
+// rint(t) is rint(q) and the division is not needed.
+// (quant_code_r: with inv = __frcp_rn(s) worked out once by the caller.)
+__device__ __forceinline__ int quant_code_r(float v, float s, float inv, int lo, int hi) {
+    const float t = __fmul_rn(v, inv);
+    float r = rintf(t);
+    if (!(fabsf(fabsf(t - r) - 0.5f) > fabsf(t) * 0x1p-20f)) r = rintf(__fdiv_rn(v, s));
     return (int)fminf(fmaxf(r, (float)lo), (float)hi);
+}
+__device__ __forceinline__ int quant_code(float v, float s, int lo, int hi) {
+    return quant_code_r(v, s, __frcp_rn(s), lo, hi);
 }
 
 // Index division with 32-bit hardware arithmetic whenever both operands fit (64-bit division is a

@@ -83,25 +83,38 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
 }
 
 // The activation codes of a dense channels-last t (element (n, c, h, w) at ((n*H + h)*W + w)*C + c,
-// C % 8 == 0, 16-byte aligned), which lies in pixel-row order already: 8 elements per thread, read
-// as one or two 16-byte vectors and written as 8 bytes. Same values as pixel_rows.
+// C % 8 == 0, 16-byte aligned), which lies in pixel-row order already: groups of 8 elements, read
+// as one or two 16-byte vectors and written as 8 bytes, PIX_U groups a thread with their loads
+// issued first. Same values as pixel_rows.
+constexpr int PIX_U = 2;
 template <typename TI>
 __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, int64_t C, int quant, struct dscale s,
                                  int8_t * out) {
-    const float sc = ld_scale(s);
+    const float sc = ld_scale(s), inv = __frcp_rn(sc);
     const int lo = qlo(quant), hi = qhi(quant);
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
-        float v[8];
-        load8<TI>(t + 8 * i, v);
-        const int64_t c0 = (8 * i) % C;
-        uint32_t w[2] = {0, 0};
+    const bool binary = quant == BIE_QUANT_BINARY;
+    const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += PIX_U * step) {
+        raw8<TI> r[PIX_U];
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            float q = v[k];
-            if (bias.data) q = __fadd_rn(q, ld_float(bias.data, bias.dtype, (c0 + k) * bias.stride[3]));
-            w[k / 4] |= (uint32_t)(uint8_t)(int8_t)act_code(q, quant, sc, lo, hi) << (8 * (k % 4));
+        for (int u = 0; u < PIX_U; u++)
+            if (i + u * step < n8) r[u] = raw8_load<TI>(t + 8 * (i + u * step));
+#pragma unroll
+        for (int u = 0; u < PIX_U; u++) {
+            const int64_t g = i + u * step;
+            if (g >= n8) break;
+            float v[8], b[8];
+            raw8_floats<TI>(r[u], v);
+            if (bias.data) bias8(bias, qmod(8 * g, C), b);
+            uint32_t w[2] = {0, 0};
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const float q = bias.data ? __fadd_rn(v[k], b[k]) : v[k];
+                const int code = binary ? (q >= 0.0f ? 1 : -1) : quant_code_r(q, sc, inv, lo, hi); // (act_code)
+                w[k / 4] |= (uint32_t)(code & 0xff) << (8 * (k % 4));
+            }
+            *(uint2 *)(out + 8 * g) = make_uint2(w[0], w[1]);
         }
-        *(uint2 *)(out + 8 * i) = make_uint2(w[0], w[1]);
     }
 }
 
@@ -254,7 +267,7 @@ enum bie_status bie_cuda_pixel_rows(bie_context_t * ctx, cudaStream_t s, const s
     if (quant && out_dtype == BIE_DTYPE_I8 && es && dense_nhwc && out_ld == HW * C && C % 8 == 0 &&
         (uintptr_t)t.data % 16 == 0 && (uintptr_t)out % 8 == 0) {
         const int64_t n8 = N * HW * C / 8;
-        const unsigned g8 = grid_for(n8, 256);
+        const unsigned g8 = grid_for((n8 + PIX_U - 1) / PIX_U, 256);
         if (t.dtype == BIE_DTYPE_F16)
             pixel_codes_nhwc<__half><<<g8, 256, 0, s>>>((const __half *)t.data, bias, n8, C, quant, sc, (int8_t *)out);
         else if (t.dtype == BIE_DTYPE_BF16)

@@ -91,20 +91,6 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
 // vectors (when the row is 16-byte aligned; element by element at the row's end). pack_rows, one
 // element per lane per step, and a lane per 32 elements (a 64-byte stride between lanes) both
 // leave much of the memory bandwidth unused.
-// bias_a's 8 elements from element k0 (a vector load when they are contiguous and aligned).
-__device__ __forceinline__ void bias8(const struct dview & b, int64_t k0, float * f) {
-    const int64_t st = b.stride[3];
-    if (st == 1) {
-        const float * f32 = (const float *)b.data + k0;
-        const __half * f16 = (const __half *)b.data + k0;
-        const __nv_bfloat16 * b16 = (const __nv_bfloat16 *)b.data + k0;
-        if (b.dtype == BIE_DTYPE_F32 && (uintptr_t)f32 % 16 == 0) return load8<float>(f32, f);
-        if (b.dtype == BIE_DTYPE_F16 && (uintptr_t)f16 % 16 == 0) return load8<__half>(f16, f);
-        if (b.dtype == BIE_DTYPE_BF16 && (uintptr_t)b16 % 16 == 0) return load8<__nv_bfloat16>(b16, f);
-    }
-#pragma unroll
-    for (int e = 0; e < 8; e++) f[e] = ld_float(b.data, b.dtype, (k0 + e) * st);
-}
 // x' of 8 elements starting at element k0 of a row (0 past K): the floats plus bias_a.
 template <typename T>
 __device__ __forceinline__ void xprime8(const pack_src & p, const T * row, int64_t k0, bool vec, float * v) {

@@ -32,6 +32,16 @@ static struct bie_tensor make_any(enum bie_dtype dt, int32_t ndim, const int64_t
     return test_tensor(dt, ndim, shape, NULL);
 }
 
+// A float within 3 ulps of (m + 0.5) * scale for an integer m around the codes' range: where the
+// quotient by scale lies next to a half-integer, the rounding the codes take is decided by its last
+// bits.
+static double near_tie(float scale) {
+    float v = (float)(((double)test_rand_int(-140, 139) + 0.5) * scale);
+    const int64_t steps = test_rand_int(-3, 3);
+    for (int64_t i = 0; i < (steps < 0 ? -steps : steps); i++) v = nextafterf(v, steps < 0 ? -INFINITY : INFINITY);
+    return v;
+}
+
 static void test_pack_unpack(void) {
     static const enum bie_dtype srcs[4] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_I8};
     static const enum bie_dtype dsts[3] = {BIE_DTYPE_B1, BIE_DTYPE_S4, BIE_DTYPE_I8};
@@ -51,7 +61,8 @@ static void test_pack_unpack(void) {
             const int64_t k = test_rand_int(0, 9);
             double v = k == 0   ? 0.0
                        : k == 1 ? ((double)test_rand_int(-10, 9) + 0.5) * scale
-                                : test_rand_float(-200, 200) * (k == 2 ? 1 : 0.05) * scale;
+                       : k == 2 ? near_tie(scale)
+                                : test_rand_float(-200, 200) * (k == 3 ? 1 : 0.05) * scale;
             if (sd == BIE_DTYPE_I8) v = (double)test_rand_int(-128, 127);
             bie_store(&src, bie_offset(&src, idx), v);
         } while (bie_next_index(&src, idx));
