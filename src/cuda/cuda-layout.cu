@@ -17,6 +17,18 @@ __device__ __forceinline__ float act_code(float v, int quant, float sc, int lo, 
     return quant == BIE_QUANT_BINARY ? (v >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(v, sc, lo, hi);
 }
 
+// A kernel's activation quantisation: its quant (0: none, the values pass as they are), scale_a
+// (read once, only when there is a quant) and the code range.
+struct act_quant {
+    int quant;
+    float sc;
+    int lo, hi;
+    __device__ __forceinline__ float code(float v) const { return act_code(v, quant, sc, lo, hi); }
+};
+__device__ __forceinline__ act_quant act_quant_of(int quant, struct dscale s) {
+    return act_quant{quant, quant ? ld_scale(s) : 1.0f, qlo(quant), qhi(quant)};
+}
+
 // Offset of element (p, c) in the rows: p * C + c when they are dense, else sample n's rows start
 // out_ld elements after sample n-1's.
 __device__ __forceinline__ int64_t row_off(int64_t p, int64_t c, int64_t HW, int64_t C, int64_t out_ld) {
@@ -34,8 +46,7 @@ template <typename T>
 __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_t W, int64_t C, int quant,
                            struct dscale s, int along_pixels, int64_t out_ld, T * out) {
     __shared__ float tile[TILE][TILE + 1]; // [pixel][channel]
-    const float sc = quant ? ld_scale(s) : 1.0f;
-    const int lo = qlo(quant), hi = qhi(quant);
+    const act_quant aq = act_quant_of(quant, s);
     const int64_t P = t.shape[0] * HW, ptiles = (P + TILE - 1) / TILE, tiles = ptiles * ((C + TILE - 1) / TILE);
     const int lane = threadIdx.x, ty = threadIdx.y;
     for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
@@ -66,7 +77,7 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
         for (int k = 0; k < TILE / 8; k++) {
             const int r = ty + 8 * k, pi = along_pixels ? lane : r, ci = along_pixels ? r : lane;
             float q = v[k];
-            if (quant) q = act_code(q, quant, sc, lo, hi);
+            if (quant) q = aq.code(q);
             tile[pi][ci] = q;
         }
         __syncthreads();
@@ -88,8 +99,7 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
 template <typename TI>
 __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, int64_t C, int quant, struct dscale s,
                                  int8_t * out) {
-    const float sc = ld_scale(s);
-    const int lo = qlo(quant), hi = qhi(quant);
+    const act_quant aq = act_quant_of(quant, s);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
         float v[8];
         load8<TI>(t + 8 * i, v);
@@ -99,7 +109,7 @@ __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, in
         for (int k = 0; k < 8; k++) {
             float q = v[k];
             if (bias.data) q = __fadd_rn(q, ld_float(bias.data, bias.dtype, (c0 + k) * bias.stride[3]));
-            w[k / 4] |= (uint32_t)(uint8_t)(int8_t)act_code(q, quant, sc, lo, hi) << (8 * (k % 4));
+            w[k / 4] |= (uint32_t)(uint8_t)(int8_t)aq.code(q) << (8 * (k % 4));
         }
         *(uint2 *)(out + 8 * i) = make_uint2(w[0], w[1]);
     }
@@ -137,8 +147,7 @@ __global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, 
                                  int64_t out_ld, int pair_out, T * out) {
     constexpr int PT = 2 * TILE;         // pixels per tile
     __shared__ float tile[PT][TILE + 1]; // [pixel][channel]
-    const float sc = quant ? ld_scale(s) : 1.0f;
-    const int lo = qlo(quant), hi = qhi(quant);
+    const act_quant aq = act_quant_of(quant, s);
     const int64_t P = t.shape[0] * HW, ptiles = (P + PT - 1) / PT, tiles = ptiles * ((C + TILE - 1) / TILE);
     const int lane = threadIdx.x, ty = threadIdx.y;
     for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
@@ -170,8 +179,8 @@ __global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, 
                     a = __fadd_rn(a, bv);
                     q = __fadd_rn(q, bv);
                 }
-                a = act_code(a, quant, sc, lo, hi);
-                q = act_code(q, quant, sc, lo, hi);
+                a = aq.code(a);
+                q = aq.code(q);
             }
             tile[2 * lane][r] = a;
             tile[2 * lane + 1][r] = q;
