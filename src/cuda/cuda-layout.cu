@@ -37,6 +37,13 @@ __device__ __forceinline__ int64_t row_off(int64_t p, int64_t c, int64_t HW, int
     return n * out_ld + (p - n * HW) * C + c;
 }
 
+// The tiles of PT pixels x TILE channels over P pixels (the whole batch) and C channels, strided
+// over the grid's blocks: body(p0, c0) with each tile's first pixel and channel.
+template <int PT, typename Body> __device__ __forceinline__ void for_tiles(int64_t P, int64_t C, Body body) {
+    const int64_t ptiles = (P + PT - 1) / PT, tiles = ptiles * ((C + TILE - 1) / TILE);
+    for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) body((b % ptiles) * PT, (b / ptiles) * TILE);
+}
+
 // Block (32, 8), a tile per iteration: pixels p0 .. p0+31 (counted over the whole batch) x
 // channels c0 .. c0+31. The tile is read along the pixels when they are contiguous in t
 // (along_pixels: NCHW planes; a lane's pixel offset is worked out once per tile), else along the
@@ -47,10 +54,9 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
                            struct dscale s, int along_pixels, int64_t out_ld, T * out) {
     __shared__ float tile[TILE][TILE + 1]; // [pixel][channel]
     const act_quant aq = act_quant_of(quant, s);
-    const int64_t P = t.shape[0] * HW, ptiles = (P + TILE - 1) / TILE, tiles = ptiles * ((C + TILE - 1) / TILE);
+    const int64_t P = t.shape[0] * HW;
     const int lane = threadIdx.x, ty = threadIdx.y;
-    for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
-        const int64_t p0 = (b % ptiles) * TILE, c0 = (b / ptiles) * TILE;
+    for_tiles<TILE>(P, C, [&](int64_t p0, int64_t c0) {
         int64_t lane_off = 0; // along_pixels: offset of pixel p0 + lane at channel 0
         if (along_pixels && p0 + lane < P) {
             const int64_t p = p0 + lane, n = qdiv(p, HW), q = p - n * HW, h = qdiv(q, W);
@@ -90,7 +96,7 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
             out[o] = from_f32<T>(tile[r][lane]);
         }
         __syncthreads();
-    }
+    });
 }
 
 // The activation codes of a dense channels-last t (element (n, c, h, w) at ((n*H + h)*W + w)*C + c,
@@ -148,10 +154,9 @@ __global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, 
     constexpr int PT = 2 * TILE;         // pixels per tile
     __shared__ float tile[PT][TILE + 1]; // [pixel][channel]
     const act_quant aq = act_quant_of(quant, s);
-    const int64_t P = t.shape[0] * HW, ptiles = (P + PT - 1) / PT, tiles = ptiles * ((C + TILE - 1) / TILE);
+    const int64_t P = t.shape[0] * HW;
     const int lane = threadIdx.x, ty = threadIdx.y;
-    for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
-        const int64_t p0 = (b % ptiles) * PT, c0 = (b / ptiles) * TILE;
+    for_tiles<PT>(P, C, [&](int64_t p0, int64_t c0) {
         const int64_t pl = p0 + 2 * lane; // this lane's first pixel (even, so pl + 1 is in the same sample)
         int64_t lane_off = 0;
         if (pl < P) {
@@ -203,7 +208,7 @@ __global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, 
             }
         }
         __syncthreads();
-    }
+    });
 }
 
 // A warp per row of A, units of U (a whole number of units per pixel row of P, cu, and per row of
