@@ -151,12 +151,21 @@ def cpu_shapes():
     return shapes
 
 
+def text(key):
+    """Entry key of scripts/perf-report-text.json (the page's fixed prose)."""
+    with open(os.path.join(ROOT, "scripts", "perf-report-text.json"), encoding="utf-8") as f:
+        return json.load(f)[key]
+
+
+def intro(part):
+    """The paragraphs that open a part of the page."""
+    return [" ".join(lines) for lines in text("intro")[part]]
+
+
 def sections(part, rows):
-    """The sections of part ("cpu" or "cuda") in scripts/perf-report-sections.json that select some of
-    rows (by case prefix): each as its heading and description lines, and the rows it selects."""
-    with open(os.path.join(ROOT, "scripts", "perf-report-sections.json"), encoding="utf-8") as f:
-        table = json.load(f)[part]
-    for s in table:
+    """The sections of part ("cpu" or "cuda") that select some of rows (by case prefix): each as its
+    heading and description lines, and the rows it selects."""
+    for s in text(part):
         sel = [r for r in rows if r["case"].startswith(tuple(s["prefixes"]))]
         if sel:
             yield [f"### {s['title']}", ""] + para(" ".join(s["text"])), sel
@@ -248,12 +257,7 @@ def cuda_case_split(case):
 
 def modules_part(rows, files):
     out = ["## PyTorch modules", ""]
-    out += para("`python/bench_modules.py` times bie's modules against `nn.Linear` / `nn.Conv2d` in the "
-                "same process: the inference forward (eval mode, packed weights) and one training step "
-                "(forward and backward of `.float().sum()`, float latent weights). BinaryLinear's step is "
-                "also timed the other way of keeping its input (`step, bits`: the bits of `binarize_ste`; "
-                "`step, x`: the input). Times are means over repeated calls (up to 200, within a time budget "
-                "per measurement). float/bie above 1: bie is faster.")
+    out += para(*intro("modules"))
     for device, drows in group_by(rows, lambda r: r.get("device", "unknown device")).items():
         r0 = drows[0]
         src = [f for f, frows in files if any(r in frows for r in drows)]
@@ -285,15 +289,7 @@ def modules_part(rows, files):
 
 def networks_part(rows, files):
     out = ["## Whole networks", ""]
-    out += para("`python/bench_networks.py`: the ResNet-18 BNN (a Bi-Real shortcut around each 3x3 conv; "
-                "the 16 block convs binary, 4-bit or 8-bit; stem, downsample convs and classifier float), "
-                "224x224, through the PyTorch modules, against the same network in float in one process: "
-                "inference (eval, packed weights) and the training step (forward, backward, SGD), eager or "
-                "replayed from CUDA graphs on both sides. ratio above 1: bie is faster. bie's peak memory "
-                "includes its workspaces.",
-                "`python/bench_ddp.py` (scripts/ddp-check.sh): the binary network's fp16 training step under "
-                "DistributedDataParallel on every GPU of the host; its ratio is the throughput scaling, "
-                "GPUs x (one-GPU step) / (DDP step).")
+    out += para(*intro("networks"))
     for device, drows in group_by(rows, lambda r: r.get("device", "unknown device")).items():
         src = [f for f, frows in files if any(r in frows for r in drows)]
         out += [f"### {device}", ""] + para(f"Measured {dates(drows)}.", f"Files: {', '.join(src)}.")
