@@ -20,17 +20,9 @@ AI __m256i lane_bits(vmask m) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-AI vi vi_zero(void) { return _mm256_setzero_si256(); }
-AI vi vi_set1(int v) { return _mm256_set1_epi32(v); }
-AI vi vi_and(vi a, vi b) { return _mm256_and_si256(a, b); }
-AI vi vi_or(vi a, vi b) { return _mm256_or_si256(a, b); }
 AI vi vi_srli(vi a, int n) { return _mm256_srli_epi32(a, n); }
 AI vi vi_slli(vi a, int n) { return _mm256_slli_epi32(a, n); }
-AI vf vi_to_f32(vi a) { return _mm256_cvtepi32_ps(a); }
-AI vf vf_zero(void) { return _mm256_setzero_ps(); }
 AI vf vf_set1(float v) { return _mm256_set1_ps(v); }
-AI vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
-AI vf vf_sub(vf a, vf b) { return _mm256_sub_ps(a, b); }
 AI vf vf_fmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
 AI vf vf_fnmadd(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
 

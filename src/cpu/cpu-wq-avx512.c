@@ -16,17 +16,9 @@ typedef __mmask16 vmask;
 AI vmask mask_of(int nc) { return nc >= 16 ? (__mmask16)0xFFFF : nc <= 0 ? 0 : (__mmask16)((1u << nc) - 1u); }
 AI bool mask_any(vmask m) { return m != 0; }
 
-AI vi vi_zero(void) { return _mm512_setzero_si512(); }
-AI vi vi_set1(int v) { return _mm512_set1_epi32(v); }
-AI vi vi_and(vi a, vi b) { return _mm512_and_si512(a, b); }
-AI vi vi_or(vi a, vi b) { return _mm512_or_si512(a, b); }
 AI vi vi_srli(vi a, int n) { return _mm512_srli_epi32(a, (unsigned)n); }
 AI vi vi_slli(vi a, int n) { return _mm512_slli_epi32(a, (unsigned)n); }
-AI vf vi_to_f32(vi a) { return _mm512_cvtepi32_ps(a); }
-AI vf vf_zero(void) { return _mm512_setzero_ps(); }
 AI vf vf_set1(float v) { return _mm512_set1_ps(v); }
-AI vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
-AI vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
 AI vf vf_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
 AI vf vf_fnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
 

@@ -9,7 +9,10 @@
 //   vi ld_words(j, wrow, n0, m), vf ld_stat(p, dtype, off, m): a word row of qweight and a row of
 //                          scales or zeros from column n0 (off) on, 0 outside m
 //   void st_f32(p, m, v)   stores the lanes m of v at p
-// and the operations vf_* / vi_* below. Each function here is inlined into the ISA's kernels,
+//   vi vi_srli(a, n), vi_slli(a, n): the 32-bit lanes shifted right (logical) and left by n
+//   vf vf_set1(x), vf_fmadd(a, b, c), vf_fnmadd(a, b, c): a broadcast, a*b + c and c - a*b, fused
+// (the other integer operations and the f32 products are GCC's vector arithmetic, which compiles to
+// the ISA's own instructions). Each function here is inlined into the ISA's kernels,
 // with the bits, rows and vectors made constants there.
 //
 // The products run in the block order of cpu_wq_order:
@@ -24,6 +27,14 @@
 #define WQ_INLINE __attribute__((always_inline)) static inline
 #define WQ_PF_BLOCKS 4 // blocks ahead whose words are prefetched
 
+// The lanes of vi as unsigned and signed 32-bit integers.
+typedef uint32_t wq_u32 __attribute__((vector_size(sizeof(vi))));
+typedef int32_t wq_i32 __attribute__((vector_size(sizeof(vi))));
+WQ_INLINE vi vi_zero(void) { return (vi)(wq_u32){0}; }
+WQ_INLINE vi vi_set1(uint32_t v) { return (vi)((wq_u32){0} + v); }
+WQ_INLINE vf vi_to_f32(vi a) { return __builtin_convertvector((wq_i32)a, vf); }
+WQ_INLINE vf vf_zero(void) { return (vf){0}; }
+
 // Codes of b bits in row order: value v of the block at stream bit v*b (b constant after inlining).
 WQ_INLINE void decode_generic(const vi * w, const int b, vi * q) {
     const vi m = vi_set1((1 << b) - 1);
@@ -31,8 +42,8 @@ WQ_INLINE void decode_generic(const vi * w, const int b, vi * q) {
     for (int v = 0; v < 32; v++) {
         const int bit = v * b, wi = bit >> 5, sh = bit & 31;
         vi c = vi_srli(w[wi], sh);
-        if (sh + b > 32) c = vi_or(c, vi_slli(w[wi + 1], 32 - sh));
-        q[v >> 2] = vi_or(q[v >> 2], vi_slli(vi_and(c, m), 8 * (v & 3)));
+        if (sh + b > 32) c |= vi_slli(w[wi + 1], 32 - sh);
+        q[v >> 2] |= vi_slli(c & m, 8 * (v & 3));
     }
 }
 
@@ -48,15 +59,15 @@ WQ_INLINE void decode(const struct cpu_wq_job * j, int64_t blk, int b, int64_t n
     case 4: {
         const vi m4 = vi_set1(0x0F0F0F0F);
         for (int i = 0; i < 4; i++) {
-            q[2 * i] = vi_and(w[i], m4);
-            q[2 * i + 1] = vi_and(vi_srli(w[i], 4), m4);
+            q[2 * i] = w[i] & m4;
+            q[2 * i + 1] = vi_srli(w[i], 4) & m4;
         }
         break;
     }
     case 2: {
         const vi m2 = vi_set1(0x03030303);
         for (int i = 0; i < 2; i++)
-            for (int s = 0; s < 4; s++) q[4 * i + s] = vi_and(vi_srli(w[i], 2 * s), m2);
+            for (int s = 0; s < 4; s++) q[4 * i + s] = vi_srli(w[i], 2 * s) & m2;
         break;
     }
     case 1: decode_generic(w, 1, q); break;
@@ -76,7 +87,7 @@ WQ_INLINE void prefetch_block(const struct cpu_wq_job * j, int64_t blk, int b, i
 
 // Byte t of every lane of quad q as f32.
 WQ_INLINE vf byte_f32(vi q, int t) {
-    return vi_to_f32(t == 3 ? vi_srli(q, 24) : vi_and(vi_srli(q, 8 * t), vi_set1(0xFF)));
+    return vi_to_f32(t == 3 ? vi_srli(q, 24) : (vi)(vi_srli(q, 8 * t) & vi_set1(0xFF)));
 }
 
 // y[r][v] += s*acc - c*xsum[r][g]; acc = 0 (the end of group g). Vectors without columns are left.
@@ -88,8 +99,8 @@ WQ_INLINE void flush(const struct cpu_wq_job * j, int64_t g, int64_t m0, const i
         if (!mask_any(m)) continue;
         const vf s = ld_stat(j->scales, j->sdtype, g * j->N + n0 + LANES * v, m);
         vf c;
-        if (j->zero == BIE_WQ_ZERO_SYM) c = vf_mul(s, vf_set1((float)(1 << (b - 1))));
-        else if (j->zero == BIE_WQ_ZERO_CODE) c = vf_mul(s, ld_stat(j->zeros, j->zdtype, g * j->N + n0 + LANES * v, m));
+        if (j->zero == BIE_WQ_ZERO_SYM) c = s * vf_set1((float)(1 << (b - 1)));
+        else if (j->zero == BIE_WQ_ZERO_CODE) c = s * ld_stat(j->zeros, j->zdtype, g * j->N + n0 + LANES * v, m);
         else c = ld_stat(j->zeros, j->zdtype, g * j->N + n0 + LANES * v, m);
         for (int r = 0; r < MR; r++) {
             vf * a = &acc[r * V + v];
@@ -180,7 +191,7 @@ static void dequant(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t b0,
                 const int64_t r = 32 * blk + cpu_wq_order(b, p);
                 if (r >= rmax) continue;
                 const vf f = byte_f32(q[p / 4], p % 4);
-                const vf v = j->zero == BIE_WQ_ZERO_OFFSET ? vf_sub(vf_mul(s, f), z) : vf_mul(s, vf_sub(f, z));
+                const vf v = j->zero == BIE_WQ_ZERO_OFFSET ? s * f - z : s * (f - z);
                 st_f32(w + (r - 32 * b0) * (int64_t)ldw + c, m, v);
             }
         }
