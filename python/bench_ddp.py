@@ -40,19 +40,25 @@ def global_batch(n, size, dtype, seed):
     return x, y
 
 
-def train(model, x, y, steps, lr=0.05, momentum=0.9):
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    loss_fn = nn.CrossEntropyLoss()
-    for _ in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x).float(), y).backward()
-        opt.step()
+class SGDStep:
+    """A training step of model on (x, y) when called: the cross-entropy of the float logits,
+    backward, and an SGD step of its own optimizer (gradients zeroed first, set to None or not)."""
+
+    def __init__(self, model, x, y, lr, momentum, set_to_none):
+        self.opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.model, self.x, self.y, self.set_to_none = model, x, y, set_to_none
+
+    def __call__(self):
+        self.opt.zero_grad(set_to_none=self.set_to_none)
+        self.loss_fn(self.model(self.x).float(), self.y).backward()
+        self.opt.step()
 
 
 def updates(model, x, y):
     """Each parameter's change in one SGD step of learning rate 1 (minus its gradient)."""
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    train(model, x, y, 1, lr=1.0, momentum=0.0)
+    SGDStep(model, x, y, lr=1.0, momentum=0.0, set_to_none=True)()
     return {n: p.detach() - before[n] for n, p in model.named_parameters()}
 
 
@@ -80,14 +86,7 @@ def equality(rank, world, dev, per_gpu):
 
 
 def step_time(model, x, y, dev, iters=20):
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step():
-        opt.zero_grad(set_to_none=False)
-        loss_fn(model(x).float(), y).backward()
-        opt.step()
-
+    step = SGDStep(model, x, y, lr=1e-3, momentum=0.9, set_to_none=False)
     for _ in range(5):
         step()
     torch.cuda.synchronize(dev)

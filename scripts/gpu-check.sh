@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
     --no-networks) NET=0 ;;
     --bench-case) [ $# -ge 2 ] || { echo "gpu-check: --bench-case needs a name"; exit 2; }; BCASE=$2; shift ;;
     --prebuilt) [ $# -ge 2 ] || { echo "gpu-check: --prebuilt needs a folder"; exit 2; }; PREBUILT=$2; shift ;;
-    --no-unit) LABELS=cuda TARGETS="--target cuda_test-cuda-layers cuda_test-cuda-pack bie_bench_cuda bie bie_cuda bie_cli" ;;
+    --no-unit) LABELS=cuda TARGETS="--target cuda_test-cuda-layer-forward cuda_test-cuda-layer-backward cuda_test-cuda-pack bie_bench_cuda bie bie_cuda bie_cli" ;;
     *) echo "gpu-check: unknown option $1 (see the usage at the top of $0)"; exit 2 ;;
   esac
   shift
@@ -114,24 +114,25 @@ for label in $LABELS; do
   fi
 done
 grep -h -E "FAIL|skipped" $BUILD/Testing/Temporary/LastTest.log 2>/dev/null | head -40
-# The conv backward's GEMM route (cuDNN's is the default) through the layer tests.
-if [ -x $BUILD/tests/cuda_test-cuda-layers ]; then
-  if BIE_CUDA_CONV_BACKWARD=gemm timeout 300 $BUILD/tests/cuda_test-cuda-layers >"$LOG/cuda-layers-gemm.txt" 2>&1; then
-    note "layers, GEMM conv backward" "$(tail -1 "$LOG/cuda-layers-gemm.txt")"
-  else
-    tail -20 "$LOG/cuda-layers-gemm.txt"
-    note "layers, GEMM conv backward" "FAILED (cuda-layers-gemm.txt)"
-  fi
-fi
+# The layer tests again with one setting changed: layers_with NAME LOGFILE VAR=VALUE PROGRAM...
+# (the programs that are built run one after the other into LOGFILE; one summary line).
+layers_with() {
+  local name=$1 log=$LOG/$2 setting=$3 t ok=1 ran=0
+  shift 3
+  : >"$log"
+  for t in "$@"; do
+    [ -x "$BUILD/tests/cuda_$t" ] || continue
+    ran=1
+    env "$setting" timeout 300 "$BUILD/tests/cuda_$t" >>"$log" 2>&1 || ok=0
+  done
+  [ $ran = 1 ] || return 0
+  if [ $ok = 1 ]; then note "$name" "$(tail -1 "$log")"
+  else tail -20 "$log"; note "$name" "FAILED ($(basename "$log"))"; fi
+}
+# The conv backward's GEMM route (cuDNN's is the default) through the layer backward tests.
+layers_with "layers, GEMM conv backward" cuda-layers-gemm.txt BIE_CUDA_CONV_BACKWARD=gemm test-cuda-layer-backward
 # The layer tests again on the mma.sync GEMM (the sm_80 path; Hopper uses wgmma by default).
-if [ -x $BUILD/tests/cuda_test-cuda-layers ]; then
-  if BIE_CUDA_GEMM=mma timeout 300 $BUILD/tests/cuda_test-cuda-layers >"$LOG/cuda-layers-mma.txt" 2>&1; then
-    note "layers on mma.sync" "$(tail -1 "$LOG/cuda-layers-mma.txt")"
-  else
-    tail -20 "$LOG/cuda-layers-mma.txt"
-    note "layers on mma.sync" "FAILED (cuda-layers-mma.txt)"
-  fi
-fi
+layers_with "layers on mma.sync" cuda-layers-mma.txt BIE_CUDA_GEMM=mma test-cuda-layer-forward test-cuda-layer-backward
 
 if [ $SAN = 1 ] && command -v compute-sanitizer >/dev/null; then
   stage "compute-sanitizer memcheck"

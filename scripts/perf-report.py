@@ -151,24 +151,24 @@ def cpu_shapes():
     return shapes
 
 
-CPU_SECTIONS = [
-    ("Binary GEMM and linear layers", ("gemm-bin", "lin-bin"),
-     "`lin-bin-*`: a linear layer with f32 x [M, K], a packed b1 weight and f32 y (x binarized in the "
-     "call), against OpenBLAS sgemm of the float layer. `gemm-bin-*`: the binary GEMM alone, b1 x and "
-     "weight, i32 y, against sgemm of the same M, N, K. GOPS count 2 M N K per second of bie's time."),
-    ("Binary conv2d (ResNet-18 3x3 layers)", ("r18-",),
-     "f32 NCHW x, packed OHWI b1 weight, f32 NCHW y, zero padding 1, batch 1 and 16 (`-b16`), against "
-     "im2col + OpenBLAS sgemm per sample."),
-    ("4-bit linear and conv", ("lin-4bit", "conv-4bit"),
-     "f32 x quantised in the call, packed s4 weight, f32 y, against the float layer (sgemm, or im2col "
-     "+ sgemm)."),
-    ("8-bit linear and conv", ("lin-8bit", "conv-8bit"),
-     "f32 x quantised in the call, i8 weight, f32 y, against the float layer (sgemm, or im2col + "
-     "sgemm)."),
-    ("Binary linear training step", ("train-",),
-     "Forward, grad_x, grad_weight and grad_scale_a of a binary linear layer with an f32 latent "
-     "weight, against the float layer's forward and its two backward GEMMs (3 OpenBLAS sgemm)."),
-]
+def text(key):
+    """Entry key of scripts/perf-report-text.json (the page's fixed prose)."""
+    with open(os.path.join(ROOT, "scripts", "perf-report-text.json"), encoding="utf-8") as f:
+        return json.load(f)[key]
+
+
+def intro(part):
+    """The paragraphs that open a part of the page."""
+    return [" ".join(lines) for lines in text("intro")[part]]
+
+
+def sections(part, rows):
+    """The sections of part ("cpu" or "cuda") that select some of rows (by case prefix): each as its
+    heading and description lines, and the rows it selects."""
+    for s in text(part):
+        sel = [r for r in rows if r["case"].startswith(tuple(s["prefixes"]))]
+        if sel:
+            yield [f"### {s['title']}", ""] + para(" ".join(s["text"])), sel
 
 
 def cpu_part(rows, files):
@@ -188,11 +188,8 @@ def cpu_part(rows, files):
                                   "baseline timed again in each run)" if low else "") + ".",
                     f"Files: {', '.join(files)}.")
         out += note_lines(drows)
-        for title, prefixes, what in CPU_SECTIONS:
-            sel = [r for r in main if r["case"].startswith(prefixes)]
-            if not sel:
-                continue
-            out += [f"### {title}", ""] + para(what)
+        for head, sel in sections("cpu", main):
+            out += head
             header = ["case", "shape", "baseline"]
             for t in threads:
                 header += [f"{t} thr: bie ms", "baseline ms", "ratio"] + (["GOPS"] if t == threads[0] else [])
@@ -216,35 +213,6 @@ def cpu_part(rows, files):
     return out
 
 
-CUDA_SECTIONS = [
-    ("Binary GEMM", ("binary-gemm", "binary-linear"),
-     "`binary-gemm b1->f16`: b1 x and weight, f16 y; `b1->b1`: y as sign bits; `binary-linear f16`: "
-     "f16 x binarized in the call (`+bias_a`: with a bias added first). Against cuBLAS fp16 GEMM of "
-     "the same M x N x K. TOPS count 2 M N K per second of bie's time."),
-    ("Binary conv2d 3x3 (ResNet-18 layers)", ("binary-conv",),
-     "Batch 128, stride 1, zero padding 1, C = O. `b1->b1`: NHWC bit x, sign-bit y (a binary network's "
-     "inner layers); `b1->f16`: f16 y; `f16->f16` and `f16nchw->f16`: f16 x (channels-last or NCHW) "
-     "binarized in the call. Against cuDNN's fp16 NHWC convolution (its fastest algorithm)."),
-    ("4-bit linear", ("int4-linear",),
-     "f16 x quantised in the call, s4 weight, f16 y, at 8192 x 8192 x 8192, against cuBLAS fp16 and "
-     "cuBLAS int8 GEMMs of the same shape (the int8 GEMM given ready codes)."),
-    ("Batched matmul of two activations and embeddings", ("binary-matmul", "q8-matmul", "embedding"),
-     "`binary-matmul` / `q8-matmul`: f16 x and y quantised in the call, f16 out, B x M x N x K (batches "
-     "first; 384 x 128 x 128 x 64 is attention's scores over 384 heads), against cuBLAS's batched fp16 "
-     "GEMM. `embedding b1->f16`: a binary table of V rows of D bits, L lookups into f16 rows, against a "
-     "device copy of the output's bytes (memory speed)."),
-    ("Weight-only n-bit layers (LLM shapes)", ("wq",),
-     "`bie bench --llm --backend cuda --json`: GPTQ-form weights (4 or 2 bits, groups of 128, per-group "
-     "scale and zero), f16 x of M rows, K x N, against cuBLAS fp16 on the f16 weight, each side a replayed "
-     "CUDA graph of consecutive calls over weight copies larger than the L2 cache (median of 7); `of copy`: "
-     "bie's weight bytes per second over the device's copy bandwidth measured in the same run."),
-    ("Binary linear training step", ("binary-train-step",),
-     "Forward, grad_x and grad_weight of a binary linear layer (M = 8192, K = N = 4096, f16), against "
-     "the float layer's three cuBLAS fp16 GEMMs. `f16`: from the float x; `bits`: from the bits and "
-     "STE mask of `bie_binarize_ste` and a weight packed once; `stops`: an eighth of x stopped by the STE."),
-]
-
-
 def cuda_part(rows):
     out = []
     for device, drows in group_by(rows, lambda r: r.get("device", "unknown GPU")).items():
@@ -264,11 +232,8 @@ def cuda_part(rows):
                         "the L2 cache. bie's time holds every kernel of the call (packing, popcounts, GEMM, "
                         "epilogue).")
         out += note_lines(drows)
-        for title, prefixes, what in CUDA_SECTIONS:
-            sel = [r for r in drows if r["case"].startswith(prefixes)]
-            if not sel:
-                continue
-            out += [f"### {title}", ""] + para(what)
+        for head, sel in sections("cuda", drows):
+            out += head
             body = []
             bw = any("bw_ratio" in r for r in sel)
             for r in sel:
@@ -292,12 +257,7 @@ def cuda_case_split(case):
 
 def modules_part(rows, files):
     out = ["## PyTorch modules", ""]
-    out += para("`python/bench_modules.py` times bie's modules against `nn.Linear` / `nn.Conv2d` in the "
-                "same process: the inference forward (eval mode, packed weights) and one training step "
-                "(forward and backward of `.float().sum()`, float latent weights). BinaryLinear's step is "
-                "also timed the other way of keeping its input (`step, bits`: the bits of `binarize_ste`; "
-                "`step, x`: the input). Times are means over repeated calls (up to 200, within a time budget "
-                "per measurement). float/bie above 1: bie is faster.")
+    out += para(*intro("modules"))
     for device, drows in group_by(rows, lambda r: r.get("device", "unknown device")).items():
         r0 = drows[0]
         src = [f for f, frows in files if any(r in frows for r in drows)]
@@ -329,15 +289,7 @@ def modules_part(rows, files):
 
 def networks_part(rows, files):
     out = ["## Whole networks", ""]
-    out += para("`python/bench_networks.py`: the ResNet-18 BNN (a Bi-Real shortcut around each 3x3 conv; "
-                "the 16 block convs binary, 4-bit or 8-bit; stem, downsample convs and classifier float), "
-                "224x224, through the PyTorch modules, against the same network in float in one process: "
-                "inference (eval, packed weights) and the training step (forward, backward, SGD), eager or "
-                "replayed from CUDA graphs on both sides. ratio above 1: bie is faster. bie's peak memory "
-                "includes its workspaces.",
-                "`python/bench_ddp.py` (scripts/ddp-check.sh): the binary network's fp16 training step under "
-                "DistributedDataParallel on every GPU of the host; its ratio is the throughput scaling, "
-                "GPUs x (one-GPU step) / (DDP step).")
+    out += para(*intro("networks"))
     for device, drows in group_by(rows, lambda r: r.get("device", "unknown device")).items():
         src = [f for f, frows in files if any(r in frows for r in drows)]
         out += [f"### {device}", ""] + para(f"Measured {dates(drows)}.", f"Files: {', '.join(src)}.")

@@ -243,27 +243,38 @@ struct bie_pool_call {
 };
 
 // A backend. Every slot may be NULL (= declined). Slots receive validated arguments.
+// The function types of the slots below. A backend declares its slot functions with them
+// (`bie_layer_slot bie_ref_layer_forward, bie_ref_layer_backward;`), so that each signature is
+// written once.
+typedef enum bie_status bie_layer_slot(bie_context_t * ctx, const struct bie_layer_call * call);
+typedef enum bie_status bie_pack_slot(bie_context_t * ctx, const struct bie_tensor * src, float scale,
+                                      const struct bie_tensor * dst);
+typedef enum bie_status bie_reduce_slot(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
+                                        double * sum);
+typedef enum bie_status bie_ste_slot(bie_context_t * ctx, const struct bie_layer_call * call,
+                                     const struct bie_tensor * bits, const struct bie_tensor * mask);
+typedef enum bie_status bie_matmul_slot(bie_context_t * ctx, const struct bie_matmul_call * call);
+typedef enum bie_status bie_embedding_slot(bie_context_t * ctx, const struct bie_embedding_call * call);
+typedef enum bie_status bie_pool_slot(bie_context_t * ctx, const struct bie_pool_call * call);
+
 struct bie_backend_ops {
     const char * name;
-    enum bie_status (*layer_forward)(bie_context_t * ctx, const struct bie_layer_call * call);
-    enum bie_status (*layer_backward)(bie_context_t * ctx, const struct bie_layer_call * call);
+    bie_layer_slot * layer_forward;
+    bie_layer_slot * layer_backward;
     // dst = pack(src / scale) per bie_pack (scale 1 when the user gave none).
-    enum bie_status (*pack)(bie_context_t * ctx, const struct bie_tensor * src, float scale,
-                            const struct bie_tensor * dst);
-    enum bie_status (*unpack)(bie_context_t * ctx, const struct bie_tensor * src, float scale,
-                              const struct bie_tensor * dst);
+    bie_pack_slot * pack;
+    bie_pack_slot * unpack;
     // Sums over all elements: *sum_abs = sum|x|, *sum = sum x (in double).
-    enum bie_status (*reduce)(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs, double * sum);
+    bie_reduce_slot * reduce;
     // bie_binarize_ste: call is the x side of a binary linear layer (x [M, K, 1, 1], bias_a, scale_a,
     // device; g.batch = M, g.C = g.K = K; no scale_a, read as 0, only when mask is NULL); bits and
     // mask are [M, K, 1, 1] B1 views or NULL.
-    enum bie_status (*binarize_ste)(bie_context_t * ctx, const struct bie_layer_call * call,
-                                    const struct bie_tensor * bits, const struct bie_tensor * mask);
-    enum bie_status (*matmul_forward)(bie_context_t * ctx, const struct bie_matmul_call * call);
-    enum bie_status (*matmul_backward)(bie_context_t * ctx, const struct bie_matmul_call * call);
-    enum bie_status (*embedding_forward)(bie_context_t * ctx, const struct bie_embedding_call * call);
-    enum bie_status (*embedding_backward)(bie_context_t * ctx, const struct bie_embedding_call * call);
-    enum bie_status (*affine_maxpool2d)(bie_context_t * ctx, const struct bie_pool_call * call);
+    bie_ste_slot * binarize_ste;
+    bie_matmul_slot * matmul_forward;
+    bie_matmul_slot * matmul_backward;
+    bie_embedding_slot * embedding_forward;
+    bie_embedding_slot * embedding_backward;
+    bie_pool_slot * affine_maxpool2d;
 };
 
 // Runs a validated call on the backends its device may use: CUDA tensors on the CUDA backend only

@@ -86,23 +86,9 @@ static void make_conv(struct bcase * bc, enum bie_quant q) {
     d->quant = q;
     d->in_channels = test_pick(cs, 6);
     d->out_channels = test_rand_int(1, 24);
-    for (int i = 0; i < 2; i++) {
-        static const int ks[] = {1, 2, 3, 3, 5};
-        d->kernel[i] = ks[test_rand_int(0, 4)];
-        d->stride[i] = (int)test_rand_int(1, 3);
-        d->padding[i] = (int)test_rand_int(0, 2);
-        d->dilation[i] = test_rand_int(0, 3) ? 1 : 2;
-    }
-    d->groups = 1;
-    d->pad_value = q == BIE_QUANT_BINARY ? (enum bie_pad_value)test_rand_int(0, 2) : BIE_PAD_ZERO;
-    const int64_t N = test_rand_int(1, 3);
-    int64_t H = test_rand_int(1, 11), W = test_rand_int(1, 11);
-    const int64_t eh = (int64_t)d->dilation[0] * (d->kernel[0] - 1) + 1 - 2 * d->padding[0];
-    const int64_t ew = (int64_t)d->dilation[1] * (d->kernel[1] - 1) + 1 - 2 * d->padding[1];
-    if (H < eh) H = eh;
-    if (W < ew) W = ew;
-    int64_t OH, OW;
-    bie_conv2d_output_size(d, H, W, &OH, &OW);
+    static const int ks[] = {1, 2, 3, 3, 5};
+    int64_t N, H, W, OH, OW;
+    cpu_test_conv_geometry(d, ks, 5, 11, &N, &H, &W, &OH, &OW);
     static const int nchw[4] = {0, 1, 2, 3}, nhwc[4] = {0, 2, 3, 1}, odd[4] = {1, 0, 3, 2};
     const int lx = (int)test_rand_int(0, 2), lg = (int)test_rand_int(0, 2);
     const int * ox = lx == 0 ? nchw : lx == 1 ? nhwc : odd;
@@ -222,41 +208,37 @@ static void check_case(struct bcase * bc, bie_context_t * ref, bie_context_t ** 
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    bie_context_t *ref, *cpu2[CPU_TEST_LEVELS];
-    const int nlev = cpu_test_contexts(&ref, cpu2, 2);
-    bie_context_t * cpu1 = cpu_test_ctx(BIE_BACKEND_CPU, BIE_CPU_ISA_BEST, 1);
-    const bool quick = cpu_test_quick();
+    struct cpu_test_ctxs c;
+    cpu_test_ctxs_make(&c, 2);
     static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
     for (int qi = 0; qi < 3; qi++)
         for (int ki = 0; ki < 14; ki++) {
-            if (quick && ki % 3) continue;
+            if (c.quick && ki % 3) continue;
             struct bcase bc;
             make_linear(&bc, qs[qi], k_list[ki], 0, 0);
-            check_case(&bc, ref, cpu2, nlev, cpu1);
+            check_case(&bc, c.ref, c.cpu, c.nlev, c.cpu1);
             free_case(&bc);
         }
     // Larger binary linear layers: the float-by-sign GEMM's several blocks of 512 reduction rows
     // (N for grad_x, M for grad_W), split column ranges, partial row blocks.
     static const int64_t big[][3] = {{3, 1100, 700}, {530, 5, 129}, {70, 600, 513}, {1, 1025, 65}};
     for (int i = 0; i < 4; i++) {
-        if (quick && i % 2) continue;
+        if (c.quick && i % 2) continue;
         struct bcase bc;
         make_linear(&bc, BIE_QUANT_BINARY, big[i][2], big[i][0], big[i][1]);
-        check_case(&bc, ref, cpu2, nlev, cpu1);
+        check_case(&bc, c.ref, c.cpu, c.nlev, c.cpu1);
         free_case(&bc);
     }
-    const int nconv = quick ? 20 : 400;
+    const int nconv = c.quick ? 20 : 400;
     for (int i = 0; i < nconv; i++) {
         // Every other case in many small tasks and waves of grad_W partials.
         bie_cpu_bwd_task_pixels = i % 2 ? 2048 : test_rand_int(1, 64);
         bie_cpu_bwd_wave_max = i % 2 ? 16 : test_rand_int(1, 3);
         struct bcase bc;
         make_conv(&bc, qs[i % 3]);
-        check_case(&bc, ref, cpu2, nlev, cpu1);
+        check_case(&bc, c.ref, c.cpu, c.nlev, c.cpu1);
         free_case(&bc);
     }
-    bie_context_destroy(ref);
-    for (int l = 0; l < nlev; l++) bie_context_destroy(cpu2[l]);
-    bie_context_destroy(cpu1);
+    cpu_test_ctxs_free(&c);
     return test_finish("test-cpu-backward");
 }

@@ -53,6 +53,75 @@ static inline int cpu_test_contexts(bie_context_t ** ref, bie_context_t ** cpu, 
     return nlev;
 }
 
+// A linear or conv2d layer case of the CPU forward tests: its descriptors, operands, an output of
+// the shape and dtype it writes, and its description for the messages.
+struct cpu_test_layer {
+    enum bie_quant q;
+    bool conv;
+    struct bie_linear_desc lin;
+    struct bie_conv2d_desc cd;
+    struct bie_tensor x, bias, w, sa, sw, y;
+    bool has_bias;
+    char what[320];
+};
+
+// The case's forward on ctx into y (bias_a when the case has one).
+static inline enum bie_status cpu_test_layer_forward(bie_context_t * ctx, const struct cpu_test_layer * c,
+                                                     struct bie_tensor * y) {
+    struct bie_forward_args a = {.x = &c->x,
+                                 .bias_a = c->has_bias ? &c->bias : NULL,
+                                 .weight = &c->w,
+                                 .scale_a = &c->sa,
+                                 .scale_w = &c->sw,
+                                 .y = y};
+    return c->conv ? bie_conv2d_forward(ctx, &c->cd, &a) : bie_linear_forward(ctx, &c->lin, &a);
+}
+
+// The contexts of the layer comparisons: the reference (one thread), one CPU context per ISA level
+// this machine has with `threads` threads (cpu_test_contexts) and one at the best level with one
+// thread; quick: BIE_TEST_QUICK asks for fewer cases.
+struct cpu_test_ctxs {
+    bie_context_t *ref, *cpu[CPU_TEST_LEVELS], *cpu1;
+    int nlev;
+    bool quick;
+};
+
+static inline void cpu_test_ctxs_make(struct cpu_test_ctxs * c, int threads) {
+    c->nlev = cpu_test_contexts(&c->ref, c->cpu, threads);
+    c->cpu1 = cpu_test_ctx(BIE_BACKEND_CPU, BIE_CPU_ISA_BEST, 1);
+    c->quick = cpu_test_quick();
+}
+
+static inline void cpu_test_ctxs_free(struct cpu_test_ctxs * c) {
+    for (int l = 0; l < c->nlev; l++) bie_context_destroy(c->cpu[l]);
+    bie_context_destroy(c->cpu1);
+    bie_context_destroy(c->ref);
+}
+
+// Random geometry of a conv case with d->quant set: kernel sizes from ks[0 .. nk), strides 1-3,
+// paddings 0-2, dilation 2 one time in four, one group, any pad value for a binary layer (zero
+// otherwise); then a batch *N of 1-3 and an image of up to hw x hw pixels, raised to where the
+// dilated window less the padding fits once; *OH x *OW is the output.
+static inline void cpu_test_conv_geometry(struct bie_conv2d_desc * d, const int * ks, int nk, int64_t hw, int64_t * N,
+                                          int64_t * H, int64_t * W, int64_t * OH, int64_t * OW) {
+    for (int i = 0; i < 2; i++) {
+        d->kernel[i] = ks[test_rand_int(0, nk - 1)];
+        d->stride[i] = (int)test_rand_int(1, 3);
+        d->padding[i] = (int)test_rand_int(0, 2);
+        d->dilation[i] = test_rand_int(0, 3) ? 1 : 2;
+    }
+    d->groups = 1;
+    d->pad_value = d->quant == BIE_QUANT_BINARY ? (enum bie_pad_value)test_rand_int(0, 2) : BIE_PAD_ZERO;
+    *N = test_rand_int(1, 3);
+    *H = test_rand_int(1, hw);
+    *W = test_rand_int(1, hw);
+    const int64_t eh = (int64_t)d->dilation[0] * (d->kernel[0] - 1) + 1 - 2 * d->padding[0];
+    const int64_t ew = (int64_t)d->dilation[1] * (d->kernel[1] - 1) + 1 - 2 * d->padding[1];
+    if (*H < eh) *H = eh;
+    if (*W < ew) *W = ew;
+    bie_conv2d_output_size(d, *H, *W, OH, OW);
+}
+
 // A 4-D [d0, d1, d2, d3] view whose memory order is `order` (a permutation of 0..3: the dims from
 // slowest to fastest), e.g. {0, 2, 3, 1} for channels-last. Sub-byte dtypes pad the innermost
 // stored dim to whole bytes (the packed interchange layout).

@@ -12,19 +12,9 @@
 static const int64_t k_list[] = {1, 7, 8, 9, 31, 33, 63, 64, 65, 127, 129, 511, 513, 1000, 2100, 16400};
 #define NK ((int)(sizeof k_list / sizeof k_list[0]))
 
-struct fcase {
-    enum bie_quant q;
-    bool conv;
-    struct bie_linear_desc lin;
-    struct bie_conv2d_desc cd;
-    struct bie_tensor x, bias, w, sa, sw, y;
-    bool has_bias;
-    char what[320];
-};
-
 static enum bie_dtype pick(const enum bie_dtype * d, int n) { return d[test_rand_int(0, n - 1)]; }
 
-static void fill_w(const struct fcase * fc) {
+static void fill_w(const struct cpu_test_layer * fc) {
     if (fc->w.dtype == BIE_DTYPE_I8) test_fill_uniform(&fc->w, -128, 128);
     else if (fc->w.dtype == BIE_DTYPE_S4) test_fill_uniform(&fc->w, -8, 8);
     else test_fill_uniform(&fc->w, -1, 1);
@@ -57,7 +47,7 @@ static enum bie_quant pick_q(void) {
     return q[test_rand_int(0, 3)];
 }
 
-static void make_common(struct fcase * fc) {
+static void make_common(struct cpu_test_layer * fc) {
     if (fc->x.dtype == BIE_DTYPE_B1) test_fill_uniform(&fc->x, -1, 1);
     else test_fill_uniform(&fc->x, -2, 2);
     fill_w(fc);
@@ -73,7 +63,7 @@ static void make_common(struct fcase * fc) {
 }
 
 // q and K are random when 0.
-static void make_linear(struct fcase * fc, enum bie_quant q, int64_t K) {
+static void make_linear(struct cpu_test_layer * fc, enum bie_quant q, int64_t K) {
     memset(fc, 0, sizeof *fc);
     fc->q = q ? q : pick_q();
     if (!K) K = test_pick(k_list, NK);
@@ -93,7 +83,7 @@ static void make_linear(struct fcase * fc, enum bie_quant q, int64_t K) {
 
 static const int nchw[4] = {0, 1, 2, 3}, nhwc[4] = {0, 2, 3, 1}, odd[4] = {1, 0, 3, 2};
 
-static void make_conv(struct fcase * fc, bool small) {
+static void make_conv(struct cpu_test_layer * fc, bool small) {
     memset(fc, 0, sizeof *fc);
     fc->q = pick_q();
     static const int64_t cs[] = {1, 3, 8, 13, 32, 64, 65, 130};
@@ -101,23 +91,9 @@ static void make_conv(struct fcase * fc, bool small) {
     d->quant = fc->q;
     d->in_channels = small ? test_rand_int(1, 9) : test_pick(cs, 8);
     d->out_channels = test_rand_int(0, 3) ? test_rand_int(1, 40) : 64;
-    for (int i = 0; i < 2; i++) {
-        static const int ks[] = {1, 1, 2, 3, 3, 5};
-        d->kernel[i] = ks[test_rand_int(0, 5)];
-        d->stride[i] = (int)test_rand_int(1, 3);
-        d->padding[i] = (int)test_rand_int(0, 2);
-        d->dilation[i] = test_rand_int(0, 3) ? 1 : 2;
-    }
-    d->groups = 1;
-    d->pad_value = fc->q == BIE_QUANT_BINARY ? (enum bie_pad_value)test_rand_int(0, 2) : BIE_PAD_ZERO;
-    const int64_t N = test_rand_int(1, 3);
-    int64_t H = test_rand_int(1, 13), W = test_rand_int(1, 13);
-    const int64_t eh = (int64_t)d->dilation[0] * (d->kernel[0] - 1) + 1 - 2 * d->padding[0];
-    const int64_t ew = (int64_t)d->dilation[1] * (d->kernel[1] - 1) + 1 - 2 * d->padding[1];
-    if (H < eh) H = eh;
-    if (W < ew) W = ew;
-    int64_t OH, OW;
-    bie_conv2d_output_size(d, H, W, &OH, &OW);
+    static const int ks[] = {1, 1, 2, 3, 3, 5};
+    int64_t N, H, W, OH, OW;
+    cpu_test_conv_geometry(d, ks, 6, 13, &N, &H, &W, &OH, &OW);
     const enum bie_dtype xd = pick_x(fc->q), wd = pick_w(fc->q), yd = pick_y(fc->q);
     const int lx = (int)test_rand_int(0, 4), lw = (int)test_rand_int(0, 4), ly = (int)test_rand_int(0, 4);
     // x: NCHW, channels-last (B1 x is channels-last when fast), odd; weight: OIHW / OHWI / odd.
@@ -141,16 +117,6 @@ static void make_conv(struct fcase * fc, bool small) {
              bie_dtype_name(wd), lw, bie_dtype_name(yd), ly, (int)fc->has_bias);
 }
 
-static enum bie_status run(bie_context_t * ctx, struct fcase * fc, struct bie_tensor * y) {
-    struct bie_forward_args a = {.x = &fc->x,
-                                 .bias_a = fc->has_bias ? &fc->bias : NULL,
-                                 .weight = &fc->w,
-                                 .scale_a = &fc->sa,
-                                 .scale_w = &fc->sw,
-                                 .y = y};
-    return fc->conv ? bie_conv2d_forward(ctx, &fc->cd, &a) : bie_linear_forward(ctx, &fc->lin, &a);
-}
-
 // 8-bit layers whose I8 weight the int16 outer tile reads in place (at least 64 rows, K a multiple
 // of 32, contiguous code rows; with a gap after every row half the time, which is still in place):
 // K within one block of 512 codes, across blocks and with a short last block; N around the
@@ -158,7 +124,7 @@ static enum bie_status run(bie_context_t * ctx, struct fcase * fc, struct bie_te
 // multiple of 32, and one OIHW case (not in place: packed rows). Every fourth linear case has more
 // than 4 m-tiles of 256 rows (the tasks pack their own activation panels at 2 threads too; at 1
 // thread from 2 m-tiles), and every eighth one is 4-bit (the byte outer tile).
-static void make_outer(struct fcase * fc, int i) {
+static void make_outer(struct cpu_test_layer * fc, int i) {
     static const int64_t ks[] = {32, 64, 512, 544, 1024, 1056, 2080};
     static const int64_t ns[] = {1, 7, 31, 32, 33, 64, 65, 100};
     memset(fc, 0, sizeof *fc);
@@ -203,7 +169,7 @@ static void make_outer(struct fcase * fc, int i) {
     make_common(fc);
 }
 
-static void free_case(struct fcase * fc) {
+static void free_case(struct cpu_test_layer * fc) {
     test_tensor_free(&fc->x);
     test_tensor_free(&fc->w);
     test_tensor_free(&fc->y);
@@ -212,15 +178,16 @@ static void free_case(struct fcase * fc) {
     if (fc->has_bias) test_tensor_free(&fc->bias);
 }
 
-static void check_case(struct fcase * fc, bie_context_t * ref, bie_context_t ** cpu, int nlev, bie_context_t * cpu1) {
+static void check_case(struct cpu_test_layer * fc, bie_context_t * ref, bie_context_t ** cpu, int nlev,
+                       bie_context_t * cpu1) {
     struct bie_tensor yr = cpu_test_clone(&fc->y);
-    const enum bie_status sr = run(ref, fc, &yr);
+    const enum bie_status sr = cpu_test_layer_forward(ref, fc, &yr);
     CHECK(sr == BIE_STATUS_OK, "ref: %s (%s)", bie_context_last_error(ref), fc->what);
     const size_t nb = cpu_test_nbytes(&fc->y);
     for (int l = 0; l < nlev + 1; l++) {
         bie_context_t * ctx = l < nlev ? cpu[l] : cpu1;
         struct bie_tensor yc = cpu_test_clone(&fc->y);
-        const enum bie_status sc = run(ctx, fc, &yc);
+        const enum bie_status sc = cpu_test_layer_forward(ctx, fc, &yc);
         CHECK(sc == BIE_STATUS_OK, "cpu: %s (%s)", bie_context_last_error(ctx), fc->what);
         size_t first = nb;
         for (size_t i = 0; i < nb && first == nb; i++)
@@ -234,40 +201,36 @@ static void check_case(struct fcase * fc, bie_context_t * ref, bie_context_t ** 
 
 int main(int argc, char ** argv) {
     test_init(argc, argv);
-    bie_context_t *ref, *cpu[CPU_TEST_LEVELS];
-    const int nlev = cpu_test_contexts(&ref, cpu, 2);
-    bie_context_t * cpu1 = cpu_test_ctx(BIE_BACKEND_CPU, BIE_CPU_ISA_BEST, 1);
-    const bool quick = cpu_test_quick();
+    struct cpu_test_ctxs c;
+    cpu_test_ctxs_make(&c, 2);
 
     // Every K of the list at least once per quant, then random linear cases.
     for (int qi = 0; qi < 3; qi++)
         for (int ki = 0; ki < NK; ki++) {
-            struct fcase fc;
+            struct cpu_test_layer fc;
             make_linear(&fc, qi == 0 ? BIE_QUANT_BINARY : qi == 1 ? BIE_QUANT_INT4 : BIE_QUANT_INT8, k_list[ki]);
-            check_case(&fc, ref, cpu, nlev, cpu1);
+            check_case(&fc, c.ref, c.cpu, c.nlev, c.cpu1);
             free_case(&fc);
         }
-    const int nlin = quick ? 20 : 400, nconv = quick ? 30 : 600;
+    const int nlin = c.quick ? 20 : 400, nconv = c.quick ? 30 : 600;
     for (int i = 0; i < nlin; i++) {
-        struct fcase fc;
+        struct cpu_test_layer fc;
         make_linear(&fc, 0, 0);
-        check_case(&fc, ref, cpu, nlev, cpu1);
+        check_case(&fc, c.ref, c.cpu, c.nlev, c.cpu1);
         free_case(&fc);
     }
     for (int i = 0; i < nconv; i++) {
-        struct fcase fc;
+        struct cpu_test_layer fc;
         make_conv(&fc, i % 3 == 0);
-        check_case(&fc, ref, cpu, nlev, cpu1);
+        check_case(&fc, c.ref, c.cpu, c.nlev, c.cpu1);
         free_case(&fc);
     }
-    for (int i = 0; i < (quick ? 8 : 40); i++) {
-        struct fcase fc;
+    for (int i = 0; i < (c.quick ? 8 : 40); i++) {
+        struct cpu_test_layer fc;
         make_outer(&fc, i);
-        check_case(&fc, ref, cpu, nlev, cpu1);
+        check_case(&fc, c.ref, c.cpu, c.nlev, c.cpu1);
         free_case(&fc);
     }
-    for (int l = 0; l < nlev; l++) bie_context_destroy(cpu[l]);
-    bie_context_destroy(cpu1);
-    bie_context_destroy(ref);
+    cpu_test_ctxs_free(&c);
     return test_finish("test-cpu-forward");
 }

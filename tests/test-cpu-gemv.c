@@ -99,16 +99,6 @@ static const int64_t k_list[] = {1,   3,   7,   8,   9,   15,   17,   63,   64, 
                                  129, 255, 257, 511, 513, 1000, 1025, 4096, 4100, 8200, 16400};
 #define NK ((int)(sizeof k_list / sizeof k_list[0]))
 
-struct gcase {
-    enum bie_quant q;
-    bool conv;
-    struct bie_linear_desc lin;
-    struct bie_conv2d_desc cd;
-    struct bie_tensor x, bias, w, sa, sw, y;
-    bool has_bias;
-    char what[256];
-};
-
 // Random bytes in every bit of a packed weight's buffer that is not an element (row gaps, the
 // padding bits of a last partial byte or nibble), leaving the elements as they are.
 static void garbage_padding(const struct bie_tensor * w, int64_t N, int64_t K) {
@@ -138,7 +128,7 @@ static void exact_buffer(struct bie_tensor * t) {
     t->data = p;
 }
 
-static void make_case(struct gcase * gc, enum bie_quant q, int64_t K) {
+static void make_case(struct cpu_test_layer * gc, enum bie_quant q, int64_t K) {
     memset(gc, 0, sizeof *gc);
     gc->q = q;
     const enum bie_dtype packed = q == BIE_QUANT_BINARY ? BIE_DTYPE_B1
@@ -206,24 +196,14 @@ static void make_case(struct gcase * gc, enum bie_quant q, int64_t K) {
     snprintf(gc->what + len, sizeof gc->what - len, " bias %d", (int)gc->has_bias);
 }
 
-static enum bie_status run(bie_context_t * ctx, struct gcase * gc, struct bie_tensor * y) {
-    struct bie_forward_args a = {.x = &gc->x,
-                                 .bias_a = gc->has_bias ? &gc->bias : NULL,
-                                 .weight = &gc->w,
-                                 .scale_a = &gc->sa,
-                                 .scale_w = &gc->sw,
-                                 .y = y};
-    return gc->conv ? bie_conv2d_forward(ctx, &gc->cd, &a) : bie_linear_forward(ctx, &gc->lin, &a);
-}
-
-static void check_case(struct gcase * gc, bie_context_t * ref, bie_context_t ** cpu, int nctx) {
+static void check_case(struct cpu_test_layer * gc, bie_context_t * ref, bie_context_t ** cpu, int nctx) {
     struct bie_tensor yr = cpu_test_clone(&gc->y);
-    const enum bie_status sr = run(ref, gc, &yr);
+    const enum bie_status sr = cpu_test_layer_forward(ref, gc, &yr);
     CHECK(sr == BIE_STATUS_OK, "ref: %s (%s)", bie_context_last_error(ref), gc->what);
     const size_t nb = cpu_test_nbytes(&gc->y);
     for (int l = 0; l < nctx; l++) {
         struct bie_tensor yc = cpu_test_clone(&gc->y);
-        const enum bie_status sc = run(cpu[l], gc, &yc);
+        const enum bie_status sc = cpu_test_layer_forward(cpu[l], gc, &yc);
         CHECK(sc == BIE_STATUS_OK, "cpu: %s (%s)", bie_context_last_error(cpu[l]), gc->what);
         size_t first = nb;
         for (size_t i = 0; i < nb && first == nb; i++)
@@ -235,7 +215,7 @@ static void check_case(struct gcase * gc, bie_context_t * ref, bie_context_t ** 
     test_tensor_free(&yr);
 }
 
-static void free_case(struct gcase * gc) {
+static void free_case(struct cpu_test_layer * gc) {
     struct bie_tensor * ts[] = {&gc->x, &gc->w, &gc->y, &gc->sa, &gc->sw, &gc->bias};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]); // bias: NULL data if absent
 }
@@ -258,7 +238,7 @@ int main(int argc, char ** argv) {
         for (int ki = 0; ki < NK; ki++)
             for (int rep = 0; rep < (quick ? 1 : 2); rep++) {
                 if (quick && k_list[ki] > 4100) continue;
-                struct gcase gc;
+                struct cpu_test_layer gc;
                 make_case(&gc, q, k_list[ki]);
                 check_case(&gc, ref, cpu, nctx);
                 free_case(&gc);

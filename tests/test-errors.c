@@ -27,25 +27,19 @@ struct fixture {
 static void fixture_make(struct fixture * f, bool conv) {
     memset(f, 0, sizeof *f);
     f->conv = conv;
-    if (conv) {
-        f->cd = test_conv3x3(3, 4, BIE_PAD_ZERO);
-        const int64_t xs[4] = {2, 3, 5, 5}, ws[4] = {4, 3, 3, 3}, ys[4] = {2, 4, 5, 5};
-        f->x = test_tensor(BIE_DTYPE_F32, 4, xs, NULL);
-        f->gx = test_tensor(BIE_DTYPE_F32, 4, xs, NULL);
-        f->w = test_tensor(BIE_DTYPE_F32, 4, ws, NULL);
-        f->gw = test_tensor(BIE_DTYPE_F32, 4, ws, NULL);
-        f->y = test_tensor(BIE_DTYPE_F32, 4, ys, NULL);
-        f->gy = test_tensor(BIE_DTYPE_F32, 4, ys, NULL);
-    } else {
-        f->ld = (struct bie_linear_desc){BIE_QUANT_BINARY, 5, 4};
-        const int64_t xs[2] = {3, 5}, ws[2] = {4, 5}, ys[2] = {3, 4};
-        f->x = test_tensor(BIE_DTYPE_F32, 2, xs, NULL);
-        f->gx = test_tensor(BIE_DTYPE_F32, 2, xs, NULL);
-        f->w = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
-        f->gw = test_tensor(BIE_DTYPE_F32, 2, ws, NULL);
-        f->y = test_tensor(BIE_DTYPE_F32, 2, ys, NULL);
-        f->gy = test_tensor(BIE_DTYPE_F32, 2, ys, NULL);
-    }
+    // x, weight and y (and their gradients): conv NCHW / OIHW, or linear [rows, features]
+    static const int64_t conv_shapes[3][4] = {{2, 3, 5, 5}, {4, 3, 3, 3}, {2, 4, 5, 5}};
+    static const int64_t linear_shapes[3][4] = {{3, 5}, {4, 5}, {3, 4}};
+    const int64_t(*shapes)[4] = conv ? conv_shapes : linear_shapes;
+    const int nd = conv ? 4 : 2;
+    if (conv) f->cd = test_conv3x3(3, 4, BIE_PAD_ZERO);
+    else f->ld = (struct bie_linear_desc){BIE_QUANT_BINARY, 5, 4};
+    f->x = test_tensor(BIE_DTYPE_F32, nd, shapes[0], NULL);
+    f->gx = test_tensor(BIE_DTYPE_F32, nd, shapes[0], NULL);
+    f->w = test_tensor(BIE_DTYPE_F32, nd, shapes[1], NULL);
+    f->gw = test_tensor(BIE_DTYPE_F32, nd, shapes[1], NULL);
+    f->y = test_tensor(BIE_DTYPE_F32, nd, shapes[2], NULL);
+    f->gy = test_tensor(BIE_DTYPE_F32, nd, shapes[2], NULL);
     const int64_t c = conv ? 3 : 5;
     f->bias = test_tensor(BIE_DTYPE_F32, 1, &c, NULL);
     f->gb = test_tensor(BIE_DTYPE_F32, 1, &c, NULL);
@@ -155,57 +149,43 @@ static void test_null_pointers(struct fixture * f) {
     CHECK_OK(ctx, bwd(f, &b));
 }
 
+// The forward with *field = v fails naming `name`; *field is restored after.
+static void expect_bad_i64(struct fixture * f, const struct bie_forward_args * a, int64_t * field, int64_t v,
+                           const char * name) {
+    const int64_t keep = *field;
+    *field = v;
+    EXPECT(fwd(f, a), BIE_STATUS_INVALID_ARGUMENT, name);
+    *field = keep;
+}
+
 static void test_dimensions(struct fixture * f) {
     struct bie_forward_args a = fwd_args(f);
     // zero and negative sizes in the descriptor
     if (f->conv) {
+        expect_bad_i64(f, &a, &f->cd.in_channels, 0, "in_channels");
+        expect_bad_i64(f, &a, &f->cd.out_channels, -4, "out_channels");
         struct bie_conv2d_desc keep = f->cd;
-        f->cd.in_channels = 0;
-        EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "in_channels");
-        f->cd = keep;
-        f->cd.out_channels = -4;
-        EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "out_channels");
-        f->cd = keep;
         f->cd.in_channels = 3;
         f->cd.kernel[0] = f->cd.kernel[1] = 1 << 20; // C*kh*kw overflows 32-bit accumulation
         EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "desc");
         f->cd = keep;
     } else {
-        struct bie_linear_desc keep = f->ld;
-        f->ld.in_features = 0;
-        EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "in_features");
-        f->ld = keep;
-        f->ld.out_features = -1;
-        EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "out_features");
-        f->ld = keep;
-        f->ld.in_features = (int64_t)1 << 40;
-        EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "x");
-        f->ld = keep;
+        expect_bad_i64(f, &a, &f->ld.in_features, 0, "in_features");
+        expect_bad_i64(f, &a, &f->ld.out_features, -1, "out_features");
+        expect_bad_i64(f, &a, &f->ld.in_features, (int64_t)1 << 40, "x");
     }
     // zero, negative and overflowing tensor shapes
-    const int64_t keep0 = f->x.shape[0];
-    f->x.shape[0] = 0;
-    EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "x");
-    f->x.shape[0] = -2;
-    EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "x");
-    f->x.shape[0] = INT64_MAX / 2;
-    EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "x");
-    f->x.shape[0] = keep0;
-    const int64_t keeps = f->w.stride[0];
-    f->w.stride[0] = INT64_MAX / 4;
-    EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "weight");
-    f->w.stride[0] = -1;
-    EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "weight");
-    f->w.stride[0] = keeps;
+    expect_bad_i64(f, &a, &f->x.shape[0], 0, "x");
+    expect_bad_i64(f, &a, &f->x.shape[0], -2, "x");
+    expect_bad_i64(f, &a, &f->x.shape[0], INT64_MAX / 2, "x");
+    expect_bad_i64(f, &a, &f->w.stride[0], INT64_MAX / 4, "weight");
+    expect_bad_i64(f, &a, &f->w.stride[0], -1, "weight");
     const int32_t keepn = f->x.ndim;
     f->x.ndim = BIE_MAX_DIMS + 1;
     EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "x");
     f->x.ndim = keepn;
     // a broadcast (stride 0) output
-    const int64_t keepy = f->y.stride[0];
-    f->y.stride[0] = 0;
-    EXPECT(fwd(f, &a), BIE_STATUS_INVALID_ARGUMENT, "y");
-    f->y.stride[0] = keepy;
+    expect_bad_i64(f, &a, &f->y.stride[0], 0, "y");
     CHECK_OK(ctx, fwd(f, &a));
 }
 

@@ -28,28 +28,6 @@ static const char * const ARCH_B =
 static const char * const ARCH_C = "input 3 4 4; relu; add @input; sign; flatten; linear b1 4; hardtanh; linear f32 3";
 static const char * const ARCH_D = "input 2 3 3; flatten; linear b1 4; bn; add @2 @2; linear f32 3";
 
-static void random_batch(float * x, uint8_t * y, int64_t n, int64_t in, int classes) {
-    for (int64_t i = 0; i < n; i++) {
-        y[i] = (uint8_t)test_rand_int(0, classes - 1);
-        for (int64_t j = 0; j < in; j++)
-            x[i * in + j] = test_rand_float(-1, 1) + ((j * 7 + y[i] * 3) % 5 == 0 ? 1.5f : -0.3f);
-    }
-}
-
-static void train_steps(bie_context_t * ctx, bie_model_t * m, const float * x, const uint8_t * y, int64_t n,
-                        int steps) {
-    const int64_t k = bie_model_num_outputs(m);
-    float * g = malloc(sizeof(float) * (size_t)(n * k));
-    for (int s = 0; s < steps; s++) {
-        const float * logits;
-        CHECK_OK(ctx, test_forward(ctx, m, x, n, 1, 0, &logits));
-        CHECK_OK(ctx, test_xent(ctx, n, k, logits, y, NULL, g, NULL));
-        CHECK_OK(ctx, test_backward(ctx, m, n, g));
-        CHECK_OK(ctx, test_step(ctx, m, 0.01f, 0.0f, 0.05f));
-    }
-    free(g);
-}
-
 static void test_arch(bie_context_t * ctx) {
     struct {
         const char * arch;
@@ -119,14 +97,13 @@ static void test_arch(bie_context_t * ctx) {
 // Gradients of every parameter kind in a float graph (two branches from one value, adds, PReLU,
 // pooling, smooth activations, flatten, bn over features), against central finite differences.
 static void test_gradients(bie_context_t * ctx, const char * arch, const int * layers, int n_layers) {
-    bie_model_t * m = NULL;
-    CHECK_OK(ctx, bie_model_create(ctx, arch, BIE_LATENT_F32, test_seed, &m));
+    bie_model_t * m = test_model_create(ctx, arch, BIE_LATENT_F32, test_seed);
     if (!m) return;
     // Eight samples: batch norm over features with fewer has a curvature that spoils the quotient.
     const int64_t n = 8, in = bie_model_num_inputs(m), k = bie_model_num_outputs(m);
     float *x = malloc(sizeof(float) * (size_t)(n * in)), *g = malloc(sizeof(float) * (size_t)(n * k));
     uint8_t y[8];
-    random_batch(x, y, n, in, (int)k);
+    test_random_batch(x, y, n, in, (int)k);
     // PReLU slopes away from 0.25 everywhere, and output biases away from 0: a binary layer's
     // output is often exactly 0, which would sit on the kink of the PReLU after it.
     for (int64_t i = 0; i < m->n_layers; i++) {
@@ -274,13 +251,12 @@ static void check_plan(bie_context_t * ctx, bie_model_t * m, const float * x, in
 }
 
 static void test_plans(bie_context_t * ctx, const char * arch, enum bie_latent latent) {
-    bie_model_t * m = NULL;
-    CHECK_OK(ctx, bie_model_create(ctx, arch, latent, test_seed, &m));
+    bie_model_t * m = test_model_create(ctx, arch, latent, test_seed);
     if (!m) return;
     const int64_t N = 9, in = bie_model_num_inputs(m), k = bie_model_num_outputs(m);
     float * x = malloc(sizeof(float) * (size_t)(N * in));
     uint8_t * y = malloc((size_t)N);
-    random_batch(x, y, N, in, (int)k);
+    test_random_batch(x, y, N, in, (int)k);
     { // float_layers on a model never run sets the scales as the layer calls do: the same logits
         bie_model_t *f = NULL, *g = NULL;
         CHECK_OK(ctx, bie_model_create(ctx, arch, latent, test_seed, &f));
@@ -301,13 +277,13 @@ static void test_plans(bie_context_t * ctx, const char * arch, enum bie_latent l
         bie_model_destroy(g);
     }
     check_plan(ctx, m, x, 4, arch, "untrained (scales set by the plan)");
-    train_steps(ctx, m, x, y, N, 2);
+    test_train_steps(ctx, m, x, y, N, 2, 0.01f);
     const int64_t sizes[] = {N, 1, 4, 1, N, 2};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) check_plan(ctx, m, x, sizes[i], arch, "trained");
     const int64_t builds = bie_model_plan_builds(m);
     check_plan(ctx, m, x, 4, arch, "again");
     CHECK(bie_model_plan_builds(m) == builds, "a plan for a batch size seen was rebuilt (%s)", arch);
-    train_steps(ctx, m, x, y, N, 1);
+    test_train_steps(ctx, m, x, y, N, 1, 0.01f);
     check_plan(ctx, m, x, 4, arch, "after a step");
     CHECK(bie_model_plan_builds(m) == builds + 1, "no plan rebuilt after a training step (%s)", arch);
     // The packed twin: the same plan routes on packed weights.
@@ -332,9 +308,8 @@ static void test_plans(bie_context_t * ctx, const char * arch, enum bie_latent l
 // Memory planning: a chain of element-wise layers runs in place in one slot beside the input; a
 // residual block needs its branch kept.
 static void test_arena(bie_context_t * ctx) {
-    bie_model_t * m = NULL;
-    CHECK_OK(ctx, bie_model_create(ctx, "input 4 8 8; conv f32 4 3; relu; bn; tanh; prelu 4; flatten; silu; gelu",
-                                   BIE_LATENT_F32, 1, &m));
+    bie_model_t * m = test_model_create(ctx, "input 4 8 8; conv f32 4 3; relu; bn; tanh; prelu 4; flatten; silu; gelu",
+                                        BIE_LATENT_F32, 1);
     if (!m) return;
     float x[2 * 256] = {0};
     const float * logits;
@@ -359,8 +334,7 @@ static void test_versions(bie_context_t * ctx) {
     const char * archs[2] = {"input 1 4 4; conv b1 2 3; bn; relu; linear f32 3",
                              "input 1 4 4; conv b1 2 3; bn; add @0; linear f32 3"};
     for (int a = 0; a < 2; a++) {
-        bie_model_t * m = NULL;
-        CHECK_OK(ctx, bie_model_create(ctx, archs[a], BIE_LATENT_F32, 1, &m));
+        bie_model_t * m = test_model_create(ctx, archs[a], BIE_LATENT_F32, 1);
         if (!m) continue;
         float x[2 * 16];
         for (int i = 0; i < 32; i++) x[i] = test_rand_float(-1, 1);
@@ -417,9 +391,7 @@ static void test_versions(bie_context_t * ctx) {
 }
 
 int main(int argc, char ** argv) {
-    test_init(argc, argv);
-    quick = getenv("BIE_TEST_QUICK") != NULL;
-    bie_context_t * ctx = test_env_context();
+    bie_context_t * ctx = test_model_start(argc, argv, &quick);
     test_arch(ctx);
     // (Kinks next to batch norm over a few values make finite differences unusable, though the
     // gradients agree with PyTorch's: the kinks of these graphs are away from batch norm.)

@@ -15,35 +15,9 @@
 
 static bool quick;
 
-static void random_batch(float * x, uint8_t * y, int64_t n, int64_t in, int classes) {
-    // Class-dependent means, so the problem is learnable.
-    for (int64_t i = 0; i < n; i++) {
-        y[i] = (uint8_t)test_rand_int(0, classes - 1);
-        for (int64_t j = 0; j < in; j++)
-            x[i * in + j] = test_rand_float(-1, 1) + ((j * 7 + y[i] * 3) % 5 == 0 ? 1.5f : -0.3f);
-    }
-}
-
-static double train_steps(bie_context_t * ctx, bie_model_t * m, const float * x, const uint8_t * y, int64_t n,
-                          int steps, float lr) {
-    const int64_t k = bie_model_num_outputs(m);
-    float * g = malloc(sizeof(float) * (size_t)(n * k));
-    double loss = 0;
-    for (int s = 0; s < steps; s++) {
-        const float * logits;
-        CHECK_OK(ctx, test_forward(ctx, m, x, n, 1, 0, &logits));
-        CHECK_OK(ctx, test_xent(ctx, n, k, logits, y, &loss, g, NULL));
-        CHECK_OK(ctx, test_backward(ctx, m, n, g));
-        CHECK_OK(ctx, test_step(ctx, m, lr, 0.0f, 0.05f));
-    }
-    free(g);
-    return loss;
-}
-
 static void test_arch(bie_context_t * ctx) {
-    bie_model_t * m = NULL;
-    CHECK_OK(ctx, bie_model_create(ctx, "input 3 9 7; conv f32 4 3 2 1; maxpool 2; bn; relu; linear b1 5",
-                                   BIE_LATENT_F32, 1, &m));
+    bie_model_t * m =
+        test_model_create(ctx, "input 3 9 7; conv f32 4 3 2 1; maxpool 2; bn; relu; linear b1 5", BIE_LATENT_F32, 1);
     if (m) {
         struct bie_model_layer_info li;
         CHECK_OK(ctx, bie_model_layer_info(m, 0, &li));
@@ -84,14 +58,13 @@ static void test_arch(bie_context_t * ctx) {
 // kink inside the difference step would spoil the quotient; those are tested in test-nn-ops), against finite differences of
 // the loss with respect to single parameters.
 static void test_float_gradients(bie_context_t * ctx) {
-    bie_model_t * m = NULL;
-    CHECK_OK(ctx,
-             bie_model_create(ctx, "input 2 5 5; conv f32 3 3 1 1; bn; linear f32 4", BIE_LATENT_F32, test_seed, &m));
+    bie_model_t * m =
+        test_model_create(ctx, "input 2 5 5; conv f32 3 3 1 1; bn; linear f32 4", BIE_LATENT_F32, test_seed);
     if (!m) return;
     const int64_t n = 3, in = 50;
     float x[150], g[12];
     uint8_t y[3];
-    random_batch(x, y, n, in, 4);
+    test_random_batch(x, y, n, in, 4);
     const float * logits;
     double loss;
     CHECK_OK(ctx, test_forward(ctx, m, x, n, 1, 0, &logits));
@@ -133,8 +106,8 @@ static void test_files(bie_context_t * ctx, const char * arch, enum bie_latent l
     const int64_t n = 16, in = bie_model_num_inputs(m), k = bie_model_num_outputs(m);
     float *x = malloc(sizeof(float) * (size_t)(n * in)), *l0 = malloc(sizeof(float) * (size_t)(n * k));
     uint8_t * y = malloc((size_t)n);
-    random_batch(x, y, n, in, (int)k);
-    train_steps(ctx, m, x, y, n, 3, 0.01f);
+    test_random_batch(x, y, n, in, (int)k);
+    test_train_steps(ctx, m, x, y, n, 3, 0.01f);
     char pp[32], cp[32];
     tmp_path(pp);
     tmp_path(cp);
@@ -166,7 +139,7 @@ static void test_files(bie_context_t * ctx, const char * arch, enum bie_latent l
     // Checkpoint: continuing from the file equals continuing in memory, bit for bit.
     CHECK_OK(ctx, bie_model_load(ctx, cp, &c, NULL));
     if (c) {
-        const double la = train_steps(ctx, m, x, y, n, 2, 0.01f), lb = train_steps(ctx, c, x, y, n, 2, 0.01f);
+        const double la = test_train_steps(ctx, m, x, y, n, 2, 0.01f), lb = test_train_steps(ctx, c, x, y, n, 2, 0.01f);
         CHECK(la == lb, "resumed training differs: loss %.17g vs %.17g (%s)", la, lb, arch);
         const float * la_logits;
         CHECK_OK(ctx, test_forward(ctx, m, x, n, 0, 0, &la_logits));
@@ -222,25 +195,22 @@ static void test_files(bie_context_t * ctx, const char * arch, enum bie_latent l
 }
 
 static void test_learns(bie_context_t * ctx) {
-    bie_model_t * m = NULL;
-    CHECK_OK(ctx, bie_model_create(
-                      ctx, "input 1 6 6; conv f32 8 3; bn; conv b1 16 3; maxpool 2; bn; linear b1 32; bn; linear f32 4",
-                      BIE_LATENT_F32, test_seed, &m));
+    bie_model_t * m = test_model_create(
+        ctx, "input 1 6 6; conv f32 8 3; bn; conv b1 16 3; maxpool 2; bn; linear b1 32; bn; linear f32 4",
+        BIE_LATENT_F32, test_seed);
     if (!m) return;
     const int64_t n = 64;
     float x[64 * 36];
     uint8_t y[64];
-    random_batch(x, y, n, 36, 4);
-    const double first = train_steps(ctx, m, x, y, n, 1, 0.01f);
-    const double last = train_steps(ctx, m, x, y, n, quick ? 20 : 40, 0.01f);
+    test_random_batch(x, y, n, 36, 4);
+    const double first = test_train_steps(ctx, m, x, y, n, 1, 0.01f);
+    const double last = test_train_steps(ctx, m, x, y, n, quick ? 20 : 40, 0.01f);
     CHECK(last < 0.7 * first, "training did not lower the loss: %g -> %g", first, last);
     bie_model_destroy(m);
 }
 
 int main(int argc, char ** argv) {
-    test_init(argc, argv);
-    quick = getenv("BIE_TEST_QUICK") != NULL;
-    bie_context_t * ctx = test_env_context();
+    bie_context_t * ctx = test_model_start(argc, argv, &quick);
     test_arch(ctx);
     for (int r = 0; r < (quick ? 1 : 3); r++) test_float_gradients(ctx);
     test_files(ctx, "input 2 6 6; conv f32 4 3; bn; conv b1 8 3; maxpool 2; bn; linear b1 12; bn; linear f32 3",

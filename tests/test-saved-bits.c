@@ -108,6 +108,14 @@ struct grads {
     struct bie_tensor gx, gw, gs, gb;
 };
 
+// Random bytes in every gradient's buffer (what a call that writes them must overwrite).
+static void grads_garbage(struct grads * g) {
+    cpu_test_garbage(&g->gx);
+    cpu_test_garbage(&g->gw);
+    cpu_test_garbage(&g->gs);
+    cpu_test_garbage(&g->gb);
+}
+
 // Backward arguments that ask for the gradients `want` selects (0: all four; 1: grad_x and the
 // sums, no grad_weight; 2: grad_weight alone; 3: all four), into g; x_mask NULL.
 static struct bie_backward_args want_args(const struct bie_tensor * x, const struct bie_tensor * bias,
@@ -167,10 +175,7 @@ static void test_backward(bie_context_t ** ctxs, int nctx, int64_t M, int64_t K,
     proto.gw = cpu_test_view2(float_dts[test_rand_int(0, 2)], N, K, false);
     proto.gs = test_tensor(float_dts[test_rand_int(0, 2)], 0, NULL, NULL);
     proto.gb = test_tensor(float_dts[test_rand_int(0, 2)], 1, &K, NULL);
-    cpu_test_garbage(&proto.gx);
-    cpu_test_garbage(&proto.gw);
-    cpu_test_garbage(&proto.gs);
-    cpu_test_garbage(&proto.gb);
+    grads_garbage(&proto);
     char what[200];
     snprintf(what, sizeof what, "linear M=%lld K=%lld N=%lld x %s w %s gap %d bias %d scale_a %g want %d", (long long)M,
              (long long)K, (long long)N, bie_dtype_name(xd), bie_dtype_name(wd), (int)gap, (int)has_bias, (double)s,
@@ -236,10 +241,7 @@ static void test_backward_conv(bie_context_t ** ctxs, int nctx) {
     proto.gw = test_tensor(float_dts[test_rand_int(0, 2)], 4, ws, NULL);
     proto.gs = test_tensor(float_dts[test_rand_int(0, 2)], 0, NULL, NULL);
     proto.gb = test_tensor(float_dts[test_rand_int(0, 2)], 1, &C, NULL);
-    cpu_test_garbage(&proto.gx);
-    cpu_test_garbage(&proto.gw);
-    cpu_test_garbage(&proto.gs);
-    cpu_test_garbage(&proto.gb);
+    grads_garbage(&proto);
     grads_like(&proto, &ref);
     const struct bie_backward_args af = want_args(&xv, has_bias ? &bias : NULL, &w, &sa, &sw, &gy, &ref, want);
     CHECK_OK(ctxs[0], bie_conv2d_backward(ctxs[0], &d, &af));

@@ -44,6 +44,14 @@ def as_input(img):
     return (img.to(torch.float32) * torch.tensor(1.0 / 255.0, dtype=torch.float32)).unsqueeze(1)
 
 
+def reference_outputs(model, n, seed):
+    """The images and labels of data(n, seed), their input x and the PyTorch model's outputs on x."""
+    img, labels = data(n, seed)
+    x = as_input(img)
+    with torch.no_grad():
+        return img, labels, x, model(x)
+
+
 def fit(model, opt, steps, n, seed):
     """`steps` full-batch steps on n images of data(n, seed); returns the model in eval mode."""
     img, labels = data(n, seed)
@@ -63,10 +71,7 @@ def trained_model():
 
 def test_export_runs_in_libbie_and_bie_eval(tmp_path):
     model = trained_model()
-    img, labels = data(200, 2)
-    x = as_input(img)
-    with torch.no_grad():
-        want = model(x)
+    img, labels, x, want = reference_outputs(model, 200, 2)
     path = tmp_path / "model.safetensors"
     arch = bie.export_model(model, str(path), (1, H, W))
     assert arch.startswith("input 1 12 12; conv f32 8 3 1 1; bn; hardtanh; conv b1 16 3 1 1; bn; maxpool 2; "
@@ -158,10 +163,7 @@ def trained_graph_model():
 
 def test_graph_model_exports_and_imports(tmp_path):
     model = trained_graph_model()
-    img, labels = data(160, 5)
-    x = as_input(img)
-    with torch.no_grad():
-        want = model(x)
+    _, _, x, want = reference_outputs(model, 160, 5)
     path = str(tmp_path / "graph.safetensors")
     arch = bie.export_model(model, path, (1, H, W))
     for item in ("conv f32 8 3 1 1", "maxpool 3 1 1", "prelu 8", "add @", "avgpool 2 2 0", "conv q8 16 1 1 0 bias",

@@ -64,14 +64,20 @@ def strided(t, kind):
     raise ValueError(kind)
 
 
+def linear_operands(device, quant, lead, k, n, dtype):
+    """x [*lead, k], weight [n, k], bias_a [k] and the scales of a linear case."""
+    x = torch.randn(*lead, k, device=device).to(dtype)
+    w = torch.randn(n, k, device=device).to(dtype)
+    bias = (torch.randn(k, device=device) * 0.3).to(dtype)
+    sa, sw = scales(quant, x, device)
+    return x, w, bias, sa, sw
+
+
 @pytest.mark.parametrize("quant", QUANTS)
 @pytest.mark.parametrize("lead,k,n", LINEAR_SHAPES)
 def test_linear_forward_exact(device, quant, lead, k, n):
     for dtype in FLOATS:
-        x = torch.randn(*lead, k, device=device).to(dtype)
-        w = torch.randn(n, k, device=device).to(dtype)
-        bias = (torch.randn(k, device=device) * 0.3).to(dtype)
-        sa, sw = scales(quant, x, device)
+        x, w, bias, sa, sw = linear_operands(device, quant, lead, k, n, dtype)
         for name, wf in weight_forms(quant, w, sw):
             for b in (None, bias):
                 for layout in ("contiguous", "slice", "transposed"):
@@ -115,10 +121,7 @@ def test_conv2d_forward_exact(device, quant, shape):
 @pytest.mark.parametrize("lead,k,n", LINEAR_SHAPES)
 def test_linear_backward(device, quant, lead, k, n):
     for dtype in FLOATS:
-        x = torch.randn(*lead, k, device=device).to(dtype)
-        w = torch.randn(n, k, device=device).to(dtype)
-        bias = (torch.randn(k, device=device) * 0.3).to(dtype)
-        sa, sw = scales(quant, x, device)
+        x, w, bias, sa, sw = linear_operands(device, quant, lead, k, n, dtype)
         g = torch.randn(*lead, n, device=device).to(dtype)
         for name, wf in weight_forms(quant, w, sw):
             _check_backward(quant, strided(x, "slice"), wf, sa, sw, bias, g)

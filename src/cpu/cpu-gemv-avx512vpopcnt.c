@@ -49,7 +49,7 @@ GEMV_INLINE void b1_m1_group(const int r, int64_t j, const __m512i * av, const u
         }
         acc[q][0] = s;
     }
-    gemv_store(1, r, acc, NULL, false, c + j, 0);
+    gemv_store(1, r, acc, NULL, c + j, 0);
 }
 
 static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t ldw, int64_t n, size_t kb, int32_t * c,
@@ -67,13 +67,6 @@ static void b1(const uint8_t * a, size_t lda, int m, const uint8_t * w, size_t l
 }
 
 #define VNNI __attribute__((target("avx512vnni")))
-
-// 4-bit: the unsigned nibbles (x & 15) ^ 8 of the high and low halves of 64 weight bytes.
-GEMV_INLINE void s4_nibbles(__m512i wv, __m512i * hi, __m512i * lo) {
-    const __m512i m15 = _mm512_set1_epi8(15), b8 = _mm512_set1_epi8(8);
-    *hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(wv, 4), m15, b8, 0x6A); // (a & b) ^ c
-    *lo = _mm512_ternarylogic_epi32(wv, m15, b8, 0x6A);
-}
 
 VNNI GEMV_INLINE void s4_step(const int M, const uint8_t * a, size_t lda, size_t kb, size_t t, __m512i wv,
                               __m512i * acc) {

@@ -298,17 +298,9 @@ void cpu_signgemm_run(const struct cpu_kernels * kern, const struct cpu_signgemm
 extern int64_t bie_cpu_bwd_task_pixels;
 extern int64_t bie_cpu_bwd_wave_max;
 
-// Operators.
-enum bie_status bie_cpu_binary_forward(bie_context_t * ctx, const struct bie_layer_call * call);
-enum bie_status bie_cpu_nbit_forward(bie_context_t * ctx, const struct bie_layer_call * call);
-enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_layer_call * call);
-enum bie_status bie_cpu_pack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
-                             const struct bie_tensor * dst);
-enum bie_status bie_cpu_unpack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
-                               const struct bie_tensor * dst);
-enum bie_status bie_cpu_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
-                                     const struct bie_tensor * bits, const struct bie_tensor * mask);
-enum bie_status bie_cpu_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * call);
-enum bie_status bie_cpu_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * call);
-enum bie_status bie_cpu_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * call);
-enum bie_status bie_cpu_embedding_backward(bie_context_t * ctx, const struct bie_embedding_call * call);
+// Operators: the binary and n-bit forwards (the table's forward picks one) and the table's slots.
+bie_layer_slot bie_cpu_binary_forward, bie_cpu_nbit_forward, bie_cpu_layer_backward;
+bie_pack_slot bie_cpu_pack, bie_cpu_unpack;
+bie_ste_slot bie_cpu_binarize_ste;
+bie_matmul_slot bie_cpu_matmul_forward, bie_cpu_matmul_backward;
+bie_embedding_slot bie_cpu_embedding_forward, bie_cpu_embedding_backward;

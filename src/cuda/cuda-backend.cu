@@ -217,20 +217,13 @@ static enum bie_status synchronize(bie_context_t * ctx) {
 extern "C" {
 
 // Slots (defined in the other files of src/cuda).
-enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call);
-enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const struct bie_layer_call * call);
-enum bie_status bie_cuda_pack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
-                              const struct bie_tensor * dst);
-enum bie_status bie_cuda_unpack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
-                                const struct bie_tensor * dst);
-enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs, double * sum);
-enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
-                                      const struct bie_tensor * bits, const struct bie_tensor * mask);
-enum bie_status bie_cuda_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * call);
-enum bie_status bie_cuda_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * call);
-enum bie_status bie_cuda_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * call);
-enum bie_status bie_cuda_embedding_backward(bie_context_t * ctx, const struct bie_embedding_call * call);
-enum bie_status bie_cuda_affine_maxpool2d(bie_context_t * ctx, const struct bie_pool_call * call);
+bie_layer_slot bie_cuda_layer_forward, bie_cuda_layer_backward;
+bie_pack_slot bie_cuda_pack, bie_cuda_unpack;
+bie_reduce_slot bie_cuda_reduce;
+bie_ste_slot bie_cuda_binarize_ste;
+bie_matmul_slot bie_cuda_matmul_forward, bie_cuda_matmul_backward;
+bie_embedding_slot bie_cuda_embedding_forward, bie_cuda_embedding_backward;
+bie_pool_slot bie_cuda_affine_maxpool2d;
 
 // The table libbie reaches the backend through (src/bie-cuda-plugin.h). A new entry point is one
 // line here and one in struct bie_cuda_plugin.

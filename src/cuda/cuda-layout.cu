@@ -12,9 +12,20 @@ namespace {
 
 constexpr int TILE = 32; // a pixel_rows block moves 32 pixels x 32 channels
 
-// The activation code of x' (binary +-1 with x' >= 0 -> +1, NaN -> -1; n-bit clamp(rne(x'/sc))).
-__device__ __forceinline__ float act_code(float v, int quant, float sc, int lo, int hi) {
-    return quant == BIE_QUANT_BINARY ? (v >= 0.0f ? 1.0f : -1.0f) : (float)quant_code(v, sc, lo, hi);
+// A kernel's activation quantisation: its quant (0: none, the values pass as they are), scale_a
+// (read once, only when there is a quant) and the code range. code(x') is the activation code:
+// binary +-1 with x' >= 0 -> +1 (NaN -> -1), n-bit clamp(rne(x'/sc)).
+struct act_quant {
+    int quant;
+    float sc, inv; // (inv: the reciprocal quant_code_r takes)
+    int lo, hi;
+    __device__ __forceinline__ float code(float v) const {
+        return quant == BIE_QUANT_BINARY ? (v >= 0.0f ? 1.0f : -1.0f) : (float)quant_code_r(v, sc, inv, lo, hi);
+    }
+};
+__device__ __forceinline__ act_quant act_quant_of(int quant, struct dscale s) {
+    const float sc = quant ? ld_scale(s) : 1.0f;
+    return act_quant{quant, sc, __frcp_rn(sc), qlo(quant), qhi(quant)};
 }
 
 // Offset of element (p, c) in the rows: p * C + c when they are dense, else sample n's rows start
@@ -23,6 +34,13 @@ __device__ __forceinline__ int64_t row_off(int64_t p, int64_t c, int64_t HW, int
     if (out_ld == HW * C) return p * C + c; // no division per element
     const int64_t n = qdiv(p, HW);
     return n * out_ld + (p - n * HW) * C + c;
+}
+
+// The tiles of PT pixels x TILE channels over P pixels (the whole batch) and C channels, strided
+// over the grid's blocks: body(p0, c0) with each tile's first pixel and channel.
+template <int PT, typename Body> __device__ __forceinline__ void for_tiles(int64_t P, int64_t C, Body body) {
+    const int64_t ptiles = (P + PT - 1) / PT, tiles = ptiles * ((C + TILE - 1) / TILE);
+    for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) body((b % ptiles) * PT, (b / ptiles) * TILE);
 }
 
 // Block (32, 8), a tile per iteration: pixels p0 .. p0+31 (counted over the whole batch) x
@@ -34,12 +52,10 @@ template <typename T>
 __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_t W, int64_t C, int quant,
                            struct dscale s, int along_pixels, int64_t out_ld, T * out) {
     __shared__ float tile[TILE][TILE + 1]; // [pixel][channel]
-    const float sc = quant ? ld_scale(s) : 1.0f;
-    const int lo = qlo(quant), hi = qhi(quant);
-    const int64_t P = t.shape[0] * HW, ptiles = (P + TILE - 1) / TILE, tiles = ptiles * ((C + TILE - 1) / TILE);
+    const act_quant aq = act_quant_of(quant, s);
+    const int64_t P = t.shape[0] * HW;
     const int lane = threadIdx.x, ty = threadIdx.y;
-    for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
-        const int64_t p0 = (b % ptiles) * TILE, c0 = (b / ptiles) * TILE;
+    for_tiles<TILE>(P, C, [&](int64_t p0, int64_t c0) {
         int64_t lane_off = 0; // along_pixels: offset of pixel p0 + lane at channel 0
         if (along_pixels && p0 + lane < P) {
             const int64_t p = p0 + lane, n = qdiv(p, HW), q = p - n * HW, h = qdiv(q, W);
@@ -66,7 +82,7 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
         for (int k = 0; k < TILE / 8; k++) {
             const int r = ty + 8 * k, pi = along_pixels ? lane : r, ci = along_pixels ? r : lane;
             float q = v[k];
-            if (quant) q = act_code(q, quant, sc, lo, hi);
+            if (quant) q = aq.code(q);
             tile[pi][ci] = q;
         }
         __syncthreads();
@@ -79,7 +95,7 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
             out[o] = from_f32<T>(tile[r][lane]);
         }
         __syncthreads();
-    }
+    });
 }
 
 // The activation codes of a dense channels-last t (element (n, c, h, w) at ((n*H + h)*W + w)*C + c,
@@ -90,9 +106,7 @@ constexpr int PIX_U = 2;
 template <typename TI>
 __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, int64_t C, int quant, struct dscale s,
                                  int8_t * out) {
-    const float sc = ld_scale(s), inv = __frcp_rn(sc);
-    const int lo = qlo(quant), hi = qhi(quant);
-    const bool binary = quant == BIE_QUANT_BINARY;
+    const act_quant aq = act_quant_of(quant, s);
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += PIX_U * step) {
         raw8<TI> r[PIX_U];
@@ -110,8 +124,7 @@ __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, in
 #pragma unroll
             for (int k = 0; k < 8; k++) {
                 const float q = bias.data ? __fadd_rn(v[k], b[k]) : v[k];
-                const int code = binary ? (q >= 0.0f ? 1 : -1) : quant_code_r(q, sc, inv, lo, hi); // (act_code)
-                w[k / 4] |= (uint32_t)(code & 0xff) << (8 * (k % 4));
+                w[k / 4] |= (uint32_t)(uint8_t)(int8_t)aq.code(q) << (8 * (k % 4));
             }
             *(uint2 *)(out + 8 * g) = make_uint2(w[0], w[1]);
         }
@@ -150,12 +163,10 @@ __global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, 
                                  int64_t out_ld, int pair_out, T * out) {
     constexpr int PT = 2 * TILE;         // pixels per tile
     __shared__ float tile[PT][TILE + 1]; // [pixel][channel]
-    const float sc = quant ? ld_scale(s) : 1.0f;
-    const int lo = qlo(quant), hi = qhi(quant);
-    const int64_t P = t.shape[0] * HW, ptiles = (P + PT - 1) / PT, tiles = ptiles * ((C + TILE - 1) / TILE);
+    const act_quant aq = act_quant_of(quant, s);
+    const int64_t P = t.shape[0] * HW;
     const int lane = threadIdx.x, ty = threadIdx.y;
-    for (int64_t b = blockIdx.x; b < tiles; b += gridDim.x) {
-        const int64_t p0 = (b % ptiles) * PT, c0 = (b / ptiles) * TILE;
+    for_tiles<PT>(P, C, [&](int64_t p0, int64_t c0) {
         const int64_t pl = p0 + 2 * lane; // this lane's first pixel (even, so pl + 1 is in the same sample)
         int64_t lane_off = 0;
         if (pl < P) {
@@ -183,8 +194,8 @@ __global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, 
                     a = __fadd_rn(a, bv);
                     q = __fadd_rn(q, bv);
                 }
-                a = act_code(a, quant, sc, lo, hi);
-                q = act_code(q, quant, sc, lo, hi);
+                a = aq.code(a);
+                q = aq.code(q);
             }
             tile[2 * lane][r] = a;
             tile[2 * lane + 1][r] = q;
@@ -207,7 +218,7 @@ __global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, 
             }
         }
         __syncthreads();
-    }
+    });
 }
 
 // A warp per row of A, units of U (a whole number of units per pixel row of P, cu, and per row of

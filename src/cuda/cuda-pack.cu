@@ -117,25 +117,32 @@ enum bie_status bie_cuda_store_packed(bie_context_t * ctx, const int8_t * codes,
     return BIE_STATUS_OK;
 }
 
-static enum bie_status views(bie_context_t * ctx, const struct bie_tensor * a, const struct bie_tensor * b,
-                             struct dview * va, struct dview * vb) {
-    if (!dview_make(a, va) || !dview_make(b, vb))
+// What a pack, unpack or reduce call runs on: src's device state (its stream), the views of src and dst,
+// and src's element count.
+struct pack_call {
+    struct bie_cuda_state * s;
+    struct dview src, dst;
+    int64_t n;
+};
+
+static enum bie_status pack_call_make(bie_context_t * ctx, const struct bie_tensor * src, const struct bie_tensor * dst,
+                                      struct pack_call * c) {
+    BIE_TRY(bie_cuda_state_get(ctx, src->device_index, &c->s));
+    if (!dview_make(src, &c->src) || !dview_make(dst, &c->dst))
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "src: CUDA packing supports up to 4 dimensions");
+    c->n = dview_numel(c->src);
     return BIE_STATUS_OK;
 }
 
 extern "C" enum bie_status bie_cuda_pack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
                                          const struct bie_tensor * dst) {
-    struct bie_cuda_state * s;
-    BIE_TRY(bie_cuda_state_get(ctx, src->device_index, &s));
-    struct dview vs, vd;
-    BIE_TRY(views(ctx, src, dst, &vs, &vd));
-    const int64_t n = dview_numel(vs);
+    struct pack_call c;
+    BIE_TRY(pack_call_make(ctx, src, dst, &c));
     void * ws;
-    BIE_TRY(bie_cuda_workspace(ctx, (size_t)n, &ws));
-    codes_kernel<<<grid_for(n, 256), 256, 0, s->stream>>>(vs, scale, vd.dtype, (int8_t *)ws, n);
+    BIE_TRY(bie_cuda_workspace(ctx, (size_t)c.n, &ws));
+    codes_kernel<<<grid_for(c.n, 256), 256, 0, c.s->stream>>>(c.src, scale, c.dst.dtype, (int8_t *)ws, c.n);
     LAUNCHED(ctx, "pack");
-    return bie_cuda_store_packed(ctx, (const int8_t *)ws, vd);
+    return bie_cuda_store_packed(ctx, (const int8_t *)ws, c.dst);
 }
 
 __global__ void unpack_kernel(struct dview src, float scale, struct dview dst, int64_t n) {
@@ -147,12 +154,9 @@ __global__ void unpack_kernel(struct dview src, float scale, struct dview dst, i
 
 extern "C" enum bie_status bie_cuda_unpack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
                                            const struct bie_tensor * dst) {
-    struct bie_cuda_state * s;
-    BIE_TRY(bie_cuda_state_get(ctx, src->device_index, &s));
-    struct dview vs, vd;
-    BIE_TRY(views(ctx, src, dst, &vs, &vd));
-    const int64_t n = dview_numel(vs);
-    unpack_kernel<<<grid_for(n, 256), 256, 0, s->stream>>>(vs, scale, vd, n);
+    struct pack_call c;
+    BIE_TRY(pack_call_make(ctx, src, dst, &c));
+    unpack_kernel<<<grid_for(c.n, 256), 256, 0, c.s->stream>>>(c.src, scale, c.dst, c.n);
     LAUNCHED(ctx, "unpack");
     return BIE_STATUS_OK;
 }
@@ -189,17 +193,15 @@ __global__ void reduce_kernel(struct dview x, int64_t n, double * out) {
 
 extern "C" enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
                                            double * sum) {
-    struct bie_cuda_state * s;
-    BIE_TRY(bie_cuda_state_get(ctx, x->device_index, &s));
-    struct dview vx, unused;
-    BIE_TRY(views(ctx, x, x, &vx, &unused));
+    struct pack_call c; // (x as both views)
+    BIE_TRY(pack_call_make(ctx, x, x, &c));
+    struct bie_cuda_state * s = c.s;
     void * ws;
     BIE_TRY(bie_cuda_workspace(ctx, 2 * sizeof(double), &ws));
     CU_TRY(ctx, cudaMemsetAsync(ws, 0, 2 * sizeof(double), s->stream), "cudaMemsetAsync");
-    const int64_t n = dview_numel(vx);
-    unsigned blocks = grid_for(n, 256);
+    unsigned blocks = grid_for(c.n, 256);
     if (blocks > 2048) blocks = 2048;
-    reduce_kernel<<<blocks, 256, 0, s->stream>>>(vx, n, (double *)ws);
+    reduce_kernel<<<blocks, 256, 0, s->stream>>>(c.src, c.n, (double *)ws);
     LAUNCHED(ctx, "reduce");
     double h[2];
     CU_TRY(ctx, cudaMemcpyAsync(h, ws, sizeof h, cudaMemcpyDeviceToHost, s->stream), "cudaMemcpyAsync");

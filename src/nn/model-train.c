@@ -62,25 +62,33 @@ struct nn_pool bie_model_pool_args(const struct layer * L, int64_t n) {
     return g;
 }
 
+// A float (Q_F32) conv or linear layer's forward, in the model's scratch.
+static enum bie_status fconv_forward(bie_context_t * ctx, bie_model_t * m, const struct layer * L, int64_t n,
+                                     const float * in, float * out) {
+    void * sp = NULL;
+    BIE_TRY(bie_model_scratch(ctx, m, sizeof(float) * bie_model_fconv_scratch(L, n), &sp));
+    bie_model_fconv_forward(L, n, in, L->w.v, L->b.v, out, sp);
+    return BIE_STATUS_OK;
+}
+
+// A quantised conv or linear layer's forward through the public entry points (scale_a set from
+// the first batch).
+static enum bie_status qlayer_forward(bie_context_t * ctx, struct layer * L, int64_t n, const float * in, float * out) {
+    if (L->scale_a.v[0] == 0.0f) BIE_TRY(bie_model_init_scale_a(ctx, L, n, in));
+    struct qviews v;
+    bie_model_qviews(L, n, in, out, &v);
+    struct bie_forward_args a = bie_model_qviews_forward(&v);
+    BIE_TRY(L->kind == L_CONV ? bie_conv2d_forward(ctx, &v.cd, &a) : bie_linear_forward(ctx, &v.ld, &a));
+    bie_model_add_output_bias(L, n, out);
+    return BIE_STATUS_OK;
+}
+
 static enum bie_status layer_forward(bie_context_t * ctx, bie_model_t * m, struct layer * L, int64_t n,
                                      const float * in, float * out) {
     const int64_t count = n * shape_numel(L->in);
     switch (L->kind) {
     case L_CONV:
-    case L_LINEAR:
-        if (L->q == Q_F32) {
-            void * sp = NULL;
-            BIE_TRY(bie_model_scratch(ctx, m, sizeof(float) * bie_model_fconv_scratch(L, n), &sp));
-            bie_model_fconv_forward(L, n, in, L->w.v, L->b.v, out, sp);
-        } else {
-            if (L->scale_a.v[0] == 0.0f) BIE_TRY(bie_model_init_scale_a(ctx, L, n, in)); // from the first batch
-            struct qviews v;
-            bie_model_qviews(L, n, in, out, &v);
-            struct bie_forward_args a = bie_model_qviews_forward(&v);
-            BIE_TRY(L->kind == L_CONV ? bie_conv2d_forward(ctx, &v.cd, &a) : bie_linear_forward(ctx, &v.ld, &a));
-            bie_model_add_output_bias(L, n, out);
-        }
-        return BIE_STATUS_OK;
+    case L_LINEAR: return L->q == Q_F32 ? fconv_forward(ctx, m, L, n, in, out) : qlayer_forward(ctx, L, n, in, out);
     case L_BN:
         return bie_nn_batchnorm_forward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->b.v, L->rmean, L->rvar,
                                         BN_MOMENTUM, BN_EPS, 1, L->smean, L->sinvstd, out);
@@ -157,6 +165,18 @@ static enum bie_status qlayer_backward(bie_context_t * ctx, struct layer * L, in
     return BIE_STATUS_OK;
 }
 
+// A float (Q_F32) conv or linear layer's backward (a linear layer is the k = 1 conv of 1x1 images),
+// in the model's scratch.
+static enum bie_status fconv_backward(bie_context_t * ctx, bie_model_t * m, const struct layer * L, int64_t n,
+                                      const float * in, const float * gy, float * gx) {
+    void * sp = NULL;
+    BIE_TRY(bie_model_scratch(ctx, m, sizeof(float) * bie_model_fconv_scratch(L, n), &sp));
+    const bool lin = L->kind == L_LINEAR;
+    bie_fconv_backward(n, lin ? L->K : L->C, lin ? 1 : L->in[1], lin ? 1 : L->in[2], L->O, L->k, L->stride, L->pad, in,
+                       L->w.v, gy, gx, L->w.g, L->b.g, sp);
+    return BIE_STATUS_OK;
+}
+
 static enum bie_status layer_backward(bie_context_t * ctx, bie_model_t * m, struct layer * L, int64_t n,
                                       const float * in, const float * gy) {
     const int64_t count = n * shape_numel(L->in);
@@ -173,15 +193,7 @@ static enum bie_status layer_backward(bie_context_t * ctx, bie_model_t * m, stru
     switch (L->kind) {
     case L_CONV:
     case L_LINEAR:
-        if (L->q == Q_F32) {
-            void * sp = NULL;
-            BIE_TRY(bie_model_scratch(ctx, m, sizeof(float) * bie_model_fconv_scratch(L, n), &sp));
-            const bool lin = L->kind == L_LINEAR; // a linear layer is the k = 1 conv of 1x1 images
-            bie_fconv_backward(n, lin ? L->K : L->C, lin ? 1 : L->in[1], lin ? 1 : L->in[2], L->O, L->k, L->stride,
-                               L->pad, in, L->w.v, gy, gx, L->w.g, L->b.g, sp);
-        } else {
-            BIE_TRY(qlayer_backward(ctx, L, n, in, gy, gx));
-        }
+        BIE_TRY(L->q == Q_F32 ? fconv_backward(ctx, m, L, n, in, gy, gx) : qlayer_backward(ctx, L, n, in, gy, gx));
         break;
     case L_BN:
         BIE_TRY(bie_nn_batchnorm_backward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->smean, L->sinvstd, gy,

@@ -27,6 +27,22 @@ static inline struct rect window(const struct nn_pool * g, int64_t oy, int64_t o
     return r;
 }
 
+// The sum of plane xp (w columns) over r's taps, in row order.
+static inline double rect_sum(const float * xp, int64_t w, struct rect r) {
+    double sum = 0;
+    for (int64_t iy = r.y0; iy < r.y1; iy++)
+        for (int64_t ix = r.x0; ix < r.x1; ix++) sum += xp[iy * w + ix];
+    return sum;
+}
+
+// v added to every tap of r in plane gx (w columns).
+static inline void rect_add(float * gx, int64_t w, struct rect r, float v) {
+    for (int64_t iy = r.y0; iy < r.y1; iy++)
+        for (int64_t ix = r.x0; ix < r.x1; ix++) gx[iy * w + ix] += v;
+}
+
+static inline int64_t rect_area(struct rect r) { return (r.y1 - r.y0) * (r.x1 - r.x0); }
+
 // Max over output (oy, ox)'s window (value and winner, the first-wins rule with NaN winning).
 static inline float window_max(const struct nn_pool * g, const float * xp, int64_t oy, int64_t ox, int64_t * best) {
     const struct rect r = window(g, oy, ox);
@@ -118,13 +134,8 @@ void nn_avgpool_forward(const struct nn_pool * g, const float * x, float * y) {
     NN_PARALLEL_FOR(planes * ohw * g->k * g->k, pl, planes, {
         const float * xp = x + pl * hw;
         for (int64_t oy = 0; oy < g->oh; oy++)
-            for (int64_t ox = 0; ox < g->ow; ox++) {
-                const struct rect r = window(g, oy, ox);
-                double sum = 0;
-                for (int64_t iy = r.y0; iy < r.y1; iy++)
-                    for (int64_t ix = r.x0; ix < r.x1; ix++) sum += xp[iy * g->w + ix];
-                y[pl * ohw + oy * g->ow + ox] = (float)(sum / div);
-            }
+            for (int64_t ox = 0; ox < g->ow; ox++)
+                y[pl * ohw + oy * g->ow + ox] = (float)(rect_sum(xp, g->w, window(g, oy, ox)) / div);
     });
 }
 
@@ -135,19 +146,17 @@ void nn_avgpool_backward(const struct nn_pool * g, const float * grad_y, float *
         float * gx = grad_x + pl * hw;
         memset(gx, 0, sizeof(float) * (size_t)hw);
         for (int64_t oy = 0; oy < g->oh; oy++)
-            for (int64_t ox = 0; ox < g->ow; ox++) {
-                const struct rect r = window(g, oy, ox);
-                const float v = grad_y[pl * ohw + oy * g->ow + ox] * inv;
-                for (int64_t iy = r.y0; iy < r.y1; iy++)
-                    for (int64_t ix = r.x0; ix < r.x1; ix++) gx[iy * g->w + ix] += v;
-            }
+            for (int64_t ox = 0; ox < g->ow; ox++)
+                rect_add(gx, g->w, window(g, oy, ox), grad_y[pl * ohw + oy * g->ow + ox] * inv);
     });
 }
 
-// Adaptive window of output o over an axis of len inputs and out outputs: [lo, hi).
-static inline void adaptive_window(int64_t o, int64_t len, int64_t out, int64_t * lo, int64_t * hi) {
-    *lo = (o * len) / out;
-    *hi = ((o + 1) * len + out - 1) / out;
+// The adaptive window of output (oy, ox) of an h x w plane pooled to oh x ow: along each axis,
+// output o of `out` over `len` inputs takes [o * len / out, ceil((o + 1) * len / out)).
+static inline struct rect adaptive_window(int64_t oy, int64_t ox, int64_t h, int64_t w, int64_t oh, int64_t ow) {
+    const struct rect r = {(oy * h) / oh, ((oy + 1) * h + oh - 1) / oh, (ox * w) / ow, ((ox + 1) * w + ow - 1) / ow,
+                           true};
+    return r;
 }
 
 void nn_adaptive_avgpool_forward(int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh, int64_t ow, const float * x,
@@ -155,18 +164,11 @@ void nn_adaptive_avgpool_forward(int64_t n, int64_t c, int64_t h, int64_t w, int
     const int64_t planes = n * c;
     NN_PARALLEL_FOR(planes * h * w, pl, planes, {
         const float * xp = x + pl * h * w;
-        for (int64_t oy = 0; oy < oh; oy++) {
-            int64_t y0, y1;
-            adaptive_window(oy, h, oh, &y0, &y1);
+        for (int64_t oy = 0; oy < oh; oy++)
             for (int64_t ox = 0; ox < ow; ox++) {
-                int64_t x0, x1;
-                adaptive_window(ox, w, ow, &x0, &x1);
-                double sum = 0;
-                for (int64_t iy = y0; iy < y1; iy++)
-                    for (int64_t ix = x0; ix < x1; ix++) sum += xp[iy * w + ix];
-                y[(pl * oh + oy) * ow + ox] = (float)(sum / (double)((y1 - y0) * (x1 - x0)));
+                const struct rect r = adaptive_window(oy, ox, h, w, oh, ow);
+                y[(pl * oh + oy) * ow + ox] = (float)(rect_sum(xp, w, r) / (double)rect_area(r));
             }
-        }
     });
 }
 
@@ -176,16 +178,10 @@ void nn_adaptive_avgpool_backward(int64_t n, int64_t c, int64_t h, int64_t w, in
     NN_PARALLEL_FOR(planes * h * w, pl, planes, {
         float * gx = grad_x + pl * h * w;
         memset(gx, 0, sizeof(float) * (size_t)(h * w));
-        for (int64_t oy = 0; oy < oh; oy++) {
-            int64_t y0, y1;
-            adaptive_window(oy, h, oh, &y0, &y1);
+        for (int64_t oy = 0; oy < oh; oy++)
             for (int64_t ox = 0; ox < ow; ox++) {
-                int64_t x0, x1;
-                adaptive_window(ox, w, ow, &x0, &x1);
-                const float v = grad_y[(pl * oh + oy) * ow + ox] / (float)((y1 - y0) * (x1 - x0));
-                for (int64_t iy = y0; iy < y1; iy++)
-                    for (int64_t ix = x0; ix < x1; ix++) gx[iy * w + ix] += v;
+                const struct rect r = adaptive_window(oy, ox, h, w, oh, ow);
+                rect_add(gx, w, r, grad_y[(pl * oh + oy) * ow + ox] / (float)rect_area(r));
             }
-        }
     });
 }

@@ -4,6 +4,7 @@
 // linear layer becomes a 1x1 conv over 1x1 images) and dispatches it to a backend.
 #include "bie-cuda-plugin.h"
 #include "core/checked.h"
+#include "ops/op-impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -37,42 +38,18 @@ static enum bie_status check_device(bie_context_t * ctx, struct bie_layer_call *
     return BIE_STATUS_OK;
 }
 
-static enum bie_status check_float(bie_context_t * ctx, const char * name, const struct bie_tensor * t) {
-    if (!bie_dtype_is_float(t->dtype))
-        BIE_FAIL("%s: dtype %s is not supported (use f32, f16 or bf16)", name, bie_dtype_name(t->dtype));
-    return BIE_STATUS_OK;
-}
-
+// bie_op_check_scale's checks, on t's own device (so that its device check passes; a NULL t fails
+// before it), then the layer's device check, whose message names x as the tensor to match.
 static enum bie_status check_scale(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
                                    const struct bie_tensor * t, struct bie_tensor * dst, float * value) {
-    BIE_TRY(bie_check_tensor(ctx, name, t, true));
-    if (bie_tensor_numel(t) != 1)
-        BIE_FAIL("%s: must hold exactly one element, has %lld", name, (long long)bie_tensor_numel(t));
-    BIE_TRY(check_float(ctx, name, t));
-    *dst = *t;
-    if (t->device_type == BIE_DEVICE_CPU) {
-        *value = bie_load_scalar(t);
-        if (!isfinite(*value) || !(*value > 0.0f)) BIE_FAIL("%s: = %g must be finite and > 0", name, (double)*value);
-    } else {
+    bool on_host = true;
+    BIE_TRY(bie_op_check_scale(ctx, name, t, t ? t->device_type : BIE_DEVICE_CPU, t ? t->device_index : 0, value,
+                               &on_host));
+    if (!on_host) {
         BIE_TRY(check_device(ctx, c, name, t));
         c->scales_on_host = false;
     }
-    return BIE_STATUS_OK;
-}
-
-// Shape check: t must have exactly `ndim` dims equal to `shape`.
-static enum bie_status check_shape(bie_context_t * ctx, const char * name, const struct bie_tensor * t, int32_t ndim,
-                                   const int64_t * shape) {
-    bool ok = t->ndim == ndim;
-    for (int32_t i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
-    if (!ok) {
-        char want[160] = "", have[160] = "";
-        for (int32_t i = 0; i < ndim; i++)
-            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "", (long long)shape[i]);
-        for (int32_t i = 0; i < t->ndim; i++)
-            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-        BIE_FAIL("%s: shape [%s] does not match the expected [%s]", name, have, want);
-    }
+    *dst = *t;
     return BIE_STATUS_OK;
 }
 
@@ -136,7 +113,7 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
         if (c->quant != BIE_QUANT_BINARY) BIE_FAIL("x: a b1 input needs a binary layer");
         if (bias_a) BIE_FAIL("bias_a: must be NULL when x is already binarized (b1)");
     } else {
-        BIE_TRY(check_float(ctx, "x", x));
+        BIE_TRY(bie_op_check_float(ctx, "x", x));
     }
     BIE_TRY(check_weight_dtype(ctx, c->quant, weight));
     struct bie_geometry * g = &c->g;
@@ -146,7 +123,7 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
                      (long long)lin->out_features);
         BIE_TRY(linear_view(ctx, "x", x, NULL, lin->in_features, &c->x));
         const int64_t wshape[2] = {lin->out_features, lin->in_features};
-        BIE_TRY(check_shape(ctx, "weight", weight, 2, wshape));
+        BIE_TRY(bie_op_check_shape(ctx, "weight", weight, 2, wshape));
         const int64_t s[4] = {lin->out_features, lin->in_features, 1, 1};
         const int64_t st[4] = {weight->stride[0], weight->stride[1], 0, 0};
         view4(&c->weight, weight, s, st);
@@ -178,7 +155,7 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
                                     "desc: kernel/stride/padding/dilation are invalid for a %lldx%lld input",
                                     (long long)x->shape[2], (long long)x->shape[3]));
         const int64_t wshape[4] = {conv->out_channels, conv->in_channels, conv->kernel[0], conv->kernel[1]};
-        BIE_TRY(check_shape(ctx, "weight", weight, 4, wshape));
+        BIE_TRY(bie_op_check_shape(ctx, "weight", weight, 4, wshape));
         c->x = *x;
         c->weight = *weight;
         g->batch = x->shape[0];
@@ -203,8 +180,8 @@ static enum bie_status prepare(bie_context_t * ctx, const struct bie_linear_desc
     if (bias_a) {
         BIE_TRY(bie_check_tensor(ctx, "bias_a", bias_a, true));
         BIE_TRY(check_device(ctx, c, "bias_a", bias_a));
-        BIE_TRY(check_float(ctx, "bias_a", bias_a));
-        BIE_TRY(check_shape(ctx, "bias_a", bias_a, 1, &g->C));
+        BIE_TRY(bie_op_check_float(ctx, "bias_a", bias_a));
+        BIE_TRY(bie_op_check_shape(ctx, "bias_a", bias_a, 1, &g->C));
         c->bias_a = *bias_a;
     }
     BIE_TRY(check_scale(ctx, c, "scale_a", scale_a, &c->scale_a_t, &c->scale_a));
@@ -220,7 +197,7 @@ static enum bie_status out_view(bie_context_t * ctx, struct bie_layer_call * c, 
     BIE_TRY(check_device(ctx, c, name, t));
     if (c->is_conv) {
         const int64_t shape[4] = {c->g.batch, c->g.O, c->g.OH, c->g.OW};
-        BIE_TRY(check_shape(ctx, name, t, 4, shape));
+        BIE_TRY(bie_op_check_shape(ctx, name, t, 4, shape));
         *out = *t;
     } else {
         BIE_TRY(linear_view(ctx, name, t, x, c->g.O, out));
@@ -271,7 +248,7 @@ static enum bie_status epilogue_check(bie_context_t * ctx, struct bie_layer_call
         BIE_TRY(bie_check_tensor(ctx, names[i], v[i], true));
         BIE_TRY(check_device(ctx, c, names[i], v[i]));
         if (v[i]->dtype != BIE_DTYPE_F32) BIE_FAIL("%s: dtype %s must be f32", names[i], bie_dtype_name(v[i]->dtype));
-        BIE_TRY(check_shape(ctx, names[i], v[i], 1, &c->g.O));
+        BIE_TRY(bie_op_check_shape(ctx, names[i], v[i], 1, &c->g.O));
         *dst[i] = *v[i];
     }
     if (a->residual) {
@@ -332,7 +309,7 @@ static enum bie_status grad_check(bie_context_t * ctx, struct bie_layer_call * c
                                   const struct bie_tensor * t) {
     BIE_TRY(bie_check_tensor(ctx, name, t, false));
     BIE_TRY(check_device(ctx, c, name, t));
-    return check_float(ctx, name, t);
+    return bie_op_check_float(ctx, name, t);
 }
 
 // The backward's rule for a B1 x (the bits of bie_binarize_ste; prepare() takes it for a binary
@@ -351,7 +328,7 @@ static enum bie_status saved_bits(bie_context_t * ctx, struct bie_layer_call * c
     BIE_TRY(check_device(ctx, c, "x_mask", a->x_mask));
     if (a->x_mask->dtype != BIE_DTYPE_B1) BIE_FAIL("x_mask: dtype %s is not b1", bie_dtype_name(a->x_mask->dtype));
     if (c->is_conv) {
-        BIE_TRY(check_shape(ctx, "x_mask", a->x_mask, 4, a->x->shape));
+        BIE_TRY(bie_op_check_shape(ctx, "x_mask", a->x_mask, 4, a->x->shape));
         c->x_mask = *a->x_mask;
         return BIE_STATUS_OK;
     }
@@ -367,11 +344,11 @@ enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie
     BIE_TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, &c));
     BIE_TRY(saved_bits(ctx, &c, a));
     BIE_TRY(out_view(ctx, &c, "grad_y", a->grad_y, a->x, &c.grad_y, false));
-    BIE_TRY(check_float(ctx, "grad_y", a->grad_y));
+    BIE_TRY(bie_op_check_float(ctx, "grad_y", a->grad_y));
     if (a->grad_x) {
         BIE_TRY(grad_check(ctx, &c, "grad_x", a->grad_x));
         if (c.is_conv) {
-            BIE_TRY(check_shape(ctx, "grad_x", a->grad_x, 4, a->x->shape));
+            BIE_TRY(bie_op_check_shape(ctx, "grad_x", a->grad_x, 4, a->x->shape));
             c.grad_x = *a->grad_x;
         } else {
             BIE_TRY(linear_view(ctx, "grad_x", a->grad_x, a->x, c.g.C, &c.grad_x));
@@ -379,7 +356,7 @@ enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie
     }
     if (a->grad_weight) {
         BIE_TRY(grad_check(ctx, &c, "grad_weight", a->grad_weight));
-        BIE_TRY(check_shape(ctx, "grad_weight", a->grad_weight, a->weight->ndim, a->weight->shape));
+        BIE_TRY(bie_op_check_shape(ctx, "grad_weight", a->grad_weight, a->weight->ndim, a->weight->shape));
         const int64_t s[4] = {c.g.O, c.g.C, 1, 1};
         const int64_t st[4] = {a->grad_weight->stride[0], a->grad_weight->stride[1], 0, 0};
         if (c.is_conv) c.grad_weight = *a->grad_weight;
@@ -387,7 +364,7 @@ enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie
     }
     if (a->grad_bias_a) {
         BIE_TRY(grad_check(ctx, &c, "grad_bias_a", a->grad_bias_a));
-        BIE_TRY(check_shape(ctx, "grad_bias_a", a->grad_bias_a, 1, &c.g.C));
+        BIE_TRY(bie_op_check_shape(ctx, "grad_bias_a", a->grad_bias_a, 1, &c.g.C));
         c.grad_bias_a = *a->grad_bias_a;
     }
     if (a->grad_scale_a) {
@@ -445,7 +422,7 @@ enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * 
     memset(&c, 0, sizeof c);
     c.quant = BIE_QUANT_BINARY;
     BIE_TRY(bie_check_tensor(ctx, "x", x, true));
-    BIE_TRY(check_float(ctx, "x", x));
+    BIE_TRY(bie_op_check_float(ctx, "x", x));
     c.device_type = x->device_type;
     c.device_index = x->device_index;
     c.scales_on_host = true;
@@ -459,8 +436,8 @@ enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * 
     if (bias_a) {
         BIE_TRY(bie_check_tensor(ctx, "bias_a", bias_a, true));
         BIE_TRY(check_device(ctx, &c, "bias_a", bias_a));
-        BIE_TRY(check_float(ctx, "bias_a", bias_a));
-        BIE_TRY(check_shape(ctx, "bias_a", bias_a, 1, &K));
+        BIE_TRY(bie_op_check_float(ctx, "bias_a", bias_a));
+        BIE_TRY(bie_op_check_shape(ctx, "bias_a", bias_a, 1, &K));
         c.bias_a = *bias_a;
     }
     if (scale_a) BIE_TRY(check_scale(ctx, &c, "scale_a", scale_a, &c.scale_a_t, &c.scale_a));

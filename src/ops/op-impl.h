@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// op-impl.h: argument checks shared by the public entry points of the batched matmul and the
-// embedding (src/ops/matmul.c, embedding.c). Each names the argument in its message.
+// op-impl.h: argument checks shared by the public entry points of the layers, the batched matmul
+// and the embedding (src/ops/layer.c, matmul.c, embedding.c). Each names the argument in its message.
 #pragma once
 
 #include "bie-impl.h"

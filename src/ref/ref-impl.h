@@ -5,27 +5,22 @@
 
 #include "bie-impl.h"
 
-enum bie_status bie_ref_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call);
+bie_layer_slot bie_ref_layer_forward;
 // The forward's epilogue on a host y that holds the layer's stored output (bie_forward_args):
 //   y[n, o, h, w] = round_y(((f32(y) * out_mul[o]) + out_add[o]) + f32(residual[n, o, h, w]))
 // each f32 operation rounded on its own, the step of an absent term skipped; then the sign bits
 //   out_bits[n, o, h, w] = f32(y[n, o, h, w]) + out_bits_bias[o] >= 0   (NaN: 0).
 void bie_ref_layer_epilogue(const struct bie_layer_call * call);
-enum bie_status bie_ref_layer_backward(bie_context_t * ctx, const struct bie_layer_call * call);
-enum bie_status bie_ref_pack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
-                             const struct bie_tensor * dst);
-enum bie_status bie_ref_unpack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
-                               const struct bie_tensor * dst);
-enum bie_status bie_ref_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs, double * sum);
-enum bie_status bie_ref_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
-                                     const struct bie_tensor * bits, const struct bie_tensor * mask);
-enum bie_status bie_ref_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * call);
-enum bie_status bie_ref_matmul_backward(bie_context_t * ctx, const struct bie_matmul_call * call);
-enum bie_status bie_ref_embedding_forward(bie_context_t * ctx, const struct bie_embedding_call * call);
-enum bie_status bie_ref_embedding_backward(bie_context_t * ctx, const struct bie_embedding_call * call);
-enum bie_status bie_ref_affine_maxpool2d(bie_context_t * ctx, const struct bie_pool_call * call);
+bie_layer_slot bie_ref_layer_backward;
+bie_pack_slot bie_ref_pack, bie_ref_unpack;
+bie_reduce_slot bie_ref_reduce;
+bie_matmul_slot bie_ref_matmul_forward, bie_ref_matmul_backward;
+bie_embedding_slot bie_ref_embedding_forward, bie_ref_embedding_backward;
+bie_pool_slot bie_ref_affine_maxpool2d;
 
-// The binary STE's pass test on x': |x' / scale_a| <= 1 with the division in f32 (NaN fails).
+// The binary STE (bie_binarize_ste), and its pass test on x': |x' / scale_a| <= 1 with the division
+// in f32 (NaN fails).
+bie_ste_slot bie_ref_binarize_ste;
 static inline bool bie_ref_ste_passes(float xp, float scale_a) { return __builtin_fabsf(xp / scale_a) <= 1.0f; }
 
 // --- src/ref/ref-codes.c: dense code arrays and the tap geometry ------------------------------

@@ -266,7 +266,7 @@ static void test_routes(bie_context_t * gemm_ctx) {
     fetch_grads(&a);
     fetch_grads(&b);
     for (int i = 0; i < 4; i++) {
-        if (i == 2) continue; // (grad_scale_a: test-cuda-layers holds both routes to the reference)
+        if (i == 2) continue; // (grad_scale_a: test-cuda-layer-backward holds both routes to the reference)
         char what[340];
         snprintf(what, sizeof what, "%s (cuDNN route)", c.text);
         close_to(gnames[i], &a.h[i], &ref.h[i], what);
