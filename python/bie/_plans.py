@@ -25,13 +25,14 @@ class Plan:
     """One plan: its handle, the argument struct its executions pass (whose tensor views' data
     pointers are replaced on each call) and those views, in the order of the tensors given to run()."""
 
-    __slots__ = ("handle", "args", "views", "keep", "backward", "lib", "text", "out")
+    __slots__ = ("handle", "args", "views", "live", "keep", "backward", "lib", "text", "out")
 
     def __init__(self, function, desc, args, views, keep, backward):
         ctx = _lib.context()
         self.lib = ctx.lib
         self.handle = ctypes.c_void_p()
         self.args, self.views, self.keep, self.backward = args, views, keep, backward
+        self.live = tuple((i, v) for i, v in enumerate(views) if v is not None)  # the views run() patches
         self.out = None
         ctx.check(function, getattr(ctx.lib, function)(ctx.handle, ctypes.byref(desc), ctypes.byref(args),
                                                        ctypes.byref(self.handle)))
@@ -48,9 +49,8 @@ class Plan:
     def run(self, ref, tensors):
         """Executes the plan on `tensors` (torch tensors or None, one per view) on the device of `ref`
         (CUDA: on its current stream)."""
-        for v, t in zip(self.views, tensors):
-            if v is not None:
-                v.data = t.data_ptr()
+        for i, v in self.live:
+            v.data = tensors[i].data_ptr()
         ctx = _lib.context()
         dev = ref.device
         if dev.type == "cuda":
@@ -84,3 +84,12 @@ def cache():
 def meta(t):
     """What a plan fixes of a tensor (None: absent)."""
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def metas(*ts):
+    """meta of each of ts, or None when all are absent (the optional tensors of a call, most often
+    none of them)."""
+    for t in ts:
+        if t is not None:
+            return tuple(meta(u) for u in ts)
+    return None

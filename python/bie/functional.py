@@ -472,6 +472,15 @@ def _pair(v):
     return int(v), int(v)
 
 
+def _geometry_key(kernel_size, stride, padding, dilation):
+    """A conv's geometry as a plan's key holds it: as given (ints or tuples, which hash as they are;
+    another spelling of the same geometry only makes another entry), lists as tuples."""
+    geo = (kernel_size, stride, padding, dilation)
+    if list in (type(kernel_size), type(stride), type(padding), type(dilation)):
+        geo = tuple(tuple(v) if isinstance(v, list) else v for v in geo)
+    return geo
+
+
 def conv2d_output_size(h, w, kernel_size, stride=1, padding=0, dilation=1):
     kh, kw = _pair(kernel_size)
     sh, sw = _pair(stride)
@@ -598,10 +607,10 @@ def _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_s
     """conv2d_forward's (y, plan): the plan runs later calls whose tensors have the same metadata with
     plan.run(x, (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits,
     out_bits_bias)) into a y of plan.out = (shape, dtype, memory format); None for an empty batch."""
-    geo = (None if kernel_size is None else _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation))
-    key = ("conv2d_forward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
-           _plans.meta(scale_w), geo, pad_value, out_dtype, in_channels, _plans.meta(out_mul), _plans.meta(out_add),
-           _plans.meta(residual), _plans.meta(out_bits), _plans.meta(out_bits_bias))
+    meta = _plans.meta
+    key = ("conv2d_forward", quant, meta(x), meta(weight), meta(bias_a), meta(scale_a), meta(scale_w),
+           _geometry_key(kernel_size, stride, padding, dilation), pad_value, out_dtype, in_channels,
+           _plans.metas(out_mul, out_add, residual, out_bits, out_bits_bias))
     cache = _plans.cache()
     p = cache.get(key)
     if p is not None:
@@ -652,7 +661,7 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
     in_channels = C, grad_x (channels-last) of grad_x_dtype; bias_a, if given, only sets
     grad_bias_a's shape and dtype, and every gradient is the float x's. Planned once per metadata."""
     saved = in_channels is not None
-    geo = (None if kernel_size is None else _pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation))
+    geo = _geometry_key(kernel_size, stride, padding, dilation)
     key = ("conv2d_backward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
            _plans.meta(scale_w), _plans.meta(grad_y), geo, pad_value, tuple(needs), grad_weight_dtype,
            _plans.meta(x_mask), in_channels, grad_x_dtype)
