@@ -292,6 +292,12 @@ def networks_part(rows, files):
     out += para(*intro("networks"))
     for device, drows in group_by(rows, lambda r: r.get("device", "unknown device")).items():
         src = [f for f, frows in files if any(r in frows for r in drows)]
+        if all(r["mode"] not in ("inference", "inference fused", "train step") for r in drows):
+            # (a device with single figures only, e.g. a run on several GPUs: one line each)
+            out += [f"- {device}, {r['model']}, batch {r['batch']}, {r['mode']}: {ms(r.get('bie_ms'))} ms against "
+                    f"{r.get('baseline', 'the baseline')} {ms(r.get('baseline_ms'))} ms, {ratio(r)} (measured "
+                    f"{r.get('date', '?')}; {', '.join(src)})." for r in drows] + [""]
+            continue
         out += [f"### {device}", ""] + para(f"Measured {dates(drows)}.", f"Files: {', '.join(src)}.")
         out += note_lines(drows)
         def peak(r):
