@@ -141,17 +141,14 @@ def outside_torch_mib(device):
 _OUTSIDE0 = None  # outside_torch_mib() before any measurement
 
 
-def measure(kind, batch, device, dtype, budget, graphs):
-    global _OUTSIDE0
-    if device.type == "cuda" and _OUTSIDE0 is None:
-        _OUTSIDE0 = outside_torch_mib(device)
+def training_setup(kind, batch, device, dtype):
+    """The network of `kind`, a random batch of images (channels-last on a GPU) and its training
+    step: forward, cross-entropy against random labels, backward, SGD with momentum."""
     model = build(kind, device, dtype)
     x = torch.randn(batch, 3, 224, 224, device=device, dtype=dtype)
     if device.type == "cuda":
         x = x.contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (batch,), device=device)
-    # training step (first: the lazy scale_a of the bie layers is set from this batch)
-    model.train()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -160,6 +157,16 @@ def measure(kind, batch, device, dtype, budget, graphs):
         loss_fn(model(x).float(), labels).backward()
         opt.step()
 
+    return model, x, step
+
+
+def measure(kind, batch, device, dtype, budget, graphs):
+    global _OUTSIDE0
+    if device.type == "cuda" and _OUTSIDE0 is None:
+        _OUTSIDE0 = outside_torch_mib(device)
+    model, x, step = training_setup(kind, batch, device, dtype)
+    # training step (first: the lazy scale_a of the bie layers is set from this batch)
+    model.train()
     step()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -200,7 +207,7 @@ def measure(kind, batch, device, dtype, budget, graphs):
         infer_folded()
         run = graphed(infer_folded, device) if graphs else infer_folded
         t_fold = time_it(run, device, budget)
-    del model, opt, run, folded
+    del model, step, run, folded
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return t_inf, t_fold, t_step, peak
@@ -208,18 +215,7 @@ def measure(kind, batch, device, dtype, budget, graphs):
 
 def profile(kind, batch, device, dtype):
     from torch.profiler import ProfilerActivity, profile as tprofile
-    model = build(kind, device, dtype)
-    x = torch.randn(batch, 3, 224, 224, device=device, dtype=dtype)
-    if device.type == "cuda":
-        x = x.contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(0, 1000, (batch,), device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-
-    def step():
-        opt.zero_grad(set_to_none=False)
-        loss_fn(model(x).float(), labels).backward()
-        opt.step()
+    model, x, step = training_setup(kind, batch, device, dtype)
 
     def infer():
         with torch.no_grad():

@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BIE_CUDA_PLUGIN_ABI 1
+#define BIE_CUDA_PLUGIN_ABI 2
 #define BIE_CUDA_PLUGIN_ENTRY bie_cuda_plugin_entry
 #define BIE_CUDA_PLUGIN_ENTRY_NAME "bie_cuda_plugin_entry"
 #define BIE_CUDA_LINKED_ENTRY bie_cuda_linked_entry

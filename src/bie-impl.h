@@ -264,8 +264,6 @@ struct bie_backend_ops {
     // dst = pack(src / scale) per bie_pack (scale 1 when the user gave none).
     bie_pack_slot * pack;
     bie_pack_slot * unpack;
-    // Sums over all elements: *sum_abs = sum|x|, *sum = sum x (in double).
-    bie_reduce_slot * reduce;
     // bie_binarize_ste: call is the x side of a binary linear layer (x [M, K, 1, 1], bias_a, scale_a,
     // device; g.batch = M, g.C = g.K = K; no scale_a, read as 0, only when mask is NULL); bits and
     // mask are [M, K, 1, 1] B1 views or NULL.
@@ -274,8 +272,18 @@ struct bie_backend_ops {
     bie_matmul_slot * matmul_backward;
     bie_embedding_slot * embedding_forward;
     bie_embedding_slot * embedding_backward;
+    // The optional slots (NULL: the reference does it).
+    // Sums over all elements: *sum_abs = sum|x|, *sum = sum x (in double).
+    bie_reduce_slot * reduce;
     bie_pool_slot * affine_maxpool2d;
 };
+// The slots every backend has, in the struct's order (C++ takes designated initializers in order
+// only), filled from its functions named <p>_<slot> (bie_ref_pack, ...); a table adds the optional
+// ones after them by name.
+#define BIE_BACKEND_SLOTS(p)                                                                                           \
+    .layer_forward = p##_layer_forward, .layer_backward = p##_layer_backward, .pack = p##_pack, .unpack = p##_unpack,  \
+    .binarize_ste = p##_binarize_ste, .matmul_forward = p##_matmul_forward, .matmul_backward = p##_matmul_backward,    \
+    .embedding_forward = p##_embedding_forward, .embedding_backward = p##_embedding_backward
 
 // Runs a validated call on the backends its device may use: CUDA tensors on the CUDA backend only
 // (UNSUPPORTED when it declines or the build has none); CPU tensors on the CPU backend, then the

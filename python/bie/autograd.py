@@ -84,6 +84,16 @@ def _backward(ctx, grad_y, bias_index):
     return gx, gw, (gs.reshape(scale_a.shape) if gs is not None and gs.shape != scale_a.shape else gs), gb
 
 
+def _grads(ctx, grad_y, n_args, bias_index):
+    """A Function's backward result for its n_args forward arguments: the gradients of input,
+    weight and scale_a (arguments 0-2) and of bias_a (argument bias_index), None for the others."""
+    out = [None] * n_args
+    g = _backward(ctx, grad_y, bias_index)
+    if g is not None:
+        out[0], out[1], out[2], out[bias_index] = g
+    return tuple(out)
+
+
 class BinaryLinearForward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, weight, scale_a, scale_w, gemm_kernel_id=None, is_train=True, bias_a=None):
@@ -98,11 +108,7 @@ class BinaryLinearForward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y):
-        g = _backward(ctx, grad_y, 6)
-        if g is None:
-            return (None,) * 7
-        gx, gw, gs, gb = g
-        return gx, gw, gs, None, None, None, gb
+        return _grads(ctx, grad_y, 7, 6)
 
 
 def _nbit_linear(quant):
@@ -114,11 +120,7 @@ def _nbit_linear(quant):
 
         @staticmethod
         def backward(ctx, grad_y):
-            g = _backward(ctx, grad_y, 5)
-            if g is None:
-                return (None,) * 6
-            gx, gw, gs, gb = g
-            return gx, gw, gs, None, None, gb
+            return _grads(ctx, grad_y, 6, 5)
 
     return _NBitLinear
 
@@ -167,11 +169,7 @@ def _conv(quant, default_pad):
 
         @staticmethod
         def backward(ctx, grad_y):
-            g = _backward(ctx, grad_y, 9)
-            if g is None:
-                return (None,) * 11
-            gx, gw, gs, gb = g
-            return gx, gw, gs, None, None, None, None, None, None, gb, None
+            return _grads(ctx, grad_y, 11, 9)
 
     return _Conv
 

@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-static enum bie_status forward(bie_context_t * ctx, const struct bie_layer_call * call) {
+static enum bie_status bie_cpu_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call) {
     if (call->device_type != BIE_DEVICE_CPU || !call->scales_on_host) return BIE_DECLINED;
     if (call->plan) { // a planned forward's route names the matrix-vector path when it takes the call
         const enum bie_status s = bie_cpu_plan(ctx, call);
@@ -28,13 +28,5 @@ static enum bie_status forward(bie_context_t * ctx, const struct bie_layer_call 
 
 const struct bie_backend_ops bie_cpu_backend = {
     .name = "cpu",
-    .layer_forward = forward,
-    .layer_backward = bie_cpu_layer_backward,
-    .pack = bie_cpu_pack,
-    .unpack = bie_cpu_unpack,
-    .binarize_ste = bie_cpu_binarize_ste,
-    .matmul_forward = bie_cpu_matmul_forward,
-    .matmul_backward = bie_cpu_matmul_backward,
-    .embedding_forward = bie_cpu_embedding_forward,
-    .embedding_backward = bie_cpu_embedding_backward,
+    BIE_BACKEND_SLOTS(bie_cpu),
 };

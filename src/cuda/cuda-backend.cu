@@ -235,16 +235,8 @@ static const struct bie_cuda_plugin table = {
     .backend =
         {
             .name = "cuda",
-            .layer_forward = bie_cuda_layer_forward,
-            .layer_backward = bie_cuda_layer_backward,
-            .pack = bie_cuda_pack,
-            .unpack = bie_cuda_unpack,
+            BIE_BACKEND_SLOTS(bie_cuda),
             .reduce = bie_cuda_reduce,
-            .binarize_ste = bie_cuda_binarize_ste,
-            .matmul_forward = bie_cuda_matmul_forward,
-            .matmul_backward = bie_cuda_matmul_backward,
-            .embedding_forward = bie_cuda_embedding_forward,
-            .embedding_backward = bie_cuda_embedding_backward,
             .affine_maxpool2d = bie_cuda_affine_maxpool2d,
         },
     .device_count = bie_cuda_device_count,
