@@ -430,6 +430,102 @@ static void op_embedding_row(bie_context_t * ctx, int64_t V, int64_t D, int64_t 
     cudaFree(s.src);
 }
 
+// binary-gemm rows at three shapes (rows_only: only those of that M).
+static void gemm_rows(bie_context_t * ctx, long long rows_only) {
+    char shape[64];
+    const int64_t sizes[3][3] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16, 4096, 4096}};
+    // The rows of each shape: the B1 x with f16 or B1 y, and the f16 x packed in the call.
+    const struct {
+        const char * name;
+        enum bie_dtype xdt;
+        int opt;
+    } rows[4] = {
+        {"binary-gemm b1->f16", BIE_DTYPE_B1, 0},
+        {"binary-gemm b1->b1", BIE_DTYPE_B1, LAYER_Y_BITS},
+        {"binary-linear f16", BIE_DTYPE_F16, 0},
+        {"binary-linear f16+bias_a", BIE_DTYPE_F16, LAYER_BIAS},
+    };
+    for (int i = 0; i < 3; i++) {
+        const int64_t M = sizes[i][0], N = sizes[i][1], K = sizes[i][2];
+        snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
+        int any = 0;
+        for (int j = 0; j < 4; j++) any |= want_row("binary-gemm", rows[j].name, shape);
+        if ((rows_only && M != rows_only) || !any) continue;
+        const struct timing base = time_cublas(M, N, K, 0);
+        const double ops = 2.0 * (double)M * (double)N * (double)K;
+        for (int j = 0; j < 4; j++)
+            if (want_row("binary-gemm", rows[j].name, shape))
+                print_row(
+                    rows[j].name, shape,
+                    time_linear(ctx, BIE_QUANT_BINARY, rows[j].xdt, BIE_DTYPE_B1, M, N, K, STEP_FORWARD, rows[j].opt),
+                    "cublas-fp16", base, ops);
+    }
+}
+
+// binary-conv rows at the ResNet-18 layers.
+static void conv_rows(bie_context_t * ctx) {
+    char shape[64];
+    const int64_t layers[4][2] = {{64, 56}, {128, 28}, {256, 14}, {512, 7}};
+    const int64_t Nb = g_quick ? 32 : 128;
+    // The rows of each layer: x as NHWC bits or f16 (channels-last, or NCHW), y f16 or bits.
+    const struct {
+        const char * name;
+        enum bie_dtype xdt, ydt;
+        int nchw;
+    } rows[4] = {
+        {"binary-conv b1->f16", BIE_DTYPE_B1, BIE_DTYPE_F16, 0},
+        {"binary-conv b1->b1", BIE_DTYPE_B1, BIE_DTYPE_B1, 0},
+        {"binary-conv f16->f16", BIE_DTYPE_F16, BIE_DTYPE_F16, 0},
+        {"binary-conv f16nchw->f16", BIE_DTYPE_F16, BIE_DTYPE_F16, 1},
+    };
+    for (int i = 0; i < 4; i++) {
+        const int64_t C = layers[i][0], H = layers[i][1];
+        snprintf(shape, sizeof shape, "N%lld C%lld %lldx%lld 3x3", (long long)Nb, (long long)C, (long long)H,
+                 (long long)H);
+        int any = 0;
+        for (int j = 0; j < 4; j++) any |= want_row("binary-conv", rows[j].name, shape);
+        if (!any) continue;
+        const struct timing base = time_cudnn(Nb, C, H, C);
+        const double ops = 2.0 * (double)Nb * H * H * C * C * 9;
+        for (int j = 0; j < 4; j++)
+            if (want_row("binary-conv", rows[j].name, shape))
+                print_row(rows[j].name, shape, time_conv(ctx, Nb, C, H, C, rows[j].xdt, rows[j].ydt, rows[j].nchw),
+                          "cudnn-fp16", base, ops);
+    }
+}
+
+// The int4-linear row, against cuBLAS's fp16 and int8 GEMMs.
+static void int4_rows(bie_context_t * ctx) {
+    if (!want_row("int4-linear", "int4-linear f16 x,s4 w", "8192x8192x8192")) return;
+    const int64_t M = 8192, N = 8192, K = 8192;
+    const struct timing b16 = time_cublas(M, N, K, 0), b8 = time_cublas(M, N, K, 1);
+    const double ops = 2.0 * (double)M * N * K;
+    const struct timing t = time_linear(ctx, BIE_QUANT_INT4, BIE_DTYPE_F16, BIE_DTYPE_S4, M, N, K, STEP_FORWARD, 0);
+    print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-fp16", b16, ops);
+    print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-int8", b8, ops);
+}
+
+// train-step rows.
+static void train_step_rows(bie_context_t * ctx) {
+    // The step from the float x, and the same step reading x and W once: bie_binarize_ste(x) ->
+    // bits, mask (2 bits per element kept instead of x) and bie_pack(W) -> W's bits, then the
+    // forward from the bits and the backward from the bits and mask. Each with nothing stopped
+    // by the STE and with an eighth of the elements stopped (their grad_x cleared).
+    const int64_t M = 8192, N = 4096, K = 4096;
+    const char * shape_s = "8192x4096x4096 fwd+bwd";
+    const char * names[4] = {"binary-train-step f16", "binary-train-step f16 stops", "binary-train-step bits",
+                             "binary-train-step bits stops"};
+    int any = 0;
+    for (int i = 0; i < 4; i++) any |= want_row("train-step", names[i], shape_s);
+    const struct timing base = any ? time_dense_step(M, N, K) : (struct timing){0};
+    for (int i = 0; i < 4; i++) {
+        if (!want_row("train-step", names[i], shape_s)) continue;
+        const struct timing t = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K,
+                                            i < 2 ? STEP_TRAIN : STEP_TRAIN_SAVED_BITS, i % 2 ? LAYER_STOPS : 0);
+        print_row(names[i], shape_s, t, "cublas-fp16x3", base, 6.0 * M * N * K);
+    }
+}
+
 int bie_bench_cuda_main(int argc, char ** argv) {
     long long rows_only = 0;
     for (int i = 1; i < argc; i++) {
@@ -461,93 +557,10 @@ int bie_bench_cuda_main(int argc, char ** argv) {
     bie_context_t * ctx;
     if (bie_context_create(NULL, &ctx) != BIE_STATUS_OK) return 1;
     BK(ctx, bie_context_set_cuda_stream(ctx, g_stream));
-    char shape[64];
-
-    { // binary-gemm
-        const int64_t sizes[3][3] = {{8192, 8192, 8192}, {4096, 4096, 4096}, {16, 4096, 4096}};
-        // The rows of each shape: the B1 x with f16 or B1 y, and the f16 x packed in the call.
-        const struct {
-            const char * name;
-            enum bie_dtype xdt;
-            int opt;
-        } rows[4] = {
-            {"binary-gemm b1->f16", BIE_DTYPE_B1, 0},
-            {"binary-gemm b1->b1", BIE_DTYPE_B1, LAYER_Y_BITS},
-            {"binary-linear f16", BIE_DTYPE_F16, 0},
-            {"binary-linear f16+bias_a", BIE_DTYPE_F16, LAYER_BIAS},
-        };
-        for (int i = 0; i < 3; i++) {
-            const int64_t M = sizes[i][0], N = sizes[i][1], K = sizes[i][2];
-            snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)M, (long long)N, (long long)K);
-            int any = 0;
-            for (int j = 0; j < 4; j++) any |= want_row("binary-gemm", rows[j].name, shape);
-            if ((rows_only && M != rows_only) || !any) continue;
-            const struct timing base = time_cublas(M, N, K, 0);
-            const double ops = 2.0 * (double)M * (double)N * (double)K;
-            for (int j = 0; j < 4; j++)
-                if (want_row("binary-gemm", rows[j].name, shape))
-                    print_row(rows[j].name, shape,
-                              time_linear(ctx, BIE_QUANT_BINARY, rows[j].xdt, BIE_DTYPE_B1, M, N, K, STEP_FORWARD,
-                                          rows[j].opt),
-                              "cublas-fp16", base, ops);
-        }
-    }
-    { // binary-conv
-        const int64_t layers[4][2] = {{64, 56}, {128, 28}, {256, 14}, {512, 7}};
-        const int64_t Nb = g_quick ? 32 : 128;
-        // The rows of each layer: x as NHWC bits or f16 (channels-last, or NCHW), y f16 or bits.
-        const struct {
-            const char * name;
-            enum bie_dtype xdt, ydt;
-            int nchw;
-        } rows[4] = {
-            {"binary-conv b1->f16", BIE_DTYPE_B1, BIE_DTYPE_F16, 0},
-            {"binary-conv b1->b1", BIE_DTYPE_B1, BIE_DTYPE_B1, 0},
-            {"binary-conv f16->f16", BIE_DTYPE_F16, BIE_DTYPE_F16, 0},
-            {"binary-conv f16nchw->f16", BIE_DTYPE_F16, BIE_DTYPE_F16, 1},
-        };
-        for (int i = 0; i < 4; i++) {
-            const int64_t C = layers[i][0], H = layers[i][1];
-            snprintf(shape, sizeof shape, "N%lld C%lld %lldx%lld 3x3", (long long)Nb, (long long)C, (long long)H,
-                     (long long)H);
-            int any = 0;
-            for (int j = 0; j < 4; j++) any |= want_row("binary-conv", rows[j].name, shape);
-            if (!any) continue;
-            const struct timing base = time_cudnn(Nb, C, H, C);
-            const double ops = 2.0 * (double)Nb * H * H * C * C * 9;
-            for (int j = 0; j < 4; j++)
-                if (want_row("binary-conv", rows[j].name, shape))
-                    print_row(rows[j].name, shape, time_conv(ctx, Nb, C, H, C, rows[j].xdt, rows[j].ydt, rows[j].nchw),
-                              "cudnn-fp16", base, ops);
-        }
-    }
-    if (want_row("int4-linear", "int4-linear f16 x,s4 w", "8192x8192x8192")) {
-        const int64_t M = 8192, N = 8192, K = 8192;
-        const struct timing b16 = time_cublas(M, N, K, 0), b8 = time_cublas(M, N, K, 1);
-        const double ops = 2.0 * (double)M * N * K;
-        const struct timing t = time_linear(ctx, BIE_QUANT_INT4, BIE_DTYPE_F16, BIE_DTYPE_S4, M, N, K, STEP_FORWARD, 0);
-        print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-fp16", b16, ops);
-        print_row("int4-linear f16 x,s4 w", "8192x8192x8192", t, "cublas-int8", b8, ops);
-    }
-    { // train-step
-        // The step from the float x, and the same step reading x and W once: bie_binarize_ste(x) ->
-        // bits, mask (2 bits per element kept instead of x) and bie_pack(W) -> W's bits, then the
-        // forward from the bits and the backward from the bits and mask. Each with nothing stopped
-        // by the STE and with an eighth of the elements stopped (their grad_x cleared).
-        const int64_t M = 8192, N = 4096, K = 4096;
-        const char * shape_s = "8192x4096x4096 fwd+bwd";
-        const char * names[4] = {"binary-train-step f16", "binary-train-step f16 stops", "binary-train-step bits",
-                                 "binary-train-step bits stops"};
-        int any = 0;
-        for (int i = 0; i < 4; i++) any |= want_row("train-step", names[i], shape_s);
-        const struct timing base = any ? time_dense_step(M, N, K) : (struct timing){0};
-        for (int i = 0; i < 4; i++) {
-            if (!want_row("train-step", names[i], shape_s)) continue;
-            const struct timing t = time_linear(ctx, BIE_QUANT_BINARY, BIE_DTYPE_F16, BIE_DTYPE_F16, M, N, K,
-                                                i < 2 ? STEP_TRAIN : STEP_TRAIN_SAVED_BITS, i % 2 ? LAYER_STOPS : 0);
-            print_row(names[i], shape_s, t, "cublas-fp16x3", base, 6.0 * M * N * K);
-        }
-    }
+    gemm_rows(ctx, rows_only);
+    conv_rows(ctx);
+    int4_rows(ctx);
+    train_step_rows(ctx);
     if (want_row("plan-host", "plan-host", "")) {
         bench_cuda_host_rows(ctx, g_json, g_json ? json_run_info() : "");
         g_rows++;

@@ -166,6 +166,24 @@ static void check_fd(const struct layer_case * c, const char * what, double l_pl
           fd, analytic, tol);
 }
 
+// n-bit grad_scale_a: L(s) = <g, conv(xhat(s), w*sw)>, the LSQ surrogate (xp: x', r0: x'/scale_a as
+// the layer rounds it; act and wt: scratch of x's and the weight's sizes).
+static void check_fd_scale(const struct layer_case * c, const double * g, const double * w, const double * xp,
+                           const double * r0, double * act, double * wt, double gs) {
+    const int64_t nx = lc_xnumel(c), nw = c->O * lc_K(c);
+    const double sa = c->sa_v, lo = lc_lo(c), hi = lc_hi(c), epss = 1e-3 * sa;
+    double l_abs, lp, lm;
+    for (int64_t i = 0; i < nw; i++) wt[i] = w[i] * c->sw_v;
+    for (int s = 0; s < 2; s++) {
+        const double sc = sa + (s ? -epss : epss);
+        for (int64_t i = 0; i < nx; i++)
+            act[i] = r0[i] < lo ? sc * lo : r0[i] > hi ? sc * hi : xp[i] + sc * (nearbyint(r0[i]) - r0[i]);
+        *(s ? &lm : &lp) = inner(c, g, act, 0.0, wt, &l_abs);
+    }
+    const double k = sqrt((double)nx * hi);
+    check_fd(c, "grad_scale_a", lp, lm, epss, l_abs, gs * k, fabs(gs * k));
+}
+
 static void run_fd_case(bool conv) {
     struct layer_case c;
     const struct case_opts o = {
@@ -256,19 +274,7 @@ static void run_fd_case(bool conv) {
     }
     check_fd(&c, "grad_weight", lp, lm, epsw, l_abs, an, an_abs);
 
-    // n-bit grad_scale_a: L(s) = <g, conv(xhat(s), w*sw)>, the LSQ surrogate.
-    if (!bin) {
-        for (int64_t i = 0; i < nw; i++) wt[i] = w[i] * c.sw_v;
-        const double epss = 1e-3 * sa;
-        for (int s = 0; s < 2; s++) {
-            const double sc = sa + (s ? -epss : epss);
-            for (int64_t i = 0; i < nx; i++)
-                act[i] = r0[i] < lo ? sc * lo : r0[i] > hi ? sc * hi : xp[i] + sc * (nearbyint(r0[i]) - r0[i]);
-            *(s ? &lm : &lp) = inner(&c, g, act, 0.0, wt, &l_abs);
-        }
-        const double k = sqrt((double)nx * hi);
-        check_fd(&c, "grad_scale_a", lp, lm, epss, l_abs, gs * k, fabs(gs * k));
-    }
+    if (!bin) check_fd_scale(&c, g, w, xp, r0, act, wt, gs);
     free(gx);
     free(gw);
     free(gb);

@@ -194,6 +194,33 @@ static inline enum bie_dtype pick_w_dtype(enum bie_quant q) {
     return q == BIE_QUANT_BINARY ? BIE_DTYPE_B1 : q == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8;
 }
 
+// A linear case's shapes and views (x of xd, the weight of wd, in random layouts named in
+// *xlayout and *wlayout).
+static inline void case_linear(struct layer_case * c, const struct case_opts * o, enum bie_dtype xd, enum bie_dtype wd,
+                               const char ** xlayout, const char ** wlayout) {
+    static const int64_t ks[9] = {1, 7, 8, 9, 31, 33, 127, 129, 1000};
+    int64_t K;
+    do K = test_pick(ks, 9);
+    while (o->max_k_linear && K > o->max_k_linear);
+    c->C = K;
+    c->O = 2 * test_rand_int(0, 9) + 1;
+    c->nlead = (int)test_rand_int(0, 2);
+    c->N = 1;
+    for (int i = 0; i < c->nlead; i++) {
+        c->lead[i] = 2 * test_rand_int(0, 3) + 1;
+        c->N *= c->lead[i];
+    }
+    c->H = c->W = c->OH = c->OW = c->kh = c->kw = c->sh = c->sw = c->dh = c->dw = 1;
+    c->lin = (struct bie_linear_desc){c->quant, K, c->O};
+    c->lin_kind = (int)test_rand_int(0, 2);
+    c->x = make_linear(xd, c->nlead, c->lead, K, c->lin_kind);
+    *xlayout = c->lin_kind == 0 ? "dense" : c->lin_kind == 1 ? "row-gapped" : "transposed";
+    const int64_t wshape[2] = {c->O, K};
+    const enum layout wl = (enum layout)test_rand_int(0, LAYOUT_COUNT - 1);
+    c->w = make_view(wd, 2, wshape, wl, NULL);
+    *wlayout = layout_names[wl];
+}
+
 static inline void case_random(struct layer_case * c, const struct case_opts * o) {
     memset(c, 0, sizeof *c);
     static const enum bie_quant quants[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
@@ -213,27 +240,7 @@ static inline void case_random(struct layer_case * c, const struct case_opts * o
     const char * xlayout;
     const char * wlayout;
     if (!c->conv) {
-        static const int64_t ks[9] = {1, 7, 8, 9, 31, 33, 127, 129, 1000};
-        int64_t K;
-        do K = test_pick(ks, 9);
-        while (o->max_k_linear && K > o->max_k_linear);
-        c->C = K;
-        c->O = 2 * test_rand_int(0, 9) + 1;
-        c->nlead = (int)test_rand_int(0, 2);
-        c->N = 1;
-        for (int i = 0; i < c->nlead; i++) {
-            c->lead[i] = 2 * test_rand_int(0, 3) + 1;
-            c->N *= c->lead[i];
-        }
-        c->H = c->W = c->OH = c->OW = c->kh = c->kw = c->sh = c->sw = c->dh = c->dw = 1;
-        c->lin = (struct bie_linear_desc){c->quant, K, c->O};
-        c->lin_kind = (int)test_rand_int(0, 2);
-        c->x = make_linear(xd, c->nlead, c->lead, K, c->lin_kind);
-        xlayout = c->lin_kind == 0 ? "dense" : c->lin_kind == 1 ? "row-gapped" : "transposed";
-        const int64_t wshape[2] = {c->O, K};
-        const enum layout wl = (enum layout)test_rand_int(0, LAYOUT_COUNT - 1);
-        c->w = make_view(wd, 2, wshape, wl, NULL);
-        wlayout = layout_names[wl];
+        case_linear(c, o, xd, wd, &xlayout, &wlayout);
     } else {
         static const int64_t kernels[6][2] = {{1, 1}, {3, 3}, {5, 5}, {7, 7}, {3, 1}, {1, 5}};
         const int kk = (int)test_rand_int(0, 5);

@@ -120,6 +120,56 @@ static void run_layers(bie_context_t * ctx, struct runner * r, bool unplanned) {
     for (int64_t i = 0; i < r->m->n_layers; i++) run_layer(ctx, r, i, unplanned);
 }
 
+// The CPU's model name from /proc/cpuinfo ("unknown CPU" where it has none).
+static void cpu_name(char * cpu, size_t n) {
+    snprintf(cpu, n, "unknown CPU");
+    FILE * f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[256];
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "model name", 10)) {
+            const char * p = strchr(line, ':');
+            snprintf(cpu, n, "%s", p ? p + 2 : line);
+            cpu[strcspn(cpu, "\n")] = 0;
+            break;
+        }
+    fclose(f);
+}
+
+// Each layer's kernel alone (medians of `repeat` runs of `calls` calls; t: their scratch) as planned
+// and through the public API, summed by kind, at the context's thread count.
+static void per_kind_rows(bie_context_t * ctx, struct runner * r, int repeat, int calls, double * t) {
+    const char * kinds[] = {"linear b1", "linear q4", "linear q8", "linear f32", "bn", "relu/tanh", "add", "flatten"};
+    double per_kind[8] = {0}, per_kind_unpl[8] = {0};
+    int n_kind[8] = {0};
+    run_layers(ctx, r, false);
+    for (int64_t i = 0; i < r->m->n_layers; i++) {
+        const struct layer * L = &r->m->L[i];
+        const int k = L->kind == L_LINEAR ? (L->q == Q_B1   ? 0
+                                             : L->q == Q_Q4 ? 1
+                                             : L->q == Q_Q8 ? 2
+                                                            : 3)
+                      : L->kind == L_BN   ? 4
+                      : L->kind == L_ACT  ? 5
+                      : L->kind == L_ADD  ? 6
+                                          : 7;
+        for (int u = 0; u < 2; u++) {
+            for (int rep = 0; rep < repeat; rep++) {
+                const double t0 = now_ns();
+                for (int c = 0; c < calls; c++) run_layer(ctx, r, i, u);
+                t[rep] = (now_ns() - t0) / calls;
+            }
+            (u ? per_kind_unpl : per_kind)[k] += median(t, repeat);
+        }
+        n_kind[k]++;
+    }
+    printf("\nper layer kind, each layer alone: ns per call as planned (the kernel) and through the public API\n");
+    for (int k = 0; k < 8; k++)
+        if (n_kind[k])
+            printf("  %-11s x%-3d %10.0f %10.0f\n", kinds[k], n_kind[k], per_kind[k] / n_kind[k],
+                   per_kind_unpl[k] / n_kind[k]);
+}
+
 int main(int argc, char ** argv) {
     int blocks = 6, width = 16, calls = 200, repeat = 31, only_threads = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -135,19 +185,8 @@ int main(int argc, char ** argv) {
         }
     }
     if (width < 1 || calls < 1 || repeat < 1) return 2;
-    char cpu[256] = "unknown CPU";
-    FILE * f = fopen("/proc/cpuinfo", "r");
-    if (f) {
-        char line[256];
-        while (fgets(line, sizeof line, f))
-            if (!strncmp(line, "model name", 10)) {
-                const char * p = strchr(line, ':');
-                snprintf(cpu, sizeof cpu, "%s", p ? p + 2 : line);
-                cpu[strcspn(cpu, "\n")] = 0;
-                break;
-            }
-        fclose(f);
-    }
+    char cpu[256];
+    cpu_name(cpu, sizeof cpu);
     char * arch = make_arch(blocks, width);
     bie_context_t * ctx = NULL;
     bie_model_t * m = NULL;
@@ -233,36 +272,7 @@ int main(int argc, char ** argv) {
     }
     printf("host ns/layer = (model - kernels) / layers; ratio = unplanned / model (medians of %d runs of %d calls)\n",
            repeat, calls);
-    // Each layer's kernel alone (medians), summed by kind, at the last thread count.
-    const char * kinds[] = {"linear b1", "linear q4", "linear q8", "linear f32", "bn", "relu/tanh", "add", "flatten"};
-    double per_kind[8] = {0}, per_kind_unpl[8] = {0};
-    int n_kind[8] = {0};
-    run_layers(ctx, &r, false);
-    for (int64_t i = 0; i < nl; i++) {
-        const struct layer * L = &p->L[i];
-        const int k = L->kind == L_LINEAR ? (L->q == Q_B1   ? 0
-                                             : L->q == Q_Q4 ? 1
-                                             : L->q == Q_Q8 ? 2
-                                                            : 3)
-                      : L->kind == L_BN   ? 4
-                      : L->kind == L_ACT  ? 5
-                      : L->kind == L_ADD  ? 6
-                                          : 7;
-        for (int u = 0; u < 2; u++) {
-            for (int rep = 0; rep < repeat; rep++) {
-                const double t0 = now_ns();
-                for (int c = 0; c < calls; c++) run_layer(ctx, &r, i, u);
-                t[rep] = (now_ns() - t0) / calls;
-            }
-            (u ? per_kind_unpl : per_kind)[k] += median(t, repeat);
-        }
-        n_kind[k]++;
-    }
-    printf("\nper layer kind, each layer alone: ns per call as planned (the kernel) and through the public API\n");
-    for (int k = 0; k < 8; k++)
-        if (n_kind[k])
-            printf("  %-11s x%-3d %10.0f %10.0f\n", kinds[k], n_kind[k], per_kind[k] / n_kind[k],
-                   per_kind_unpl[k] / n_kind[k]);
+    per_kind_rows(ctx, &r, repeat, calls, t); // (at the last thread count)
     for (int64_t i = 1; i <= nl; i++) free(r.buf[i]);
     free(r.buf);
     free(r.val);

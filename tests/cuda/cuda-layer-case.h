@@ -39,12 +39,9 @@ static inline void describe(struct lcase * c) {
              c->dev_scales, c->xkind, c->ykind, (long long)c->wpad, (double)c->sa, (double)c->sw);
 }
 
-static inline void random_case(struct lcase * c, int big) {
-    memset(c, 0, sizeof *c);
-    c->conv = test_rand_int(0, 1);
-    static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
-    c->quant = big == 8 ? qs[test_rand_int(1, 2)] : big >= 3 ? BIE_QUANT_BINARY : qs[test_rand_int(0, 2)];
-    const int bin = c->quant == BIE_QUANT_BINARY;
+// The layer kind and shapes of a random case (big: one of the sizes that reach particular GEMM
+// tiles and packers, else small random ones).
+static inline void case_shape(struct lcase * c, int big) {
     if (big == 1) { // more tiles than SMs, so every CTA of a persistent grid takes several
         c->conv = 0;
         c->batch = 1100;
@@ -142,6 +139,15 @@ static inline void random_case(struct lcase * c, int big) {
         c->C = kpick < 2 ? test_rand_int(1000, 2600) : kpick == 2 ? 1024 * test_rand_int(1, 2) : test_rand_int(1, 700);
         c->O = test_rand_int(0, 3) == 0 ? test_rand_int(257, 600) : test_rand_int(1, 200);
     }
+}
+
+static inline void random_case(struct lcase * c, int big) {
+    memset(c, 0, sizeof *c);
+    c->conv = test_rand_int(0, 1);
+    static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
+    c->quant = big == 8 ? qs[test_rand_int(1, 2)] : big >= 3 ? BIE_QUANT_BINARY : qs[test_rand_int(0, 2)];
+    const int bin = c->quant == BIE_QUANT_BINARY;
+    case_shape(c, big);
     c->cd.quant = c->quant;
     c->cd.in_channels = c->C;
     c->cd.out_channels = c->O;

@@ -88,6 +88,19 @@ static void same_as_float(const struct lcase * c, const struct operands * o, con
     test_tensor_free(&yb);
 }
 
+// grad_scale_a sums numel(x) terms, each bounded by max|gx| * hi: the f32 products and double
+// sums differ from the reference by rounding of the terms only.
+static void compare_grad_scale(const struct lcase * c, int64_t numel_x, const struct bie_tensor * gs_c,
+                               const struct bie_tensor * gs_r, const struct bie_tensor * gx_c,
+                               const struct bie_tensor * gx_r) {
+    double d, m, dx, mx;
+    max_diff(gs_c, gs_r, &d, &m);
+    max_diff(gx_c, gx_r, &dx, &mx);
+    const double hi = c->quant == BIE_QUANT_BINARY ? 1 : c->quant == BIE_QUANT_INT4 ? 7 : 127;
+    const double tol = tol_for(gs_r->dtype) * m + 1e-5 * sqrt((double)numel_x) * (mx + 1e-6) * hi * 4;
+    CHECK(d <= tol, "grad_scale_a: |got-ref| = %g > %g (ref %g) on %s", d, tol, m, c->text);
+}
+
 // The backward on CUDA against the reference's from the float x. saved: the case is made a binary
 // linear layer with a float x and the CUDA side runs from the bits and STE mask that
 // bie_binarize_ste saves on the device (bias_a NULL; no mask when only grad_weight is asked for);
@@ -184,15 +197,7 @@ static void test_backward(struct lcase * c, int saved, int in_place) {
             cuda_fetch(&gb_c, &dgb);
             cuda_fetch(&gs_c, &dgs);
             compare_grad("grad_bias_a", &gb_c, &gb_r, c);
-            // grad_scale_a sums numel(x) terms, each bounded by max|gx| * hi: the f32 products and
-            // double sums differ from the reference by rounding of the terms only.
-            double d, m, dx, mx;
-            max_diff(&gs_c, &gs_r, &d, &m);
-            max_diff(&gx_c, &gx_r, &dx, &mx);
-            const double hi = c->quant == BIE_QUANT_BINARY ? 1 : c->quant == BIE_QUANT_INT4 ? 7 : 127;
-            const double n = (double)bie_tensor_numel(&o.x);
-            const double tol = tol_for(gsdt) * m + 1e-5 * sqrt(n) * (mx + 1e-6) * hi * 4;
-            CHECK(d <= tol, "grad_scale_a: |got-ref| = %g > %g (ref %g) on %s", d, tol, m, c->text);
+            compare_grad_scale(c, bie_tensor_numel(&o.x), &gs_c, &gs_r, &gx_c, &gx_r);
         }
         struct bie_tensor * const got[4] = {&gx_c, &gw_c, &gs_c, &gb_c};
         if (saved) same_as_float(c, &o, &ac, got);
