@@ -73,14 +73,14 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         if (s < ktiles) load_stage(s, s);
-        asm volatile("cp.async.commit_group;\n");
+        cp_async_commit();
     }
 
     for (int kt = 0; kt < ktiles; kt++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 2));
+        cp_async_wait<STAGES - 2>();
         __syncthreads();
         if (kt + STAGES - 1 < ktiles) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
-        asm volatile("cp.async.commit_group;\n");
+        cp_async_commit();
         const uint32_t sA = sbase + (kt % STAGES) * (BM + BN) * BKB;
         const uint32_t sB = sA + BM * BKB;
 #pragma unroll
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(WM * WN * 32, 1)
                     mma_sync<BINARY>(acc[mi][nj], a[mi][0], a[mi][1], a[mi][2], a[mi][3], b[nj][0], b[nj][1]);
         }
     }
-    asm volatile("cp.async.wait_group 0;\n");
+    cp_async_wait<0>();
 
     // Epilogue, kept small (a fully unrolled one overflows the instruction cache): each warp puts
     // its 64 x 64 raw accumulators in shared memory, then walks its rows with the whole warp, lane
