@@ -312,19 +312,21 @@ __host__ __device__ __forceinline__ int qlo(int quant) { return quant == BIE_QUA
 __host__ __device__ __forceinline__ int qhi(int quant) { return quant == BIE_QUANT_INT4 ? 7 : 127; }
 
 // n-bit quantisation of the contract: clamp(rne(v / s), lo, hi), NaN -> lo, with v / s the
-// correctly rounded quotient q. t = v * rn(1/s) carries two roundings of relative size 2^-24, so
-// |t - q| < 2^-22 |t|; the integers nearest t and q differ only when a half-integer lies that close
-// to t. Where none lies within 2^-20 |t| of it (which fails for NaN, infinities and |t| >= 2^21),
-// rint(t) is rint(q) and the division is not needed.
-// (quant_code_r: with inv = __frcp_rn(s) worked out once by the caller.)
+// correctly rounded quotient q.
+__device__ __forceinline__ int quant_code(float v, float s, int lo, int hi) {
+    const float r = rintf(__fdiv_rn(v, s));
+    return (int)fminf(fmaxf(r, (float)lo), (float)hi);
+}
+// The same codes with inv = __frcp_rn(s), worked out once by the caller (the reciprocal costs what
+// the division does: per element it saves nothing). t = v * inv carries two roundings of relative
+// size 2^-24, so |t - q| < 2^-22 |t|; the integers nearest t and q differ only when a half-integer
+// lies that close to t. Where none lies within 2^-20 |t| of it (which fails for NaN, infinities
+// and |t| >= 2^21), rint(t) is rint(q) and the division is not needed.
 __device__ __forceinline__ int quant_code_r(float v, float s, float inv, int lo, int hi) {
     const float t = __fmul_rn(v, inv);
     float r = rintf(t);
     if (!(fabsf(fabsf(t - r) - 0.5f) > fabsf(t) * 0x1p-20f)) r = rintf(__fdiv_rn(v, s));
     return (int)fminf(fmaxf(r, (float)lo), (float)hi);
-}
-__device__ __forceinline__ int quant_code(float v, float s, int lo, int hi) {
-    return quant_code_r(v, s, __frcp_rn(s), lo, hi);
 }
 
 // Index division with 32-bit hardware arithmetic whenever both operands fit (64-bit division is a

@@ -14,6 +14,7 @@
 // Elementwise codes of src in row-major element order: B1 0/1, S4/I8 the clamped code.
 __global__ void codes_kernel(struct dview src, float scale, int dst_dtype, int8_t * codes, int64_t n) {
     const bool int_src = src.dtype == BIE_DTYPE_I8;
+    const float inv = __frcp_rn(scale);
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const float v = ld_float(src.data, src.dtype, dview_off_linear(src, e));
         int8_t q;
@@ -21,7 +22,7 @@ __global__ void codes_kernel(struct dview src, float scale, int dst_dtype, int8_
             q = v >= 0.0f ? 1 : 0;
         } else {
             const int lo = dst_dtype == BIE_DTYPE_S4 ? -8 : -128, hi = dst_dtype == BIE_DTYPE_S4 ? 7 : 127;
-            q = (int8_t)(int_src ? (int)fminf(fmaxf(v, (float)lo), (float)hi) : quant_code(v, scale, lo, hi));
+            q = (int8_t)(int_src ? (int)fminf(fmaxf(v, (float)lo), (float)hi) : quant_code_r(v, scale, inv, lo, hi));
         }
         codes[e] = q;
     }
