@@ -4,27 +4,33 @@
 //
 // Decode (M <= 16 rows), f16/bf16 x, uniform 2/4/8 bits, N % 4 == 0, groups of whole chunks
 // (a chunk is 4 word rows = 128/b packed rows): wq_mma_kernel. A warp owns 32 columns and a K range
-// (split-K over blockIdx.y). Its chunks stream with cp.async through a WQ_STAGES-deep ring in shared
-// memory (8 lanes copy one 128-byte word row), so the weight is read once and the bytes in flight
-// cost no registers; the prologue reads the split's scales and zeros. Lane 4*g + t takes the 16
-// bytes of word row t, columns n0+4g .. n0+4g+3, from the ring. The codes become f16 (bf16) halves
-// by the magic-number trick ((code << p) | 0x6400 is the half 1024 + code * 2^p; one fma gives the
-// code) and feed mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the warp,
-// its row g + 8 column 4g + 2u + 1, and the k index runs over the chunk's rows in the order in which
-// the halves come out. x' is the B operand (its M <= 8 rows an n-tile, two n-tiles to 16), laid
-// out per chunk in that order (xs below), so B fragments are plain 8-byte loads from shared memory.
-// The mma sums x'*code per chunk in f32; each group ends with y += s*acc - c*xsum (c = s*z,
-// s*2^(b-1) or z), like the CPU path. Partial sums of the K ranges go to a workspace and a second
-// kernel adds them in a fixed order (deterministic), with the bias.
+// (split-K over blockIdx.y). Its chunks stream with cp.async through a ring in shared memory
+// (8 lanes copy one 128-byte word row; one wait for each WQ_STEP chunks), so the weight is read once
+// and the bytes in flight cost no registers. The prologue reads the split's scales and zeros while
+// the first chunks fly; the kernel is a programmatic dependent launch of the x' kernel (wq_xs_kernel)
+// and waits for it only before it copies its x' slice. Lane 4*g + t takes the 16 bytes of word row
+// t, columns n0+4g .. n0+4g+3, from the ring. The codes become f16 (bf16) halves by the
+// magic-number trick ((code << p) | 0x6400 is the half 1024 + code * 2^p; one fma gives the code)
+// and feed mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the warp, its
+// row g + 8 column 4g + 2u + 1, and the k index runs over the chunk's rows in the order in which the
+// halves come out. x' is the B operand (its M <= 8 rows an n-tile, two n-tiles to 16), laid out per
+// chunk in that order (xs below), so B fragments are plain 8-byte loads from shared memory. The mma
+// sums x'*code per chunk in f32; each group ends with y += s*acc - c*xsum (c = s*z, s*2^(b-1) or z),
+// like the CPU path. Partial sums of the K ranges go to a workspace and a second kernel, launched as
+// this one's programmatic dependent, adds them in a fixed order (deterministic), with the bias.
 #include <type_traits>
 
 #include "cuda/cuda-ptx.cuh"
 #include "cuda/cuda-wq.cuh"
 
 #define WQ_WARPS 4             // warps a block for M <= 8 (each its own 32 columns); twice that for M > 8
-#define WQ_STAGES 8            // chunks a lane keeps in flight (the cp.async ring)
+#define WQ_STAGES 8            // chunks a warp's cp.async ring holds (a power of two, a multiple of WQ_STEP)
+#define WQ_STEP 4              // chunks a wait covers (one cp.async group)
 #define WQ_MAX_SPLIT_GROUPS 34 // groups whose scales a decode block holds in shared memory
-#define WQ_WARPS_PER_SM 48     // column warps a multiprocessor that the split aims at
+// Column warps a multiprocessor that the split aims at, with one n-tile and with two (whose blocks
+// hold twice the warps and a larger x' slice, so that fewer fit).
+#define WQ_WARPS_PER_SM_1 64
+#define WQ_WARPS_PER_SM_2 48
 
 // --- x' in chunk order ------------------------------------------------------------------------------
 
@@ -42,6 +48,7 @@ __host__ __device__ __forceinline__ int wq_chunk_row(int b, int p) {
 // chunk are in flight together.
 template <typename T>
 __global__ void wq_xs_kernel(wq_x a, int64_t M, int64_t K, int b, int64_t nchunk, T * xs, float * xsc) {
+    griddep_launch_dependents(); // the decode kernel's prologue reads none of this
     const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (wid >= M * nchunk) return;
@@ -122,35 +129,98 @@ __host__ __device__ inline int64_t wq_x_stride(int64_t kr) { return kr + ((16 - 
 // Groups that a split of cps chunks touches at most (cpg chunks a group; it may start inside one).
 __host__ __device__ inline int wq_split_groups(int64_t cps, int64_t cpg) { return (int)((cps - 1) / cpg) + 2; }
 
+// Four consecutive values p[off .. off+3] of a tensor as f32: one 8- or 16-byte load for F16, BF16
+// and F32 where the address allows, element by element otherwise.
+__device__ __forceinline__ float4 ld_float4(const char * p, int dtype, int64_t off) {
+    if (dtype == BIE_DTYPE_F16 || dtype == BIE_DTYPE_BF16) {
+        const char * a = p + off * 2;
+        if (((uintptr_t)a & 7) == 0) {
+            const uint2 v = *(const uint2 *)a;
+            if (dtype == BIE_DTYPE_F16) {
+                const float2 lo = __half22float2(*(const __half2 *)&v.x), hi = __half22float2(*(const __half2 *)&v.y);
+                return make_float4(lo.x, lo.y, hi.x, hi.y);
+            }
+            const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&v.x),
+                         hi = __bfloat1622float2(*(const __nv_bfloat162 *)&v.y);
+            return make_float4(lo.x, lo.y, hi.x, hi.y);
+        }
+    } else if (dtype == BIE_DTYPE_F32 && ((uintptr_t)(p + off * 4) & 15) == 0) return *(const float4 *)(p + off * 4);
+    return make_float4(ld_float(p, dtype, off), ld_float(p, dtype, off + 1), ld_float(p, dtype, off + 2),
+                       ld_float(p, dtype, off + 3));
+}
+
+// Slot gl of the split's scales and corrections (see wq_split_scales) from 4 scales and zeros.
+__device__ __forceinline__ void wq_put_slot(unsigned char * slots, int gl, int quad, int zero, float4 sv, float4 zv) {
+    float4 * sl = (float4 *)(slots + gl * 256 + quad);
+    sl[0] = sv;
+    sl[1] = make_float4(wq_correction(zero, sv.x, zv.x), wq_correction(zero, sv.y, zv.y),
+                        wq_correction(zero, sv.z, zv.z), wq_correction(zero, sv.w, zv.w));
+}
+
+__device__ __forceinline__ float4 half4_to_float4(uint2 v) {
+    const float2 lo = __half22float2(*(const __half2 *)&v.x), hi = __half22float2(*(const __half2 *)&v.y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
 // The split's scales s and corrections c (s*z, s*2^(b-1) or z) of the quad's 4 columns as f32:
 // group gl at slots + gl*256 + quad (float4 s, float4 c); lane t of the quad takes gl = t mod 4.
+// F16 scales and zeros at 8-byte aligned addresses (GPTQ's form) take 8-byte loads, all of a lane's
+// issued before any is used; other dtypes load value by value.
 template <int B>
 __device__ __forceinline__ void wq_split_scales(const wq_dev & w, unsigned char * slots, int64_t g0, int ng, int t,
                                                 int quad, int64_t ncol, bool cols_ok) {
+    const bool sym = w.zero == BIE_WQ_ZERO_SYM;
+    const float4 symz = make_float4(1 << (B - 1), 1 << (B - 1), 1 << (B - 1), 1 << (B - 1));
+    const bool f16 = w.sdt == BIE_DTYPE_F16 && ((uintptr_t)w.scales & 7) == 0 &&
+                     (sym || (w.zdt == BIE_DTYPE_F16 && ((uintptr_t)w.zeros & 7) == 0));
+    if (f16 && cols_ok) {                                // (N % 4 == 0: every offset below is a multiple of 4 elements)
+        constexpr int U = (WQ_MAX_SPLIT_GROUPS + 3) / 4; // a lane's groups at most
+        const int64_t gstep = 4 * w.N;                   // elements between a lane's groups
+        const __half * sp = (const __half *)w.scales + (g0 + t) * w.N + ncol;
+        const __half * zp = sym ? nullptr : (const __half *)w.zeros + (g0 + t) * w.N + ncol;
+        uint2 rs[U], rz[U];
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            if (t + 4 * k >= ng) break;
+            rs[k] = *(const uint2 *)(sp + k * gstep);
+            rz[k] = sym ? make_uint2(0, 0) : *(const uint2 *)(zp + k * gstep);
+        }
+#pragma unroll
+        for (int k = 0; k < U; k++) {
+            if (t + 4 * k >= ng) break;
+            wq_put_slot(slots, t + 4 * k, quad, w.zero, half4_to_float4(rs[k]), sym ? symz : half4_to_float4(rz[k]));
+        }
+        return;
+    }
     for (int gl = t; gl < ng; gl += 4) {
-        float4 * sl = (float4 *)(slots + gl * 256 + quad);
-        float sv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cz[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (cols_ok)
-            for (int c = 0; c < 4; c++) {
-                sv[c] = ld_float(w.scales, w.sdt, (g0 + gl) * w.N + ncol + c);
-                cz[c] = wq_correction(w.zero, sv[c], wq_zero(w, g0 + gl, ncol + c, B));
-            }
-        sl[0] = make_float4(sv[0], sv[1], sv[2], sv[3]);
-        sl[1] = make_float4(cz[0], cz[1], cz[2], cz[3]);
+        float4 sv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), zv = sv;
+        if (cols_ok) {
+            const int64_t off = (g0 + gl) * w.N + ncol;
+            sv = make_float4(ld_float(w.scales, w.sdt, off), ld_float(w.scales, w.sdt, off + 1),
+                             ld_float(w.scales, w.sdt, off + 2), ld_float(w.scales, w.sdt, off + 3));
+            zv = sym ? symz
+                     : make_float4(ld_float(w.zeros, w.zdt, off), ld_float(w.zeros, w.zdt, off + 1),
+                                   ld_float(w.zeros, w.zdt, off + 2), ld_float(w.zeros, w.zdt, off + 3));
+        }
+        wq_put_slot(slots, gl, quad, w.zero, sv, zv);
     }
 }
 
-// The block's x' slice (rows m < M, kr values from xs's position p0 of Kp) to sx (row stride ks;
-// 16-byte copies, the slice being a multiple of 16 halves), and x' summed per group of the split
-// (in chunk order, from the chunk sums xsc) to sxg[m][gl].
+// The block's x' slice (rows m < M, kr values from xs's position p0 of Kp) to sx (row stride ks),
+// by 16-byte cp.async copies (the slice being a multiple of 16 halves) in one group.
 template <typename T>
-__device__ __forceinline__ void wq_split_x(const T * xs, const float * xsc, T * sx, float * sxg, int M, int64_t Kp,
-                                           int64_t p0, int64_t kr, int64_t ks, int64_t nchunk, int64_t c0, int nc,
-                                           int rem0, int cpg, int ng, int ngroups) {
-    for (int64_t i = threadIdx.x; i < M * kr / 8; i += blockDim.x) {
-        const int64_t m = i / (kr / 8), o = (i % (kr / 8)) * 8;
-        *(uint4 *)(sx + m * ks + o) = *(const uint4 *)(xs + m * Kp + p0 + o);
-    }
+__device__ __forceinline__ void wq_split_x(const T * xs, T * sx, int M, int Kp, int p0, int kr, int ks) {
+    const int pieces = kr / 8; // a row's
+    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(sx);
+    for (int m = 0; m < M; m++)
+        for (int i = threadIdx.x; i < pieces; i += blockDim.x)
+            cp_async<16>(dst + (uint32_t)((m * ks + 8 * i) * sizeof(T)), xs + (int64_t)m * Kp + p0 + 8 * i, 16);
+    cp_async_commit();
+}
+
+// x' summed per group of the split (in chunk order, from the chunk sums xsc) to sxg[m][gl].
+__device__ __forceinline__ void wq_split_sums(const float * xsc, float * sxg, int M, int64_t nchunk, int64_t c0, int nc,
+                                              int rem0, int cpg, int ng, int ngroups) {
     for (int i = threadIdx.x; i < M * ng; i += blockDim.x) {
         const int m = i / ng, gl = i % ng;
         const int a = gl == 0 ? 0 : rem0 + (gl - 1) * cpg, e = gl == 0 ? rem0 : a + cpg;
@@ -160,20 +230,17 @@ __device__ __forceinline__ void wq_split_x(const T * xs, const float * xsc, T * 
     }
 }
 
-// One chunk's 8/b mma steps: acc[j][u] += A(codes v, m-tile u) B(x' rows of n-tile j) (xc: the
-// chunk's x' in shared memory, row stride ks).
+// One chunk's 8/b mma steps: acc[j][u] += A(codes v, m-tile u) B(x' rows of n-tile j) (xr[j]: this
+// lane's x' row of n-tile j at the chunk, in shared memory). Rows past M read row M - 1 instead of
+// zeros: their sums are never stored.
 template <typename T, int B, int NT>
-__device__ __forceinline__ void wq_chunk_mma(float (&acc)[NT][2][4], uint4 v, const T * xc, int64_t ks, int M, int gq,
-                                             int t) {
+__device__ __forceinline__ void wq_chunk_mma(float (&acc)[NT][2][4], uint4 v, const T * const (&xr)[NT]) {
     const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int s = 0; s < 8 / B; s++) {
         uint2 b[NT];
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const int m = 8 * j + gq;
-            b[j] = m < M ? *(const uint2 *)(xc + m * ks + 16 * s + 4 * t) : make_uint2(0, 0);
-        }
+        for (int j = 0; j < NT; j++) b[j] = *(const uint2 *)(xr[j] + 16 * s);
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             const uint32_t a[4] = {wq_pair<T, B>(wd[2 * u], 2 * s), wq_pair<T, B>(wd[2 * u + 1], 2 * s),
@@ -221,16 +288,16 @@ __device__ __forceinline__ void wq_flush(float (&acc)[NT][2][4], float (&y)[NT][
 // counters.
 template <typename T, int B, int NT>
 __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
-    wq_mma_kernel(wq_dev w, const T * xs, const float * xsc, int64_t nchunk, int64_t cps, int M, int cpg, int ngroups,
+    wq_mma_kernel(wq_dev w, const T * xs, const float * xsc, int nchunk, int cps, int M, int cpg, int ngroups,
                   float * part) {
     constexpr int CR = 128 / B; // rows per chunk
     extern __shared__ __align__(16) unsigned char wq_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
-    const int64_t c0 = (int64_t)blockIdx.y * cps, c1 = c0 + cps < nchunk ? c0 + cps : nchunk;
+    const int c0 = (int)blockIdx.y * cps, c1 = c0 + cps < nchunk ? c0 + cps : nchunk; // (wq_mma_ok: int)
     if (c0 >= c1) return;
-    const int nc = (int)(c1 - c0);
-    const int64_t kr = (int64_t)nc * CR;
-    const int64_t ks = wq_x_stride(kr);                               // x' row stride in shared memory
+    const int nc = c1 - c0;
+    const int kr = nc * CR;
+    const int ks = (int)wq_x_stride(kr);                              // x' row stride in shared memory
     uint4 * ring = (uint4 *)(wq_smem + warp * wq_warp_smem(ngroups)); // [stage][lane]
     unsigned char * slots = (unsigned char *)(ring + WQ_STAGES * 32); // [group][quad]: float4 s, float4 c
     T * sx = (T *)(wq_smem + WQ_WARPS * NT * wq_warp_smem(ngroups));  // [M][ks]
@@ -238,34 +305,47 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
     const int64_t n0 = ((int64_t)blockIdx.x * WQ_WARPS * NT + warp) * 32;
     const int64_t ncol = n0 + 4 * gq; // this lane's 4 columns (N % 4 == 0: all of them exist or none)
     const bool cols_ok = ncol < w.N;
-    const int rem0 = cpg - (int)(c0 % cpg); // chunks of the first group inside the split
+    const int rem0 = cpg - c0 % cpg; // chunks of the first group inside the split
     const int ng = nc <= rem0 ? 1 : 1 + (nc - rem0 + cpg - 1) / cpg;
-    // Chunk i's words into its ring stage; chunks past the weight's last word row (or columns past N)
-    // are zeros. The copying lane of the piece (word row tc, columns n0 + 4*gc ..) is 8*tc + gc, so
-    // that 8 consecutive lanes read one 128-byte row (one L2 request); the piece lands at 16-byte
-    // position (gc + 2*tc) % 8 of the stage's row tc, where the consuming lane 4*gc + tc finds it
-    // and each 8-lane phase of either side touches every bank once.
+    // Chunk i's words go to ring stage i % WQ_STAGES; chunks past the weight's last word row (or
+    // columns past N) are zeros. The copying lane of the piece (word row tc, columns n0 + 4*gc ..) is
+    // 8*tc + gc, so that 8 consecutive lanes read one 128-byte row (one L2 request); the piece lands
+    // at 16-byte position (gc + 2*tc) % 8 of the stage's row tc, where the consuming lane 4*gc + tc
+    // finds it and each 8-lane phase of either side touches every bank once.
     const int tc = lane >> 3, gc = lane & 7;
     const bool ccols = n0 + 4 * gc < w.N;
     const int64_t row0 = c0 * 4 + tc;
     const int live = !ccols ? 0 : row0 >= w.rows ? 0 : (int)((w.rows - row0 + 3) / 4);
+    const int full = live < nc ? live : nc; // chunks [0, full) are copied whole
     const uint32_t * qp = w.qw + (ccols ? row0 * w.N + n0 + 4 * gc : 0);
     const int64_t step = 4 * w.N;
     const uint32_t ring0 = (uint32_t)__cvta_generic_to_shared(ring + 8 * tc + ((gc + 2 * tc) & 7));
     const uint4 * rp = ring + 8 * t + ((gq + 2 * t) & 7); // this lane's piece in stage 0
-    auto issue = [&](int i) {
-        if (i < nc) cp_async<16>(ring0 + (i & (WQ_STAGES - 1)) * 512, i < live ? qp : w.qw, i < live ? 16 : 0);
-        qp += step;
+    // Step j's WQ_STEP chunks into their stages, one cp.async group a step (empty past the range).
+    auto issue = [&](int j) {
+        const int i0 = j * WQ_STEP;
+        const uint32_t dst = ring0 + (uint32_t)((i0 & (WQ_STAGES - 1)) * 512);
+        if (i0 + WQ_STEP <= full) {
+#pragma unroll
+            for (int u = 0; u < WQ_STEP; u++) cp_async<16>(dst + u * 512, qp + u * step, 16);
+        } else {
+            for (int u = 0; u < WQ_STEP && i0 + u < nc; u++)
+                cp_async<16>(dst + u * 512, i0 + u < live ? qp + u * step : w.qw, i0 + u < live ? 16 : 0);
+        }
+        qp += WQ_STEP * step;
         cp_async_commit();
     };
-    for (int i = 0; i < WQ_STAGES - 1; i++) issue(i);
-    wq_split_scales<B>(w, slots, c0 * CR / w.gs, ng, t, gq * 32, ncol, cols_ok);
-    wq_split_x(xs, xsc, sx, sxg, M, nchunk * CR, c0 * CR, kr, ks, nchunk, c0, nc, rem0, cpg, ng, ngroups);
+    // The prologue: the ring's first steps and the split's scales, which wq_xs_kernel does not write,
+    // then the x' slice and its group sums once that kernel is done.
+    constexpr int SS = WQ_STAGES / WQ_STEP; // steps the ring holds
+    for (int j = 0; j < SS - 1; j++) issue(j);
+    wq_split_scales<B>(w, slots, c0 / cpg, ng, t, gq * 32, ncol, cols_ok); // (groups are whole chunks)
+    griddep_wait(); // xs and xsc are written (the kernel may start while wq_xs_kernel runs)
+    wq_split_x(xs, sx, M, nchunk * CR, c0 * CR, kr, ks);
+    wq_split_sums(xsc, sxg, M, nchunk, c0, nc, rem0, cpg, ng, ngroups);
+    cp_async_wait_all(); // the x' slice (and the ring's first steps, issued long before) landed
     __syncthreads();
-    if (n0 >= w.N) {
-        cp_async_wait_all();
-        return;
-    }
+    if (n0 >= w.N) return;
     float acc[NT][2][4], y[NT][2][4]; // as in wq_flush
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -274,24 +354,36 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[j][u][e] = y[j][u][e] = 0.0f;
     int gl = 0, crem = rem0;
-    // Chunk i: its group's flush when it opens a new one, then its 8/b mma steps.
-    auto chunk = [&](int i) {
+    const T * xr[NT]; // this lane's x' row of each n-tile (row M - 1 past M), at chunk 0
+#pragma unroll
+    for (int j = 0; j < NT; j++) xr[j] = sx + (8 * j + gq < M ? 8 * j + gq : M - 1) * ks + 4 * t;
+    // Chunk u of the step whose stages start at st: its group's flush when it opens a new one, then
+    // its 8/b mma steps; the x' rows move on by a chunk.
+    auto chunk = [&](const uint4 * st, int u) {
         if (crem == 0) {
             wq_flush<NT>(acc, y, slots + gq * 32, sxg, ngroups, gl++, M, t);
             crem = cpg;
         }
         crem--;
-        wq_chunk_mma<T, B, NT>(acc, rp[(i & (WQ_STAGES - 1)) * 32], sx + (int64_t)i * CR, ks, M, gq, t);
+        wq_chunk_mma<T, B, NT>(acc, st[u * 32], xr);
+#pragma unroll
+        for (int j = 0; j < NT; j++) xr[j] += CR;
     };
-    // Two chunks an iteration: one wait and one warp barrier for both.
-    for (int i = 0; i < nc; i += 2) {
-        cp_async_wait<WQ_STAGES - 3>(); // chunks i, i+1 landed
-        __syncwarp();                   // ... for the lanes that read them
-        chunk(i);
-        if (i + 1 < nc) chunk(i + 1);
-        __syncwarp(); // every lane has read chunk i's stage before it is refilled
-        issue(i + WQ_STAGES - 1);
-        issue(i + WQ_STAGES);
+    // Step j: wait for its chunks, refill the stages of step j - 1 (every lane has read them), then
+    // the chunks' mma steps.
+    const int nsteps = (nc + WQ_STEP - 1) / WQ_STEP;
+    for (int j = 0; j < nsteps; j++) {
+        cp_async_wait<SS - 2>(); // step j landed (groups: steps 0 .. SS-2, the x' slice, then a step each)
+        __syncwarp();            // ... for the lanes that read it; and step j - 1 is read
+        issue(j + SS - 1);
+        const int i0 = j * WQ_STEP;
+        const uint4 * st = rp + (i0 & (WQ_STAGES - 1)) * 32;
+        if (i0 + WQ_STEP <= nc) {
+#pragma unroll
+            for (int u = 0; u < WQ_STEP; u++) chunk(st, u);
+        } else {
+            for (int u = 0; i0 + u < nc; u++) chunk(st, u);
+        }
     }
     cp_async_wait_all();
     wq_flush<NT>(acc, y, slots + gq * 32, sxg, ngroups, gl, M, t);
@@ -305,6 +397,7 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
             if (m < M && cols_ok)
                 *(float4 *)(p + m * w.N + ncol) = make_float4(y[j][0][e], y[j][0][2 + e], y[j][1][e], y[j][1][2 + e]);
         }
+    griddep_launch_dependents(); // wq_reduce_kernel may launch (it waits for this grid's writes)
 }
 
 // --- host side ----------------------------------------------------------------------------------------
@@ -313,6 +406,7 @@ bool wq_mma_ok(const struct bie_wq_call * c) {
     const int b = c->bits;
     if (c->M > WQ_MAX_DECODE_M || (b != 2 && b != 4 && b != 8) || c->N % 4 != 0) return false;
     if (c->x.dtype != BIE_DTYPE_F16 && c->x.dtype != BIE_DTYPE_BF16) return false;
+    if (c->K >= ((int64_t)1 << 31)) return false; // the kernel counts rows and chunks in int
     return c->G == 1 || c->gs % (128 / b) == 0;
 }
 
@@ -338,8 +432,12 @@ static enum bie_status launch_mma(bie_context_t * ctx, const wq_dev & w, const T
                cudaFuncSetAttribute(wq_mma_kernel<T, B, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                "wq: shared memory");
     const dim3 grid(blocks_for(w.N, 32 * WQ_WARPS * NT), (unsigned)S);
-    wq_mma_kernel<T, B, NT>
-        <<<grid, 32 * WQ_WARPS * NT, smem, ctx->cuda->stream>>>(w, xs, xsc, nchunk, cps, M, cpg, ngroups, part);
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg =
+        bie_cuda_launch_config(ctx, grid, dim3(32 * WQ_WARPS * NT), smem, bie_cuda_cc(ctx) >= 90, &attr);
+    CU_TRY(ctx,
+           cudaLaunchKernelEx(&cfg, wq_mma_kernel<T, B, NT>, w, xs, xsc, (int)nchunk, (int)cps, M, cpg, ngroups, part),
+           "wq_mma_kernel launch");
     LAUNCHED(ctx, "wq_mma_kernel");
     return BIE_STATUS_OK;
 }
@@ -352,7 +450,7 @@ static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, co
 }
 
 // The split: S K ranges of cps chunks. The kernel keeps its weights in flight in shared memory
-// rather than registers; the K range is split until about WQ_WARPS_PER_SM column warps a
+// rather than registers; the K range is split until about WQ_WARPS_PER_SM_1 (_2) column warps a
 // multiprocessor are launched (more than fit at once: the split tail's blocks then fill the last
 // wave), within the x' slice's and the scale slots' shared memory.
 void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S, int64_t * cps) {
@@ -360,7 +458,7 @@ void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S,
     const int cr = 128 / c->bits;
     const int64_t nchunk = (c->K + cr - 1) / cr;
     const int sm = bie_cuda_sm_count(ctx) > 0 ? bie_cuda_sm_count(ctx) : 132;
-    int64_t s = (int64_t)WQ_WARPS_PER_SM * sm / col_warps;
+    int64_t s = (int64_t)(c->M > 8 ? WQ_WARPS_PER_SM_2 : WQ_WARPS_PER_SM_1) * sm / col_warps;
     s = s < 1 ? 1 : s > nchunk ? nchunk : s;
     int64_t per = (nchunk + s - 1) / s;
     const int64_t max_per = 48 * 1024 / (c->M * cr * 2); // the x' slice within 48 KiB

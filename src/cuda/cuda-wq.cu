@@ -42,6 +42,7 @@ __global__ void __launch_bounds__(128) wq_simt_kernel(wq_dev w, const float * xf
 
 // y[m, n] = sum over splits of part (in split order) + bias[n].
 __global__ void wq_reduce_kernel(const float * part, int S, int64_t M, int64_t N, dview bias, dview y) {
+    griddep_wait(); // the partial sums are written (launched as a programmatic dependent)
     const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= M * N) return;
     float v = 0.0f;
@@ -333,8 +334,13 @@ extern "C" enum bie_status bie_cuda_wq_forward(bie_context_t * ctx, const struct
     }
     dview yv;
     dview_make(&c->y, &yv);
-    wq_reduce_kernel<<<blocks_for(c->M * c->N, 256), 256, 0, ctx->cuda->stream>>>(part, (int)S, c->M, c->N,
-                                                                                  view_or_null(&c->bias), yv);
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg =
+        bie_cuda_launch_config(ctx, dim3(blocks_for(c->M * c->N, 256)), dim3(256), 0, bie_cuda_cc(ctx) >= 90, &attr);
+    CU_TRY(
+        ctx,
+        cudaLaunchKernelEx(&cfg, wq_reduce_kernel, (const float *)part, (int)S, c->M, c->N, view_or_null(&c->bias), yv),
+        "wq_reduce_kernel launch");
     LAUNCHED(ctx, "wq_reduce_kernel");
     return BIE_STATUS_OK;
 }
