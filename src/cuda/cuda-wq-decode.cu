@@ -165,10 +165,11 @@ __device__ __forceinline__ float4 half4_to_float4(uint2 v) {
 // The split's scales s and corrections c (s*z, s*2^(b-1) or z) of the quad's 4 columns as f32:
 // group gl at slots + gl*256 + quad (float4 s, float4 c); lane t of the quad takes gl = t mod 4.
 // F16 scales and zeros at 8-byte aligned addresses (GPTQ's form) take 8-byte loads, all of a lane's
-// issued before any is used; other dtypes load value by value.
-template <int B>
+// issued before any is used, and meanwhile() runs while they fly; other dtypes load value by value,
+// after meanwhile().
+template <int B, typename F>
 __device__ __forceinline__ void wq_split_scales(const wq_dev & w, unsigned char * slots, int64_t g0, int ng, int t,
-                                                int quad, int64_t ncol, bool cols_ok) {
+                                                int quad, int64_t ncol, bool cols_ok, F && meanwhile) {
     const bool sym = w.zero == BIE_WQ_ZERO_SYM;
     const float4 symz = make_float4(1 << (B - 1), 1 << (B - 1), 1 << (B - 1), 1 << (B - 1));
     const bool f16 = w.sdt == BIE_DTYPE_F16 && ((uintptr_t)w.scales & 7) == 0 &&
@@ -185,6 +186,7 @@ __device__ __forceinline__ void wq_split_scales(const wq_dev & w, unsigned char 
             rs[k] = *(const uint2 *)(sp + k * gstep);
             rz[k] = sym ? make_uint2(0, 0) : *(const uint2 *)(zp + k * gstep);
         }
+        meanwhile();
 #pragma unroll
         for (int k = 0; k < U; k++) {
             if (t + 4 * k >= ng) break;
@@ -192,6 +194,7 @@ __device__ __forceinline__ void wq_split_scales(const wq_dev & w, unsigned char 
         }
         return;
     }
+    meanwhile();
     for (int gl = t; gl < ng; gl += 4) {
         float4 sv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), zv = sv;
         if (cols_ok) {
@@ -335,14 +338,15 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
         qp += WQ_STEP * step;
         cp_async_commit();
     };
-    // The prologue: the ring's first steps and the split's scales, which wq_xs_kernel does not write,
-    // then the x' slice and its group sums once that kernel is done.
+    // The prologue: the ring's first steps and the split's scales, which wq_xs_kernel does not write;
+    // while the scales' loads fly, the x' slice and its group sums once that kernel is done.
     constexpr int SS = WQ_STAGES / WQ_STEP; // steps the ring holds
     for (int j = 0; j < SS - 1; j++) issue(j);
-    wq_split_scales<B>(w, slots, c0 / cpg, ng, t, gq * 32, ncol, cols_ok); // (groups are whole chunks)
-    griddep_wait(); // xs and xsc are written (the kernel may start while wq_xs_kernel runs)
-    wq_split_x(xs, sx, M, nchunk * CR, c0 * CR, kr, ks);
-    wq_split_sums(xsc, sxg, M, nchunk, c0, nc, rem0, cpg, ng, ngroups);
+    wq_split_scales<B>(w, slots, c0 / cpg, ng, t, gq * 32, ncol, cols_ok, [&] { // (groups are whole chunks)
+        griddep_wait(); // xs and xsc are written (the kernel may start while wq_xs_kernel runs)
+        wq_split_x(xs, sx, M, nchunk * CR, c0 * CR, kr, ks);
+        wq_split_sums(xsc, sxg, M, nchunk, c0, nc, rem0, cpg, ng, ngroups);
+    });
     cp_async_wait_all(); // the x' slice (and the ring's first steps, issued long before) landed
     __syncthreads();
     if (n0 >= w.N) return;
