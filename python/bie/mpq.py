@@ -146,6 +146,19 @@ def _desc(m, act=_lib.WQ_ACT_FLOAT):
 
 
 def _weight_views(m, bias):
+    """(struct bie_wq_weight, the temporaries it points into, their views) for the layer's tensors.
+    The struct is kept on the layer and reused while every tensor is contiguous and keeps its
+    address, shape, strides and dtype (its contents may change in place), and group_bits its
+    version; the cache holds no reference to the layer's own tensors, only to the host copy of
+    group_bits."""
+    gbt = m.group_bits if m.mixed else None
+    ts = (m.qweight, m.scales, m.zeros if m.zero_mode != ZERO_SYM else None, gbt,
+          m.q_perm if m.has_perm else None, m.channel_scale if m.has_channel_scale else None, bias)
+    sig = tuple(None if t is None else (t.data_ptr(), t.shape, t.stride(), t.dtype) for t in ts)
+    sig += (None if gbt is None else gbt._version,)
+    hit = m.__dict__.get("_wq_views")
+    if hit is not None and hit[0] == sig:
+        return hit[1]
     keep = []
 
     def v(t):
@@ -155,29 +168,35 @@ def _weight_views(m, bias):
         keep.append(t)
         return _view(t)
 
-    gb = None if not m.mixed else m.group_bits.to(device="cpu", dtype=torch.int32)
-    tv = [v(m.qweight), v(m.scales), v(m.zeros if m.zero_mode != ZERO_SYM else None), v(gb),
-          v(m.q_perm if m.has_perm else None), v(m.channel_scale if m.has_channel_scale else None), v(bias)]
+    gb = None if gbt is None else gbt.to(device="cpu", dtype=torch.int32)
+    tv = [v(ts[0]), v(ts[1]), v(ts[2]), v(gb), v(ts[4]), v(ts[5]), v(ts[6])]
     ptrs = [None if t is None else _lib.ctypes.pointer(t) for t in tv]
-    return _lib.WqWeight(*ptrs), keep, tv
+    w = _lib.WqWeight(*ptrs)
+    if all(t is None or t.is_contiguous() for t in ts):
+        m.__dict__["_wq_views"] = (sig, (w, [gb], tv))
+    return w, keep, tv
+
+
+def _wq_forward(x, bias, m):
+    """y = x W (+ bias) through bie_wq_linear_forward; x2 is x as [rows, K]."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    y = torch.empty(x2.shape[0], m.out_channels, dtype=x.dtype, device=x.device)
+    w, keep, _ = _weight_views(m, bias)
+    act = _lib.WQ_ACT_INT8 if m.int8_activations and x.device.type == "cpu" else _lib.WQ_ACT_FLOAT
+    _Call(x)("bie_wq_linear_forward", _lib.ctypes.byref(_desc(m, act)), _lib.ctypes.byref(w),
+             _lib.ctypes.byref(_view(x2)), _lib.ctypes.byref(_view(y)))
+    return x2, y.reshape(*shape[:-1], m.out_channels)
 
 
 class _WQFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, bias, m):
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        y = torch.empty(x2.shape[0], m.out_channels, dtype=x.dtype, device=x.device)
-        w, keep, _ = _weight_views(m, bias)
-        xv, yv = _view(x2), _view(y)
-        act = _lib.WQ_ACT_INT8 if m.int8_activations and x.device.type == "cpu" else _lib.WQ_ACT_FLOAT
-        _Call(x)("bie_wq_linear_forward", _lib.ctypes.byref(_desc(m, act)), _lib.ctypes.byref(w), _lib.ctypes.byref(xv),
-                 _lib.ctypes.byref(yv))
+        x2, y = _wq_forward(x, bias, m)
         ctx.m = m
         ctx.save_for_backward(x2, bias)
-        ctx.shape = shape
-        del keep
-        return y.reshape(*shape[:-1], m.out_channels)
+        ctx.shape = x.shape
+        return y
 
     @staticmethod
     def backward(ctx, g):
@@ -189,11 +208,10 @@ class _WQFunction(torch.autograd.Function):
         gx = torch.empty_like(x2) if want_x else None
         gw = torch.empty(m.in_channels, m.out_channels, dtype=torch.float32, device=g.device) if want_w else None
         if want_x or want_w:
-            w, keep, _ = _weight_views(m, bias)
+            w, _, _ = _weight_views(m, bias)
             views = [_view(x2), _view(g2), None if gx is None else _view(gx), None if gw is None else _view(gw)]
             ptr = [None if v is None else _lib.ctypes.byref(v) for v in views]
             _Call(g)("bie_wq_linear_backward", _lib.ctypes.byref(_desc(m)), _lib.ctypes.byref(w), *ptr)
-            del keep
         if want_w:  # Bitorch Engine's privileged gradient, read by bie.mpq_optim.MPQAdam
             prev = getattr(m.qweight, "privileged_grad", None)
             m.qweight.privileged_grad = gw if prev is None else prev + gw
@@ -283,10 +301,9 @@ class MPQLinear(nn.Module):
     def dequantize(self):
         """W [K, N] f32 in packed row order (bie_wq_dequantize)."""
         w = torch.empty(self.in_channels, self.out_channels, dtype=torch.float32, device=self.qweight.device)
-        wv, keep, _ = _weight_views(self, None)
+        wv, _, _ = _weight_views(self, None)
         out = _view(w)
         _Call(w)("bie_wq_dequantize", _lib.ctypes.byref(_desc(self)), _lib.ctypes.byref(wv), _lib.ctypes.byref(out))
-        del keep
         return w
 
     def prepare_params(self):
@@ -295,7 +312,11 @@ class MPQLinear(nn.Module):
     def forward(self, x):
         if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise TypeError(f"bie: MPQLinear input must be float32, float16 or bfloat16, not {x.dtype}")
-        return _WQFunction.apply(x, self.bias, self)
+        b = self.bias
+        if torch.is_grad_enabled() and (x.requires_grad or (b is not None and b.requires_grad) or
+                                        (self.training and self.requires_grad)):
+            return _WQFunction.apply(x, b, self)
+        return _wq_forward(x, b, self)[1]  # nothing to differentiate: no autograd node
 
     def extra_repr(self):
         bits = f"mixed {sorted(set(self.group_bits.tolist()))}" if self.mixed else f"w_bit={self.w_bit}"

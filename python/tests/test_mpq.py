@@ -102,6 +102,32 @@ def test_forward_backward(dtype, zero, N, device):
     assert torch.allclose(m.bias.grad.to(torch.float32), g.reshape(-1, N).sum(0).to(torch.float32), rtol=tol, atol=tol)
 
 
+def test_cached_weight_views_follow_the_layer():
+    """The layer reuses its weight struct across calls: in-place changes, replaced tensors and a new
+    bias must all show in the next call, with and without autograd."""
+    torch.manual_seed(3)
+    m = mpq.MPQLinear(96, 40, w_bit=4, group_size=32, dtype=torch.float32, use_gba_quant=False, disable_bias=False)
+    m.quantize_from(torch.randn(40, 96) * 0.1)
+    x = torch.randn(3, 96)
+
+    def want():
+        return x @ _torch_weight(m) + m.bias.detach()
+
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            assert torch.allclose(m(x), want(), atol=1e-4)
+            with torch.no_grad():
+                m.scales.mul_(2.0)  # in place: same address
+            assert torch.allclose(m(x), want(), atol=1e-4)
+            m.quantize_from(torch.randn(40, 96) * 0.1)  # new qweight, scales and zeros tensors
+            assert torch.allclose(m(x), want(), atol=1e-4)
+            m.bias = nn.Parameter(torch.randn(40))
+            assert torch.allclose(m(x), want(), atol=1e-4)
+            m.scales = m.scales.t().contiguous().t()  # a non-contiguous tensor takes the uncached path
+            assert torch.allclose(m(x), want(), atol=1e-4)
+            m.scales = m.scales.contiguous()
+
+
 def test_int8_activations_close():
     m = mpq.MPQLinear(256, 64, w_bit=4, group_size=128, dtype=torch.float16, use_gba_quant=False)
     m.quantize_from(torch.randn(64, 256) * 0.05)
