@@ -5,8 +5,11 @@ same shapes, in the same process: LLaMA-7B/70B layer shapes (in x out = 4096x409
 (cuBLAS) and activations are fp16; on the CPU it is F.linear in float32 (PyTorch's BLAS). Each row
 gives the medians, the ratio, bie's achieved weight bandwidth and its ratio to the memory bandwidth
 measured in the same run (a copy of a 1 GiB (GPU) or 512 MiB (CPU) tensor, read + write bytes).
-One layer is called repeatedly, so weights that fit in the caches (the GPU's 50 MB L2 holds a 4-bit
-4096x4096 weight) run from there; `bie bench --llm` rotates weight copies and is the reference.
+A timing is --calls consecutive calls (20 on CUDA, 1 on the CPU) between two synchronisations,
+divided by the calls: the host queues calls ahead of the GPU as a model's forward does, so a row
+shows the larger of the host's and the GPU's time a call. One layer is called repeatedly, so
+weights that fit in the caches (the GPU's 50 MB L2 holds a 4-bit 4096x4096 weight) run from there;
+`bie bench --llm` rotates weight copies and is the reference for the kernels.
 
     BIE_LIBRARY=build/libbie.so PYTHONPATH=python python3 python/bench_llm.py [--device cuda] [--rows 1,16]
 """
@@ -26,15 +29,17 @@ def sync(dev):
         torch.cuda.synchronize(dev)
 
 
-def median_ms(fn, dev, reps):
+def median_ms(fn, dev, reps, calls=1):
+    """Median over reps of the time of `calls` consecutive calls, per call."""
     fn()
     sync(dev)
     t = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         sync(dev)
-        t.append(time.perf_counter() - t0)
+        t.append((time.perf_counter() - t0) / calls)
     return sorted(t)[len(t) // 2] * 1e3
 
 
@@ -52,13 +57,15 @@ def main():
     ap.add_argument("--rows", default="1,4,16,256,4096")
     ap.add_argument("--shapes", default=None, help="e.g. 4096x4096,8192x28672")
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--calls", type=int, default=None, help="calls a timing (20 on CUDA, 1 on the CPU)")
     args = ap.parse_args()
     dev = torch.device(args.device)
+    calls = args.calls or (20 if dev.type == "cuda" else 1)
     shapes = SHAPES if not args.shapes else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     adt = torch.float16 if dev.type == "cuda" else torch.float32
     bw = copy_gbs(dev)
     print(f"device {dev} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}), copy bandwidth "
-          f"{bw:.1f} GB/s (read + write), threads {torch.get_num_threads()}")
+          f"{bw:.1f} GB/s (read + write), threads {torch.get_num_threads()}, {calls} calls a timing")
     print(f"{'case':<30} {'bie ms':>9} {'torch ms':>9} {'speedup':>8} {'GB/s':>8} {'of copy':>8}")
     for K, N in shapes:
         w = torch.randn(N, K, device=dev, dtype=adt) * 0.02
@@ -75,8 +82,8 @@ def main():
                     continue  # minutes per row on a small CPU
                 x = torch.randn(M, K, device=dev, dtype=adt)
                 with torch.no_grad():
-                    t_bie = median_ms(lambda: layer(x), dev, args.reps)
-                    t_ref = median_ms(lambda: F.linear(x, w), dev, args.reps)
+                    t_bie = median_ms(lambda: layer(x), dev, args.reps, calls)
+                    t_ref = median_ms(lambda: F.linear(x, w), dev, args.reps, calls)
                 gbs = wbytes / (t_bie * 1e6)
                 print(f"{f'wq{bits}-g128 {K}x{N} M={M}':<30} {t_bie:>9.3f} {t_ref:>9.3f} {t_ref / t_bie:>7.2f}x "
                       f"{gbs:>8.1f} {100 * gbs / bw:>7.0f}%")
