@@ -179,14 +179,14 @@ def _weight_views(m, bias):
 
 def _wq_forward(x, bias, m):
     """y = x W (+ bias) through bie_wq_linear_forward; x2 is x as [rows, K]."""
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
+    flat = x.dim() == 2
+    x2 = x if flat else x.reshape(-1, x.shape[-1])
     y = torch.empty(x2.shape[0], m.out_channels, dtype=x.dtype, device=x.device)
     w, keep, _ = _weight_views(m, bias)
     act = _lib.WQ_ACT_INT8 if m.int8_activations and x.device.type == "cpu" else _lib.WQ_ACT_FLOAT
     _Call(x)("bie_wq_linear_forward", _lib.ctypes.byref(_desc(m, act)), _lib.ctypes.byref(w),
              _lib.ctypes.byref(_view(x2)), _lib.ctypes.byref(_view(y)))
-    return x2, y.reshape(*shape[:-1], m.out_channels)
+    return x2, y if flat else y.reshape(*x.shape[:-1], m.out_channels)
 
 
 class _WQFunction(torch.autograd.Function):
