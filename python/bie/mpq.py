@@ -146,9 +146,10 @@ def _desc(m, act=_lib.WQ_ACT_FLOAT):
 
 
 def _weight_views(m, bias):
-    """(struct bie_wq_weight, the temporaries it points into, their views) for the layer's tensors.
-    The struct is kept on the layer and reused while every tensor is contiguous and keeps its
-    address, shape, strides and dtype (its contents may change in place), and group_bits its
+    """(struct bie_wq_weight, what it points into) for the layer's tensors; the caller keeps the
+    second alive while the struct is used (it holds the contiguous copies of non-contiguous
+    tensors). The struct is kept on the layer and reused while every tensor is contiguous and keeps
+    its address, shape, strides and dtype (its contents may change in place), and group_bits its
     version; the cache holds no reference to the layer's own tensors, only to the host copy of
     group_bits."""
     gbt = m.group_bits if m.mixed else None
@@ -173,8 +174,8 @@ def _weight_views(m, bias):
     ptrs = [None if t is None else _lib.ctypes.pointer(t) for t in tv]
     w = _lib.WqWeight(*ptrs)
     if all(t is None or t.is_contiguous() for t in ts):
-        m.__dict__["_wq_views"] = (sig, (w, [gb], tv))
-    return w, keep, tv
+        m.__dict__["_wq_views"] = (sig, (w, [gb] + tv))
+    return w, keep + tv
 
 
 def _wq_forward(x, bias, m):
@@ -182,7 +183,7 @@ def _wq_forward(x, bias, m):
     flat = x.dim() == 2
     x2 = x if flat else x.reshape(-1, x.shape[-1])
     y = torch.empty(x2.shape[0], m.out_channels, dtype=x.dtype, device=x.device)
-    w, keep, _ = _weight_views(m, bias)
+    w, keep = _weight_views(m, bias)
     act = _lib.WQ_ACT_INT8 if m.int8_activations and x.device.type == "cpu" else _lib.WQ_ACT_FLOAT
     _Call(x)("bie_wq_linear_forward", _lib.ctypes.byref(_desc(m, act)), _lib.ctypes.byref(w),
              _lib.ctypes.byref(_view(x2)), _lib.ctypes.byref(_view(y)))
@@ -208,7 +209,7 @@ class _WQFunction(torch.autograd.Function):
         gx = torch.empty_like(x2) if want_x else None
         gw = torch.empty(m.in_channels, m.out_channels, dtype=torch.float32, device=g.device) if want_w else None
         if want_x or want_w:
-            w, _, _ = _weight_views(m, bias)
+            w, keep = _weight_views(m, bias)
             views = [_view(x2), _view(g2), None if gx is None else _view(gx), None if gw is None else _view(gw)]
             ptr = [None if v is None else _lib.ctypes.byref(v) for v in views]
             _Call(g)("bie_wq_linear_backward", _lib.ctypes.byref(_desc(m)), _lib.ctypes.byref(w), *ptr)
@@ -301,7 +302,7 @@ class MPQLinear(nn.Module):
     def dequantize(self):
         """W [K, N] f32 in packed row order (bie_wq_dequantize)."""
         w = torch.empty(self.in_channels, self.out_channels, dtype=torch.float32, device=self.qweight.device)
-        wv, _, _ = _weight_views(self, None)
+        wv, keep = _weight_views(self, None)
         out = _view(w)
         _Call(w)("bie_wq_dequantize", _lib.ctypes.byref(_desc(self)), _lib.ctypes.byref(wv), _lib.ctypes.byref(out))
         return w

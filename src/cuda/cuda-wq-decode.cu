@@ -23,9 +23,10 @@
 #include "cuda/cuda-ptx.cuh"
 #include "cuda/cuda-wq.cuh"
 
-#define WQ_WARPS 4             // warps a block for M <= 8 (each its own 32 columns); twice that for M > 8
-#define WQ_STAGES 8            // chunks a warp's cp.async ring holds (a power of two, a multiple of WQ_STEP)
-#define WQ_STEP 4              // chunks a wait covers (one cp.async group)
+#define WQ_WARPS 4  // warps a block for M <= 8 (each its own 32 columns); twice that for M > 8
+#define WQ_STAGES 8 // chunks a warp's cp.async ring holds (a power of two, a multiple of WQ_STEP)
+#define WQ_STEP 4   // chunks a wait covers (one cp.async group)
+static_assert(WQ_STAGES % WQ_STEP == 0 && WQ_STAGES / WQ_STEP >= 2, "the ring holds whole steps, two at least");
 #define WQ_MAX_SPLIT_GROUPS 34 // groups whose scales a decode block holds in shared memory
 // Column warps a multiprocessor that the split aims at, with one n-tile and with two (whose blocks
 // hold twice the warps and a larger x' slice, so that fewer fit).
@@ -129,26 +130,6 @@ __host__ __device__ inline int64_t wq_x_stride(int64_t kr) { return kr + ((16 - 
 // Groups that a split of cps chunks touches at most (cpg chunks a group; it may start inside one).
 __host__ __device__ inline int wq_split_groups(int64_t cps, int64_t cpg) { return (int)((cps - 1) / cpg) + 2; }
 
-// Four consecutive values p[off .. off+3] of a tensor as f32: one 8- or 16-byte load for F16, BF16
-// and F32 where the address allows, element by element otherwise.
-__device__ __forceinline__ float4 ld_float4(const char * p, int dtype, int64_t off) {
-    if (dtype == BIE_DTYPE_F16 || dtype == BIE_DTYPE_BF16) {
-        const char * a = p + off * 2;
-        if (((uintptr_t)a & 7) == 0) {
-            const uint2 v = *(const uint2 *)a;
-            if (dtype == BIE_DTYPE_F16) {
-                const float2 lo = __half22float2(*(const __half2 *)&v.x), hi = __half22float2(*(const __half2 *)&v.y);
-                return make_float4(lo.x, lo.y, hi.x, hi.y);
-            }
-            const float2 lo = __bfloat1622float2(*(const __nv_bfloat162 *)&v.x),
-                         hi = __bfloat1622float2(*(const __nv_bfloat162 *)&v.y);
-            return make_float4(lo.x, lo.y, hi.x, hi.y);
-        }
-    } else if (dtype == BIE_DTYPE_F32 && ((uintptr_t)(p + off * 4) & 15) == 0) return *(const float4 *)(p + off * 4);
-    return make_float4(ld_float(p, dtype, off), ld_float(p, dtype, off + 1), ld_float(p, dtype, off + 2),
-                       ld_float(p, dtype, off + 3));
-}
-
 // Slot gl of the split's scales and corrections (see wq_split_scales) from 4 scales and zeros.
 __device__ __forceinline__ void wq_put_slot(unsigned char * slots, int gl, int quad, int zero, float4 sv, float4 zv) {
     float4 * sl = (float4 *)(slots + gl * 256 + quad);
@@ -157,6 +138,7 @@ __device__ __forceinline__ void wq_put_slot(unsigned char * slots, int gl, int q
                         wq_correction(zero, sv.z, zv.z), wq_correction(zero, sv.w, zv.w));
 }
 
+// Four f16 values (8 bytes) as f32.
 __device__ __forceinline__ float4 half4_to_float4(uint2 v) {
     const float2 lo = __half22float2(*(const __half2 *)&v.x), hi = __half22float2(*(const __half2 *)&v.y);
     return make_float4(lo.x, lo.y, hi.x, hi.y);
@@ -171,7 +153,6 @@ template <int B, typename F>
 __device__ __forceinline__ void wq_split_scales(const wq_dev & w, unsigned char * slots, int64_t g0, int ng, int t,
                                                 int quad, int64_t ncol, bool cols_ok, F && meanwhile) {
     const bool sym = w.zero == BIE_WQ_ZERO_SYM;
-    const float4 symz = make_float4(1 << (B - 1), 1 << (B - 1), 1 << (B - 1), 1 << (B - 1));
     const bool f16 = w.sdt == BIE_DTYPE_F16 && ((uintptr_t)w.scales & 7) == 0 &&
                      (sym || (w.zdt == BIE_DTYPE_F16 && ((uintptr_t)w.zeros & 7) == 0));
     if (f16 && cols_ok) {                                // (N % 4 == 0: every offset below is a multiple of 4 elements)
@@ -179,6 +160,7 @@ __device__ __forceinline__ void wq_split_scales(const wq_dev & w, unsigned char 
         const int64_t gstep = 4 * w.N;                   // elements between a lane's groups
         const __half * sp = (const __half *)w.scales + (g0 + t) * w.N + ncol;
         const __half * zp = sym ? nullptr : (const __half *)w.zeros + (g0 + t) * w.N + ncol;
+        const float4 symz = make_float4(1 << (B - 1), 1 << (B - 1), 1 << (B - 1), 1 << (B - 1)); // wq_zero's SYM
         uint2 rs[U], rz[U];
 #pragma unroll
         for (int k = 0; k < U; k++) {
@@ -198,12 +180,11 @@ __device__ __forceinline__ void wq_split_scales(const wq_dev & w, unsigned char 
     for (int gl = t; gl < ng; gl += 4) {
         float4 sv = make_float4(0.0f, 0.0f, 0.0f, 0.0f), zv = sv;
         if (cols_ok) {
-            const int64_t off = (g0 + gl) * w.N + ncol;
+            const int64_t g = g0 + gl, off = g * w.N + ncol;
             sv = make_float4(ld_float(w.scales, w.sdt, off), ld_float(w.scales, w.sdt, off + 1),
                              ld_float(w.scales, w.sdt, off + 2), ld_float(w.scales, w.sdt, off + 3));
-            zv = sym ? symz
-                     : make_float4(ld_float(w.zeros, w.zdt, off), ld_float(w.zeros, w.zdt, off + 1),
-                                   ld_float(w.zeros, w.zdt, off + 2), ld_float(w.zeros, w.zdt, off + 3));
+            zv = make_float4(wq_zero(w, g, ncol, B), wq_zero(w, g, ncol + 1, B), wq_zero(w, g, ncol + 2, B),
+                             wq_zero(w, g, ncol + 3, B));
         }
         wq_put_slot(slots, gl, quad, w.zero, sv, zv);
     }
