@@ -8,12 +8,16 @@ process per GPU, against the same training on one GPU. Run through torchrun (scr
 1. Equality: from the same initial weights, one SGD step (learning rate 1, no momentum: the update
    is minus the gradient) in float32 on a global batch split over the ranks (SyncBatchNorm, so batch
    statistics are those of the whole batch), against the same step on one GPU with the whole batch;
-   prints the largest relative L2 difference of any parameter's update. (Steps after the first are
-   not compared: a binary layer's output jumps wherever a latent weight's sign flips, so rounding
-   differences of the first step can grow without bound.)
+   prints the relative L2 difference of all updates and of the farthest parameter's. Beside it, the
+   same difference on one GPU between cuDNN's autotuned and deterministic algorithms: the binary
+   activations turn rounding differences near their thresholds into sign flips, so rounding alone
+   moves this update, and the DDP difference is to be read against that spread. (Steps after the
+   first are not compared: a binary layer's output jumps wherever a latent weight's sign flips.)
 2. Speed: the fp16 channels-last training step with `--batch` images per GPU, timed on one GPU
-   alone (rank 0, the others waiting) and with every rank in DDP; scaling = world * (one-GPU step
-   time) / (DDP step time), the throughput of all GPUs over one GPU's.
+   alone (rank 0, the others waiting) and with every rank in DDP, in alternating rounds of 10 steps
+   (the step is bound by the host, whose speed drifts); medians of each, and for DDP the slowest
+   rank's; scaling = world * (one-GPU step time) / (DDP step time), the throughput of all GPUs
+   over one GPU's. DistributedDataParallel takes PyTorch's defaults unless options say otherwise.
 """
 import argparse
 import datetime
@@ -62,85 +66,130 @@ def updates(model, x, y):
     return {n: p.detach() - before[n] for n, p in model.named_parameters()}
 
 
-def equality(rank, world, dev, per_gpu):
-    """Largest relative L2 difference of a parameter's first update between DDP on `world` GPUs
-    and one GPU (computed on rank 0)."""
-    x, y = global_batch(per_gpu * world, 64, torch.float32, seed=1)
-    ref = None
-    if rank == 0:  # one GPU, the whole batch, plain batch norm (the same statistics as SyncBatchNorm)
-        bie.set_data_parallel(False)
-        ref = updates(bench_networks.build("binary", dev, torch.float32, seed=0), x.to(dev), y.to(dev))
+def differences(got, ref):
+    """(largest relative L2 difference of a parameter's update, that parameter, its norm in ref) and
+    the relative L2 difference of all updates together, of `got` against `ref`."""
+    worst, num, den = (0.0, "", 0.0), 0.0, 0.0
+    for n, r in ref.items():
+        d = got["module." + n] if "module." + n in got else got[n]
+        e = float((d - r).norm())
+        worst = max(worst, (e / max(float(r.norm()), 1e-30), n, float(r.norm())))
+        num, den = num + e * e, den + float(r.norm()) ** 2
+    return worst, (num / max(den, 1e-60)) ** 0.5
+
+
+def one_gpu_update(dev, x, y, deterministic):
+    """The first update on one GPU, the whole batch, plain batch norm (the statistics SyncBatchNorm
+    gives), with cuDNN's deterministic algorithms or the autotuned ones."""
+    bench, det = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = not deterministic, deterministic
+    bie.set_data_parallel(False)
+    try:
+        return updates(bench_networks.build("binary", dev, torch.float32, seed=0), x.to(dev), y.to(dev))
+    finally:
         bie.set_data_parallel(None)
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = bench, det
+
+
+def equality(rank, world, dev, per_gpu):
+    """On rank 0: the differences (see differences()) of the first update under DDP on `world`
+    GPUs against one GPU, and the global difference on one GPU between cuDNN's autotuned and
+    deterministic algorithms: how far rounding alone moves this update (the binarisation turns
+    rounding differences near its thresholds into whole sign flips)."""
+    x, y = global_batch(per_gpu * world, 64, torch.float32, seed=1)
+    ref = spread = None
+    if rank == 0:
+        ref = one_gpu_update(dev, x, y, deterministic=False)
+        spread = differences(one_gpu_update(dev, x, y, deterministic=True), ref)[1]
     dist.barrier()
     model = bench_networks.build("binary", dev, torch.float32, seed=0)
     model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
     lo, hi = rank * per_gpu, (rank + 1) * per_gpu
     got = updates(ddp, x[lo:hi].to(dev), y[lo:hi].to(dev))
-    worst = 0.0
-    if rank == 0:
-        for n, r in ref.items():
-            d = got["module." + n] if "module." + n in got else got[n]
-            worst = max(worst, float((d - r).norm() / r.norm().clamp_min(1e-30)))
-    return worst
+    return (differences(got, ref) + (spread,)) if rank == 0 else None
 
 
-def step_time(model, x, y, dev, iters=20):
-    step = SGDStep(model, x, y, lr=1e-3, momentum=0.9, set_to_none=False)
-    for _ in range(5):
-        step()
-    torch.cuda.synchronize(dev)
+def step_times(step, dev, iters):
+    """Milliseconds of each of `iters` calls of step(), each waited for."""
     times = []
     for _ in range(iters):
         t0 = time.perf_counter()
         step()
         torch.cuda.synchronize(dev)
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
 
 
-def speed(rank, world, dev, batch):
+def speed(rank, world, dev, batch, ddp_options, rounds=6, iters=10):
+    """Median step times (ms) on one GPU (rank 0 alone, the others waiting) and under DDP (the
+    slowest rank's median), timed in alternating rounds so that both see the same host."""
     x, y = global_batch(batch, 224, torch.float16, seed=2 + rank)
     x = x.to(dev).contiguous(memory_format=torch.channels_last)
     y = y.to(dev)
-    one = None
+    one_step = None
     if rank == 0:
         bie.set_data_parallel(False)
-        one = step_time(bench_networks.build("binary", dev, torch.float16), x, y, dev)
+        one_step = SGDStep(bench_networks.build("binary", dev, torch.float16), x, y, lr=1e-3, momentum=0.9,
+                           set_to_none=False)
+        step_times(one_step, dev, 5)
         bie.set_data_parallel(None)
     dist.barrier()
-    model = bench_networks.build("binary", dev, torch.float16)
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
-    t = step_time(ddp, x, y, dev)
+    ddp = nn.parallel.DistributedDataParallel(bench_networks.build("binary", dev, torch.float16),
+                                              device_ids=[dev.index], **ddp_options)
+    ddp_step = SGDStep(ddp, x, y, lr=1e-3, momentum=0.9, set_to_none=False)
+    step_times(ddp_step, dev, 5)
+    one, mine = [], []
+    for _ in range(rounds):
+        if rank == 0:
+            bie.set_data_parallel(False)
+            one += step_times(one_step, dev, iters)
+            bie.set_data_parallel(None)
+        dist.barrier()
+        mine += step_times(ddp_step, dev, iters)
     ts = [None] * world
-    dist.all_gather_object(ts, t)
-    return one, max(ts)
+    dist.all_gather_object(ts, statistics.median(mine))
+    return (statistics.median(one) if one else None), max(ts)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=128, help="images per GPU in the speed test")
     ap.add_argument("--json", help="rank 0 writes the result rows here")
+    ap.add_argument("--static-graph", action="store_true", help="DistributedDataParallel(static_graph=True)")
+    ap.add_argument("--bucket-view", action="store_true",
+                    help="DistributedDataParallel(gradient_as_bucket_view=True): gradients live in the buckets")
+    ap.add_argument("--bucket-mb", type=float, default=25.0, help="DistributedDataParallel's bucket_cap_mb")
+    ap.add_argument("--no-broadcast-buffers", action="store_true",
+                    help="DistributedDataParallel(broadcast_buffers=False): no copy of rank 0's buffers (BatchNorm "
+                         "statistics, scale_w) to every rank before each forward")
     args = ap.parse_args()
+    ddp_options = {"broadcast_buffers": not args.no_broadcast_buffers, "static_graph": args.static_graph,
+                   "gradient_as_bucket_view": args.bucket_view, "bucket_cap_mb": args.bucket_mb}
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(dev)
     torch.backends.cudnn.benchmark = True
     worst = equality(rank, world, dev, per_gpu=16)
-    one, ddp = speed(rank, world, dev, args.batch)
+    one, ddp = speed(rank, world, dev, args.batch, ddp_options)
     if rank == 0:
         scaling = world * one / ddp
         name = torch.cuda.get_device_name(dev)
         print(f"# ResNet-18 BNN, DDP over {world} x {name} (NCCL), bie {bie.version()}, torch {torch.__version__}")
-        print(f"equality of the first float32 step (global batch {16 * world}): largest relative L2 difference "
-              f"of a parameter's update {worst:.3g}")
+        (w_rel, w_name, w_norm), total, spread = worst
+        print(f"equality of the first float32 step (global batch {16 * world}) against one GPU: all updates "
+              f"{total:.3g} apart (relative L2), the farthest parameter's {w_rel:.3g} ({w_name}, norm {w_norm:.3g}); "
+              f"on one GPU, cuDNN's deterministic against its autotuned algorithms: {spread:.3g}")
+        print(f"DistributedDataParallel options: {ddp_options}")
         print(f"fp16 step, {args.batch} images per GPU: one GPU {one:.3f} ms, {world} GPUs {ddp:.3f} ms, "
               f"scaling {scaling:.2f}x")
         if args.json:
             row = {"network": "resnet18-bnn", "model": "binary", "batch": args.batch, "mode": f"ddp x{world} step",
                    "bie_ms": round(ddp, 4), "baseline": "one GPU", "baseline_ms": round(one, 4),
-                   "ratio": round(scaling, 3), "max_rel_update_diff": worst, "device": name,
+                   "ratio": round(scaling, 3), "update_diff": total, "max_rel_update_diff": w_rel,
+                   "max_rel_update_param": w_name, "one_gpu_rounding_spread": spread, "ddp_options": ddp_options,
+                   "device": name,
                    "date": datetime.date.today().isoformat()}
             with open(args.json, "w") as f:
                 json.dump([row], f, indent=1)

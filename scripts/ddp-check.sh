@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # ddp-check.sh: the ResNet-18 BNN trained with PyTorch DistributedDataParallel over every GPU of
-# this machine (python/bench_ddp.py through torchrun, one process per GPU, NCCL): the equality of
-# a few float32 steps with one-GPU training, and the step's scaling over one GPU.
+# this machine (python/bench_ddp.py through torchrun, one process per GPU, NCCL): the first float32
+# step against one-GPU training (beside the spread rounding alone gives it), and the step's scaling
+# over one GPU.
 # Usage: scripts/ddp-check.sh [--out DIR] [bench_ddp.py options]   (BIE_LIBRARY: the libbie to use)
 set -eu
 OUT_DIR=build-gpu/logs
