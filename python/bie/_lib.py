@@ -353,15 +353,23 @@ _raw_stream = None
 
 def bind_stream(ctx, device):
     """Points this thread's context at the current CUDA stream of `device` (no synchronisation)."""
+    if device.index is None:
+        import torch
+        bind_stream_index(ctx, torch.cuda.current_device())
+    else:
+        bind_stream_index(ctx, device.index)
+
+
+def bind_stream_index(ctx, index):
+    """bind_stream for the CUDA device of this index."""
     global _raw_stream
     if _raw_stream is None:
         import torch
         # torch's own accessor of the raw stream handle (a few hundred nanoseconds) where it has
         # one; else the public one, which builds a Stream object per call
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        _raw_stream = (lambda d: raw(d.index if d.index is not None else torch.cuda.current_device())) if raw else \
-            (lambda d: torch.cuda.current_stream(d).cuda_stream)
-    stream = _raw_stream(device)
+        _raw_stream = raw if raw else (lambda i: torch.cuda.current_stream(i).cuda_stream)
+    stream = _raw_stream(index)
     if ctx.stream != stream:
         ctx.call("bie_context_set_cuda_stream", ctypes.c_void_p(stream))
         ctx.stream = stream

@@ -25,7 +25,7 @@ class Plan:
     """One plan: its handle, the argument struct its executions pass (whose tensor views' data
     pointers are replaced on each call) and those views, in the order of the tensors given to run()."""
 
-    __slots__ = ("handle", "args", "views", "live", "keep", "backward", "lib", "text", "out")
+    __slots__ = ("handle", "args", "views", "live", "keep", "backward", "lib", "text", "out", "fn", "name")
 
     def __init__(self, function, desc, args, views, keep, backward):
         ctx = _lib.context()
@@ -37,6 +37,8 @@ class Plan:
         ctx.check(function, getattr(ctx.lib, function)(ctx.handle, ctypes.byref(desc), ctypes.byref(args),
                                                        ctypes.byref(self.handle)))
         self.text = ctx.lib.bie_plan_describe(self.handle).decode(errors="replace")
+        self.name = "bie_plan_backward" if backward else "bie_plan_forward"
+        self.fn = getattr(ctx.lib, self.name)
         if _LOG:
             _log.info("bie plan: %s", self.text)
 
@@ -52,20 +54,26 @@ class Plan:
         for i, v in self.live:
             v.data = tensors[i].data_ptr()
         ctx = _lib.context()
-        dev = ref.device
-        if dev.type == "cuda":
-            import torch
-            if dev.index is not None and dev.index != torch.cuda.current_device():
-                with torch.cuda.device(dev):
-                    return self._call(ctx, dev)
-        return self._call(ctx, dev)
+        index = ref.get_device()  # (-1 on the CPU; cheaper than ref.device, which builds an object)
+        if index >= 0:
+            if index != _current_cuda_device():
+                import torch
+                with torch.cuda.device(index):
+                    _lib.bind_stream_index(ctx, index)
+                    return self._call(ctx)
+            _lib.bind_stream_index(ctx, index)
+        return self._call(ctx)
 
-    def _call(self, ctx, dev):
-        if dev.type == "cuda":
-            _lib.bind_stream(ctx, dev)
-        fn = ctx.lib.bie_plan_backward if self.backward else ctx.lib.bie_plan_forward
-        ctx.check("bie_plan_backward" if self.backward else "bie_plan_forward",
-                  fn(ctx.handle, self.handle, ctypes.byref(self.args)))
+    def _call(self, ctx):
+        status = self.fn(ctx.handle, self.handle, ctypes.byref(self.args))
+        if status:
+            ctx.check(self.name, status)
+
+
+def _current_cuda_device():
+    """torch's current CUDA device index."""
+    import torch
+    return torch.cuda.current_device()
 
 
 _tls = threading.local()
