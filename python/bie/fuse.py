@@ -108,6 +108,7 @@ class FusedConv2d(nn.Module):
         self._geo = conv._geometry() + (conv.pad_value if isinstance(conv, BinaryConv2d) else F.PAD_ZERO,)
         self._bits_shapes = {}
         self._runs = {}  # the plans of earlier calls, by what a call's own tensors are (forward())
+        self._hot = None  # what every inference call reads, as plain references (_hot_state())
         self._fold()
 
     def extra_repr(self):
@@ -127,17 +128,28 @@ class FusedConv2d(nn.Module):
         self.res_bias = None if src is None else _bn_affine(src.bn, src.conv.bias, o, dev)[1]
         self.out_add_res = None if src is None else (add + self.res_bias).contiguous()
         self._runs = {}
+        self._hot = None
+
+    def _apply(self, fn, *args, **kwargs):
+        # (.to(), .cuda(), .half() replace the buffers: the plans and references made for the old ones go)
+        out = super()._apply(fn, *args, **kwargs)
+        self._runs, self._hot = {}, None
+        return out
+
+    def _hot_state(self):
+        """(conv, its parameter and buffer dicts, the activation applied before the conv or None,
+        out_mul, out_add, out_add with the residual's bias, bits_bias): read through nn.Module's
+        attribute lookup once, not on every call (its fallback costs about a microsecond a name)."""
+        conv, act = self.conv, self.act
+        self._hot = (conv, conv._parameters, conv._buffers, act if act is not None and not self._drop_act else None,
+                     self.out_mul, self.out_add, self.out_add_res, self.bits_bias)
+        return self._hot
 
     def train(self, mode=True):
         super().train(mode)
         if not mode:
             self._fold()
         return self
-
-    def _fast(self, x, residual):
-        if self.conv.training or torch.is_grad_enabled():
-            return False
-        return residual is None or (residual.dim() == 4 and residual.shape[0] == x.shape[0])
 
     def _bits_out(self, x, bb):
         """A buffer for the bits this call writes for bits_for (uint8 [N, OH, OW, ceil(O/8)])."""
@@ -149,29 +161,36 @@ class FusedConv2d(nn.Module):
             shape = self._bits_shapes[(n, h, w)] = (n, oh, ow, -(-c.out_channels // 8))
         return torch.empty(shape, dtype=torch.uint8, device=bb.device)
 
+    def _slow(self, x, residual, res_bias):
+        """The modules one by one (training, autograd on, or a residual of another batch)."""
+        if res_bias:
+            residual = residual + self.res_bias.to(residual.dtype).view(1, -1, 1, 1)
+        y = self.conv(x if self.act is None else self.act(x))
+        if self.bn is not None:
+            y = self.bn(y)
+        return y if residual is None else y + residual
+
     def forward(self, x, residual=None):
-        conv = self.conv
         # a residual without its bias, which this call adds (FoldedConv2d.bias_to)
         res_bias = residual is not None and getattr(residual, "_bie_res_bias", None) is self
-        if not self._fast(x, residual):
-            if res_bias:
-                residual = residual + self.res_bias.to(residual.dtype).view(1, -1, 1, 1)
-            y = conv(x if self.act is None else self.act(x))
-            if self.bn is not None:
-                y = self.bn(y)
-            return y if residual is None else y + residual
-        if self.act is not None and not self._drop_act:
-            x = self.act(x)
+        hot = self._hot or self._hot_state()
+        conv, params, buffers, act, mul, add, add_res, bb = hot
+        if (conv.training or torch.is_grad_enabled()
+                or (residual is not None and (residual.dim() != 4 or residual.shape[0] != x.shape[0]))):
+            return self._slow(x, residual, res_bias)
+        if act is not None:
+            x = act(x)
         w = conv._prepare_forward(x)
-        mul, add, bb = self.out_mul, self.out_add_res if res_bias else self.out_add, self.bits_bias
+        if res_bias:
+            add = add_res
         if residual is not None and residual.dtype != x.dtype:
             residual = residual.to(x.dtype)
         given = getattr(x, "_bie_bits", None)
         # the bits of x + bias_a that the conv before made for this one, if it did
-        src = given[1] if given is not None and given[0] is self and (self.act is None or self._drop_act) else None
-        operands = (w, conv.scale_a, conv.scale_w, conv.bias_a)
-        key = (x.shape, x.stride(), x.dtype, x.device, src is None, res_bias, tuple(map(id, operands)),
-               None if residual is None else (residual.shape, residual.stride(), residual.device))
+        src = given[1] if given is not None and given[0] is self and act is None else None
+        sa, ba, sw = params["scale_a"], params["bias_a"], buffers["scale_w"]
+        key = (x.shape, x.stride(), x.dtype, x.get_device(), src is None, res_bias, id(w), id(sa), id(sw), id(ba),
+               None if residual is None else (residual.shape, residual.stride(), residual.get_device()))
         run = self._runs.get(key)
         if run is not None:  # a call like an earlier one: its plan, without rebuilding the plan's key
             plan, bits_shape = run[0], run[1]
@@ -179,22 +198,22 @@ class FusedConv2d(nn.Module):
             y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
             bits = None if bb is None else torch.empty(bits_shape, dtype=torch.uint8, device=x.device)
             if src is None:
-                plan.run(x, (x, conv.bias_a, w, conv.scale_a, conv.scale_w, y, mul, add, residual, bits, bb))
+                plan.run(x, (x, ba, w, sa, sw, y, mul, add, residual, bits, bb))
             else:
-                plan.run(x, (src, None, w, conv.scale_a, conv.scale_w, y, mul, add, residual, bits, bb))
+                plan.run(x, (src, None, w, sa, sw, y, mul, add, residual, bits, bb))
         else:
             conv._check_forward(x)
             bits = None if bb is None else self._bits_out(x, bb)
             if src is None:
-                y, plan = F._conv2d_forward_planned(conv.quant, x, w, conv.scale_a, conv.scale_w, conv.bias_a,
-                                                    *self._geo, None, None, mul, add, residual, bits, bb)
+                y, plan = F._conv2d_forward_planned(conv.quant, x, w, sa, sw, ba, *self._geo, None, None, mul, add,
+                                                    residual, bits, bb)
             else:
-                y, plan = F._conv2d_forward_planned(conv.quant, src, w, conv.scale_a, conv.scale_w, None, *self._geo,
-                                                    x.dtype, conv.in_channels, mul, add, residual, bits, bb)
+                y, plan = F._conv2d_forward_planned(conv.quant, src, w, sa, sw, None, *self._geo, x.dtype,
+                                                    conv.in_channels, mul, add, residual, bits, bb)
             if plan is not None:  # (kept with the operands it was made for, so that their ids stay theirs)
                 if len(self._runs) >= 64:
                     self._runs.clear()
-                self._runs[key] = (plan, None if bits is None else tuple(bits.shape), operands)
+                self._runs[key] = (plan, None if bits is None else tuple(bits.shape), (w, sa, sw, ba))
         if bits is not None:
             y._bie_bits = (self.bits_for, bits)
         return y

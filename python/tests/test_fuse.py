@@ -290,6 +290,22 @@ def test_repeated_calls_reuse_their_plans(device):
             assert not torch.equal(g(xs[0]), first[0])
 
 
+def test_calls_follow_replaced_tensors(device):
+    """After nn.Module._apply replaced the tensors (as .to() does), calls read the new ones: an
+    out_add changed in the new buffer moves the result, and no plan of the old tensors is kept."""
+    m = model("q8", device, torch.float32).eval()
+    g = bie.fuse(m).eval()
+    f = g.fused_0
+    with torch.no_grad():
+        x = m.stem_bn(m.stem(inputs(device, torch.float32)))
+        want = f(x)
+        g._apply(lambda t: t.clone())
+        assert not f._runs
+        assert torch.equal(f(x), want)
+        f.out_add.add_(1.0)
+        assert torch.allclose(f(x), want + 1.0, rtol=0, atol=1e-5 * (1 + want.abs().max().item()))
+
+
 class DownBlock(nn.Module):
     """A block whose shortcut is a strided 1x1 conv and its BatchNorm (a ResNet downsample)."""
 
