@@ -72,9 +72,9 @@ def differences(got, ref):
     worst, num, den = (0.0, "", 0.0), 0.0, 0.0
     for n, r in ref.items():
         d = got["module." + n] if "module." + n in got else got[n]
-        e = float((d - r).norm())
-        worst = max(worst, (e / max(float(r.norm()), 1e-30), n, float(r.norm())))
-        num, den = num + e * e, den + float(r.norm()) ** 2
+        e, rn = float((d - r).norm()), float(r.norm())
+        worst = max(worst, (e / max(rn, 1e-30), n, rn))
+        num, den = num + e * e, den + rn * rn
     return worst, (num / max(den, 1e-60)) ** 0.5
 
 
@@ -171,13 +171,13 @@ def main():
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(dev)
     torch.backends.cudnn.benchmark = True
-    worst = equality(rank, world, dev, per_gpu=16)
+    eq = equality(rank, world, dev, per_gpu=16)
     one, ddp = speed(rank, world, dev, args.batch, ddp_options)
     if rank == 0:
         scaling = world * one / ddp
         name = torch.cuda.get_device_name(dev)
         print(f"# ResNet-18 BNN, DDP over {world} x {name} (NCCL), bie {bie.version()}, torch {torch.__version__}")
-        (w_rel, w_name, w_norm), total, spread = worst
+        (w_rel, w_name, w_norm), total, spread = eq
         print(f"equality of the first float32 step (global batch {16 * world}) against one GPU: all updates "
               f"{total:.3g} apart (relative L2), the farthest parameter's {w_rel:.3g} ({w_name}, norm {w_norm:.3g}); "
               f"on one GPU, cuDNN's deterministic against its autotuned algorithms: {spread:.3g}")

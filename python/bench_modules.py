@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 import bie
+import bench_networks  # (the ResNet block of the host-time row)
 
 
 def timer(device):
@@ -171,41 +172,30 @@ def main():
     # host time per module call (eval, tiny shapes: the kernels finish within the host's time)
     for name, fl, bl, x in host_cases(fk, fmt):
         tf, tb = host_us(fl, x, device), host_us(bl, x, device)
-        base = "the float block" if isinstance(fl, _Block) else type(fl).__name__
+        base = "the float block" if isinstance(fl, bench_networks.Block) else type(fl).__name__
         emit(name, f"{tuple(x.shape)} host us/call", "host", tf * 1e-3, tb * 1e-3, f"{base} {dtname}")
-
-
-class _Block(nn.Module):
-    """A binary ResNet block's conv (Bi-Real): bn(conv(hardtanh(x))) + x."""
-
-    def __init__(self, conv):
-        super().__init__()
-        self.act, self.conv, self.bn = nn.Hardtanh(), conv, nn.BatchNorm2d(conv.out_channels)
-
-    def forward(self, x):
-        return self.bn(self.conv(self.act(x))) + x
 
 
 def host_cases(fk, fmt):
     """(name, float module, bie module in eval mode with packed weights, input) of the host-time rows;
-    the block row: _Block with an nn.Conv2d against _Block with a BinaryConv2d after bie.fuse (one
-    FusedConv2d call)."""
+    the block row: bench_networks' ResNet basic block in float against the same block with binary
+    3x3 convs after bie.fuse (two FusedConv2d calls)."""
     conv_f = nn.Conv2d(64, 64, 3, padding=1, bias=False, **fk).to(memory_format=fmt).eval()
     conv_b = bie.BinaryConv2d(64, 64, 3, 1, 1, **fk).to(memory_format=fmt).eval()
     lin_f = nn.Linear(1024, 1024, bias=False, **fk).eval()
     lin_b = bie.BinaryLinear(1024, 1024, **fk).eval()
     xc = torch.randn(1, 64, 8, 8, **fk).contiguous(memory_format=fmt)
     xl = torch.randn(16, 1024, **fk)
-    blk_f = _Block(nn.Conv2d(64, 64, 3, padding=1, bias=False, **fk)).to(memory_format=fmt).eval()
-    blk_b = _Block(bie.BinaryConv2d(64, 64, 3, 1, 1, **fk)).to(memory_format=fmt)
-    bie.prepare_bie_layers(blk_b)
-    blk_b = bie.fuse(blk_b).eval()
+    blk_f = bench_networks.Block(64, 64, 1).to(**fk, memory_format=fmt).eval()
+    blk_b = bench_networks.Block(64, 64, 1)
+    bie.replace_layers(blk_b, "binary", linear=False)
+    blk_b = bie.fuse(blk_b.to(**fk, memory_format=fmt)).eval()
     for m, x in ((conv_b, xc), (lin_b, xl), (blk_b, xc)):
         bie.prepare_bie_layers(m)
         with torch.no_grad():
             m(x)
     return [("BinaryConv2d", conv_f, conv_b, xc), ("BinaryLinear", lin_f, lin_b, xl),
-            ("FusedConv2d block", blk_f, blk_b, xc)]
+            ("fused ResNet block", blk_f, blk_b, xc)]
 
 
 def host_us(module, x, device, calls=200, runs=11):

@@ -56,8 +56,8 @@ class Plan:
         ctx = _lib.context()
         index = ref.get_device()  # (-1 on the CPU; cheaper than ref.device, which builds an object)
         if index >= 0:
-            if index != _current_cuda_device():
-                import torch
+            import torch
+            if index != torch.cuda.current_device():
                 with torch.cuda.device(index):
                     _lib.bind_stream_index(ctx, index)
                     return self._call(ctx)
@@ -68,12 +68,6 @@ class Plan:
         status = self.fn(ctx.handle, self.handle, ctypes.byref(self.args))
         if status:
             ctx.check(self.name, status)
-
-
-def _current_cuda_device():
-    """torch's current CUDA device index."""
-    import torch
-    return torch.cuda.current_device()
 
 
 _tls = threading.local()
