@@ -309,6 +309,10 @@ struct bie_forward_args {
 // from the float x on the same backend. With a float x, x_mask must be NULL. (CUDA reads bits and
 // x_mask for grad_x in rows that start on whole bytes, as bie_tensor_make lays them out; other
 // views are UNSUPPORTED there.)
+// grad_x_mask (optional, B1 shaped like x, with a B1 x only) gates grad_x alone: where its bit is 0,
+// grad_x is 0, while grad_scale_a and grad_bias_a stay those of the layer. It is the 0/1 derivative
+// of an elementwise activation that ran before the layer and whose output the bits were taken of
+// (a Hardtanh's 1{lo < x < hi}), so that grad_x is the gradient of the activation's input.
 struct bie_backward_args {
     const struct bie_tensor * x;
     const struct bie_tensor * bias_a;
@@ -321,6 +325,7 @@ struct bie_backward_args {
     struct bie_tensor * grad_scale_a;
     struct bie_tensor * grad_bias_a;
     const struct bie_tensor * x_mask;
+    const struct bie_tensor * grad_x_mask;
 };
 
 // Binary, 4-bit or 8-bit linear layer, forward: y = scale_a*scale_w * (a . w^T).

@@ -12,7 +12,9 @@
 //   (c) the same for a binary conv: from the bits and mask of its channels-last x (binarize_ste of
 //       the [N, H, W, C] view), every gradient equals the float x's on the reference (the CPU
 //       backend hands a conv's saved bits to the reference);
-//   (d) bad inputs return the documented status and name the argument; failed calls write nothing.
+//   (d) bad inputs return the documented status and name the argument; failed calls write nothing;
+//   (e) grad_x_mask (linear and conv, from saved bits): grad_x is the ungated one where the gate's
+//       bit is 1 and 0 where it is 0, and grad_weight, grad_scale_a and grad_bias_a are unchanged.
 // A failure prints the seed (BIE_TEST_SEED replays it) and the case.
 #include "test-cpu-common.h"
 
@@ -124,8 +126,8 @@ static struct bie_backward_args want_args(const struct bie_tensor * x, const str
                                           int want) {
     const bool gx = want != 2, gw = want != 1, sums = want == 0 || want == 3;
     return (struct bie_backward_args){
-        x,   bias, w, sa, sw, gy, gx ? &g->gx : NULL, gw ? &g->gw : NULL, sums ? &g->gs : NULL, sums ? &g->gb : NULL,
-        NULL};
+        x,    bias, w, sa, sw, gy, gx ? &g->gx : NULL, gw ? &g->gw : NULL, sums ? &g->gs : NULL, sums ? &g->gb : NULL,
+        NULL, NULL};
 }
 
 // Context i's gradients from the bits (got) are, byte for byte, those from the float x (want).
@@ -136,6 +138,43 @@ static void same_grads(const struct grads * want, const struct grads * got, int 
     for (int t = 0; t < 4; t++)
         CHECK(memcmp(tf[t]->data, tb[t]->data, cpu_test_nbytes(tf[t])) == 0,
               "context %d: %s from the saved bits differs from the float x's (%s)", i, names[t], what);
+}
+
+static void grads_like(const struct grads * proto, struct grads * g);
+static void grads_free(struct grads * g);
+
+// (e) The same call as ab with random gate bits (shaped and laid out like the mask mv) as
+// grad_x_mask, on ctx: against b, the gradients of ab, grad_x is gated and the others are equal.
+static void check_gated(bie_context_t * ctx, const struct bie_linear_desc * ld, const struct bie_conv2d_desc * cd,
+                        struct bie_backward_args ab, const struct bie_tensor * mv, const struct grads * b,
+                        const struct grads * proto, int i, const char * what) {
+    if (!ab.grad_x) return;
+    struct bie_tensor gate = cpu_test_clone(mv);
+    cpu_test_garbage(&gate);
+    struct grads c;
+    grads_like(proto, &c);
+    ab.grad_x = &c.gx;
+    ab.grad_weight = ab.grad_weight ? &c.gw : NULL;
+    ab.grad_scale_a = ab.grad_scale_a ? &c.gs : NULL;
+    ab.grad_bias_a = ab.grad_bias_a ? &c.gb : NULL;
+    ab.grad_x_mask = &gate;
+    CHECK_OK(ctx, cd ? bie_conv2d_backward(ctx, cd, &ab) : bie_linear_backward(ctx, ld, &ab));
+    const struct bie_tensor *tb[3] = {&b->gw, &b->gs, &b->gb}, *tc[3] = {&c.gw, &c.gs, &c.gb};
+    const bool asked[3] = {ab.grad_weight != NULL, ab.grad_scale_a != NULL, ab.grad_bias_a != NULL};
+    static const char * const names[3] = {"grad_weight", "grad_scale_a", "grad_bias_a"};
+    for (int t = 0; t < 3; t++)
+        CHECK(!asked[t] || memcmp(tb[t]->data, tc[t]->data, cpu_test_nbytes(tb[t])) == 0,
+              "context %d: %s changed by grad_x_mask (%s)", i, names[t], what);
+    int64_t idx[BIE_MAX_DIMS] = {0};
+    int bad = 0;
+    do {
+        const double want =
+            bie_load(&gate, bie_offset(&gate, idx)) > 0 ? bie_load(&b->gx, bie_offset(&b->gx, idx)) : 0.0;
+        bad += bie_load(&c.gx, bie_offset(&c.gx, idx)) != want;
+    } while (bie_next_index(&c.gx, idx));
+    CHECK(bad == 0, "context %d: %d elements of the gated grad_x differ (%s)", i, bad, what);
+    grads_free(&c);
+    test_tensor_free(&gate);
 }
 
 static void grads_like(const struct grads * proto, struct grads * g) {
@@ -193,6 +232,7 @@ static void test_backward(bie_context_t ** ctxs, int nctx, int64_t M, int64_t K,
         CHECK_OK(ctx, bie_linear_backward(ctx, &d, &af));
         CHECK_OK(ctx, bie_linear_backward(ctx, &d, &ab));
         same_grads(&f, &b, i, what);
+        check_gated(ctx, &d, NULL, ab, &mask, &b, &proto, i, what);
         grads_free(&f);
         grads_free(&b);
     }
@@ -257,6 +297,7 @@ static void test_backward_conv(bie_context_t ** ctxs, int nctx) {
         ab.x_mask = want == 2 ? NULL : &mv;
         CHECK_OK(ctxs[i], bie_conv2d_backward(ctxs[i], &d, &ab));
         same_grads(&ref, &b, i, what);
+        check_gated(ctxs[i], NULL, &d, ab, &mv, &b, &proto, i, what);
         grads_free(&b);
     }
     grads_free(&ref);
@@ -318,8 +359,20 @@ static void test_errors(bie_context_t * ctx) {
     CHECK_OK(ctx, bie_binarize_ste(ctx, &x, NULL, &sa, &bits, &mask));
 
     // the backward's rules for a b1 x
-    struct bie_backward_args a = {&bits, NULL, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, &mask};
+    struct bie_backward_args a = {&bits, NULL, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, &mask, NULL};
     CHECK_OK(ctx, bie_linear_backward(ctx, &d, &a));
+    // grad_x_mask: b1, shaped like x, with a b1 x only
+    const struct bie_tensor * bad_gates[4] = {&wide, &tall, &deep, &f32};
+    for (int i = 0; i < 4; i++) {
+        a.grad_x_mask = bad_gates[i];
+        EXPECT(ctx, bie_linear_backward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "grad_x_mask");
+    }
+    a.grad_x_mask = &mask;
+    CHECK_OK(ctx, bie_linear_backward(ctx, &d, &a));
+    a.x = &x;
+    a.x_mask = NULL;
+    EXPECT(ctx, bie_linear_backward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "grad_x_mask");
+    a = (struct bie_backward_args){&bits, NULL, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, &mask, NULL};
     a.x_mask = NULL; // grad_x, grad_scale_a or grad_bias_a need the mask
     EXPECT(ctx, bie_linear_backward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "x_mask");
     a.grad_x = NULL;
@@ -330,7 +383,7 @@ static void test_errors(bie_context_t * ctx) {
     EXPECT(ctx, bie_linear_backward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "x_mask");
     a.grad_bias_a = NULL;
     CHECK_OK(ctx, bie_linear_backward(ctx, &d, &a)); // grad_weight alone: the bits suffice
-    a = (struct bie_backward_args){&bits, &bias, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, &mask};
+    a = (struct bie_backward_args){&bits, &bias, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, &mask, NULL};
     EXPECT(ctx, bie_linear_backward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "bias_a");
     a.bias_a = NULL;
     a.x = &x; // a mask with a float x
@@ -359,7 +412,7 @@ static void test_errors(bie_context_t * ctx) {
     struct bie_tensor cwt = test_tensor(BIE_DTYPE_F32, 4, cw, NULL), cgy = test_tensor(BIE_DTYPE_F32, 4, cy, NULL);
     struct bie_tensor cgx = test_tensor(BIE_DTYPE_F32, 4, cx, NULL);
     const struct bie_conv2d_desc cd = {BIE_QUANT_BINARY, 3, 2, {1, 1}, {1, 1}, {0, 0}, {1, 1}, 1, BIE_PAD_ZERO};
-    struct bie_backward_args ca = {&cbits, NULL, &cwt, &sa, &sw, &cgy, &cgx, NULL, NULL, NULL, &cmask};
+    struct bie_backward_args ca = {&cbits, NULL, &cwt, &sa, &sw, &cgy, &cgx, NULL, NULL, NULL, &cmask, NULL};
     EXPECT(ctx, bie_conv2d_backward(ctx, &cd, &ca), BIE_STATUS_INVALID_ARGUMENT, "x_mask");
     ca.x_mask = NULL;
     EXPECT(ctx, bie_conv2d_backward(ctx, &cd, &ca), BIE_STATUS_INVALID_ARGUMENT, "x_mask");

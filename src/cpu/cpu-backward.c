@@ -350,7 +350,12 @@ static void finish_gx(const struct bwd * b, double * part_s) {
                 for (int64_t ch = 0; ch < g->C; ch++)
                     gxp[ch] = mask_one(b, x_prime(b, n * xs[0] + ch * xs[1], ch), gxp[ch], &ssum);
             }
-            if (c->grad_x.data && gx_rows)
+            const int64_t * ms = c->grad_x_mask.stride; // (grad_x_mask: saved bits only, after the sums)
+            if (c->grad_x.data && c->grad_x_mask.data)
+                for (int64_t ch = 0; ch < g->C; ch++)
+                    store_float(&c->grad_x, n * gs[0] + ch * gs[1],
+                                cpu_load(&c->grad_x_mask, n * ms[0] + ch * ms[1]) > 0.0f ? gxp[ch] : 0.0f);
+            else if (c->grad_x.data && gx_rows)
                 memcpy((float *)c->grad_x.data + n * gs[0], gxp, (size_t)g->C * sizeof(float));
             else if (c->grad_x.data)
                 for (int64_t ch = 0; ch < g->C; ch++) store_float(&c->grad_x, n * gs[0] + ch * gs[1], gxp[ch]);

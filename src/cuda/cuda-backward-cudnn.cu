@@ -83,22 +83,25 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     const bool want_gx = c->grad_x.data || c->grad_scale_a.data || c->grad_bias_a.data;
     const bool want_gw = c->grad_weight.data != NULL;
     const int64_t xpix = g.batch * g.H * g.W, xnumel = xpix * g.C, O = g.O, K = g.K;
-    struct dview x = {}, xm = {}, bias = {}, gy = {}, gxo = {}, w = {}, gwo = {}, xr = {}, xmr = {}, gxr = {};
+    struct dview x = {}, xm = {}, gm = {}, bias = {}, gy = {}, gxo = {}, w = {}, gwo = {}, xr = {}, xmr = {}, gmr = {},
+                 gxr = {};
     dview_make(&c->x, &x);
     dview_make(&c->grad_y, &gy);
     dview_make(&c->weight, &w);
-    xm.data = bias.data = gxo.data = gwo.data = NULL;
+    xm.data = gm.data = bias.data = gxo.data = gwo.data = NULL;
     if (c->x_mask.data) dview_make(&c->x_mask, &xm);
+    if (c->grad_x_mask.data) dview_make(&c->grad_x_mask, &gm);
     if (c->bias_a.data) dview_make(&c->bias_a, &bias);
     if (c->grad_x.data) dview_make(&c->grad_x, &gxo);
     if (want_gw) dview_make(&c->grad_weight, &gwo);
     const bool saved = x.dtype == BIE_DTYPE_B1;
     const bool x_rows = pixel_rows_view(x, &xr) && (!xm.data || pixel_rows_view(xm, &xmr));
     if (!xm.data) xmr = xm;
-    const bool rows = x_rows && (!gxo.data || pixel_rows_view(gxo, &gxr));
+    if (!gm.data) gmr = gm;
+    const bool rows = x_rows && (!gxo.data || pixel_rows_view(gxo, &gxr)) && (!gm.data || pixel_rows_view(gm, &gmr));
     if (saved && want_gx && !rows)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
-                             "x, x_mask, grad_x: CUDA reads saved bits of a conv as "
+                             "x, x_mask, grad_x_mask, grad_x: CUDA reads saved bits of a conv as "
                              "channels-last pixel rows on whole bytes, with a channels-last grad_x");
     if (saved && want_gw && !x_rows)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
@@ -142,6 +145,7 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     pj.rows = rows;
     pj.x = rows ? xr : x;
     pj.xm = xmr;
+    pj.gm = gmr;
     pj.bias = bias;
     pj.g = g; // tiles: one tap sum per pixel of x (a 1x1, stride-1 geometry over x's pixels)
     pj.g.kh = pj.g.kw = pj.g.sh = pj.g.sw = pj.g.dh = pj.g.dw = 1;

@@ -366,7 +366,7 @@ struct bwd_route {
     bool gx_direct, gw_direct; // gradients written by their GEMMs with the scale as alpha
     bool acol_pixels;          // activation codes as pixel rows first, then im2col
     int64_t gx_ld, gw_ld;
-    struct dview x, xm, gxo, gwo;
+    struct dview x, xm, gm, gxo, gwo; // gm: grad_x_mask (data NULL when absent)
     size_t gcol_bytes;
     ste_pass_job pj;
     size_t size[B_REGIONS], off[B_REGIONS], total;
@@ -413,13 +413,15 @@ enum bie_status bwd_route_make(bie_context_t * ctx, const struct bie_layer_call 
     // leave partial channel sums of the masked gradient (a row per slab or group) for grad_bias_a.
     // Saved bits (a B1 x, with x_mask for grad_x) are read by the row passes only.
     dview_make(&c->x, &r->x);
-    r->xm.data = NULL;
+    r->xm.data = r->gm.data = NULL;
     if (c->x_mask.data) dview_make(&c->x_mask, &r->xm);
+    if (c->grad_x_mask.data) dview_make(&c->grad_x_mask, &r->gm);
     const bool saved = r->x.dtype == BIE_DTYPE_B1;
-    r->ste_linear = codes_rows_ok(r->x, dgeom_one_position(g), K) && (!r->xm.data || codes_rows_ok(r->xm, true, K));
+    r->ste_linear = codes_rows_ok(r->x, dgeom_one_position(g), K) && (!r->xm.data || codes_rows_ok(r->xm, true, K)) &&
+                    (!r->gm.data || codes_rows_ok(r->gm, true, K));
     if (saved && r->want_gx && !r->ste_linear)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
-                             "x, x_mask: CUDA reads saved bits in rows that start on "
+                             "x, x_mask, grad_x_mask: CUDA reads saved bits in rows that start on "
                              "whole bytes with contiguous features (as bie_tensor_make lays them out)");
     // Gradients written by their GEMMs: when grad_x (of a linear layer) or grad_weight (of a 1x1
     // kernel) has dense rows of grad_y's dtype, its GEMM writes it with the scale as alpha (the
@@ -433,7 +435,7 @@ enum bie_status bwd_route_make(bie_context_t * ctx, const struct bie_layer_call 
     if (r->want_gw) dview_make(&c->grad_weight, &r->gwo);
     r->gx_ld = M == 1 ? K : r->gxo.stride[0];
     r->gw_ld = O == 1 ? K : r->gwo.stride[0];
-    r->gx_direct = r->gxo.data && !c->grad_scale_a.data && !c->grad_bias_a.data && r->ste_linear &&
+    r->gx_direct = r->gxo.data && !c->grad_scale_a.data && !c->grad_bias_a.data && !r->gm.data && r->ste_linear &&
                    r->gxo.dtype == r->gdt && (K == 1 || r->gxo.stride[1] == 1) && r->gx_ld >= K &&
                    !spans_overlap(c->grad_x, c->x) && !spans_overlap(c->grad_x, c->grad_y) &&
                    !spans_overlap(c->grad_x, c->bias_a) && !spans_overlap(c->grad_x, c->scale_a_t) &&
@@ -530,6 +532,7 @@ enum bie_status bwd_grad_x(bie_context_t * ctx, const struct bie_layer_call * c,
     ste_pass_job & pj = r.pj;
     pj.x = r.x;
     pj.xm = r.xm;
+    pj.gm = r.gm;
     pj.bias = u.bias;
     if (!r.ste_linear) pj.g = gs;
     pj.quant = (int)c->quant;

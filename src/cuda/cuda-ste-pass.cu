@@ -238,14 +238,15 @@ void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dvie
 // narrower blocks (blockDim.x threads of 8 features, 256 threads in all), so that no lane idles.
 // D: dCol's element type (f32 from the GEMM, or the caller's dtype from cuDNN). T = sbits: x is saved
 // sign bits and xm the saved mask, both in rows that start on whole bytes (a byte of each per
-// thread and row), and each element's gradient and term are those of the x' they came from.
+// thread and row), and each element's gradient and term are those of the x' they came from; gm
+// (grad_x_mask, data NULL when absent) then zeroes grad_x where its bit is 0, after the sums.
 // Three blocks a multiprocessor: unbounded, the float instances take 136-139 registers, one block
 // of eight warps a multiprocessor (at four blocks they spill).
 template <typename T, typename D>
 __global__ void __launch_bounds__(256, 3)
-    ste_rows(struct dview x, struct dview xm, struct dview bias, int64_t rows, int64_t C, int64_t slab, int quant,
-             struct dscale sa, struct dscale sw, const D * dcol, struct dview gx_out, int write_gx, double * colpart,
-             double * term_sum) {
+    ste_rows(struct dview x, struct dview xm, struct dview gm, struct dview bias, int64_t rows, int64_t C, int64_t slab,
+             int quant, struct dscale sa, struct dscale sw, const D * dcol, struct dview gx_out, int write_gx,
+             double * colpart, double * term_sum) {
     const float s_a = ld_scale(sa), s_w = ld_scale(sw);
     const int lo = qlo(quant), hi = qhi(quant);
     const int64_t c0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
@@ -260,10 +261,11 @@ __global__ void __launch_bounds__(256, 3)
             const D * dr = dcol + r * C;
             const bool full = c0 + 8 <= C;
             float xv[8], dv[8], gv[8];
-            uint32_t sign = 0, pass = 0; // saved bits
+            uint32_t sign = 0, pass = 0, gate = 0xFFu; // saved bits
             if constexpr (is_sbits<T>) {
                 sign = ((const uint8_t *)x.data)[r * (x.stride[0] / 8) + c0 / 8];
                 pass = ((const uint8_t *)xm.data)[r * (xm.stride[0] / 8) + c0 / 8];
+                if (gm.data) gate = ((const uint8_t *)gm.data)[r * (gm.stride[0] / 8) + c0 / 8];
             } else {
                 const T * xr = (const T *)x.data + r * x.stride[0];
                 if (full && vec8_ok(xr, x.dtype, c0)) load8<T>(xr + c0, xv);
@@ -290,6 +292,8 @@ __global__ void __launch_bounds__(256, 3)
                 }
             }
             if (!write_gx) continue;
+#pragma unroll
+            for (int i = 0; i < 8; i++) gv[i] = (gate >> i) & 1u ? gv[i] : 0.0f; // grad_x_mask, after the sums
             const int64_t go = r * gx_out.stride[0] + c0 * gx_out.stride[1];
             if (full && gx_out.stride[1] == 1 && vec8_ok(gx_out.data, gx_out.dtype, go))
                 store8(gx_out.data, gx_out.dtype, go, gv);
@@ -345,8 +349,8 @@ void launch_pass(const ste_pass_job & j, cudaStream_t s, int64_t slab, int64_t s
         int tx = 1;
         while (tx < 32 && tx * 8 < j.g.C) tx *= 2;
         const dim3 grid((unsigned)((j.g.C + tx * 8 - 1) / (tx * 8)), (unsigned)slabs), block(tx, 256 / tx);
-        ste_rows<T, D><<<grid, block, 0, s>>>(j.x, j.xm, j.bias, j.g.batch, j.g.C, slab, q, j.sa, j.sw, dcol, j.gx, wgx,
-                                              colpart, sum);
+        ste_rows<T, D><<<grid, block, 0, s>>>(j.x, j.xm, j.gm, j.bias, j.g.batch, j.g.C, slab, q, j.sa, j.sw, dcol,
+                                              j.gx, wgx, colpart, sum);
     } else if constexpr (!is_sbits<T>) {
         launch_ste_tiles<T, D>(tiles_grid, s, j.x, j.bias, j.g, q, j.sa, j.sw, dcol, j.gx, wgx,
                                bie_cuda_along_pixels(j.x), colpart, sum);

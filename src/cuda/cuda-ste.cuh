@@ -52,6 +52,7 @@ template <typename T> constexpr bool is_sbits = std::is_same<T, sbits>::value;
 //          only as one tap per pixel (a 1x1, stride-1 geometry over x's own pixels, dense NHWC).
 struct ste_pass_job {
     struct dview x, xm, bias; // bias [C] or data NULL; xm: data NULL unless x is B1
+    struct dview gm;          // grad_x_mask (rows, with saved bits: gates grad_x alone), or data NULL
     struct dgeom g;
     int quant;
     struct dscale sa, sw;

@@ -312,27 +312,35 @@ static enum bie_status grad_check(bie_context_t * ctx, struct bie_layer_call * c
     return bie_op_check_float(ctx, name, t);
 }
 
+// A B1 tensor shaped like x (x_mask, grad_x_mask), checked and stored as the call's view of it.
+static enum bie_status b1_like_x(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
+                                 const struct bie_tensor * t, const struct bie_tensor * x, struct bie_tensor * out) {
+    BIE_TRY(bie_check_tensor(ctx, name, t, true));
+    BIE_TRY(check_device(ctx, c, name, t));
+    if (t->dtype != BIE_DTYPE_B1) BIE_FAIL("%s: dtype %s is not b1", name, bie_dtype_name(t->dtype));
+    if (c->is_conv) {
+        BIE_TRY(bie_op_check_shape(ctx, name, t, 4, x->shape));
+        *out = *t;
+        return BIE_STATUS_OK;
+    }
+    return linear_view(ctx, name, t, x, c->g.C, out);
+}
+
 // The backward's rule for a B1 x (the bits of bie_binarize_ste; prepare() takes it for a binary
 // layer without bias_a): x_mask, shaped like x, is required whenever the STE mask is needed.
 static enum bie_status saved_bits(bie_context_t * ctx, struct bie_layer_call * c, const struct bie_backward_args * a) {
     if (a->x->dtype != BIE_DTYPE_B1) {
         if (a->x_mask) BIE_FAIL("x_mask: must be NULL when x is float (the mask goes with saved b1 bits)");
+        if (a->grad_x_mask) BIE_FAIL("grad_x_mask: must be NULL when x is float (it goes with saved b1 bits)");
         return BIE_STATUS_OK;
     }
+    if (a->grad_x_mask) BIE_TRY(b1_like_x(ctx, c, "grad_x_mask", a->grad_x_mask, a->x, &c->grad_x_mask));
     if (!a->x_mask) {
         if (a->grad_x || a->grad_scale_a || a->grad_bias_a)
             BIE_FAIL("x_mask: is required with a b1 x when grad_x, grad_scale_a or grad_bias_a is asked for");
         return BIE_STATUS_OK;
     }
-    BIE_TRY(bie_check_tensor(ctx, "x_mask", a->x_mask, true));
-    BIE_TRY(check_device(ctx, c, "x_mask", a->x_mask));
-    if (a->x_mask->dtype != BIE_DTYPE_B1) BIE_FAIL("x_mask: dtype %s is not b1", bie_dtype_name(a->x_mask->dtype));
-    if (c->is_conv) {
-        BIE_TRY(bie_op_check_shape(ctx, "x_mask", a->x_mask, 4, a->x->shape));
-        c->x_mask = *a->x_mask;
-        return BIE_STATUS_OK;
-    }
-    return linear_view(ctx, "x_mask", a->x_mask, a->x, c->g.C, &c->x_mask);
+    return b1_like_x(ctx, c, "x_mask", a->x_mask, a->x, &c->x_mask);
 }
 
 enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie_linear_desc * lin,
@@ -373,10 +381,12 @@ enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie
         c.grad_scale_a = *a->grad_scale_a;
     }
     const struct bie_tensor * outs[4] = {a->grad_x, a->grad_weight, a->grad_scale_a, a->grad_bias_a};
-    const struct bie_tensor * ins[7] = {a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, a->grad_y, a->x_mask};
+    const struct bie_tensor * ins[8] = {a->x,       a->bias_a, a->weight, a->scale_a,
+                                        a->scale_w, a->grad_y, a->x_mask, a->grad_x_mask};
     static const char * const out_names[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
-    static const char * const in_names[7] = {"x", "bias_a", "weight", "scale_a", "scale_w", "grad_y", "x_mask"};
-    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 4, ins, in_names, 7));
+    static const char * const in_names[8] = {"x",       "bias_a", "weight", "scale_a",
+                                             "scale_w", "grad_y", "x_mask", "grad_x_mask"};
+    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 4, ins, in_names, 8));
     *cp = c;
     return BIE_STATUS_OK;
 }

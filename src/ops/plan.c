@@ -13,8 +13,8 @@
 
 // The tensors of a call, in the order of the argument structs: forward x, bias_a, weight, scale_a,
 // scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias; backward x, bias_a, weight, scale_a, scale_w, grad_y, grad_x, grad_weight,
-// grad_scale_a, grad_bias_a, x_mask.
-#define PLAN_TENSORS 11
+// grad_scale_a, grad_bias_a, x_mask, grad_x_mask.
+#define PLAN_TENSORS 12
 
 struct bie_plan {
     bool conv, backward;
@@ -32,9 +32,9 @@ struct bie_plan {
 #define FWD_TENSORS 11
 static const char * const fwd_names[FWD_TENSORS] = {"x",       "bias_a",  "weight",   "scale_a",  "scale_w",      "y",
                                                     "out_mul", "out_add", "residual", "out_bits", "out_bits_bias"};
-static const char * const bwd_names[PLAN_TENSORS] = {"x",      "bias_a", "weight",      "scale_a",      "scale_w",
-                                                     "grad_y", "grad_x", "grad_weight", "grad_scale_a", "grad_bias_a",
-                                                     "x_mask"};
+static const char * const bwd_names[PLAN_TENSORS] = {
+    "x",      "bias_a",      "weight",       "scale_a",     "scale_w", "grad_y",
+    "grad_x", "grad_weight", "grad_scale_a", "grad_bias_a", "x_mask",  "grad_x_mask"};
 
 static void fwd_list(const struct bie_forward_args * a, const struct bie_tensor * t[PLAN_TENSORS]) {
     const struct bie_tensor * l[FWD_TENSORS] = {a->x,       a->bias_a,  a->weight,   a->scale_a,  a->scale_w,      a->y,
@@ -42,9 +42,9 @@ static void fwd_list(const struct bie_forward_args * a, const struct bie_tensor 
     for (int i = 0; i < FWD_TENSORS; i++) t[i] = l[i];
 }
 static void bwd_list(const struct bie_backward_args * a, const struct bie_tensor * t[PLAN_TENSORS]) {
-    const struct bie_tensor * l[PLAN_TENSORS] = {a->x,      a->bias_a, a->weight,      a->scale_a,      a->scale_w,
-                                                 a->grad_y, a->grad_x, a->grad_weight, a->grad_scale_a, a->grad_bias_a,
-                                                 a->x_mask};
+    const struct bie_tensor * l[PLAN_TENSORS] = {
+        a->x,      a->bias_a,      a->weight,       a->scale_a,     a->scale_w, a->grad_y,
+        a->grad_x, a->grad_weight, a->grad_scale_a, a->grad_bias_a, a->x_mask,  a->grad_x_mask};
     for (int i = 0; i < PLAN_TENSORS; i++) t[i] = l[i];
 }
 
@@ -175,6 +175,7 @@ static void patch(struct bie_layer_call * c, bool backward, const struct bie_ten
     struct bie_tensor * outs[4] = {&c->grad_x, &c->grad_weight, &c->grad_scale_a, &c->grad_bias_a};
     for (int i = 0; i < 4; i++) outs[i]->data = t[6 + i] ? t[6 + i]->data : NULL;
     c->x_mask.data = t[10] ? t[10]->data : NULL;
+    c->grad_x_mask.data = t[11] ? t[11]->data : NULL;
 }
 
 static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool backward, const void * args) {

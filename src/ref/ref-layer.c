@@ -43,6 +43,8 @@
 //   grad_W[o,c,i,j] = scale_a * sum over (n, oh, ow) of g[n,o,oh,ow] * a_pad(n, c, h(oh,i), w(ow,j))
 //                   (padded taps count with their pad value)
 //   grad_bias_a[c]  = sum over (n, h, w) of grad_x[n,c,h,w]
+//   then, with grad_x_mask (a B1 x only): grad_x = grad_x * grad_x_mask (grad_scale_a and
+//   grad_bias_a are taken before it)
 // The surrogate behind these: binary y(x) = conv(scale_a*clip(x'/scale_a, -1, 1), w*scale_w)
 // for grad_x (and the same with sign for grad_scale_a), y linear in the float weight W for
 // grad_W (straight through the sign / rounding); n-bit y(x) = conv(scale_a*clip(x'/scale_a, lo,
@@ -60,6 +62,7 @@ struct ref_ws {
     float * xp;       // x' (float x only)
     int8_t * a;       // activation codes, x-shaped
     int8_t * mask;    // backward from saved bits: x_mask as +-1, x-shaped
+    int8_t * gate;    // backward from saved bits: grad_x_mask as +-1, x-shaped
     int8_t * w;       // weight codes [O][K]
     int64_t * idx;    // one patch: dense x index or -1
     int8_t * val;     // one patch: a_pad
@@ -85,6 +88,7 @@ static enum bie_status take_workspace(bie_context_t * ctx, const struct bie_laye
     const size_t o_xp = bie_ref_arena_take(&ar, float_x ? (size_t)x_numel(g) : 0, sizeof(float));
     const size_t o_a = bie_ref_arena_take(&ar, (size_t)x_numel(g), 1);
     const size_t o_m = bie_ref_arena_take(&ar, call->x_mask.data ? (size_t)x_numel(g) : 0, 1);
+    const size_t o_gm = bie_ref_arena_take(&ar, call->grad_x_mask.data ? (size_t)x_numel(g) : 0, 1);
     const size_t o_w = bie_ref_arena_take(&ar, (size_t)(g->O * g->K), 1);
     const size_t o_idx = bie_ref_arena_take(&ar, (size_t)g->K, sizeof(int64_t));
     const size_t o_val = bie_ref_arena_take(&ar, (size_t)g->K, 1);
@@ -104,6 +108,7 @@ static enum bie_status take_workspace(bie_context_t * ctx, const struct bie_laye
     ws->xp = float_x ? (float *)(b + o_xp) : NULL;
     ws->a = (int8_t *)(b + o_a);
     ws->mask = call->x_mask.data ? (int8_t *)(b + o_m) : NULL;
+    ws->gate = call->grad_x_mask.data ? (int8_t *)(b + o_gm) : NULL;
     ws->w = (int8_t *)(b + o_w);
     ws->idx = (int64_t *)(b + o_idx);
     ws->val = (int8_t *)(b + o_val);
@@ -120,6 +125,7 @@ static enum bie_status take_workspace(bie_context_t * ctx, const struct bie_laye
 static void load_codes(const struct bie_layer_call * call, struct ref_ws * ws) {
     if (ws->xp) bie_ref_x_shifted(call, ws->xp);
     if (ws->mask) bie_ref_bits4(&call->x_mask, ws->mask);
+    if (ws->gate) bie_ref_bits4(&call->grad_x_mask, ws->gate);
     bie_ref_x_codes(call, ws->xp, ws->a);
     bie_ref_w_codes(call, ws->w);
 }
@@ -290,7 +296,6 @@ enum bie_status bie_ref_layer_backward(bie_context_t * ctx, const struct bie_lay
             scale_sum += gxi * d;
         }
     }
-    if (call->grad_x.data) bie_ref_store4(&call->grad_x, ws.gx);
     if (call->grad_scale_a.data) {
         const double denom = sqrt((double)nx * (binary ? 1.0 : hi));
         bie_ref_store_rounded(&call->grad_scale_a, 0, scale_sum / denom);
@@ -306,5 +311,9 @@ enum bie_status bie_ref_layer_backward(bie_context_t * ctx, const struct bie_lay
             bie_ref_store_rounded(&call->grad_bias_a, c * call->grad_bias_a.stride[0], sum);
         }
     }
+    if (ws.gate)
+        for (int64_t i = 0; i < nx; i++)
+            if (ws.gate[i] <= 0) ws.gx[i] = 0.0;
+    if (call->grad_x.data) bie_ref_store4(&call->grad_x, ws.gx);
     return BIE_STATUS_OK;
 }

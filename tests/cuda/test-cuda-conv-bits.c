@@ -2,10 +2,13 @@
 // test-cuda-conv-bits.c: the backward of a binary conv from the bits and STE mask that
 // bie_binarize_ste saves of its channels-last input (x viewed as [N, H, W, C]), on CUDA:
 //   - every gradient within the float tolerance of the reference's backward from the float x
-//     (max|got - ref| <= tol(dtype) * max|ref|; tol = 1e-4 f32, 2^-9 f16, 2^-6 bf16);
+//     (max|got - ref| <= tol(dtype) * max|ref|; tol = 1e-4 f32, 2^-9 f16, 2^-6 bf16; grad_scale_a,
+//     a sum of terms +-grad_x / sqrt(numel(x)) that cancel, within tol * sum|grad_x| / sqrt(numel(x)));
 //   - equal to the CUDA backward from the float x: grad_x, grad_weight and grad_bias_a identical,
 //     grad_scale_a within one unit in the last place (its blocks meet in double atomic adds);
 //   - the forward from the bits identical to the forward from the float x;
+//   - with random grad_x_mask bits: grad_x gated exactly (the ungated value or 0), grad_weight and
+//     grad_bias_a identical, grad_scale_a within one unit in the last place;
 // and the conv backward of every layer kind on its cuDNN route (the default) against its GEMM route
 // (BIE_CUDA_CONV_BACKWARD=gemm in a second context), within the same tolerance. Random odd
 // shapes, strides, padding and dilation; host or device scales. A failure prints the seed and case.
@@ -24,6 +27,15 @@ static void close_to(const char * name, const struct bie_tensor * got, const str
     max_diff(got, ref, &d, &m);
     const double tol = tol_for(got->dtype) * (m > 1e-30 ? m : 1e-30);
     CHECK(d <= tol, "%s: max|got-ref| = %g > %g (max|ref| = %g) on %s", name, d, tol, m, text);
+}
+
+// sum |t| over the elements of a host tensor.
+static double sum_abs(const struct bie_tensor * t) {
+    int64_t idx[BIE_MAX_DIMS] = {0};
+    double s = 0.0;
+    do s += fabs(bie_load(t, bie_offset(t, idx)));
+    while (bie_next_index(t, idx));
+    return s;
 }
 
 struct conv_case {
@@ -163,8 +175,59 @@ static struct bie_backward_args grad_args(const struct ops * o, struct grads * g
                                   want[1] ? &t[1] : NULL,
                                   want[2] ? &t[2] : NULL,
                                   want[3] ? &t[3] : NULL,
+                                  NULL,
                                   NULL};
     return a;
+}
+
+// grad_scale_a a and b within one unit in the last place of dtype dt.
+static bool within_ulp(double a, double b, enum bie_dtype dt) {
+    const double ulp = dt == BIE_DTYPE_F32 ? 0x1p-23 : dt == BIE_DTYPE_F16 ? 0x1p-10 : 0x1p-7;
+    return fabs(a - b) <= ulp * fabs(a);
+}
+
+// The call ab (from saved bits, with grad_x) again with random grad_x_mask bits (laid out as the
+// host bits `like`, [N, H, W, C]): against its gradients sb, grad_x is gated, the others unchanged.
+static void test_gated(const struct conv_case * c, const struct bie_backward_args * ab, const struct grads * sb,
+                       const struct bie_tensor * like) {
+    struct bie_tensor gate = *like;
+    gate.data = malloc(tensor_span(like) + 16);
+    for (size_t i = 0; i < tensor_span(like); i++) ((uint8_t *)gate.data)[i] = (uint8_t)test_rand_int(0, 255);
+    struct bie_tensor dgate = cuda_mirror(&gate);
+    const int32_t to_nchw[4] = {0, 3, 1, 2};
+    bie_tensor_permute(&gate, to_nchw);
+    bie_tensor_permute(&dgate, to_nchw);
+    struct grads gd;
+    like_grads(sb, &gd);
+    struct bie_backward_args ag = *ab;
+    struct bie_tensor * outs[4] = {&gd.d[0], &gd.d[1], &gd.d[2], &gd.d[3]};
+    ag.grad_x = outs[0];
+    ag.grad_weight = ab->grad_weight ? outs[1] : NULL;
+    ag.grad_scale_a = ab->grad_scale_a ? outs[2] : NULL;
+    ag.grad_bias_a = ab->grad_bias_a ? outs[3] : NULL;
+    ag.grad_x_mask = &dgate;
+    CHECK_OK(cu_ctx, bie_conv2d_backward(cu_ctx, &c->d, &ag));
+    fetch_grads(&gd);
+    if (ab->grad_weight)
+        CHECK(memcmp(sb->h[1].data, gd.h[1].data, tensor_span(&sb->h[1])) == 0,
+              "grad_weight changed by grad_x_mask on %s", c->text);
+    if (ab->grad_bias_a)
+        CHECK(memcmp(sb->h[3].data, gd.h[3].data, tensor_span(&sb->h[3])) == 0,
+              "grad_bias_a changed by grad_x_mask on %s", c->text);
+    if (ab->grad_scale_a)
+        CHECK(within_ulp(bie_load(&sb->h[2], 0), bie_load(&gd.h[2], 0), sb->h[2].dtype),
+              "grad_scale_a changed by grad_x_mask on %s", c->text);
+    int64_t idx[BIE_MAX_DIMS] = {0};
+    int bad = 0;
+    do {
+        const double want =
+            bie_load(&gate, bie_offset(&gate, idx)) > 0 ? bie_load(&sb->h[0], bie_offset(&sb->h[0], idx)) : 0.0;
+        bad += bie_load(&gd.h[0], bie_offset(&gd.h[0], idx)) != want;
+    } while (bie_next_index(&gd.h[0], idx));
+    CHECK(bad == 0, "%d elements of the gated grad_x differ on %s", bad, c->text);
+    free_grads(&gd);
+    free(gate.data);
+    cuda_tensor_free(&dgate);
 }
 
 // The backward of a binary conv from saved bits, against the reference and the float x on CUDA.
@@ -202,18 +265,24 @@ static void test_saved(void) {
     fetch_grads(&sb);
     for (int i = 0; i < 4; i++) {
         if (!want[i]) continue;
-        close_to(gnames[i], &sb.h[i], &ref.h[i], c.text);
+        if (i == 2) { // (grad_x is wanted with grad_scale_a)
+            const double d = fabs(bie_load(&sb.h[2], 0) - bie_load(&ref.h[2], 0));
+            const double tol = fmax(tol_for(sb.h[2].dtype), tol_for(c.gdt)); // (cuDNN computes in grad_y's dtype)
+            const double bound = tol * sum_abs(&ref.h[0]) / sqrt((double)(c.N * c.C * c.H * c.W));
+            CHECK(d <= bound, "grad_scale_a: |got-ref| = %g > %g on %s", d, bound, c.text);
+        } else {
+            close_to(gnames[i], &sb.h[i], &ref.h[i], c.text);
+        }
         if (i == 2) {
             const double a = bie_load(&fl.h[2], 0), b = bie_load(&sb.h[2], 0);
-            const enum bie_dtype dt = fl.h[2].dtype;
-            const double ulp = dt == BIE_DTYPE_F32 ? 0x1p-23 : dt == BIE_DTYPE_F16 ? 0x1p-10 : 0x1p-7;
-            CHECK(fabs(a - b) <= ulp * fabs(a), "grad_scale_a from the bits %g, from the float x %g on %s", b, a,
+            CHECK(within_ulp(a, b, fl.h[2].dtype), "grad_scale_a from the bits %g, from the float x %g on %s", b, a,
                   c.text);
         } else {
             CHECK(memcmp(fl.h[i].data, sb.h[i].data, tensor_span(&fl.h[i])) == 0,
                   "%s from the saved bits differs from the float x's on %s", gnames[i], c.text);
         }
     }
+    if (want[0]) test_gated(&c, &ab, &sb, &bits);
     // the forward from the bits is the forward from the float x
     const int64_t ys[4] = {c.N, c.d.out_channels, c.OH, c.OW};
     struct bie_tensor y = make4(c.xdt, ys, 1), y2 = make4(c.xdt, ys, 1);

@@ -161,8 +161,8 @@ static void test_backward(struct lcase * c, int saved, int in_place) {
     // grad_weight (with neither scale nor bias gradient the STE mask is applied in place)
     const int want = in_place ? (int)test_rand_int(1, 2) : (int)test_rand_int(0, 5), only_w = want == 0,
               no_sums = want == 1 || want == 2;
-    struct bie_backward_args ar = {&o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &g, &gx_r, &gw_r, &gs_r, &gb_r,
-                                   NULL};
+    struct bie_backward_args ar = {
+        &o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &g, &gx_r, &gw_r, &gs_r, &gb_r, NULL, NULL};
     struct bie_backward_args ac = {&o.dx,
                                    c->bias ? &o.dbias : NULL,
                                    &o.dw,
@@ -173,6 +173,7 @@ static void test_backward(struct lcase * c, int saved, int in_place) {
                                    want == 2 ? NULL : &dgw,
                                    only_w || no_sums ? NULL : &dgs,
                                    only_w || no_sums ? NULL : &dgb,
+                                   NULL,
                                    NULL};
     if (saved) {
         ac.x = &dbits;
@@ -312,8 +313,8 @@ static void test_saved_layouts(void) {
              (long long)N);
     const struct bie_linear_desc d = {BIE_QUANT_BINARY, K, N};
     CHECK_OK(cu_ctx, bie_binarize_ste(cu_ctx, &dx, NULL, &s, &dbits, &dmask));
-    struct bie_backward_args ar = {&x, NULL, &w, &s, &s, &g, NULL, &gw_r, NULL, NULL, NULL};
-    struct bie_backward_args ac = {&dbits, NULL, &dw, &s, &s, &dg, NULL, &dgw, NULL, NULL, NULL};
+    struct bie_backward_args ar = {&x, NULL, &w, &s, &s, &g, NULL, &gw_r, NULL, NULL, NULL, NULL};
+    struct bie_backward_args ac = {&dbits, NULL, &dw, &s, &s, &dg, NULL, &dgw, NULL, NULL, NULL, NULL};
     CHECK_OK(ref_ctx, bie_linear_backward(ref_ctx, &d, &ar));
     CHECK_OK(cu_ctx, bie_linear_backward(cu_ctx, &d, &ac));
     CHECK(bie_context_cuda_synchronize(cu_ctx) == BIE_STATUS_OK, "sync: %s", bie_context_last_error(cu_ctx));
