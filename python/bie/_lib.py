@@ -92,11 +92,11 @@ class ForwardArgs(ctypes.Structure):
 
 
 class BackwardArgs(ctypes.Structure):
-    """struct bie_backward_args, every field in the C order (x_mask, last, stays NULL here: the
-    binding passes the float x)."""
+    """struct bie_backward_args, every field in the C order."""
     _fields_ = [
         ("x", _TP), ("bias_a", _TP), ("weight", _TP), ("scale_a", _TP), ("scale_w", _TP), ("grad_y", _TP),
         ("grad_x", _TP), ("grad_weight", _TP), ("grad_scale_a", _TP), ("grad_bias_a", _TP), ("x_mask", _TP),
+        ("grad_x_mask", _TP),
     ]
 
 

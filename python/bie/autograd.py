@@ -29,7 +29,7 @@ from . import functional as F
 from .functional import QUANT_BINARY, QUANT_INT4, QUANT_INT8, PAD_ZERO
 
 __all__ = ["BinaryLinearForward", "Q4LinearForward", "Q8LinearForward", "BinaryConv2dForward",
-           "Q4Conv2dForward", "Q4Conv2dCutlassForward", "Q8Conv2dForward"]
+           "Q4Conv2dForward", "Q4Conv2dCutlassForward", "Q8Conv2dForward", "ClampedBinaryConv2dForward"]
 
 
 # Inputs of fewer elements save the float input. The bits cost one more libbie call per forward
@@ -189,3 +189,68 @@ Q4Conv2dCutlassForward = Q4Conv2dForward
 
 class Q8Conv2dForward(_conv(QUANT_INT8, PAD_ZERO)):
     """8-bit conv2d (zero padding)."""
+
+
+_BELOW = {}  # (t, dtype, device): the largest value of dtype below t, as a scalar tensor of dtype
+
+
+def _below(t, dtype, device):
+    key = (t, dtype, device)
+    v = _BELOW.get(key)
+    if v is None:
+        bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}[dtype]
+        v = _BELOW[key] = (torch.tensor(t, dtype=dtype).view(bits) - 1).view(dtype).to(device)
+    return v
+
+
+def clamp_saves_bits(x, lo, hi, weight, scale_a, bias_a, padding, pad_value):
+    """Whether ClampedBinaryConv2dForward takes x: a binary conv's bits-saving case (_conv_saves_bits)
+    behind a symmetric clamp [-t, t] whose t is a positive value of x's dtype."""
+    return (0.0 < hi == -lo and float(torch.tensor(hi, dtype=x.dtype)) == hi
+            and _conv_saves_bits(x, QUANT_BINARY, padding, pad_value, weight, scale_a, bias_a))
+
+
+class ClampedBinaryConv2dForward(torch.autograd.Function):
+    """A binary conv in training after a symmetric clamp h = clamp(x, -t, t) (a Hardtanh), as one
+    autograd node that keeps 3 bits per element of x for the backward: the sign bits of h + bias_a
+    and the STE's pass bits (conv2d_binarize_ste of h), and the clamp's own pass bits 1{|x| < t}
+    (conv2d_binarize_ste's mask of x against the largest value of x's dtype below t, the same test).
+    The backward is the conv's from those bits with the clamp's bits as grad_x_mask: grad_x is the
+    gradient of x, and grad_scale_a, grad_bias_a and grad_weight those of the conv on h, the numbers
+    that Hardtanh followed by BinaryConv2dForward give (but for a NaN x, whose gradient the clamp's
+    bits stop). Takes what clamp_saves_bits accepts.
+
+        apply(x, weight, scale_a, scale_w, t, kernel_size, stride, padding, dilation[, bias_a])"""
+
+    @staticmethod
+    def forward(ctx, x, weight, scale_a, scale_w, t, kernel_size, stride, padding, dilation, bias_a=None):
+        h = x.clamp(-t, t)
+        bits, mask = F.conv2d_binarize_ste(h, scale_a, bias_a)
+        del h
+        gate = F.conv2d_binarize_ste(x, _below(t, x.dtype, x.device))[1]
+        conv = (kernel_size, stride, padding, dilation, PAD_ZERO)
+        ctx.save_for_backward(bits, weight, scale_a, scale_w, bias_a, mask, gate)
+        ctx.conv, ctx.c, ctx.x_dtype = conv, x.shape[1], x.dtype
+        ctx.grad_sink = getattr(weight, "privileged_grad", None) if weight.dtype == torch.int8 else None
+        return F.conv2d_forward(QUANT_BINARY, bits, weight, scale_a, scale_w, None, *conv, out_dtype=x.dtype,
+                                in_channels=x.shape[1])
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        bits, weight, scale_a, scale_w, bias_a, mask, gate = ctx.saved_tensors
+        n = ctx.needs_input_grad
+        sink = ctx.grad_sink
+        needs = (n[0], n[1] or sink is not None, n[2], bias_a is not None and n[9])
+        if not any(needs):
+            return (None,) * 10
+        gx, gw, gs, gb = F.conv2d_backward(QUANT_BINARY, bits, weight, scale_a, scale_w, grad_y, bias_a, *ctx.conv,
+                                           needs, x_mask=mask, in_channels=ctx.c, grad_x_dtype=ctx.x_dtype,
+                                           grad_x_mask=gate)
+        if sink is not None:
+            sink.add_(gw.to(sink.dtype))
+            gw = None
+        if gw is not None and not n[1]:
+            gw = None
+        if gs is not None and gs.shape != scale_a.shape:
+            gs = gs.reshape(scale_a.shape)
+        return gx, gw, gs, None, None, None, None, None, None, gb

@@ -403,10 +403,10 @@ def _grad_outputs(x_shape, x_dtype, device, weight, shape_w, scale_a, bias_a, ne
     return gx, gw, gs, gb
 
 
-def _bwd_args(x, bias_a, weight_v, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_mask=None):
+def _bwd_args(x, bias_a, weight_v, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_mask=None, grad_x_mask=None):
     keep = [x if isinstance(x, _lib.Tensor) else _view(x), _view(bias_a) if bias_a is not None else None, weight_v,
             _view(scale_a), _view(scale_w), _view(grad_y)] + [_view(t) if t is not None else None
-                                                               for t in (gx, gw, gs, gb)] + [x_mask]
+                                                               for t in (gx, gw, gs, gb)] + [x_mask, grad_x_mask]
     return _lib.BackwardArgs(*[_ptr(v) for v in keep]), keep
 
 
@@ -655,16 +655,19 @@ def _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_s
 
 def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, kernel_size=None, stride=1, padding=0,
                     dilation=1, pad_value=PAD_ZERO, needs=(True, True, True, True), grad_weight_dtype=None,
-                    x_mask=None, in_channels=None, grad_x_dtype=None):
+                    x_mask=None, in_channels=None, grad_x_dtype=None, grad_x_mask=None):
     """Straight-through backward of conv2d_forward: (grad_x, grad_weight, grad_scale_a, grad_bias_a).
     From saved bits (a binary conv): x and x_mask are conv2d_binarize_ste's bits and mask,
     in_channels = C, grad_x (channels-last) of grad_x_dtype; bias_a, if given, only sets
-    grad_bias_a's shape and dtype, and every gradient is the float x's. Planned once per metadata."""
+    grad_bias_a's shape and dtype, and every gradient is the float x's. grad_x_mask (saved bits
+    only; bits laid out as x_mask) zeroes grad_x where its bit is 0 and leaves the other gradients:
+    the derivative of a 0/1-sloped activation (a Hardtanh) before the layer, whose input grad_x then
+    belongs to. Planned once per metadata."""
     saved = in_channels is not None
     geo = _geometry_key(kernel_size, stride, padding, dilation)
     key = ("conv2d_backward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
            _plans.meta(scale_w), _plans.meta(grad_y), geo, pad_value, tuple(needs), grad_weight_dtype,
-           _plans.meta(x_mask), in_channels, grad_x_dtype)
+           _plans.meta(x_mask), in_channels, grad_x_dtype, _plans.meta(grad_x_mask))
     cache = _plans.cache()
     p = cache.get(key)
     if p is None:
@@ -677,13 +680,14 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
             c = int(in_channels)
             xv = _bits_view(x, c)
             mv = _bits_view(x_mask, c) if x_mask is not None else None
+            gmv = _bits_view(grad_x_mask, c) if grad_x_mask is not None else None
             x_shape = (x.shape[0], c, x.shape[1], x.shape[2])
         else:
-            if x_mask is not None:
-                raise ValueError("bie: x_mask goes with saved bits (in_channels)")
+            if x_mask is not None or grad_x_mask is not None:
+                raise ValueError("bie: x_mask and grad_x_mask go with saved bits (in_channels)")
             _common(x, bias_a, scale_a, scale_w)
             c = x.shape[1]
-            xv, mv = _view(x.detach()), None
+            xv, mv, gmv = _view(x.detach()), None, None
             x_shape = tuple(x.shape)
         shape_w = _conv_weight_shape_c(c, weight, kernel_size)
         fmt = torch.channels_last if saved else _like_memory_format(x)
@@ -699,11 +703,11 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
             if t is not None:
                 t.zero_()
         return gx, gw, gs, gb
-    sources = (x, None if saved else bias_a, weight, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_mask)
+    sources = (x, None if saved else bias_a, weight, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_mask, grad_x_mask)
     if p is None:
         wv = _weight_view(quant, weight.detach(), shape_w)
         args, keep = _bwd_args(xv, None if bias_a is None or saved else bias_a.detach(), wv, scale_a.detach(),
-                               scale_w.detach(), grad_y, gx, gw, gs, gb, mv)
+                               scale_w.detach(), grad_y, gx, gw, gs, gb, mv, gmv)
         p = _cuda_checked(x, lambda: _plans.Plan("bie_plan_conv2d_backward", desc, args, keep, keep, True))
         p.out = (x_shape, shape_w, fmt)
         cache[key] = p

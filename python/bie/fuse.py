@@ -20,8 +20,10 @@ clamp keeps them (x >= -bias_a exactly when clamp(x, lo, hi) >= -bias_a for such
 such a conv reads the output of another FusedConv2d or of a FoldedConvPool, that one writes these
 bits in the same pass (out_bits), and the binary conv takes them instead of packing its input. In
 training, or with autograd on, the fused modules run the original ones (activation, conv,
-BatchNorm, add, pool), so training and gradients are those of the model they came from. The fold
-is taken again whenever a module enters eval mode (model.eval()).
+BatchNorm, add, pool), so training and gradients are those of the model they came from; in a
+training step on CUDA, a binary conv and its symmetric Hardtanh are one autograd node
+(ClampedBinaryConv2dForward) that keeps bits of the Hardtanh's input instead of the input, with
+the same numbers. The fold is taken again whenever a module enters eval mode (model.eval()).
 """
 import math
 import operator
@@ -32,6 +34,7 @@ import torch.nn as nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from . import functional as F
+from .autograd import ClampedBinaryConv2dForward, clamp_saves_bits
 from .layers import BieLayer, BinaryConv2d, _Conv2d
 
 
@@ -162,13 +165,34 @@ class FusedConv2d(nn.Module):
         return torch.empty(shape, dtype=torch.uint8, device=bb.device)
 
     def _slow(self, x, residual, res_bias):
-        """The modules one by one (training, autograd on, or a residual of another batch)."""
+        """The modules one by one (training, autograd on, or a residual of another batch); in training
+        a binary conv and its Hardtanh as one autograd node that keeps bits (_clamped_conv)."""
         if res_bias:
             residual = residual + self.res_bias.to(residual.dtype).view(1, -1, 1, 1)
-        y = self.conv(x if self.act is None else self.act(x))
+        y = self._clamped_conv(x)
+        if y is None:
+            y = self.conv(x if self.act is None else self.act(x))
         if self.bn is not None:
             y = self.bn(y)
         return y if residual is None else y + residual
+
+    def _clamped_conv(self, x):
+        """conv(act(x)) through ClampedBinaryConv2dForward (a training step keeps 3 bits of x instead of
+        the Hardtanh's input and the conv's), or None where it does not apply."""
+        conv, act = self.conv, self.act
+        if act is None or not (conv.training and torch.is_grad_enabled()):
+            return None
+        lo, hi = float(act.min_val), float(act.max_val)
+        if not conv._scale_ready:  # (the lazy scale_a comes from the conv's own input)
+            with torch.no_grad():
+                conv._init_scale_a(act(x))
+        conv._check_forward(x)
+        w = conv._prepare_forward(x)
+        if not clamp_saves_bits(x, lo, hi, w, conv.scale_a, conv.bias_a, conv.padding, conv.pad_value):
+            return None
+        y = ClampedBinaryConv2dForward.apply(x, w, conv._scale_a_arg(), conv.scale_w, hi, *conv._geometry(),
+                                             conv.bias_a)
+        return conv._output(y)
 
     def forward(self, x, residual=None):
         # a residual without its bias, which this call adds (FoldedConv2d.bias_to)

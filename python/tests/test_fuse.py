@@ -130,6 +130,73 @@ def test_training_is_the_original_model(device):
             assert torch.equal(p1.grad, p2.grad), n1
 
 
+@pytest.mark.parametrize("t", [1.0, 0.75])
+def test_clamped_binary_conv_node(device, t):
+    """ClampedBinaryConv2dForward (a clamp to [-t, t] and a binary conv as one node keeping bits) gives
+    the numbers of Hardtanh + BinaryConv2dForward: the same on CUDA (both read bits), within rounding
+    on the CPU (where the module path keeps the float x). x holds values at and beyond +-t."""
+    from bie.autograd import BinaryConv2dForward, ClampedBinaryConv2dForward
+    dt = torch.float16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(3)
+    x = (torch.randn(2, 32, 7, 6, device=device) * 1.5).to(dt)
+    x.view(-1)[::11] = t
+    x.view(-1)[5::13] = -t
+    x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(40, 32, 3, 3, device=device, dtype=dt)
+    sa = torch.tensor(0.9, device=device, dtype=dt)
+    sw = torch.tensor(0.3, device=device, dtype=dt)
+    ba = (torch.randn(32, device=device) * 0.2).to(dt)
+    geo = (3, 1, 1, 1)
+    g = torch.randn(2, 40, 7, 6, device=device, dtype=dt).contiguous(memory_format=torch.channels_last)
+    outs = []
+    for fused in (False, True):
+        xs, ws, sas, bas = (v.detach().clone().requires_grad_() for v in (x, w, sa, ba))
+        if fused:
+            y = ClampedBinaryConv2dForward.apply(xs, ws, sas, sw, t, *geo, bas)
+        else:
+            y = BinaryConv2dForward.apply(nn.functional.hardtanh(xs, -t, t), ws, sas, sw, True, *geo, bas)
+        y.backward(g)
+        outs.append([y.detach(), xs.grad, ws.grad, sas.grad, bas.grad])
+    names = ["y", "grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"]
+    for n, a, b in zip(names, *outs):
+        if device.type == "cuda":
+            assert torch.equal(a, b), n
+        else:
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-4 * a.abs().max().item()), n
+    assert (outs[1][1] == 0).sum() > 0  # the clamp stopped some gradients
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_training_keeps_bits_and_equals_the_model():
+    """In training on CUDA (f16, channels-last), bie.fuse's binary convs and their Hardtanh are one
+    node that keeps bits: the step's numbers equal the original model's, and it keeps fewer bytes."""
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    m = prepared(Net(32), "binary", dev, torch.float16, ["stem"]).train()
+    m2 = copy.deepcopy(m)
+    g = bie.fuse(m2).train()
+    x = inputs(dev, torch.float16, n=4)
+    kept = []
+    for net in (m, g):
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            y = net(x)
+        kept.append(sum(seen.values()))
+        y.float().square().sum().backward()
+    assert kept[1] < kept[0], kept
+    for (n1, p1), (n2, p2) in zip(m.named_parameters(), m2.named_parameters()):
+        assert n1 == n2 and (p1.grad is None) == (p2.grad is None), n1
+        if p1.grad is not None:
+            assert torch.equal(p1.grad, p2.grad), n1
+    for (n1, b1), (n2, b2) in zip(m.named_buffers(), m2.named_buffers()):
+        assert torch.equal(b1, b2), n1
+
+
 def test_activation_kept_where_bias_a_leaves_its_range(device):
     m = model("binary", device, torch.float32).eval()
     with torch.no_grad():
