@@ -13,9 +13,12 @@ For each batch size it measures, for the float network and each bie network:
     add one libbie call; the stem's BatchNorm, ReLU and max-pool one libbie pass after its conv),
     against the plain float network; the float network with torch.fx's conv-BN fold is printed
     beside it (row field baseline_folded_ms);
-  - training step: forward, backward, SGD with momentum (median of timed iterations);
+  - training step: forward, backward, SGD with momentum (median of timed iterations), of the network
+    as built and (bie networks) after bie.fuse, whose binary convs and their Hardtanh train as one
+    node that keeps bits of its input;
   - peak memory of the training step (torch.cuda.max_memory_allocated, MiB; for bie plus its
-    workspaces, the device memory PyTorch does not hold that appeared since the first measurement).
+    workspaces: the device memory PyTorch does not hold that appeared since the float network's
+    first measurement, after which PyTorch's own libraries are loaded).
 --graphs captures each side's inference forward and training step in a CUDA graph and times the
 replays (both sides alike). --profile MODEL prints torch.profiler's table of one network's step.
 
@@ -138,17 +141,11 @@ def outside_torch_mib(device):
     return (total - free - torch.cuda.memory_reserved(device)) / 2**20
 
 
-_OUTSIDE0 = None  # outside_torch_mib() before any measurement
+_OUTSIDE0 = 0.0  # outside_torch_mib() after the first float measurement (main sets it)
 
 
-def training_setup(kind, batch, device, dtype):
-    """The network of `kind`, a random batch of images (channels-last on a GPU) and its training
-    step: forward, cross-entropy against random labels, backward, SGD with momentum."""
-    model = build(kind, device, dtype)
-    x = torch.randn(batch, 3, 224, 224, device=device, dtype=dtype)
-    if device.type == "cuda":
-        x = x.contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(0, 1000, (batch,), device=device)
+def train_step(model, x, labels):
+    """One training step of model on (x, labels): forward, cross-entropy, backward, SGD with momentum."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -157,30 +154,51 @@ def training_setup(kind, batch, device, dtype):
         loss_fn(model(x).float(), labels).backward()
         opt.step()
 
-    return model, x, step
+    return step
 
 
-def measure(kind, batch, device, dtype, budget, graphs):
-    global _OUTSIDE0
-    if device.type == "cuda" and _OUTSIDE0 is None:
-        _OUTSIDE0 = outside_torch_mib(device)
-    model, x, step = training_setup(kind, batch, device, dtype)
-    # training step (first: the lazy scale_a of the bie layers is set from this batch)
-    model.train()
+def training_setup(kind, batch, device, dtype):
+    """The network of `kind`, a random batch of images (channels-last on a GPU), random labels and the
+    network's training step (train_step)."""
+    model = build(kind, device, dtype)
+    x = torch.randn(batch, 3, 224, 224, device=device, dtype=dtype)
+    if device.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch,), device=device)
+    return model, x, labels, train_step(model, x, labels)
+
+
+def step_time_and_peak(kind, step, device, budget, graphs):
+    """Median ms of the training step and its peak memory (MiB; nan on the CPU): PyTorch's, plus for
+    bie libbie's workspaces as they stand (they only grow: with the batches measured in increasing
+    order, at least this measurement's, perhaps an earlier model's)."""
     step()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
     run = graphed(step, device) if graphs else step
     t_step = time_it(run, device, budget)
-    # the step's peak: PyTorch's, plus libbie's workspaces as they stand (they only grow: with the
-    # batches measured in increasing order, at least this measurement's, perhaps an earlier model's)
     peak = float("nan")
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) / 2**20
         if kind != "float":
             peak += max(0.0, outside_torch_mib(device) - _OUTSIDE0)
-    del run
+    return t_step, peak
+
+
+def measure(kind, batch, device, dtype, budget, graphs):
+    """(inference, fused inference, training step, its peak, fused training step, its peak); the
+    fused figures of the float network are torch.fx's conv-BN fold at inference and None in training."""
+    model, x, labels, step = training_setup(kind, batch, device, dtype)
+    # training step (first: the lazy scale_a of the bie layers is set from this batch)
+    model.train()
+    t_step, peak = step_time_and_peak(kind, step, device, budget, graphs)
+    del step  # (its optimizer's momentum buffers)
+    t_fstep = fpeak = None
+    if kind != "float":  # the same network after bie.fuse, in training
+        fused = bie.fuse(model).train()
+        t_fstep, fpeak = step_time_and_peak(kind, train_step(fused, x, labels), device, budget, graphs)
+        del fused
     # inference
     model.eval()
     with torch.no_grad():
@@ -207,15 +225,15 @@ def measure(kind, batch, device, dtype, budget, graphs):
         infer_folded()
         run = graphed(infer_folded, device) if graphs else infer_folded
         t_fold = time_it(run, device, budget)
-    del model, step, run, folded
+    del model, run, folded
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    return t_inf, t_fold, t_step, peak
+    return t_inf, t_fold, t_step, peak, t_fstep, fpeak
 
 
 def profile(kind, batch, device, dtype):
     from torch.profiler import ProfilerActivity, profile as tprofile
-    model, x, step = training_setup(kind, batch, device, dtype)
+    model, x, _, step = training_setup(kind, batch, device, dtype)
 
     def infer():
         with torch.no_grad():
@@ -253,6 +271,7 @@ def device_name(device):
 
 
 def main():
+    global _OUTSIDE0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--batch", default="16,128,256")
@@ -279,20 +298,26 @@ def main():
     print(f"{'batch':>5} {'model':>6} {'infer ms':>9} {'float':>8} {'ratio':>6} {'fused ms':>9} {'ratio':>6} "
           f"{'step ms':>8} {'float':>8} {'ratio':>6} {'peak MiB':>9} {'float':>8} {'mem':>5}")
     for b in batches:
-        fi, ff, fs, fp = measure("float", b, device, dtype, args.budget, args.graphs)
+        fi, ff, fs, fp, _, _ = measure("float", b, device, dtype, args.budget, args.graphs)
+        if device.type == "cuda" and not _OUTSIDE0:  # (PyTorch's cuBLAS and cuDNN are loaded by now)
+            _OUTSIDE0 = outside_torch_mib(device)
         print(f"{b:>5} {'float':>6} {fi:9.3f} {'':>8} {'':>6} {ff:9.3f} (torch.fx conv-BN fold)", flush=True)
         for kind in args.models.split(","):
-            bi, bf, bs, bp = measure(kind, b, device, dtype, args.budget, args.graphs)
+            bi, bf, bs, bp, bfs, bfp = measure(kind, b, device, dtype, args.budget, args.graphs)
             print(f"{b:>5} {kind:>6} {bi:9.3f} {fi:8.3f} {fi / bi:5.2f}x {bf:9.3f} {fi / bf:5.2f}x {bs:8.3f} {fs:8.3f} "
                   f"{fs / bs:5.2f}x {bp:9.0f} {fp:8.0f} {bp / fp:5.2f}", flush=True)
-            for mode, ours, base in (("inference", bi, fi), ("inference fused", bf, fi), ("train step", bs, fs)):
+            print(f"{b:>5} {kind:>6} fused training step {bfs:8.3f} ms, {fs / bfs:5.2f}x; peak {bfp:9.0f} MiB, "
+                  f"{bfp / fp:5.2f}", flush=True)
+            cuda = device.type == "cuda"
+            for mode, ours, base, peak in (("inference", bi, fi, None), ("inference fused", bf, fi, None),
+                                           ("train step", bs, fs, bp), ("train step fused", bfs, fs, bfp)):
                 rows.append({"network": "resnet18-bnn", "model": kind, "batch": b, "mode": mode,
                              "graphs": args.graphs, "bie_ms": round(ours, 4), "baseline": "torch fp16" if
-                             device.type == "cuda" else "torch f32", "baseline_ms": round(base, 4),
+                             cuda else "torch f32", "baseline_ms": round(base, 4),
                              "ratio": round(base / ours, 3), "device": name, "date": date,
                              **({"baseline_folded_ms": round(ff, 4)} if mode == "inference fused" else {}),
-                             **({"peak_mib": round(bp, 1), "baseline_peak_mib": round(fp, 1)}
-                                if mode == "train step" and device.type == "cuda" else {})})
+                             **({"peak_mib": round(peak, 1), "baseline_peak_mib": round(fp, 1)}
+                                if peak is not None and cuda else {})})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -306,7 +306,7 @@ def networks_part(rows, files):
         # one line per model, batch and timing (eager or graphs): inference and training step side by side
         runs, other = {}, []
         for r in drows:
-            if r["mode"] in ("inference", "inference fused", "train step"):
+            if r["mode"] in ("inference", "inference fused", "train step", "train step fused"):
                 runs.setdefault((r["model"], r["batch"], bool(r.get("graphs"))), {})[r["mode"]] = r
             else:
                 other.append(r)
@@ -317,11 +317,13 @@ def networks_part(rows, files):
         body = []
         for (model, batch, graphs), m in runs.items():
             inf, fused, step = m.get("inference"), m.get("inference fused"), m.get("train step")
+            fstep = m.get("train step fused")
             fold = fused.get("baseline_folded_ms") if fused else None
             body.append([model, batch, "CUDA graphs" if graphs else "eager", pair(inf), ratio(inf) if inf else "-",
                          pair(fused), ratio(fused) if fused else "-", "-" if fold is None else ms(fold),
                          "-" if fold is None else f"{fold / fused['bie_ms']:.2f}x", pair(step),
-                         ratio(step) if step else "-", peak(step or inf)])
+                         ratio(step) if step else "-", peak(step or inf), pair(fstep),
+                         ratio(fstep) if fstep else "-", "-" if fstep is None else peak(fstep)])
         if body:
             base = ", ".join(sorted({r.get("baseline", "float") for m in runs.values() for r in m.values()}))
             out += para(f"Baseline: {base}. fused: after bie.fuse (each block's Hardtanh, conv, BatchNorm and "
@@ -329,10 +331,13 @@ def networks_part(rows, files):
                         "after its conv; the downsample convs' BatchNorms folded, their bias added in the next "
                         "call), against the same plain float network; "
                         "folded: the float network with its BatchNorms folded by torch.fx "
-                        "(torch.fx.experimental.optimization.fuse), and the fused network's ratio against it.")
+                        "(torch.fx.experimental.optimization.fuse), and the fused network's ratio against it. "
+                        "fused train step: the training step after bie.fuse, whose binary convs and their "
+                        "Hardtanh each train as one node that keeps 3 bits per element of its input.")
             out += table(["model", "batch", "timing", "inference ms (bie / baseline)", "ratio",
                           "fused inference ms (bie / baseline)", "ratio", "folded ms", "ratio",
-                          "train step ms (bie / baseline)", "ratio", "peak MiB (bie / baseline)"], body)
+                          "train step ms (bie / baseline)", "ratio", "peak MiB (bie / baseline)",
+                          "fused train step ms (bie / baseline)", "ratio", "fused peak MiB (bie / baseline)"], body)
         for r in other:
             out += ["", f"- {r['model']}, batch {r['batch']}, {r['mode']}: {ms(r.get('bie_ms'))} ms against "
                     f"{r.get('baseline', 'the baseline')} {ms(r.get('baseline_ms'))} ms, {ratio(r)}."]
