@@ -356,6 +356,18 @@ BIE_API enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_t
                                          const struct bie_tensor * bias_a, const struct bie_tensor * scale_a,
                                          struct bie_tensor * bits, struct bie_tensor * mask);
 
+// bie_binarize_ste of a clamp of x, for a binary layer behind an elementwise clamp to [-clamp,
+// clamp] (an nn.Hardtanh), in one pass over x:
+//   h             = min(max(f32(x), -clamp), clamp)  (NaN stays NaN)
+//   bits, mask    = bie_binarize_ste of h             (x' = h + f32(bias_a[k]))
+//   clamp_mask[i] = |f32(x[i])| < clamp               (the clamp's derivative; NaN -> 0)
+// clamp is finite and > 0; clamp_mask is a B1 tensor shaped like x, as bits and mask are; any of
+// the three may be NULL, not all. clamp_mask is what the layer's backward takes as grad_x_mask.
+BIE_API enum bie_status bie_binarize_ste_clamped(bie_context_t * ctx, const struct bie_tensor * x, float clamp,
+                                                 const struct bie_tensor * bias_a, const struct bie_tensor * scale_a,
+                                                 struct bie_tensor * bits, struct bie_tensor * mask,
+                                                 struct bie_tensor * clamp_mask);
+
 // Binary, 4-bit or 8-bit conv2d (cross-correlation, as PyTorch), forward.
 BIE_API enum bie_status bie_conv2d_forward(bie_context_t * ctx, const struct bie_conv2d_desc * desc,
                                            const struct bie_forward_args * args);

@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define BIE_CUDA_PLUGIN_ABI 2
+#define BIE_CUDA_PLUGIN_ABI 3
 #define BIE_CUDA_PLUGIN_ENTRY bie_cuda_plugin_entry
 #define BIE_CUDA_PLUGIN_ENTRY_NAME "bie_cuda_plugin_entry"
 #define BIE_CUDA_LINKED_ENTRY bie_cuda_linked_entry
@@ -45,7 +45,7 @@
     (BIE_CUDA_PLUGIN_TERM(struct bie_context, 0) + BIE_CUDA_PLUGIN_TERM(struct bie_layer_call, 1) +                    \
      BIE_CUDA_PLUGIN_TERM(struct bie_backend_ops, 2) + BIE_CUDA_PLUGIN_TERM(struct bie_matmul_call, 3) +               \
      BIE_CUDA_PLUGIN_TERM(struct bie_embedding_call, 4) + BIE_CUDA_PLUGIN_TERM(struct bie_wq_call, 5) +                \
-     BIE_CUDA_PLUGIN_TERM(struct bie_pool_call, 6))
+     BIE_CUDA_PLUGIN_TERM(struct bie_pool_call, 6) + BIE_CUDA_PLUGIN_TERM(struct bie_ste_out, 7))
 
 struct bie_cuda_plugin {
     // Checked by libbie before any other field is read; these four fields keep their place in

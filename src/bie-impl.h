@@ -252,8 +252,14 @@ typedef enum bie_status bie_pack_slot(bie_context_t * ctx, const struct bie_tens
                                       const struct bie_tensor * dst);
 typedef enum bie_status bie_reduce_slot(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
                                         double * sum);
+// bie_binarize_ste's outputs (each a [M, K, 1, 1] B1 view or NULL) and its clamp (0: none; else x
+// is clamped to [-clamp, clamp] first and clamp_mask gets 1{|x| < clamp}: bie_binarize_ste_clamped).
+struct bie_ste_out {
+    const struct bie_tensor *bits, *mask, *clamp_mask;
+    float clamp;
+};
 typedef enum bie_status bie_ste_slot(bie_context_t * ctx, const struct bie_layer_call * call,
-                                     const struct bie_tensor * bits, const struct bie_tensor * mask);
+                                     const struct bie_ste_out * out);
 typedef enum bie_status bie_matmul_slot(bie_context_t * ctx, const struct bie_matmul_call * call);
 typedef enum bie_status bie_embedding_slot(bie_context_t * ctx, const struct bie_embedding_call * call);
 typedef enum bie_status bie_pool_slot(bie_context_t * ctx, const struct bie_pool_call * call);

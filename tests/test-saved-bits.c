@@ -3,6 +3,8 @@
 // the reference and on the CPU backend (every ISA level of this machine, 1 and 2 threads):
 //   (a) bits and mask against a plain loop (x' = f32(x) + f32(bias_a), bit x' >= 0, mask
 //       |x'/scale_a| <= 1 in f32) on random odd shapes, f32/f16/bf16 x, with and without bias_a,
+//       and in half the cases bie_binarize_ste_clamped (the loop on clamp(x, -t, t), and the clamp
+//       mask |x| < t; t often the scale, so that x holds +-t itself),
 //       dense, gapped, 3-D and strided views of x and of the outputs, with x values on the mask's
 //       boundary, zeros, -0, NaN and inf; the outputs start as random bytes, so the bits between
 //       and after rows must keep their content (the whole byte span is compared);
@@ -54,6 +56,19 @@ static void expect_bits(const struct bie_tensor * x, const struct bie_tensor * b
 }
 
 // (a) One random case of bie_binarize_ste on every context.
+// x clamped to [-t, t] in its own dtype (t = k/16: exact in every float dtype; NaN stays), and the
+// expected clamp mask |x| < t into ec.
+static struct bie_tensor clamped_copy(const struct bie_tensor * x, float t, struct bie_tensor * ec) {
+    struct bie_tensor h = cpu_test_clone(x);
+    int64_t idx[BIE_MAX_DIMS] = {0};
+    do {
+        const double v = bie_load(x, bie_offset(x, idx));
+        bie_store(&h, bie_offset(&h, idx), isnan(v) ? v : fmin(fmax(v, -t), t));
+        bie_store(ec, bie_offset(ec, idx), fabs(v) < t ? 1 : -1);
+    } while (bie_next_index(x, idx));
+    return h;
+}
+
 static void test_binarize(bie_context_t ** ctxs, int nctx) {
     const int nd = test_rand_int(0, 3) == 0 ? 3 : 2;
     const int64_t K = test_pick(k_list, 14);
@@ -70,6 +85,9 @@ static void test_binarize(bie_context_t ** ctxs, int nctx) {
     const bool has_bias = test_rand_int(0, 1), want_bits = test_rand_int(0, 3) != 0;
     const bool want_mask = !want_bits || test_rand_int(0, 3) != 0;
     const float s = pick_scale();
+    const bool clamped = test_rand_int(0, 1);
+    const float t = test_rand_int(0, 1) ? s : pick_scale();
+    const int cl = (int)test_rand_int(0, 2);
     struct bie_tensor x = test_tensor_rows(xd, nd, shape, xl);
     fill_x(&x, s, true);
     struct bie_tensor bias = test_tensor(float_dts[test_rand_int(0, 2)], 1, &K, NULL);
@@ -80,28 +98,38 @@ static void test_binarize(bie_context_t ** ctxs, int nctx) {
     cpu_test_garbage(&eb);
     cpu_test_garbage(&em);
     struct bie_tensor b0 = cpu_test_clone(&eb), m0 = cpu_test_clone(&em); // the garbage, for each run
-    expect_bits(&x, has_bias ? &bias : NULL, s, &eb, &em);
+    struct bie_tensor ec = test_tensor_rows(BIE_DTYPE_B1, nd, shape, cl);
+    cpu_test_garbage(&ec);
+    struct bie_tensor c0 = cpu_test_clone(&ec);
+    struct bie_tensor h = clamped_copy(&x, t, &ec);
+    expect_bits(clamped ? &h : &x, has_bias ? &bias : NULL, s, &eb, &em);
     if (!want_bits) memcpy(eb.data, b0.data, cpu_test_nbytes(&eb));
     if (!want_mask) memcpy(em.data, m0.data, cpu_test_nbytes(&em));
     char what[200];
     snprintf(what, sizeof what,
-             "x %s shape [%lld, %lld, %lld] (%d-D) layouts x/bits/mask %d/%d/%d bias %d scale %g "
-             "bits %d mask %d",
-             bie_dtype_name(xd), (long long)shape[0], (long long)shape[1], (long long)shape[2], nd, xl, bl, ml,
-             (int)has_bias, (double)s, (int)want_bits, (int)want_mask);
+             "x %s shape [%lld, %lld, %lld] (%d-D) layouts x/bits/mask/clamp mask %d/%d/%d/%d bias %d scale %g "
+             "bits %d mask %d clamp %g",
+             bie_dtype_name(xd), (long long)shape[0], (long long)shape[1], (long long)shape[2], nd, xl, bl, ml, cl,
+             (int)has_bias, (double)s, (int)want_bits, (int)want_mask, clamped ? (double)t : 0.0);
     for (int i = 0; i < nctx; i++) {
-        struct bie_tensor gb = cpu_test_clone(&b0), gm = cpu_test_clone(&m0);
-        const enum bie_status st = bie_binarize_ste(ctxs[i], &x, has_bias ? &bias : NULL, want_mask ? &sa : NULL,
-                                                    want_bits ? &gb : NULL, want_mask ? &gm : NULL);
+        struct bie_tensor gb = cpu_test_clone(&b0), gm = cpu_test_clone(&m0), gc = cpu_test_clone(&c0);
+        const enum bie_status st =
+            clamped ? bie_binarize_ste_clamped(ctxs[i], &x, t, has_bias ? &bias : NULL, want_mask ? &sa : NULL,
+                                               want_bits ? &gb : NULL, want_mask ? &gm : NULL, &gc)
+                    : bie_binarize_ste(ctxs[i], &x, has_bias ? &bias : NULL, want_mask ? &sa : NULL,
+                                       want_bits ? &gb : NULL, want_mask ? &gm : NULL);
         CHECK(st == BIE_STATUS_OK, "context %d: %s (%s)", i, bie_context_last_error(ctxs[i]), what);
         CHECK(memcmp(gb.data, eb.data, cpu_test_nbytes(&eb)) == 0, "context %d: bits differ from the plain loop (%s)",
               i, what);
         CHECK(memcmp(gm.data, em.data, cpu_test_nbytes(&em)) == 0, "context %d: mask differs from the plain loop (%s)",
               i, what);
+        CHECK(!clamped || memcmp(gc.data, ec.data, cpu_test_nbytes(&ec)) == 0,
+              "context %d: clamp mask differs from the plain loop (%s)", i, what);
         test_tensor_free(&gb);
         test_tensor_free(&gm);
+        test_tensor_free(&gc);
     }
-    struct bie_tensor * ts[] = {&x, &bias, &sa, &eb, &em, &b0, &m0};
+    struct bie_tensor * ts[] = {&x, &bias, &sa, &eb, &em, &b0, &m0, &ec, &c0, &h};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]);
 }
 
@@ -356,6 +384,19 @@ static void test_errors(bie_context_t * ctx) {
     EXPECT(ctx, bie_binarize_ste(ctx, &x, NULL, &sa, &bits, &mask), BIE_STATUS_INVALID_ARGUMENT, "mask");
     mask.device_type = BIE_DEVICE_CPU;
     CHECK(memcmp(keep.data, bits.data, cpu_test_nbytes(&bits)) == 0, "bits written by a failed call");
+    CHECK_OK(ctx, bie_binarize_ste(ctx, &x, NULL, &sa, &bits, &mask));
+
+    // bie_binarize_ste_clamped: a finite clamp > 0, a b1 clamp_mask shaped like x
+    const float bad_clamps[4] = {0.0f, -1.0f, NAN, INFINITY};
+    for (int i = 0; i < 4; i++)
+        EXPECT(ctx, bie_binarize_ste_clamped(ctx, &x, bad_clamps[i], NULL, &sa, &bits, &mask, NULL),
+               BIE_STATUS_INVALID_ARGUMENT, "clamp");
+    EXPECT(ctx, bie_binarize_ste_clamped(ctx, &x, 1.0f, NULL, &sa, NULL, NULL, NULL), BIE_STATUS_INVALID_ARGUMENT,
+           "clamp_mask");
+    EXPECT(ctx, bie_binarize_ste_clamped(ctx, &x, 1.0f, NULL, &sa, &bits, &mask, &wide), BIE_STATUS_INVALID_ARGUMENT,
+           "clamp_mask");
+    EXPECT(ctx, bie_binarize_ste_clamped(ctx, &x, 1.0f, NULL, &sa, &bits, &mask, &f32), BIE_STATUS_INVALID_ARGUMENT,
+           "clamp_mask");
     CHECK_OK(ctx, bie_binarize_ste(ctx, &x, NULL, &sa, &bits, &mask));
 
     // the backward's rules for a b1 x

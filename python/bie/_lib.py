@@ -206,6 +206,7 @@ def _declare(lib):
                                            ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64)]),
         "bie_pack": (c_int, [c_void_p, _TP, _TP, _TP]),
         "bie_binarize_ste": (c_int, [c_void_p, _TP, _TP, _TP, _TP, _TP]),
+        "bie_binarize_ste_clamped": (c_int, [c_void_p, _TP, ctypes.c_float, _TP, _TP, _TP, _TP, _TP]),
         "bie_unpack": (c_int, [c_void_p, _TP, _TP, _TP]),
         "bie_activation_scale_init": (c_int, [c_void_p, c_int, c_int, _TP, _TP]),
         "bie_weight_scale_init": (c_int, [c_void_p, c_int, _TP, _TP]),

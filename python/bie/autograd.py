@@ -191,43 +191,29 @@ class Q8Conv2dForward(_conv(QUANT_INT8, PAD_ZERO)):
     """8-bit conv2d (zero padding)."""
 
 
-_BELOW = {}  # (t, dtype, device): the largest value of dtype below t, as a scalar tensor of dtype
-
-
-def _below(t, dtype, device):
-    key = (t, dtype, device)
-    v = _BELOW.get(key)
-    if v is None:
-        bits = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}[dtype]
-        v = _BELOW[key] = (torch.tensor(t, dtype=dtype).view(bits) - 1).view(dtype).to(device)
-    return v
-
-
 def clamp_saves_bits(x, lo, hi, weight, scale_a, bias_a, padding, pad_value):
     """Whether ClampedBinaryConv2dForward takes x: a binary conv's bits-saving case (_conv_saves_bits)
-    behind a symmetric clamp [-t, t] whose t is a positive value of x's dtype."""
+    behind a symmetric clamp [-t, t] whose t is a positive value of x's dtype (so that libbie's f32
+    clamp is PyTorch's clamp in x's dtype)."""
     return (0.0 < hi == -lo and float(torch.tensor(hi, dtype=x.dtype)) == hi
             and _conv_saves_bits(x, QUANT_BINARY, padding, pad_value, weight, scale_a, bias_a))
 
 
 class ClampedBinaryConv2dForward(torch.autograd.Function):
     """A binary conv in training after a symmetric clamp h = clamp(x, -t, t) (a Hardtanh), as one
-    autograd node that keeps 3 bits per element of x for the backward: the sign bits of h + bias_a
-    and the STE's pass bits (conv2d_binarize_ste of h), and the clamp's own pass bits 1{|x| < t}
-    (conv2d_binarize_ste's mask of x against the largest value of x's dtype below t, the same test).
-    The backward is the conv's from those bits with the clamp's bits as grad_x_mask: grad_x is the
-    gradient of x, and grad_scale_a, grad_bias_a and grad_weight those of the conv on h, the numbers
-    that Hardtanh followed by BinaryConv2dForward give (but for a NaN x, whose gradient the clamp's
-    bits stop). Takes what clamp_saves_bits accepts.
+    autograd node that keeps 3 bits per element of x for the backward, all from one pass over x
+    (conv2d_binarize_ste with clamp=t: libbie's bie_binarize_ste_clamped): the sign bits of
+    h + bias_a, the STE's pass bits of h, and the clamp's own pass bits 1{|x| < t}. The backward is
+    the conv's from those bits with the clamp's bits as grad_x_mask: grad_x is the gradient of x,
+    and grad_scale_a, grad_bias_a and grad_weight those of the conv on h, the numbers that Hardtanh
+    followed by BinaryConv2dForward give (but for a NaN x, whose gradient the clamp's bits stop).
+    Takes what clamp_saves_bits accepts.
 
         apply(x, weight, scale_a, scale_w, t, kernel_size, stride, padding, dilation[, bias_a])"""
 
     @staticmethod
     def forward(ctx, x, weight, scale_a, scale_w, t, kernel_size, stride, padding, dilation, bias_a=None):
-        h = x.clamp(-t, t)
-        bits, mask = F.conv2d_binarize_ste(h, scale_a, bias_a)
-        del h
-        gate = F.conv2d_binarize_ste(x, _below(t, x.dtype, x.device))[1]
+        bits, mask, gate = F.conv2d_binarize_ste(x, scale_a, bias_a, clamp=t)
         conv = (kernel_size, stride, padding, dilation, PAD_ZERO)
         ctx.save_for_backward(bits, weight, scale_a, scale_w, bias_a, mask, gate)
         ctx.conv, ctx.c, ctx.x_dtype = conv, x.shape[1], x.dtype

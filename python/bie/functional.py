@@ -349,15 +349,17 @@ def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=No
     return y.reshape(*x.shape[:-1], n)
 
 
-def binarize_ste(x, scale_a, bias_a=None, _nhwc=False):
+def binarize_ste(x, scale_a, bias_a=None, _nhwc=False, clamp=None):
     """libbie's bie_binarize_ste: what a binary linear layer's training needs of x [..., K], in 2
     bits per element. Returns (bits, mask), uint8 [..., ceil(K/8)], element k of a row in bit k % 8
     of byte k // 8 (least-significant first): bits holds x' >= 0 and mask the STE's pass bit
     |x'| <= scale_a, x' = x + bias_a. linear_forward takes bits for x (in_features=K, bias_a=None),
     linear_backward bits and mask (x_mask), with the results of the float x. The argument views
     are built once per metadata of the tensors and reused (their data pointers replaced).
-    (_nhwc: x is a channels-last [N, C, H, W], binarized as its [N, H, W, C] rows.)"""
-    key = ("binarize_ste", _plans.meta(x), _plans.meta(scale_a), _plans.meta(bias_a), _nhwc)
+    (_nhwc: x is a channels-last [N, C, H, W], binarized as its [N, H, W, C] rows.)
+    With clamp = t (a float > 0): bie_binarize_ste_clamped, the bits and mask of clamp(x, -t, t) and
+    a third result, the clamp's pass bits |x| < t (what the backward takes as grad_x_mask)."""
+    key = ("binarize_ste", _plans.meta(x), _plans.meta(scale_a), _plans.meta(bias_a), _nhwc, clamp)
     cache = _plans.cache()
     e = cache.get(key)
     if e is None:
@@ -369,25 +371,25 @@ def binarize_ste(x, scale_a, bias_a=None, _nhwc=False):
         k = _features(rows)
         x2 = rows.detach().reshape(-1, k)
         shape = (*rows.shape[:-1], -(-k // 8))
-        bits = torch.empty(shape, dtype=torch.uint8, device=x.device)
-        mask = torch.empty(shape, dtype=torch.uint8, device=x.device)
-        keep = [_view(x2), _view(bias_a.detach()) if bias_a is not None else None, _view(scale_a.detach()),
-                _packed_view(QUANT_BINARY, bits.view(-1, shape[-1]), (x2.shape[0], k)),
-                _packed_view(QUANT_BINARY, mask.view(-1, shape[-1]), (x2.shape[0], k))]
+        outs = [torch.empty(shape, dtype=torch.uint8, device=x.device) for _ in range(2 if clamp is None else 3)]
+        keep = [_view(x2), _view(bias_a.detach()) if bias_a is not None else None, _view(scale_a.detach())] + [
+            _packed_view(QUANT_BINARY, o.view(-1, shape[-1]), (x2.shape[0], k)) for o in outs]
         # (rows that are a view of x are read in place; others are copied on each call)
         e = cache[key] = (keep, [_ptr(v) for v in keep], shape, k, x2.shape[0] > 0, x2.data_ptr() == x.data_ptr())
     else:
         shape = e[2]
-        bits = torch.empty(shape, dtype=torch.uint8, device=x.device)
-        mask = torch.empty(shape, dtype=torch.uint8, device=x.device)
+        outs = [torch.empty(shape, dtype=torch.uint8, device=x.device) for _ in range(2 if clamp is None else 3)]
         x2 = x if e[5] else (x.permute(0, 2, 3, 1) if _nhwc else x).detach().reshape(-1, e[3])
     keep, ptrs, _, _, nonempty, _ = e
     if nonempty:
-        for v, t in zip(keep, (x2, bias_a, scale_a, bits, mask)):
+        for v, t in zip(keep, (x2, bias_a, scale_a, *outs)):
             if v is not None:
                 v.data = t.data_ptr()
-        _Call(x)("bie_binarize_ste", *ptrs)
-    return bits, mask
+        if clamp is None:
+            _Call(x)("bie_binarize_ste", *ptrs)
+        else:
+            _Call(x)("bie_binarize_ste_clamped", ptrs[0], float(clamp), *ptrs[1:])
+    return tuple(outs)
 
 
 def _grad_outputs(x_shape, x_dtype, device, weight, shape_w, scale_a, bias_a, needs, grad_weight_dtype,
@@ -577,13 +579,16 @@ def affine_maxpool2d(x, kernel_size, stride=None, padding=0, mul=None, add=None,
     return y
 
 
-def conv2d_binarize_ste(x, scale_a, bias_a=None):
+def conv2d_binarize_ste(x, scale_a, bias_a=None, clamp=None):
     """binarize_ste of a conv input x [N, C, H, W] in channels-last memory: (bits, mask), uint8
     [N, H, W, ceil(C/8)], the sign bits of x' = x + bias_a[c] and the STE's pass bits, which
-    conv2d_forward (in_channels=C) and conv2d_backward (x_mask) take instead of x."""
+    conv2d_forward (in_channels=C) and conv2d_backward (x_mask) take instead of x. With clamp = t:
+    those of clamp(x, -t, t), and the clamp's pass bits |x| < t third (conv2d_backward's grad_x_mask)."""
     if not x.is_contiguous(memory_format=torch.channels_last):
         raise ValueError("bie: conv2d_binarize_ste takes a channels-last x")
-    return binarize_ste(x, scale_a, bias_a, _nhwc=True)
+    if clamp is not None and not (0.0 < float(clamp) < math.inf):
+        raise ValueError(f"bie: clamp must be finite and > 0, got {clamp!r}")
+    return binarize_ste(x, scale_a, bias_a, _nhwc=True, clamp=None if clamp is None else float(clamp))
 
 
 def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=None, stride=1, padding=0,

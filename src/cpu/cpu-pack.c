@@ -126,8 +126,10 @@ static bool bit_rows(const struct bie_tensor * t, int64_t M, int64_t K) {
 }
 
 enum bie_status bie_cpu_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * c,
-                                     const struct bie_tensor * bits, const struct bie_tensor * mask) {
+                                     const struct bie_ste_out * o) {
     if (c->device_type != BIE_DEVICE_CPU || !c->scales_on_host) return BIE_DECLINED;
+    if (o->clamp > 0.0f) return BIE_DECLINED; // (bie_binarize_ste_clamped: the reference)
+    const struct bie_tensor *bits = o->bits, *mask = o->mask;
     const int64_t M = c->g.batch, K = c->g.K;
     if ((bits && !bit_rows(bits, M, K)) || (mask && !bit_rows(mask, M, K))) return BIE_DECLINED;
     const struct cpu_kernels * k = bie_cpu_kernels(ctx->isa);

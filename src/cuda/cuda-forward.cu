@@ -26,14 +26,46 @@ namespace {
 // bie_binarize_ste on views the packer does not take: for element e = m*K + k of x [M, K] (p.t's
 // [M, K, 1, 1] view), the codes of its sign bit and of its STE pass bit (1 or 0; either array may
 // be NULL), for bie_cuda_store_packed.
-__global__ void ste_codes(pack_src p, int64_t n, int8_t * bits, int8_t * mask) {
+// With a clamp t > 0 (bie_binarize_ste_clamped) x' is that of clamp(x, -t, t), and cmask gets the
+// codes of 1{|x| < t}.
+__device__ __forceinline__ float clamp_nan(float a, float t) { return a != a ? a : fminf(fmaxf(a, -t), t); }
+
+__global__ void ste_codes(pack_src p, int64_t n, float t, int8_t * bits, int8_t * mask, int8_t * cmask) {
     const float s = ld_scale(p.s);
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t m = qdiv(e, p.g.K), k = e - m * p.g.K;
-        float v = ld_float(p.t.data, p.t.dtype, m * p.t.stride[0] + k * p.t.stride[1]);
+        const float a = ld_float(p.t.data, p.t.dtype, m * p.t.stride[0] + k * p.t.stride[1]);
+        float v = t > 0.0f ? clamp_nan(a, t) : a;
         if (p.bias.data) v = __fadd_rn(v, ld_float(p.bias.data, p.bias.dtype, k * p.bias.stride[3]));
         if (bits) bits[e] = v >= 0.0f ? 1 : 0;
         if (mask) mask[e] = ste_passes(v, s, BIE_QUANT_BINARY, 0, 0) ? 1 : 0;
+        if (cmask) cmask[e] = fabsf(a) < t ? 1 : 0;
+    }
+}
+
+// bie_binarize_ste_clamped on dense rows (x [M, K] rows K apart, K % 8 == 0, 16-byte aligned; each
+// output's bytes dense in the same order): a thread per 8 elements reads them once and writes one
+// byte of each output, with ste_codes' arithmetic.
+template <typename T>
+__global__ void ste_clamped8(const T * x, int64_t n8, int64_t K, struct dview bias, struct dscale sa, float t,
+                             uint8_t * bits, uint8_t * mask, uint8_t * cmask) {
+    const float s = ld_scale(sa);
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
+        float a[8];
+        load8<T>(x + 8 * i, a);
+        const int64_t k0 = (8 * i) % K;
+        uint32_t b = 0, m = 0, c = 0;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float v = clamp_nan(a[e], t);
+            if (bias.data) v = __fadd_rn(v, ld_float(bias.data, bias.dtype, (k0 + e) * bias.stride[3]));
+            b |= (v >= 0.0f ? 1u : 0u) << e;
+            m |= (ste_passes(v, s, BIE_QUANT_BINARY, 0, 0) ? 1u : 0u) << e;
+            c |= (fabsf(a[e]) < t ? 1u : 0u) << e;
+        }
+        if (bits) bits[i] = (uint8_t)b;
+        if (mask) mask[i] = (uint8_t)m;
+        if (cmask) cmask[i] = (uint8_t)c;
     }
 }
 
@@ -335,13 +367,56 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
 // bit rows go through pack_contiguous_rows, which reads x once with 16-byte loads and writes the
 // sign bits and the STE mask bits in the same pass; other views through per-element codes and the
 // packed writer.
+// The clamped form (bie_binarize_ste_clamped): ste_clamped8 on dense rows, else ste_codes.
+static enum bie_status binarize_clamped(bie_context_t * ctx, cudaStream_t stream, const struct bie_layer_call * c,
+                                        const pack_src & p, const struct bie_ste_out * o) {
+    const int64_t M = c->g.batch, K = c->g.K;
+    const struct bie_tensor * outs[3] = {o->bits, o->mask, o->clamp_mask};
+    struct dview v[3];
+    bool dense =
+        K % 8 == 0 && (p.t.stride[1] == 1 || K == 1) && (M == 1 || p.t.stride[0] == K) && (uintptr_t)p.t.data % 16 == 0;
+    for (int i = 0; i < 3; i++) {
+        v[i].data = NULL;
+        if (!outs[i]) continue;
+        dview_make(outs[i], &v[i]);
+        dense = dense && byte_rows(v[i], M, K) && (M == 1 || v[i].stride[0] == K);
+    }
+    if (dense) {
+        const int64_t n8 = M * K / 8;
+        uint8_t *b = (uint8_t *)v[0].data, *m = (uint8_t *)v[1].data, *cm = (uint8_t *)v[2].data;
+        const unsigned grid = grid_for(n8, 256);
+        if (p.t.dtype == BIE_DTYPE_F16)
+            ste_clamped8<__half>
+                <<<grid, 256, 0, stream>>>((const __half *)p.t.data, n8, K, p.bias, p.s, o->clamp, b, m, cm);
+        else if (p.t.dtype == BIE_DTYPE_BF16)
+            ste_clamped8<__nv_bfloat16>
+                <<<grid, 256, 0, stream>>>((const __nv_bfloat16 *)p.t.data, n8, K, p.bias, p.s, o->clamp, b, m, cm);
+        else
+            ste_clamped8<float>
+                <<<grid, 256, 0, stream>>>((const float *)p.t.data, n8, K, p.bias, p.s, o->clamp, b, m, cm);
+        LAUNCHED(ctx, "binarize_ste (clamped)");
+        return BIE_STATUS_OK;
+    }
+    int8_t * codes;
+    BIE_TRY(bie_cuda_workspace(ctx, 3 * (size_t)(M * K), (void **)&codes));
+    int8_t * cc[3];
+    for (int i = 0; i < 3; i++) cc[i] = outs[i] ? codes + i * M * K : NULL;
+    ste_codes<<<grid_for(M * K, 256), 256, 0, stream>>>(p, M * K, o->clamp, cc[0], cc[1], cc[2]);
+    LAUNCHED(ctx, "binarize_ste codes (clamped)");
+    for (int i = 0; i < 3; i++)
+        if (outs[i]) BIE_TRY(bie_cuda_store_packed(ctx, cc[i], v[i]));
+    return BIE_STATUS_OK;
+}
+
 extern "C" enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * c,
-                                                 const struct bie_tensor * bits, const struct bie_tensor * mask) {
+                                                 const struct bie_ste_out * o) {
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
     const int64_t M = c->g.batch, K = c->g.K;
     pack_src p = x_source(c);
     p.quant = BIE_QUANT_BINARY;
+    if (o->clamp > 0.0f) return binarize_clamped(ctx, st->stream, c, p, o);
+    const struct bie_tensor *bits = o->bits, *mask = o->mask;
     struct dview vb, vm;
     vb.data = vm.data = NULL;
     if (bits) dview_make(bits, &vb);
@@ -369,7 +444,8 @@ extern "C" enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const stru
     }
     int8_t * codes;
     BIE_TRY(bie_cuda_workspace(ctx, 2 * (size_t)(M * K), (void **)&codes));
-    ste_codes<<<grid_for(M * K, 256), 256, 0, st->stream>>>(p, M * K, bits ? codes : NULL, mask ? codes + M * K : NULL);
+    ste_codes<<<grid_for(M * K, 256), 256, 0, st->stream>>>(p, M * K, 0.0f, bits ? codes : NULL,
+                                                            mask ? codes + M * K : NULL, NULL);
     LAUNCHED(ctx, "binarize_ste codes");
     if (bits) BIE_TRY(bie_cuda_store_packed(ctx, codes, vb));
     if (mask) BIE_TRY(bie_cuda_store_packed(ctx, codes + M * K, vm));

@@ -210,7 +210,7 @@ enum job_kind { JOB_FORWARD, JOB_BACKWARD, JOB_BINARIZE_STE };
 struct job {
     enum job_kind kind;
     const struct bie_layer_call * c;
-    const struct bie_tensor *bits, *mask; // JOB_BINARIZE_STE's outputs (or NULL)
+    const struct bie_ste_out * ste; // JOB_BINARIZE_STE's outputs and clamp
 };
 
 // Backend b's slot for the job, or BIE_DECLINED when it has none.
@@ -218,14 +218,15 @@ static enum bie_status run_slot(bie_context_t * ctx, const struct bie_backend_op
     const struct job * j = job;
     if (j->kind == JOB_FORWARD) return b->layer_forward ? b->layer_forward(ctx, j->c) : BIE_DECLINED;
     if (j->kind == JOB_BACKWARD) return b->layer_backward ? b->layer_backward(ctx, j->c) : BIE_DECLINED;
-    return b->binarize_ste ? b->binarize_ste(ctx, j->c, j->bits, j->mask) : BIE_DECLINED;
+    return b->binarize_ste ? b->binarize_ste(ctx, j->c, j->ste) : BIE_DECLINED;
 }
 
 // The job on its backends (bie_dispatch), named in messages as "this binary linear forward" or
 // "bie_binarize_ste".
 static enum bie_status dispatch(bie_context_t * ctx, const struct job * j) {
     char what[64];
-    if (j->kind == JOB_BINARIZE_STE) snprintf(what, sizeof what, "bie_binarize_ste");
+    if (j->kind == JOB_BINARIZE_STE)
+        snprintf(what, sizeof what, j->ste->clamp > 0.0f ? "bie_binarize_ste_clamped" : "bie_binarize_ste");
     else
         snprintf(what, sizeof what, "this %s %s %s", quant_name(j->c->quant), j->c->is_conv ? "conv2d" : "linear",
                  j->kind == JOB_BACKWARD ? "backward" : "forward");
@@ -291,7 +292,7 @@ enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_
 }
 
 enum bie_status bie_layer_run(bie_context_t * ctx, const struct bie_layer_call * c, bool backward) {
-    const struct job j = {backward ? JOB_BACKWARD : JOB_FORWARD, c, NULL, NULL};
+    const struct job j = {backward ? JOB_BACKWARD : JOB_FORWARD, c, NULL};
     return dispatch(ctx, &j);
 }
 
@@ -420,12 +421,16 @@ enum bie_status bie_conv2d_backward(bie_context_t * ctx, const struct bie_conv2d
     return backward(ctx, NULL, desc, args);
 }
 
-enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * x, const struct bie_tensor * bias_a,
-                                 const struct bie_tensor * scale_a, struct bie_tensor * bits,
-                                 struct bie_tensor * mask) {
+// bie_binarize_ste (clamped false: clamp and clamp_mask unused) and bie_binarize_ste_clamped.
+static enum bie_status binarize(bie_context_t * ctx, const struct bie_tensor * x, bool clamped, float clamp,
+                                const struct bie_tensor * bias_a, const struct bie_tensor * scale_a,
+                                struct bie_tensor * bits, struct bie_tensor * mask, struct bie_tensor * clamp_mask) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     BIE_ENTER(ctx);
-    if (!bits && !mask) BIE_FAIL("bits, mask: both are NULL (ask for at least one)");
+    if (!clamped && !bits && !mask) BIE_FAIL("bits, mask: both are NULL (ask for at least one)");
+    if (clamped && !bits && !mask && !clamp_mask)
+        BIE_FAIL("bits, mask, clamp_mask: all are NULL (ask for at least one)");
+    if (clamped && !(isfinite(clamp) && clamp > 0.0f)) BIE_FAIL("clamp: %g must be finite and > 0", (double)clamp);
     if (mask && !scale_a) BIE_FAIL("scale_a: is NULL but the mask needs it");
     // the x side of a binary linear layer call, checked as the layer checks it
     struct bie_layer_call c;
@@ -451,10 +456,10 @@ enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * 
         c.bias_a = *bias_a;
     }
     if (scale_a) BIE_TRY(check_scale(ctx, &c, "scale_a", scale_a, &c.scale_a_t, &c.scale_a));
-    struct bie_tensor * outs[2] = {bits, mask};
-    struct bie_tensor views[2] = {{0}, {0}};
-    const char * names[2] = {"bits", "mask"};
-    for (int i = 0; i < 2; i++) {
+    struct bie_tensor * outs[3] = {bits, mask, clamp_mask};
+    struct bie_tensor views[3] = {{0}, {0}, {0}};
+    const char * names[3] = {"bits", "mask", "clamp_mask"};
+    for (int i = 0; i < 3; i++) {
         if (!outs[i]) continue;
         BIE_TRY(bie_check_tensor(ctx, names[i], outs[i], false));
         BIE_TRY(check_device(ctx, &c, names[i], outs[i]));
@@ -464,9 +469,24 @@ enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * 
     }
     const struct bie_tensor * ins[3] = {x, bias_a, scale_a};
     static const char * const in_names[3] = {"x", "bias_a", "scale_a"};
-    BIE_TRY(bie_check_outputs(ctx, (const struct bie_tensor * const *)outs, names, 2, ins, in_names, 3));
-    const struct job j = {JOB_BINARIZE_STE, &c, bits ? &views[0] : NULL, mask ? &views[1] : NULL};
+    BIE_TRY(bie_check_outputs(ctx, (const struct bie_tensor * const *)outs, names, 3, ins, in_names, 3));
+    const struct bie_ste_out o = {bits ? &views[0] : NULL, mask ? &views[1] : NULL, clamp_mask ? &views[2] : NULL,
+                                  clamped ? clamp : 0.0f};
+    const struct job j = {JOB_BINARIZE_STE, &c, &o};
     return dispatch(ctx, &j);
+}
+
+enum bie_status bie_binarize_ste(bie_context_t * ctx, const struct bie_tensor * x, const struct bie_tensor * bias_a,
+                                 const struct bie_tensor * scale_a, struct bie_tensor * bits,
+                                 struct bie_tensor * mask) {
+    return binarize(ctx, x, false, 0.0f, bias_a, scale_a, bits, mask, NULL);
+}
+
+enum bie_status bie_binarize_ste_clamped(bie_context_t * ctx, const struct bie_tensor * x, float clamp,
+                                         const struct bie_tensor * bias_a, const struct bie_tensor * scale_a,
+                                         struct bie_tensor * bits, struct bie_tensor * mask,
+                                         struct bie_tensor * clamp_mask) {
+    return binarize(ctx, x, true, clamp, bias_a, scale_a, bits, mask, clamp_mask);
 }
 
 enum bie_status bie_conv2d_output_size(const struct bie_conv2d_desc * d, int64_t h, int64_t w, int64_t * out_h,

@@ -9,6 +9,8 @@
 //   - the forward from the bits identical to the forward from the float x;
 //   - with random grad_x_mask bits: grad_x gated exactly (the ungated value or 0), grad_weight and
 //     grad_bias_a identical, grad_scale_a within one unit in the last place;
+// bie_binarize_ste_clamped on CUDA against the reference, byte for byte (rows of 8k channels: the
+// one-pass kernel; others: the per-element codes; values at +-t, beyond it and NaN);
 // and the conv backward of every layer kind on its cuDNN route (the default) against its GEMM route
 // (BIE_CUDA_CONV_BACKWARD=gemm in a second context), within the same tolerance. Random odd
 // shapes, strides, padding and dilation; host or device scales. A failure prints the seed and case.
@@ -312,6 +314,55 @@ static void test_saved(void) {
     free_ops(&c, &o);
 }
 
+// bie_binarize_ste_clamped of pixel rows x [P, C] on CUDA against the reference, every byte of the
+// three outputs (which start as zeros on both sides).
+static void test_clamped_binarize(void) {
+    const int64_t P = test_rand_int(1, 300), C = test_rand_int(0, 1) ? 8 * test_rand_int(1, 12) : test_rand_int(1, 70);
+    const enum bie_dtype xd = float_dts[test_rand_int(0, 2)];
+    const float t = (float)test_rand_int(4, 24) / 16.0f, s = (float)test_rand_int(4, 40) / 16.0f;
+    const int has_bias = (int)test_rand_int(0, 1), dev_scale = (int)test_rand_int(0, 1);
+    const int64_t xs[2] = {P, C};
+    struct bie_tensor x = test_tensor(xd, 2, xs, NULL), bias = test_tensor(BIE_DTYPE_F32, 1, &C, NULL);
+    int64_t idx[BIE_MAX_DIMS] = {0};
+    do {
+        const int64_t kind = test_rand_int(0, 49);
+        const double v = kind == 0   ? NAN
+                         : kind <= 6 ? (test_rand_int(0, 1) ? t : -t)
+                                     : test_rand_float(-2.0f, 2.0f) * t;
+        bie_store(&x, bie_offset(&x, idx), v);
+    } while (bie_next_index(&x, idx));
+    test_fill_uniform(&bias, -0.3f * t, 0.3f * t);
+    struct bie_tensor sa = test_scalar(s), h[3], d[3];
+    for (int i = 0; i < 3; i++) {
+        h[i] = test_tensor(BIE_DTYPE_B1, 2, xs, NULL);
+        memset(h[i].data, 0, tensor_span(&h[i]));
+        d[i] = cuda_mirror(&h[i]);
+    }
+    struct bie_tensor dx = cuda_mirror(&x), dbias = cuda_mirror(&bias), dsa = dev_scale ? cuda_mirror(&sa) : sa;
+    char text[160];
+    snprintf(text, sizeof text, "P=%lld C=%lld x=%s t=%g scale_a=%g bias=%d devscale=%d", (long long)P, (long long)C,
+             bie_dtype_name(xd), (double)t, (double)s, has_bias, dev_scale);
+    CHECK_OK(ref_ctx, bie_binarize_ste_clamped(ref_ctx, &x, t, has_bias ? &bias : NULL, &sa, &h[0], &h[1], &h[2]));
+    CHECK_OK(cu_ctx, bie_binarize_ste_clamped(cu_ctx, &dx, t, has_bias ? &dbias : NULL, &dsa, &d[0], &d[1], &d[2]));
+    CHECK(bie_context_cuda_synchronize(cu_ctx) == BIE_STATUS_OK, "sync: %s", bie_context_last_error(cu_ctx));
+    static const char * const names[3] = {"bits", "mask", "clamp_mask"};
+    for (int i = 0; i < 3; i++) {
+        struct bie_tensor got = h[i];
+        got.data = malloc(tensor_span(&h[i]) + 16);
+        cuda_fetch(&got, &d[i]);
+        CHECK(memcmp(got.data, h[i].data, tensor_span(&h[i])) == 0, "%s differs from the reference on %s", names[i],
+              text);
+        free(got.data);
+        test_tensor_free(&h[i]);
+        cuda_tensor_free(&d[i]);
+    }
+    struct bie_tensor * ht[] = {&x, &bias, &sa};
+    for (size_t i = 0; i < 3; i++) test_tensor_free(ht[i]);
+    cuda_tensor_free(&dx);
+    cuda_tensor_free(&dbias);
+    if (dev_scale) cuda_tensor_free(&dsa);
+}
+
 // The cuDNN route of every layer kind against the GEMM route (gemm_ctx) and the reference.
 static void test_routes(bie_context_t * gemm_ctx) {
     static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
@@ -353,7 +404,8 @@ int main(int argc, char ** argv) {
     cuda_test_require_gpu("test-cuda-conv-bits");
     cuda_test_contexts(&ref_ctx, &cu_ctx);
     const int n = cuda_test_quick() ? 12 : 80;
-    for (int i = 0; i < n; i++) test_saved();    // (cu_ctx meets the device first, without the variable)
+    for (int i = 0; i < n; i++) test_saved(); // (cu_ctx meets the device first, without the variable)
+    for (int i = 0; i < n; i++) test_clamped_binarize();
     setenv("BIE_CUDA_CONV_BACKWARD", "gemm", 1); // read by a context when it first meets the device
     bie_context_t * gemm_ctx = test_new_context(BIE_BACKEND_AUTO);
     for (int i = 0; i < n; i++) test_routes(gemm_ctx);
