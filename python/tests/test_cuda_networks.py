@@ -53,6 +53,20 @@ def batch(n=8):
     return x.contiguous(memory_format=torch.channels_last), torch.randint(0, 10, (n,), device="cuda", generator=g)
 
 
+def captured(fn):
+    """fn() captured in a CUDA graph after 3 calls on a side stream: (the graph, fn's result)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g, out
+
+
 @cuda
 @pytest.mark.parametrize("kind", ["binary", "q4", "q8"])
 def test_graph_replay_equals_eager_inference(kind):
@@ -61,19 +75,30 @@ def test_graph_replay_equals_eager_inference(kind):
     with torch.no_grad():
         eager = m(x).clone()
         static_x = x.clone()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                m(static_x)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = m(static_x)
+        g, out = captured(lambda: m(static_x))
         static_x.copy_(x)
         g.replay()
         torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@cuda
+def test_graph_replay_after_the_workspace_grew():
+    """A graph captured at a small batch still replays right after eager calls of a larger batch
+    have grown libbie's workspace (the captured arena is kept, not freed)."""
+    m = cuda_model().eval()
+    x, _ = batch(2)
+    with torch.no_grad():
+        static_x = x.clone()
+        g, out = captured(lambda: m(static_x))
+        big, _ = batch(1024)
+        m(big)  # (larger calls: the workspace grows)
+        x2, _ = batch(2)
+        x2 = x2 * 0.5 + 0.25
+        static_x.copy_(x2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, m(x2))
 
 
 @cuda
@@ -97,15 +122,7 @@ def test_graph_replay_equals_eager_training_step():
     e_step, g_step = make_step(m_eager), make_step(m_graph)
     for _ in range(3):  # warm-up (sets the lazy scale_a, plans, cuDNN's algorithms) on both
         e_step()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            g_step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        g_step()
+    graph, _ = captured(g_step)
     for _ in range(4):
         e_step()
         graph.replay()

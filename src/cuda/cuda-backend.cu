@@ -40,7 +40,33 @@ void bie_cuda_state_destroy(struct bie_cuda_state * state) {
     bie_cudnn_state_destroy(state->cudnn);
     if (state->workspace) cudaFree(state->workspace);
     if (state->aux) cudaFree(state->aux);
+    for (int i = 0; i < state->retired_count; i++) cudaFree(state->retired[i]);
+    free(state->retired);
     free(state);
+}
+
+// Whether the state's stream is capturing into a CUDA graph now.
+static bool capturing(const struct bie_cuda_state * s) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(s->stream, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone;
+}
+
+// Gives up an arena that is growing: freed (cudaFree waits for the work still using it), or, when a
+// captured graph may still use it (*captured), kept in the retired list until the state goes.
+static enum bie_status drop_arena(bie_context_t * ctx, void ** arena, size_t * size, bool * captured) {
+    struct bie_cuda_state * s = ctx->cuda;
+    if (*arena && *captured) {
+        void ** r = (void **)realloc(s->retired, (size_t)(s->retired_count + 1) * sizeof *r);
+        if (!r) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: the list of retired arenas");
+        s->retired = r;
+        s->retired[s->retired_count++] = *arena;
+    } else if (*arena) {
+        CU_TRY(ctx, cudaFree(*arena), "cudaFree(workspace)");
+    }
+    *arena = NULL;
+    *size = 0;
+    *captured = false;
+    return BIE_STATUS_OK;
 }
 
 static enum bie_status ensure_state(bie_context_t * ctx) {
@@ -124,12 +150,7 @@ enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** ou
         // Grow by at least 1/4 so a slowly growing sequence of shapes reallocates rarely.
         size_t want = bytes + bytes / 4;
         want = (want + 0xFFFFF) & ~(size_t)0xFFFFF;
-        if (s->workspace) {
-            // cudaFree waits for the work still using the old arena.
-            CU_TRY(ctx, cudaFree(s->workspace), "cudaFree(workspace)");
-            s->workspace = NULL;
-            s->workspace_size = 0;
-        }
+        BIE_TRY(drop_arena(ctx, &s->workspace, &s->workspace_size, &s->workspace_captured));
         void * p = NULL;
         cudaError_t e = cudaMalloc(&p, want);
         if (e != cudaSuccess) {
@@ -140,6 +161,7 @@ enum bie_status bie_cuda_workspace(bie_context_t * ctx, size_t bytes, void ** ou
         s->workspace = p;
         s->workspace_size = want;
     }
+    if (!s->workspace_captured && capturing(s)) s->workspace_captured = true;
     *out = s->workspace;
     return BIE_STATUS_OK;
 }
@@ -149,9 +171,7 @@ enum bie_status bie_cuda_aux(bie_context_t * ctx, size_t bytes, void ** out) {
     struct bie_cuda_state * s = ctx->cuda;
     if (s->aux_size < bytes) {
         const size_t want = (bytes + 0xFFFF) & ~(size_t)0xFFFF;
-        if (s->aux) CU_TRY(ctx, cudaFree(s->aux), "cudaFree(aux)"); // (waits for the work using it)
-        s->aux = NULL;
-        s->aux_size = 0;
+        BIE_TRY(drop_arena(ctx, &s->aux, &s->aux_size, &s->aux_captured));
         cudaError_t e = cudaMalloc(&s->aux, want);
         if (e != cudaSuccess) {
             cudaGetLastError();
@@ -161,6 +181,7 @@ enum bie_status bie_cuda_aux(bie_context_t * ctx, size_t bytes, void ** out) {
         }
         s->aux_size = want;
     }
+    if (!s->aux_captured && capturing(s)) s->aux_captured = true;
     *out = s->aux;
     return BIE_STATUS_OK;
 }

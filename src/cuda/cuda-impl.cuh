@@ -30,6 +30,11 @@ struct bie_cuda_state {
     struct bie_cudnn_state * cudnn;    // cuDNN handle and per-shape algorithms (cuda-cudnn.cu), or NULL
     void * aux;                        // a small device arena that outlives the layer calls inside an op
     size_t aux_size;                   // (the batched matmul's partial sums; bie_cuda_aux)
+    // Arenas handed to work captured into a CUDA graph: the graph keeps their addresses, so an arena
+    // that grows while captured is retired (kept until the state goes) instead of freed.
+    bool workspace_captured, aux_captured;
+    void ** retired;
+    int retired_count;
 };
 
 // The shape of a conv backward as cuDNN is asked it (cuda-cudnn.cu): x [n, c, h, w], weight
