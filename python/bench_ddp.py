@@ -18,6 +18,9 @@ process per GPU, against the same training on one GPU. Run through torchrun (scr
    (the step is bound by the host, whose speed drifts); medians of each, and for DDP the slowest
    rank's; scaling = world * (one-GPU step time) / (DDP step time), the throughput of all GPUs
    over one GPU's. DistributedDataParallel takes PyTorch's defaults unless options say otherwise.
+   --graphs: each side's step is captured in a CUDA graph and replayed (both sides alike), which
+   takes the host out of the step; DDP is built on a side stream and runs 11 eager steps before
+   its capture, and NCCL's asynchronous error handling is off, as PyTorch's CUDA graph notes ask.
 """
 import argparse
 import datetime
@@ -121,27 +124,40 @@ def step_times(step, dev, iters):
     return times
 
 
-def speed(rank, world, dev, batch, ddp_options, rounds=6, iters=10):
+def speed(rank, world, dev, batch, ddp_options, graphs=False, rounds=6, iters=10):
     """Median step times (ms) on one GPU (rank 0 alone, the others waiting) and under DDP (the
-    slowest rank's median), timed in alternating rounds so that both see the same host."""
+    slowest rank's median), timed in alternating rounds so that both see the same host; with graphs,
+    of each side's step replayed from a CUDA graph, the one-GPU graph's rounds all first (replays
+    of a graph captured before DDP's capture failed with an illegal address once DDP's was made)."""
     x, y = global_batch(batch, 224, torch.float16, seed=2 + rank)
     x = x.to(dev).contiguous(memory_format=torch.channels_last)
     y = y.to(dev)
-    one_step = None
+    one_step, one = None, []
     if rank == 0:
         bie.set_data_parallel(False)
         one_step = SGDStep(bench_networks.build("binary", dev, torch.float16), x, y, lr=1e-3, momentum=0.9,
                            set_to_none=False)
         step_times(one_step, dev, 5)
+        if graphs:
+            replay = bench_networks.graphed(one_step, dev)
+            one = step_times(replay, dev, rounds * iters)
+            del replay, one_step
+            one_step = None
         bie.set_data_parallel(None)
     dist.barrier()
-    ddp = nn.parallel.DistributedDataParallel(bench_networks.build("binary", dev, torch.float16),
-                                              device_ids=[dev.index], **ddp_options)
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):  # (where DDP must be built for a later capture)
+        ddp = nn.parallel.DistributedDataParallel(bench_networks.build("binary", dev, torch.float16),
+                                                  device_ids=[dev.index], **ddp_options)
+    torch.cuda.current_stream(dev).wait_stream(side)
     ddp_step = SGDStep(ddp, x, y, lr=1e-3, momentum=0.9, set_to_none=False)
     step_times(ddp_step, dev, 5)
-    one, mine = [], []
+    if graphs:
+        ddp_step = bench_networks.graphed(ddp_step, dev, warmup=11)
+    mine = []
     for _ in range(rounds):
-        if rank == 0:
+        if rank == 0 and one_step is not None:
             bie.set_data_parallel(False)
             one += step_times(one_step, dev, iters)
             bie.set_data_parallel(None)
@@ -160,19 +176,22 @@ def main():
     ap.add_argument("--bucket-view", action="store_true",
                     help="DistributedDataParallel(gradient_as_bucket_view=True): gradients live in the buckets")
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="DistributedDataParallel's bucket_cap_mb")
+    ap.add_argument("--graphs", action="store_true", help="time CUDA graph replays of each side's step")
     ap.add_argument("--no-broadcast-buffers", action="store_true",
                     help="DistributedDataParallel(broadcast_buffers=False): no copy of rank 0's buffers (BatchNorm "
                          "statistics, scale_w) to every rank before each forward")
     args = ap.parse_args()
     ddp_options = {"broadcast_buffers": not args.no_broadcast_buffers, "static_graph": args.static_graph,
                    "gradient_as_bucket_view": args.bucket_view, "bucket_cap_mb": args.bucket_mb}
+    if args.graphs:  # (PyTorch's condition for NCCL collectives inside a captured graph)
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
     torch.cuda.set_device(dev)
     torch.backends.cudnn.benchmark = True
     eq = equality(rank, world, dev, per_gpu=16)
-    one, ddp = speed(rank, world, dev, args.batch, ddp_options)
+    one, ddp = speed(rank, world, dev, args.batch, ddp_options, args.graphs)
     if rank == 0:
         scaling = world * one / ddp
         name = torch.cuda.get_device_name(dev)
@@ -182,10 +201,12 @@ def main():
               f"{total:.3g} apart (relative L2), the farthest parameter's {w_rel:.3g} ({w_name}, norm {w_norm:.3g}); "
               f"on one GPU, cuDNN's deterministic against its autotuned algorithms: {spread:.3g}")
         print(f"DistributedDataParallel options: {ddp_options}")
-        print(f"fp16 step, {args.batch} images per GPU: one GPU {one:.3f} ms, {world} GPUs {ddp:.3f} ms, "
-              f"scaling {scaling:.2f}x")
+        print(f"fp16 step{' (CUDA graphs)' if args.graphs else ''}, {args.batch} images per GPU: one GPU {one:.3f} ms, "
+              f"{world} GPUs {ddp:.3f} ms, scaling {scaling:.2f}x")
         if args.json:
-            row = {"network": "resnet18-bnn", "model": "binary", "batch": args.batch, "mode": f"ddp x{world} step",
+            mode = f"ddp x{world} step" + (", CUDA graphs" if args.graphs else "")
+            row = {"network": "resnet18-bnn", "model": "binary", "batch": args.batch, "mode": mode,
+                   "graphs": args.graphs,
                    "bie_ms": round(ddp, 4), "baseline": "one GPU", "baseline_ms": round(one, 4),
                    "ratio": round(scaling, 3), "update_diff": total, "max_rel_update_diff": w_rel,
                    "max_rel_update_param": w_name, "one_gpu_rounding_spread": spread, "ddp_options": ddp_options,

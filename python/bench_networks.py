@@ -120,12 +120,12 @@ def time_it(fn, device, budget, min_iters=10, max_iters=200):
     return statistics.median(times)
 
 
-def graphed(fn, device):
-    """fn captured in a CUDA graph (warmed up on a side stream first); returns the replay."""
+def graphed(fn, device, warmup=3):
+    """fn captured in a CUDA graph (`warmup` calls on a side stream first); returns the replay."""
     s = torch.cuda.Stream(device)
     s.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(s):
-        for _ in range(3):
+        for _ in range(warmup):
             fn()
     torch.cuda.current_stream(device).wait_stream(s)
     g = torch.cuda.CUDAGraph()
