@@ -290,6 +290,7 @@ def modules_part(rows, files):
 def networks_part(rows, files):
     out = ["## Whole networks", ""]
     out += para(*intro("networks"))
+    explained = False
     for device, drows in group_by(rows, lambda r: r.get("device", "unknown device")).items():
         src = [f for f, frows in files if any(r in frows for r in drows)]
         if all(r["mode"] not in ("inference", "inference fused", "train step") for r in drows):
@@ -324,7 +325,8 @@ def networks_part(rows, files):
                          "-" if fold is None else f"{fold / fused['bie_ms']:.2f}x", pair(step),
                          ratio(step) if step else "-", peak(step or inf), pair(fstep),
                          ratio(fstep) if fstep else "-", "-" if fstep is None else peak(fstep)])
-        if body:
+        if body and not explained:  # (the columns, said once for every device)
+            explained = True
             base = ", ".join(sorted({r.get("baseline", "float") for m in runs.values() for r in m.values()}))
             out += para(f"Baseline: {base}. fused: after bie.fuse (each block's Hardtanh, conv, BatchNorm and "
                         "shortcut add one libbie call; the stem's BatchNorm, ReLU and max-pool one libbie pass "
@@ -334,6 +336,7 @@ def networks_part(rows, files):
                         "(torch.fx.experimental.optimization.fuse), and the fused network's ratio against it. "
                         "fused train step: the training step after bie.fuse, whose binary convs and their "
                         "Hardtanh each train as one node that keeps 3 bits per element of its input.")
+        if body:
             out += table(["model", "batch", "timing", "inference ms (bie / baseline)", "ratio",
                           "fused inference ms (bie / baseline)", "ratio", "folded ms", "ratio",
                           "train step ms (bie / baseline)", "ratio", "peak MiB (bie / baseline)",
@@ -363,6 +366,7 @@ To refresh a figure, run its benchmark with `--json` into `bench/results/`, then
     scripts/gpu-check.sh --out DIR     # on a GPU machine: DIR/bench-cuda.json, DIR/bench-modules.json,
                                        # DIR/bench-networks-*.json
     scripts/ddp-check.sh --out DIR     # on a machine of several GPUs: DIR/bench-ddp.json
+                                       # (--graphs: each side's step replayed from a CUDA graph)
 
 `make test` checks that this page is what the result files give.
 """
