@@ -191,11 +191,21 @@ class Q8Conv2dForward(_conv(QUANT_INT8, PAD_ZERO)):
     """8-bit conv2d (zero padding)."""
 
 
+_EXACT = {}  # (t, dtype): whether t is a value of dtype (asked once per pair, not on every call)
+
+
+def _exact_in(t, dtype):
+    v = _EXACT.get((t, dtype))
+    if v is None:
+        v = _EXACT[(t, dtype)] = float(torch.tensor(t, dtype=dtype)) == t
+    return v
+
+
 def clamp_saves_bits(x, lo, hi, weight, scale_a, bias_a, padding, pad_value):
     """Whether ClampedBinaryConv2dForward takes x: a binary conv's bits-saving case (_conv_saves_bits)
     behind a symmetric clamp [-t, t] whose t is a positive value of x's dtype (so that libbie's f32
     clamp is PyTorch's clamp in x's dtype)."""
-    return (0.0 < hi == -lo and float(torch.tensor(hi, dtype=x.dtype)) == hi
+    return (0.0 < hi == -lo and _exact_in(hi, x.dtype)
             and _conv_saves_bits(x, QUANT_BINARY, padding, pad_value, weight, scale_a, bias_a))
 
 
