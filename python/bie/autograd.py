@@ -38,14 +38,14 @@ __all__ = ["BinaryLinearForward", "Q4LinearForward", "Q8LinearForward", "BinaryC
 SAVED_BITS_MIN = 1 << 25
 
 
-def _save(ctx, is_train, quant, x, weight, scale_a, scale_w, bias_a, conv, mask=None):
+def _save(ctx, is_train, quant, x, weight, scale_a, scale_w, bias_a, conv, mask=None, gate=None):
     ctx.is_train = bool(is_train)
     ctx.quant = quant
     ctx.conv = conv
     ctx.has_bias = bias_a is not None
     ctx.saved_bits = None
     if is_train:
-        ctx.save_for_backward(x, weight, scale_a, scale_w, bias_a, *(() if mask is None else (mask,)))
+        ctx.save_for_backward(x, weight, scale_a, scale_w, bias_a, *(t for t in (mask, gate) if t is not None))
         # the int8 latent weight's float gradient buffer, if any
         ctx.grad_sink = getattr(weight, "privileged_grad", None) if weight.dtype == torch.int8 else None
 
@@ -53,7 +53,7 @@ def _save(ctx, is_train, quant, x, weight, scale_a, scale_w, bias_a, conv, mask=
 def _backward(ctx, grad_y, bias_index):
     if not ctx.is_train:
         raise RuntimeError("bie: backward through a layer call made with is_train=False")
-    x, weight, scale_a, scale_w, bias_a, *mask = ctx.saved_tensors
+    x, weight, scale_a, scale_w, bias_a, *mask = ctx.saved_tensors  # mask: x_mask, then grad_x_mask (a clamp's)
     need_x, need_w, need_s = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     need_b = ctx.has_bias and ctx.needs_input_grad[bias_index]
     sink = ctx.grad_sink
@@ -65,7 +65,8 @@ def _backward(ctx, grad_y, bias_index):
         c, x_dtype = ctx.saved_bits
         ks, st, pd, dl, pv = ctx.conv
         gx, gw, gs, gb = F.conv2d_backward(ctx.quant, x, weight, scale_a, scale_w, grad_y, bias_a, ks, st, pd, dl, pv,
-                                           needs, x_mask=mask[0], in_channels=c, grad_x_dtype=x_dtype)
+                                           needs, x_mask=mask[0], in_channels=c, grad_x_dtype=x_dtype,
+                                           grad_x_mask=mask[1] if len(mask) > 1 else None)
     elif ctx.saved_bits is not None:  # x: binarize_ste's bits, beside its mask
         k, x_dtype = ctx.saved_bits
         gx, gw, gs, gb = F.linear_backward(ctx.quant, x, weight, scale_a, scale_w, grad_y, bias_a, needs,
@@ -225,28 +226,11 @@ class ClampedBinaryConv2dForward(torch.autograd.Function):
     def forward(ctx, x, weight, scale_a, scale_w, t, kernel_size, stride, padding, dilation, bias_a=None):
         bits, mask, gate = F.conv2d_binarize_ste(x, scale_a, bias_a, clamp=t)
         conv = (kernel_size, stride, padding, dilation, PAD_ZERO)
-        ctx.save_for_backward(bits, weight, scale_a, scale_w, bias_a, mask, gate)
-        ctx.conv, ctx.c, ctx.x_dtype = conv, x.shape[1], x.dtype
-        ctx.grad_sink = getattr(weight, "privileged_grad", None) if weight.dtype == torch.int8 else None
+        _save(ctx, True, QUANT_BINARY, bits, weight, scale_a, scale_w, bias_a, conv, mask, gate)
+        ctx.saved_bits = (x.shape[1], x.dtype)
         return F.conv2d_forward(QUANT_BINARY, bits, weight, scale_a, scale_w, None, *conv, out_dtype=x.dtype,
                                 in_channels=x.shape[1])
 
     @staticmethod
     def backward(ctx, grad_y):
-        bits, weight, scale_a, scale_w, bias_a, mask, gate = ctx.saved_tensors
-        n = ctx.needs_input_grad
-        sink = ctx.grad_sink
-        needs = (n[0], n[1] or sink is not None, n[2], bias_a is not None and n[9])
-        if not any(needs):
-            return (None,) * 10
-        gx, gw, gs, gb = F.conv2d_backward(QUANT_BINARY, bits, weight, scale_a, scale_w, grad_y, bias_a, *ctx.conv,
-                                           needs, x_mask=mask, in_channels=ctx.c, grad_x_dtype=ctx.x_dtype,
-                                           grad_x_mask=gate)
-        if sink is not None:
-            sink.add_(gw.to(sink.dtype))
-            gw = None
-        if gw is not None and not n[1]:
-            gw = None
-        if gs is not None and gs.shape != scale_a.shape:
-            gs = gs.reshape(scale_a.shape)
-        return gx, gw, gs, None, None, None, None, None, None, gb
+        return _grads(ctx, grad_y, 10, 9)

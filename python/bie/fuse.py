@@ -183,13 +183,13 @@ class FusedConv2d(nn.Module):
         if act is None or not (conv.training and torch.is_grad_enabled()):
             return None
         lo, hi = float(act.min_val), float(act.max_val)
+        if not clamp_saves_bits(x, lo, hi, conv.opt_weight, conv.scale_a, conv.bias_a, conv.padding, conv.pad_value):
+            return None  # (before any of the conv's own preparation, which its call then does)
         if not conv._scale_ready:  # (the lazy scale_a comes from the conv's own input)
             with torch.no_grad():
                 conv._init_scale_a(act(x))
         conv._check_forward(x)
         w = conv._prepare_forward(x)
-        if not clamp_saves_bits(x, lo, hi, w, conv.scale_a, conv.bias_a, conv.padding, conv.pad_value):
-            return None
         y = ClampedBinaryConv2dForward.apply(x, w, conv._scale_a_arg(), conv.scale_w, hi, *conv._geometry(),
                                              conv.bias_a)
         return conv._output(y)

@@ -363,10 +363,6 @@ extern "C" enum bie_status bie_cuda_layer_forward(bie_context_t * ctx, const str
     return bie_cuda_layer_epilogue(ctx, c, (int8_t *)(ws + r.off[W_BITS]));
 }
 
-// bie_binarize_ste (bie-impl.h's binarize_ste slot): contiguous float rows of x into byte-aligned
-// bit rows go through pack_contiguous_rows, which reads x once with 16-byte loads and writes the
-// sign bits and the STE mask bits in the same pass; other views through per-element codes and the
-// packed writer.
 // The clamped form (bie_binarize_ste_clamped): ste_clamped8 on dense rows, else ste_codes.
 static enum bie_status binarize_clamped(bie_context_t * ctx, cudaStream_t stream, const struct bie_layer_call * c,
                                         const pack_src & p, const struct bie_ste_out * o) {
@@ -408,6 +404,10 @@ static enum bie_status binarize_clamped(bie_context_t * ctx, cudaStream_t stream
     return BIE_STATUS_OK;
 }
 
+// bie_binarize_ste (bie-impl.h's binarize_ste slot): contiguous float rows of x into byte-aligned
+// bit rows go through pack_contiguous_rows, which reads x once with 16-byte loads and writes the
+// sign bits and the STE mask bits in the same pass; other views through per-element codes and the
+// packed writer; the clamped form through binarize_clamped.
 extern "C" enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * c,
                                                  const struct bie_ste_out * o) {
     struct bie_cuda_state * st;

@@ -427,9 +427,9 @@ static enum bie_status binarize(bie_context_t * ctx, const struct bie_tensor * x
                                 struct bie_tensor * bits, struct bie_tensor * mask, struct bie_tensor * clamp_mask) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     BIE_ENTER(ctx);
-    if (!clamped && !bits && !mask) BIE_FAIL("bits, mask: both are NULL (ask for at least one)");
-    if (clamped && !bits && !mask && !clamp_mask)
-        BIE_FAIL("bits, mask, clamp_mask: all are NULL (ask for at least one)");
+    if (!bits && !mask && !clamp_mask)
+        BIE_FAIL(clamped ? "bits, mask, clamp_mask: all are NULL (ask for at least one)"
+                         : "bits, mask: both are NULL (ask for at least one)");
     if (clamped && !(isfinite(clamp) && clamp > 0.0f)) BIE_FAIL("clamp: %g must be finite and > 0", (double)clamp);
     if (mask && !scale_a) BIE_FAIL("scale_a: is NULL but the mask needs it");
     // the x side of a binary linear layer call, checked as the layer checks it
