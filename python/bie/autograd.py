@@ -151,6 +151,15 @@ def _conv_saves_bits(x, quant, padding, pad_value, weight, scale_a, bias_a):
             and x.is_contiguous(memory_format=torch.channels_last))
 
 
+def _conv_from_bits(ctx, x, bits, mask, gate, weight, scale_a, scale_w, bias_a, conv):
+    """A training binary conv's forward from conv2d_binarize_ste's bits of x (bias_a in them), keeping
+    bits, mask and the clamp's bits (gate, or None) for the backward instead of x."""
+    _save(ctx, True, QUANT_BINARY, bits, weight, scale_a, scale_w, bias_a, conv, mask, gate)
+    ctx.saved_bits = (x.shape[1], x.dtype)
+    return F.conv2d_forward(QUANT_BINARY, bits, weight, scale_a, scale_w, None, *conv, out_dtype=x.dtype,
+                            in_channels=x.shape[1])
+
+
 def _conv(quant, default_pad):
     class _Conv(torch.autograd.Function):
         @staticmethod
@@ -163,10 +172,7 @@ def _conv(quant, default_pad):
                 _save(ctx, is_train, quant, x, weight, scale_a, scale_w, bias_a, conv)
                 return F.conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a, *conv)
             bits, mask = F.conv2d_binarize_ste(x, scale_a, bias_a)
-            _save(ctx, is_train, quant, bits, weight, scale_a, scale_w, bias_a, conv, mask)
-            ctx.saved_bits = (x.shape[1], x.dtype)
-            return F.conv2d_forward(quant, bits, weight, scale_a, scale_w, None, *conv, out_dtype=x.dtype,
-                                    in_channels=x.shape[1])
+            return _conv_from_bits(ctx, x, bits, mask, None, weight, scale_a, scale_w, bias_a, conv)
 
         @staticmethod
         def backward(ctx, grad_y):
@@ -225,11 +231,8 @@ class ClampedBinaryConv2dForward(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, scale_a, scale_w, t, kernel_size, stride, padding, dilation, bias_a=None):
         bits, mask, gate = F.conv2d_binarize_ste(x, scale_a, bias_a, clamp=t)
-        conv = (kernel_size, stride, padding, dilation, PAD_ZERO)
-        _save(ctx, True, QUANT_BINARY, bits, weight, scale_a, scale_w, bias_a, conv, mask, gate)
-        ctx.saved_bits = (x.shape[1], x.dtype)
-        return F.conv2d_forward(QUANT_BINARY, bits, weight, scale_a, scale_w, None, *conv, out_dtype=x.dtype,
-                                in_channels=x.shape[1])
+        return _conv_from_bits(ctx, x, bits, mask, gate, weight, scale_a, scale_w, bias_a,
+                               (kernel_size, stride, padding, dilation, PAD_ZERO))
 
     @staticmethod
     def backward(ctx, grad_y):
