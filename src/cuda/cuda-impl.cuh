@@ -28,8 +28,8 @@ struct bie_cuda_state {
     bool force_mma;                    // BIE_CUDA_GEMM=mma was set when cc was read: no wgmma
     bool force_gemm_backward;          // BIE_CUDA_CONV_BACKWARD=gemm was set then: convs' backward without cuDNN
     struct bie_cudnn_state * cudnn;    // cuDNN handle and per-shape algorithms (cuda-cudnn.cu), or NULL
-    void * aux;                        // a small device arena that outlives the layer calls inside an op
-    size_t aux_size;                   // (the batched matmul's partial sums; bie_cuda_aux)
+    void * aux;                        // a device arena that outlives the layer calls inside an op
+    size_t aux_size;                   // (the batched matmul's packed operands and partial sums; bie_cuda_aux)
     // Arenas handed to work captured into a CUDA graph: the graph keeps their addresses, so an arena
     // that grows while captured is retired (kept until the state goes) instead of freed.
     bool workspace_captured, aux_captured;

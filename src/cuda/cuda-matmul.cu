@@ -10,8 +10,9 @@
 // partials kept in the context's aux arena, which the layer calls (they use the workspace) leave
 // alone. Nothing synchronises the host. Forwards of many small batches take one pass of operand
 // words (sign bits or int8 codes) per operand and one of their products instead
-// (forward_small_batches).
-#include "cuda-impl.cuh"
+// (forward_small_batches). Binary forwards of several larger batches pack each operand's sign bits
+// for all batches in one pass, so that the layer calls read bits (forward_packed_batches).
+#include "cuda-forward.cuh"
 
 #include <math.h>
 
@@ -132,12 +133,74 @@ template <bool BINARY> enum bie_status forward_small_batches(bie_context_t * ctx
     return BIE_STATUS_OK;
 }
 
+// Whether an operand [B, R, K] has its rows evenly spaced across the batches (one [B*R, K] matrix).
+bool merged_rows(const struct bie_tensor & t) { return t.shape[0] == 1 || t.stride[0] == t.shape[1] * t.stride[1]; }
+
+// The B1 view [R, K, 1, 1] of R packed rows, kbytes apart, at p.
+struct bie_tensor bit_rows(uint8_t * p, int64_t R, int64_t K, int64_t kbytes, const struct bie_matmul_call * mc) {
+    struct bie_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = p;
+    t.dtype = BIE_DTYPE_B1;
+    t.ndim = 4;
+    t.shape[0] = R;
+    t.shape[1] = K;
+    t.shape[2] = t.shape[3] = 1;
+    t.stride[0] = kbytes * 8;
+    t.stride[1] = 1;
+    t.device_type = mc->device_type;
+    t.device_index = mc->device_index;
+    return t;
+}
+
+// Packs side's operand (0: x, 1: y) of every batch into GEMM rows of kbytes (bit = 1{v >= 0},
+// NaN -> 0, zeros past K), the layers' packer taking the rows of each batch as a linear layer's x,
+// or those of all batches at once when they are evenly spaced.
+enum bie_status pack_operand(bie_context_t * ctx, const struct bie_matmul_call * mc, int side, int64_t kbytes,
+                             uint8_t * out) {
+    const bool merged = merged_rows(side ? mc->y : mc->x);
+    for (int64_t b = 0; b < (merged ? 1 : mc->B); b++) {
+        struct bie_layer_call lc;
+        bie_matmul_layer_call(mc, b, side, &lc);
+        if (merged) {
+            lc.g.batch *= mc->B;
+            lc.x.shape[0] *= mc->B;
+        }
+        pack_src p;
+        memset(&p, 0, sizeof p);
+        dview_make(&lc.x, &p.t);
+        p.g = dgeom_make(lc.g);
+        p.quant = (int)lc.quant;
+        p.s = dscale_make(&lc, true);
+        BIE_TRY(pack_any(ctx, ctx->cuda->stream, p, lc.g.batch, kbytes, out + b * lc.g.batch * kbytes, NULL, NULL));
+    }
+    return BIE_STATUS_OK;
+}
+
+enum bie_status forward_packed_batches(bie_context_t * ctx, const struct bie_matmul_call * mc) {
+    const int64_t kbytes = ((mc->K + 7) / 8 + 127) / 128 * 128, xr = mc->B * mc->M, yr = mc->B * mc->N;
+    uint8_t * bits;
+    BIE_TRY(bie_cuda_aux(ctx, (size_t)((xr + yr) * kbytes), (void **)&bits));
+    uint8_t *xb = bits, *yb = bits + xr * kbytes;
+    BIE_TRY(pack_operand(ctx, mc, 0, kbytes, xb));
+    BIE_TRY(pack_operand(ctx, mc, 1, kbytes, yb));
+    for (int64_t b = 0; b < mc->B; b++) {
+        struct bie_layer_call lc;
+        bie_matmul_layer_call(mc, b, 0, &lc);
+        lc.x = bit_rows(xb + b * mc->M * kbytes, mc->M, mc->K, kbytes, mc);
+        lc.weight = bit_rows(yb + b * mc->N * kbytes, mc->N, mc->K, kbytes, mc);
+        BIE_TRY(bie_cuda_layer_forward(ctx, &lc));
+    }
+    return BIE_STATUS_OK;
+}
+
 } // namespace
 
 extern "C" enum bie_status bie_cuda_matmul_forward(bie_context_t * ctx, const struct bie_matmul_call * mc) {
     if (small_batches(mc))
         return mc->quant == BIE_QUANT_BINARY ? forward_small_batches<true>(ctx, mc)
                                              : forward_small_batches<false>(ctx, mc);
+    if (mc->quant == BIE_QUANT_BINARY && mc->B > 1) return forward_packed_batches(ctx, mc);
     for (int64_t b = 0; b < mc->B; b++) {
         struct bie_layer_call lc;
         bie_matmul_layer_call(mc, b, 0, &lc);

@@ -84,17 +84,19 @@ int main(int argc, char ** argv) {
         matmul_random_case(&c);
         matmul_check_case(&c, ref, &cu, names, 1, i >= iters, &cuda_dev);
     }
-    // large: several row and column tiles and K stages per batch (the wgmma route on Hopper)
-    for (int i = 0; i < (cuda_test_quick() ? 1 : 4); i++) {
+    // large: several row and column tiles and K stages per batch (the wgmma route on Hopper);
+    // binary ones take the packed-batches route, K a multiple of 1024 reading its bits in place
+    for (int i = 0; i < (cuda_test_quick() ? 2 : 6); i++) {
         struct mcase c;
-        matmul_random_case(&c);
+        do matmul_random_case(&c);
+        while ((c.q == BIE_QUANT_BINARY) != (i % 2 == 0));
         c.lead = 1;
         c.ls[0] = c.B = test_rand_int(2, 3);
         c.M = test_rand_int(300, 700);
         c.N = test_rand_int(260, 520);
-        c.K = test_rand_int(600, 1300);
+        c.K = i % 4 == 0 ? 1024 * test_rand_int(1, 2) : test_rand_int(600, 1300);
         matmul_describe(&c);
-        matmul_check_case(&c, ref, &cu, names, 1, i % 2 == 1, &cuda_dev);
+        matmul_check_case(&c, ref, &cu, names, 1, i >= 4, &cuda_dev);
     }
     for (int i = 0; i < (cuda_test_quick() ? 60 : 300); i++) embedding_check_case(ref, cu, "cuda", &cuda_dev);
     check_binary_rows(ref, cu);
