@@ -69,28 +69,45 @@ __global__ void operand_words(struct dview v, int64_t R, int64_t K, int64_t kw, 
     }
 }
 
+constexpr int MM_ROWS = 32;         // x rows a word_products block takes per step
+constexpr int MM_TILE_WORDS = 8192; // y words a word_products block stages in shared memory (32 KB)
+constexpr int MM_MAX_KW = 1024;     // the longest operand rows word_products takes (the tile holds 7 of them)
+
 // out[b, m, n] = acc * (x_clip * y_clip), acc = sum_k a*b: binary K - 2 popc(a_bits ^ b_bits)
 // (the padding bits agree), n-bit the dp4a sums of the code words; exact in int32. An I32 out
-// takes acc. A thread per output, n fastest.
+// takes acc. A block stages a tile of nt rows of y[b] in shared memory, rows kw + 1 words apart (an
+// odd pitch: lanes on different rows read different banks), then takes MM_ROWS rows of x[b] at a
+// time, a thread per output, n fastest (the lanes of a warp share their x row: one broadcast read).
 template <bool BINARY>
 __global__ void word_products(const uint32_t * xw, const uint32_t * yw, int64_t B, int64_t M, int64_t N, int64_t K,
-                              int64_t kw, struct dscale sa, struct dscale sb, struct dview out) {
+                              int kw, int nt, struct dscale sa, struct dscale sb, struct dview out) {
+    __shared__ uint32_t ys[MM_TILE_WORDS];
     const float s = __fmul_rn(ld_scale(sa), ld_scale(sb));
-    const int64_t total = B * M * N;
-    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t bm = qdiv(e, N), n = e - bm * N, b = qdiv(bm, M), m = bm - b * M;
-        const uint32_t *xr = xw + bm * kw, *yr = yw + (b * N + n) * kw;
-        int32_t acc = 0;
-        if (BINARY) {
-            int64_t diff = 0;
-            for (int64_t w = 0; w < kw; w++) diff += __popc(xr[w] ^ yr[w]);
-            acc = (int32_t)(K - 2 * diff);
-        } else {
-            for (int64_t w = 0; w < kw; w++) acc = __dp4a((int)xr[w], (int)yr[w], acc);
+    const int64_t n0 = (int64_t)blockIdx.x * nt;
+    const int rows = (int)(N - n0 < nt ? N - n0 : nt), ld = kw + 1;
+    for (int64_t b = blockIdx.z; b < B; b += gridDim.z) {
+        const uint32_t * src = yw + (b * N + n0) * kw;
+        __syncthreads(); // (the previous batch's tile is no longer read)
+        for (int i = threadIdx.x; i < rows * kw; i += blockDim.x) ys[(i / kw) * ld + i % kw] = src[i];
+        __syncthreads();
+        for (int64_t m0 = (int64_t)blockIdx.y * MM_ROWS; m0 < M; m0 += (int64_t)gridDim.y * MM_ROWS) {
+            const int mrows = (int)(M - m0 < MM_ROWS ? M - m0 : MM_ROWS);
+            for (int e = threadIdx.x; e < mrows * rows; e += blockDim.x) {
+                const int mi = e / rows, ni = e - mi * rows;
+                const uint32_t *xr = xw + (b * M + m0 + mi) * kw, *yr = ys + ni * ld;
+                int32_t acc = 0;
+                if (BINARY) {
+                    int diff = 0;
+                    for (int w = 0; w < kw; w++) diff += __popc(xr[w] ^ yr[w]);
+                    acc = (int32_t)(K - 2 * (int64_t)diff);
+                } else {
+                    for (int w = 0; w < kw; w++) acc = __dp4a((int)xr[w], (int)yr[w], acc);
+                }
+                const int64_t off = b * out.stride[1] + (m0 + mi) * out.stride[2] + (n0 + ni) * out.stride[3];
+                if (out.dtype == BIE_DTYPE_I32) ((int32_t *)out.data)[off] = acc;
+                else st_float(out.data, out.dtype, off, __fmul_rn((float)acc, s));
+            }
         }
-        const int64_t off = b * out.stride[1] + m * out.stride[2] + n * out.stride[3];
-        if (out.dtype == BIE_DTYPE_I32) ((int32_t *)out.data)[off] = acc;
-        else st_float(out.data, out.dtype, off, __fmul_rn((float)acc, s));
     }
 }
 
@@ -99,11 +116,11 @@ int64_t words_per_row(const struct bie_matmul_call * mc) {
 }
 
 // Whether the batched word products run this matmul's forward: several batches of a few
-// operations each (per batch at most 2^21 word products), where a layer call per batch costs
-// more in launches than its work.
+// operations each (per batch at most 2^21 word products, rows of at most MM_MAX_KW words), where a
+// layer call per batch costs more in launches than its work.
 bool small_batches(const struct bie_matmul_call * mc) {
-    return mc->B > 1 && mc->M * mc->N * words_per_row(mc) <= ((int64_t)1 << 21) && mc->x.ndim == 3 && mc->y.ndim == 3 &&
-           mc->out.ndim == 3;
+    return mc->B > 1 && mc->M * mc->N * words_per_row(mc) <= ((int64_t)1 << 21) && words_per_row(mc) <= MM_MAX_KW &&
+           mc->x.ndim == 3 && mc->y.ndim == 3 && mc->out.ndim == 3;
 }
 
 template <bool BINARY> enum bie_status forward_small_batches(bie_context_t * ctx, const struct bie_matmul_call * mc) {
@@ -127,8 +144,11 @@ template <bool BINARY> enum bie_status forward_small_batches(bie_context_t * ctx
     operand_words<BINARY>
         <<<grid_for(per * yn, 256), 256, 0, st->stream>>>(y, mc->N, mc->K, kw, yn, sy, (int)mc->quant, yw);
     LAUNCHED(ctx, "matmul operand words (y)");
-    word_products<BINARY><<<grid_for(mc->B * mc->M * mc->N, 256), 256, 0, st->stream>>>(xw, yw, mc->B, mc->M, mc->N,
-                                                                                        mc->K, kw, sx, sy, out);
+    const int nt = (int)(mc->N < MM_TILE_WORDS / (kw + 1) ? mc->N : MM_TILE_WORDS / (kw + 1));
+    const int64_t ntiles = (mc->N + nt - 1) / nt, mtiles = (mc->M + MM_ROWS - 1) / MM_ROWS;
+    const dim3 grid((unsigned)ntiles, (unsigned)(mtiles < 65535 ? mtiles : 65535),
+                    (unsigned)(mc->B < 65535 ? mc->B : 65535));
+    word_products<BINARY><<<grid, 256, 0, st->stream>>>(xw, yw, mc->B, mc->M, mc->N, mc->K, (int)kw, nt, sx, sy, out);
     LAUNCHED(ctx, "matmul word products");
     return BIE_STATUS_OK;
 }

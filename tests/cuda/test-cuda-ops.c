@@ -3,8 +3,8 @@
 // the plain-C reference on host copies of the same operands (the cases and bounds of
 // tests/op-cases.h, as the CPU tests use them):
 //   matmul forward: identical element by element (out f32/f16/bf16 or I32), host and device clips,
-//            odd shapes and layouts (y stored transposed), and large batches whose GEMMs take
-//            several tiles and K stages on the tensor cores;
+//            odd shapes and layouts (y stored transposed), small batches of long rows, and
+//            large batches whose GEMMs take several tiles and K stages on the tensor cores;
 //   matmul backward: within the f32-accumulation bound, clip gradients included;
 //   embedding forward: identical (tables b1 / s4 / i8 / float, bags, per-row scales, i32 / i64);
 //            an index outside [0, V) reads as a zero row;
@@ -83,6 +83,16 @@ int main(int argc, char ** argv) {
         struct mcase c;
         matmul_random_case(&c);
         matmul_check_case(&c, ref, &cu, names, 1, i >= iters, &cuda_dev);
+    }
+    // many small batches of long rows: the word products stage y[b] in several tiles
+    for (int i = 0; i < (cuda_test_quick() ? 4 : 12); i++) {
+        struct mcase c;
+        matmul_random_case(&c);
+        c.lead = 1;
+        c.ls[0] = c.B = test_rand_int(2, 5);
+        c.K = test_rand_int(2000, 4000);
+        matmul_describe(&c);
+        matmul_check_case(&c, ref, &cu, names, 1, i % 4 == 3, &cuda_dev);
     }
     // large: several row and column tiles and K stages per batch (the wgmma route on Hopper);
     // binary ones take the packed-batches route, K a multiple of 1024 reading its bits in place
