@@ -252,6 +252,16 @@ static enum bie_status dense_x(bie_context_t * ctx, const struct bie_wq_call * c
 
 #define WQ_PANEL_BYTES ((size_t)64 << 20) // dequantised weight panel (prefill)
 
+// The width of the panels that split `total` columns (rows) of `unit` bytes each: as few panels of
+// at most WQ_PANEL_BYTES as cover them, equally wide in multiples of 256 (one narrow last panel
+// would run a GEMM too thin for the tensor cores).
+static int64_t panel_width(int64_t total, size_t unit) {
+    int64_t most = (int64_t)(WQ_PANEL_BYTES / unit) / 256 * 256;
+    if (most < 256) most = 256;
+    const int64_t panels = (total + most - 1) / most, w = ((total + panels - 1) / panels + 255) / 256 * 256;
+    return w < total ? w : total;
+}
+
 static enum bie_status forward_gemm(bie_context_t * ctx, const struct bie_wq_call * c, const wq_dev & w, wq_ws & a) {
     const enum bie_dtype dt = c->x.dtype;
     const size_t es = esize(dt);
@@ -259,9 +269,7 @@ static enum bie_status forward_gemm(bie_context_t * ctx, const struct bie_wq_cal
     const bool direct = y->dtype == dt && y->stride[1] == 1 && y->stride[0] == c->N;
     const void * xd;
     BIE_TRY(dense_x(ctx, c, dt, a, &xd));
-    int64_t np = (int64_t)(WQ_PANEL_BYTES / (es * (size_t)c->K)) / 256 * 256;
-    if (np < 256) np = 256;
-    if (np > c->N) np = c->N;
+    const int64_t np = panel_width(c->N, es * (size_t)c->K);
     void * wp = take(a, (size_t)c->K * np * es);
     float * ybuf = direct ? NULL : (float *)take(a, (size_t)(c->M * c->N) * 4);
     cublasHandle_t h;
@@ -368,9 +376,7 @@ extern "C" enum bie_status bie_cuda_wq_backward(bie_context_t * ctx, const struc
     const enum bie_dtype dt = c->grad_y.dtype;
     const size_t es = esize(dt);
     const int64_t M = c->M, K = c->K, N = c->N;
-    int64_t kp = (int64_t)(WQ_PANEL_BYTES / (es * (size_t)N)) / 256 * 256;
-    if (kp < 256) kp = 256;
-    if (kp > K) kp = K;
+    const int64_t kp = panel_width(K, es * (size_t)N);
     const size_t bytes = groups_bytes(c) + (size_t)(M * N) * es + (size_t)(M * K) * es + (size_t)(M * K) * 4 +
                          (size_t)kp * N * es + 8192;
     void * ws;
