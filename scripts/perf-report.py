@@ -215,13 +215,15 @@ def cpu_part(rows, files):
 
 def cuda_part(rows):
     out = []
-    for device, drows in group_by(rows, lambda r: r.get("device", "unknown GPU")).items():
+    # one part per device for bie_bench_cuda's rows and one for `bie bench --llm`'s (wq), timed differently
+    for (device, llm), drows in group_by(rows, lambda r: (r.get("device", "unknown GPU"),
+                                                          r["case"].startswith("wq"))).items():
         r0 = drows[0]
         libs = ", ".join(f"{k} {r0[k]}" for k in ("cublas", "cudnn") if r0.get(k) not in (None, "none"))
         files = sorted({r["_file"] for r in drows})
-        out += [f"## CUDA: {device}", ""]
+        out += [f"## CUDA: {device}" + (", LLM layers" if llm else ""), ""]
         head = f"Measured {dates(drows)} on one {device}, CUDA {r0.get('cuda', '?')}" + (f" ({libs})" if libs else "")
-        if all(r["case"].startswith("wq") for r in drows):  # `bie bench --llm` rows only: timed as their section says
+        if llm:  # timed as their section says
             out += para(head + f". Files: {', '.join(files)}.")
         else:
             out += para(head + ". Command: `bie_bench_cuda --json` (the CUDA cases of `bie bench --backend cuda`).",
