@@ -8,8 +8,8 @@
 // pass), the y side with grad_out[b] transposed. Each side's clip gradient is the batches' partial
 // sums (each over its batch's numel) added in double in batch order and divided by sqrt(B), from
 // partials kept in the context's aux arena, which the layer calls (they use the workspace) leave
-// alone. Nothing synchronises the host. Forwards of many small batches take one pass of operand
-// words (sign bits or int8 codes) per operand and one of their products instead
+// alone. Nothing synchronises the host. Forwards of many small batches run one kernel instead, which
+// stages both operands' words (sign bits or int8 codes) in shared memory and takes their products
 // (forward_small_batches). Binary forwards of several larger batches pack each operand's sign bits
 // for all batches in one pass, so that the layer calls read bits (forward_packed_batches).
 #include "cuda-forward.cuh"
@@ -32,83 +32,122 @@ __global__ void clip_total(const float * part, int64_t n, struct dview out) {
     if (threadIdx.x == 0) st_float(out.data, out.dtype, 0, (float)(s / sqrt((double)n)));
 }
 
-// Many small products (attention's heads): one launch per step for all batches instead of a
-// layer call per batch. Operand words of the [B*R, K] operands (padding past K: 0 in both):
-//   binary: bit j of word w = 1{v >= 0} of element 32w + j (NaN -> 0, i.e. -1), a warp per word;
+// Many small products (attention's heads): one launch for all batches instead of a layer call per
+// batch. A block takes mt rows of x[b] and nt rows of y[b] and stages them in shared memory as
+// operand words (padding past K: 0 in both), rows ld words apart (ld odd: lanes on different rows
+// read different banks):
+//   binary: bit j of word w = 1{v >= 0} of element 32w + j (NaN -> 0, i.e. -1);
 //   n-bit : byte j of word w = the int8 code clamp(rne(v/clip), lo, hi) of element 4w + j.
-template <bool BINARY>
-__global__ void operand_words(struct dview v, int64_t R, int64_t K, int64_t kw, int64_t words, struct dscale clip,
-                              int quant, uint32_t * out) {
-    if (BINARY) {
-        const int lane = threadIdx.x & 31;
-        for (int64_t wi = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; wi < words;
-             wi += ((int64_t)gridDim.x * blockDim.x) >> 5) {
-            const int64_t row = qdiv(wi, kw), w = wi - row * kw, b = qdiv(row, R), r = row - b * R, k = 32 * w + lane;
-            const bool one =
-                k < K && ld_float(v.data, v.dtype, b * v.stride[1] + r * v.stride[2] + k * v.stride[3]) >= 0.0f;
-            const uint32_t word = __ballot_sync(0xffffffffu, one);
-            if (lane == 0) out[wi] = word;
-        }
-        return;
+// A thread stages E elements (a byte of bits, or a word of codes): with one 16- or 8-byte load
+// when the operand's rows are dense 16-bit values on whole E-element units (vec), else element by
+// element. Then each warp takes MM_RG rows of x at a time, each lane a column of y and its MM_RG
+// outputs:
+//   out[b, m, n] = acc * (x_clip * y_clip), acc = sum_k a*b: binary K - 2 popc(a_bits ^ b_bits)
+//   (the padding bits agree), n-bit the dp4a sums of the code words; exact in int32. An I32 out
+//   takes acc.
+constexpr int MM_SMEM_WORDS = 12288; // operand words a block stages (48 KB)
+constexpr int MM_MAX_KW = 1024;      // the longest rows it takes (the block still holds 11 of them)
+constexpr int MM_RG = 4;             // x rows a warp takes together
+
+template <bool BINARY> struct mm_unit {
+    static constexpr int E = BINARY ? 8 : 4; // elements a thread stages at once
+};
+
+template <bool BINARY> __device__ __forceinline__ uint32_t unit_bits(const float * v, int n, float s, int lo, int hi) {
+    uint32_t u = 0;
+#pragma unroll
+    for (int j = 0; j < mm_unit<BINARY>::E; j++) {
+        if (j >= n) break;
+        if (BINARY) u |= (v[j] >= 0.0f ? 1u : 0u) << j;
+        else u |= (uint32_t)(uint8_t)(int8_t)quant_code(v[j], s, lo, hi) << (8 * j);
     }
-    const float s = ld_scale(clip);
-    const int lo = qlo(quant), hi = qhi(quant);
-    for (int64_t wi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; wi < words;
-         wi += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = qdiv(wi, kw), w = wi - row * kw, b = qdiv(row, R), r = row - b * R;
-        uint32_t word = 0;
-        for (int j = 0; j < 4; j++) {
-            const int64_t k = 4 * w + j;
-            const int code =
-                k < K ? quant_code(ld_float(v.data, v.dtype, b * v.stride[1] + r * v.stride[2] + k * v.stride[3]), s,
-                                   lo, hi)
-                      : 0;
-            word |= (uint32_t)(uint8_t)(int8_t)code << (8 * j);
+    return u;
+}
+
+// Rows r0 .. r0 + rows of batch b of the [B, R, K] operand v into s, as the header says.
+template <bool BINARY>
+__device__ void stage_rows(const struct dview & v, int64_t b, int64_t r0, int rows, int64_t K, int kw, int ld, bool vec,
+                           float clip, int lo, int hi, uint32_t * s) {
+    constexpr int E = mm_unit<BINARY>::E;
+    const int units = BINARY ? 4 * kw : kw; // per row
+    for (int i = threadIdx.x; i < rows * units; i += blockDim.x) {
+        const int r = i / units, u = i - r * units;
+        const int64_t k0 = (int64_t)u * E, base = b * v.stride[1] + (r0 + r) * v.stride[2];
+        const int n = K - k0 < E ? (int)(K - k0) : E; // (<= 0: padding)
+        float f[E];
+        if (vec && n == E) {
+            const char * p = v.data + 2 * (base + k0);
+            uint16_t h[E];
+            if (E == 8) *(uint4 *)h = *(const uint4 *)p;
+            else *(uint2 *)h = *(const uint2 *)p;
+#pragma unroll
+            for (int j = 0; j < E; j++)
+                f[j] = v.dtype == BIE_DTYPE_F16 ? __half2float(__ushort_as_half(h[j]))
+                                                : __bfloat162float(__ushort_as_bfloat16(h[j]));
+        } else {
+            for (int j = 0; j < n; j++) f[j] = ld_float(v.data, v.dtype, base + (k0 + j) * v.stride[3]);
         }
-        out[wi] = word;
+        const uint32_t bits = unit_bits<BINARY>(f, n, clip, lo, hi);
+        if (BINARY) ((uint8_t *)(s + r * ld))[u] = (uint8_t)bits;
+        else s[r * ld + u] = bits;
     }
 }
 
-constexpr int MM_ROWS = 32;         // x rows a word_products block takes per step
-constexpr int MM_TILE_WORDS = 8192; // y words a word_products block stages in shared memory (32 KB)
-constexpr int MM_MAX_KW = 1024;     // the longest operand rows word_products takes (the tile holds 7 of them)
-
-// out[b, m, n] = acc * (x_clip * y_clip), acc = sum_k a*b: binary K - 2 popc(a_bits ^ b_bits)
-// (the padding bits agree), n-bit the dp4a sums of the code words; exact in int32. An I32 out
-// takes acc. A block stages a tile of nt rows of y[b] in shared memory, rows kw + 1 words apart (an
-// odd pitch: lanes on different rows read different banks), then takes MM_ROWS rows of x[b] at a
-// time, a thread per output, n fastest (the lanes of a warp share their x row: one broadcast read).
 template <bool BINARY>
-__global__ void word_products(const uint32_t * xw, const uint32_t * yw, int64_t B, int64_t M, int64_t N, int64_t K,
-                              int kw, int nt, struct dscale sa, struct dscale sb, struct dview out) {
-    __shared__ uint32_t ys[MM_TILE_WORDS];
-    const float s = __fmul_rn(ld_scale(sa), ld_scale(sb));
+__global__ void __launch_bounds__(256)
+    small_products(struct dview x, struct dview y, int64_t B, int64_t M, int64_t N, int64_t K, int kw, int mt, int nt,
+                   bool xvec, bool yvec, struct dscale sa, struct dscale sb, int quant, struct dview out) {
+    extern __shared__ uint32_t sm[];
+    const int ld = kw | 1;
+    uint32_t *xs = sm, *ys = sm + mt * ld;
+    const float ca = ld_scale(sa), cb = ld_scale(sb), s = __fmul_rn(ca, cb);
+    const int lo = qlo(quant), hi = qhi(quant);
     const int64_t n0 = (int64_t)blockIdx.x * nt;
-    const int rows = (int)(N - n0 < nt ? N - n0 : nt), ld = kw + 1;
-    for (int64_t b = blockIdx.z; b < B; b += gridDim.z) {
-        const uint32_t * src = yw + (b * N + n0) * kw;
-        __syncthreads(); // (the previous batch's tile is no longer read)
-        for (int i = threadIdx.x; i < rows * kw; i += blockDim.x) ys[(i / kw) * ld + i % kw] = src[i];
-        __syncthreads();
-        for (int64_t m0 = (int64_t)blockIdx.y * MM_ROWS; m0 < M; m0 += (int64_t)gridDim.y * MM_ROWS) {
-            const int mrows = (int)(M - m0 < MM_ROWS ? M - m0 : MM_ROWS);
-            for (int e = threadIdx.x; e < mrows * rows; e += blockDim.x) {
-                const int mi = e / rows, ni = e - mi * rows;
-                const uint32_t *xr = xw + (b * M + m0 + mi) * kw, *yr = ys + ni * ld;
-                int32_t acc = 0;
-                if (BINARY) {
-                    int diff = 0;
-                    for (int w = 0; w < kw; w++) diff += __popc(xr[w] ^ yr[w]);
-                    acc = (int32_t)(K - 2 * (int64_t)diff);
-                } else {
-                    for (int w = 0; w < kw; w++) acc = __dp4a((int)xr[w], (int)yr[w], acc);
+    const int nr = (int)(N - n0 < nt ? N - n0 : nt);
+    for (int64_t b = blockIdx.z; b < B; b += gridDim.z)
+        for (int64_t m0 = (int64_t)blockIdx.y * mt; m0 < M; m0 += (int64_t)gridDim.y * mt) {
+            const int mr = (int)(M - m0 < mt ? M - m0 : mt);
+            __syncthreads(); // (the last tiles are no longer read)
+            stage_rows<BINARY>(x, b, m0, mr, K, kw, ld, xvec, ca, lo, hi, xs);
+            stage_rows<BINARY>(y, b, n0, nr, K, kw, ld, yvec, cb, lo, hi, ys);
+            __syncthreads();
+            // warp: groups of MM_RG rows (each x word read once for the group's columns), lane: columns
+            const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+            for (int mg = warp * MM_RG; mg < mr; mg += warps * MM_RG) {
+                int64_t row[MM_RG]; // out offsets of the group's rows (-1: past the tile)
+#pragma unroll
+                for (int q = 0; q < MM_RG; q++)
+                    row[q] = mg + q < mr ? b * out.stride[1] + (m0 + mg + q) * out.stride[2] : -1;
+                const uint32_t * xr = xs + mg * ld;
+                for (int ni = lane; ni < nr; ni += 32) {
+                    const uint32_t * yr = ys + ni * ld;
+                    int32_t acc[MM_RG] = {};
+                    for (int w = 0; w < kw; w++) {
+                        const uint32_t yw = yr[w];
+#pragma unroll
+                        for (int q = 0; q < MM_RG; q++) {
+                            const uint32_t xw = xr[(mg + q < mr ? q : 0) * ld + w]; // (rows past mr: any row, unused)
+                            acc[q] = BINARY ? acc[q] + __popc(xw ^ yw) : __dp4a((int)xw, (int)yw, acc[q]);
+                        }
+                    }
+                    const int64_t col = (n0 + ni) * out.stride[3];
+#pragma unroll
+                    for (int q = 0; q < MM_RG; q++) {
+                        if (row[q] < 0) break;
+                        const int32_t v = BINARY ? (int32_t)(K - 2 * (int64_t)acc[q]) : acc[q];
+                        if (out.dtype == BIE_DTYPE_I32) ((int32_t *)out.data)[row[q] + col] = v;
+                        else st_float(out.data, out.dtype, row[q] + col, __fmul_rn((float)v, s));
+                    }
                 }
-                const int64_t off = b * out.stride[1] + (m0 + mi) * out.stride[2] + (n0 + ni) * out.stride[3];
-                if (out.dtype == BIE_DTYPE_I32) ((int32_t *)out.data)[off] = acc;
-                else st_float(out.data, out.dtype, off, __fmul_rn((float)acc, s));
             }
         }
-    }
+}
+
+// Whether small_products may load E-element units of v ([B, R, K]) as one vector: dense 16-bit
+// rows whose every unit starts 2E-byte aligned.
+bool vec_rows(const struct dview & v, int64_t K, int E) {
+    return (v.dtype == BIE_DTYPE_F16 || v.dtype == BIE_DTYPE_BF16) && (K == 1 || v.stride[3] == 1) && K % E == 0 &&
+           v.stride[1] % E == 0 && v.stride[2] % E == 0 && (uintptr_t)v.data % (2 * E) == 0;
 }
 
 int64_t words_per_row(const struct bie_matmul_call * mc) {
@@ -126,10 +165,9 @@ bool small_batches(const struct bie_matmul_call * mc) {
 template <bool BINARY> enum bie_status forward_small_batches(bie_context_t * ctx, const struct bie_matmul_call * mc) {
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, mc->device_index, &st));
-    const int64_t kw = words_per_row(mc), xn = mc->B * mc->M * kw, yn = mc->B * mc->N * kw;
-    void * ws;
-    BIE_TRY(bie_cuda_workspace(ctx, (size_t)(xn + yn) * sizeof(uint32_t), &ws));
-    uint32_t *xw = (uint32_t *)ws, *yw = xw + xn;
+    const int kw = (int)words_per_row(mc), ld = kw | 1, budget = MM_SMEM_WORDS / ld; // rows the block holds
+    const int mt = (int)(mc->M < 64 && mc->M < budget / 2 ? mc->M : 64 < budget / 2 ? 64 : budget / 2);
+    const int nt = (int)(mc->N < budget - mt ? mc->N : budget - mt);
     struct dview x, y, out;
     dview_make(&mc->x, &x);
     dview_make(&mc->y, &y);
@@ -137,19 +175,14 @@ template <bool BINARY> enum bie_status forward_small_batches(bie_context_t * ctx
     struct bie_layer_call lc;
     bie_matmul_layer_call(mc, 0, 0, &lc);
     const struct dscale sx = dscale_make(&lc, true), sy = dscale_make(&lc, false);
-    const int per = BINARY ? 32 : 1; // threads per word
-    operand_words<BINARY>
-        <<<grid_for(per * xn, 256), 256, 0, st->stream>>>(x, mc->M, mc->K, kw, xn, sx, (int)mc->quant, xw);
-    LAUNCHED(ctx, "matmul operand words (x)");
-    operand_words<BINARY>
-        <<<grid_for(per * yn, 256), 256, 0, st->stream>>>(y, mc->N, mc->K, kw, yn, sy, (int)mc->quant, yw);
-    LAUNCHED(ctx, "matmul operand words (y)");
-    const int nt = (int)(mc->N < MM_TILE_WORDS / (kw + 1) ? mc->N : MM_TILE_WORDS / (kw + 1));
-    const int64_t ntiles = (mc->N + nt - 1) / nt, mtiles = (mc->M + MM_ROWS - 1) / MM_ROWS;
+    const int E = mm_unit<BINARY>::E;
+    const int64_t ntiles = (mc->N + nt - 1) / nt, mtiles = (mc->M + mt - 1) / mt;
     const dim3 grid((unsigned)ntiles, (unsigned)(mtiles < 65535 ? mtiles : 65535),
                     (unsigned)(mc->B < 65535 ? mc->B : 65535));
-    word_products<BINARY><<<grid, 256, 0, st->stream>>>(xw, yw, mc->B, mc->M, mc->N, mc->K, (int)kw, nt, sx, sy, out);
-    LAUNCHED(ctx, "matmul word products");
+    small_products<BINARY><<<grid, 256, (size_t)(mt + nt) * ld * 4, st->stream>>>(
+        x, y, mc->B, mc->M, mc->N, mc->K, kw, mt, nt, vec_rows(x, mc->K, E), vec_rows(y, mc->K, E), sx, sy,
+        (int)mc->quant, out);
+    LAUNCHED(ctx, "matmul small products");
     return BIE_STATUS_OK;
 }
 
