@@ -9,6 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <float.h>
 #include <stdint.h>
 
 extern "C" {
@@ -316,22 +317,51 @@ __device__ __forceinline__ float ld_scale(struct dscale s) {
 __host__ __device__ __forceinline__ int qlo(int quant) { return quant == BIE_QUANT_INT4 ? -8 : -128; }
 __host__ __device__ __forceinline__ int qhi(int quant) { return quant == BIE_QUANT_INT4 ? 7 : 127; }
 
+// rne(x) as an int for |x| <= 2^22: adding 1.5 * 2^23 leaves rne(x) in the low mantissa bits (one
+// FADD and an integer subtract, where rintf and a float-to-int conversion would take the slower
+// conversion pipe).
+constexpr float RNE_MAGIC = 12582912.0f; // 1.5 * 2^23
+__device__ __forceinline__ int rne_int(float x) { return __float_as_int(__fadd_rn(x, RNE_MAGIC)) - 0x4B400000; }
+
 // n-bit quantisation of the contract: clamp(rne(v / s), lo, hi), NaN -> lo, with v / s the
-// correctly rounded quotient q.
+// correctly rounded quotient q. (The bounds are integers, so clamping q first rounds to the same
+// code; fmaxf turns NaN into lo.)
 __device__ __forceinline__ int quant_code(float v, float s, int lo, int hi) {
-    const float r = rintf(__fdiv_rn(v, s));
-    return (int)fminf(fmaxf(r, (float)lo), (float)hi);
+    return rne_int(fminf(fmaxf(__fdiv_rn(v, s), (float)lo), (float)hi));
 }
 // The same codes with inv = __frcp_rn(s), worked out once by the caller (the reciprocal costs what
 // the division does: per element it saves nothing). t = v * inv carries two roundings of relative
 // size 2^-24, so |t - q| < 2^-22 |t|; the integers nearest t and q differ only when a half-integer
-// lies that close to t. Where none lies within 2^-20 |t| of it (which fails for NaN, infinities
-// and |t| >= 2^21), rint(t) is rint(q) and the division is not needed.
+// lies that close to t. Where none lies within 2^-20 |t| of it, rne(t) is rne(q) and the division
+// is not needed. t is clamped first (as q is above): a clamped t is an integer, far from any
+// half-integer, and its code is the bound that q's code is clamped to as well.
 __device__ __forceinline__ int quant_code_r(float v, float s, float inv, int lo, int hi) {
-    const float t = __fmul_rn(v, inv);
-    float r = rintf(t);
-    if (!(fabsf(fabsf(t - r) - 0.5f) > fabsf(t) * 0x1p-20f)) r = rintf(__fdiv_rn(v, s));
-    return (int)fminf(fmaxf(r, (float)lo), (float)hi);
+    const float t = fminf(fmaxf(__fmul_rn(v, inv), (float)lo), (float)hi);
+    const float m = __fadd_rn(t, RNE_MAGIC), r = __fsub_rn(m, RNE_MAGIC); // r = rne(t), exactly
+    if (!(fabsf(fabsf(t - r) - 0.5f) > fabsf(t) * 0x1p-20f) || !(fabsf(inv) <= FLT_MAX))
+        return quant_code(v, s, lo, hi); // (an infinite inv: s so small that 0 * inv would be NaN)
+    return __float_as_int(m) - 0x4B400000;
+}
+
+// The codes of 8 values as quant_code_r gives them, packed as bytes (element k in byte k % 4 of
+// word k / 4). The check for a value near a half-integer is made once for the 8, and only a group
+// that has one takes the divisions; a code's byte is the low byte of t + RNE_MAGIC's bits.
+__device__ __forceinline__ uint2 quant_codes8_r(const float * v, float s, float inv, int lo, int hi) {
+    uint32_t m[8];
+    bool near = !(fabsf(inv) <= FLT_MAX); // (as in quant_code_r)
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const float t = fminf(fmaxf(__fmul_rn(v[k], inv), (float)lo), (float)hi);
+        const float mf = __fadd_rn(t, RNE_MAGIC), r = __fsub_rn(mf, RNE_MAGIC);
+        near |= !(fabsf(fabsf(t - r) - 0.5f) > fabsf(t) * 0x1p-20f);
+        m[k] = __float_as_uint(mf);
+    }
+    if (near) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) m[k] = (uint32_t)quant_code(v[k], s, lo, hi);
+    }
+    return make_uint2(__byte_perm(__byte_perm(m[0], m[1], 0x0040), __byte_perm(m[2], m[3], 0x0040), 0x5410),
+                      __byte_perm(__byte_perm(m[4], m[5], 0x0040), __byte_perm(m[6], m[7], 0x0040), 0x5410));
 }
 
 // Index division with 32-bit hardware arithmetic whenever both operands fit (64-bit division is a

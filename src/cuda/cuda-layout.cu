@@ -19,8 +19,8 @@ struct act_quant {
     int quant;
     float sc, inv; // (inv: the reciprocal quant_code_r takes)
     int lo, hi;
-    __device__ __forceinline__ float code(float v) const {
-        return quant == BIE_QUANT_BINARY ? (v >= 0.0f ? 1.0f : -1.0f) : (float)quant_code_r(v, sc, inv, lo, hi);
+    __device__ __forceinline__ int code(float v) const {
+        return quant == BIE_QUANT_BINARY ? (v >= 0.0f ? 1 : -1) : quant_code_r(v, sc, inv, lo, hi);
     }
 };
 __device__ __forceinline__ act_quant act_quant_of(int quant, struct dscale s) {
@@ -108,6 +108,7 @@ __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, in
                                  int8_t * out) {
     const act_quant aq = act_quant_of(quant, s);
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
+    const int64_t cmask = (C & (C - 1)) == 0 ? C - 1 : 0; // (a channel index without a division)
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += PIX_U * step) {
         raw8<TI> r[PIX_U];
 #pragma unroll
@@ -119,14 +120,21 @@ __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, in
             if (g >= n8) break;
             float v[8], b[8];
             raw8_floats<TI>(r[u], v);
-            if (bias.data) bias8(bias, qmod(8 * g, C), b);
-            uint32_t w[2] = {0, 0};
+            if (bias.data) bias8(bias, cmask ? (8 * g) & cmask : qmod(8 * g, C), b);
+            if (bias.data) {
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const float q = bias.data ? __fadd_rn(v[k], b[k]) : v[k];
-                w[k / 4] |= (uint32_t)(uint8_t)(int8_t)aq.code(q) << (8 * (k % 4));
+                for (int k = 0; k < 8; k++) v[k] = __fadd_rn(v[k], b[k]);
             }
-            *(uint2 *)(out + 8 * g) = make_uint2(w[0], w[1]);
+            uint2 w;
+            if (quant == BIE_QUANT_BINARY) {
+                uint32_t u[2] = {0, 0};
+#pragma unroll
+                for (int k = 0; k < 8; k++) u[k / 4] |= (uint32_t)(uint8_t)(int8_t)aq.code(v[k]) << (8 * (k % 4));
+                w = make_uint2(u[0], u[1]);
+            } else {
+                w = quant_codes8_r(v, aq.sc, aq.inv, aq.lo, aq.hi);
+            }
+            *(uint2 *)(out + 8 * g) = w;
         }
     }
 }

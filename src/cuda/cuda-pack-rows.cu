@@ -211,13 +211,11 @@ template <typename T, bool BIAS>
 __device__ __forceinline__ int64_t code_groups(const pack_src & p, const T * src, int64_t j, int64_t j1, int64_t K,
                                                float s, uint8_t * dst) {
     const int lo = qlo(p.quant), hi = qhi(p.quant);
+    const float inv = __frcp_rn(s);
     return vector_groups<T>(src, j, j1, K, [&](int64_t g, const raw8<T> & r) {
         float f[8];
-        int q[8];
         group_xprime<T, BIAS>(p, g, r, f);
-#pragma unroll
-        for (int e = 0; e < 8; e++) q[e] = quant_code(f[e], s, lo, hi);
-        put_codes8(dst, g, q);
+        ((uint2 *)dst)[g] = quant_codes8_r(f, s, inv, lo, hi);
     });
 }
 template <typename T, bool STE, bool BIAS>
