@@ -101,11 +101,18 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
 // The activation codes of a dense channels-last t (element (n, c, h, w) at ((n*H + h)*W + w)*C + c,
 // C % 8 == 0, 16-byte aligned), which lies in pixel-row order already: groups of 8 elements, read
 // as one or two 16-byte vectors and written as 8 bytes, PIX_U groups a thread with their loads
-// issued first. Same values as pixel_rows.
+// issued first. BIAS: bias (C <= PIX_BIAS_C) is staged in shared memory as f32 first. Same values as
+// pixel_rows.
 constexpr int PIX_U = 2;
-template <typename TI>
+constexpr int PIX_BIAS_C = 4096;
+template <typename TI, bool BIAS>
 __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, int64_t C, int quant, struct dscale s,
                                  int8_t * out) {
+    __shared__ __align__(16) float sb[BIAS ? PIX_BIAS_C : 4];
+    if (BIAS) {
+        for (int c = threadIdx.x; c < C; c += blockDim.x) sb[c] = ld_float(bias.data, bias.dtype, c * bias.stride[3]);
+        __syncthreads();
+    }
     const act_quant aq = act_quant_of(quant, s);
     const int64_t step = (int64_t)gridDim.x * blockDim.x;
     const int64_t cmask = (C & (C - 1)) == 0 ? C - 1 : 0; // (a channel index without a division)
@@ -118,12 +125,14 @@ __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, in
         for (int u = 0; u < PIX_U; u++) {
             const int64_t g = i + u * step;
             if (g >= n8) break;
-            float v[8], b[8];
+            float v[8];
             raw8_floats<TI>(r[u], v);
-            if (bias.data) bias8(bias, cmask ? (8 * g) & cmask : qmod(8 * g, C), b);
-            if (bias.data) {
+            if (BIAS) {
+                const float4 * b = (const float4 *)(sb + (cmask ? (8 * g) & cmask : qmod(8 * g, C)));
+                const float4 b0 = b[0], b1 = b[1];
+                const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = __fadd_rn(v[k], b[k]);
+                for (int k = 0; k < 8; k++) v[k] = __fadd_rn(v[k], bv[k]);
             }
             uint2 w;
             if (quant == BIE_QUANT_BINARY) {
@@ -137,6 +146,12 @@ __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, in
             *(uint2 *)(out + 8 * g) = w;
         }
     }
+}
+template <typename TI>
+void launch_pixel_codes(const TI * t, const struct dview & bias, int64_t n8, int64_t C, int quant, struct dscale s,
+                        int8_t * out, unsigned grid, cudaStream_t st) {
+    if (bias.data) pixel_codes_nhwc<TI, true><<<grid, 256, 0, st>>>(t, bias, n8, C, quant, s, out);
+    else pixel_codes_nhwc<TI, false><<<grid, 256, 0, st>>>(t, bias, n8, C, quant, s, out);
 }
 
 // Two f16 / bf16 / f32 elements at element offset off (even) of p, as f32.
@@ -284,15 +299,14 @@ enum bie_status bie_cuda_pixel_rows(bie_context_t * ctx, cudaStream_t s, const s
     const bool dense_nhwc = t.stride[1] == 1 && (W == 1 || t.stride[3] == C) && (H == 1 || t.stride[2] == W * C) &&
                             (N == 1 || t.stride[0] == HW * C);
     if (quant && out_dtype == BIE_DTYPE_I8 && es && dense_nhwc && out_ld == HW * C && C % 8 == 0 &&
-        (uintptr_t)t.data % 16 == 0 && (uintptr_t)out % 8 == 0) {
+        (!bias.data || C <= PIX_BIAS_C) && (uintptr_t)t.data % 16 == 0 && (uintptr_t)out % 8 == 0) {
         const int64_t n8 = N * HW * C / 8;
         const unsigned g8 = grid_for((n8 + PIX_U - 1) / PIX_U, 256);
         if (t.dtype == BIE_DTYPE_F16)
-            pixel_codes_nhwc<__half><<<g8, 256, 0, s>>>((const __half *)t.data, bias, n8, C, quant, sc, (int8_t *)out);
+            launch_pixel_codes((const __half *)t.data, bias, n8, C, quant, sc, (int8_t *)out, g8, s);
         else if (t.dtype == BIE_DTYPE_BF16)
-            pixel_codes_nhwc<__nv_bfloat16>
-                <<<g8, 256, 0, s>>>((const __nv_bfloat16 *)t.data, bias, n8, C, quant, sc, (int8_t *)out);
-        else pixel_codes_nhwc<float><<<g8, 256, 0, s>>>((const float *)t.data, bias, n8, C, quant, sc, (int8_t *)out);
+            launch_pixel_codes((const __nv_bfloat16 *)t.data, bias, n8, C, quant, sc, (int8_t *)out, g8, s);
+        else launch_pixel_codes((const float *)t.data, bias, n8, C, quant, sc, (int8_t *)out, g8, s);
         return bie_cuda_check_launch(ctx, "pixel codes (channels-last)");
     }
     if (es && dense_planes && HW % 2 == 0 && t.stride[0] % 2 == 0 && t.stride[1] % 2 == 0 &&
