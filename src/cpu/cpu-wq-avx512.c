@@ -48,18 +48,19 @@ static inline int32_t ld32(const int8_t * p) {
 }
 
 // The int8 path's block: per row, the block's 32 int8 activations against its quads by vpdpbusd,
-// then acc += f32(sum) * the block's activation scale.
+// then acc += f32(sum) * the block's activation scale. The even and odd quads go to two sums (two
+// chains of dependent vpdpbusd half as long; the int32 sums are exact in any order).
 __attribute__((target("avx512vnni"))) AI void i8_block(const struct cpu_wq_job * j, int64_t blk, int64_t m0,
                                                        const int MR, const int V, const int v, const vi * q, vf * acc) {
     const int8_t * xb = j->xq + 32 * blk + m0 * j->ldx;
-    __m512i ai[4];
-    for (int r = 0; r < MR; r++) ai[r] = _mm512_setzero_si512();
+    __m512i ai[4][2];
+    for (int r = 0; r < MR; r++) ai[r][0] = ai[r][1] = _mm512_setzero_si512();
     for (int i = 0; i < 8; i++)
         for (int r = 0; r < MR; r++)
-            ai[r] = _mm512_dpbusd_epi32(ai[r], q[i], _mm512_set1_epi32(ld32(xb + r * j->ldx + 4 * i)));
+            ai[r][i & 1] = _mm512_dpbusd_epi32(ai[r][i & 1], q[i], _mm512_set1_epi32(ld32(xb + r * j->ldx + 4 * i)));
     for (int r = 0; r < MR; r++)
-        acc[r * V + v] =
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r]), _mm512_set1_ps(j->xd[(m0 + r) * j->nblk + blk]), acc[r * V + v]);
+        acc[r * V + v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ai[r][0], ai[r][1])),
+                                         _mm512_set1_ps(j->xd[(m0 + r) * j->nblk + blk]), acc[r * V + v]);
 }
 
 __attribute__((target("avx512vnni"))) static void gemv_i8(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0,

@@ -16,7 +16,8 @@
 // with the bits, rows and vectors made constants there.
 //
 // The products run in the block order of cpu_wq_order:
-//   f32 path:  acc += f32(code) * x  per row of the block, then per group
+//   f32 path:  acc += f32(code) * x  per row of the block (its even and odd quads summed apart), then
+//              per group
 //              y += s * acc - c * xsum   (c = s*z, s*2^(b-1) or z by the zero form)
 //   int8 path (cpu-wq-avx512.c): acc_i32 = sum of vpdpbusd(quad codes, 4 int8 activations) over the
 //              block, acc += f32(acc_i32) * xd (the block's activation scale), then per group as above.
@@ -116,15 +117,19 @@ WQ_INLINE void flush(const struct cpu_wq_job * j, int64_t g, int64_t m0, const i
 typedef void (*wq_block_fn)(const struct cpu_wq_job * j, int64_t blk, int64_t m0, const int MR, const int V,
                             const int v, const vi * q, vf * acc);
 
+// (The f32 path sums a block's even and odd quads apart and then adds the two: two chains of
+// dependent FMAs half as long.)
 WQ_INLINE void f32_block(const struct cpu_wq_job * j, int64_t blk, int64_t m0, const int MR, const int V, const int v,
                          const vi * q, vf * acc) {
     const float * xb = j->xa + 32 * blk + m0 * j->ldx;
+    vf p[4][2];
+    for (int r = 0; r < MR; r++) p[r][0] = p[r][1] = vf_zero();
     for (int i = 0; i < 8; i++)
         for (int t = 0; t < 4; t++) {
             const vf f = byte_f32(q[i], t);
-            for (int r = 0; r < MR; r++)
-                acc[r * V + v] = vf_fmadd(f, vf_set1(xb[r * j->ldx + 4 * i + t]), acc[r * V + v]);
+            for (int r = 0; r < MR; r++) p[r][i & 1] = vf_fmadd(f, vf_set1(xb[r * j->ldx + 4 * i + t]), p[r][i & 1]);
         }
+    for (int r = 0; r < MR; r++) acc[r * V + v] += p[r][0] + p[r][1];
 }
 
 // MR rows and V vectors of columns from n0 (MR*V <= 4), the blocks' products by `block` (inlined).
