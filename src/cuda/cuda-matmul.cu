@@ -53,6 +53,8 @@ template <bool BINARY> struct mm_unit {
     static constexpr int E = BINARY ? 8 : 4; // elements a thread stages at once
 };
 
+// The unit of the first n of E values v (n <= 0: padding, 0): their sign bits, bit j for value j
+// (binary), or their int8 codes, byte j for value j (n-bit).
 template <bool BINARY> __device__ __forceinline__ uint32_t unit_bits(const float * v, int n, float s, int lo, int hi) {
     uint32_t u = 0;
 #pragma unroll
