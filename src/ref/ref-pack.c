@@ -61,22 +61,17 @@ enum bie_status bie_ref_reduce(bie_context_t * ctx, const struct bie_tensor * x,
 
 enum bie_status bie_ref_binarize_ste(bie_context_t * ctx, const struct bie_layer_call * call,
                                      const struct bie_ste_out * o) {
+    (void)ctx;
     if (call->device_type != BIE_DEVICE_CPU) return BIE_DECLINED;
     const int64_t M = call->g.batch, K = call->g.K;
     const struct bie_tensor *bits = o->bits, *mask = o->mask, *cmask = o->clamp_mask, *x = &call->x;
     const float t = o->clamp;
-    float * xp;
-    BIE_TRY(bie_host_workspace(ctx, (size_t)(M * K) * sizeof(float), (void **)&xp));
-    bie_ref_x_shifted(call, xp);
     for (int64_t m = 0; m < M; m++)
         for (int64_t k = 0; k < K; k++) {
-            float v = xp[m * K + k];
-            if (t > 0.0f) { // x' of the clamped x
-                const float a = (float)bie_load(x, m * x->stride[0] + k * x->stride[1]);
-                const float b = call->bias_a.data ? (float)bie_load(&call->bias_a, k * call->bias_a.stride[0]) : 0.0f;
-                v = (isnan(a) ? a : fminf(fmaxf(a, -t), t)) + b;
-                if (cmask) bie_store(cmask, m * cmask->stride[0] + k * cmask->stride[1], fabsf(a) < t ? 1 : -1);
-            }
+            const float a = (float)bie_load(x, m * x->stride[0] + k * x->stride[1]);
+            const float b = call->bias_a.data ? (float)bie_load(&call->bias_a, k * call->bias_a.stride[0]) : 0.0f;
+            const float v = (t > 0.0f && !isnan(a) ? fminf(fmaxf(a, -t), t) : a) + b; // x' (of the clamped x)
+            if (cmask) bie_store(cmask, m * cmask->stride[0] + k * cmask->stride[1], fabsf(a) < t ? 1 : -1);
             if (bits) bie_store(bits, m * bits->stride[0] + k * bits->stride[1], v >= 0.0f ? 1 : -1);
             if (mask)
                 bie_store(mask, m * mask->stride[0] + k * mask->stride[1],
