@@ -51,14 +51,14 @@ __global__ void ste_clamped8(const T * x, int64_t n8, int64_t K, struct dview bi
                              uint8_t * bits, uint8_t * mask, uint8_t * cmask) {
     const float s = ld_scale(sa);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
-        float a[8];
+        float a[8], bv[8];
         load8<T>(x + 8 * i, a);
-        const int64_t k0 = (8 * i) % K;
+        if (bias.data) bias8(bias, (8 * i) % K, bv);
         uint32_t b = 0, m = 0, c = 0;
 #pragma unroll
         for (int e = 0; e < 8; e++) {
             float v = clamp_nan(a[e], t);
-            if (bias.data) v = __fadd_rn(v, ld_float(bias.data, bias.dtype, (k0 + e) * bias.stride[3]));
+            if (bias.data) v = __fadd_rn(v, bv[e]);
             b |= (v >= 0.0f ? 1u : 0u) << e;
             m |= (ste_passes(v, s, BIE_QUANT_BINARY, 0, 0) ? 1u : 0u) << e;
             c |= (fabsf(a[e]) < t ? 1u : 0u) << e;
@@ -135,19 +135,7 @@ bool x_in_place(const struct bie_layer_call * c, int64_t M, int64_t kbytes) {
            xt.stride[1] == 1 && (M == 1 || xt.stride[0] == kbytes * 8) && ((uintptr_t)xt.data % 16) == 0;
 }
 
-// The packers' sources: x (is_weight 0) and the weight.
-pack_src x_source(const struct bie_layer_call * c) {
-    pack_src px;
-    px.bias_period = 0;
-    dview_make(&c->x, &px.t);
-    px.bias.data = NULL;
-    if (c->bias_a.data) dview_make(&c->bias_a, &px.bias);
-    px.g = dgeom_make(c->g);
-    px.is_weight = 0;
-    px.quant = (int)c->quant;
-    px.s = dscale_make(c, true);
-    return px;
-}
+// The weight's packer source, from x's (x_source).
 pack_src weight_source(const struct bie_layer_call * c, const pack_src & px) {
     pack_src pw = px;
     dview_make(&c->weight, &pw.t);

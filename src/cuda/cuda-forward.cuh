@@ -18,6 +18,19 @@ struct pack_src {
     struct dscale s;      // scale_a for x, scale_w for the weight
     uint32_t bias_period; // 0, or: rows hold several pixels, element k takes bias[k % bias_period]
 };
+// The packer source of a layer call's x (is_weight 0; bias_a, if any, added to x first).
+static inline pack_src x_source(const struct bie_layer_call * c) {
+    pack_src px;
+    px.bias_period = 0;
+    dview_make(&c->x, &px.t);
+    px.bias.data = NULL;
+    if (c->bias_a.data) dview_make(&c->bias_a, &px.bias);
+    px.g = dgeom_make(c->g);
+    px.is_weight = 0;
+    px.quant = (int)c->quant;
+    px.s = dscale_make(c, true);
+    return px;
+}
 
 // bie_binarize_ste's outputs, written by pack_contiguous_rows<T, true, BIAS> (STE) instead of GEMM rows:
 // rows of exactly K bits that start on whole bytes, `_ld` bytes apart, the sign bits in `bits` and

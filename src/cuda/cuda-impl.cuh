@@ -335,26 +335,32 @@ __device__ __forceinline__ int quant_code(float v, float s, int lo, int hi) {
 // lies that close to t. Where none lies within 2^-20 |t| of it, rne(t) is rne(q) and the division
 // is not needed. t is clamped first (as q is above): a clamped t is an integer, far from any
 // half-integer, and its code is the bound that q's code is clamped to as well.
-__device__ __forceinline__ int quant_code_r(float v, float s, float inv, int lo, int hi) {
+// quant_code_r's fast step: the bits of t + RNE_MAGIC for t = clamp(v * inv, lo, hi) (rne(t) in the
+// low mantissa bits), and in *near whether t lies within 2^-20 |t| of a half-integer (or inv is
+// infinite: s so small that 0 * inv would be NaN), where the division must decide instead.
+__device__ __forceinline__ uint32_t rne_scaled(float v, float inv, int lo, int hi, bool * near) {
     const float t = fminf(fmaxf(__fmul_rn(v, inv), (float)lo), (float)hi);
     const float m = __fadd_rn(t, RNE_MAGIC), r = __fsub_rn(m, RNE_MAGIC); // r = rne(t), exactly
-    if (!(fabsf(fabsf(t - r) - 0.5f) > fabsf(t) * 0x1p-20f) || !(fabsf(inv) <= FLT_MAX))
-        return quant_code(v, s, lo, hi); // (an infinite inv: s so small that 0 * inv would be NaN)
-    return __float_as_int(m) - 0x4B400000;
+    *near = !(fabsf(fabsf(t - r) - 0.5f) > fabsf(t) * 0x1p-20f) || !(fabsf(inv) <= FLT_MAX);
+    return __float_as_uint(m);
+}
+__device__ __forceinline__ int quant_code_r(float v, float s, float inv, int lo, int hi) {
+    bool near;
+    const uint32_t m = rne_scaled(v, inv, lo, hi, &near);
+    return near ? quant_code(v, s, lo, hi) : (int)m - 0x4B400000;
 }
 
 // The codes of 8 values as quant_code_r gives them, packed as bytes (element k in byte k % 4 of
-// word k / 4). The check for a value near a half-integer is made once for the 8, and only a group
-// that has one takes the divisions; a code's byte is the low byte of t + RNE_MAGIC's bits.
+// word k / 4). A group with any value near a half-integer takes the divisions for all 8; a code's
+// byte is the low byte of rne_scaled's bits.
 __device__ __forceinline__ uint2 quant_codes8_r(const float * v, float s, float inv, int lo, int hi) {
     uint32_t m[8];
-    bool near = !(fabsf(inv) <= FLT_MAX); // (as in quant_code_r)
+    bool near = false;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-        const float t = fminf(fmaxf(__fmul_rn(v[k], inv), (float)lo), (float)hi);
-        const float mf = __fadd_rn(t, RNE_MAGIC), r = __fsub_rn(mf, RNE_MAGIC);
-        near |= !(fabsf(fabsf(t - r) - 0.5f) > fabsf(t) * 0x1p-20f);
-        m[k] = __float_as_uint(mf);
+        bool nk;
+        m[k] = rne_scaled(v[k], inv, lo, hi, &nk);
+        near |= nk;
     }
     if (near) {
 #pragma unroll

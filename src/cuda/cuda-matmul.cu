@@ -120,17 +120,17 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
                 for (int q = 0; q < MM_RG; q++)
                     row[q] = mg + q < mr ? b * out.stride[1] + (m0 + mg + q) * out.stride[2] : -1;
-                const uint32_t * xr = xs + mg * ld;
+                const uint32_t * xr[MM_RG]; // the group's x rows (past mr: its first row, unused)
+#pragma unroll
+                for (int q = 0; q < MM_RG; q++) xr[q] = xs + (mg + q < mr ? mg + q : mg) * ld;
                 for (int ni = lane; ni < nr; ni += 32) {
                     const uint32_t * yr = ys + ni * ld;
                     int32_t acc[MM_RG] = {};
                     for (int w = 0; w < kw; w++) {
                         const uint32_t yw = yr[w];
 #pragma unroll
-                        for (int q = 0; q < MM_RG; q++) {
-                            const uint32_t xw = xr[(mg + q < mr ? q : 0) * ld + w]; // (rows past mr: any row, unused)
-                            acc[q] = BINARY ? acc[q] + __popc(xw ^ yw) : __dp4a((int)xw, (int)yw, acc[q]);
-                        }
+                        for (int q = 0; q < MM_RG; q++)
+                            acc[q] = BINARY ? acc[q] + __popc(xr[q][w] ^ yw) : __dp4a((int)xr[q][w], (int)yw, acc[q]);
                     }
                     const int64_t col = (n0 + ni) * out.stride[3];
 #pragma unroll
@@ -168,7 +168,8 @@ template <bool BINARY> enum bie_status forward_small_batches(bie_context_t * ctx
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, mc->device_index, &st));
     const int kw = (int)words_per_row(mc), ld = kw | 1, budget = MM_SMEM_WORDS / ld; // rows the block holds
-    const int mt = (int)(mc->M < 64 && mc->M < budget / 2 ? mc->M : 64 < budget / 2 ? 64 : budget / 2);
+    int mt = budget / 2 < 64 ? budget / 2 : 64; // x rows: up to 64, half the budget at most
+    if (mc->M < mt) mt = (int)mc->M;
     const int nt = (int)(mc->N < budget - mt ? mc->N : budget - mt);
     struct dview x, y, out;
     dview_make(&mc->x, &x);
@@ -221,13 +222,8 @@ enum bie_status pack_operand(bie_context_t * ctx, const struct bie_matmul_call *
             lc.g.batch *= mc->B;
             lc.x.shape[0] *= mc->B;
         }
-        pack_src p;
-        memset(&p, 0, sizeof p);
-        dview_make(&lc.x, &p.t);
-        p.g = dgeom_make(lc.g);
-        p.quant = (int)lc.quant;
-        p.s = dscale_make(&lc, true);
-        BIE_TRY(pack_any(ctx, ctx->cuda->stream, p, lc.g.batch, kbytes, out + b * lc.g.batch * kbytes, NULL, NULL));
+        BIE_TRY(pack_any(ctx, ctx->cuda->stream, x_source(&lc), lc.g.batch, kbytes, out + b * lc.g.batch * kbytes, NULL,
+                         NULL));
     }
     return BIE_STATUS_OK;
 }
