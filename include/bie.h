@@ -282,6 +282,10 @@ struct bie_conv2d_desc {
 //   bit = f32(y) + f32(out_bits_bias[o]) >= 0       (out_bits_bias NULL: f32(y) >= 0; NaN: 0)
 // with y as stored (after any epilogue): the bits that layer would make of y with that bias_a.
 //   out_bits_bias    : [N] / [O] f32, or NULL
+// Optional clamp of a float x (an nn.Hardtanh(-t, t) before the layer, applied in the same pass):
+// with x_clamp = t (finite, > 0) every element of x is read as
+//   min(max(f32(x), -t), t)                         (NaN stays NaN)
+// before bias_a is added; 0 leaves x as it is. Not with a B1 x.
 struct bie_forward_args {
     const struct bie_tensor * x;
     const struct bie_tensor * bias_a;
@@ -294,6 +298,7 @@ struct bie_forward_args {
     const struct bie_tensor * residual;
     struct bie_tensor * out_bits;
     const struct bie_tensor * out_bits_bias;
+    float x_clamp;
 };
 
 // Backward arguments: the same x, bias_a, weight and scales as the forward, grad_y shaped like y

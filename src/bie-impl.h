@@ -172,6 +172,8 @@ struct bie_layer_call {
     // Scales: the user's scalar tensors, and their values when they live on the host.
     struct bie_tensor scale_a_t, scale_w_t;
     bool scales_on_host;
+    // A forward's clamp of x before bias_a (bie_forward_args.x_clamp): t > 0, or 0 (none).
+    float x_clamp;
     float scale_a, scale_w;
     enum bie_device_type device_type;
     int32_t device_index;

@@ -62,6 +62,7 @@ struct cpu_test_layer {
     struct bie_conv2d_desc cd;
     struct bie_tensor x, bias, w, sa, sw, y;
     bool has_bias;
+    float clamp; // x_clamp (0: none)
     char what[320];
 };
 
@@ -73,7 +74,8 @@ static inline enum bie_status cpu_test_layer_forward(bie_context_t * ctx, const 
                                  .weight = &c->w,
                                  .scale_a = &c->sa,
                                  .scale_w = &c->sw,
-                                 .y = y};
+                                 .y = y,
+                                 .x_clamp = c->clamp};
     return c->conv ? bie_conv2d_forward(ctx, &c->cd, &a) : bie_linear_forward(ctx, &c->lin, &a);
 }
 

@@ -59,6 +59,7 @@ static void make_common(struct cpu_test_layer * fc) {
     }
     fc->sa = test_scalar(test_rand_float(0.05f, 0.4f));
     fc->sw = test_scalar(test_rand_float(0.005f, 0.2f));
+    if (fc->x.dtype != BIE_DTYPE_B1 && test_rand_int(0, 2) == 0) fc->clamp = test_rand_float(0.1f, 1.5f); // (x in +-2)
     cpu_test_garbage(&fc->y);
 }
 
@@ -182,18 +183,18 @@ static void check_case(struct cpu_test_layer * fc, bie_context_t * ref, bie_cont
                        bie_context_t * cpu1) {
     struct bie_tensor yr = cpu_test_clone(&fc->y);
     const enum bie_status sr = cpu_test_layer_forward(ref, fc, &yr);
-    CHECK(sr == BIE_STATUS_OK, "ref: %s (%s)", bie_context_last_error(ref), fc->what);
+    CHECK(sr == BIE_STATUS_OK, "ref: %s (%s clamp %g)", bie_context_last_error(ref), fc->what, (double)fc->clamp);
     const size_t nb = cpu_test_nbytes(&fc->y);
     for (int l = 0; l < nlev + 1; l++) {
         bie_context_t * ctx = l < nlev ? cpu[l] : cpu1;
         struct bie_tensor yc = cpu_test_clone(&fc->y);
         const enum bie_status sc = cpu_test_layer_forward(ctx, fc, &yc);
-        CHECK(sc == BIE_STATUS_OK, "cpu: %s (%s)", bie_context_last_error(ctx), fc->what);
+        CHECK(sc == BIE_STATUS_OK, "cpu: %s (%s clamp %g)", bie_context_last_error(ctx), fc->what, (double)fc->clamp);
         size_t first = nb;
         for (size_t i = 0; i < nb && first == nb; i++)
             if (((uint8_t *)yc.data)[i] != ((uint8_t *)yr.data)[i]) first = i;
-        CHECK(first == nb, "isa %s threads %d: first differing byte %zu of %zu (%s)",
-              bie_cpu_isa_name(bie_context_cpu_isa(ctx)), l < nlev ? 2 : 1, first, nb, fc->what);
+        CHECK(first == nb, "isa %s threads %d: first differing byte %zu of %zu (%s clamp %g)",
+              bie_cpu_isa_name(bie_context_cpu_isa(ctx)), l < nlev ? 2 : 1, first, nb, fc->what, (double)fc->clamp);
         test_tensor_free(&yc);
     }
     test_tensor_free(&yr);

@@ -6,7 +6,10 @@
 // - f32 overflow inside the CPU backward (grad_y near FLT_MAX, scale_a near FLT_MAX): grad_scale_a,
 //   grad_bias_a and grad_weight are the reference's numbers (-inf, 0, 3e38), never NaN;
 // - output views that overlap themselves, each other or an input are refused;
-// - scale_a * scale_w must be finite: 3e38 * 3e38 is refused instead of giving 0 * inf = NaN.
+// - scale_a * scale_w must be finite: 3e38 * 3e38 is refused instead of giving 0 * inf = NaN;
+// - x_clamp: a call with it equals the call on a copy of x clamped by hand (NaN, +-t and values
+//   past t included), at every quantization and backend; bad bounds, a B1 x and a plan executed
+//   with another bound are refused.
 #include "test-cpu-common.h"
 
 static const enum bie_quant k_quants[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
@@ -211,6 +214,78 @@ static void test_scale_product(bie_context_t * ctx) {
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]);
 }
 
+// y of a 4-bit, 8-bit or binary conv (3x3, padding 1, bias_a) with x_clamp = t against the same
+// call without it on h = min(max(x, -t), t) (NaN kept), on ctx; then the refusals.
+static void test_x_clamp(bie_context_t * ctx) {
+    const float t = 0.75f;
+    for (int qi = 0; qi < 3; qi++) {
+        const int64_t N = 2, C = 5, H = 4, W = 3, O = 3;
+        const struct bie_conv2d_desc d = {k_quants[qi], C, O, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, BIE_PAD_ZERO};
+        static const int nchw[4] = {0, 1, 2, 3};
+        const int64_t xs[4] = {N, C, H, W}, ws[4] = {O, C, 3, 3}, ys[4] = {N, O, H, W};
+        struct bie_tensor x = cpu_test_view4(BIE_DTYPE_F32, xs, nchw), h = cpu_test_view4(BIE_DTYPE_F32, xs, nchw);
+        struct bie_tensor w = cpu_test_view4(BIE_DTYPE_F32, ws, nchw);
+        struct bie_tensor y0 = cpu_test_view4(BIE_DTYPE_F32, ys, nchw), y1 = cpu_test_view4(BIE_DTYPE_F32, ys, nchw);
+        struct bie_tensor bias = cpu_test_view2(BIE_DTYPE_F32, 1, C, false);
+        bias.ndim = 1;
+        bias.shape[0] = C;
+        test_fill_uniform(&x, -2, 2);
+        test_fill_uniform(&w, -1, 1);
+        test_fill_uniform(&bias, -0.5f, 0.5f);
+        float * xv = (float *)x.data;
+        xv[0] = NAN;
+        xv[1] = t;
+        xv[2] = -t;
+        xv[3] = 5.0f;
+        xv[4] = -5.0f;
+        for (int64_t i = 0; i < N * C * H * W; i++)
+            ((float *)h.data)[i] = isnan(xv[i]) ? xv[i] : fminf(fmaxf(xv[i], -t), t);
+        struct bie_tensor sa = test_scalar(0.1f), sw = test_scalar(0.05f);
+        struct bie_forward_args a = {.x = &x, .bias_a = &bias, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y0};
+        a.x_clamp = t;
+        CHECK_OK(ctx, bie_conv2d_forward(ctx, &d, &a));
+        struct bie_forward_args b = a;
+        b.x = &h;
+        b.y = &y1;
+        b.x_clamp = 0.0f;
+        CHECK_OK(ctx, bie_conv2d_forward(ctx, &d, &b));
+        CHECK(memcmp(y0.data, y1.data, (size_t)(N * O * H * W) * sizeof(float)) == 0,
+              "isa %s q%d: y with x_clamp %g differs from y of the clamped copy",
+              bie_cpu_isa_name(bie_context_cpu_isa(ctx)), (int)k_quants[qi], (double)t);
+        static const float bad[4] = {-1.0f, INFINITY, NAN, -0.0f};
+        for (int i = 0; i < 3; i++) {
+            a.x_clamp = bad[i];
+            TEST_EXPECT_STATUS(ctx, bie_conv2d_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "x_clamp");
+        }
+        a.x_clamp = bad[3]; // -0 is 0: no clamp
+        CHECK_OK(ctx, bie_conv2d_forward(ctx, &d, &a));
+        a.x_clamp = t;
+        bie_plan_t * plan = NULL;
+        CHECK_OK(ctx, bie_plan_conv2d_forward(ctx, &d, &a, &plan));
+        CHECK(plan && strstr(bie_plan_describe(plan), "x clamped to +-0.75"), "plan \"%s\" names the clamp",
+              plan ? bie_plan_describe(plan) : "");
+        a.x_clamp = 0.5f;
+        TEST_EXPECT_STATUS(ctx, bie_plan_forward(ctx, plan, &a), BIE_STATUS_INVALID_ARGUMENT, "x_clamp");
+        a.x_clamp = t;
+        CHECK_OK(ctx, bie_plan_forward(ctx, plan, &a));
+        bie_plan_destroy(plan);
+        struct bie_tensor * all[] = {&x, &h, &w, &y0, &y1, &bias, &sa, &sw};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) test_tensor_free(all[i]);
+    }
+    // a B1 x is binarized already
+    const int64_t K = 16, M = 2, N = 3;
+    const struct bie_linear_desc d = {BIE_QUANT_BINARY, K, N};
+    struct bie_tensor xb = cpu_test_view2(BIE_DTYPE_B1, M, K, false), w = cpu_test_view2(BIE_DTYPE_F32, N, K, false);
+    struct bie_tensor y = cpu_test_view2(BIE_DTYPE_F32, M, N, false);
+    test_fill_uniform(&xb, -1, 1);
+    test_fill_uniform(&w, -1, 1);
+    struct bie_tensor sa = test_scalar(1.0f), sw = test_scalar(1.0f);
+    struct bie_forward_args a = {.x = &xb, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y, .x_clamp = 1.0f};
+    TEST_EXPECT_STATUS(ctx, bie_linear_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "x_clamp");
+    struct bie_tensor * all[] = {&xb, &w, &y, &sa, &sw};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) test_tensor_free(all[i]);
+}
+
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     bie_context_t *ref, *cpu[CPU_TEST_LEVELS];
@@ -222,6 +297,8 @@ int main(int argc, char ** argv) {
     test_overlapping_outputs(ref);
     test_scale_product(cpu[nlev - 1]);
     test_scale_product(ref);
+    for (int l = 0; l < nlev; l++) test_x_clamp(cpu[l]);
+    test_x_clamp(ref);
     bie_context_destroy(ref);
     for (int l = 0; l < nlev; l++) bie_context_destroy(cpu[l]);
     return test_finish("test-layer-edges");

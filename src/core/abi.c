@@ -57,6 +57,7 @@ static const struct abi_field fields[] = {
     ABI_FIELD(bie_forward_args, residual),
     ABI_FIELD(bie_forward_args, out_bits),
     ABI_FIELD(bie_forward_args, out_bits_bias),
+    ABI_FIELD(bie_forward_args, x_clamp),
     ABI_STRUCT(bie_backward_args),
     ABI_FIELD(bie_backward_args, x),
     ABI_FIELD(bie_backward_args, bias_a),

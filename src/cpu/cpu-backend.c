@@ -6,10 +6,53 @@
 #include "ref/ref-impl.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+static enum bie_status bie_cpu_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call);
+
+// A forward with x_clamp runs on a dense f32 copy of the clamped x (one pass over x, in x's channel
+// order: channels-last stays channels-last), then as a call without the clamp: the same x' (the
+// clamp is exact in f32, and f32(x) of the copy is the clamped value).
+static enum bie_status clamped_forward(bie_context_t * ctx, const struct bie_layer_call * call) {
+    const struct bie_geometry * g = &call->g;
+    struct bie_layer_call c = *call;
+    c.x_clamp = 0.0f;
+    struct bie_tensor * x = &c.x;
+    const int64_t N = g->batch, C = g->C, H = g->H, W = g->W;
+    const bool nhwc = C > 1 && call->x.stride[1] == 1;
+    const int64_t st[4] = {C * H * W, nhwc ? 1 : H * W, nhwc ? W * C : W, nhwc ? C : 1};
+    x->dtype = BIE_DTYPE_F32;
+    for (int i = 0; i < 4; i++) x->stride[i] = st[i];
+    if (call->plan) {
+        x->data = NULL;
+        const enum bie_status s = bie_cpu_layer_forward(ctx, &c);
+        const size_t n = strlen(call->plan->route);
+        snprintf(call->plan->route + n, sizeof call->plan->route - n, ", x clamped into an f32 copy first");
+        return s;
+    }
+    float * h = aligned_alloc(64, ((size_t)(N * C * H * W) * sizeof(float) + 63) / 64 * 64);
+    if (!h) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "x_clamp: out of host memory for the clamped x");
+    const float t = call->x_clamp;
+    const struct bie_tensor * src = &call->x;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t ci = 0; ci < C; ci++)
+            for (int64_t hi = 0; hi < H; hi++)
+                for (int64_t wi = 0; wi < W; wi++) {
+                    float v = (float)bie_load(src, n * src->stride[0] + ci * src->stride[1] + hi * src->stride[2] +
+                                                       wi * src->stride[3]);
+                    v = v < -t ? -t : v > t ? t : v; // (NaN stays NaN)
+                    h[n * st[0] + ci * st[1] + hi * st[2] + wi * st[3]] = v;
+                }
+    x->data = h;
+    const enum bie_status s = bie_cpu_layer_forward(ctx, &c);
+    free(h);
+    return s;
+}
 
 static enum bie_status bie_cpu_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call) {
     if (call->device_type != BIE_DEVICE_CPU || !call->scales_on_host) return BIE_DECLINED;
+    if (call->x_clamp > 0.0f) return clamped_forward(ctx, call);
     if (call->plan) { // a planned forward's route names the matrix-vector path when it takes the call
         const enum bie_status s = bie_cpu_plan(ctx, call);
         if (s == BIE_STATUS_OK && bie_cpu_gemv_applies(call)) {

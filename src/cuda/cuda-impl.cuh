@@ -146,6 +146,7 @@ struct dscale {
     const void * ptr; // NULL: use value
     int dtype;
     float value;
+    float clamp; // scale_a only: x is read through a clamp to [-clamp, clamp] (x_clamp); 0: none
 };
 
 static inline struct dscale dscale_make(const struct bie_layer_call * c, bool is_a) {
@@ -155,6 +156,7 @@ static inline struct dscale dscale_make(const struct bie_layer_call * c, bool is
     s.dtype = (int)t->dtype;
     s.value = is_a ? c->scale_a : c->scale_w;
     if (!c->scales_on_host && t->device_type == BIE_DEVICE_CPU) s.ptr = NULL; // mixed: host value
+    s.clamp = is_a ? c->x_clamp : 0.0f;
     return s;
 }
 
@@ -312,6 +314,17 @@ __device__ __forceinline__ void prefetch_l2(const void * p, uint32_t bytes) {
 
 __device__ __forceinline__ float ld_scale(struct dscale s) {
     return s.ptr ? ld_float((const char *)s.ptr, s.dtype, 0) : s.value;
+}
+// The bound of x's clamp (dscale.clamp), +inf when there is none.
+__device__ __forceinline__ float clamp_bound(struct dscale s) {
+    return s.clamp > 0.0f ? s.clamp : __int_as_float(0x7f800000);
+}
+// min(max(v, -t), t) with a NaN v kept NaN (max.NaN, min.NaN); t = +inf leaves every v as it is.
+__device__ __forceinline__ float clamp_in(float v, float t) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(v), "f"(-t));
+    asm("min.NaN.f32 %0, %0, %1;" : "+f"(r) : "f"(t));
+    return r;
 }
 
 __host__ __device__ __forceinline__ int qlo(int quant) { return quant == BIE_QUANT_INT4 ? -8 : -128; }

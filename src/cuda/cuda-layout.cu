@@ -2,7 +2,8 @@
 // cuda-layout.cu: layer tensors moved into the dense layouts of the implicit-GEMM convs, with
 // coalesced reads and writes whatever the layout of the source (NCHW, channels-last, strided):
 //   pixel rows  P[p][c] = f(t[n, c, h, w]),  p = (n*H + h)*W + w
-//               f = the value itself, or the activation code of x' = f32(x) + f32(bias_a[c]):
+//               f = the value itself, or the activation code of x' = f32(x) + f32(bias_a[c])
+//               (x first clamped to +-x_clamp when the scale carries one):
 //               binary +-1 (x' >= 0 -> +1, NaN -> -1), n-bit clamp(rne(x'/scale_a), lo, hi)
 //   im2col      A[m][k] = P[pixel that tap t of output position m reads][c],  k = t*C + c < K,
 //               the pad value where the tap lies outside the image, 0 for K <= k < ld
@@ -18,6 +19,7 @@ constexpr int TILE = 32; // a pixel_rows block moves 32 pixels x 32 channels
 struct act_quant {
     int quant;
     float sc, inv; // (inv: the reciprocal quant_code_r takes)
+    float t;       // x's clamp bound (clamp_bound), applied before bias_a
     int lo, hi;
     __device__ __forceinline__ int code(float v) const {
         return quant == BIE_QUANT_BINARY ? (v >= 0.0f ? 1 : -1) : quant_code_r(v, sc, inv, lo, hi);
@@ -25,7 +27,7 @@ struct act_quant {
 };
 __device__ __forceinline__ act_quant act_quant_of(int quant, struct dscale s) {
     const float sc = quant ? ld_scale(s) : 1.0f;
-    return act_quant{quant, sc, __frcp_rn(sc), qlo(quant), qhi(quant)};
+    return act_quant{quant, sc, __frcp_rn(sc), clamp_bound(s), qlo(quant), qhi(quant)};
 }
 
 // Offset of element (p, c) in the rows: p * C + c when they are dense, else sample n's rows start
@@ -76,6 +78,7 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
                 off = n * t.stride[0] + c * t.stride[1] + h * t.stride[2] + (q - h * W) * t.stride[3];
             }
             v[k] = ld_float(t.data, t.dtype, off);
+            if (quant) v[k] = clamp_in(v[k], aq.t);
             if (quant && bias.data) v[k] = __fadd_rn(v[k], ld_float(bias.data, bias.dtype, c * bias.stride[3]));
         }
 #pragma unroll
@@ -101,11 +104,11 @@ __global__ void pixel_rows(struct dview t, struct dview bias, int64_t HW, int64_
 // The activation codes of a dense channels-last t (element (n, c, h, w) at ((n*H + h)*W + w)*C + c,
 // C % 8 == 0, 16-byte aligned), which lies in pixel-row order already: groups of 8 elements, read
 // as one or two 16-byte vectors and written as 8 bytes, PIX_U groups a thread with their loads
-// issued first. BIAS: bias (C <= PIX_BIAS_C) is staged in shared memory as f32 first. Same values as
-// pixel_rows.
+// issued first. BIAS: bias (C <= PIX_BIAS_C) is staged in shared memory as f32 first; CLAMP: x is
+// clamped first (the scale's clamp). Same values as pixel_rows.
 constexpr int PIX_U = 2;
 constexpr int PIX_BIAS_C = 4096;
-template <typename TI, bool BIAS>
+template <typename TI, bool BIAS, bool CLAMP>
 __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, int64_t C, int quant, struct dscale s,
                                  int8_t * out) {
     __shared__ __align__(16) float sb[BIAS ? PIX_BIAS_C : 4];
@@ -127,6 +130,9 @@ __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, in
             if (g >= n8) break;
             float v[8];
             raw8_floats<TI>(r[u], v);
+            if (CLAMP)
+#pragma unroll
+                for (int k = 0; k < 8; k++) v[k] = clamp_in(v[k], aq.t);
             if (BIAS) {
                 const float4 * b = (const float4 *)(sb + (cmask ? (8 * g) & cmask : qmod(8 * g, C)));
                 const float4 b0 = b[0], b1 = b[1];
@@ -150,8 +156,9 @@ __global__ void pixel_codes_nhwc(const TI * t, struct dview bias, int64_t n8, in
 template <typename TI>
 void launch_pixel_codes(const TI * t, const struct dview & bias, int64_t n8, int64_t C, int quant, struct dscale s,
                         int8_t * out, unsigned grid, cudaStream_t st) {
-    if (bias.data) pixel_codes_nhwc<TI, true><<<grid, 256, 0, st>>>(t, bias, n8, C, quant, s, out);
-    else pixel_codes_nhwc<TI, false><<<grid, 256, 0, st>>>(t, bias, n8, C, quant, s, out);
+    auto kern = s.clamp > 0.0f ? (bias.data ? pixel_codes_nhwc<TI, true, true> : pixel_codes_nhwc<TI, false, true>)
+                               : (bias.data ? pixel_codes_nhwc<TI, true, false> : pixel_codes_nhwc<TI, false, false>);
+    kern<<<grid, 256, 0, st>>>(t, bias, n8, C, quant, s, out);
 }
 
 // Two f16 / bf16 / f32 elements at element offset off (even) of p, as f32.
@@ -212,6 +219,8 @@ __global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, 
             float a = v[k].x, q = v[k].y;
             if (quant) {
                 const int64_t c = c0 + r;
+                a = clamp_in(a, aq.t);
+                q = clamp_in(q, aq.t);
                 if (bias.data && c < C) {
                     const float bv = ld_float(bias.data, bias.dtype, c * bias.stride[3]);
                     a = __fadd_rn(a, bv);

@@ -138,6 +138,7 @@ template <typename T> __global__ void plane_bits(pack_src p, int64_t row_words, 
         const int64_t c = cw * 32 + lane, p0 = pb * 32;
         const T * src = (const T *)p.t.data + n * p.t.stride[0] + c * p.t.stride[1] + p0;
         const float bias = p.bias.data ? ld_float(p.bias.data, p.bias.dtype, c * p.bias.stride[3]) : 0.0f;
+        const float ct = clamp_bound(p.s); // (without bias_a the clamp keeps every sign: t > 0)
         float v[32];
         if (p0 + 32 <= HW && ((uintptr_t)src % 16) == 0) {
 #pragma unroll
@@ -149,7 +150,7 @@ template <typename T> __global__ void plane_bits(pack_src p, int64_t row_words, 
         uint32_t mine = 0;
 #pragma unroll
         for (int q = 0; q < 32; q++) {
-            const float x = p.bias.data ? __fadd_rn(v[q], bias) : v[q];
+            const float x = p.bias.data ? __fadd_rn(clamp_in(v[q], ct), bias) : v[q];
             const uint32_t word = __ballot_sync(0xffffffffu, x >= 0.0f);
             if (lane == q) mine = word;
         }

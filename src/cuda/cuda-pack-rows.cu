@@ -27,7 +27,7 @@ __device__ __forceinline__ bool tap_base(const pack_src & p, int64_t r0, int64_t
 }
 // The code of one element inside the image (or of the weight): a bit, or an int8 code.
 __device__ __forceinline__ int elem_code(const pack_src & p, float s, int64_t off, int c) {
-    float v = ld_float(p.t.data, p.t.dtype, off);
+    float v = clamp_in(ld_float(p.t.data, p.t.dtype, off), clamp_bound(p.s)); // (x's clamp, if any)
     if (p.bias.data) v = __fadd_rn(v, ld_float(p.bias.data, p.bias.dtype, c * p.bias.stride[3]));
     if (p.quant == BIE_QUANT_BINARY) return v >= 0.0f ? 1 : 0; // B1: ld_float gives +-1
     const int lo = qlo(p.quant), hi = qhi(p.quant);
@@ -91,13 +91,17 @@ __global__ void pack_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * ou
 // vectors (when the row is 16-byte aligned; element by element at the row's end). pack_rows, one
 // element per lane per step, and a lane per 32 elements (a 64-byte stride between lanes) both
 // leave much of the memory bandwidth unused.
-// x' of 8 elements starting at element k0 of a row (0 past K): the floats plus bias_a.
+// x' of 8 elements starting at element k0 of a row (0 past K): the floats (clamped, with x's
+// clamp) plus bias_a.
 template <typename T>
 __device__ __forceinline__ void xprime8(const pack_src & p, const T * row, int64_t k0, bool vec, float * v) {
     if (vec) load8<T>(row + k0, v);
     else
 #pragma unroll
         for (int e = 0; e < 8; e++) v[e] = k0 + e < p.g.K ? ld_float((const char *)row, p.t.dtype, k0 + e) : 0.0f;
+    const float t = clamp_bound(p.s);
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = clamp_in(v[e], t);
     if (p.bias.data)
 #pragma unroll
         for (int e = 0; e < 8; e++)
@@ -162,17 +166,20 @@ __device__ __forceinline__ int64_t vector_groups(const T * src, int64_t j, int64
     }
     return j;
 }
-// x' = x + bias_a of group g's 8 loaded elements (x itself without BIAS).
+// x' = x + bias_a of group g's 8 loaded elements (x itself without BIAS), x through its clamp.
 template <typename T, bool BIAS>
 __device__ __forceinline__ void group_xprime(const pack_src & p, int64_t g, const raw8<T> & r, float * f) {
+    const float t = clamp_bound(p.s);
     if constexpr (BIAS) { // (bias_a's loads issued first: the conversion runs while they are in flight)
         float b[8];
         bias8(p.bias, bias_index(p, g * 8), b); // (a period is a multiple of 8: the 8 share a pixel)
         raw8_floats<T>(r, f);
 #pragma unroll
-        for (int e = 0; e < 8; e++) f[e] = __fadd_rn(f[e], b[e]);
+        for (int e = 0; e < 8; e++) f[e] = __fadd_rn(clamp_in(f[e], t), b[e]);
     } else {
         raw8_floats<T>(r, f);
+#pragma unroll
+        for (int e = 0; e < 8; e++) f[e] = clamp_in(f[e], t);
     }
 }
 // The sign groups of a row (vector_groups): writes the sign bytes (and, STE, the pass bytes) or

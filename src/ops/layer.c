@@ -281,6 +281,12 @@ enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_
         BIE_FAIL("scale_a * scale_w: %g * %g overflows f32 (y = acc * (scale_a * scale_w) needs a finite product)",
                  (double)c->scale_a, (double)c->scale_w);
     BIE_TRY(epilogue_check(ctx, c, a));
+    if (a->x_clamp != 0.0f) {
+        if (!isfinite(a->x_clamp) || !(a->x_clamp > 0.0f))
+            BIE_FAIL("x_clamp: = %g must be 0 (no clamp) or finite and > 0", (double)a->x_clamp);
+        if (a->x->dtype == BIE_DTYPE_B1) BIE_FAIL("x_clamp: x is b1 (already binarized); a clamp needs a float x");
+        c->x_clamp = a->x_clamp;
+    }
     const struct bie_tensor *outs[2] = {a->y, a->out_bits},
                             *ins[9] = {a->x,       a->bias_a,  a->weight,   a->scale_a,      a->scale_w,
                                        a->out_mul, a->out_add, a->residual, a->out_bits_bias};

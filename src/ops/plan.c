@@ -79,6 +79,8 @@ static void describe(struct bie_plan * p, const char * const * names) {
         tensor_words(w, sizeof w, &p->meta[i]);
         u += (size_t)snprintf(p->text + u, sizeof p->text - u, "; %s %s", names[i], w);
     }
+    if (c->x_clamp > 0.0f && u < sizeof p->text)
+        u += (size_t)snprintf(p->text + u, sizeof p->text - u, "; x clamped to +-%g", (double)c->x_clamp);
     if (u < sizeof p->text)
         snprintf(p->text + u, sizeof p->text - u, "; route: %s; workspace %zu bytes", p->info.route, p->info.workspace);
 }
@@ -222,6 +224,9 @@ static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool b
                                     names[6], names[7], names[8], names[10]};
         BIE_TRY(bie_check_outputs(ctx, outs, on, 2, ins, in, 9));
     }
+    if (!backward && ((const struct bie_forward_args *)args)->x_clamp != p->call.x_clamp)
+        BIE_FAIL("x_clamp: is %g, the plan was made for %g", (double)((const struct bie_forward_args *)args)->x_clamp,
+                 (double)p->call.x_clamp);
     struct bie_layer_call c = p->call;
     patch(&c, backward, t);
     if (c.scale_a_t.device_type == BIE_DEVICE_CPU) {

@@ -20,12 +20,17 @@ static inline int64_t off4(const struct bie_tensor * t, int64_t i0, int64_t i1, 
 void bie_ref_x_shifted(const struct bie_layer_call * call, float * xp) {
     const struct bie_tensor * x = &call->x;
     const struct bie_geometry * g = &call->g;
+    const float t = call->x_clamp;
     int64_t d = 0;
     for (int64_t n = 0; n < g->batch; n++)
         for (int64_t c = 0; c < g->C; c++) {
             const float b = call->bias_a.data ? (float)bie_load(&call->bias_a, c * call->bias_a.stride[0]) : 0.0f;
             for (int64_t h = 0; h < g->H; h++)
-                for (int64_t w = 0; w < g->W; w++) xp[d++] = (float)bie_load(x, off4(x, n, c, h, w)) + b;
+                for (int64_t w = 0; w < g->W; w++) {
+                    float v = (float)bie_load(x, off4(x, n, c, h, w));
+                    if (t > 0.0f) v = v < -t ? -t : v > t ? t : v; // (NaN stays NaN)
+                    xp[d++] = v + b;
+                }
         }
 }
 

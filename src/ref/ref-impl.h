@@ -33,7 +33,8 @@ static inline bool bie_ref_ste_passes(float xp, float scale_a) { return __builti
 // clamp(rne(v / scale), lo, hi) with the division in f32; NaN gives lo.
 int bie_ref_quantize(float v, float scale, int lo, int hi);
 
-// x' = f32(x) + f32(bias_a[c]) for every element of a float x, dense.
+// x' = f32(x) + f32(bias_a[c]) for every element of a float x, dense (x clamped first when the
+// call has an x_clamp).
 void bie_ref_x_shifted(const struct bie_layer_call * call, float * xp);
 
 // Activation codes a (binary +-1, n-bit clamp(rne(x'/scale_a), lo, hi)), dense. xp is the

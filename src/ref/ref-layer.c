@@ -9,6 +9,8 @@
 //
 // Codes (all float math in f32):
 //   x'      = f32(x) + f32(bias_a[c])                        (bias_a absent: 0)
+//             forward with x_clamp = t > 0: x' = min(max(f32(x), -t), t) + f32(bias_a[c])
+//             (NaN stays NaN)
 //   binary: a = +1 if x' >= 0 else -1 (NaN -> -1); B1 x: a = its bits
 //           w = +1 if W >= 0 else -1 (float W; I8 latent W: v >= 0; B1 W: the bit)
 //   n-bit:  a = clamp(rne(x'/scale_a), lo, hi)     lo, hi = -8, 7 (4-bit) or -128, 127 (8-bit)

@@ -23,7 +23,8 @@ struct lcase {
     int64_t wpad; // a B1 conv weight's OHWI rows wpad bits further apart than K (0: dense; -1, a
                   // linear weight: one row broadcast, rows 0 bits apart)
     float sa, sw;
-    char text[400];
+    float clamp; // the forward's x_clamp (0: none)
+    char text[420];
 };
 
 static const enum bie_dtype float_dts[3] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16};
@@ -31,12 +32,12 @@ static const enum bie_dtype float_dts[3] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DT
 static inline void describe(struct lcase * c) {
     snprintf(c->text, sizeof c->text,
              "%s q=%d batch=%lld C=%lld H=%lld W=%lld O=%lld k=%dx%d s=%dx%d p=%dx%d d=%dx%d pad=%d x=%s w=%s "
-             "y=%s g=%s bias=%d devscale=%d layouts=%d/%d wpad=%lld sa=%g sw=%g",
+             "y=%s g=%s bias=%d devscale=%d layouts=%d/%d wpad=%lld sa=%g sw=%g clamp=%g",
              c->conv ? "conv" : "linear", (int)c->quant, (long long)c->batch, (long long)c->C, (long long)c->H,
              (long long)c->W, (long long)c->O, c->cd.kernel[0], c->cd.kernel[1], c->cd.stride[0], c->cd.stride[1],
              c->cd.padding[0], c->cd.padding[1], c->cd.dilation[0], c->cd.dilation[1], (int)c->cd.pad_value,
              bie_dtype_name(c->xdt), bie_dtype_name(c->wdt), bie_dtype_name(c->ydt), bie_dtype_name(c->gdt), c->bias,
-             c->dev_scales, c->xkind, c->ykind, (long long)c->wpad, (double)c->sa, (double)c->sw);
+             c->dev_scales, c->xkind, c->ykind, (long long)c->wpad, (double)c->sa, (double)c->sw, (double)c->clamp);
 }
 
 // The layer kind and shapes of a random case (big: one of the sizes that reach particular GEMM
@@ -188,6 +189,12 @@ static inline void random_case(struct lcase * c, int big) {
         c->xdt = test_rand_int(0, 1) ? BIE_DTYPE_B1 : float_dts[test_rand_int(0, 2)];
         c->xkind = c->xdt == BIE_DTYPE_B1 ? 1 : (int)test_rand_int(0, 1); // floats: NCHW planes too
         c->bias = c->xdt != BIE_DTYPE_B1 && test_rand_int(0, 1);
+    }
+    // x read through a clamp (a Hardtanh before the layer) in a third of the float-x cases, at a
+    // bound inside the values' range so that part of them are clamped
+    if (c->xdt != BIE_DTYPE_B1 && test_rand_int(0, 2) == 0) {
+        const float range = bin ? 2.0f : c->quant == BIE_QUANT_INT4 ? 10.0f : 150.0f;
+        c->clamp = c->sa * range * test_rand_float(0.05f, 0.6f);
     }
     describe(c);
 }

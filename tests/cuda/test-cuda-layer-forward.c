@@ -38,6 +38,7 @@ static void test_forward(const struct lcase * c) {
     memcpy(bits_cu.data, bits_ref.data, tensor_span(&bits_ref));
     struct bie_tensor dmul = cuda_mirror(&mul), dadd = cuda_mirror(&add), dres = cuda_mirror(&res);
     struct bie_tensor dbb = cuda_mirror(&bb), dbits = cuda_mirror(&bits_cu);
+    ar.x_clamp = ac.x_clamp = c->clamp;
     int terms = c->terms ? c->terms : bie_dtype_is_float(c->ydt) ? (int)test_rand_int(0, 31) : 0;
     if ((terms & 24) == 16) terms |= 8;
     if (terms & 8) ar.out_bits = &bits_ref, ac.out_bits = &dbits;
@@ -154,6 +155,17 @@ int main(int argc, char ** argv) {
     forward_cases(cuda_test_quick() ? 1 : 2, 7);  // the same with K of 5 or 6 stages
     forward_cases(cuda_test_quick() ? 1 : 2, 6);  // binary convs gathered in 256-column tiles
     forward_cases(cuda_test_quick() ? 6 : 40, 9); // ResNet block convs with an output epilogue
+    for (int i = 0; i < 8; i++) { // 4-bit and 8-bit ResNet block convs (channels-last f16 / bf16 pixel codes), most
+                                  // behind a clamp of x (a Hardtanh folded into the call)
+        struct lcase c;
+        random_case(&c, 9);
+        c.quant = c.cd.quant = c.ld.quant = i % 2 ? BIE_QUANT_INT8 : BIE_QUANT_INT4;
+        if (c.wdt == BIE_DTYPE_B1) c.wdt = c.quant == BIE_QUANT_INT4 ? BIE_DTYPE_S4 : BIE_DTYPE_I8;
+        c.xdt = i < 4 ? BIE_DTYPE_F16 : BIE_DTYPE_BF16;
+        c.clamp = i % 4 == 3 ? 0.0f : c.sa * test_rand_float(0.5f, 4.0f);
+        describe(&c);
+        test_forward(&c);
+    }
     forward_cases(cuda_test_quick() ? 2 : 10, 2); // larger convolutions
     forward_cases(cuda_test_quick() ? 3 : 36, 3); // binary convs, C % 32 == 0
     for (int i = 0; i < 2; i++) {                 // zero-padded binary conv, B1 weight read in place (K = 1024 bits)
