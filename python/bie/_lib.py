@@ -88,7 +88,8 @@ _TP = ctypes.POINTER(Tensor)
 
 class ForwardArgs(ctypes.Structure):
     _fields_ = [("x", _TP), ("bias_a", _TP), ("weight", _TP), ("scale_a", _TP), ("scale_w", _TP), ("y", _TP),
-                ("out_mul", _TP), ("out_add", _TP), ("residual", _TP), ("out_bits", _TP), ("out_bits_bias", _TP)]
+                ("out_mul", _TP), ("out_add", _TP), ("residual", _TP), ("out_bits", _TP), ("out_bits_bias", _TP),
+                ("x_clamp", ctypes.c_float)]
 
 
 class BackwardArgs(ctypes.Structure):

@@ -264,12 +264,12 @@ def _common(x, bias_a, scale_a, scale_w):
 
 
 def _fwd_args(x, bias_a, weight_v, scale_a, scale_w, y, out_mul=None, out_add=None, residual=None, out_bits_v=None,
-              out_bits_bias=None):
+              out_bits_bias=None, x_clamp=None):
     keep = [x if isinstance(x, _lib.Tensor) else _view(x), _view(bias_a) if bias_a is not None else None, weight_v,
             _view(scale_a), _view(scale_w), _view(y)]
     keep += [None if t is None else _view(t.detach()) for t in (out_mul, out_add, residual)]
     keep += [out_bits_v, None if out_bits_bias is None else _view(out_bits_bias.detach())]
-    args = _lib.ForwardArgs(*[_ptr(v) for v in keep])
+    args = _lib.ForwardArgs(*[_ptr(v) for v in keep], 0.0 if x_clamp is None else float(x_clamp))
     return args, keep
 
 
@@ -593,7 +593,7 @@ def conv2d_binarize_ste(x, scale_a, bias_a=None, clamp=None):
 
 def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=None, stride=1, padding=0,
                    dilation=1, pad_value=PAD_ZERO, out_dtype=None, in_channels=None, out_mul=None, out_add=None,
-                   residual=None, out_bits=None, out_bits_bias=None):
+                   residual=None, out_bits=None, out_bits_bias=None, x_clamp=None):
     """y[N, O, OH, OW] = scale_a*scale_w * (a cross-correlated with w), libbie's conv2d forward. y
     keeps x's memory format (channels-last in, channels-last out). A binary layer takes the bits of
     conv2d_binarize_ste for x with in_channels = C (bias_a is in them; out_dtype then required).
@@ -601,21 +601,24 @@ def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=
     gives y = ((y * out_mul[o]) + out_add[o]) + residual in the same call (bie_forward_args), and
     out_bits (uint8 [N, OH, OW, ceil(O/8)], conv2d_binarize_ste's layout) the sign bits of
     y + out_bits_bias[o] (float32 [O], or None), what a following binary conv with that bias_a
-    takes as its input (in_channels=O). Planned once per metadata of the tensors (bie._plans)."""
+    takes as its input (in_channels=O). x_clamp = t (finite, > 0) reads a float x as clamp(x, -t, t)
+    (NaN kept) in the same call: a Hardtanh(-t, t) before the layer, without its own pass over x.
+    Planned once per metadata of the tensors (bie._plans)."""
     return _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_size, stride, padding, dilation,
                                    pad_value, out_dtype, in_channels, out_mul, out_add, residual, out_bits,
-                                   out_bits_bias)[0]
+                                   out_bits_bias, x_clamp)[0]
 
 
 def _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_size, stride, padding, dilation,
-                            pad_value, out_dtype, in_channels, out_mul, out_add, residual, out_bits, out_bits_bias):
+                            pad_value, out_dtype, in_channels, out_mul, out_add, residual, out_bits, out_bits_bias,
+                            x_clamp=None):
     """conv2d_forward's (y, plan): the plan runs later calls whose tensors have the same metadata with
     plan.run(x, (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits,
     out_bits_bias)) into a y of plan.out = (shape, dtype, memory format); None for an empty batch."""
     meta = _plans.meta
     key = ("conv2d_forward", quant, meta(x), meta(weight), meta(bias_a), meta(scale_a), meta(scale_w),
            _geometry_key(kernel_size, stride, padding, dilation), pad_value, out_dtype, in_channels,
-           _plans.metas(out_mul, out_add, residual, out_bits, out_bits_bias))
+           _plans.metas(out_mul, out_add, residual, out_bits, out_bits_bias), x_clamp)
     cache = _plans.cache()
     p = cache.get(key)
     if p is not None:
@@ -650,7 +653,7 @@ def _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_s
     wv = _weight_view(quant, weight.detach(), shape_w)
     bits_v = None if out_bits is None else _bits_view(out_bits, shape_w[0])
     args, keep = _fwd_args(xv, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
-                           scale_w.detach(), y, out_mul, out_add, residual, bits_v, out_bits_bias)
+                           scale_w.detach(), y, out_mul, out_add, residual, bits_v, out_bits_bias, x_clamp)
     p = _cuda_checked(x, lambda: _plans.Plan("bie_plan_conv2d_forward", desc, args, keep, keep, False))
     p.out = (tuple(y.shape), y.dtype, fmt)
     cache[key] = p

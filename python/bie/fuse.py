@@ -14,7 +14,9 @@ bias * out_mul), and adds the shortcut:
 
     y = round_y(((f32(conv(x)) * out_mul[o]) + out_add[o]) + f32(shortcut))
 
-A Hardtanh (a clamp to [lo, hi]) whose only reader is a binary conv is dropped there when
+A symmetric Hardtanh (a clamp to [-t, t]) whose only reader is a 4-bit or 8-bit conv goes into
+that call (bie_forward_args x_clamp: the quantiser reads clamp(x, -t, t), with no pass of its own
+over x). A Hardtanh (a clamp to [lo, hi]) whose only reader is a binary conv is dropped there when
 lo < -bias_a[c] <= hi for every channel: the conv reads only the bits x + bias_a >= 0, and the
 clamp keeps them (x >= -bias_a exactly when clamp(x, lo, hi) >= -bias_a for such a bias_a). When
 such a conv reads the output of another FusedConv2d or of a FoldedConvPool, that one writes these
@@ -34,7 +36,7 @@ import torch.nn as nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from . import functional as F
-from .autograd import ClampedBinaryConv2dForward, clamp_saves_bits
+from .autograd import ClampedBinaryConv2dForward, _exact_in, clamp_saves_bits
 from .layers import BieLayer, BinaryConv2d, _Conv2d
 
 
@@ -86,16 +88,17 @@ def _bits_bias(nxt):
 
 
 class FusedConv2d(nn.Module):
-    """A bie conv (`conv`), optionally after a Hardtanh (`act`, binary convs only) and before a BatchNorm2d (`bn`), with an optional residual added to the result:
-    forward(x, residual=None) = bn(conv(act(x))) + residual. At inference (eval mode, no autograd)
-    it is one libbie call with the BatchNorm folded into its output epilogue."""
+    """A bie conv (`conv`), optionally after a Hardtanh (`act`) and before a BatchNorm2d (`bn`), with
+    an optional residual added to the result: forward(x, residual=None) = bn(conv(act(x))) +
+    residual. At inference (eval mode, no autograd) it is one libbie call with the BatchNorm folded
+    into its output epilogue, and a symmetric Hardtanh before an n-bit conv as its x_clamp."""
 
     def __init__(self, conv, bn=None, act=None):
         super().__init__()
         if not isinstance(conv, _Conv2d):
             raise TypeError(f"bie: FusedConv2d takes a bie conv layer, not {type(conv).__name__}")
-        if act is not None and not (isinstance(conv, BinaryConv2d) and _clamp(act)):
-            raise ValueError("bie: only a Hardtanh before a binary conv can be fused")
+        if act is not None and not _clamp(act):
+            raise ValueError("bie: only a Hardtanh before a bie conv can be fused")
         if bn is not None and bn.num_features != conv.out_channels:
             raise ValueError(f"bie: BatchNorm2d of {bn.num_features} features after a conv of {conv.out_channels}")
         self.conv, self.bn, self.act = conv, bn, act
@@ -103,6 +106,7 @@ class FusedConv2d(nn.Module):
         self.register_buffer("out_add", None, persistent=False)
         self.register_buffer("bits_bias", None, persistent=False)
         self._drop_act = False
+        self._x_clamp = None  # t of a symmetric Hardtanh before an n-bit conv (the call's x_clamp)
         self.bits_for = None  # the FusedConv2d (binary) that reads this one's output, set by fuse()
         self.res_bias_from = None  # the FoldedConv2d whose bias this call adds to its residual (fuse())
         self.register_buffer("res_bias", None, persistent=False)
@@ -122,8 +126,11 @@ class FusedConv2d(nn.Module):
         dev = self.conv.scale_w.device  # (a buffer every bie layer keeps, packed or not)
         o = self.conv.out_channels
         mul, add = _bn_affine(self.bn, self.conv.bias, o, dev)
-        if self.act is not None:  # (one host sync, when the module enters eval mode)
+        binary = isinstance(self.conv, BinaryConv2d)
+        if self.act is not None and binary:  # (one host sync, when the module enters eval mode)
             self._drop_act = _act_keeps_bits(self.act, self.conv.bias_a)
+        lo, hi = (float(self.act.min_val), float(self.act.max_val)) if self.act is not None else (0.0, 0.0)
+        self._x_clamp = hi if not binary and 0.0 < hi == -lo and math.isfinite(hi) else None
         self.bits_bias = _bits_bias(self.bits_for)
         self.out_mul = None if self.bn is None else mul
         self.out_add = None if self.bn is None and self.conv.bias is None else add
@@ -141,11 +148,12 @@ class FusedConv2d(nn.Module):
 
     def _hot_state(self):
         """(conv, its parameter and buffer dicts, the activation applied before the conv or None,
-        out_mul, out_add, out_add with the residual's bias, bits_bias): read through nn.Module's
-        attribute lookup once, not on every call (its fallback costs about a microsecond a name)."""
+        out_mul, out_add, out_add with the residual's bias, bits_bias, the call's x_clamp or None):
+        read through nn.Module's attribute lookup once, not on every call (its fallback costs about a
+        microsecond a name)."""
         conv, act = self.conv, self.act
         self._hot = (conv, conv._parameters, conv._buffers, act if act is not None and not self._drop_act else None,
-                     self.out_mul, self.out_add, self.out_add_res, self.bits_bias)
+                     self.out_mul, self.out_add, self.out_add_res, self.bits_bias, self._x_clamp)
         return self._hot
 
     def train(self, mode=True):
@@ -180,7 +188,7 @@ class FusedConv2d(nn.Module):
         """conv(act(x)) through ClampedBinaryConv2dForward (a training step keeps 3 bits of x instead of
         the Hardtanh's input and the conv's), or None where it does not apply."""
         conv, act = self.conv, self.act
-        if act is None or not (conv.training and torch.is_grad_enabled()):
+        if act is None or not isinstance(conv, BinaryConv2d) or not (conv.training and torch.is_grad_enabled()):
             return None
         lo, hi = float(act.min_val), float(act.max_val)
         if not clamp_saves_bits(x, lo, hi, conv.opt_weight, conv.scale_a, conv.bias_a, conv.padding, conv.pad_value):
@@ -198,11 +206,13 @@ class FusedConv2d(nn.Module):
         # a residual without its bias, which this call adds (FoldedConv2d.bias_to)
         res_bias = residual is not None and getattr(residual, "_bie_res_bias", None) is self
         hot = self._hot or self._hot_state()
-        conv, params, buffers, act, mul, add, add_res, bb = hot
+        conv, params, buffers, act, mul, add, add_res, bb, xc = hot
         if (conv.training or torch.is_grad_enabled()
                 or (residual is not None and (residual.dim() != 4 or residual.shape[0] != x.shape[0]))):
             return self._slow(x, residual, res_bias)
-        if act is not None:
+        if xc is not None and not (x.is_floating_point() and _exact_in(xc, x.dtype)):
+            xc = None  # (libbie's f32 clamp is PyTorch's in x's dtype only for a t of that dtype)
+        if act is not None and xc is None:
             x = act(x)
         w = conv._prepare_forward(x)
         if res_bias:
@@ -214,7 +224,7 @@ class FusedConv2d(nn.Module):
         src = given[1] if given is not None and given[0] is self and act is None else None
         sa, ba, sw = params["scale_a"], params["bias_a"], buffers["scale_w"]
         key = (x.shape, x.stride(), x.dtype, x.get_device(), src is None, res_bias, id(w), id(sa), id(sw), id(ba),
-               None if residual is None else (residual.shape, residual.stride(), residual.get_device()))
+               None if residual is None else (residual.shape, residual.stride(), residual.get_device()), xc)
         run = self._runs.get(key)
         if run is not None:  # a call like an earlier one: its plan, without rebuilding the plan's key
             plan, bits_shape = run[0], run[1]
@@ -230,7 +240,7 @@ class FusedConv2d(nn.Module):
             bits = None if bb is None else self._bits_out(x, bb)
             if src is None:
                 y, plan = F._conv2d_forward_planned(conv.quant, x, w, sa, sw, ba, *self._geo, None, None, mul, add,
-                                                    residual, bits, bb)
+                                                    residual, bits, bb, xc)
             else:
                 y, plan = F._conv2d_forward_planned(conv.quant, src, w, sa, sw, None, *self._geo, x.dtype,
                                                     conv.in_channels, mul, add, residual, bits, bb)
@@ -337,7 +347,7 @@ def _only_user(node):
 
 def fuse(model):
     """A torch.fx GraphModule of `model` in which each bie conv followed by a BatchNorm2d (and by an
-    add of another tensor after it, and preceded by a Hardtanh when it is binary) is one
+    add of another tensor after it, and preceded by a Hardtanh) is one
     FusedConv2d, and each float nn.Conv2d followed by a BatchNorm2d one FoldedConv2d. The model must be traceable by torch.fx (no data-dependent control flow in
     its forward); its parameters and buffers are shared, not copied."""
     gm = fx.GraphModule(model, _Tracer().trace(model))
@@ -361,8 +371,8 @@ def fuse(model):
             residual = add.args[1] if add.args[0] is bn_node else add.args[0]
             last = add
         x_in, act_node, act = node.args[0], None, None
-        if (isinstance(x_in, fx.Node) and x_in.op == "call_module" and isinstance(conv, BinaryConv2d)
-                and _clamp(mods.get(x_in.target)) and _only_user(x_in) is node):
+        if (isinstance(x_in, fx.Node) and x_in.op == "call_module" and _clamp(mods.get(x_in.target))
+                and _only_user(x_in) is node):
             act_node, act = x_in, mods[x_in.target]
             x_in = act_node.args[0]
         name = f"fused_{count}"

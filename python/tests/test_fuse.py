@@ -77,11 +77,11 @@ def test_fuse_finds_the_chains(device, kind):
     g = bie.fuse(model(kind, device, torch.float32))
     fused = [m for m in g.modules() if isinstance(m, bie.FusedConv2d)]
     assert len(fused) == 3
-    assert sum(m.act is not None for m in fused) == (2 if kind == "binary" else 0)
+    assert sum(m.act is not None for m in fused) == 2
     calls = [g.get_submodule(n.target) for n in g.graph.nodes if n.op == "call_module"]
     assert not any(isinstance(c, (nn.BatchNorm2d, bie.BieLayer)) for c in calls)
     assert sum(isinstance(c, bie.FoldedConv2d) for c in calls) == 1  # the float stem and its BatchNorm
-    assert sum(isinstance(c, nn.Hardtanh) for c in calls) == (0 if kind == "binary" else 2)
+    assert not any(isinstance(c, nn.Hardtanh) for c in calls)  # (in the bie calls: dropped, or x_clamp)
 
 
 @pytest.mark.parametrize("kind", ["binary", "q4", "q8"])
@@ -96,7 +96,7 @@ def test_fused_inference_matches_model(device, kind):
         assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol * a.abs().max().item()), (kind, dt)
 
 
-@pytest.mark.parametrize("kind", ["binary", "q8"])
+@pytest.mark.parametrize("kind", ["binary", "q4", "q8"])
 def test_fused_conv_is_conv_then_epilogue(device, kind):
     for dt in dtypes(device):
         m = model(kind, device, dt).eval()
@@ -109,10 +109,35 @@ def test_fused_conv_is_conv_then_epilogue(device, kind):
             got = f(x, res)
             c = f.conv
             extra = (c.pad_value,) if kind == "binary" else ()
+            assert f.act is not None and (f._drop_act if kind == "binary" else f._x_clamp == 1.0)
+            x = x if kind == "binary" else f.act(x)  # (an n-bit call's x_clamp is the Hardtanh)
             y = F.conv2d_forward(c.quant, x, c.opt_weight, c.scale_a, c.scale_w, c.bias_a, *c._geometry(), *extra)
             shape = (1, -1, 1, 1)
             want = ((y.float() * f.out_mul.view(shape)) + f.out_add.view(shape)) + res.float()
         assert torch.equal(got, want.to(dt)), (kind, dt)
+
+
+@pytest.mark.parametrize("quant", [F.QUANT_BINARY, F.QUANT_INT4, F.QUANT_INT8])
+def test_x_clamp_is_hardtanh_then_conv(device, quant):
+    """conv2d_forward with x_clamp=t is, to the bit, the conv of Hardtanh(-t, t)(x): values past t,
+    exactly +-t, NaN (NaN stays NaN through both), with and without bias_a."""
+    torch.manual_seed(1)
+    for dt in dtypes(device):
+        for with_bias in (False, True):
+            x = (torch.randn(2, 16, 6, 7, device=device) * 2).to(dt)
+            x.view(-1)[:4] = torch.tensor([float("nan"), 0.75, -0.75, 9.0])
+            if device.type == "cuda":
+                x = x.contiguous(memory_format=torch.channels_last)
+            w = torch.randn(5, 16, 3, 3, device=device, dtype=dt)
+            sa = torch.tensor(0.1, device=device, dtype=dt)
+            sw = torch.tensor(0.05, device=device, dtype=dt)
+            ba = (torch.rand(16, device=device, dtype=dt) - 0.5) if with_bias else None
+            geo = (3, 1, 1, 1)
+            got = F.conv2d_forward(quant, x, w, sa, sw, ba, *geo, x_clamp=0.75)
+            want = F.conv2d_forward(quant, nn.functional.hardtanh(x, -0.75, 0.75), w, sa, sw, ba, *geo)
+            assert torch.equal(got, want), (quant, dt, with_bias)
+            with pytest.raises(bie.BieError, match="x_clamp"):
+                F.conv2d_forward(quant, x, w, sa, sw, ba, *geo, x_clamp=-1.0)
 
 
 def test_training_is_the_original_model(device):
@@ -213,7 +238,7 @@ def test_fuse_rejects_what_it_cannot_fold():
     with pytest.raises(TypeError):
         bie.FusedConv2d(nn.Conv2d(3, 3, 3))
     with pytest.raises(ValueError):
-        bie.FusedConv2d(bie.Q8Conv2d(4, 4, 3), act=nn.Hardtanh())
+        bie.FusedConv2d(bie.Q8Conv2d(4, 4, 3), act=nn.ReLU())
     with pytest.raises(ValueError):
         bie.FusedConv2d(bie.BinaryConv2d(4, 4, 3), bn=nn.BatchNorm2d(5))
 
