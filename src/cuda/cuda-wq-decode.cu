@@ -29,9 +29,11 @@
 static_assert(WQ_STAGES % WQ_STEP == 0 && WQ_STAGES / WQ_STEP >= 2, "the ring holds whole steps, two at least");
 #define WQ_MAX_SPLIT_GROUPS 34 // groups whose scales a decode block holds in shared memory
 // Column warps a multiprocessor that the split aims at, with one n-tile and with two (whose blocks
-// hold twice the warps and a larger x' slice, so that fewer fit).
+// hold twice the warps and a larger x' slice, so that fewer fit), and the fewest it may leave when a
+// split would otherwise take fewer than WQ_STAGES chunks.
 #define WQ_WARPS_PER_SM_1 64
-#define WQ_WARPS_PER_SM_2 48
+#define WQ_WARPS_PER_SM_2 24
+#define WQ_MIN_WARPS_PER_SM 16
 
 // --- x' in chunk order ------------------------------------------------------------------------------
 
@@ -437,13 +439,19 @@ static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, co
 // The split: S K ranges of cps chunks. The kernel keeps its weights in flight in shared memory
 // rather than registers; the K range is split until about WQ_WARPS_PER_SM_1 (_2) column warps a
 // multiprocessor are launched (more than fit at once: the split tail's blocks then fill the last
-// wave), within the x' slice's and the scale slots' shared memory.
+// wave), within the x' slice's and the scale slots' shared memory. A split keeps at least a ring's
+// worth of chunks (WQ_STAGES), since each warp pays a fixed prologue (its scales, its x' slice, the
+// ring's first fill) and the partial sums cost a pass each, unless that would leave fewer than
+// WQ_MIN_WARPS_PER_SM column warps a multiprocessor.
 void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S, int64_t * cps) {
     const int64_t col_warps = (c->N + 31) / 32;
     const int cr = 128 / c->bits;
     const int64_t nchunk = (c->K + cr - 1) / cr;
     const int sm = bie_cuda_sm_count(ctx) > 0 ? bie_cuda_sm_count(ctx) : 132;
     int64_t s = (int64_t)(c->M > 8 ? WQ_WARPS_PER_SM_2 : WQ_WARPS_PER_SM_1) * sm / col_warps;
+    const int64_t whole_rings = nchunk / WQ_STAGES, enough_warps = (int64_t)WQ_MIN_WARPS_PER_SM * sm / col_warps;
+    const int64_t most = whole_rings > enough_warps ? whole_rings : enough_warps;
+    if (s > most) s = most;
     s = s < 1 ? 1 : s > nchunk ? nchunk : s;
     int64_t per = (nchunk + s - 1) / s;
     const int64_t max_per = 48 * 1024 / (c->M * cr * 2); // the x' slice within 48 KiB
