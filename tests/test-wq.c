@@ -284,7 +284,8 @@ int main(int argc, char ** argv) {
         const int64_t gl[] = {32, 64, 128, 100000, 7, 48};
         const int gsz = (int)test_pick(gl, bits ? 6 : 3);
         const int64_t K = it < 4 ? 32 * test_rand_int(1, 6) : test_rand_int(1, 300); // <= 16 blocks of 32
-        const int64_t N = test_rand_int(1, 90), M = test_pick(ml, 9);
+        // (every tenth layer wide: one-row tasks of many vectors, up to the widest and past it)
+        const int64_t N = it % 10 == 9 ? test_rand_int(900, 2300) : test_rand_int(1, 90), M = test_pick(ml, 9);
         const enum bie_wq_zero zero = (enum bie_wq_zero)test_rand_int(0, 2);
         struct layer L;
         make_layer(&L, M, K, N, bits, gsz, zero, test_rand_int(0, 2) == 0, test_rand_int(0, 3) == 0,

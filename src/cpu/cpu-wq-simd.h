@@ -160,15 +160,48 @@ WQ_INLINE void gemv_t(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m
         }
 }
 
-// The columns n0 .. n0+nc of rows m0 .. m0+mr (mr 1..4) through gemv_t, in calls of 4 vectors (one
-// row), 2 (two rows) or 1 (three or four).
+// One row of x against the columns n0 .. n0+nc (up to CPU_WQ_WIDE_VECS vectors) block by block, all the
+// columns' vectors of a block before the next block: each word row is read as one run of nc words
+// (rather than a run of 4 vectors per pass over K), with the sums of the vectors in memory (L1).
+WQ_INLINE void gemv_wide(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, float * out, wq_block_fn block) {
+    vf acc[CPU_WQ_WIDE_VECS], y[CPU_WQ_WIDE_VECS];
+    const int nv = (nc + LANES - 1) / LANES;
+    for (int v = 0; v < nv; v++) acc[v] = y[v] = vf_zero();
+    int64_t g = j->blk_group[0];
+    for (int64_t blk = 0; blk < j->nblk; blk++) {
+        if (j->blk_group[blk] != g) {
+            flush(j, g, m0, 1, nv, n0, nc, acc, y);
+            g = j->blk_group[blk];
+        }
+        const int b = j->group_bits[g];
+        const int64_t pf = blk + WQ_PF_BLOCKS;
+        const int pb = pf < j->nblk ? j->group_bits[j->blk_group[pf]] : 0;
+        for (int v = 0; v < nv; v++) {
+            if (pb) prefetch_block(j, pf, pb, n0 + LANES * v);
+            vi q[8];
+            decode(j, blk, b, n0 + LANES * v, mask_of(nc - LANES * v), q);
+            block(j, blk, m0, 1, nv, v, q, acc);
+        }
+    }
+    flush(j, g, m0, 1, nv, n0, nc, acc, y);
+    for (int v = 0; v < nv; v++) {
+        const vmask m = mask_of(nc - LANES * v);
+        if (mask_any(m)) st_f32(out + LANES * v, m, y[v]);
+    }
+}
+
+// The columns n0 .. n0+nc of rows m0 .. m0+mr (mr 1..4): one row through gemv_wide, more through
+// gemv_t in calls of 2 vectors (two rows) or 1 (three or four).
 WQ_INLINE void gemv_tiles(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, int mr, float * out, size_t ldo,
                           wq_block_fn block) {
-    const int w = LANES * (mr == 1 ? 4 : mr == 2 ? 2 : 1);
+    if (mr == 1) {
+        gemv_wide(j, n0, nc, m0, out, block);
+        return;
+    }
+    const int w = LANES * (mr == 2 ? 2 : 1);
     for (int c = 0; c < nc; c += w) {
         const int cn = nc - c < w ? nc - c : w;
         switch (mr) {
-        case 1: gemv_t(j, n0 + c, cn, m0, 1, 4, out + c, ldo, block); break;
         case 2: gemv_t(j, n0 + c, cn, m0, 2, 2, out + c, ldo, block); break;
         case 3: gemv_t(j, n0 + c, cn, m0, 3, 1, out + c, ldo, block); break;
         default: gemv_t(j, n0 + c, cn, m0, 4, 1, out + c, ldo, block); break;

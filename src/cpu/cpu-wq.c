@@ -136,7 +136,13 @@ static enum bie_status forward_gemv(bie_context_t * ctx, const struct bie_wq_cal
                                     int threads) {
     const bool i8 = c->act == BIE_WQ_ACT_INT8 && k->gemv_i8;
     const int64_t nblk = (c->K + 31) / 32, Kp = nblk * 32;
-    const int tw = 4 * k->lanes; // columns per task
+    // Columns per task: a multiple of 4 vectors, up to CPU_WQ_WIDE_VECS (the longer a task's runs of
+    // each word row, the better the memory streams), with as many tasks for every thread.
+    const int64_t wmax = (int64_t)CPU_WQ_WIDE_VECS * k->lanes, quantum = 4 * k->lanes;
+    const int64_t per = (c->N + (int64_t)threads * wmax - 1) / ((int64_t)threads * wmax); // tasks a thread
+    int64_t tw64 = (c->N + threads * per - 1) / (threads * per);
+    tw64 = (tw64 + quantum - 1) / quantum * quantum;
+    const int tw = (int)(tw64 > wmax ? wmax : tw64);
     const size_t bytes = job_bytes(c) + cpu_arena_size((size_t)(c->M * Kp) * sizeof(float)) +
                          cpu_arena_size((size_t)(c->M * Kp)) + cpu_arena_size((size_t)(c->M * nblk) * sizeof(float)) +
                          cpu_arena_size((size_t)(c->M * c->G) * sizeof(float)) +

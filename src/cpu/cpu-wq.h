@@ -51,10 +51,13 @@ struct cpu_wq_job {
     size_t ldx;
 };
 
+// Vectors of columns that a one-row gemv call takes at most.
+#define CPU_WQ_WIDE_VECS 64
+
 struct cpu_wq_kernels {
     int lanes; // columns per vector
-    // out[i*ldo + l] = sum_r x[m0+i][r] * W[r, n0+l] for i < mr (1..4), l < nc (1..lanes), f32
-    // sums in block order (no bias). gemv_i8 (NULL where the CPU lacks VNNI) reads xq, xd.
+    // out[i*ldo + l] = sum_r x[m0+i][r] * W[r, n0+l] for i < mr (1..4), l < nc (nc <= CPU_WQ_WIDE_VECS
+    // * lanes), f32 sums in block order (no bias). gemv_i8 (NULL where the CPU lacks VNNI) reads xq, xd.
     void (*gemv_f32)(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, int mr, float * out, size_t ldo);
     void (*gemv_i8)(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, int mr, float * out, size_t ldo);
     // w[(r - 32*b0)*ldw + l] = W[r, n0+l] for the rows r < rmax of blocks b0 .. b1-1, l < nc (f32).
