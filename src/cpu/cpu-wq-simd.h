@@ -21,8 +21,8 @@
 //              y += s * acc - c * xsum   (c = s*z, s*2^(b-1) or z by the zero form)
 //   int8 path (cpu-wq-avx512.c): acc_i32 = sum of vpdpbusd(quad codes, 4 int8 activations) over the
 //              block, acc += f32(acc_i32) * xd (the block's activation scale), then per group as above.
-// Up to four rows of x share every decoded block; with fewer rows a call covers more columns
-// (rows * vectors <= 4), so that each task streams 4 (one row) or 2 vectors' words together.
+// Up to four rows of x share every decoded block; a call takes every vector of its columns in a
+// block before the next block, so that each word row is read as one run of the call's columns.
 #pragma once
 
 #define WQ_INLINE __attribute__((always_inline)) static inline
@@ -132,45 +132,18 @@ WQ_INLINE void f32_block(const struct cpu_wq_job * j, int64_t blk, int64_t m0, c
     for (int r = 0; r < MR; r++) acc[r * V + v] += p[r][0] + p[r][1];
 }
 
-// MR rows and V vectors of columns from n0 (MR*V <= 4), the blocks' products by `block` (inlined).
-WQ_INLINE void gemv_t(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, const int MR, const int V,
-                      float * out, size_t ldo, wq_block_fn block) {
-    vf acc[4], y[4];
-    for (int i = 0; i < MR * V; i++) acc[i] = y[i] = vf_zero();
-    int64_t g = j->blk_group[0];
-    for (int64_t blk = 0; blk < j->nblk; blk++) {
-        if (j->blk_group[blk] != g) {
-            flush(j, g, m0, MR, V, n0, nc, acc, y);
-            g = j->blk_group[blk];
-        }
-        const int b = j->group_bits[g];
-        for (int v = 0; v < V; v++) {
-            if (blk + WQ_PF_BLOCKS < j->nblk)
-                prefetch_block(j, blk + WQ_PF_BLOCKS, j->group_bits[j->blk_group[blk + WQ_PF_BLOCKS]], n0 + LANES * v);
-            vi q[8];
-            decode(j, blk, b, n0 + LANES * v, mask_of(nc - LANES * v), q);
-            block(j, blk, m0, MR, V, v, q, acc);
-        }
-    }
-    flush(j, g, m0, MR, V, n0, nc, acc, y);
-    for (int r = 0; r < MR; r++)
-        for (int v = 0; v < V; v++) {
-            const vmask m = mask_of(nc - LANES * v);
-            if (mask_any(m)) st_f32(out + r * ldo + LANES * v, m, y[r * V + v]);
-        }
-}
-
-// One row of x against the columns n0 .. n0+nc (up to CPU_WQ_WIDE_VECS vectors) block by block, all the
-// columns' vectors of a block before the next block: each word row is read as one run of nc words
-// (rather than a run of 4 vectors per pass over K), with the sums of the vectors in memory (L1).
-WQ_INLINE void gemv_wide(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, float * out, wq_block_fn block) {
-    vf acc[CPU_WQ_WIDE_VECS], y[CPU_WQ_WIDE_VECS];
+// Rows m0 .. m0+MR-1 of x against the columns n0 .. n0+nc (up to CPU_WQ_WIDE_VECS vectors) block by
+// block, every vector of a block before the next block: each word row is read as one run of nc words,
+// with the sums of the rows and vectors in memory (L1 and L2) instead of registers.
+WQ_INLINE void gemv_t(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, const int MR, float * out,
+                      size_t ldo, wq_block_fn block) {
+    vf acc[4 * CPU_WQ_WIDE_VECS], y[4 * CPU_WQ_WIDE_VECS];
     const int nv = (nc + LANES - 1) / LANES;
-    for (int v = 0; v < nv; v++) acc[v] = y[v] = vf_zero();
+    for (int i = 0; i < MR * nv; i++) acc[i] = y[i] = vf_zero();
     int64_t g = j->blk_group[0];
     for (int64_t blk = 0; blk < j->nblk; blk++) {
         if (j->blk_group[blk] != g) {
-            flush(j, g, m0, 1, nv, n0, nc, acc, y);
+            flush(j, g, m0, MR, nv, n0, nc, acc, y);
             g = j->blk_group[blk];
         }
         const int b = j->group_bits[g];
@@ -180,32 +153,25 @@ WQ_INLINE void gemv_wide(const struct cpu_wq_job * j, int64_t n0, int nc, int64_
             if (pb) prefetch_block(j, pf, pb, n0 + LANES * v);
             vi q[8];
             decode(j, blk, b, n0 + LANES * v, mask_of(nc - LANES * v), q);
-            block(j, blk, m0, 1, nv, v, q, acc);
+            block(j, blk, m0, MR, nv, v, q, acc);
         }
     }
-    flush(j, g, m0, 1, nv, n0, nc, acc, y);
-    for (int v = 0; v < nv; v++) {
-        const vmask m = mask_of(nc - LANES * v);
-        if (mask_any(m)) st_f32(out + LANES * v, m, y[v]);
-    }
+    flush(j, g, m0, MR, nv, n0, nc, acc, y);
+    for (int r = 0; r < MR; r++)
+        for (int v = 0; v < nv; v++) {
+            const vmask m = mask_of(nc - LANES * v);
+            if (mask_any(m)) st_f32(out + r * ldo + LANES * v, m, y[r * nv + v]);
+        }
 }
 
-// The columns n0 .. n0+nc of rows m0 .. m0+mr (mr 1..4): one row through gemv_wide, more through
-// gemv_t in calls of 2 vectors (two rows) or 1 (three or four).
+// The columns n0 .. n0+nc of rows m0 .. m0+mr (mr 1..4) through gemv_t (MR a constant there).
 WQ_INLINE void gemv_tiles(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, int mr, float * out, size_t ldo,
                           wq_block_fn block) {
-    if (mr == 1) {
-        gemv_wide(j, n0, nc, m0, out, block);
-        return;
-    }
-    const int w = LANES * (mr == 2 ? 2 : 1);
-    for (int c = 0; c < nc; c += w) {
-        const int cn = nc - c < w ? nc - c : w;
-        switch (mr) {
-        case 2: gemv_t(j, n0 + c, cn, m0, 2, 2, out + c, ldo, block); break;
-        case 3: gemv_t(j, n0 + c, cn, m0, 3, 1, out + c, ldo, block); break;
-        default: gemv_t(j, n0 + c, cn, m0, 4, 1, out + c, ldo, block); break;
-        }
+    switch (mr) {
+    case 1: gemv_t(j, n0, nc, m0, 1, out, ldo, block); break;
+    case 2: gemv_t(j, n0, nc, m0, 2, out, ldo, block); break;
+    case 3: gemv_t(j, n0, nc, m0, 3, out, ldo, block); break;
+    default: gemv_t(j, n0, nc, m0, 4, out, ldo, block); break;
     }
 }
 
