@@ -107,6 +107,10 @@ uint16_t bie_f32_to_bf16(float f); // round to nearest even, NaN kept quiet
 // CUDA's __float2int_rn / torch.round).
 static inline float bie_rne(float v) { return __builtin_rintf(v); }
 
+// min(max(v, -t), t) with a NaN v kept NaN, for t > 0: the clamp of an nn.Hardtanh(-t, t) before a
+// layer (bie_forward_args.x_clamp, bie_binarize_ste_clamped).
+static inline float bie_clamp_sym(float v, float t) { return v < -t ? -t : v > t ? t : v; }
+
 // --- element access on any view (slow; for the reference and validation) -----------------------
 
 // Offset in elements of a multi-index.

@@ -226,9 +226,7 @@ static void test_x_clamp(bie_context_t * ctx) {
         struct bie_tensor x = cpu_test_view4(BIE_DTYPE_F32, xs, nchw), h = cpu_test_view4(BIE_DTYPE_F32, xs, nchw);
         struct bie_tensor w = cpu_test_view4(BIE_DTYPE_F32, ws, nchw);
         struct bie_tensor y0 = cpu_test_view4(BIE_DTYPE_F32, ys, nchw), y1 = cpu_test_view4(BIE_DTYPE_F32, ys, nchw);
-        struct bie_tensor bias = cpu_test_view2(BIE_DTYPE_F32, 1, C, false);
-        bias.ndim = 1;
-        bias.shape[0] = C;
+        struct bie_tensor bias = test_tensor(BIE_DTYPE_F32, 1, &C, NULL);
         test_fill_uniform(&x, -2, 2);
         test_fill_uniform(&w, -1, 1);
         test_fill_uniform(&bias, -0.5f, 0.5f);

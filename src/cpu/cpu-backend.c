@@ -39,10 +39,9 @@ static enum bie_status clamped_forward(bie_context_t * ctx, const struct bie_lay
         for (int64_t ci = 0; ci < C; ci++)
             for (int64_t hi = 0; hi < H; hi++)
                 for (int64_t wi = 0; wi < W; wi++) {
-                    float v = (float)bie_load(src, n * src->stride[0] + ci * src->stride[1] + hi * src->stride[2] +
-                                                       wi * src->stride[3]);
-                    v = v < -t ? -t : v > t ? t : v; // (NaN stays NaN)
-                    h[n * st[0] + ci * st[1] + hi * st[2] + wi * st[3]] = v;
+                    const float v = (float)bie_load(src, n * src->stride[0] + ci * src->stride[1] +
+                                                             hi * src->stride[2] + wi * src->stride[3]);
+                    h[n * st[0] + ci * st[1] + hi * st[2] + wi * st[3]] = bie_clamp_sym(v, t);
                 }
     x->data = h;
     const enum bie_status s = bie_cpu_layer_forward(ctx, &c);

@@ -2,8 +2,9 @@
 // cpu-wq.c: the CPU operator of the weight-only n-bit layer (kernels in cpu-wq-<isa>.c).
 //
 // Forward, M <= WQ_GEMV_MAX_M rows (decode): the activations x' are laid out per 32-row block in
-// the kernels' order (cpu-wq.h) with each group's sum, and every task streams the words of 64
-// columns once, for up to four rows of x at a time, straight from qweight (no copy of the weight):
+// the kernels' order (cpu-wq.h) with each group's sum, and every task streams the words of its
+// columns (up to CPU_WQ_WIDE_VECS vectors, each word row as one run) once for up to four rows of x
+// at a time, straight from qweight (no copy of the weight):
 //   y[m, n] = sum_g (s[g, n] * sum_{r in g} x'[m, r] q[r, n] - c[g, n] * sum_{r in g} x'[m, r])
 // with c = s*z (CODE), s*2^(b-1) (SYM) or z (OFFSET): W's value, summed by groups. BIE_WQ_ACT_INT8
 // (on CPUs with AVX512-VNNI) rounds each block of x' to int8 with scale max|x'|/127 first.

@@ -51,7 +51,7 @@ struct cpu_wq_job {
     size_t ldx;
 };
 
-// Vectors of columns that a one-row gemv call takes at most.
+// Vectors of columns that a gemv call takes at most.
 #define CPU_WQ_WIDE_VECS 64
 
 struct cpu_wq_kernels {

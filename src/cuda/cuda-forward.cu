@@ -28,14 +28,13 @@ namespace {
 // be NULL), for bie_cuda_store_packed.
 // With a clamp t > 0 (bie_binarize_ste_clamped) x' is that of clamp(x, -t, t), and cmask gets the
 // codes of 1{|x| < t}.
-__device__ __forceinline__ float clamp_nan(float a, float t) { return a != a ? a : fminf(fmaxf(a, -t), t); }
 
 __global__ void ste_codes(pack_src p, int64_t n, float t, int8_t * bits, int8_t * mask, int8_t * cmask) {
     const float s = ld_scale(p.s);
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t m = qdiv(e, p.g.K), k = e - m * p.g.K;
         const float a = ld_float(p.t.data, p.t.dtype, m * p.t.stride[0] + k * p.t.stride[1]);
-        float v = t > 0.0f ? clamp_nan(a, t) : a;
+        float v = t > 0.0f ? clamp_in(a, t) : a;
         if (p.bias.data) v = __fadd_rn(v, ld_float(p.bias.data, p.bias.dtype, k * p.bias.stride[3]));
         if (bits) bits[e] = v >= 0.0f ? 1 : 0;
         if (mask) mask[e] = ste_passes(v, s, BIE_QUANT_BINARY, 0, 0) ? 1 : 0;
@@ -57,7 +56,7 @@ __global__ void ste_clamped8(const T * x, int64_t n8, int64_t K, struct dview bi
         uint32_t b = 0, m = 0, c = 0;
 #pragma unroll
         for (int e = 0; e < 8; e++) {
-            float v = clamp_nan(a[e], t);
+            float v = clamp_in(a[e], t);
             if (bias.data) v = __fadd_rn(v, bv[e]);
             b |= (v >= 0.0f ? 1u : 0u) << e;
             m |= (ste_passes(v, s, BIE_QUANT_BINARY, 0, 0) ? 1u : 0u) << e;

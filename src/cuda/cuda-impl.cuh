@@ -319,7 +319,8 @@ __device__ __forceinline__ float ld_scale(struct dscale s) {
 __device__ __forceinline__ float clamp_bound(struct dscale s) {
     return s.clamp > 0.0f ? s.clamp : __int_as_float(0x7f800000);
 }
-// min(max(v, -t), t) with a NaN v kept NaN (max.NaN, min.NaN); t = +inf leaves every v as it is.
+// min(max(v, -t), t) with a NaN v kept NaN (max.NaN, min.NaN; bie_clamp_sym on the host); t = +inf
+// leaves every v as it is.
 __device__ __forceinline__ float clamp_in(float v, float t) {
     float r;
     asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(v), "f"(-t));

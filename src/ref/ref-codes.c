@@ -28,7 +28,7 @@ void bie_ref_x_shifted(const struct bie_layer_call * call, float * xp) {
             for (int64_t h = 0; h < g->H; h++)
                 for (int64_t w = 0; w < g->W; w++) {
                     float v = (float)bie_load(x, off4(x, n, c, h, w));
-                    if (t > 0.0f) v = v < -t ? -t : v > t ? t : v; // (NaN stays NaN)
+                    if (t > 0.0f) v = bie_clamp_sym(v, t);
                     xp[d++] = v + b;
                 }
         }

@@ -70,7 +70,7 @@ enum bie_status bie_ref_binarize_ste(bie_context_t * ctx, const struct bie_layer
         for (int64_t k = 0; k < K; k++) {
             const float a = (float)bie_load(x, m * x->stride[0] + k * x->stride[1]);
             const float b = call->bias_a.data ? (float)bie_load(&call->bias_a, k * call->bias_a.stride[0]) : 0.0f;
-            const float v = (t > 0.0f && !isnan(a) ? fminf(fmaxf(a, -t), t) : a) + b; // x' (of the clamped x)
+            const float v = (t > 0.0f ? bie_clamp_sym(a, t) : a) + b; // x' (of the clamped x)
             if (cmask) bie_store(cmask, m * cmask->stride[0] + k * cmask->stride[1], fabsf(a) < t ? 1 : -1);
             if (bits) bie_store(bits, m * bits->stride[0] + k * bits->stride[1], v >= 0.0f ? 1 : -1);
             if (mask)
