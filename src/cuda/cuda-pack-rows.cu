@@ -144,6 +144,51 @@ template <> __device__ __forceinline__ uint32_t sign_bits8<__half>(const raw8<__
 template <> __device__ __forceinline__ uint32_t sign_bits8<__nv_bfloat16>(const raw8<__nv_bfloat16> & r) {
     return sign_bits8_pairs<__nv_bfloat162>(r.u[0], __float2bfloat162_rn(0.0f));
 }
+// The sign bits of x' = x + b (f32, as group_xprime adds them) from x alone: for an x of type T,
+// x + b >= 0 exactly when x >= thr(b), thr(b) = -b rounded up to T (a nonzero exact f32 sum keeps
+// its sign, an exact zero is +0), for finite b; b = +inf passes every x but -inf and NaN (thr: T's
+// lowest finite value), b = -inf none (thr: NaN), and a NaN b none (thr: NaN). The packer without
+// a clamp keeps a table of thr per bias element (BIAS_TABLE_BYTES at most) in shared memory.
+#define BIAS_TABLE_BYTES (48 * 1024)
+template <typename T> __device__ __forceinline__ T sign_threshold(float b);
+template <> __device__ __forceinline__ __half sign_threshold<__half>(float b) {
+    if (isinf(b)) return __ushort_as_half(b > 0.0f ? (unsigned short)0xFBFF : (unsigned short)0x7E00);
+    return __float2half_ru(-b);
+}
+template <> __device__ __forceinline__ __nv_bfloat16 sign_threshold<__nv_bfloat16>(float b) {
+    if (isinf(b)) return __ushort_as_bfloat16(b > 0.0f ? (unsigned short)0xFF7F : (unsigned short)0x7FC0);
+    return __float2bfloat16_ru(-b);
+}
+template <> __device__ __forceinline__ float sign_threshold<float>(float b) {
+    if (isinf(b)) return b > 0.0f ? -FLT_MAX : __int_as_float(0x7fc00000);
+    return -b;
+}
+// The sign bits of x + b of 8 loaded elements against their thresholds thr[0..7] (16-byte aligned).
+template <typename T2> __device__ __forceinline__ uint32_t sign_bits8_thr_pairs(const uint4 & u, const uint4 & t) {
+    const T2 *h = (const T2 *)&u, *th = (const T2 *)&t;
+    uint32_t acc = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc |= (__hge2_mask(h[i], th[i]) & 0x00010001u) << (2 * i);
+    return (acc & 0x55u) | ((acc >> 15) & 0xAAu);
+}
+template <typename T> __device__ __forceinline__ uint32_t sign_bits8_thr(const raw8<T> & r, const T * thr);
+template <> __device__ __forceinline__ uint32_t sign_bits8_thr<float>(const raw8<float> & r, const float * thr) {
+    const float4 t0 = ((const float4 *)thr)[0], t1 = ((const float4 *)thr)[1];
+    const float t[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
+    const float * v = (const float *)r.u;
+    uint32_t b = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) b |= (v[e] >= t[e] ? 1u : 0u) << e;
+    return b;
+}
+template <> __device__ __forceinline__ uint32_t sign_bits8_thr<__half>(const raw8<__half> & r, const __half * thr) {
+    return sign_bits8_thr_pairs<__half2>(r.u[0], *(const uint4 *)thr);
+}
+template <>
+__device__ __forceinline__ uint32_t sign_bits8_thr<__nv_bfloat16>(const raw8<__nv_bfloat16> & r,
+                                                                  const __nv_bfloat16 * thr) {
+    return sign_bits8_thr_pairs<__nv_bfloat162>(r.u[0], *(const uint4 *)thr);
+}
 // Stores byte j of a bit row (row NULL: nothing) whose first n bits (n < 8 only in the row's last
 // byte) belong to the row; the others keep their content.
 __device__ __forceinline__ void put_bits8(uint8_t * row, int64_t j, uint32_t byte, int n) {
@@ -225,10 +270,47 @@ __device__ __forceinline__ int64_t code_groups(const pack_src & p, const T * src
         ((uint2 *)dst)[g] = quant_codes8_r(f, s, inv, lo, hi);
     });
 }
+// The sign groups of a row as sign_groups<T, false, true> gives them, from the thresholds of the
+// bias elements (thr, `period` of them: group g takes thr[(8g) % period]) instead of x' itself:
+// vector_groups' rounds, the table index advanced by a round's step instead of divided anew.
+template <typename T>
+__device__ __forceinline__ int64_t table_groups(const T * src, int64_t j, int64_t j1, int64_t K, const T * thr,
+                                                uint32_t period, uint8_t * dst, int & cnt) {
+    constexpr int PU = sizeof(T) == 4 ? 4 : 8;
+    const uint32_t step = 256u % period; // 32 groups of 8 elements
+    uint32_t idx = (uint32_t)qmod(j * 8, period);
+    for (; (j + 32 * (PU - 1)) * 8 + 8 <= K && j + 32 * (PU - 1) < j1; j += 32 * PU) {
+        raw8<T> v[PU];
+#pragma unroll
+        for (int u = 0; u < PU; u++) v[u] = raw8_load<T>(src + (j + 32 * u) * 8);
+#pragma unroll
+        for (int u = 0; u < PU; u++) {
+            const uint32_t byte = sign_bits8_thr<T>(v[u], thr + idx);
+            dst[j + 32 * u] = (uint8_t)byte;
+            cnt += __popc(byte);
+            idx += step;
+            idx = idx >= period ? idx - period : idx;
+        }
+    }
+    return j;
+}
 template <typename T, bool STE, bool BIAS>
 __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
-                                     int64_t seg_groups, ste_out so) {
+                                     int64_t seg_groups, ste_out so, uint32_t table) {
     griddep_launch_dependents(); // a few-rows GEMM after it starts at once (and waits for it)
+    // table > 0 (binary, bias_a, no clamp, not STE): the sign thresholds of bias elements [0, table)
+    extern __shared__ __align__(16) unsigned char pack_smem[];
+    T * thr = (T *)pack_smem;
+    if constexpr (BIAS && !STE)
+        if (table) { // 8 elements a thread at a time (one vector load of bias_a where it is dense)
+            for (uint32_t i = 8 * threadIdx.x; i < table; i += 8 * blockDim.x) {
+                float b[8];
+                bias8(p.bias, i, b);
+#pragma unroll
+                for (int e = 0; e < 8; e++) thr[i + e] = sign_threshold<T>(b[e]);
+            }
+            __syncthreads();
+        }
     const float s = ld_scale(p.s);
     const bool bin_s = STE && ste_division_free(BIE_QUANT_BINARY, s);
     const int lane = threadIdx.x & 31;
@@ -248,6 +330,8 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
         int64_t j = j0 + lane;
         // The common case, raw vectors PU groups a lane (vector_groups): their signs (with bias_a,
         // of x' = x + bias_a), or their n-bit codes.
+        if constexpr (BIAS && !STE)
+            if (table && aligned) j = table_groups<T>(src, j, j1, K, thr, table, dst, cnt);
         if (binary && aligned) j = sign_groups<T, STE, BIAS>(p, src, j, j1, K, s, bin_s, dst, mdst, cnt);
         if constexpr (!STE)
             if (!binary && aligned) j = code_groups<T, BIAS>(p, src, j, j1, K, s, dst);
@@ -288,7 +372,13 @@ template <typename T, bool STE>
 void launch_contiguous_kernel(const pack_src & p, unsigned grid, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
                               int64_t seg, const ste_out & so, cudaStream_t stream) {
     auto kern = p.bias.data ? pack_contiguous_rows<T, STE, true> : pack_contiguous_rows<T, STE, false>;
-    kern<<<grid, 256, 0, stream>>>(p, rows, kbytes, out, pop, seg, so);
+    // the thresholds' table: binary sign bits of x + bias_a without a clamp, a table of one period
+    // (pixels' channels) or of a row's K elements that fits
+    const int64_t n = p.bias_period ? (int64_t)p.bias_period : p.g.K;
+    const bool table = !STE && p.bias.data && p.quant == BIE_QUANT_BINARY && !(p.s.clamp > 0.0f) && n % 8 == 0 &&
+                       n * (int64_t)sizeof(T) <= BIAS_TABLE_BYTES;
+    const size_t smem = table ? (size_t)n * sizeof(T) : 0;
+    kern<<<grid, 256, smem, stream>>>(p, rows, kbytes, out, pop, seg, so, table ? (uint32_t)n : 0u);
 }
 template <bool STE>
 bool launch_contiguous_as(const pack_src & p, unsigned grid, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
@@ -380,13 +470,17 @@ __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t 
 
 } // namespace
 
-// (launch_contiguous: see cuda-forward.cuh.) Without row popcounts to count (pop NULL: the few-rows GEMM counts them), few rows are split into
-// segments of 32 groups a warp, so that 16 rows of 4096 elements take 256 warps instead of 16
-// (each lane then waits for one load, not sixteen in turn).
+// (launch_contiguous: see cuda-forward.cuh.) Without row popcounts to count (pop NULL: the few-rows
+// GEMM counts them, or pixels are packed), rows are split into segments a warp: of 32 groups when
+// there is little work (16 rows of 4096 elements take 256 warps instead of 16, each lane waiting
+// for one load, not sixteen in turn), else of one round of vector_groups (its PU loads a lane in
+// flight together; whole rows of thousands of groups would leave too few warps, each waiting for
+// round after round).
 bool launch_contiguous(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream,
                        const ste_out * so) {
     const int64_t groups = so ? (p.g.K + 7) / 8 : p.quant == BIE_QUANT_BINARY ? kbytes : kbytes / 8;
-    const int64_t seg = !pop && rows < 1024 ? 32 : groups;
+    const int64_t round = 32 * (p.t.dtype == BIE_DTYPE_F32 ? 4 : 8); // a warp's groups in one vector_groups round
+    const int64_t seg = pop ? groups : groups >= round && rows * groups >= 64 * round ? round : 32;
     const unsigned grid = grid_for(rows * ((groups + seg - 1) / seg), 8);
     if (so) return launch_contiguous_as<true>(p, grid, rows, kbytes, out, pop, seg, *so, stream);
     return launch_contiguous_as<false>(p, grid, rows, kbytes, out, pop, seg, ste_out{NULL, NULL, 0, 0}, stream);

@@ -23,7 +23,8 @@ struct lcase {
     int64_t wpad; // a B1 conv weight's OHWI rows wpad bits further apart than K (0: dense; -1, a
                   // linear weight: one row broadcast, rows 0 bits apart)
     float sa, sw;
-    float clamp; // the forward's x_clamp (0: none)
+    float clamp;  // the forward's x_clamp (0: none)
+    int specials; // x and bias_a also hold -0, infinities, NaN and exact or near ties x = -bias_a
     char text[420];
 };
 
@@ -32,12 +33,13 @@ static const enum bie_dtype float_dts[3] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DT
 static inline void describe(struct lcase * c) {
     snprintf(c->text, sizeof c->text,
              "%s q=%d batch=%lld C=%lld H=%lld W=%lld O=%lld k=%dx%d s=%dx%d p=%dx%d d=%dx%d pad=%d x=%s w=%s "
-             "y=%s g=%s bias=%d devscale=%d layouts=%d/%d wpad=%lld sa=%g sw=%g clamp=%g",
+             "y=%s g=%s bias=%d devscale=%d layouts=%d/%d wpad=%lld sa=%g sw=%g clamp=%g specials=%d",
              c->conv ? "conv" : "linear", (int)c->quant, (long long)c->batch, (long long)c->C, (long long)c->H,
              (long long)c->W, (long long)c->O, c->cd.kernel[0], c->cd.kernel[1], c->cd.stride[0], c->cd.stride[1],
              c->cd.padding[0], c->cd.padding[1], c->cd.dilation[0], c->cd.dilation[1], (int)c->cd.pad_value,
              bie_dtype_name(c->xdt), bie_dtype_name(c->wdt), bie_dtype_name(c->ydt), bie_dtype_name(c->gdt), c->bias,
-             c->dev_scales, c->xkind, c->ykind, (long long)c->wpad, (double)c->sa, (double)c->sw, (double)c->clamp);
+             c->dev_scales, c->xkind, c->ykind, (long long)c->wpad, (double)c->sa, (double)c->sw, (double)c->clamp,
+             c->specials);
 }
 
 // The layer kind and shapes of a random case (big: one of the sizes that reach particular GEMM
@@ -227,6 +229,28 @@ static inline void fill_operand(const struct bie_tensor * t, float scale, float 
     } while (bie_next_index(t, idx));
 }
 
+// Overwrites about one element in eight of x with -0, +-inf or NaN, and about one element in four
+// of bias_a with +-inf, NaN, or the negated value of x's first element of its channel (sample 0,
+// pixel (0, 0) of a conv; row 0 of a linear layer), exactly or a few f32 ulps off: the sign of
+// x + bias_a on both sides of zero, and where the packers' shortcuts could differ from x'.
+static inline void fill_specials(const struct lcase * c, struct bie_tensor * x, struct bie_tensor * bias) {
+    static const double xs[4] = {-0.0, INFINITY, -INFINITY, NAN};
+    int64_t idx[BIE_MAX_DIMS] = {0};
+    do {
+        if (test_rand_int(0, 7) == 0) bie_store(x, bie_offset(x, idx), xs[test_rand_int(0, 3)]);
+    } while (bie_next_index(x, idx));
+    for (int64_t ch = 0; ch < c->C; ch++) {
+        const int64_t kind = test_rand_int(0, 11);
+        if (kind > 5) continue;
+        int64_t xi[BIE_MAX_DIMS] = {0}, bi[BIE_MAX_DIMS] = {ch};
+        xi[c->conv ? 1 : x->ndim - 1] = ch;
+        const float v = (float)bie_load(x, bie_offset(x, xi));
+        double b = kind == 0 ? INFINITY : kind == 1 ? -INFINITY : kind == 2 ? NAN : -(double)v;
+        if (kind >= 4 && isfinite(v) && v != 0.0f) b = (double)nextafterf(-v, kind == 4 ? -INFINITY : INFINITY);
+        bie_store(bias, bie_offset(bias, bi), b);
+    }
+}
+
 struct operands {
     struct bie_tensor x, bias, w, sa, sw;      // host
     struct bie_tensor dx, dbias, dw, dsa, dsw; // device
@@ -254,6 +278,7 @@ static inline void make_operands(const struct lcase * c, struct operands * o) {
     const int64_t bs[1] = {c->C};
     o->bias = test_tensor(float_dts[test_rand_int(0, 2)], 1, bs, NULL);
     fill_operand(&o->bias, c->sa * 0.25f, 1.0f);
+    if (c->specials) fill_specials(c, &o->x, &o->bias);
     o->sa = test_scalar(c->sa);
     o->sw = test_scalar(c->sw);
     o->dx = cuda_mirror(&o->x);

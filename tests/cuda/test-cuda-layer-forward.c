@@ -166,6 +166,32 @@ int main(int argc, char ** argv) {
         describe(&c);
         test_forward(&c);
     }
+    for (int i = 0; i < 12; i++) { // binary layers whose x and bias_a hold special values and ties (fill_specials),
+        // without a clamp (the packers' sign thresholds) and with one: long linear rows, and channels-last conv
+        // pixels packed 32 to a row
+        struct lcase c;
+        do random_case(&c, i % 2 ? 0 : 6);
+        while (c.quant != BIE_QUANT_BINARY || c.xdt == BIE_DTYPE_B1);
+        if (i % 2) {
+            c.conv = 0;
+            c.lead2 = 0;
+            c.batch = test_rand_int(1, 9);
+            c.C = c.ld.in_features = i % 4 == 1 ? 8 * test_rand_int(256, 600) : test_rand_int(2048, 4800);
+            c.O = c.ld.out_features = test_rand_int(1, 70);
+        } else {
+            c.C = c.cd.in_channels = 64 * test_rand_int(1, 4);
+            c.H = c.W = test_rand_int(40, 48);
+            c.O = c.cd.out_channels = test_rand_int(1, 64);
+            c.xkind = 1;
+            c.cd.pad_value = BIE_PAD_ZERO;
+        }
+        c.bias = 1;
+        c.clamp = i % 3 == 2 ? c.sa * test_rand_float(0.5f, 2.0f) : 0.0f;
+        c.specials = 1;
+        if (c.ydt == BIE_DTYPE_B1) c.ydt = BIE_DTYPE_I32;
+        describe(&c);
+        test_forward(&c);
+    }
     forward_cases(cuda_test_quick() ? 2 : 10, 2); // larger convolutions
     forward_cases(cuda_test_quick() ? 3 : 36, 3); // binary convs, C % 32 == 0
     for (int i = 0; i < 2; i++) {                 // zero-padded binary conv, B1 weight read in place (K = 1024 bits)
