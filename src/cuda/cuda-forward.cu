@@ -52,7 +52,7 @@ __global__ void ste_clamped8(const T * x, int64_t n8, int64_t K, struct dview bi
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
         float a[8], bv[8];
         load8<T>(x + 8 * i, a);
-        if (bias.data) bias8(bias, (8 * i) % K, bv);
+        if (bias.data) bias8(bias, qmod(8 * i, K), bv);
         uint32_t b = 0, m = 0, c = 0;
 #pragma unroll
         for (int e = 0; e < 8; e++) {
