@@ -100,7 +100,7 @@ __device__ __forceinline__ void colpart_store(double (&csum)[8][33], const doubl
 // visited along the pixels when those are contiguous in x (NCHW), else along the channels. A
 // block keeps one channel tile (the grid is a multiple of the channel tiles) and leaves its
 // channels' sums of the masked gradient in colpart[blockIdx.x / ctiles][c], for grad_bias_a
-// (colpart_sums). NT = 0: dCol has one tap per pixel at stride 1 without padding, so gx of pixel p
+// (finish_pass). NT = 0: dCol has one tap per pixel at stride 1 without padding, so gx of pixel p
 // is dCol[p][c] (a 1x1 conv's dCol, or the grad_x GEMM of a stride-1 conv); T: x's element type
 // (float, __half, __nv_bfloat16; void: any, by its dtype).
 template <int NT, typename T, typename D>
@@ -234,7 +234,7 @@ void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dvie
 // over its one tap) whose x has contiguous features: a thread takes 8 consecutive features of a
 // row, with 16-byte loads and stores where aligned. Block (32, 8) covers 256 features of a slab of
 // `slab` rows; instead of the transposed copy for the per-channel sums, each block writes its
-// slab's column sums to colpart[slab index][c] (finished by colpart_sums). Rows of few features take
+// slab's column sums to colpart[slab index][c] (finished by finish_pass). Rows of few features take
 // narrower blocks (blockDim.x threads of 8 features, 256 threads in all), so that no lane idles.
 // D: dCol's element type (f32 from the GEMM, or the caller's dtype from cuDNN). T = sbits: x is saved
 // sign bits and xm the saved mask, both in rows that start on whole bytes (a byte of each per
@@ -317,9 +317,15 @@ __global__ void __launch_bounds__(256, 3)
     if (term_sum) block_sum_add(acc, term_sum);
 }
 
-// grad_bias_a[c] = sum over the rows of colpart[row][c]: block (32, 32) per 32 channels, row r
-// summed by warp r % 32, the 32 partial sums added in a fixed order.
-__global__ void colpart_sums(const double * colpart, int64_t rows, int64_t C, struct dview out) {
+// The pass's results after it, in one launch: grad_bias_a[c] = sum over the rows of colpart[row][c]
+// (colpart NULL: none), block (32, 32) per 32 channels, row r summed by warp r % 32, the 32 partial
+// sums added in a fixed order; and grad_scale_a = term_sum / denom (term_sum NULL: none), by the
+// first thread.
+__global__ void finish_pass(const double * colpart, int64_t rows, int64_t C, struct dview gb, const double * term_sum,
+                            double denom, struct dview gsa) {
+    if (term_sum && blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+        st_float(gsa.data, gsa.dtype, 0, (float)(*term_sum / denom));
+    if (!colpart) return;
     __shared__ double part[32][33];
     const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
     double t = 0.0;
@@ -330,12 +336,8 @@ __global__ void colpart_sums(const double * colpart, int64_t rows, int64_t C, st
     if (threadIdx.y == 0 && c < C) {
         double sum = 0.0;
         for (int y = 0; y < (int)blockDim.y; y++) sum += part[y][threadIdx.x];
-        st_float(out.data, out.dtype, c * out.stride[3], (float)sum);
+        st_float(gb.data, gb.dtype, c * gb.stride[3], (float)sum);
     }
-}
-
-__global__ void finish_scale_grad(const double * term_sum, double denom, struct dview out) {
-    st_float(out.data, out.dtype, 0, (float)(*term_sum / denom));
 }
 
 // The launches for x's element type T (sbits: saved bits) and dCol's D.
@@ -373,7 +375,7 @@ struct pass_split {
 pass_split split_of(const ste_pass_job & j) {
     pass_split p;
     // slabs of at least 64 rows, at most 1024 of them: enough blocks to fill the GPU, and few rows of
-    // partial sums for colpart_sums to add
+    // partial sums for finish_pass to add
     const int64_t M = j.g.batch;
     p.slab = 64;
     if ((M + p.slab - 1) / p.slab > 1024) p.slab = ((M + 1023) / 1024 + 7) / 8 * 8;
@@ -411,18 +413,15 @@ enum bie_status bie_cuda_ste_pass(bie_context_t * ctx, cudaStream_t s, const ste
     default: return bie_set_error(ctx, BIE_STATUS_INTERNAL, "STE pass: x of dtype %d", j.x.dtype);
     }
     LAUNCHED(ctx, j.rows ? "STE pass (rows)" : "STE pass");
-    if (colpart) {
-        colpart_sums<<<(unsigned)p.ctiles, dim3(32, 32), 0, s>>>(colpart, p.part_rows, j.g.C, j.gb);
-        LAUNCHED(ctx, "grad_bias_a");
-    }
-    if (sum) {
+    if (colpart || sum) {
         struct dview gsa = j.gsa;
         gsa.stride[3] = 0;
         const double denom = j.quant == BIE_QUANT_BINARY
                                  ? sqrt((double)j.xnumel)
                                  : sqrt((double)j.xnumel * bie_quant_hi((enum bie_quant)j.quant));
-        finish_scale_grad<<<1, 1, 0, s>>>(sum, denom, gsa);
-        LAUNCHED(ctx, "grad_scale_a");
+        finish_pass<<<colpart ? (unsigned)p.ctiles : 1u, colpart ? dim3(32, 32) : dim3(1), 0, s>>>(
+            colpart, p.part_rows, j.g.C, j.gb, sum, denom, gsa);
+        LAUNCHED(ctx, "grad_bias_a and grad_scale_a");
     }
     return BIE_STATUS_OK;
 }
