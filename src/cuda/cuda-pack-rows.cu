@@ -119,30 +119,36 @@ __device__ __forceinline__ void codes8(const pack_src & p, const T * row, int64_
     for (int e = 0; e < 8; e++)
         q[e] = k0 + e >= p.g.K ? 0 : binary ? (v[e] >= 0.0f ? 1 : 0) : quant_code(v[e], s, lo, hi);
 }
-// The sign bits (x >= 0, so -0 -> 1 and NaN -> 0, as in elem_code) of 8 loaded elements, bit e
-// for element e: two-byte floats compared in pairs (HSET2), then the pairs' bits interleaved.
-__device__ __forceinline__ uint32_t sign_bits_f32(const float * v) {
+// Bit e = (element e >= threshold e) of 8 elements, for the sign bits (thresholds +0: x >= 0, so
+// -0 -> 1 and NaN -> 0, as in elem_code) and for the sign thresholds below: f32 compared one by
+// one; two-byte floats in pairs (HSET2, the thresholds as 4 pairs too), then the pairs' bits
+// interleaved.
+__device__ __forceinline__ uint32_t ge_bits_f32(const float * v, const float * t) {
     uint32_t b = 0;
 #pragma unroll
-    for (int e = 0; e < 8; e++) b |= (v[e] >= 0.0f ? 1u : 0u) << e;
+    for (int e = 0; e < 8; e++) b |= (v[e] >= t[e] ? 1u : 0u) << e;
     return b;
+}
+__device__ __forceinline__ uint32_t sign_bits_f32(const float * v) {
+    const float zero[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    return ge_bits_f32(v, zero);
+}
+template <typename T2> __device__ __forceinline__ uint32_t ge_bits8_pairs(const uint4 & u, const uint4 & t) {
+    const T2 *h = (const T2 *)&u, *th = (const T2 *)&t;
+    uint32_t acc = 0; // element 2i at bit 2i, element 2i+1 at bit 16 + 2i
+#pragma unroll
+    for (int i = 0; i < 4; i++) acc |= (__hge2_mask(h[i], th[i]) & 0x00010001u) << (2 * i);
+    return (acc & 0x55u) | ((acc >> 15) & 0xAAu);
 }
 template <typename T> __device__ __forceinline__ uint32_t sign_bits8(const raw8<T> & r);
 template <> __device__ __forceinline__ uint32_t sign_bits8<float>(const raw8<float> & r) {
     return sign_bits_f32((const float *)r.u);
 }
-template <typename T2> __device__ __forceinline__ uint32_t sign_bits8_pairs(const uint4 & u, T2 zero) {
-    const T2 * h = (const T2 *)&u;
-    uint32_t acc = 0; // element 2i at bit 2i, element 2i+1 at bit 16 + 2i
-#pragma unroll
-    for (int i = 0; i < 4; i++) acc |= (__hge2_mask(h[i], zero) & 0x00010001u) << (2 * i);
-    return (acc & 0x55u) | ((acc >> 15) & 0xAAu);
-}
 template <> __device__ __forceinline__ uint32_t sign_bits8<__half>(const raw8<__half> & r) {
-    return sign_bits8_pairs<__half2>(r.u[0], __float2half2_rn(0.0f));
+    return ge_bits8_pairs<__half2>(r.u[0], make_uint4(0u, 0u, 0u, 0u)); // (+0 pairs)
 }
 template <> __device__ __forceinline__ uint32_t sign_bits8<__nv_bfloat16>(const raw8<__nv_bfloat16> & r) {
-    return sign_bits8_pairs<__nv_bfloat162>(r.u[0], __float2bfloat162_rn(0.0f));
+    return ge_bits8_pairs<__nv_bfloat162>(r.u[0], make_uint4(0u, 0u, 0u, 0u));
 }
 // The sign bits of x' = x + b (f32, as group_xprime adds them) from x alone: for an x of type T,
 // x + b >= 0 exactly when x >= thr(b), thr(b) = -b rounded up to T (a nonzero exact f32 sum keeps
@@ -163,31 +169,20 @@ template <> __device__ __forceinline__ float sign_threshold<float>(float b) {
     if (isinf(b)) return b > 0.0f ? -FLT_MAX : __int_as_float(0x7fc00000);
     return -b;
 }
-// The sign bits of x + b of 8 loaded elements against their thresholds thr[0..7] (16-byte aligned).
-template <typename T2> __device__ __forceinline__ uint32_t sign_bits8_thr_pairs(const uint4 & u, const uint4 & t) {
-    const T2 *h = (const T2 *)&u, *th = (const T2 *)&t;
-    uint32_t acc = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) acc |= (__hge2_mask(h[i], th[i]) & 0x00010001u) << (2 * i);
-    return (acc & 0x55u) | ((acc >> 15) & 0xAAu);
-}
+// The sign bits of x + b of 8 loaded elements from their thresholds thr[0..7] (16-byte aligned).
 template <typename T> __device__ __forceinline__ uint32_t sign_bits8_thr(const raw8<T> & r, const T * thr);
 template <> __device__ __forceinline__ uint32_t sign_bits8_thr<float>(const raw8<float> & r, const float * thr) {
     const float4 t0 = ((const float4 *)thr)[0], t1 = ((const float4 *)thr)[1];
     const float t[8] = {t0.x, t0.y, t0.z, t0.w, t1.x, t1.y, t1.z, t1.w};
-    const float * v = (const float *)r.u;
-    uint32_t b = 0;
-#pragma unroll
-    for (int e = 0; e < 8; e++) b |= (v[e] >= t[e] ? 1u : 0u) << e;
-    return b;
+    return ge_bits_f32((const float *)r.u, t);
 }
 template <> __device__ __forceinline__ uint32_t sign_bits8_thr<__half>(const raw8<__half> & r, const __half * thr) {
-    return sign_bits8_thr_pairs<__half2>(r.u[0], *(const uint4 *)thr);
+    return ge_bits8_pairs<__half2>(r.u[0], *(const uint4 *)thr);
 }
 template <>
 __device__ __forceinline__ uint32_t sign_bits8_thr<__nv_bfloat16>(const raw8<__nv_bfloat16> & r,
                                                                   const __nv_bfloat16 * thr) {
-    return sign_bits8_thr_pairs<__nv_bfloat162>(r.u[0], *(const uint4 *)thr);
+    return ge_bits8_pairs<__nv_bfloat162>(r.u[0], *(const uint4 *)thr);
 }
 // Stores byte j of a bit row (row NULL: nothing) whose first n bits (n < 8 only in the row's last
 // byte) belong to the row; the others keep their content.
@@ -272,27 +267,20 @@ __device__ __forceinline__ int64_t code_groups(const pack_src & p, const T * src
 }
 // The sign groups of a row as sign_groups<T, false, true> gives them, from the thresholds of the
 // bias elements (thr, `period` of them: group g takes thr[(8g) % period]) instead of x' itself:
-// vector_groups' rounds, the table index advanced by a round's step instead of divided anew.
+// vector_groups takes the groups in order, 32 apart, so the table index advances by a step instead
+// of being divided anew.
 template <typename T>
 __device__ __forceinline__ int64_t table_groups(const T * src, int64_t j, int64_t j1, int64_t K, const T * thr,
                                                 uint32_t period, uint8_t * dst, int & cnt) {
-    constexpr int PU = sizeof(T) == 4 ? 4 : 8;
     const uint32_t step = 256u % period; // 32 groups of 8 elements
     uint32_t idx = (uint32_t)qmod(j * 8, period);
-    for (; (j + 32 * (PU - 1)) * 8 + 8 <= K && j + 32 * (PU - 1) < j1; j += 32 * PU) {
-        raw8<T> v[PU];
-#pragma unroll
-        for (int u = 0; u < PU; u++) v[u] = raw8_load<T>(src + (j + 32 * u) * 8);
-#pragma unroll
-        for (int u = 0; u < PU; u++) {
-            const uint32_t byte = sign_bits8_thr<T>(v[u], thr + idx);
-            dst[j + 32 * u] = (uint8_t)byte;
-            cnt += __popc(byte);
-            idx += step;
-            idx = idx >= period ? idx - period : idx;
-        }
-    }
-    return j;
+    return vector_groups<T>(src, j, j1, K, [&](int64_t g, const raw8<T> & r) {
+        const uint32_t byte = sign_bits8_thr<T>(r, thr + idx);
+        dst[g] = (uint8_t)byte;
+        cnt += __popc(byte);
+        idx += step;
+        idx = idx >= period ? idx - period : idx;
+    });
 }
 template <typename T, bool STE, bool BIAS>
 __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,

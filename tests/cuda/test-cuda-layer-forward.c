@@ -167,20 +167,20 @@ int main(int argc, char ** argv) {
         test_forward(&c);
     }
     for (int i = 0; i < 12; i++) { // binary layers whose x and bias_a hold special values and ties (fill_specials),
-        // without a clamp (the packers' sign thresholds) and with one: long linear rows, and channels-last conv
-        // pixels packed 32 to a row
+        // without a clamp (the packers' sign thresholds) and with one: long linear rows (M > 32: rows packed with
+        // their popcounts, a warp a row), and channels-last conv pixels packed 32 to a row (2*H*W a multiple of 32)
         struct lcase c;
         do random_case(&c, i % 2 ? 0 : 6);
         while (c.quant != BIE_QUANT_BINARY || c.xdt == BIE_DTYPE_B1);
         if (i % 2) {
             c.conv = 0;
             c.lead2 = 0;
-            c.batch = test_rand_int(1, 9);
+            c.batch = test_rand_int(33, 130);
             c.C = c.ld.in_features = i % 4 == 1 ? 8 * test_rand_int(256, 600) : test_rand_int(2048, 4800);
             c.O = c.ld.out_features = test_rand_int(1, 70);
         } else {
             c.C = c.cd.in_channels = 64 * test_rand_int(1, 4);
-            c.H = c.W = test_rand_int(40, 48);
+            c.H = c.W = 4 * test_rand_int(10, 12);
             c.O = c.cd.out_channels = test_rand_int(1, 64);
             c.xkind = 1;
             c.cd.pad_value = BIE_PAD_ZERO;
