@@ -9,6 +9,10 @@
 // M > 16 (prefill) and grad_x: the weight is dequantised to x's dtype in panels (wq_dequant_words
 // for uniform 2/4/8 bits in groups of whole words, else wq_dequant_kernel) and cuBLAS multiplies
 // (f32 accumulation); grad_w = x'^T g is one cuBLAS GEMM.
+#include <string.h>
+
+#include <type_traits>
+
 #include "cuda/cuda-wq.cuh"
 
 // --- x' for the kernels -----------------------------------------------------------------------------
@@ -63,26 +67,62 @@ __global__ void wq_dequant_kernel(wq_dev w, int64_t r0, int64_t r1, int64_t n0, 
     out[(r - r0) * ldo + (n - n0)] = from_f32<To>(wq_value(w, r, n));
 }
 
+// C (1 or 4) values of To from f32, stored at p: one store of C * sizeof(To) bytes (p aligned to it).
+template <typename To, int C> __device__ __forceinline__ void st_values(To * p, const float (&v)[C]) {
+    if constexpr (C == 1) {
+        *p = from_f32<To>(v[0]);
+    } else {
+        static_assert(C == 4, "four values a store");
+        if constexpr (std::is_same<To, float>::value) {
+            *(float4 *)p = make_float4(v[0], v[1], v[2], v[3]);
+        } else {
+            const To t[4] = {from_f32<To>(v[0]), from_f32<To>(v[1]), from_f32<To>(v[2]), from_f32<To>(v[3])};
+            uint2 u;
+            memcpy(&u, t, sizeof u);
+            *(uint2 *)p = u;
+        }
+    }
+}
+
 // The same for uniform 2, 4 or 8 bits with groups of whole words (r0 a word's first row): a thread
-// per word (word row i, column n) reads it and its group's scale (and zero) once and writes its
-// 32/b rows, each row's stores coalesced over the columns.
-// grid (ceil((n1 - n0) / 256), word rows, strided).
-template <typename To, int B>
+// takes C adjacent columns of a word row (C = 4: one 16-byte load of their words, where N, n0 and
+// ldo are multiples of 4 and out is aligned for C values), reads their groups' scales and zeros once
+// and writes their 32/b rows, C values a store, coalesced over the columns. A code q becomes a float
+// exactly as the bits of 2^23 + q less 2^23.
+// grid (ceil((n1 - n0) / (256 * C)), word rows, strided).
+template <typename To, int B, int C>
 __global__ void __launch_bounds__(256)
     wq_dequant_words(wq_dev w, int64_t r0, int64_t r1, int64_t n0, int64_t n1, To * out, int64_t ldo) {
     constexpr int V = 32 / B;
-    const int64_t n = n0 + (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    constexpr uint32_t mask = (1u << B) - 1u;
+    const int64_t n = n0 + ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * C;
     if (n >= n1) return;
     for (int64_t i = r0 / V + blockIdx.y; i * V < r1; i += gridDim.y) {
-        const uint32_t word = w.qw[i * w.N + n];
+        uint32_t word[C];
+        if constexpr (C == 4) {
+            const uint4 q4 = *(const uint4 *)(w.qw + i * w.N + n);
+            word[0] = q4.x, word[1] = q4.y, word[2] = q4.z, word[3] = q4.w;
+        } else {
+            word[0] = w.qw[i * w.N + n];
+        }
         const int64_t g = qdiv(i * V, w.gs), e = g * w.N + n;
-        const float s = ld_float(w.scales, w.sdt, e), z = wq_zero(w, g, n, B);
+        float s[C], z[C];
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            s[c] = ld_float(w.scales, w.sdt, e + c);
+            z[c] = wq_zero(w, g, n + c, B);
+        }
+        To * o = out + (i * V - r0) * ldo + (n - n0);
 #pragma unroll
         for (int v = 0; v < V; v++) {
-            const int64_t r = i * V + v;
-            if (r >= r1) break;
-            const float q = (float)((word >> (B * v)) & ((1u << B) - 1u));
-            out[(r - r0) * ldo + (n - n0)] = from_f32<To>(wq_weight(w.zero, s, z, q));
+            if (i * V + v >= r1) break;
+            float y[C];
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                const float q = __uint_as_float(0x4B000000u | ((word[c] >> (B * v)) & mask)) - 8388608.0f;
+                y[c] = wq_weight(w.zero, s[c], z[c], q);
+            }
+            st_values<To, C>(o + v * ldo, y);
         }
     }
 }
@@ -203,18 +243,28 @@ static enum bie_status cublas_ok(bie_context_t * ctx, cublasStatus_t st, const c
     return bie_set_error(ctx, BIE_STATUS_DEVICE_ERROR, "cuda: %s: %s", what, cublasGetStatusString(st));
 }
 
+template <typename T, int C>
+static enum bie_status launch_dequant_words(bie_context_t * ctx, dim3 grid, int b, const wq_dev & w, int64_t r0,
+                                            int64_t r1, int64_t n0, int64_t n1, T * out, int64_t ldo) {
+    cudaStream_t st = ctx->cuda->stream;
+    if (b == 2) wq_dequant_words<T, 2, C><<<grid, 256, 0, st>>>(w, r0, r1, n0, n1, out, ldo);
+    else if (b == 4) wq_dequant_words<T, 4, C><<<grid, 256, 0, st>>>(w, r0, r1, n0, n1, out, ldo);
+    else wq_dequant_words<T, 8, C><<<grid, 256, 0, st>>>(w, r0, r1, n0, n1, out, ldo);
+    LAUNCHED(ctx, "wq_dequant_words");
+    return BIE_STATUS_OK;
+}
+
 template <typename T>
 static enum bie_status launch_dequant(bie_context_t * ctx, const wq_dev & w, int64_t r0, int64_t r1, int64_t n0,
                                       int64_t n1, void * out, int64_t ldo) {
     const int b = w.bits, V = b ? 32 / b : 1;
     if ((b == 2 || b == 4 || b == 8) && (w.G == 1 || w.gs % V == 0) && r0 % V == 0) {
         const int64_t i0 = r0 / V, i1 = (r1 + V - 1) / V;
-        const dim3 grid(blocks_for(n1 - n0, 256), (unsigned)(i1 - i0 < 65535 ? i1 - i0 : 65535));
-        if (b == 2) wq_dequant_words<T, 2><<<grid, 256, 0, ctx->cuda->stream>>>(w, r0, r1, n0, n1, (T *)out, ldo);
-        else if (b == 4) wq_dequant_words<T, 4><<<grid, 256, 0, ctx->cuda->stream>>>(w, r0, r1, n0, n1, (T *)out, ldo);
-        else wq_dequant_words<T, 8><<<grid, 256, 0, ctx->cuda->stream>>>(w, r0, r1, n0, n1, (T *)out, ldo);
-        LAUNCHED(ctx, "wq_dequant_words");
-        return BIE_STATUS_OK;
+        const bool quads = w.N % 4 == 0 && n0 % 4 == 0 && (n1 - n0) % 4 == 0 && ldo % 4 == 0 &&
+                           (uintptr_t)w.qw % 16 == 0 && (uintptr_t)out % (4 * sizeof(T)) == 0;
+        const dim3 grid(blocks_for(n1 - n0, quads ? 1024 : 256), (unsigned)(i1 - i0 < 65535 ? i1 - i0 : 65535));
+        if (quads) return launch_dequant_words<T, 4>(ctx, grid, b, w, r0, r1, n0, n1, (T *)out, ldo);
+        return launch_dequant_words<T, 1>(ctx, grid, b, w, r0, r1, n0, n1, (T *)out, ldo);
     }
     wq_dequant_kernel<T>
         <<<blocks_for((r1 - r0) * (n1 - n0), 256), 256, 0, ctx->cuda->stream>>>(w, r0, r1, n0, n1, (T *)out, ldo);
