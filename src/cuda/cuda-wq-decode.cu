@@ -442,7 +442,8 @@ static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, co
 // wave), within the x' slice's and the scale slots' shared memory. A split keeps at least a ring's
 // worth of chunks (WQ_STAGES), since each warp pays a fixed prologue (its scales, its x' slice, the
 // ring's first fill) and the partial sums cost a pass each, unless that would leave fewer than
-// WQ_MIN_WARPS_PER_SM column warps a multiprocessor.
+// WQ_MIN_WARPS_PER_SM column warps a multiprocessor. The x' slice stays within 32 KiB: at M = 16 a
+// larger one lengthens each block's prologue and leaves fewer, longer blocks for the last wave.
 void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S, int64_t * cps) {
     const int64_t col_warps = (c->N + 31) / 32;
     const int cr = 128 / c->bits;
@@ -454,7 +455,7 @@ void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S,
     if (s > most) s = most;
     s = s < 1 ? 1 : s > nchunk ? nchunk : s;
     int64_t per = (nchunk + s - 1) / s;
-    const int64_t max_per = 48 * 1024 / (c->M * cr * 2); // the x' slice within 48 KiB
+    const int64_t max_per = 32 * 1024 / (c->M * cr * 2); // the x' slice within 32 KiB
     if (per > max_per) per = max_per;
     const int64_t cpg = chunks_per_group(c, nchunk);
     if (wq_split_groups(per, cpg) > WQ_MAX_SPLIT_GROUPS) per = (WQ_MAX_SPLIT_GROUPS - 1) * cpg;
