@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // cpu-wq-avx512.c: AVX-512 kernels of the weight-only n-bit layer (cpu-wq.h has the layout): the
-// f32 path and the dequantiser of cpu-wq-simd.h on vectors of 16 columns under lane masks, and the
-// int8 path (AVX512-VNNI), whose blocks are summed by vpdpbusd.
+// f32 path and the dequantiser of cpu-wq-simd.h on vectors of 16 columns under lane masks (codes of
+// up to 4 bits made f32 by a 16-entry permute), and the int8 path (AVX512-VNNI), whose blocks are
+// summed by vpdpbusd.
 #include "cpu/cpu-wq.h"
 
 #include <immintrin.h>
@@ -39,6 +40,12 @@ AI vf ld_stat(const void * p, enum bie_dtype dt, int64_t off, vmask m) {
 
 AI void st_f32(float * p, vmask m, vf v) { _mm512_mask_storeu_ps(p, m, v); }
 
+#define WQ_LUT16 1
+AI vf lut16_f32(vi a) {
+    return _mm512_permutexvar_ps(a, _mm512_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f, 10.0f,
+                                                   11.0f, 12.0f, 13.0f, 14.0f, 15.0f));
+}
+
 #include "cpu/cpu-wq-simd.h"
 
 static inline int32_t ld32(const int8_t * p) {
@@ -50,8 +57,9 @@ static inline int32_t ld32(const int8_t * p) {
 // The int8 path's block: per row, the block's 32 int8 activations against its quads by vpdpbusd,
 // then acc += f32(sum) * the block's activation scale. The even and odd quads go to two sums (two
 // chains of dependent vpdpbusd half as long; the int32 sums are exact in any order).
-__attribute__((target("avx512vnni"))) AI void i8_block(const struct cpu_wq_job * j, int64_t blk, int64_t m0,
+__attribute__((target("avx512vnni"))) AI void i8_block(const struct cpu_wq_job * j, int64_t blk, int b, int64_t m0,
                                                        const int MR, const int V, const int v, const vi * q, vf * acc) {
+    (void)b;
     const int8_t * xb = j->xq + 32 * blk + m0 * j->ldx;
     __m512i ai[4][2];
     for (int r = 0; r < MR; r++) ai[r][0] = ai[r][1] = _mm512_setzero_si512();

@@ -11,6 +11,8 @@
 //   void st_f32(p, m, v)   stores the lanes m of v at p
 //   vi vi_srli(a, n), vi_slli(a, n): the 32-bit lanes shifted right (logical) and left by n
 //   vf vf_set1(x), vf_fmadd(a, b, c), vf_fnmadd(a, b, c): a broadcast, a*b + c and c - a*b, fused
+// and, where the ISA has a 16-entry permute of f32 lanes, WQ_LUT16 defined and
+//   vf lut16_f32(a)        the f32 value of the low 4 bits of each lane of a
 // (the other integer operations and the f32 products are GCC's vector arithmetic, which compiles to
 // the ISA's own instructions). Each function here is inlined into the ISA's kernels,
 // with the bits, rows and vectors made constants there.
@@ -86,8 +88,14 @@ WQ_INLINE void prefetch_block(const struct cpu_wq_job * j, int64_t blk, int b, i
         if (w0 + i < j->rows) _mm_prefetch((const char *)(j->qw + (w0 + i) * j->N + n0), _MM_HINT_T0);
 }
 
-// Byte t of every lane of quad q as f32.
-WQ_INLINE vf byte_f32(vi q, int t) {
+// Byte t of every lane of quad q as f32; small: the bytes are codes of at most 4 bits, whose value
+// is then the low 4 bits of the lane shifted by 8t (one permute instead of a mask and a conversion).
+WQ_INLINE vf byte_f32(vi q, int t, bool small) {
+#ifdef WQ_LUT16
+    if (small) return lut16_f32(t ? vi_srli(q, 8 * t) : q);
+#else
+    (void)small;
+#endif
     return vi_to_f32(t == 3 ? vi_srli(q, 24) : (vi)(vi_srli(q, 8 * t) & vi_set1(0xFF)));
 }
 
@@ -112,24 +120,29 @@ WQ_INLINE void flush(const struct cpu_wq_job * j, int64_t g, int64_t m0, const i
     }
 }
 
-// A block's products for vector v of the columns: acc[r*V + v] += the block's quads q against rows
-// m0 + r of the activations, r < MR (the f32 or the int8 path).
-typedef void (*wq_block_fn)(const struct cpu_wq_job * j, int64_t blk, int64_t m0, const int MR, const int V,
+// A block's products for vector v of the columns: acc[r*V + v] += the block's quads q (codes of b
+// bits) against rows m0 + r of the activations, r < MR (the f32 or the int8 path).
+typedef void (*wq_block_fn)(const struct cpu_wq_job * j, int64_t blk, int b, int64_t m0, const int MR, const int V,
                             const int v, const vi * q, vf * acc);
 
 // (The f32 path sums a block's even and odd quads apart and then adds the two: two chains of
 // dependent FMAs half as long.)
-WQ_INLINE void f32_block(const struct cpu_wq_job * j, int64_t blk, int64_t m0, const int MR, const int V, const int v,
-                         const vi * q, vf * acc) {
+WQ_INLINE void f32_block_codes(const struct cpu_wq_job * j, int64_t blk, const bool small, int64_t m0, const int MR,
+                               const int V, const int v, const vi * q, vf * acc) {
     const float * xb = j->xa + 32 * blk + m0 * j->ldx;
     vf p[4][2];
     for (int r = 0; r < MR; r++) p[r][0] = p[r][1] = vf_zero();
     for (int i = 0; i < 8; i++)
         for (int t = 0; t < 4; t++) {
-            const vf f = byte_f32(q[i], t);
+            const vf f = byte_f32(q[i], t, small);
             for (int r = 0; r < MR; r++) p[r][i & 1] = vf_fmadd(f, vf_set1(xb[r * j->ldx + 4 * i + t]), p[r][i & 1]);
         }
     for (int r = 0; r < MR; r++) acc[r * V + v] += p[r][0] + p[r][1];
+}
+WQ_INLINE void f32_block(const struct cpu_wq_job * j, int64_t blk, int b, int64_t m0, const int MR, const int V,
+                         const int v, const vi * q, vf * acc) {
+    if (b <= 4) f32_block_codes(j, blk, true, m0, MR, V, v, q, acc);
+    else f32_block_codes(j, blk, false, m0, MR, V, v, q, acc);
 }
 
 // Rows m0 .. m0+MR-1 of x against the columns n0 .. n0+nc (up to CPU_WQ_WIDE_VECS vectors) block by
@@ -153,7 +166,7 @@ WQ_INLINE void gemv_t(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m
             if (pb) prefetch_block(j, pf, pb, n0 + LANES * v);
             vi q[8];
             decode(j, blk, b, n0 + LANES * v, mask_of(nc - LANES * v), q);
-            block(j, blk, m0, MR, nv, v, q, acc);
+            block(j, blk, b, m0, MR, nv, v, q, acc);
         }
     }
     flush(j, g, m0, MR, nv, n0, nc, acc, y);
@@ -194,7 +207,7 @@ static void dequant(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t b0,
             for (int p = 0; p < 32; p++) {
                 const int64_t r = 32 * blk + cpu_wq_order(b, p);
                 if (r >= rmax) continue;
-                const vf f = byte_f32(q[p / 4], p % 4);
+                const vf f = byte_f32(q[p / 4], p % 4, b <= 4);
                 const vf v = j->zero == BIE_WQ_ZERO_OFFSET ? s * f - z : s * (f - z);
                 st_f32(w + (r - 32 * b0) * (int64_t)ldw + c, m, v);
             }
