@@ -28,7 +28,7 @@
     } while (0)
 
 static const int64_t SHAPES[][2] = {{4096, 4096}, {4096, 11008}, {11008, 4096}, {8192, 28672}};
-static const int64_t ROWS[] = {1, 4, 16, 256, 4096};
+static const int64_t ROWS[] = {1, 4, 16, 32, 64, 256, 4096};
 #define L2_FLUSH_BYTES ((size_t)160 << 20) // weights rotated until a graph touches this much
 
 static int cmp_f(const void * a, const void * b) {

@@ -102,6 +102,8 @@ int bie_cuda_cc(bie_context_t * ctx) {
         st->force_mma = force && strcmp(force, "mma") == 0;
         const char * bwd = getenv("BIE_CUDA_CONV_BACKWARD");
         st->force_gemm_backward = bwd && strcmp(bwd, "gemm") == 0;
+        const char * wq = getenv("BIE_CUDA_WQ");
+        st->force_wq_passes = wq && strcmp(wq, "passes") == 0;
     }
     return st->cc;
 }

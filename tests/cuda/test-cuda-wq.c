@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // test-cuda-wq.c: the CUDA weight-only n-bit layer against the reference on the host: forward in its
-// three routes (the mma decode kernel: f16/bf16 x, 2/4/8 bits, M <= 16; the SIMT decode kernel:
-// other bits, mixed bits, f32 x, odd N; dequantise + cuBLAS for M > 16), backward (grad_x, grad_w)
-// and dequantize, on random odd shapes with every zero form, permutations, channel scales and bias.
+// routes (the mma decode kernel: f16/bf16 x, 2/4/8 bits, M <= 16; the SIMT decode kernel: other
+// bits, mixed bits, f32 x, odd N; dequantise + cuBLAS for M > 16; passes of 16 rows through the mma
+// kernel for M > 16, which only large weights take by default and BIE_CUDA_WQ=passes forces in a
+// second context), backward (grad_x, grad_w) and dequantize, on random odd shapes with every zero
+// form, permutations, channel scales and bias.
 // Tolerance: the reference's f32 bound (test-wq.h) plus one rounding of x' (and of W on the cuBLAS
 // routes) to the GEMM's 16-bit dtype.
 #include "cuda/cuda-test.h"
@@ -156,6 +158,24 @@ int main(int argc, char ** argv) {
         check_case(ref, cu, &L, xd, it % 3 == 0);
         free_layer(&L);
     }
+    setenv("BIE_CUDA_WQ", "passes", 1); // read by a context when it first meets the device
+    bie_context_t * passes = test_new_context(BIE_BACKEND_AUTO);
+    for (int it = 0; it < iters / 4; it++) {
+        const int64_t ml[] = {17, 24, 32, 33, 47};
+        const int64_t bl[] = {4, 2, 8};
+        const int bits = (int)test_pick(bl, 3);
+        const int64_t gl[] = {128, 64, 100000};
+        const int64_t K = 128 * test_rand_int(1, 5) + (it % 2 ? test_rand_int(0, 127) : 0);
+        const int64_t N = 4 * test_rand_int(1, 80);
+        const enum bie_dtype xd = it % 2 ? BIE_DTYPE_F16 : BIE_DTYPE_BF16;
+        struct layer L;
+        make_layer(&L, test_pick(ml, 5), K, N, bits, (int)test_pick(gl, 3), (enum bie_wq_zero)test_rand_int(0, 2),
+                   test_rand_int(0, 2) == 0, test_rand_int(0, 3) == 0, test_rand_int(0, 1) == 0);
+        check_case(ref, passes, &L, xd, false);
+        free_layer(&L);
+    }
+    unsetenv("BIE_CUDA_WQ");
+    bie_context_destroy(passes);
     bie_context_destroy(ref);
     bie_context_destroy(cu);
     return test_finish("test-cuda-wq");
