@@ -10,8 +10,9 @@
 // the first chunks fly; the kernel is a programmatic dependent launch of the x' kernel (wq_xs_kernel)
 // and waits for it only before it copies its x' slice. Lane 4*g + t takes the 16 bytes of word row
 // t, columns n0+4g .. n0+4g+3, from the ring. The codes become f16 (bf16) halves by the
-// magic-number trick ((code << p) | 0x6400 is the half 1024 + code * 2^p; one fma gives the code)
-// and feed mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the warp, its
+// magic-number trick ((code << p) | 0x6400 is the half 1024 + code * 2^p; one fma gives the code),
+// or, 4-bit codes under f16 x at M <= 8, stay in place as subnormals (wq_sub), and feed
+// mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the warp, its
 // row g + 8 column 4g + 2u + 1, and the k index runs over the chunk's rows in the order in which the
 // halves come out. x' is the B operand (its M <= 8 rows an n-tile, two n-tiles to 16), laid out per
 // chunk in that order (xs below), so B fragments are plain 8-byte loads from shared memory. The mma
@@ -35,14 +36,24 @@ static_assert(WQ_STAGES % WQ_STEP == 0 && WQ_STAGES / WQ_STEP >= 2, "the ring ho
 #define WQ_WARPS_PER_SM_2 24
 #define WQ_MIN_WARPS_PER_SM 16
 
+// Whether the kernel takes its codes as f16 subnormals (f16 x, one n-tile, 4-bit codes): a code c
+// at bit p of its 16-bit half, masked in place, is the f16 value c * 2^(p-24) with no conversion;
+// each mma step takes the two half pairs of equal p (wq_chunk_row's same_p) into its own set of
+// accumulators, which the flush scales by 2^(24-p), exactly. (2-bit codes would need four sets,
+// which cost the kernel its occupancy; bf16 subnormals would underflow the f32 products.)
+template <typename T, int B, int NT> __host__ __device__ constexpr bool wq_sub() {
+    return std::is_same<T, __half>::value && NT == 1 && B == 4;
+}
+
 // --- x' in chunk order ------------------------------------------------------------------------------
 
 // Row r of chunk-local position p (chunk of 128/b rows): p = 16*s + 4*t + f is fragment value f of
 // lane t's word in slab s; the word holds V = 32/b codes v (rows t*V + v), and its halves pair
-// codes (i, i + V/2): slab s takes pairs 2s (values f = 0, 1) and 2s+1 (f = 2, 3).
-__host__ __device__ __forceinline__ int wq_chunk_row(int b, int p) {
+// codes (i, i + V/2): slab s takes pairs 2s (values f = 0, 1) and 2s+1 (f = 2, 3), or (same_p)
+// pairs s and s + 8/b, the pairs whose codes sit at the same bit of their bytes.
+__host__ __device__ __forceinline__ int wq_chunk_row(int b, int p, bool same_p) {
     const int V = 32 / b, s = p / 16, t = (p / 4) % 4, f = p % 4;
-    const int i = 2 * s + f / 2;
+    const int i = same_p ? s + (f / 2) * (8 / b) : 2 * s + f / 2;
     return t * V + i + (f % 2) * (V / 2);
 }
 
@@ -50,7 +61,7 @@ __host__ __device__ __forceinline__ int wq_chunk_row(int b, int p) {
 // values. A warp per (m, c), a lane per value (and 32 on), the sum in a fixed tree: the loads of a
 // chunk are in flight together.
 template <typename T>
-__global__ void wq_xs_kernel(wq_x a, int64_t M, int64_t K, int b, int64_t nchunk, T * xs, float * xsc) {
+__global__ void wq_xs_kernel(wq_x a, int64_t M, int64_t K, int b, bool same_p, int64_t nchunk, T * xs, float * xsc) {
     griddep_launch_dependents(); // the decode kernel's prologue reads none of this
     const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
@@ -60,7 +71,7 @@ __global__ void wq_xs_kernel(wq_x a, int64_t M, int64_t K, int b, int64_t nchunk
     const int64_t Kp = nchunk * cr;
     float sum = 0.0f;
     for (int p = lane; p < cr; p += 32) {
-        const int64_t r = c * cr + wq_chunk_row(b, p);
+        const int64_t r = c * cr + wq_chunk_row(b, p, same_p);
         const T v = from_f32<T>(r < K ? wq_xprime(a, m, r, K) : 0.0f);
         xs[m * Kp + c * cr + p] = v;
         sum += to_f32(v);
@@ -217,11 +228,31 @@ __device__ __forceinline__ void wq_split_sums(const float * xsc, float * sxg, in
 }
 
 // One chunk's 8/b mma steps: acc[j][u] += A(codes v, m-tile u) B(x' rows of n-tile j) (xr[j]: this
-// lane's x' row of n-tile j at the chunk, in shared memory). Rows past M read row M - 1 instead of
+// lane's x' row of n-tile j at the chunk, in shared memory), into set s of accs for step s where the
+// codes are subnormals (SETS > 1, wq_sub), else into set 0. Rows past M read row M - 1 instead of
 // zeros: their sums are never stored.
-template <typename T, int B, int NT>
-__device__ __forceinline__ void wq_chunk_mma(float (&acc)[NT][2][4], uint4 v, const T * const (&xr)[NT]) {
+template <typename T, int B, int NT, int SETS>
+__device__ __forceinline__ void wq_chunk_mma(float (&accs)[SETS][NT][2][4], uint4 v, const T * const (&xr)[NT]) {
     const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+    if constexpr (SETS > 1) { // wq_sub
+        const uint32_t w8[4] = {v.x >> 8, v.y >> 8, v.z >> 8, v.w >> 8};
+#pragma unroll
+        for (int s = 0; s < 8 / B; s++) {
+            constexpr uint32_t m = (1u << B) - 1u;
+            const uint32_t ms = (m << (B * s)) | (m << (B * s + 16));
+            uint2 b[NT];
+#pragma unroll
+            for (int j = 0; j < NT; j++) b[j] = *(const uint2 *)(xr[j] + 16 * s);
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const uint32_t a[4] = {wd[2 * u] & ms, wd[2 * u + 1] & ms, w8[2 * u] & ms, w8[2 * u + 1] & ms};
+#pragma unroll
+                for (int j = 0; j < NT; j++) wq_mma_traits<T>::mma(accs[s][j][u], a, b[j].x, b[j].y);
+            }
+        }
+        return;
+    }
+    float(&acc)[NT][2][4] = accs[0];
 #pragma unroll
     for (int s = 0; s < 8 / B; s++) {
         uint2 b[NT];
@@ -239,9 +270,10 @@ __device__ __forceinline__ void wq_chunk_mma(float (&acc)[NT][2][4], uint4 v, co
 
 // Group gl ends: y += s * acc - c * xsum (two fmas; slots: the quad's slot of group 0), acc = 0.
 // acc[j][u][e]: n-tile j (rows 8j + 2t + (e & 1)), m-tile u: columns ncol + 2u + (e >> 1).
-template <int NT>
-__device__ __forceinline__ void wq_flush(float (&acc)[NT][2][4], float (&y)[NT][2][4], const unsigned char * slots,
-                                         const float * sxg, int ngroups, int gl, int M, int t) {
+template <int B, int NT, int SETS>
+__device__ __forceinline__ void wq_flush(float (&accs)[SETS][NT][2][4], float (&y)[NT][2][4],
+                                         const unsigned char * slots, const float * sxg, int ngroups, int gl, int M,
+                                         int t) {
     const float4 * sl = (const float4 *)(slots + gl * 256);
     const float4 s4 = sl[0], c4 = sl[1];
     const float sv[4] = {s4.x, s4.y, s4.z, s4.w}, cz[4] = {c4.x, c4.y, c4.z, c4.w};
@@ -259,10 +291,17 @@ __device__ __forceinline__ void wq_flush(float (&acc)[NT][2][4], float (&y)[NT][
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                float & a = acc[j][i >> 1][2 * (i & 1) + e];
+                float a = accs[0][j][i >> 1][2 * (i & 1) + e];
+                if constexpr (SETS > 1) { // set q holds sums of x' * code * 2^(B*q - 24)
+                    a *= 16777216.0f;
+#pragma unroll
+                    for (int q = 1; q < SETS; q++)
+                        a = __fmaf_rn(accs[q][j][i >> 1][2 * (i & 1) + e], (float)(1 << (24 - B * q)), a);
+                }
+#pragma unroll
+                for (int q = 0; q < SETS; q++) accs[q][j][i >> 1][2 * (i & 1) + e] = 0.0f;
                 float & o = y[j][i >> 1][2 * (i & 1) + e];
                 o = __fmaf_rn(sv[i], a, __fmaf_rn(-cz[i], xa[j][e], o));
-                a = 0.0f;
             }
 }
 
@@ -333,13 +372,18 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
     cp_async_wait_all(); // the x' slice (and the ring's first steps, issued long before) landed
     __syncthreads();
     if (n0 >= w.N) return;
-    float acc[NT][2][4], y[NT][2][4]; // as in wq_flush
+    constexpr int SETS = wq_sub<T, B, NT>() ? 8 / B : 1;
+    float acc[SETS][NT][2][4], y[NT][2][4]; // as in wq_flush
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int u = 0; u < 2; u++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[j][u][e] = y[j][u][e] = 0.0f;
+            for (int e = 0; e < 4; e++) {
+                y[j][u][e] = 0.0f;
+#pragma unroll
+                for (int q = 0; q < SETS; q++) acc[q][j][u][e] = 0.0f;
+            }
     int gl = 0, crem = rem0;
     const T * xr[NT]; // this lane's x' row of each n-tile (row M - 1 past M), at chunk 0
 #pragma unroll
@@ -348,11 +392,11 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
     // its 8/b mma steps; the x' rows move on by a chunk.
     auto chunk = [&](const uint4 * st, int u) {
         if (crem == 0) {
-            wq_flush<NT>(acc, y, slots + gq * 32, sxg, ngroups, gl++, M, t);
+            wq_flush<B, NT, SETS>(acc, y, slots + gq * 32, sxg, ngroups, gl++, M, t);
             crem = cpg;
         }
         crem--;
-        wq_chunk_mma<T, B, NT>(acc, st[u * 32], xr);
+        wq_chunk_mma<T, B, NT, SETS>(acc, st[u * 32], xr);
 #pragma unroll
         for (int j = 0; j < NT; j++) xr[j] += CR;
     };
@@ -373,7 +417,7 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
         }
     }
     cp_async_wait_all();
-    wq_flush<NT>(acc, y, slots + gq * 32, sxg, ngroups, gl, M, t);
+    wq_flush<B, NT, SETS>(acc, y, slots + gq * 32, sxg, ngroups, gl, M, t);
     // part[y][m][ncol .. ncol+3] for the rows that exist.
     float * p = part + (int64_t)blockIdx.y * M * w.N;
 #pragma unroll
@@ -470,8 +514,9 @@ static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call 
     const int64_t nchunk = (c->K + cr - 1) / cr;
     T * xs = (T *)take(a, (size_t)c->M * nchunk * cr * sizeof(T));
     float * xsc = (float *)take(a, (size_t)c->M * nchunk * sizeof(float));
+    const bool same_p = std::is_same<T, __half>::value && c->M <= 8 && b == 4; // wq_sub
     wq_xs_kernel<T><<<blocks_for(c->M * nchunk * 32, 128), 128, 0, ctx->cuda->stream>>>(x_of(c, &c->x), c->M, c->K, b,
-                                                                                        nchunk, xs, xsc);
+                                                                                        same_p, nchunk, xs, xsc);
     LAUNCHED(ctx, "wq_xs_kernel");
     const int cpg = (int)chunks_per_group(c, nchunk);
     switch (b) {
