@@ -41,9 +41,7 @@ static_assert(WQ_STAGES % WQ_STEP == 0 && WQ_STAGES / WQ_STEP >= 2, "the ring ho
 // each mma step takes the two half pairs of equal p (wq_chunk_row's same_p) into its own set of
 // accumulators, which the flush scales by 2^(24-p), exactly. (2-bit codes would need four sets,
 // which cost the kernel its occupancy; bf16 subnormals would underflow the f32 products.)
-template <typename T, int B, int NT> __host__ __device__ constexpr bool wq_sub() {
-    return std::is_same<T, __half>::value && NT == 1 && B == 4;
-}
+__host__ __device__ constexpr bool wq_sub(bool f16, int b, int nt) { return f16 && nt == 1 && b == 4; }
 
 // --- x' in chunk order ------------------------------------------------------------------------------
 
@@ -372,7 +370,7 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
     cp_async_wait_all(); // the x' slice (and the ring's first steps, issued long before) landed
     __syncthreads();
     if (n0 >= w.N) return;
-    constexpr int SETS = wq_sub<T, B, NT>() ? 8 / B : 1;
+    constexpr int SETS = wq_sub(std::is_same<T, __half>::value, B, NT) ? 8 / B : 1;
     float acc[SETS][NT][2][4], y[NT][2][4]; // as in wq_flush
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -514,7 +512,7 @@ static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call 
     const int64_t nchunk = (c->K + cr - 1) / cr;
     T * xs = (T *)take(a, (size_t)c->M * nchunk * cr * sizeof(T));
     float * xsc = (float *)take(a, (size_t)c->M * nchunk * sizeof(float));
-    const bool same_p = std::is_same<T, __half>::value && c->M <= 8 && b == 4; // wq_sub
+    const bool same_p = wq_sub(std::is_same<T, __half>::value, b, c->M <= 8 ? 1 : 2);
     wq_xs_kernel<T><<<blocks_for(c->M * nchunk * 32, 128), 128, 0, ctx->cuda->stream>>>(x_of(c, &c->x), c->M, c->K, b,
                                                                                         same_p, nchunk, xs, xsc);
     LAUNCHED(ctx, "wq_xs_kernel");
