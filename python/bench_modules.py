@@ -4,6 +4,9 @@
 float32 on the CPU. For every shape it times the inference forward (bie: eval mode, packed
 weights) and one training step (forward + backward, float latent weights) of each bie layer and of
 the float layer, and prints a table with the ratio float time / bie time (> 1: bie is faster).
+A single call is timed on its own (its host time counts); on a CUDA device the forward and the step
+are also timed queued ("forward, queued", "step, queued"): calls issued back to back and timed
+together, as a network's layers run, so that a call's host time overlaps the GPU work before it.
 BinaryLinear's step is also timed the other way of keeping its input for the backward ("step,
 bits": binarize_ste's bits, "step, x": the input itself; bie.autograd.SAVED_BITS_MIN picks).
 --json prints one JSON object per row instead of the table (the keys layer, shape, mode, bie_ms,
@@ -54,20 +57,48 @@ def timer(device):
     return run
 
 
+def queued_ms(fn, budget, runs=5):
+    """Median milliseconds per call of fn() on a CUDA device over `runs` runs of n calls issued back to
+    back between two events (n: as many as fit the budget, 10 to 100)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    n = int(max(10, min(100, budget * 1000 / runs / max(start.elapsed_time(end), 1e-3))))
+    times = []
+    for _ in range(runs):
+        start.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / n)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def bench_pair(make_float, make_bie, x, device, budget, run):
     rows = []
     fl = make_float()
     layers = {k: f() for k, f in make_bie.items()}
     for m in layers.values():
         bie.prepare_bie_layers(m)
+    cuda = device.type == "cuda"
     # inference forward
     with torch.no_grad():
         fl.eval()
         t_float = run(lambda: fl(x), budget)
+        q_float = queued_ms(lambda: fl(x), budget) if cuda else None
         for name, m in layers.items():
             m.eval()
             m(x)  # packs the weight
             rows.append((name, "forward", t_float, run(lambda: m(x), budget)))
+            if cuda:
+                rows.append((name, "forward, queued", q_float, queued_ms(lambda: m(x), budget)))
     # training step
     xg = x.detach().clone().requires_grad_()
 
@@ -80,9 +111,12 @@ def bench_pair(make_float, make_bie, x, device, budget, run):
 
     fl.train()
     t_float = run(step(fl), budget)
+    q_float = queued_ms(step(fl), budget) if cuda else None
     for name, m in layers.items():
         m.train()
         rows.append((name, "train step", t_float, run(step(m), budget)))
+        if cuda:
+            rows.append((name, "step, queued", q_float, queued_ms(step(m), budget)))
         if isinstance(m, bie.BinaryLinear):  # the other way of keeping x for the backward
             default = bie.autograd.SAVED_BITS_MIN
             bits = x.numel() < default
