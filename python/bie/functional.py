@@ -318,6 +318,13 @@ def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=No
     `out_dtype` (default x.dtype) may be a float dtype or torch.int32 (the raw accumulation).
     A binary layer takes the sign bits of binarize_ste for x with in_features = K (out_dtype then
     defaults to float32). Planned once per metadata of the tensors (bie._plans)."""
+    return _linear_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, out_dtype, in_features)[0]
+
+
+def _linear_forward_planned(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=None, in_features=None):
+    """linear_forward's (y, plan): for a 2-D x, the plan runs later calls whose tensors have the same
+    metadata with plan.run(x, (x, bias_a, weight, scale_a, scale_w, y)) into a y of
+    (x.shape[0], plan.out[0]) and dtype plan.out[1]; None for an empty x."""
     key = ("linear_forward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
            _plans.meta(scale_w), out_dtype, in_features)
     cache = _plans.cache()
@@ -327,17 +334,17 @@ def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=No
         if x.dim() == 2:  # (rows already: no views to make)
             y = torch.empty((x.shape[0], n), dtype=ydt, device=x.device)
             p.run(x, (x, bias_a, weight, scale_a, scale_w, y))
-            return y
+            return y, p
         x2 = x.detach().reshape(-1, x.shape[-1])
         y = torch.empty((x2.shape[0], n), dtype=ydt, device=x.device)
         p.run(x, (x2, bias_a, weight, scale_a, scale_w, y))
-        return y.reshape(*x.shape[:-1], n)
+        return y.reshape(*x.shape[:-1], n), p
     x2, xv, k = _x_operand(quant, x, bias_a, scale_a, scale_w, in_features)
     n = _out_features(weight)
     y = torch.empty((x2.shape[0], n), dtype=out_dtype or (x.dtype if in_features is None else torch.float32),
                     device=x.device)
     if x2.shape[0] == 0:
-        return y.reshape(*x.shape[:-1], n)
+        return y.reshape(*x.shape[:-1], n), None
     wv = _weight_view(quant, weight.detach(), (n, k))
     desc = _lib.LinearDesc(int(quant), k, n)
     args, keep = _fwd_args(xv, None if bias_a is None else bias_a.detach(), wv, scale_a.detach(),
@@ -346,7 +353,7 @@ def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=No
     p.out = (n, y.dtype)
     cache[key] = p
     p.run(x, (x2, bias_a, weight, scale_a, scale_w, y))
-    return y.reshape(*x.shape[:-1], n)
+    return y.reshape(*x.shape[:-1], n), p
 
 
 def binarize_ste(x, scale_a, bias_a=None, _nhwc=False, clamp=None):

@@ -111,6 +111,7 @@ class BieLayer(nn.Module):
             self.register_parameter("bias", None)
         self._scale_ready = False
         self._qweight_key = None
+        self._runs = {}  # the inference calls' plans (_infer)
 
     def reset_parameters(self):
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
@@ -238,6 +239,49 @@ class BieLayer(nn.Module):
         """Eval mode without autograd: the layer call goes straight to libbie (no autograd node)."""
         return not self.training and not torch.is_grad_enabled()
 
+    def _infer(self, x, w):
+        """The inference call on x with the weight w (from _prepare_forward). A call like an earlier one
+        (x's metadata, the same operand tensors) runs that call's plan, kept here with its operands,
+        without rebuilding the plan's key in functional; others go through functional, which plans."""
+        p, b = self._parameters, self._buffers
+        sa, sw, ba = p["scale_a"], b["scale_w"], p["bias_a"]
+        conv = self.is_conv
+        if not conv and x.dim() != 2:
+            return F.linear_forward(self.quant, x, w, sa, sw, ba)
+        key = (x.shape, x.stride(), x.dtype, x.get_device(), id(w), w.dtype, w.shape, id(sa), sa.dtype, id(sw),
+               id(ba), ba.dtype)
+        runs = self.__dict__.get("_runs")
+        if runs is None:  # (a layer unpickled from an older version)
+            runs = self.__dict__["_runs"] = {}
+        run = runs.get(key)
+        if run is not None:
+            plan = run[0]
+            if conv:
+                shape, ydt, fmt = plan.out
+                y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
+                plan.run(x, (x, ba, w, sa, sw, y, None, None, None, None, None))
+            else:
+                y = torch.empty((x.shape[0], plan.out[0]), dtype=plan.out[1], device=x.device)
+                plan.run(x, (x, ba, w, sa, sw, y))
+            return y
+        if conv:
+            y, plan = F._conv2d_forward_planned(self.quant, x, w, sa, sw, ba, *self._geometry(),
+                                                getattr(self, "pad_value", F.PAD_ZERO), None, None, None, None,
+                                                None, None, None)
+        else:
+            y, plan = F._linear_forward_planned(self.quant, x, w, sa, sw, ba)
+        if plan is not None:  # (kept with the operands it was made for, so that their ids stay theirs)
+            if len(runs) >= 64:
+                runs.clear()
+            runs[key] = (plan, (w, sa, sw, ba))
+        return y
+
+    def _apply(self, fn, *args, **kwargs):
+        # (.to(), .cuda(), .half() replace the tensors: the plans kept for the old ones go)
+        out = super()._apply(fn, *args, **kwargs)
+        self.__dict__["_runs"] = {}
+        return out
+
     def _output(self, y):
         if self.bias is not None:
             y = y + (self.bias.view(1, -1, 1, 1) if self.is_conv else self.bias)
@@ -356,7 +400,7 @@ class BinaryLinear(_Linear):
         check_bmm_type(self.bmm_type, x.device)
         w = self._prepare_forward(x)
         if self._inference():
-            return self._output(F.linear_forward(QUANT_BINARY, x, w, self.scale_a, self.scale_w, self.bias_a))
+            return self._output(self._infer(x, w))
         y = BinaryLinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.gemm_kernel_id, self.training,
                                       self.bias_a)
         return self._output(y)
@@ -379,7 +423,7 @@ class Q4Linear(_Linear):
         self._check_forward(x)
         w = self._prepare_forward(x)
         if self._inference():
-            return self._output(F.linear_forward(self.quant, x, w, self.scale_a, self.scale_w, self.bias_a))
+            return self._output(self._infer(x, w))
         return self._output(Q4LinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, self.bias_a))
 
 
@@ -397,7 +441,7 @@ class Q8Linear(_Linear):
         self._check_forward(x)
         w = self._prepare_forward(x)
         if self._inference():
-            return self._output(F.linear_forward(self.quant, x, w, self.scale_a, self.scale_w, self.bias_a))
+            return self._output(self._infer(x, w))
         return self._output(Q8LinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, self.bias_a))
 
 
@@ -451,8 +495,7 @@ class BinaryConv2d(_Conv2d):
         self._check_forward(x)
         w = self._prepare_forward(x)
         if self._inference():
-            return self._output(F.conv2d_forward(QUANT_BINARY, x, w, self.scale_a, self.scale_w, self.bias_a,
-                                                 *self._geometry(), self.pad_value))
+            return self._output(self._infer(x, w))
         y = BinaryConv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
                                       self.bias_a, self.pad_value)
         return self._output(y)
@@ -474,8 +517,7 @@ class Q4Conv2d(_Conv2d):
         self._check_forward(x)
         w = self._prepare_forward(x)
         if self._inference():
-            return self._output(F.conv2d_forward(self.quant, x, w, self.scale_a, self.scale_w, self.bias_a,
-                                                 *self._geometry()))
+            return self._output(self._infer(x, w))
         return self._output(Q4Conv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
                                                   self.bias_a))
 
@@ -496,7 +538,6 @@ class Q8Conv2d(_Conv2d):
         self._check_forward(x)
         w = self._prepare_forward(x)
         if self._inference():
-            return self._output(F.conv2d_forward(self.quant, x, w, self.scale_a, self.scale_w, self.bias_a,
-                                                 *self._geometry()))
+            return self._output(self._infer(x, w))
         return self._output(Q8Conv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
                                                   self.bias_a))

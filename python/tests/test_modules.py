@@ -53,6 +53,42 @@ def test_eval_packed_equals_training(device, cls):
 
 
 @pytest.mark.parametrize("cls", LINEARS + CONVS)
+def test_eval_calls_follow_changes(device, cls):
+    """Repeated inference calls (a plan the module keeps per input and operands) follow a weight, a
+    scale_a and a bias_a changed in place, another batch size and a dtype conversion of the module."""
+    m, x = make(cls, device)
+    x = x.reshape(-1, x.shape[-1]) if cls in LINEARS else x  # (2-D rows: the linear's kept plans)
+
+    def both(m, x):
+        with torch.no_grad():
+            m.train()
+            want = m(x)
+            m.eval()
+            return m(x), want
+
+    for change in ("none", "weight", "scale_a", "bias_a", "batch", "bfloat16"):
+        if change == "weight":
+            with torch.no_grad():
+                m.weight.mul_(-1.5)
+            if cls is bie.Q8Linear or cls is bie.Q8Conv2d:
+                m.prepare_params()
+        elif change == "scale_a":
+            with torch.no_grad():
+                m.scale_a.mul_(0.5)
+        elif change == "bias_a":
+            with torch.no_grad():
+                m.bias_a.add_(0.3)
+        elif change == "batch":
+            x = torch.cat([x, x[:1] * -1])
+        elif change == "bfloat16":
+            m = m.to(torch.bfloat16)
+            x = x.to(torch.bfloat16)
+        got, want = both(m, x)
+        again, _ = both(m, x)
+        assert torch.equal(got, want) and torch.equal(again, want), f"{cls.__name__} after {change}"
+
+
+@pytest.mark.parametrize("cls", LINEARS + CONVS)
 def test_module_gradients_match_reference(device, cls):
     m, x = make(cls, device)
     x.requires_grad_()
