@@ -247,6 +247,8 @@ class FusedConv2d(nn.Module):
             if plan is not None:  # (kept with the operands it was made for, so that their ids stay theirs)
                 if len(self._runs) >= 64:
                     self._runs.clear()
+                # (plans kept with an earlier weight, which a repacked one replaced, let it go)
+                self._runs = {k: r for k, r in self._runs.items() if r[2][0] is w}
                 self._runs[key] = (plan, None if bits is None else tuple(bits.shape), (w, sa, sw, ba))
         if bits is not None:
             y._bie_bits = (self.bits_for, bits)

@@ -168,6 +168,7 @@ class BieLayer(nn.Module):
             qw = F.pack_weight(self.quant, w, self.scale_w)
         self.qweight = qw
         self._qweight_key = self._weight_key()
+        self.__dict__["_runs"] = {}  # (the plans kept with the old qweight let it go)
         if qweight_only:
             self.weight = None
             self.weight_grad = None
@@ -328,6 +329,7 @@ class BieLayer(nn.Module):
         self._scale_ready = False
         self._qweight_key = None
         self._q8_scale_key = None
+        self.__dict__["_runs"] = {}
         if self.qweight is not None and self.weight is not None:
             self._qweight_key = self._weight_key()  # checkpointed together: consistent
 

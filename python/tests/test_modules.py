@@ -55,7 +55,8 @@ def test_eval_packed_equals_training(device, cls):
 @pytest.mark.parametrize("cls", LINEARS + CONVS)
 def test_eval_calls_follow_changes(device, cls):
     """Repeated inference calls (a plan the module keeps per input and operands) follow a weight, a
-    scale_a and a bias_a changed in place, another batch size and a dtype conversion of the module."""
+    scale_a and a bias_a changed in place, another batch size and a dtype conversion of the module;
+    a repacked weight lets the plans kept with the old one go."""
     m, x = make(cls, device)
     x = x.reshape(-1, x.shape[-1]) if cls in LINEARS else x  # (2-D rows: the linear's kept plans)
 
@@ -86,6 +87,8 @@ def test_eval_calls_follow_changes(device, cls):
         got, want = both(m, x)
         again, _ = both(m, x)
         assert torch.equal(got, want) and torch.equal(again, want), f"{cls.__name__} after {change}"
+        if change == "weight":  # (a new qweight: the plans kept with the old one are let go)
+            assert len(m._runs) == 1, f"{cls.__name__}: {len(m._runs)} kept plans"
 
 
 @pytest.mark.parametrize("cls", LINEARS + CONVS)
