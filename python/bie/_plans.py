@@ -70,6 +70,34 @@ class Plan:
             ctx.check(self.name, status)
 
 
+class Kept:
+    """The plans a module keeps for its calls, by what a call's own tensors are: their metadata and
+    the identity of its operands, which each entry keeps alive so that their ids stay theirs. At most
+    _MAX_KEPT, and only those made with the module's current weight: a repacked weight is a new
+    tensor, and the first call with it lets the plans kept with the old one (and so the old weight)
+    go."""
+
+    __slots__ = ("runs", "weight")
+
+    def __init__(self):
+        self.runs, self.weight = {}, None
+
+    def __len__(self):
+        return len(self.runs)
+
+    def get(self, key):
+        """What keep() stored for key, or None."""
+        e = self.runs.get(key)
+        return None if e is None else e[0]
+
+    def keep(self, key, value, weight, operands):
+        """Stores value for key, made with weight and the other operand tensors `operands`."""
+        if weight is not self.weight or len(self.runs) >= _MAX_KEPT:
+            self.runs, self.weight = {}, weight
+        self.runs[key] = (value, operands)
+
+
+_MAX_KEPT = 64
 _tls = threading.local()
 
 

@@ -35,6 +35,7 @@ import torch.fx as fx
 import torch.nn as nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from . import _plans
 from . import functional as F
 from .autograd import ClampedBinaryConv2dForward, _exact_in, clamp_saves_bits
 from .layers import BieLayer, BinaryConv2d, _Conv2d
@@ -114,7 +115,7 @@ class FusedConv2d(nn.Module):
         # the conv's geometry as conv2d_forward takes it, and bits shapes by input shape
         self._geo = conv._geometry() + (conv.pad_value if isinstance(conv, BinaryConv2d) else F.PAD_ZERO,)
         self._bits_shapes = {}
-        self._runs = {}  # the plans of earlier calls, by what a call's own tensors are (forward())
+        self._runs = _plans.Kept()  # the plans of earlier calls (forward())
         self._hot = None  # what every inference call reads, as plain references (_hot_state())
         self._fold()
 
@@ -137,13 +138,13 @@ class FusedConv2d(nn.Module):
         src = self.res_bias_from
         self.res_bias = None if src is None else _bn_affine(src.bn, src.conv.bias, o, dev)[1]
         self.out_add_res = None if src is None else (add + self.res_bias).contiguous()
-        self._runs = {}
+        self._runs = _plans.Kept()
         self._hot = None
 
     def _apply(self, fn, *args, **kwargs):
         # (.to(), .cuda(), .half() replace the buffers: the plans and references made for the old ones go)
         out = super()._apply(fn, *args, **kwargs)
-        self._runs, self._hot = {}, None
+        self._runs, self._hot = _plans.Kept(), None
         return out
 
     def _hot_state(self):
@@ -227,7 +228,7 @@ class FusedConv2d(nn.Module):
                None if residual is None else (residual.shape, residual.stride(), residual.get_device()), xc)
         run = self._runs.get(key)
         if run is not None:  # a call like an earlier one: its plan, without rebuilding the plan's key
-            plan, bits_shape = run[0], run[1]
+            plan, bits_shape = run
             shape, ydt, fmt = plan.out
             y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
             bits = None if bb is None else torch.empty(bits_shape, dtype=torch.uint8, device=x.device)
@@ -244,12 +245,8 @@ class FusedConv2d(nn.Module):
             else:
                 y, plan = F._conv2d_forward_planned(conv.quant, src, w, sa, sw, None, *self._geo, x.dtype,
                                                     conv.in_channels, mul, add, residual, bits, bb)
-            if plan is not None:  # (kept with the operands it was made for, so that their ids stay theirs)
-                if len(self._runs) >= 64:
-                    self._runs.clear()
-                # (plans kept with an earlier weight, which a repacked one replaced, let it go)
-                self._runs = {k: r for k, r in self._runs.items() if r[2][0] is w}
-                self._runs[key] = (plan, None if bits is None else tuple(bits.shape), (w, sa, sw, ba))
+            if plan is not None:
+                self._runs.keep(key, (plan, None if bits is None else tuple(bits.shape)), w, (sa, sw, ba))
         if bits is not None:
             y._bie_bits = (self.bits_for, bits)
         return y

@@ -25,6 +25,7 @@ import math
 import torch
 import torch.nn as nn
 
+from . import _plans
 from . import functional as F
 from .autograd import (BinaryConv2dForward, BinaryLinearForward, Q4Conv2dForward, Q4LinearForward,
                        Q8Conv2dForward, Q8LinearForward)
@@ -111,7 +112,7 @@ class BieLayer(nn.Module):
             self.register_parameter("bias", None)
         self._scale_ready = False
         self._qweight_key = None
-        self._runs = {}  # the inference calls' plans (_infer)
+        self._runs = _plans.Kept()  # the inference calls' plans (_infer)
 
     def reset_parameters(self):
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
@@ -168,7 +169,6 @@ class BieLayer(nn.Module):
             qw = F.pack_weight(self.quant, w, self.scale_w)
         self.qweight = qw
         self._qweight_key = self._weight_key()
-        self.__dict__["_runs"] = {}  # (the plans kept with the old qweight let it go)
         if qweight_only:
             self.weight = None
             self.weight_grad = None
@@ -253,10 +253,9 @@ class BieLayer(nn.Module):
                id(ba), ba.dtype)
         runs = self.__dict__.get("_runs")
         if runs is None:  # (a layer unpickled from an older version)
-            runs = self.__dict__["_runs"] = {}
-        run = runs.get(key)
-        if run is not None:
-            plan = run[0]
+            runs = self.__dict__["_runs"] = _plans.Kept()
+        plan = runs.get(key)
+        if plan is not None:
             if conv:
                 shape, ydt, fmt = plan.out
                 y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
@@ -271,16 +270,14 @@ class BieLayer(nn.Module):
                                                 None, None, None)
         else:
             y, plan = F._linear_forward_planned(self.quant, x, w, sa, sw, ba)
-        if plan is not None:  # (kept with the operands it was made for, so that their ids stay theirs)
-            if len(runs) >= 64:
-                runs.clear()
-            runs[key] = (plan, (w, sa, sw, ba))
+        if plan is not None:
+            runs.keep(key, plan, w, (sa, sw, ba))
         return y
 
     def _apply(self, fn, *args, **kwargs):
         # (.to(), .cuda(), .half() replace the tensors: the plans kept for the old ones go)
         out = super()._apply(fn, *args, **kwargs)
-        self.__dict__["_runs"] = {}
+        self.__dict__["_runs"] = _plans.Kept()
         return out
 
     def _output(self, y):
@@ -329,7 +326,6 @@ class BieLayer(nn.Module):
         self._scale_ready = False
         self._qweight_key = None
         self._q8_scale_key = None
-        self.__dict__["_runs"] = {}
         if self.qweight is not None and self.weight is not None:
             self._qweight_key = self._weight_key()  # checkpointed together: consistent
 
