@@ -256,11 +256,71 @@ __global__ void __launch_bounds__(256, 3)
     for (int i = 0; i < 8; i++)
         b[i] = bias.data && c0 + i < C ? ld_float(bias.data, bias.dtype, (c0 + i) * bias.stride[3]) : 0.0f;
     double csum[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc = 0.0;
-    if (c0 < C)
+    const bool full = c0 + 8 <= C;
+    // Row r's STE from its dCol values dv and its saved bits (sign, pass, gate) or x values xv:
+    // the sums, then grad_x.
+    auto row = [&](int64_t r, const float * dv, const float * xv, uint32_t sign, uint32_t pass, uint32_t gate) {
+        float gv[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            // as ste_pass: the tap sum starts from 0.0f, x' adds the bias in f32
+            const float gxi = __fmul_rn(__fadd_rn(0.0f, dv[i]), s_w);
+            if constexpr (is_sbits<T>) {
+                // (the term is +-gv: one conversion to double serves both sums)
+                gv[i] = (pass >> i) & 1u ? gxi : 0.0f;
+                const double d = (double)gv[i];
+                if (c0 + i < C) {
+                    csum[i] += d;
+                    acc += (sign >> i) & 1u ? d : -d;
+                }
+            } else {
+                float term;
+                const float xp = bias.data ? __fadd_rn(xv[i], b[i]) : xv[i];
+                ste_elem(xp, gxi, quant, s_a, lo, hi, &gv[i], &term);
+                if (c0 + i < C) {
+                    csum[i] += (double)gv[i];
+                    acc += (double)term;
+                }
+            }
+        }
+        if (!write_gx) return;
+#pragma unroll
+        for (int i = 0; i < 8; i++) gv[i] = (gate >> i) & 1u ? gv[i] : 0.0f; // grad_x_mask, after the sums
+        const int64_t go = r * gx_out.stride[0] + c0 * gx_out.stride[1];
+        if (full && gx_out.stride[1] == 1 && vec8_ok(gx_out.data, gx_out.dtype, go))
+            store8(gx_out.data, gx_out.dtype, go, gv);
+        else
+            for (int i = 0; i < 8 && c0 + i < C; i++)
+                st_float(gx_out.data, gx_out.dtype, go + i * gx_out.stride[1], gv[i]);
+    };
+    const bool pipelined = is_sbits<T> && full && (C * sizeof(D)) % 16 == 0 && (uintptr_t)dcol % 16 == 0;
+    if (c0 < C && pipelined) {
+        // saved bits over whole 16-byte vectors of dCol: the next row's loads are issued before this
+        // row is worked, so that each thread has two rows' bytes in flight
+        raw8<D> nd;
+        uint32_t ns = 0, np = 0, ng = 0xFFu;
+        auto fetch = [&](int64_t r) {
+            nd = raw8_load<D>(dcol + r * C + c0);
+            if constexpr (is_sbits<T>) {
+                ns = ((const uint8_t *)x.data)[r * (x.stride[0] / 8) + c0 / 8];
+                np = ((const uint8_t *)xm.data)[r * (xm.stride[0] / 8) + c0 / 8];
+                if (gm.data) ng = ((const uint8_t *)gm.data)[r * (gm.stride[0] / 8) + c0 / 8];
+            }
+        };
+        int64_t r = r0 + threadIdx.y;
+        if (r < r1) fetch(r);
+        for (; r < r1; r += blockDim.y) {
+            const raw8<D> cd = nd;
+            const uint32_t cs = ns, cp = np, cg = ng;
+            if (r + blockDim.y < r1) fetch(r + blockDim.y);
+            float dv[8];
+            raw8_floats<D>(cd, dv);
+            row(r, dv, NULL, cs, cp, cg);
+        }
+    } else if (c0 < C)
         for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
             const D * dr = dcol + r * C;
-            const bool full = c0 + 8 <= C;
-            float xv[8], dv[8], gv[8];
+            float xv[8], dv[8];
             uint32_t sign = 0, pass = 0, gate = 0xFFu; // saved bits
             if constexpr (is_sbits<T>) {
                 sign = ((const uint8_t *)x.data)[r * (x.stride[0] / 8) + c0 / 8];
@@ -275,31 +335,7 @@ __global__ void __launch_bounds__(256, 3)
             if (full && ((uintptr_t)(dr + c0) % 16) == 0) load8<D>(dr + c0, dv);
             else
                 for (int i = 0; i < 8; i++) dv[i] = c0 + i < C ? to_f32(dr[c0 + i]) : 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                // as ste_pass: the tap sum starts from 0.0f, x' adds the bias in f32
-                const float gxi = __fmul_rn(__fadd_rn(0.0f, dv[i]), s_w);
-                float term;
-                if constexpr (is_sbits<T>) {
-                    ste_elem_binary((sign >> i) & 1u, (pass >> i) & 1u, gxi, &gv[i], &term);
-                } else {
-                    const float xp = bias.data ? __fadd_rn(xv[i], b[i]) : xv[i];
-                    ste_elem(xp, gxi, quant, s_a, lo, hi, &gv[i], &term);
-                }
-                if (c0 + i < C) {
-                    csum[i] += (double)gv[i];
-                    acc += (double)term;
-                }
-            }
-            if (!write_gx) continue;
-#pragma unroll
-            for (int i = 0; i < 8; i++) gv[i] = (gate >> i) & 1u ? gv[i] : 0.0f; // grad_x_mask, after the sums
-            const int64_t go = r * gx_out.stride[0] + c0 * gx_out.stride[1];
-            if (full && gx_out.stride[1] == 1 && vec8_ok(gx_out.data, gx_out.dtype, go))
-                store8(gx_out.data, gx_out.dtype, go, gv);
-            else
-                for (int i = 0; i < 8 && c0 + i < C; i++)
-                    st_float(gx_out.data, gx_out.dtype, go + i * gx_out.stride[1], gv[i]);
+            row(r, dv, xv, sign, pass, gate);
         }
     if (colpart) { // column sums over the block's rows of threads, in a fixed order
         __shared__ double cs[256 * 8];
@@ -329,8 +365,18 @@ __global__ void finish_pass(const double * colpart, int64_t rows, int64_t C, str
     __shared__ double part[32][33];
     const int64_t c = (int64_t)blockIdx.x * 32 + threadIdx.x;
     double t = 0.0;
-    if (c < C)
-        for (int64_t r = threadIdx.y; r < rows; r += blockDim.y) t += colpart[r * C + c];
+    if (c < C) { // (the rows' loads 8 at a time in flight, added in the same order)
+        const int64_t step = blockDim.y;
+        int64_t r = threadIdx.y;
+        for (; r + 7 * step < rows; r += 8 * step) {
+            double v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = colpart[(r + u * step) * C + c];
+#pragma unroll
+            for (int u = 0; u < 8; u++) t += v[u];
+        }
+        for (; r < rows; r += step) t += colpart[r * C + c];
+    }
     part[threadIdx.y][threadIdx.x] = t;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
@@ -340,6 +386,13 @@ __global__ void finish_pass(const double * colpart, int64_t rows, int64_t C, str
     }
 }
 
+// ste_rows' blocks: 256 threads of 8 features each, as many across as a row of C needs (up to 32).
+int rows_tx(int64_t C) {
+    int tx = 1;
+    while (tx < 32 && tx * 8 < C) tx *= 2;
+    return tx;
+}
+
 // The launches for x's element type T (sbits: saved bits) and dCol's D.
 template <typename T, typename D>
 void launch_pass(const ste_pass_job & j, cudaStream_t s, int64_t slab, int64_t slabs, unsigned tiles_grid,
@@ -347,9 +400,7 @@ void launch_pass(const ste_pass_job & j, cudaStream_t s, int64_t slab, int64_t s
     const int q = j.quant, wgx = j.gx.data != NULL;
     const D * dcol = (const D *)j.dcol;
     if (j.rows) {
-        // blocks of 256 threads, 8 features each: as many threads across as a row needs (up to 32)
-        int tx = 1;
-        while (tx < 32 && tx * 8 < j.g.C) tx *= 2;
+        const int tx = rows_tx(j.g.C);
         const dim3 grid((unsigned)((j.g.C + tx * 8 - 1) / (tx * 8)), (unsigned)slabs), block(tx, 256 / tx);
         ste_rows<T, D><<<grid, block, 0, s>>>(j.x, j.xm, j.gm, j.bias, j.g.batch, j.g.C, slab, q, j.sa, j.sw, dcol,
                                               j.gx, wgx, colpart, sum);
@@ -374,11 +425,14 @@ struct pass_split {
 };
 pass_split split_of(const ste_pass_job & j) {
     pass_split p;
-    // slabs of at least 64 rows, at most 1024 of them: enough blocks to fill the GPU, and few rows of
-    // partial sums for finish_pass to add
-    const int64_t M = j.g.batch;
+    // slabs of 64 rows, at most 1024 of them (few rows of partial sums for finish_pass to add), or
+    // of fewer rows (a block's rows of threads at least) where slabs of 64 would leave fewer than
+    // 1024 blocks to fill the GPU
+    const int64_t M = j.g.batch, tx = rows_tx(j.g.C), xblocks = (j.g.C + tx * 8 - 1) / (tx * 8);
     p.slab = 64;
     if ((M + p.slab - 1) / p.slab > 1024) p.slab = ((M + 1023) / 1024 + 7) / 8 * 8;
+    else if ((M + p.slab - 1) / p.slab * xblocks < 1024)
+        p.slab = std::min<int64_t>(64, std::max<int64_t>(256 / tx, ((M * xblocks + 1023) / 1024 + 7) / 8 * 8));
     p.slabs = (M + p.slab - 1) / p.slab;
     p.ctiles = (j.g.C + 31) / 32;
     const int64_t ptiles = (j.xnumel / j.g.C + 31) / 32;
