@@ -159,7 +159,7 @@ __device__ __forceinline__ void chunk_store(const float * q, unsigned stop, int6
     else
         for (int i = 0; i < 8 && k0 + i < K; i++) st_dense(out, gdt, o + i, q[i]);
 }
-// Rows of fewer than 256 elements: a thread per chunk (five blocks a multiprocessor: at six, with
+// Rows of fewer than 256 elements, or few rows: a thread per chunk (five blocks a multiprocessor: at six, with
 // 40 registers, it spills).
 template <bool MASK, typename T>
 __global__ void __launch_bounds__(256, 5)
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(256, 5)
         chunk_store<MASK>(q, stop, r, k0, K, gdt, out, gx, gx_ld);
     }
 }
-// Rows of 256 elements or more: a warp per row, each lane with 64 bytes of loads in flight (4
+// Many rows of 256 elements or more: a warp per row, each lane with 64 bytes of loads in flight (4
 // chunks of f16/bf16, 2 of f32) before its first store, no division, and whole chunks without
 // bounds tests: on such rows the thread-per-chunk kernel above is bound by instruction issue, not
 // by memory. Over saved bits
@@ -240,13 +240,46 @@ __global__ void __launch_bounds__(256, 4)
         }
     }
 }
+// Saved sign bits in dense rows (K % 8 == 0, rows K bits apart) to their +-1 codes in a dense
+// [rows][K] of gdt, without a mask: a flat map, a byte of bits (8 codes, one 16-byte or two
+// 16-byte stores) per thread and step, the codes' bits made from the sign bits directly. ONE: 1.0's
+// bit pattern in the code type (a sign bit set gives -1.0).
+template <typename O, uint32_t ONE> __global__ void bit_codes_flat(const uint8_t * bits, int64_t nbytes, O * out) {
+    constexpr int H = sizeof(O) == 2 ? 16 : 32; // a code's bits (a 32-bit word holds 32 / H codes)
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nbytes; i += (int64_t)gridDim.x * blockDim.x) {
+        const uint32_t neg = ~(uint32_t)bits[i]; // bit e set: code e is -1
+        uint32_t w[8 * H / 32];
+#pragma unroll
+        for (int j = 0; j < 8 * H / 32; j++) {
+            w[j] = H == 16 ? (ONE | ONE << 16) | ((neg >> (2 * j)) & 1u) << 15 | ((neg >> (2 * j + 1)) & 1u) << 31
+                           : ONE | ((neg >> j) & 1u) << 31;
+        }
+        uint4 * o = (uint4 *)(out + 8 * i);
+#pragma unroll
+        for (int q = 0; q < 8 * H / 128; q++) o[q] = make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
+    }
+}
+// bit_codes_flat for gdt (F16, BF16, F32; else false, nothing queued), out 16-byte aligned.
+bool launch_bit_codes_flat(cudaStream_t stream, const uint8_t * bits, int64_t nbytes, int gdt, void * out) {
+    if ((uintptr_t)out % 16 != 0) return false;
+    const unsigned grid = grid_for(nbytes, 256);
+    if (gdt == BIE_DTYPE_F16) bit_codes_flat<__half, 0x3C00u><<<grid, 256, 0, stream>>>(bits, nbytes, (__half *)out);
+    else if (gdt == BIE_DTYPE_BF16)
+        bit_codes_flat<__nv_bfloat16, 0x3F80u><<<grid, 256, 0, stream>>>(bits, nbytes, (__nv_bfloat16 *)out);
+    else if (gdt == BIE_DTYPE_F32)
+        bit_codes_flat<float, 0x3F800000u><<<grid, 256, 0, stream>>>(bits, nbytes, (float *)out);
+    else return false;
+    return true;
+}
 // The pass with or without the mask, as two instances (the mask's code in a kernel that has no
 // mask to apply would cost it registers, and time). Saved bits: row strides in bytes.
 template <typename T>
 void launch_codes(cudaStream_t stream, const struct dview & t, const struct dview & pass, int64_t rows, int64_t K,
                   const struct dview & bias, int quant, struct dscale sc, int gdt, void * out, void * gx,
                   int64_t gx_ld) {
-    const bool warp = K >= 256;
+    // (a warp per row only where the rows give the GPU enough warps: on a weight's few hundred rows
+    // the warps each wait for their row's loads in turn)
+    const bool warp = K >= 256 && rows >= 8192;
     auto kern = warp ? (gx ? codes_rows_warp<true, T> : codes_rows_warp<false, T>)
                      : (gx ? codes_rows<true, T> : codes_rows<false, T>);
     const unsigned grid = grid_for(warp ? rows * 32 : rows * ((K + 7) / 8), 256);
@@ -255,20 +288,21 @@ void launch_codes(cudaStream_t stream, const struct dview & t, const struct dvie
     kern<<<grid, 256, 0, stream>>>((const T *)t.data, t.dtype, ld, rows, K, bias, quant, sc, gdt, out, gx, gx_ld, pp,
                                    pp ? pass.stride[0] / 8 : 0);
 }
-// The same for a 1x1 kernel (k = c) whose grad_W has contiguous features: 8 per thread, 16-byte
-// loads and stores where aligned.
-__global__ void scale_rows(const float * R, int64_t O, int64_t K, struct dscale sa, struct dview gw) {
+// grad_W[o, k] = scale_a * R[o][k] where grad_W's features are R's order (a 1x1 kernel, k = c, or
+// an OHWI grad_W, k = (i*kw + j)*C + c, each row contiguous): 8 per thread, 16-byte loads and
+// stores where aligned.
+template <typename D> __global__ void scale_rows(const D * R, int64_t O, int64_t K, struct dscale sa, struct dview gw) {
     const float s = ld_scale(sa);
     const int64_t chunks = (K + 7) / 8;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < O * chunks;
          e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t o = qdiv(e, chunks), k0 = (e - o * chunks) * 8;
-        const float * src = R + o * K;
+        const D * src = R + o * K;
         float v[8];
         const bool full = k0 + 8 <= K;
-        if (full && vec8_ok(src, BIE_DTYPE_F32, k0)) load8<float>(src + k0, v);
+        if (full && ((uintptr_t)(src + k0) % 16) == 0) load8<D>(src + k0, v);
         else
-            for (int i = 0; i < 8; i++) v[i] = k0 + i < K ? src[k0 + i] : 0.0f;
+            for (int i = 0; i < 8; i++) v[i] = k0 + i < K ? to_f32(src[k0 + i]) : 0.0f;
         for (int i = 0; i < 8; i++) v[i] = __fmul_rn(v[i], s);
         const int64_t go = o * gw.stride[0] + k0;
         if (full && vec8_ok(gw.data, gw.dtype, go)) store8(gw.data, gw.dtype, go, v);
@@ -276,13 +310,40 @@ __global__ void scale_rows(const float * R, int64_t O, int64_t K, struct dscale 
             for (int i = 0; i < 8 && k0 + i < K; i++) st_float(gw.data, gw.dtype, go + i, v[i]);
     }
 }
-// grad_W[o,c,i,j] = scale_a * R[o][(i*kw+j)*C + c].
+// grad_W[o,c,i,j] = scale_a * R[o][(i*kw+j)*C + c], any strides: a thread per (o, c) and its taps,
+// each read from a row of R that the warp's consecutive channels read together.
 template <typename D> __global__ void scatter_grad_w(const D * R, struct dgeom g, struct dscale sa, struct dview gw) {
     const float s = ld_scale(sa);
-    const int64_t total = g.O * g.K;
+    const int64_t total = g.O * g.C;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < total; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t o = qdiv(e, g.K), k = e - o * g.K, tap = qdiv(k, g.C), c = k - tap * g.C;
-        st_float(gw.data, gw.dtype, dview_off4(gw, o, c, tap / g.kw, tap % g.kw), __fmul_rn(to_f32(R[e]), s));
+        const int64_t o = qdiv(e, g.C), c = e - o * g.C;
+        const D * src = R + o * g.K + c;
+        const int64_t base = o * gw.stride[0] + c * gw.stride[1];
+        for (int i = 0; i < g.kh; i++)
+            for (int j = 0; j < g.kw; j++)
+                st_float(gw.data, gw.dtype, base + i * gw.stride[2] + j * gw.stride[3],
+                         __fmul_rn(to_f32(src[(int64_t)(i * g.kw + j) * g.C]), s));
+    }
+}
+// grad_W[o,c,i,j] = scale_a * R[o][(i*kw+j)*C + c] into a dense OIHW grad_W (each o's [C][taps]
+// contiguous): per o, R's [taps][C] transposed through shared memory, a block per (o, 64
+// channels) reading its taps' rows of R and writing its channels' taps as one contiguous run.
+template <typename D>
+__global__ void transpose_grad_w(const D * R, int64_t C, int taps, struct dscale sa, struct dview gw) {
+    extern __shared__ float tile[]; // [taps][65] (65: a warp's reads of a column spread over the banks)
+    const float s = ld_scale(sa);
+    const int64_t o = blockIdx.y, c0 = (int64_t)blockIdx.x * 64;
+    const int nc = C - c0 < 64 ? (int)(C - c0) : 64;
+    const D * src = R + o * taps * C + c0;
+    for (int q = threadIdx.x; q < taps * 64; q += blockDim.x) {
+        const int t = q / 64, c = q % 64;
+        if (c < nc) tile[t * 65 + c] = __fmul_rn(to_f32(src[(int64_t)t * C + c]), s);
+    }
+    __syncthreads();
+    const int64_t base = o * gw.stride[0] + c0 * taps;
+    for (int q = threadIdx.x; q < nc * taps; q += blockDim.x) {
+        const int c = q / taps, t = q - c * taps;
+        st_float(gw.data, gw.dtype, base + q, tile[t * 65 + c]);
     }
 }
 // The bit pattern of v as an element of dtype dt (F32, F16 or BF16; v = 0 or +-1, exact in all).
@@ -571,9 +632,7 @@ enum bie_status bwd_grad_w(bie_context_t * ctx, const struct bie_layer_call * c,
                     r.gw_direct ? u.gw_dst : f32_dst(ws + r.off[B_R], K), r.ct, "grad_weight"));
     if (r.gw_direct) return BIE_STATUS_OK;
     const struct dview & gwo = r.gwo;
-    if (g.kh == 1 && g.kw == 1 && (g.C == 1 || gwo.stride[1] == 1) && bie_dtype_is_float((enum bie_dtype)gwo.dtype))
-        scale_rows<<<grid_for(O * ((K + 7) / 8), 256), 256, 0, s>>>((const float *)(ws + r.off[B_R]), O, K, u.sa, gwo);
-    else scatter_grad_w<float><<<grid_for(O * K, 256), 256, 0, s>>>((const float *)(ws + r.off[B_R]), g, u.sa, gwo);
+    launch_scatter_grad_w(s, BIE_DTYPE_F32, ws + r.off[B_R], g, u.sa, gwo);
     LAUNCHED(ctx, "scatter grad_weight");
     return BIE_STATUS_OK;
 }
@@ -597,9 +656,12 @@ bool launch_codes_rows(const struct dview & t, const struct dview & pass, bool r
         launch_codes<__half>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
     else if (t.dtype == BIE_DTYPE_BF16)
         launch_codes<__nv_bfloat16>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
-    else if (t.dtype == BIE_DTYPE_B1)
-        launch_codes<sbits>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
-    else return false;
+    else if (t.dtype == BIE_DTYPE_B1) {
+        // (saved bits without a mask in dense rows: one flat map)
+        const bool flat = !gx && out && K % 8 == 0 && (rows == 1 || t.stride[0] == K);
+        if (!(flat && launch_bit_codes_flat(stream, (const uint8_t *)t.data, rows * K / 8, gdt, out)))
+            launch_codes<sbits>(stream, t, pass, rows, K, bias, quant, sc, gdt, out, gx, gx_ld);
+    } else return false;
     return true;
 }
 struct dview bias_none() {
@@ -613,13 +675,26 @@ void launch_weight_codes(cudaStream_t s, const struct dview & w, const struct dg
     weight_codes<<<grid_for(g.O * g.K, 256), 256, 0, s>>>(w, g, quant, sw, gdt, tap_major, Wc);
 }
 
+template <typename D>
+void launch_grad_w(cudaStream_t s, const D * R, const struct dgeom & g, struct dscale sa, const struct dview & gw) {
+    const int taps = g.kh * g.kw;
+    // grad_W in R's own order (OHWI, rows contiguous), or dense OIHW
+    const bool rows = (g.C == 1 || gw.stride[1] == 1) && (g.kw == 1 || gw.stride[3] == g.C) &&
+                      (g.kh == 1 || gw.stride[2] == g.kw * g.C);
+    const bool oihw = (g.C == 1 || gw.stride[1] == taps) && (g.kh == 1 || gw.stride[2] == g.kw) &&
+                      (g.kw == 1 || gw.stride[3] == 1) && taps <= 64 && g.O <= 65535;
+    if (rows) scale_rows<D><<<grid_for(g.O * ((g.K + 7) / 8), 256), 256, 0, s>>>(R, g.O, g.K, sa, gw);
+    else if (oihw)
+        transpose_grad_w<D>
+            <<<dim3((unsigned)((g.C + 63) / 64), (unsigned)g.O), 256, (size_t)taps * 65 * sizeof(float), s>>>(
+                R, g.C, taps, sa, gw);
+    else scatter_grad_w<D><<<grid_for(g.O * g.C, 256), 256, 0, s>>>(R, g, sa, gw);
+}
 void launch_scatter_grad_w(cudaStream_t s, int dt, const void * R, const struct dgeom & g, struct dscale sa,
                            const struct dview & gw) {
-    if (dt == BIE_DTYPE_F16)
-        scatter_grad_w<__half><<<grid_for(g.O * g.K, 256), 256, 0, s>>>((const __half *)R, g, sa, gw);
-    else if (dt == BIE_DTYPE_BF16)
-        scatter_grad_w<__nv_bfloat16><<<grid_for(g.O * g.K, 256), 256, 0, s>>>((const __nv_bfloat16 *)R, g, sa, gw);
-    else scatter_grad_w<float><<<grid_for(g.O * g.K, 256), 256, 0, s>>>((const float *)R, g, sa, gw);
+    if (dt == BIE_DTYPE_F16) launch_grad_w(s, (const __half *)R, g, sa, gw);
+    else if (dt == BIE_DTYPE_BF16) launch_grad_w(s, (const __nv_bfloat16 *)R, g, sa, gw);
+    else launch_grad_w(s, (const float *)R, g, sa, gw);
 }
 
 extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {

@@ -21,7 +21,8 @@ struct dview bias_none();
 // Queues weight_codes: Wc[o][k] = weight code at (o, c, i, j) (tap_major: Wc[t][o][c]).
 void launch_weight_codes(cudaStream_t s, const struct dview & w, const struct dgeom & g, int quant, struct dscale sw,
                          int gdt, int tap_major, void * Wc);
-// Queues scatter_grad_w: grad_W[o, c, i, j] = scale_a * R[o][(i*kw + j)*C + c], R of dtype dt.
+// Queues grad_W[o, c, i, j] = scale_a * R[o][(i*kw + j)*C + c], R of dtype dt (dense [O][K]): row by
+// row where grad_W is OHWI with contiguous rows, by a transpose where it is dense OIHW, else a scatter.
 void launch_scatter_grad_w(cudaStream_t s, int dt, const void * R, const struct dgeom & g, struct dscale sa,
                            const struct dview & gw);
 

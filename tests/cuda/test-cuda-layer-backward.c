@@ -148,7 +148,14 @@ static void test_backward(struct lcase * c, int saved, int in_place) {
     }
     gx_c = gx_r;
     gx_c.data = malloc(tensor_span(&gx_r) + 64);
-    struct bie_tensor gw_r = test_tensor(gwdt, o.w.ndim, o.w.shape, NULL), gw_c = gw_r;
+    // a conv's grad_weight in any layout (OIHW, OHWI: rows in the GEMM's own order, strided)
+    const int gw_kind = c->conv ? (int)test_rand_int(0, 2) : 0;
+    struct bie_tensor gw_r = c->conv ? make4(gwdt, o.w.shape, gw_kind) : test_tensor(gwdt, o.w.ndim, o.w.shape, NULL),
+                      gw_c = gw_r;
+    if (c->conv) {
+        const size_t n = strlen(c->text);
+        snprintf(c->text + n, sizeof c->text - n, " grad_weight layout %d", gw_kind);
+    }
     gw_c.data = malloc(tensor_span(&gw_r) + 64);
     const int64_t bs[1] = {c->C};
     struct bie_tensor gb_r = test_tensor(gbdt, 1, bs, NULL), gb_c = gb_r;
@@ -359,11 +366,12 @@ int main(int argc, char ** argv) {
         while (c.conv);
         test_backward(&c, 1, 0);
     }
-    for (int i = 0; i < (cuda_test_quick() ? 1 : 4); i++) { // wide rows: the warp-per-row passes
+    for (int i = 0; i < (cuda_test_quick() ? 2 : 4); i++) { // wide rows, and (many of them) the warp-per-row passes
         struct lcase c;
         do random_case(&c, 0);
         while (c.conv);
-        c.C = c.ld.in_features = c.cd.in_channels = test_rand_int(256, 2600);
+        c.C = c.ld.in_features = c.cd.in_channels = test_rand_int(256, i % 2 ? 600 : 2600);
+        if (i % 2) c.batch = test_rand_int(8192, 8500), c.lead2 = 0;
         test_backward(&c, 1, 0);
     }
     for (int i = 0; i < (cuda_test_quick() ? 2 : 6); i++) { // grad_x masked in place, by whole 16-byte chunks
