@@ -44,28 +44,35 @@ __global__ void ste_codes(pack_src p, int64_t n, float t, int8_t * bits, int8_t 
 
 // bie_binarize_ste_clamped on dense rows (x [M, K] rows K apart, K % 8 == 0, 16-byte aligned; each
 // output's bytes dense in the same order): a thread per 8 elements reads them once and writes one
-// byte of each output, with ste_codes' arithmetic.
+// byte of each output, with ste_codes' arithmetic. BIN_S: ste_division_free(BINARY, scale_a), the
+// STE test without a division (ste_clamped8 takes the loop of its scale as a whole, so that no
+// element computes the quotient where none is needed).
+template <typename T, bool BIN_S>
+__device__ __forceinline__ void ste_clamped8_loop(const T * x, int64_t n8, int64_t K, const struct dview & bias,
+                                                  float s, float t, uint8_t * bits, uint8_t * mask, uint8_t * cmask) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
+        float a[8], bv[8], v[8];
+        load8<T>(x + 8 * i, a);
+        if (bias.data) bias8(bias, qmod(8 * i, K), bv);
+        uint32_t b = 0, c = 0;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            v[e] = clamp_in(a[e], t);
+            if (bias.data) v[e] = __fadd_rn(v[e], bv[e]);
+            b |= (v[e] >= 0.0f ? 1u : 0u) << e;
+            c |= (fabsf(a[e]) < t ? 1u : 0u) << e;
+        }
+        if (bits) bits[i] = (uint8_t)b;
+        if (mask) mask[i] = (uint8_t)ste_pass_bits8(v, s, BIN_S);
+        if (cmask) cmask[i] = (uint8_t)c;
+    }
+}
 template <typename T>
 __global__ void ste_clamped8(const T * x, int64_t n8, int64_t K, struct dview bias, struct dscale sa, float t,
                              uint8_t * bits, uint8_t * mask, uint8_t * cmask) {
     const float s = ld_scale(sa);
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n8; i += (int64_t)gridDim.x * blockDim.x) {
-        float a[8], bv[8];
-        load8<T>(x + 8 * i, a);
-        if (bias.data) bias8(bias, qmod(8 * i, K), bv);
-        uint32_t b = 0, m = 0, c = 0;
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            float v = clamp_in(a[e], t);
-            if (bias.data) v = __fadd_rn(v, bv[e]);
-            b |= (v >= 0.0f ? 1u : 0u) << e;
-            m |= (ste_passes(v, s, BIE_QUANT_BINARY, 0, 0) ? 1u : 0u) << e;
-            c |= (fabsf(a[e]) < t ? 1u : 0u) << e;
-        }
-        if (bits) bits[i] = (uint8_t)b;
-        if (mask) mask[i] = (uint8_t)m;
-        if (cmask) cmask[i] = (uint8_t)c;
-    }
+    if (ste_division_free(BIE_QUANT_BINARY, s)) ste_clamped8_loop<T, true>(x, n8, K, bias, s, t, bits, mask, cmask);
+    else ste_clamped8_loop<T, false>(x, n8, K, bias, s, t, bits, mask, cmask);
 }
 
 // Whether a B1 [M, K, 1, 1] view has rows that start on whole bytes, with contiguous bits.
