@@ -404,7 +404,11 @@ def _grad_outputs(x_shape, x_dtype, device, weight, shape_w, scale_a, bias_a, ne
     gx = torch.empty(x_shape, dtype=x_dtype, device=device, memory_format=x_format) if needs[0] else None
     if needs[1]:
         gdt = grad_weight_dtype or (weight.dtype if weight.dtype in _FLOATS else torch.float32)
-        gw = torch.empty(tuple(shape_w), dtype=gdt, device=device)
+        # a float conv weight's own layout (a channels-last weight: OHWI, which libbie writes row by
+        # row, and which the weight's .grad keeps, with no copy to that layout after)
+        same = weight.dim() == 4 and tuple(weight.shape) == tuple(shape_w) and weight.dtype in _FLOATS
+        gw = torch.empty(tuple(shape_w), dtype=gdt, device=device,
+                         memory_format=_like_memory_format(weight) if same else torch.contiguous_format)
     else:
         gw = None
     gs = torch.empty_like(scale_a, dtype=scale_a.dtype) if needs[2] else None
