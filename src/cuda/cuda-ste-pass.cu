@@ -293,11 +293,16 @@ __global__ void __launch_bounds__(256, 3)
             for (int i = 0; i < 8 && c0 + i < C; i++)
                 st_float(gx_out.data, gx_out.dtype, go + i * gx_out.stride[1], gv[i]);
     };
-    const bool pipelined = is_sbits<T> && full && (C * sizeof(D)) % 16 == 0 && (uintptr_t)dcol % 16 == 0;
+    // (x's rows as whole 16-byte vectors too, for a float x)
+    const bool x_vectors = is_sbits<T> || (x.stride[1] == 1 && (uintptr_t)x.data % 16 == 0 &&
+                                           (x.stride[0] * (int64_t)sizeof(T)) % 16 == 0);
+    const bool pipelined = full && x_vectors && (C * sizeof(D)) % 16 == 0 && (uintptr_t)dcol % 16 == 0;
     if (c0 < C && pipelined) {
-        // saved bits over whole 16-byte vectors of dCol: the next row's loads are issued before this
-        // row is worked, so that each thread has two rows' bytes in flight
+        // whole 16-byte vectors of dCol (and of a float x): the next row's loads are issued before
+        // this row is worked, so that each thread has two rows' bytes in flight
+        using xraw = raw8<typename std::conditional<is_sbits<T>, __half, T>::type>;
         raw8<D> nd;
+        xraw nx;
         uint32_t ns = 0, np = 0, ng = 0xFFu;
         auto fetch = [&](int64_t r) {
             nd = raw8_load<D>(dcol + r * C + c0);
@@ -305,17 +310,21 @@ __global__ void __launch_bounds__(256, 3)
                 ns = ((const uint8_t *)x.data)[r * (x.stride[0] / 8) + c0 / 8];
                 np = ((const uint8_t *)xm.data)[r * (xm.stride[0] / 8) + c0 / 8];
                 if (gm.data) ng = ((const uint8_t *)gm.data)[r * (gm.stride[0] / 8) + c0 / 8];
+            } else {
+                nx = raw8_load<T>((const T *)x.data + r * x.stride[0] + c0);
             }
         };
         int64_t r = r0 + threadIdx.y;
         if (r < r1) fetch(r);
         for (; r < r1; r += blockDim.y) {
             const raw8<D> cd = nd;
+            const xraw cx = nx;
             const uint32_t cs = ns, cp = np, cg = ng;
             if (r + blockDim.y < r1) fetch(r + blockDim.y);
-            float dv[8];
+            float dv[8], xv[8];
             raw8_floats<D>(cd, dv);
-            row(r, dv, NULL, cs, cp, cg);
+            if constexpr (!is_sbits<T>) raw8_floats<T>(cx, xv);
+            row(r, dv, xv, cs, cp, cg);
         }
     } else if (c0 < C)
         for (int64_t r = r0 + threadIdx.y; r < r1; r += blockDim.y) {
