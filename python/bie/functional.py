@@ -676,6 +676,7 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
                     dilation=1, pad_value=PAD_ZERO, needs=(True, True, True, True), grad_weight_dtype=None,
                     x_mask=None, in_channels=None, grad_x_dtype=None, grad_x_mask=None):
     """Straight-through backward of conv2d_forward: (grad_x, grad_weight, grad_scale_a, grad_bias_a).
+    grad_weight takes a float weight's memory format (a channels-last weight's, as its .grad keeps).
     From saved bits (a binary conv): x and x_mask are conv2d_binarize_ste's bits and mask,
     in_channels = C, grad_x (channels-last) of grad_x_dtype; bias_a, if given, only sets
     grad_bias_a's shape and dtype, and every gradient is the float x's. grad_x_mask (saved bits
