@@ -179,9 +179,9 @@ static int llm_row(const struct bench_options * o, int threads, int64_t K, int64
     if (o->json)
         printf("{\"case\": \"%s\", \"backend\": \"cpu\", \"threads\": %d, \"bie_ms\": %.4f, \"baseline\": \"%s\", "
                "\"baseline_ms\": %.4f, \"speedup\": %.3f, \"gbs\": %.2f, \"copy_gbs\": %.2f, \"bw_ratio\": %.3f, "
-               "\"gops\": %.2f}\n",
+               "\"gops\": %.2f, \"repeat\": %d, %s}\n",
                name, threads, bie_ms, base, blas_ms, blas_ms / bie_ms, gbs, copy_gbs, gbs / copy_gbs,
-               2.0 * (double)(M * N * K) / (bie_ms * 1e6));
+               2.0 * (double)(M * N * K) / (bie_ms * 1e6), reps, bench_cpu_run_info());
     else
         printf("%-36s %3d %10.3f  %-15s %10.3f %7.2fx %8.1f %6.0f%% %9.1f\n", name, threads, bie_ms, base, blas_ms,
                blas_ms / bie_ms, gbs, 100.0 * gbs / copy_gbs, 2.0 * (double)(M * N * K) / (bie_ms * 1e6));

@@ -70,7 +70,7 @@ double bench_median(double * t, int n) {
 // What every --json row also names, made once: the CPU's model name (/proc/cpuinfo), its logical
 // CPUs, the ISA level bie's CPU backend uses (after any BIE_CPU_ISA cap), OpenBLAS's build, bie's
 // version and the UTC date of the run.
-static const char * json_run_info(void) {
+const char * bench_cpu_run_info(void) {
     static char info[768];
     if (info[0]) return info;
     char model[160] = "unknown CPU", blas[256], line[512];
@@ -105,7 +105,8 @@ void bench_print(const struct bench_options * opt, const struct bench_result * r
     if (opt->json)
         printf("{\"case\": \"%s\", \"backend\": \"%s\", \"threads\": %d, \"bie_ms\": %.4f, \"baseline\": \"%s\", "
                "\"baseline_ms\": %.4f, \"speedup\": %.3f, \"gops\": %.2f, %s}\n",
-               r->name, r->backend, r->threads, r->bie_ms, r->baseline, r->baseline_ms, speedup, gops, json_run_info());
+               r->name, r->backend, r->threads, r->bie_ms, r->baseline, r->baseline_ms, speedup, gops,
+               bench_cpu_run_info());
     else
         printf("%-24s %-5s %3d %11.3f  %-22s %11.3f %8.2fx %9.1f\n", r->name, r->backend, r->threads, r->bie_ms,
                r->baseline, r->baseline_ms, speedup, gops);

@@ -47,6 +47,8 @@ struct bench_result {
 
 // Prints a row as a table line or (json) as one JSON object per line.
 void bench_print(const struct bench_options * opt, const struct bench_result * r);
+// The fields every CPU row's JSON also holds ("device": ..., no braces; bench.c says which).
+const char * bench_cpu_run_info(void);
 
 // A context for the options' backend (cpu or ref) with `threads` threads; NULL on failure.
 struct bie_context;

@@ -34,6 +34,7 @@ BASELINES = {
     "openblas-sgemm": "OpenBLAS sgemm",
     "im2col+openblas-sgemm": "im2col + OpenBLAS sgemm",
     "openblas-sgemm-step": "the float step (3 OpenBLAS sgemm)",
+    "openblas-sgemv": "OpenBLAS sgemv",
     "cublas-fp16": "cuBLAS fp16",
     "cublas-int8": "cuBLAS int8",
     "cublas-fp16x3": "3 cuBLAS fp16 GEMMs",
@@ -213,6 +214,27 @@ def cpu_part(rows, files):
     return out
 
 
+def cpu_llm_part(rows, files):
+    """`bie bench --llm`'s CPU rows (cases wq...): one table per CPU, with the achieved weight bandwidth
+    and its ratio to the machine's, measured in the same run."""
+    out = []
+    for device, drows in group_by(rows, lambda r: r.get("device", "unknown CPU")).items():
+        r0 = drows[0]
+        out += [f"## CPU: {device}, LLM layers", ""]
+        out += para(f"Measured {dates(drows)} on {device} ({r0.get('cpus', '?')} logical CPUs), bie at its ISA level "
+                    f"{r0.get('isa', '?')}" + (f", against {r0['blas']}" if r0.get("blas") else "") + ".",
+                    " ".join(text("intro")["cpu-llm"]), f"Files: {', '.join(files)}.")
+        out += note_lines(drows)
+        body = []
+        for r in drows:
+            name, shape = cuda_case_split(r["case"])
+            body.append([f"`{name}`", shape, r.get("threads", "-"), ms(r["bie_ms"]), baseline(r["baseline"]),
+                         ms(r["baseline_ms"]), ratio(r), f"{r['gbs']:.1f}", f"{100 * r['bw_ratio']:.0f}%"])
+        out += table(["case", "shape", "threads", "bie ms", "baseline", "baseline ms", "ratio", "GB/s", "of copy"],
+                      body) + [""]
+    return out
+
+
 def cuda_part(rows):
     out = []
     # one part per device for bie_bench_cuda's rows and one for `bie bench --llm`'s (wq), timed differently
@@ -363,6 +385,7 @@ To refresh a figure, run its benchmark with `--json` into `bench/results/`, then
 
     build/bie bench --json --repeat 5 > bench/results/cpu.json
     BIE_CPU_ISA=avx2 build/bie bench --json --repeat 5 --threads 1 > bench/results/cpu-avx2.json
+    build/bie bench --llm --json --repeat 5 > bench/results/llm-cpu.json
     BIE_LIBRARY=build/libbie.so PYTHONPATH=python python3 python/bench_modules.py --device cpu --json \\
         > bench/results/modules-cpu.json
     scripts/gpu-check.sh --out DIR     # on a GPU machine: DIR/bench-cuda.json, DIR/bench-modules.json,
@@ -390,8 +413,13 @@ def render(results_dir):
         rel = os.path.relpath(p, ROOT)
         parts[k].append((f"`{rel}`", data))
     out = [HEADER]
-    if parts["cpu"]:
-        out += cpu_part([r for _, rows in parts["cpu"] for r in rows], [f for f, _ in parts["cpu"]])
+    # `bie bench --llm`'s CPU rows (cases wq...) have their own part
+    llm = [(f, [r for r in rows if r["case"].startswith("wq")]) for f, rows in parts["cpu"]]
+    rest = [(f, [r for r in rows if not r["case"].startswith("wq")]) for f, rows in parts["cpu"]]
+    if any(rows for _, rows in rest):
+        out += cpu_part([r for _, rows in rest for r in rows], [f for f, rows in rest if rows])
+    if any(rows for _, rows in llm):
+        out += cpu_llm_part([r for _, rows in llm for r in rows], [f for f, rows in llm if rows])
     if parts["cuda"]:
         for f, rows in parts["cuda"]:
             for r in rows:
