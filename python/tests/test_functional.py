@@ -143,6 +143,23 @@ def test_conv2d_backward(device, quant, shape):
         _check_backward(quant, x, wt, sa, sw, None, strided(g, "channels_last"), R.Geometry(st, pd, dl), ks)
 
 
+@pytest.mark.parametrize("quant", QUANTS)
+def test_conv2d_grad_weight_takes_the_weights_layout(device, quant):
+    # a channels-last float weight gets a channels-last grad_weight, with the contiguous weight's values
+    shape = CONV_SHAPES[2]
+    n, c, h, w_, o, ks, st, pd, dl = shape
+    x, wt, bias, sa, sw, _ = conv_operands(device, quant, shape, torch.float32)
+    oh, ow = F.conv2d_output_size(h, w_, ks, st, pd, dl)
+    g = torch.randn(n, o, oh, ow, device=device)
+    wl = strided(wt, "channels_last")
+    assert not wl.is_contiguous()
+    got = F.conv2d_backward(quant, x, wl, sa, sw, g, bias, ks, st, pd, dl)[1]
+    want = F.conv2d_backward(quant, x, wt, sa, sw, g, bias, ks, st, pd, dl)[1]
+    assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
+    assert want.is_contiguous()
+    assert torch.equal(got, want)
+
+
 def _gradcheck(quant, x, b, w, sa, sw, geo=None, ks=None):
     anchors = tuple(t.detach().clone() for t in (x, b, w, sa))
     ins = [t.detach().clone().requires_grad_() for t in (x, b, w, sa)]
