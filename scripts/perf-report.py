@@ -97,7 +97,7 @@ def para(*texts):
 
 
 def table(header, rows):
-    numeric = ("ms", "OPS", "MiB", "baseline)", "ratio", "float/bie")
+    numeric = ("ms", "OPS", "MiB", "baseline)", "ratio", "float/bie", "GB/s", "of copy", "threads")
     out = ["| " + " | ".join(header) + " |",
            "|" + "|".join("---:" if i and h.endswith(numeric) else "---" for i, h in enumerate(header)) + "|"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
