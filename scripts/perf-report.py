@@ -214,6 +214,12 @@ def cpu_part(rows, files):
     return out
 
 
+def llm_rows(rows, ms_of_m):
+    """The LLM rows the page shows: those of the row counts M its targets name (ms_of_m); the result
+    files keep every row of the run."""
+    return [r for r in rows if any(r["case"].endswith(f" M={m}") for m in ms_of_m)]
+
+
 def cpu_llm_part(rows, files):
     """`bie bench --llm`'s CPU rows (cases wq...): one table per CPU, with the achieved weight bandwidth
     and its ratio to the machine's, measured in the same run."""
@@ -226,8 +232,8 @@ def cpu_llm_part(rows, files):
                     " ".join(text("intro")["cpu-llm"]), f"Files: {', '.join(files)}.")
         out += note_lines(drows)
         body = []
-        for r in drows:
-            name, shape = cuda_case_split(r["case"])
+        for r in llm_rows(drows, (1,)):
+            name, shape = case_split(r["case"])
             body.append([f"`{name}`", shape, r.get("threads", "-"), ms(r["bie_ms"]), baseline(r["baseline"]),
                          ms(r["baseline_ms"]), ratio(r), f"{r['gbs']:.1f}", f"{100 * r['bw_ratio']:.0f}%"])
         out += table(["case", "shape", "threads", "bie ms", "baseline", "baseline ms", "ratio", "GB/s", "of copy"],
@@ -256,12 +262,12 @@ def cuda_part(rows):
                         "the L2 cache. bie's time holds every kernel of the call (packing, popcounts, GEMM, "
                         "epilogue).")
         out += note_lines(drows)
-        for head, sel in sections("cuda", drows):
+        for head, sel in sections("cuda", llm_rows(drows, (1, 16, 4096)) if llm else drows):
             out += head
             body = []
             bw = any("bw_ratio" in r for r in sel)
             for r in sel:
-                name, shape = cuda_case_split(r["case"])
+                name, shape = case_split(r["case"])
                 last = f"{100 * r['bw_ratio']:.0f}%" if bw else f"{r['gops'] / 1000:.0f}" if r.get("gops") else "-"
                 body.append([f"`{name}`", shape, ms(r["bie_ms"]), baseline(r["baseline"]), ms(r["baseline_ms"]),
                              ratio(r), last])
@@ -270,7 +276,7 @@ def cuda_part(rows):
     return out
 
 
-def cuda_case_split(case):
+def case_split(case):
     """'binary-gemm b1->f16 8192x8192x8192' -> ('binary-gemm b1->f16', '8192x8192x8192')."""
     words = case.split(" ")
     for i, w in enumerate(words):
