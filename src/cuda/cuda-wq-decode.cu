@@ -11,7 +11,7 @@
 // and waits for it only before it copies its x' slice. Lane 4*g + t takes the 16 bytes of word row
 // t, columns n0+4g .. n0+4g+3, from the ring. The codes become f16 (bf16) halves by the
 // magic-number trick ((code << p) | 0x6400 is the half 1024 + code * 2^p; one fma gives the code),
-// or, 4-bit codes under f16 x at M <= 8, stay in place as subnormals (wq_sub), and feed
+// or, 2- and 4-bit codes under f16 x at M <= 8, stay in place as subnormals (wq_sub), and feed
 // mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the warp, its
 // row g + 8 column 4g + 2u + 1, and the k index runs over the chunk's rows in the order in which the
 // halves come out. x' is the B operand (its M <= 8 rows an n-tile, two n-tiles to 16), laid out per
@@ -29,19 +29,25 @@
 #define WQ_STEP 4   // chunks a wait covers (one cp.async group)
 static_assert(WQ_STAGES % WQ_STEP == 0 && WQ_STAGES / WQ_STEP >= 2, "the ring holds whole steps, two at least");
 #define WQ_MAX_SPLIT_GROUPS 34 // groups whose scales a decode block holds in shared memory
-// Column warps a multiprocessor that the split aims at, with one n-tile and with two (whose blocks
-// hold twice the warps and a larger x' slice, so that fewer fit), and the fewest it may leave when a
-// split would otherwise take fewer than WQ_STAGES chunks.
+// Column warps a multiprocessor that the split aims at, with one n-tile (half as many for 2-bit
+// codes, whose chunks carry twice the rows: a warp's fixed prologue weighs more against its
+// streaming than the bytes it keeps in flight) and with two (whose blocks hold twice the warps and a
+// larger x' slice, so that fewer fit), and the fewest it may leave when a split would otherwise take
+// fewer than WQ_STAGES chunks.
 #define WQ_WARPS_PER_SM_1 64
+#define WQ_WARPS_PER_SM_1_B2 32
 #define WQ_WARPS_PER_SM_2 24
 #define WQ_MIN_WARPS_PER_SM 16
 
-// Whether the kernel takes its codes as f16 subnormals (f16 x, one n-tile, 4-bit codes): a code c
-// at bit p of its 16-bit half, masked in place, is the f16 value c * 2^(p-24) with no conversion;
-// each mma step takes the two half pairs of equal p (wq_chunk_row's same_p) into its own set of
-// accumulators, which the flush scales by 2^(24-p), exactly. (2-bit codes would need four sets,
-// which cost the kernel its occupancy; bf16 subnormals would underflow the f32 products.)
-__host__ __device__ constexpr bool wq_sub(bool f16, int b, int nt) { return f16 && nt == 1 && b == 4; }
+// Whether the kernel takes its codes as f16 subnormals (f16 x, one n-tile, 2- or 4-bit codes): a
+// code c at bit p of its 16-bit half, masked in place, is the f16 value c * 2^(p-24) with no
+// conversion. Each mma step takes the two half pairs of equal p (wq_chunk_row's same_p); steps
+// 2j and 2j + 1 shift the words down by 2*b*j bits first, so that every code sits at p = 0 or
+// p = b, and the two go into their own sets of accumulators, which the flush scales by 2^(24-p),
+// exactly. (A set for each p would cost 2-bit codes the kernel's occupancy; bf16 subnormals would
+// underflow the f32 products.)
+__host__ __device__ constexpr bool wq_sub(bool f16, int b, int nt) { return f16 && nt == 1 && (b == 4 || b == 2); }
+#define WQ_SUB_SETS 2 // accumulator sets of a subnormal kernel: codes at p = 0 and p = b
 
 // --- x' in chunk order ------------------------------------------------------------------------------
 
@@ -226,26 +232,28 @@ __device__ __forceinline__ void wq_split_sums(const float * xsc, float * sxg, in
 }
 
 // One chunk's 8/b mma steps: acc[j][u] += A(codes v, m-tile u) B(x' rows of n-tile j) (xr[j]: this
-// lane's x' row of n-tile j at the chunk, in shared memory), into set s of accs for step s where the
-// codes are subnormals (SETS > 1, wq_sub), else into set 0. Rows past M read row M - 1 instead of
+// lane's x' row of n-tile j at the chunk, in shared memory), into set s % 2 of accs for step s where
+// the codes are subnormals (SETS > 1, wq_sub), else into set 0. Rows past M read row M - 1 instead of
 // zeros: their sums are never stored.
 template <typename T, int B, int NT, int SETS>
 __device__ __forceinline__ void wq_chunk_mma(float (&accs)[SETS][NT][2][4], uint4 v, const T * const (&xr)[NT]) {
     const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
     if constexpr (SETS > 1) { // wq_sub
-        const uint32_t w8[4] = {v.x >> 8, v.y >> 8, v.z >> 8, v.w >> 8};
+        static_assert(SETS == WQ_SUB_SETS && (8 / B) % SETS == 0, "steps come in pairs of sets");
 #pragma unroll
         for (int s = 0; s < 8 / B; s++) {
             constexpr uint32_t m = (1u << B) - 1u;
-            const uint32_t ms = (m << (B * s)) | (m << (B * s + 16));
+            const int q = s % SETS, sh = SETS * B * (s / SETS); // the step's set; the words' shift
+            const uint32_t ms = (m << (B * q)) | (m << (B * q + 16));
             uint2 b[NT];
 #pragma unroll
             for (int j = 0; j < NT; j++) b[j] = *(const uint2 *)(xr[j] + 16 * s);
 #pragma unroll
             for (int u = 0; u < 2; u++) {
-                const uint32_t a[4] = {wd[2 * u] & ms, wd[2 * u + 1] & ms, w8[2 * u] & ms, w8[2 * u + 1] & ms};
+                const uint32_t w0 = wd[2 * u] >> sh, w1 = wd[2 * u + 1] >> sh;
+                const uint32_t a[4] = {w0 & ms, w1 & ms, (w0 >> 8) & ms, (w1 >> 8) & ms};
 #pragma unroll
-                for (int j = 0; j < NT; j++) wq_mma_traits<T>::mma(accs[s][j][u], a, b[j].x, b[j].y);
+                for (int j = 0; j < NT; j++) wq_mma_traits<T>::mma(accs[q][j][u], a, b[j].x, b[j].y);
             }
         }
         return;
@@ -370,7 +378,7 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
     cp_async_wait_all(); // the x' slice (and the ring's first steps, issued long before) landed
     __syncthreads();
     if (n0 >= w.N) return;
-    constexpr int SETS = wq_sub(std::is_same<T, __half>::value, B, NT) ? 8 / B : 1;
+    constexpr int SETS = wq_sub(std::is_same<T, __half>::value, B, NT) ? WQ_SUB_SETS : 1;
     float acc[SETS][NT][2][4], y[NT][2][4]; // as in wq_flush
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -479,7 +487,7 @@ static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, co
 }
 
 // The split: S K ranges of cps chunks. The kernel keeps its weights in flight in shared memory
-// rather than registers; the K range is split until about WQ_WARPS_PER_SM_1 (_2) column warps a
+// rather than registers; the K range is split until about WQ_WARPS_PER_SM_1 (_B2, _2) column warps a
 // multiprocessor are launched (more than fit at once: the split tail's blocks then fill the last
 // wave), within the x' slice's and the scale slots' shared memory. A split keeps at least a ring's
 // worth of chunks (WQ_STAGES), since each warp pays a fixed prologue (its scales, its x' slice, the
@@ -491,13 +499,14 @@ void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S,
     const int cr = 128 / c->bits;
     const int64_t nchunk = (c->K + cr - 1) / cr;
     const int sm = bie_cuda_sm_count(ctx) > 0 ? bie_cuda_sm_count(ctx) : 132;
-    int64_t s = (int64_t)(c->M > 8 ? WQ_WARPS_PER_SM_2 : WQ_WARPS_PER_SM_1) * sm / col_warps;
+    const int aim = c->M > 8 ? WQ_WARPS_PER_SM_2 : c->bits == 2 ? WQ_WARPS_PER_SM_1_B2 : WQ_WARPS_PER_SM_1;
+    int64_t s = (int64_t)aim * sm / col_warps;
     const int64_t whole_rings = nchunk / WQ_STAGES, enough_warps = (int64_t)WQ_MIN_WARPS_PER_SM * sm / col_warps;
     const int64_t most = whole_rings > enough_warps ? whole_rings : enough_warps;
     if (s > most) s = most;
     s = s < 1 ? 1 : s > nchunk ? nchunk : s;
     int64_t per = (nchunk + s - 1) / s;
-    const int64_t max_per = 32 * 1024 / (c->M * cr * 2); // the x' slice within 32 KiB
+    int64_t max_per = 32 * 1024 / (c->M * cr * 2); // the x' slice within 32 KiB
     if (per > max_per) per = max_per;
     const int64_t cpg = chunks_per_group(c, nchunk);
     if (wq_split_groups(per, cpg) > WQ_MAX_SPLIT_GROUPS) per = (WQ_MAX_SPLIT_GROUPS - 1) * cpg;
