@@ -297,6 +297,12 @@ __global__ void __launch_bounds__(256, 3)
     const bool x_vectors = is_sbits<T> || (x.stride[1] == 1 && (uintptr_t)x.data % 16 == 0 &&
                                            (x.stride[0] * (int64_t)sizeof(T)) % 16 == 0);
     const bool pipelined = full && x_vectors && (C * sizeof(D)) % 16 == 0 && (uintptr_t)dcol % 16 == 0;
+    // Row r's saved bytes (saved bits only): its sign bits, pass bits and gate (grad_x_mask) bits.
+    auto saved = [&](int64_t r, uint32_t * sign, uint32_t * pass, uint32_t * gate) {
+        *sign = ((const uint8_t *)x.data)[r * (x.stride[0] / 8) + c0 / 8];
+        *pass = ((const uint8_t *)xm.data)[r * (xm.stride[0] / 8) + c0 / 8];
+        if (gm.data) *gate = ((const uint8_t *)gm.data)[r * (gm.stride[0] / 8) + c0 / 8];
+    };
     if (c0 < C && pipelined) {
         // whole 16-byte vectors of dCol (and of a float x): the next row's loads are issued before
         // this row is worked, so that each thread has two rows' bytes in flight
@@ -307,9 +313,7 @@ __global__ void __launch_bounds__(256, 3)
         auto fetch = [&](int64_t r) {
             nd = raw8_load<D>(dcol + r * C + c0);
             if constexpr (is_sbits<T>) {
-                ns = ((const uint8_t *)x.data)[r * (x.stride[0] / 8) + c0 / 8];
-                np = ((const uint8_t *)xm.data)[r * (xm.stride[0] / 8) + c0 / 8];
-                if (gm.data) ng = ((const uint8_t *)gm.data)[r * (gm.stride[0] / 8) + c0 / 8];
+                saved(r, &ns, &np, &ng);
             } else {
                 nx = raw8_load<T>((const T *)x.data + r * x.stride[0] + c0);
             }
@@ -332,9 +336,7 @@ __global__ void __launch_bounds__(256, 3)
             float xv[8], dv[8];
             uint32_t sign = 0, pass = 0, gate = 0xFFu; // saved bits
             if constexpr (is_sbits<T>) {
-                sign = ((const uint8_t *)x.data)[r * (x.stride[0] / 8) + c0 / 8];
-                pass = ((const uint8_t *)xm.data)[r * (xm.stride[0] / 8) + c0 / 8];
-                if (gm.data) gate = ((const uint8_t *)gm.data)[r * (gm.stride[0] / 8) + c0 / 8];
+                saved(r, &sign, &pass, &gate);
             } else {
                 const T * xr = (const T *)x.data + r * x.stride[0];
                 if (full && vec8_ok(xr, x.dtype, c0)) load8<T>(xr + c0, xv);
