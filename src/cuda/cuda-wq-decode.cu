@@ -369,7 +369,10 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
     // The prologue: the ring's first steps and the split's scales, which wq_xs_kernel does not write;
     // while the scales' loads fly, the x' slice and its group sums once that kernel is done.
     constexpr int SS = WQ_STAGES / WQ_STEP; // steps the ring holds
-    for (int j = 0; j < SS - 1; j++) issue(j);
+    // Steps issued here: SS - 1, or with two n-tiles (whose prologue copies a 16-row x' slice) the
+    // whole split where it fits the ring, so that none of it waits for the prologue's end.
+    const int pre = NT == 2 && nc <= WQ_STAGES ? SS : SS - 1;
+    for (int j = 0; j < pre; j++) issue(j);
     wq_split_scales<B>(w, slots, c0 / cpg, ng, t, gq * 32, ncol, cols_ok, [&] { // (groups are whole chunks)
         griddep_wait(); // xs and xsc are written (the kernel may start while wq_xs_kernel runs)
         wq_split_x(xs, sx, M, nchunk * CR, c0 * CR, kr, ks);
@@ -412,7 +415,8 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
     for (int j = 0; j < nsteps; j++) {
         cp_async_wait<SS - 2>(); // step j landed (groups: steps 0 .. SS-2, the x' slice, then a step each)
         __syncwarp();            // ... for the lanes that read it; and step j - 1 is read
-        issue(j + SS - 1);
+        if (NT == 1 || j + SS - 1 >= pre) issue(j + SS - 1);
+        else cp_async_commit(); // (issued in the prologue: an empty group keeps one a step)
         const int i0 = j * WQ_STEP;
         const uint4 * st = rp + (i0 & (WQ_STAGES - 1)) * 32;
         if (i0 + WQ_STEP <= nc) {
