@@ -217,7 +217,7 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
             BIE_TRY(bie_cuda_pixel_rows(ctx, s, x, bias, (int)c->quant, sa, gdt, 0, ws + oA));
         LAUNCHED(ctx, "activation codes");
         BIE_TRY(bie_cudnn_conv_wgrad(ctx, k, ws + oA, gyd, ws + oDW, ws + oDnn, dnn_ws));
-        launch_scatter_grad_w(s, gdt, ws + oDW, g, sa, gwo);
+        launch_grad_w(s, gdt, ws + oDW, g, sa, gwo);
         LAUNCHED(ctx, "scale grad_weight");
     }
     return BIE_STATUS_OK;

@@ -159,8 +159,8 @@ __device__ __forceinline__ void chunk_store(const float * q, unsigned stop, int6
     else
         for (int i = 0; i < 8 && k0 + i < K; i++) st_dense(out, gdt, o + i, q[i]);
 }
-// Rows of fewer than 256 elements, or few rows: a thread per chunk (five blocks a multiprocessor: at six, with
-// 40 registers, it spills).
+// Rows of fewer than 256 elements, or few rows: a thread per chunk (five blocks a multiprocessor:
+// at six, with 40 registers, it spills).
 template <bool MASK, typename T>
 __global__ void __launch_bounds__(256, 5)
     codes_rows(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias, int quant,
@@ -632,8 +632,8 @@ enum bie_status bwd_grad_w(bie_context_t * ctx, const struct bie_layer_call * c,
                     r.gw_direct ? u.gw_dst : f32_dst(ws + r.off[B_R], K), r.ct, "grad_weight"));
     if (r.gw_direct) return BIE_STATUS_OK;
     const struct dview & gwo = r.gwo;
-    launch_scatter_grad_w(s, BIE_DTYPE_F32, ws + r.off[B_R], g, u.sa, gwo);
-    LAUNCHED(ctx, "scatter grad_weight");
+    launch_grad_w(s, BIE_DTYPE_F32, ws + r.off[B_R], g, u.sa, gwo);
+    LAUNCHED(ctx, "grad_weight");
     return BIE_STATUS_OK;
 }
 
@@ -676,7 +676,7 @@ void launch_weight_codes(cudaStream_t s, const struct dview & w, const struct dg
 }
 
 template <typename D>
-void launch_grad_w(cudaStream_t s, const D * R, const struct dgeom & g, struct dscale sa, const struct dview & gw) {
+void launch_grad_w_as(cudaStream_t s, const D * R, const struct dgeom & g, struct dscale sa, const struct dview & gw) {
     const int taps = g.kh * g.kw;
     // grad_W in R's own order (OHWI, rows contiguous), or dense OIHW
     const bool rows = (g.C == 1 || gw.stride[1] == 1) && (g.kw == 1 || gw.stride[3] == g.C) &&
@@ -690,11 +690,11 @@ void launch_grad_w(cudaStream_t s, const D * R, const struct dgeom & g, struct d
                 R, g.C, taps, sa, gw);
     else scatter_grad_w<D><<<grid_for(g.O * g.C, 256), 256, 0, s>>>(R, g, sa, gw);
 }
-void launch_scatter_grad_w(cudaStream_t s, int dt, const void * R, const struct dgeom & g, struct dscale sa,
-                           const struct dview & gw) {
-    if (dt == BIE_DTYPE_F16) launch_grad_w(s, (const __half *)R, g, sa, gw);
-    else if (dt == BIE_DTYPE_BF16) launch_grad_w(s, (const __nv_bfloat16 *)R, g, sa, gw);
-    else launch_grad_w(s, (const float *)R, g, sa, gw);
+void launch_grad_w(cudaStream_t s, int dt, const void * R, const struct dgeom & g, struct dscale sa,
+                   const struct dview & gw) {
+    if (dt == BIE_DTYPE_F16) launch_grad_w_as(s, (const __half *)R, g, sa, gw);
+    else if (dt == BIE_DTYPE_BF16) launch_grad_w_as(s, (const __nv_bfloat16 *)R, g, sa, gw);
+    else launch_grad_w_as(s, (const float *)R, g, sa, gw);
 }
 
 extern "C" enum bie_status bie_cuda_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {

@@ -23,8 +23,8 @@ void launch_weight_codes(cudaStream_t s, const struct dview & w, const struct dg
                          int gdt, int tap_major, void * Wc);
 // Queues grad_W[o, c, i, j] = scale_a * R[o][(i*kw + j)*C + c], R of dtype dt (dense [O][K]): row by
 // row where grad_W is OHWI with contiguous rows, by a transpose where it is dense OIHW, else a scatter.
-void launch_scatter_grad_w(cudaStream_t s, int dt, const void * R, const struct dgeom & g, struct dscale sa,
-                           const struct dview & gw);
+void launch_grad_w(cudaStream_t s, int dt, const void * R, const struct dgeom & g, struct dscale sa,
+                   const struct dview & gw);
 
 // cuda-backward-cudnn.cu: whether the conv backward goes through cuDNN, and that route
 // (BIE_DECLINED: cuDNN has no algorithm for the shape; the GEMM route takes it).

@@ -403,6 +403,11 @@ int rows_tx(int64_t C) {
     while (tx < 32 && tx * 8 < C) tx *= 2;
     return tx;
 }
+// ste_rows' blocks across a row of C features.
+int64_t rows_xblocks(int64_t C) {
+    const int64_t w = (int64_t)rows_tx(C) * 8;
+    return (C + w - 1) / w;
+}
 
 // The launches for x's element type T (sbits: saved bits) and dCol's D.
 template <typename T, typename D>
@@ -412,7 +417,7 @@ void launch_pass(const ste_pass_job & j, cudaStream_t s, int64_t slab, int64_t s
     const D * dcol = (const D *)j.dcol;
     if (j.rows) {
         const int tx = rows_tx(j.g.C);
-        const dim3 grid((unsigned)((j.g.C + tx * 8 - 1) / (tx * 8)), (unsigned)slabs), block(tx, 256 / tx);
+        const dim3 grid((unsigned)rows_xblocks(j.g.C), (unsigned)slabs), block(tx, 256 / tx);
         ste_rows<T, D><<<grid, block, 0, s>>>(j.x, j.xm, j.gm, j.bias, j.g.batch, j.g.C, slab, q, j.sa, j.sw, dcol,
                                               j.gx, wgx, colpart, sum);
     } else if constexpr (!is_sbits<T>) {
@@ -439,7 +444,7 @@ pass_split split_of(const ste_pass_job & j) {
     // slabs of 64 rows, at most 1024 of them (few rows of partial sums for finish_pass to add), or
     // of fewer rows (a block's rows of threads at least) where slabs of 64 would leave fewer than
     // 1024 blocks to fill the GPU
-    const int64_t M = j.g.batch, tx = rows_tx(j.g.C), xblocks = (j.g.C + tx * 8 - 1) / (tx * 8);
+    const int64_t M = j.g.batch, tx = rows_tx(j.g.C), xblocks = rows_xblocks(j.g.C);
     p.slab = 64;
     if ((M + p.slab - 1) / p.slab > 1024) p.slab = ((M + 1023) / 1024 + 7) / 8 * 8;
     else if ((M + p.slab - 1) / p.slab * xblocks < 1024)

@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
     // the chunks' mma steps.
     const int nsteps = (nc + WQ_STEP - 1) / WQ_STEP;
     for (int j = 0; j < nsteps; j++) {
-        cp_async_wait<SS - 2>(); // step j landed (groups: steps 0 .. SS-2, the x' slice, then a step each)
+        cp_async_wait<SS - 2>(); // step j landed (groups: the prologue's, all landed, then one a step)
         __syncwarp();            // ... for the lanes that read it; and step j - 1 is read
         if (NT == 1 || j + SS - 1 >= pre) issue(j + SS - 1);
         else cp_async_commit(); // (issued in the prologue: an empty group keeps one a step)
@@ -510,7 +510,7 @@ void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S,
     if (s > most) s = most;
     s = s < 1 ? 1 : s > nchunk ? nchunk : s;
     int64_t per = (nchunk + s - 1) / s;
-    int64_t max_per = 32 * 1024 / (c->M * cr * 2); // the x' slice within 32 KiB
+    const int64_t max_per = 32 * 1024 / (c->M * cr * 2); // the x' slice within 32 KiB
     if (per > max_per) per = max_per;
     const int64_t cpg = chunks_per_group(c, nchunk);
     if (wq_split_groups(per, cpg) > WQ_MAX_SPLIT_GROUPS) per = (WQ_MAX_SPLIT_GROUPS - 1) * cpg;
