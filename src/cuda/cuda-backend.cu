@@ -104,6 +104,7 @@ int bie_cuda_cc(bie_context_t * ctx) {
         st->force_gemm_backward = bwd && strcmp(bwd, "gemm") == 0;
         const char * wq = getenv("BIE_CUDA_WQ");
         st->force_wq_passes = wq && strcmp(wq, "passes") == 0;
+        st->force_wq_xs = wq && strcmp(wq, "xs") == 0;
     }
     return st->cc;
 }

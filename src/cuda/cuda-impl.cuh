@@ -29,6 +29,7 @@ struct bie_cuda_state {
     bool force_mma;                    // BIE_CUDA_GEMM=mma was set when cc was read: no wgmma
     bool force_gemm_backward;          // BIE_CUDA_CONV_BACKWARD=gemm was set then: convs' backward without cuDNN
     bool force_wq_passes;              // BIE_CUDA_WQ=passes was set then: weight-only M > 16 in decode passes
+    bool force_wq_xs;                  // BIE_CUDA_WQ=xs: the decode kernel's x' always from wq_xs_kernel
     struct bie_cudnn_state * cudnn;    // cuDNN handle and per-shape algorithms (cuda-cudnn.cu), or NULL
     void * aux;                        // a device arena that outlives the layer calls inside an op
     size_t aux_size;                   // (the batched matmul's packed operands and partial sums; bie_cuda_aux)
@@ -70,7 +71,7 @@ enum bie_status bie_cuda_aux(bie_context_t * ctx, size_t bytes, void ** out);
 enum bie_status bie_cuda_fail(bie_context_t * ctx, cudaError_t e, const char * what);
 // The compute capability of the context's device as major*10 + minor (read once; 0 if unknown);
 // also reads BIE_CUDA_GEMM into force_mma, BIE_CUDA_CONV_BACKWARD into force_gemm_backward and
-// BIE_CUDA_WQ into force_wq_passes.
+// BIE_CUDA_WQ into force_wq_passes and force_wq_xs.
 int bie_cuda_cc(bie_context_t * ctx);
 // The multiprocessor count of the context's device (read once; 0 if it cannot be read).
 int bie_cuda_sm_count(bie_context_t * ctx);

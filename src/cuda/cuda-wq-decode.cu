@@ -7,17 +7,20 @@
 // (split-K over blockIdx.y). Its chunks stream with cp.async through a ring in shared memory
 // (8 lanes copy one 128-byte word row; one wait for each WQ_STEP chunks), so the weight is read once
 // and the bytes in flight cost no registers. The prologue reads the split's scales and zeros while
-// the first chunks fly; the kernel is a programmatic dependent launch of the x' kernel (wq_xs_kernel)
-// and waits for it only before it copies its x' slice. Lane 4*g + t takes the 16 bytes of word row
-// t, columns n0+4g .. n0+4g+3, from the ring. The codes become f16 (bf16) halves by the
-// magic-number trick ((code << p) | 0x6400 is the half 1024 + code * 2^p; one fma gives the code),
+// the first chunks fly, and puts the block's slice of x' (x scaled and permuted, rounded to the
+// 16-bit type, in the chunk order below) and its sums per group in shared memory. A first kernel
+// (wq_xs_kernel) orders x' once for all blocks; the decode kernel is its programmatic dependent
+// launch and waits for it only before it copies its slice. Where the grid is one wave and small
+// (own_x), each block orders its own slice instead, which saves that kernel's launch. Lane 4*g + t
+// takes the 16 bytes of word row t, columns n0+4g .. n0+4g+3, from the ring. The codes become f16
+// (bf16) halves by the magic-number trick ((code << p) | 0x6400 is the half 1024 + code * 2^p; one fma gives the code),
 // or, 2- and 4-bit codes under f16 x at M <= 8, stay in place as subnormals (wq_sub), and feed
 // mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the warp, its
 // row g + 8 column 4g + 2u + 1, and the k index runs over the chunk's rows in the order in which the
 // halves come out. x' is the B operand (its M <= 8 rows an n-tile, two n-tiles to 16), laid out per
-// chunk in that order (xs below), so B fragments are plain 8-byte loads from shared memory. The mma
-// sums x'*code per chunk in f32; each group ends with y += s*acc - c*xsum (c = s*z, s*2^(b-1) or z),
-// like the CPU path. Partial sums of the K ranges go to a workspace and a second kernel, launched as
+// chunk in that order (wq_chunk_row), so B fragments are plain 8-byte loads from shared memory. The
+// mma sums x'*code per chunk in f32; each group ends with y += s*acc - c*xsum (c = s*z, s*2^(b-1)
+// or z), like the CPU path. Partial sums of the K ranges go to a workspace and a second kernel, launched as
 // this one's programmatic dependent, adds them in a fixed order (deterministic), with the bias.
 #include <type_traits>
 
@@ -48,6 +51,11 @@ static_assert(WQ_STAGES % WQ_STEP == 0 && WQ_STAGES / WQ_STEP >= 2, "the ring ho
 // underflow the f32 products.)
 __host__ __device__ constexpr bool wq_sub(bool f16, int b, int nt) { return f16 && nt == 1 && (b == 4 || b == 2); }
 #define WQ_SUB_SETS 2 // accumulator sets of a subnormal kernel: codes at p = 0 and p = b
+
+// Blocks a multiprocessor holds at least, which bounds the kernel's registers: 64 with one n-tile
+// (72 for 2-bit codes, whose loop needs them), 80 with two (more for 2-bit codes; their blocks are
+// bounded by shared memory at 2 a multiprocessor where the splits are long).
+__host__ __device__ constexpr int wq_min_blocks(int b, int nt) { return nt == 1 ? (b == 2 ? 7 : 8) : (b == 2 ? 2 : 3); }
 
 // --- x' in chunk order ------------------------------------------------------------------------------
 
@@ -207,10 +215,43 @@ __device__ __forceinline__ void wq_split_scales(const wq_dev & w, unsigned char 
     }
 }
 
-// The block's x' slice (rows m < M, kr values from xs's position p0 of Kp) to sx (row stride ks),
-// by 16-byte cp.async copies (the slice being a multiple of 16 halves) in one group.
+// Where row rl of a chunk sits in the chunk order (the inverse of wq_chunk_row).
+__host__ __device__ constexpr int wq_chunk_pos(int b, int rl, bool same_p) {
+    const int V = 32 / b, t = rl / V, j = rl % V, h = j / (V / 2), i = j % (V / 2);
+    const int s = same_p ? i % (8 / b) : i / 2, f2 = same_p ? i / (8 / b) : i % 2;
+    return 16 * s + 4 * t + 2 * f2 + h;
+}
+// A piece (8 consecutive rows 8k .. 8k+7 of a chunk) lands at wq_chunk_pos(8k) + wq_chunk_pos(i), and
+// where its rows i and wq_pair_of(i) land side by side from an even position on, the two are one
+// 32-bit store (-1: none; i itself where it is the second of such a pair).
+__host__ __device__ constexpr int wq_pair_of(int b, int i, bool same_p) {
+    const int p = wq_chunk_pos(b, i, same_p);
+    for (int j = 0; j < 8; j++) {
+        if (p % 2 == 0 && wq_chunk_pos(b, j, same_p) == p + 1) return j;
+        if (p % 2 == 1 && wq_chunk_pos(b, j, same_p) == p - 1) return i;
+    }
+    return -1;
+}
+__host__ __device__ constexpr bool wq_pieces_ok(int b, bool same_p) {
+    for (int k = 0; k < 16 / b; k++)
+        for (int i = 0; i < 8; i++)
+            if (wq_chunk_pos(b, 8 * k + i, same_p) != wq_chunk_pos(b, 8 * k, same_p) + wq_chunk_pos(b, i, same_p) ||
+                (wq_pair_of(b, i, same_p) >= 0 && wq_chunk_pos(b, 8 * k, same_p) % 2 != 0))
+                return false;
+    return true;
+}
+static_assert(wq_pieces_ok(2, false) && wq_pieces_ok(2, true) && wq_pieces_ok(4, false) && wq_pieces_ok(4, true) &&
+                  wq_pieces_ok(8, false),
+              "a piece's rows land at its base plus their own positions");
+// Two 16-bit values as one word, a at the lower address.
+template <typename T> __device__ __forceinline__ uint32_t pack_pair(T a, T b) {
+    return (uint32_t) * (const uint16_t *)&a | ((uint32_t) * (const uint16_t *)&b << 16);
+}
+
+// From wq_xs_kernel's xs: the block's x' slice (rows m < M, kr values from position p0 of Kp) to sx
+// (row stride ks), by 16-byte cp.async copies (the slice being a multiple of 16 halves) in one group.
 template <typename T>
-__device__ __forceinline__ void wq_split_x(const T * xs, T * sx, int M, int Kp, int p0, int kr, int ks) {
+__device__ __forceinline__ void wq_copy_x(const T * xs, T * sx, int M, int Kp, int p0, int kr, int ks) {
     const int pieces = kr / 8; // a row's
     const uint32_t dst = (uint32_t)__cvta_generic_to_shared(sx);
     for (int m = 0; m < M; m++)
@@ -219,14 +260,94 @@ __device__ __forceinline__ void wq_split_x(const T * xs, T * sx, int M, int Kp, 
     cp_async_commit();
 }
 
-// x' summed per group of the split (in chunk order, from the chunk sums xsc) to sxg[m][gl].
-__device__ __forceinline__ void wq_split_sums(const float * xsc, float * sxg, int M, int64_t nchunk, int64_t c0, int nc,
+// Where x is dense rows of T without a permutation or channel scales (vec), the block's x' slice is
+// x's rows as they are: rows m < M, rows c0*CR .. of K (zeros past K), copied to sx (row stride ks)
+// by 16-byte cp.async copies in one group, for wq_order_x to put in chunk order in place.
+template <typename T>
+__device__ __forceinline__ void wq_stage_x(const wq_x & xa, int64_t K, T * sx, int M, int64_t r0, int kr, int ks) {
+    const int pr = kr / 8, n = M * pr; // 16-byte pieces a row, pieces
+    const uint32_t dst = (uint32_t)__cvta_generic_to_shared(sx);
+    const T * x = (const T *)xa.x.data;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const int m = e / pr, pc = e - m * pr;
+        const int64_t r = r0 + 8 * pc;
+        cp_async<16>(dst + (uint32_t)((m * ks + 8 * pc) * sizeof(T)), r < K ? x + m * xa.x.stride[2] + r : x,
+                     r < K ? 16 : 0);
+    }
+    cp_async_commit();
+}
+
+// The block's x' slice in the chunk order above (rows m < M of x', rounded to T, at the split's
+// chunks c0 .. c0+nc-1, in sx with row stride ks), and each chunk's sum of its values to
+// sxc[m][c]. A lane per 8 consecutive rows (a piece; a chunk's CR/8 pieces are on consecutive lanes,
+// so that a warp holds whole chunks): staged, the piece is read from sx, where wq_stage_x put it,
+// and written back in place in chunk order; else its values come from x (wq_xprime). A piece's
+// values are summed in order, then a chunk's pieces in a fixed tree.
+template <typename T, int B, bool SAME_P>
+__device__ __forceinline__ void wq_order_x(const wq_x & xa, int64_t K, bool staged, T * sx, float * sxc, int M, int c0,
+                                           int nc, int ks) {
+    constexpr int CR = 128 / B, PC = CR / 8;          // rows a chunk, pieces a chunk
+    const int pr = nc * PC, n = M * pr;               // pieces a row, pieces
+    const int lane = threadIdx.x & 31, k = lane % PC; // (the piece's place in its chunk: pr % PC == 0)
+    const int kbase = wq_chunk_pos(B, 8 * k, SAME_P);
+    int m = threadIdx.x / pr, pc = threadIdx.x % pr; // this lane's piece, advanced by blockDim.x a round
+    const int dm = blockDim.x / pr, dpc = blockDim.x % pr;
+    for (int base = threadIdx.x & ~31; base < n; base += blockDim.x) { // (whole warps: the tree's lanes)
+        const bool live = base + lane < n;
+        T * const row = sx + m * ks;
+        T h[8];
+        if (staged) {
+            uint4 u = make_uint4(0, 0, 0, 0);
+            if (live) u = *(const uint4 *)(row + 8 * pc);
+            __syncwarp(); // (the warp's chunks are read before any is written)
+            const T * hv = (const T *)&u;
+#pragma unroll
+            for (int i = 0; i < 8; i++) h[i] = hv[i];
+        } else if (live) {
+            const int64_t r = (int64_t)c0 * CR + 8 * pc; // the piece's first row
+            int64_t kc[8];
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) kc[i] = wq_xcol(xa, r + i < K ? r + i : K - 1, K);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = wq_xload<T>(xa, m, kc[i]);
+#pragma unroll 1
+            for (int i = 0; i < 8; i++) v[i] = r + i < K ? wq_xscaled(xa, kc[i], v[i]) : 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) h[i] = from_f32<T>(v[i]);
+        }
+        float sum = 0.0f;
+        if (live) {
+            T * const dst = row + 8 * (pc - k) + kbase;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int j = wq_pair_of(B, i, SAME_P), p = wq_chunk_pos(B, i, SAME_P);
+                if (j < 0) dst[p] = h[i];
+                else if (j != i) *(uint32_t *)(dst + p) = pack_pair(h[i], h[j]);
+                sum += to_f32(h[i]);
+            }
+        }
+#pragma unroll
+        for (int o = PC / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (live && k == 0) sxc[m * nc + pc / PC] = sum;
+        m += dm;
+        pc += dpc;
+        if (pc >= pr) {
+            pc -= pr;
+            m++;
+        }
+    }
+}
+
+// x' summed per group of the split (in chunk order, from the chunk sums cs[m * ld + c0 + c]) to
+// sxg[m][gl].
+__device__ __forceinline__ void wq_split_sums(const float * cs, int64_t ld, int64_t c0, float * sxg, int M, int nc,
                                               int rem0, int cpg, int ng, int ngroups) {
     for (int i = threadIdx.x; i < M * ng; i += blockDim.x) {
         const int m = i / ng, gl = i % ng;
         const int a = gl == 0 ? 0 : rem0 + (gl - 1) * cpg, e = gl == 0 ? rem0 : a + cpg;
         float v = 0.0f;
-        for (int c = a; c < e && c < nc; c++) v += xsc[m * nchunk + c0 + c];
+        for (int c = a; c < e && c < nc; c++) v += cs[m * ld + c0 + c];
         sxg[m * ngroups + gl] = v;
     }
 }
@@ -316,12 +437,14 @@ __device__ __forceinline__ void wq_flush(float (&accs)[SETS][NT][2][4], float (&
 // (the whole K range when there is one group); ngroups = wq_split_groups(cps, cpg). The prologue
 // turns the split's scales and zeros into f32 scales and corrections and sums x' per group (in
 // chunk order), so the loop only streams codes and multiplies; group and chunk positions advance by
-// counters.
-template <typename T, int B, int NT>
-__global__ void __launch_bounds__(32 * WQ_WARPS * NT)
+// counters. OWN: the block makes its x' slice from x itself (wq_stage_x, wq_order_x); else it copies
+// it from wq_xs_kernel's xs, as that kernel's programmatic dependent.
+template <typename T, int B, int NT, bool OWN>
+__global__ void __launch_bounds__(32 * WQ_WARPS * NT, OWN ? wq_min_blocks(B, NT) : 0)
     wq_mma_kernel(wq_dev w, const T * xs, const float * xsc, int nchunk, int cps, int M, int cpg, int ngroups,
-                  float * part) {
+                  float * part, wq_x xa, bool xvec) {
     constexpr int CR = 128 / B; // rows per chunk
+    constexpr int SETS = wq_sub(std::is_same<T, __half>::value, B, NT) ? WQ_SUB_SETS : 1;
     extern __shared__ __align__(16) unsigned char wq_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
     const int c0 = (int)blockIdx.y * cps, c1 = c0 + cps < nchunk ? c0 + cps : nchunk; // (wq_mma_ok: int)
@@ -333,6 +456,7 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
     unsigned char * slots = (unsigned char *)(ring + WQ_STAGES * 32); // [group][quad]: float4 s, float4 c
     T * sx = (T *)(wq_smem + WQ_WARPS * NT * wq_warp_smem(ngroups));  // [M][ks]
     float * sxg = (float *)(sx + M * ks);                             // [M][ngroups]: x' sums per group
+    float * sxc = sxg + M * ngroups;                                  // [M][nc]: x' sums per chunk
     const int64_t n0 = ((int64_t)blockIdx.x * WQ_WARPS * NT + warp) * 32;
     const int64_t ncol = n0 + 4 * gq; // this lane's 4 columns (N % 4 == 0: all of them exist or none)
     const bool cols_ok = ncol < w.N;
@@ -366,22 +490,40 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
         qp += WQ_STEP * step;
         cp_async_commit();
     };
-    // The prologue: the ring's first steps and the split's scales, which wq_xs_kernel does not write;
-    // while the scales' loads fly, the x' slice and its group sums once that kernel is done.
+    // The prologue: the ring's first steps and the split's scales (which wq_xs_kernel does not
+    // write), and the x' slice: copied from wq_xs_kernel's once that is done, while the scales'
+    // loads fly; or (OWN) staged from x before all else and ordered after the scales, once the
+    // kernels before this one are done.
     constexpr int SS = WQ_STAGES / WQ_STEP; // steps the ring holds
     // Steps issued here: SS - 1, or with two n-tiles (whose prologue copies a 16-row x' slice) the
     // whole split where it fits the ring, so that none of it waits for the prologue's end.
     const int pre = NT == 2 && nc <= WQ_STAGES ? SS : SS - 1;
+    if constexpr (OWN) {
+        griddep_wait(); // (nothing is read before the kernels before this one are done)
+        if (xvec) wq_stage_x(xa, w.K, sx, M, (int64_t)c0 * CR, kr, ks); // (the first cp.async group)
+    }
     for (int j = 0; j < pre; j++) issue(j);
     wq_split_scales<B>(w, slots, c0 / cpg, ng, t, gq * 32, ncol, cols_ok, [&] { // (groups are whole chunks)
-        griddep_wait(); // xs and xsc are written (the kernel may start while wq_xs_kernel runs)
-        wq_split_x(xs, sx, M, nchunk * CR, c0 * CR, kr, ks);
-        wq_split_sums(xsc, sxg, M, nchunk, c0, nc, rem0, cpg, ng, ngroups);
+        if constexpr (!OWN) {
+            griddep_wait(); // xs and xsc are written (the kernel may start while wq_xs_kernel runs)
+            wq_copy_x(xs, sx, M, nchunk * CR, c0 * CR, kr, ks);
+            wq_split_sums(xsc, nchunk, c0, sxg, M, nc, rem0, cpg, ng, ngroups);
+        }
     });
-    cp_async_wait_all(); // the x' slice (and the ring's first steps, issued long before) landed
+    if constexpr (!OWN) {
+        cp_async_wait_all(); // the x' slice (and the ring's first steps, issued long before) landed
+    } else {
+        if (xvec) {
+            if (pre == SS) cp_async_wait<SS>(); // x's group landed (the ring's may not have)
+            else cp_async_wait<SS - 1>();
+            __syncthreads();
+        }
+        wq_order_x<T, B, SETS != 1>(xa, w.K, xvec, sx, sxc, M, c0, nc, ks);
+        __syncthreads(); // the x' slice and its chunk sums are written
+        wq_split_sums(sxc, nc, 0, sxg, M, nc, rem0, cpg, ng, ngroups);
+    }
     __syncthreads();
     if (n0 >= w.N) return;
-    constexpr int SETS = wq_sub(std::is_same<T, __half>::value, B, NT) ? WQ_SUB_SETS : 1;
     float acc[SETS][NT][2][4], y[NT][2][4]; // as in wq_flush
 #pragma unroll
     for (int j = 0; j < NT; j++)
@@ -413,7 +555,7 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT)
     // the chunks' mma steps.
     const int nsteps = (nc + WQ_STEP - 1) / WQ_STEP;
     for (int j = 0; j < nsteps; j++) {
-        cp_async_wait<SS - 2>(); // step j landed (groups: the prologue's, all landed, then one a step)
+        cp_async_wait<SS - 2>(); // step j landed (one group a step, the prologue's first)
         __syncwarp();            // ... for the lanes that read it; and step j - 1 is read
         if (NT == 1 || j + SS - 1 >= pre) issue(j + SS - 1);
         else cp_async_commit(); // (issued in the prologue: an empty group keeps one a step)
@@ -451,11 +593,11 @@ bool wq_mma_ok(const struct bie_wq_call * c) {
     return c->G == 1 || c->gs % (128 / b) == 0;
 }
 
-// The decode kernel's shared memory: the warps' rings and scale slots, the x' slice and its group
-// sums.
-static size_t mma_smem(int bits, int M, int64_t cps, int ngroups) {
+// The decode kernel's shared memory: the warps' rings and scale slots, the x' slice and its sums
+// per group (and per chunk, where the block orders x' itself).
+static size_t mma_smem(int bits, int M, int64_t cps, int ngroups, bool own) {
     return (size_t)WQ_WARPS * (M > 8 ? 2 : 1) * wq_warp_smem(ngroups) +
-           (size_t)M * wq_x_stride(cps * (128 / bits)) * 2 + (size_t)M * ngroups * 4;
+           (size_t)M * wq_x_stride(cps * (128 / bits)) * 2 + (size_t)M * (ngroups + (own ? cps : 0)) * 4;
 }
 
 // Chunks a group (the whole K range when there is one group).
@@ -463,31 +605,46 @@ static int64_t chunks_per_group(const struct bie_wq_call * c, int64_t nchunk) {
     return c->G == 1 ? nchunk : c->gs / (128 / c->bits);
 }
 
-template <typename T, int B, int NT>
-static enum bie_status launch_mma(bie_context_t * ctx, const wq_dev & w, const T * xs, const float * xsc,
-                                  int64_t nchunk, int64_t S, int64_t cps, int M, int cpg, float * part) {
+// The x' slice's source: wq_xs_kernel's xs and xsc where xs is given, else x itself (vec: dense rows
+// of T without a permutation or channel scales, which wq_stage_x copies whole).
+template <typename T> struct wq_xsrc {
+    const T * xs;
+    const float * xsc;
+    wq_x x;
+    bool vec;
+};
+
+template <typename T, int B, int NT, bool OWN>
+static enum bie_status launch_mma(bie_context_t * ctx, const wq_dev & w, const wq_xsrc<T> & xv, int64_t nchunk,
+                                  int64_t S, int64_t cps, int M, int cpg, float * part) {
     const int ngroups = wq_split_groups(cps, cpg);
-    const size_t smem = mma_smem(B, M, cps, ngroups);
+    const size_t smem = mma_smem(B, M, cps, ngroups, OWN);
     if (smem > 48 * 1024)
-        CU_TRY(ctx,
-               cudaFuncSetAttribute(wq_mma_kernel<T, B, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-               "wq: shared memory");
+        CU_TRY(
+            ctx,
+            cudaFuncSetAttribute(wq_mma_kernel<T, B, NT, OWN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+            "wq: shared memory");
     const dim3 grid(blocks_for(w.N, 32 * WQ_WARPS * NT), (unsigned)S);
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg =
         bie_cuda_launch_config(ctx, grid, dim3(32 * WQ_WARPS * NT), smem, bie_cuda_cc(ctx) >= 90, &attr);
     CU_TRY(ctx,
-           cudaLaunchKernelEx(&cfg, wq_mma_kernel<T, B, NT>, w, xs, xsc, (int)nchunk, (int)cps, M, cpg, ngroups, part),
+           cudaLaunchKernelEx(&cfg, wq_mma_kernel<T, B, NT, OWN>, w, xv.xs, xv.xsc, (int)nchunk, (int)cps, M, cpg,
+                              ngroups, part, xv.x, xv.vec),
            "wq_mma_kernel launch");
     LAUNCHED(ctx, "wq_mma_kernel");
     return BIE_STATUS_OK;
 }
 
 template <typename T, int B>
-static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, const T * xs, const float * xsc,
-                                       int64_t nchunk, int64_t S, int64_t cps, int M, int cpg, float * part) {
-    if (M <= 8) return launch_mma<T, B, 1>(ctx, w, xs, xsc, nchunk, S, cps, M, cpg, part);
-    return launch_mma<T, B, 2>(ctx, w, xs, xsc, nchunk, S, cps, M, cpg, part);
+static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, const wq_xsrc<T> & xv, int64_t nchunk,
+                                       int64_t S, int64_t cps, int M, int cpg, float * part) {
+    const bool own = !xv.xs;
+    if (M <= 8)
+        return own ? launch_mma<T, B, 1, true>(ctx, w, xv, nchunk, S, cps, M, cpg, part)
+                   : launch_mma<T, B, 1, false>(ctx, w, xv, nchunk, S, cps, M, cpg, part);
+    return own ? launch_mma<T, B, 2, true>(ctx, w, xv, nchunk, S, cps, M, cpg, part)
+               : launch_mma<T, B, 2, false>(ctx, w, xv, nchunk, S, cps, M, cpg, part);
 }
 
 // The split: S K ranges of cps chunks. The kernel keeps its weights in flight in shared memory
@@ -518,22 +675,42 @@ void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S,
     *S = (nchunk + per - 1) / per;
 }
 
+// Whether the decode blocks make their x' slices themselves (the kernel's OWN) rather than copy
+// them from wq_xs_kernel's: where the grid fits the multiprocessors at once (at the blocks a
+// multiprocessor holds at least) and the blocks together order at most WQ_OWN_X_MAX values of x'
+// (M * K for each block across the columns). A block's own ordering saves the other kernel's launch
+// but costs each block's prologue its time, which the blocks of a second wave wait for again.
+#define WQ_OWN_X_MAX ((int64_t)3 << 19)
+static bool own_x(bie_context_t * ctx, const struct bie_wq_call * c, int64_t S) {
+    bie_cuda_cc(ctx); // (reads BIE_CUDA_WQ)
+    const int nt = c->M <= 8 ? 1 : 2;
+    const int64_t cols = blocks_for(c->N, 32 * WQ_WARPS * nt), sm = bie_cuda_sm_count(ctx);
+    return !ctx->cuda->force_wq_xs && c->M * c->K * cols <= WQ_OWN_X_MAX && cols * S <= sm * wq_min_blocks(c->bits, nt);
+}
+
 template <typename T>
 static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call * c, wq_ws & a, const wq_dev & w,
                                   int64_t S, int64_t cps, float * part) {
-    const int b = c->bits, cr = 128 / b;
+    const int b = c->bits, cr = 128 / b, nt = c->M <= 8 ? 1 : 2;
     const int64_t nchunk = (c->K + cr - 1) / cr;
-    T * xs = (T *)take(a, (size_t)c->M * nchunk * cr * sizeof(T));
-    float * xsc = (float *)take(a, (size_t)c->M * nchunk * sizeof(float));
-    const bool same_p = wq_sub(std::is_same<T, __half>::value, b, c->M <= 8 ? 1 : 2);
-    wq_xs_kernel<T><<<blocks_for(c->M * nchunk * 32, 128), 128, 0, ctx->cuda->stream>>>(x_of(c, &c->x), c->M, c->K, b,
-                                                                                        same_p, nchunk, xs, xsc);
-    LAUNCHED(ctx, "wq_xs_kernel");
     const int cpg = (int)chunks_per_group(c, nchunk);
+    wq_xsrc<T> xv = {nullptr, nullptr, x_of(c, &c->x), false};
+    if (own_x(ctx, c, S)) {
+        xv.vec = !xv.x.perm && !xv.x.cs && xv.x.x.stride[3] == 1 && c->K % 8 == 0 && (uintptr_t)xv.x.x.data % 16 == 0 &&
+                 (c->M == 1 || xv.x.x.stride[2] % 8 == 0);
+    } else {
+        T * xs = (T *)take(a, (size_t)c->M * nchunk * cr * sizeof(T));
+        float * xsc = (float *)take(a, (size_t)c->M * nchunk * sizeof(float));
+        wq_xs_kernel<T><<<blocks_for(c->M * nchunk * 32, 128), 128, 0, ctx->cuda->stream>>>(
+            xv.x, c->M, c->K, b, wq_sub(std::is_same<T, __half>::value, b, nt), nchunk, xs, xsc);
+        LAUNCHED(ctx, "wq_xs_kernel");
+        xv.xs = xs;
+        xv.xsc = xsc;
+    }
     switch (b) {
-    case 2: return launch_mma_rows<T, 2>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, cpg, part);
-    case 4: return launch_mma_rows<T, 4>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, cpg, part);
-    default: return launch_mma_rows<T, 8>(ctx, w, xs, xsc, nchunk, S, cps, (int)c->M, cpg, part);
+    case 2: return launch_mma_rows<T, 2>(ctx, w, xv, nchunk, S, cps, (int)c->M, cpg, part);
+    case 4: return launch_mma_rows<T, 4>(ctx, w, xv, nchunk, S, cps, (int)c->M, cpg, part);
+    default: return launch_mma_rows<T, 8>(ctx, w, xv, nchunk, S, cps, (int)c->M, cpg, part);
     }
 }
 

@@ -4,6 +4,8 @@
 // of the weight and of x', the workspace allocator, and the mma decode path's entry points.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda/cuda-impl.cuh"
 
 extern "C" {
@@ -64,11 +66,24 @@ struct wq_x {
     int csdt;
 };
 
-__device__ __forceinline__ float wq_xprime(const wq_x & a, int64_t m, int64_t r, int64_t K) {
-    int64_t k = a.perm ? (int64_t)a.perm[r] : r;
-    k = k < 0 ? 0 : k >= K ? K - 1 : k; // a bad perm never reads out of bounds
-    const float v = ld_float(a.x.data, a.x.dtype, m * a.x.stride[2] + k * a.x.stride[3]);
+// x'[m, r] = x[m, k] * channel_scale[k] (where given) with k = perm[r] (where given, clamped: a bad
+// perm never reads out of bounds), or k = r. X: x's element type where the caller knows it.
+__device__ __forceinline__ int64_t wq_xcol(const wq_x & a, int64_t r, int64_t K) {
+    const int64_t k = a.perm ? (int64_t)a.perm[r] : r;
+    return k < 0 ? 0 : k >= K ? K - 1 : k;
+}
+template <typename X = void> __device__ __forceinline__ float wq_xload(const wq_x & a, int64_t m, int64_t k) {
+    const int64_t off = m * a.x.stride[2] + k * a.x.stride[3];
+    if constexpr (std::is_void<X>::value) return ld_float(a.x.data, a.x.dtype, off);
+    else return to_f32(((const X *)a.x.data)[off]);
+}
+__device__ __forceinline__ float wq_xscaled(const wq_x & a, int64_t k, float v) {
     return a.cs ? v * ld_float(a.cs, a.csdt, k) : v;
+}
+template <typename X = void>
+__device__ __forceinline__ float wq_xprime(const wq_x & a, int64_t m, int64_t r, int64_t K) {
+    const int64_t k = wq_xcol(a, r, K);
+    return wq_xscaled(a, k, wq_xload<X>(a, m, k));
 }
 
 inline unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
@@ -95,7 +110,7 @@ inline wq_x x_of(const struct bie_wq_call * c, const struct bie_tensor * x) {
 
 // The mma decode path (cuda-wq-decode.cu): whether it takes the call (M <= 16, f16/bf16 x, uniform
 // 2/4/8 bits, N % 4 == 0, groups of whole chunks), its split of the K range into S ranges of cps
-// chunks, and the call itself (x' staging, then the kernel writing part[S][M][N]).
+// chunks, and the call itself (x' staging where it takes it, then the kernel writing part[S][M][N]).
 bool wq_mma_ok(const struct bie_wq_call * c);
 void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S, int64_t * cps);
 enum bie_status wq_decode_mma(bie_context_t * ctx, const struct bie_wq_call * c, wq_ws & a, const wq_dev & w, int64_t S,

@@ -3,7 +3,8 @@
 // routes (the mma decode kernel: f16/bf16 x, 2/4/8 bits, M <= 16; the SIMT decode kernel: other
 // bits, mixed bits, f32 x, odd N; dequantise + cuBLAS for M > 16; passes of 16 rows through the mma
 // kernel for M > 16, which only large weights take by default and BIE_CUDA_WQ=passes forces in a
-// second context), backward (grad_x, grad_w) and dequantize, on random odd shapes with every zero
+// second context; and the mma kernel's x' from its own kernel, which only large calls take by default
+// and BIE_CUDA_WQ=xs forces in a third), backward (grad_x, grad_w) and dequantize, on random odd shapes with every zero
 // form, permutations, channel scales and bias.
 // Tolerance: the reference's f32 bound (test-wq.h) plus one rounding of x' (and of W on the cuBLAS
 // routes) to the GEMM's 16-bit dtype.
@@ -135,6 +136,28 @@ static void check_case(bie_context_t * ref, bie_context_t * cu, struct layer * L
     free_device(&D);
 }
 
+// Layers of M rows from ml through a context that reads BIE_CUDA_WQ=value: f16/bf16 x, 2/4/8 bits,
+// N a multiple of 4 (the mma kernel's calls).
+static void env_cases(bie_context_t * ref, const char * value, const int64_t * ml, int nm, int iters) {
+    setenv("BIE_CUDA_WQ", value, 1); // read by a context when it first meets the device
+    bie_context_t * cu = test_new_context(BIE_BACKEND_AUTO);
+    for (int it = 0; it < iters; it++) {
+        const int64_t bl[] = {4, 2, 8};
+        const int bits = (int)test_pick(bl, 3);
+        const int64_t gl[] = {128, 64, 100000};
+        const int64_t K = 128 * test_rand_int(1, 5) + (it % 2 ? test_rand_int(0, 127) : 0);
+        const int64_t N = 4 * test_rand_int(1, 80);
+        const enum bie_dtype xd = it % 2 ? BIE_DTYPE_F16 : BIE_DTYPE_BF16;
+        struct layer L;
+        make_layer(&L, test_pick(ml, nm), K, N, bits, (int)test_pick(gl, 3), (enum bie_wq_zero)test_rand_int(0, 2),
+                   test_rand_int(0, 2) == 0, test_rand_int(0, 3) == 0, test_rand_int(0, 1) == 0);
+        check_case(ref, cu, &L, xd, false);
+        free_layer(&L);
+    }
+    unsetenv("BIE_CUDA_WQ");
+    bie_context_destroy(cu);
+}
+
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     cuda_test_require_gpu("test-cuda-wq");
@@ -158,24 +181,9 @@ int main(int argc, char ** argv) {
         check_case(ref, cu, &L, xd, it % 3 == 0);
         free_layer(&L);
     }
-    setenv("BIE_CUDA_WQ", "passes", 1); // read by a context when it first meets the device
-    bie_context_t * passes = test_new_context(BIE_BACKEND_AUTO);
-    for (int it = 0; it < iters / 4; it++) {
-        const int64_t ml[] = {17, 24, 32, 33, 47};
-        const int64_t bl[] = {4, 2, 8};
-        const int bits = (int)test_pick(bl, 3);
-        const int64_t gl[] = {128, 64, 100000};
-        const int64_t K = 128 * test_rand_int(1, 5) + (it % 2 ? test_rand_int(0, 127) : 0);
-        const int64_t N = 4 * test_rand_int(1, 80);
-        const enum bie_dtype xd = it % 2 ? BIE_DTYPE_F16 : BIE_DTYPE_BF16;
-        struct layer L;
-        make_layer(&L, test_pick(ml, 5), K, N, bits, (int)test_pick(gl, 3), (enum bie_wq_zero)test_rand_int(0, 2),
-                   test_rand_int(0, 2) == 0, test_rand_int(0, 3) == 0, test_rand_int(0, 1) == 0);
-        check_case(ref, passes, &L, xd, false);
-        free_layer(&L);
-    }
-    unsetenv("BIE_CUDA_WQ");
-    bie_context_destroy(passes);
+    const int64_t passes_m[] = {17, 24, 32, 33, 47}, decode_m[] = {1, 2, 5, 8, 9, 16};
+    env_cases(ref, "passes", passes_m, 5, iters / 4);
+    env_cases(ref, "xs", decode_m, 6, iters / 4);
     bie_context_destroy(ref);
     bie_context_destroy(cu);
     return test_finish("test-cuda-wq");
