@@ -647,14 +647,36 @@ static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, co
                : launch_mma<T, B, 2, false>(ctx, w, xv, nchunk, S, cps, M, cpg, part);
 }
 
+// A decode call is small where its blocks together would order at most WQ_OWN_X_MAX values of x'
+// themselves (M * K for each block across the columns); its split then keeps the grid to one wave
+// (wq_mma_plan), and the blocks make their x' slices themselves (the kernel's OWN) rather than copy
+// them from wq_xs_kernel's (own_x) where the grid does fit the multiprocessors at once (at the blocks
+// a multiprocessor holds at least). A block's own ordering saves the other kernel's launch but
+// costs each block's prologue its time, which the blocks of a second wave would wait for again.
+#define WQ_OWN_X_MAX ((int64_t)3 << 19)
+static int64_t column_blocks(const struct bie_wq_call * c) {
+    return blocks_for(c->N, 32 * WQ_WARPS * (c->M <= 8 ? 1 : 2));
+}
+static bool small_call(const struct bie_wq_call * c) { return c->M * c->K * column_blocks(c) <= WQ_OWN_X_MAX; }
+// Blocks of the call's kernel that one wave holds.
+static int64_t wave_blocks(bie_context_t * ctx, const struct bie_wq_call * c) {
+    const int sm = bie_cuda_sm_count(ctx) > 0 ? bie_cuda_sm_count(ctx) : 132;
+    return (int64_t)sm * wq_min_blocks(c->bits, c->M <= 8 ? 1 : 2);
+}
+static bool own_x(bie_context_t * ctx, const struct bie_wq_call * c, int64_t S) {
+    bie_cuda_cc(ctx); // (reads BIE_CUDA_WQ)
+    return !ctx->cuda->force_wq_xs && small_call(c) && column_blocks(c) * S <= wave_blocks(ctx, c);
+}
+
 // The split: S K ranges of cps chunks. The kernel keeps its weights in flight in shared memory
 // rather than registers; the K range is split until about WQ_WARPS_PER_SM_1 (_B2, _2) column warps a
 // multiprocessor are launched (more than fit at once: the split tail's blocks then fill the last
 // wave), within the x' slice's and the scale slots' shared memory. A split keeps at least a ring's
 // worth of chunks (WQ_STAGES), since each warp pays a fixed prologue (its scales, its x' slice, the
 // ring's first fill) and the partial sums cost a pass each, unless that would leave fewer than
-// WQ_MIN_WARPS_PER_SM column warps a multiprocessor. The x' slice stays within 32 KiB: at M = 16 a
-// larger one lengthens each block's prologue and leaves fewer, longer blocks for the last wave.
+// WQ_MIN_WARPS_PER_SM column warps a multiprocessor. A small call (small_call) keeps its grid to one
+// wave instead. The x' slice stays within 32 KiB: at M = 16 a larger one lengthens each block's
+// prologue and leaves fewer, longer blocks for the last wave.
 void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S, int64_t * cps) {
     const int64_t col_warps = (c->N + 31) / 32;
     const int cr = 128 / c->bits;
@@ -665,6 +687,7 @@ void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S,
     const int64_t whole_rings = nchunk / WQ_STAGES, enough_warps = (int64_t)WQ_MIN_WARPS_PER_SM * sm / col_warps;
     const int64_t most = whole_rings > enough_warps ? whole_rings : enough_warps;
     if (s > most) s = most;
+    if (small_call(c) && s * column_blocks(c) > wave_blocks(ctx, c)) s = wave_blocks(ctx, c) / column_blocks(c);
     s = s < 1 ? 1 : s > nchunk ? nchunk : s;
     int64_t per = (nchunk + s - 1) / s;
     const int64_t max_per = 32 * 1024 / (c->M * cr * 2); // the x' slice within 32 KiB
@@ -673,19 +696,6 @@ void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S,
     if (wq_split_groups(per, cpg) > WQ_MAX_SPLIT_GROUPS) per = (WQ_MAX_SPLIT_GROUPS - 1) * cpg;
     *cps = per;
     *S = (nchunk + per - 1) / per;
-}
-
-// Whether the decode blocks make their x' slices themselves (the kernel's OWN) rather than copy
-// them from wq_xs_kernel's: where the grid fits the multiprocessors at once (at the blocks a
-// multiprocessor holds at least) and the blocks together order at most WQ_OWN_X_MAX values of x'
-// (M * K for each block across the columns). A block's own ordering saves the other kernel's launch
-// but costs each block's prologue its time, which the blocks of a second wave wait for again.
-#define WQ_OWN_X_MAX ((int64_t)3 << 19)
-static bool own_x(bie_context_t * ctx, const struct bie_wq_call * c, int64_t S) {
-    bie_cuda_cc(ctx); // (reads BIE_CUDA_WQ)
-    const int nt = c->M <= 8 ? 1 : 2;
-    const int64_t cols = blocks_for(c->N, 32 * WQ_WARPS * nt), sm = bie_cuda_sm_count(ctx);
-    return !ctx->cuda->force_wq_xs && c->M * c->K * cols <= WQ_OWN_X_MAX && cols * S <= sm * wq_min_blocks(c->bits, nt);
 }
 
 template <typename T>
