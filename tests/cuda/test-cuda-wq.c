@@ -3,9 +3,9 @@
 // routes (the mma decode kernel: f16/bf16 x, 2/4/8 bits, M <= 16; the SIMT decode kernel: other
 // bits, mixed bits, f32 x, odd N; dequantise + cuBLAS for M > 16; passes of 16 rows through the mma
 // kernel for M > 16, which only large weights take by default and BIE_CUDA_WQ=passes forces in a
-// second context; and the mma kernel's x' from its own kernel, which only large calls take by default
-// and BIE_CUDA_WQ=xs forces in a third), backward (grad_x, grad_w) and dequantize, on random odd shapes with every zero
-// form, permutations, channel scales and bias.
+// second context; and the mma kernel's x' from its own kernel, which only large calls take by
+// default and BIE_CUDA_WQ=xs forces in a third), backward (grad_x, grad_w) and dequantize, on random
+// odd shapes with every zero form, permutations, channel scales, bias and dense or padded rows of x.
 // Tolerance: the reference's f32 bound (test-wq.h) plus one rounding of x' (and of W on the cuBLAS
 // routes) to the GEMM's 16-bit dtype.
 #include "cuda/cuda-test.h"
@@ -47,7 +47,9 @@ static void check_case(bie_context_t * ref, bie_context_t * cu, struct layer * L
     const int64_t M = L->M, K = L->d.in_features, N = L->d.out_features;
     struct dev_layer D;
     to_device(L, &D);
-    struct bie_tensor x = test_tensor(xd, 2, (int64_t[]){M, K}, NULL);
+    // x's rows dense or padded (by a multiple of 16 bytes of a 16-bit x, or not)
+    const int64_t pads[] = {0, 0, 3, 8}, ld = K + test_pick(pads, 4);
+    struct bie_tensor x = test_tensor(xd, 2, (int64_t[]){M, K}, (int64_t[]){ld, 1});
     test_fill_uniform(&x, -1.0f, 1.0f);
     const enum bie_dtype yd = pick_float();
     struct bie_tensor yr = test_tensor(yd, 2, (int64_t[]){M, N}, NULL), y = test_tensor(yd, 2, (int64_t[]){M, N}, NULL);
@@ -66,11 +68,11 @@ static void check_case(bie_context_t * ref, bie_context_t * cu, struct layer * L
             const double tol = (double)(K + L->G + 8) * U32 * B + ex * B + eps_of(yd) * fabs(want) + 1e-30;
             if (!(fabs(got - want) <= tol)) {
                 bad++;
-                CHECK(
-                    false,
-                    "forward M=%lld K=%lld N=%lld bits=%d gs=%d zero=%d x=%s: y[%lld,%lld] = %.9g, ref %.9g (tol %.3g)",
-                    (long long)M, (long long)K, (long long)N, L->d.bits, L->d.group_size, (int)L->d.zero,
-                    bie_dtype_name(xd), (long long)m, (long long)n, got, want, tol);
+                CHECK(false,
+                      "forward M=%lld K=%lld N=%lld bits=%d gs=%d zero=%d x=%s ld=%lld: y[%lld,%lld] = %.9g, ref %.9g "
+                      "(tol %.3g)",
+                      (long long)M, (long long)K, (long long)N, L->d.bits, L->d.group_size, (int)L->d.zero,
+                      bie_dtype_name(xd), (long long)ld, (long long)m, (long long)n, got, want, tol);
             }
         }
     CHECK(bad == 0, "forward: outputs off");
