@@ -647,17 +647,23 @@ static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, co
                : launch_mma<T, B, 2, false>(ctx, w, xv, nchunk, S, cps, M, cpg, part);
 }
 
-// A decode call is small where its blocks together would order at most WQ_OWN_X_MAX values of x'
-// themselves (M * K for each block across the columns); its split then keeps the grid to one wave
-// (wq_mma_plan), and the blocks make their x' slices themselves (the kernel's OWN) rather than copy
-// them from wq_xs_kernel's (own_x) where the grid does fit the multiprocessors at once (at the blocks
-// a multiprocessor holds at least). A block's own ordering saves the other kernel's launch but
-// costs each block's prologue its time, which the blocks of a second wave would wait for again.
-#define WQ_OWN_X_MAX ((int64_t)3 << 19)
+// A decode call is small where its blocks together would order at most WQ_OWN_X_MAX_1 (one n-tile)
+// or WQ_OWN_X_MAX_2 (two) values of x' themselves (M * K for each block across the columns); its
+// split then keeps the grid to one wave (wq_mma_plan), and the blocks make their x' slices
+// themselves (the kernel's OWN) rather than copy them from wq_xs_kernel's (own_x) where the grid
+// does fit the multiprocessors at once (at the blocks a multiprocessor holds at least). A block's
+// own ordering saves the other kernel's launch but costs each block's prologue its time, which the
+// blocks of a second wave would wait for again. With one n-tile a wave holds half the column warps
+// that the split aims at, which only calls of little streaming can spare; with two, a wave is what
+// the split aims at.
+#define WQ_OWN_X_MAX_1 ((int64_t)3 << 19)
+#define WQ_OWN_X_MAX_2 ((int64_t)4 << 20)
 static int64_t column_blocks(const struct bie_wq_call * c) {
     return blocks_for(c->N, 32 * WQ_WARPS * (c->M <= 8 ? 1 : 2));
 }
-static bool small_call(const struct bie_wq_call * c) { return c->M * c->K * column_blocks(c) <= WQ_OWN_X_MAX; }
+static bool small_call(const struct bie_wq_call * c) {
+    return c->M * c->K * column_blocks(c) <= (c->M <= 8 ? WQ_OWN_X_MAX_1 : WQ_OWN_X_MAX_2);
+}
 // Blocks of the call's kernel that one wave holds.
 static int64_t wave_blocks(bie_context_t * ctx, const struct bie_wq_call * c) {
     const int sm = bie_cuda_sm_count(ctx) > 0 ? bie_cuda_sm_count(ctx) : 132;
