@@ -13,15 +13,16 @@
 // launch and waits for it only before it copies its slice. Where the grid is one wave and small
 // (own_x), each block orders its own slice instead, which saves that kernel's launch. Lane 4*g + t
 // takes the 16 bytes of word row t, columns n0+4g .. n0+4g+3, from the ring. The codes become f16
-// (bf16) halves by the magic-number trick ((code << p) | 0x6400 is the half 1024 + code * 2^p; one fma gives the code),
-// or, 2- and 4-bit codes under f16 x at M <= 8, stay in place as subnormals (wq_sub), and feed
-// mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the warp, its
-// row g + 8 column 4g + 2u + 1, and the k index runs over the chunk's rows in the order in which the
-// halves come out. x' is the B operand (its M <= 8 rows an n-tile, two n-tiles to 16), laid out per
-// chunk in that order (wq_chunk_row), so B fragments are plain 8-byte loads from shared memory. The
-// mma sums x'*code per chunk in f32; each group ends with y += s*acc - c*xsum (c = s*z, s*2^(b-1)
-// or z), like the CPU path. Partial sums of the K ranges go to a workspace and a second kernel, launched as
-// this one's programmatic dependent, adds them in a fixed order (deterministic), with the bias.
+// (bf16) halves by the magic-number trick ((code << p) | 0x6400 is the half 1024 + code * 2^p; one
+// fma gives the code), or, 2- and 4-bit codes under f16 x at M <= 8, stay in place as subnormals
+// (wq_sub), and feed mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the
+// warp, its row g + 8 column 4g + 2u + 1, and the k index runs over the chunk's rows in the order in
+// which the halves come out. x' is the B operand (its M <= 8 rows an n-tile, two n-tiles to 16),
+// laid out per chunk in that order (wq_chunk_row), so B fragments are plain 8-byte loads from shared
+// memory. The mma sums x'*code per chunk in f32; each group ends with y += s*acc - c*xsum (c = s*z,
+// s*2^(b-1) or z), like the CPU path. Partial sums of the K ranges go to a workspace and a second
+// kernel, launched as this one's programmatic dependent, adds them in a fixed order
+// (deterministic), with the bias.
 #include <type_traits>
 
 #include "cuda/cuda-ptx.cuh"
@@ -51,6 +52,9 @@ static_assert(WQ_STAGES % WQ_STEP == 0 && WQ_STAGES / WQ_STEP >= 2, "the ring ho
 // underflow the f32 products.)
 __host__ __device__ constexpr bool wq_sub(bool f16, int b, int nt) { return f16 && nt == 1 && (b == 4 || b == 2); }
 #define WQ_SUB_SETS 2 // accumulator sets of a subnormal kernel: codes at p = 0 and p = b
+
+// The kernel's n-tiles of 8 activation rows for M rows (M <= 16).
+__host__ __device__ constexpr int wq_n_tiles(int64_t M) { return M <= 8 ? 1 : 2; }
 
 // Blocks a multiprocessor holds at least, which bounds the kernel's registers: 64 with one n-tile
 // (72 for 2-bit codes, whose loop needs them), 80 with two (more for 2-bit codes; their blocks are
@@ -245,7 +249,8 @@ static_assert(wq_pieces_ok(2, false) && wq_pieces_ok(2, true) && wq_pieces_ok(4,
               "a piece's rows land at its base plus their own positions");
 // Two 16-bit values as one word, a at the lower address.
 template <typename T> __device__ __forceinline__ uint32_t pack_pair(T a, T b) {
-    return (uint32_t) * (const uint16_t *)&a | ((uint32_t) * (const uint16_t *)&b << 16);
+    const uint32_t lo = *(const uint16_t *)&a, hi = *(const uint16_t *)&b;
+    return lo | hi << 16;
 }
 
 // From wq_xs_kernel's xs: the block's x' slice (rows m < M, kr values from position p0 of Kp) to sx
@@ -596,8 +601,8 @@ bool wq_mma_ok(const struct bie_wq_call * c) {
 // The decode kernel's shared memory: the warps' rings and scale slots, the x' slice and its sums
 // per group (and per chunk, where the block orders x' itself).
 static size_t mma_smem(int bits, int M, int64_t cps, int ngroups, bool own) {
-    return (size_t)WQ_WARPS * (M > 8 ? 2 : 1) * wq_warp_smem(ngroups) +
-           (size_t)M * wq_x_stride(cps * (128 / bits)) * 2 + (size_t)M * (ngroups + (own ? cps : 0)) * 4;
+    return (size_t)WQ_WARPS * wq_n_tiles(M) * wq_warp_smem(ngroups) + (size_t)M * wq_x_stride(cps * (128 / bits)) * 2 +
+           (size_t)M * (ngroups + (own ? cps : 0)) * 4;
 }
 
 // Chunks a group (the whole K range when there is one group).
@@ -640,7 +645,7 @@ template <typename T, int B>
 static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, const wq_xsrc<T> & xv, int64_t nchunk,
                                        int64_t S, int64_t cps, int M, int cpg, float * part) {
     const bool own = !xv.xs;
-    if (M <= 8)
+    if (wq_n_tiles(M) == 1)
         return own ? launch_mma<T, B, 1, true>(ctx, w, xv, nchunk, S, cps, M, cpg, part)
                    : launch_mma<T, B, 1, false>(ctx, w, xv, nchunk, S, cps, M, cpg, part);
     return own ? launch_mma<T, B, 2, true>(ctx, w, xv, nchunk, S, cps, M, cpg, part)
@@ -659,15 +664,16 @@ static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, co
 #define WQ_OWN_X_MAX_1 ((int64_t)3 << 19)
 #define WQ_OWN_X_MAX_2 ((int64_t)4 << 20)
 static int64_t column_blocks(const struct bie_wq_call * c) {
-    return blocks_for(c->N, 32 * WQ_WARPS * (c->M <= 8 ? 1 : 2));
+    return blocks_for(c->N, 32 * WQ_WARPS * wq_n_tiles(c->M));
 }
 static bool small_call(const struct bie_wq_call * c) {
-    return c->M * c->K * column_blocks(c) <= (c->M <= 8 ? WQ_OWN_X_MAX_1 : WQ_OWN_X_MAX_2);
+    return c->M * c->K * column_blocks(c) <= (wq_n_tiles(c->M) == 1 ? WQ_OWN_X_MAX_1 : WQ_OWN_X_MAX_2);
 }
+// The device's multiprocessors (132 where they cannot be read).
+static int sm_count(bie_context_t * ctx) { return bie_cuda_sm_count(ctx) > 0 ? bie_cuda_sm_count(ctx) : 132; }
 // Blocks of the call's kernel that one wave holds.
 static int64_t wave_blocks(bie_context_t * ctx, const struct bie_wq_call * c) {
-    const int sm = bie_cuda_sm_count(ctx) > 0 ? bie_cuda_sm_count(ctx) : 132;
-    return (int64_t)sm * wq_min_blocks(c->bits, c->M <= 8 ? 1 : 2);
+    return (int64_t)sm_count(ctx) * wq_min_blocks(c->bits, wq_n_tiles(c->M));
 }
 static bool own_x(bie_context_t * ctx, const struct bie_wq_call * c, int64_t S) {
     bie_cuda_cc(ctx); // (reads BIE_CUDA_WQ)
@@ -687,8 +693,8 @@ void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S,
     const int64_t col_warps = (c->N + 31) / 32;
     const int cr = 128 / c->bits;
     const int64_t nchunk = (c->K + cr - 1) / cr;
-    const int sm = bie_cuda_sm_count(ctx) > 0 ? bie_cuda_sm_count(ctx) : 132;
-    const int aim = c->M > 8 ? WQ_WARPS_PER_SM_2 : c->bits == 2 ? WQ_WARPS_PER_SM_1_B2 : WQ_WARPS_PER_SM_1;
+    const int sm = sm_count(ctx);
+    const int aim = wq_n_tiles(c->M) == 2 ? WQ_WARPS_PER_SM_2 : c->bits == 2 ? WQ_WARPS_PER_SM_1_B2 : WQ_WARPS_PER_SM_1;
     int64_t s = (int64_t)aim * sm / col_warps;
     const int64_t whole_rings = nchunk / WQ_STAGES, enough_warps = (int64_t)WQ_MIN_WARPS_PER_SM * sm / col_warps;
     const int64_t most = whole_rings > enough_warps ? whole_rings : enough_warps;
@@ -707,7 +713,7 @@ void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S,
 template <typename T>
 static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call * c, wq_ws & a, const wq_dev & w,
                                   int64_t S, int64_t cps, float * part) {
-    const int b = c->bits, cr = 128 / b, nt = c->M <= 8 ? 1 : 2;
+    const int b = c->bits, cr = 128 / b, nt = wq_n_tiles(c->M);
     const int64_t nchunk = (c->K + cr - 1) / cr;
     const int cpg = (int)chunks_per_group(c, nchunk);
     wq_xsrc<T> xv = {nullptr, nullptr, x_of(c, &c->x), false};

@@ -67,7 +67,7 @@ struct wq_x {
 };
 
 // x'[m, r] = x[m, k] * channel_scale[k] (where given) with k = perm[r] (where given, clamped: a bad
-// perm never reads out of bounds), or k = r. X: x's element type where the caller knows it.
+// perm never reads out of bounds), or k = r. wq_xload's X: x's element type where the caller knows it.
 __device__ __forceinline__ int64_t wq_xcol(const wq_x & a, int64_t r, int64_t K) {
     const int64_t k = a.perm ? (int64_t)a.perm[r] : r;
     return k < 0 ? 0 : k >= K ? K - 1 : k;
@@ -80,10 +80,9 @@ template <typename X = void> __device__ __forceinline__ float wq_xload(const wq_
 __device__ __forceinline__ float wq_xscaled(const wq_x & a, int64_t k, float v) {
     return a.cs ? v * ld_float(a.cs, a.csdt, k) : v;
 }
-template <typename X = void>
 __device__ __forceinline__ float wq_xprime(const wq_x & a, int64_t m, int64_t r, int64_t K) {
     const int64_t k = wq_xcol(a, r, K);
-    return wq_xscaled(a, k, wq_xload<X>(a, m, k));
+    return wq_xscaled(a, k, wq_xload(a, m, k));
 }
 
 inline unsigned blocks_for(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
