@@ -107,21 +107,29 @@ BIE_API void bie_idx_free(struct bie_idx * idx);
 //             momentum*stat (running_var takes the unbiased var); writes saved_mean and
 //             saved_invstd = 1/sqrt(var + eps) for the backward
 //   eval:     mean, var = running statistics
-//   y = (x - mean) * invstd * gamma + beta
+//   y = (x - mean) * invstd * gamma + beta  (+ residual, when given: a residual block's shortcut)
+// On CUDA tensors (all on one device) the two functions also take what a PyTorch network holds:
+// x, y, residual, grad_y and grad_x f32, f16 or bf16 (computed in f32, each output rounded once)
+// of 2 to 4 dimensions and any strides (NCHW and channels-last alike);
+// gamma, beta, running_*, grad_gamma and grad_beta [c] of f32, f16 or bf16; saved_* [c] f32.
+// Their sums are in f32 within a block and in double across blocks, in a fixed order, so a call
+// gives the same bits every time; the forward sums each channel's x less its first element, which
+// keeps the variance accurate where the mean is large against the spread.
 struct bie_batchnorm_desc {
     float momentum;   // training only: the running statistics' update rate (0.1 in PyTorch)
     float eps;        // > 0 (1e-5 in PyTorch)
     int32_t training; // != 0: batch statistics, running statistics updated, saved_* written
 };
 struct bie_batchnorm_args {
-    const struct bie_tensor * x;      // [n, c, ...]
-    const struct bie_tensor * gamma;  // [c]
-    const struct bie_tensor * beta;   // [c]
-    struct bie_tensor * running_mean; // [c], read (eval) or updated (training)
-    struct bie_tensor * running_var;  // [c]
-    struct bie_tensor * saved_mean;   // [c], written in training (may be NULL in eval)
-    struct bie_tensor * saved_invstd; // [c], likewise
-    struct bie_tensor * y;            // like x
+    const struct bie_tensor * x;        // [n, c, ...]
+    const struct bie_tensor * gamma;    // [c]
+    const struct bie_tensor * beta;     // [c]
+    struct bie_tensor * running_mean;   // [c], read (eval) or updated (training)
+    struct bie_tensor * running_var;    // [c]
+    struct bie_tensor * saved_mean;     // [c], written in training (may be NULL in eval)
+    struct bie_tensor * saved_invstd;   // [c], likewise
+    struct bie_tensor * y;              // like x
+    const struct bie_tensor * residual; // like x, or NULL
 };
 BIE_API enum bie_status bie_batchnorm_forward(bie_context_t * ctx, const struct bie_batchnorm_desc * desc,
                                               const struct bie_batchnorm_args * args);

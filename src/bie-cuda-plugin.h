@@ -45,7 +45,8 @@
     (BIE_CUDA_PLUGIN_TERM(struct bie_context, 0) + BIE_CUDA_PLUGIN_TERM(struct bie_layer_call, 1) +                    \
      BIE_CUDA_PLUGIN_TERM(struct bie_backend_ops, 2) + BIE_CUDA_PLUGIN_TERM(struct bie_matmul_call, 3) +               \
      BIE_CUDA_PLUGIN_TERM(struct bie_embedding_call, 4) + BIE_CUDA_PLUGIN_TERM(struct bie_wq_call, 5) +                \
-     BIE_CUDA_PLUGIN_TERM(struct bie_pool_call, 6) + BIE_CUDA_PLUGIN_TERM(struct bie_ste_out, 7))
+     BIE_CUDA_PLUGIN_TERM(struct bie_pool_call, 6) + BIE_CUDA_PLUGIN_TERM(struct bie_ste_out, 7) +                     \
+     BIE_CUDA_PLUGIN_TERM(struct bie_bn_call, 8))
 
 struct bie_cuda_plugin {
     // Checked by libbie before any other field is read; these four fields keep their place in
@@ -73,6 +74,9 @@ struct bie_cuda_plugin {
     enum bie_status (*wq_forward)(bie_context_t * ctx, const struct bie_wq_call * c);
     enum bie_status (*wq_backward)(bie_context_t * ctx, const struct bie_wq_call * c);
     enum bie_status (*wq_dequantize)(bie_context_t * ctx, const struct bie_wq_call * c, const struct bie_tensor * w);
+    // bie_batchnorm_forward / _backward on CUDA tensors (src/nn/nn-entry.c; every valid call).
+    enum bie_status (*batchnorm_forward)(bie_context_t * ctx, const struct bie_bn_call * c);
+    enum bie_status (*batchnorm_backward)(bie_context_t * ctx, const struct bie_bn_call * c);
 };
 
 // The entry points of the backend: the one the plugin exports (extern "C", default visibility) and

@@ -73,10 +73,11 @@ static void test_nn_sizes(bie_context_t * ctx) {
     struct bie_tensor bx = TEST_VIEW(x, BIE_DTYPE_F32, 1, 1, 1), by = TEST_VIEW(y, BIE_DTYPE_F32, 1, 1, 1),
                       bs = TEST_VIEW(st, BIE_DTYPE_F32, 1);
     bx.shape[0] = bx.shape[1] = bx.shape[2] = by.shape[0] = by.shape[1] = by.shape[2] = e22; // 2^66 elements
-    TEST_EXPECT_STATUS(ctx,
-                       bie_batchnorm_forward(ctx, &(struct bie_batchnorm_desc){0.1f, 1e-5f, 1},
-                                             &(struct bie_batchnorm_args){&bx, &bs, &bs, &bs, &bs, &bs, &bs, &by}),
-                       BIE_STATUS_INVALID_ARGUMENT, "overflows");
+    TEST_EXPECT_STATUS(
+        ctx,
+        bie_batchnorm_forward(ctx, &(struct bie_batchnorm_desc){0.1f, 1e-5f, 1},
+                              &(struct bie_batchnorm_args){&bx, &bs, &bs, &bs, &bs, &bs, &bs, &by, NULL}),
+        BIE_STATUS_INVALID_ARGUMENT, "overflows");
     TEST_EXPECT_STATUS(
         ctx,
         bie_batchnorm_backward(ctx, &(struct bie_batchnorm_backward_args){&bx, &bs, &bs, &bs, &by, NULL, &bs, &bs}),

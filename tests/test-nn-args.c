@@ -27,7 +27,7 @@ static void test_batchnorm_args(bie_context_t * ctx) {
                       trm = TEST_VIEW(rm, BIE_DTYPE_F32, C), trv = TEST_VIEW(rv, BIE_DTYPE_F32, C),
                       tsm = TEST_VIEW(sm, BIE_DTYPE_F32, C), tsi = TEST_VIEW(si, BIE_DTYPE_F32, C);
     const struct bie_batchnorm_desc d = {0.1f, 1e-5f, 1};
-    const struct bie_batchnorm_args ok = {&tx, &tgm, &tbt, &trm, &trv, &tsm, &tsi, &ty};
+    const struct bie_batchnorm_args ok = {&tx, &tgm, &tbt, &trm, &trv, &tsm, &tsi, &ty, NULL};
     CHECK_OK(ctx, bie_batchnorm_forward(ctx, &d, &ok));
     struct bie_batchnorm_args a = ok;
     REFUSED(bie_batchnorm_forward(ctx, NULL, &ok), "desc");

@@ -261,9 +261,9 @@ static void test_add_affine(bie_context_t * ctx) {
     struct bie_tensor tx = TEST_VIEW(a, BIE_DTYPE_F32, n, c, hw), ty = TEST_VIEW(y, BIE_DTYPE_F32, n, c, hw),
                       tgamma = TEST_VIEW(gamma, BIE_DTYPE_F32, c), tbeta = TEST_VIEW(beta, BIE_DTYPE_F32, c),
                       trm = TEST_VIEW(rm, BIE_DTYPE_F32, c), trv = TEST_VIEW(rv, BIE_DTYPE_F32, c);
-    CHECK_OK(ctx,
-             bie_batchnorm_forward(ctx, &(struct bie_batchnorm_desc){0.1f, 1e-5f, 0},
-                                   &(struct bie_batchnorm_args){&tx, &tgamma, &tbeta, &trm, &trv, NULL, NULL, &ty}));
+    CHECK_OK(ctx, bie_batchnorm_forward(
+                      ctx, &(struct bie_batchnorm_desc){0.1f, 1e-5f, 0},
+                      &(struct bie_batchnorm_args){&tx, &tgamma, &tbeta, &trm, &trv, NULL, NULL, &ty, NULL}));
     nn_batchnorm_affine(c, gamma, beta, rm, rv, 1e-5f, scale, shift);
     nn_channel_affine(n, c, hw, scale, shift, a, z);
     CHECK(memcmp(y, z, sizeof(float) * N) == 0,

@@ -136,6 +136,20 @@ class AffineMaxpool2dArgs(ctypes.Structure):
     _fields_ = [("x", _TP), ("mul", _TP), ("add", _TP), ("y", _TP), ("out_bits", _TP), ("out_bits_bias", _TP)]
 
 
+class BatchnormDesc(ctypes.Structure):
+    _fields_ = [("momentum", ctypes.c_float), ("eps", ctypes.c_float), ("training", ctypes.c_int32)]
+
+
+class BatchnormArgs(ctypes.Structure):
+    _fields_ = [(n, _TP) for n in ("x", "gamma", "beta", "running_mean", "running_var", "saved_mean", "saved_invstd",
+                                   "y", "residual")]
+
+
+class BatchnormBackwardArgs(ctypes.Structure):
+    _fields_ = [(n, _TP) for n in ("x", "gamma", "saved_mean", "saved_invstd", "grad_y", "grad_x", "grad_gamma",
+                                   "grad_beta")]
+
+
 # The ctypes declarations of the C structs, checked against the loaded library (bie_abi_layout).
 _STRUCTS = {
     "bie_tensor": Tensor, "bie_context_params": ContextParams, "bie_linear_desc": LinearDesc,
@@ -143,7 +157,8 @@ _STRUCTS = {
     "bie_matmul_desc": MatmulDesc, "bie_matmul_args": MatmulArgs, "bie_matmul_backward_args": MatmulBackwardArgs,
     "bie_embedding_desc": EmbeddingDesc, "bie_embedding_args": EmbeddingArgs,
     "bie_embedding_backward_args": EmbeddingBackwardArgs, "bie_affine_maxpool2d_desc": AffineMaxpool2dDesc,
-    "bie_affine_maxpool2d_args": AffineMaxpool2dArgs,
+    "bie_affine_maxpool2d_args": AffineMaxpool2dArgs, "bie_batchnorm_desc": BatchnormDesc,
+    "bie_batchnorm_args": BatchnormArgs, "bie_batchnorm_backward_args": BatchnormBackwardArgs,
 }
 
 
@@ -232,6 +247,8 @@ def _declare(lib):
                                                  ctypes.POINTER(AffineMaxpool2dArgs)]),
         "bie_embedding_backward": (c_int, [c_void_p, ctypes.POINTER(EmbeddingDesc),
                                            ctypes.POINTER(EmbeddingBackwardArgs)]),
+        "bie_batchnorm_forward": (c_int, [c_void_p, ctypes.POINTER(BatchnormDesc), ctypes.POINTER(BatchnormArgs)]),
+        "bie_batchnorm_backward": (c_int, [c_void_p, ctypes.POINTER(BatchnormBackwardArgs)]),
     }
     for name, (res, args) in sigs.items():
         f = getattr(lib, name)

@@ -70,6 +70,38 @@ class Plan:
             ctx.check(self.name, status)
 
 
+class Call:
+    """An unplanned libbie call (a function taking the context, then `pre`, then its argument
+    struct) whose argument struct is kept like a plan's: a later call with the same metadata only
+    patches the views' data pointers."""
+
+    __slots__ = ("fn", "name", "pre", "args", "live")
+
+    def __init__(self, function, pre, args, views):
+        self.name, self.fn = function, getattr(_lib.context().lib, function)
+        self.pre, self.args = pre, args
+        self.live = tuple((i, v) for i, v in enumerate(views) if v is not None)
+
+    def run(self, ref, tensors):
+        for i, v in self.live:
+            v.data = tensors[i].data_ptr()
+        ctx = _lib.context()
+        index = ref.get_device()
+        if index >= 0:
+            import torch
+            if index != torch.cuda.current_device():
+                with torch.cuda.device(index):
+                    _lib.bind_stream_index(ctx, index)
+                    return self._call(ctx)
+            _lib.bind_stream_index(ctx, index)
+        return self._call(ctx)
+
+    def _call(self, ctx):
+        status = self.fn(ctx.handle, *self.pre, ctypes.byref(self.args))
+        if status:
+            ctx.check(self.name, status)
+
+
 class Kept:
     """The plans a module keeps for its calls, by what a call's own tensors are: their metadata and
     the identity of its operands, which each entry keeps alive so that their ids stay theirs. At most
@@ -114,6 +146,11 @@ def cache():
 def meta(t):
     """What a plan fixes of a tensor (None: absent)."""
     return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def meta_fast(t):
+    """meta(t) with the device as its index (-1: the CPU), cheaper to build."""
+    return (t.shape, t.stride(), t.dtype, t.get_device())
 
 
 def metas(*ts):

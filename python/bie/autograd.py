@@ -237,3 +237,28 @@ class ClampedBinaryConv2dForward(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         return _grads(ctx, grad_y, 10, 9)
+
+
+class BatchNormTrain(torch.autograd.Function):
+    """A training-mode BatchNorm2d and the residual add after it, bn(x) + residual, as one libbie
+    pass after the statistics (F.batch_norm_train) and one backward (F.batch_norm_backward); the
+    residual's gradient is grad_y itself. Updates the running statistics like the module.
+
+        apply(x, weight, bias, residual (or None), running_mean, running_var, momentum, eps)"""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, residual, running_mean, running_var, momentum, eps):
+        y, mean, invstd = F.batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps, residual)
+        ctx.save_for_backward(x, weight, mean, invstd)
+        ctx.has_residual = residual is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, mean, invstd = ctx.saved_tensors
+        cl = torch.channels_last
+        if x.dim() == 4 and x.is_contiguous(memory_format=cl) and not grad_y.is_contiguous(memory_format=cl):
+            grad_y = grad_y.contiguous(memory_format=cl)  # (one pass at memory speed: libbie's dense route)
+        gx, gw, gb = F.batch_norm_backward(x, weight, mean, invstd, grad_y, ctx.needs_input_grad[0])
+        return gx, gw, gb, grad_y if ctx.has_residual else None, None, None, None, None
+

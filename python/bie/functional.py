@@ -26,7 +26,7 @@ __all__ = [
     "BieError", "QUANT_BINARY", "QUANT_INT4", "QUANT_INT8", "PAD_ZERO", "PAD_MINUS_ONE", "PAD_PLUS_ONE",
     "linear_forward", "linear_backward", "binarize_ste", "conv2d_binarize_ste", "conv2d_forward", "conv2d_backward",
     "conv2d_output_size", "pack_weight", "unpack_weight", "packed_shape", "quantize_int8", "activation_scale_init",
-    "weight_scale_init", "weight_to_latent_int8", "affine_maxpool2d",
+    "weight_scale_init", "weight_to_latent_int8", "affine_maxpool2d", "batch_norm_train", "batch_norm_backward",
 ]
 
 _DTYPES = {
@@ -588,6 +588,53 @@ def affine_maxpool2d(x, kernel_size, stride=None, padding=0, mul=None, add=None,
     _Call(x)("bie_affine_maxpool2d_forward", ctypes.byref(desc), ctypes.byref(args))
     del keep
     return y
+
+
+def batch_norm_train(x, weight, bias, running_mean, running_var, momentum=0.1, eps=1e-5, residual=None):
+    """Training-mode batch norm of x [N, C, ...] (bie_batchnorm_forward): batch statistics per
+    channel, running_mean and running_var updated in place (momentum; the variance unbiased),
+    y = (x - mean) * invstd * weight + bias, plus residual (shaped like x) when given, in one pass
+    after the statistics. Returns (y, saved_mean, saved_invstd), y in x's dtype and memory format,
+    the saved statistics float32 [C] for batch_norm_backward. On CUDA tensors any float dtypes and
+    strides (2 to 4 dimensions); on the CPU dense float32 only."""
+    _check_float(x, "x")
+    if x.dim() < 2:
+        raise ValueError(f"bie: batch_norm_train input must be [N, C, ...], has {x.dim()} dimensions")
+    y = torch.empty_like(x, memory_format=_like_memory_format(x))
+    saved = torch.empty((2, x.shape[1]), dtype=torch.float32, device=x.device)
+    ts = (x, weight, bias, running_mean, running_var, saved[0], saved[1], y, residual)
+    # (y and saved follow from x's metadata)
+    m = _plans.meta_fast
+    key = ("bn", momentum, eps, m(x), m(weight), m(bias), m(running_mean), m(running_var),
+           None if residual is None else m(residual))
+    cache = _plans.cache()
+    call = cache.get(key)
+    if call is None:
+        views = [None if t is None else _view(t.detach()) for t in ts]
+        desc = _lib.BatchnormDesc(float(momentum), float(eps), 1)
+        call = cache[key] = _plans.Call("bie_batchnorm_forward", (ctypes.byref(desc),),
+                                        _lib.BatchnormArgs(*[_ptr(v) for v in views]), views)
+    call.run(x, ts)
+    return y, saved[0], saved[1]
+
+
+def batch_norm_backward(x, weight, saved_mean, saved_invstd, grad_y, grad_x=True):
+    """The backward of batch_norm_train (bie_batchnorm_backward) from its input x and saved
+    statistics: (grad_x or None when grad_x is False, grad_weight, grad_bias); grad_x takes x's
+    dtype and memory format, grad_weight and grad_bias weight's dtype."""
+    gx = torch.empty_like(x, memory_format=_like_memory_format(x)) if grad_x else None
+    gwb = torch.empty((2, x.shape[1]), dtype=weight.dtype, device=x.device)
+    ts = (x, weight, saved_mean, saved_invstd, grad_y, gx, gwb[0], gwb[1])
+    m = _plans.meta_fast  # (gx and gwb follow from x's and weight's metadata)
+    key = ("bn backward", m(x), m(weight), m(saved_mean), m(saved_invstd), m(grad_y), gx is None)
+    cache = _plans.cache()
+    call = cache.get(key)
+    if call is None:
+        views = [None if t is None else _view(t.detach()) for t in ts]
+        call = cache[key] = _plans.Call("bie_batchnorm_backward", (),
+                                        _lib.BatchnormBackwardArgs(*[_ptr(v) for v in views]), views)
+    call.run(x, ts)
+    return gx, gwb[0], gwb[1]
 
 
 def conv2d_binarize_ste(x, scale_a, bias_a=None, clamp=None):

@@ -37,7 +37,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from . import _plans
 from . import functional as F
-from .autograd import ClampedBinaryConv2dForward, _exact_in, clamp_saves_bits
+from .autograd import BatchNormTrain, ClampedBinaryConv2dForward, _exact_in, clamp_saves_bits
 from .layers import BieLayer, BinaryConv2d, _Conv2d
 
 
@@ -86,6 +86,18 @@ def _bits_bias(nxt):
     if nxt is None or not _act_keeps_bits(nxt.act, nxt.conv.bias_a):
         return None
     return nxt.conv.bias_a.detach().float().contiguous()
+
+
+def _bn_train(bn, y, residual=None):
+    """bn(y) (+ residual) for a BatchNorm2d in training on CUDA as libbie's batch norm
+    (BatchNormTrain: statistics, normalisation and the add in two passes over y, the backward in two),
+    the module's own numbers within f32 rounding; None where that does not apply (the CPU, eval mode,
+    no affine or running statistics, a cumulative momentum, a residual of another dtype or shape)."""
+    if (not bn.training or not y.is_cuda or bn.weight is None or bn.running_mean is None or bn.momentum is None
+            or y.dim() != 4 or (residual is not None and (residual.dtype != y.dtype or residual.shape != y.shape))):
+        return None
+    bn.num_batches_tracked.add_(1)
+    return BatchNormTrain.apply(y, bn.weight, bn.bias, residual, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
 
 
 class FusedConv2d(nn.Module):
@@ -182,6 +194,9 @@ class FusedConv2d(nn.Module):
         if y is None:
             y = self.conv(x if self.act is None else self.act(x))
         if self.bn is not None:
+            z = _bn_train(self.bn, y, residual)
+            if z is not None:
+                return z
             y = self.bn(y)
         return y if residual is None else y + residual
 
@@ -272,7 +287,9 @@ class FoldedConv2d(nn.Module):
 
     def forward(self, x):
         if self.training or torch.is_grad_enabled() or self._folded is None:
-            return self.bn(self.conv(x))
+            y = self.conv(x)
+            z = _bn_train(self.bn, y)
+            return self.bn(y) if z is None else z
         if self.bias_to is None:
             return self._folded(x)
         c = self._folded
@@ -319,7 +336,9 @@ class FoldedConvPool(nn.Module):
 
     def forward(self, x):
         if self.training or torch.is_grad_enabled():
-            y = self.bn(self.conv(x))
+            y = self.conv(x)
+            z = _bn_train(self.bn, y)
+            y = self.bn(y) if z is None else z
             return self.pool(y if self.act is None else self.act(y))
         c = self.conv
         y = torch.nn.functional.conv2d(x, c.weight, None, c.stride, c.padding, c.dilation, c.groups)

@@ -304,3 +304,42 @@ def test_saved_bits_bad_input():
         F.linear_backward(bie.QUANT_BINARY, bits, w, one, one, torch.randn(4, 3), in_features=20)
     with pytest.raises(TypeError):
         F.binarize_ste(x.double(), one)
+
+
+@pytest.mark.parametrize("res", [False, True])
+def test_batch_norm_train_is_torchs(device, res):
+    """F.batch_norm_train / batch_norm_backward (libbie's bie_batchnorm_*) against torch's
+    training batch norm (+ the residual add): y, running statistics, grad_x, grad_weight and
+    grad_bias within f32 rounding; channels-last on CUDA, dense NCHW on the CPU (its only form)."""
+    torch.manual_seed(11)
+    x = torch.randn(4, 24, 5, 7, device=device) * 3 + torch.linspace(-20, 20, 24, device=device).view(1, -1, 1, 1)
+    if device.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    r = torch.randn_like(x) if res else None
+    w, b = torch.rand(24, device=device) + 0.5, torch.randn(24, device=device)
+    rm, rv = torch.randn(24, device=device), torch.rand(24, device=device) + 0.5
+    rm2, rv2 = rm.clone(), rv.clone()
+    y, mean, invstd = F.batch_norm_train(x, w, b, rm, rv, 0.1, 1e-5, r)
+    xx, ww, bb = (t.clone().requires_grad_() for t in (x, w, b))
+    ref = torch.nn.functional.batch_norm(xx, rm2, rv2, ww, bb, True, 0.1, 1e-5)
+    g = torch.randn_like(x)
+    ref.backward(g)
+    ref = ref.detach() + (0 if r is None else r)
+
+    def close(a, b_):
+        return torch.allclose(a, b_, rtol=1e-5, atol=1e-5 * b_.abs().max().item())
+
+    assert close(y, ref) and close(rm, rm2) and close(rv, rv2)
+    gx, gw, gb = F.batch_norm_backward(x, w, mean, invstd, g)
+    assert close(gx, xx.grad) and close(gw, ww.grad) and close(gb, bb.grad)
+    assert y.is_contiguous(memory_format=torch.channels_last) == (device.type == "cuda")
+
+
+def test_batch_norm_train_refuses_what_the_cpu_cannot_take():
+    x = torch.randn(2, 3, 4, 4, dtype=torch.float16)
+    v = torch.ones(3)
+    with pytest.raises(bie.BieError, match="dtype"):
+        F.batch_norm_train(x, v, v, v.clone(), v.clone())
+    with pytest.raises(bie.BieError, match="stride"):
+        F.batch_norm_train(torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last), v, v, v.clone(),
+                           v.clone())

@@ -248,6 +248,8 @@ bie_ste_slot bie_cuda_binarize_ste;
 bie_matmul_slot bie_cuda_matmul_forward, bie_cuda_matmul_backward;
 bie_embedding_slot bie_cuda_embedding_forward, bie_cuda_embedding_backward;
 bie_pool_slot bie_cuda_affine_maxpool2d;
+enum bie_status bie_cuda_batchnorm_forward(bie_context_t * ctx, const struct bie_bn_call * c);
+enum bie_status bie_cuda_batchnorm_backward(bie_context_t * ctx, const struct bie_bn_call * c);
 
 // The table libbie reaches the backend through (src/bie-cuda-plugin.h). A new entry point is one
 // line here and one in struct bie_cuda_plugin.
@@ -272,6 +274,8 @@ static const struct bie_cuda_plugin table = {
     .wq_forward = bie_cuda_wq_forward,
     .wq_backward = bie_cuda_wq_backward,
     .wq_dequantize = bie_cuda_wq_dequantize,
+    .batchnorm_forward = bie_cuda_batchnorm_forward,
+    .batchnorm_backward = bie_cuda_batchnorm_backward,
 };
 
 // The plugin's one exported symbol, and the same table for programs that link these objects.

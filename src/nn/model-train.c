@@ -91,7 +91,7 @@ static enum bie_status layer_forward(bie_context_t * ctx, bie_model_t * m, struc
     case L_LINEAR: return L->q == Q_F32 ? fconv_forward(ctx, m, L, n, in, out) : qlayer_forward(ctx, L, n, in, out);
     case L_BN:
         return bie_nn_batchnorm_forward(ctx, n, L->in[0], L->in[1] * L->in[2], in, L->w.v, L->b.v, L->rmean, L->rvar,
-                                        BN_MOMENTUM, BN_EPS, 1, L->smean, L->sinvstd, out);
+                                        BN_MOMENTUM, BN_EPS, 1, L->smean, L->sinvstd, NULL, out);
     case L_POOL:
         if (L->pool_kind == POOL_ADAPTIVE_AVG) {
             nn_adaptive_avgpool_forward(n, L->in[0], L->in[1], L->in[2], L->out[1], L->out[2], in, out);

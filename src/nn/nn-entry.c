@@ -2,10 +2,13 @@
 // nn-entry.c: the public entry points of the float building blocks and optimizers (bie-train.h):
 // each checks its tensor views (dtype, shape against the others, CPU, dense row-major, outputs
 // overlapping nothing they may not) and runs the kernel of nn-ops.c or optim.c on their data.
+#include "bie-cuda-plugin.h"
 #include "bie-impl.h"
 #include "nn/nn-kernels.h"
+#include "ops/op-impl.h"
 
 #include <stdbool.h>
+#include <string.h>
 
 enum bie_status bie_nn_check_dense(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
                                    enum bie_dtype dtype) {
@@ -63,10 +66,116 @@ static enum bie_status bn_dims(bie_context_t * ctx, const struct bie_tensor * x,
     return BIE_STATUS_OK;
 }
 
+// --- batch norm on CUDA tensors (src/cuda/cuda-batchnorm.cu) ---
+
+// t (NULL: absent, *out zeroed) as the [N, C, H, W] view of a CUDA batch norm: f32, f16 or bf16 on
+// x's device, of x's shape (2 to 4 dimensions, the missing ones of extent 1).
+static enum bie_status bn_view4(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
+                                const struct bie_tensor * x, bool output, struct bie_tensor * out) {
+    memset(out, 0, sizeof *out);
+    if (!t) return BIE_STATUS_OK;
+    if (output) BIE_TRY(bie_op_check_grad(ctx, name, t, x->device_type, x->device_index));
+    else {
+        BIE_TRY(bie_check_tensor(ctx, name, t, true));
+        BIE_TRY(bie_op_check_device(ctx, name, t, x->device_type, x->device_index));
+    }
+    BIE_TRY(bie_op_check_float(ctx, name, t));
+    if (t->ndim < 2 || t->ndim > 4)
+        BIE_FAIL("%s: must be [n, c], [n, c, l] or [n, c, h, w] on CUDA (ndim %d)", name, (int)t->ndim);
+    if (!same_shape(t, x)) BIE_FAIL("%s: its shape must be x's", name);
+    *out = *t;
+    for (int32_t i = t->ndim; i < 4; i++) {
+        out->shape[i] = 1;
+        out->stride[i] = 0;
+    }
+    out->ndim = 4;
+    return BIE_STATUS_OK;
+}
+
+// A [C] vector of a CUDA batch norm on x's device: f32 (f32_only) or f32 / f16 / bf16; an absent
+// one is refused when required, else *out is zeroed.
+static enum bie_status bn_vector(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
+                                 const struct bie_tensor * x, bool output, bool f32_only, bool required,
+                                 struct bie_tensor * out) {
+    memset(out, 0, sizeof *out);
+    if (!t) {
+        if (required) BIE_FAIL("%s: is NULL", name);
+        return BIE_STATUS_OK;
+    }
+    if (output) BIE_TRY(bie_op_check_grad(ctx, name, t, x->device_type, x->device_index));
+    else {
+        BIE_TRY(bie_check_tensor(ctx, name, t, true));
+        BIE_TRY(bie_op_check_device(ctx, name, t, x->device_type, x->device_index));
+    }
+    if (f32_only && t->dtype != BIE_DTYPE_F32) BIE_FAIL("%s: dtype %s must be f32", name, bie_dtype_name(t->dtype));
+    BIE_TRY(bie_op_check_float(ctx, name, t));
+    BIE_TRY(bie_op_check_shape(ctx, name, t, 1, &x->shape[1]));
+    *out = *t;
+    return BIE_STATUS_OK;
+}
+
+static enum bie_status bn_forward_cuda(bie_context_t * ctx, const struct bie_batchnorm_desc * d,
+                                       const struct bie_batchnorm_args * a) {
+    struct bie_bn_call c;
+    memset(&c, 0, sizeof c);
+    const struct bie_tensor * x = a->x;
+    if (!a->y) BIE_FAIL("y: is NULL");
+    BIE_TRY(bn_view4(ctx, "x", x, x, false, &c.x));
+    BIE_TRY(bn_view4(ctx, "y", a->y, x, true, &c.y));
+    BIE_TRY(bn_view4(ctx, "residual", a->residual, x, false, &c.residual));
+    BIE_TRY(bn_vector(ctx, "gamma", a->gamma, x, false, false, true, &c.gamma));
+    BIE_TRY(bn_vector(ctx, "beta", a->beta, x, false, false, true, &c.beta));
+    BIE_TRY(bn_vector(ctx, "running_mean", a->running_mean, x, true, false, true, &c.running_mean));
+    BIE_TRY(bn_vector(ctx, "running_var", a->running_var, x, true, false, true, &c.running_var));
+    BIE_TRY(bn_vector(ctx, "saved_mean", a->saved_mean, x, true, true, d->training, &c.saved_mean));
+    BIE_TRY(bn_vector(ctx, "saved_invstd", a->saved_invstd, x, true, true, d->training, &c.saved_invstd));
+    if (!(d->eps > 0)) BIE_FAIL("desc: eps must be > 0");
+    if (!(d->momentum >= 0 && d->momentum <= 1)) BIE_FAIL("desc: momentum must be in [0, 1]");
+    c.N = c.x.shape[0], c.C = c.x.shape[1], c.H = c.x.shape[2], c.W = c.x.shape[3];
+    c.momentum = d->momentum, c.eps = d->eps, c.training = d->training != 0;
+    c.device_index = x->device_index;
+    const struct bie_tensor * outs[] = {a->y, a->running_mean, a->running_var, a->saved_mean, a->saved_invstd};
+    const char * out_names[] = {"y", "running_mean", "running_var", "saved_mean", "saved_invstd"};
+    const struct bie_tensor * ins[] = {x, a->gamma, a->beta, a->residual};
+    const char * in_names[] = {"x", "gamma", "beta", "residual"};
+    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 5, ins, in_names, 4));
+    const struct bie_cuda_plugin * p;
+    BIE_TRY(bie_cuda_plugin_get(ctx, "x", &p));
+    return p->batchnorm_forward(ctx, &c);
+}
+
+static enum bie_status bn_backward_cuda(bie_context_t * ctx, const struct bie_batchnorm_backward_args * a) {
+    struct bie_bn_call c;
+    memset(&c, 0, sizeof c);
+    const struct bie_tensor * x = a->x;
+    if (!a->grad_y) BIE_FAIL("grad_y: is NULL");
+    BIE_TRY(bn_view4(ctx, "x", x, x, false, &c.x));
+    BIE_TRY(bn_view4(ctx, "grad_y", a->grad_y, x, false, &c.grad_y));
+    BIE_TRY(bn_view4(ctx, "grad_x", a->grad_x, x, true, &c.grad_x));
+    BIE_TRY(bn_vector(ctx, "gamma", a->gamma, x, false, false, true, &c.gamma));
+    BIE_TRY(bn_vector(ctx, "saved_mean", a->saved_mean, x, false, true, true, &c.saved_mean));
+    BIE_TRY(bn_vector(ctx, "saved_invstd", a->saved_invstd, x, false, true, true, &c.saved_invstd));
+    BIE_TRY(bn_vector(ctx, "grad_gamma", a->grad_gamma, x, true, false, true, &c.grad_gamma));
+    BIE_TRY(bn_vector(ctx, "grad_beta", a->grad_beta, x, true, false, true, &c.grad_beta));
+    c.N = c.x.shape[0], c.C = c.x.shape[1], c.H = c.x.shape[2], c.W = c.x.shape[3];
+    c.device_index = x->device_index;
+    const struct bie_tensor * outs[] = {a->grad_x, a->grad_gamma, a->grad_beta};
+    const char * out_names[] = {"grad_x", "grad_gamma", "grad_beta"};
+    const struct bie_tensor * ins[] = {x, a->gamma, a->saved_mean, a->saved_invstd, a->grad_y};
+    const char * in_names[] = {"x", "gamma", "saved_mean", "saved_invstd", "grad_y"};
+    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 3, ins, in_names, 5));
+    const struct bie_cuda_plugin * p;
+    BIE_TRY(bie_cuda_plugin_get(ctx, "x", &p));
+    return p->batchnorm_backward(ctx, &c);
+}
+
+static bool on_cuda(const struct bie_tensor * x) { return x && x->device_type == BIE_DEVICE_CUDA; }
+
 enum bie_status bie_batchnorm_forward(bie_context_t * ctx, const struct bie_batchnorm_desc * desc,
                                       const struct bie_batchnorm_args * a) {
     BIE_ENTER(ctx);
     if (!desc || !a) BIE_FAIL("desc, args: must not be NULL");
+    if (on_cuda(a->x)) return bn_forward_cuda(ctx, desc, a);
     int64_t n = 0, c = 0, hw = 0;
     BIE_TRY(bn_dims(ctx, a->x, &n, &c, &hw));
     BIE_TRY(bie_nn_check_shape(ctx, "gamma", a->gamma, BIE_DTYPE_F32, 1, &c));
@@ -78,20 +187,22 @@ enum bie_status bie_batchnorm_forward(bie_context_t * ctx, const struct bie_batc
     if (desc->training || a->saved_invstd)
         BIE_TRY(bie_nn_check_shape(ctx, "saved_invstd", a->saved_invstd, BIE_DTYPE_F32, 1, &c));
     BIE_TRY(check_like(ctx, "y", a->y, BIE_DTYPE_F32, "x", a->x));
+    if (a->residual) BIE_TRY(check_like(ctx, "residual", a->residual, BIE_DTYPE_F32, "x", a->x));
     const struct bie_tensor * outs[] = {a->y, a->running_mean, a->running_var, a->saved_mean, a->saved_invstd};
     const char * out_names[] = {"y", "running_mean", "running_var", "saved_mean", "saved_invstd"};
-    const struct bie_tensor * ins[] = {a->x, a->gamma, a->beta};
-    const char * in_names[] = {"x", "gamma", "beta"};
-    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 5, ins, in_names, 3));
-    return bie_nn_batchnorm_forward(ctx, n, c, hw, a->x->data, a->gamma->data, a->beta->data, a->running_mean->data,
-                                    a->running_var->data, desc->momentum, desc->eps, desc->training,
-                                    a->saved_mean ? a->saved_mean->data : NULL,
-                                    a->saved_invstd ? a->saved_invstd->data : NULL, a->y->data);
+    const struct bie_tensor * ins[] = {a->x, a->gamma, a->beta, a->residual};
+    const char * in_names[] = {"x", "gamma", "beta", "residual"};
+    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 5, ins, in_names, 4));
+    return bie_nn_batchnorm_forward(
+        ctx, n, c, hw, a->x->data, a->gamma->data, a->beta->data, a->running_mean->data, a->running_var->data,
+        desc->momentum, desc->eps, desc->training, a->saved_mean ? a->saved_mean->data : NULL,
+        a->saved_invstd ? a->saved_invstd->data : NULL, a->residual ? a->residual->data : NULL, a->y->data);
 }
 
 enum bie_status bie_batchnorm_backward(bie_context_t * ctx, const struct bie_batchnorm_backward_args * a) {
     BIE_ENTER(ctx);
     if (!a) BIE_FAIL("args: must not be NULL");
+    if (on_cuda(a->x)) return bn_backward_cuda(ctx, a);
     int64_t n = 0, c = 0, hw = 0;
     BIE_TRY(bn_dims(ctx, a->x, &n, &c, &hw));
     BIE_TRY(bie_nn_check_shape(ctx, "gamma", a->gamma, BIE_DTYPE_F32, 1, &c));

@@ -11,7 +11,8 @@
 enum bie_status bie_nn_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
                                          const float * gamma, const float * beta, float * running_mean,
                                          float * running_var, float momentum, float eps, int training,
-                                         float * saved_mean, float * saved_invstd, float * y);
+                                         float * saved_mean, float * saved_invstd, const float * residual,
+                                         float * y); // residual may be NULL
 // grad_x may be NULL.
 enum bie_status bie_nn_batchnorm_backward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
                                           const float * gamma, const float * saved_mean, const float * saved_invstd,

@@ -15,11 +15,12 @@
 //   training: mean = sum x / m, var = sum (x - mean)^2 / m (in double);
 //             running_mean += momentum*(mean - running_mean);
 //             running_var  += momentum*(var*m/(m-1) - running_var)
-//   y = (x - mean) / sqrt(var + eps) * gamma + beta
+//   y = (x - mean) / sqrt(var + eps) * gamma + beta  (+ residual, when not NULL), computed as
+//   x * a + b with a = gamma * invstd, b = beta - mean * a (f32)
 enum bie_status bie_nn_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t c, int64_t hw, const float * x,
                                          const float * gamma, const float * beta, float * running_mean,
                                          float * running_var, float momentum, float eps, int training,
-                                         float * saved_mean, float * saved_invstd, float * y) {
+                                         float * saved_mean, float * saved_invstd, const float * residual, float * y) {
     BIE_ENTER(ctx);
     if (n <= 0 || c <= 0 || hw <= 0)
         BIE_FAIL("n, c, hw: must be > 0 (got %lld, %lld, %lld)", (long long)n, (long long)c, (long long)hw);
@@ -64,7 +65,11 @@ enum bie_status bie_nn_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t
         for (int64_t i = 0; i < n; i++) {
             const float * xp = x + (i * c + j) * hw;
             float * yp = y + (i * c + j) * hw;
-            for (int64_t p = 0; p < hw; p++) yp[p] = xp[p] * a + b;
+            if (residual) {
+                const float * rp = residual + (i * c + j) * hw;
+                for (int64_t p = 0; p < hw; p++) yp[p] = (xp[p] * a + b) + rp[p];
+            } else
+                for (int64_t p = 0; p < hw; p++) yp[p] = xp[p] * a + b;
         }
     }
     return BIE_STATUS_OK;
