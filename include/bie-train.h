@@ -95,9 +95,10 @@ BIE_API enum bie_status bie_idx_parse(bie_context_t * ctx, const void * bytes, s
 BIE_API enum bie_status bie_idx_read(bie_context_t * ctx, const char * path, struct bie_idx * out);
 BIE_API void bie_idx_free(struct bie_idx * idx);
 
-// --- float building blocks (f32, CPU, OpenMP over channels / images) ----------------------------
+// --- float building blocks (f32, CPU, OpenMP over channels / images; batch norm on CUDA too) -----
 // Tensors are bie_tensor views: f32 (labels U8, argmax I32, Diode weights I8) on the CPU, dense
-// row-major (contiguous; a strided or broadcast view is INVALID_ARGUMENT naming it). Outputs may
+// row-major (contiguous; a strided or broadcast view is INVALID_ARGUMENT naming it; batch norm takes
+// CUDA tensors of other forms, below). Outputs may
 // not overlap each other or an input, except where a function says so. Every shape is checked
 // against the others; a message names the argument that is wrong.
 
@@ -128,7 +129,7 @@ struct bie_batchnorm_args {
     struct bie_tensor * running_var;    // [c]
     struct bie_tensor * saved_mean;     // [c], written in training (may be NULL in eval)
     struct bie_tensor * saved_invstd;   // [c], likewise
-    struct bie_tensor * y;              // like x
+    struct bie_tensor * y;              // like x (NULL in training: the statistics only)
     const struct bie_tensor * residual; // like x, or NULL
 };
 BIE_API enum bie_status bie_batchnorm_forward(bie_context_t * ctx, const struct bie_batchnorm_desc * desc,

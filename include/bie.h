@@ -587,6 +587,11 @@ struct bie_affine_maxpool2d_desc {
     float lo, hi;
 };
 
+// For training, argmax (U8 shaped like y) gets, per output, the position in its window of the x it
+// came from, (h - (i*stride_h - pad_h)) * kernel_w + (w - (j*stride_w - pad_w)), the first in the
+// window's row-major order whose s * x + 0 is the largest (NaN wins); or 255 where the clamp stops
+// the gradient: a finite lo that f32(y) is not above, or a finite hi that it is not below (a NaN y
+// with either). Windows of more than 255 positions cannot have one.
 struct bie_affine_maxpool2d_args {
     const struct bie_tensor * x;
     const struct bie_tensor * mul; // or NULL
@@ -594,10 +599,27 @@ struct bie_affine_maxpool2d_args {
     struct bie_tensor * y;
     struct bie_tensor * out_bits;            // or NULL
     const struct bie_tensor * out_bits_bias; // or NULL (needs out_bits)
+    struct bie_tensor * argmax;              // or NULL
 };
 
 BIE_API enum bie_status bie_affine_maxpool2d_forward(bie_context_t * ctx, const struct bie_affine_maxpool2d_desc * desc,
                                                      const struct bie_affine_maxpool2d_args * args);
+
+// The backward of the forward above to z = x * mul[c] + add[c] (the map before its clamp; the
+// caller applies the map's own derivative, a BatchNorm's backward for instance), from its argmax:
+//   grad_z[n, c, h, w] = round(sum of f32(grad_y[n, c, i, j]) over the outputs (i, j) whose window
+//                        holds (h, w) and whose argmax names it, in increasing i, then j; 0 if none)
+// argmax and grad_y [N, C, OH, OW] (grad_y f32, f16 or bf16), grad_z [N, C, H, W] (f32, f16 or
+// bf16), any strides, on one device; desc as in the forward (lo and hi unused).
+struct bie_affine_maxpool2d_backward_args {
+    const struct bie_tensor * argmax;
+    const struct bie_tensor * grad_y;
+    struct bie_tensor * grad_z;
+};
+
+BIE_API enum bie_status bie_affine_maxpool2d_backward(bie_context_t * ctx,
+                                                      const struct bie_affine_maxpool2d_desc * desc,
+                                                      const struct bie_affine_maxpool2d_backward_args * args);
 
 //
 // ABI layout of the public structs, for bindings that declare them by hand (Python's ctypes)

@@ -365,7 +365,10 @@ def networks_part(rows, files):
                         "folded: the float network with its BatchNorms folded by torch.fx "
                         "(torch.fx.experimental.optimization.fuse), and the fused network's ratio against it. "
                         "fused train step: the training step after bie.fuse, whose binary convs and their "
-                        "Hardtanh each train as one node that keeps 3 bits per element of its input.")
+                        "Hardtanh each train as one node that keeps 3 bits per element of its input, whose "
+                        "BatchNorms (with a block's shortcut add) train through libbie's batch norm, and whose "
+                        "stem's BatchNorm, ReLU and max-pool train as one node that keeps a byte per pooled "
+                        "output (on CUDA).")
         if body:
             out += table(["model", "batch", "timing", "inference ms (bie / baseline)", "ratio",
                           "fused inference ms (bie / baseline)", "ratio", "folded ms", "ratio",

@@ -238,13 +238,15 @@ struct bie_embedding_call {
     int32_t device_index;
 };
 
-// A bie_affine_maxpool2d_forward call: x [N, C, H, W], y and out_bits [N, C, OH, OW] (out_bits
-// absent: data NULL), mul, add and bits_bias [C] f32 (absent: data NULL).
+// A bie_affine_maxpool2d_forward call: x [N, C, H, W], y, out_bits and argmax [N, C, OH, OW]
+// (out_bits, argmax absent: data NULL), mul, add and bits_bias [C] f32 (absent: data NULL). A
+// bie_affine_maxpool2d_backward call: argmax and y (grad_y) [N, C, OH, OW], x (grad_z, written)
+// [N, C, H, W].
 struct bie_pool_call {
     int32_t kh, kw, sh, sw, ph, pw;
     float lo, hi;
     int64_t N, C, H, W, OH, OW;
-    struct bie_tensor x, mul, add, y, out_bits, bits_bias;
+    struct bie_tensor x, mul, add, y, out_bits, bits_bias, argmax;
     enum bie_device_type device_type;
     int32_t device_index;
 };
@@ -303,6 +305,7 @@ struct bie_backend_ops {
     // Sums over all elements: *sum_abs = sum|x|, *sum = sum x (in double).
     bie_reduce_slot * reduce;
     bie_pool_slot * affine_maxpool2d;
+    bie_pool_slot * affine_maxpool2d_backward;
 };
 // The slots every backend has, in the struct's order (C++ takes designated initializers in order
 // only), filled from its functions named <p>_<slot> (bie_ref_pack, ...); a table adds the optional

@@ -11,10 +11,10 @@
 struct pcase {
     int64_t N, C, H, W, OH, OW;
     struct bie_affine_maxpool2d_desc d;
-    enum bie_dtype xd, yd;
-    int xl, yl, bl; // layouts (pool_tensor); bl < 0: no out_bits
-    bool mul, add, bb;
-    char what[256];
+    enum bie_dtype xd, yd, gd, zd; // gd, zd: grad_y's and grad_z's (the backward, with argmax)
+    int xl, yl, bl, gl, zl;        // layouts (pool_tensor); bl < 0: no out_bits; argmax's is yl
+    bool mul, add, bb, am;         // am: argmax and the backward
+    char what[320];
 };
 
 // A 4-D [n, c, h, w] tensor: layout 0 NCHW dense, 1 channels-last dense, 2 channels-last with 8
@@ -36,10 +36,11 @@ static inline void pool_describe(struct pcase * c) {
     const struct bie_affine_maxpool2d_desc * d = &c->d;
     snprintf(c->what, sizeof c->what,
              "N %lld C %lld H %lld W %lld k %dx%d s %dx%d p %dx%d clamp [%g, %g] x %s/%d y %s/%d bits %d mul %d "
-             "add %d bias %d",
+             "add %d bias %d argmax %d grad_y %s/%d grad_z %s/%d",
              (long long)c->N, (long long)c->C, (long long)c->H, (long long)c->W, (int)d->kernel_h, (int)d->kernel_w,
              (int)d->stride_h, (int)d->stride_w, (int)d->pad_h, (int)d->pad_w, (double)d->lo, (double)d->hi,
-             bie_dtype_name(c->xd), c->xl, bie_dtype_name(c->yd), c->yl, c->bl, (int)c->mul, (int)c->add, (int)c->bb);
+             bie_dtype_name(c->xd), c->xl, bie_dtype_name(c->yd), c->yl, c->bl, (int)c->mul, (int)c->add, (int)c->bb,
+             (int)c->am, bie_dtype_name(c->gd), c->gl, bie_dtype_name(c->zd), c->zl);
 }
 
 static inline void pool_random_case(struct pcase * c) {
@@ -69,7 +70,56 @@ static inline void pool_random_case(struct pcase * c) {
     c->mul = test_rand_int(0, 3) != 0;
     c->add = test_rand_int(0, 3) != 0;
     c->bb = c->bl >= 0 && test_rand_int(0, 1);
+    c->am = test_rand_int(0, 1);
+    c->gd = floats[test_rand_int(0, 2)];
+    c->zd = test_rand_int(0, 1) ? c->gd : floats[test_rand_int(0, 2)];
+    c->gl = (int)test_rand_int(0, 3);
+    c->zl = test_rand_int(0, 1) ? c->xl : (int)test_rand_int(0, 3);
     pool_describe(c);
+}
+
+// The reference's argmax against its own y (the x it names maps to y, up to a zero's sign; 255 only
+// where the clamp stops) and its backward against the sums (grad_z adds up to the grad_y of the
+// outputs whose argmax is not 255, within the rounding of grad_z's dtype).
+static inline void pool_check_spec(const struct pcase * c, const struct bie_tensor * x, const struct bie_tensor * y,
+                                   const struct bie_tensor * am, const struct bie_tensor * mul,
+                                   const struct bie_tensor * add, const struct bie_tensor * gy,
+                                   const struct bie_tensor * gz) {
+    int64_t bad = 0;
+    double sum_y = 0, abs_y = 0, sum_z = 0;
+    for (int64_t n = 0; n < c->N; n++)
+        for (int64_t ch = 0; ch < c->C; ch++)
+            for (int64_t i = 0; i < c->OH; i++)
+                for (int64_t j = 0; j < c->OW; j++) {
+                    const int64_t at[4] = {n, ch, i, j};
+                    const int k = (int)bie_load(am, bie_offset(am, at));
+                    const double g = bie_load(gy, bie_offset(gy, at));
+                    if (k == 255) continue;
+                    sum_y += g, abs_y += fabs(g);
+                    const int64_t h = i * c->d.stride_h - c->d.pad_h + k / c->d.kernel_w,
+                                  w = j * c->d.stride_w - c->d.pad_w + k % c->d.kernel_w;
+                    const int64_t xa[4] = {n, ch, h, w};
+                    if (h < 0 || h >= c->H || w < 0 || w >= c->W || k >= c->d.kernel_h * c->d.kernel_w) {
+                        bad++;
+                        continue;
+                    }
+                    float v = (float)bie_load(x, bie_offset(x, xa));
+                    if (c->mul) v = v * ((const float *)mul->data)[ch];
+                    if (c->add) v = v + ((const float *)add->data)[ch];
+                    v = v < c->d.lo ? c->d.lo : v > c->d.hi ? c->d.hi : v;
+                    struct bie_tensor one = test_tensor(c->yd, 0, NULL, NULL);
+                    bie_store(&one, 0, v);
+                    const double want = bie_load(&one, 0), got = bie_load(y, bie_offset(y, at));
+                    test_tensor_free(&one);
+                    if (!(want == got || (isnan(want) && isnan(got)))) bad++;
+                }
+    int64_t idx[BIE_MAX_DIMS] = {0};
+    do sum_z += bie_load(gz, bie_offset(gz, idx));
+    while (bie_next_index(gz, idx));
+    CHECK(bad == 0, "reference: %lld argmax entries do not name the x of their y (%s)", (long long)bad, c->what);
+    const double tol = (c->zd == BIE_DTYPE_BF16 ? 1e-2 : 2e-3) * abs_y + 1e-6;
+    CHECK(fabs(sum_z - sum_y) <= tol, "reference: grad_z sums to %g, grad_y of the argmax to %g (%s)", sum_z, sum_y,
+          c->what);
 }
 
 // Uniform values in [-2, 2) with one in sixteen replaced by 0, -0, 0.5 (a tie under the maps
@@ -117,14 +167,36 @@ static inline void pool_check_case(const struct pcase * c, bie_context_t * ref, 
     pool_fill(&x);
     struct bie_tensor mul = pool_vector(c->C, c->mul, -1.5f, 1.5f), add = pool_vector(c->C, c->add, -1.0f, 1.0f),
                       bb = pool_vector(c->C, c->bb, -1.0f, 1.0f);
-    struct bie_affine_maxpool2d_args a = {&x,     c->mul ? &mul : NULL,          c->add ? &add : NULL,
-                                          &y_ref, c->bl >= 0 ? &bits_ref : NULL, c->bb ? &bb : NULL};
+    struct bie_tensor am_ref = {0}, am = {0}, gy = {0}, gz_ref = {0}, gz = {0};
+    if (c->am) {
+        am_ref = pool_tensor(BIE_DTYPE_U8, ys, c->yl), am = pool_tensor(BIE_DTYPE_U8, ys, c->yl);
+        gy = pool_tensor(c->gd, ys, c->gl);
+        test_fill_uniform(&gy, -1.0f, 1.0f);
+        gz_ref = pool_tensor(c->zd, xs, c->zl), gz = pool_tensor(c->zd, xs, c->zl);
+    }
+    struct bie_affine_maxpool2d_args a = {&x,
+                                          c->mul ? &mul : NULL,
+                                          c->add ? &add : NULL,
+                                          &y_ref,
+                                          c->bl >= 0 ? &bits_ref : NULL,
+                                          c->bb ? &bb : NULL,
+                                          c->am ? &am_ref : NULL};
     CHECK_OK(ref, bie_affine_maxpool2d_forward(ref, &c->d, &a));
+    const struct bie_affine_maxpool2d_backward_args b = {&am_ref, &gy, &gz_ref};
+    if (c->am) {
+        CHECK_OK(ref, bie_affine_maxpool2d_backward(ref, &c->d, &b));
+        pool_check_spec(c, &x, &y_ref, &am_ref, &mul, &add, &gy, &gz_ref);
+    }
     struct bie_tensor dx = dev->put(&x), dy = dev->put(&y), dmul = c->mul ? dev->put(&mul) : mul,
                       dadd = c->add ? dev->put(&add) : add, dbb = c->bb ? dev->put(&bb) : bb,
-                      dbits = c->bl >= 0 ? dev->put(&bits) : bits;
-    struct bie_affine_maxpool2d_args da = {&dx, c->mul ? &dmul : NULL,      c->add ? &dadd : NULL,
-                                           &dy, c->bl >= 0 ? &dbits : NULL, c->bb ? &dbb : NULL};
+                      dbits = c->bl >= 0 ? dev->put(&bits) : bits, dam = c->am ? dev->put(&am) : am;
+    struct bie_affine_maxpool2d_args da = {&dx,
+                                           c->mul ? &dmul : NULL,
+                                           c->add ? &dadd : NULL,
+                                           &dy,
+                                           c->bl >= 0 ? &dbits : NULL,
+                                           c->bb ? &dbb : NULL,
+                                           c->am ? &dam : NULL};
     const enum bie_status s = bie_affine_maxpool2d_forward(ctx, &c->d, &da);
     CHECK(s == BIE_STATUS_OK, "%s: %s: %s (%s)", name, c->what, bie_status_string(s), bie_context_last_error(ctx));
     if (s == BIE_STATUS_OK) {
@@ -137,6 +209,27 @@ static inline void pool_check_case(const struct pcase * c, bie_context_t * ref, 
             CHECK(badb == 0, "%s: %s: %lld bits differ from the reference", name, c->what, (long long)badb);
         }
     }
+    if (s == BIE_STATUS_OK && c->am) {
+        dev->get(&am, &dam);
+        const int64_t bada = pool_mismatches(&am, &am_ref);
+        CHECK(bada == 0, "%s: %s: %lld argmax entries differ from the reference", name, c->what, (long long)bada);
+        struct bie_tensor dgy = dev->put(&gy), dgz = dev->put(&gz);
+        const struct bie_affine_maxpool2d_backward_args db = {&dam, &dgy, &dgz};
+        const enum bie_status sb = bie_affine_maxpool2d_backward(ctx, &c->d, &db);
+        CHECK(sb == BIE_STATUS_OK, "%s: backward: %s: %s (%s)", name, c->what, bie_status_string(sb),
+              bie_context_last_error(ctx));
+        if (sb == BIE_STATUS_OK) {
+            dev->get(&gz, &dgz);
+            const int64_t badz = pool_mismatches(&gz, &gz_ref);
+            CHECK(badz == 0, "%s: backward: %s: %lld of grad_z's elements differ from the reference", name, c->what,
+                  (long long)badz);
+        }
+        dev->drop(&dgy), dev->drop(&dgz);
+    }
+    if (c->am) dev->drop(&dam);
+    struct bie_tensor * owned_am[5] = {&am_ref, &am, &gy, &gz_ref, &gz};
+    for (int i = 0; i < 5; i++)
+        if (owned_am[i]->data) test_tensor_free(owned_am[i]);
     dev->drop(&dx), dev->drop(&dy);
     if (c->mul) dev->drop(&dmul);
     if (c->add) dev->drop(&dadd);

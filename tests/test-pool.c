@@ -21,7 +21,7 @@ static void worked_example(bie_context_t * ctx) {
     const int64_t packed[4] = {8, 4, 2, 1}; // the 8 bits in one byte (a dense B1 view pads each row)
     memcpy(bits.stride, packed, sizeof packed);
     struct bie_affine_maxpool2d_desc d = desc(2, 1, 0, -INFINITY, 12);
-    struct bie_affine_maxpool2d_args a = {&x, &mul, &add, &y, &bits, &bb};
+    struct bie_affine_maxpool2d_args a = {&x, &mul, &add, &y, &bits, &bb, NULL};
     CHECK_OK(ctx, bie_affine_maxpool2d_forward(ctx, &d, &a));
     const float want[8] = {11, 12, 12, 12, 9, 8, 6, 5};
     for (int i = 0; i < 8; i++) CHECK(yv[i] == want[i], "y[%d] = %g, want %g", i, (double)yv[i], (double)want[i]);
@@ -32,7 +32,7 @@ static void worked_example(bie_context_t * ctx) {
     // affine map: channel 0 of -x gives -1 -2 / -4 -5 without a clamp, 0 under a ReLU clamp
     for (int i = 0; i < 9; i++) xv[i] = -xv[i];
     d = desc(3, 2, 1, -INFINITY, INFINITY);
-    a = (struct bie_affine_maxpool2d_args){&x, NULL, NULL, &y, NULL, NULL};
+    a = (struct bie_affine_maxpool2d_args){&x, NULL, NULL, &y, NULL, NULL, NULL};
     CHECK_OK(ctx, bie_affine_maxpool2d_forward(ctx, &d, &a));
     const float want2[8] = {-1, -2, -4, -5, 5, 6, 8, 9};
     for (int i = 0; i < 8; i++) CHECK(yv[i] == want2[i], "y[%d] = %g, want %g", i, (double)yv[i], (double)want2[i]);
@@ -44,7 +44,7 @@ static void worked_example(bie_context_t * ctx) {
     // NaN wins its windows (and its bits are 0); the clamp keeps it
     xv[9 + 4] = NAN; // channel 1, the centre: in every 2x2 window
     d = desc(2, 1, 0, -1, 1);
-    a = (struct bie_affine_maxpool2d_args){&x, NULL, NULL, &y, &bits, NULL};
+    a = (struct bie_affine_maxpool2d_args){&x, NULL, NULL, &y, &bits, NULL, NULL};
     CHECK_OK(ctx, bie_affine_maxpool2d_forward(ctx, &d, &a));
     for (int i = 4; i < 8; i++) CHECK(isnan(yv[i]), "y[%d] = %g, want NaN", i, (double)yv[i]);
     CHECK((bitsv[0] & 0xF0) == 0, "NaN bits = 0x%02x", bitsv[0]);
@@ -58,7 +58,7 @@ static void rounding(bie_context_t * ctx) {
     struct bie_tensor x = TEST_VIEW(xv, BIE_DTYPE_F32, 1, 1, 1, 2), y = TEST_VIEW(yv, BIE_DTYPE_F16, 1, 1, 1, 1),
                       mul = TEST_VIEW(mulv, BIE_DTYPE_F32, 1);
     struct bie_affine_maxpool2d_desc d = {1, 2, 1, 1, 0, 0, -INFINITY, INFINITY};
-    struct bie_affine_maxpool2d_args a = {&x, &mul, NULL, &y, NULL, NULL};
+    struct bie_affine_maxpool2d_args a = {&x, &mul, NULL, &y, NULL, NULL, NULL};
     CHECK_OK(ctx, bie_affine_maxpool2d_forward(ctx, &d, &a));
     CHECK(yv[0] == 0x3C00, "f16 y = 0x%04x, want 0x3c00 (1 + 2^-11 is a tie, to even)", yv[0]);
     y.dtype = BIE_DTYPE_BF16;
@@ -79,7 +79,7 @@ static void refused(bie_context_t * ctx) {
                       bits_f = TEST_VIEW(yv, BIE_DTYPE_F32, 1, 2, 2, 2),
                       y_on_x = TEST_VIEW(xv, BIE_DTYPE_F32, 1, 2, 2, 2);
     const struct bie_affine_maxpool2d_desc good = desc(2, 2, 0, -INFINITY, INFINITY);
-    struct bie_affine_maxpool2d_args a = {&x, &vec, &vec, &y, &bits, &vec};
+    struct bie_affine_maxpool2d_args a = {&x, &vec, &vec, &y, &bits, &vec, NULL};
     CHECK_OK(ctx, bie_affine_maxpool2d_forward(ctx, &good, &a));
     TEST_EXPECT_STATUS(ctx, bie_affine_maxpool2d_forward(ctx, NULL, &a), BIE_STATUS_INVALID_ARGUMENT, "desc");
     TEST_EXPECT_STATUS(ctx, bie_affine_maxpool2d_forward(ctx, &good, NULL), BIE_STATUS_INVALID_ARGUMENT, "args");
@@ -95,21 +95,69 @@ static void refused(bie_context_t * ctx) {
         {{2, 2, 2, 2, 0, -1, 0, 1}, a, "pad_w"},
         {desc(2, 2, 0, 1, 0), a, "lo <= hi"},
         {desc(2, 2, 0, NAN, 1), a, "no NaN"},
-        {good, {NULL, NULL, NULL, &y, NULL, NULL}, "x: is NULL"},
-        {good, {&x, NULL, NULL, NULL, NULL, NULL}, "y: is NULL"},
-        {good, {&x3, NULL, NULL, &y, NULL, NULL}, "4-D"},
-        {good, {&xi, NULL, NULL, &y, NULL, NULL}, "x: dtype"},
-        {good, {&x, NULL, NULL, &ybad, NULL, NULL}, "y:"},
-        {good, {&x, &vec3, NULL, &y, NULL, NULL}, "mul:"},
-        {good, {&x, NULL, &ivec, &y, NULL, NULL}, "add: dtype"},
-        {good, {&x, NULL, NULL, &y, NULL, &vec}, "without out_bits"},
-        {good, {&x, NULL, NULL, &y, &bits_f, NULL}, "out_bits: dtype"},
-        {good, {&x, NULL, NULL, &y_on_x, NULL, NULL}, "overlap"},
+        {good, {NULL, NULL, NULL, &y, NULL, NULL, NULL}, "x: is NULL"},
+        {good, {&x, NULL, NULL, NULL, NULL, NULL, NULL}, "y: is NULL"},
+        {good, {&x3, NULL, NULL, &y, NULL, NULL, NULL}, "4-D"},
+        {good, {&xi, NULL, NULL, &y, NULL, NULL, NULL}, "x: dtype"},
+        {good, {&x, NULL, NULL, &ybad, NULL, NULL, NULL}, "y:"},
+        {good, {&x, &vec3, NULL, &y, NULL, NULL, NULL}, "mul:"},
+        {good, {&x, NULL, &ivec, &y, NULL, NULL, NULL}, "add: dtype"},
+        {good, {&x, NULL, NULL, &y, NULL, &vec, NULL}, "without out_bits"},
+        {good, {&x, NULL, NULL, &y, &bits_f, NULL, NULL}, "out_bits: dtype"},
+        {good, {&x, NULL, NULL, &y_on_x, NULL, NULL, NULL}, "overlap"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         TEST_EXPECT_STATUS(ctx, bie_affine_maxpool2d_forward(ctx, &bad[i].d, &bad[i].a), BIE_STATUS_INVALID_ARGUMENT,
                            bad[i].name);
     CHECK(bie_affine_maxpool2d_forward(NULL, &good, &a) == BIE_STATUS_INVALID_ARGUMENT, "NULL context");
+}
+
+// argmax and the backward by hand: x [1, 1, 3, 3] = 1 2 3 / 4 5 6 / 7 9 8, 2x2 windows of stride 1:
+// the maxima are 5, 6, 9, 9 at positions 3, 3, 3 and 2 of their windows; with the clamp hi = 8.5 the
+// two windows of 9 stop their gradient (255). grad_y = 1, 2, 3, 4: grad_z = 1 at x's 5, 2 at its 6,
+// 3 + 4 at its 9 (0 under the clamp), 0 elsewhere.
+static void argmax_example(bie_context_t * ctx) {
+    float xv[9] = {1, 2, 3, 4, 5, 6, 7, 9, 8}, yv[4], gyv[4] = {1, 2, 3, 4}, gzv[9];
+    uint8_t amv[4];
+    struct bie_tensor x = TEST_VIEW(xv, BIE_DTYPE_F32, 1, 1, 3, 3), y = TEST_VIEW(yv, BIE_DTYPE_F32, 1, 1, 2, 2),
+                      am = TEST_VIEW(amv, BIE_DTYPE_U8, 1, 1, 2, 2), gy = TEST_VIEW(gyv, BIE_DTYPE_F32, 1, 1, 2, 2),
+                      gz = TEST_VIEW(gzv, BIE_DTYPE_F32, 1, 1, 3, 3);
+    for (int clamp = 0; clamp < 2; clamp++) {
+        const struct bie_affine_maxpool2d_desc d = desc(2, 1, 0, -INFINITY, clamp ? 8.5f : INFINITY);
+        const struct bie_affine_maxpool2d_args a = {&x, NULL, NULL, &y, NULL, NULL, &am};
+        CHECK_OK(ctx, bie_affine_maxpool2d_forward(ctx, &d, &a));
+        const uint8_t want[4] = {3, 3, clamp ? 255 : 3, clamp ? 255 : 2};
+        for (int i = 0; i < 4; i++)
+            CHECK(amv[i] == want[i], "clamp %d: argmax[%d] = %d, want %d", clamp, i, amv[i], want[i]);
+        const struct bie_affine_maxpool2d_backward_args b = {&am, &gy, &gz};
+        CHECK_OK(ctx, bie_affine_maxpool2d_backward(ctx, &d, &b));
+        for (int i = 0; i < 9; i++) {
+            const float w = i == 4 ? 1 : i == 5 ? 2 : i == 7 ? (clamp ? 0 : 7) : 0;
+            CHECK(gzv[i] == w, "clamp %d: grad_z[%d] = %g, want %g", clamp, i, (double)gzv[i], (double)w);
+        }
+    }
+    // refused: a window of 256 positions, argmax not u8, grad_z of the wrong shape or NULL
+    float big[16 * 16] = {0}, one[1];
+    struct bie_tensor xb = TEST_VIEW(big, BIE_DTYPE_F32, 1, 1, 16, 16), yb = TEST_VIEW(one, BIE_DTYPE_F32, 1, 1, 1, 1),
+                      ab = TEST_VIEW(amv, BIE_DTYPE_U8, 1, 1, 1, 1), af = TEST_VIEW(gyv, BIE_DTYPE_F32, 1, 1, 2, 2);
+    const struct bie_affine_maxpool2d_desc d16 = desc(16, 1, 0, -INFINITY, INFINITY), d2 = desc(2, 1, 0, 0, 1);
+    TEST_EXPECT_STATUS(ctx,
+                       bie_affine_maxpool2d_forward(
+                           ctx, &d16, &(struct bie_affine_maxpool2d_args){&xb, NULL, NULL, &yb, NULL, NULL, &ab}),
+                       BIE_STATUS_INVALID_ARGUMENT, "does not fit a byte");
+    TEST_EXPECT_STATUS(ctx,
+                       bie_affine_maxpool2d_forward(
+                           ctx, &d2, &(struct bie_affine_maxpool2d_args){&x, NULL, NULL, &y, NULL, NULL, &af}),
+                       BIE_STATUS_INVALID_ARGUMENT, "argmax: dtype");
+    TEST_EXPECT_STATUS(
+        ctx, bie_affine_maxpool2d_backward(ctx, &d2, &(struct bie_affine_maxpool2d_backward_args){&am, &gy, &y}),
+        BIE_STATUS_INVALID_ARGUMENT, "argmax");
+    TEST_EXPECT_STATUS(
+        ctx, bie_affine_maxpool2d_backward(ctx, &d2, &(struct bie_affine_maxpool2d_backward_args){&am, &gy, NULL}),
+        BIE_STATUS_INVALID_ARGUMENT, "grad_z: is NULL");
+    TEST_EXPECT_STATUS(
+        ctx, bie_affine_maxpool2d_backward(ctx, &d2, &(struct bie_affine_maxpool2d_backward_args){&am, &gz, &gz}),
+        BIE_STATUS_INVALID_ARGUMENT, "grad_y");
 }
 
 int main(int argc, char ** argv) {
@@ -120,6 +168,7 @@ int main(int argc, char ** argv) {
         worked_example(both[i]);
         rounding(both[i]);
         refused(both[i]);
+        argmax_example(both[i]);
     }
     for (int i = 0; i < 200; i++) {
         struct pcase c;

@@ -476,8 +476,8 @@ static enum bie_status call(bie_context_t * ctx, struct fcase * c) {
     case OP_PACK: return bie_pack(ctx, arg(c, R_X), arg(c, R_SA), arg(c, R_Y));
     case OP_UNPACK: return bie_unpack(ctx, arg(c, R_X), arg(c, R_SA), arg(c, R_Y));
     case OP_POOL: {
-        const struct bie_affine_maxpool2d_args pa = {arg(c, R_X), arg(c, R_OMUL),  arg(c, R_OADD),
-                                                     arg(c, R_Y), arg(c, R_OBITS), arg(c, R_OBB)};
+        const struct bie_affine_maxpool2d_args pa = {
+            arg(c, R_X), arg(c, R_OMUL), arg(c, R_OADD), arg(c, R_Y), arg(c, R_OBITS), arg(c, R_OBB), NULL};
         return bie_affine_maxpool2d_forward(ctx, &c->pool, &pa);
     }
     case OP_COUNT: break;

@@ -133,7 +133,12 @@ class AffineMaxpool2dDesc(ctypes.Structure):
 
 
 class AffineMaxpool2dArgs(ctypes.Structure):
-    _fields_ = [("x", _TP), ("mul", _TP), ("add", _TP), ("y", _TP), ("out_bits", _TP), ("out_bits_bias", _TP)]
+    _fields_ = [("x", _TP), ("mul", _TP), ("add", _TP), ("y", _TP), ("out_bits", _TP), ("out_bits_bias", _TP),
+                ("argmax", _TP)]
+
+
+class AffineMaxpool2dBackwardArgs(ctypes.Structure):
+    _fields_ = [("argmax", _TP), ("grad_y", _TP), ("grad_z", _TP)]
 
 
 class BatchnormDesc(ctypes.Structure):
@@ -157,7 +162,8 @@ _STRUCTS = {
     "bie_matmul_desc": MatmulDesc, "bie_matmul_args": MatmulArgs, "bie_matmul_backward_args": MatmulBackwardArgs,
     "bie_embedding_desc": EmbeddingDesc, "bie_embedding_args": EmbeddingArgs,
     "bie_embedding_backward_args": EmbeddingBackwardArgs, "bie_affine_maxpool2d_desc": AffineMaxpool2dDesc,
-    "bie_affine_maxpool2d_args": AffineMaxpool2dArgs, "bie_batchnorm_desc": BatchnormDesc,
+    "bie_affine_maxpool2d_args": AffineMaxpool2dArgs,
+    "bie_affine_maxpool2d_backward_args": AffineMaxpool2dBackwardArgs, "bie_batchnorm_desc": BatchnormDesc,
     "bie_batchnorm_args": BatchnormArgs, "bie_batchnorm_backward_args": BatchnormBackwardArgs,
 }
 
@@ -247,6 +253,8 @@ def _declare(lib):
                                                  ctypes.POINTER(AffineMaxpool2dArgs)]),
         "bie_embedding_backward": (c_int, [c_void_p, ctypes.POINTER(EmbeddingDesc),
                                            ctypes.POINTER(EmbeddingBackwardArgs)]),
+        "bie_affine_maxpool2d_backward": (c_int, [c_void_p, ctypes.POINTER(AffineMaxpool2dDesc),
+                                                  ctypes.POINTER(AffineMaxpool2dBackwardArgs)]),
         "bie_batchnorm_forward": (c_int, [c_void_p, ctypes.POINTER(BatchnormDesc), ctypes.POINTER(BatchnormArgs)]),
         "bie_batchnorm_backward": (c_int, [c_void_p, ctypes.POINTER(BatchnormBackwardArgs)]),
     }

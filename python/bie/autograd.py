@@ -262,3 +262,42 @@ class BatchNormTrain(torch.autograd.Function):
         gx, gw, gb = F.batch_norm_backward(x, weight, mean, invstd, grad_y, ctx.needs_input_grad[0])
         return gx, gw, gb, grad_y if ctx.has_residual else None, None, None, None, None
 
+
+class StemTrain(torch.autograd.Function):
+    """A training-mode BatchNorm2d, a clamp (ReLU or Hardtanh) and a MaxPool2d after a float conv
+    (a network's stem) as one node: the statistics (F.batch_norm_train without its pass), then one
+    pass that pools, applies the batch's affine map and the clamp and keeps a byte per output of
+    where its value came from (F.affine_maxpool2d with argmax); the backward gathers grad_y to the
+    pooled positions (F.affine_maxpool2d_backward) and runs the batch norm's backward. Keeps the
+    conv's output and the argmax bytes, not the BatchNorm's, clamp's and pool's outputs and indices.
+
+        apply(x, weight, bias, running_mean, running_var, momentum, eps, kernel_size, stride,
+              padding, lo, hi)"""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, kernel_size, stride, padding, lo,
+                hi):
+        _, mean, invstd = F.batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps,
+                                             normalize=False)
+        mul = weight.float() * invstd
+        add = bias.float() - mean * mul
+        n, c, h, w = x.shape
+        oh, ow = F.conv2d_output_size(h, w, kernel_size, stride, padding)
+        fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+        argmax = torch.empty((n, c, oh, ow), dtype=torch.uint8, device=x.device, memory_format=fmt)
+        y = F.affine_maxpool2d(x, kernel_size, stride, padding, mul, add, lo, hi, argmax=argmax)
+        ctx.save_for_backward(x, weight, mean, invstd, argmax)
+        ctx.geometry = (kernel_size, stride, padding)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, mean, invstd, argmax = ctx.saved_tensors
+        k, s, p = ctx.geometry
+        if x.is_contiguous(memory_format=torch.channels_last) and not grad_y.is_contiguous(
+                memory_format=torch.channels_last):
+            grad_y = grad_y.contiguous(memory_format=torch.channels_last)
+        gz = F.affine_maxpool2d_backward(argmax, grad_y, x.shape[2:], k, s, p, dtype=x.dtype)
+        gx, gw, gb = F.batch_norm_backward(x, weight, mean, invstd, gz, ctx.needs_input_grad[0])
+        return gx, gw, gb, None, None, None, None, None, None, None, None, None
+

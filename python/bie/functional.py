@@ -26,7 +26,8 @@ __all__ = [
     "BieError", "QUANT_BINARY", "QUANT_INT4", "QUANT_INT8", "PAD_ZERO", "PAD_MINUS_ONE", "PAD_PLUS_ONE",
     "linear_forward", "linear_backward", "binarize_ste", "conv2d_binarize_ste", "conv2d_forward", "conv2d_backward",
     "conv2d_output_size", "pack_weight", "unpack_weight", "packed_shape", "quantize_int8", "activation_scale_init",
-    "weight_scale_init", "weight_to_latent_int8", "affine_maxpool2d", "batch_norm_train", "batch_norm_backward",
+    "weight_scale_init", "weight_to_latent_int8", "affine_maxpool2d", "affine_maxpool2d_backward",
+    "batch_norm_train", "batch_norm_backward",
 ]
 
 _DTYPES = {
@@ -561,12 +562,14 @@ def _bits_view(bits, c):
 
 
 def affine_maxpool2d(x, kernel_size, stride=None, padding=0, mul=None, add=None, lo=-math.inf, hi=math.inf,
-                     out_bits=None, out_bits_bias=None):
+                     out_bits=None, out_bits_bias=None, argmax=None):
     """max_pool2d(clamp(x * mul[c] + add[c], lo, hi), kernel_size, stride, padding) in one pass
     (bie_affine_maxpool2d_forward): a float conv's folded BatchNorm, its ReLU (lo = 0) or Hardtanh
     and its MaxPool2d. mul and add are float32 [C] or None; y has x's dtype and memory format.
     out_bits (uint8 [N, OH, OW, ceil(C/8)], conv2d_binarize_ste's layout) gets the sign bits of
-    y + out_bits_bias[c] (float32 [C], or None): a following binary conv's input (in_channels=C)."""
+    y + out_bits_bias[c] (float32 [C], or None): a following binary conv's input (in_channels=C).
+    argmax (uint8 shaped like y) gets each output's position in its window, 255 where the clamp
+    stops its gradient: what affine_maxpool2d_backward takes."""
     if x.dim() != 4:
         raise ValueError(f"bie: affine_maxpool2d input must be 4-D [N, C, H, W], has {x.dim()} dimensions")
     _check_float(x, "x")
@@ -582,7 +585,7 @@ def affine_maxpool2d(x, kernel_size, stride=None, padding=0, mul=None, add=None,
         return y
     keep = [_view(x.detach()), None if mul is None else _view(mul), None if add is None else _view(add), _view(y),
             None if out_bits is None else _bits_view(out_bits, c),
-            None if out_bits_bias is None else _view(out_bits_bias)]
+            None if out_bits_bias is None else _view(out_bits_bias), None if argmax is None else _view(argmax)]
     desc = _lib.AffineMaxpool2dDesc(k[0], k[1], s[0], s[1], p[0], p[1], float(lo), float(hi))
     args = _lib.AffineMaxpool2dArgs(*[_ptr(v) for v in keep])
     _Call(x)("bie_affine_maxpool2d_forward", ctypes.byref(desc), ctypes.byref(args))
@@ -590,23 +593,44 @@ def affine_maxpool2d(x, kernel_size, stride=None, padding=0, mul=None, add=None,
     return y
 
 
-def batch_norm_train(x, weight, bias, running_mean, running_var, momentum=0.1, eps=1e-5, residual=None):
+def affine_maxpool2d_backward(argmax, grad_y, input_size, kernel_size, stride=None, padding=0, dtype=None):
+    """The gradient of affine_maxpool2d to z = x * mul + add (before the clamp), from the forward's
+    argmax (bie_affine_maxpool2d_backward): grad_z [N, C, H, W] (input_size = (H, W)) of grad_y's
+    dtype (or dtype) and memory format, each element the sum of the grad_y of the outputs whose
+    argmax names it."""
+    k = _pair(kernel_size)
+    s = k if stride is None else _pair(stride)
+    p = _pair(padding)
+    n, c = grad_y.shape[:2]
+    gz = torch.empty((n, c, input_size[0], input_size[1]), dtype=grad_y.dtype if dtype is None else dtype,
+                     device=grad_y.device, memory_format=_like_memory_format(grad_y))
+    keep = [_view(argmax), _view(grad_y), _view(gz)]
+    desc = _lib.AffineMaxpool2dDesc(k[0], k[1], s[0], s[1], p[0], p[1], -math.inf, math.inf)
+    args = _lib.AffineMaxpool2dBackwardArgs(*[_ptr(v) for v in keep])
+    _Call(grad_y)("bie_affine_maxpool2d_backward", ctypes.byref(desc), ctypes.byref(args))
+    del keep
+    return gz
+
+
+def batch_norm_train(x, weight, bias, running_mean, running_var, momentum=0.1, eps=1e-5, residual=None,
+                     normalize=True):
     """Training-mode batch norm of x [N, C, ...] (bie_batchnorm_forward): batch statistics per
     channel, running_mean and running_var updated in place (momentum; the variance unbiased),
     y = (x - mean) * invstd * weight + bias, plus residual (shaped like x) when given, in one pass
-    after the statistics. Returns (y, saved_mean, saved_invstd), y in x's dtype and memory format,
-    the saved statistics float32 [C] for batch_norm_backward. On CUDA tensors any float dtypes and
-    strides (2 to 4 dimensions); on the CPU dense float32 only."""
+    after the statistics. Returns (y, saved_mean, saved_invstd), y in x's dtype and memory format
+    (None with normalize=False: the statistics only), the saved statistics float32 [C] for
+    batch_norm_backward. On CUDA tensors any float dtypes and strides (2 to 4 dimensions); on the CPU
+    dense float32 only."""
     _check_float(x, "x")
     if x.dim() < 2:
         raise ValueError(f"bie: batch_norm_train input must be [N, C, ...], has {x.dim()} dimensions")
-    y = torch.empty_like(x, memory_format=_like_memory_format(x))
+    y = torch.empty_like(x, memory_format=_like_memory_format(x)) if normalize else None
     saved = torch.empty((2, x.shape[1]), dtype=torch.float32, device=x.device)
     ts = (x, weight, bias, running_mean, running_var, saved[0], saved[1], y, residual)
     # (y and saved follow from x's metadata)
     m = _plans.meta_fast
     key = ("bn", momentum, eps, m(x), m(weight), m(bias), m(running_mean), m(running_var),
-           None if residual is None else m(residual))
+           None if residual is None else m(residual), normalize)
     cache = _plans.cache()
     call = cache.get(key)
     if call is None:

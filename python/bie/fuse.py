@@ -37,7 +37,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from . import _plans
 from . import functional as F
-from .autograd import BatchNormTrain, ClampedBinaryConv2dForward, _exact_in, clamp_saves_bits
+from .autograd import BatchNormTrain, ClampedBinaryConv2dForward, StemTrain, _exact_in, clamp_saves_bits
 from .layers import BieLayer, BinaryConv2d, _Conv2d
 
 
@@ -88,13 +88,19 @@ def _bits_bias(nxt):
     return nxt.conv.bias_a.detach().float().contiguous()
 
 
+def _bn_trains(bn, y):
+    """Whether libbie's training batch norm takes bn on y: a BatchNorm2d in training with affine terms,
+    running statistics and a momentum, on a 4-D CUDA tensor."""
+    return (bn.training and y.is_cuda and bn.weight is not None and bn.running_mean is not None
+            and bn.momentum is not None and y.dim() == 4)
+
+
 def _bn_train(bn, y, residual=None):
     """bn(y) (+ residual) for a BatchNorm2d in training on CUDA as libbie's batch norm
     (BatchNormTrain: statistics, normalisation and the add in two passes over y, the backward in two),
     the module's own numbers within f32 rounding; None where that does not apply (the CPU, eval mode,
     no affine or running statistics, a cumulative momentum, a residual of another dtype or shape)."""
-    if (not bn.training or not y.is_cuda or bn.weight is None or bn.running_mean is None or bn.momentum is None
-            or y.dim() != 4 or (residual is not None and (residual.dtype != y.dtype or residual.shape != y.shape))):
+    if not _bn_trains(bn, y) or (residual is not None and (residual.dtype != y.dtype or residual.shape != y.shape)):
         return None
     bn.num_batches_tracked.add_(1)
     return BatchNormTrain.apply(y, bn.weight, bn.bias, residual, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
@@ -300,10 +306,12 @@ class FoldedConv2d(nn.Module):
 
 class FoldedConvPool(nn.Module):
     """A float nn.Conv2d, the BatchNorm2d after it, an optional ReLU or Hardtanh and a MaxPool2d (a
-    network's stem): pool(act(bn(conv(x)))) in training (or with autograd on), and at inference the
-    convolution without bias followed by one libbie pass (bie_affine_maxpool2d_forward) that applies
-    the folded BatchNorm, the clamp and the max-pool, and writes the bits of the binary conv that
-    reads the result (bits_for), if any."""
+    network's stem): pool(act(bn(conv(x)))) in training (or with autograd on), in training on CUDA
+    with the BatchNorm, the clamp and the pool as one node (StemTrain: libbie's statistics, one pass
+    that pools and keeps a byte of where each output came from, a gathering backward); at inference
+    the convolution without bias followed by one libbie pass (bie_affine_maxpool2d_forward) that
+    applies the folded BatchNorm, the clamp and the max-pool, and writes the bits of the binary conv
+    that reads the result (bits_for), if any."""
 
     def __init__(self, conv, bn, act, pool):
         super().__init__()
@@ -337,8 +345,13 @@ class FoldedConvPool(nn.Module):
     def forward(self, x):
         if self.training or torch.is_grad_enabled():
             y = self.conv(x)
-            z = _bn_train(self.bn, y)
-            y = self.bn(y) if z is None else z
+            p, bn = self.pool, self.bn
+            k = p.kernel_size if isinstance(p.kernel_size, tuple) else (p.kernel_size, p.kernel_size)
+            if _bn_trains(bn, y) and k[0] * k[1] <= 255:  # in training on CUDA: one node (StemTrain)
+                bn.num_batches_tracked.add_(1)
+                return StemTrain.apply(y, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps,
+                                       p.kernel_size, p.stride, p.padding, self._lo, self._hi)
+            y = self.bn(y)
             return self.pool(y if self.act is None else self.act(y))
         c = self.conv
         y = torch.nn.functional.conv2d(x, c.weight, None, c.stride, c.padding, c.dilation, c.groups)

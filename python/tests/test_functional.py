@@ -343,3 +343,27 @@ def test_batch_norm_train_refuses_what_the_cpu_cannot_take():
     with pytest.raises(bie.BieError, match="stride"):
         F.batch_norm_train(torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last), v, v, v.clone(),
                            v.clone())
+
+
+@pytest.mark.parametrize("lo,hi", [(0.0, math.inf), (-1.0, 1.0), (-math.inf, math.inf)])
+def test_affine_maxpool2d_backward_is_torchs(device, lo, hi):
+    """affine_maxpool2d with argmax and affine_maxpool2d_backward against torch's gradient of
+    max_pool2d(clamp(z, lo, hi)) to z = x * mul + add (3x3 windows, stride 2, padding 1: the
+    ResNet stem's; distinct values, so both pick the same maxima)."""
+    torch.manual_seed(4)
+    n, c, h, w = 2, 16, 11, 9
+    x = torch.randperm(n * c * h * w, device=device).float().view(n, c, h, w) / (n * c * h * w) * 4 - 2
+    if device.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    mul = torch.rand(c, device=device) + 0.5
+    add = torch.randn(c, device=device) * 0.3
+    argmax = torch.empty((n, c, 6, 5), dtype=torch.uint8, device=device)
+    y = F.affine_maxpool2d(x, 3, 2, 1, mul, add, lo, hi, argmax=argmax)
+    z = (x * mul.view(1, -1, 1, 1) + add.view(1, -1, 1, 1)).requires_grad_()
+    ref = torch.nn.functional.max_pool2d(z.clamp(lo, hi), 3, 2, 1)
+    assert torch.allclose(y, ref, rtol=1e-6, atol=1e-6)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    gz = F.affine_maxpool2d_backward(argmax, g, (h, w), 3, 2, 1)
+    assert torch.allclose(gz, z.grad, rtol=1e-6, atol=1e-6)
+    assert bool((argmax == 255).any()) == (lo > -math.inf)

@@ -273,7 +273,7 @@ def test_fused_training_keeps_bits_and_equals_the_model():
         assert n1 == n2 and (p1.grad is None) == (p2.grad is None), n1
         if p1.grad is not None:  # (a conv bias before a BatchNorm: a zero gradient but for rounding)
             d = (p1.grad.float() - p2.grad.float()).norm() / max(p1.grad.float().norm().item(), 1e-3 * top)
-            assert d < 2e-2, (n1, d.item())
+            assert d < 5e-2, (n1, d.item())
     for (n1, b1), (n2, b2) in zip(m.named_buffers(), m2.named_buffers()):
         assert torch.allclose(b1.float(), b2.float(), rtol=4e-3, atol=4e-3), n1
 
@@ -489,3 +489,34 @@ def test_downsample_bias_goes_to_the_fused_call(device):
         assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol * a.abs().max().item()), dt
         assert close(g.train()(x), m.train()(x), device, 4e-3 if dt == torch.float16 else 1e-4)  # the original's
         m.eval(), g.eval()
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and bie.cuda_available()), reason="needs CUDA")
+@pytest.mark.parametrize("dt", [torch.float32, torch.float16])
+def test_stem_train_is_the_modules(dt):
+    """A stem's BatchNorm, ReLU and MaxPool2d in training through StemTrain (a FoldedConvPool on CUDA)
+    against the modules: output, the conv's and the BatchNorm's gradients and the running statistics,
+    within rounding (f16: a rounding can move a window's maximum, so the gradients are compared as a
+    whole)."""
+    dev = torch.device("cuda")
+    m = stem_model(dev, dt, [nn.ReLU()]).train()
+    m2 = copy.deepcopy(m)
+    g = bie.fuse(m2).train()  # (which shares m2's modules)
+    assert any(isinstance(mm, bie.FoldedConvPool) for mm in g.modules())
+    torch.manual_seed(8)
+    x = torch.randn(4, 3, 20, 18, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last)
+    a, b = m(x), g(x)
+    rel = 1e-4 if dt == torch.float32 else 4e-3
+    assert torch.allclose(b.float(), a.float(), rtol=rel, atol=rel * a.abs().max().item())
+    gy = torch.randn_like(a)
+    a.backward(gy)
+    b.backward(gy)
+    top = max(p.grad.float().norm().item() for p in m.parameters() if p.grad is not None)
+    for (n1, p1), (n2, p2) in zip(m.named_parameters(), m2.named_parameters()):
+        assert n1 == n2 and (p1.grad is None) == (p2.grad is None), n1
+        if p1.grad is None:
+            continue
+        d = (p1.grad.float() - p2.grad.float()).norm() / max(p1.grad.float().norm().item(), 1e-3 * top)
+        assert d < (1e-3 if dt == torch.float32 else 5e-2), (n1, d.item())
+    for (n1, b1), (n2, b2) in zip(m.named_buffers(), m2.named_buffers()):
+        assert torch.allclose(b1.float(), b2.float(), rtol=rel, atol=rel), n1

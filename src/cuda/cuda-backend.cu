@@ -247,7 +247,7 @@ bie_reduce_slot bie_cuda_reduce;
 bie_ste_slot bie_cuda_binarize_ste;
 bie_matmul_slot bie_cuda_matmul_forward, bie_cuda_matmul_backward;
 bie_embedding_slot bie_cuda_embedding_forward, bie_cuda_embedding_backward;
-bie_pool_slot bie_cuda_affine_maxpool2d;
+bie_pool_slot bie_cuda_affine_maxpool2d, bie_cuda_affine_maxpool2d_backward;
 enum bie_status bie_cuda_batchnorm_forward(bie_context_t * ctx, const struct bie_bn_call * c);
 enum bie_status bie_cuda_batchnorm_backward(bie_context_t * ctx, const struct bie_bn_call * c);
 
@@ -264,6 +264,7 @@ static const struct bie_cuda_plugin table = {
             BIE_BACKEND_SLOTS(bie_cuda),
             .reduce = bie_cuda_reduce,
             .affine_maxpool2d = bie_cuda_affine_maxpool2d,
+            .affine_maxpool2d_backward = bie_cuda_affine_maxpool2d_backward,
         },
     .device_count = bie_cuda_device_count,
     .state_destroy = bie_cuda_state_destroy,

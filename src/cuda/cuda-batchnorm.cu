@@ -372,6 +372,7 @@ extern "C" enum bie_status bie_cuda_batchnorm_forward(bie_context_t * ctx, const
     finish_forward<<<grid_for(c->C, FINISH_WARPS), BN_THREADS, 0, st->stream>>>(
         part, P, c->C, c->N * c->H * c->W, view_of(c->x), vectors_of(c), c->momentum, c->eps, c->training, coef);
     LAUNCHED(ctx, "batch norm statistics");
+    if (!c->y.data) return BIE_STATUS_OK; // (the statistics only)
     if (rows) {
         if (c->x.dtype == BIE_DTYPE_F16) launch_apply_rows<__half>(ctx, c, coef, st->stream);
         else if (c->x.dtype == BIE_DTYPE_BF16) launch_apply_rows<__nv_bfloat16>(ctx, c, coef, st->stream);

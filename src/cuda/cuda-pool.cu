@@ -104,9 +104,48 @@ __device__ __forceinline__ void window(const pool_terms & t, int64_t i, int64_t 
 // output column q / C8. bits (or NULL): the out_bits bytes, channels-last and dense. KH x KW windows
 // (0 x 0: the call's size) inside x issue all their loads first; windows over its edge (and all of
 // a 0 x 0 size) read one position at a time.
+// Whether the gradient of a stored output yk passes the clamp (bie.h: argmax 255 where it stops).
+__device__ __forceinline__ bool clamp_passes(const pool_terms & t, float yk) {
+    return !((t.lo > -INFINITY && !(yk > t.lo)) || (t.hi < INFINITY && !(yk < t.hi)));
+}
+// f32 of a value stored as dtype (the value y holds).
+__device__ __forceinline__ float stored(int dtype, float v) {
+    return dtype == BIE_DTYPE_F32   ? v
+           : dtype == BIE_DTYPE_F16 ? __half2float(__float2half_rn(v))
+                                    : __bfloat162float(__float2bfloat16_rn(v));
+}
+
+// The argmax bytes of 8 channels: the first window position whose s * x + 0 is m[k] (the first NaN
+// when m[k] is NaN), read again from x (cached since the max's pass), or 255 where the clamp stops
+// the gradient of the stored y (yk).
+template <typename T>
+__device__ __forceinline__ uint2 argmax8(const T * xn, int sh2, int sw3, const pool_terms & t, int h0, int w0, int kh,
+                                         int kw, const float * m, const float * sg, const float * yk) {
+    int pos[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++) pos[k] = -1;
+    for (int h = max(h0, 0); h < min(h0 + kh, (int)t.H); h++)
+        for (int w = max(w0, 0); w < min(w0 + kw, (int)t.W); w++) {
+            float v[8];
+            load8<T>(xn + h * sh2 + w * sw3, v);
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                const float s = signed_plus0(v[k], sg[k]);
+                if (pos[k] < 0 && (isnan(m[k]) ? isnan(s) : s == m[k])) pos[k] = (h - h0) * kw + (w - w0);
+            }
+        }
+    uint32_t b[2] = {0, 0};
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const uint32_t a = clamp_passes(t, yk[k]) && pos[k] >= 0 ? (uint32_t)pos[k] : 255u;
+        b[k / 4] |= a << (8 * (k % 4));
+    }
+    return make_uint2(b[0], b[1]);
+}
+
 template <typename T, int KH, int KW>
-__global__ void pool_nhwc8(const T * x, struct dview xv, char * y, struct dview yv, uint8_t * bits, pool_terms t,
-                           int C8, int64_t rows) {
+__global__ void pool_nhwc8(const T * x, struct dview xv, char * y, struct dview yv, uint8_t * bits, uint8_t * amax,
+                           pool_terms t, int C8, int64_t rows) {
     const int per_row = (int)t.OW * C8;
     for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
         const int64_t n = row / t.OH, i = row - n * t.OH;
@@ -137,53 +176,114 @@ __global__ void pool_nhwc8(const T * x, struct dview xv, char * y, struct dview 
                     for (int w = max(w0, 0); w < min(w0 + kw, (int)t.W); w++)
                         acc.take(raw8_load<T>(xn + h * sh2 + w * sw3));
             }
-            float m[8];
-            acc.get(m);
+            float m[8], yk[8], sm[8];
+            acc.get(sm);
 #pragma unroll
-            for (int k = 0; k < 8; k++) m[k] = affine_clamp(t, m[k] * sg[k], mul[k], add[k]);
+            for (int k = 0; k < 8; k++) {
+                m[k] = affine_clamp(t, sm[k] * sg[k], mul[k], add[k]);
+                yk[k] = stored(yv.dtype, m[k]);
+            }
             store8(y, yv.dtype, n * yv.stride[0] + c0 + i * yv.stride[2] + (int64_t)j * yv.stride[3], m);
             if (bits) {
                 unsigned b = 0;
 #pragma unroll
-                for (int k = 0; k < 8; k++) {
-                    const float yk = yv.dtype == BIE_DTYPE_F32   ? m[k]
-                                     : yv.dtype == BIE_DTYPE_F16 ? __half2float(__float2half_rn(m[k]))
-                                                                 : __bfloat162float(__float2bfloat16_rn(m[k]));
-                    b |= (t.bit_of(yk, bbc[k]) ? 1u : 0u) << k;
-                }
+                for (int k = 0; k < 8; k++) b |= (t.bit_of(yk[k], bbc[k]) ? 1u : 0u) << k;
                 bits[row * per_row + q] = (uint8_t)b;
             }
+            if (amax)
+                ((uint2 *)amax)[row * per_row + q] =
+                    argmax8<T>(xn, sh2, sw3, t, h0, w0, KH > 0 ? KH : t.kh, KW > 0 ? KW : t.kw, sm, sg, yk);
         }
     }
 }
 
 // Launches pool_nhwc8 for x's element type T: 3x3 and 2x2 windows unrolled, others at run time.
 template <typename T>
-void launch_nhwc8(const struct dview & xv, const struct dview & yv, uint8_t * bits, const pool_terms & t, int C8,
-                  int64_t rows, cudaStream_t s) {
+void launch_nhwc8(const struct dview & xv, const struct dview & yv, uint8_t * bits, uint8_t * amax,
+                  const pool_terms & t, int C8, int64_t rows, cudaStream_t s) {
     const int per_row = (int)t.OW * C8;
     const dim3 grid((unsigned)((per_row + 255) / 256), (unsigned)(rows < 65535 ? rows : 65535));
     const T * x = (const T *)xv.data;
-    if (t.kh == 3 && t.kw == 3) pool_nhwc8<T, 3, 3><<<grid, 256, 0, s>>>(x, xv, yv.data, yv, bits, t, C8, rows);
-    else if (t.kh == 2 && t.kw == 2) pool_nhwc8<T, 2, 2><<<grid, 256, 0, s>>>(x, xv, yv.data, yv, bits, t, C8, rows);
-    else pool_nhwc8<T, 0, 0><<<grid, 256, 0, s>>>(x, xv, yv.data, yv, bits, t, C8, rows);
+    if (t.kh == 3 && t.kw == 3) pool_nhwc8<T, 3, 3><<<grid, 256, 0, s>>>(x, xv, yv.data, yv, bits, amax, t, C8, rows);
+    else if (t.kh == 2 && t.kw == 2)
+        pool_nhwc8<T, 2, 2><<<grid, 256, 0, s>>>(x, xv, yv.data, yv, bits, amax, t, C8, rows);
+    else pool_nhwc8<T, 0, 0><<<grid, 256, 0, s>>>(x, xv, yv.data, yv, bits, amax, t, C8, rows);
 }
 
 // Any views: one output element per thread, in y's row-major order; the bits (if asked) as codes.
-__global__ void pool_any(struct dview xv, struct dview yv, int8_t * codes, pool_terms t, int64_t n, int64_t C) {
+__global__ void pool_any(struct dview xv, struct dview yv, int8_t * codes, struct dview av, pool_terms t, int64_t n,
+                         int64_t C) {
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t j = e % t.OW, i = (e / t.OW) % t.OH, c = (e / (t.OW * t.OH)) % C, b = e / (t.OW * t.OH * C);
         const float sg = pool_sign(t, c);
         int64_t h0, h1, w0, w1;
         window(t, i, j, h0, h1, w0, w1);
         float m = -INFINITY;
+        int pos = -1;
         for (int64_t h = h0; h < h1; h++)
-            for (int64_t w = w0; w < w1; w++)
-                m = max_nan(m, signed_plus0(ld_float(xv.data, xv.dtype, dview_off4(xv, b, c, h, w)), sg));
+            for (int64_t w = w0; w < w1; w++) {
+                const float v = signed_plus0(ld_float(xv.data, xv.dtype, dview_off4(xv, b, c, h, w)), sg);
+                if (pos < 0 || (!isnan(m) && (isnan(v) || v > m))) {
+                    m = v;
+                    pos = (int)((h - (i * t.sh - t.ph)) * t.kw + (w - (j * t.sw - t.pw)));
+                }
+            }
         m = affine_clamp(t, m * sg, t.mul ? __ldg(t.mul + c * t.ms) : 1.0f, t.add ? __ldg(t.add + c * t.as) : 0.0f);
         const int64_t oy = dview_off4(yv, b, c, i, j);
         st_float(yv.data, yv.dtype, oy, m);
-        if (codes) codes[e] = t.bit(c, ld_float(yv.data, yv.dtype, oy)) ? 1 : 0;
+        const float yk = ld_float(yv.data, yv.dtype, oy);
+        if (codes) codes[e] = t.bit(c, yk) ? 1 : 0;
+        if (av.data) ((uint8_t *)av.data)[dview_off4(av, b, c, i, j)] = clamp_passes(t, yk) ? (uint8_t)pos : 255;
+    }
+}
+
+// The backward (bie_affine_maxpool2d_backward), any views: one element of grad_z a thread, the
+// windows that hold it in increasing i, then j (bie_ref_affine_maxpool2d_backward's order).
+__global__ void pool_back_any(struct dview zv, struct dview gv, struct dview av, pool_terms t, int64_t n, int64_t C) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t w = e % t.W, h = (e / t.W) % t.H, c = (e / (t.W * t.H)) % C, b = e / (t.W * t.H * C);
+        const int64_t ti = h + t.ph - t.kh + 1, tj = w + t.pw - t.kw + 1;
+        const int64_t i0 = ti <= 0 ? 0 : (ti + t.sh - 1) / t.sh, j0 = tj <= 0 ? 0 : (tj + t.sw - 1) / t.sw;
+        const int64_t i1 = min((h + t.ph) / t.sh, t.OH - 1), j1 = min((w + t.pw) / t.sw, t.OW - 1);
+        float s = 0.0f;
+        for (int64_t i = i0; i <= i1; i++)
+            for (int64_t j = j0; j <= j1; j++) {
+                const int64_t k = (h - (i * t.sh - t.ph)) * t.kw + (w - (j * t.sw - t.pw));
+                if (((const uint8_t *)av.data)[dview_off4(av, b, c, i, j)] == k)
+                    s += ld_float(gv.data, gv.dtype, dview_off4(gv, b, c, i, j));
+            }
+        st_float(zv.data, zv.dtype, dview_off4(zv, b, c, h, w), s);
+    }
+}
+
+// The backward on channels-last dense views of 8k channels: 8 channels of one grad_z pixel a thread
+// (grad_y of type T, 16-byte loads; argmax 8-byte loads), the windows in the same order.
+template <typename T>
+__global__ void pool_back_nhwc8(struct dview zv, const T * g, const uint8_t * am, pool_terms t, int C8, int64_t n8) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n8; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t pix = e / C8, w = pix % t.W, h = (pix / t.W) % t.H, b = pix / (t.W * t.H);
+        const int c0 = (int)(e - pix * C8) * 8;
+        const int64_t ti = h + t.ph - t.kh + 1, tj = w + t.pw - t.kw + 1;
+        const int64_t i0 = ti <= 0 ? 0 : (ti + t.sh - 1) / t.sh, j0 = tj <= 0 ? 0 : (tj + t.sw - 1) / t.sw;
+        const int64_t i1 = min((h + t.ph) / t.sh, t.OH - 1), j1 = min((w + t.pw) / t.sw, t.OW - 1);
+        float s[8] = {};
+        for (int64_t i = i0; i <= i1; i++)
+            for (int64_t j = j0; j <= j1; j++) {
+                const uint32_t k = (uint32_t)((h - (i * t.sh - t.ph)) * t.kw + (w - (j * t.sw - t.pw)));
+                const int64_t o = ((b * t.OH + i) * t.OW + j) * C8 * 8 + c0;
+                const uint2 a = *(const uint2 *)(am + o);
+                if (((a.x & 0xff) != k) + ((a.x >> 8 & 0xff) != k) + ((a.x >> 16 & 0xff) != k) + ((a.x >> 24) != k) +
+                        ((a.y & 0xff) != k) + ((a.y >> 8 & 0xff) != k) + ((a.y >> 16 & 0xff) != k) +
+                        ((a.y >> 24) != k) ==
+                    8)
+                    continue; // (no channel of these 8 took this position)
+                float v[8];
+                load8<T>(g + o, v);
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    if ((((q < 4 ? a.x : a.y) >> (8 * (q % 4))) & 0xff) == k) s[q] += v[q];
+            }
+        store8(zv.data, zv.dtype, e * 8, s);
     }
 }
 
@@ -191,43 +291,83 @@ bool aligned16(const void * p) { return (uintptr_t)p % 16 == 0; }
 
 } // namespace
 
+static pool_terms terms_of(const struct bie_pool_call * c) {
+    return {channel_terms_of(c->mul, c->add, c->bits_bias),
+            c->lo,
+            c->hi,
+            c->kh,
+            c->kw,
+            c->sh,
+            c->sw,
+            c->ph,
+            c->pw,
+            c->H,
+            c->W,
+            c->OH,
+            c->OW};
+}
+
+extern "C" enum bie_status bie_cuda_affine_maxpool2d_backward(bie_context_t * ctx, const struct bie_pool_call * c) {
+    struct bie_cuda_state * st;
+    BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
+    const int64_t n = c->N * c->C * c->H * c->W;
+    if (n == 0) return BIE_STATUS_OK;
+    const pool_terms t = terms_of(c);
+    struct dview zv, gv, av;
+    dview_make(&c->x, &zv);
+    dview_make(&c->y, &gv);
+    dview_make(&c->argmax, &av);
+    if (c->C % 8 == 0 && bie_cuda_channels_last(c->x) && bie_cuda_channels_last(c->y) &&
+        bie_cuda_channels_last(c->argmax) && aligned16(c->x.data) && aligned16(c->y.data) &&
+        (uintptr_t)c->argmax.data % 8 == 0) {
+        const int64_t n8 = n / 8;
+        const int C8 = (int)(c->C / 8);
+        const uint8_t * am = (const uint8_t *)c->argmax.data;
+        if (c->y.dtype == BIE_DTYPE_F16)
+            pool_back_nhwc8<__half>
+                <<<grid_for(n8, 256), 256, 0, st->stream>>>(zv, (const __half *)c->y.data, am, t, C8, n8);
+        else if (c->y.dtype == BIE_DTYPE_BF16)
+            pool_back_nhwc8<__nv_bfloat16>
+                <<<grid_for(n8, 256), 256, 0, st->stream>>>(zv, (const __nv_bfloat16 *)c->y.data, am, t, C8, n8);
+        else
+            pool_back_nhwc8<float>
+                <<<grid_for(n8, 256), 256, 0, st->stream>>>(zv, (const float *)c->y.data, am, t, C8, n8);
+    } else {
+        pool_back_any<<<grid_for(n, 256), 256, 0, st->stream>>>(zv, gv, av, t, n, c->C);
+    }
+    LAUNCHED(ctx, "affine max-pool backward");
+    return BIE_STATUS_OK;
+}
+
 extern "C" enum bie_status bie_cuda_affine_maxpool2d(bie_context_t * ctx, const struct bie_pool_call * c) {
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
     const int64_t n = c->N * c->C * c->OH * c->OW;
     if (n == 0) return BIE_STATUS_OK;
-    const pool_terms t = {channel_terms_of(c->mul, c->add, c->bits_bias),
-                          c->lo,
-                          c->hi,
-                          c->kh,
-                          c->kw,
-                          c->sh,
-                          c->sw,
-                          c->ph,
-                          c->pw,
-                          c->H,
-                          c->W,
-                          c->OH,
-                          c->OW};
+    const pool_terms t = terms_of(c);
     struct dview xv, yv;
     dview_make(&c->x, &xv);
     dview_make(&c->y, &yv);
     const bool bits_dense = !c->out_bits.data || bie_cuda_channels_last(c->out_bits);
+    const bool amax_dense =
+        !c->argmax.data || (bie_cuda_channels_last(c->argmax) && (uintptr_t)c->argmax.data % 8 == 0);
     const int64_t image = (c->H - 1) * c->x.stride[2] + (c->W - 1) * c->x.stride[3] + c->C; // x's span in an image
     if (c->C % 8 == 0 && c->OW * (c->C / 8) < INT32_MAX && image < INT32_MAX && bie_cuda_channels_last(c->x) &&
-        bie_cuda_channels_last(c->y) && bits_dense && aligned16(c->x.data) && aligned16(c->y.data)) {
+        bie_cuda_channels_last(c->y) && bits_dense && amax_dense && aligned16(c->x.data) && aligned16(c->y.data)) {
         const int C8 = (int)(c->C / 8);
         const int64_t rows = c->N * c->OH;
-        uint8_t * bits = (uint8_t *)c->out_bits.data;
-        if (c->x.dtype == BIE_DTYPE_F16) launch_nhwc8<__half>(xv, yv, bits, t, C8, rows, st->stream);
-        else if (c->x.dtype == BIE_DTYPE_BF16) launch_nhwc8<__nv_bfloat16>(xv, yv, bits, t, C8, rows, st->stream);
-        else launch_nhwc8<float>(xv, yv, bits, t, C8, rows, st->stream);
+        uint8_t *bits = (uint8_t *)c->out_bits.data, *amax = (uint8_t *)c->argmax.data;
+        if (c->x.dtype == BIE_DTYPE_F16) launch_nhwc8<__half>(xv, yv, bits, amax, t, C8, rows, st->stream);
+        else if (c->x.dtype == BIE_DTYPE_BF16) launch_nhwc8<__nv_bfloat16>(xv, yv, bits, amax, t, C8, rows, st->stream);
+        else launch_nhwc8<float>(xv, yv, bits, amax, t, C8, rows, st->stream);
         LAUNCHED(ctx, "affine max-pool");
         return BIE_STATUS_OK;
     }
     int8_t * codes = NULL;
     if (c->out_bits.data) BIE_TRY(bie_cuda_workspace(ctx, (size_t)n, (void **)&codes));
-    pool_any<<<grid_for(n, 256), 256, 0, st->stream>>>(xv, yv, codes, t, n, c->C);
+    struct dview av = {};
+    if (c->argmax.data) dview_make(&c->argmax, &av);
+    pool_any<<<grid_for(n, 256), 256, 0, st->stream>>>(xv, yv, codes, av, t, n, c->C);
     LAUNCHED(ctx, "affine max-pool");
     if (codes) {
         struct dview bv;

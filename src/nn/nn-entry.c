@@ -119,7 +119,7 @@ static enum bie_status bn_forward_cuda(bie_context_t * ctx, const struct bie_bat
     struct bie_bn_call c;
     memset(&c, 0, sizeof c);
     const struct bie_tensor * x = a->x;
-    if (!a->y) BIE_FAIL("y: is NULL");
+    if (!a->y && !d->training) BIE_FAIL("y: is NULL (only a training call may leave it out)");
     BIE_TRY(bn_view4(ctx, "x", x, x, false, &c.x));
     BIE_TRY(bn_view4(ctx, "y", a->y, x, true, &c.y));
     BIE_TRY(bn_view4(ctx, "residual", a->residual, x, false, &c.residual));
@@ -186,17 +186,18 @@ enum bie_status bie_batchnorm_forward(bie_context_t * ctx, const struct bie_batc
         BIE_TRY(bie_nn_check_shape(ctx, "saved_mean", a->saved_mean, BIE_DTYPE_F32, 1, &c));
     if (desc->training || a->saved_invstd)
         BIE_TRY(bie_nn_check_shape(ctx, "saved_invstd", a->saved_invstd, BIE_DTYPE_F32, 1, &c));
-    BIE_TRY(check_like(ctx, "y", a->y, BIE_DTYPE_F32, "x", a->x));
+    if (a->y || !desc->training) BIE_TRY(check_like(ctx, "y", a->y, BIE_DTYPE_F32, "x", a->x));
     if (a->residual) BIE_TRY(check_like(ctx, "residual", a->residual, BIE_DTYPE_F32, "x", a->x));
     const struct bie_tensor * outs[] = {a->y, a->running_mean, a->running_var, a->saved_mean, a->saved_invstd};
     const char * out_names[] = {"y", "running_mean", "running_var", "saved_mean", "saved_invstd"};
     const struct bie_tensor * ins[] = {a->x, a->gamma, a->beta, a->residual};
     const char * in_names[] = {"x", "gamma", "beta", "residual"};
     BIE_TRY(bie_check_outputs(ctx, outs, out_names, 5, ins, in_names, 4));
-    return bie_nn_batchnorm_forward(
-        ctx, n, c, hw, a->x->data, a->gamma->data, a->beta->data, a->running_mean->data, a->running_var->data,
-        desc->momentum, desc->eps, desc->training, a->saved_mean ? a->saved_mean->data : NULL,
-        a->saved_invstd ? a->saved_invstd->data : NULL, a->residual ? a->residual->data : NULL, a->y->data);
+    return bie_nn_batchnorm_forward(ctx, n, c, hw, a->x->data, a->gamma->data, a->beta->data, a->running_mean->data,
+                                    a->running_var->data, desc->momentum, desc->eps, desc->training,
+                                    a->saved_mean ? a->saved_mean->data : NULL,
+                                    a->saved_invstd ? a->saved_invstd->data : NULL,
+                                    a->residual ? a->residual->data : NULL, a->y ? a->y->data : NULL);
 }
 
 enum bie_status bie_batchnorm_backward(bie_context_t * ctx, const struct bie_batchnorm_backward_args * a) {

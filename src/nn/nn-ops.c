@@ -24,8 +24,8 @@ enum bie_status bie_nn_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t
     BIE_ENTER(ctx);
     if (n <= 0 || c <= 0 || hw <= 0)
         BIE_FAIL("n, c, hw: must be > 0 (got %lld, %lld, %lld)", (long long)n, (long long)c, (long long)hw);
-    if (!x || !gamma || !beta || !running_mean || !running_var || !y)
-        BIE_FAIL("x, gamma, beta, running stats, y: must not be NULL");
+    if (!x || !gamma || !beta || !running_mean || !running_var || (!y && !training))
+        BIE_FAIL("x, gamma, beta, running stats, y: must not be NULL (y may be in training)");
     if (training && (!saved_mean || !saved_invstd)) BIE_FAIL("saved_mean, saved_invstd: needed in training");
     if (!(eps > 0)) BIE_FAIL("eps: must be > 0");
     int64_t m, elements;
@@ -62,7 +62,7 @@ enum bie_status bie_nn_batchnorm_forward(bie_context_t * ctx, int64_t n, int64_t
             saved_invstd[j] = invstd;
         }
         const float a = gamma[j] * invstd, b = beta[j] - (float)mean * a;
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; y && i < n; i++) {
             const float * xp = x + (i * c + j) * hw;
             float * yp = y + (i * c + j) * hw;
             if (residual) {

@@ -16,7 +16,7 @@ bie_pack_slot bie_ref_pack, bie_ref_unpack;
 bie_reduce_slot bie_ref_reduce;
 bie_matmul_slot bie_ref_matmul_forward, bie_ref_matmul_backward;
 bie_embedding_slot bie_ref_embedding_forward, bie_ref_embedding_backward;
-bie_pool_slot bie_ref_affine_maxpool2d;
+bie_pool_slot bie_ref_affine_maxpool2d, bie_ref_affine_maxpool2d_backward;
 
 // The binary STE (bie_binarize_ste), and its pass test on x': |x' / scale_a| <= 1 with the division
 // in f32 (NaN fails).

@@ -117,7 +117,7 @@ int main(int argc, char ** argv) {
         pool_random_case(&c);
         if (i % 2) { // channels-last x and y of 8k channels, bits channels-last or none
             c.C = 8 * test_rand_int(1, 9);
-            c.xl = c.yl = 1;
+            c.xl = c.yl = c.zl = c.gl = 1;
             c.bl = test_rand_int(0, 1) ? 1 : -1;
             c.bb = c.bl >= 0 && c.bb;
             if (i % 16 == 1) { // the stem's pool: 3x3, stride 2, padding 1, ReLU, at its real size
