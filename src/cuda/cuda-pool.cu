@@ -258,19 +258,22 @@ __global__ void pool_back_any(struct dview zv, struct dview gv, struct dview av,
 
 // The backward on channels-last dense views of 8k channels: 8 channels of one grad_z pixel a thread
 // (grad_y of type T, 16-byte loads; argmax 8-byte loads), the windows in the same order.
+// (H, W, OH, OW and the window fit 32 bits here: the launch checks.)
 template <typename T>
 __global__ void pool_back_nhwc8(struct dview zv, const T * g, const uint8_t * am, pool_terms t, int C8, int64_t n8) {
+    const int H = (int)t.H, W = (int)t.W, OH = (int)t.OH, OW = (int)t.OW;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n8; e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t pix = e / C8, w = pix % t.W, h = (pix / t.W) % t.H, b = pix / (t.W * t.H);
+        const int64_t pix = qdiv(e, C8), img = qdiv(pix, (int64_t)H * W);
+        const int hw = (int)(pix - img * H * W), h = hw / W, w = hw - h * W;
         const int c0 = (int)(e - pix * C8) * 8;
-        const int64_t ti = h + t.ph - t.kh + 1, tj = w + t.pw - t.kw + 1;
-        const int64_t i0 = ti <= 0 ? 0 : (ti + t.sh - 1) / t.sh, j0 = tj <= 0 ? 0 : (tj + t.sw - 1) / t.sw;
-        const int64_t i1 = min((h + t.ph) / t.sh, t.OH - 1), j1 = min((w + t.pw) / t.sw, t.OW - 1);
+        const int ti = h + t.ph - t.kh + 1, tj = w + t.pw - t.kw + 1;
+        const int i0 = ti <= 0 ? 0 : (ti + t.sh - 1) / t.sh, j0 = tj <= 0 ? 0 : (tj + t.sw - 1) / t.sw;
+        const int i1 = min((h + t.ph) / t.sh, OH - 1), j1 = min((w + t.pw) / t.sw, OW - 1);
         float s[8] = {};
-        for (int64_t i = i0; i <= i1; i++)
-            for (int64_t j = j0; j <= j1; j++) {
+        for (int i = i0; i <= i1; i++)
+            for (int j = j0; j <= j1; j++) {
                 const uint32_t k = (uint32_t)((h - (i * t.sh - t.ph)) * t.kw + (w - (j * t.sw - t.pw)));
-                const int64_t o = ((b * t.OH + i) * t.OW + j) * C8 * 8 + c0;
+                const int64_t o = ((img * OH + i) * OW + j) * C8 * 8 + c0;
                 const uint2 a = *(const uint2 *)(am + o);
                 if (((a.x & 0xff) != k) + ((a.x >> 8 & 0xff) != k) + ((a.x >> 16 & 0xff) != k) + ((a.x >> 24) != k) +
                         ((a.y & 0xff) != k) + ((a.y >> 8 & 0xff) != k) + ((a.y >> 16 & 0xff) != k) +
@@ -317,9 +320,9 @@ extern "C" enum bie_status bie_cuda_affine_maxpool2d_backward(bie_context_t * ct
     dview_make(&c->x, &zv);
     dview_make(&c->y, &gv);
     dview_make(&c->argmax, &av);
-    if (c->C % 8 == 0 && bie_cuda_channels_last(c->x) && bie_cuda_channels_last(c->y) &&
-        bie_cuda_channels_last(c->argmax) && aligned16(c->x.data) && aligned16(c->y.data) &&
-        (uintptr_t)c->argmax.data % 8 == 0) {
+    if (c->C % 8 == 0 && c->H * c->W < INT32_MAX && c->H + c->kh < INT32_MAX && c->W + c->kw < INT32_MAX &&
+        bie_cuda_channels_last(c->x) && bie_cuda_channels_last(c->y) && bie_cuda_channels_last(c->argmax) &&
+        aligned16(c->x.data) && aligned16(c->y.data) && (uintptr_t)c->argmax.data % 8 == 0) {
         const int64_t n8 = n / 8;
         const int C8 = (int)(c->C / 8);
         const uint8_t * am = (const uint8_t *)c->argmax.data;
