@@ -289,8 +289,7 @@ bn_vectors vectors_of(const struct bie_bn_call * c) {
             vec_of(c->saved_mean), vec_of(c->saved_invstd), vec_of(c->grad_gamma),   vec_of(c->grad_beta)};
 }
 
-// The partial sums of a call (forward: of x; backward: of grad_y and x) into part, their count in
-// *P; part holds room for max_parts(...) blocks of C.
+// The most partial sums a call makes per channel (the workspace holds that many rows of C).
 int max_parts(bie_context_t * ctx) {
     const int sm = bie_cuda_sm_count(ctx);
     return 4 * (sm > 0 ? sm : 132);
@@ -305,6 +304,9 @@ void launch_sums_rows(const struct bie_bn_call * c, const struct bie_tensor & g,
                                                   vec_of(c->saved_mean), c->N * c->H * c->W, (int)c->C, rpb, part);
 }
 
+// The partial sums of a call (forward: of x; backward: of grad_y and x) into part[P][C], P in *P:
+// blocks of about 8 rows a thread on dense rows, else blocks of about 8 elements a thread per channel,
+// at most max_parts blocks in all.
 template <bool BWD>
 enum bie_status sums(bie_context_t * ctx, const struct bie_bn_call * c, bool rows, float2 * part, int * P) {
     const cudaStream_t s = ctx->cuda->stream;
