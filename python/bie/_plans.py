@@ -21,35 +21,21 @@ if _LOG and not _log.handlers and not logging.getLogger().handlers:
 _MAX_PLANS = 1024  # per thread; the oldest half is dropped when full
 
 
-class Plan:
-    """One plan: its handle, the argument struct its executions pass (whose tensor views' data
-    pointers are replaced on each call) and those views, in the order of the tensors given to run()."""
+class Call:
+    """A libbie call (a function taking the context, then `pre`, then its argument struct) whose
+    argument struct is kept by the metadata of its tensors: a later call with the same metadata only
+    patches the views' data pointers. `views` are the struct's tensor views, in the order of the
+    tensors given to run() (None: absent)."""
 
-    __slots__ = ("handle", "args", "views", "live", "keep", "backward", "lib", "text", "out", "fn", "name")
+    __slots__ = ("fn", "name", "pre", "args", "live")
 
-    def __init__(self, function, desc, args, views, keep, backward):
-        ctx = _lib.context()
-        self.lib = ctx.lib
-        self.handle = ctypes.c_void_p()
-        self.args, self.views, self.keep, self.backward = args, views, keep, backward
+    def __init__(self, function, pre, args, views):
+        self.name, self.fn = function, getattr(_lib.context().lib, function)
+        self.pre, self.args = pre, args
         self.live = tuple((i, v) for i, v in enumerate(views) if v is not None)  # the views run() patches
-        self.out = None
-        ctx.check(function, getattr(ctx.lib, function)(ctx.handle, ctypes.byref(desc), ctypes.byref(args),
-                                                       ctypes.byref(self.handle)))
-        self.text = ctx.lib.bie_plan_describe(self.handle).decode(errors="replace")
-        self.name = "bie_plan_backward" if backward else "bie_plan_forward"
-        self.fn = getattr(ctx.lib, self.name)
-        if _LOG:
-            _log.info("bie plan: %s", self.text)
-
-    def __del__(self):
-        h = getattr(self, "handle", None)
-        if h is not None and h.value:
-            self.lib.bie_plan_destroy(h)
-            self.handle = None
 
     def run(self, ref, tensors):
-        """Executes the plan on `tensors` (torch tensors or None, one per view) on the device of `ref`
+        """Calls the function on `tensors` (torch tensors or None, one per view) on the device of `ref`
         (CUDA: on its current stream)."""
         for i, v in self.live:
             v.data = tensors[i].data_ptr()
@@ -65,41 +51,35 @@ class Plan:
         return self._call(ctx)
 
     def _call(self, ctx):
-        status = self.fn(ctx.handle, self.handle, ctypes.byref(self.args))
-        if status:
-            ctx.check(self.name, status)
-
-
-class Call:
-    """An unplanned libbie call (a function taking the context, then `pre`, then its argument
-    struct) whose argument struct is kept like a plan's: a later call with the same metadata only
-    patches the views' data pointers."""
-
-    __slots__ = ("fn", "name", "pre", "args", "live")
-
-    def __init__(self, function, pre, args, views):
-        self.name, self.fn = function, getattr(_lib.context().lib, function)
-        self.pre, self.args = pre, args
-        self.live = tuple((i, v) for i, v in enumerate(views) if v is not None)
-
-    def run(self, ref, tensors):
-        for i, v in self.live:
-            v.data = tensors[i].data_ptr()
-        ctx = _lib.context()
-        index = ref.get_device()
-        if index >= 0:
-            import torch
-            if index != torch.cuda.current_device():
-                with torch.cuda.device(index):
-                    _lib.bind_stream_index(ctx, index)
-                    return self._call(ctx)
-            _lib.bind_stream_index(ctx, index)
-        return self._call(ctx)
-
-    def _call(self, ctx):
         status = self.fn(ctx.handle, *self.pre, ctypes.byref(self.args))
         if status:
             ctx.check(self.name, status)
+
+
+class Plan(Call):
+    """One plan: its handle, and as a Call, bie_plan_forward or _backward on the argument struct its
+    executions pass (whose tensor views' data pointers are replaced on each call)."""
+
+    __slots__ = ("handle", "views", "keep", "backward", "lib", "text", "out")
+
+    def __init__(self, function, desc, args, views, keep, backward):
+        ctx = _lib.context()
+        self.lib = ctx.lib
+        self.handle = ctypes.c_void_p()
+        self.views, self.keep, self.backward = views, keep, backward
+        self.out = None
+        ctx.check(function, getattr(ctx.lib, function)(ctx.handle, ctypes.byref(desc), ctypes.byref(args),
+                                                       ctypes.byref(self.handle)))
+        self.text = ctx.lib.bie_plan_describe(self.handle).decode(errors="replace")
+        super().__init__("bie_plan_backward" if backward else "bie_plan_forward", (self.handle,), args, views)
+        if _LOG:
+            _log.info("bie plan: %s", self.text)
+
+    def __del__(self):
+        h = getattr(self, "handle", None)
+        if h is not None and h.value:
+            self.lib.bie_plan_destroy(h)
+            self.handle = None
 
 
 class Kept:

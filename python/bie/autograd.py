@@ -239,6 +239,15 @@ class ClampedBinaryConv2dForward(torch.autograd.Function):
         return _grads(ctx, grad_y, 10, 9)
 
 
+def _grad_like(grad, x):
+    """grad in x's channels-last memory when x has it and grad does not (one pass at memory speed,
+    which sends libbie's batch norm and pool backward down their dense routes)."""
+    cl = torch.channels_last
+    if x.dim() == 4 and x.is_contiguous(memory_format=cl) and not grad.is_contiguous(memory_format=cl):
+        return grad.contiguous(memory_format=cl)
+    return grad
+
+
 class BatchNormTrain(torch.autograd.Function):
     """A training-mode BatchNorm2d and the residual add after it, bn(x) + residual, as one libbie
     pass after the statistics (F.batch_norm_train) and one backward (F.batch_norm_backward); the
@@ -256,9 +265,7 @@ class BatchNormTrain(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         x, weight, mean, invstd = ctx.saved_tensors
-        cl = torch.channels_last
-        if x.dim() == 4 and x.is_contiguous(memory_format=cl) and not grad_y.is_contiguous(memory_format=cl):
-            grad_y = grad_y.contiguous(memory_format=cl)  # (one pass at memory speed: libbie's dense route)
+        grad_y = _grad_like(grad_y, x)
         gx, gw, gb = F.batch_norm_backward(x, weight, mean, invstd, grad_y, ctx.needs_input_grad[0])
         return gx, gw, gb, grad_y if ctx.has_residual else None, None, None, None, None
 
@@ -283,8 +290,8 @@ class StemTrain(torch.autograd.Function):
         add = bias.float() - mean * mul
         n, c, h, w = x.shape
         oh, ow = F.conv2d_output_size(h, w, kernel_size, stride, padding)
-        fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
-        argmax = torch.empty((n, c, oh, ow), dtype=torch.uint8, device=x.device, memory_format=fmt)
+        argmax = torch.empty((n, c, oh, ow), dtype=torch.uint8, device=x.device,
+                             memory_format=F._like_memory_format(x))
         y = F.affine_maxpool2d(x, kernel_size, stride, padding, mul, add, lo, hi, argmax=argmax)
         ctx.save_for_backward(x, weight, mean, invstd, argmax)
         ctx.geometry = (kernel_size, stride, padding)
@@ -294,10 +301,6 @@ class StemTrain(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, weight, mean, invstd, argmax = ctx.saved_tensors
         k, s, p = ctx.geometry
-        if x.is_contiguous(memory_format=torch.channels_last) and not grad_y.is_contiguous(
-                memory_format=torch.channels_last):
-            grad_y = grad_y.contiguous(memory_format=torch.channels_last)
-        gz = F.affine_maxpool2d_backward(argmax, grad_y, x.shape[2:], k, s, p, dtype=x.dtype)
+        gz = F.affine_maxpool2d_backward(argmax, _grad_like(grad_y, x), x.shape[2:], k, s, p, dtype=x.dtype)
         gx, gw, gb = F.batch_norm_backward(x, weight, mean, invstd, gz, ctx.needs_input_grad[0])
         return gx, gw, gb, None, None, None, None, None, None, None, None, None
-

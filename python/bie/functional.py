@@ -612,6 +612,18 @@ def affine_maxpool2d_backward(argmax, grad_y, input_size, kernel_size, stride=No
     return gz
 
 
+def _cached_call(key, function, pre, struct, tensors):
+    """The _plans.Call of `function` kept in this thread's cache under key (which must fix the
+    metadata of `tensors`), made on its first use with pre() as the arguments before the struct and
+    a `struct` of views of `tensors`."""
+    cache = _plans.cache()
+    call = cache.get(key)
+    if call is None:
+        views = [None if t is None else _view(t.detach()) for t in tensors]
+        call = cache[key] = _plans.Call(function, pre(), struct(*[_ptr(v) for v in views]), views)
+    return call
+
+
 def batch_norm_train(x, weight, bias, running_mean, running_var, momentum=0.1, eps=1e-5, residual=None,
                      normalize=True):
     """Training-mode batch norm of x [N, C, ...] (bie_batchnorm_forward): batch statistics per
@@ -627,18 +639,13 @@ def batch_norm_train(x, weight, bias, running_mean, running_var, momentum=0.1, e
     y = torch.empty_like(x, memory_format=_like_memory_format(x)) if normalize else None
     saved = torch.empty((2, x.shape[1]), dtype=torch.float32, device=x.device)
     ts = (x, weight, bias, running_mean, running_var, saved[0], saved[1], y, residual)
-    # (y and saved follow from x's metadata)
-    m = _plans.meta_fast
+    m = _plans.meta_fast  # (y and saved follow from x's metadata)
     key = ("bn", momentum, eps, m(x), m(weight), m(bias), m(running_mean), m(running_var),
            None if residual is None else m(residual), normalize)
-    cache = _plans.cache()
-    call = cache.get(key)
-    if call is None:
-        views = [None if t is None else _view(t.detach()) for t in ts]
-        desc = _lib.BatchnormDesc(float(momentum), float(eps), 1)
-        call = cache[key] = _plans.Call("bie_batchnorm_forward", (ctypes.byref(desc),),
-                                        _lib.BatchnormArgs(*[_ptr(v) for v in views]), views)
-    call.run(x, ts)
+    def pre():  # (the desc lives as long as its byref in the call)
+        return (ctypes.byref(_lib.BatchnormDesc(float(momentum), float(eps), 1)),)
+
+    _cached_call(key, "bie_batchnorm_forward", pre, _lib.BatchnormArgs, ts).run(x, ts)
     return y, saved[0], saved[1]
 
 
@@ -651,13 +658,7 @@ def batch_norm_backward(x, weight, saved_mean, saved_invstd, grad_y, grad_x=True
     ts = (x, weight, saved_mean, saved_invstd, grad_y, gx, gwb[0], gwb[1])
     m = _plans.meta_fast  # (gx and gwb follow from x's and weight's metadata)
     key = ("bn backward", m(x), m(weight), m(saved_mean), m(saved_invstd), m(grad_y), gx is None)
-    cache = _plans.cache()
-    call = cache.get(key)
-    if call is None:
-        views = [None if t is None else _view(t.detach()) for t in ts]
-        call = cache[key] = _plans.Call("bie_batchnorm_backward", (),
-                                        _lib.BatchnormBackwardArgs(*[_ptr(v) for v in views]), views)
-    call.run(x, ts)
+    _cached_call(key, "bie_batchnorm_backward", tuple, _lib.BatchnormBackwardArgs, ts).run(x, ts)
     return gx, gwb[0], gwb[1]
 
 

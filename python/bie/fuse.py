@@ -346,7 +346,7 @@ class FoldedConvPool(nn.Module):
         if self.training or torch.is_grad_enabled():
             y = self.conv(x)
             p, bn = self.pool, self.bn
-            k = p.kernel_size if isinstance(p.kernel_size, tuple) else (p.kernel_size, p.kernel_size)
+            k = F._pair(p.kernel_size)
             if _bn_trains(bn, y) and k[0] * k[1] <= 255:  # in training on CUDA: one node (StemTrain)
                 bn.num_batches_tracked.add_(1)
                 return StemTrain.apply(y, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps,

@@ -58,7 +58,7 @@ __device__ __forceinline__ float ld3(const bn_view & v, int64_t W, int64_t n, in
     return ld_float(v.data, v.dtype, off3(v, W, n, c, p));
 }
 
-// The shift of channel c's sums: x[0, c, 0] in the forward, the saved mean in the backward.
+// The shift of channel c's sums: x[0, c, 0, 0] in the forward, the saved mean in the backward.
 template <bool BWD> __device__ __forceinline__ float shift_of(const bn_view & x, const bn_vec & smean, int64_t c) {
     return BWD ? smean.get(c, 0.0f) : ld_float(x.data, x.dtype, c * x.sc);
 }
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(BN_THREADS)
         double s1, s2;
         total(part, P, C, c, s1, s2);
         const double d = s1 / (double)m;
-        mean = (double)ld_float(xv.data, xv.dtype, c * xv.sc) + d;
+        mean = (double)shift_of<false>(xv, v.smean, c) + d;
         var = fmax(s2 / (double)m - d * d, 0.0);
     } else {
         mean = v.rmean.get(c, 0.0f);

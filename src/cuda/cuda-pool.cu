@@ -210,6 +210,20 @@ void launch_nhwc8(const struct dview & xv, const struct dview & yv, uint8_t * bi
     else pool_nhwc8<T, 0, 0><<<grid, 256, 0, s>>>(x, xv, yv.data, yv, bits, amax, t, C8, rows);
 }
 
+// The outputs whose windows hold x's (h, w): rows i0 .. i1 and columns j0 .. j1, i from
+// ceil((h + ph - kh + 1) / sh) to floor((h + ph) / sh) within the output, j alike.
+template <typename I> struct holders { I i0, i1, j0, j1; };
+template <typename I>
+__device__ __forceinline__ holders<I> windows_holding(const pool_terms & t, I h, I w, I OH, I OW) {
+    const I ti = h + t.ph - t.kh + 1, tj = w + t.pw - t.kw + 1;
+    return {ti <= 0 ? 0 : (ti + t.sh - 1) / t.sh, min((h + t.ph) / t.sh, OH - 1), tj <= 0 ? 0 : (tj + t.sw - 1) / t.sw,
+            min((w + t.pw) / t.sw, OW - 1)};
+}
+// The position of x's (h, w) in the window of output (i, j), row-major (argmax's numbering).
+template <typename I> __device__ __forceinline__ I window_pos(const pool_terms & t, I h, I w, I i, I j) {
+    return (h - (i * t.sh - t.ph)) * t.kw + (w - (j * t.sw - t.pw));
+}
+
 // Any views: one output element per thread, in y's row-major order; the bits (if asked) as codes.
 __global__ void pool_any(struct dview xv, struct dview yv, int8_t * codes, struct dview av, pool_terms t, int64_t n,
                          int64_t C) {
@@ -225,7 +239,7 @@ __global__ void pool_any(struct dview xv, struct dview yv, int8_t * codes, struc
                 const float v = signed_plus0(ld_float(xv.data, xv.dtype, dview_off4(xv, b, c, h, w)), sg);
                 if (pos < 0 || (!isnan(m) && (isnan(v) || v > m))) {
                     m = v;
-                    pos = (int)((h - (i * t.sh - t.ph)) * t.kw + (w - (j * t.sw - t.pw)));
+                    pos = (int)window_pos<int64_t>(t, h, w, i, j);
                 }
             }
         m = affine_clamp(t, m * sg, t.mul ? __ldg(t.mul + c * t.ms) : 1.0f, t.add ? __ldg(t.add + c * t.as) : 0.0f);
@@ -242,14 +256,11 @@ __global__ void pool_any(struct dview xv, struct dview yv, int8_t * codes, struc
 __global__ void pool_back_any(struct dview zv, struct dview gv, struct dview av, pool_terms t, int64_t n, int64_t C) {
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t w = e % t.W, h = (e / t.W) % t.H, c = (e / (t.W * t.H)) % C, b = e / (t.W * t.H * C);
-        const int64_t ti = h + t.ph - t.kh + 1, tj = w + t.pw - t.kw + 1;
-        const int64_t i0 = ti <= 0 ? 0 : (ti + t.sh - 1) / t.sh, j0 = tj <= 0 ? 0 : (tj + t.sw - 1) / t.sw;
-        const int64_t i1 = min((h + t.ph) / t.sh, t.OH - 1), j1 = min((w + t.pw) / t.sw, t.OW - 1);
+        const holders<int64_t> r = windows_holding<int64_t>(t, h, w, t.OH, t.OW);
         float s = 0.0f;
-        for (int64_t i = i0; i <= i1; i++)
-            for (int64_t j = j0; j <= j1; j++) {
-                const int64_t k = (h - (i * t.sh - t.ph)) * t.kw + (w - (j * t.sw - t.pw));
-                if (((const uint8_t *)av.data)[dview_off4(av, b, c, i, j)] == k)
+        for (int64_t i = r.i0; i <= r.i1; i++)
+            for (int64_t j = r.j0; j <= r.j1; j++) {
+                if (((const uint8_t *)av.data)[dview_off4(av, b, c, i, j)] == window_pos<int64_t>(t, h, w, i, j))
                     s += ld_float(gv.data, gv.dtype, dview_off4(gv, b, c, i, j));
             }
         st_float(zv.data, zv.dtype, dview_off4(zv, b, c, h, w), s);
@@ -266,25 +277,23 @@ __global__ void pool_back_nhwc8(struct dview zv, const T * g, const uint8_t * am
         const int64_t pix = qdiv(e, C8), img = qdiv(pix, (int64_t)H * W);
         const int hw = (int)(pix - img * H * W), h = hw / W, w = hw - h * W;
         const int c0 = (int)(e - pix * C8) * 8;
-        const int ti = h + t.ph - t.kh + 1, tj = w + t.pw - t.kw + 1;
-        const int i0 = ti <= 0 ? 0 : (ti + t.sh - 1) / t.sh, j0 = tj <= 0 ? 0 : (tj + t.sw - 1) / t.sw;
-        const int i1 = min((h + t.ph) / t.sh, OH - 1), j1 = min((w + t.pw) / t.sw, OW - 1);
+        const holders<int> r = windows_holding<int>(t, h, w, OH, OW);
         float s[8] = {};
-        for (int i = i0; i <= i1; i++)
-            for (int j = j0; j <= j1; j++) {
-                const uint32_t k = (uint32_t)((h - (i * t.sh - t.ph)) * t.kw + (w - (j * t.sw - t.pw)));
+        for (int i = r.i0; i <= r.i1; i++)
+            for (int j = r.j0; j <= r.j1; j++) {
+                const uint32_t k = (uint32_t)window_pos<int>(t, h, w, i, j);
                 const int64_t o = ((img * OH + i) * OW + j) * C8 * 8 + c0;
                 const uint2 a = *(const uint2 *)(am + o);
-                if (((a.x & 0xff) != k) + ((a.x >> 8 & 0xff) != k) + ((a.x >> 16 & 0xff) != k) + ((a.x >> 24) != k) +
-                        ((a.y & 0xff) != k) + ((a.y >> 8 & 0xff) != k) + ((a.y >> 16 & 0xff) != k) +
-                        ((a.y >> 24) != k) ==
-                    8)
-                    continue; // (no channel of these 8 took this position)
+                unsigned took = 0; // bit q: channel c0 + q took this position
+#pragma unroll
+                for (int q = 0; q < 8; q++)
+                    took |= (((q < 4 ? a.x : a.y) >> (8 * (q % 4)) & 0xffu) == k ? 1u : 0u) << q;
+                if (!took) continue;
                 float v[8];
                 load8<T>(g + o, v);
 #pragma unroll
                 for (int q = 0; q < 8; q++)
-                    if ((((q < 4 ? a.x : a.y) >> (8 * (q % 4))) & 0xff) == k) s[q] += v[q];
+                    if (took >> q & 1) s[q] += v[q];
             }
         store8(zv.data, zv.dtype, e * 8, s);
     }

@@ -68,17 +68,21 @@ static enum bie_status bn_dims(bie_context_t * ctx, const struct bie_tensor * x,
 
 // --- batch norm on CUDA tensors (src/cuda/cuda-batchnorm.cu) ---
 
+// t well formed on x's device: an output with no repeated elements, an input of any strides.
+static enum bie_status bn_on_device(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
+                                    const struct bie_tensor * x, bool output) {
+    if (output) return bie_op_check_grad(ctx, name, t, x->device_type, x->device_index);
+    BIE_TRY(bie_check_tensor(ctx, name, t, true));
+    return bie_op_check_device(ctx, name, t, x->device_type, x->device_index);
+}
+
 // t (NULL: absent, *out zeroed) as the [N, C, H, W] view of a CUDA batch norm: f32, f16 or bf16 on
 // x's device, of x's shape (2 to 4 dimensions, the missing ones of extent 1).
 static enum bie_status bn_view4(bie_context_t * ctx, const char * name, const struct bie_tensor * t,
                                 const struct bie_tensor * x, bool output, struct bie_tensor * out) {
     memset(out, 0, sizeof *out);
     if (!t) return BIE_STATUS_OK;
-    if (output) BIE_TRY(bie_op_check_grad(ctx, name, t, x->device_type, x->device_index));
-    else {
-        BIE_TRY(bie_check_tensor(ctx, name, t, true));
-        BIE_TRY(bie_op_check_device(ctx, name, t, x->device_type, x->device_index));
-    }
+    BIE_TRY(bn_on_device(ctx, name, t, x, output));
     BIE_TRY(bie_op_check_float(ctx, name, t));
     if (t->ndim < 2 || t->ndim > 4)
         BIE_FAIL("%s: must be [n, c], [n, c, l] or [n, c, h, w] on CUDA (ndim %d)", name, (int)t->ndim);
@@ -102,11 +106,7 @@ static enum bie_status bn_vector(bie_context_t * ctx, const char * name, const s
         if (required) BIE_FAIL("%s: is NULL", name);
         return BIE_STATUS_OK;
     }
-    if (output) BIE_TRY(bie_op_check_grad(ctx, name, t, x->device_type, x->device_index));
-    else {
-        BIE_TRY(bie_check_tensor(ctx, name, t, true));
-        BIE_TRY(bie_op_check_device(ctx, name, t, x->device_type, x->device_index));
-    }
+    BIE_TRY(bn_on_device(ctx, name, t, x, output));
     if (f32_only && t->dtype != BIE_DTYPE_F32) BIE_FAIL("%s: dtype %s must be f32", name, bie_dtype_name(t->dtype));
     BIE_TRY(bie_op_check_float(ctx, name, t));
     BIE_TRY(bie_op_check_shape(ctx, name, t, 1, &x->shape[1]));

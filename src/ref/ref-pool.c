@@ -48,13 +48,12 @@ enum bie_status bie_ref_affine_maxpool2d(bie_context_t * ctx, const struct bie_p
                     m = sg * m;
                     const int64_t oy = off4(&p->y, n, c, i, j);
                     bie_store(&p->y, oy, affine_clamp(p, c, m));
+                    const float v = (float)bie_load(&p->y, oy); // (the stored y)
                     if (p->argmax.data) {
-                        const float v = (float)bie_load(&p->y, oy);
                         const bool stop = (p->lo > -INFINITY && !(v > p->lo)) || (p->hi < INFINITY && !(v < p->hi));
                         bie_store(&p->argmax, off4(&p->argmax, n, c, i, j), stop ? 255 : pos);
                     }
                     if (!p->out_bits.data) continue;
-                    const float v = (float)bie_load(&p->y, oy);
                     const float bb =
                         p->bits_bias.data ? ((const float *)p->bits_bias.data)[c * p->bits_bias.stride[0]] : 0.0f;
                     bie_store(&p->out_bits, off4(&p->out_bits, n, c, i, j), p->bits_bias.data ? v + bb : v);
