@@ -144,20 +144,22 @@ def outside_torch_mib(device):
 _OUTSIDE0 = 0.0  # outside_torch_mib() after the first float measurement (main sets it)
 
 
-def train_step(model, x, labels):
-    """One training step of model on (x, labels): forward, cross-entropy, backward, SGD with momentum."""
+def train_step(model, x, labels, keep_grads=False):
+    """One training step of model on (x, labels): forward, cross-entropy, backward, SGD with momentum.
+    The gradients are set to None before each step (PyTorch's default), or zeroed in place with
+    keep_grads (a step captured in a CUDA graph replays into the same gradient tensors)."""
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
     def step():
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad(set_to_none=not keep_grads)
         loss_fn(model(x).float(), labels).backward()
         opt.step()
 
     return step
 
 
-def training_setup(kind, batch, device, dtype):
+def training_setup(kind, batch, device, dtype, keep_grads=False):
     """The network of `kind`, a random batch of images (channels-last on a GPU), random labels and the
     network's training step (train_step)."""
     model = build(kind, device, dtype)
@@ -165,7 +167,7 @@ def training_setup(kind, batch, device, dtype):
     if device.type == "cuda":
         x = x.contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (batch,), device=device)
-    return model, x, labels, train_step(model, x, labels)
+    return model, x, labels, train_step(model, x, labels, keep_grads)
 
 
 def step_time_and_peak(kind, step, device, budget, graphs):
@@ -189,7 +191,7 @@ def step_time_and_peak(kind, step, device, budget, graphs):
 def measure(kind, batch, device, dtype, budget, graphs):
     """(inference, fused inference, training step, its peak, fused training step, its peak); the
     fused figures of the float network are torch.fx's conv-BN fold at inference and None in training."""
-    model, x, labels, step = training_setup(kind, batch, device, dtype)
+    model, x, labels, step = training_setup(kind, batch, device, dtype, graphs)
     # training step (first: the lazy scale_a of the bie layers is set from this batch)
     model.train()
     t_step, peak = step_time_and_peak(kind, step, device, budget, graphs)
@@ -197,7 +199,7 @@ def measure(kind, batch, device, dtype, budget, graphs):
     t_fstep = fpeak = None
     if kind != "float":  # the same network after bie.fuse, in training
         fused = bie.fuse(model).train()
-        t_fstep, fpeak = step_time_and_peak(kind, train_step(fused, x, labels), device, budget, graphs)
+        t_fstep, fpeak = step_time_and_peak(kind, train_step(fused, x, labels, graphs), device, budget, graphs)
         del fused
     # inference
     model.eval()

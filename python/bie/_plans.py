@@ -22,38 +22,53 @@ _MAX_PLANS = 1024  # per thread; the oldest half is dropped when full
 
 
 class Call:
-    """A libbie call (a function taking the context, then `pre`, then its argument struct) whose
-    argument struct is kept by the metadata of its tensors: a later call with the same metadata only
-    patches the views' data pointers. `views` are the struct's tensor views, in the order of the
-    tensors given to run() (None: absent)."""
+    """A libbie call (a function taking the context, then `pre`, then its argument struct, or with
+    args None only `pre`) whose arguments are kept by the metadata of their tensors: a later call
+    with the same metadata only patches the views' data pointers. `views` are the tensor views the
+    arguments point to, in the order of the tensors given to run() (None: absent)."""
 
-    __slots__ = ("fn", "name", "pre", "args", "live")
+    __slots__ = ("fn", "name", "args", "argv", "live")
 
     def __init__(self, function, pre, args, views):
         self.name, self.fn = function, getattr(_lib.context().lib, function)
-        self.pre, self.args = pre, args
+        self.args = args
+        self.argv = tuple(pre) if args is None else (*pre, ctypes.byref(args))
         self.live = tuple((i, v) for i, v in enumerate(views) if v is not None)  # the views run() patches
 
     def run(self, ref, tensors):
         """Calls the function on `tensors` (torch tensors or None, one per view) on the device of `ref`
         (CUDA: on its current stream)."""
+        ctx = bound_context(ref)
+        if ctx is None:  # (a device other than the current one)
+            import torch
+            with torch.cuda.device(ref.get_device()):
+                self.run_bound(bound_context(ref), tensors)
+            return
+        self.run_bound(ctx, tensors)
+
+    def run_bound(self, ctx, tensors):
+        """run() with the context that bound_context() gave for the device of the tensors."""
         for i, v in self.live:
             v.data = tensors[i].data_ptr()
-        ctx = _lib.context()
-        index = ref.get_device()  # (-1 on the CPU; cheaper than ref.device, which builds an object)
-        if index >= 0:
-            import torch
-            if index != torch.cuda.current_device():
-                with torch.cuda.device(index):
-                    _lib.bind_stream_index(ctx, index)
-                    return self._call(ctx)
-            _lib.bind_stream_index(ctx, index)
-        return self._call(ctx)
+        self._call(ctx)
 
     def _call(self, ctx):
-        status = self.fn(ctx.handle, *self.pre, ctypes.byref(self.args))
+        status = self.fn(ctx.handle, *self.argv)
         if status:
             ctx.check(self.name, status)
+
+
+def bound_context(ref):
+    """This thread's context, pointed at the current stream of ref's CUDA device (ref a tensor);
+    None when that device is not the current one (the caller then enters it and asks again)."""
+    ctx = _lib.context()
+    index = ref.get_device()  # (-1 on the CPU; cheaper than ref.device, which builds an object)
+    if index >= 0:
+        import torch
+        if index != torch.cuda.current_device():
+            return None
+        _lib.bind_stream_index(ctx, index)
+    return ctx
 
 
 class Plan(Call):

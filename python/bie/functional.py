@@ -367,37 +367,42 @@ def binarize_ste(x, scale_a, bias_a=None, _nhwc=False, clamp=None):
     (_nhwc: x is a channels-last [N, C, H, W], binarized as its [N, H, W, C] rows.)
     With clamp = t (a float > 0): bie_binarize_ste_clamped, the bits and mask of clamp(x, -t, t) and
     a third result, the clamp's pass bits |x| < t (what the backward takes as grad_x_mask)."""
-    key = ("binarize_ste", _plans.meta(x), _plans.meta(scale_a), _plans.meta(bias_a), _nhwc, clamp)
+    outs, call, x2 = _binarize_ste_call(x, scale_a, bias_a, _nhwc, clamp)
+    if call is not None:
+        call.run(x, (x2, bias_a, scale_a, *outs))
+    return outs
+
+
+def _binarize_ste_call(x, scale_a, bias_a, nhwc, clamp):
+    """binarize_ste's outputs (new tensors), the kept _plans.Call that writes them (None for an empty
+    x) and the rows of x that it reads (the call's first tensor; then bias_a, scale_a, the outputs)."""
+    key = ("binarize_ste", _plans.meta_fast(x), _plans.meta(scale_a), _plans.meta(bias_a), nhwc, clamp)
     cache = _plans.cache()
     e = cache.get(key)
+    n_out = 2 if clamp is None else 3
     if e is None:
         _check_float(x, "x")
         _scalar(scale_a, "scale_a")
         if bias_a is not None:
             _check_float(bias_a, "bias_a")
-        rows = x.permute(0, 2, 3, 1) if _nhwc else x
+        rows = x.permute(0, 2, 3, 1) if nhwc else x
         k = _features(rows)
         x2 = rows.detach().reshape(-1, k)
-        shape = (*rows.shape[:-1], -(-k // 8))
-        outs = [torch.empty(shape, dtype=torch.uint8, device=x.device) for _ in range(2 if clamp is None else 3)]
-        keep = [_view(x2), _view(bias_a.detach()) if bias_a is not None else None, _view(scale_a.detach())] + [
+        shape = (n_out, *rows.shape[:-1], -(-k // 8))
+        outs = torch.empty(shape, dtype=torch.uint8, device=x.device).unbind(0)
+        views = [_view(x2), _view(bias_a.detach()) if bias_a is not None else None, _view(scale_a.detach())] + [
             _packed_view(QUANT_BINARY, o.view(-1, shape[-1]), (x2.shape[0], k)) for o in outs]
-        # (rows that are a view of x are read in place; others are copied on each call)
-        e = cache[key] = (keep, [_ptr(v) for v in keep], shape, k, x2.shape[0] > 0, x2.data_ptr() == x.data_ptr())
-    else:
-        shape = e[2]
-        outs = [torch.empty(shape, dtype=torch.uint8, device=x.device) for _ in range(2 if clamp is None else 3)]
-        x2 = x if e[5] else (x.permute(0, 2, 3, 1) if _nhwc else x).detach().reshape(-1, e[3])
-    keep, ptrs, _, _, nonempty, _ = e
-    if nonempty:
-        for v, t in zip(keep, (x2, bias_a, scale_a, *outs)):
-            if v is not None:
-                v.data = t.data_ptr()
+        ptrs = [_ptr(v) for v in views]
         if clamp is None:
-            _Call(x)("bie_binarize_ste", *ptrs)
+            call = _plans.Call("bie_binarize_ste", ptrs, None, views)
         else:
-            _Call(x)("bie_binarize_ste_clamped", ptrs[0], float(clamp), *ptrs[1:])
-    return tuple(outs)
+            call = _plans.Call("bie_binarize_ste_clamped", [ptrs[0], ctypes.c_float(clamp), *ptrs[1:]], None, views)
+        # (rows that are a view of x are read in place; others are copied on each call)
+        e = cache[key] = (None if x2.shape[0] == 0 else call, shape, k, x2.data_ptr() == x.data_ptr())
+        return outs, e[0], x2
+    call, shape, k, in_place = e
+    outs = torch.empty(shape, dtype=torch.uint8, device=x.device).unbind(0)
+    return outs, call, x if in_place else (x.permute(0, 2, 3, 1) if nhwc else x).detach().reshape(-1, k)
 
 
 def _grad_outputs(x_shape, x_dtype, device, weight, shape_w, scale_a, bias_a, needs, grad_weight_dtype,
@@ -637,16 +642,23 @@ def batch_norm_train(x, weight, bias, running_mean, running_var, momentum=0.1, e
     if x.dim() < 2:
         raise ValueError(f"bie: batch_norm_train input must be [N, C, ...], has {x.dim()} dimensions")
     y = torch.empty_like(x, memory_format=_like_memory_format(x)) if normalize else None
-    saved = torch.empty((2, x.shape[1]), dtype=torch.float32, device=x.device)
-    ts = (x, weight, bias, running_mean, running_var, saved[0], saved[1], y, residual)
-    m = _plans.meta_fast  # (y and saved follow from x's metadata)
+    mean, invstd = torch.empty((2, x.shape[1]), dtype=torch.float32, device=x.device).unbind(0)
+    ts = (x, weight, bias, running_mean, running_var, mean, invstd, y, residual)
+    _batch_norm_call(ts, momentum, eps).run(x, ts)
+    return y, mean, invstd
+
+
+def _batch_norm_call(ts, momentum, eps):
+    """batch_norm_train's kept _plans.Call for its tensors ts = (x, weight, bias, running_mean,
+    running_var, saved_mean, saved_invstd, y or None, residual or None)."""
+    x, weight, bias, running_mean, running_var, _, _, y, residual = ts
+    m = _plans.meta_fast  # (y and the saved statistics follow from x's metadata)
     key = ("bn", momentum, eps, m(x), m(weight), m(bias), m(running_mean), m(running_var),
-           None if residual is None else m(residual), normalize)
+           None if residual is None else m(residual), y is not None)
     def pre():  # (the desc lives as long as its byref in the call)
         return (ctypes.byref(_lib.BatchnormDesc(float(momentum), float(eps), 1)),)
 
-    _cached_call(key, "bie_batchnorm_forward", pre, _lib.BatchnormArgs, ts).run(x, ts)
-    return y, saved[0], saved[1]
+    return _cached_call(key, "bie_batchnorm_forward", pre, _lib.BatchnormArgs, ts)
 
 
 def batch_norm_backward(x, weight, saved_mean, saved_invstd, grad_y, grad_x=True):
@@ -654,12 +666,19 @@ def batch_norm_backward(x, weight, saved_mean, saved_invstd, grad_y, grad_x=True
     statistics: (grad_x or None when grad_x is False, grad_weight, grad_bias); grad_x takes x's
     dtype and memory format, grad_weight and grad_bias weight's dtype."""
     gx = torch.empty_like(x, memory_format=_like_memory_format(x)) if grad_x else None
-    gwb = torch.empty((2, x.shape[1]), dtype=weight.dtype, device=x.device)
-    ts = (x, weight, saved_mean, saved_invstd, grad_y, gx, gwb[0], gwb[1])
-    m = _plans.meta_fast  # (gx and gwb follow from x's and weight's metadata)
+    gw, gb = torch.empty((2, x.shape[1]), dtype=weight.dtype, device=x.device).unbind(0)
+    ts = (x, weight, saved_mean, saved_invstd, grad_y, gx, gw, gb)
+    _batch_norm_backward_call(ts).run(x, ts)
+    return gx, gw, gb
+
+
+def _batch_norm_backward_call(ts):
+    """batch_norm_backward's kept _plans.Call for its tensors ts = (x, weight, saved_mean,
+    saved_invstd, grad_y, grad_x or None, grad_weight, grad_bias)."""
+    x, weight, saved_mean, saved_invstd, grad_y, gx = ts[:6]
+    m = _plans.meta_fast  # (the gradients follow from x's and weight's metadata)
     key = ("bn backward", m(x), m(weight), m(saved_mean), m(saved_invstd), m(grad_y), gx is None)
-    _cached_call(key, "bie_batchnorm_backward", tuple, _lib.BatchnormBackwardArgs, ts).run(x, ts)
-    return gx, gwb[0], gwb[1]
+    return _cached_call(key, "bie_batchnorm_backward", tuple, _lib.BatchnormBackwardArgs, ts)
 
 
 def conv2d_binarize_ste(x, scale_a, bias_a=None, clamp=None):
@@ -755,6 +774,17 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
     only; bits laid out as x_mask) zeroes grad_x where its bit is 0 and leaves the other gradients:
     the derivative of a 0/1-sloped activation (a Hardtanh) before the layer, whose input grad_x then
     belongs to. Planned once per metadata."""
+    return _conv2d_backward_planned(quant, x, weight, scale_a, scale_w, grad_y, bias_a, kernel_size, stride, padding,
+                                    dilation, pad_value, needs, grad_weight_dtype, x_mask, in_channels, grad_x_dtype,
+                                    grad_x_mask)[0]
+
+
+def _conv2d_backward_planned(quant, x, weight, scale_a, scale_w, grad_y, bias_a, kernel_size, stride, padding,
+                             dilation, pad_value, needs, grad_weight_dtype, x_mask, in_channels, grad_x_dtype,
+                             grad_x_mask):
+    """conv2d_backward's (gradients, plan): the plan runs later calls whose tensors have the same
+    metadata with plan.run(x, (x, bias_a or None (saved bits), weight, scale_a, scale_w, grad_y,
+    grad_x, grad_weight, grad_scale_a, grad_bias_a, x_mask, grad_x_mask)); None for an empty batch."""
     saved = in_channels is not None
     geo = _geometry_key(kernel_size, stride, padding, dilation)
     key = ("conv2d_backward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
@@ -794,7 +824,7 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
         for t in (gw, gs, gb):
             if t is not None:
                 t.zero_()
-        return gx, gw, gs, gb
+        return (gx, gw, gs, gb), None
     sources = (x, None if saved else bias_a, weight, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_mask, grad_x_mask)
     if p is None:
         wv = _weight_view(quant, weight.detach(), shape_w)
@@ -804,4 +834,4 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
         p.out = (x_shape, shape_w, fmt)
         cache[key] = p
     p.run(x, sources)
-    return gx, gw, gs, gb
+    return (gx, gw, gs, gb), p

@@ -29,6 +29,7 @@ the same numbers. The fold is taken again whenever a module enters eval mode (mo
 """
 import math
 import operator
+import threading
 
 import torch
 import torch.fx as fx
@@ -37,7 +38,8 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from . import _plans
 from . import functional as F
-from .autograd import BatchNormTrain, ClampedBinaryConv2dForward, StemTrain, _exact_in, clamp_saves_bits
+from .autograd import (BatchNormTrain, BinaryBlockTrain, BlockRun, ClampedBinaryConv2dForward, StemTrain, _exact_in,
+                       clamp_saves_bits)
 from .layers import BieLayer, BinaryConv2d, _Conv2d
 
 
@@ -135,6 +137,7 @@ class FusedConv2d(nn.Module):
         self._bits_shapes = {}
         self._runs = _plans.Kept()  # the plans of earlier calls (forward())
         self._hot = None  # what every inference call reads, as plain references (_hot_state())
+        self._train_runs = {}  # the BlockRun of earlier training calls, or False where none applies (_block)
         self._fold()
 
     def extra_repr(self):
@@ -158,11 +161,12 @@ class FusedConv2d(nn.Module):
         self.out_add_res = None if src is None else (add + self.res_bias).contiguous()
         self._runs = _plans.Kept()
         self._hot = None
+        self._train_runs = {}
 
     def _apply(self, fn, *args, **kwargs):
         # (.to(), .cuda(), .half() replace the buffers: the plans and references made for the old ones go)
         out = super()._apply(fn, *args, **kwargs)
-        self._runs, self._hot = _plans.Kept(), None
+        self._runs, self._hot, self._train_runs = _plans.Kept(), None, {}
         return out
 
     def _hot_state(self):
@@ -192,10 +196,14 @@ class FusedConv2d(nn.Module):
         return torch.empty(shape, dtype=torch.uint8, device=bb.device)
 
     def _slow(self, x, residual, res_bias):
-        """The modules one by one (training, autograd on, or a residual of another batch); in training
-        a binary conv and its Hardtanh as one autograd node that keeps bits (_clamped_conv)."""
+        """The modules one by one (training, autograd on, or a residual of another batch); in a training
+        step on CUDA the whole block as one BinaryBlockTrain node where it applies (_block), else a
+        binary conv and its Hardtanh as one autograd node that keeps bits (_clamped_conv)."""
         if res_bias:
             residual = residual + self.res_bias.to(residual.dtype).view(1, -1, 1, 1)
+        y = self._block(x, residual)
+        if y is not None:
+            return y
         y = self._clamped_conv(x)
         if y is None:
             y = self.conv(x if self.act is None else self.act(x))
@@ -205,6 +213,69 @@ class FusedConv2d(nn.Module):
                 return z
             y = self.bn(y)
         return y if residual is None else y + residual
+
+    def _block(self, x, residual):
+        """bn(conv(act(x))) + residual in a training step on CUDA as one BinaryBlockTrain node, or None
+        where that does not apply (see _block_run)."""
+        identity = residual is x
+        conv, bn = self.conv, self.bn
+        rkey = None if residual is None or identity else (residual.shape, residual.stride(), residual.dtype)
+        key = (x.shape, x.stride(), x.dtype, x.get_device(), identity, rkey, torch.is_grad_enabled(), conv.training,
+               bn is not None and bn.training, threading.get_ident())
+        entry = self._train_runs.get(key)
+        if entry is None:
+            entry = self._block_run(x, residual)
+            if len(self._train_runs) >= _plans._MAX_KEPT:
+                self._train_runs = {}
+            self._train_runs[key] = entry
+        if entry is False:
+            return None
+        run, operands = entry
+        params, bp, bb = conv._parameters, bn._parameters, bn._buffers
+        now = (params["weight"], conv._buffers["scale_w"], params["scale_a"], params["bias_a"], bp["weight"],
+               bp["bias"], bb["running_mean"], bb["running_var"], bn.momentum, bn.eps)
+        for a, b in zip(now, operands):
+            if a is not b:  # (a parameter or buffer replaced, or a constant changed: the run is made again)
+                self._train_runs[key] = entry = self._block_run(x, residual)
+                if entry is False:
+                    return None
+                run = entry[0]
+                break
+        w, _, _, ba, bw, bbias = now[:6]
+        bn.num_batches_tracked.add_(1)
+        return BinaryBlockTrain.apply(x, w, conv._scale_a_arg(), ba, bw, bbias, None if identity else residual, run,
+                                      identity)
+
+    def _block_run(self, x, residual):
+        """(BlockRun, the operands it was made for) where a training call on x can be one BinaryBlockTrain
+        node: a binary conv after a symmetric Hardtanh in its bits-saving case (clamp_saves_bits), with
+        bias_a and no bias, a float weight, a training BatchNorm2d after it that libbie's batch norm takes
+        (_bn_trains), a residual of y's dtype and shape; False where not."""
+        conv, bn, act = self.conv, self.bn, self.act
+        if (bn is None or act is None or not isinstance(conv, BinaryConv2d) or conv.bias is not None
+                or conv.bias_a is None or not torch.is_grad_enabled() or not conv.training):
+            return False
+        lo, hi = float(act.min_val), float(act.max_val)
+        w = conv.opt_weight
+        if not w.is_floating_point() or not clamp_saves_bits(x, lo, hi, w, conv.scale_a, conv.bias_a, conv.padding,
+                                                              conv.pad_value):
+            return False
+        conv._check_forward(x)
+        oh, ow = F.conv2d_output_size(x.shape[2], x.shape[3], conv.kernel_size, conv.stride, conv.padding,
+                                      conv.dilation)
+        y_shape = (x.shape[0], conv.out_channels, oh, ow)
+        if not _bn_trains(bn, x) or (residual is not None and (residual.dtype != x.dtype
+                                                               or tuple(residual.shape) != y_shape)):
+            return False
+        if not conv._scale_ready:  # (the lazy scale_a comes from the conv's own input)
+            with torch.no_grad():
+                conv._init_scale_a(act(x))
+        conv._prepare_forward(x)
+        run = BlockRun(conv.scale_w, hi, conv._geometry(), conv.in_channels, bn.running_mean, bn.running_var,
+                       bn.momentum, bn.eps)
+        operands = (conv.weight, conv.scale_w, conv.scale_a, conv.bias_a, bn.weight, bn.bias, bn.running_mean,
+                    bn.running_var, bn.momentum, bn.eps)  # (what _block compares by identity)
+        return run, operands
 
     def _clamped_conv(self, x):
         """conv(act(x)) through ClampedBinaryConv2dForward (a training step keeps 3 bits of x instead of

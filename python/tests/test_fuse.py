@@ -278,6 +278,43 @@ def test_fused_training_keeps_bits_and_equals_the_model():
         assert torch.allclose(b1.float(), b2.float(), rtol=4e-3, atol=4e-3), n1
 
 
+@pytest.mark.skipif(not (torch.cuda.is_available() and bie.cuda_available()), reason="needs CUDA")
+@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
+def test_block_node_is_the_per_module_path(dt, monkeypatch):
+    """A fused block in a CUDA training step is one BinaryBlockTrain node (conv, BatchNorm and the
+    residual add; an identity shortcut's gradient added in place) with the numbers of the node per
+    module it replaces (ClampedBinaryConv2dForward, then BatchNormTrain), to the bit: outputs,
+    every gradient and the running statistics, over two steps (the first makes the node's calls,
+    the second reuses them)."""
+    from bie.fuse import FusedConv2d
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    base = prepared(Net(32), "binary", dev, dt, ["stem"]).train()
+    x = inputs(dev, dt, n=4)
+    results = []
+    for whole in (True, False):
+        if not whole:
+            monkeypatch.setattr(FusedConv2d, "_block", lambda self, x, residual: None)
+        g = bie.fuse(copy.deepcopy(base)).train()
+        nodes = []
+        for mod in g.modules():
+            if isinstance(mod, FusedConv2d):
+                mod.register_forward_hook(lambda mod, args, y: nodes.append(type(y.grad_fn).__name__))
+        steps = []
+        for _ in range(2):
+            g.zero_grad(set_to_none=True)
+            y = g(x)
+            y.float().square().sum().backward()
+            steps.append([y.detach()] + [p.grad.clone() for p in g.parameters() if p.grad is not None]
+                         + [b.clone() for b in g.buffers()])
+        results.append(steps)
+        assert ("BinaryBlockTrainBackward" in nodes) == whole, nodes
+    for step, (a, b) in enumerate(zip(*results)):
+        assert len(a) == len(b)
+        for i, (u, v) in enumerate(zip(a, b)):
+            assert torch.equal(u, v), (step, i)
+
+
 def test_activation_kept_where_bias_a_leaves_its_range(device):
     m = model("binary", device, torch.float32).eval()
     with torch.no_grad():
