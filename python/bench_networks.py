@@ -14,8 +14,9 @@ For each batch size it measures, for the float network and each bie network:
     against the plain float network; the float network with torch.fx's conv-BN fold is printed
     beside it (row field baseline_folded_ms);
   - training step: forward, backward, SGD with momentum (median of timed iterations), of the network
-    as built and (bie networks) after bie.fuse, whose binary convs and their Hardtanh train as one
-    node that keeps bits of its input;
+    as built and (bie networks) after bie.fuse, whose binary blocks train as one node that keeps
+    bits of its input; the gradients are set to None before each step (PyTorch's default), or
+    zeroed in place with --graphs;
   - peak memory of the training step (torch.cuda.max_memory_allocated, MiB; for bie plus its
     workspaces: the device memory PyTorch does not hold that appeared since the float network's
     first measurement, after which PyTorch's own libraries are loaded).
