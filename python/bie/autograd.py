@@ -31,7 +31,7 @@ from .functional import QUANT_BINARY, QUANT_INT4, QUANT_INT8, PAD_ZERO
 
 __all__ = ["BinaryLinearForward", "Q4LinearForward", "Q8LinearForward", "BinaryConv2dForward",
            "Q4Conv2dForward", "Q4Conv2dCutlassForward", "Q8Conv2dForward", "ClampedBinaryConv2dForward",
-           "BinaryBlockTrain"]
+           "BlockTrain"]
 
 
 # Inputs of fewer elements save the float input. The bits cost one more libbie call per forward
@@ -318,91 +318,112 @@ def _spec(t):
 
 
 class BlockRun:
-    """The libbie calls of BinaryBlockTrain for one metadata of its tensors, kept after its first
-    call: later calls allocate their outputs and patch the calls' data pointers, nothing else. It
-    belongs to one thread (the calls' argument structs are patched in place): the forward's calls
-    are made in the thread of its first call, the backward's in that of its first backward.
-    Constants: the conv's scale_w, clamp t, geometry (kernel_size, stride, padding, dilation) and
+    """The libbie calls of BlockTrain for one metadata of its tensors, kept after its first call:
+    later calls allocate their outputs and patch the calls' data pointers, nothing else. It belongs
+    to one thread (the calls' argument structs are patched in place): the forward's calls are made
+    in the thread of its first call, the backward's in that of its first backward.
+    Constants: the conv's quant, scale_w, clamp t (binary: the Hardtanh's; None for a 4-bit or 8-bit
+    conv, whose input comes clamped), geometry (kernel_size, stride, padding, dilation) and
     channels, the BatchNorm's running_mean, running_var, momentum and eps."""
 
-    __slots__ = ("scale_w", "t", "geometry", "channels", "running", "momentum", "eps", "fwd", "shapes", "back")
+    __slots__ = ("quant", "scale_w", "t", "geometry", "channels", "running", "momentum", "eps", "fwd", "shapes",
+                 "back")
 
-    def __init__(self, scale_w, t, geometry, channels, running_mean, running_var, momentum, eps):
-        self.scale_w, self.t, self.geometry, self.channels = scale_w, float(t), geometry, channels
+    def __init__(self, quant, scale_w, t, geometry, channels, running_mean, running_var, momentum, eps):
+        self.quant, self.scale_w, self.t = quant, scale_w, None if t is None else float(t)
+        self.geometry, self.channels = geometry, channels
         self.running, self.momentum, self.eps = (running_mean, running_var), momentum, eps
-        self.fwd = None  # (ste call, conv plan, bn call), after the first forward
-        self.shapes = None  # specs of (the bits buffer, the conv's output, the statistics)
-        self.back = {}  # (bn call, conv backward plan, gradient specs) by the needs of a backward
+        self.fwd = None  # (binarize call or None, conv plan, bn call), after the first forward
+        self.shapes = None  # specs of (the bits buffer or None, the conv's output, the block's output)
+        self.back = {}  # (bn call, conv backward plan, specs of the gradients) by the needs of a backward
 
     def forward(self, x, weight, scale_a, bias_a, bn_weight, bn_bias, residual):
-        """(y, bits, mask, gate, z, mean, invstd): the block's output, the three bit planes of x, the
-        conv's output z and the batch statistics."""
+        """(y, kept, z, mean, invstd): the block's output, what the conv's backward reads of x (binary:
+        its three bit planes; else x itself), the conv's output z and the batch statistics."""
         sw, (rm, rv) = self.scale_w, self.running
+        binary = self.t is not None
         if self.fwd is None:
-            (bits, mask, gate), ste, _ = F._binarize_ste_call(x, scale_a, bias_a, True, self.t)
-            ste.run(x, (x, bias_a, scale_a, bits, mask, gate))
-            z, conv = F._conv2d_forward_planned(F.QUANT_BINARY, bits, weight, scale_a, sw, None, *self.geometry,
-                                                PAD_ZERO, x.dtype, self.channels, None, None, None, None, None)
+            ste = None
+            if binary:
+                kept, ste, _ = F._binarize_ste_call(x, scale_a, bias_a, True, self.t)
+                ste.run(x, (x, bias_a, scale_a, *kept))
+                z, conv = F._conv2d_forward_planned(self.quant, kept[0], weight, scale_a, sw, None, *self.geometry,
+                                                    PAD_ZERO, x.dtype, self.channels, None, None, None, None, None)
+            else:
+                kept = (x, None, None)
+                z, conv = F._conv2d_forward_planned(self.quant, x, weight, scale_a, sw, bias_a, *self.geometry,
+                                                    PAD_ZERO, None, None, None, None, None, None, None)
             y, mean, invstd = F.batch_norm_train(z, bn_weight, bn_bias, rm, rv, self.momentum, self.eps, residual)
             bn = F._batch_norm_call((z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual), self.momentum,
                                     self.eps)
             self.fwd = (ste, conv, bn)
-            self.shapes = ((3, *bits.shape), _spec(z), _spec(y))
-            return y, bits, mask, gate, z, mean, invstd
+            self.shapes = ((3, *kept[0].shape) if binary else None, _spec(z), _spec(y))
+            return y, kept, z, mean, invstd
         ste, conv, bn = self.fwd
         bshape, zspec, yspec = self.shapes
         dev = x.device
-        bits, mask, gate = torch.empty(bshape, dtype=torch.uint8, device=dev).unbind(0)
+        kept = torch.empty(bshape, dtype=torch.uint8, device=dev).unbind(0) if binary else (x, None, None)
         z, y = _empty(zspec, dev), _empty(yspec, dev)
         mean, invstd = torch.empty((2, zspec[0][1]), dtype=torch.float32, device=dev).unbind(0)
         ctx = _plans.bound_context(x)
         if ctx is None:
             with torch.cuda.device(dev):
                 return self.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias, residual)
-        ste.run_bound(ctx, (x, bias_a, scale_a, bits, mask, gate))
-        conv.run_bound(ctx, (bits, None, weight, scale_a, sw, z, None, None, None, None, None))
+        if binary:
+            ste.run_bound(ctx, (x, bias_a, scale_a, *kept))
+            conv.run_bound(ctx, (kept[0], None, weight, scale_a, sw, z, None, None, None, None, None))
+        else:
+            conv.run_bound(ctx, (x, bias_a, weight, scale_a, sw, z, None, None, None, None, None))
         bn.run_bound(ctx, (z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual))
-        return y, bits, mask, gate, z, mean, invstd
+        return y, kept, z, mean, invstd
 
-    def backward(self, needs, grad_y, bits, mask, gate, weight, scale_a, bias_a, z, bn_weight, mean, invstd, x_dtype):
-        """(grad_x or None, grad_weight, grad_scale_a, grad_bias_a (each or None, as needs = the conv's
-        (x, weight, scale_a, bias_a) say), grad_bn_weight, grad_bn_bias)."""
-        kept = self.back.get(needs)
+    def backward(self, needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, mean, invstd, x_dtype):
+        """(grad_x, grad_weight, grad_scale_a, grad_bias_a (each None where needs, the conv's (x, weight,
+        scale_a, bias_a), says so), grad_bn_weight, grad_bn_bias)."""
+        k = self.back.get(needs)
         sw, dev = self.scale_w, z.device
-        if kept is None:
+        x, mask, gate = kept
+        binary = self.t is not None
+        if k is None:
             gz, gbw, gbb = F.batch_norm_backward(z, bn_weight, mean, invstd, grad_y)
             bn = F._batch_norm_backward_call((z, bn_weight, mean, invstd, grad_y, gz, gbw, gbb))
             conv, grads = None, (None, None, None, None)
             if any(needs):
-                grads, conv = F._conv2d_backward_planned(F.QUANT_BINARY, bits, weight, scale_a, sw, gz, bias_a,
-                                                         *self.geometry, PAD_ZERO, needs, None, mask, self.channels,
-                                                         x_dtype, gate)
+                if binary:
+                    grads, conv = F._conv2d_backward_planned(self.quant, x, weight, scale_a, sw, gz, bias_a,
+                                                             *self.geometry, PAD_ZERO, needs, None, mask,
+                                                             self.channels, x_dtype, gate)
+                else:
+                    grads, conv = F._conv2d_backward_planned(self.quant, x, weight, scale_a, sw, gz, bias_a,
+                                                             *self.geometry, PAD_ZERO, needs, None, None, None, None,
+                                                             None)
             self.back[needs] = (bn, conv, _spec(gz), tuple(_spec(g) for g in grads))
             return (*grads, gbw, gbb)
-        bn, conv, gzspec, gspecs = kept
+        bn, conv, gzspec, gspecs = k
         gz = _empty(gzspec, dev)
         gbw, gbb = torch.empty((2, gzspec[0][1]), dtype=bn_weight.dtype, device=dev).unbind(0)
         grads = tuple(None if s is None else _empty(s, dev) for s in gspecs)
         ctx = _plans.bound_context(z)
         if ctx is None:
             with torch.cuda.device(dev):
-                return self.backward(needs, grad_y, bits, mask, gate, weight, scale_a, bias_a, z, bn_weight, mean,
-                                     invstd, x_dtype)
+                return self.backward(needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, mean, invstd,
+                                     x_dtype)
         bn.run_bound(ctx, (z, bn_weight, mean, invstd, grad_y, gz, gbw, gbb))
         if conv is not None:
-            gx, gw, gs, gb = grads
-            conv.run_bound(ctx, (bits, None, weight, scale_a, sw, gz, gx, gw, gs, gb, mask, gate))
+            conv.run_bound(ctx, (x, None if binary else bias_a, weight, scale_a, sw, gz, *grads, mask, gate))
         return (*grads, gbw, gbb)
 
 
-class BinaryBlockTrain(torch.autograd.Function):
-    """bn(conv(clamp(x, -t, t))) + residual in training, for a binary conv in its bits-saving case
-    (clamp_saves_bits) and a training-mode BatchNorm2d, as one autograd node with the numbers of
-    ClampedBinaryConv2dForward followed by BatchNormTrain: one pass over x for its three bit planes,
-    the conv from the bits, the statistics, the pass that normalises and adds the residual; the
-    backward is the batch norm's, then the conv's. It keeps the bit planes of x, the conv's output
-    and the statistics. identity=True: the residual is x itself (a block's identity shortcut), and
-    x's gradient takes the shortcut's in place.
+class BlockTrain(torch.autograd.Function):
+    """bn(conv(x)) + residual in training, a bie conv and the training-mode BatchNorm2d after it, as
+    one autograd node with the numbers of the conv's node followed by BatchNormTrain: the conv, the
+    statistics, the pass that normalises and adds the residual; the backward is the batch norm's,
+    then the conv's. A binary conv in its bits-saving case takes x before a symmetric clamp
+    (clamp_saves_bits; the clamp's t is run.t): its node is ClampedBinaryConv2dForward, one pass over
+    x makes the three bit planes that are kept instead of x. A 4-bit or 8-bit conv takes its input
+    as it comes (its Hardtanh runs before) and keeps it. Both keep the conv's output and the
+    statistics. identity=True (binary only): the residual is x itself (a block's identity shortcut),
+    and x's gradient takes the shortcut's in place.
 
         apply(x, weight, scale_a, bias_a, bn_weight, bn_bias, residual (None with identity), run, identity)
 
@@ -410,18 +431,18 @@ class BinaryBlockTrain(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, scale_a, bias_a, bn_weight, bn_bias, residual, run, identity):
-        y, bits, mask, gate, z, mean, invstd = run.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias,
-                                                           x if identity else residual)
-        ctx.save_for_backward(bits, mask, gate, weight, scale_a, bias_a, z, bn_weight, mean, invstd)
+        y, kept, z, mean, invstd = run.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias,
+                                               x if identity else residual)
+        ctx.save_for_backward(*kept, weight, scale_a, bias_a, z, bn_weight, mean, invstd)
         ctx.run, ctx.identity, ctx.x_dtype = run, identity, x.dtype
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        bits, mask, gate, weight, scale_a, bias_a, z, bn_weight, mean, invstd = ctx.saved_tensors
+        x, mask, gate, weight, scale_a, bias_a, z, bn_weight, mean, invstd = ctx.saved_tensors
         grad_y = _grad_like(grad_y, z)
         need = ctx.needs_input_grad
-        gx, gw, gs, gb, gbw, gbb = ctx.run.backward(need[:4], grad_y, bits, mask, gate, weight, scale_a, bias_a, z,
+        gx, gw, gs, gb, gbw, gbb = ctx.run.backward(need[:4], grad_y, (x, mask, gate), weight, scale_a, bias_a, z,
                                                     bn_weight, mean, invstd, ctx.x_dtype)
         if ctx.identity and gx is not None:
             gx.add_(grad_y)

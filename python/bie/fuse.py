@@ -38,7 +38,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from . import _plans
 from . import functional as F
-from .autograd import (BatchNormTrain, BinaryBlockTrain, BlockRun, ClampedBinaryConv2dForward, StemTrain, _exact_in,
+from .autograd import (BatchNormTrain, BlockRun, BlockTrain, ClampedBinaryConv2dForward, StemTrain, _exact_in,
                        clamp_saves_bits)
 from .layers import BieLayer, BinaryConv2d, _Conv2d
 
@@ -197,8 +197,9 @@ class FusedConv2d(nn.Module):
 
     def _slow(self, x, residual, res_bias):
         """The modules one by one (training, autograd on, or a residual of another batch); in a training
-        step on CUDA the whole block as one BinaryBlockTrain node where it applies (_block), else a
-        binary conv and its Hardtanh as one autograd node that keeps bits (_clamped_conv)."""
+        step on CUDA the conv, BatchNorm and residual add as one BlockTrain node where it applies
+        (_block), else a binary conv and its Hardtanh as one autograd node that keeps bits
+        (_clamped_conv)."""
         if res_bias:
             residual = residual + self.res_bias.to(residual.dtype).view(1, -1, 1, 1)
         y = self._block(x, residual)
@@ -215,10 +216,10 @@ class FusedConv2d(nn.Module):
         return y if residual is None else y + residual
 
     def _block(self, x, residual):
-        """bn(conv(act(x))) + residual in a training step on CUDA as one BinaryBlockTrain node, or None
-        where that does not apply (see _block_run)."""
-        identity = residual is x
+        """bn(conv(act(x))) + residual in a training step on CUDA as one BlockTrain node, or None where
+        that does not apply (see _block_run)."""
         conv, bn = self.conv, self.bn
+        identity = residual is x
         rkey = None if residual is None or identity else (residual.shape, residual.stride(), residual.dtype)
         key = (x.shape, x.stride(), x.dtype, x.get_device(), identity, rkey, torch.is_grad_enabled(), conv.training,
                bn is not None and bn.training, threading.get_ident())
@@ -230,36 +231,49 @@ class FusedConv2d(nn.Module):
             self._train_runs[key] = entry
         if entry is False:
             return None
-        run, operands = entry
         params, bp, bb = conv._parameters, bn._parameters, bn._buffers
-        now = (params["weight"], conv._buffers["scale_w"], params["scale_a"], params["bias_a"], bp["weight"],
+        now = (params["weight"], conv._buffers["scale_w"], params["scale_a"], params.get("bias_a"), bp["weight"],
                bp["bias"], bb["running_mean"], bb["running_var"], bn.momentum, bn.eps)
-        for a, b in zip(now, operands):
+        for a, b in zip(now, entry[1]):
             if a is not b:  # (a parameter or buffer replaced, or a constant changed: the run is made again)
                 self._train_runs[key] = entry = self._block_run(x, residual)
                 if entry is False:
                     return None
-                run = entry[0]
                 break
+        run = entry[0]
         w, _, _, ba, bw, bbias = now[:6]
+        if run.t is None:  # (a 4-bit or 8-bit conv: its Hardtanh first, and its own preparation, the
+            # 8-bit weight scale of the current weight)
+            if self.act is not None:
+                x = self.act(x)
+            conv._prepare_forward(x)
+            identity = False
         bn.num_batches_tracked.add_(1)
-        return BinaryBlockTrain.apply(x, w, conv._scale_a_arg(), ba, bw, bbias, None if identity else residual, run,
-                                      identity)
+        return BlockTrain.apply(x, w, conv._scale_a_arg(), ba, bw, bbias, None if identity else residual, run,
+                                identity)
 
     def _block_run(self, x, residual):
-        """(BlockRun, the operands it was made for) where a training call on x can be one BinaryBlockTrain
-        node: a binary conv after a symmetric Hardtanh in its bits-saving case (clamp_saves_bits), with
-        bias_a and no bias, a float weight, a training BatchNorm2d after it that libbie's batch norm takes
-        (_bn_trains), a residual of y's dtype and shape; False where not."""
+        """(BlockRun, the operands it was made for) where a training call on x can be one BlockTrain node:
+        a bie conv with a float weight and no bias, a training BatchNorm2d after it that libbie's batch
+        norm takes (_bn_trains), a residual of y's dtype and shape; a binary conv after a symmetric
+        Hardtanh in its bits-saving case (clamp_saves_bits) with bias_a, or a 4-bit or 8-bit conv
+        (after any Hardtanh, which runs before the node). False where not."""
         conv, bn, act = self.conv, self.bn, self.act
-        if (bn is None or act is None or not isinstance(conv, BinaryConv2d) or conv.bias is not None
-                or conv.bias_a is None or not torch.is_grad_enabled() or not conv.training):
+        if bn is None or conv.bias is not None or not torch.is_grad_enabled() or not conv.training:
             return False
-        lo, hi = float(act.min_val), float(act.max_val)
         w = conv.opt_weight
-        if not w.is_floating_point() or not clamp_saves_bits(x, lo, hi, w, conv.scale_a, conv.bias_a, conv.padding,
-                                                              conv.pad_value):
+        binary = isinstance(conv, BinaryConv2d)
+        if not w.is_floating_point() or not x.is_cuda or x.dim() != 4:
             return False
+        if binary:
+            if act is None or conv.bias_a is None:
+                return False
+            t = float(act.max_val)
+            if not clamp_saves_bits(x, float(act.min_val), t, w, conv.scale_a, conv.bias_a, conv.padding,
+                                    conv.pad_value):
+                return False
+        else:
+            t = None
         conv._check_forward(x)
         oh, ow = F.conv2d_output_size(x.shape[2], x.shape[3], conv.kernel_size, conv.stride, conv.padding,
                                       conv.dilation)
@@ -267,12 +281,13 @@ class FusedConv2d(nn.Module):
         if not _bn_trains(bn, x) or (residual is not None and (residual.dtype != x.dtype
                                                                or tuple(residual.shape) != y_shape)):
             return False
+        h = x if act is None else act(x).detach()
         if not conv._scale_ready:  # (the lazy scale_a comes from the conv's own input)
             with torch.no_grad():
-                conv._init_scale_a(act(x))
-        conv._prepare_forward(x)
-        run = BlockRun(conv.scale_w, hi, conv._geometry(), conv.in_channels, bn.running_mean, bn.running_var,
-                       bn.momentum, bn.eps)
+                conv._init_scale_a(h)
+        conv._prepare_forward(h)
+        run = BlockRun(conv.quant, conv.scale_w, t, conv._geometry(), conv.in_channels, bn.running_mean,
+                       bn.running_var, bn.momentum, bn.eps)
         operands = (conv.weight, conv.scale_w, conv.scale_a, conv.bias_a, bn.weight, bn.bias, bn.running_mean,
                     bn.running_var, bn.momentum, bn.eps)  # (what _block compares by identity)
         return run, operands

@@ -279,17 +279,20 @@ def test_fused_training_keeps_bits_and_equals_the_model():
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and bie.cuda_available()), reason="needs CUDA")
-@pytest.mark.parametrize("dt", [torch.float16, torch.bfloat16])
-def test_block_node_is_the_per_module_path(dt, monkeypatch):
-    """A fused block in a CUDA training step is one BinaryBlockTrain node (conv, BatchNorm and the
-    residual add; an identity shortcut's gradient added in place) with the numbers of the node per
-    module it replaces (ClampedBinaryConv2dForward, then BatchNormTrain), to the bit: outputs,
-    every gradient and the running statistics, over two steps (the first makes the node's calls,
-    the second reuses them)."""
+@pytest.mark.parametrize("kind,dt", [("binary", torch.float16), ("binary", torch.bfloat16), ("q4", torch.float16),
+                                     ("q8", torch.bfloat16), ("q4", torch.float32)])
+def test_block_node_is_the_per_module_path(kind, dt, monkeypatch):
+    """A fused block in a CUDA training step is one BlockTrain node (conv, BatchNorm and the residual
+    add; a binary conv's Hardtanh inside it, an identity shortcut's gradient added in place) with the
+    numbers of the nodes per module it replaces (ClampedBinaryConv2dForward or the n-bit conv's,
+    then BatchNormTrain), to the bit: outputs, every gradient and the running statistics, over two
+    steps (the first makes the node's calls, the second reuses them). In float32 the weight gradient
+    of a 4-bit or 8-bit conv comes from cuDNN's float32 algorithm, whose last bits vary from run to
+    run on either path: those compare within 1e-6 of their largest element."""
     from bie.fuse import FusedConv2d
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    base = prepared(Net(32), "binary", dev, dt, ["stem"]).train()
+    base = prepared(Net(32), kind, dev, dt, ["stem"]).train()
     x = inputs(dev, dt, n=4)
     results = []
     for whole in (True, False):
@@ -305,14 +308,17 @@ def test_block_node_is_the_per_module_path(dt, monkeypatch):
             g.zero_grad(set_to_none=True)
             y = g(x)
             y.float().square().sum().backward()
-            steps.append([y.detach()] + [p.grad.clone() for p in g.parameters() if p.grad is not None]
-                         + [b.clone() for b in g.buffers()])
+            steps.append([("y", y.detach())] + [(n, p.grad.clone()) for n, p in g.named_parameters()
+                                                if p.grad is not None] + [(n, b.clone()) for n, b in g.named_buffers()])
         results.append(steps)
-        assert ("BinaryBlockTrainBackward" in nodes) == whole, nodes
+        assert ("BlockTrainBackward" in nodes) == whole, nodes
     for step, (a, b) in enumerate(zip(*results)):
-        assert len(a) == len(b)
-        for i, (u, v) in enumerate(zip(a, b)):
-            assert torch.equal(u, v), (step, i)
+        assert [n for n, _ in a] == [n for n, _ in b]
+        for (n, u), (_, v) in zip(a, b):
+            if dt == torch.float32 and kind != "binary" and n.endswith("conv.weight"):
+                assert torch.allclose(u, v, rtol=0, atol=1e-6 * v.abs().max().item()), (step, n)
+            else:
+                assert torch.equal(u, v), (step, n)
 
 
 def test_activation_kept_where_bias_a_leaves_its_range(device):
