@@ -364,11 +364,11 @@ def networks_part(rows, files):
                         "call), against the same plain float network; "
                         "folded: the float network with its BatchNorms folded by torch.fx "
                         "(torch.fx.experimental.optimization.fuse), and the fused network's ratio against it. "
-                        "fused train step: the training step after bie.fuse, on CUDA: each binary block "
-                        "(Hardtanh, binary conv, BatchNorm, shortcut add) trains as one node that keeps 3 bits "
-                        "per element of its input, a 4-bit or 8-bit conv and its BatchNorm as two (the "
-                        "BatchNorm, with the shortcut add, through libbie's batch norm), and the stem's "
-                        "BatchNorm, ReLU and max-pool as one node that keeps a byte per pooled output.")
+                        "fused train step: the training step after bie.fuse, on CUDA: each block's conv, "
+                        "BatchNorm and shortcut add train as one node (a binary conv's Hardtanh in it too, "
+                        "keeping 3 bits per element of its input; the BatchNorm through libbie's batch norm), "
+                        "and the stem's BatchNorm, ReLU and max-pool as one node that keeps a byte per pooled "
+                        "output.")
         if body:
             out += table(["model", "batch", "timing", "inference ms (bie / baseline)", "ratio",
                           "fused inference ms (bie / baseline)", "ratio", "folded ms", "ratio",
