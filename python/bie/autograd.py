@@ -342,38 +342,36 @@ class BlockRun:
         its three bit planes; else x itself), the conv's output z and the batch statistics."""
         sw, (rm, rv) = self.scale_w, self.running
         binary = self.t is not None
+        ba = None if binary else bias_a  # (the conv reads kept[0]: the bits of x, bias_a in them, or x)
         if self.fwd is None:
             ste = None
             if binary:
                 kept, ste, _ = F._binarize_ste_call(x, scale_a, bias_a, True, self.t)
                 ste.run(x, (x, bias_a, scale_a, *kept))
-                z, conv = F._conv2d_forward_planned(self.quant, kept[0], weight, scale_a, sw, None, *self.geometry,
-                                                    PAD_ZERO, x.dtype, self.channels, None, None, None, None, None)
             else:
                 kept = (x, None, None)
-                z, conv = F._conv2d_forward_planned(self.quant, x, weight, scale_a, sw, bias_a, *self.geometry,
-                                                    PAD_ZERO, None, None, None, None, None, None, None)
+            z, conv = F._conv2d_forward_planned(self.quant, kept[0], weight, scale_a, sw, ba, *self.geometry,
+                                                PAD_ZERO, x.dtype if binary else None,
+                                                self.channels if binary else None, None, None, None, None, None)
             y, mean, invstd = F.batch_norm_train(z, bn_weight, bn_bias, rm, rv, self.momentum, self.eps, residual)
             bn = F._batch_norm_call((z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual), self.momentum,
                                     self.eps)
             self.fwd = (ste, conv, bn)
             self.shapes = ((3, *kept[0].shape) if binary else None, _spec(z), _spec(y))
             return y, kept, z, mean, invstd
+        ctx = _plans.bound_context(x)
+        if ctx is None:  # (a device other than the current one)
+            with torch.cuda.device(x.device):
+                return self.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias, residual)
         ste, conv, bn = self.fwd
         bshape, zspec, yspec = self.shapes
         dev = x.device
         kept = torch.empty(bshape, dtype=torch.uint8, device=dev).unbind(0) if binary else (x, None, None)
         z, y = _empty(zspec, dev), _empty(yspec, dev)
         mean, invstd = torch.empty((2, zspec[0][1]), dtype=torch.float32, device=dev).unbind(0)
-        ctx = _plans.bound_context(x)
-        if ctx is None:
-            with torch.cuda.device(dev):
-                return self.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias, residual)
         if binary:
             ste.run_bound(ctx, (x, bias_a, scale_a, *kept))
-            conv.run_bound(ctx, (kept[0], None, weight, scale_a, sw, z, None, None, None, None, None))
-        else:
-            conv.run_bound(ctx, (x, bias_a, weight, scale_a, sw, z, None, None, None, None, None))
+        conv.run_bound(ctx, (kept[0], ba, weight, scale_a, sw, z, None, None, None, None, None))
         bn.run_bound(ctx, (z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual))
         return y, kept, z, mean, invstd
 
@@ -382,32 +380,28 @@ class BlockRun:
         scale_a, bias_a), says so), grad_bn_weight, grad_bn_bias)."""
         k = self.back.get(needs)
         sw, dev = self.scale_w, z.device
-        x, mask, gate = kept
+        x, mask, gate = kept  # (binary: the bits, the STE's mask and the clamp's; else x, None, None)
         binary = self.t is not None
         if k is None:
             gz, gbw, gbb = F.batch_norm_backward(z, bn_weight, mean, invstd, grad_y)
             bn = F._batch_norm_backward_call((z, bn_weight, mean, invstd, grad_y, gz, gbw, gbb))
             conv, grads = None, (None, None, None, None)
             if any(needs):
-                if binary:
-                    grads, conv = F._conv2d_backward_planned(self.quant, x, weight, scale_a, sw, gz, bias_a,
-                                                             *self.geometry, PAD_ZERO, needs, None, mask,
-                                                             self.channels, x_dtype, gate)
-                else:
-                    grads, conv = F._conv2d_backward_planned(self.quant, x, weight, scale_a, sw, gz, bias_a,
-                                                             *self.geometry, PAD_ZERO, needs, None, None, None, None,
-                                                             None)
+                grads, conv = F._conv2d_backward_planned(self.quant, x, weight, scale_a, sw, gz, bias_a,
+                                                         *self.geometry, PAD_ZERO, needs, None, mask,
+                                                         self.channels if binary else None,
+                                                         x_dtype if binary else None, gate)
             self.back[needs] = (bn, conv, _spec(gz), tuple(_spec(g) for g in grads))
             return (*grads, gbw, gbb)
+        ctx = _plans.bound_context(z)
+        if ctx is None:  # (a device other than the current one)
+            with torch.cuda.device(dev):
+                return self.backward(needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, mean, invstd,
+                                     x_dtype)
         bn, conv, gzspec, gspecs = k
         gz = _empty(gzspec, dev)
         gbw, gbb = torch.empty((2, gzspec[0][1]), dtype=bn_weight.dtype, device=dev).unbind(0)
         grads = tuple(None if s is None else _empty(s, dev) for s in gspecs)
-        ctx = _plans.bound_context(z)
-        if ctx is None:
-            with torch.cuda.device(dev):
-                return self.backward(needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, mean, invstd,
-                                     x_dtype)
         bn.run_bound(ctx, (z, bn_weight, mean, invstd, grad_y, gz, gbw, gbb))
         if conv is not None:
             conv.run_bound(ctx, (x, None if binary else bias_a, weight, scale_a, sw, gz, *grads, mask, gate))
