@@ -281,9 +281,9 @@ class FusedConv2d(nn.Module):
         if not _bn_trains(bn, x) or (residual is not None and (residual.dtype != x.dtype
                                                                or tuple(residual.shape) != y_shape)):
             return False
-        h = x if act is None else act(x).detach()
-        if not conv._scale_ready:  # (the lazy scale_a comes from the conv's own input)
-            with torch.no_grad():
+        with torch.no_grad():  # (h only sets the lazy scale_a and the conv's preparation: no graph)
+            h = x if act is None else act(x)
+            if not conv._scale_ready:  # (the lazy scale_a comes from the conv's own input)
                 conv._init_scale_a(h)
         conv._prepare_forward(h)
         run = BlockRun(conv.quant, conv.scale_w, t, conv._geometry(), conv.in_channels, bn.running_mean,
