@@ -31,6 +31,25 @@ BIE_API void * bie_context_cuda_stream(const bie_context_t * ctx);
 // Waits for the work queued on the context's stream (a convenience for C callers and tests).
 BIE_API enum bie_status bie_context_cuda_synchronize(bie_context_t * ctx);
 
+// Recorded calls: a sequence of calls made again with the same tensors (the same data pointers)
+// and the same arguments replays as one CUDA graph, for the host cost of one launch.
+// bie_cuda_record_begin makes the context's later calls (in this thread) be recorded instead of
+// run, on a stream of the context's own, until bie_cuda_record_end, which returns the recorded
+// calls as a graph (out NULL: drops them). Nothing recorded has run: bie_cuda_replay queues the
+// graph on the context's stream, as often as wanted. A replay reads and writes exactly the memory
+// that the recorded calls named (the context's workspace included, which stays valid for the
+// graph while the context lives), with the scalar arguments they had. A call that fails while
+// recording returns its status and records nothing; a call that cannot be recorded (one that
+// synchronises) makes record_end fail. UNSUPPORTED where the context's stream is itself being
+// captured into a CUDA graph (record or replay; the caller then makes its calls as usual) or where
+// there is no CUDA backend.
+typedef struct bie_cuda_graph bie_cuda_graph_t;
+BIE_API enum bie_status bie_cuda_record_begin(bie_context_t * ctx);
+BIE_API enum bie_status bie_cuda_record_end(bie_context_t * ctx, bie_cuda_graph_t ** out);
+BIE_API enum bie_status bie_cuda_replay(bie_context_t * ctx, const bie_cuda_graph_t * graph);
+// Frees a graph (NULL is accepted). The contexts it was recorded with may already be gone.
+BIE_API void bie_cuda_graph_destroy(bie_cuda_graph_t * graph);
+
 #ifdef __cplusplus
 }
 #endif

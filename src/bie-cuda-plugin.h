@@ -48,6 +48,8 @@
      BIE_CUDA_PLUGIN_TERM(struct bie_pool_call, 6) + BIE_CUDA_PLUGIN_TERM(struct bie_ste_out, 7) +                     \
      BIE_CUDA_PLUGIN_TERM(struct bie_bn_call, 8))
 
+struct bie_cuda_graph; // (include/bie-cuda.h's bie_cuda_graph_t; defined in src/cuda/cuda-backend.cu)
+
 struct bie_cuda_plugin {
     // Checked by libbie before any other field is read; these four fields keep their place in
     // every ABI so that a mismatch can be described.
@@ -70,6 +72,10 @@ struct bie_cuda_plugin {
     enum bie_status (*set_stream)(bie_context_t * ctx, void * stream);
     void * (*stream)(const bie_context_t * ctx);
     enum bie_status (*synchronize)(bie_context_t * ctx);
+    enum bie_status (*record_begin)(bie_context_t * ctx);
+    enum bie_status (*record_end)(bie_context_t * ctx, struct bie_cuda_graph ** out);
+    enum bie_status (*replay)(bie_context_t * ctx, const struct bie_cuda_graph * graph);
+    void (*graph_destroy)(struct bie_cuda_graph * graph);
     // The weight-only n-bit layer (src/ops/wq.c; every case of a valid call, no fallback).
     enum bie_status (*wq_forward)(bie_context_t * ctx, const struct bie_wq_call * c);
     enum bie_status (*wq_backward)(bie_context_t * ctx, const struct bie_wq_call * c);

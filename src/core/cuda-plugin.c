@@ -176,3 +176,32 @@ enum bie_status bie_context_cuda_synchronize(bie_context_t * ctx) {
     BIE_ENTER(ctx);
     return ctx->cuda ? bie_cuda_plugin_loaded()->synchronize(ctx) : BIE_STATUS_OK;
 }
+
+enum bie_status bie_cuda_record_begin(bie_context_t * ctx) {
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    BIE_ENTER(ctx);
+    const struct bie_cuda_plugin * p;
+    BIE_TRY(bie_cuda_plugin_get(ctx, "recording", &p));
+    return p->record_begin(ctx);
+}
+
+enum bie_status bie_cuda_record_end(bie_context_t * ctx, bie_cuda_graph_t ** out) {
+    if (out) *out = NULL;
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    BIE_ENTER(ctx);
+    if (!ctx->cuda) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "cuda: record_end without record_begin");
+    return bie_cuda_plugin_loaded()->record_end(ctx, out);
+}
+
+enum bie_status bie_cuda_replay(bie_context_t * ctx, const bie_cuda_graph_t * graph) {
+    if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
+    BIE_ENTER(ctx);
+    if (!graph) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "cuda: replay of no graph");
+    const struct bie_cuda_plugin * p;
+    BIE_TRY(bie_cuda_plugin_get(ctx, "replay", &p));
+    return p->replay(ctx, graph);
+}
+
+void bie_cuda_graph_destroy(bie_cuda_graph_t * graph) {
+    if (graph) bie_cuda_plugin_loaded()->graph_destroy(graph); // (a graph exists only where the plugin loaded)
+}

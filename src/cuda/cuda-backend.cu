@@ -42,6 +42,12 @@ void bie_cuda_state_destroy(struct bie_cuda_state * state) {
     if (state->aux) cudaFree(state->aux);
     for (int i = 0; i < state->retired_count; i++) cudaFree(state->retired[i]);
     free(state->retired);
+    if (state->recording) {
+        cudaGraph_t g = NULL;
+        if (cudaStreamEndCapture(state->record_stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+        cudaGetLastError();
+    }
+    if (state->record_stream) cudaStreamDestroy(state->record_stream);
     free(state);
 }
 
@@ -217,6 +223,10 @@ enum bie_status bie_cuda_cublas(bie_context_t * ctx, cublasHandle_t * out) {
 
 static enum bie_status set_stream(bie_context_t * ctx, void * stream) {
     BIE_TRY(ensure_state(ctx));
+    if (ctx->cuda->recording) { // (the stream the calls go to again after bie_cuda_record_end)
+        ctx->cuda->record_user = (cudaStream_t)stream;
+        return BIE_STATUS_OK;
+    }
     // The workspace is ordered by the stream: before other work may reuse it, what the old stream
     // still has queued must be done. A stream being captured into a CUDA graph runs nothing now
     // (and a synchronisation would end its capture): the graph's replays are the caller's to order.
@@ -236,6 +246,81 @@ static void * stream(const bie_context_t * ctx) { return (void *)ctx->cuda->stre
 static enum bie_status synchronize(bie_context_t * ctx) {
     CU_TRY(ctx, cudaStreamSynchronize(ctx->cuda->stream), "cudaStreamSynchronize");
     return BIE_STATUS_OK;
+}
+
+// Recorded calls (include/bie-cuda.h): a stream capture, in this thread's mode, on a stream of the
+// context's own (the caller's may be the legacy default stream, which cannot capture), instantiated
+// at the end; a replay is one graph launch on the caller's stream.
+struct bie_cuda_graph {
+    cudaGraphExec_t exec;
+};
+
+static enum bie_status record_begin(bie_context_t * ctx) {
+    BIE_TRY(ensure_state(ctx));
+    struct bie_cuda_state * s = ctx->cuda;
+    if (s->recording) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "cuda: already recording");
+    if (capturing(s))
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: the context's stream is being captured already");
+    int dev = -1;
+    CU_TRY(ctx, cudaGetDevice(&dev), "cudaGetDevice");
+    if (s->record_stream && s->record_device != dev) {
+        CU_TRY(ctx, cudaStreamDestroy(s->record_stream), "cudaStreamDestroy");
+        s->record_stream = NULL;
+    }
+    if (!s->record_stream) {
+        CU_TRY(ctx, cudaStreamCreateWithFlags(&s->record_stream, cudaStreamNonBlocking), "cudaStreamCreate");
+        s->record_device = dev;
+    }
+    CU_TRY(ctx, cudaStreamBeginCapture(s->record_stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    s->record_user = s->stream;
+    s->stream = s->record_stream;
+    s->recording = true;
+    return BIE_STATUS_OK;
+}
+
+static enum bie_status record_end(bie_context_t * ctx, struct bie_cuda_graph ** out) {
+    struct bie_cuda_state * s = ctx->cuda;
+    if (!s->recording) return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "cuda: record_end without record_begin");
+    s->stream = s->record_user;
+    s->recording = false;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(s->record_stream, &g);
+    if (e != cudaSuccess || !g) {
+        cudaGetLastError();
+        if (g) cudaGraphDestroy(g);
+        return bie_cuda_fail(ctx, e != cudaSuccess ? e : cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture");
+    }
+    if (!out) {
+        cudaGraphDestroy(g);
+        return BIE_STATUS_OK;
+    }
+    cudaGraphExec_t exec = NULL;
+    e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return bie_cuda_fail(ctx, e, "cudaGraphInstantiate");
+    }
+    *out = (struct bie_cuda_graph *)malloc(sizeof **out);
+    if (!*out) {
+        cudaGraphExecDestroy(exec);
+        return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: out of host memory");
+    }
+    (*out)->exec = exec;
+    return BIE_STATUS_OK;
+}
+
+static enum bie_status replay(bie_context_t * ctx, const struct bie_cuda_graph * g) {
+    BIE_TRY(ensure_state(ctx));
+    if (capturing(ctx->cuda))
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: the context's stream is being captured");
+    CU_TRY(ctx, cudaGraphLaunch(g->exec, ctx->cuda->stream), "cudaGraphLaunch");
+    return BIE_STATUS_OK;
+}
+
+static void graph_destroy(struct bie_cuda_graph * g) {
+    cudaGraphExecDestroy(g->exec);
+    free(g);
 }
 
 extern "C" {
@@ -272,6 +357,10 @@ static const struct bie_cuda_plugin table = {
     .set_stream = set_stream,
     .stream = stream,
     .synchronize = synchronize,
+    .record_begin = record_begin,
+    .record_end = record_end,
+    .replay = replay,
+    .graph_destroy = graph_destroy,
     .wq_forward = bie_cuda_wq_forward,
     .wq_backward = bie_cuda_wq_backward,
     .wq_dequantize = bie_cuda_wq_dequantize,

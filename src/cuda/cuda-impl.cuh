@@ -38,6 +38,11 @@ struct bie_cuda_state {
     bool workspace_captured, aux_captured;
     void ** retired;
     int retired_count;
+    // bie_cuda_record_begin .. _end: the context's calls go to record_stream (created on the device
+    // record_device on first use), which captures them; `stream` is the caller's again at the end.
+    cudaStream_t record_stream, record_user;
+    int record_device;
+    bool recording;
 };
 
 // The shape of a conv backward as cuDNN is asked it (cuda-cudnn.cu): x [n, c, h, w], weight

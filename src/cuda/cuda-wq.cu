@@ -191,6 +191,8 @@ static enum bie_status upload_groups(bie_context_t * ctx, const struct bie_wq_ca
     *gb = NULL;
     *gw = NULL;
     if (c->bits) return BIE_STATUS_OK;
+    if (ctx->cuda->recording) // (a replay would read the host tables again, as they are then)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "wq: a mixed-bits call copies host tables: not recorded");
     *gb = (int32_t *)take(a, (size_t)c->G * sizeof(int32_t));
     *gw = (int64_t *)take(a, (size_t)(c->G + 1) * sizeof(int64_t));
     CU_TRY(

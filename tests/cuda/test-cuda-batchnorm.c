@@ -9,7 +9,8 @@
 //   f32 bounds; a second call gives the same bits;
 //   backward: grad_x within a rounding of its dtype, grad_gamma and grad_beta within the bound of
 //   f32 sums of their terms;
-//   bad views and vectors: INVALID_ARGUMENT naming the argument.
+//   bad views and vectors: INVALID_ARGUMENT naming the argument;
+//   a training forward recorded (bie_cuda_record_begin) and replayed equals a direct call.
 #include "cuda-test.h"
 
 // ulp-sized relative bound of a dtype's rounding.
@@ -217,6 +218,78 @@ static void check_case(bie_context_t * ref, bie_context_t * cu, const struct bca
 }
 
 // Views and vectors the CUDA batch norm refuses, each naming its argument.
+// Recorded calls (bie_cuda_record_begin, _end, bie_cuda_replay): a training forward recorded runs
+// nothing; its replay, after x took other values in place, gives the bits (y, statistics, running
+// statistics) of a direct call on the new values; the entry points refuse what they cannot do.
+static void check_replay(bie_context_t * cu) {
+    const int64_t shape[4] = {3, 24, 5, 7}, C = 24;
+    struct bie_tensor x = make4(BIE_DTYPE_F16, shape, 1), y = make4(BIE_DTYPE_F16, shape, 1);
+    struct bie_tensor y2 = make4(BIE_DTYPE_F16, shape, 1), f[4];
+    struct bie_tensor g = vec(BIE_DTYPE_F32, C, 0.5f, 1.5f, &f[0]), b = vec(BIE_DTYPE_F32, C, -1.0f, 1.0f, &f[1]);
+    struct bie_tensor rm = vec(BIE_DTYPE_F32, C, -1.0f, 1.0f, &f[2]), rv = vec(BIE_DTYPE_F32, C, 0.5f, 2.0f, &f[3]);
+    struct bie_tensor got[3] = {test_tensor(BIE_DTYPE_F32, 1, &C, NULL), test_tensor(BIE_DTYPE_F32, 1, &C, NULL),
+                                test_tensor(BIE_DTYPE_F32, 1, &C, NULL)};
+    struct bie_tensor want[3] = {test_tensor(BIE_DTYPE_F32, 1, &C, NULL), test_tensor(BIE_DTYPE_F32, 1, &C, NULL),
+                                 test_tensor(BIE_DTYPE_F32, 1, &C, NULL)};
+    test_fill_uniform(&x, -2.0f, 3.0f);
+    memset(y.data, 0, tensor_span(&y));
+    struct bie_tensor dx = cuda_mirror(&x), dy = cuda_mirror(&y), dg = cuda_mirror(&g), db = cuda_mirror(&b);
+    struct bie_tensor drm = cuda_mirror(&rm), drv = cuda_mirror(&rv), dsm = cuda_mirror(&got[0]),
+                      dsi = cuda_mirror(&got[1]);
+    const struct bie_batchnorm_desc d = {0.1f, 1e-5f, 1};
+    struct bie_batchnorm_args a = {&dx, &dg, &db, &drm, &drv, &dsm, &dsi, &dy, NULL};
+    CHECK_OK(cu, bie_batchnorm_forward(cu, &d, &a)); // (first use: nothing left to set up while recording)
+    CUDA_OK(cudaMemset(dy.data, 0, tensor_span(&y)));
+    CUDA_OK(cudaMemcpy(drm.data, rm.data, tensor_span(&rm), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());
+    bie_cuda_graph_t * graph = NULL;
+    CHECK_OK(cu, bie_cuda_record_begin(cu));
+    TEST_EXPECT_STATUS(cu, bie_cuda_record_begin(cu), BIE_STATUS_INVALID_ARGUMENT, "already recording");
+    CHECK_OK(cu, bie_batchnorm_forward(cu, &d, &a));
+    CHECK_OK(cu, bie_cuda_record_end(cu, &graph));
+    CHECK(graph != NULL, "replay: no graph");
+    CUDA_OK(cudaDeviceSynchronize());
+    cuda_fetch(&y2, &dy);
+    cuda_fetch(&got[2], &drm);
+    CHECK(memcmp(y2.data, y.data, tensor_span(&y)) == 0 && memcmp(got[2].data, rm.data, tensor_span(&rm)) == 0,
+          "replay: recording ran the call");
+    test_fill_uniform(&x, -1.0f, 5.0f); // new values in place: the replay reads them
+    CUDA_OK(cudaMemcpy(dx.data, x.data, tensor_span(&x), cudaMemcpyHostToDevice));
+    CHECK_OK(cu, bie_cuda_replay(cu, graph));
+    CUDA_OK(cudaDeviceSynchronize());
+    cuda_fetch(&y2, &dy);
+    cuda_fetch(&got[0], &dsm);
+    cuda_fetch(&got[2], &drm);
+    CUDA_OK(cudaMemcpy(drm.data, rm.data, tensor_span(&rm), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(drv.data, rv.data, tensor_span(&rv), cudaMemcpyHostToDevice));
+    CHECK_OK(cu, bie_batchnorm_forward(cu, &d, &a));
+    CUDA_OK(cudaDeviceSynchronize());
+    cuda_fetch(&y, &dy);
+    cuda_fetch(&want[0], &dsm);
+    cuda_fetch(&want[2], &drm);
+    CHECK(memcmp(y2.data, y.data, tensor_span(&y)) == 0, "replay: y differs from a direct call's");
+    CHECK(memcmp(got[0].data, want[0].data, tensor_span(&want[0])) == 0, "replay: saved_mean differs");
+    CHECK(memcmp(got[2].data, want[2].data, tensor_span(&want[2])) == 0, "replay: running_mean differs");
+    bie_cuda_graph_destroy(graph);
+    // refusals: no recording to end, no graph; a call that fails while recording queues nothing
+    graph = (bie_cuda_graph_t *)(uintptr_t)0x10;
+    TEST_EXPECT_STATUS(cu, bie_cuda_record_end(cu, &graph), BIE_STATUS_INVALID_ARGUMENT, "without record_begin");
+    CHECK(graph == NULL, "record_end: *out set on failure");
+    TEST_EXPECT_STATUS(cu, bie_cuda_replay(cu, NULL), BIE_STATUS_INVALID_ARGUMENT, "no graph");
+    CHECK_OK(cu, bie_cuda_record_begin(cu));
+    struct bie_batchnorm_args bad = a;
+    bad.gamma = &dx;
+    TEST_EXPECT_STATUS(cu, bie_batchnorm_forward(cu, &d, &bad), BIE_STATUS_INVALID_ARGUMENT, "gamma");
+    CHECK_OK(cu, bie_cuda_record_end(cu, NULL));
+    CHECK_OK(cu, bie_batchnorm_forward(cu, &d, &a)); // (the context's stream is the caller's again)
+    CUDA_OK(cudaDeviceSynchronize());
+    struct bie_tensor * all[] = {&dx, &dy, &dg, &db, &drm, &drv, &dsm, &dsi};
+    for (int k = 0; k < 8; k++) cuda_tensor_free(all[k]);
+    struct bie_tensor * host[] = {&x,    &y,    &y2,     &g,      &b,      &rm,      &rv,      &f[0],   &f[1],
+                                  &f[2], &f[3], &got[0], &got[1], &got[2], &want[0], &want[1], &want[2]};
+    for (int k = 0; k < 17; k++) test_tensor_free(host[k]);
+}
+
 static void check_refusals(bie_context_t * cu) {
     const int64_t shape[4] = {2, 16, 3, 5}, C = 16;
     struct bie_tensor x = make4(BIE_DTYPE_F16, shape, 1), y = make4(BIE_DTYPE_F16, shape, 1);
@@ -282,6 +355,7 @@ int main(int argc, char ** argv) {
         check_case(ref, cu, &c);
     }
     check_refusals(cu);
+    check_replay(cu);
     bie_context_destroy(ref);
     bie_context_destroy(cu);
     return test_finish("test-cuda-batchnorm");

@@ -70,6 +70,11 @@ int main(int argc, char ** argv) {
     CHECK(strstr(bie_context_last_error(ctx), expected), "message: %s", bie_context_last_error(ctx));
     CHECK(bie_context_cuda_stream(ctx) == NULL, "no stream");
     CHECK(bie_context_cuda_synchronize(ctx) == BIE_STATUS_OK, "nothing to wait for");
+    CHECK(bie_cuda_record_begin(ctx) == BIE_STATUS_UNSUPPORTED, "record");
+    bie_cuda_graph_t * graph = (bie_cuda_graph_t *)(uintptr_t)0x10;
+    CHECK(bie_cuda_record_end(ctx, &graph) == BIE_STATUS_INVALID_ARGUMENT && graph == NULL, "record_end");
+    CHECK(bie_cuda_replay(ctx, NULL) == BIE_STATUS_INVALID_ARGUMENT, "replay of no graph");
+    bie_cuda_graph_destroy(NULL);
     CHECK(bie_context_reserve(ctx, BIE_DEVICE_CUDA, 1 << 20) == BIE_STATUS_UNSUPPORTED, "reserve");
     struct bie_tensor x, w, y, xb, sa, sw, out;
     float one = 1.0f, scale = 0.0f;
