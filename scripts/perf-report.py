@@ -367,6 +367,8 @@ def networks_part(rows, files):
                         "fused train step: the training step after bie.fuse, on CUDA: each block's conv, "
                         "BatchNorm and shortcut add train as one node (a binary conv's Hardtanh in it too, "
                         "keeping 3 bits per element of its input; the BatchNorm through libbie's batch norm), "
+                        "whose forward's and backward's libbie calls replay from a CUDA graph each once a "
+                        "step's tensors repeat the last step's data pointers (eager), "
                         "and the stem's BatchNorm, ReLU and max-pool as one node that keeps a byte per pooled "
                         "output.")
         if body:

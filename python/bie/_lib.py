@@ -266,6 +266,15 @@ def _declare(lib):
     if hasattr(lib, "bie_context_set_cuda_stream"):
         lib.bie_context_set_cuda_stream.restype = c_int
         lib.bie_context_set_cuda_stream.argtypes = [c_void_p, c_void_p]
+    if hasattr(lib, "bie_cuda_record_begin"):
+        lib.bie_cuda_record_begin.restype = c_int
+        lib.bie_cuda_record_begin.argtypes = [c_void_p]
+        lib.bie_cuda_record_end.restype = c_int
+        lib.bie_cuda_record_end.argtypes = [c_void_p, ctypes.POINTER(c_void_p)]
+        lib.bie_cuda_replay.restype = c_int
+        lib.bie_cuda_replay.argtypes = [c_void_p, c_void_p]
+        lib.bie_cuda_graph_destroy.restype = None
+        lib.bie_cuda_graph_destroy.argtypes = [c_void_p]
     if hasattr(lib, "bie_backend_unavailable_reason"):
         lib.bie_backend_unavailable_reason.restype = c_char_p
         lib.bie_backend_unavailable_reason.argtypes = [c_int]

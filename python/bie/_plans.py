@@ -97,6 +97,77 @@ class Plan(Call):
             self.handle = None
 
 
+class Replay:
+    """A sequence of libbie calls on CUDA tensors that its caller makes again and again, replayed
+    from a CUDA graph (bie_cuda_record_begin, bie_cuda_replay) where the same key comes back: the key
+    names the data pointers of every tensor the calls read or write, and the calls' other arguments
+    are the caller's constants. A key's calls run as usual the first time, are recorded and
+    replayed the second, and are replayed from then on: one graph launch instead of each call's
+    launches. A training step's tensors come from PyTorch's caching allocator, which hands the
+    same blocks to the same sequence of allocations, so a step's calls repeat their keys. At most
+    _MAX_REPLAYS keys are kept; a key whose calls cannot be recorded (or whose stream is being
+    captured) runs them as usual. BIE_REPLAY=0 in the environment turns replays off."""
+
+    __slots__ = ("graphs", "ctx")
+
+    def __init__(self):
+        self.graphs, self.ctx = {}, None  # key -> graph (c_void_p), None (seen once) or False (no graph)
+
+    def run(self, ctx, key, calls):
+        """calls() (the libbie calls, made with ctx) for this key: as usual, recorded or replayed."""
+        g = self.graphs.get(key, _UNSEEN)
+        if g is _UNSEEN:
+            if len(self.graphs) >= _MAX_REPLAYS or ctx is not self.ctx:
+                self._drop()
+                self.ctx = ctx
+            self.graphs[key] = None
+        elif ctx is self.ctx:
+            if g is None:
+                if _REPLAY and self._record(ctx, key, calls):
+                    return
+            elif g is not False and not ctx.lib.bie_cuda_replay(ctx.handle, g):
+                return
+        calls()
+
+    def _record(self, ctx, key, calls):
+        """Records calls() as key's graph and replays it; False where it could not (calls not run)."""
+        lib = ctx.lib
+        self.graphs[key] = False
+        if lib.bie_cuda_record_begin(ctx.handle):
+            return False
+        try:
+            calls()
+        except Exception:  # (nothing ran: the caller makes the calls again, and sees the error)
+            lib.bie_cuda_record_end(ctx.handle, None)
+            return False
+        g = ctypes.c_void_p()
+        if lib.bie_cuda_record_end(ctx.handle, ctypes.byref(g)) or not g.value:
+            return False
+        self.graphs[key] = g
+        status = lib.bie_cuda_replay(ctx.handle, g)
+        if status:
+            ctx.check("bie_cuda_replay", status)
+        return True
+
+    def _drop(self):
+        lib = _lib.context().lib
+        for g in self.graphs.values():
+            if g:
+                lib.bie_cuda_graph_destroy(g)
+        self.graphs = {}
+
+    def __del__(self):
+        try:
+            self._drop()
+        except Exception:  # (at interpreter exit the library may be gone)
+            pass
+
+
+_MAX_REPLAYS = 4
+_UNSEEN = object()
+_REPLAY = os.environ.get("BIE_REPLAY", "1") != "0"
+
+
 class Kept:
     """The plans a module keeps for its calls, by what a call's own tensors are: their metadata and
     the identity of its operands, which each entry keeps alive so that their ids stay theirs. At most

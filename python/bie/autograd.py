@@ -317,6 +317,11 @@ def _spec(t):
     return None if t is None else (tuple(t.shape), t.stride(), t.dtype)
 
 
+def _ptr(t):
+    """t's data pointer (0: None, or a number rather than a tensor)."""
+    return t.data_ptr() if isinstance(t, torch.Tensor) else 0
+
+
 class BlockRun:
     """The libbie calls of BlockTrain for one metadata of its tensors, kept after its first call:
     later calls allocate their outputs and patch the calls' data pointers, nothing else. It belongs
@@ -327,7 +332,7 @@ class BlockRun:
     channels, the BatchNorm's running_mean, running_var, momentum and eps."""
 
     __slots__ = ("quant", "scale_w", "t", "geometry", "channels", "running", "momentum", "eps", "fwd", "shapes",
-                 "back")
+                 "back", "replay")
 
     def __init__(self, quant, scale_w, t, geometry, channels, running_mean, running_var, momentum, eps):
         self.quant, self.scale_w, self.t = quant, scale_w, None if t is None else float(t)
@@ -335,7 +340,8 @@ class BlockRun:
         self.running, self.momentum, self.eps = (running_mean, running_var), momentum, eps
         self.fwd = None  # (binarize call or None, conv plan, bn call), after the first forward
         self.shapes = None  # specs of (the bits buffer or None, the conv's output, the block's output)
-        self.back = {}  # (bn call, conv backward plan, specs of the gradients) by the needs of a backward
+        self.back = {}  # (bn call, conv backward plan, specs of the gradients, Replay) by a backward's needs
+        self.replay = _plans.Replay()  # the forward's calls
 
     def forward(self, x, weight, scale_a, bias_a, bn_weight, bn_bias, residual):
         """(y, kept, z, mean, invstd): the block's output, what the conv's backward reads of x (binary:
@@ -369,10 +375,15 @@ class BlockRun:
         kept = torch.empty(bshape, dtype=torch.uint8, device=dev).unbind(0) if binary else (x, None, None)
         z, y = _empty(zspec, dev), _empty(yspec, dev)
         mean, invstd = torch.empty((2, zspec[0][1]), dtype=torch.float32, device=dev).unbind(0)
-        if binary:
-            ste.run_bound(ctx, (x, bias_a, scale_a, *kept))
-        conv.run_bound(ctx, (kept[0], ba, weight, scale_a, sw, z, None, None, None, None, None))
-        bn.run_bound(ctx, (z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual))
+
+        def calls():
+            if binary:
+                ste.run_bound(ctx, (x, bias_a, scale_a, *kept))
+            conv.run_bound(ctx, (kept[0], ba, weight, scale_a, sw, z, None, None, None, None, None))
+            bn.run_bound(ctx, (z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual))
+        self.replay.run(ctx, (_ptr(x), _ptr(bias_a), _ptr(scale_a), _ptr(kept[0]), _ptr(weight), _ptr(sw), z.data_ptr(),
+                              y.data_ptr(), mean.data_ptr(), _ptr(bn_weight), _ptr(bn_bias), _ptr(rm), _ptr(rv),
+                              _ptr(residual)), calls)
         return y, kept, z, mean, invstd
 
     def backward(self, needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, mean, invstd, x_dtype):
@@ -391,20 +402,25 @@ class BlockRun:
                                                          *self.geometry, PAD_ZERO, needs, None, mask,
                                                          self.channels if binary else None,
                                                          x_dtype if binary else None, gate)
-            self.back[needs] = (bn, conv, _spec(gz), tuple(_spec(g) for g in grads))
+            self.back[needs] = (bn, conv, _spec(gz), tuple(_spec(g) for g in grads), _plans.Replay())
             return (*grads, gbw, gbb)
         ctx = _plans.bound_context(z)
         if ctx is None:  # (a device other than the current one)
             with torch.cuda.device(dev):
                 return self.backward(needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, mean, invstd,
                                      x_dtype)
-        bn, conv, gzspec, gspecs = k
+        bn, conv, gzspec, gspecs, replay = k
         gz = _empty(gzspec, dev)
         gbw, gbb = torch.empty((2, gzspec[0][1]), dtype=bn_weight.dtype, device=dev).unbind(0)
         grads = tuple(None if s is None else _empty(s, dev) for s in gspecs)
-        bn.run_bound(ctx, (z, bn_weight, mean, invstd, grad_y, gz, gbw, gbb))
-        if conv is not None:
-            conv.run_bound(ctx, (x, None if binary else bias_a, weight, scale_a, sw, gz, *grads, mask, gate))
+
+        def calls():
+            bn.run_bound(ctx, (z, bn_weight, mean, invstd, grad_y, gz, gbw, gbb))
+            if conv is not None:
+                conv.run_bound(ctx, (x, None if binary else bias_a, weight, scale_a, sw, gz, *grads, mask, gate))
+        replay.run(ctx, (z.data_ptr(), _ptr(bn_weight), mean.data_ptr(), grad_y.data_ptr(), gz.data_ptr(),
+                         gbw.data_ptr(), _ptr(x), _ptr(bias_a), _ptr(weight), _ptr(scale_a), _ptr(sw),
+                         *(_ptr(g) for g in grads), _ptr(mask), _ptr(gate)), calls)
         return (*grads, gbw, gbb)
 
 

@@ -285,33 +285,43 @@ def test_block_node_is_the_per_module_path(kind, dt, monkeypatch):
     """A fused block in a CUDA training step is one BlockTrain node (conv, BatchNorm and the residual
     add; a binary conv's Hardtanh inside it, an identity shortcut's gradient added in place) with the
     numbers of the nodes per module it replaces (ClampedBinaryConv2dForward or the n-bit conv's,
-    then BatchNormTrain), to the bit: outputs, every gradient and the running statistics, over two
-    steps (the first makes the node's calls, the second reuses them). In float32 the weight gradient
-    of a 4-bit or 8-bit conv comes from cuDNN's float32 algorithm, whose last bits vary from run to
-    run on either path: those compare within 1e-6 of their largest element."""
+    then BatchNormTrain), to the bit: outputs, every gradient and the running statistics, over six
+    SGD steps on inputs that change (the first makes the node's calls, the second reuses them, and
+    once a step's allocations repeat the last's, a step records the calls and the later ones replay
+    them, _plans.Replay). In float32 the weight gradient of a 4-bit or 8-bit conv comes from cuDNN's
+    float32 algorithm, whose last bits vary from run to run on either path: those compare within
+    1e-6 of their largest element."""
+    from bie import _plans
     from bie.fuse import FusedConv2d
     dev = torch.device("cuda")
     torch.manual_seed(0)
     base = prepared(Net(32), kind, dev, dt, ["stem"]).train()
     x = inputs(dev, dt, n=4)
+    recorded = []
+    record = _plans.Replay._record
+    monkeypatch.setattr(_plans.Replay, "_record", lambda *a: recorded.append(record(*a)) or recorded[-1])
     results = []
     for whole in (True, False):
         if not whole:
             monkeypatch.setattr(FusedConv2d, "_block", lambda self, x, residual: None)
         g = bie.fuse(copy.deepcopy(base)).train()
+        opt = torch.optim.SGD(g.parameters(), lr=0.05, momentum=0.9)
         nodes = []
         for mod in g.modules():
             if isinstance(mod, FusedConv2d):
                 mod.register_forward_hook(lambda mod, args, y: nodes.append(type(y.grad_fn).__name__))
         steps = []
-        for _ in range(2):
-            g.zero_grad(set_to_none=True)
-            y = g(x)
-            y.float().square().sum().backward()
-            steps.append([("y", y.detach())] + [(n, p.grad.clone()) for n, p in g.named_parameters()
-                                                if p.grad is not None] + [(n, b.clone()) for n, b in g.named_buffers()])
+        for i in range(6):  # (copies to the host: each step's device allocations repeat the last's)
+            opt.zero_grad(set_to_none=True)
+            y = g(x * (1 + i / 8))
+            y.float().square().mean().backward()
+            steps.append([("y", y.detach().cpu())] + [(n, p.grad.cpu()) for n, p in g.named_parameters()
+                                                      if p.grad is not None] +
+                         [(n, b.cpu()) for n, b in g.named_buffers()])
+            opt.step()
         results.append(steps)
         assert ("BlockTrainBackward" in nodes) == whole, nodes
+    assert recorded and all(recorded), recorded  # (the forward's and the backward's calls, replayed)
     for step, (a, b) in enumerate(zip(*results)):
         assert [n for n, _ in a] == [n for n, _ in b]
         for (n, u), (_, v) in zip(a, b):
