@@ -40,9 +40,11 @@ BIE_API enum bie_status bie_context_cuda_synchronize(bie_context_t * ctx);
 // that the recorded calls named (the context's workspace included, which stays valid for the
 // graph while the context lives), with the scalar arguments they had. A call that fails while
 // recording returns its status and records nothing; a call that cannot be recorded (one that
-// synchronises) makes record_end fail. UNSUPPORTED where the context's stream is itself being
-// captured into a CUDA graph (record or replay; the caller then makes its calls as usual) or where
-// there is no CUDA backend.
+// synchronises) makes record_end fail. A replay is refused (INVALID_ARGUMENT: record again) on
+// another context than the recording's, or once the context has released a library plan that the
+// graph may use (cuDNN's plans are kept for 64 convolution shapes a context). UNSUPPORTED where
+// the context's stream is itself being captured into a CUDA graph (record or replay; the caller
+// then makes its calls as usual) or where there is no CUDA backend.
 typedef struct bie_cuda_graph bie_cuda_graph_t;
 BIE_API enum bie_status bie_cuda_record_begin(bie_context_t * ctx);
 BIE_API enum bie_status bie_cuda_record_end(bie_context_t * ctx, bie_cuda_graph_t ** out);

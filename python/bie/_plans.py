@@ -103,7 +103,8 @@ class Replay:
     names the data pointers of every tensor the calls read or write, and the calls' other arguments
     are the caller's constants. A key's calls run as usual the first time, are recorded and
     replayed the second, and are replayed from then on: one graph launch instead of each call's
-    launches. A training step's tensors come from PyTorch's caching allocator, which hands the
+    launches. A graph that libbie finds stale (a cuDNN plan it used was released) is recorded
+    again. A training step's tensors come from PyTorch's caching allocator, which hands the
     same blocks to the same sequence of allocations, so a step's calls repeat their keys. At most
     _MAX_REPLAYS keys are kept; a key whose calls cannot be recorded (or whose stream is being
     captured) runs them as usual. BIE_REPLAY=0 in the environment turns replays off."""
@@ -125,8 +126,13 @@ class Replay:
             if g is None:
                 if _REPLAY and self._record(ctx, key, calls):
                     return
-            elif g is not False and not ctx.lib.bie_cuda_replay(ctx.handle, g):
-                return
+            elif g is not False:
+                if not ctx.lib.bie_cuda_replay(ctx.handle, g):
+                    return
+                import torch
+                if not torch.cuda.is_current_stream_capturing():  # (stale: recorded again next time)
+                    _destroy([g])
+                    self.graphs[key] = None
         calls()
 
     def _record(self, ctx, key, calls):
@@ -150,10 +156,7 @@ class Replay:
         return True
 
     def _drop(self):
-        lib = _lib.context().lib
-        for g in self.graphs.values():
-            if g:
-                lib.bie_cuda_graph_destroy(g)
+        _destroy([g for g in self.graphs.values() if g])
         self.graphs = {}
 
     def __del__(self):
@@ -165,6 +168,27 @@ class Replay:
 
 _MAX_REPLAYS = 4
 _UNSEEN = object()
+_doomed = []  # graphs to destroy once this thread's stream is not being captured
+
+
+def _destroy(graphs):
+    """Destroys the graphs, or keeps them for later while the current stream is being captured into
+    a CUDA graph (destroying one then would end that capture)."""
+    _doomed.extend(graphs)
+    if not _doomed:
+        return
+    import torch
+    if torch.cuda.is_current_stream_capturing():
+        return
+    lib = _lib.context().lib
+    while _doomed:
+        try:
+            g = _doomed.pop()
+        except IndexError:  # (another thread took the last one)
+            break
+        lib.bie_cuda_graph_destroy(g)
+
+
 _REPLAY = os.environ.get("BIE_REPLAY", "1") != "0"
 
 

@@ -82,6 +82,8 @@ static enum bie_status ensure_state(bie_context_t * ctx) {
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "device: %s", why);
     ctx->cuda = (struct bie_cuda_state *)calloc(1, sizeof *ctx->cuda);
     if (!ctx->cuda) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: out of host memory");
+    static unsigned long long ids = 0;
+    ctx->cuda->id = __atomic_add_fetch(&ids, 1, __ATOMIC_RELAXED);
     cudaGetDevice(&ctx->cuda->device);
     return BIE_STATUS_OK;
 }
@@ -253,6 +255,7 @@ static enum bie_status synchronize(bie_context_t * ctx) {
 // at the end; a replay is one graph launch on the caller's stream.
 struct bie_cuda_graph {
     cudaGraphExec_t exec;
+    unsigned long long state, epoch; // the recording state's id and graph_epoch
 };
 
 static enum bie_status record_begin(bie_context_t * ctx) {
@@ -307,11 +310,17 @@ static enum bie_status record_end(bie_context_t * ctx, struct bie_cuda_graph ** 
         return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "cuda: out of host memory");
     }
     (*out)->exec = exec;
+    (*out)->state = s->id;
+    (*out)->epoch = s->graph_epoch;
     return BIE_STATUS_OK;
 }
 
 static enum bie_status replay(bie_context_t * ctx, const struct bie_cuda_graph * g) {
     BIE_TRY(ensure_state(ctx));
+    if (g->state != ctx->cuda->id || g->epoch != ctx->cuda->graph_epoch)
+        return bie_set_error(ctx, BIE_STATUS_INVALID_ARGUMENT, "cuda: graph: %s (record it again)",
+                             g->state != ctx->cuda->id ? "recorded with another context"
+                                                       : "stale: a library plan it used was released");
     if (capturing(ctx->cuda))
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: the context's stream is being captured");
     CU_TRY(ctx, cudaGraphLaunch(g->exec, ctx->cuda->stream), "cudaGraphLaunch");

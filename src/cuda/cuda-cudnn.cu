@@ -375,6 +375,7 @@ enum bie_status lookup(bie_context_t * ctx, const cudnn_conv_shape & k, bool dx,
     if (!e) {
         e = &d->e[d->next];
         d->next = (d->next + 1) % CACHE;
+        if (e->used) ctx->cuda->graph_epoch++; // (graphs recorded with its plans are stale)
         destroy_entry(e);
         const enum bie_status s = make_entry(ctx, k, e);
         if (s != BIE_STATUS_OK) {

@@ -43,6 +43,10 @@ struct bie_cuda_state {
     cudaStream_t record_stream, record_user;
     int record_device;
     bool recording;
+    // What a recorded graph checks before a replay: the state it was recorded with (a number no
+    // other state takes) and the epoch, which goes up when something a graph may use is released
+    // (a cuDNN plan leaving its cache).
+    unsigned long long id, graph_epoch;
 };
 
 // The shape of a conv backward as cuDNN is asked it (cuda-cudnn.cu): x [n, c, h, w], weight

@@ -270,6 +270,11 @@ static void check_replay(bie_context_t * cu) {
     CHECK(memcmp(y2.data, y.data, tensor_span(&y)) == 0, "replay: y differs from a direct call's");
     CHECK(memcmp(got[0].data, want[0].data, tensor_span(&want[0])) == 0, "replay: saved_mean differs");
     CHECK(memcmp(got[2].data, want[2].data, tensor_span(&want[2])) == 0, "replay: running_mean differs");
+    bie_context_t * other = test_new_context(BIE_BACKEND_AUTO);
+    CHECK_OK(other, bie_batchnorm_forward(other, &d, &a)); // (its CUDA state exists)
+    TEST_EXPECT_STATUS(other, bie_cuda_replay(other, graph), BIE_STATUS_INVALID_ARGUMENT, "another context");
+    CUDA_OK(cudaDeviceSynchronize());
+    bie_context_destroy(other);
     bie_cuda_graph_destroy(graph);
     // refusals: no recording to end, no graph; a call that fails while recording queues nothing
     graph = (bie_cuda_graph_t *)(uintptr_t)0x10;
