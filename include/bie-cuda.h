@@ -39,7 +39,8 @@ BIE_API enum bie_status bie_context_cuda_synchronize(bie_context_t * ctx);
 // graph on the context's stream, as often as wanted. A replay reads and writes exactly the memory
 // that the recorded calls named (the context's workspace included, which stays valid for the
 // graph while the context lives), with the scalar arguments they had. A call that fails while
-// recording returns its status and records nothing; a call that cannot be recorded (one that
+// recording returns its status, and what it queued before failing stays in the recording: drop
+// such a recording (record_end with out NULL). A call that cannot be recorded (one that
 // synchronises) makes record_end fail. A replay is refused (INVALID_ARGUMENT: record again) on
 // another context than the recording's, or once the context has released a library plan that the
 // graph may use (cuDNN's plans are kept for 64 convolution shapes a context). UNSUPPORTED where

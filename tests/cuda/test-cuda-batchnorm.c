@@ -276,7 +276,8 @@ static void check_replay(bie_context_t * cu) {
     CUDA_OK(cudaDeviceSynchronize());
     bie_context_destroy(other);
     bie_cuda_graph_destroy(graph);
-    // refusals: no recording to end, no graph; a call that fails while recording queues nothing
+    // refusals: no recording to end, no graph; a call refused while recording returns its error,
+    // the recording is dropped, and the context's calls go to the caller's stream again
     graph = (bie_cuda_graph_t *)(uintptr_t)0x10;
     TEST_EXPECT_STATUS(cu, bie_cuda_record_end(cu, &graph), BIE_STATUS_INVALID_ARGUMENT, "without record_begin");
     CHECK(graph == NULL, "record_end: *out set on failure");
