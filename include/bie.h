@@ -451,7 +451,13 @@ BIE_API enum bie_status bie_unpack(bie_context_t * ctx, const struct bie_tensor 
 BIE_API enum bie_status bie_activation_scale_init(bie_context_t * ctx, enum bie_quant quant, int symmetric,
                                                   const struct bie_tensor * x, struct bie_tensor * out_scale);
 
-// Weight scale: binary mean|W|; 4-bit max(2*mean|W|/5.6345, 1e-5); 8-bit 2*mean|W|/11.269.
+// Weight scale: binary mean|W|; 4-bit max(2*mean|W|/5.6345, 1e-5); 8-bit 2*mean|W|/11.269, summed in
+// double and rounded to f32, then to out_scale's dtype (one f32, f16 or bf16 element). out_scale is
+// a CPU tensor (a CUDA w is read back: the call waits for its device), or, for a CUDA w, one on w's
+// device: the scale is then computed there, queued on the context's stream without a wait (a
+// training step takes it each time its weight changes, and bie_cuda_record_begin can record it),
+// and the same w gives the same bits each time; an all-zero or non-finite w is refused only with a
+// CPU out_scale (on the device it gives what the formula gives).
 BIE_API enum bie_status bie_weight_scale_init(bie_context_t * ctx, enum bie_quant quant, const struct bie_tensor * w,
                                               struct bie_tensor * out_scale);
 

@@ -107,6 +107,24 @@ uint16_t bie_f32_to_bf16(float f); // round to nearest even, NaN kept quiet
 // CUDA's __float2int_rn / torch.round).
 static inline float bie_rne(float v) { return __builtin_rintf(v); }
 
+// Functions that CUDA code takes too (src/cuda compiles this header with nvcc).
+#ifdef __CUDACC__
+#define BIE_HOST_DEVICE __host__ __device__
+#else
+#define BIE_HOST_DEVICE
+#endif
+
+// The weight scale of bie_weight_scale_init from mean|W|: binary mean|W|; 4-bit
+// max(2*mean|W|/5.6345, 1e-5); 8-bit 2*mean|W|/11.269.
+static inline BIE_HOST_DEVICE double bie_weight_scale_of(enum bie_quant q, double mean_abs) {
+    if (q == BIE_QUANT_BINARY) return mean_abs;
+    if (q == BIE_QUANT_INT4) {
+        const double v = 2.0 * mean_abs / 5.6345;
+        return v > 1e-5 ? v : 1e-5;
+    }
+    return 2.0 * mean_abs / 11.269;
+}
+
 // min(max(v, -t), t) with a NaN v kept NaN, for t > 0: the clamp of an nn.Hardtanh(-t, t) before a
 // layer (bie_forward_args.x_clamp, bie_binarize_ste_clamped).
 static inline float bie_clamp_sym(float v, float t) { return v < -t ? -t : v > t ? t : v; }
@@ -274,6 +292,10 @@ typedef enum bie_status bie_pack_slot(bie_context_t * ctx, const struct bie_tens
                                       const struct bie_tensor * dst);
 typedef enum bie_status bie_reduce_slot(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
                                         double * sum);
+// out (one f32, f16 or bf16 element on w's device) = bie_weight_scale_of(quant, mean|w|), rounded to
+// f32 and then to out's dtype, queued on the device without waiting for it.
+typedef enum bie_status bie_scale_slot(bie_context_t * ctx, enum bie_quant quant, const struct bie_tensor * w,
+                                       const struct bie_tensor * out);
 // bie_binarize_ste's outputs (each a [M, K, 1, 1] B1 view or NULL) and its clamp (0: none; else x
 // is clamped to [-clamp, clamp] first and clamp_mask gets 1{|x| < clamp}: bie_binarize_ste_clamped).
 struct bie_ste_out {
@@ -304,6 +326,8 @@ struct bie_backend_ops {
     // The optional slots (NULL: the reference does it).
     // Sums over all elements: *sum_abs = sum|x|, *sum = sum x (in double).
     bie_reduce_slot * reduce;
+    // bie_weight_scale_init into a tensor on the device (see bie_scale_slot).
+    bie_scale_slot * weight_scale;
     bie_pool_slot * affine_maxpool2d;
     bie_pool_slot * affine_maxpool2d_backward;
 };

@@ -329,10 +329,12 @@ class BlockRun:
     in the thread of its first call, the backward's in that of its first backward.
     Constants: the conv's quant, scale_w, clamp t (binary: the Hardtanh's; None for a 4-bit or 8-bit
     conv, whose input comes clamped), geometry (kernel_size, stride, padding, dilation) and
-    channels, the BatchNorm's running_mean, running_var, momentum and eps."""
+    channels, the BatchNorm's running_mean, running_var, momentum and eps. An 8-bit conv's forward
+    first writes scale_w from the current weight (the layer's 2*mean|W|/11.269), as a libbie call
+    that replays with the others."""
 
     __slots__ = ("quant", "scale_w", "t", "geometry", "channels", "running", "momentum", "eps", "fwd", "shapes",
-                 "back", "replay")
+                 "back", "replay", "scale")
 
     def __init__(self, quant, scale_w, t, geometry, channels, running_mean, running_var, momentum, eps):
         self.quant, self.scale_w, self.t = quant, scale_w, None if t is None else float(t)
@@ -342,6 +344,7 @@ class BlockRun:
         self.shapes = None  # specs of (the bits buffer or None, the conv's output, the block's output)
         self.back = {}  # (bn call, conv backward plan, specs of the gradients, Replay) by a backward's needs
         self.replay = _plans.Replay()  # the forward's calls
+        self.scale = None  # an 8-bit conv's weight scale call, after the first forward
 
     def forward(self, x, weight, scale_a, bias_a, bn_weight, bn_bias, residual):
         """(y, kept, z, mean, invstd): the block's output, what the conv's backward reads of x (binary:
@@ -351,6 +354,9 @@ class BlockRun:
         ba = None if binary else bias_a  # (the conv reads kept[0]: the bits of x, bias_a in them, or x)
         if self.fwd is None:
             ste = None
+            if self.quant == QUANT_INT8:
+                self.scale = F._weight_scale_call(QUANT_INT8, weight.detach(), sw)
+                self.scale.run(weight, (weight, sw))
             if binary:
                 kept, ste, _ = F._binarize_ste_call(x, scale_a, bias_a, True, self.t)
                 ste.run(x, (x, bias_a, scale_a, *kept))
@@ -370,6 +376,7 @@ class BlockRun:
             with torch.cuda.device(x.device):
                 return self.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias, residual)
         ste, conv, bn = self.fwd
+        scale = self.scale
         bshape, zspec, yspec = self.shapes
         dev = x.device
         kept = torch.empty(bshape, dtype=torch.uint8, device=dev).unbind(0) if binary else (x, None, None)
@@ -377,6 +384,8 @@ class BlockRun:
         mean, invstd = torch.empty((2, zspec[0][1]), dtype=torch.float32, device=dev).unbind(0)
 
         def calls():
+            if scale is not None:
+                scale.run_bound(ctx, (weight, sw))
             if binary:
                 ste.run_bound(ctx, (x, bias_a, scale_a, *kept))
             conv.run_bound(ctx, (kept[0], ba, weight, scale_a, sw, z, None, None, None, None, None))

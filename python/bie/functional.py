@@ -243,15 +243,38 @@ def activation_scale_init(quant, x, symmetric=True):
     return out
 
 
-def weight_scale_init(quant, weight):
-    """scale_w from a float weight (float32 CPU scalar): binary mean|W|; 4-bit
-    max(2*mean|W|/5.6345, 1e-5); 8-bit 2*mean|W|/11.269."""
+def weight_scale_init(quant, weight, out=None):
+    """scale_w from a float weight: binary mean|W|; 4-bit max(2*mean|W|/5.6345, 1e-5); 8-bit
+    2*mean|W|/11.269 (summed in double, rounded to float32). Without `out`, a float32 CPU scalar (a
+    CUDA weight is read back: a host synchronisation). With `out`, a one-element float tensor on
+    the weight's device, the scale is written there and `out` returned; on a CUDA device it is
+    computed there, on the current stream, without a synchronisation (an all-zero weight then gives
+    what the formula gives instead of an error)."""
     w = weight.detach()
+    if out is not None:
+        _weight_scale_call(quant, w, out).run(w, (w, out))
+        return out
     _check_float(w, "weight")
     out = torch.empty((), dtype=torch.float32)
     src, dst = _view(w), _view(out)
     _Call(w)("bie_weight_scale_init", int(quant), ctypes.byref(src), ctypes.byref(dst))
     return out
+
+
+def _weight_scale_call(quant, w, out):
+    """The kept _plans.Call of weight_scale_init(quant, w, out) (its tensors: w, out)."""
+    key = ("weight_scale", quant, _plans.meta_fast(w), _plans.meta_fast(out))
+    cache = _plans.cache()
+    call = cache.get(key)
+    if call is None:
+        _check_float(w, "weight")
+        _scalar(out, "out")
+        if out.device != w.device:
+            raise ValueError(f"bie: out must be on the weight's device ({w.device}), is on {out.device}")
+        views = [_view(w), _view(out)]
+        call = cache[key] = _plans.Call("bie_weight_scale_init", [int(quant)] + [_ptr(v) for v in views], None,
+                                        views)
+    return call
 
 
 # --- layers -------------------------------------------------------------------------------------

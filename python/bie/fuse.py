@@ -242,15 +242,18 @@ class FusedConv2d(nn.Module):
                 break
         run = entry[0]
         w, _, _, ba, bw, bbias = now[:6]
-        if run.t is None:  # (a 4-bit or 8-bit conv: its Hardtanh first, and its own preparation, the
-            # 8-bit weight scale of the current weight)
+        if run.t is None:  # (a 4-bit or 8-bit conv: its Hardtanh first; the 8-bit weight scale of the
+            # current weight is the node's first call)
             if self.act is not None:
                 x = self.act(x)
-            conv._prepare_forward(x)
+            if not conv._scale_ready:  # (the lazy scale_a, from the conv's own input)
+                conv._init_scale_a(x)
             identity = False
         bn.num_batches_tracked.add_(1)
-        return BlockTrain.apply(x, w, conv._scale_a_arg(), ba, bw, bbias, None if identity else residual, run,
-                                identity)
+        y = BlockTrain.apply(x, w, conv._scale_a_arg(), ba, bw, bbias, None if identity else residual, run, identity)
+        if run.scale is not None:
+            conv._q8_scale_key = (id(w), w._version)  # (scale_w is that of this weight)
+        return y
 
     def _block_run(self, x, residual):
         """(BlockRun, the operands it was made for) where a training call on x can be one BlockTrain node:

@@ -37,13 +37,6 @@ __all__ = ["BinaryLinear", "Q4Linear", "Q8Linear", "BinaryConv2d", "Q4Conv2d", "
            "set_data_parallel"]
 
 
-def _q8_weight_scale(w):
-    """8-bit weight scale 2*mean|W|/11.269 as a float64 scalar: sum |W| in float64 on the weight's
-    device (no sync), times 2/(11.269*numel); two kernels, since a training step takes it again
-    for each 8-bit layer."""
-    return torch.linalg.vector_norm(w.detach(), 1, dtype=torch.float64).mul_(2.0 / (11.269 * w.numel()))
-
-
 _data_parallel = None  # None: automatic (torch.distributed initialised); True / False: forced
 
 
@@ -145,8 +138,7 @@ class BieLayer(nn.Module):
         weight changed, so that an unchanged weight keeps its packed form)."""
         key = (id(self.weight), self.weight._version)
         if getattr(self, "_q8_scale_key", None) != key:
-            with torch.no_grad():
-                self.scale_w.copy_(_q8_weight_scale(self.weight))
+            F.weight_scale_init(QUANT_INT8, self.weight, out=self.scale_w)  # (on the weight's device, no sync)
             self._q8_scale_key = key
 
     def _weight_key(self):

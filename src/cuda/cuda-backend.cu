@@ -338,6 +338,7 @@ extern "C" {
 bie_layer_slot bie_cuda_layer_forward, bie_cuda_layer_backward;
 bie_pack_slot bie_cuda_pack, bie_cuda_unpack;
 bie_reduce_slot bie_cuda_reduce;
+bie_scale_slot bie_cuda_weight_scale;
 bie_ste_slot bie_cuda_binarize_ste;
 bie_matmul_slot bie_cuda_matmul_forward, bie_cuda_matmul_backward;
 bie_embedding_slot bie_cuda_embedding_forward, bie_cuda_embedding_backward;
@@ -357,6 +358,7 @@ static const struct bie_cuda_plugin table = {
             .name = "cuda",
             BIE_BACKEND_SLOTS(bie_cuda),
             .reduce = bie_cuda_reduce,
+            .weight_scale = bie_cuda_weight_scale,
             .affine_maxpool2d = bie_cuda_affine_maxpool2d,
             .affine_maxpool2d_backward = bie_cuda_affine_maxpool2d_backward,
         },

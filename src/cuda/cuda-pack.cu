@@ -5,6 +5,7 @@
 //          (an i8 source is clamped as it is, without scale)
 //   unpack dst = value * scale, value = +-1 (B1) or the integer code (S4, I8)
 //   reduce sum|x| and sum x in double
+//   weight scale  out = bie_weight_scale_of(quant, sum|w| / numel), the sum in double in a fixed order
 // Packed destinations: several elements share a byte, so each destination byte is written by
 // exactly one thread (read-modify-write, keeping bits that belong to no element). That needs rows
 // that start on a byte: the innermost stride is 1 and every other stride a multiple of the
@@ -162,34 +163,54 @@ extern "C" enum bie_status bie_cuda_unpack(bie_context_t * ctx, const struct bie
     return BIE_STATUS_OK;
 }
 
+// The sum of a double over a block of 256 threads, in a fixed order (a shuffle tree in each warp,
+// then the warps' sums in order); the result in thread 0.
+__device__ double block_sum256(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __shared__ double part[8];
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    __syncthreads(); // (part may still be read from a previous use)
+    if (l == 0) part[w] = v;
+    __syncthreads();
+    double a = 0.0;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < 8; i++) a += part[i];
+    return a;
+}
+
 // Block sums in double, then one atomicAdd per block into out[0] (sum|x|) and out[1] (sum x).
-__global__ void reduce_kernel(struct dview x, int64_t n, double * out) {
+__global__ void __launch_bounds__(256) reduce_kernel(struct dview x, int64_t n, double * out) {
     double sa = 0.0, s = 0.0;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const double v = (double)ld_float(x.data, x.dtype, dview_off_linear(x, e));
         sa += fabs(v);
         s += v;
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        sa += __shfl_xor_sync(0xffffffffu, sa, o);
-        s += __shfl_xor_sync(0xffffffffu, s, o);
-    }
-    __shared__ double part[2][32];
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-    if (l == 0) {
-        part[0][w] = sa;
-        part[1][w] = s;
-    }
-    __syncthreads();
+    sa = block_sum256(sa);
+    s = block_sum256(s);
     if (threadIdx.x == 0) {
-        double a = 0.0, b = 0.0;
-        for (int i = 0; i < (int)(blockDim.x / 32); i++) {
-            a += part[0][i];
-            b += part[1][i];
-        }
-        atomicAdd(&out[0], a);
-        atomicAdd(&out[1], b);
+        atomicAdd(&out[0], sa);
+        atomicAdd(&out[1], s);
     }
+}
+
+// part[b] = sum|w| over block b's elements (grid-stride order, then block_sum256).
+__global__ void __launch_bounds__(256) abs_sums_kernel(struct dview w, int64_t n, double * part) {
+    double sa = 0.0;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x)
+        sa += fabs((double)ld_float(w.data, w.dtype, dview_off_linear(w, e)));
+    sa = block_sum256(sa);
+    if (threadIdx.x == 0) part[blockIdx.x] = sa;
+}
+
+// One block: out = the weight scale of the mean of the nparts block sums (added in a fixed order).
+__global__ void __launch_bounds__(256)
+    weight_scale_kernel(const double * part, int nparts, int64_t n, int quant, struct dview out) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < nparts; i += blockDim.x) s += part[i];
+    s = block_sum256(s);
+    if (threadIdx.x == 0)
+        st_float(out.data, out.dtype, 0, (float)bie_weight_scale_of((enum bie_quant)quant, s / (double)n));
 }
 
 extern "C" enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
@@ -209,5 +230,22 @@ extern "C" enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie
     CU_TRY(ctx, cudaStreamSynchronize(s->stream), "cudaStreamSynchronize");
     *sum_abs = h[0];
     *sum = h[1];
+    return BIE_STATUS_OK;
+}
+
+#define SCALE_BLOCKS 256 // abs_sums_kernel's blocks at most (a function of numel(w) only: the same bits each call)
+
+extern "C" enum bie_status bie_cuda_weight_scale(bie_context_t * ctx, enum bie_quant quant, const struct bie_tensor * w,
+                                                 const struct bie_tensor * out) {
+    struct pack_call c;
+    BIE_TRY(pack_call_make(ctx, w, out, &c));
+    void * ws;
+    BIE_TRY(bie_cuda_workspace(ctx, SCALE_BLOCKS * sizeof(double), &ws));
+    unsigned blocks = grid_for(c.n, 256 * 8);
+    if (blocks > SCALE_BLOCKS) blocks = SCALE_BLOCKS;
+    abs_sums_kernel<<<blocks, 256, 0, c.s->stream>>>(c.src, c.n, (double *)ws);
+    LAUNCHED(ctx, "weight scale sums");
+    weight_scale_kernel<<<1, 256, 0, c.s->stream>>>((const double *)ws, (int)blocks, c.n, (int)quant, c.dst);
+    LAUNCHED(ctx, "weight scale");
     return BIE_STATUS_OK;
 }

@@ -54,18 +54,36 @@ enum bie_status bie_activation_scale_init(bie_context_t * ctx, enum bie_quant qu
     return store_scale(ctx, out_scale, v);
 }
 
+// The weight scale into out_scale on w's CUDA device, queued there (no host wait, so no check of
+// the value: an all-zero w gives what the formula gives).
+static enum bie_status weight_scale_on_device(bie_context_t * ctx, enum bie_quant quant, const struct bie_tensor * w,
+                                              const struct bie_tensor * out) {
+    BIE_TRY(bie_check_tensor(ctx, "w", w, true));
+    BIE_TRY(bie_check_tensor(ctx, "out_scale", out, false));
+    if (!bie_dtype_is_float(w->dtype))
+        BIE_FAIL("w: dtype %s is not supported (use f32, f16 or bf16)", bie_dtype_name(w->dtype));
+    if (bie_tensor_numel(out) != 1) BIE_FAIL("out_scale: must hold exactly one element");
+    if (!bie_dtype_is_float(out->dtype)) BIE_FAIL("out_scale: must be f32, f16 or bf16");
+    if (w->device_type != BIE_DEVICE_CUDA || out->device_index != w->device_index)
+        BIE_FAIL("out_scale: a CUDA out_scale must be on the device of w");
+    const struct bie_cuda_plugin * cuda;
+    BIE_TRY(bie_cuda_plugin_get(ctx, "w", &cuda));
+    if (!cuda->backend.weight_scale)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "w: this CUDA backend has no weight scale");
+    BIE_TRY(cuda->backend.weight_scale(ctx, quant, w, out));
+    bie_clear_error(ctx);
+    return BIE_STATUS_OK;
+}
+
 enum bie_status bie_weight_scale_init(bie_context_t * ctx, enum bie_quant quant, const struct bie_tensor * w,
                                       struct bie_tensor * out_scale) {
     if (!ctx) return BIE_STATUS_INVALID_ARGUMENT;
     BIE_ENTER(ctx);
     if (!quant_valid(quant)) BIE_FAIL("quant: = %d must be 1, 4 or 8", (int)quant);
+    if (out_scale && out_scale->device_type == BIE_DEVICE_CUDA) return weight_scale_on_device(ctx, quant, w, out_scale);
     double sa, s;
     BIE_TRY(sums(ctx, "w", w, &sa, &s));
-    const double mean_abs = sa / (double)bie_tensor_numel(w);
-    double v;
-    if (quant == BIE_QUANT_BINARY) v = mean_abs;
-    else if (quant == BIE_QUANT_INT4) v = fmax(2.0 * mean_abs / 5.6345, 1e-5);
-    else v = 2.0 * mean_abs / 11.269;
+    const double v = bie_weight_scale_of(quant, sa / (double)bie_tensor_numel(w));
     if (!(v > 0.0)) BIE_FAIL("w: is all zeros, so no scale can be derived from it");
     return store_scale(ctx, out_scale, v);
 }

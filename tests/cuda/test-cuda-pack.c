@@ -2,7 +2,7 @@
 // test-cuda-pack.c: bie_pack / bie_unpack on CUDA tensors (bit-identical to the reference over the
 // whole destination span, including bits of packed bytes that belong to no element), the
 // scale-init helpers' device reductions (sum in double: the f32 scale must match the reference's
-// to 1 ulp), and the no-GPU / error statuses.
+// to 1 ulp), the weight scale computed into a device tensor, and the no-GPU / error statuses.
 #include "cuda-test.h"
 
 static bie_context_t *ref_ctx, *cu_ctx;
@@ -130,6 +130,81 @@ static void test_scale_init(void) {
     }
 }
 
+// bie_weight_scale_init into a device out_scale: within one ulp of out's dtype of the reference's
+// scale (which sums in element order, the device in a tree), the same bits on a second call, and
+// recorded (bie_cuda_record_begin) then replayed on new weight values, their scale.
+static void test_weight_scale_on_device(void) {
+    static const enum bie_dtype dts[3] = {BIE_DTYPE_F32, BIE_DTYPE_F16, BIE_DTYPE_BF16};
+    static const double ulp[3] = {1.2e-7, 9.8e-4, 7.9e-3};
+    static const enum bie_quant qs[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
+    for (int it = 0; it < 24; it++) {
+        int32_t nd;
+        int64_t shape[BIE_MAX_DIMS];
+        random_shape(&nd, shape);
+        if (it % 4 == 0) shape[0] = test_rand_int(300, 3000); // (several blocks of the device's sums)
+        const int wi = (int)test_rand_int(0, 2), oi = (int)test_rand_int(0, 2);
+        const enum bie_quant q = qs[it % 3];
+        struct bie_tensor w = make_any(dts[wi], nd, shape);
+        test_fill_uniform(&w, -3.0f, 2.0f);
+        struct bie_tensor dw = cuda_mirror(&w);
+        struct bie_tensor ref = test_tensor(dts[oi], 0, NULL, NULL), got = test_tensor(dts[oi], 0, NULL, NULL);
+        struct bie_tensor dout = cuda_mirror(&got);
+        CHECK_OK(ref_ctx, bie_weight_scale_init(ref_ctx, q, &w, &ref));
+        CHECK_OK(cu_ctx, bie_weight_scale_init(cu_ctx, q, &dw, &dout));
+        cuda_fetch(&got, &dout);
+        const double r = bie_load(&ref, 0), g = bie_load(&got, 0);
+        CHECK(fabs(r - g) <= ulp[oi] * fabs(r),
+              "case %d (%d-bit, w %s %lld elements, out %s): device scale %.9g, "
+              "reference %.9g",
+              it, (int)q, bie_dtype_name(dts[wi]), (long long)bie_tensor_numel(&w), bie_dtype_name(dts[oi]), g, r);
+        struct bie_tensor again = test_tensor(dts[oi], 0, NULL, NULL);
+        CHECK_OK(cu_ctx, bie_weight_scale_init(cu_ctx, q, &dw, &dout));
+        cuda_fetch(&again, &dout);
+        CHECK(memcmp(again.data, got.data, (size_t)(bie_dtype_bits(dts[oi]) / 8)) == 0,
+              "case %d: a second call gives other bits", it);
+        // recorded: the replay reads the weight's values of the time it runs
+        bie_cuda_graph_t * graph = NULL;
+        CHECK_OK(cu_ctx, bie_cuda_record_begin(cu_ctx));
+        CHECK_OK(cu_ctx, bie_weight_scale_init(cu_ctx, q, &dw, &dout));
+        CHECK_OK(cu_ctx, bie_cuda_record_end(cu_ctx, &graph));
+        test_fill_uniform(&w, -1.0f, 5.0f);
+        CUDA_OK(cudaMemcpy(dw.data, w.data, tensor_span(&w), cudaMemcpyHostToDevice));
+        CHECK_OK(ref_ctx, bie_weight_scale_init(ref_ctx, q, &w, &ref));
+        CHECK_OK(cu_ctx, bie_cuda_replay(cu_ctx, graph));
+        CHECK_OK(cu_ctx, bie_context_cuda_synchronize(cu_ctx));
+        cuda_fetch(&got, &dout);
+        const double r2 = bie_load(&ref, 0), g2 = bie_load(&got, 0);
+        CHECK(fabs(r2 - g2) <= ulp[oi] * fabs(r2), "case %d replayed: device scale %.9g, reference %.9g", it, g2, r2);
+        bie_cuda_graph_destroy(graph);
+        cuda_tensor_free(&dw);
+        cuda_tensor_free(&dout);
+        test_tensor_free(&w);
+        test_tensor_free(&ref);
+        test_tensor_free(&got);
+        test_tensor_free(&again);
+    }
+    // refused: two elements, a CPU w with a device out_scale, an integer out_scale
+    const int64_t two = 2, shape[2] = {3, 5};
+    struct bie_tensor w = test_tensor(BIE_DTYPE_F32, 2, shape, NULL), o2 = test_tensor(BIE_DTYPE_F32, 1, &two, NULL);
+    test_fill_uniform(&w, -1.0f, 1.0f);
+    struct bie_tensor dw = cuda_mirror(&w), do2 = cuda_mirror(&o2), d1 = do2, di = do2;
+    d1.ndim = 0;
+    di.ndim = 0;
+    di.dtype = BIE_DTYPE_I32;
+    TEST_EXPECT_STATUS(cu_ctx, bie_weight_scale_init(cu_ctx, BIE_QUANT_INT8, &dw, &do2), BIE_STATUS_INVALID_ARGUMENT,
+                       "exactly one element");
+    TEST_EXPECT_STATUS(cu_ctx, bie_weight_scale_init(cu_ctx, BIE_QUANT_INT8, &w, &d1), BIE_STATUS_INVALID_ARGUMENT,
+                       "on the device of w");
+    TEST_EXPECT_STATUS(cu_ctx, bie_weight_scale_init(cu_ctx, BIE_QUANT_INT8, &dw, &di), BIE_STATUS_INVALID_ARGUMENT,
+                       "f32, f16 or bf16");
+    TEST_EXPECT_STATUS(cu_ctx, bie_weight_scale_init(cu_ctx, (enum bie_quant)3, &dw, &d1), BIE_STATUS_INVALID_ARGUMENT,
+                       "must be 1, 4 or 8");
+    cuda_tensor_free(&dw);
+    cuda_tensor_free(&do2);
+    test_tensor_free(&w);
+    test_tensor_free(&o2);
+}
+
 // A CUDA error comes back as a status with the CUDA message (a device tensor pointing at host
 // memory that the device cannot read).
 static void test_errors(void) {
@@ -193,6 +268,7 @@ int main(int argc, char ** argv) {
     cuda_test_contexts(&ref_ctx, &cu_ctx);
     test_pack_unpack();
     test_scale_init();
+    test_weight_scale_on_device();
     if (!getenv("BIE_TEST_NO_FAULT")) test_errors();
     bie_context_destroy(ref_ctx);
     bie_context_destroy(cu_ctx);
