@@ -21,10 +21,13 @@ For each batch size it measures, for the float network and each bie network:
     workspaces: the device memory PyTorch does not hold that appeared since the float network's
     first measurement, after which PyTorch's own libraries are loaded).
 --graphs captures each side's inference forward and training step in a CUDA graph and times the
-replays (both sides alike). --profile MODEL prints torch.profiler's table of one network's step.
+replays (both sides alike). --rounds R measures every network R times, the float network and the
+bie networks taking turns, and reports each figure's median over the rounds (a host's speed drifts
+over minutes). --profile MODEL prints torch.profiler's table of one network's step.
 
 Usage: python3 python/bench_networks.py [--device cuda|cpu] [--batch 16,128,256] [--models binary,q4,q8]
-                                      [--graphs] [--budget SECONDS] [--json FILE] [--profile binary]
+                                      [--graphs] [--budget SECONDS] [--rounds R] [--json FILE]
+                                      [--profile binary]
 """
 import argparse
 import datetime
@@ -273,6 +276,11 @@ def device_name(device):
     return "cpu"
 
 
+def medians(results):
+    """Each field's median over the results of measure() in several rounds (None where absent)."""
+    return tuple(None if f[0] is None else statistics.median(f) for f in zip(*results))
+
+
 def main():
     global _OUTSIDE0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -281,6 +289,7 @@ def main():
     ap.add_argument("--models", default="binary,q4,q8")
     ap.add_argument("--graphs", action="store_true", help="time CUDA graph replays (both sides)")
     ap.add_argument("--budget", type=float, default=2.0, help="seconds of timed iterations per measurement")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of measurements (medians reported)")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     ap.add_argument("--profile", metavar="MODEL", help="print a torch.profiler table of MODEL's step and inference")
     args = ap.parse_args()
@@ -300,13 +309,18 @@ def main():
           f"{'CUDA graphs' if args.graphs else 'eager'}; bie {bie.version()}, torch {torch.__version__}")
     print(f"{'batch':>5} {'model':>6} {'infer ms':>9} {'float':>8} {'ratio':>6} {'fused ms':>9} {'ratio':>6} "
           f"{'step ms':>8} {'float':>8} {'ratio':>6} {'peak MiB':>9} {'float':>8} {'mem':>5}")
+    kinds = args.models.split(",")
     for b in batches:
-        fi, ff, fs, fp, _, _ = measure("float", b, device, dtype, args.budget, args.graphs)
-        if device.type == "cuda" and not _OUTSIDE0:  # (PyTorch's cuBLAS and cuDNN are loaded by now)
-            _OUTSIDE0 = outside_torch_mib(device)
+        runs = {k: [] for k in ["float"] + kinds}  # each network's measure() results, one a round
+        for _ in range(max(1, args.rounds)):
+            for kind in runs:
+                runs[kind].append(measure(kind, b, device, dtype, args.budget, args.graphs))
+                if kind == "float" and device.type == "cuda" and not _OUTSIDE0:
+                    _OUTSIDE0 = outside_torch_mib(device)  # (PyTorch's cuBLAS and cuDNN are loaded by now)
+        fi, ff, fs, fp, _, _ = medians(runs["float"])
         print(f"{b:>5} {'float':>6} {fi:9.3f} {'':>8} {'':>6} {ff:9.3f} (torch.fx conv-BN fold)", flush=True)
-        for kind in args.models.split(","):
-            bi, bf, bs, bp, bfs, bfp = measure(kind, b, device, dtype, args.budget, args.graphs)
+        for kind in kinds:
+            bi, bf, bs, bp, bfs, bfp = medians(runs[kind])
             print(f"{b:>5} {kind:>6} {bi:9.3f} {fi:8.3f} {fi / bi:5.2f}x {bf:9.3f} {fi / bf:5.2f}x {bs:8.3f} {fs:8.3f} "
                   f"{fs / bs:5.2f}x {bp:9.0f} {fp:8.0f} {bp / fp:5.2f}", flush=True)
             print(f"{b:>5} {kind:>6} fused training step {bfs:8.3f} ms, {fs / bfs:5.2f}x; peak {bfp:9.0f} MiB, "
@@ -318,6 +332,7 @@ def main():
                              "graphs": args.graphs, "bie_ms": round(ours, 4), "baseline": "torch fp16" if
                              cuda else "torch f32", "baseline_ms": round(base, 4),
                              "ratio": round(base / ours, 3), "device": name, "date": date,
+                             **({"rounds": args.rounds} if args.rounds > 1 else {}),
                              **({"baseline_folded_ms": round(ff, 4)} if mode == "inference fused" else {}),
                              **({"peak_mib": round(peak, 1), "baseline_peak_mib": round(fp, 1)}
                                 if peak is not None and cuda else {})})
