@@ -21,6 +21,8 @@ process per GPU, against the same training on one GPU. Run through torchrun (scr
    --graphs: each side's step is captured in a CUDA graph and replayed (both sides alike), which
    takes the host out of the step; DDP is built on a side stream and runs 11 eager steps before
    its capture, and NCCL's asynchronous error handling is off, as PyTorch's CUDA graph notes ask.
+   --fused: both sides train the network after bie.fuse (each block's conv, BatchNorm and shortcut
+   one node whose libbie calls replay from CUDA graphs of their own).
 """
 import argparse
 import datetime
@@ -124,7 +126,13 @@ def step_times(step, dev, iters):
     return times
 
 
-def speed(rank, world, dev, batch, ddp_options, graphs=False, rounds=6, iters=10):
+def network(dev, fused):
+    """The fp16 binary network of bench_networks, after bie.fuse (in training) where fused."""
+    model = bench_networks.build("binary", dev, torch.float16)
+    return bie.fuse(model).train() if fused else model
+
+
+def speed(rank, world, dev, batch, ddp_options, graphs=False, fused=False, rounds=6, iters=10):
     """Median step times (ms) on one GPU (rank 0 alone, the others waiting) and under DDP (the
     slowest rank's median), timed in alternating rounds so that both see the same host; with graphs,
     of each side's step replayed from a CUDA graph, the one-GPU graph's rounds all first (replays
@@ -135,8 +143,7 @@ def speed(rank, world, dev, batch, ddp_options, graphs=False, rounds=6, iters=10
     one_step, one = None, []
     if rank == 0:
         bie.set_data_parallel(False)
-        one_step = SGDStep(bench_networks.build("binary", dev, torch.float16), x, y, lr=1e-3, momentum=0.9,
-                           set_to_none=False)
+        one_step = SGDStep(network(dev, fused), x, y, lr=1e-3, momentum=0.9, set_to_none=False)
         step_times(one_step, dev, 5)
         if graphs:
             replay = bench_networks.graphed(one_step, dev)
@@ -148,8 +155,7 @@ def speed(rank, world, dev, batch, ddp_options, graphs=False, rounds=6, iters=10
     side = torch.cuda.Stream(dev)
     side.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(side):  # (where DDP must be built for a later capture)
-        ddp = nn.parallel.DistributedDataParallel(bench_networks.build("binary", dev, torch.float16),
-                                                  device_ids=[dev.index], **ddp_options)
+        ddp = nn.parallel.DistributedDataParallel(network(dev, fused), device_ids=[dev.index], **ddp_options)
     torch.cuda.current_stream(dev).wait_stream(side)
     ddp_step = SGDStep(ddp, x, y, lr=1e-3, momentum=0.9, set_to_none=False)
     step_times(ddp_step, dev, 5)
@@ -177,6 +183,7 @@ def main():
                     help="DistributedDataParallel(gradient_as_bucket_view=True): gradients live in the buckets")
     ap.add_argument("--bucket-mb", type=float, default=25.0, help="DistributedDataParallel's bucket_cap_mb")
     ap.add_argument("--graphs", action="store_true", help="time CUDA graph replays of each side's step")
+    ap.add_argument("--fused", action="store_true", help="time the network after bie.fuse (both sides)")
     ap.add_argument("--no-broadcast-buffers", action="store_true",
                     help="DistributedDataParallel(broadcast_buffers=False): no copy of rank 0's buffers (BatchNorm "
                          "statistics, scale_w) to every rank before each forward")
@@ -191,7 +198,7 @@ def main():
     torch.cuda.set_device(dev)
     torch.backends.cudnn.benchmark = True
     eq = equality(rank, world, dev, per_gpu=16)
-    one, ddp = speed(rank, world, dev, args.batch, ddp_options, args.graphs)
+    one, ddp = speed(rank, world, dev, args.batch, ddp_options, args.graphs, args.fused)
     if rank == 0:
         scaling = world * one / ddp
         name = torch.cuda.get_device_name(dev)
@@ -201,10 +208,11 @@ def main():
               f"{total:.3g} apart (relative L2), the farthest parameter's {w_rel:.3g} ({w_name}, norm {w_norm:.3g}); "
               f"on one GPU, cuDNN's deterministic against its autotuned algorithms: {spread:.3g}")
         print(f"DistributedDataParallel options: {ddp_options}")
-        print(f"fp16 step{' (CUDA graphs)' if args.graphs else ''}, {args.batch} images per GPU: one GPU {one:.3f} ms, "
+        print(f"fp16 step{' (CUDA graphs)' if args.graphs else ''}{', after bie.fuse' if args.fused else ''}, "
+              f"{args.batch} images per GPU: one GPU {one:.3f} ms, "
               f"{world} GPUs {ddp:.3f} ms, scaling {scaling:.2f}x")
         if args.json:
-            mode = f"ddp x{world} step" + (", CUDA graphs" if args.graphs else "")
+            mode = f"ddp x{world} step" + (", fused" if args.fused else "") + (", CUDA graphs" if args.graphs else "")
             row = {"network": "resnet18-bnn", "model": "binary", "batch": args.batch, "mode": mode,
                    "graphs": args.graphs,
                    "bie_ms": round(ddp, 4), "baseline": "one GPU", "baseline_ms": round(one, 4),
