@@ -192,17 +192,58 @@ def _destroy(graphs):
 _REPLAY = os.environ.get("BIE_REPLAY", "1") != "0"
 
 
+def replay_for(tensors):
+    """A new Replay for a kept call on `tensors` (torch tensors or None), or None where its calls
+    must run as usual: replays off, or a tensor not on a CUDA device (a host scale's value would be
+    read once, when the graph is recorded)."""
+    if not _REPLAY or not all(t is None or t.is_cuda for t in tensors):
+        return None
+    return Replay()
+
+
+def run_replayed(call, replay, ref, tensors):
+    """call.run(ref, tensors), replayed by `replay` (a Replay of this call alone, or None: run as
+    usual) under the key of the tensors' data pointers."""
+    if replay is None:
+        call.run(ref, tensors)
+        return
+    ctx = bound_context(ref)
+    if ctx is None:  # (a device other than the current one)
+        call.run(ref, tensors)
+        return
+    replay.run(ctx, tuple(0 if t is None else t.data_ptr() for t in tensors), lambda: call.run_bound(ctx, tensors))
+
+
+class Cache(dict):
+    """A dict of what a module keeps of its earlier calls (plans, BlockRuns): libbie handles and data
+    pointers of this process, so a copy or a pickle of the module starts without them."""
+
+    __slots__ = ()
+
+    def __deepcopy__(self, memo):
+        return type(self)()
+
+    def __reduce__(self):
+        return type(self), ()
+
+
 class Kept:
     """The plans a module keeps for its calls, by what a call's own tensors are: their metadata and
     the identity of its operands, which each entry keeps alive so that their ids stay theirs. At most
     _MAX_KEPT, and only those made with the module's current weight: a repacked weight is a new
     tensor, and the first call with it lets the plans kept with the old one (and so the old weight)
-    go."""
+    go. A copy or a pickle of it is empty (see Cache)."""
 
     __slots__ = ("runs", "weight")
 
     def __init__(self):
         self.runs, self.weight = {}, None
+
+    def __deepcopy__(self, memo):
+        return Kept()
+
+    def __reduce__(self):
+        return Kept, ()
 
     def __len__(self):
         return len(self.runs)

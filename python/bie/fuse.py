@@ -137,7 +137,7 @@ class FusedConv2d(nn.Module):
         self._bits_shapes = {}
         self._runs = _plans.Kept()  # the plans of earlier calls (forward())
         self._hot = None  # what every inference call reads, as plain references (_hot_state())
-        self._train_runs = {}  # the BlockRun of earlier training calls, or False where none applies (_block)
+        self._train_runs = _plans.Cache()  # the BlockRuns of earlier training calls, or False (_block)
         self._fold()
 
     def extra_repr(self):
@@ -161,12 +161,12 @@ class FusedConv2d(nn.Module):
         self.out_add_res = None if src is None else (add + self.res_bias).contiguous()
         self._runs = _plans.Kept()
         self._hot = None
-        self._train_runs = {}
+        self._train_runs = _plans.Cache()
 
     def _apply(self, fn, *args, **kwargs):
         # (.to(), .cuda(), .half() replace the buffers: the plans and references made for the old ones go)
         out = super()._apply(fn, *args, **kwargs)
-        self._runs, self._hot, self._train_runs = _plans.Kept(), None, {}
+        self._runs, self._hot, self._train_runs = _plans.Kept(), None, _plans.Cache()
         return out
 
     def _hot_state(self):
@@ -227,7 +227,7 @@ class FusedConv2d(nn.Module):
         if entry is None:
             entry = self._block_run(x, residual)
             if len(self._train_runs) >= _plans._MAX_KEPT:
-                self._train_runs = {}
+                self._train_runs = _plans.Cache()
             self._train_runs[key] = entry
         if entry is False:
             return None
@@ -337,15 +337,15 @@ class FusedConv2d(nn.Module):
         key = (x.shape, x.stride(), x.dtype, x.get_device(), src is None, res_bias, id(w), id(sa), id(sw), id(ba),
                None if residual is None else (residual.shape, residual.stride(), residual.get_device()), xc)
         run = self._runs.get(key)
-        if run is not None:  # a call like an earlier one: its plan, without rebuilding the plan's key
-            plan, bits_shape = run
+        if run is not None:  # a call like an earlier one: its plan, without rebuilding the plan's key,
+            # replayed from a CUDA graph once its tensors' pointers repeat (_plans.Replay)
+            plan, bits_shape, replay = run
             shape, ydt, fmt = plan.out
             y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
             bits = None if bb is None else torch.empty(bits_shape, dtype=torch.uint8, device=x.device)
-            if src is None:
-                plan.run(x, (x, ba, w, sa, sw, y, mul, add, residual, bits, bb))
-            else:
-                plan.run(x, (src, None, w, sa, sw, y, mul, add, residual, bits, bb))
+            ts = (x, ba, w, sa, sw, y, mul, add, residual, bits, bb) if src is None else (
+                src, None, w, sa, sw, y, mul, add, residual, bits, bb)
+            _plans.run_replayed(plan, replay, x, ts)
         else:
             conv._check_forward(x)
             bits = None if bb is None else self._bits_out(x, bb)
@@ -356,7 +356,8 @@ class FusedConv2d(nn.Module):
                 y, plan = F._conv2d_forward_planned(conv.quant, src, w, sa, sw, None, *self._geo, x.dtype,
                                                     conv.in_channels, mul, add, residual, bits, bb)
             if plan is not None:
-                self._runs.keep(key, (plan, None if bits is None else tuple(bits.shape)), w, (sa, sw, ba))
+                replay = _plans.replay_for((x, w, sa, sw, ba, y, mul, add, residual, bits, bb))
+                self._runs.keep(key, (plan, None if bits is None else tuple(bits.shape), replay), w, (sa, sw, ba))
         if bits is not None:
             y._bie_bits = (self.bits_for, bits)
         return y

@@ -248,15 +248,16 @@ class BieLayer(nn.Module):
         runs = self.__dict__.get("_runs")
         if runs is None:  # (a layer unpickled from an older version)
             runs = self.__dict__["_runs"] = _plans.Kept()
-        plan = runs.get(key)
-        if plan is not None:
+        run = runs.get(key)
+        if run is not None:  # (replayed from a CUDA graph once its tensors' pointers repeat: _plans.Replay)
+            plan, replay = run
             if conv:
                 shape, ydt, fmt = plan.out
                 y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
-                plan.run(x, (x, ba, w, sa, sw, y, None, None, None, None, None))
+                _plans.run_replayed(plan, replay, x, (x, ba, w, sa, sw, y, None, None, None, None, None))
             else:
                 y = torch.empty((x.shape[0], plan.out[0]), dtype=plan.out[1], device=x.device)
-                plan.run(x, (x, ba, w, sa, sw, y))
+                _plans.run_replayed(plan, replay, x, (x, ba, w, sa, sw, y))
             return y
         if conv:
             y, plan = F._conv2d_forward_planned(self.quant, x, w, sa, sw, ba, *self._geometry(),
@@ -265,7 +266,7 @@ class BieLayer(nn.Module):
         else:
             y, plan = F._linear_forward_planned(self.quant, x, w, sa, sw, ba)
         if plan is not None:
-            runs.keep(key, plan, w, (sa, sw, ba))
+            runs.keep(key, (plan, _plans.replay_for((x, w, sa, sw, ba, y))), w, (sa, sw, ba))
         return y
 
     def _apply(self, fn, *args, **kwargs):

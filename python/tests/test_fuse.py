@@ -491,6 +491,45 @@ def test_repeated_calls_reuse_their_plans(device):
             assert not torch.equal(g(xs[0]), first[0])
 
 
+def kept_graphs(m):
+    """How many CUDA graphs the kept inference calls of m's modules recorded (_plans.Replay)."""
+    n = 0
+    for mod in m.modules():
+        kept = getattr(mod, "_runs", None)
+        for value, _ in (kept.runs.values() if kept is not None else ()):
+            replay = value[-1]
+            n += 0 if replay is None else sum(1 for g in replay.graphs.values() if g)
+    return n
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_inference_calls_replay(fused, monkeypatch):
+    """At inference each kept call of a FusedConv2d (fused) or of a bie layer (the model as built)
+    replays from a CUDA graph of its own once its tensors' pointers repeat, with the bits of the
+    calls made one by one, on inputs whose values change in one buffer."""
+    from bie import _plans
+    if not torch.cuda.is_available() or not bie.cuda_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    m = model("binary", dev, torch.float16).eval()
+    first = bie.fuse(m).eval() if fused else m
+    second = copy.deepcopy(first)  # (without the kept calls of the first)
+    xs = [inputs(dev, torch.float16, 4) for _ in range(6)]
+    xb = torch.empty_like(xs[0])
+    outs = []
+    for g, replays in ((first, False), (second, True)):
+        monkeypatch.setattr(_plans, "_REPLAY", replays)
+        got = []
+        with torch.no_grad():
+            for x in xs:
+                xb.copy_(x)
+                got.append(g(xb).cpu())
+        outs.append(got)
+    assert kept_graphs(first) == 0 and kept_graphs(second) > 0
+    for i, (a, b) in enumerate(zip(*outs)):
+        assert torch.equal(a, b), f"call {i}"
+
+
 def test_calls_follow_replaced_tensors(device):
     """After nn.Module._apply replaced the tensors (as .to() does), calls read the new ones: an
     out_add changed in the new buffer moves the result, and no plan of the old tensors is kept."""

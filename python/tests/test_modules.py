@@ -2,7 +2,9 @@
 """The modules: packed (eval) path equals the training path exactly, gradients reach weight, bias_a
 and scale_a as the reference says, state_dict round trips, the int8 latent form with DiodeMix, layer
 replacement, and a small model that learns."""
+import copy
 import io
+import pickle
 
 import pytest
 import torch
@@ -167,6 +169,28 @@ def test_state_dict_round_trip(device, cls):
         if qweight_only is not None:
             assert torch.equal(fresh.qweight, m.qweight)
         assert torch.equal(fresh(x), y_train), f"qweight_only={qweight_only}"
+
+
+@pytest.mark.parametrize("cls", LINEARS + CONVS)
+def test_copy_and_pickle_after_calls(device, cls):
+    """A layer that kept plans of its calls (and, on CUDA, their recorded graphs) copies, pickles and
+    saves whole: the copies start without them and compute the same."""
+    m, x = make(cls, device)
+    if cls in LINEARS:  # (rows: the kept calls' form)
+        x = x.flatten(0, -2)
+    m.train()
+    m(x).float().sum().backward()
+    m.eval()
+    with torch.no_grad():
+        for _ in range(3):  # (the third call replays where it can)
+            y = m(x)
+        assert len(m._runs) >= 1
+        buf = io.BytesIO()
+        torch.save(m, buf)
+        buf.seek(0)
+        for c in (copy.deepcopy(m), pickle.loads(pickle.dumps(m)), torch.load(buf, weights_only=False)):
+            assert len(c._runs) == 0
+            assert torch.equal(c(x), y) and torch.equal(c(x), y), f"{cls.__name__}: a copy computes otherwise"
 
 
 def test_state_dict_int8_latent_into_float_module():
