@@ -126,6 +126,10 @@ def step_times(step, dev, iters):
     return times
 
 
+DDP_DEFAULTS = {"broadcast_buffers": True, "static_graph": False, "gradient_as_bucket_view": False,
+                "bucket_cap_mb": 25.0}  # (PyTorch's; a row's mode names the options that differ)
+
+
 def network(dev, fused):
     """The fp16 binary network of bench_networks, after bie.fuse (in training) where fused."""
     model = bench_networks.build("binary", dev, torch.float16)
@@ -212,7 +216,9 @@ def main():
               f"{args.batch} images per GPU: one GPU {one:.3f} ms, "
               f"{world} GPUs {ddp:.3f} ms, scaling {scaling:.2f}x")
         if args.json:
-            mode = f"ddp x{world} step" + (", fused" if args.fused else "") + (", CUDA graphs" if args.graphs else "")
+            changed = [f"{k}={v}" for k, v in ddp_options.items() if v != DDP_DEFAULTS[k]]
+            mode = (f"ddp x{world} step" + (", fused" if args.fused else "") + (", CUDA graphs" if args.graphs else "")
+                    + (f" ({', '.join(changed)})" if changed else ""))
             row = {"network": "resnet18-bnn", "model": "binary", "batch": args.batch, "mode": mode,
                    "graphs": args.graphs,
                    "bie_ms": round(ddp, 4), "baseline": "one GPU", "baseline_ms": round(one, 4),
