@@ -370,7 +370,9 @@ def networks_part(rows, files):
                         "whose forward's and backward's libbie calls replay from a CUDA graph each once a "
                         "step's tensors repeat the last step's data pointers (eager), "
                         "and the stem's BatchNorm, ReLU and max-pool as one node that keeps a byte per pooled "
-                        "output.")
+                        "output. Eager inference: each layer's kept libbie call replays from a CUDA graph of its "
+                        "own once its tensors' data pointers repeat (libbie's replays are refused inside the "
+                        "caller's own capture, so the CUDA graph rows time the calls themselves).")
         if body:
             out += table(["model", "batch", "timing", "inference ms (bie / baseline)", "ratio",
                           "fused inference ms (bie / baseline)", "ratio", "folded ms", "ratio",
