@@ -87,6 +87,12 @@ static void test_scales(void) {
     CHECK(bie_activation_scale_init(NULL, BIE_QUANT_BINARY, 1, &x, &out) == BIE_STATUS_INVALID_ARGUMENT, "NULL ctx");
     CHECK(bie_activation_scale_init(ctx, BIE_QUANT_BINARY, 1, NULL, &out) == BIE_STATUS_INVALID_ARGUMENT, "NULL x");
     CHECK(bie_weight_scale_init(ctx, BIE_QUANT_BINARY, &x, NULL) == BIE_STATUS_INVALID_ARGUMENT, "NULL out");
+    // a device out_scale takes a weight on its device (refused before any device is touched)
+    struct bie_tensor od = out;
+    od.device_type = BIE_DEVICE_CUDA;
+    CHECK(bie_weight_scale_init(ctx, BIE_QUANT_INT8, &x, &od) == BIE_STATUS_INVALID_ARGUMENT &&
+              strstr(bie_context_last_error(ctx), "device of w"),
+          "CPU w, CUDA out_scale: %s", bie_context_last_error(ctx));
     struct bie_tensor * ts[11] = {&x, &out, &t, &x3, &oh, &s, &z, &b, &o2, &oi, &xi};
     for (int i = 0; i < 11; i++) test_tensor_free(ts[i]);
 }

@@ -251,6 +251,10 @@ static void test_no_device(void) {
     struct bie_tensor out = test_scalar(0.0f);
     st = bie_weight_scale_init(ctx, BIE_QUANT_BINARY, &x, &out);
     CHECK(st == BIE_STATUS_UNSUPPORTED, "scale init without a GPU: %s", bie_status_string(st));
+    struct bie_tensor dout = out; // (the scale computed on the device)
+    dout.device_type = BIE_DEVICE_CUDA;
+    st = bie_weight_scale_init(ctx, BIE_QUANT_INT8, &x, &dout);
+    CHECK(st == BIE_STATUS_UNSUPPORTED, "scale init into a device tensor without a GPU: %s", bie_status_string(st));
     test_tensor_free(&sa);
     test_tensor_free(&sw);
     test_tensor_free(&out);
