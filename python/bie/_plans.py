@@ -214,9 +214,10 @@ def run_replayed(call, replay, ref, tensors):
     replay.run(ctx, tuple(0 if t is None else t.data_ptr() for t in tensors), lambda: call.run_bound(ctx, tensors))
 
 
-class Cache(dict):
-    """A dict of what a module keeps of its earlier calls (plans, BlockRuns): libbie handles and data
-    pointers of this process, so a copy or a pickle of the module starts without them."""
+class _CopiesEmpty:
+    """What a module keeps of its earlier calls (plans, BlockRuns) holds libbie handles and data
+    pointers of this process: a copy or a pickle of it is a new, empty one, so that a copy of the
+    module starts without them."""
 
     __slots__ = ()
 
@@ -227,23 +228,23 @@ class Cache(dict):
         return type(self), ()
 
 
-class Kept:
+class Cache(_CopiesEmpty, dict):
+    """A dict of what a module keeps of its earlier calls; copies empty (_CopiesEmpty)."""
+
+    __slots__ = ()
+
+
+class Kept(_CopiesEmpty):
     """The plans a module keeps for its calls, by what a call's own tensors are: their metadata and
     the identity of its operands, which each entry keeps alive so that their ids stay theirs. At most
     _MAX_KEPT, and only those made with the module's current weight: a repacked weight is a new
     tensor, and the first call with it lets the plans kept with the old one (and so the old weight)
-    go. A copy or a pickle of it is empty (see Cache)."""
+    go. A copy or a pickle of it is empty (_CopiesEmpty)."""
 
     __slots__ = ("runs", "weight")
 
     def __init__(self):
         self.runs, self.weight = {}, None
-
-    def __deepcopy__(self, memo):
-        return Kept()
-
-    def __reduce__(self):
-        return Kept, ()
 
     def __len__(self):
         return len(self.runs)

@@ -5,16 +5,31 @@
 //   activation scale: binary 2*mean|x| (4*mean|x| when not symmetric); n-bit 2*mean|x|/11.269
 //   weight scale:     binary mean|W|; 4-bit max(2*mean|W|/5.6345, 1e-5); 8-bit 2*mean|W|/11.269
 //   latent int8:      c = W - mean(W); q = rne(c * 127 / max|c|); q == 0 -> sign(c)
-// Sums are taken in double, in element order, and rounded once to f32.
+// Sums are taken in double, in element order (a weight scale computed on its CUDA device: in a fixed
+// tree), and rounded once to f32.
 #include "bie-cuda-plugin.h"
 
 #include <math.h>
 
-static enum bie_status sums(bie_context_t * ctx, const char * name, const struct bie_tensor * x, double * sum_abs,
-                            double * sum) {
+// What an input of the scales is: a well-formed view of floats.
+static enum bie_status check_input(bie_context_t * ctx, const char * name, const struct bie_tensor * x) {
     BIE_TRY(bie_check_tensor(ctx, name, x, true));
     if (!bie_dtype_is_float(x->dtype))
         BIE_FAIL("%s: dtype %s is not supported (use f32, f16 or bf16)", name, bie_dtype_name(x->dtype));
+    return BIE_STATUS_OK;
+}
+
+// What out_scale is on either device: one f32, f16 or bf16 element.
+static enum bie_status check_out_scale(bie_context_t * ctx, const struct bie_tensor * out) {
+    BIE_TRY(bie_check_tensor(ctx, "out_scale", out, false));
+    if (bie_tensor_numel(out) != 1) BIE_FAIL("out_scale: must hold exactly one element");
+    if (!bie_dtype_is_float(out->dtype)) BIE_FAIL("out_scale: must be f32, f16 or bf16");
+    return BIE_STATUS_OK;
+}
+
+static enum bie_status sums(bie_context_t * ctx, const char * name, const struct bie_tensor * x, double * sum_abs,
+                            double * sum) {
+    BIE_TRY(check_input(ctx, name, x));
     const struct bie_backend_ops * b = &bie_ref_backend;
     if (x->device_type == BIE_DEVICE_CUDA) {
         const struct bie_cuda_plugin * cuda;
@@ -28,9 +43,7 @@ static enum bie_status sums(bie_context_t * ctx, const char * name, const struct
 }
 
 static enum bie_status store_scale(bie_context_t * ctx, struct bie_tensor * out, double v) {
-    BIE_TRY(bie_check_tensor(ctx, "out_scale", out, false));
-    if (bie_tensor_numel(out) != 1) BIE_FAIL("out_scale: must hold exactly one element");
-    if (!bie_dtype_is_float(out->dtype)) BIE_FAIL("out_scale: must be f32, f16 or bf16");
+    BIE_TRY(check_out_scale(ctx, out));
     if (out->device_type != BIE_DEVICE_CPU) BIE_FAIL("out_scale: must be a CPU tensor");
     bie_store(out, 0, (double)(float)v);
     bie_clear_error(ctx);
@@ -58,12 +71,8 @@ enum bie_status bie_activation_scale_init(bie_context_t * ctx, enum bie_quant qu
 // the value: an all-zero w gives what the formula gives).
 static enum bie_status weight_scale_on_device(bie_context_t * ctx, enum bie_quant quant, const struct bie_tensor * w,
                                               const struct bie_tensor * out) {
-    BIE_TRY(bie_check_tensor(ctx, "w", w, true));
-    BIE_TRY(bie_check_tensor(ctx, "out_scale", out, false));
-    if (!bie_dtype_is_float(w->dtype))
-        BIE_FAIL("w: dtype %s is not supported (use f32, f16 or bf16)", bie_dtype_name(w->dtype));
-    if (bie_tensor_numel(out) != 1) BIE_FAIL("out_scale: must hold exactly one element");
-    if (!bie_dtype_is_float(out->dtype)) BIE_FAIL("out_scale: must be f32, f16 or bf16");
+    BIE_TRY(check_input(ctx, "w", w));
+    BIE_TRY(check_out_scale(ctx, out));
     if (w->device_type != BIE_DEVICE_CUDA || out->device_index != w->device_index)
         BIE_FAIL("out_scale: a CUDA out_scale must be on the device of w");
     const struct bie_cuda_plugin * cuda;
