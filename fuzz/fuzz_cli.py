@@ -184,7 +184,9 @@ def main():
         argv = argv_for(bie, w, opts, rng, os.path.abspath(a.work))
         try:
             limit = min(a.timeout, max(3.0, end - time.time()))  # a short budget is not spent on one run
-            p = subprocess.run(argv, capture_output=True, timeout=limit, env=env, stdin=subprocess.DEVNULL)
+            # (in the work folder: an output option given a plain word, such as --log 0.5, writes there)
+            p = subprocess.run(argv, capture_output=True, timeout=limit, env=env, stdin=subprocess.DEVNULL,
+                               cwd=a.work)
             rc, err = p.returncode, p.stderr.decode(errors="replace")
         except subprocess.TimeoutExpired:
             timeouts += 1
