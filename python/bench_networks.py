@@ -31,6 +31,7 @@ Usage: python3 python/bench_networks.py [--device cuda|cpu] [--batch 16,128,256]
 """
 import argparse
 import datetime
+import gc
 import json
 import statistics
 import sys
@@ -177,10 +178,14 @@ def training_setup(kind, batch, device, dtype, keep_grads=False):
 def step_time_and_peak(kind, step, device, budget, graphs):
     """Median ms of the training step and its peak memory (MiB; nan on the CPU): PyTorch's, plus for
     bie libbie's workspaces as they stand (they only grow: with the batches measured in increasing
-    order, at least this measurement's, perhaps an earlier model's)."""
+    order, at least this measurement's, perhaps an earlier model's). Objects of earlier measurements
+    that only the garbage collector frees (a torch.fx GraphModule, which bie.fuse and the float fold
+    return, holds reference cycles) are freed first, so that neither side's peak counts them."""
+    gc.collect()
     step()
     if device.type == "cuda":
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     run = graphed(step, device) if graphs else step
     t_step = time_it(run, device, budget)
@@ -232,6 +237,7 @@ def measure(kind, batch, device, dtype, budget, graphs):
         run = graphed(infer_folded, device) if graphs else infer_folded
         t_fold = time_it(run, device, budget)
     del model, run, folded
+    gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return t_inf, t_fold, t_step, peak, t_fstep, fpeak
