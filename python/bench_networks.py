@@ -125,16 +125,24 @@ def time_it(fn, device, budget, min_iters=10, max_iters=200):
     return statistics.median(times)
 
 
+_SIDE = {}  # device: the side stream of every warm-up and capture
+
+
 def graphed(fn, device, warmup=3):
-    """fn captured in a CUDA graph (`warmup` calls on a side stream first); returns the replay."""
-    s = torch.cuda.Stream(device)
+    """fn captured in a CUDA graph (`warmup` calls on a side stream first, the capture on it too);
+    returns the replay. Every capture uses the same side stream: PyTorch keeps a cuBLAS workspace for
+    each stream that ran a cuBLAS call, allocated while the process lives, so a new stream for each
+    measurement would add one to every later peak."""
+    s = _SIDE.get(device)
+    if s is None:
+        s = _SIDE[device] = torch.cuda.Stream(device)
     s.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(s):
         for _ in range(warmup):
             fn()
     torch.cuda.current_stream(device).wait_stream(s)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    with torch.cuda.graph(g, stream=s):
         fn()
     return g.replay
 
