@@ -93,8 +93,27 @@ static void test_scales(void) {
     CHECK(bie_weight_scale_init(ctx, BIE_QUANT_INT8, &x, &od) == BIE_STATUS_INVALID_ARGUMENT &&
               strstr(bie_context_last_error(ctx), "device of w"),
           "CPU w, CUDA out_scale: %s", bie_context_last_error(ctx));
-    struct bie_tensor * ts[11] = {&x, &out, &t, &x3, &oh, &s, &z, &b, &o2, &oi, &xi};
-    for (int i = 0; i < 11; i++) test_tensor_free(ts[i]);
+    // CUDA tensors of more than 4 dimensions: refused by name, before any device is touched
+    const int64_t s5[5] = {2, 1, 3, 1, 2}, ones[5] = {1, 1, 1, 1, 1};
+    struct bie_tensor w5 = test_tensor(BIE_DTYPE_F32, 5, s5, NULL), o5 = test_tensor(BIE_DTYPE_F32, 5, ones, NULL);
+    struct bie_tensor w5d = w5, o5d = o5, xd = x;
+    w5d.device_type = o5d.device_type = xd.device_type = BIE_DEVICE_CUDA;
+    const struct {
+        const char * what;
+        struct bie_tensor *w, *out;
+        const char * name;
+    } dims[3] = {{"5-d CUDA w", &w5d, &od, "w: a CUDA tensor of 5 dimensions"},
+                 {"5-d CUDA out_scale", &xd, &o5d, "out_scale: a CUDA tensor of 5 dimensions"},
+                 {"5-d CUDA w, CPU out_scale", &w5d, &out, "w: a CUDA tensor of 5 dimensions"}};
+    for (int i = 0; i < 3; i++)
+        CHECK(bie_weight_scale_init(ctx, BIE_QUANT_INT8, dims[i].w, dims[i].out) == BIE_STATUS_UNSUPPORTED &&
+                  strstr(bie_context_last_error(ctx), dims[i].name),
+              "%s: %s", dims[i].what, bie_context_last_error(ctx));
+    CHECK(bie_activation_scale_init(ctx, BIE_QUANT_BINARY, 1, &w5d, &out) == BIE_STATUS_UNSUPPORTED &&
+              strstr(bie_context_last_error(ctx), "x: a CUDA tensor of 5 dimensions"),
+          "5-d CUDA x: %s", bie_context_last_error(ctx));
+    struct bie_tensor * ts[13] = {&x, &out, &t, &x3, &oh, &s, &z, &b, &o2, &oi, &xi, &w5, &o5};
+    for (int i = 0; i < 13; i++) test_tensor_free(ts[i]);
 }
 
 static void latent_case(const char * what, int64_t n, const float * w, const int8_t * want) {

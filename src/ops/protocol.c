@@ -19,6 +19,16 @@ static enum bie_status check_input(bie_context_t * ctx, const char * name, const
     return BIE_STATUS_OK;
 }
 
+// The CUDA backend's views of these tensors hold up to 4 dimensions (refused with the argument's
+// name before any device is touched).
+#define CUDA_MAX_DIMS 4
+static enum bie_status check_cuda_dims(bie_context_t * ctx, const char * name, const struct bie_tensor * t) {
+    if (t->device_type == BIE_DEVICE_CUDA && t->ndim > CUDA_MAX_DIMS)
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "%s: a CUDA tensor of %d dimensions (at most %d here)", name,
+                             t->ndim, CUDA_MAX_DIMS);
+    return BIE_STATUS_OK;
+}
+
 // What out_scale is on either device: one f32, f16 or bf16 element.
 static enum bie_status check_out_scale(bie_context_t * ctx, const struct bie_tensor * out) {
     BIE_TRY(bie_check_tensor(ctx, "out_scale", out, false));
@@ -30,6 +40,7 @@ static enum bie_status check_out_scale(bie_context_t * ctx, const struct bie_ten
 static enum bie_status sums(bie_context_t * ctx, const char * name, const struct bie_tensor * x, double * sum_abs,
                             double * sum) {
     BIE_TRY(check_input(ctx, name, x));
+    BIE_TRY(check_cuda_dims(ctx, name, x));
     const struct bie_backend_ops * b = &bie_ref_backend;
     if (x->device_type == BIE_DEVICE_CUDA) {
         const struct bie_cuda_plugin * cuda;
@@ -75,6 +86,8 @@ static enum bie_status weight_scale_on_device(bie_context_t * ctx, enum bie_quan
     BIE_TRY(check_out_scale(ctx, out));
     if (w->device_type != BIE_DEVICE_CUDA || out->device_index != w->device_index)
         BIE_FAIL("out_scale: a CUDA out_scale must be on the device of w");
+    BIE_TRY(check_cuda_dims(ctx, "w", w));
+    BIE_TRY(check_cuda_dims(ctx, "out_scale", out));
     const struct bie_cuda_plugin * cuda;
     BIE_TRY(bie_cuda_plugin_get(ctx, "w", &cuda));
     if (!cuda->backend.weight_scale)
