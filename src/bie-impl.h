@@ -114,8 +114,8 @@ static inline float bie_rne(float v) { return __builtin_rintf(v); }
 #define BIE_HOST_DEVICE
 #endif
 
-// The weight scale of bie_weight_scale_init from mean|W|: binary mean|W|; 4-bit
-// max(2*mean|W|/5.6345, 1e-5); 8-bit 2*mean|W|/11.269.
+// The weight scale of bie_weight_scale_init from mean|W| (its formula: src/ops/protocol.c), the one
+// form of it that the CPU path and the CUDA kernel both take.
 static inline BIE_HOST_DEVICE double bie_weight_scale_of(enum bie_quant q, double mean_abs) {
     if (q == BIE_QUANT_BINARY) return mean_abs;
     if (q == BIE_QUANT_INT4) {
