@@ -14,8 +14,8 @@
 // (own_x), each block orders its own slice instead, which saves that kernel's launch. Lane 4*g + t
 // takes the 16 bytes of word row t, columns n0+4g .. n0+4g+3, from the ring. The codes become f16
 // (bf16) halves by the magic-number trick ((code << p) | 0x6400 is the half 1024 + code * 2^p; one
-// fma gives the code), or, 2- and 4-bit codes under f16 x at M <= 8, stay in place as subnormals
-// (wq_sub), and feed mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the
+// fma gives the code), or, 2- and 4-bit codes under f16 x, stay in place as subnormals (wq_sub),
+// and feed mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the
 // warp, its row g + 8 column 4g + 2u + 1, and the k index runs over the chunk's rows in the order in
 // which the halves come out. x' is the B operand (its M <= 8 rows an n-tile, two n-tiles to 16),
 // laid out per chunk in that order (wq_chunk_row), so B fragments are plain 8-byte loads from shared
@@ -43,14 +43,13 @@ static_assert(WQ_STAGES % WQ_STEP == 0 && WQ_STAGES / WQ_STEP >= 2, "the ring ho
 #define WQ_WARPS_PER_SM_2 24
 #define WQ_MIN_WARPS_PER_SM 16
 
-// Whether the kernel takes its codes as f16 subnormals (f16 x, one n-tile, 2- or 4-bit codes): a
-// code c at bit p of its 16-bit half, masked in place, is the f16 value c * 2^(p-24) with no
-// conversion. Each mma step takes the two half pairs of equal p (wq_chunk_row's same_p); steps
+// Whether the kernel takes its codes as f16 subnormals (f16 x, 2- or 4-bit codes): a code c at bit
+// p of its 16-bit half, masked in place, is the f16 value c * 2^(p-24) with no conversion. Each mma step takes the two half pairs of equal p (wq_chunk_row's same_p); steps
 // 2j and 2j + 1 shift the words down by 2*b*j bits first, so that every code sits at p = 0 or
 // p = b, and the two go into their own sets of accumulators, which the flush scales by 2^(24-p),
 // exactly. (A set for each p would cost 2-bit codes the kernel's occupancy; bf16 subnormals would
 // underflow the f32 products.)
-__host__ __device__ constexpr bool wq_sub(bool f16, int b, int nt) { return f16 && nt == 1 && (b == 4 || b == 2); }
+__host__ __device__ constexpr bool wq_sub(bool f16, int b) { return f16 && (b == 4 || b == 2); }
 #define WQ_SUB_SETS 2 // accumulator sets of a subnormal kernel: codes at p = 0 and p = b
 
 // The kernel's n-tiles of 8 activation rows for M rows (M <= 16).
@@ -449,7 +448,7 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT, OWN ? wq_min_blocks(B, NT)
     wq_mma_kernel(wq_dev w, const T * xs, const float * xsc, int nchunk, int cps, int M, int cpg, int ngroups,
                   float * part, wq_x xa, bool xvec) {
     constexpr int CR = 128 / B; // rows per chunk
-    constexpr int SETS = wq_sub(std::is_same<T, __half>::value, B, NT) ? WQ_SUB_SETS : 1;
+    constexpr int SETS = wq_sub(std::is_same<T, __half>::value, B) ? WQ_SUB_SETS : 1;
     extern __shared__ __align__(16) unsigned char wq_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
     const int c0 = (int)blockIdx.y * cps, c1 = c0 + cps < nchunk ? c0 + cps : nchunk; // (wq_mma_ok: int)
@@ -713,7 +712,7 @@ void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S,
 template <typename T>
 static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call * c, wq_ws & a, const wq_dev & w,
                                   int64_t S, int64_t cps, float * part) {
-    const int b = c->bits, cr = 128 / b, nt = wq_n_tiles(c->M);
+    const int b = c->bits, cr = 128 / b;
     const int64_t nchunk = (c->K + cr - 1) / cr;
     const int cpg = (int)chunks_per_group(c, nchunk);
     wq_xsrc<T> xv = {nullptr, nullptr, x_of(c, &c->x), false};
@@ -724,7 +723,7 @@ static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call 
         T * xs = (T *)take(a, (size_t)c->M * nchunk * cr * sizeof(T));
         float * xsc = (float *)take(a, (size_t)c->M * nchunk * sizeof(float));
         wq_xs_kernel<T><<<blocks_for(c->M * nchunk * 32, 128), 128, 0, ctx->cuda->stream>>>(
-            xv.x, c->M, c->K, b, wq_sub(std::is_same<T, __half>::value, b, nt), nchunk, xs, xsc);
+            xv.x, c->M, c->K, b, wq_sub(std::is_same<T, __half>::value, b), nchunk, xs, xsc);
         LAUNCHED(ctx, "wq_xs_kernel");
         xv.xs = xs;
         xv.xsc = xsc;
