@@ -131,6 +131,8 @@ struct bie_batchnorm_args {
     struct bie_tensor * saved_invstd;   // [c], likewise
     struct bie_tensor * y;              // like x (NULL in training: the statistics only)
     const struct bie_tensor * residual; // like x, or NULL
+    struct bie_tensor * num_batches;    // I64, one element on x's device, or NULL: a training call adds 1
+                                        // (PyTorch's num_batches_tracked)
 };
 BIE_API enum bie_status bie_batchnorm_forward(bie_context_t * ctx, const struct bie_batchnorm_desc * desc,
                                               const struct bie_batchnorm_args * args);

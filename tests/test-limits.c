@@ -76,7 +76,7 @@ static void test_nn_sizes(bie_context_t * ctx) {
     TEST_EXPECT_STATUS(
         ctx,
         bie_batchnorm_forward(ctx, &(struct bie_batchnorm_desc){0.1f, 1e-5f, 1},
-                              &(struct bie_batchnorm_args){&bx, &bs, &bs, &bs, &bs, &bs, &bs, &by, NULL}),
+                              &(struct bie_batchnorm_args){&bx, &bs, &bs, &bs, &bs, &bs, &bs, &by, NULL, NULL}),
         BIE_STATUS_INVALID_ARGUMENT, "overflows");
     TEST_EXPECT_STATUS(
         ctx,

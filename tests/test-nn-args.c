@@ -12,6 +12,7 @@
 
 static float x[N * C * HW], y[N * C * HW], gy[N * C * HW], gx[N * C * HW];
 static float gamma_[C] = {1, 1, 1}, beta_[C], rm[C], rv[C] = {1, 1, 1}, sm[C], si[C], gg[C], gb[C];
+static int64_t nb[2] = {41, 0};
 
 // Runs call, which must fail naming `name`, and checks that y still holds its sentinel.
 #define REFUSED(call, name)                                                                                            \
@@ -27,7 +28,7 @@ static void test_batchnorm_args(bie_context_t * ctx) {
                       trm = TEST_VIEW(rm, BIE_DTYPE_F32, C), trv = TEST_VIEW(rv, BIE_DTYPE_F32, C),
                       tsm = TEST_VIEW(sm, BIE_DTYPE_F32, C), tsi = TEST_VIEW(si, BIE_DTYPE_F32, C);
     const struct bie_batchnorm_desc d = {0.1f, 1e-5f, 1};
-    const struct bie_batchnorm_args ok = {&tx, &tgm, &tbt, &trm, &trv, &tsm, &tsi, &ty, NULL};
+    const struct bie_batchnorm_args ok = {&tx, &tgm, &tbt, &trm, &trv, &tsm, &tsi, &ty, NULL, NULL};
     CHECK_OK(ctx, bie_batchnorm_forward(ctx, &d, &ok));
     struct bie_batchnorm_args a = ok;
     REFUSED(bie_batchnorm_forward(ctx, NULL, &ok), "desc");
@@ -70,6 +71,21 @@ static void test_batchnorm_args(bie_context_t * ctx) {
     a = ok;
     a.x = &t1;
     REFUSED(bie_batchnorm_forward(ctx, &d, &a), "[n, c, ...]");
+    // the batch counter: a training call adds 1, an eval call leaves it; one I64 element only
+    struct bie_tensor tnb = TEST_VIEW(nb, BIE_DTYPE_I64, 1), tnb2 = TEST_VIEW(nb, BIE_DTYPE_I64, 2),
+                      tnbi = TEST_VIEW(nb, BIE_DTYPE_I32, 1);
+    a = ok;
+    a.num_batches = &tnb;
+    CHECK_OK(ctx, bie_batchnorm_forward(ctx, &d, &a));
+    CHECK(nb[0] == 42, "batch norm: the training call's counter is %lld, not 42", (long long)nb[0]);
+    const struct bie_batchnorm_desc eval = {0.1f, 1e-5f, 0};
+    CHECK_OK(ctx, bie_batchnorm_forward(ctx, &eval, &a));
+    CHECK(nb[0] == 42, "batch norm: an eval call changed the counter to %lld", (long long)nb[0]);
+    a.num_batches = &tnb2;
+    REFUSED(bie_batchnorm_forward(ctx, &d, &a), "num_batches: must hold one element");
+    a.num_batches = &tnbi;
+    REFUSED(bie_batchnorm_forward(ctx, &d, &a), "num_batches: dtype");
+    CHECK(nb[0] == 42, "batch norm: a refused call changed the counter to %lld", (long long)nb[0]);
 
     struct bie_tensor tgy = TEST_VIEW(gy, BIE_DTYPE_F32, N, C, HW), tgx = TEST_VIEW(gx, BIE_DTYPE_F32, N, C, HW),
                       tgg = TEST_VIEW(gg, BIE_DTYPE_F32, C), tgb = TEST_VIEW(gb, BIE_DTYPE_F32, C);

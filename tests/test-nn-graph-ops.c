@@ -263,7 +263,7 @@ static void test_add_affine(bie_context_t * ctx) {
                       trm = TEST_VIEW(rm, BIE_DTYPE_F32, c), trv = TEST_VIEW(rv, BIE_DTYPE_F32, c);
     CHECK_OK(ctx, bie_batchnorm_forward(
                       ctx, &(struct bie_batchnorm_desc){0.1f, 1e-5f, 0},
-                      &(struct bie_batchnorm_args){&tx, &tgamma, &tbeta, &trm, &trv, NULL, NULL, &ty, NULL}));
+                      &(struct bie_batchnorm_args){&tx, &tgamma, &tbeta, &trm, &trv, NULL, NULL, &ty, NULL, NULL}));
     nn_batchnorm_affine(c, gamma, beta, rm, rv, 1e-5f, scale, shift);
     nn_channel_affine(n, c, hw, scale, shift, a, z);
     CHECK(memcmp(y, z, sizeof(float) * N) == 0,

@@ -194,7 +194,7 @@ static float * reference_eval(bie_context_t * ctx, bie_model_t * m, const float 
                               tm = TEST_VIEW(L->rmean, BIE_DTYPE_F32, c), tv = TEST_VIEW(L->rvar, BIE_DTYPE_F32, c);
             CHECK_OK(ctx, bie_batchnorm_forward(
                               ctx, &(struct bie_batchnorm_desc){0.1f, 1e-5f, 0},
-                              &(struct bie_batchnorm_args){&tx, &tw, &tb, &tm, &tv, NULL, NULL, &ty, NULL}));
+                              &(struct bie_batchnorm_args){&tx, &tw, &tb, &tm, &tv, NULL, NULL, &ty, NULL, NULL}));
         } else if (L->kind == L_POOL && L->pool_kind == POOL_ADAPTIVE_AVG) {
             nn_adaptive_avgpool_forward(n, L->in[0], L->in[1], L->in[2], L->out[1], L->out[2], in, out);
         } else if (L->kind == L_POOL) {

@@ -62,7 +62,7 @@ static void test_batchnorm(bie_context_t * ctx) {
                       tsm = TEST_VIEW(sm, BIE_DTYPE_F32, c), tsi = TEST_VIEW(si, BIE_DTYPE_F32, c),
                       tgg = TEST_VIEW(gg, BIE_DTYPE_F32, c), tgb = TEST_VIEW(gb, BIE_DTYPE_F32, c);
     const struct bie_batchnorm_desc train = {0.1f, 1e-5f, 1}, eval = {0.1f, 1e-5f, 0};
-    const struct bie_batchnorm_args fa = {&tx, &tgamma, &tbeta, &trm, &trv, &tsm, &tsi, &ty, NULL};
+    const struct bie_batchnorm_args fa = {&tx, &tgamma, &tbeta, &trm, &trv, &tsm, &tsi, &ty, NULL, NULL};
     CHECK_OK(ctx, bie_batchnorm_forward(ctx, &train, &fa));
     const int64_t m = n * hw;
     double * xd = malloc(sizeof(double) * N);
@@ -109,14 +109,14 @@ static void test_batchnorm(bie_context_t * ctx) {
         CHECK(fabs(gb[j] - sb) < tol_sum(m), "grad_beta[%lld] = %g, want %g", (long long)j, gb[j], sb);
     }
     // Eval mode uses the running statistics.
-    const struct bie_batchnorm_args ea = {&tx, &tgamma, &tbeta, &trm, &trv, NULL, NULL, &ty, NULL};
+    const struct bie_batchnorm_args ea = {&tx, &tgamma, &tbeta, &trm, &trv, NULL, NULL, &ty, NULL, NULL};
     CHECK_OK(ctx, bie_batchnorm_forward(ctx, &eval, &ea));
     const double want0 = (x[0] - rm[0]) / sqrt(rv[0] + 1e-5) * gamma[0] + beta[0];
     CHECK(fabs(y[0] - want0) < 1e-4 * (1 + fabs(want0)), "eval y[0] = %g, want %g", y[0], want0);
     // A residual is added to the normalised value: y + residual to the bit (one f32 addition).
     float * yr = malloc(sizeof(float) * N);
     struct bie_tensor tyr = TEST_VIEW(yr, BIE_DTYPE_F32, n, c, hw);
-    const struct bie_batchnorm_args ra = {&tx, &tgamma, &tbeta, &trm, &trv, NULL, NULL, &tyr, &tgy};
+    const struct bie_batchnorm_args ra = {&tx, &tgamma, &tbeta, &trm, &trv, NULL, NULL, &tyr, &tgy, NULL};
     CHECK_OK(ctx, bie_batchnorm_forward(ctx, &eval, &ra));
     for (int64_t i = 0; i < N; i++)
         CHECK(yr[i] == y[i] + gy[i], "y with residual [%lld] = %g, want %g + %g", (long long)i, yr[i], y[i], gy[i]);

@@ -94,7 +94,7 @@ static void run_layer(bie_context_t * ctx, struct runner * r, int64_t i, bool un
             bie_tensor_make(&tm, L->rmean, BIE_DTYPE_F32, 1, &c);
             bie_tensor_make(&tv, L->rvar, BIE_DTYPE_F32, 1, &c);
             bie_batchnorm_forward(ctx, &(struct bie_batchnorm_desc){BN_MOMENTUM, BN_EPS, 0},
-                                  &(struct bie_batchnorm_args){&tx, &tw, &tb, &tm, &tv, NULL, NULL, &ty, NULL});
+                                  &(struct bie_batchnorm_args){&tx, &tw, &tb, &tm, &tv, NULL, NULL, &ty, NULL, NULL});
         } else nn_channel_affine(1, c, hw, L->bn_scale, L->bn_shift, in, out);
         break;
     case L_ACT:

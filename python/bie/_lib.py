@@ -147,7 +147,7 @@ class BatchnormDesc(ctypes.Structure):
 
 class BatchnormArgs(ctypes.Structure):
     _fields_ = [(n, _TP) for n in ("x", "gamma", "beta", "running_mean", "running_var", "saved_mean", "saved_invstd",
-                                   "y", "residual")]
+                                   "y", "residual", "num_batches")]
 
 
 class BatchnormBackwardArgs(ctypes.Structure):

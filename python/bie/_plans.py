@@ -47,9 +47,12 @@ class Call:
         self.run_bound(ctx, tensors)
 
     def run_bound(self, ctx, tensors):
-        """run() with the context that bound_context() gave for the device of the tensors."""
+        """run() with the context that bound_context() gave for the device of the tensors; a tensor
+        may be given as its data address (an int: a view into a tensor that the caller holds, made
+        without building the view), with the metadata the call was made for."""
         for i, v in self.live:
-            v.data = tensors[i].data_ptr()
+            t = tensors[i]
+            v.data = t if t.__class__ is int else t.data_ptr()
         self._call(ctx)
 
     def _call(self, ctx):

@@ -253,13 +253,15 @@ def _grad_like(grad, x):
 class BatchNormTrain(torch.autograd.Function):
     """A training-mode BatchNorm2d and the residual add after it, bn(x) + residual, as one libbie
     pass after the statistics (F.batch_norm_train) and one backward (F.batch_norm_backward); the
-    residual's gradient is grad_y itself. Updates the running statistics like the module.
+    residual's gradient is grad_y itself. Updates the running statistics and the batch count
+    (num_batches_tracked, or None) like the module.
 
-        apply(x, weight, bias, residual (or None), running_mean, running_var, momentum, eps)"""
+        apply(x, weight, bias, residual (or None), running_mean, running_var, momentum, eps, num_batches)"""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, residual, running_mean, running_var, momentum, eps):
-        y, mean, invstd = F.batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps, residual)
+    def forward(ctx, x, weight, bias, residual, running_mean, running_var, momentum, eps, num_batches):
+        y, mean, invstd = F.batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps, residual,
+                                             num_batches=num_batches)
         ctx.save_for_backward(x, weight, mean, invstd)
         ctx.has_residual = residual is not None
         return y
@@ -269,7 +271,7 @@ class BatchNormTrain(torch.autograd.Function):
         x, weight, mean, invstd = ctx.saved_tensors
         grad_y = _grad_like(grad_y, x)
         gx, gw, gb = F.batch_norm_backward(x, weight, mean, invstd, grad_y, ctx.needs_input_grad[0])
-        return gx, gw, gb, grad_y if ctx.has_residual else None, None, None, None, None
+        return gx, gw, gb, grad_y if ctx.has_residual else None, None, None, None, None, None
 
 
 class StemTrain(torch.autograd.Function):
@@ -281,13 +283,13 @@ class StemTrain(torch.autograd.Function):
     conv's output and the argmax bytes, not the BatchNorm's, clamp's and pool's outputs and indices.
 
         apply(x, weight, bias, running_mean, running_var, momentum, eps, kernel_size, stride,
-              padding, lo, hi)"""
+              padding, lo, hi, num_batches)"""
 
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, kernel_size, stride, padding, lo,
-                hi):
+                hi, num_batches):
         _, mean, invstd = F.batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps,
-                                             normalize=False)
+                                             normalize=False, num_batches=num_batches)
         mul = weight.float() * invstd
         add = bias.float() - mean * mul
         n, c, h, w = x.shape
@@ -305,7 +307,7 @@ class StemTrain(torch.autograd.Function):
         k, s, p = ctx.geometry
         gz = F.affine_maxpool2d_backward(argmax, _grad_like(grad_y, x), x.shape[2:], k, s, p, dtype=x.dtype)
         gx, gw, gb = F.batch_norm_backward(x, weight, mean, invstd, gz, ctx.needs_input_grad[0])
-        return gx, gw, gb, None, None, None, None, None, None, None, None, None
+        return gx, gw, gb, None, None, None, None, None, None, None, None, None, None
 
 
 def _empty(spec, device):
@@ -329,17 +331,18 @@ class BlockRun:
     in the thread of its first call, the backward's in that of its first backward.
     Constants: the conv's quant, scale_w, clamp t (binary: the Hardtanh's; None for a 4-bit or 8-bit
     conv, whose input comes clamped), geometry (kernel_size, stride, padding, dilation) and
-    channels, the BatchNorm's running_mean, running_var, momentum and eps. An 8-bit conv's forward
+    channels, the BatchNorm's running_mean, running_var, num_batches_tracked (or None), momentum and
+    eps (its batch norm call adds 1 to num_batches_tracked, so a replay does too). An 8-bit conv's forward
     first writes scale_w from the current weight (the layer's 2*mean|W|/11.269), as a libbie call
     that replays with the others."""
 
-    __slots__ = ("quant", "scale_w", "t", "geometry", "channels", "running", "momentum", "eps", "fwd", "shapes",
-                 "back", "replay", "scale")
+    __slots__ = ("quant", "scale_w", "t", "geometry", "channels", "running", "count", "momentum", "eps", "fwd",
+                 "shapes", "back", "replay", "scale")
 
-    def __init__(self, quant, scale_w, t, geometry, channels, running_mean, running_var, momentum, eps):
+    def __init__(self, quant, scale_w, t, geometry, channels, running_mean, running_var, count, momentum, eps):
         self.quant, self.scale_w, self.t = quant, scale_w, None if t is None else float(t)
         self.geometry, self.channels = geometry, channels
-        self.running, self.momentum, self.eps = (running_mean, running_var), momentum, eps
+        self.running, self.count, self.momentum, self.eps = (running_mean, running_var), count, momentum, eps
         self.fwd = None  # (binarize call or None, conv plan, bn call), after the first forward
         self.shapes = None  # specs of (the bits buffer or None, the conv's output, the block's output)
         self.back = {}  # (bn call, conv backward plan, specs of the gradients, Replay) by a backward's needs
@@ -347,30 +350,38 @@ class BlockRun:
         self.scale = None  # an 8-bit conv's weight scale call, after the first forward
 
     def forward(self, x, weight, scale_a, bias_a, bn_weight, bn_bias, residual):
-        """(y, kept, z, mean, invstd): the block's output, what the conv's backward reads of x (binary:
-        its three bit planes; else x itself), the conv's output z and the batch statistics."""
-        sw, (rm, rv) = self.scale_w, self.running
+        """(y, kept, z, stats): the block's output, what the conv's backward reads of x (binary: its
+        three bit planes as one uint8 tensor [3, ...]; else x itself), the conv's output z and the
+        batch statistics (float32 [2, C]: mean, invstd). After the first call the calls take the
+        planes' and the statistics' addresses, not views of them."""
+        sw, (rm, rv), nb = self.scale_w, self.running, self.count
         binary = self.t is not None
-        ba = None if binary else bias_a  # (the conv reads kept[0]: the bits of x, bias_a in them, or x)
+        ba = None if binary else bias_a  # (the conv reads the bits of x, bias_a in them, or x)
         if self.fwd is None:
             ste = None
             if self.quant == QUANT_INT8:
                 self.scale = F._weight_scale_call(QUANT_INT8, weight.detach(), sw)
                 self.scale.run(weight, (weight, sw))
             if binary:
-                kept, ste, _ = F._binarize_ste_call(x, scale_a, bias_a, True, self.t)
-                ste.run(x, (x, bias_a, scale_a, *kept))
+                planes, ste, _ = F._binarize_ste_call(x, scale_a, bias_a, True, self.t)
+                kept = torch.empty((3, *planes[0].shape), dtype=torch.uint8, device=x.device)
+                planes = kept.unbind(0)
+                ste.run(x, (x, bias_a, scale_a, *planes))
+                xk = planes[0]
             else:
-                kept = (x, None, None)
-            z, conv = F._conv2d_forward_planned(self.quant, kept[0], weight, scale_a, sw, ba, *self.geometry,
+                kept = xk = x
+            z, conv = F._conv2d_forward_planned(self.quant, xk, weight, scale_a, sw, ba, *self.geometry,
                                                 PAD_ZERO, x.dtype if binary else None,
                                                 self.channels if binary else None, None, None, None, None, None)
-            y, mean, invstd = F.batch_norm_train(z, bn_weight, bn_bias, rm, rv, self.momentum, self.eps, residual)
-            bn = F._batch_norm_call((z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual), self.momentum,
-                                    self.eps)
+            stats = torch.empty((2, z.shape[1]), dtype=torch.float32, device=x.device)
+            mean, invstd = stats.unbind(0)
+            y = torch.empty_like(z, memory_format=F._like_memory_format(z))
+            ts = (z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual, nb)
+            bn = F._batch_norm_call(ts, self.momentum, self.eps)
+            bn.run(z, ts)
             self.fwd = (ste, conv, bn)
-            self.shapes = ((3, *kept[0].shape) if binary else None, _spec(z), _spec(y))
-            return y, kept, z, mean, invstd
+            self.shapes = (kept.shape if binary else None, _spec(z), _spec(y))
+            return y, kept, z, stats
         ctx = _plans.bound_context(x)
         if ctx is None:  # (a device other than the current one)
             with torch.cuda.device(x.device):
@@ -379,30 +390,40 @@ class BlockRun:
         scale = self.scale
         bshape, zspec, yspec = self.shapes
         dev = x.device
-        kept = torch.empty(bshape, dtype=torch.uint8, device=dev).unbind(0) if binary else (x, None, None)
+        if binary:
+            kept = torch.empty(bshape, dtype=torch.uint8, device=dev)
+            xk = kept.data_ptr()
+            mk, gk = xk + kept.numel() // 3, xk + 2 * (kept.numel() // 3)
+        else:
+            kept = x
+            xk, mk, gk = x.data_ptr(), 0, 0
         z, y = _empty(zspec, dev), _empty(yspec, dev)
-        mean, invstd = torch.empty((2, zspec[0][1]), dtype=torch.float32, device=dev).unbind(0)
+        stats = torch.empty((2, zspec[0][1]), dtype=torch.float32, device=dev)
+        mean = stats.data_ptr()
+        invstd = mean + 4 * zspec[0][1]
 
         def calls():
             if scale is not None:
                 scale.run_bound(ctx, (weight, sw))
             if binary:
-                ste.run_bound(ctx, (x, bias_a, scale_a, *kept))
-            conv.run_bound(ctx, (kept[0], ba, weight, scale_a, sw, z, None, None, None, None, None))
-            bn.run_bound(ctx, (z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual))
-        self.replay.run(ctx, (_ptr(x), _ptr(bias_a), _ptr(scale_a), _ptr(kept[0]), _ptr(weight), _ptr(sw), z.data_ptr(),
-                              y.data_ptr(), mean.data_ptr(), _ptr(bn_weight), _ptr(bn_bias), _ptr(rm), _ptr(rv),
+                ste.run_bound(ctx, (x, bias_a, scale_a, xk, mk, gk))
+            conv.run_bound(ctx, (xk, ba, weight, scale_a, sw, z, None, None, None, None, None))
+            bn.run_bound(ctx, (z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual, nb))
+        self.replay.run(ctx, (x.data_ptr(), _ptr(bias_a), _ptr(scale_a), xk, weight.data_ptr(), _ptr(sw), z.data_ptr(),
+                              y.data_ptr(), mean, _ptr(bn_weight), _ptr(bn_bias), _ptr(rm), _ptr(rv), _ptr(nb),
                               _ptr(residual)), calls)
-        return y, kept, z, mean, invstd
+        return y, kept, z, stats
 
-    def backward(self, needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, mean, invstd, x_dtype):
+    def backward(self, needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, stats, x_dtype):
         """(grad_x, grad_weight, grad_scale_a, grad_bias_a (each None where needs, the conv's (x, weight,
-        scale_a, bias_a), says so), grad_bn_weight, grad_bn_bias)."""
+        scale_a, bias_a), says so), grad_bn_weight, grad_bn_bias); kept and stats as forward() gave
+        them."""
         k = self.back.get(needs)
         sw, dev = self.scale_w, z.device
-        x, mask, gate = kept  # (binary: the bits, the STE's mask and the clamp's; else x, None, None)
         binary = self.t is not None
         if k is None:
+            x, mask, gate = kept.unbind(0) if binary else (kept, None, None)
+            mean, invstd = stats.unbind(0)
             gz, gbw, gbb = F.batch_norm_backward(z, bn_weight, mean, invstd, grad_y)
             bn = F._batch_norm_backward_call((z, bn_weight, mean, invstd, grad_y, gz, gbw, gbb))
             conv, grads = None, (None, None, None, None)
@@ -416,9 +437,12 @@ class BlockRun:
         ctx = _plans.bound_context(z)
         if ctx is None:  # (a device other than the current one)
             with torch.cuda.device(dev):
-                return self.backward(needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, mean, invstd,
-                                     x_dtype)
+                return self.backward(needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, stats, x_dtype)
         bn, conv, gzspec, gspecs, replay = k
+        x = kept.data_ptr()
+        mask, gate = (x + kept.numel() // 3, x + 2 * (kept.numel() // 3)) if binary else (0, 0)
+        mean = stats.data_ptr()
+        invstd = mean + 4 * gzspec[0][1]
         gz = _empty(gzspec, dev)
         gbw, gbb = torch.empty((2, gzspec[0][1]), dtype=bn_weight.dtype, device=dev).unbind(0)
         grads = tuple(None if s is None else _empty(s, dev) for s in gspecs)
@@ -427,9 +451,9 @@ class BlockRun:
             bn.run_bound(ctx, (z, bn_weight, mean, invstd, grad_y, gz, gbw, gbb))
             if conv is not None:
                 conv.run_bound(ctx, (x, None if binary else bias_a, weight, scale_a, sw, gz, *grads, mask, gate))
-        replay.run(ctx, (z.data_ptr(), _ptr(bn_weight), mean.data_ptr(), grad_y.data_ptr(), gz.data_ptr(),
-                         gbw.data_ptr(), _ptr(x), _ptr(bias_a), _ptr(weight), _ptr(scale_a), _ptr(sw),
-                         *(_ptr(g) for g in grads), _ptr(mask), _ptr(gate)), calls)
+        replay.run(ctx, (z.data_ptr(), _ptr(bn_weight), mean, grad_y.data_ptr(), gz.data_ptr(),
+                         gbw.data_ptr(), x, _ptr(bias_a), weight.data_ptr(), _ptr(scale_a), _ptr(sw),
+                         *(_ptr(g) for g in grads), mask, gate), calls)
         return (*grads, gbw, gbb)
 
 
@@ -450,19 +474,18 @@ class BlockTrain(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, scale_a, bias_a, bn_weight, bn_bias, residual, run, identity):
-        y, kept, z, mean, invstd = run.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias,
-                                               x if identity else residual)
-        ctx.save_for_backward(*kept, weight, scale_a, bias_a, z, bn_weight, mean, invstd)
+        y, kept, z, stats = run.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias, x if identity else residual)
+        ctx.save_for_backward(kept, weight, scale_a, bias_a, z, bn_weight, stats)
         ctx.run, ctx.identity, ctx.x_dtype = run, identity, x.dtype
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, mask, gate, weight, scale_a, bias_a, z, bn_weight, mean, invstd = ctx.saved_tensors
+        kept, weight, scale_a, bias_a, z, bn_weight, stats = ctx.saved_tensors
         grad_y = _grad_like(grad_y, z)
         need = ctx.needs_input_grad
-        gx, gw, gs, gb, gbw, gbb = ctx.run.backward(need[:4], grad_y, (x, mask, gate), weight, scale_a, bias_a, z,
-                                                    bn_weight, mean, invstd, ctx.x_dtype)
+        gx, gw, gs, gb, gbw, gbb = ctx.run.backward(need[:4], grad_y, kept, weight, scale_a, bias_a, z, bn_weight,
+                                                    stats, ctx.x_dtype)
         if ctx.identity and gx is not None:
             gx.add_(grad_y)
         if gs is not None and gs.shape != scale_a.shape:

@@ -33,6 +33,7 @@ __all__ = [
 _DTYPES = {
     torch.float32: _lib.DT_F32, torch.float16: _lib.DT_F16, torch.bfloat16: _lib.DT_BF16,
     torch.int8: _lib.DT_I8, torch.uint8: _lib.DT_U8, torch.int32: _lib.DT_I32, torch.float64: _lib.DT_F64,
+    torch.int64: _lib.DT_I64,
 }
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 _QUANTS = {QUANT_BINARY: "binary", QUANT_INT4: "4-bit", QUANT_INT8: "8-bit"}
@@ -653,31 +654,32 @@ def _cached_call(key, function, pre, struct, tensors):
 
 
 def batch_norm_train(x, weight, bias, running_mean, running_var, momentum=0.1, eps=1e-5, residual=None,
-                     normalize=True):
+                     normalize=True, num_batches=None):
     """Training-mode batch norm of x [N, C, ...] (bie_batchnorm_forward): batch statistics per
     channel, running_mean and running_var updated in place (momentum; the variance unbiased),
     y = (x - mean) * invstd * weight + bias, plus residual (shaped like x) when given, in one pass
     after the statistics. Returns (y, saved_mean, saved_invstd), y in x's dtype and memory format
     (None with normalize=False: the statistics only), the saved statistics float32 [C] for
     batch_norm_backward. On CUDA tensors any float dtypes and strides (2 to 4 dimensions); on the CPU
-    dense float32 only."""
+    dense float32 only. num_batches: an int64 tensor of one element on x's device (a BatchNorm2d's
+    num_batches_tracked) that the call adds 1 to, or None."""
     _check_float(x, "x")
     if x.dim() < 2:
         raise ValueError(f"bie: batch_norm_train input must be [N, C, ...], has {x.dim()} dimensions")
     y = torch.empty_like(x, memory_format=_like_memory_format(x)) if normalize else None
     mean, invstd = torch.empty((2, x.shape[1]), dtype=torch.float32, device=x.device).unbind(0)
-    ts = (x, weight, bias, running_mean, running_var, mean, invstd, y, residual)
+    ts = (x, weight, bias, running_mean, running_var, mean, invstd, y, residual, num_batches)
     _batch_norm_call(ts, momentum, eps).run(x, ts)
     return y, mean, invstd
 
 
 def _batch_norm_call(ts, momentum, eps):
     """batch_norm_train's kept _plans.Call for its tensors ts = (x, weight, bias, running_mean,
-    running_var, saved_mean, saved_invstd, y or None, residual or None)."""
-    x, weight, bias, running_mean, running_var, _, _, y, residual = ts
+    running_var, saved_mean, saved_invstd, y or None, residual or None, num_batches or None)."""
+    x, weight, bias, running_mean, running_var, _, _, y, residual, num_batches = ts
     m = _plans.meta_fast  # (y and the saved statistics follow from x's metadata)
     key = ("bn", momentum, eps, m(x), m(weight), m(bias), m(running_mean), m(running_var),
-           None if residual is None else m(residual), y is not None)
+           None if residual is None else m(residual), y is not None, None if num_batches is None else m(num_batches))
     def pre():  # (the desc lives as long as its byref in the call)
         return (ctypes.byref(_lib.BatchnormDesc(float(momentum), float(eps), 1)),)
 

@@ -104,8 +104,8 @@ def _bn_train(bn, y, residual=None):
     no affine or running statistics, a cumulative momentum, a residual of another dtype or shape)."""
     if not _bn_trains(bn, y) or (residual is not None and (residual.dtype != y.dtype or residual.shape != y.shape)):
         return None
-    bn.num_batches_tracked.add_(1)
-    return BatchNormTrain.apply(y, bn.weight, bn.bias, residual, bn.running_mean, bn.running_var, bn.momentum, bn.eps)
+    return BatchNormTrain.apply(y, bn.weight, bn.bias, residual, bn.running_mean, bn.running_var, bn.momentum, bn.eps,
+                                bn.num_batches_tracked)
 
 
 class FusedConv2d(nn.Module):
@@ -233,7 +233,7 @@ class FusedConv2d(nn.Module):
             return None
         params, bp, bb = conv._parameters, bn._parameters, bn._buffers
         now = (params["weight"], conv._buffers["scale_w"], params["scale_a"], params.get("bias_a"), bp["weight"],
-               bp["bias"], bb["running_mean"], bb["running_var"], bn.momentum, bn.eps)
+               bp["bias"], bb["running_mean"], bb["running_var"], bb.get("num_batches_tracked"), bn.momentum, bn.eps)
         for a, b in zip(now, entry[1]):
             if a is not b:  # (a parameter or buffer replaced, or a constant changed: the run is made again)
                 self._train_runs[key] = entry = self._block_run(x, residual)
@@ -249,7 +249,6 @@ class FusedConv2d(nn.Module):
             if not conv._scale_ready:  # (the lazy scale_a, from the conv's own input)
                 conv._init_scale_a(x)
             identity = False
-        bn.num_batches_tracked.add_(1)
         y = BlockTrain.apply(x, w, conv._scale_a_arg(), ba, bw, bbias, None if identity else residual, run, identity)
         if run.scale is not None:
             conv._q8_scale_key = (id(w), w._version)  # (scale_w is that of this weight)
@@ -290,9 +289,9 @@ class FusedConv2d(nn.Module):
                 conv._init_scale_a(h)
         conv._prepare_forward(h)
         run = BlockRun(conv.quant, conv.scale_w, t, conv._geometry(), conv.in_channels, bn.running_mean,
-                       bn.running_var, bn.momentum, bn.eps)
+                       bn.running_var, bn.num_batches_tracked, bn.momentum, bn.eps)
         operands = (conv.weight, conv.scale_w, conv.scale_a, conv.bias_a, bn.weight, bn.bias, bn.running_mean,
-                    bn.running_var, bn.momentum, bn.eps)  # (what _block compares by identity)
+                    bn.running_var, bn.num_batches_tracked, bn.momentum, bn.eps)  # (what _block compares by identity)
         return run, operands
 
     def _clamped_conv(self, x):
@@ -438,9 +437,8 @@ class FoldedConvPool(nn.Module):
             p, bn = self.pool, self.bn
             k = F._pair(p.kernel_size)
             if _bn_trains(bn, y) and k[0] * k[1] <= 255:  # in training on CUDA: one node (StemTrain)
-                bn.num_batches_tracked.add_(1)
                 return StemTrain.apply(y, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps,
-                                       p.kernel_size, p.stride, p.padding, self._lo, self._hi)
+                                       p.kernel_size, p.stride, p.padding, self._lo, self._hi, bn.num_batches_tracked)
             y = self.bn(y)
             return self.pool(y if self.act is None else self.act(y))
         c = self.conv

@@ -310,7 +310,8 @@ def test_saved_bits_bad_input():
 def test_batch_norm_train_is_torchs(device, res):
     """F.batch_norm_train / batch_norm_backward (libbie's bie_batchnorm_*) against torch's
     training batch norm (+ the residual add): y, running statistics, grad_x, grad_weight and
-    grad_bias within f32 rounding; channels-last on CUDA, dense NCHW on the CPU (its only form)."""
+    grad_bias within f32 rounding, and the batch count (num_batches_tracked) one up like the
+    module's; channels-last on CUDA, dense NCHW on the CPU (its only form)."""
     torch.manual_seed(11)
     x = torch.randn(4, 24, 5, 7, device=device) * 3 + torch.linspace(-20, 20, 24, device=device).view(1, -1, 1, 1)
     if device.type == "cuda":
@@ -319,7 +320,9 @@ def test_batch_norm_train_is_torchs(device, res):
     w, b = torch.rand(24, device=device) + 0.5, torch.randn(24, device=device)
     rm, rv = torch.randn(24, device=device), torch.rand(24, device=device) + 0.5
     rm2, rv2 = rm.clone(), rv.clone()
-    y, mean, invstd = F.batch_norm_train(x, w, b, rm, rv, 0.1, 1e-5, r)
+    count = torch.tensor(5, dtype=torch.long, device=device)
+    y, mean, invstd = F.batch_norm_train(x, w, b, rm, rv, 0.1, 1e-5, r, num_batches=count)
+    assert count.item() == 6
     xx, ww, bb = (t.clone().requires_grad_() for t in (x, w, b))
     ref = torch.nn.functional.batch_norm(xx, rm2, rv2, ww, bb, True, 0.1, 1e-5)
     g = torch.randn_like(x)
@@ -343,6 +346,8 @@ def test_batch_norm_train_refuses_what_the_cpu_cannot_take():
     with pytest.raises(bie.BieError, match="stride"):
         F.batch_norm_train(torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last), v, v, v.clone(),
                            v.clone())
+    with pytest.raises(bie.BieError, match="num_batches"):
+        F.batch_norm_train(torch.randn(2, 3, 4, 4), v, v, v.clone(), v.clone(), num_batches=torch.zeros(2).long())
 
 
 @pytest.mark.parametrize("lo,hi", [(0.0, math.inf), (-1.0, 1.0), (-math.inf, math.inf)])

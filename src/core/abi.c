@@ -149,6 +149,7 @@ static const struct abi_field fields[] = {
     ABI_FIELD(bie_batchnorm_args, saved_invstd),
     ABI_FIELD(bie_batchnorm_args, y),
     ABI_FIELD(bie_batchnorm_args, residual),
+    ABI_FIELD(bie_batchnorm_args, num_batches),
     ABI_STRUCT(bie_batchnorm_backward_args),
     ABI_FIELD(bie_batchnorm_backward_args, x),
     ABI_FIELD(bie_batchnorm_backward_args, gamma),

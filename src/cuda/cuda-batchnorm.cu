@@ -153,10 +153,11 @@ __device__ __forceinline__ void total(const float2 * part, int P, int64_t C, int
 
 constexpr int FINISH_WARPS = BN_THREADS / 32;
 
-// Forward finish, a warp per channel: statistics, saved_*, running_*, and coef[c] = (a, beta, mean).
+// Forward finish, a warp per channel: statistics, saved_*, running_*, and coef[c] = (a, beta, mean);
+// channel 0's warp adds 1 to the batch counter nb (training; nb may be NULL).
 __global__ void __launch_bounds__(BN_THREADS)
     finish_forward(const float2 * part, int P, int64_t C, int64_t m, bn_view xv, bn_vectors v, float momentum,
-                   float eps, int training, float4 * coef) {
+                   float eps, int training, long long * nb, float4 * coef) {
     const int64_t c = blockIdx.x * (int64_t)FINISH_WARPS + threadIdx.x / 32;
     if (c >= C) return;
     double mean, var;
@@ -171,6 +172,7 @@ __global__ void __launch_bounds__(BN_THREADS)
         var = v.rvar.get(c, 0.0f);
     }
     if (threadIdx.x % 32) return;
+    if (training && nb && c == 0) *nb += 1;
     if (training) {
         const float rm = v.rmean.get(c, 0.0f), rv = v.rvar.get(c, 0.0f);
         const double unbiased = m > 1 ? var * (double)m / (double)(m - 1) : var;
@@ -372,7 +374,8 @@ extern "C" enum bie_status bie_cuda_batchnorm_forward(bie_context_t * ctx, const
     int P = 0;
     if (c->training) BIE_TRY(sums<false>(ctx, c, rows, part, &P));
     finish_forward<<<grid_for(c->C, FINISH_WARPS), BN_THREADS, 0, st->stream>>>(
-        part, P, c->C, c->N * c->H * c->W, view_of(c->x), vectors_of(c), c->momentum, c->eps, c->training, coef);
+        part, P, c->C, c->N * c->H * c->W, view_of(c->x), vectors_of(c), c->momentum, c->eps, c->training,
+        (long long *)c->num_batches, coef);
     LAUNCHED(ctx, "batch norm statistics");
     if (!c->y.data) return BIE_STATUS_OK; // (the statistics only)
     if (rows) {

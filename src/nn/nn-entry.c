@@ -114,6 +114,27 @@ static enum bie_status bn_vector(bie_context_t * ctx, const char * name, const s
     return BIE_STATUS_OK;
 }
 
+// The batch counter of a training call (num_batches; NULL: none): one I64 element on x's device.
+static enum bie_status bn_counter(bie_context_t * ctx, const struct bie_tensor * t, const struct bie_tensor * x) {
+    if (!t) return BIE_STATUS_OK;
+    BIE_TRY(bie_check_tensor(ctx, "num_batches", t, false));
+    BIE_TRY(bie_op_check_device(ctx, "num_batches", t, x->device_type, x->device_index));
+    if (t->dtype != BIE_DTYPE_I64) BIE_FAIL("num_batches: dtype %s must be i64", bie_dtype_name(t->dtype));
+    if (bie_tensor_numel(t) != 1)
+        BIE_FAIL("num_batches: must hold one element (has %lld)", (long long)bie_tensor_numel(t));
+    return BIE_STATUS_OK;
+}
+
+// No output of a batch norm forward overlaps another or an input.
+static enum bie_status bn_forward_overlaps(bie_context_t * ctx, const struct bie_batchnorm_args * a) {
+    const struct bie_tensor * outs[] = {a->y,          a->running_mean, a->running_var,
+                                        a->saved_mean, a->saved_invstd, a->num_batches};
+    const char * out_names[] = {"y", "running_mean", "running_var", "saved_mean", "saved_invstd", "num_batches"};
+    const struct bie_tensor * ins[] = {a->x, a->gamma, a->beta, a->residual};
+    const char * in_names[] = {"x", "gamma", "beta", "residual"};
+    return bie_check_outputs(ctx, outs, out_names, 6, ins, in_names, 4);
+}
+
 static enum bie_status bn_forward_cuda(bie_context_t * ctx, const struct bie_batchnorm_desc * d,
                                        const struct bie_batchnorm_args * a) {
     struct bie_bn_call c;
@@ -129,16 +150,14 @@ static enum bie_status bn_forward_cuda(bie_context_t * ctx, const struct bie_bat
     BIE_TRY(bn_vector(ctx, "running_var", a->running_var, x, true, false, true, &c.running_var));
     BIE_TRY(bn_vector(ctx, "saved_mean", a->saved_mean, x, true, true, d->training, &c.saved_mean));
     BIE_TRY(bn_vector(ctx, "saved_invstd", a->saved_invstd, x, true, true, d->training, &c.saved_invstd));
+    BIE_TRY(bn_counter(ctx, a->num_batches, x));
     if (!(d->eps > 0)) BIE_FAIL("desc: eps must be > 0");
     if (!(d->momentum >= 0 && d->momentum <= 1)) BIE_FAIL("desc: momentum must be in [0, 1]");
     c.N = c.x.shape[0], c.C = c.x.shape[1], c.H = c.x.shape[2], c.W = c.x.shape[3];
     c.momentum = d->momentum, c.eps = d->eps, c.training = d->training != 0;
     c.device_index = x->device_index;
-    const struct bie_tensor * outs[] = {a->y, a->running_mean, a->running_var, a->saved_mean, a->saved_invstd};
-    const char * out_names[] = {"y", "running_mean", "running_var", "saved_mean", "saved_invstd"};
-    const struct bie_tensor * ins[] = {x, a->gamma, a->beta, a->residual};
-    const char * in_names[] = {"x", "gamma", "beta", "residual"};
-    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 5, ins, in_names, 4));
+    c.num_batches = d->training && a->num_batches ? (int64_t *)a->num_batches->data : NULL;
+    BIE_TRY(bn_forward_overlaps(ctx, a));
     const struct bie_cuda_plugin * p;
     BIE_TRY(bie_cuda_plugin_get(ctx, "x", &p));
     return p->batchnorm_forward(ctx, &c);
@@ -188,16 +207,15 @@ enum bie_status bie_batchnorm_forward(bie_context_t * ctx, const struct bie_batc
         BIE_TRY(bie_nn_check_shape(ctx, "saved_invstd", a->saved_invstd, BIE_DTYPE_F32, 1, &c));
     if (a->y || !desc->training) BIE_TRY(check_like(ctx, "y", a->y, BIE_DTYPE_F32, "x", a->x));
     if (a->residual) BIE_TRY(check_like(ctx, "residual", a->residual, BIE_DTYPE_F32, "x", a->x));
-    const struct bie_tensor * outs[] = {a->y, a->running_mean, a->running_var, a->saved_mean, a->saved_invstd};
-    const char * out_names[] = {"y", "running_mean", "running_var", "saved_mean", "saved_invstd"};
-    const struct bie_tensor * ins[] = {a->x, a->gamma, a->beta, a->residual};
-    const char * in_names[] = {"x", "gamma", "beta", "residual"};
-    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 5, ins, in_names, 4));
-    return bie_nn_batchnorm_forward(ctx, n, c, hw, a->x->data, a->gamma->data, a->beta->data, a->running_mean->data,
-                                    a->running_var->data, desc->momentum, desc->eps, desc->training,
-                                    a->saved_mean ? a->saved_mean->data : NULL,
-                                    a->saved_invstd ? a->saved_invstd->data : NULL,
-                                    a->residual ? a->residual->data : NULL, a->y ? a->y->data : NULL);
+    BIE_TRY(bn_counter(ctx, a->num_batches, a->x));
+    BIE_TRY(bn_forward_overlaps(ctx, a));
+    BIE_TRY(bie_nn_batchnorm_forward(ctx, n, c, hw, a->x->data, a->gamma->data, a->beta->data, a->running_mean->data,
+                                     a->running_var->data, desc->momentum, desc->eps, desc->training,
+                                     a->saved_mean ? a->saved_mean->data : NULL,
+                                     a->saved_invstd ? a->saved_invstd->data : NULL,
+                                     a->residual ? a->residual->data : NULL, a->y ? a->y->data : NULL));
+    if (desc->training && a->num_batches) *(int64_t *)a->num_batches->data += 1;
+    return BIE_STATUS_OK;
 }
 
 enum bie_status bie_batchnorm_backward(bie_context_t * ctx, const struct bie_batchnorm_backward_args * a) {

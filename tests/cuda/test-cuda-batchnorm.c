@@ -10,7 +10,8 @@
 //   backward: grad_x within a rounding of its dtype, grad_gamma and grad_beta within the bound of
 //   f32 sums of their terms;
 //   bad views and vectors: INVALID_ARGUMENT naming the argument;
-//   a training forward recorded (bie_cuda_record_begin) and replayed equals a direct call.
+//   a training forward recorded (bie_cuda_record_begin) and replayed equals a direct call, and adds 1
+//   to the batch counter (num_batches) at each run, none at the recording.
 #include "cuda-test.h"
 
 // ulp-sized relative bound of a dtype's rounding.
@@ -110,9 +111,9 @@ static void check_case(bie_context_t * ref, bie_context_t * cu, const struct bca
     struct bie_tensor xf = f32_copy(&x), rf = r.data ? f32_copy(&r) : (struct bie_tensor){0};
     struct bie_tensor yf = test_tensor(BIE_DTYPE_F32, x.ndim, x.shape, NULL);
     const struct bie_batchnorm_desc d = {0.1f, 1e-5f, c->training};
-    CHECK_OK(ref, bie_batchnorm_forward(
-                      ref, &d,
-                      &(struct bie_batchnorm_args){&xf, &gf, &bf, &rmf, &rvf, &smf, &sif, &yf, r.data ? &rf : NULL}));
+    CHECK_OK(ref, bie_batchnorm_forward(ref, &d,
+                                        &(struct bie_batchnorm_args){&xf, &gf, &bf, &rmf, &rvf, &smf, &sif, &yf,
+                                                                     r.data ? &rf : NULL, NULL}));
     // CUDA, twice (the same bits)
     struct bie_tensor dx = cuda_mirror(&x), dy = cuda_mirror(&y), dr = r.data ? cuda_mirror(&r) : r;
     struct bie_tensor dg = cuda_mirror(&g), db = cuda_mirror(&b), dsm = cuda_mirror(&sm), dsi = cuda_mirror(&si);
@@ -121,7 +122,7 @@ static void check_case(bie_context_t * ref, bie_context_t * cu, const struct bca
         struct bie_tensor drm = cuda_mirror(&rm), drv = cuda_mirror(&rv);
         CHECK_OK(cu, bie_batchnorm_forward(cu, &d,
                                            &(struct bie_batchnorm_args){&dx, &dg, &db, &drm, &drv, &dsm, &dsi, &dy,
-                                                                        r.data ? &dr : NULL}));
+                                                                        r.data ? &dr : NULL, NULL}));
         CUDA_OK(cudaDeviceSynchronize());
         if (pass == 1) {
             cuda_fetch(&y2, &dy);
@@ -236,8 +237,10 @@ static void check_replay(bie_context_t * cu) {
     struct bie_tensor dx = cuda_mirror(&x), dy = cuda_mirror(&y), dg = cuda_mirror(&g), db = cuda_mirror(&b);
     struct bie_tensor drm = cuda_mirror(&rm), drv = cuda_mirror(&rv), dsm = cuda_mirror(&got[0]),
                       dsi = cuda_mirror(&got[1]);
+    int64_t count = 7;
+    struct bie_tensor hnb = test_view(&count, BIE_DTYPE_I64, 1, (const int64_t[]){1}), dnb = cuda_mirror(&hnb);
     const struct bie_batchnorm_desc d = {0.1f, 1e-5f, 1};
-    struct bie_batchnorm_args a = {&dx, &dg, &db, &drm, &drv, &dsm, &dsi, &dy, NULL};
+    struct bie_batchnorm_args a = {&dx, &dg, &db, &drm, &drv, &dsm, &dsi, &dy, NULL, &dnb};
     CHECK_OK(cu, bie_batchnorm_forward(cu, &d, &a)); // (first use: nothing left to set up while recording)
     CUDA_OK(cudaMemset(dy.data, 0, tensor_span(&y)));
     CUDA_OK(cudaMemcpy(drm.data, rm.data, tensor_span(&rm), cudaMemcpyHostToDevice));
@@ -270,6 +273,9 @@ static void check_replay(bie_context_t * cu) {
     CHECK(memcmp(y2.data, y.data, tensor_span(&y)) == 0, "replay: y differs from a direct call's");
     CHECK(memcmp(got[0].data, want[0].data, tensor_span(&want[0])) == 0, "replay: saved_mean differs");
     CHECK(memcmp(got[2].data, want[2].data, tensor_span(&want[2])) == 0, "replay: running_mean differs");
+    cuda_fetch(&hnb, &dnb);
+    CHECK(count == 10, "replay: the batch counter is %lld after a call, a recording, a replay and a call (not 10)",
+          (long long)count);
     bie_context_t * other = test_new_context(BIE_BACKEND_AUTO);
     CHECK_OK(other, bie_batchnorm_forward(other, &d, &a)); // (its CUDA state exists)
     TEST_EXPECT_STATUS(other, bie_cuda_replay(other, graph), BIE_STATUS_INVALID_ARGUMENT, "another context");
@@ -289,8 +295,8 @@ static void check_replay(bie_context_t * cu) {
     CHECK_OK(cu, bie_cuda_record_end(cu, NULL));
     CHECK_OK(cu, bie_batchnorm_forward(cu, &d, &a)); // (the context's stream is the caller's again)
     CUDA_OK(cudaDeviceSynchronize());
-    struct bie_tensor * all[] = {&dx, &dy, &dg, &db, &drm, &drv, &dsm, &dsi};
-    for (int k = 0; k < 8; k++) cuda_tensor_free(all[k]);
+    struct bie_tensor * all[] = {&dx, &dy, &dg, &db, &drm, &drv, &dsm, &dsi, &dnb};
+    for (int k = 0; k < 9; k++) cuda_tensor_free(all[k]);
     struct bie_tensor * host[] = {&x,    &y,    &y2,     &g,      &b,      &rm,      &rv,      &f[0],   &f[1],
                                   &f[2], &f[3], &got[0], &got[1], &got[2], &want[0], &want[1], &want[2]};
     for (int k = 0; k < 17; k++) test_tensor_free(host[k]);
@@ -303,7 +309,7 @@ static void check_refusals(bie_context_t * cu) {
     struct bie_tensor dx = cuda_mirror(&x), dy = cuda_mirror(&y), dv[6], dv16 = cuda_mirror(&v16);
     for (int k = 0; k < 6; k++) dv[k] = cuda_mirror(&v);
     const struct bie_batchnorm_desc d = {0.1f, 1e-5f, 1};
-    struct bie_batchnorm_args ok = {&dx, &dv[0], &dv[1], &dv[2], &dv[3], &dv[4], &dv[5], &dy, NULL};
+    struct bie_batchnorm_args ok = {&dx, &dv[0], &dv[1], &dv[2], &dv[3], &dv[4], &dv[5], &dy, NULL, NULL};
     CHECK_OK(cu, bie_batchnorm_forward(cu, &d, &ok));
     struct bie_tensor five = dx; // 5-D
     five.ndim = 5;
@@ -321,6 +327,13 @@ static void check_refusals(bie_context_t * cu) {
     a = ok;
     a.y = &dx; // y overlaps x
     TEST_EXPECT_STATUS(cu, bie_batchnorm_forward(cu, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "y: overlaps");
+    a = ok;
+    a.num_batches = &dv[0]; // f32 [C]
+    TEST_EXPECT_STATUS(cu, bie_batchnorm_forward(cu, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "num_batches");
+    int64_t count = 0;
+    struct bie_tensor hnb = test_view(&count, BIE_DTYPE_I64, 1, (const int64_t[]){1});
+    a.num_batches = &hnb; // on the host
+    TEST_EXPECT_STATUS(cu, bie_batchnorm_forward(cu, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "num_batches");
     a = ok;
     a.saved_mean = NULL;
     TEST_EXPECT_STATUS(cu, bie_batchnorm_forward(cu, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "saved_mean: is NULL");
