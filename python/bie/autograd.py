@@ -345,7 +345,8 @@ class BlockRun:
         self.running, self.count, self.momentum, self.eps = (running_mean, running_var), count, momentum, eps
         self.fwd = None  # (binarize call or None, conv plan, bn call), after the first forward
         self.shapes = None  # specs of (the bits buffer or None, the conv's output, the block's output)
-        self.back = {}  # (bn call, conv backward plan, specs of the gradients, Replay) by a backward's needs
+        self.back = {}  # (bn call, conv backward plan, specs of grad z, of the conv's and of the bn's gradients,
+        # Replay) by a backward's needs
         self.replay = _plans.Replay()  # the forward's calls
         self.scale = None  # an 8-bit conv's weight scale call, after the first forward
 
@@ -432,19 +433,19 @@ class BlockRun:
                                                          *self.geometry, PAD_ZERO, needs, None, mask,
                                                          self.channels if binary else None,
                                                          x_dtype if binary else None, gate)
-            self.back[needs] = (bn, conv, _spec(gz), tuple(_spec(g) for g in grads), _plans.Replay())
+            self.back[needs] = (bn, conv, _spec(gz), tuple(_spec(g) for g in grads), _spec(gbw), _plans.Replay())
             return (*grads, gbw, gbb)
         ctx = _plans.bound_context(z)
         if ctx is None:  # (a device other than the current one)
             with torch.cuda.device(dev):
                 return self.backward(needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, stats, x_dtype)
-        bn, conv, gzspec, gspecs, replay = k
+        bn, conv, gzspec, gspecs, cspec, replay = k
         x = kept.data_ptr()
         mask, gate = (x + kept.numel() // 3, x + 2 * (kept.numel() // 3)) if binary else (0, 0)
         mean = stats.data_ptr()
         invstd = mean + 4 * gzspec[0][1]
         gz = _empty(gzspec, dev)
-        gbw, gbb = torch.empty((2, gzspec[0][1]), dtype=bn_weight.dtype, device=dev).unbind(0)
+        gbw, gbb = _empty(cspec, dev), _empty(cspec, dev)
         grads = tuple(None if s is None else _empty(s, dev) for s in gspecs)
 
         def calls():

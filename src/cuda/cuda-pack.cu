@@ -127,19 +127,22 @@ struct pack_call {
     int64_t n;
 };
 
+// (names: the two tensors' names in the caller's messages)
 static enum bie_status pack_call_make(bie_context_t * ctx, const struct bie_tensor * src, const struct bie_tensor * dst,
-                                      struct pack_call * c) {
+                                      const char * const names[2], struct pack_call * c) {
     BIE_TRY(bie_cuda_state_get(ctx, src->device_index, &c->s));
     if (!dview_make(src, &c->src) || !dview_make(dst, &c->dst))
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "src: CUDA packing supports up to 4 dimensions");
+        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "%s: CUDA takes tensors of up to 4 dimensions",
+                             names[!dview_make(src, &c->src) ? 0 : 1]);
     c->n = dview_numel(c->src);
     return BIE_STATUS_OK;
 }
+static const char * const SRC_DST[2] = {"src", "dst"};
 
 extern "C" enum bie_status bie_cuda_pack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
                                          const struct bie_tensor * dst) {
     struct pack_call c;
-    BIE_TRY(pack_call_make(ctx, src, dst, &c));
+    BIE_TRY(pack_call_make(ctx, src, dst, SRC_DST, &c));
     void * ws;
     BIE_TRY(bie_cuda_workspace(ctx, (size_t)c.n, &ws));
     codes_kernel<<<grid_for(c.n, 256), 256, 0, c.s->stream>>>(c.src, scale, c.dst.dtype, (int8_t *)ws, c.n);
@@ -157,7 +160,7 @@ __global__ void unpack_kernel(struct dview src, float scale, struct dview dst, i
 extern "C" enum bie_status bie_cuda_unpack(bie_context_t * ctx, const struct bie_tensor * src, float scale,
                                            const struct bie_tensor * dst) {
     struct pack_call c;
-    BIE_TRY(pack_call_make(ctx, src, dst, &c));
+    BIE_TRY(pack_call_make(ctx, src, dst, SRC_DST, &c));
     unpack_kernel<<<grid_for(c.n, 256), 256, 0, c.s->stream>>>(c.src, scale, c.dst, c.n);
     LAUNCHED(ctx, "unpack");
     return BIE_STATUS_OK;
@@ -178,14 +181,21 @@ __device__ double block_sum256(double v) {
     return a;
 }
 
-// Block sums in double, then one atomicAdd per block into out[0] (sum|x|) and out[1] (sum x).
-__global__ void __launch_bounds__(256) reduce_kernel(struct dview x, int64_t n, double * out) {
-    double sa = 0.0, s = 0.0;
+// A thread's sums in double over its elements of x in grid-stride order: sa = sum |v|, and where
+// SUM, s = sum v.
+template <bool SUM> __device__ void stride_sums(struct dview x, int64_t n, double & sa, double & s) {
+    sa = s = 0.0;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
         const double v = (double)ld_float(x.data, x.dtype, dview_off_linear(x, e));
         sa += fabs(v);
-        s += v;
+        if (SUM) s += v;
     }
+}
+
+// Block sums in double, then one atomicAdd per block into out[0] (sum|x|) and out[1] (sum x).
+__global__ void __launch_bounds__(256) reduce_kernel(struct dview x, int64_t n, double * out) {
+    double sa, s;
+    stride_sums<true>(x, n, sa, s);
     sa = block_sum256(sa);
     s = block_sum256(s);
     if (threadIdx.x == 0) {
@@ -196,9 +206,8 @@ __global__ void __launch_bounds__(256) reduce_kernel(struct dview x, int64_t n, 
 
 // part[b] = sum|w| over block b's elements (grid-stride order, then block_sum256).
 __global__ void __launch_bounds__(256) abs_sums_kernel(struct dview w, int64_t n, double * part) {
-    double sa = 0.0;
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x)
-        sa += fabs((double)ld_float(w.data, w.dtype, dview_off_linear(w, e)));
+    double sa, s;
+    stride_sums<false>(w, n, sa, s);
     sa = block_sum256(sa);
     if (threadIdx.x == 0) part[blockIdx.x] = sa;
 }
@@ -216,7 +225,8 @@ __global__ void __launch_bounds__(256)
 extern "C" enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie_tensor * x, double * sum_abs,
                                            double * sum) {
     struct pack_call c; // (x as both views)
-    BIE_TRY(pack_call_make(ctx, x, x, &c));
+    static const char * const names[2] = {"x", "x"};
+    BIE_TRY(pack_call_make(ctx, x, x, names, &c));
     struct bie_cuda_state * s = c.s;
     void * ws;
     BIE_TRY(bie_cuda_workspace(ctx, 2 * sizeof(double), &ws));
@@ -238,7 +248,8 @@ extern "C" enum bie_status bie_cuda_reduce(bie_context_t * ctx, const struct bie
 extern "C" enum bie_status bie_cuda_weight_scale(bie_context_t * ctx, enum bie_quant quant, const struct bie_tensor * w,
                                                  const struct bie_tensor * out) {
     struct pack_call c;
-    BIE_TRY(pack_call_make(ctx, w, out, &c));
+    static const char * const names[2] = {"w", "out"};
+    BIE_TRY(pack_call_make(ctx, w, out, names, &c));
     void * ws;
     BIE_TRY(bie_cuda_workspace(ctx, SCALE_BLOCKS * sizeof(double), &ws));
     unsigned blocks = grid_for(c.n, 256 * 8);
