@@ -453,7 +453,7 @@ class BlockRun:
             if conv is not None:
                 conv.run_bound(ctx, (x, None if binary else bias_a, weight, scale_a, sw, gz, *grads, mask, gate))
         replay.run(ctx, (z.data_ptr(), _ptr(bn_weight), mean, grad_y.data_ptr(), gz.data_ptr(),
-                         gbw.data_ptr(), x, _ptr(bias_a), weight.data_ptr(), _ptr(scale_a), _ptr(sw),
+                         gbw.data_ptr(), gbb.data_ptr(), x, _ptr(bias_a), weight.data_ptr(), _ptr(scale_a), _ptr(sw),
                          *(_ptr(g) for g in grads), mask, gate), calls)
         return (*grads, gbw, gbb)
 
