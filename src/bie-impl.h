@@ -272,8 +272,8 @@ struct bie_pool_call {
 // A bie_batchnorm_forward / _backward call on CUDA tensors: x and its likes as [N, C, H, W] views
 // (x [N, C] as [N, C, 1, 1], [N, C, L] as [N, C, L, 1]; absent: data NULL), the [C] vectors as 1-D
 // views (absent: data NULL). The forward reads x, residual, gamma, beta, running_* and writes y,
-// running_* and saved_* (and adds 1 to num_batches); the backward reads x, grad_y, gamma, saved_* and writes grad_x,
-// grad_gamma and grad_beta.
+// running_* and saved_* (and adds 1 to num_batches); the backward reads x, grad_y, gamma, saved_*
+// and writes grad_x, grad_gamma and grad_beta.
 struct bie_bn_call {
     int64_t N, C, H, W;
     float momentum, eps;

@@ -315,6 +315,12 @@ def _empty(spec, device):
     return torch.empty_strided(spec[0], spec[1], dtype=spec[2], device=device)
 
 
+def _rows(t, n):
+    """The data addresses of the n rows of t along its first dimension (t dense)."""
+    p, step = t.data_ptr(), t.numel() // n * t.element_size()
+    return tuple(p + i * step for i in range(n))
+
+
 def _spec(t):
     return None if t is None else (tuple(t.shape), t.stride(), t.dtype)
 
@@ -345,8 +351,9 @@ class BlockRun:
         self.running, self.count, self.momentum, self.eps = (running_mean, running_var), count, momentum, eps
         self.fwd = None  # (binarize call or None, conv plan, bn call), after the first forward
         self.shapes = None  # specs of (the bits buffer or None, the conv's output, the block's output)
-        self.back = {}  # (bn call, conv backward plan, specs of grad z, of the conv's and of the bn's gradients,
-        # Replay) by a backward's needs
+        # (bn call, conv backward plan, specs of grad z, of the conv's and of the bn's gradients, Replay)
+        # by a backward's needs
+        self.back = {}
         self.replay = _plans.Replay()  # the forward's calls
         self.scale = None  # an 8-bit conv's weight scale call, after the first forward
 
@@ -365,8 +372,7 @@ class BlockRun:
                 self.scale.run(weight, (weight, sw))
             if binary:
                 planes, ste, _ = F._binarize_ste_call(x, scale_a, bias_a, True, self.t)
-                kept = torch.empty((3, *planes[0].shape), dtype=torch.uint8, device=x.device)
-                planes = kept.unbind(0)
+                kept = planes[0]._base  # (the planes are the rows of one [3, ...] tensor)
                 ste.run(x, (x, bias_a, scale_a, *planes))
                 xk = planes[0]
             else:
@@ -393,15 +399,13 @@ class BlockRun:
         dev = x.device
         if binary:
             kept = torch.empty(bshape, dtype=torch.uint8, device=dev)
-            xk = kept.data_ptr()
-            mk, gk = xk + kept.numel() // 3, xk + 2 * (kept.numel() // 3)
+            xk, mk, gk = _rows(kept, 3)
         else:
             kept = x
             xk, mk, gk = x.data_ptr(), 0, 0
         z, y = _empty(zspec, dev), _empty(yspec, dev)
         stats = torch.empty((2, zspec[0][1]), dtype=torch.float32, device=dev)
-        mean = stats.data_ptr()
-        invstd = mean + 4 * zspec[0][1]
+        mean, invstd = _rows(stats, 2)
 
         def calls():
             if scale is not None:
@@ -440,10 +444,8 @@ class BlockRun:
             with torch.cuda.device(dev):
                 return self.backward(needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, stats, x_dtype)
         bn, conv, gzspec, gspecs, cspec, replay = k
-        x = kept.data_ptr()
-        mask, gate = (x + kept.numel() // 3, x + 2 * (kept.numel() // 3)) if binary else (0, 0)
-        mean = stats.data_ptr()
-        invstd = mean + 4 * gzspec[0][1]
+        x, mask, gate = _rows(kept, 3) if binary else (kept.data_ptr(), 0, 0)
+        mean, invstd = _rows(stats, 2)
         gz = _empty(gzspec, dev)
         gbw, gbb = _empty(cspec, dev), _empty(cspec, dev)
         grads = tuple(None if s is None else _empty(s, dev) for s in gspecs)

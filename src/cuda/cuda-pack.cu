@@ -131,9 +131,8 @@ struct pack_call {
 static enum bie_status pack_call_make(bie_context_t * ctx, const struct bie_tensor * src, const struct bie_tensor * dst,
                                       const char * const names[2], struct pack_call * c) {
     BIE_TRY(bie_cuda_state_get(ctx, src->device_index, &c->s));
-    if (!dview_make(src, &c->src) || !dview_make(dst, &c->dst))
-        return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "%s: CUDA takes tensors of up to 4 dimensions",
-                             names[!dview_make(src, &c->src) ? 0 : 1]);
+    const char * bad = !dview_make(src, &c->src) ? names[0] : !dview_make(dst, &c->dst) ? names[1] : NULL;
+    if (bad) return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "%s: CUDA takes tensors of up to 4 dimensions", bad);
     c->n = dview_numel(c->src);
     return BIE_STATUS_OK;
 }
