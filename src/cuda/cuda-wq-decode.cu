@@ -2,7 +2,7 @@
 // cuda-wq-decode.cu: the weight-only layer's mma decode kernel (cuda-wq.cuh; equations in bie.h and
 // src/ref/ref-wq.c).
 //
-// Decode (M <= 16 rows), f16/bf16 x, uniform 2/4/8 bits, N % 4 == 0, groups of whole chunks
+// Decode (M <= 32 rows), f16/bf16 x, uniform 2/4/8 bits, N % 4 == 0, groups of whole chunks
 // (a chunk is 4 word rows = 128/b packed rows): wq_mma_kernel. A warp owns 32 columns and a K range
 // (split-K over blockIdx.y). Its chunks stream with cp.async through a ring in shared memory
 // (8 lanes copy one 128-byte word row; one wait for each WQ_STEP chunks), so the weight is read once
@@ -17,7 +17,7 @@
 // fma gives the code), or, 2- and 4-bit codes under f16 x, stay in place as subnormals (wq_sub),
 // and feed mma.sync m16n8k16 as the A operand: m-tile u's row g is column 4g + 2u of the
 // warp, its row g + 8 column 4g + 2u + 1, and the k index runs over the chunk's rows in the order in
-// which the halves come out. x' is the B operand (its M <= 8 rows an n-tile, two n-tiles to 16),
+// which the halves come out. x' is the B operand (its M <= 8 rows an n-tile, two n-tiles to 16, four to 32),
 // laid out per chunk in that order (wq_chunk_row), so B fragments are plain 8-byte loads from shared
 // memory. The mma sums x'*code per chunk in f32; each group ends with y += s*acc - c*xsum (c = s*z,
 // s*2^(b-1) or z), like the CPU path. Partial sums of the K ranges go to a workspace and a second
@@ -28,14 +28,14 @@
 #include "cuda/cuda-ptx.cuh"
 #include "cuda/cuda-wq.cuh"
 
-#define WQ_WARPS 4  // warps a block for M <= 8 (each its own 32 columns); twice that for M > 8
+#define WQ_WARPS 4  // warps a block for M <= 8 (each its own 32 columns); twice that for M > 8 (wq_block_warps)
 #define WQ_STAGES 8 // chunks a warp's cp.async ring holds (a power of two, a multiple of WQ_STEP)
 #define WQ_STEP 4   // chunks a wait covers (one cp.async group)
 static_assert(WQ_STAGES % WQ_STEP == 0 && WQ_STAGES / WQ_STEP >= 2, "the ring holds whole steps, two at least");
 #define WQ_MAX_SPLIT_GROUPS 34 // groups whose scales a decode block holds in shared memory
 // Column warps a multiprocessor that the split aims at, with one n-tile (half as many for 2-bit
 // codes, whose chunks carry twice the rows: a warp's fixed prologue weighs more against its
-// streaming than the bytes it keeps in flight) and with two (whose blocks hold twice the warps and a
+// streaming than the bytes it keeps in flight) and with two or four (whose blocks hold twice the warps and a
 // larger x' slice, so that fewer fit), and the fewest it may leave when a split would otherwise take
 // fewer than WQ_STAGES chunks.
 #define WQ_WARPS_PER_SM_1 64
@@ -43,22 +43,29 @@ static_assert(WQ_STAGES % WQ_STEP == 0 && WQ_STAGES / WQ_STEP >= 2, "the ring ho
 #define WQ_WARPS_PER_SM_2 24
 #define WQ_MIN_WARPS_PER_SM 16
 
-// Whether the kernel takes its codes as f16 subnormals (f16 x, 2- or 4-bit codes): a code c at bit
-// p of its 16-bit half, masked in place, is the f16 value c * 2^(p-24) with no conversion. Each mma step takes the two half pairs of equal p (wq_chunk_row's same_p); steps
-// 2j and 2j + 1 shift the words down by 2*b*j bits first, so that every code sits at p = 0 or
-// p = b, and the two go into their own sets of accumulators, which the flush scales by 2^(24-p),
-// exactly. (A set for each p would cost 2-bit codes the kernel's occupancy; bf16 subnormals would
-// underflow the f32 products.)
-__host__ __device__ constexpr bool wq_sub(bool f16, int b) { return f16 && (b == 4 || b == 2); }
+// Whether the kernel takes its codes as f16 subnormals (f16 x, 2- or 4-bit codes, at most two n-tiles
+// of x rows: with four, a second set of accumulators would not fit the 128 registers that keep two
+// blocks on a multiprocessor): a code c at bit p of its 16-bit half, masked in place, is the f16
+// value c * 2^(p-24) with no conversion. Each mma step takes the two half pairs of equal p
+// (wq_chunk_row's same_p); steps 2j and 2j + 1 shift the words down by 2*b*j bits first, so that
+// every code sits at p = 0 or p = b, and the two go into their own sets of accumulators, which the
+// flush scales by 2^(24-p), exactly. (A set for each p would cost 2-bit codes the kernel's
+// occupancy; bf16 subnormals would underflow the f32 products.)
+__host__ __device__ constexpr bool wq_sub(bool f16, int b, int nt) { return f16 && (b == 4 || b == 2) && nt <= 2; }
 #define WQ_SUB_SETS 2 // accumulator sets of a subnormal kernel: codes at p = 0 and p = b
 
-// The kernel's n-tiles of 8 activation rows for M rows (M <= 16).
-__host__ __device__ constexpr int wq_n_tiles(int64_t M) { return M <= 8 ? 1 : 2; }
+// The kernel's n-tiles of 8 activation rows for M rows (M <= WQ_MMA_MAX_M), and the warps of its
+// block (each its own 32 columns): more n-tiles share a larger x' slice among more warps, up to 8.
+__host__ __device__ constexpr int wq_n_tiles(int64_t M) { return M <= 8 ? 1 : M <= 16 ? 2 : 4; }
+__host__ __device__ constexpr int wq_block_warps(int nt) { return WQ_WARPS * (nt == 1 ? 1 : 2); }
+static_assert(8 * wq_n_tiles(WQ_MMA_MAX_M) == WQ_MMA_MAX_M, "the largest M fills its n-tiles");
 
 // Blocks a multiprocessor holds at least, which bounds the kernel's registers: 64 with one n-tile
 // (72 for 2-bit codes, whose loop needs them), 80 with two (more for 2-bit codes; their blocks are
-// bounded by shared memory at 2 a multiprocessor where the splits are long).
-__host__ __device__ constexpr int wq_min_blocks(int b, int nt) { return nt == 1 ? (b == 2 ? 7 : 8) : (b == 2 ? 2 : 3); }
+// bounded by shared memory at 2 a multiprocessor where the splits are long), 128 with four.
+__host__ __device__ constexpr int wq_min_blocks(int b, int nt) {
+    return nt == 1 ? (b == 2 ? 7 : 8) : nt == 2 ? (b == 2 ? 2 : 3) : 2;
+}
 
 // --- x' in chunk order ------------------------------------------------------------------------------
 
@@ -436,32 +443,32 @@ __device__ __forceinline__ void wq_flush(float (&accs)[SETS][NT][2][4], float (&
             }
 }
 
-// grid (ceil(N / (32*WQ_WARPS*NT)), S); K range of split y: chunks [y*cps, (y+1)*cps). NT n-tiles
-// of 8 activation rows (M <= 8*NT), WQ_WARPS*NT warps. Groups are whole chunks: cpg chunks a group
+// grid (ceil(N / (32*wq_block_warps(NT))), S); K range of split y: chunks [y*cps, (y+1)*cps). NT n-tiles
+// of 8 activation rows (M <= 8*NT), wq_block_warps(NT) warps. Groups are whole chunks: cpg chunks a group
 // (the whole K range when there is one group); ngroups = wq_split_groups(cps, cpg). The prologue
 // turns the split's scales and zeros into f32 scales and corrections and sums x' per group (in
 // chunk order), so the loop only streams codes and multiplies; group and chunk positions advance by
 // counters. OWN: the block makes its x' slice from x itself (wq_stage_x, wq_order_x); else it copies
 // it from wq_xs_kernel's xs, as that kernel's programmatic dependent.
 template <typename T, int B, int NT, bool OWN>
-__global__ void __launch_bounds__(32 * WQ_WARPS * NT, OWN ? wq_min_blocks(B, NT) : 0)
+__global__ void __launch_bounds__(32 * wq_block_warps(NT), OWN ? wq_min_blocks(B, NT) : 0)
     wq_mma_kernel(wq_dev w, const T * xs, const float * xsc, int nchunk, int cps, int M, int cpg, int ngroups,
                   float * part, wq_x xa, bool xvec) {
     constexpr int CR = 128 / B; // rows per chunk
-    constexpr int SETS = wq_sub(std::is_same<T, __half>::value, B) ? WQ_SUB_SETS : 1;
+    constexpr int SETS = wq_sub(std::is_same<T, __half>::value, B, NT) ? WQ_SUB_SETS : 1;
     extern __shared__ __align__(16) unsigned char wq_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
     const int c0 = (int)blockIdx.y * cps, c1 = c0 + cps < nchunk ? c0 + cps : nchunk; // (wq_mma_ok: int)
     if (c0 >= c1) return;
     const int nc = c1 - c0;
     const int kr = nc * CR;
-    const int ks = (int)wq_x_stride(kr);                              // x' row stride in shared memory
-    uint4 * ring = (uint4 *)(wq_smem + warp * wq_warp_smem(ngroups)); // [stage][lane]
-    unsigned char * slots = (unsigned char *)(ring + WQ_STAGES * 32); // [group][quad]: float4 s, float4 c
-    T * sx = (T *)(wq_smem + WQ_WARPS * NT * wq_warp_smem(ngroups));  // [M][ks]
-    float * sxg = (float *)(sx + M * ks);                             // [M][ngroups]: x' sums per group
-    float * sxc = sxg + M * ngroups;                                  // [M][nc]: x' sums per chunk
-    const int64_t n0 = ((int64_t)blockIdx.x * WQ_WARPS * NT + warp) * 32;
+    const int ks = (int)wq_x_stride(kr);                                  // x' row stride in shared memory
+    uint4 * ring = (uint4 *)(wq_smem + warp * wq_warp_smem(ngroups));     // [stage][lane]
+    unsigned char * slots = (unsigned char *)(ring + WQ_STAGES * 32);     // [group][quad]: float4 s, float4 c
+    T * sx = (T *)(wq_smem + wq_block_warps(NT) * wq_warp_smem(ngroups)); // [M][ks]
+    float * sxg = (float *)(sx + M * ks);                                 // [M][ngroups]: x' sums per group
+    float * sxc = sxg + M * ngroups;                                      // [M][nc]: x' sums per chunk
+    const int64_t n0 = ((int64_t)blockIdx.x * wq_block_warps(NT) + warp) * 32;
     const int64_t ncol = n0 + 4 * gq; // this lane's 4 columns (N % 4 == 0: all of them exist or none)
     const bool cols_ok = ncol < w.N;
     const int rem0 = cpg - c0 % cpg; // chunks of the first group inside the split
@@ -499,9 +506,9 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT, OWN ? wq_min_blocks(B, NT)
     // loads fly; or (OWN) staged from x before all else and ordered after the scales, once the
     // kernels before this one are done.
     constexpr int SS = WQ_STAGES / WQ_STEP; // steps the ring holds
-    // Steps issued here: SS - 1, or with two n-tiles (whose prologue copies a 16-row x' slice) the
+    // Steps issued here: SS - 1, or with more n-tiles (whose prologue copies a larger x' slice) the
     // whole split where it fits the ring, so that none of it waits for the prologue's end.
-    const int pre = NT == 2 && nc <= WQ_STAGES ? SS : SS - 1;
+    const int pre = NT > 1 && nc <= WQ_STAGES ? SS : SS - 1;
     if constexpr (OWN) {
         griddep_wait(); // (nothing is read before the kernels before this one are done)
         if (xvec) wq_stage_x(xa, w.K, sx, M, (int64_t)c0 * CR, kr, ks); // (the first cp.async group)
@@ -591,7 +598,7 @@ __global__ void __launch_bounds__(32 * WQ_WARPS * NT, OWN ? wq_min_blocks(B, NT)
 
 bool wq_mma_ok(const struct bie_wq_call * c) {
     const int b = c->bits;
-    if (c->M > WQ_MAX_DECODE_M || (b != 2 && b != 4 && b != 8) || c->N % 4 != 0) return false;
+    if (c->M > WQ_MMA_MAX_M || (b != 2 && b != 4 && b != 8) || c->N % 4 != 0) return false;
     if (c->x.dtype != BIE_DTYPE_F16 && c->x.dtype != BIE_DTYPE_BF16) return false;
     if (c->K >= ((int64_t)1 << 31)) return false; // the kernel counts rows and chunks in int
     return c->G == 1 || c->gs % (128 / b) == 0;
@@ -600,8 +607,8 @@ bool wq_mma_ok(const struct bie_wq_call * c) {
 // The decode kernel's shared memory: the warps' rings and scale slots, the x' slice and its sums
 // per group (and per chunk, where the block orders x' itself).
 static size_t mma_smem(int bits, int M, int64_t cps, int ngroups, bool own) {
-    return (size_t)WQ_WARPS * wq_n_tiles(M) * wq_warp_smem(ngroups) + (size_t)M * wq_x_stride(cps * (128 / bits)) * 2 +
-           (size_t)M * (ngroups + (own ? cps : 0)) * 4;
+    return (size_t)wq_block_warps(wq_n_tiles(M)) * wq_warp_smem(ngroups) +
+           (size_t)M * wq_x_stride(cps * (128 / bits)) * 2 + (size_t)M * (ngroups + (own ? cps : 0)) * 4;
 }
 
 // Chunks a group (the whole K range when there is one group).
@@ -628,10 +635,10 @@ static enum bie_status launch_mma(bie_context_t * ctx, const wq_dev & w, const w
             ctx,
             cudaFuncSetAttribute(wq_mma_kernel<T, B, NT, OWN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
             "wq: shared memory");
-    const dim3 grid(blocks_for(w.N, 32 * WQ_WARPS * NT), (unsigned)S);
+    const dim3 grid(blocks_for(w.N, 32 * wq_block_warps(NT)), (unsigned)S);
     cudaLaunchAttribute attr;
     const cudaLaunchConfig_t cfg =
-        bie_cuda_launch_config(ctx, grid, dim3(32 * WQ_WARPS * NT), smem, bie_cuda_cc(ctx) >= 90, &attr);
+        bie_cuda_launch_config(ctx, grid, dim3(32 * wq_block_warps(NT)), smem, bie_cuda_cc(ctx) >= 90, &attr);
     CU_TRY(ctx,
            cudaLaunchKernelEx(&cfg, wq_mma_kernel<T, B, NT, OWN>, w, xv.xs, xv.xsc, (int)nchunk, (int)cps, M, cpg,
                               ngroups, part, xv.x, xv.vec),
@@ -647,8 +654,11 @@ static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, co
     if (wq_n_tiles(M) == 1)
         return own ? launch_mma<T, B, 1, true>(ctx, w, xv, nchunk, S, cps, M, cpg, part)
                    : launch_mma<T, B, 1, false>(ctx, w, xv, nchunk, S, cps, M, cpg, part);
-    return own ? launch_mma<T, B, 2, true>(ctx, w, xv, nchunk, S, cps, M, cpg, part)
-               : launch_mma<T, B, 2, false>(ctx, w, xv, nchunk, S, cps, M, cpg, part);
+    if (wq_n_tiles(M) == 2)
+        return own ? launch_mma<T, B, 2, true>(ctx, w, xv, nchunk, S, cps, M, cpg, part)
+                   : launch_mma<T, B, 2, false>(ctx, w, xv, nchunk, S, cps, M, cpg, part);
+    return own ? launch_mma<T, B, 4, true>(ctx, w, xv, nchunk, S, cps, M, cpg, part)
+               : launch_mma<T, B, 4, false>(ctx, w, xv, nchunk, S, cps, M, cpg, part);
 }
 
 // A decode call is small where its blocks together would order at most WQ_OWN_X_MAX_1 (one n-tile)
@@ -663,7 +673,7 @@ static enum bie_status launch_mma_rows(bie_context_t * ctx, const wq_dev & w, co
 #define WQ_OWN_X_MAX_1 ((int64_t)3 << 19)
 #define WQ_OWN_X_MAX_2 ((int64_t)4 << 20)
 static int64_t column_blocks(const struct bie_wq_call * c) {
-    return blocks_for(c->N, 32 * WQ_WARPS * wq_n_tiles(c->M));
+    return blocks_for(c->N, 32 * wq_block_warps(wq_n_tiles(c->M)));
 }
 static bool small_call(const struct bie_wq_call * c) {
     return c->M * c->K * column_blocks(c) <= (wq_n_tiles(c->M) == 1 ? WQ_OWN_X_MAX_1 : WQ_OWN_X_MAX_2);
@@ -687,13 +697,16 @@ static bool own_x(bie_context_t * ctx, const struct bie_wq_call * c, int64_t S) 
 // ring's first fill) and the partial sums cost a pass each, unless that would leave fewer than
 // WQ_MIN_WARPS_PER_SM column warps a multiprocessor. A small call (small_call) keeps its grid to one
 // wave instead. The x' slice stays within 32 KiB: at M = 16 a larger one lengthens each block's
-// prologue and leaves fewer, longer blocks for the last wave.
+// prologue and leaves fewer, longer blocks for the last wave. With four n-tiles it stays within
+// 48 KiB, where two blocks still fit a multiprocessor and the partial sums of 32 rows (S of them)
+// weigh less than at 32 KiB (8192x28672 at M = 32 on an H200: 96 us, against 108 at 32 KiB and
+// 103 at 64 KiB).
 void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S, int64_t * cps) {
     const int64_t col_warps = (c->N + 31) / 32;
     const int cr = 128 / c->bits;
     const int64_t nchunk = (c->K + cr - 1) / cr;
     const int sm = sm_count(ctx);
-    const int aim = wq_n_tiles(c->M) == 2 ? WQ_WARPS_PER_SM_2 : c->bits == 2 ? WQ_WARPS_PER_SM_1_B2 : WQ_WARPS_PER_SM_1;
+    const int aim = wq_n_tiles(c->M) > 1 ? WQ_WARPS_PER_SM_2 : c->bits == 2 ? WQ_WARPS_PER_SM_1_B2 : WQ_WARPS_PER_SM_1;
     int64_t s = (int64_t)aim * sm / col_warps;
     const int64_t whole_rings = nchunk / WQ_STAGES, enough_warps = (int64_t)WQ_MIN_WARPS_PER_SM * sm / col_warps;
     const int64_t most = whole_rings > enough_warps ? whole_rings : enough_warps;
@@ -701,7 +714,7 @@ void wq_mma_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64_t * S,
     if (small_call(c) && s * column_blocks(c) > wave_blocks(ctx, c)) s = wave_blocks(ctx, c) / column_blocks(c);
     s = s < 1 ? 1 : s > nchunk ? nchunk : s;
     int64_t per = (nchunk + s - 1) / s;
-    const int64_t max_per = 32 * 1024 / (c->M * cr * 2); // the x' slice within 32 KiB
+    const int64_t max_per = (wq_n_tiles(c->M) == 4 ? 48 : 32) * 1024 / (c->M * cr * 2); // the x' slice's bound
     if (per > max_per) per = max_per;
     const int64_t cpg = chunks_per_group(c, nchunk);
     if (wq_split_groups(per, cpg) > WQ_MAX_SPLIT_GROUPS) per = (WQ_MAX_SPLIT_GROUPS - 1) * cpg;
@@ -723,7 +736,7 @@ static enum bie_status decode_mma(bie_context_t * ctx, const struct bie_wq_call 
         T * xs = (T *)take(a, (size_t)c->M * nchunk * cr * sizeof(T));
         float * xsc = (float *)take(a, (size_t)c->M * nchunk * sizeof(float));
         wq_xs_kernel<T><<<blocks_for(c->M * nchunk * 32, 128), 128, 0, ctx->cuda->stream>>>(
-            xv.x, c->M, c->K, b, wq_sub(std::is_same<T, __half>::value, b), nchunk, xs, xsc);
+            xv.x, c->M, c->K, b, wq_sub(std::is_same<T, __half>::value, b, wq_n_tiles(c->M)), nchunk, xs, xsc);
         LAUNCHED(ctx, "wq_xs_kernel");
         xv.xs = xs;
         xv.xsc = xsc;

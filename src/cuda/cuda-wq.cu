@@ -2,13 +2,13 @@
 // cuda-wq.cu: the CUDA backend of the weight-only n-bit layer (wq-impl.h; equations in bie.h and
 // src/ref/ref-wq.c).
 //
-// Decode (M <= 16 rows), f16/bf16 x, uniform 2/4/8 bits, N % 4 == 0, groups of whole chunks: the
+// Decode (M <= 32 rows), f16/bf16 x, uniform 2/4/8 bits, N % 4 == 0, groups of whole chunks: the
 // mma kernel of cuda-wq-decode.cu.
 // Everything else with M <= 16 (3, 5, 6, 7 bits, mixed bits, f32 x, odd N): wq_simt_kernel, one
 // column per thread, W computed per element exactly as the reference does.
-// M > 16 where the mma kernel takes the call and a few passes of 16 rows through it cost less than
+// M > 32 where the mma kernel takes the call and a few passes of 32 rows through it cost less than
 // the prefill (decode_passes: large weights, small M): those passes.
-// Else M > 16 (prefill) and grad_x: the weight is dequantised to x's dtype in panels
+// Else (prefill) and grad_x: the weight is dequantised to x's dtype in panels
 // (wq_dequant_words for uniform 2/4/8 bits in groups of whole words, else wq_dequant_kernel) and
 // cuBLAS multiplies (f32 accumulation); grad_w = x'^T g is one cuBLAS GEMM.
 #include <string.h>
@@ -226,9 +226,10 @@ static void decode_plan(bie_context_t * ctx, const struct bie_wq_call * c, int64
     *S = (c->K + rps - 1) / rps;
 }
 
+// The decode's workspace: the groups, x' and its chunk sums (mma) or x in f32 (SIMT), the partial sums.
 static size_t decode_bytes(const struct bie_wq_call * c, int64_t S) {
     const size_t kp = (size_t)(c->K + 127);
-    return groups_bytes(c) + 16 * kp * 4 + 16 * kp * 4 + (size_t)(c->M * c->K) * 4 + (size_t)S * c->M * c->N * 4 + 4096;
+    return groups_bytes(c) + (size_t)c->M * kp * 8 + (size_t)(c->M * c->K) * 4 + (size_t)S * c->M * c->N * 4 + 4096;
 }
 
 static cudaDataType cuda_type(enum bie_dtype d) {
@@ -370,22 +371,23 @@ static size_t gemm_bytes(const struct bie_wq_call * c, enum bie_dtype dt) {
            (size_t)(c->M * c->N) * 4 + 4096;
 }
 
-// Passes of WQ_MAX_DECODE_M rows through the decode kernel that cost less than the prefill path
+// Passes of WQ_MMA_MAX_M rows through the decode kernel that cost less than the prefill path
 // for this call (0 where the decode kernel does not take it). Both are counted in bytes moved at the
-// device's copy rate: a pass reads the codes at about two thirds of that rate and pays a fixed cost
-// (its launches, the blocks' prologues, the split's reduction) of about WQ_PASS_FIXED_BYTES; the
-// prefill reads the codes, writes the weight in x's dtype and reads it back. On an H200 this picks
-// the faster path at each LLaMA shape of bench-llm-cuda.c from M = 24 to 128. BIE_CUDA_WQ=passes
-// (read once per context, bie_cuda_cc) takes the passes wherever the kernel does, for the tests.
-#define WQ_PASS_FIXED_BYTES (30.0 * (1 << 20))
+// device's copy rate: a pass of 32 rows costs about three times the codes' bytes (its mma work, more
+// than the codes' reads, sets its pace) and a fixed cost (its launches, the blocks' prologues, the
+// split's partial sums) of about WQ_PASS_FIXED_BYTES; the prefill reads the codes, writes the weight
+// in x's dtype, reads it back and cuBLAS reads it again. On an H200 this picks the faster path at
+// each LLaMA shape of bench-llm-cuda.c at M = 64 and 256. BIE_CUDA_WQ=passes (read once per
+// context, bie_cuda_cc) takes the passes wherever the kernel does, for the tests.
+#define WQ_PASS_FIXED_BYTES (40.0 * (1 << 20))
 static int64_t decode_passes(bie_context_t * ctx, const struct bie_wq_call * c) {
     struct bie_wq_call p = *c;
-    p.M = WQ_MAX_DECODE_M;
+    p.M = WQ_MMA_MAX_M;
     if (!wq_mma_ok(&p)) return 0;
     bie_cuda_cc(ctx);
     if (ctx->cuda->force_wq_passes) return INT64_MAX;
     const double q = (double)c->rows * (double)c->N * 4.0, w = (double)c->K * (double)c->N * (double)esize(c->x.dtype);
-    return (int64_t)((q + 2.0 * w) / (1.5 * q + WQ_PASS_FIXED_BYTES));
+    return (int64_t)((q + 3.0 * w) / (3.0 * q + WQ_PASS_FIXED_BYTES));
 }
 
 // Rows m0 .. m0+rows-1 of the 2-D view t.
@@ -399,17 +401,17 @@ static struct bie_tensor row_slice(const struct bie_tensor * t, int64_t m0, int6
 extern "C" enum bie_status bie_cuda_wq_forward(bie_context_t * ctx, const struct bie_wq_call * c) {
     struct bie_cuda_state * st;
     BIE_TRY(bie_cuda_state_get(ctx, c->device_index, &st));
-    if (c->M > WQ_MAX_DECODE_M && (c->M + WQ_MAX_DECODE_M - 1) / WQ_MAX_DECODE_M <= decode_passes(ctx, c)) {
-        for (int64_t m0 = 0; m0 < c->M; m0 += WQ_MAX_DECODE_M) {
+    if (c->M > WQ_MMA_MAX_M && (c->M + WQ_MMA_MAX_M - 1) / WQ_MMA_MAX_M <= decode_passes(ctx, c)) {
+        for (int64_t m0 = 0; m0 < c->M; m0 += WQ_MMA_MAX_M) {
             struct bie_wq_call p = *c;
-            p.M = c->M - m0 < WQ_MAX_DECODE_M ? c->M - m0 : WQ_MAX_DECODE_M;
+            p.M = c->M - m0 < WQ_MMA_MAX_M ? c->M - m0 : WQ_MMA_MAX_M;
             p.x = row_slice(&c->x, m0, p.M);
             p.y = row_slice(&c->y, m0, p.M);
             BIE_TRY(bie_cuda_wq_forward(ctx, &p));
         }
         return BIE_STATUS_OK;
     }
-    const bool decode = c->M <= WQ_MAX_DECODE_M;
+    const bool decode = c->M <= WQ_MAX_DECODE_M || wq_mma_ok(c);
     int64_t S = 1, per = 1;
     if (decode) decode_plan(ctx, c, &S, &per);
     void * ws;

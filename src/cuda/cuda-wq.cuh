@@ -12,7 +12,8 @@ extern "C" {
 #include "wq-impl.h"
 }
 
-#define WQ_MAX_DECODE_M 16
+#define WQ_MAX_DECODE_M 16 // rows of the generic decode (wq_simt_kernel)
+#define WQ_MMA_MAX_M 32    // rows of the mma decode kernel
 
 struct wq_dev {
     const uint32_t * qw;
@@ -107,7 +108,7 @@ inline wq_x x_of(const struct bie_wq_call * c, const struct bie_tensor * x) {
     return a;
 }
 
-// The mma decode path (cuda-wq-decode.cu): whether it takes the call (M <= 16, f16/bf16 x, uniform
+// The mma decode path (cuda-wq-decode.cu): whether it takes the call (M <= 32, f16/bf16 x, uniform
 // 2/4/8 bits, N % 4 == 0, groups of whole chunks), its split of the K range into S ranges of cps
 // chunks, and the call itself (x' staging where it takes it, then the kernel writing part[S][M][N]).
 bool wq_mma_ok(const struct bie_wq_call * c);

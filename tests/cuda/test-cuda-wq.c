@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // test-cuda-wq.c: the CUDA weight-only n-bit layer against the reference on the host: forward in its
-// routes (the mma decode kernel: f16/bf16 x, 2/4/8 bits, M <= 16; the SIMT decode kernel: other
-// bits, mixed bits, f32 x, odd N; dequantise + cuBLAS for M > 16; passes of 16 rows through the mma
-// kernel for M > 16, which only large weights take by default and BIE_CUDA_WQ=passes forces in a
+// routes (the mma decode kernel: f16/bf16 x, 2/4/8 bits, M <= 32; the SIMT decode kernel: other
+// bits, mixed bits, f32 x, odd N, M <= 16; dequantise + cuBLAS for the rest; passes of 32 rows through
+// the mma kernel for M > 32, which only large weights take by default and BIE_CUDA_WQ=passes forces in a
 // second context; and the mma kernel's x' from its own kernel, which only large calls take by
 // default and BIE_CUDA_WQ=xs forces in a third), backward (grad_x, grad_w) and dequantize, on random
 // odd shapes with every zero form, permutations, channel scales, bias and dense or padded rows of x.
@@ -167,14 +167,14 @@ int main(int argc, char ** argv) {
     cuda_test_contexts(&ref, &cu);
     const int iters = cuda_test_quick() ? 40 : 160;
     for (int it = 0; it < iters; it++) {
-        const int64_t ml[] = {1, 2, 3, 5, 8, 16, 17, 40};
+        const int64_t ml[] = {1, 2, 3, 5, 8, 16, 17, 25, 32, 40};
         const int64_t bl[] = {4, 2, 8, 4, 2, 3, 0, 5};
         const int bits = (int)test_pick(bl, 8);
         const int64_t gl[] = {128, 64, 32, 100000, 48};
         const int gsz = (int)test_pick(gl, bits ? 5 : 3);
         const int64_t K = it < 8 ? 128 * test_rand_int(1, 12) : test_rand_int(1, 600);
         const int64_t N = it % 2 ? 4 * test_rand_int(1, 80) : test_rand_int(1, 300);
-        const int64_t M = test_pick(ml, 8);
+        const int64_t M = test_pick(ml, 10);
         const int64_t xl[] = {BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_F16, BIE_DTYPE_BF16, BIE_DTYPE_F32};
         const enum bie_dtype xd = (enum bie_dtype)test_pick(xl, 5);
         struct layer L;
@@ -183,9 +183,9 @@ int main(int argc, char ** argv) {
         check_case(ref, cu, &L, xd, it % 3 == 0);
         free_layer(&L);
     }
-    const int64_t passes_m[] = {17, 24, 32, 33, 47}, decode_m[] = {1, 2, 5, 8, 9, 16};
+    const int64_t passes_m[] = {33, 40, 64, 65, 95}, decode_m[] = {1, 2, 5, 8, 9, 16, 17, 32};
     env_cases(ref, "passes", passes_m, 5, iters / 4);
-    env_cases(ref, "xs", decode_m, 6, iters / 4);
+    env_cases(ref, "xs", decode_m, 8, iters / 4);
     bie_context_destroy(ref);
     bie_context_destroy(cu);
     return test_finish("test-cuda-wq");
