@@ -19,6 +19,7 @@ struct bcase {
     struct bie_conv2d_desc cd;
     struct bie_tensor x, bias, w, sa, sw, gy, gx, gw, gs, gb;
     bool has_bias;
+    float clamp; // x_clamp (0: none)
     int64_t n_x_terms, n_w_terms, n_b_terms, nx;
     char what[320];
 };
@@ -39,6 +40,7 @@ static void fill_case(struct bcase * bc, enum bie_dtype wd) {
     bc->sw = test_scalar(test_rand_float(0.01f, 0.2f));
     bc->gs = test_tensor(BIE_DTYPE_F32, 0, NULL, NULL);
     bc->gb = test_tensor(BIE_DTYPE_F32, 1, &C, NULL);
+    bc->clamp = test_rand_int(0, 2) == 0 ? test_rand_float(0.5f, 1.5f) : 0.0f; // (x in [-2, 2])
 }
 
 static enum bie_dtype pick_w(enum bie_quant q) {
@@ -73,9 +75,9 @@ static void make_linear(struct bcase * bc, enum bie_quant q, int64_t K, int64_t 
     bc->n_b_terms = M;
     bc->nx = M * K;
     fill_case(bc, wd);
-    snprintf(bc->what, sizeof bc->what, "linear q%d M=%lld K=%lld N=%lld w %s gx %s gw %s gap %d bias %d", (int)q,
-             (long long)M, (long long)K, (long long)N, bie_dtype_name(wd), bie_dtype_name(gxd), bie_dtype_name(gwd),
-             (int)gap, (int)bc->has_bias);
+    snprintf(bc->what, sizeof bc->what, "linear q%d M=%lld K=%lld N=%lld w %s gx %s gw %s gap %d bias %d clamp %g",
+             (int)q, (long long)M, (long long)K, (long long)N, bie_dtype_name(wd), bie_dtype_name(gxd),
+             bie_dtype_name(gwd), (int)gap, (int)bc->has_bias, (double)bc->clamp);
 }
 
 static void make_conv(struct bcase * bc, enum bie_quant q) {
@@ -110,11 +112,11 @@ static void make_conv(struct bcase * bc, enum bie_quant q) {
     fill_case(bc, wd);
     snprintf(bc->what, sizeof bc->what,
              "conv q%d N=%lld C=%lld H=%lld W=%lld O=%lld k=%dx%d s=%dx%d p=%dx%d d=%dx%d pad=%d w %s x/%d g/%d "
-             "gx %s gw %s bias %d",
+             "gx %s gw %s bias %d clamp %g",
              (int)q, (long long)N, (long long)d->in_channels, (long long)H, (long long)W, (long long)d->out_channels,
              d->kernel[0], d->kernel[1], d->stride[0], d->stride[1], d->padding[0], d->padding[1], d->dilation[0],
              d->dilation[1], (int)d->pad_value, bie_dtype_name(wd), lx, lg, bie_dtype_name(gxd), bie_dtype_name(gwd),
-             (int)bc->has_bias);
+             (int)bc->has_bias, (double)bc->clamp);
 }
 
 static void free_case(struct bcase * bc) {
@@ -141,7 +143,8 @@ static enum bie_status run(bie_context_t * ctx, struct bcase * bc, struct outs *
                                   .grad_x = &o->gx,
                                   .grad_weight = &o->gw,
                                   .grad_scale_a = &o->gs,
-                                  .grad_bias_a = &o->gb};
+                                  .grad_bias_a = &o->gb,
+                                  .x_clamp = bc->clamp};
     return bc->conv ? bie_conv2d_backward(ctx, &bc->cd, &a) : bie_linear_backward(ctx, &bc->lin, &a);
 }
 

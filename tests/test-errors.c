@@ -62,8 +62,8 @@ static struct bie_forward_args fwd_args(struct fixture * f) {
         .x = &f->x, .bias_a = &f->bias, .weight = &f->w, .scale_a = &f->sa, .scale_w = &f->sw, .y = &f->y};
 }
 static struct bie_backward_args bwd_args(struct fixture * f) {
-    return (struct bie_backward_args){&f->x,  &f->bias, &f->w,  &f->sa, &f->sw, &f->gy,
-                                      &f->gx, &f->gw,   &f->gs, &f->gb, NULL,   NULL};
+    return (struct bie_backward_args){&f->x,  &f->bias, &f->w,  &f->sa, &f->sw, &f->gy, &f->gx,
+                                      &f->gw, &f->gs,   &f->gb, NULL,   NULL,   0.0f};
 }
 
 static enum bie_status fwd(struct fixture * f, const struct bie_forward_args * a) {

@@ -8,8 +8,8 @@
 // - output views that overlap themselves, each other or an input are refused;
 // - scale_a * scale_w must be finite: 3e38 * 3e38 is refused instead of giving 0 * inf = NaN;
 // - x_clamp: a call with it equals the call on a copy of x clamped by hand (NaN, +-t and values
-//   past t included), at every quantization and backend; bad bounds, a B1 x and a plan executed
-//   with another bound are refused.
+//   past t included), the backward's grad_x then gated by 1{|x| < t}, at every quantization and
+//   backend; bad bounds, a B1 x and a plan executed with another bound are refused.
 #include "test-cpu-common.h"
 
 static const enum bie_quant k_quants[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
@@ -214,8 +214,88 @@ static void test_scale_product(bie_context_t * ctx) {
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) test_tensor_free(ts[i]);
 }
 
+static enum bie_status run_forward(bie_context_t * ctx, const bie_plan_t * p, const void * a) {
+    return bie_plan_forward(ctx, p, (const struct bie_forward_args *)a);
+}
+static enum bie_status run_backward(bie_context_t * ctx, const bie_plan_t * p, const void * a) {
+    return bie_plan_backward(ctx, p, (const struct bie_backward_args *)a);
+}
+// A plan made with the x_clamp *clamp of args: its description names the clamp, an execution with
+// another bound is refused and one with its own runs; then the plan is destroyed.
+static void check_clamp_plan(bie_context_t * ctx, bie_plan_t * plan,
+                             enum bie_status (*run)(bie_context_t *, const bie_plan_t *, const void *),
+                             const void * args, float * clamp, float other) {
+    CHECK(plan && strstr(bie_plan_describe(plan), "x clamped to +-"), "plan \"%s\" names the clamp",
+          plan ? bie_plan_describe(plan) : "");
+    const float t = *clamp;
+    *clamp = other;
+    TEST_EXPECT_STATUS(ctx, run(ctx, plan, args), BIE_STATUS_INVALID_ARGUMENT, "x_clamp");
+    *clamp = t;
+    CHECK_OK(ctx, run(ctx, plan, args));
+    bie_plan_destroy(plan);
+}
+
+// The backward of d with x_clamp = t on x against the backward on h (x clamped by hand) whose grad_x
+// is zeroed where !(|x| < t), to the bit; bad bounds and a plan run with another bound refused.
+static void check_clamped_backward(bie_context_t * ctx, const struct bie_conv2d_desc * d, struct bie_tensor * x,
+                                   struct bie_tensor * h, struct bie_tensor * w, struct bie_tensor * bias,
+                                   struct bie_tensor * sa, struct bie_tensor * sw, float t) {
+    static const int nchw[4] = {0, 1, 2, 3};
+    const int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3], O = w->shape[0];
+    const int64_t ys[4] = {N, O, H, W};
+    struct bie_tensor gy = cpu_test_view4(BIE_DTYPE_F32, ys, nchw), g[2][4];
+    test_fill_uniform(&gy, -1, 1);
+    for (int k = 0; k < 2; k++) {
+        g[k][0] = cpu_test_view4(BIE_DTYPE_F32, x->shape, nchw);
+        g[k][1] = cpu_test_view4(BIE_DTYPE_F32, w->shape, nchw);
+        g[k][2] = test_scalar(0.0f);
+        g[k][3] = test_tensor(BIE_DTYPE_F32, 1, &C, NULL);
+    }
+    struct bie_backward_args a = {.x = x,
+                                  .bias_a = bias,
+                                  .weight = w,
+                                  .scale_a = sa,
+                                  .scale_w = sw,
+                                  .grad_y = &gy,
+                                  .grad_x = &g[0][0],
+                                  .grad_weight = &g[0][1],
+                                  .grad_scale_a = &g[0][2],
+                                  .grad_bias_a = &g[0][3],
+                                  .x_clamp = t};
+    CHECK_OK(ctx, bie_conv2d_backward(ctx, d, &a));
+    struct bie_backward_args b = a;
+    b.x = h;
+    b.x_clamp = 0.0f;
+    b.grad_x = &g[1][0];
+    b.grad_weight = &g[1][1];
+    b.grad_scale_a = &g[1][2];
+    b.grad_bias_a = &g[1][3];
+    CHECK_OK(ctx, bie_conv2d_backward(ctx, d, &b));
+    const float * xv = (const float *)x->data;
+    for (int64_t i = 0; i < N * C * H * W; i++)
+        if (!(fabsf(xv[i]) < t)) ((float *)g[1][0].data)[i] = 0.0f;
+    static const char * const names[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
+    for (int k = 0; k < 4; k++)
+        CHECK(memcmp(g[0][k].data, g[1][k].data, (size_t)bie_tensor_numel(&g[0][k]) * sizeof(float)) == 0,
+              "isa %s q%d: %s with x_clamp %g differs from that of the clamped copy, gated",
+              bie_cpu_isa_name(bie_context_cpu_isa(ctx)), (int)d->quant, names[k], (double)t);
+    static const float bad[3] = {-1.0f, INFINITY, NAN};
+    for (int i = 0; i < 3; i++) {
+        a.x_clamp = bad[i];
+        TEST_EXPECT_STATUS(ctx, bie_conv2d_backward(ctx, d, &a), BIE_STATUS_INVALID_ARGUMENT, "x_clamp");
+    }
+    a.x_clamp = t;
+    bie_plan_t * plan = NULL;
+    CHECK_OK(ctx, bie_plan_conv2d_backward(ctx, d, &a, &plan));
+    check_clamp_plan(ctx, plan, run_backward, &a, &a.x_clamp, 0.0f);
+    test_tensor_free(&gy);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 4; j++) test_tensor_free(&g[k][j]);
+}
+
 // y of a 4-bit, 8-bit or binary conv (3x3, padding 1, bias_a) with x_clamp = t against the same
-// call without it on h = min(max(x, -t), t) (NaN kept), on ctx; then the refusals.
+// call without it on h = min(max(x, -t), t) (NaN kept), on ctx, and the backward's gradients
+// against the backward on h with grad_x zeroed where !(|x| < t); then the refusals.
 static void test_x_clamp(bie_context_t * ctx) {
     const float t = 0.75f;
     for (int qi = 0; qi < 3; qi++) {
@@ -255,18 +335,13 @@ static void test_x_clamp(bie_context_t * ctx) {
             a.x_clamp = bad[i];
             TEST_EXPECT_STATUS(ctx, bie_conv2d_forward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "x_clamp");
         }
+        check_clamped_backward(ctx, &d, &x, &h, &w, &bias, &sa, &sw, t);
         a.x_clamp = bad[3]; // -0 is 0: no clamp
         CHECK_OK(ctx, bie_conv2d_forward(ctx, &d, &a));
         a.x_clamp = t;
         bie_plan_t * plan = NULL;
         CHECK_OK(ctx, bie_plan_conv2d_forward(ctx, &d, &a, &plan));
-        CHECK(plan && strstr(bie_plan_describe(plan), "x clamped to +-0.75"), "plan \"%s\" names the clamp",
-              plan ? bie_plan_describe(plan) : "");
-        a.x_clamp = 0.5f;
-        TEST_EXPECT_STATUS(ctx, bie_plan_forward(ctx, plan, &a), BIE_STATUS_INVALID_ARGUMENT, "x_clamp");
-        a.x_clamp = t;
-        CHECK_OK(ctx, bie_plan_forward(ctx, plan, &a));
-        bie_plan_destroy(plan);
+        check_clamp_plan(ctx, plan, run_forward, &a, &a.x_clamp, 0.5f);
         struct bie_tensor * all[] = {&x, &h, &w, &y0, &y1, &bias, &sa, &sw};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) test_tensor_free(all[i]);
     }

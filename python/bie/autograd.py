@@ -336,17 +336,21 @@ class BlockRun:
     to one thread (the calls' argument structs are patched in place): the forward's calls are made
     in the thread of its first call, the backward's in that of its first backward.
     Constants: the conv's quant, scale_w, clamp t (binary: the Hardtanh's; None for a 4-bit or 8-bit
-    conv, whose input comes clamped), geometry (kernel_size, stride, padding, dilation) and
+    conv), geometry (kernel_size, stride, padding, dilation) and
     channels, the BatchNorm's running_mean, running_var, num_batches_tracked (or None), momentum and
-    eps (its batch norm call adds 1 to num_batches_tracked, so a replay does too). An 8-bit conv's forward
-    first writes scale_w from the current weight (the layer's 2*mean|W|/11.269), as a libbie call
-    that replays with the others."""
+    eps (its batch norm call adds 1 to num_batches_tracked, so a replay does too), and x_clamp: a 4-bit or
+    8-bit conv's symmetric Hardtanh bound when the node takes x before it (the conv's calls clamp x
+    and, in the backward, gate grad_x by the clamp's derivative), else None (its input comes
+    clamped). An 8-bit conv's forward first writes scale_w from the current weight (the layer's
+    2*mean|W|/11.269), as a libbie call that replays with the others."""
 
-    __slots__ = ("quant", "scale_w", "t", "geometry", "channels", "running", "count", "momentum", "eps", "fwd",
-                 "shapes", "back", "replay", "scale")
+    __slots__ = ("quant", "scale_w", "t", "x_clamp", "geometry", "channels", "running", "count", "momentum", "eps",
+                 "fwd", "shapes", "back", "replay", "scale")
 
-    def __init__(self, quant, scale_w, t, geometry, channels, running_mean, running_var, count, momentum, eps):
+    def __init__(self, quant, scale_w, t, geometry, channels, running_mean, running_var, count, momentum, eps,
+                 x_clamp=None):
         self.quant, self.scale_w, self.t = quant, scale_w, None if t is None else float(t)
+        self.x_clamp = None if x_clamp is None else float(x_clamp)
         self.geometry, self.channels = geometry, channels
         self.running, self.count, self.momentum, self.eps = (running_mean, running_var), count, momentum, eps
         self.fwd = None  # (binarize call or None, conv plan, bn call), after the first forward
@@ -379,7 +383,8 @@ class BlockRun:
                 kept = xk = x
             z, conv = F._conv2d_forward_planned(self.quant, xk, weight, scale_a, sw, ba, *self.geometry,
                                                 PAD_ZERO, x.dtype if binary else None,
-                                                self.channels if binary else None, None, None, None, None, None)
+                                                self.channels if binary else None, None, None, None, None, None,
+                                                self.x_clamp)
             stats = torch.empty((2, z.shape[1]), dtype=torch.float32, device=x.device)
             mean, invstd = stats.unbind(0)
             y = torch.empty_like(z, memory_format=F._like_memory_format(z))
@@ -436,7 +441,7 @@ class BlockRun:
                 grads, conv = F._conv2d_backward_planned(self.quant, x, weight, scale_a, sw, gz, bias_a,
                                                          *self.geometry, PAD_ZERO, needs, None, mask,
                                                          self.channels if binary else None,
-                                                         x_dtype if binary else None, gate)
+                                                         x_dtype if binary else None, gate, self.x_clamp)
             self.back[needs] = (bn, conv, _spec(gz), tuple(_spec(g) for g in grads), _spec(gbw), _plans.Replay())
             return (*grads, gbw, gbb)
         ctx = _plans.bound_context(z)
@@ -466,10 +471,11 @@ class BlockTrain(torch.autograd.Function):
     statistics, the pass that normalises and adds the residual; the backward is the batch norm's,
     then the conv's. A binary conv in its bits-saving case takes x before a symmetric clamp
     (clamp_saves_bits; the clamp's t is run.t): its node is ClampedBinaryConv2dForward, one pass over
-    x makes the three bit planes that are kept instead of x. A 4-bit or 8-bit conv takes its input
-    as it comes (its Hardtanh runs before) and keeps it. Both keep the conv's output and the
-    statistics. identity=True (binary only): the residual is x itself (a block's identity shortcut),
-    and x's gradient takes the shortcut's in place.
+    x makes the three bit planes that are kept instead of x. A 4-bit or 8-bit conv takes x before
+    its symmetric Hardtanh where run.x_clamp is set (the conv's calls clamp it), else its input as it
+    comes (its Hardtanh runs before), and keeps that. Both keep the conv's output and the statistics.
+    identity=True (binary, or n-bit with run.x_clamp): the residual is x itself (a block's identity
+    shortcut), and x's gradient takes the shortcut's in place.
 
         apply(x, weight, scale_a, bias_a, bn_weight, bn_bias, residual (None with identity), run, identity)
 

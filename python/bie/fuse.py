@@ -25,7 +25,10 @@ training, or with autograd on, the fused modules run the original ones (activati
 BatchNorm, add, pool), so training and gradients are those of the model they came from; in a
 training step on CUDA, a binary conv and its symmetric Hardtanh are one autograd node
 (ClampedBinaryConv2dForward) that keeps bits of the Hardtanh's input instead of the input, with
-the same numbers. The fold is taken again whenever a module enters eval mode (model.eval()).
+the same numbers, and where a block qualifies its conv, BatchNorm and residual add are one BlockTrain
+node, the Hardtanh before the conv in it too (a binary conv's as above; a symmetric one before a
+4-bit or 8-bit conv as the conv's x_clamp, forward and backward). The fold is taken again whenever
+a module enters eval mode (model.eval()).
 """
 import math
 import operator
@@ -242,13 +245,14 @@ class FusedConv2d(nn.Module):
                 break
         run = entry[0]
         w, _, _, ba, bw, bbias = now[:6]
-        if run.t is None:  # (a 4-bit or 8-bit conv: its Hardtanh first; the 8-bit weight scale of the
-            # current weight is the node's first call)
-            if self.act is not None:
+        if run.t is None:  # (a 4-bit or 8-bit conv: its Hardtanh first unless the node clamps x itself;
+            # the 8-bit weight scale of the current weight is the node's first call)
+            if self.act is not None and run.x_clamp is None:
                 x = self.act(x)
             if not conv._scale_ready:  # (the lazy scale_a, from the conv's own input)
-                conv._init_scale_a(x)
-            identity = False
+                with torch.no_grad():
+                    conv._init_scale_a(x if self.act is None or run.x_clamp is None else self.act(x))
+            identity = identity and run.x_clamp is not None
         y = BlockTrain.apply(x, w, conv._scale_a_arg(), ba, bw, bbias, None if identity else residual, run, identity)
         if run.scale is not None:
             conv._q8_scale_key = (id(w), w._version)  # (scale_w is that of this weight)
@@ -258,8 +262,9 @@ class FusedConv2d(nn.Module):
         """(BlockRun, the operands it was made for) where a training call on x can be one BlockTrain node:
         a bie conv with a float weight and no bias, a training BatchNorm2d after it that libbie's batch
         norm takes (_bn_trains), a residual of y's dtype and shape; a binary conv after a symmetric
-        Hardtanh in its bits-saving case (clamp_saves_bits) with bias_a, or a 4-bit or 8-bit conv
-        (after any Hardtanh, which runs before the node). False where not."""
+        Hardtanh in its bits-saving case (clamp_saves_bits) with bias_a, or a 4-bit or 8-bit conv (a
+        symmetric Hardtanh whose bound is exact in x's dtype in the node, as the conv's x_clamp; any
+        other Hardtanh before the node). False where not."""
         conv, bn, act = self.conv, self.bn, self.act
         if bn is None or conv.bias is not None or not torch.is_grad_enabled() or not conv.training:
             return False
@@ -267,6 +272,7 @@ class FusedConv2d(nn.Module):
         binary = isinstance(conv, BinaryConv2d)
         if not w.is_floating_point() or not x.is_cuda or x.dim() != 4:
             return False
+        xc = None  # an n-bit conv's x_clamp: its symmetric Hardtanh in the node (a t exact in x's dtype)
         if binary:
             if act is None or conv.bias_a is None:
                 return False
@@ -276,6 +282,8 @@ class FusedConv2d(nn.Module):
                 return False
         else:
             t = None
+            if act is not None and self._x_clamp is not None and _exact_in(self._x_clamp, x.dtype):
+                xc = self._x_clamp
         conv._check_forward(x)
         oh, ow = F.conv2d_output_size(x.shape[2], x.shape[3], conv.kernel_size, conv.stride, conv.padding,
                                       conv.dilation)
@@ -289,7 +297,7 @@ class FusedConv2d(nn.Module):
                 conv._init_scale_a(h)
         conv._prepare_forward(h)
         run = BlockRun(conv.quant, conv.scale_w, t, conv._geometry(), conv.in_channels, bn.running_mean,
-                       bn.running_var, bn.num_batches_tracked, bn.momentum, bn.eps)
+                       bn.running_var, bn.num_batches_tracked, bn.momentum, bn.eps, xc)
         operands = (conv.weight, conv.scale_w, conv.scale_a, conv.bias_a, bn.weight, bn.bias, bn.running_mean,
                     bn.running_var, bn.num_batches_tracked, bn.momentum, bn.eps)  # (what _block compares by identity)
         return run, operands

@@ -142,6 +142,41 @@ def test_x_clamp_is_hardtanh_then_conv(device, quant):
                 F.conv2d_forward(quant, x, w, sa, sw, ba, *geo, x_clamp=-1.0)
 
 
+@pytest.mark.parametrize("quant", [F.QUANT_BINARY, F.QUANT_INT4, F.QUANT_INT8])
+def test_x_clamp_backward_is_hardtanh_backward(device, quant):
+    """conv2d_backward with x_clamp=t gives the gradients of conv(Hardtanh(-t, t)(x)): the conv's
+    backward on the clamped x, then its grad_x through the Hardtanh's backward (0 at +-t and past
+    it), with and without bias_a, in both memory formats on CUDA. To the bit, but grad_scale_a (its
+    partial sums meet in atomic adds on CUDA) and a float32 grad_weight (cuDNN's float32 algorithm
+    varies in its last bits from run to run)."""
+    torch.manual_seed(2)
+    formats = [torch.contiguous_format] + ([torch.channels_last] if device.type == "cuda" else [])
+    for dt in dtypes(device):
+        for fmt in formats:
+            for with_bias in (False, True):
+                x = (torch.randn(2, 16, 6, 7, device=device) * 2).to(dt)
+                x.view(-1)[:3] = torch.tensor([0.75, -0.75, 9.0])
+                x = x.contiguous(memory_format=fmt)
+                w = torch.randn(5, 16, 3, 3, device=device, dtype=dt)
+                sa = torch.tensor(0.1 if quant != F.QUANT_BINARY else 0.5, device=device, dtype=dt)
+                sw = torch.tensor(0.05, device=device, dtype=dt)
+                ba = (torch.rand(16, device=device, dtype=dt) - 0.5) if with_bias else None
+                gy = torch.randn(2, 5, 6, 7, device=device, dtype=dt).contiguous(memory_format=fmt)
+                geo = (3, 1, 1, 1)
+                got = F.conv2d_backward(quant, x, w, sa, sw, gy, ba, *geo, x_clamp=0.75)
+                want = list(F.conv2d_backward(quant, nn.functional.hardtanh(x, -0.75, 0.75), w, sa, sw, gy, ba, *geo))
+                want[0] = torch.ops.aten.hardtanh_backward(want[0], x, -0.75, 0.75)
+                for i, (u, v) in enumerate(zip(got, want)):
+                    if v is None:
+                        assert u is None
+                    elif i == 2 or (i == 1 and dt == torch.float32 and device.type == "cuda"):
+                        assert torch.allclose(u.float(), v.float(), rtol=1e-3, atol=1e-6 * v.abs().max().item())
+                    else:
+                        assert torch.equal(u, v), (quant, dt, fmt, with_bias, i)
+                with pytest.raises(bie.BieError, match="x_clamp"):
+                    F.conv2d_backward(quant, x, w, sa, sw, gy, ba, *geo, x_clamp=float("inf"))
+
+
 def close(a, b, device, rel=1e-4, floor=0.0):
     """a equals b on the CPU (PyTorch's batch norm on both sides); on CUDA within rel of b's largest
     element, or of floor where that is larger (libbie's batch norm rounds once where PyTorch's norm
@@ -278,14 +313,27 @@ def test_fused_training_keeps_bits_and_equals_the_model():
         assert torch.allclose(b1.float(), b2.float(), rtol=4e-3, atol=4e-3), n1
 
 
+def node_names(fn):
+    """The class names of the autograd nodes reachable from fn."""
+    seen, todo, names = set(), [fn], set()
+    while todo:
+        f = todo.pop()
+        if f is None or f in seen:
+            continue
+        seen.add(f)
+        names.add(type(f).__name__)
+        todo.extend(n for n, _ in f.next_functions)
+    return names
+
+
 @pytest.mark.skipif(not (torch.cuda.is_available() and bie.cuda_available()), reason="needs CUDA")
 @pytest.mark.parametrize("kind,dt", [("binary", torch.float16), ("binary", torch.bfloat16), ("q4", torch.float16),
                                      ("q8", torch.bfloat16), ("q4", torch.float32)])
 def test_block_node_is_the_per_module_path(kind, dt, monkeypatch):
     """A fused block in a CUDA training step is one BlockTrain node (conv, BatchNorm and the residual
-    add; a binary conv's Hardtanh inside it, an identity shortcut's gradient added in place) with the
-    numbers of the nodes per module it replaces (ClampedBinaryConv2dForward or the n-bit conv's,
-    then BatchNormTrain), to the bit: outputs, every gradient and the running statistics, over six
+    add; the Hardtanh before it inside it (a 4-bit or 8-bit conv's as its x_clamp), an identity
+    shortcut's gradient added in place) with the numbers of the nodes per module it replaces
+    (ClampedBinaryConv2dForward, or Hardtanh and the n-bit conv's, then BatchNormTrain), to the bit: outputs, every gradient and the running statistics, over six
     SGD steps on inputs that change (the first makes the node's calls, the second reuses them, and
     once a step's allocations repeat the last's, a step records the calls and the later ones replay
     them, _plans.Replay). In float32 the weight gradient of a 4-bit or 8-bit conv comes from cuDNN's
@@ -314,6 +362,9 @@ def test_block_node_is_the_per_module_path(kind, dt, monkeypatch):
         for i in range(6):  # (copies to the host: each step's device allocations repeat the last's)
             opt.zero_grad(set_to_none=True)
             y = g(x * (1 + i / 8))
+            if i == 0:
+                graph = node_names(y.grad_fn)
+                assert ("HardtanhBackward0" in graph) == (not whole and kind != "binary"), graph
             y.float().square().mean().backward()
             steps.append([("y", y.detach().cpu())] + [(n, p.grad.cpu()) for n, p in g.named_parameters()
                                                       if p.grad is not None] +

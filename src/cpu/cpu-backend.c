@@ -5,16 +5,16 @@
 #include "cpu/cpu-gemv.h"
 #include "ref/ref-impl.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static enum bie_status bie_cpu_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call);
-
-// A forward with x_clamp runs on a dense f32 copy of the clamped x (one pass over x, in x's channel
+// A call with x_clamp runs on a dense f32 copy of the clamped x (one pass over x, in x's channel
 // order: channels-last stays channels-last), then as a call without the clamp: the same x' (the
-// clamp is exact in f32, and f32(x) of the copy is the clamped value).
-static enum bie_status clamped_forward(bie_context_t * ctx, const struct bie_layer_call * call) {
+// clamp is exact in f32, and f32(x) of the copy is the clamped value). A backward then applies the
+// clamp's derivative, 1{|x| < t}, to grad_x, after the sums of the call without the clamp.
+enum bie_status bie_cpu_clamped(bie_context_t * ctx, const struct bie_layer_call * call, bool backward) {
     const struct bie_geometry * g = &call->g;
     struct bie_layer_call c = *call;
     c.x_clamp = 0.0f;
@@ -24,9 +24,11 @@ static enum bie_status clamped_forward(bie_context_t * ctx, const struct bie_lay
     const int64_t st[4] = {C * H * W, nhwc ? 1 : H * W, nhwc ? W * C : W, nhwc ? C : 1};
     x->dtype = BIE_DTYPE_F32;
     for (int i = 0; i < 4; i++) x->stride[i] = st[i];
+    enum bie_status (*const run)(bie_context_t *, const struct bie_layer_call *) =
+        backward ? bie_cpu_layer_backward : bie_cpu_layer_forward;
     if (call->plan) {
         x->data = NULL;
-        const enum bie_status s = bie_cpu_layer_forward(ctx, &c);
+        const enum bie_status s = run(ctx, &c);
         const size_t n = strlen(call->plan->route);
         snprintf(call->plan->route + n, sizeof call->plan->route - n, ", x clamped into an f32 copy first");
         return s;
@@ -34,7 +36,7 @@ static enum bie_status clamped_forward(bie_context_t * ctx, const struct bie_lay
     float * h = aligned_alloc(64, ((size_t)(N * C * H * W) * sizeof(float) + 63) / 64 * 64);
     if (!h) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "x_clamp: out of host memory for the clamped x");
     const float t = call->x_clamp;
-    const struct bie_tensor * src = &call->x;
+    const struct bie_tensor *src = &call->x, *gx = &call->grad_x;
     for (int64_t n = 0; n < N; n++)
         for (int64_t ci = 0; ci < C; ci++)
             for (int64_t hi = 0; hi < H; hi++)
@@ -44,14 +46,26 @@ static enum bie_status clamped_forward(bie_context_t * ctx, const struct bie_lay
                     h[n * st[0] + ci * st[1] + hi * st[2] + wi * st[3]] = bie_clamp_sym(v, t);
                 }
     x->data = h;
-    const enum bie_status s = bie_cpu_layer_forward(ctx, &c);
+    enum bie_status s = run(ctx, &c);
+    if (s == BIE_STATUS_OK && backward && gx->data)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t ci = 0; ci < C; ci++)
+                for (int64_t hi = 0; hi < H; hi++)
+                    for (int64_t wi = 0; wi < W; wi++) {
+                        const int64_t o =
+                            n * src->stride[0] + ci * src->stride[1] + hi * src->stride[2] + wi * src->stride[3];
+                        if (!(fabsf((float)bie_load(src, o)) < t))
+                            bie_store(gx,
+                                      n * gx->stride[0] + ci * gx->stride[1] + hi * gx->stride[2] + wi * gx->stride[3],
+                                      0.0);
+                    }
     free(h);
     return s;
 }
 
-static enum bie_status bie_cpu_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call) {
+enum bie_status bie_cpu_layer_forward(bie_context_t * ctx, const struct bie_layer_call * call) {
     if (call->device_type != BIE_DEVICE_CPU || !call->scales_on_host) return BIE_DECLINED;
-    if (call->x_clamp > 0.0f) return clamped_forward(ctx, call);
+    if (call->x_clamp > 0.0f) return bie_cpu_clamped(ctx, call, false);
     if (call->plan) { // a planned forward's route names the matrix-vector path when it takes the call
         const enum bie_status s = bie_cpu_plan(ctx, call);
         if (s == BIE_STATUS_OK && bie_cpu_gemv_applies(call)) {

@@ -668,6 +668,7 @@ static enum bie_status bwd_finish(const struct bwd * b, const struct bwd_route *
 enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_layer_call * c) {
     if (c->device_type != BIE_DEVICE_CPU || !c->scales_on_host) return BIE_DECLINED;
     if (c->is_conv && c->x.dtype == BIE_DTYPE_B1) return BIE_DECLINED; // saved bits of a conv: the reference
+    if (c->x_clamp > 0.0f) return bie_cpu_clamped(ctx, c, true);
     const struct bie_geometry * g = &c->g;
     struct bwd b = {.c = c,
                     .g = g,

@@ -299,7 +299,9 @@ extern int64_t bie_cpu_bwd_task_pixels;
 extern int64_t bie_cpu_bwd_wave_max;
 
 // Operators: the binary and n-bit forwards (the table's forward picks one) and the table's slots.
-bie_layer_slot bie_cpu_binary_forward, bie_cpu_nbit_forward, bie_cpu_layer_backward;
+bie_layer_slot bie_cpu_binary_forward, bie_cpu_nbit_forward, bie_cpu_layer_forward, bie_cpu_layer_backward;
+// A layer call with an x_clamp (cpu-backend.c): the call without it on a clamped f32 copy of x.
+enum bie_status bie_cpu_clamped(bie_context_t * ctx, const struct bie_layer_call * call, bool backward);
 bie_pack_slot bie_cpu_pack, bie_cpu_unpack;
 bie_ste_slot bie_cpu_binarize_ste;
 bie_matmul_slot bie_cpu_matmul_forward, bie_cpu_matmul_backward;

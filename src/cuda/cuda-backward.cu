@@ -77,13 +77,21 @@ __device__ __forceinline__ void chunk_load(const T * row, int sdt, int64_t k0, i
     else
         for (int i = 0; i < 8; i++) q[i] = k0 + i < K ? ld_float((const char *)row, sdt, k0 + i) : 0.0f;
 }
-// Replaces the chunk's floats by their codes (bias added first; not when codes is false); returns
-// (MASK) the bits of the elements the STE stops. FULL: all 8 lie inside the row (no bounds tests).
+// Replaces the chunk's floats by their codes (clamped to +-t first where t > 0 (x_clamp), bias
+// added then; not when codes is false); returns (MASK) the bits of the elements the STE stops, or
+// whose clamp's derivative 1{|x| < t} is 0. FULL: all 8 lie inside the row (no bounds tests).
 // bin_s: ste_division_free(quant, s), worked out once per thread (the STE test is then |x'| <= s).
 template <bool MASK, bool FULL>
 __device__ __forceinline__ unsigned chunk_codes(float * q, int64_t k0, int64_t K, const struct dview & bias, int quant,
-                                                float s, int lo, int hi, bool codes, bool bin_s) {
+                                                float s, int lo, int hi, bool codes, bool bin_s, float t) {
     const int n = FULL || K - k0 >= 8 ? 8 : (int)(K - k0);
+    unsigned gate = 0;
+    if (t > 0.0f)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            if (MASK && !(fabsf(q[i]) < t)) gate |= 1u << i;
+            q[i] = clamp_in(q[i], t);
+        }
     if (bias.data)
 #pragma unroll
         for (int i = 0; i < 8; i++)
@@ -94,6 +102,7 @@ __device__ __forceinline__ unsigned chunk_codes(float * q, int64_t k0, int64_t K
         else
 #pragma unroll
             for (int i = 0; i < 8; i++) stop |= ste_passes(q[i], s, quant, lo, hi) ? 0u : 1u << i;
+        stop |= gate;
         if (!FULL) stop &= (1u << n) - 1;
     }
     if (codes && quant == BIE_QUANT_BINARY)
@@ -116,12 +125,12 @@ template <bool MASK> __device__ __forceinline__ unsigned chunk_bits(float * q, u
 template <bool MASK, typename T>
 __device__ __forceinline__ unsigned chunk_any(const T * row, const uint8_t * prow, int sdt, int64_t k0, int64_t K,
                                               const struct dview & bias, int quant, float s, int lo, int hi, bool codes,
-                                              bool bin_s, float * q) {
+                                              bool bin_s, float t, float * q) {
     if constexpr (is_sbits<T>) {
         return chunk_bits<MASK>(q, row[k0 / 8].b, MASK ? prow[k0 / 8] : 0u, K - k0 < 8 ? (int)(K - k0) : 8);
     } else {
         chunk_load<T>(row, sdt, k0, K, q);
-        return chunk_codes<MASK, false>(q, k0, K, bias, quant, s, lo, hi, codes, bin_s);
+        return chunk_codes<MASK, false>(q, k0, K, bias, quant, s, lo, hi, codes, bin_s, t);
     }
 }
 // Clears the elements of grad_x's row r, chunk k0, whose bits are set in stop. A whole, 16-byte
@@ -165,7 +174,7 @@ template <bool MASK, typename T>
 __global__ void __launch_bounds__(256, 5)
     codes_rows(const T * src, int sdt, int64_t row_stride, int64_t rows, int64_t K, struct dview bias, int quant,
                struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld, const uint8_t * pass, int64_t pass_ld) {
-    const float s = ld_scale(sc);
+    const float s = ld_scale(sc), t = sc.clamp;
     const int lo = qlo(quant), hi = qhi(quant);
     const bool bin_s = ste_division_free(quant, s);
     const int64_t chunks = (K + 7) / 8, total = rows * chunks;
@@ -173,7 +182,7 @@ __global__ void __launch_bounds__(256, 5)
         const int64_t r = qdiv(e, chunks), k0 = (e - r * chunks) * 8;
         float q[8];
         const unsigned stop = chunk_any<MASK, T>(src + r * row_stride, pass ? pass + r * pass_ld : NULL, sdt, k0, K,
-                                                 bias, quant, s, lo, hi, out != NULL, bin_s, q);
+                                                 bias, quant, s, lo, hi, out != NULL, bin_s, t, q);
         chunk_store<MASK>(q, stop, r, k0, K, gdt, out, gx, gx_ld);
     }
 }
@@ -189,7 +198,7 @@ __global__ void __launch_bounds__(256, 4)
                     struct dscale sc, int gdt, void * out, void * gx, int64_t gx_ld, const uint8_t * pass,
                     int64_t pass_ld) {
     constexpr int U = is_sbits<T> ? 8 : 8 / sizeof(T);
-    const float s = ld_scale(sc);
+    const float s = ld_scale(sc), t = sc.clamp;
     const int lo = qlo(quant), hi = qhi(quant);
     const bool bin_s = ste_division_free(quant, s);
     const int lane = threadIdx.x & 31;
@@ -227,7 +236,8 @@ __global__ void __launch_bounds__(256, 4)
                     const int64_t k0 = (c0 + 32 * u) * 8;
                     float q[8];
                     raw8_floats<T>(raw[u], q);
-                    const unsigned stop = chunk_codes<MASK, true>(q, k0, K, bias, quant, s, lo, hi, out != NULL, bin_s);
+                    const unsigned stop =
+                        chunk_codes<MASK, true>(q, k0, K, bias, quant, s, lo, hi, out != NULL, bin_s, t);
                     chunk_store<MASK>(q, stop, r, k0, K, gdt, out, gx, gx_ld);
                 }
             }
@@ -235,7 +245,7 @@ __global__ void __launch_bounds__(256, 4)
         for (int64_t c = vec + lane; c < chunks; c += 32) {
             float q[8];
             const unsigned stop =
-                chunk_any<MASK, T>(row, prow, sdt, c * 8, K, bias, quant, s, lo, hi, out != NULL, bin_s, q);
+                chunk_any<MASK, T>(row, prow, sdt, c * 8, K, bias, quant, s, lo, hi, out != NULL, bin_s, t, q);
             chunk_store<MASK>(q, stop, r, c * 8, K, gdt, out, gx, gx_ld);
         }
     }

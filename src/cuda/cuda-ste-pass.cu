@@ -6,7 +6,9 @@
 //           term = gx * (lo*1{r<lo} + hi*1{r>hi} + mid*(rne(r) - r))
 // with gx = scale_w * (the tap sum), then grad_scale_a = sum(term) / sqrt(numel(x)) (n-bit:
 // / sqrt(numel(x)*hi)) and grad_bias_a[c] = the sum of grad_x over every other axis. x is float,
-// or the sign bits saved by bie_binarize_ste with their mask bits (rows only).
+// or the sign bits saved by bie_binarize_ste with their mask bits (rows only). A float x under an
+// x_clamp t (the scale_a dscale's clamp) is read as clamp(x, -t, t), and grad_x, once the sums are
+// taken, is gated by the clamp's derivative 1{|x| < t}.
 #include "cuda-impl.cuh"
 #include "cuda-ste.cuh"
 
@@ -111,7 +113,7 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3)
     constexpr int NL = NT > 0 ? NT : 1; // loads per pixel in flight
     __shared__ float tile[32][33];      // [pixel][channel]
     __shared__ double csum[8][33];
-    const float s_a = ld_scale(sa), s_w = ld_scale(sw);
+    const float s_a = ld_scale(sa), s_w = ld_scale(sw), t = sa.clamp;
     const int lo = qlo(quant), hi = qhi(quant), taps = g.kh * g.kw;
     const int64_t HW = g.H * g.W, P = g.batch * HW, ptiles = (P + 31) / 32, ctiles = (g.C + 31) / 32;
     const int lane = threadIdx.x, ty = threadIdx.y;
@@ -175,6 +177,7 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3)
         // pixel part and a channel part
         int64_t xo[4], go[4];
         float xv[4];
+        bool open[4]; // the clamp's derivative 1{|x| < t} (x_clamp), or true
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             if (along_pixels && k > 0) {
@@ -191,6 +194,8 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3)
         for (int k = 0; k < 4; k++) { // x first, all 4 loads in flight
             const int64_t cc = c0 + (along_pixels ? ty + 8 * k : lane);
             xv[k] = xo[k] >= 0 && cc < g.C ? ld_as<T>(x, xo[k] + cc * x.stride[1]) : 0.0f;
+            open[k] = !(t > 0.0f) || fabsf(xv[k]) < t;
+            if (t > 0.0f) xv[k] = clamp_in(xv[k], t);
             if (bias.data) xv[k] = __fadd_rn(xv[k], bv[k]);
         }
 #pragma unroll
@@ -200,7 +205,8 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3)
             float gxm_v = 0.0f, term = 0.0f;
             if (xo[k] >= 0 && cc < g.C) {
                 ste_elem(xv[k], __fmul_rn(tile[pi][ci], s_w), quant, s_a, lo, hi, &gxm_v, &term);
-                if (write_gx) st_float(gx_out.data, gx_out.dtype, go[k] + cc * gx_out.stride[1], gxm_v);
+                if (write_gx)
+                    st_float(gx_out.data, gx_out.dtype, go[k] + cc * gx_out.stride[1], open[k] ? gxm_v : 0.0f);
             }
             acc += (double)term;
             cacc[along_pixels ? k : 0] += (double)gxm_v;
@@ -247,7 +253,7 @@ __global__ void __launch_bounds__(256, 3)
     ste_rows(struct dview x, struct dview xm, struct dview gm, struct dview bias, int64_t rows, int64_t C, int64_t slab,
              int quant, struct dscale sa, struct dscale sw, const D * dcol, struct dview gx_out, int write_gx,
              double * colpart, double * term_sum) {
-    const float s_a = ld_scale(sa), s_w = ld_scale(sw);
+    const float s_a = ld_scale(sa), s_w = ld_scale(sw), t = sa.clamp;
     const int lo = qlo(quant), hi = qhi(quant);
     const int64_t c0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
     const int64_t r0 = (int64_t)blockIdx.y * slab, r1 = r0 + slab < rows ? r0 + slab : rows;
@@ -275,7 +281,12 @@ __global__ void __launch_bounds__(256, 3)
                 }
             } else {
                 float term;
-                const float xp = bias.data ? __fadd_rn(xv[i], b[i]) : xv[i];
+                float xc = xv[i];
+                if (t > 0.0f) { // x_clamp: the clamp's derivative gates grad_x after the sums
+                    if (!(fabsf(xc) < t)) gate &= ~(1u << i);
+                    xc = clamp_in(xc, t);
+                }
+                const float xp = bias.data ? __fadd_rn(xc, b[i]) : xc;
                 ste_elem(xp, gxi, quant, s_a, lo, hi, &gv[i], &term);
                 if (c0 + i < C) {
                     csum[i] += (double)gv[i];

@@ -266,6 +266,16 @@ static enum bie_status epilogue_check(bie_context_t * ctx, struct bie_layer_call
     return BIE_STATUS_OK;
 }
 
+// x_clamp (forward and backward args): t finite and > 0 with a float x, or 0; kept as the call's.
+static enum bie_status clamp_check(bie_context_t * ctx, struct bie_layer_call * c, float t,
+                                   const struct bie_tensor * x) {
+    if (t == 0.0f) return BIE_STATUS_OK;
+    if (!isfinite(t) || !(t > 0.0f)) BIE_FAIL("x_clamp: = %g must be 0 (no clamp) or finite and > 0", (double)t);
+    if (x->dtype == BIE_DTYPE_B1) BIE_FAIL("x_clamp: x is b1 (already binarized); a clamp needs a float x");
+    c->x_clamp = t;
+    return BIE_STATUS_OK;
+}
+
 enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_linear_desc * lin,
                                           const struct bie_conv2d_desc * conv, const struct bie_forward_args * a,
                                           struct bie_layer_call * c) {
@@ -281,12 +291,7 @@ enum bie_status bie_layer_prepare_forward(bie_context_t * ctx, const struct bie_
         BIE_FAIL("scale_a * scale_w: %g * %g overflows f32 (y = acc * (scale_a * scale_w) needs a finite product)",
                  (double)c->scale_a, (double)c->scale_w);
     BIE_TRY(epilogue_check(ctx, c, a));
-    if (a->x_clamp != 0.0f) {
-        if (!isfinite(a->x_clamp) || !(a->x_clamp > 0.0f))
-            BIE_FAIL("x_clamp: = %g must be 0 (no clamp) or finite and > 0", (double)a->x_clamp);
-        if (a->x->dtype == BIE_DTYPE_B1) BIE_FAIL("x_clamp: x is b1 (already binarized); a clamp needs a float x");
-        c->x_clamp = a->x_clamp;
-    }
+    BIE_TRY(clamp_check(ctx, c, a->x_clamp, a->x));
     const struct bie_tensor *outs[2] = {a->y, a->out_bits},
                             *ins[9] = {a->x,       a->bias_a,  a->weight,   a->scale_a,      a->scale_w,
                                        a->out_mul, a->out_add, a->residual, a->out_bits_bias};
@@ -358,6 +363,7 @@ enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie
     struct bie_layer_call c;
     BIE_TRY(prepare(ctx, lin, conv, a->x, a->bias_a, a->weight, a->scale_a, a->scale_w, &c));
     BIE_TRY(saved_bits(ctx, &c, a));
+    BIE_TRY(clamp_check(ctx, &c, a->x_clamp, a->x));
     BIE_TRY(out_view(ctx, &c, "grad_y", a->grad_y, a->x, &c.grad_y, false));
     BIE_TRY(bie_op_check_float(ctx, "grad_y", a->grad_y));
     if (a->grad_x) {

@@ -224,9 +224,10 @@ static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool b
                                     names[6], names[7], names[8], names[10]};
         BIE_TRY(bie_check_outputs(ctx, outs, on, 2, ins, in, 9));
     }
-    if (!backward && ((const struct bie_forward_args *)args)->x_clamp != p->call.x_clamp)
-        BIE_FAIL("x_clamp: is %g, the plan was made for %g", (double)((const struct bie_forward_args *)args)->x_clamp,
-                 (double)p->call.x_clamp);
+    const float clamp =
+        backward ? ((const struct bie_backward_args *)args)->x_clamp : ((const struct bie_forward_args *)args)->x_clamp;
+    if (clamp != p->call.x_clamp)
+        BIE_FAIL("x_clamp: is %g, the plan was made for %g", (double)clamp, (double)p->call.x_clamp);
     struct bie_layer_call c = p->call;
     patch(&c, backward, t);
     if (c.scale_a_t.device_type == BIE_DEVICE_CPU) {

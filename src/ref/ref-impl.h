@@ -36,6 +36,9 @@ int bie_ref_quantize(float v, float scale, int lo, int hi);
 // x' = f32(x) + f32(bias_a[c]) for every element of a float x, dense (x clamped first when the
 // call has an x_clamp).
 void bie_ref_x_shifted(const struct bie_layer_call * call, float * xp);
+// The clamp's derivative on a dense x-shaped gradient (backward with an x_clamp t): g = 0 where
+// !(|f32(x)| < t).
+void bie_ref_clamp_gate(const struct bie_layer_call * call, double * g);
 
 // Activation codes a (binary +-1, n-bit clamp(rne(x'/scale_a), lo, hi)), dense. xp is the
 // output of bie_ref_x_shifted, or NULL when x is B1 (the codes are then its bits).

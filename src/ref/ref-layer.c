@@ -9,7 +9,7 @@
 //
 // Codes (all float math in f32):
 //   x'      = f32(x) + f32(bias_a[c])                        (bias_a absent: 0)
-//             forward with x_clamp = t > 0: x' = min(max(f32(x), -t), t) + f32(bias_a[c])
+//             with x_clamp = t > 0: x' = min(max(f32(x), -t), t) + f32(bias_a[c])
 //             (NaN stays NaN)
 //   binary: a = +1 if x' >= 0 else -1 (NaN -> -1); B1 x: a = its bits
 //           w = +1 if W >= 0 else -1 (float W; I8 latent W: v >= 0; B1 W: the bit)
@@ -45,8 +45,9 @@
 //   grad_W[o,c,i,j] = scale_a * sum over (n, oh, ow) of g[n,o,oh,ow] * a_pad(n, c, h(oh,i), w(ow,j))
 //                   (padded taps count with their pad value)
 //   grad_bias_a[c]  = sum over (n, h, w) of grad_x[n,c,h,w]
-//   then, with grad_x_mask (a B1 x only): grad_x = grad_x * grad_x_mask (grad_scale_a and
-//   grad_bias_a are taken before it)
+//   then, with grad_x_mask (a B1 x only): grad_x = grad_x * grad_x_mask, and with x_clamp = t:
+//   grad_x = grad_x * 1{|f32(x)| < t} (the clamp's derivative; grad_scale_a and grad_bias_a are
+//   taken before either)
 // The surrogate behind these: binary y(x) = conv(scale_a*clip(x'/scale_a, -1, 1), w*scale_w)
 // for grad_x (and the same with sign for grad_scale_a), y linear in the float weight W for
 // grad_W (straight through the sign / rounding); n-bit y(x) = conv(scale_a*clip(x'/scale_a, lo,
@@ -316,6 +317,7 @@ enum bie_status bie_ref_layer_backward(bie_context_t * ctx, const struct bie_lay
     if (ws.gate)
         for (int64_t i = 0; i < nx; i++)
             if (ws.gate[i] <= 0) ws.gx[i] = 0.0;
+    if (call->x_clamp > 0.0f) bie_ref_clamp_gate(call, ws.gx);
     if (call->grad_x.data) bie_ref_store4(&call->grad_x, ws.gx);
     return BIE_STATUS_OK;
 }

@@ -178,7 +178,8 @@ static struct bie_backward_args grad_args(const struct ops * o, struct grads * g
                                   want[2] ? &t[2] : NULL,
                                   want[3] ? &t[3] : NULL,
                                   NULL,
-                                  NULL};
+                                  NULL,
+                                  0.0f};
     return a;
 }
 

@@ -115,6 +115,7 @@ static void test_backward(struct lcase * c, int saved, int in_place) {
         c->quant = c->ld.quant = c->cd.quant = BIE_QUANT_BINARY;
         if (c->wdt == BIE_DTYPE_S4) c->wdt = BIE_DTYPE_B1;
         c->sa = (float)test_rand_int(4, 40) / 16.0f; // x in [-2 sa, 2 sa]: the mask stops about half
+        c->clamp = 0.0f;                             // (bits are binarized already)
     }
     describe(c);
     if (saved) {
@@ -169,7 +170,7 @@ static void test_backward(struct lcase * c, int saved, int in_place) {
     const int want = in_place ? (int)test_rand_int(1, 2) : (int)test_rand_int(0, 5), only_w = want == 0,
               no_sums = want == 1 || want == 2;
     struct bie_backward_args ar = {
-        &o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &g, &gx_r, &gw_r, &gs_r, &gb_r, NULL, NULL};
+        &o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &g, &gx_r, &gw_r, &gs_r, &gb_r, NULL, NULL, 0.0f};
     struct bie_backward_args ac = {&o.dx,
                                    c->bias ? &o.dbias : NULL,
                                    &o.dw,
@@ -181,7 +182,9 @@ static void test_backward(struct lcase * c, int saved, int in_place) {
                                    only_w || no_sums ? NULL : &dgs,
                                    only_w || no_sums ? NULL : &dgb,
                                    NULL,
-                                   NULL};
+                                   NULL,
+                                   0.0f};
+    ar.x_clamp = ac.x_clamp = c->clamp; // (x read through a clamp, grad_x gated by its derivative)
     if (saved) {
         ac.x = &dbits;
         ac.bias_a = NULL;
@@ -320,8 +323,8 @@ static void test_saved_layouts(void) {
              (long long)N);
     const struct bie_linear_desc d = {BIE_QUANT_BINARY, K, N};
     CHECK_OK(cu_ctx, bie_binarize_ste(cu_ctx, &dx, NULL, &s, &dbits, &dmask));
-    struct bie_backward_args ar = {&x, NULL, &w, &s, &s, &g, NULL, &gw_r, NULL, NULL, NULL, NULL};
-    struct bie_backward_args ac = {&dbits, NULL, &dw, &s, &s, &dg, NULL, &dgw, NULL, NULL, NULL, NULL};
+    struct bie_backward_args ar = {&x, NULL, &w, &s, &s, &g, NULL, &gw_r, NULL, NULL, NULL, NULL, 0.0f};
+    struct bie_backward_args ac = {&dbits, NULL, &dw, &s, &s, &dg, NULL, &dgw, NULL, NULL, NULL, NULL, 0.0f};
     CHECK_OK(ref_ctx, bie_linear_backward(ref_ctx, &d, &ar));
     CHECK_OK(cu_ctx, bie_linear_backward(cu_ctx, &d, &ac));
     CHECK(bie_context_cuda_synchronize(cu_ctx) == BIE_STATUS_OK, "sync: %s", bie_context_last_error(cu_ctx));
