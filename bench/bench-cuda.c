@@ -111,8 +111,8 @@ static void run_layer(void * st, int r) {
     BK(s->ctx, s->conv ? bie_conv2d_forward(s->ctx, &s->cd, &a) : bie_linear_forward(s->ctx, &s->ld, &a));
     if (s->train != STEP_FORWARD) {
         struct bie_backward_args b = {
-            x,    bias, w, &s->sa, &s->sw, &s->g[r], &s->gx[r], &s->gw[r], NULL, NULL, saved ? &s->mask[r] : NULL,
-            NULL, 0.0f};
+            x,    bias, w,   &s->sa, &s->sw, &s->g[r], &s->gx[r], &s->gw[r], NULL, NULL, saved ? &s->mask[r] : NULL,
+            NULL, NULL, 0.0f};
         BK(s->ctx, bie_linear_backward(s->ctx, &s->ld, &b));
     }
 }

@@ -318,6 +318,9 @@ struct bie_forward_args {
 // grad_x is 0, while grad_scale_a and grad_bias_a stay those of the layer. It is the 0/1 derivative
 // of an elementwise activation that ran before the layer and whose output the bits were taken of
 // (a Hardtanh's 1{lo < x < hi}), so that grad_x is the gradient of the activation's input.
+// grad_x_add (optional, float, shaped like x, with grad_x) is a gradient x receives from elsewhere
+// (a shortcut around the layer), added last: grad_x = round(f32(round(grad_x)) + f32(grad_x_add)) in
+// grad_x's dtype, the sum an add after the call would give. It may not overlap grad_x.
 // x_clamp = t (finite, > 0; a float x only) is the forward's: x is read as min(max(f32(x), -t), t)
 // (NaN stays NaN) before bias_a, and grad_x is the gradient of x itself, the clamp's derivative
 // 1{|x| < t} (0 at +-t and for NaN) applied to it after grad_scale_a and grad_bias_a are taken,
@@ -335,6 +338,7 @@ struct bie_backward_args {
     struct bie_tensor * grad_bias_a;
     const struct bie_tensor * x_mask;
     const struct bie_tensor * grad_x_mask;
+    const struct bie_tensor * grad_x_add;
     float x_clamp;
 };
 

@@ -185,8 +185,9 @@ struct bie_layer_call {
     // 4-D views: x [batch, C, H, W]; weight [O, C, kh, kw]; y / grad_y [batch, O, OH, OW].
     // bias_a / grad_bias_a are 1-D [C]. Absent tensors have data == NULL. x_mask (backward of a
     // binary linear layer whose x is saved B1 bits) is x-shaped B1: 1 where the STE passes;
-    // grad_x_mask (with x_mask) x-shaped B1: 0 where grad_x is 0 (bie_backward_args).
-    struct bie_tensor x, bias_a, weight, y, x_mask, grad_x_mask;
+    // grad_x_mask (with x_mask) x-shaped B1: 0 where grad_x is 0; grad_x_add x-shaped float, added
+    // to grad_x last (bie_backward_args).
+    struct bie_tensor x, bias_a, weight, y, x_mask, grad_x_mask, grad_x_add;
     struct bie_tensor grad_y, grad_x, grad_weight, grad_bias_a, grad_scale_a;
     // The forward's epilogue (bie_forward_args): out_mul / out_add / out_bits_bias 1-D [O] f32,
     // residual and out_bits (B1) 4-D views shaped like y; absent terms have data == NULL.
@@ -194,7 +195,7 @@ struct bie_layer_call {
     // Scales: the user's scalar tensors, and their values when they live on the host.
     struct bie_tensor scale_a_t, scale_w_t;
     bool scales_on_host;
-    // A forward's clamp of x before bias_a (bie_forward_args.x_clamp): t > 0, or 0 (none).
+    // A clamp of x before bias_a (bie_forward_args / bie_backward_args.x_clamp): t > 0, or 0.
     float x_clamp;
     float scale_a, scale_w;
     enum bie_device_type device_type;

@@ -63,7 +63,7 @@ static struct bie_forward_args fwd_args(struct fixture * f) {
 }
 static struct bie_backward_args bwd_args(struct fixture * f) {
     return (struct bie_backward_args){&f->x,  &f->bias, &f->w,  &f->sa, &f->sw, &f->gy, &f->gx,
-                                      &f->gw, &f->gs,   &f->gb, NULL,   NULL,   0.0f};
+                                      &f->gw, &f->gs,   &f->gb, NULL,   NULL,   NULL,   0.0f};
 }
 
 static enum bie_status fwd(struct fixture * f, const struct bie_forward_args * a) {

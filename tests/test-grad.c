@@ -23,7 +23,7 @@ static bie_context_t * ctx;
 static enum bie_status backward(const struct layer_case * c, const struct bie_tensor * gy, struct bie_tensor * gx,
                                 struct bie_tensor * gw, struct bie_tensor * gs, struct bie_tensor * gb) {
     const struct bie_backward_args a = {
-        &c->x, c->has_bias ? &c->bias : NULL, &c->w, &c->sa, &c->sw_t, gy, gx, gw, gs, gb, NULL, NULL, 0.0f};
+        &c->x, c->has_bias ? &c->bias : NULL, &c->w, &c->sa, &c->sw_t, gy, gx, gw, gs, gb, NULL, NULL, NULL, 0.0f};
     return c->conv ? bie_conv2d_backward(ctx, &c->cd, &a) : bie_linear_backward(ctx, &c->lin, &a);
 }
 
@@ -313,7 +313,7 @@ static void test_hand_padded_taps(void) {
     for (int i = 0; i < 9; i++) ((float *)w.data)[i] = 0.3f;
     for (int p = 0; p < 3; p++) {
         const struct bie_conv2d_desc d = test_conv3x3(1, 1, (enum bie_pad_value)p);
-        const struct bie_backward_args a = {&x, NULL, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, NULL, NULL, 0.0f};
+        const struct bie_backward_args a = {&x, NULL, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, NULL, NULL, NULL, 0.0f};
         CHECK_OK(ctx, bie_conv2d_backward(ctx, &d, &a));
         const float pv = p == 0 ? 0.0f : p == 1 ? -1.0f : 1.0f;
         for (int i = 0; i < 9; i++) {
@@ -328,7 +328,7 @@ static void test_hand_padded_taps(void) {
     // Outside the clip range the input gradient vanishes: |1.5 / 1| > 1.
     ((float *)x.data)[0] = 1.5f;
     const struct bie_conv2d_desc d = test_conv3x3(1, 1, BIE_PAD_ZERO);
-    const struct bie_backward_args a = {&x, NULL, &w, &sa, &sw, &gy, &gx, NULL, &gs, NULL, NULL, NULL, 0.0f};
+    const struct bie_backward_args a = {&x, NULL, &w, &sa, &sw, &gy, &gx, NULL, &gs, NULL, NULL, NULL, NULL, 0.0f};
     CHECK_OK(ctx, bie_conv2d_backward(ctx, &d, &a));
     CHECK(((float *)gx.data)[0] == 0.0f && ((float *)gs.data)[0] == 0.0f, "clipped: grad_x %g grad_scale_a %g",
           (double)((float *)gx.data)[0], (double)((float *)gs.data)[0]);
@@ -351,7 +351,7 @@ static void test_hand_lsq(void) {
     for (int i = 0; i < 4; i++) ((int8_t *)w.data)[i] = 1;
     ((float *)gy.data)[0] = 1.0f;
     const struct bie_linear_desc d = {BIE_QUANT_INT4, 4, 1};
-    const struct bie_backward_args a = {&x, NULL, &w, &sa, &sw, &gy, &gx, NULL, &gs, NULL, NULL, NULL, 0.0f};
+    const struct bie_backward_args a = {&x, NULL, &w, &sa, &sw, &gy, &gx, NULL, &gs, NULL, NULL, NULL, NULL, 0.0f};
     CHECK_OK(ctx, bie_linear_backward(ctx, &d, &a));
     const double want = ((0.0 - (double)0.4f) + (3.0 - (double)3.3f) + 7.0 - 8.0) / sqrt(28.0);
     CHECK(((float *)gs.data)[0] == (float)want, "LSQ grad_scale_a %.9g, want %.9g", (double)((float *)gs.data)[0],

@@ -9,7 +9,10 @@
 // - scale_a * scale_w must be finite: 3e38 * 3e38 is refused instead of giving 0 * inf = NaN;
 // - x_clamp: a call with it equals the call on a copy of x clamped by hand (NaN, +-t and values
 //   past t included), the backward's grad_x then gated by 1{|x| < t}, at every quantization and
-//   backend; bad bounds, a B1 x and a plan executed with another bound are refused.
+//   backend; bad bounds, a B1 x and a plan executed with another bound are refused;
+// - grad_x_add: the backward with it equals the backward without it and an f32 add rounded to
+//   grad_x's dtype (f16 here), at every quantization and backend; without grad_x, or overlapping
+//   it, it is refused.
 #include "test-cpu-common.h"
 
 static const enum bie_quant k_quants[3] = {BIE_QUANT_BINARY, BIE_QUANT_INT4, BIE_QUANT_INT8};
@@ -359,6 +362,57 @@ static void test_x_clamp(bie_context_t * ctx) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) test_tensor_free(all[i]);
 }
 
+// grad_x (f16) of a 4-bit, 8-bit or binary conv (3x3, padding 1, bias_a, channels-last x) with
+// grad_x_add against the same call without it, then round(f32(grad_x) + f32(grad_x_add)) by hand;
+// then the refusals.
+static void test_grad_x_add(bie_context_t * ctx) {
+    for (int qi = 0; qi < 3; qi++) {
+        const int64_t N = 2, C = 6, H = 4, W = 5, O = 3;
+        const struct bie_conv2d_desc d = {k_quants[qi], C, O, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, BIE_PAD_ZERO};
+        static const int nchw[4] = {0, 1, 2, 3}, nhwc[4] = {0, 2, 3, 1};
+        const int64_t xs[4] = {N, C, H, W}, ws[4] = {O, C, 3, 3}, ys[4] = {N, O, H, W};
+        struct bie_tensor x = cpu_test_view4(BIE_DTYPE_F32, xs, nhwc), w = cpu_test_view4(BIE_DTYPE_F32, ws, nchw);
+        struct bie_tensor gy = cpu_test_view4(BIE_DTYPE_F32, ys, nchw), add = cpu_test_view4(BIE_DTYPE_F16, xs, nchw);
+        struct bie_tensor g0 = cpu_test_view4(BIE_DTYPE_F16, xs, nhwc), g1 = cpu_test_view4(BIE_DTYPE_F16, xs, nhwc);
+        struct bie_tensor bias = test_tensor(BIE_DTYPE_F32, 1, &C, NULL);
+        test_fill_uniform(&x, -2, 2);
+        test_fill_uniform(&w, -1, 1);
+        test_fill_uniform(&gy, -1, 1);
+        test_fill_uniform(&add, -1, 1);
+        test_fill_uniform(&bias, -0.5f, 0.5f);
+        struct bie_tensor sa = test_scalar(k_quants[qi] == BIE_QUANT_BINARY ? 1.0f : 0.1f), sw = test_scalar(0.05f);
+        struct bie_backward_args a = {.x = &x,
+                                      .bias_a = &bias,
+                                      .weight = &w,
+                                      .scale_a = &sa,
+                                      .scale_w = &sw,
+                                      .grad_y = &gy,
+                                      .grad_x = &g0,
+                                      .grad_x_add = &add};
+        CHECK_OK(ctx, bie_conv2d_backward(ctx, &d, &a));
+        struct bie_backward_args b = a;
+        b.grad_x = &g1;
+        b.grad_x_add = NULL;
+        CHECK_OK(ctx, bie_conv2d_backward(ctx, &d, &b));
+        int bad = 0;
+        int64_t idx[BIE_MAX_DIMS] = {0};
+        do {
+            const int64_t o = bie_offset(&g1, idx);
+            bie_store(&g1, o, (double)((float)bie_load(&g1, o) + (float)bie_load(&add, bie_offset(&add, idx))));
+            bad += bie_load(&g0, bie_offset(&g0, idx)) != bie_load(&g1, o);
+        } while (bie_next_index(&g1, idx));
+        CHECK(bad == 0, "isa %s q%d: grad_x with grad_x_add differs from grad_x + grad_x_add at %d elements",
+              bie_cpu_isa_name(bie_context_cpu_isa(ctx)), (int)k_quants[qi], bad);
+        b.grad_x = NULL;
+        b.grad_x_add = &add;
+        TEST_EXPECT_STATUS(ctx, bie_conv2d_backward(ctx, &d, &b), BIE_STATUS_INVALID_ARGUMENT, "grad_x_add");
+        a.grad_x_add = &g0; // (grad_x itself)
+        TEST_EXPECT_STATUS(ctx, bie_conv2d_backward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "grad_x");
+        struct bie_tensor * all[] = {&x, &w, &gy, &add, &g0, &g1, &bias, &sa, &sw};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) test_tensor_free(all[i]);
+    }
+}
+
 int main(int argc, char ** argv) {
     test_init(argc, argv);
     bie_context_t *ref, *cpu[CPU_TEST_LEVELS];
@@ -372,6 +426,8 @@ int main(int argc, char ** argv) {
     test_scale_product(ref);
     for (int l = 0; l < nlev; l++) test_x_clamp(cpu[l]);
     test_x_clamp(ref);
+    for (int l = 0; l < nlev; l++) test_grad_x_add(cpu[l]);
+    test_grad_x_add(ref);
     bie_context_destroy(ref);
     for (int l = 0; l < nlev; l++) bie_context_destroy(cpu[l]);
     return test_finish("test-layer-edges");

@@ -52,8 +52,8 @@ static void check_against_layer(bie_context_t * ref) {
             CHECK_OK(ref, bie_linear_forward(ref, &ld, &fa));
             CHECK(mismatches(&lo, &ob) == 0, "batch %lld: the matmul's acc differs from the linear layer's: %s",
                   (long long)b, c.what);
-            const struct bie_backward_args la = {&xb,  NULL, &yb,  &xc,  &yc,  &gb, &lgx,
-                                                 NULL, NULL, NULL, NULL, NULL, 0.0f};
+            const struct bie_backward_args la = {&xb,  NULL, &yb,  &xc,  &yc,  &gb,  &lgx,
+                                                 NULL, NULL, NULL, NULL, NULL, NULL, 0.0f};
             CHECK_OK(ref, bie_linear_backward(ref, &ld, &la));
             CHECK(excess(&gxb, &lgx, 0x1p-40) <= 0, "batch %lld: grad_x differs from the linear layer's: %s",
                   (long long)b, c.what);

@@ -40,7 +40,7 @@ static void test_layer(bie_context_t * ctx) {
     struct bie_forward_args fa = {.x = &x, .bias_a = &b, .weight = &w, .scale_a = &sa, .scale_w = &sw, .y = &y},
                             fa2 = fa;
     fa2.y = &y2;
-    struct bie_backward_args ba = {&x, &b, &w, &sa, &sw, &g, &gx, &gw, &gs, &gb, NULL, NULL, 0.0f}, ba2 = ba;
+    struct bie_backward_args ba = {&x, &b, &w, &sa, &sw, &g, &gx, &gw, &gs, &gb, NULL, NULL, NULL, 0.0f}, ba2 = ba;
     ba2.grad_x = &gx2;
     ba2.grad_weight = &gw2;
     ba2.grad_scale_a = &gs2;

@@ -153,9 +153,20 @@ static struct bie_backward_args want_args(const struct bie_tensor * x, const str
                                           const struct bie_tensor * sw, const struct bie_tensor * gy, struct grads * g,
                                           int want) {
     const bool gx = want != 2, gw = want != 1, sums = want == 0 || want == 3;
-    return (struct bie_backward_args){
-        x,    bias, w,   sa, sw, gy, gx ? &g->gx : NULL, gw ? &g->gw : NULL, sums ? &g->gs : NULL, sums ? &g->gb : NULL,
-        NULL, NULL, 0.0f};
+    return (struct bie_backward_args){x,
+                                      bias,
+                                      w,
+                                      sa,
+                                      sw,
+                                      gy,
+                                      gx ? &g->gx : NULL,
+                                      gw ? &g->gw : NULL,
+                                      sums ? &g->gs : NULL,
+                                      sums ? &g->gb : NULL,
+                                      NULL,
+                                      NULL,
+                                      NULL,
+                                      0.0f};
 }
 
 // Context i's gradients from the bits (got) are, byte for byte, those from the float x (want).
@@ -400,7 +411,7 @@ static void test_errors(bie_context_t * ctx) {
     CHECK_OK(ctx, bie_binarize_ste(ctx, &x, NULL, &sa, &bits, &mask));
 
     // the backward's rules for a b1 x
-    struct bie_backward_args a = {&bits, NULL, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, &mask, NULL, 0.0f};
+    struct bie_backward_args a = {&bits, NULL, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, &mask, NULL, NULL, 0.0f};
     CHECK_OK(ctx, bie_linear_backward(ctx, &d, &a));
     // grad_x_mask: b1, shaped like x, with a b1 x only
     const struct bie_tensor * bad_gates[4] = {&wide, &tall, &deep, &f32};
@@ -413,7 +424,7 @@ static void test_errors(bie_context_t * ctx) {
     a.x = &x;
     a.x_mask = NULL;
     EXPECT(ctx, bie_linear_backward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "grad_x_mask");
-    a = (struct bie_backward_args){&bits, NULL, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, &mask, NULL, 0.0f};
+    a = (struct bie_backward_args){&bits, NULL, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, &mask, NULL, NULL, 0.0f};
     a.x_mask = NULL; // grad_x, grad_scale_a or grad_bias_a need the mask
     EXPECT(ctx, bie_linear_backward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "x_mask");
     a.grad_x = NULL;
@@ -424,7 +435,7 @@ static void test_errors(bie_context_t * ctx) {
     EXPECT(ctx, bie_linear_backward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "x_mask");
     a.grad_bias_a = NULL;
     CHECK_OK(ctx, bie_linear_backward(ctx, &d, &a)); // grad_weight alone: the bits suffice
-    a = (struct bie_backward_args){&bits, &bias, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, &mask, NULL, 0.0f};
+    a = (struct bie_backward_args){&bits, &bias, &w, &sa, &sw, &gy, &gx, &gw, &gs, &gb, &mask, NULL, NULL, 0.0f};
     EXPECT(ctx, bie_linear_backward(ctx, &d, &a), BIE_STATUS_INVALID_ARGUMENT, "bias_a");
     a.bias_a = NULL;
     a.x = &x; // a mask with a float x
@@ -453,7 +464,8 @@ static void test_errors(bie_context_t * ctx) {
     struct bie_tensor cwt = test_tensor(BIE_DTYPE_F32, 4, cw, NULL), cgy = test_tensor(BIE_DTYPE_F32, 4, cy, NULL);
     struct bie_tensor cgx = test_tensor(BIE_DTYPE_F32, 4, cx, NULL);
     const struct bie_conv2d_desc cd = {BIE_QUANT_BINARY, 3, 2, {1, 1}, {1, 1}, {0, 0}, {1, 1}, 1, BIE_PAD_ZERO};
-    struct bie_backward_args ca = {&cbits, NULL, &cwt, &sa, &sw, &cgy, &cgx, NULL, NULL, NULL, &cmask, NULL, 0.0f};
+    struct bie_backward_args ca = {&cbits, NULL, &cwt, &sa,    &sw,  &cgy, &cgx,
+                                   NULL,   NULL, NULL, &cmask, NULL, NULL, 0.0f};
     EXPECT(ctx, bie_conv2d_backward(ctx, &cd, &ca), BIE_STATUS_INVALID_ARGUMENT, "x_mask");
     ca.x_mask = NULL;
     EXPECT(ctx, bie_conv2d_backward(ctx, &cd, &ca), BIE_STATUS_INVALID_ARGUMENT, "x_mask");

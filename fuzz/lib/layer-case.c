@@ -465,7 +465,7 @@ static enum bie_status call(bie_context_t * ctx, struct fcase * c) {
                                         .out_bits_bias = arg(c, R_OBB)};
     const struct bie_backward_args ba = {arg(c, R_X),    arg(c, R_BIAS), arg(c, R_W),  arg(c, R_SA), arg(c, R_SW),
                                          arg(c, R_GY),   arg(c, R_GX),   arg(c, R_GW), arg(c, R_GS), arg(c, R_GB),
-                                         arg(c, R_MASK), NULL,           0.0f};
+                                         arg(c, R_MASK), NULL,           NULL,         0.0f};
     switch (c->op) {
     case OP_LIN_FWD: return bie_linear_forward(ctx, &c->lin, &fa);
     case OP_LIN_BWD: return bie_linear_backward(ctx, &c->lin, &ba);

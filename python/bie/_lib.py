@@ -97,7 +97,7 @@ class BackwardArgs(ctypes.Structure):
     _fields_ = [
         ("x", _TP), ("bias_a", _TP), ("weight", _TP), ("scale_a", _TP), ("scale_w", _TP), ("grad_y", _TP),
         ("grad_x", _TP), ("grad_weight", _TP), ("grad_scale_a", _TP), ("grad_bias_a", _TP), ("x_mask", _TP),
-        ("grad_x_mask", _TP), ("x_clamp", ctypes.c_float),
+        ("grad_x_mask", _TP), ("grad_x_add", _TP), ("x_clamp", ctypes.c_float),
     ]
 
 

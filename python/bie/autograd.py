@@ -424,11 +424,12 @@ class BlockRun:
                               _ptr(residual)), calls)
         return y, kept, z, stats
 
-    def backward(self, needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, stats, x_dtype):
+    def backward(self, needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, stats, x_dtype, identity=False):
         """(grad_x, grad_weight, grad_scale_a, grad_bias_a (each None where needs, the conv's (x, weight,
         scale_a, bias_a), says so), grad_bn_weight, grad_bn_bias); kept and stats as forward() gave
-        them."""
-        k = self.back.get(needs)
+        them. identity: the block's shortcut is x itself, so grad_x takes grad_y too (the conv
+        backward's grad_x_add)."""
+        k = self.back.get((needs, identity))
         sw, dev = self.scale_w, z.device
         binary = self.t is not None
         if k is None:
@@ -441,24 +442,28 @@ class BlockRun:
                 grads, conv = F._conv2d_backward_planned(self.quant, x, weight, scale_a, sw, gz, bias_a,
                                                          *self.geometry, PAD_ZERO, needs, None, mask,
                                                          self.channels if binary else None,
-                                                         x_dtype if binary else None, gate, self.x_clamp)
-            self.back[needs] = (bn, conv, _spec(gz), tuple(_spec(g) for g in grads), _spec(gbw), _plans.Replay())
+                                                         x_dtype if binary else None, gate, self.x_clamp,
+                                                         grad_y if identity and needs[0] else None)
+            self.back[(needs, identity)] = (bn, conv, _spec(gz), tuple(_spec(g) for g in grads), _spec(gbw),
+                                            _plans.Replay())
             return (*grads, gbw, gbb)
         ctx = _plans.bound_context(z)
         if ctx is None:  # (a device other than the current one)
             with torch.cuda.device(dev):
-                return self.backward(needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, stats, x_dtype)
+                return self.backward(needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, stats, x_dtype,
+                                     identity)
         bn, conv, gzspec, gspecs, cspec, replay = k
         x, mask, gate = _rows(kept, 3) if binary else (kept.data_ptr(), 0, 0)
         mean, invstd = _rows(stats, 2)
         gz = _empty(gzspec, dev)
         gbw, gbb = _empty(cspec, dev), _empty(cspec, dev)
         grads = tuple(None if s is None else _empty(s, dev) for s in gspecs)
+        gadd = grad_y if identity and needs[0] else None
 
         def calls():
             bn.run_bound(ctx, (z, bn_weight, mean, invstd, grad_y, gz, gbw, gbb))
             if conv is not None:
-                conv.run_bound(ctx, (x, None if binary else bias_a, weight, scale_a, sw, gz, *grads, mask, gate))
+                conv.run_bound(ctx, (x, None if binary else bias_a, weight, scale_a, sw, gz, *grads, mask, gate, gadd))
         replay.run(ctx, (z.data_ptr(), _ptr(bn_weight), mean, grad_y.data_ptr(), gz.data_ptr(),
                          gbw.data_ptr(), gbb.data_ptr(), x, _ptr(bias_a), weight.data_ptr(), _ptr(scale_a), _ptr(sw),
                          *(_ptr(g) for g in grads), mask, gate), calls)
@@ -475,7 +480,7 @@ class BlockTrain(torch.autograd.Function):
     its symmetric Hardtanh where run.x_clamp is set (the conv's calls clamp it), else its input as it
     comes (its Hardtanh runs before), and keeps that. Both keep the conv's output and the statistics.
     identity=True (binary, or n-bit with run.x_clamp): the residual is x itself (a block's identity
-    shortcut), and x's gradient takes the shortcut's in place.
+    shortcut), and x's gradient takes the shortcut's in the conv backward's own pass (grad_x_add).
 
         apply(x, weight, scale_a, bias_a, bn_weight, bn_bias, residual (None with identity), run, identity)
 
@@ -494,9 +499,7 @@ class BlockTrain(torch.autograd.Function):
         grad_y = _grad_like(grad_y, z)
         need = ctx.needs_input_grad
         gx, gw, gs, gb, gbw, gbb = ctx.run.backward(need[:4], grad_y, kept, weight, scale_a, bias_a, z, bn_weight,
-                                                    stats, ctx.x_dtype)
-        if ctx.identity and gx is not None:
-            gx.add_(grad_y)
+                                                    stats, ctx.x_dtype, ctx.identity)
         if gs is not None and gs.shape != scale_a.shape:
             gs = gs.reshape(scale_a.shape)
         return gx, gw, gs, gb, gbw, gbb, grad_y if need[6] else None, None, None

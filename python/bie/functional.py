@@ -447,10 +447,11 @@ def _grad_outputs(x_shape, x_dtype, device, weight, shape_w, scale_a, bias_a, ne
 
 
 def _bwd_args(x, bias_a, weight_v, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_mask=None, grad_x_mask=None,
-              x_clamp=None):
+              x_clamp=None, grad_x_add=None):
     keep = [x if isinstance(x, _lib.Tensor) else _view(x), _view(bias_a) if bias_a is not None else None, weight_v,
             _view(scale_a), _view(scale_w), _view(grad_y)] + [_view(t) if t is not None else None
-                                                               for t in (gx, gw, gs, gb)] + [x_mask, grad_x_mask]
+                                                               for t in (gx, gw, gs, gb)] + [
+        x_mask, grad_x_mask, None if grad_x_add is None else _view(grad_x_add)]
     return _lib.BackwardArgs(*[_ptr(v) for v in keep], 0.0 if x_clamp is None else float(x_clamp)), keep
 
 
@@ -791,7 +792,8 @@ def _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_s
 
 def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, kernel_size=None, stride=1, padding=0,
                     dilation=1, pad_value=PAD_ZERO, needs=(True, True, True, True), grad_weight_dtype=None,
-                    x_mask=None, in_channels=None, grad_x_dtype=None, grad_x_mask=None, x_clamp=None):
+                    x_mask=None, in_channels=None, grad_x_dtype=None, grad_x_mask=None, x_clamp=None,
+                    grad_x_add=None):
     """Straight-through backward of conv2d_forward: (grad_x, grad_weight, grad_scale_a, grad_bias_a).
     grad_weight takes a float weight's memory format (a channels-last weight's, as its .grad keeps).
     From saved bits (a binary conv): x and x_mask are conv2d_binarize_ste's bits and mask,
@@ -801,23 +803,27 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
     the derivative of a 0/1-sloped activation (a Hardtanh) before the layer, whose input grad_x then
     belongs to. x_clamp = t (a float x): the forward's x_clamp; the layer's input is clamp(x, -t, t),
     and grad_x is x's, the clamp's derivative 1{|x| < t} applied after grad_scale_a and grad_bias_a
-    are taken (a Hardtanh(-t, t) before the layer, in the same calls). Planned once per metadata."""
+    are taken (a Hardtanh(-t, t) before the layer, in the same calls). grad_x_add (a float tensor
+    shaped like grad_x; needs grad_x): a gradient x gets from elsewhere (a shortcut around the
+    layer), added to grad_x last, as an add after the call would (grad_x's dtype). Planned once per
+    metadata."""
     return _conv2d_backward_planned(quant, x, weight, scale_a, scale_w, grad_y, bias_a, kernel_size, stride, padding,
                                     dilation, pad_value, needs, grad_weight_dtype, x_mask, in_channels, grad_x_dtype,
-                                    grad_x_mask, x_clamp)[0]
+                                    grad_x_mask, x_clamp, grad_x_add)[0]
 
 
 def _conv2d_backward_planned(quant, x, weight, scale_a, scale_w, grad_y, bias_a, kernel_size, stride, padding,
                              dilation, pad_value, needs, grad_weight_dtype, x_mask, in_channels, grad_x_dtype,
-                             grad_x_mask, x_clamp=None):
+                             grad_x_mask, x_clamp=None, grad_x_add=None):
     """conv2d_backward's (gradients, plan): the plan runs later calls whose tensors have the same
     metadata with plan.run(x, (x, bias_a or None (saved bits), weight, scale_a, scale_w, grad_y,
-    grad_x, grad_weight, grad_scale_a, grad_bias_a, x_mask, grad_x_mask)); None for an empty batch."""
+    grad_x, grad_weight, grad_scale_a, grad_bias_a, x_mask, grad_x_mask, grad_x_add)); None for an empty
+    batch."""
     saved = in_channels is not None
     geo = _geometry_key(kernel_size, stride, padding, dilation)
     key = ("conv2d_backward", quant, _plans.meta(x), _plans.meta(weight), _plans.meta(bias_a), _plans.meta(scale_a),
            _plans.meta(scale_w), _plans.meta(grad_y), geo, pad_value, tuple(needs), grad_weight_dtype,
-           _plans.meta(x_mask), in_channels, grad_x_dtype, _plans.meta(grad_x_mask), x_clamp)
+           _plans.meta(x_mask), in_channels, grad_x_dtype, _plans.meta(grad_x_mask), x_clamp, _plans.meta(grad_x_add))
     cache = _plans.cache()
     p = cache.get(key)
     if p is None:
@@ -853,11 +859,12 @@ def _conv2d_backward_planned(quant, x, weight, scale_a, scale_w, grad_y, bias_a,
             if t is not None:
                 t.zero_()
         return (gx, gw, gs, gb), None
-    sources = (x, None if saved else bias_a, weight, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_mask, grad_x_mask)
+    sources = (x, None if saved else bias_a, weight, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_mask, grad_x_mask,
+               grad_x_add)
     if p is None:
         wv = _weight_view(quant, weight.detach(), shape_w)
         args, keep = _bwd_args(xv, None if bias_a is None or saved else bias_a.detach(), wv, scale_a.detach(),
-                               scale_w.detach(), grad_y, gx, gw, gs, gb, mv, gmv, x_clamp)
+                               scale_w.detach(), grad_y, gx, gw, gs, gb, mv, gmv, x_clamp, grad_x_add)
         p = _cuda_checked(x, lambda: _plans.Plan("bie_plan_conv2d_backward", desc, args, keep, keep, True))
         p.out = (x_shape, shape_w, fmt)
         cache[key] = p

@@ -146,7 +146,8 @@ def test_x_clamp_is_hardtanh_then_conv(device, quant):
 def test_x_clamp_backward_is_hardtanh_backward(device, quant):
     """conv2d_backward with x_clamp=t gives the gradients of conv(Hardtanh(-t, t)(x)): the conv's
     backward on the clamped x, then its grad_x through the Hardtanh's backward (0 at +-t and past
-    it), with and without bias_a, in both memory formats on CUDA. To the bit, but grad_scale_a (its
+    it), with and without bias_a, in both memory formats on CUDA; with grad_x_add, grad_x is that
+    plus grad_x_add, as torch adds them. To the bit, but grad_scale_a (its
     partial sums meet in atomic adds on CUDA) and a float32 grad_weight (cuDNN's float32 algorithm
     varies in its last bits from run to run)."""
     torch.manual_seed(2)
@@ -173,6 +174,9 @@ def test_x_clamp_backward_is_hardtanh_backward(device, quant):
                         assert torch.allclose(u.float(), v.float(), rtol=1e-3, atol=1e-6 * v.abs().max().item())
                     else:
                         assert torch.equal(u, v), (quant, dt, fmt, with_bias, i)
+                add = torch.randn_like(x)  # (a shortcut's gradient: added last, as torch's add of the two)
+                with_add = F.conv2d_backward(quant, x, w, sa, sw, gy, ba, *geo, x_clamp=0.75, grad_x_add=add)
+                assert torch.equal(with_add[0], got[0] + add), (quant, dt, fmt, with_bias)
                 with pytest.raises(bie.BieError, match="x_clamp"):
                     F.conv2d_backward(quant, x, w, sa, sw, gy, ba, *geo, x_clamp=float("inf"))
 

@@ -71,6 +71,7 @@ static const struct abi_field fields[] = {
     ABI_FIELD(bie_backward_args, grad_bias_a),
     ABI_FIELD(bie_backward_args, x_mask),
     ABI_FIELD(bie_backward_args, grad_x_mask),
+    ABI_FIELD(bie_backward_args, grad_x_add),
     ABI_FIELD(bie_backward_args, x_clamp),
     ABI_STRUCT(bie_matmul_desc),
     ABI_FIELD(bie_matmul_desc, quant),

@@ -13,11 +13,13 @@
 // A call with x_clamp runs on a dense f32 copy of the clamped x (one pass over x, in x's channel
 // order: channels-last stays channels-last), then as a call without the clamp: the same x' (the
 // clamp is exact in f32, and f32(x) of the copy is the clamped value). A backward then applies the
-// clamp's derivative, 1{|x| < t}, to grad_x, after the sums of the call without the clamp.
+// clamp's derivative, 1{|x| < t}, to grad_x, after the sums of the call without the clamp, and then
+// its grad_x_add.
 enum bie_status bie_cpu_clamped(bie_context_t * ctx, const struct bie_layer_call * call, bool backward) {
     const struct bie_geometry * g = &call->g;
     struct bie_layer_call c = *call;
     c.x_clamp = 0.0f;
+    c.grad_x_add.data = NULL; // (added after the gate)
     struct bie_tensor * x = &c.x;
     const int64_t N = g->batch, C = g->C, H = g->H, W = g->W;
     const bool nhwc = C > 1 && call->x.stride[1] == 1;
@@ -59,6 +61,7 @@ enum bie_status bie_cpu_clamped(bie_context_t * ctx, const struct bie_layer_call
                                       n * gx->stride[0] + ci * gx->stride[1] + hi * gx->stride[2] + wi * gx->stride[3],
                                       0.0);
                     }
+    if (s == BIE_STATUS_OK && backward && call->grad_x_add.data) bie_ref_grad_x_add(call);
     free(h);
     return s;
 }

@@ -37,6 +37,7 @@
 // as in the reference.
 #include "cpu/cpu-impl.h"
 #include "cpu/cpu-sgemm.h"
+#include "ref/ref-impl.h"
 
 #include <float.h>
 #include <math.h>
@@ -711,5 +712,7 @@ enum bie_status bie_cpu_layer_backward(bie_context_t * ctx, const struct bie_lay
         gather_g(&b, 0, g->batch, work, b.threads);
         linear_sgemms(&b, work, (int)g->batch, true, gw, ldgw);
     }
-    return bwd_finish(&b, &r, gw, ldgw, reg[R_PART]);
+    const enum bie_status s = bwd_finish(&b, &r, gw, ldgw, reg[R_PART]);
+    if (s == BIE_STATUS_OK && c->grad_x_add.data) bie_ref_grad_x_add(c); // (memory-bound: one pass)
+    return s;
 }

@@ -84,7 +84,7 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     const bool want_gw = c->grad_weight.data != NULL;
     const int64_t xpix = g.batch * g.H * g.W, xnumel = xpix * g.C, O = g.O, K = g.K;
     struct dview x = {}, xm = {}, gm = {}, bias = {}, gy = {}, gxo = {}, w = {}, gwo = {}, xr = {}, xmr = {}, gmr = {},
-                 gxr = {};
+                 gxr = {}, ga = {}, gar = {};
     dview_make(&c->x, &x);
     dview_make(&c->grad_y, &gy);
     dview_make(&c->weight, &w);
@@ -93,16 +93,19 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     if (c->grad_x_mask.data) dview_make(&c->grad_x_mask, &gm);
     if (c->bias_a.data) dview_make(&c->bias_a, &bias);
     if (c->grad_x.data) dview_make(&c->grad_x, &gxo);
+    if (c->grad_x_add.data) dview_make(&c->grad_x_add, &ga);
     if (want_gw) dview_make(&c->grad_weight, &gwo);
     const bool saved = x.dtype == BIE_DTYPE_B1;
     const bool x_rows = pixel_rows_view(x, &xr) && (!xm.data || pixel_rows_view(xm, &xmr));
     if (!xm.data) xmr = xm;
     if (!gm.data) gmr = gm;
-    const bool rows = x_rows && (!gxo.data || pixel_rows_view(gxo, &gxr)) && (!gm.data || pixel_rows_view(gm, &gmr));
+    if (!ga.data) gar = ga;
+    const bool rows = x_rows && (!gxo.data || pixel_rows_view(gxo, &gxr)) && (!gm.data || pixel_rows_view(gm, &gmr)) &&
+                      (!ga.data || pixel_rows_view(ga, &gar));
     if (saved && want_gx && !rows)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
-                             "x, x_mask, grad_x_mask, grad_x: CUDA reads saved bits of a conv as "
-                             "channels-last pixel rows on whole bytes, with a channels-last grad_x");
+                             "x, x_mask, grad_x_mask, grad_x, grad_x_add: CUDA reads saved bits of a conv as "
+                             "channels-last pixel rows on whole bytes, with a channels-last grad_x (and grad_x_add)");
     if (saved && want_gw && !x_rows)
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
                              "x: CUDA reads saved bits of a conv as channels-last pixel "
@@ -162,6 +165,7 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     pj.sw = sw;
     pj.dcol_dtype = gdt;
     pj.gx = rows && gxo.data ? gxr : gxo;
+    pj.gadd = rows ? gar : ga;
     pj.xnumel = xnumel;
     pj.gb.data = pj.gsa.data = NULL;
     if (c->grad_bias_a.data) dview_make(&c->grad_bias_a, &pj.gb);

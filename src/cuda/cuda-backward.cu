@@ -506,8 +506,8 @@ enum bie_status bwd_route_make(bie_context_t * ctx, const struct bie_layer_call 
     if (r->want_gw) dview_make(&c->grad_weight, &r->gwo);
     r->gx_ld = M == 1 ? K : r->gxo.stride[0];
     r->gw_ld = O == 1 ? K : r->gwo.stride[0];
-    r->gx_direct = r->gxo.data && !c->grad_scale_a.data && !c->grad_bias_a.data && !r->gm.data && r->ste_linear &&
-                   r->gxo.dtype == r->gdt && (K == 1 || r->gxo.stride[1] == 1) && r->gx_ld >= K &&
+    r->gx_direct = r->gxo.data && !c->grad_scale_a.data && !c->grad_bias_a.data && !r->gm.data && !c->grad_x_add.data &&
+                   r->ste_linear && r->gxo.dtype == r->gdt && (K == 1 || r->gxo.stride[1] == 1) && r->gx_ld >= K &&
                    !spans_overlap(c->grad_x, c->x) && !spans_overlap(c->grad_x, c->grad_y) &&
                    !spans_overlap(c->grad_x, c->bias_a) && !spans_overlap(c->grad_x, c->scale_a_t) &&
                    !spans_overlap(c->grad_x, c->x_mask);
@@ -612,6 +612,8 @@ enum bie_status bwd_grad_x(bie_context_t * ctx, const struct bie_layer_call * c,
     pj.dcol = ws + r.off[B_COL] + (r.gx_conv ? r.gcol_bytes : 0);
     pj.dcol_dtype = BIE_DTYPE_F32;
     pj.gx = r.gxo;
+    pj.gadd.data = NULL;
+    if (c->grad_x_add.data) dview_make(&c->grad_x_add, &pj.gadd);
     return bie_cuda_ste_pass(ctx, s, pj, ws + r.off[B_PASS]);
 }
 // grad_weight: the activation codes (Acol), R = G^T Acol by cuBLAS, scaled into grad_weight

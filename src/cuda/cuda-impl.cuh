@@ -266,19 +266,29 @@ __device__ __forceinline__ void store8(char * p, int dtype, int64_t off, const f
         *(uint4 *)((__nv_bfloat16 *)p + off) = *(const uint4 *)h;
     }
 }
-// bias_a's 8 elements from element k0 (a vector load when they are contiguous and aligned).
-__device__ __forceinline__ void bias8(const struct dview & b, int64_t k0, float * f) {
-    const int64_t st = b.stride[3];
+// 8 elements of a float buffer p of dtype dt, from element off, st elements apart (a vector load
+// when they are contiguous and aligned).
+__device__ __forceinline__ void load8_at(const void * p, int dt, int64_t off, int64_t st, float * f) {
     if (st == 1) {
-        const float * f32 = (const float *)b.data + k0;
-        const __half * f16 = (const __half *)b.data + k0;
-        const __nv_bfloat16 * b16 = (const __nv_bfloat16 *)b.data + k0;
-        if (b.dtype == BIE_DTYPE_F32 && (uintptr_t)f32 % 16 == 0) return load8<float>(f32, f);
-        if (b.dtype == BIE_DTYPE_F16 && (uintptr_t)f16 % 16 == 0) return load8<__half>(f16, f);
-        if (b.dtype == BIE_DTYPE_BF16 && (uintptr_t)b16 % 16 == 0) return load8<__nv_bfloat16>(b16, f);
+        const float * f32 = (const float *)p + off;
+        const __half * f16 = (const __half *)p + off;
+        const __nv_bfloat16 * b16 = (const __nv_bfloat16 *)p + off;
+        if (dt == BIE_DTYPE_F32 && (uintptr_t)f32 % 16 == 0) return load8<float>(f32, f);
+        if (dt == BIE_DTYPE_F16 && (uintptr_t)f16 % 16 == 0) return load8<__half>(f16, f);
+        if (dt == BIE_DTYPE_BF16 && (uintptr_t)b16 % 16 == 0) return load8<__nv_bfloat16>(b16, f);
     }
 #pragma unroll
-    for (int e = 0; e < 8; e++) f[e] = ld_float(b.data, b.dtype, (k0 + e) * st);
+    for (int e = 0; e < 8; e++) f[e] = ld_float((const char *)p, dt, off + e * st);
+}
+// bias_a's 8 elements from element k0.
+__device__ __forceinline__ void bias8(const struct dview & b, int64_t k0, float * f) {
+    load8_at(b.data, b.dtype, k0 * b.stride[3], b.stride[3], f);
+}
+// v rounded to the precision of dtype dt (f16, bf16; f32 as it is), as f32.
+__device__ __forceinline__ float round_as(int dt, float v) {
+    if (dt == BIE_DTYPE_F16) return __half2float(__float2half_rn(v));
+    if (dt == BIE_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn(v));
+    return v;
 }
 // Whether 8 elements at element offset off of a buffer of dtype dt can go through store8/load8.
 __device__ __forceinline__ bool vec8_ok(const void * p, int dt, int64_t off) {

@@ -8,7 +8,8 @@
 // / sqrt(numel(x)*hi)) and grad_bias_a[c] = the sum of grad_x over every other axis. x is float,
 // or the sign bits saved by bie_binarize_ste with their mask bits (rows only). A float x under an
 // x_clamp t (the scale_a dscale's clamp) is read as clamp(x, -t, t), and grad_x, once the sums are
-// taken, is gated by the clamp's derivative 1{|x| < t}.
+// taken, is gated by the clamp's derivative 1{|x| < t}. Last, grad_x_add (gadd) is added to grad_x:
+// round(f32(round(grad_x)) + f32(gadd)) in grad_x's dtype.
 #include "cuda-impl.cuh"
 #include "cuda-ste.cuh"
 
@@ -38,6 +39,13 @@ __device__ __forceinline__ void ste_elem(float xp, float gx, int quant, float s_
         const float f = r < (float)lo ? (float)lo : r > (float)hi ? (float)hi : mid ? rintf(r) - r : 0.0f;
         *term = gx * f;
     }
+}
+
+// round(v) + grad_x_add[off] (grad_x's dtype gdt): the tiles pass's last step where grad_x_add is
+// given, out of line (inlined there, the element load's dtype switch took the compiler tens of
+// minutes).
+__device__ __noinline__ float plus_add(float v, int gdt, const struct dview & gadd, int64_t off) {
+    return round_as(gdt, v) + ld_float(gadd.data, gadd.dtype, off);
 }
 
 // Adds a block's double to *sum (blockDim.x a multiple of 32, at most 1024 threads).
@@ -108,8 +116,8 @@ __device__ __forceinline__ void colpart_store(double (&csum)[8][33], const doubl
 template <int NT, typename T, typename D>
 __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3)
     ste_tiles(struct dview x, struct dview bias, struct dgeom g, int quant, struct dscale sa, struct dscale sw,
-              const D * dcol, struct dview gx_out, int write_gx, int along_pixels, double * colpart /* or NULL */,
-              double * term_sum) {
+              const D * dcol, struct dview gx_out, struct dview gadd, int write_gx, int along_pixels,
+              double * colpart /* or NULL */, double * term_sum) {
     constexpr int NL = NT > 0 ? NT : 1; // loads per pixel in flight
     __shared__ float tile[32][33];      // [pixel][channel]
     __shared__ double csum[8][33];
@@ -175,7 +183,7 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3)
         // element k of this thread: pixel p0 + lane and channel c0 + ty + 8k along the pixels,
         // else pixel p0 + ty + 8k and channel c0 + lane; the offsets of x and grad_x split into a
         // pixel part and a channel part
-        int64_t xo[4], go[4];
+        int64_t xo[4], go[4], ao[4];
         float xv[4];
         bool open[4]; // the clamp's derivative 1{|x| < t} (x_clamp), or true
 #pragma unroll
@@ -183,12 +191,14 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3)
             if (along_pixels && k > 0) {
                 xo[k] = xo[0];
                 go[k] = go[0];
+                ao[k] = ao[0];
                 continue;
             }
             const int64_t p = p0 + (along_pixels ? lane : ty + 8 * k);
             const int64_t n = p < P ? qdiv(p, HW) : 0, q = p - n * HW, hh = p < P ? qdiv(q, g.W) : 0, ww = q - hh * g.W;
             xo[k] = p < P ? n * x.stride[0] + hh * x.stride[2] + ww * x.stride[3] : -1;
             go[k] = write_gx ? n * gx_out.stride[0] + hh * gx_out.stride[2] + ww * gx_out.stride[3] : 0;
+            ao[k] = gadd.data ? n * gadd.stride[0] + hh * gadd.stride[2] + ww * gadd.stride[3] : 0;
         }
 #pragma unroll
         for (int k = 0; k < 4; k++) { // x first, all 4 loads in flight
@@ -205,8 +215,11 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3)
             float gxm_v = 0.0f, term = 0.0f;
             if (xo[k] >= 0 && cc < g.C) {
                 ste_elem(xv[k], __fmul_rn(tile[pi][ci], s_w), quant, s_a, lo, hi, &gxm_v, &term);
-                if (write_gx)
-                    st_float(gx_out.data, gx_out.dtype, go[k] + cc * gx_out.stride[1], open[k] ? gxm_v : 0.0f);
+                if (write_gx) {
+                    float v = open[k] ? gxm_v : 0.0f;
+                    if (gadd.data) v = plus_add(v, gx_out.dtype, gadd, ao[k] + cc * gadd.stride[1]);
+                    st_float(gx_out.data, gx_out.dtype, go[k] + cc * gx_out.stride[1], v);
+                }
             }
             acc += (double)term;
             cacc[along_pixels ? k : 0] += (double)gxm_v;
@@ -221,19 +234,21 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3)
 // dCol[p][c] itself (a 1x1, stride-1 conv without padding).
 template <typename T, typename D>
 void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dview bias, struct dgeom g, int quant,
-                      struct dscale sa, struct dscale sw, const D * dcol, struct dview gxo, int wgx, int ap,
-                      double * colpart, double * sum) {
+                      struct dscale sa, struct dscale sw, const D * dcol, struct dview gxo, struct dview gadd, int wgx,
+                      int ap, double * colpart, double * sum) {
     const bool dense = g.sh == 1 && g.sw == 1 && g.ph == 0 && g.pw == 0 && g.OH == g.H && g.OW == g.W;
     const int mode = g.kh * g.kw > 1 ? 2 : dense ? 0 : 1;
     const dim3 b(32, 8);
     if constexpr (!std::is_same<D, float>::value) { // (cuDNN's dgrad: one f16/bf16 tap sum per pixel)
-        ste_tiles<0, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+        ste_tiles<0, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, gadd, wgx, ap, colpart, sum);
         return;
     }
-    if (mode == 0) ste_tiles<0, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+    if (mode == 0)
+        ste_tiles<0, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, gadd, wgx, ap, colpart, sum);
     else if (mode == 1)
-        ste_tiles<1, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
-    else ste_tiles<STE_TAPS, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, wgx, ap, colpart, sum);
+        ste_tiles<1, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, gadd, wgx, ap, colpart, sum);
+    else
+        ste_tiles<STE_TAPS, T, D><<<grid, b, 0, s>>>(x, bias, g, quant, sa, sw, dcol, gxo, gadd, wgx, ap, colpart, sum);
 }
 
 // The same pass for a linear layer (dgeom_one_position: dCol[n][c] is element (n, c)'s own sum
@@ -245,14 +260,14 @@ void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dvie
 // D: dCol's element type (f32 from the GEMM, or the caller's dtype from cuDNN). T = sbits: x is saved
 // sign bits and xm the saved mask, both in rows that start on whole bytes (a byte of each per
 // thread and row), and each element's gradient and term are those of the x' they came from; gm
-// (grad_x_mask, data NULL when absent) then zeroes grad_x where its bit is 0, after the sums.
-// Three blocks a multiprocessor: unbounded, the float instances take 136-139 registers, one block
+// (grad_x_mask, data NULL when absent) then zeroes grad_x where its bit is 0, after the sums, and
+// gadd (rows like gx_out's) is added last. Three blocks a multiprocessor: unbounded, the float instances take 136-139 registers, one block
 // of eight warps a multiprocessor (at four blocks they spill).
 template <typename T, typename D>
 __global__ void __launch_bounds__(256, 3)
     ste_rows(struct dview x, struct dview xm, struct dview gm, struct dview bias, int64_t rows, int64_t C, int64_t slab,
-             int quant, struct dscale sa, struct dscale sw, const D * dcol, struct dview gx_out, int write_gx,
-             double * colpart, double * term_sum) {
+             int quant, struct dscale sa, struct dscale sw, const D * dcol, struct dview gx_out, struct dview gadd,
+             int write_gx, double * colpart, double * term_sum) {
     const float s_a = ld_scale(sa), s_w = ld_scale(sw), t = sa.clamp;
     const int lo = qlo(quant), hi = qhi(quant);
     const int64_t c0 = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 8;
@@ -297,6 +312,16 @@ __global__ void __launch_bounds__(256, 3)
         if (!write_gx) return;
 #pragma unroll
         for (int i = 0; i < 8; i++) gv[i] = (gate >> i) & 1u ? gv[i] : 0.0f; // grad_x_mask, after the sums
+        if (gadd.data) {                                                     // grad_x_add, last
+            float av[8];
+            const int64_t ao = r * gadd.stride[0] + c0 * gadd.stride[1];
+            if (full) load8_at(gadd.data, gadd.dtype, ao, gadd.stride[1], av);
+            else
+                for (int i = 0; i < 8; i++)
+                    av[i] = c0 + i < C ? ld_float(gadd.data, gadd.dtype, ao + i * gadd.stride[1]) : 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) gv[i] = round_as(gx_out.dtype, gv[i]) + av[i];
+        }
         const int64_t go = r * gx_out.stride[0] + c0 * gx_out.stride[1];
         if (full && gx_out.stride[1] == 1 && vec8_ok(gx_out.data, gx_out.dtype, go))
             store8(gx_out.data, gx_out.dtype, go, gv);
@@ -430,9 +455,9 @@ void launch_pass(const ste_pass_job & j, cudaStream_t s, int64_t slab, int64_t s
         const int tx = rows_tx(j.g.C);
         const dim3 grid((unsigned)rows_xblocks(j.g.C), (unsigned)slabs), block(tx, 256 / tx);
         ste_rows<T, D><<<grid, block, 0, s>>>(j.x, j.xm, j.gm, j.bias, j.g.batch, j.g.C, slab, q, j.sa, j.sw, dcol,
-                                              j.gx, wgx, colpart, sum);
+                                              j.gx, j.gadd, wgx, colpart, sum);
     } else if constexpr (!is_sbits<T>) {
-        launch_ste_tiles<T, D>(tiles_grid, s, j.x, j.bias, j.g, q, j.sa, j.sw, dcol, j.gx, wgx,
+        launch_ste_tiles<T, D>(tiles_grid, s, j.x, j.bias, j.g, q, j.sa, j.sw, dcol, j.gx, j.gadd, wgx,
                                bie_cuda_along_pixels(j.x), colpart, sum);
     }
 }

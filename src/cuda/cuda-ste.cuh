@@ -59,6 +59,7 @@ struct ste_pass_job {
     const void * dcol;
     int dcol_dtype;       // F32, F16 or BF16
     struct dview gx;      // grad_x, or data NULL (not written)
+    struct dview gadd;    // grad_x_add (viewed as gx is), added to grad_x last, or data NULL
     struct dview gb, gsa; // grad_bias_a [C] and grad_scale_a, or data NULL (not wanted)
     int64_t xnumel;
     bool rows;

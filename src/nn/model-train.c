@@ -151,7 +151,7 @@ static enum bie_status qlayer_backward(bie_context_t * ctx, struct layer * L, in
     bie_tensor_make(&v.gsa, L->scale_a.g, BIE_DTYPE_F32, 0, NULL);
     bie_tensor_make(&v.gba, L->bias_a.g, BIE_DTYPE_F32, 1, c1);
     struct bie_backward_args a = {&v.x,  &v.bias_a, &v.w,   &v.scale_a, &v.scale_w, &v.gy, gx ? &v.gx : NULL,
-                                  &v.gw, &v.gsa,    &v.gba, NULL,       NULL,       0.0f};
+                                  &v.gw, &v.gsa,    &v.gba, NULL,       NULL,       NULL,  0.0f};
     BIE_TRY(conv ? bie_conv2d_backward(ctx, &v.cd, &a) : bie_linear_backward(ctx, &v.ld, &a));
     if (L->has_bias) { // grad_bias[o] = sum over samples and pixels of grad_y[i, o, p]
         const int64_t P = L->out[1] * L->out[2];

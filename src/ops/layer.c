@@ -324,6 +324,17 @@ static enum bie_status grad_check(bie_context_t * ctx, struct bie_layer_call * c
     return bie_op_check_float(ctx, name, t);
 }
 
+// A float tensor shaped like x (grad_x, grad_x_add), checked and stored as the call's view of it.
+static enum bie_status x_shaped_grad(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
+                                     const struct bie_tensor * t, const struct bie_tensor * x,
+                                     struct bie_tensor * out) {
+    BIE_TRY(grad_check(ctx, c, name, t));
+    if (!c->is_conv) return linear_view(ctx, name, t, x, c->g.C, out);
+    BIE_TRY(bie_op_check_shape(ctx, name, t, 4, x->shape));
+    *out = *t;
+    return BIE_STATUS_OK;
+}
+
 // A B1 tensor shaped like x (x_mask, grad_x_mask), checked and stored as the call's view of it.
 static enum bie_status b1_like_x(bie_context_t * ctx, struct bie_layer_call * c, const char * name,
                                  const struct bie_tensor * t, const struct bie_tensor * x, struct bie_tensor * out) {
@@ -366,14 +377,10 @@ enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie
     BIE_TRY(clamp_check(ctx, &c, a->x_clamp, a->x));
     BIE_TRY(out_view(ctx, &c, "grad_y", a->grad_y, a->x, &c.grad_y, false));
     BIE_TRY(bie_op_check_float(ctx, "grad_y", a->grad_y));
-    if (a->grad_x) {
-        BIE_TRY(grad_check(ctx, &c, "grad_x", a->grad_x));
-        if (c.is_conv) {
-            BIE_TRY(bie_op_check_shape(ctx, "grad_x", a->grad_x, 4, a->x->shape));
-            c.grad_x = *a->grad_x;
-        } else {
-            BIE_TRY(linear_view(ctx, "grad_x", a->grad_x, a->x, c.g.C, &c.grad_x));
-        }
+    if (a->grad_x) BIE_TRY(x_shaped_grad(ctx, &c, "grad_x", a->grad_x, a->x, &c.grad_x));
+    if (a->grad_x_add) {
+        if (!a->grad_x) BIE_FAIL("grad_x_add: is added to grad_x, which is NULL");
+        BIE_TRY(x_shaped_grad(ctx, &c, "grad_x_add", a->grad_x_add, a->x, &c.grad_x_add));
     }
     if (a->grad_weight) {
         BIE_TRY(grad_check(ctx, &c, "grad_weight", a->grad_weight));
@@ -394,12 +401,12 @@ enum bie_status bie_layer_prepare_backward(bie_context_t * ctx, const struct bie
         c.grad_scale_a = *a->grad_scale_a;
     }
     const struct bie_tensor * outs[4] = {a->grad_x, a->grad_weight, a->grad_scale_a, a->grad_bias_a};
-    const struct bie_tensor * ins[8] = {a->x,       a->bias_a, a->weight, a->scale_a,
-                                        a->scale_w, a->grad_y, a->x_mask, a->grad_x_mask};
+    const struct bie_tensor * ins[9] = {a->x,      a->bias_a, a->weight,      a->scale_a,   a->scale_w,
+                                        a->grad_y, a->x_mask, a->grad_x_mask, a->grad_x_add};
     static const char * const out_names[4] = {"grad_x", "grad_weight", "grad_scale_a", "grad_bias_a"};
-    static const char * const in_names[8] = {"x",       "bias_a", "weight", "scale_a",
-                                             "scale_w", "grad_y", "x_mask", "grad_x_mask"};
-    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 4, ins, in_names, 8));
+    static const char * const in_names[9] = {"x",      "bias_a", "weight",      "scale_a",   "scale_w",
+                                             "grad_y", "x_mask", "grad_x_mask", "grad_x_add"};
+    BIE_TRY(bie_check_outputs(ctx, outs, out_names, 4, ins, in_names, 9));
     *cp = c;
     return BIE_STATUS_OK;
 }

@@ -12,9 +12,10 @@
 #include <string.h>
 
 // The tensors of a call, in the order of the argument structs: forward x, bias_a, weight, scale_a,
-// scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias; backward x, bias_a, weight, scale_a, scale_w, grad_y, grad_x, grad_weight,
-// grad_scale_a, grad_bias_a, x_mask, grad_x_mask.
-#define PLAN_TENSORS 12
+// scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias; backward x, bias_a, weight,
+// scale_a, scale_w, grad_y, grad_x, grad_weight, grad_scale_a, grad_bias_a, x_mask, grad_x_mask,
+// grad_x_add.
+#define PLAN_TENSORS 13
 
 struct bie_plan {
     bool conv, backward;
@@ -33,8 +34,8 @@ struct bie_plan {
 static const char * const fwd_names[FWD_TENSORS] = {"x",       "bias_a",  "weight",   "scale_a",  "scale_w",      "y",
                                                     "out_mul", "out_add", "residual", "out_bits", "out_bits_bias"};
 static const char * const bwd_names[PLAN_TENSORS] = {
-    "x",      "bias_a",      "weight",       "scale_a",     "scale_w", "grad_y",
-    "grad_x", "grad_weight", "grad_scale_a", "grad_bias_a", "x_mask",  "grad_x_mask"};
+    "x",           "bias_a",       "weight",      "scale_a", "scale_w",     "grad_y",    "grad_x",
+    "grad_weight", "grad_scale_a", "grad_bias_a", "x_mask",  "grad_x_mask", "grad_x_add"};
 
 static void fwd_list(const struct bie_forward_args * a, const struct bie_tensor * t[PLAN_TENSORS]) {
     const struct bie_tensor * l[FWD_TENSORS] = {a->x,       a->bias_a,  a->weight,   a->scale_a,  a->scale_w,      a->y,
@@ -43,8 +44,8 @@ static void fwd_list(const struct bie_forward_args * a, const struct bie_tensor 
 }
 static void bwd_list(const struct bie_backward_args * a, const struct bie_tensor * t[PLAN_TENSORS]) {
     const struct bie_tensor * l[PLAN_TENSORS] = {
-        a->x,      a->bias_a,      a->weight,       a->scale_a,     a->scale_w, a->grad_y,
-        a->grad_x, a->grad_weight, a->grad_scale_a, a->grad_bias_a, a->x_mask,  a->grad_x_mask};
+        a->x,           a->bias_a,       a->weight,      a->scale_a, a->scale_w,     a->grad_y,    a->grad_x,
+        a->grad_weight, a->grad_scale_a, a->grad_bias_a, a->x_mask,  a->grad_x_mask, a->grad_x_add};
     for (int i = 0; i < PLAN_TENSORS; i++) t[i] = l[i];
 }
 
@@ -178,6 +179,7 @@ static void patch(struct bie_layer_call * c, bool backward, const struct bie_ten
     for (int i = 0; i < 4; i++) outs[i]->data = t[6 + i] ? t[6 + i]->data : NULL;
     c->x_mask.data = t[10] ? t[10]->data : NULL;
     c->grad_x_mask.data = t[11] ? t[11]->data : NULL;
+    c->grad_x_add.data = t[12] ? t[12]->data : NULL;
 }
 
 static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool backward, const void * args) {
@@ -212,10 +214,11 @@ static enum bie_status execute(bie_context_t * ctx, const bie_plan_t * p, bool b
     // outputs may not share bytes with any other tensor of the call (a property of the pointers)
     if (backward) {
         const struct bie_tensor *outs[4] = {t[6], t[7], t[8], t[9]},
-                                *ins[7] = {t[0], t[1], t[2], t[3], t[4], t[5], t[10]};
+                                *ins[9] = {t[0], t[1], t[2], t[3], t[4], t[5], t[10], t[11], t[12]};
         const char * const on[4] = {names[6], names[7], names[8], names[9]};
-        const char * const in[7] = {names[0], names[1], names[2], names[3], names[4], names[5], names[10]};
-        BIE_TRY(bie_check_outputs(ctx, outs, on, 4, ins, in, 7));
+        const char * const in[9] = {names[0], names[1],  names[2],  names[3], names[4],
+                                    names[5], names[10], names[11], names[12]};
+        BIE_TRY(bie_check_outputs(ctx, outs, on, 4, ins, in, 9));
     } else {
         const struct bie_tensor *outs[2] = {t[5], t[9]},
                                 *ins[9] = {t[0], t[1], t[2], t[3], t[4], t[6], t[7], t[8], t[10]};

@@ -45,6 +45,18 @@ void bie_ref_clamp_gate(const struct bie_layer_call * call, double * g) {
                     if (!(fabsf((float)bie_load(x, off4(x, n, c, h, w))) < call->x_clamp)) g[d] = 0.0;
 }
 
+void bie_ref_grad_x_add(const struct bie_layer_call * call) {
+    const struct bie_tensor *gx = &call->grad_x, *ad = &call->grad_x_add;
+    const struct bie_geometry * gm = &call->g;
+    for (int64_t n = 0; n < gm->batch; n++)
+        for (int64_t c = 0; c < gm->C; c++)
+            for (int64_t h = 0; h < gm->H; h++)
+                for (int64_t w = 0; w < gm->W; w++) {
+                    const int64_t o = off4(gx, n, c, h, w);
+                    bie_store(gx, o, (double)((float)bie_load(gx, o) + (float)bie_load(ad, off4(ad, n, c, h, w))));
+                }
+}
+
 void bie_ref_bits4(const struct bie_tensor * t, int8_t * out) {
     int64_t d = 0;
     for (int64_t i0 = 0; i0 < t->shape[0]; i0++)

@@ -39,6 +39,9 @@ void bie_ref_x_shifted(const struct bie_layer_call * call, float * xp);
 // The clamp's derivative on a dense x-shaped gradient (backward with an x_clamp t): g = 0 where
 // !(|f32(x)| < t).
 void bie_ref_clamp_gate(const struct bie_layer_call * call, double * g);
+// grad_x = round(f32(grad_x) + f32(grad_x_add)) over the call's stored grad_x (a backward's
+// grad_x_add, added last; the CPU backend's too).
+void bie_ref_grad_x_add(const struct bie_layer_call * call);
 
 // Activation codes a (binary +-1, n-bit clamp(rne(x'/scale_a), lo, hi)), dense. xp is the
 // output of bie_ref_x_shifted, or NULL when x is B1 (the codes are then its bits).

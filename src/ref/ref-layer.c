@@ -47,7 +47,8 @@
 //   grad_bias_a[c]  = sum over (n, h, w) of grad_x[n,c,h,w]
 //   then, with grad_x_mask (a B1 x only): grad_x = grad_x * grad_x_mask, and with x_clamp = t:
 //   grad_x = grad_x * 1{|f32(x)| < t} (the clamp's derivative; grad_scale_a and grad_bias_a are
-//   taken before either)
+//   taken before either); with grad_x_add, last: grad_x = round(f32(round(grad_x)) +
+//   f32(grad_x_add)) (the sum an add after the call makes)
 // The surrogate behind these: binary y(x) = conv(scale_a*clip(x'/scale_a, -1, 1), w*scale_w)
 // for grad_x (and the same with sign for grad_scale_a), y linear in the float weight W for
 // grad_W (straight through the sign / rounding); n-bit y(x) = conv(scale_a*clip(x'/scale_a, lo,
@@ -319,5 +320,6 @@ enum bie_status bie_ref_layer_backward(bie_context_t * ctx, const struct bie_lay
             if (ws.gate[i] <= 0) ws.gx[i] = 0.0;
     if (call->x_clamp > 0.0f) bie_ref_clamp_gate(call, ws.gx);
     if (call->grad_x.data) bie_ref_store4(&call->grad_x, ws.gx);
+    if (call->grad_x_add.data) bie_ref_grad_x_add(call);
     return BIE_STATUS_OK;
 }

@@ -179,6 +179,7 @@ static struct bie_backward_args grad_args(const struct ops * o, struct grads * g
                                   want[3] ? &t[3] : NULL,
                                   NULL,
                                   NULL,
+                                  NULL,
                                   0.0f};
     return a;
 }

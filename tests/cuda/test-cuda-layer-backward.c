@@ -170,7 +170,7 @@ static void test_backward(struct lcase * c, int saved, int in_place) {
     const int want = in_place ? (int)test_rand_int(1, 2) : (int)test_rand_int(0, 5), only_w = want == 0,
               no_sums = want == 1 || want == 2;
     struct bie_backward_args ar = {
-        &o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &g, &gx_r, &gw_r, &gs_r, &gb_r, NULL, NULL, 0.0f};
+        &o.x, c->bias ? &o.bias : NULL, &o.w, &o.sa, &o.sw, &g, &gx_r, &gw_r, &gs_r, &gb_r, NULL, NULL, NULL, 0.0f};
     struct bie_backward_args ac = {&o.dx,
                                    c->bias ? &o.dbias : NULL,
                                    &o.dw,
@@ -183,8 +183,21 @@ static void test_backward(struct lcase * c, int saved, int in_place) {
                                    only_w || no_sums ? NULL : &dgb,
                                    NULL,
                                    NULL,
+                                   NULL,
                                    0.0f};
     ar.x_clamp = ac.x_clamp = c->clamp; // (x read through a clamp, grad_x gated by its derivative)
+    // a shortcut's gradient added to grad_x last, in a third of the cases that ask for grad_x
+    struct bie_tensor add = {0}, dadd = {0};
+    if (!only_w && test_rand_int(0, 2) == 0) {
+        const enum bie_dtype adt = float_dts[test_rand_int(0, 2)];
+        add = c->conv ? make4(adt, o.x.shape, (int)test_rand_int(0, 2)) : test_tensor(adt, o.x.ndim, o.x.shape, NULL);
+        test_fill_uniform(&add, -1, 1);
+        dadd = cuda_mirror(&add);
+        ar.grad_x_add = &add;
+        ac.grad_x_add = &dadd;
+        const size_t n = strlen(c->text);
+        snprintf(c->text + n, sizeof c->text - n, " grad_x_add %s", bie_dtype_name(adt));
+    }
     if (saved) {
         ac.x = &dbits;
         ac.bias_a = NULL;
@@ -215,6 +228,10 @@ static void test_backward(struct lcase * c, int saved, int in_place) {
     }
     cuda_tensor_free(&dbits);
     cuda_tensor_free(&dmask);
+    if (add.data) {
+        test_tensor_free(&add);
+        cuda_tensor_free(&dadd);
+    }
     test_tensor_free(&bits);
     test_tensor_free(&mask);
     cuda_tensor_free(&dg);
@@ -323,8 +340,8 @@ static void test_saved_layouts(void) {
              (long long)N);
     const struct bie_linear_desc d = {BIE_QUANT_BINARY, K, N};
     CHECK_OK(cu_ctx, bie_binarize_ste(cu_ctx, &dx, NULL, &s, &dbits, &dmask));
-    struct bie_backward_args ar = {&x, NULL, &w, &s, &s, &g, NULL, &gw_r, NULL, NULL, NULL, NULL, 0.0f};
-    struct bie_backward_args ac = {&dbits, NULL, &dw, &s, &s, &dg, NULL, &dgw, NULL, NULL, NULL, NULL, 0.0f};
+    struct bie_backward_args ar = {&x, NULL, &w, &s, &s, &g, NULL, &gw_r, NULL, NULL, NULL, NULL, NULL, 0.0f};
+    struct bie_backward_args ac = {&dbits, NULL, &dw, &s, &s, &dg, NULL, &dgw, NULL, NULL, NULL, NULL, NULL, 0.0f};
     CHECK_OK(ref_ctx, bie_linear_backward(ref_ctx, &d, &ar));
     CHECK_OK(cu_ctx, bie_linear_backward(cu_ctx, &d, &ac));
     CHECK(bie_context_cuda_synchronize(cu_ctx) == BIE_STATUS_OK, "sync: %s", bie_context_last_error(cu_ctx));
