@@ -89,7 +89,7 @@ __device__ __forceinline__ unsigned chunk_codes(float * q, int64_t k0, int64_t K
     if (t > 0.0f)
 #pragma unroll
         for (int i = 0; i < 8; i++) {
-            if (MASK && !(fabsf(q[i]) < t)) gate |= 1u << i;
+            if (MASK && !clamp_open(q[i], t)) gate |= 1u << i;
             q[i] = clamp_in(q[i], t);
         }
     if (bias.data)

@@ -38,7 +38,7 @@ __global__ void ste_codes(pack_src p, int64_t n, float t, int8_t * bits, int8_t 
         if (p.bias.data) v = __fadd_rn(v, ld_float(p.bias.data, p.bias.dtype, k * p.bias.stride[3]));
         if (bits) bits[e] = v >= 0.0f ? 1 : 0;
         if (mask) mask[e] = ste_passes(v, s, BIE_QUANT_BINARY, 0, 0) ? 1 : 0;
-        if (cmask) cmask[e] = fabsf(a) < t ? 1 : 0;
+        if (cmask) cmask[e] = clamp_open(a, t) ? 1 : 0;
     }
 }
 
@@ -60,7 +60,7 @@ __device__ __forceinline__ void ste_clamped8_loop(const T * x, int64_t n8, int64
             v[e] = clamp_in(a[e], t);
             if (bias.data) v[e] = __fadd_rn(v[e], bv[e]);
             b |= (v[e] >= 0.0f ? 1u : 0u) << e;
-            c |= (fabsf(a[e]) < t ? 1u : 0u) << e;
+            c |= (clamp_open(a[e], t) ? 1u : 0u) << e;
         }
         if (bits) bits[i] = (uint8_t)b;
         if (mask) mask[i] = (uint8_t)ste_pass_bits8(v, s, BIN_S);

@@ -349,6 +349,8 @@ __device__ __forceinline__ float clamp_in(float v, float t) {
     asm("min.NaN.f32 %0, %0, %1;" : "+f"(r) : "f"(t));
     return r;
 }
+// The clamp's derivative at v, 1{|v| < t}: 0 at +-t, past them and for a NaN v.
+__device__ __forceinline__ bool clamp_open(float v, float t) { return fabsf(v) < t; }
 
 __host__ __device__ __forceinline__ int qlo(int quant) { return quant == BIE_QUANT_INT4 ? -8 : -128; }
 __host__ __device__ __forceinline__ int qhi(int quant) { return quant == BIE_QUANT_INT4 ? 7 : 127; }

@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(256, NT == STE_TAPS ? 2 : 3)
         for (int k = 0; k < 4; k++) { // x first, all 4 loads in flight
             const int64_t cc = c0 + (along_pixels ? ty + 8 * k : lane);
             xv[k] = xo[k] >= 0 && cc < g.C ? ld_as<T>(x, xo[k] + cc * x.stride[1]) : 0.0f;
-            open[k] = !(t > 0.0f) || fabsf(xv[k]) < t;
+            open[k] = !(t > 0.0f) || clamp_open(xv[k], t);
             if (t > 0.0f) xv[k] = clamp_in(xv[k], t);
             if (bias.data) xv[k] = __fadd_rn(xv[k], bv[k]);
         }
@@ -261,8 +261,9 @@ void launch_ste_tiles(unsigned grid, cudaStream_t s, struct dview x, struct dvie
 // sign bits and xm the saved mask, both in rows that start on whole bytes (a byte of each per
 // thread and row), and each element's gradient and term are those of the x' they came from; gm
 // (grad_x_mask, data NULL when absent) then zeroes grad_x where its bit is 0, after the sums, and
-// gadd (rows like gx_out's) is added last. Three blocks a multiprocessor: unbounded, the float instances take 136-139 registers, one block
-// of eight warps a multiprocessor (at four blocks they spill).
+// gadd (rows like gx_out's) is added last. Three blocks a multiprocessor: unbounded, the float
+// instances take 136-139 registers, one block of eight warps a multiprocessor (at four blocks they
+// spill).
 template <typename T, typename D>
 __global__ void __launch_bounds__(256, 3)
     ste_rows(struct dview x, struct dview xm, struct dview gm, struct dview bias, int64_t rows, int64_t C, int64_t slab,
@@ -298,7 +299,7 @@ __global__ void __launch_bounds__(256, 3)
                 float term;
                 float xc = xv[i];
                 if (t > 0.0f) { // x_clamp: the clamp's derivative gates grad_x after the sums
-                    if (!(fabsf(xc) < t)) gate &= ~(1u << i);
+                    if (!clamp_open(xc, t)) gate &= ~(1u << i);
                     xc = clamp_in(xc, t);
                 }
                 const float xp = bias.data ? __fadd_rn(xc, b[i]) : xc;
