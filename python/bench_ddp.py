@@ -23,6 +23,9 @@ process per GPU, against the same training on one GPU. Run through torchrun (scr
    its capture, and NCCL's asynchronous error handling is off, as PyTorch's CUDA graph notes ask.
    --fused: both sides train the network after bie.fuse (each block's conv, BatchNorm and shortcut
    one node whose libbie calls replay from CUDA graphs of their own).
+   --comm-hook allreduce: DDP reduces each bucket through PyTorch's default all-reduce hook, which
+   divides the whole bucket by the world size once; without a hook DDP divides each gradient on its
+   own, a kernel launch per parameter on the host's side of every step.
 """
 import argparse
 import datetime
@@ -136,7 +139,7 @@ def network(dev, fused):
     return bie.fuse(model).train() if fused else model
 
 
-def speed(rank, world, dev, batch, ddp_options, graphs=False, fused=False, rounds=6, iters=10):
+def speed(rank, world, dev, batch, ddp_options, graphs=False, fused=False, comm_hook=None, rounds=6, iters=10):
     """Median step times (ms) on one GPU (rank 0 alone, the others waiting) and under DDP (the
     slowest rank's median), timed in alternating rounds so that both see the same host; with graphs,
     of each side's step replayed from a CUDA graph, the one-GPU graph's rounds all first (replays
@@ -156,11 +159,22 @@ def speed(rank, world, dev, batch, ddp_options, graphs=False, fused=False, round
             one_step = None
         bie.set_data_parallel(None)
     dist.barrier()
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):  # (where DDP must be built for a later capture)
+
+    def build():
         ddp = nn.parallel.DistributedDataParallel(network(dev, fused), device_ids=[dev.index], **ddp_options)
-    torch.cuda.current_stream(dev).wait_stream(side)
+        if comm_hook == "allreduce":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+        return ddp
+
+    if graphs:  # DDP is built on a side stream, where its later capture runs
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            ddp = build()
+        torch.cuda.current_stream(dev).wait_stream(side)
+    else:  # on the stream its steps run on: its gradient accumulators take the stream they are made on
+        ddp = build()
     ddp_step = SGDStep(ddp, x, y, lr=1e-3, momentum=0.9, set_to_none=False)
     step_times(ddp_step, dev, 5)
     if graphs:
@@ -191,7 +205,12 @@ def main():
     ap.add_argument("--no-broadcast-buffers", action="store_true",
                     help="DistributedDataParallel(broadcast_buffers=False): no copy of rank 0's buffers (BatchNorm "
                          "statistics, scale_w) to every rank before each forward")
+    ap.add_argument("--comm-hook", choices=["none", "allreduce"], default="none",
+                    help="allreduce: DDP's buckets through PyTorch's default all-reduce hook (one division a "
+                         "bucket instead of one a gradient); eager steps only")
     args = ap.parse_args()
+    if args.graphs and args.comm_hook != "none":
+        ap.error("--comm-hook is for eager steps (the CUDA graph rows time DDP's own reduction)")
     ddp_options = {"broadcast_buffers": not args.no_broadcast_buffers, "static_graph": args.static_graph,
                    "gradient_as_bucket_view": args.bucket_view, "bucket_cap_mb": args.bucket_mb}
     if args.graphs:  # (PyTorch's condition for NCCL collectives inside a captured graph)
@@ -202,7 +221,8 @@ def main():
     torch.cuda.set_device(dev)
     torch.backends.cudnn.benchmark = True
     eq = equality(rank, world, dev, per_gpu=16)
-    one, ddp = speed(rank, world, dev, args.batch, ddp_options, args.graphs, args.fused)
+    hook = None if args.comm_hook == "none" else args.comm_hook
+    one, ddp = speed(rank, world, dev, args.batch, ddp_options, args.graphs, args.fused, hook)
     if rank == 0:
         scaling = world * one / ddp
         name = torch.cuda.get_device_name(dev)
@@ -211,12 +231,13 @@ def main():
         print(f"equality of the first float32 step (global batch {16 * world}) against one GPU: all updates "
               f"{total:.3g} apart (relative L2), the farthest parameter's {w_rel:.3g} ({w_name}, norm {w_norm:.3g}); "
               f"on one GPU, cuDNN's deterministic against its autotuned algorithms: {spread:.3g}")
-        print(f"DistributedDataParallel options: {ddp_options}")
+        print(f"DistributedDataParallel options: {ddp_options}, comm hook: {args.comm_hook}")
         print(f"fp16 step{' (CUDA graphs)' if args.graphs else ''}{', after bie.fuse' if args.fused else ''}, "
               f"{args.batch} images per GPU: one GPU {one:.3f} ms, "
               f"{world} GPUs {ddp:.3f} ms, scaling {scaling:.2f}x")
         if args.json:
             changed = [f"{k}={v}" for k, v in ddp_options.items() if v != DDP_DEFAULTS[k]]
+            changed += [f"comm_hook={hook}"] if hook else []
             mode = (f"ddp x{world} step" + (", fused" if args.fused else "") + (", CUDA graphs" if args.graphs else "")
                     + (f" ({', '.join(changed)})" if changed else ""))
             row = {"network": "resnet18-bnn", "model": "binary", "batch": args.batch, "mode": mode,
@@ -224,6 +245,7 @@ def main():
                    "bie_ms": round(ddp, 4), "baseline": "one GPU", "baseline_ms": round(one, 4),
                    "ratio": round(scaling, 3), "update_diff": total, "max_rel_update_diff": w_rel,
                    "max_rel_update_param": w_name, "one_gpu_rounding_spread": spread, "ddp_options": ddp_options,
+                   "comm_hook": args.comm_hook,
                    "device": name,
                    "date": datetime.date.today().isoformat()}
             with open(args.json, "w") as f:
