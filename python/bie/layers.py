@@ -402,40 +402,35 @@ class BinaryLinear(_Linear):
 _check_bits = V.check_bits
 
 
-class Q4Linear(_Linear):
+class _NbitLinear(_Linear):
+    """What Q4Linear and Q8Linear share: _nbits-bit codes of x and the weight, trained through the
+    autograd function _function."""
+
+    _nbits = _function = None
+
+    def __init__(self, in_channels, out_channels, a_bit=None, w_bit=None, device=None, dtype=torch.float, bias=False):
+        _check_bits(a_bit, w_bit, self._nbits)
+        super().__init__(in_channels, out_channels, device=device, dtype=dtype, bias=bias)
+        self.a_bit = self.w_bit = self._nbits
+
+    def forward(self, x):
+        self._check_forward(x)
+        w = self._prepare_forward(x)
+        if self._inference():
+            return self._output(self._infer(x, w))
+        return self._output(self._function.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, self.bias_a))
+
+
+class Q4Linear(_NbitLinear):
     """4-bit linear layer (Bitorch Engine's Q4LinearCutlass): codes clamp(rne(v/scale), -8, 7)."""
 
-    quant = QUANT_INT4
-
-    def __init__(self, in_channels, out_channels, a_bit=None, w_bit=None, device=None, dtype=torch.float, bias=False):
-        _check_bits(a_bit, w_bit, 4)
-        super().__init__(in_channels, out_channels, device=device, dtype=dtype, bias=bias)
-        self.a_bit = self.w_bit = 4
-
-    def forward(self, x):
-        self._check_forward(x)
-        w = self._prepare_forward(x)
-        if self._inference():
-            return self._output(self._infer(x, w))
-        return self._output(Q4LinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, self.bias_a))
+    quant, _nbits, _function = QUANT_INT4, 4, Q4LinearForward
 
 
-class Q8Linear(_Linear):
+class Q8Linear(_NbitLinear):
     """8-bit linear layer (Bitorch Engine's Q8LinearCutlass): codes clamp(rne(v/scale), -128, 127)."""
 
-    quant = QUANT_INT8
-
-    def __init__(self, in_channels, out_channels, a_bit=None, w_bit=None, device=None, dtype=torch.float, bias=False):
-        _check_bits(a_bit, w_bit, 8)
-        super().__init__(in_channels, out_channels, device=device, dtype=dtype, bias=bias)
-        self.a_bit = self.w_bit = 8
-
-    def forward(self, x):
-        self._check_forward(x)
-        w = self._prepare_forward(x)
-        if self._inference():
-            return self._output(self._infer(x, w))
-        return self._output(Q8LinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, self.bias_a))
+    quant, _nbits, _function = QUANT_INT8, 8, Q8LinearForward
 
 
 def _pair(v):
@@ -494,43 +489,35 @@ class BinaryConv2d(_Conv2d):
         return self._output(y)
 
 
-class Q4Conv2d(_Conv2d):
+class _NbitConv2d(_Conv2d):
+    """What Q4Conv2d and Q8Conv2d share: _nbits-bit codes of x and the weight, trained through the
+    autograd function _function."""
+
+    _nbits = _function = None
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, a_bit=None,
+                 w_bit=None, device=None, dtype=torch.float, bias=False):
+        _check_bits(a_bit, w_bit, self._nbits)
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, device=device, dtype=dtype,
+                         bias=bias)
+        self.a_bit = self.w_bit = self._nbits
+
+    def forward(self, x):
+        self._check_forward(x)
+        w = self._prepare_forward(x)
+        if self._inference():
+            return self._output(self._infer(x, w))
+        return self._output(self._function.apply(x, w, self._scale_a_arg(), self.scale_w, self.training,
+                                                 *self._geometry(), self.bias_a))
+
+
+class Q4Conv2d(_NbitConv2d):
     """4-bit conv2d (Bitorch Engine's Q4Conv2dCutlass, as a true NCHW cross-correlation)."""
 
-    quant = QUANT_INT4
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, a_bit=None,
-                 w_bit=None, device=None, dtype=torch.float, bias=False):
-        _check_bits(a_bit, w_bit, 4)
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, device=device, dtype=dtype,
-                         bias=bias)
-        self.a_bit = self.w_bit = 4
-
-    def forward(self, x):
-        self._check_forward(x)
-        w = self._prepare_forward(x)
-        if self._inference():
-            return self._output(self._infer(x, w))
-        return self._output(Q4Conv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
-                                                  self.bias_a))
+    quant, _nbits, _function = QUANT_INT4, 4, Q4Conv2dForward
 
 
-class Q8Conv2d(_Conv2d):
+class Q8Conv2d(_NbitConv2d):
     """8-bit conv2d."""
 
-    quant = QUANT_INT8
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, a_bit=None,
-                 w_bit=None, device=None, dtype=torch.float, bias=False):
-        _check_bits(a_bit, w_bit, 8)
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, device=device, dtype=dtype,
-                         bias=bias)
-        self.a_bit = self.w_bit = 8
-
-    def forward(self, x):
-        self._check_forward(x)
-        w = self._prepare_forward(x)
-        if self._inference():
-            return self._output(self._infer(x, w))
-        return self._output(Q8Conv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
-                                                  self.bias_a))
+    quant, _nbits, _function = QUANT_INT8, 8, Q8Conv2dForward
