@@ -5,7 +5,6 @@
 #include "cpu/cpu-gemv.h"
 #include "ref/ref-impl.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +37,7 @@ enum bie_status bie_cpu_clamped(bie_context_t * ctx, const struct bie_layer_call
     float * h = aligned_alloc(64, ((size_t)(N * C * H * W) * sizeof(float) + 63) / 64 * 64);
     if (!h) return bie_set_error(ctx, BIE_STATUS_OUT_OF_MEMORY, "x_clamp: out of host memory for the clamped x");
     const float t = call->x_clamp;
-    const struct bie_tensor *src = &call->x, *gx = &call->grad_x;
+    const struct bie_tensor * src = &call->x;
     for (int64_t n = 0; n < N; n++)
         for (int64_t ci = 0; ci < C; ci++)
             for (int64_t hi = 0; hi < H; hi++)
@@ -48,19 +47,8 @@ enum bie_status bie_cpu_clamped(bie_context_t * ctx, const struct bie_layer_call
                     h[n * st[0] + ci * st[1] + hi * st[2] + wi * st[3]] = bie_clamp_sym(v, t);
                 }
     x->data = h;
-    enum bie_status s = run(ctx, &c);
-    if (s == BIE_STATUS_OK && backward && gx->data)
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t ci = 0; ci < C; ci++)
-                for (int64_t hi = 0; hi < H; hi++)
-                    for (int64_t wi = 0; wi < W; wi++) {
-                        const int64_t o =
-                            n * src->stride[0] + ci * src->stride[1] + hi * src->stride[2] + wi * src->stride[3];
-                        if (!(fabsf((float)bie_load(src, o)) < t))
-                            bie_store(gx,
-                                      n * gx->stride[0] + ci * gx->stride[1] + hi * gx->stride[2] + wi * gx->stride[3],
-                                      0.0);
-                    }
+    const enum bie_status s = run(ctx, &c);
+    if (s == BIE_STATUS_OK && backward && call->grad_x.data) bie_ref_clamp_gate(call);
     if (s == BIE_STATUS_OK && backward && call->grad_x_add.data) bie_ref_grad_x_add(call);
     free(h);
     return s;

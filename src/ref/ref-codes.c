@@ -34,15 +34,15 @@ void bie_ref_x_shifted(const struct bie_layer_call * call, float * xp) {
         }
 }
 
-void bie_ref_clamp_gate(const struct bie_layer_call * call, double * g) {
-    const struct bie_tensor * x = &call->x;
+void bie_ref_clamp_gate(const struct bie_layer_call * call) {
+    const struct bie_tensor *x = &call->x, *gx = &call->grad_x;
     const struct bie_geometry * gm = &call->g;
-    int64_t d = 0;
     for (int64_t n = 0; n < gm->batch; n++)
         for (int64_t c = 0; c < gm->C; c++)
             for (int64_t h = 0; h < gm->H; h++)
-                for (int64_t w = 0; w < gm->W; w++, d++)
-                    if (!(fabsf((float)bie_load(x, off4(x, n, c, h, w))) < call->x_clamp)) g[d] = 0.0;
+                for (int64_t w = 0; w < gm->W; w++)
+                    if (!(fabsf((float)bie_load(x, off4(x, n, c, h, w))) < call->x_clamp))
+                        bie_store(gx, off4(gx, n, c, h, w), 0.0);
 }
 
 void bie_ref_grad_x_add(const struct bie_layer_call * call) {

@@ -36,9 +36,9 @@ int bie_ref_quantize(float v, float scale, int lo, int hi);
 // x' = f32(x) + f32(bias_a[c]) for every element of a float x, dense (x clamped first when the
 // call has an x_clamp).
 void bie_ref_x_shifted(const struct bie_layer_call * call, float * xp);
-// The clamp's derivative on a dense x-shaped gradient (backward with an x_clamp t): g = 0 where
-// !(|f32(x)| < t).
-void bie_ref_clamp_gate(const struct bie_layer_call * call, double * g);
+// The clamp's derivative over the call's stored grad_x (a backward with an x_clamp t, after its
+// sums; the CPU backend's too): grad_x = 0 where !(|f32(x)| < t).
+void bie_ref_clamp_gate(const struct bie_layer_call * call);
 // grad_x = round(f32(grad_x) + f32(grad_x_add)) over the call's stored grad_x (a backward's
 // grad_x_add, added last; the CPU backend's too).
 void bie_ref_grad_x_add(const struct bie_layer_call * call);

@@ -318,8 +318,8 @@ enum bie_status bie_ref_layer_backward(bie_context_t * ctx, const struct bie_lay
     if (ws.gate)
         for (int64_t i = 0; i < nx; i++)
             if (ws.gate[i] <= 0) ws.gx[i] = 0.0;
-    if (call->x_clamp > 0.0f) bie_ref_clamp_gate(call, ws.gx);
     if (call->grad_x.data) bie_ref_store4(&call->grad_x, ws.gx);
+    if (call->grad_x.data && call->x_clamp > 0.0f) bie_ref_clamp_gate(call);
     if (call->grad_x_add.data) bie_ref_grad_x_add(call);
     return BIE_STATUS_OK;
 }
