@@ -260,15 +260,16 @@ class BatchNormTrain(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, residual, running_mean, running_var, momentum, eps, num_batches):
-        y, mean, invstd = F.batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps, residual,
-                                             num_batches=num_batches)
-        ctx.save_for_backward(x, weight, mean, invstd)
+        y, stats = F._batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps, residual, True,
+                                       num_batches)
+        ctx.save_for_backward(x, weight, stats)
         ctx.has_residual = residual is not None
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight, mean, invstd = ctx.saved_tensors
+        x, weight, stats = ctx.saved_tensors
+        mean, invstd = stats.unbind(0)
         grad_y = _grad_like(grad_y, x)
         gx, gw, gb = F.batch_norm_backward(x, weight, mean, invstd, grad_y, ctx.needs_input_grad[0])
         return gx, gw, gb, grad_y if ctx.has_residual else None, None, None, None, None, None
@@ -288,22 +289,24 @@ class StemTrain(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, momentum, eps, kernel_size, stride, padding, lo,
                 hi, num_batches):
-        _, mean, invstd = F.batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps,
-                                             normalize=False, num_batches=num_batches)
-        mul = weight.float() * invstd
-        add = bias.float() - mean * mul
+        _, stats = F._batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps, None, False,
+                                       num_batches)
+        mean, invstd = stats.unbind(0)
+        mul = torch.mul(weight, invstd)  # (f32: weight.float() * invstd, f32(bias) - mean * mul)
+        add = torch.sub(bias, mean * mul)
         n, c, h, w = x.shape
         oh, ow = F.conv2d_output_size(h, w, kernel_size, stride, padding)
         argmax = torch.empty((n, c, oh, ow), dtype=torch.uint8, device=x.device,
                              memory_format=F._like_memory_format(x))
         y = F.affine_maxpool2d(x, kernel_size, stride, padding, mul, add, lo, hi, argmax=argmax)
-        ctx.save_for_backward(x, weight, mean, invstd, argmax)
+        ctx.save_for_backward(x, weight, stats, argmax)
         ctx.geometry = (kernel_size, stride, padding)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, weight, mean, invstd, argmax = ctx.saved_tensors
+        x, weight, stats, argmax = ctx.saved_tensors
+        mean, invstd = stats.unbind(0)
         k, s, p = ctx.geometry
         gz = F.affine_maxpool2d_backward(argmax, _grad_like(grad_y, x), x.shape[2:], k, s, p, dtype=x.dtype)
         gx, gw, gb = F.batch_norm_backward(x, weight, mean, invstd, gz, ctx.needs_input_grad[0])

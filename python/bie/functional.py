@@ -614,13 +614,20 @@ def affine_maxpool2d(x, kernel_size, stride=None, padding=0, mul=None, add=None,
     y = torch.empty((n, c, oh, ow), dtype=x.dtype, device=x.device, memory_format=_like_memory_format(x))
     if y.numel() == 0:
         return y
-    keep = [_view(x.detach()), None if mul is None else _view(mul), None if add is None else _view(add), _view(y),
-            None if out_bits is None else _bits_view(out_bits, c),
-            None if out_bits_bias is None else _view(out_bits_bias), None if argmax is None else _view(argmax)]
-    desc = _lib.AffineMaxpool2dDesc(k[0], k[1], s[0], s[1], p[0], p[1], float(lo), float(hi))
-    args = _lib.AffineMaxpool2dArgs(*[_ptr(v) for v in keep])
-    _Call(x)("bie_affine_maxpool2d_forward", ctypes.byref(desc), ctypes.byref(args))
-    del keep
+    ts = (x, mul, add, y, out_bits, out_bits_bias, argmax)
+    m = _plans.meta_fast
+    key = ("affine maxpool2d", k, s, p, float(lo).hex(), float(hi).hex(), *(None if t is None else m(t) for t in ts))
+
+    def pre():
+        return (ctypes.byref(_lib.AffineMaxpool2dDesc(k[0], k[1], s[0], s[1], p[0], p[1], float(lo), float(hi))),)
+
+    def views():
+        if x.is_cuda and not _lib.cuda_available():
+            raise _no_cuda(x)
+        return [_view(x.detach()), None if mul is None else _view(mul), None if add is None else _view(add), _view(y),
+                None if out_bits is None else _bits_view(out_bits, c),
+                None if out_bits_bias is None else _view(out_bits_bias), None if argmax is None else _view(argmax)]
+    _cached_call(key, "bie_affine_maxpool2d_forward", pre, _lib.AffineMaxpool2dArgs, ts, views).run(x, ts)
     return y
 
 
@@ -635,23 +642,30 @@ def affine_maxpool2d_backward(argmax, grad_y, input_size, kernel_size, stride=No
     n, c = grad_y.shape[:2]
     gz = torch.empty((n, c, input_size[0], input_size[1]), dtype=grad_y.dtype if dtype is None else dtype,
                      device=grad_y.device, memory_format=_like_memory_format(grad_y))
-    keep = [_view(argmax), _view(grad_y), _view(gz)]
-    desc = _lib.AffineMaxpool2dDesc(k[0], k[1], s[0], s[1], p[0], p[1], -math.inf, math.inf)
-    args = _lib.AffineMaxpool2dBackwardArgs(*[_ptr(v) for v in keep])
-    _Call(grad_y)("bie_affine_maxpool2d_backward", ctypes.byref(desc), ctypes.byref(args))
-    del keep
+    ts = (argmax, grad_y, gz)
+    m = _plans.meta_fast
+    key = ("affine maxpool2d backward", k, s, p, m(argmax), m(grad_y), m(gz))
+
+    def pre():
+        return (ctypes.byref(_lib.AffineMaxpool2dDesc(k[0], k[1], s[0], s[1], p[0], p[1], -math.inf, math.inf)),)
+
+    def views():
+        if grad_y.is_cuda and not _lib.cuda_available():
+            raise _no_cuda(grad_y)
+        return [_view(t.detach()) for t in ts]
+    _cached_call(key, "bie_affine_maxpool2d_backward", pre, _lib.AffineMaxpool2dBackwardArgs, ts, views).run(grad_y, ts)
     return gz
 
 
-def _cached_call(key, function, pre, struct, tensors):
+def _cached_call(key, function, pre, struct, tensors, views=None):
     """The _plans.Call of `function` kept in this thread's cache under key (which must fix the
     metadata of `tensors`), made on its first use with pre() as the arguments before the struct and
-    a `struct` of views of `tensors`."""
+    a `struct` of the views that views() gives (default: a plain view of each of `tensors`)."""
     cache = _plans.cache()
     call = cache.get(key)
     if call is None:
-        views = [None if t is None else _view(t.detach()) for t in tensors]
-        call = cache[key] = _plans.Call(function, pre(), struct(*[_ptr(v) for v in views]), views)
+        vs = views() if views is not None else [None if t is None else _view(t.detach()) for t in tensors]
+        call = cache[key] = _plans.Call(function, pre(), struct(*[_ptr(v) for v in vs]), vs)
     return call
 
 
@@ -665,19 +679,31 @@ def batch_norm_train(x, weight, bias, running_mean, running_var, momentum=0.1, e
     batch_norm_backward. On CUDA tensors any float dtypes and strides (2 to 4 dimensions); on the CPU
     dense float32 only. num_batches: an int64 tensor of one element on x's device (a BatchNorm2d's
     num_batches_tracked) that the call adds 1 to, or None."""
+    y, stats = _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps, residual, normalize,
+                                 num_batches)
+    mean, invstd = stats.unbind(0)
+    return y, mean, invstd
+
+
+def _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps, residual, normalize, num_batches):
+    """batch_norm_train with the saved statistics as the rows of one float32 [2, C] tensor: (y or
+    None, stats), stats[0] the mean and stats[1] invstd. Its kept call takes their addresses."""
     _check_float(x, "x")
     if x.dim() < 2:
         raise ValueError(f"bie: batch_norm_train input must be [N, C, ...], has {x.dim()} dimensions")
     y = torch.empty_like(x, memory_format=_like_memory_format(x)) if normalize else None
-    mean, invstd = torch.empty((2, x.shape[1]), dtype=torch.float32, device=x.device).unbind(0)
-    ts = (x, weight, bias, running_mean, running_var, mean, invstd, y, residual, num_batches)
-    _batch_norm_call(ts, momentum, eps).run(x, ts)
-    return y, mean, invstd
+    c = x.shape[1]
+    stats = torch.empty((2, c), dtype=torch.float32, device=x.device)
+    p = stats.data_ptr()
+    ts = (x, weight, bias, running_mean, running_var, p, p + 4 * c, y, residual, num_batches)
+    _batch_norm_call(ts, momentum, eps, stats).run(x, ts)
+    return y, stats
 
 
-def _batch_norm_call(ts, momentum, eps):
+def _batch_norm_call(ts, momentum, eps, stats=None):
     """batch_norm_train's kept _plans.Call for its tensors ts = (x, weight, bias, running_mean,
-    running_var, saved_mean, saved_invstd, y or None, residual or None, num_batches or None)."""
+    running_var, saved_mean, saved_invstd, y or None, residual or None, num_batches or None); with
+    stats (float32 [2, C]), ts's saved_mean and saved_invstd may be the addresses of its rows."""
     x, weight, bias, running_mean, running_var, _, _, y, residual, num_batches = ts
     m = _plans.meta_fast  # (y and the saved statistics follow from x's metadata)
     key = ("bn", momentum, eps, m(x), m(weight), m(bias), m(running_mean), m(running_var),
@@ -685,7 +711,10 @@ def _batch_norm_call(ts, momentum, eps):
     def pre():  # (the desc lives as long as its byref in the call)
         return (ctypes.byref(_lib.BatchnormDesc(float(momentum), float(eps), 1)),)
 
-    return _cached_call(key, "bie_batchnorm_forward", pre, _lib.BatchnormArgs, ts)
+    def views():
+        t = ts if stats is None else (*ts[:5], *stats.unbind(0), *ts[7:])
+        return [None if u is None else _view(u.detach()) for u in t]
+    return _cached_call(key, "bie_batchnorm_forward", pre, _lib.BatchnormArgs, ts, views)
 
 
 def batch_norm_backward(x, weight, saved_mean, saved_invstd, grad_y, grad_x=True):
