@@ -23,6 +23,8 @@ float input gives. A binary conv on CUDA does the same whenever its channels-las
 PyTorch: when it has a `privileged_grad` attribute (a float32 tensor of its shape, set by the
 modules), the weight gradient is accumulated there instead (see bie.optim.DiodeMix).
 """
+import math
+
 import torch
 
 from . import _plans
@@ -318,10 +320,12 @@ def _empty(spec, device):
     return torch.empty_strided(spec[0], spec[1], dtype=spec[2], device=device)
 
 
-def _rows(t, n):
-    """The data addresses of the n rows of t along its first dimension (t dense)."""
-    p, step = t.data_ptr(), t.numel() // n * t.element_size()
-    return tuple(p + i * step for i in range(n))
+def _grad_as(grad, spec):
+    """grad with the strides of spec = (shape, strides, dtype), a copy where its own differ (a kept
+    call reads its tensors in the strides it was made for)."""
+    if grad.stride() == spec[1]:
+        return grad
+    return torch.empty_strided(spec[0], spec[1], dtype=grad.dtype, device=grad.device).copy_(grad)
 
 
 def _spec(t):
@@ -331,6 +335,43 @@ def _spec(t):
 def _ptr(t):
     """t's data pointer (0: None, or a number rather than a tensor)."""
     return t.data_ptr() if isinstance(t, torch.Tensor) else 0
+
+
+def _aligned(n):
+    return -(-n // 256) * 256
+
+
+class _Saved:
+    """Where a fused block's forward keeps what its backward reads, in one uint8 tensor: a binary
+    conv's three bit planes of x ([3, ...]: x's bits, the STE mask, the clamp's gate), the conv's
+    output z, and the batch statistics (float32 [2, C]: mean, invstd), each at a multiple of 256
+    bytes. Its calls take addresses into it; views of it are made only where a call is first made."""
+
+    __slots__ = ("planes", "z", "channels", "offsets", "size")
+
+    def __init__(self, planes_shape, z, channels):
+        self.planes, self.z, self.channels = planes_shape, _spec(z), channels
+        parts = (0 if planes_shape is None else math.prod(planes_shape), z.numel() * z.element_size(), 8 * channels)
+        self.offsets = (0, _aligned(parts[0]), _aligned(parts[0]) + _aligned(parts[1]))
+        self.size = self.offsets[2] + parts[2]
+
+    def new(self, device):
+        return torch.empty(self.size, dtype=torch.uint8, device=device)
+
+    def addresses(self, saved):
+        """(planes' three row addresses (0 without planes), z's address, mean's, invstd's)."""
+        b = saved.data_ptr()
+        p, z, st = (b + o for o in self.offsets)
+        step = 0 if self.planes is None else math.prod(self.planes) // 3
+        return (p, p + step, p + 2 * step) if step else (0, 0, 0), z, st, st + 4 * self.channels
+
+    def views(self, saved):
+        """(planes or None, z, stats): the parts as tensors."""
+        o = self.offsets
+        planes = None if self.planes is None else saved[: math.prod(self.planes)].view(self.planes)
+        shape, stride, dtype = self.z
+        z = saved[o[1]: o[2]].view(dtype).as_strided(shape, stride)
+        return planes, z, saved[o[2]:].view(torch.float32).view(2, self.channels)
 
 
 class BlockRun:
@@ -348,7 +389,7 @@ class BlockRun:
     2*mean|W|/11.269), as a libbie call that replays with the others."""
 
     __slots__ = ("quant", "scale_w", "t", "x_clamp", "geometry", "channels", "running", "count", "momentum", "eps",
-                 "fwd", "shapes", "back", "replay", "scale")
+                 "fwd", "saved", "yspec", "back", "replay", "scale")
 
     def __init__(self, quant, scale_w, t, geometry, channels, running_mean, running_var, count, momentum, eps,
                  x_clamp=None):
@@ -357,7 +398,7 @@ class BlockRun:
         self.geometry, self.channels = geometry, channels
         self.running, self.count, self.momentum, self.eps = (running_mean, running_var), count, momentum, eps
         self.fwd = None  # (binarize call or None, conv plan, bn call), after the first forward
-        self.shapes = None  # specs of (the bits buffer or None, the conv's output, the block's output)
+        self.saved = self.yspec = None  # (_Saved, the block output's spec), after the first forward
         # (bn call, conv backward plan, specs of grad z, of the conv's and of the bn's gradients, Replay)
         # by a backward's needs
         self.back = {}
@@ -365,55 +406,27 @@ class BlockRun:
         self.scale = None  # an 8-bit conv's weight scale call, after the first forward
 
     def forward(self, x, weight, scale_a, bias_a, bn_weight, bn_bias, residual):
-        """(y, kept, z, stats): the block's output, what the conv's backward reads of x (binary: its
-        three bit planes as one uint8 tensor [3, ...]; else x itself), the conv's output z and the
-        batch statistics (float32 [2, C]: mean, invstd). After the first call the calls take the
-        planes' and the statistics' addresses, not views of them."""
+        """(y, kept, saved): the block's output, x where the conv's backward reads it (a 4-bit or
+        8-bit conv; None for a binary conv, whose bit planes are in saved), and saved (uint8, laid out
+        by self.saved: the planes, the conv's output z and the batch statistics)."""
         sw, (rm, rv), nb = self.scale_w, self.running, self.count
         binary = self.t is not None
         ba = None if binary else bias_a  # (the conv reads the bits of x, bias_a in them, or x)
         if self.fwd is None:
-            ste = None
-            if self.quant == QUANT_INT8:
-                self.scale = F._weight_scale_call(QUANT_INT8, weight.detach(), sw)
-                self.scale.run(weight, (weight, sw))
-            if binary:
-                planes, ste, _ = F._binarize_ste_call(x, scale_a, bias_a, True, self.t)
-                kept = planes[0]._base  # (the planes are the rows of one [3, ...] tensor)
-                ste.run(x, (x, bias_a, scale_a, *planes))
-                xk = planes[0]
-            else:
-                kept = xk = x
-            z, conv = F._conv2d_forward_planned(self.quant, xk, weight, scale_a, sw, ba, *self.geometry,
-                                                PAD_ZERO, x.dtype if binary else None,
-                                                self.channels if binary else None, None, None, None, None, None,
-                                                self.x_clamp)
-            stats = torch.empty((2, z.shape[1]), dtype=torch.float32, device=x.device)
-            mean, invstd = stats.unbind(0)
-            y = torch.empty_like(z, memory_format=F._like_memory_format(z))
-            ts = (z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual, nb)
-            bn = F._batch_norm_call(ts, self.momentum, self.eps)
-            bn.run(z, ts)
-            self.fwd = (ste, conv, bn)
-            self.shapes = (kept.shape if binary else None, _spec(z), _spec(y))
-            return y, kept, z, stats
+            return self._first_forward(x, weight, scale_a, bias_a, bn_weight, bn_bias, residual)
         ctx = _plans.bound_context(x)
         if ctx is None:  # (a device other than the current one)
             with torch.cuda.device(x.device):
                 return self.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias, residual)
         ste, conv, bn = self.fwd
         scale = self.scale
-        bshape, zspec, yspec = self.shapes
         dev = x.device
-        if binary:
-            kept = torch.empty(bshape, dtype=torch.uint8, device=dev)
-            xk, mk, gk = _rows(kept, 3)
-        else:
-            kept = x
-            xk, mk, gk = x.data_ptr(), 0, 0
-        z, y = _empty(zspec, dev), _empty(yspec, dev)
-        stats = torch.empty((2, zspec[0][1]), dtype=torch.float32, device=dev)
-        mean, invstd = _rows(stats, 2)
+        saved = self.saved.new(dev)
+        (xk, mk, gk), z, mean, invstd = self.saved.addresses(saved)
+        kept = None if binary else x
+        if not binary:
+            xk = x.data_ptr()
+        y = _empty(self.yspec, dev)
 
         def calls():
             if scale is not None:
@@ -422,21 +435,60 @@ class BlockRun:
                 ste.run_bound(ctx, (x, bias_a, scale_a, xk, mk, gk))
             conv.run_bound(ctx, (xk, ba, weight, scale_a, sw, z, None, None, None, None, None))
             bn.run_bound(ctx, (z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual, nb))
-        self.replay.run(ctx, (x.data_ptr(), _ptr(bias_a), _ptr(scale_a), xk, weight.data_ptr(), _ptr(sw), z.data_ptr(),
-                              y.data_ptr(), mean, _ptr(bn_weight), _ptr(bn_bias), _ptr(rm), _ptr(rv), _ptr(nb),
-                              _ptr(residual)), calls)
-        return y, kept, z, stats
+        self.replay.run(ctx, (x.data_ptr(), _ptr(bias_a), _ptr(scale_a), weight.data_ptr(), _ptr(sw), z, y.data_ptr(),
+                              _ptr(bn_weight), _ptr(bn_bias), _ptr(rm), _ptr(rv), _ptr(nb), _ptr(residual)), calls)
+        return y, kept, saved
 
-    def backward(self, needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, stats, x_dtype, identity=False):
+    def _first_forward(self, x, weight, scale_a, bias_a, bn_weight, bn_bias, residual):
+        """forward()'s first call: makes the calls on tensors of their own, then copies what the
+        backward reads into the saved tensor that later calls write directly."""
+        sw, (rm, rv), nb = self.scale_w, self.running, self.count
+        binary = self.t is not None
+        ste = None
+        if self.quant == QUANT_INT8:
+            self.scale = F._weight_scale_call(QUANT_INT8, weight.detach(), sw)
+            self.scale.run(weight, (weight, sw))
+        if binary:
+            planes, ste, _ = F._binarize_ste_call(x, scale_a, bias_a, True, self.t)
+            ste.run(x, (x, bias_a, scale_a, *planes))
+            xk = planes[0]
+        else:
+            xk = x
+        z, conv = F._conv2d_forward_planned(self.quant, xk, weight, scale_a, sw, None if binary else bias_a,
+                                            *self.geometry, PAD_ZERO, x.dtype if binary else None,
+                                            self.channels if binary else None, None, None, None, None, None,
+                                            self.x_clamp)
+        stats = torch.empty((2, z.shape[1]), dtype=torch.float32, device=x.device)
+        mean, invstd = stats.unbind(0)
+        y = torch.empty_like(z, memory_format=F._like_memory_format(z))
+        ts = (z, bn_weight, bn_bias, rm, rv, mean, invstd, y, residual, nb)
+        bn = F._batch_norm_call(ts, self.momentum, self.eps)
+        bn.run(z, ts)
+        if not (z.is_contiguous() or z.is_contiguous(memory_format=torch.channels_last)):
+            raise RuntimeError("bie: a fused block's conv output is not dense")  # (the plans allocate it dense)
+        self.fwd = (ste, conv, bn)
+        self.saved = _Saved(planes[0]._base.shape if binary else None, z, z.shape[1])
+        self.yspec = _spec(y)
+        saved = self.saved.new(x.device)
+        p, zs, st = self.saved.views(saved)
+        if binary:
+            p.copy_(planes[0]._base)  # (the planes are the rows of one [3, ...] tensor)
+        zs.copy_(z)
+        st.copy_(stats)
+        return y, None if binary else x, saved
+
+    def backward(self, needs, grad_y, kept, saved, weight, scale_a, bias_a, bn_weight, x_dtype, identity=False):
         """(grad_x, grad_weight, grad_scale_a, grad_bias_a (each None where needs, the conv's (x, weight,
-        scale_a, bias_a), says so), grad_bn_weight, grad_bn_bias); kept and stats as forward() gave
+        scale_a, bias_a), says so), grad_bn_weight, grad_bn_bias); kept and saved as forward() gave
         them. identity: the block's shortcut is x itself, so grad_x takes grad_y too (the conv
         backward's grad_x_add)."""
         k = self.back.get((needs, identity))
-        sw, dev = self.scale_w, z.device
+        sw, dev = self.scale_w, saved.device
         binary = self.t is not None
+        grad_y = _grad_as(grad_y, self.yspec)
         if k is None:
-            x, mask, gate = kept.unbind(0) if binary else (kept, None, None)
+            planes, z, stats = self.saved.views(saved)
+            x, mask, gate = planes.unbind(0) if binary else (kept, None, None)
             mean, invstd = stats.unbind(0)
             gz, gbw, gbb = F.batch_norm_backward(z, bn_weight, mean, invstd, grad_y)
             bn = F._batch_norm_backward_call((z, bn_weight, mean, invstd, grad_y, gz, gbw, gbb))
@@ -450,14 +502,15 @@ class BlockRun:
             self.back[(needs, identity)] = (bn, conv, _spec(gz), tuple(_spec(g) for g in grads), _spec(gbw),
                                             _plans.Replay())
             return (*grads, gbw, gbb)
-        ctx = _plans.bound_context(z)
+        ctx = _plans.bound_context(saved)
         if ctx is None:  # (a device other than the current one)
             with torch.cuda.device(dev):
-                return self.backward(needs, grad_y, kept, weight, scale_a, bias_a, z, bn_weight, stats, x_dtype,
+                return self.backward(needs, grad_y, kept, saved, weight, scale_a, bias_a, bn_weight, x_dtype,
                                      identity)
         bn, conv, gzspec, gspecs, cspec, replay = k
-        x, mask, gate = _rows(kept, 3) if binary else (kept.data_ptr(), 0, 0)
-        mean, invstd = _rows(stats, 2)
+        (x, mask, gate), z, mean, invstd = self.saved.addresses(saved)
+        if not binary:
+            x = kept.data_ptr()
         gz = _empty(gzspec, dev)
         gbw, gbb = _empty(cspec, dev), _empty(cspec, dev)
         grads = tuple(None if s is None else _empty(s, dev) for s in gspecs)
@@ -467,9 +520,8 @@ class BlockRun:
             bn.run_bound(ctx, (z, bn_weight, mean, invstd, grad_y, gz, gbw, gbb))
             if conv is not None:
                 conv.run_bound(ctx, (x, None if binary else bias_a, weight, scale_a, sw, gz, *grads, mask, gate, gadd))
-        replay.run(ctx, (z.data_ptr(), _ptr(bn_weight), mean, grad_y.data_ptr(), gz.data_ptr(),
-                         gbw.data_ptr(), gbb.data_ptr(), x, _ptr(bias_a), weight.data_ptr(), _ptr(scale_a), _ptr(sw),
-                         *(_ptr(g) for g in grads), mask, gate), calls)
+        replay.run(ctx, (z, _ptr(bn_weight), grad_y.data_ptr(), gz.data_ptr(), gbw.data_ptr(), gbb.data_ptr(), x,
+                         _ptr(bias_a), weight.data_ptr(), _ptr(scale_a), _ptr(sw), *(_ptr(g) for g in grads)), calls)
         return (*grads, gbw, gbb)
 
 
@@ -491,18 +543,17 @@ class BlockTrain(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, scale_a, bias_a, bn_weight, bn_bias, residual, run, identity):
-        y, kept, z, stats = run.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias, x if identity else residual)
-        ctx.save_for_backward(kept, weight, scale_a, bias_a, z, bn_weight, stats)
+        y, kept, saved = run.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias, x if identity else residual)
+        ctx.save_for_backward(kept, saved, weight, scale_a, bias_a, bn_weight)
         ctx.run, ctx.identity, ctx.x_dtype = run, identity, x.dtype
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        kept, weight, scale_a, bias_a, z, bn_weight, stats = ctx.saved_tensors
-        grad_y = _grad_like(grad_y, z)
+        kept, saved, weight, scale_a, bias_a, bn_weight = ctx.saved_tensors
         need = ctx.needs_input_grad
-        gx, gw, gs, gb, gbw, gbb = ctx.run.backward(need[:4], grad_y, kept, weight, scale_a, bias_a, z, bn_weight,
-                                                    stats, ctx.x_dtype, ctx.identity)
+        gx, gw, gs, gb, gbw, gbb = ctx.run.backward(need[:4], grad_y, kept, saved, weight, scale_a, bias_a, bn_weight,
+                                                    ctx.x_dtype, ctx.identity)
         if gs is not None and gs.shape != scale_a.shape:
             gs = gs.reshape(scale_a.shape)
         return gx, gw, gs, gb, gbw, gbb, grad_y if need[6] else None, None, None
