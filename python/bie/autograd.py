@@ -537,15 +537,18 @@ class BlockTrain(torch.autograd.Function):
     identity=True (binary, or n-bit with run.x_clamp): the residual is x itself (a block's identity
     shortcut), and x's gradient takes the shortcut's in the conv backward's own pass (grad_x_add).
 
-        apply(x, weight, scale_a, bias_a, bn_weight, bn_bias, residual (None with identity), run, identity)
+        apply(x, weight, scale_a, bias_a, bn_weight, bn_bias, residual (None with identity), run, identity,
+              scale_a_factor=None)
 
-    run: the BlockRun of these tensors' metadata (fuse.FusedConv2d keeps them)."""
+    run: the BlockRun of these tensors' metadata (fuse.FusedConv2d keeps them). scale_a_factor: a
+    number that grad_scale_a is multiplied by, as the layer's _GradScale would (set_data_parallel),
+    or None."""
 
     @staticmethod
-    def forward(ctx, x, weight, scale_a, bias_a, bn_weight, bn_bias, residual, run, identity):
+    def forward(ctx, x, weight, scale_a, bias_a, bn_weight, bn_bias, residual, run, identity, scale_a_factor=None):
         y, kept, saved = run.forward(x, weight, scale_a, bias_a, bn_weight, bn_bias, x if identity else residual)
         ctx.save_for_backward(kept, saved, weight, scale_a, bias_a, bn_weight)
-        ctx.run, ctx.identity, ctx.x_dtype = run, identity, x.dtype
+        ctx.run, ctx.identity, ctx.x_dtype, ctx.scale_a_factor = run, identity, x.dtype, scale_a_factor
         return y
 
     @staticmethod
@@ -556,4 +559,6 @@ class BlockTrain(torch.autograd.Function):
                                                     ctx.x_dtype, ctx.identity)
         if gs is not None and gs.shape != scale_a.shape:
             gs = gs.reshape(scale_a.shape)
-        return gx, gw, gs, gb, gbw, gbb, grad_y if need[6] else None, None, None
+        if gs is not None and ctx.scale_a_factor is not None:
+            gs = gs * ctx.scale_a_factor
+        return gx, gw, gs, gb, gbw, gbb, grad_y if need[6] else None, None, None, None

@@ -253,7 +253,8 @@ class FusedConv2d(nn.Module):
                 with torch.no_grad():
                     conv._init_scale_a(x if self.act is None or run.x_clamp is None else self.act(x))
             identity = identity and run.x_clamp is not None
-        y = BlockTrain.apply(x, w, conv._scale_a_arg(), ba, bw, bbias, None if identity else residual, run, identity)
+        y = BlockTrain.apply(x, w, now[2], ba, bw, bbias, None if identity else residual, run, identity,
+                             conv._scale_a_factor())
         if run.scale is not None:
             conv._q8_scale_key = (id(w), w._version)  # (scale_w is that of this weight)
         return y

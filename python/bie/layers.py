@@ -222,13 +222,18 @@ class BieLayer(nn.Module):
             self.weight_grad = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
         w.privileged_grad = self.weight_grad
 
-    def _scale_a_arg(self):
-        """scale_a as passed to the layer call (see set_data_parallel)."""
+    def _scale_a_factor(self):
+        """The factor on grad_scale_a in this call (see set_data_parallel), or None."""
         if self.training:
             world = _world()
             if world > 1:
-                return _GradScale.apply(self.scale_a, 1.0 / math.sqrt(world))
-        return self.scale_a
+                return 1.0 / math.sqrt(world)
+        return None
+
+    def _scale_a_arg(self):
+        """scale_a as passed to the layer call (see set_data_parallel)."""
+        f = self._scale_a_factor()
+        return self.scale_a if f is None else _GradScale.apply(self.scale_a, f)
 
     def _inference(self):
         """Eval mode without autograd: the layer call goes straight to libbie (no autograd node)."""

@@ -331,9 +331,11 @@ def node_names(fn):
 
 
 @pytest.mark.skipif(not (torch.cuda.is_available() and bie.cuda_available()), reason="needs CUDA")
-@pytest.mark.parametrize("kind,dt", [("binary", torch.float16), ("binary", torch.bfloat16), ("q4", torch.float16),
-                                     ("q8", torch.bfloat16), ("q4", torch.float32)])
-def test_block_node_is_the_per_module_path(kind, dt, monkeypatch):
+@pytest.mark.parametrize("kind,dt,factor", [("binary", torch.float16, None), ("binary", torch.bfloat16, None),
+                                            ("q4", torch.float16, None), ("q8", torch.bfloat16, None),
+                                            ("q4", torch.float32, None), ("binary", torch.float16, 2 ** -0.5),
+                                            ("q8", torch.float16, 2 ** -0.5)])
+def test_block_node_is_the_per_module_path(kind, dt, factor, monkeypatch):
     """A fused block in a CUDA training step is one BlockTrain node (conv, BatchNorm and the residual
     add; the Hardtanh before it inside it (a 4-bit or 8-bit conv's as its x_clamp), an identity
     shortcut's gradient added in place) with the numbers of the nodes per module it replaces
@@ -342,9 +344,13 @@ def test_block_node_is_the_per_module_path(kind, dt, monkeypatch):
     once a step's allocations repeat the last's, a step records the calls and the later ones replay
     them, _plans.Replay). In float32 the weight gradient of a 4-bit or 8-bit conv comes from cuDNN's
     float32 algorithm, whose last bits vary from run to run on either path: those compare within
-    1e-6 of their largest element."""
+    1e-6 of their largest element. factor: grad_scale_a's factor under data parallelism
+    (set_data_parallel), which the node applies and the per-module path takes from _GradScale."""
     from bie import _plans
     from bie.fuse import FusedConv2d
+    from bie.layers import BieLayer
+    if factor is not None:
+        monkeypatch.setattr(BieLayer, "_scale_a_factor", lambda self: factor if self.training else None)
     dev = torch.device("cuda")
     torch.manual_seed(0)
     base = prepared(Net(32), kind, dev, dt, ["stem"]).train()
