@@ -6,6 +6,7 @@ original model, gradients included: exactly on the CPU, within the rounding of l
 on CUDA (whose own numbers are checked against nn.BatchNorm2d); a bias_a outside the Hardtanh's
 range keeps it."""
 import copy
+import math
 
 import pytest
 import torch
@@ -529,6 +530,51 @@ def test_affine_maxpool2d_refuses_bad_windows(device):
         F.affine_maxpool2d(x, 2, mul=torch.ones(7, device=device))  # not [C]
     with pytest.raises(bie.BieError):
         F.affine_maxpool2d(x, 2, lo=1.0, hi=0.0)
+
+
+def test_affine_maxpool2d_kept_calls_follow_their_arguments(device):
+    """affine_maxpool2d keeps its libbie call per tensor metadata and window: calls that differ in
+    the clamp, the affine terms, the argmax or the window give their own results, in any order."""
+    x = torch.randn(2, 8, 9, 7, device=device)
+    mul, add = torch.rand(8, device=device) + 0.5, torch.randn(8, device=device)
+
+    def want(lo, hi, k, s, p, affine):
+        t = x * mul.view(1, -1, 1, 1) + add.view(1, -1, 1, 1) if affine else x
+        return torch.nn.functional.max_pool2d(t.clamp(lo, hi), k, s, p)
+    cases = [(-math.inf, math.inf, 3, 2, 1, True), (0.0, math.inf, 3, 2, 1, True), (-0.5, 0.5, 3, 2, 1, True),
+             (-math.inf, math.inf, 3, 2, 1, False), (0.0, math.inf, 2, 2, 0, True)]
+    for lo, hi, k, s, p, affine in cases * 2:
+        a, b = (mul, add) if affine else (None, None)
+        got = F.affine_maxpool2d(x, k, s, p, a, b, lo, hi)
+        assert torch.allclose(got, want(lo, hi, k, s, p, affine), rtol=1e-6, atol=1e-6), (lo, hi, k, affine)
+    am = torch.empty(2, 8, 5, 4, dtype=torch.uint8, device=device)
+    got = F.affine_maxpool2d(x, 3, 2, 1, mul, add, 0.0, math.inf, argmax=am)
+    assert torch.allclose(got, want(0.0, math.inf, 3, 2, 1, True), rtol=1e-6, atol=1e-6)
+    assert int(am.max()) <= 8 or int(am.max()) == 255
+
+
+def test_saved_parts_are_their_addresses():
+    """A fused block's saved tensor (autograd._Saved): each part's view is where its address says,
+    at a multiple of 256 bytes, in the strides the part was made with, and the parts do not overlap."""
+    from bie.autograd import _Saved
+    z = torch.empty(2, 5, 3, 7, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    for planes in ((3, 2, 3, 7, 1), None):
+        lay = _Saved(planes, z, 5)
+        saved = lay.new(torch.device("cpu"))
+        p, zv, st = lay.views(saved)
+        (x, mk, gk), za, mean, invstd = lay.addresses(saved)
+        assert zv.shape == z.shape and zv.stride() == z.stride() and zv.dtype == z.dtype
+        assert (za, mean, invstd) == (zv.data_ptr(), st[0].data_ptr(), st[1].data_ptr())
+        assert all((a - saved.data_ptr()) % 256 == 0 for a in (za, mean))
+        if planes is None:
+            assert p is None and (x, mk, gk) == (0, 0, 0)
+        else:
+            assert p.shape == planes and (x, mk, gk) == tuple(r.data_ptr() for r in p.unbind(0))
+            p.fill_(7)
+        zv.fill_(-2.0)
+        st.fill_(3.0)
+        assert bool((zv == -2.0).all()) and bool((st == 3.0).all())
+        assert planes is None or bool((p == 7).all())
 
 
 def test_repeated_calls_reuse_their_plans(device):
