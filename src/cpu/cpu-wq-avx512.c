@@ -73,7 +73,7 @@ __attribute__((target("avx512vnni"))) AI void i8_block(const struct cpu_wq_job *
 
 __attribute__((target("avx512vnni"))) static void gemv_i8(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0,
                                                           int mr, float * out, size_t ldo) {
-    gemv_tiles(j, n0, nc, m0, mr, out, ldo, i8_block);
+    gemv_tiles(j, n0, nc, m0, mr, out, ldo, i8_block, false);
 }
 
 const struct cpu_wq_kernels bie_cpu_wq_kernels_avx512 = {.lanes = 16, .gemv_f32 = gemv_f32, .dequant = dequant};

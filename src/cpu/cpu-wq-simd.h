@@ -50,8 +50,9 @@ WQ_INLINE void decode_generic(const vi * w, const int b, vi * q) {
     }
 }
 
-// The 8 quads of block blk for the LANES columns n0.. (lanes m).
-WQ_INLINE void decode(const struct cpu_wq_job * j, int64_t blk, int b, int64_t n0, vmask m, vi * q) {
+// The 8 quads of block blk for the LANES columns n0.. (lanes m). low4: the reader takes only the low 4
+// bits of each byte (byte_f32 of codes of up to 4 bits through WQ_LUT16), so 4-bit codes need no mask.
+WQ_INLINE void decode(const struct cpu_wq_job * j, int64_t blk, int b, int64_t n0, vmask m, vi * q, const bool low4) {
     const int64_t w0 = j->blk_word[blk];
     vi w[8];
     for (int i = 0; i < 8; i++) w[i] = i < b ? ld_words(j, w0 + i, n0, m) : vi_zero();
@@ -62,8 +63,12 @@ WQ_INLINE void decode(const struct cpu_wq_job * j, int64_t blk, int b, int64_t n
     case 4: {
         const vi m4 = vi_set1(0x0F0F0F0F);
         for (int i = 0; i < 4; i++) {
-            q[2 * i] = w[i] & m4;
-            q[2 * i + 1] = vi_srli(w[i], 4) & m4;
+            q[2 * i] = w[i];
+            q[2 * i + 1] = vi_srli(w[i], 4);
+            if (!low4) {
+                q[2 * i] &= m4;
+                q[2 * i + 1] &= m4;
+            }
         }
         break;
     }
@@ -88,8 +93,9 @@ WQ_INLINE void prefetch_block(const struct cpu_wq_job * j, int64_t blk, int b, i
         if (w0 + i < j->rows) _mm_prefetch((const char *)(j->qw + (w0 + i) * j->N + n0), _MM_HINT_T0);
 }
 
-// Byte t of every lane of quad q as f32; small: the bytes are codes of at most 4 bits, whose value
-// is then the low 4 bits of the lane shifted by 8t (one permute instead of a mask and a conversion).
+// Byte t of every lane of quad q as f32; small: the codes are of at most 4 bits, in the low 4 bits
+// of each byte (the bits above may hold others, decode's low4), whose value is then the low 4 bits
+// of the lane shifted by 8t (one permute instead of a mask and a conversion).
 WQ_INLINE vf byte_f32(vi q, int t, bool small) {
 #ifdef WQ_LUT16
     if (small) return lut16_f32(t ? vi_srli(q, 8 * t) : q);
@@ -98,6 +104,13 @@ WQ_INLINE vf byte_f32(vi q, int t, bool small) {
 #endif
     return vi_to_f32(t == 3 ? vi_srli(q, 24) : (vi)(vi_srli(q, 8 * t) & vi_set1(0xFF)));
 }
+
+// Whether the f32 readers of codes (byte_f32) take only the low 4 bits of each byte of a quad.
+#ifdef WQ_LUT16
+#define WQ_LOW4 true
+#else
+#define WQ_LOW4 false
+#endif
 
 // y[r][v] += s*acc - c*xsum[r][g]; acc = 0 (the end of group g). Vectors without columns are left.
 WQ_INLINE void flush(const struct cpu_wq_job * j, int64_t g, int64_t m0, const int MR, const int V, int64_t n0, int nc,
@@ -149,7 +162,7 @@ WQ_INLINE void f32_block(const struct cpu_wq_job * j, int64_t blk, int b, int64_
 // block, every vector of a block before the next block: each word row is read as one run of nc words,
 // with the sums of the rows and vectors in memory (L1 and L2) instead of registers.
 WQ_INLINE void gemv_t(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, const int MR, float * out,
-                      size_t ldo, wq_block_fn block) {
+                      size_t ldo, wq_block_fn block, const bool low4) {
     vf acc[4 * CPU_WQ_WIDE_VECS], y[4 * CPU_WQ_WIDE_VECS];
     const int nv = (nc + LANES - 1) / LANES;
     for (int i = 0; i < MR * nv; i++) acc[i] = y[i] = vf_zero();
@@ -165,7 +178,7 @@ WQ_INLINE void gemv_t(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m
         for (int v = 0; v < nv; v++) {
             if (pb) prefetch_block(j, pf, pb, n0 + LANES * v);
             vi q[8];
-            decode(j, blk, b, n0 + LANES * v, mask_of(nc - LANES * v), q);
+            decode(j, blk, b, n0 + LANES * v, mask_of(nc - LANES * v), q, low4);
             block(j, blk, b, m0, MR, nv, v, q, acc);
         }
     }
@@ -179,17 +192,17 @@ WQ_INLINE void gemv_t(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m
 
 // The columns n0 .. n0+nc of rows m0 .. m0+mr (mr 1..4) through gemv_t (MR a constant there).
 WQ_INLINE void gemv_tiles(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, int mr, float * out, size_t ldo,
-                          wq_block_fn block) {
+                          wq_block_fn block, const bool low4) {
     switch (mr) {
-    case 1: gemv_t(j, n0, nc, m0, 1, out, ldo, block); break;
-    case 2: gemv_t(j, n0, nc, m0, 2, out, ldo, block); break;
-    case 3: gemv_t(j, n0, nc, m0, 3, out, ldo, block); break;
-    default: gemv_t(j, n0, nc, m0, 4, out, ldo, block); break;
+    case 1: gemv_t(j, n0, nc, m0, 1, out, ldo, block, low4); break;
+    case 2: gemv_t(j, n0, nc, m0, 2, out, ldo, block, low4); break;
+    case 3: gemv_t(j, n0, nc, m0, 3, out, ldo, block, low4); break;
+    default: gemv_t(j, n0, nc, m0, 4, out, ldo, block, low4); break;
     }
 }
 
 static void gemv_f32(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t m0, int mr, float * out, size_t ldo) {
-    gemv_tiles(j, n0, nc, m0, mr, out, ldo, f32_block);
+    gemv_tiles(j, n0, nc, m0, mr, out, ldo, f32_block, WQ_LOW4);
 }
 
 static void dequant(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t b0, int64_t b1, int64_t rmax, float * w,
@@ -203,7 +216,7 @@ static void dequant(const struct cpu_wq_job * j, int64_t n0, int nc, int64_t b0,
             const vf z = j->zero == BIE_WQ_ZERO_SYM ? vf_set1((float)(1 << (b - 1)))
                                                     : ld_stat(j->zeros, j->zdtype, g * j->N + n0 + c, m);
             vi q[8];
-            decode(j, blk, b, n0 + c, m, q);
+            decode(j, blk, b, n0 + c, m, q, WQ_LOW4);
             for (int p = 0; p < 32; p++) {
                 const int64_t r = 32 * blk + cpu_wq_order(b, p);
                 if (r >= rmax) continue;
