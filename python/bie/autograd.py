@@ -347,11 +347,12 @@ class _Saved:
     output z, and the batch statistics (float32 [2, C]: mean, invstd), each at a multiple of 256
     bytes. Its calls take addresses into it; views of it are made only where a call is first made."""
 
-    __slots__ = ("planes", "z", "channels", "offsets", "size")
+    __slots__ = ("planes", "plane", "z", "channels", "offsets", "size")
 
     def __init__(self, planes_shape, z, channels):
         self.planes, self.z, self.channels = planes_shape, _spec(z), channels
-        parts = (0 if planes_shape is None else math.prod(planes_shape), z.numel() * z.element_size(), 8 * channels)
+        self.plane = 0 if planes_shape is None else math.prod(planes_shape) // 3  # (bytes of one plane)
+        parts = (3 * self.plane, z.numel() * z.element_size(), 8 * channels)
         self.offsets = (0, _aligned(parts[0]), _aligned(parts[0]) + _aligned(parts[1]))
         self.size = self.offsets[2] + parts[2]
 
@@ -362,13 +363,13 @@ class _Saved:
         """(planes' three row addresses (0 without planes), z's address, mean's, invstd's)."""
         b = saved.data_ptr()
         p, z, st = (b + o for o in self.offsets)
-        step = 0 if self.planes is None else math.prod(self.planes) // 3
+        step = self.plane
         return (p, p + step, p + 2 * step) if step else (0, 0, 0), z, st, st + 4 * self.channels
 
     def views(self, saved):
         """(planes or None, z, stats): the parts as tensors."""
         o = self.offsets
-        planes = None if self.planes is None else saved[: math.prod(self.planes)].view(self.planes)
+        planes = None if self.planes is None else saved[: 3 * self.plane].view(self.planes)
         shape, stride, dtype = self.z
         z = saved[o[1]: o[2]].view(dtype).as_strided(shape, stride)
         return planes, z, saved[o[2]:].view(torch.float32).view(2, self.channels)
