@@ -359,21 +359,10 @@ def networks_part(rows, files):
             explained = True
             base = ", ".join(sorted({r.get("baseline", "float") for m in runs.values() for r in m.values()}))
             out += para(f"Baseline: {base}. fused: after bie.fuse (each block's Hardtanh, conv, BatchNorm and "
-                        "shortcut add one libbie call; the stem's BatchNorm, ReLU and max-pool one libbie pass "
-                        "after its conv; the downsample convs' BatchNorms folded, their bias added in the next "
-                        "call), against the same plain float network; "
-                        "folded: the float network with its BatchNorms folded by torch.fx "
-                        "(torch.fx.experimental.optimization.fuse), and the fused network's ratio against it. "
-                        "fused train step: the training step after bie.fuse, on CUDA: each block's conv, "
-                        "BatchNorm and shortcut add train as one node (the Hardtanh before it in it too: a "
-                        "binary conv's keeping 3 bits per element of its input, an n-bit conv's read as the "
-                        "conv's x_clamp, keeping its input; the BatchNorm through libbie's batch norm), "
-                        "whose forward's and backward's libbie calls replay from a CUDA graph each once a "
-                        "step's tensors repeat the last step's data pointers (eager), "
-                        "and the stem's BatchNorm, ReLU and max-pool as one node that keeps a byte per pooled "
-                        "output. Eager inference: each layer's kept libbie call replays from a CUDA graph of its "
-                        "own once its tensors' data pointers repeat (libbie's replays are refused inside the "
-                        "caller's own capture, so the CUDA graph rows time the calls themselves).")
+                        "shortcut add one libbie call, in training one autograd node; the stem's BatchNorm, "
+                        "ReLU and max-pool one pass after its conv; docs/decisions.md has the details), "
+                        "against the same plain float network; folded: the float network with its BatchNorms "
+                        "folded by torch.fx, and the fused network's ratio against it.")
         if body:
             out += table(["model", "batch", "timing", "inference ms (bie / baseline)", "ratio",
                           "fused inference ms (bie / baseline)", "ratio", "folded ms", "ratio",
