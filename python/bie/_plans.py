@@ -27,11 +27,12 @@ class Call:
     with the same metadata only patches the views' data pointers. `views` are the tensor views the
     arguments point to, in the order of the tensors given to run() (None: absent)."""
 
-    __slots__ = ("fn", "name", "args", "argv", "live")
+    __slots__ = ("fn", "name", "args", "argv", "live", "replay")
 
     def __init__(self, function, pre, args, views):
         self.name, self.fn = function, getattr(_lib.context().lib, function)
         self.args = args
+        self.replay = None  # run_kept's Replay of this call (False: none), made on its first use
         self.argv = tuple(pre) if args is None else (*pre, ctypes.byref(args))
         self.live = tuple((i, v) for i, v in enumerate(views) if v is not None)  # the views run() patches
 
@@ -109,19 +110,20 @@ class Replay:
     launches. A graph that libbie finds stale (a cuDNN plan it used was released) is recorded
     again. A training step's tensors come from PyTorch's caching allocator, which hands the
     same blocks to the same sequence of allocations, so a step's calls repeat their keys. At most
-    _MAX_REPLAYS keys are kept; a key whose calls cannot be recorded (or whose stream is being
+    `cap` keys (default _MAX_REPLAYS) are kept; a key whose calls cannot be recorded (or whose stream is being
     captured) runs them as usual. BIE_REPLAY=0 in the environment turns replays off."""
 
-    __slots__ = ("graphs", "ctx")
+    __slots__ = ("graphs", "ctx", "cap")
 
-    def __init__(self):
+    def __init__(self, cap=None):
         self.graphs, self.ctx = {}, None  # key -> graph (c_void_p), None (seen once) or False (no graph)
+        self.cap = cap or _MAX_REPLAYS  # keys kept; a new key beyond them drops them all
 
     def run(self, ctx, key, calls):
         """calls() (the libbie calls, made with ctx) for this key: as usual, recorded or replayed."""
         g = self.graphs.get(key, _UNSEEN)
         if g is _UNSEEN:
-            if len(self.graphs) >= _MAX_REPLAYS or ctx is not self.ctx:
+            if len(self.graphs) >= self.cap or ctx is not self.ctx:
                 self._drop()
                 self.ctx = ctx
             self.graphs[key] = None
@@ -195,13 +197,13 @@ def _destroy(graphs):
 _REPLAY = os.environ.get("BIE_REPLAY", "1") != "0"
 
 
-def replay_for(tensors):
-    """A new Replay for a kept call on `tensors` (torch tensors or None), or None where its calls
-    must run as usual: replays off, or a tensor not on a CUDA device (a host scale's value would be
-    read once, when the graph is recorded)."""
+def replay_for(tensors, cap=None):
+    """A new Replay (of `cap` keys) for a kept call on `tensors` (torch tensors or None), or None where
+    its calls must run as usual: replays off, or a tensor not on a CUDA device (a host scale's value
+    would be read once, when the graph is recorded)."""
     if not _REPLAY or not all(t is None or t.is_cuda for t in tensors):
         return None
-    return Replay()
+    return Replay(cap)
 
 
 def run_replayed(call, replay, ref, tensors):
@@ -215,6 +217,24 @@ def run_replayed(call, replay, ref, tensors):
         call.run(ref, tensors)
         return
     replay.run(ctx, tuple(0 if t is None else t.data_ptr() for t in tensors), lambda: call.run_bound(ctx, tensors))
+
+
+# Keys of a planned call's own Replay (run_kept): a plan serves every layer of its metadata, and each
+# layer's tensors are a key of their own.
+_MAX_PLAN_REPLAYS = 64
+
+
+def run_kept(call, ref, tensors):
+    """call.run(ref, tensors), replayed by a Replay the call keeps for itself (made on its first use;
+    none where replay_for says so). For the calls of a training step (the autograd Functions' forward
+    and backward), whose tensors' pointers repeat from one step to the next."""
+    r = call.replay
+    if r is None:
+        r = call.replay = replay_for(tensors, _MAX_PLAN_REPLAYS) or False
+    if r is False:
+        call.run(ref, tensors)
+    else:
+        run_replayed(call, r, ref, tensors)
 
 
 class _CopiesEmpty:

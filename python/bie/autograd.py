@@ -70,17 +70,18 @@ def _backward(ctx, grad_y, bias_index):
         ks, st, pd, dl, pv = ctx.conv
         gx, gw, gs, gb = F.conv2d_backward(ctx.quant, x, weight, scale_a, scale_w, grad_y, bias_a, ks, st, pd, dl, pv,
                                            needs, x_mask=mask[0], in_channels=c, grad_x_dtype=x_dtype,
-                                           grad_x_mask=mask[1] if len(mask) > 1 else None)
+                                           grad_x_mask=mask[1] if len(mask) > 1 else None, _replay=True)
     elif ctx.saved_bits is not None:  # x: binarize_ste's bits, beside its mask
         k, x_dtype = ctx.saved_bits
         gx, gw, gs, gb = F.linear_backward(ctx.quant, x, weight, scale_a, scale_w, grad_y, bias_a, needs,
-                                           x_mask=mask[0], in_features=k, grad_x_dtype=x_dtype)
+                                           x_mask=mask[0], in_features=k, grad_x_dtype=x_dtype, _replay=True)
     elif ctx.conv is None:
-        gx, gw, gs, gb = F.linear_backward(ctx.quant, x, weight, scale_a, scale_w, grad_y, bias_a, needs)
+        gx, gw, gs, gb = F.linear_backward(ctx.quant, x, weight, scale_a, scale_w, grad_y, bias_a, needs,
+                                           _replay=True)
     else:
         ks, st, pd, dl, pv = ctx.conv
         gx, gw, gs, gb = F.conv2d_backward(ctx.quant, x, weight, scale_a, scale_w, grad_y, bias_a, ks, st, pd, dl,
-                                           pv, needs)
+                                           pv, needs, _replay=True)
     if sink is not None:
         sink.add_(gw.to(sink.dtype))
         gw = None
@@ -104,12 +105,13 @@ class BinaryLinearForward(torch.autograd.Function):
     def forward(ctx, input, weight, scale_a, scale_w, gemm_kernel_id=None, is_train=True, bias_a=None):
         if not is_train or input.numel() < SAVED_BITS_MIN:
             _save(ctx, is_train, QUANT_BINARY, input, weight, scale_a, scale_w, bias_a, None)
-            return F.linear_forward(QUANT_BINARY, input, weight, scale_a, scale_w, bias_a)
-        bits, mask = F.binarize_ste(input, scale_a, bias_a)
+            return F.linear_forward(QUANT_BINARY, input, weight, scale_a, scale_w, bias_a, _replay=True)
+        bits, mask = F.binarize_ste(input, scale_a, bias_a, _replay=True)
         k = input.shape[-1]
         _save(ctx, is_train, QUANT_BINARY, bits, weight, scale_a, scale_w, bias_a, None, mask)
         ctx.saved_bits = (k, input.dtype)
-        return F.linear_forward(QUANT_BINARY, bits, weight, scale_a, scale_w, out_dtype=input.dtype, in_features=k)
+        return F.linear_forward(QUANT_BINARY, bits, weight, scale_a, scale_w, out_dtype=input.dtype, in_features=k,
+                                _replay=True)
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -121,7 +123,7 @@ def _nbit_linear(quant):
         @staticmethod
         def forward(ctx, input, weight, scale_a, scale_w, is_train=True, bias_a=None):
             _save(ctx, is_train, quant, input, weight, scale_a, scale_w, bias_a, None)
-            return F.linear_forward(quant, input, weight, scale_a, scale_w, bias_a)
+            return F.linear_forward(quant, input, weight, scale_a, scale_w, bias_a, _replay=True)
 
         @staticmethod
         def backward(ctx, grad_y):
@@ -161,7 +163,7 @@ def _conv_from_bits(ctx, x, bits, mask, gate, weight, scale_a, scale_w, bias_a, 
     _save(ctx, True, QUANT_BINARY, bits, weight, scale_a, scale_w, bias_a, conv, mask, gate)
     ctx.saved_bits = (x.shape[1], x.dtype)
     return F.conv2d_forward(QUANT_BINARY, bits, weight, scale_a, scale_w, None, *conv, out_dtype=x.dtype,
-                            in_channels=x.shape[1])
+                            in_channels=x.shape[1], _replay=True)
 
 
 def _conv(quant, default_pad):
@@ -174,8 +176,8 @@ def _conv(quant, default_pad):
             conv = (kernel_size, stride, padding, dilation, pad_value)
             if not (is_train and _conv_saves_bits(x, quant, padding, pad_value, weight, scale_a, bias_a)):
                 _save(ctx, is_train, quant, x, weight, scale_a, scale_w, bias_a, conv)
-                return F.conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a, *conv)
-            bits, mask = F.conv2d_binarize_ste(x, scale_a, bias_a)
+                return F.conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a, *conv, _replay=True)
+            bits, mask = F.conv2d_binarize_ste(x, scale_a, bias_a, _replay=True)
             return _conv_from_bits(ctx, x, bits, mask, None, weight, scale_a, scale_w, bias_a, conv)
 
         @staticmethod
@@ -234,7 +236,7 @@ class ClampedBinaryConv2dForward(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, scale_a, scale_w, t, kernel_size, stride, padding, dilation, bias_a=None):
-        bits, mask, gate = F.conv2d_binarize_ste(x, scale_a, bias_a, clamp=t)
+        bits, mask, gate = F.conv2d_binarize_ste(x, scale_a, bias_a, clamp=t, _replay=True)
         return _conv_from_bits(ctx, x, bits, mask, gate, weight, scale_a, scale_w, bias_a,
                                (kernel_size, stride, padding, dilation, PAD_ZERO))
 

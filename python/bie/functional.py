@@ -338,15 +338,16 @@ def _x_operand(quant, x, bias_a, scale_a, scale_w, in_features):
     return x2, _packed_view(QUANT_BINARY, x2, (x2.shape[0], k)), k
 
 
-def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=None, in_features=None):
+def linear_forward(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=None, in_features=None, _replay=False):
     """y[..., N] = scale_a*scale_w * (a . w^T), a = codes of x + bias_a (libbie's linear forward).
     `out_dtype` (default x.dtype) may be a float dtype or torch.int32 (the raw accumulation).
     A binary layer takes the sign bits of binarize_ste for x with in_features = K (out_dtype then
     defaults to float32). Planned once per metadata of the tensors (bie._plans)."""
-    return _linear_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, out_dtype, in_features)[0]
+    return _linear_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, out_dtype, in_features, _replay)[0]
 
 
-def _linear_forward_planned(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=None, in_features=None):
+def _linear_forward_planned(quant, x, weight, scale_a, scale_w, bias_a=None, out_dtype=None, in_features=None,
+                            replay=False):
     """linear_forward's (y, plan): for a 2-D x, the plan runs later calls whose tensors have the same
     metadata with plan.run(x, (x, bias_a, weight, scale_a, scale_w, y)) into a y of
     (x.shape[0], plan.out[0]) and dtype plan.out[1]; None for an empty x."""
@@ -358,11 +359,11 @@ def _linear_forward_planned(quant, x, weight, scale_a, scale_w, bias_a=None, out
         n, ydt = p.out
         if x.dim() == 2:  # (rows already: no views to make)
             y = torch.empty((x.shape[0], n), dtype=ydt, device=x.device)
-            p.run(x, (x, bias_a, weight, scale_a, scale_w, y))
+            _run(p, replay, x, (x, bias_a, weight, scale_a, scale_w, y))
             return y, p
         x2 = x.detach().reshape(-1, x.shape[-1])
         y = torch.empty((x2.shape[0], n), dtype=ydt, device=x.device)
-        p.run(x, (x2, bias_a, weight, scale_a, scale_w, y))
+        _run(p, replay, x, (x2, bias_a, weight, scale_a, scale_w, y))
         return y.reshape(*x.shape[:-1], n), p
     x2, xv, k = _x_operand(quant, x, bias_a, scale_a, scale_w, in_features)
     n = _out_features(weight)
@@ -381,7 +382,7 @@ def _linear_forward_planned(quant, x, weight, scale_a, scale_w, bias_a=None, out
     return y.reshape(*x.shape[:-1], n), p
 
 
-def binarize_ste(x, scale_a, bias_a=None, _nhwc=False, clamp=None):
+def binarize_ste(x, scale_a, bias_a=None, _nhwc=False, clamp=None, _replay=False):
     """libbie's bie_binarize_ste: what a binary linear layer's training needs of x [..., K], in 2
     bits per element. Returns (bits, mask), uint8 [..., ceil(K/8)], element k of a row in bit k % 8
     of byte k // 8 (least-significant first): bits holds x' >= 0 and mask the STE's pass bit
@@ -393,7 +394,7 @@ def binarize_ste(x, scale_a, bias_a=None, _nhwc=False, clamp=None):
     a third result, the clamp's pass bits |x| < t (what the backward takes as grad_x_mask)."""
     outs, call, x2 = _binarize_ste_call(x, scale_a, bias_a, _nhwc, clamp)
     if call is not None:
-        call.run(x, (x2, bias_a, scale_a, *outs))
+        _run(call, _replay, x, (x2, bias_a, scale_a, *outs))
     return outs
 
 
@@ -456,7 +457,7 @@ def _bwd_args(x, bias_a, weight_v, scale_a, scale_w, grad_y, gx, gw, gs, gb, x_m
 
 
 def linear_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, needs=(True, True, True, True),
-                    grad_weight_dtype=None, x_mask=None, in_features=None, grad_x_dtype=None):
+                    grad_weight_dtype=None, x_mask=None, in_features=None, grad_x_dtype=None, _replay=False):
     """Straight-through backward of linear_forward. Returns (grad_x, grad_weight, grad_scale_a,
     grad_bias_a); an entry is None where `needs` says so. grad_weight is float (weight's dtype for a
     float weight, float32 otherwise unless grad_weight_dtype is given).
@@ -493,7 +494,7 @@ def linear_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, nee
             if t is not None:
                 t.zero_()
     elif p is not None:
-        p.run(x, sources)
+        _run(p, _replay, x, sources)
     else:
         mv = _packed_view(QUANT_BINARY, m2, (m2.shape[0], k)) if m2 is not None else None
         wv = _weight_view(quant, weight.detach(), (n, k))
@@ -507,6 +508,15 @@ def linear_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, nee
     if gx is not None:
         gx = gx.reshape(*x.shape[:-1], k)
     return gx, gw, gs, gb
+
+
+def _run(p, replay, ref, tensors):
+    """A kept plan's call on tensors: as usual, or (replay: a training step's call) through the plan's
+    own Replay (_plans.run_kept)."""
+    if replay:
+        _plans.run_kept(p, ref, tensors)
+    else:
+        p.run(ref, tensors)
 
 
 def _pair(v):
@@ -737,7 +747,7 @@ def _batch_norm_backward_call(ts):
     return _cached_call(key, "bie_batchnorm_backward", tuple, _lib.BatchnormBackwardArgs, ts)
 
 
-def conv2d_binarize_ste(x, scale_a, bias_a=None, clamp=None):
+def conv2d_binarize_ste(x, scale_a, bias_a=None, clamp=None, _replay=False):
     """binarize_ste of a conv input x [N, C, H, W] in channels-last memory: (bits, mask), uint8
     [N, H, W, ceil(C/8)], the sign bits of x' = x + bias_a[c] and the STE's pass bits, which
     conv2d_forward (in_channels=C) and conv2d_backward (x_mask) take instead of x. With clamp = t:
@@ -746,12 +756,13 @@ def conv2d_binarize_ste(x, scale_a, bias_a=None, clamp=None):
         raise ValueError("bie: conv2d_binarize_ste takes a channels-last x")
     if clamp is not None and not (0.0 < float(clamp) < math.inf):
         raise ValueError(f"bie: clamp must be finite and > 0, got {clamp!r}")
-    return binarize_ste(x, scale_a, bias_a, _nhwc=True, clamp=None if clamp is None else float(clamp))
+    return binarize_ste(x, scale_a, bias_a, _nhwc=True, clamp=None if clamp is None else float(clamp),
+                        _replay=_replay)
 
 
 def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=None, stride=1, padding=0,
                    dilation=1, pad_value=PAD_ZERO, out_dtype=None, in_channels=None, out_mul=None, out_add=None,
-                   residual=None, out_bits=None, out_bits_bias=None, x_clamp=None):
+                   residual=None, out_bits=None, out_bits_bias=None, x_clamp=None, _replay=False):
     """y[N, O, OH, OW] = scale_a*scale_w * (a cross-correlated with w), libbie's conv2d forward. y
     keeps x's memory format (channels-last in, channels-last out). A binary layer takes the bits of
     conv2d_binarize_ste for x with in_channels = C (bias_a is in them; out_dtype then required).
@@ -764,12 +775,12 @@ def conv2d_forward(quant, x, weight, scale_a, scale_w, bias_a=None, kernel_size=
     Planned once per metadata of the tensors (bie._plans)."""
     return _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_size, stride, padding, dilation,
                                    pad_value, out_dtype, in_channels, out_mul, out_add, residual, out_bits,
-                                   out_bits_bias, x_clamp)[0]
+                                   out_bits_bias, x_clamp, _replay)[0]
 
 
 def _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_size, stride, padding, dilation,
                             pad_value, out_dtype, in_channels, out_mul, out_add, residual, out_bits, out_bits_bias,
-                            x_clamp=None):
+                            x_clamp=None, replay=False):
     """conv2d_forward's (y, plan): the plan runs later calls whose tensors have the same metadata with
     plan.run(x, (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits,
     out_bits_bias)) into a y of plan.out = (shape, dtype, memory format); None for an empty batch."""
@@ -782,7 +793,7 @@ def _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_s
     if p is not None:
         shape, ydt, fmt = p.out
         y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
-        p.run(x, (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias))
+        _run(p, replay, x, (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias))
         return y, p
     if in_channels is None:
         _common(x, bias_a, scale_a, scale_w)
@@ -822,7 +833,7 @@ def _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_s
 def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, kernel_size=None, stride=1, padding=0,
                     dilation=1, pad_value=PAD_ZERO, needs=(True, True, True, True), grad_weight_dtype=None,
                     x_mask=None, in_channels=None, grad_x_dtype=None, grad_x_mask=None, x_clamp=None,
-                    grad_x_add=None):
+                    grad_x_add=None, _replay=False):
     """Straight-through backward of conv2d_forward: (grad_x, grad_weight, grad_scale_a, grad_bias_a).
     grad_weight takes a float weight's memory format (a channels-last weight's, as its .grad keeps).
     From saved bits (a binary conv): x and x_mask are conv2d_binarize_ste's bits and mask,
@@ -838,12 +849,12 @@ def conv2d_backward(quant, x, weight, scale_a, scale_w, grad_y, bias_a=None, ker
     metadata."""
     return _conv2d_backward_planned(quant, x, weight, scale_a, scale_w, grad_y, bias_a, kernel_size, stride, padding,
                                     dilation, pad_value, needs, grad_weight_dtype, x_mask, in_channels, grad_x_dtype,
-                                    grad_x_mask, x_clamp, grad_x_add)[0]
+                                    grad_x_mask, x_clamp, grad_x_add, _replay)[0]
 
 
 def _conv2d_backward_planned(quant, x, weight, scale_a, scale_w, grad_y, bias_a, kernel_size, stride, padding,
                              dilation, pad_value, needs, grad_weight_dtype, x_mask, in_channels, grad_x_dtype,
-                             grad_x_mask, x_clamp=None, grad_x_add=None):
+                             grad_x_mask, x_clamp=None, grad_x_add=None, replay=False):
     """conv2d_backward's (gradients, plan): the plan runs later calls whose tensors have the same
     metadata with plan.run(x, (x, bias_a or None (saved bits), weight, scale_a, scale_w, grad_y,
     grad_x, grad_weight, grad_scale_a, grad_bias_a, x_mask, grad_x_mask, grad_x_add)); None for an empty
@@ -897,5 +908,7 @@ def _conv2d_backward_planned(quant, x, weight, scale_a, scale_w, grad_y, bias_a,
         p = _cuda_checked(x, lambda: _plans.Plan("bie_plan_conv2d_backward", desc, args, keep, keep, True))
         p.out = (x_shape, shape_w, fmt)
         cache[key] = p
-    p.run(x, sources)
+        p.run(x, sources)
+    else:
+        _run(p, replay, x, sources)
     return (gx, gw, gs, gb), p

@@ -131,6 +131,53 @@ def test_graph_replay_equals_eager_training_step():
         assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3), n
 
 
+def replay_model(kind):
+    """A model whose training calls go through the bie autograd Functions (no bie.fuse): the small
+    CNN, or two BinaryLinear layers ("linear"; "linear-bits" keeps their inputs as bits)."""
+    if kind.startswith("linear"):
+        torch.manual_seed(0)
+        m = nn.Sequential(bie.BinaryLinear(64, 64), nn.Hardtanh(), bie.BinaryLinear(64, 10)).to("cuda", torch.float16)
+        bie.prepare_bie_layers(m)
+        return m, torch.randn(32, 64, device="cuda", dtype=torch.float16)
+    return cuda_model(kind), batch()[0]
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["binary", "q4", "linear", "linear-bits"])
+def test_module_training_calls_replay_with_their_numbers(kind, monkeypatch):
+    """Outside bie.fuse, a bie module's training calls (its autograd Function's forward and backward)
+    replay from CUDA graphs of their plans once a step's tensors' pointers repeat the last's
+    (_plans.run_kept), with the numbers of the same calls made one by one: outputs and every
+    gradient to the bit over six SGD steps on inputs that change."""
+    from bie import autograd
+    if kind == "linear-bits":
+        monkeypatch.setattr(autograd, "SAVED_BITS_MIN", 0)
+    recorded = []
+    record = _plans.Replay._record
+    monkeypatch.setattr(_plans.Replay, "_record", lambda *a: recorded.append(record(*a)) or recorded[-1])
+    base, x = replay_model(kind)
+    results = []
+    for replayed in (True, False):
+        if not replayed:
+            assert recorded and all(recorded), recorded
+            monkeypatch.setattr(_plans, "run_kept", lambda call, ref, tensors: call.run(ref, tensors))
+        m = copy.deepcopy(base).train()
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        steps = []
+        for i in range(6):  # (copies to the host: each step's device allocations repeat the last's)
+            opt.zero_grad(set_to_none=True)
+            y = m(x * (1 + i / 8))
+            y.float().square().mean().backward()
+            steps.append([("y", y.detach().cpu())] + [(n, p.grad.cpu()) for n, p in m.named_parameters()
+                                                      if p.grad is not None])
+            opt.step()
+        results.append(steps)
+    for step, (a, b) in enumerate(zip(*results)):
+        assert [n for n, _ in a] == [n for n, _ in b]
+        for (n, u), (_, v) in zip(a, b):
+            assert torch.equal(u, v), (kind, step, n)
+
+
 @cuda
 def test_torch_compile_runs():
     if not hasattr(torch, "compile"):
