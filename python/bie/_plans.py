@@ -220,8 +220,10 @@ def run_replayed(call, replay, ref, tensors):
 
 
 # Keys of a planned call's own Replay (run_kept): a plan serves every layer of its metadata, and each
-# layer's tensors are a key of their own.
-_MAX_PLAN_REPLAYS = 64
+# layer's tensors are a key of their own. Calls that cycle through more keys than this never record
+# (each key is dropped before it comes back), so it covers the layers of one shape in large models
+# (the four attention projections of a 32-layer transformer: 128 keys for each of their plans).
+_MAX_PLAN_REPLAYS = 256
 
 
 def run_kept(call, ref, tensors):
