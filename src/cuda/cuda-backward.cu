@@ -287,9 +287,9 @@ template <typename T>
 void launch_codes(cudaStream_t stream, const struct dview & t, const struct dview & pass, int64_t rows, int64_t K,
                   const struct dview & bias, int quant, struct dscale sc, int gdt, void * out, void * gx,
                   int64_t gx_ld) {
-    // (a warp per row only where the rows give the GPU enough warps: on a weight's few hundred rows
-    // the warps each wait for their row's loads in turn)
-    const bool warp = K >= 256 && rows >= 8192;
+    // (a warp per row only where the rows give the GPU enough warps, 2048 of them, about 16 a
+    // multiprocessor: on a weight's few hundred rows the warps each wait for their row's loads in turn)
+    const bool warp = K >= 256 && rows >= 2048;
     auto kern = warp ? (gx ? codes_rows_warp<true, T> : codes_rows_warp<false, T>)
                      : (gx ? codes_rows<true, T> : codes_rows<false, T>);
     const unsigned grid = grid_for(warp ? rows * 32 : rows * ((K + 7) / 8), 256);
