@@ -793,7 +793,8 @@ def _conv2d_forward_planned(quant, x, weight, scale_a, scale_w, bias_a, kernel_s
     if p is not None:
         shape, ydt, fmt = p.out
         y = torch.empty(shape, dtype=ydt, device=x.device, memory_format=fmt)
-        _run(p, replay, x, (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias))
+        _run(p, replay, x,
+             (x, bias_a, weight, scale_a, scale_w, y, out_mul, out_add, residual, out_bits, out_bits_bias))
         return y, p
     if in_channels is None:
         _common(x, bias_a, scale_a, scale_w)
