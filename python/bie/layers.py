@@ -280,6 +280,17 @@ class BieLayer(nn.Module):
         self.__dict__["_runs"] = _plans.Kept()
         return out
 
+    def forward(self, x):
+        self._check_forward(x)
+        w = self._prepare_forward(x)
+        if self._inference():
+            return self._output(self._infer(x, w))
+        return self._output(self._train_call(x, w))
+
+    def _train_call(self, x, w):
+        """The layer's autograd Function applied to x and the weight w (training, or autograd on)."""
+        raise NotImplementedError
+
     def _output(self, y):
         if self.bias is not None:
             y = y + (self.bias.view(1, -1, 1, 1) if self.is_conv else self.bias)
@@ -392,16 +403,14 @@ class BinaryLinear(_Linear):
         self.bmm_type = check_bmm_type(bmm_type)
 
     def forward(self, x, bmm_type=None):
-        self._check_forward(x)
         if bmm_type is not None:
             self.bmm_type = check_bmm_type(bmm_type)
         check_bmm_type(self.bmm_type, x.device)
-        w = self._prepare_forward(x)
-        if self._inference():
-            return self._output(self._infer(x, w))
-        y = BinaryLinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.gemm_kernel_id, self.training,
-                                      self.bias_a)
-        return self._output(y)
+        return super().forward(x)
+
+    def _train_call(self, x, w):
+        return BinaryLinearForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.gemm_kernel_id, self.training,
+                                         self.bias_a)
 
 
 _check_bits = V.check_bits
@@ -418,12 +427,8 @@ class _NbitLinear(_Linear):
         super().__init__(in_channels, out_channels, device=device, dtype=dtype, bias=bias)
         self.a_bit = self.w_bit = self._nbits
 
-    def forward(self, x):
-        self._check_forward(x)
-        w = self._prepare_forward(x)
-        if self._inference():
-            return self._output(self._infer(x, w))
-        return self._output(self._function.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, self.bias_a))
+    def _train_call(self, x, w):
+        return self._function.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, self.bias_a)
 
 
 class Q4Linear(_NbitLinear):
@@ -484,14 +489,9 @@ class BinaryConv2d(_Conv2d):
             raise ValueError(f"bie: pad_value must be bie.PAD_ZERO, PAD_MINUS_ONE or PAD_PLUS_ONE, got {pad_value!r}")
         self.pad_value = int(pad_value)
 
-    def forward(self, x):
-        self._check_forward(x)
-        w = self._prepare_forward(x)
-        if self._inference():
-            return self._output(self._infer(x, w))
-        y = BinaryConv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
-                                      self.bias_a, self.pad_value)
-        return self._output(y)
+    def _train_call(self, x, w):
+        return BinaryConv2dForward.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
+                                         self.bias_a, self.pad_value)
 
 
 class _NbitConv2d(_Conv2d):
@@ -507,13 +507,9 @@ class _NbitConv2d(_Conv2d):
                          bias=bias)
         self.a_bit = self.w_bit = self._nbits
 
-    def forward(self, x):
-        self._check_forward(x)
-        w = self._prepare_forward(x)
-        if self._inference():
-            return self._output(self._infer(x, w))
-        return self._output(self._function.apply(x, w, self._scale_a_arg(), self.scale_w, self.training,
-                                                 *self._geometry(), self.bias_a))
+    def _train_call(self, x, w):
+        return self._function.apply(x, w, self._scale_a_arg(), self.scale_w, self.training, *self._geometry(),
+                                    self.bias_a)
 
 
 class Q4Conv2d(_NbitConv2d):
