@@ -110,8 +110,9 @@ class Replay:
     launches. A graph that libbie finds stale (a cuDNN plan it used was released) is recorded
     again. A training step's tensors come from PyTorch's caching allocator, which hands the
     same blocks to the same sequence of allocations, so a step's calls repeat their keys. At most
-    `cap` keys (default _MAX_REPLAYS) are kept; a key whose calls cannot be recorded (or whose stream is being
-    captured) runs them as usual. BIE_REPLAY=0 in the environment turns replays off."""
+    `cap` keys (default _MAX_REPLAYS) are kept; a key whose calls cannot be recorded (or whose
+    stream is being captured) runs them as usual. BIE_REPLAY=0 in the environment turns replays
+    off."""
 
     __slots__ = ("graphs", "ctx", "cap")
 
