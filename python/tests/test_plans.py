@@ -90,7 +90,19 @@ def test_calls_that_cycle_through_more_keys_than_the_cap_never_record(replay, ke
     assert len(ran) == 5 * keys - (3 * keys if records else 0)  # (recorded keys replay from round 3)
 
 
-def test_plan_replays_keep_the_layers_of_one_shape_in_a_large_model():
-    assert _plans._MAX_PLAN_REPLAYS >= 128  # (the four attention projections of 32 layers)
-    assert _plans.Replay(_plans._MAX_PLAN_REPLAYS).cap == _plans._MAX_PLAN_REPLAYS
-    assert _plans.Replay().cap == _plans._MAX_REPLAYS
+def test_run_kept_makes_its_replay_once_with_the_plan_cap(monkeypatch):
+    """run_kept asks replay_for once per call object, for _MAX_PLAN_REPLAYS keys (enough for the
+    four attention projections of 32 layers), and runs the call as usual where it gets none."""
+    assert _plans._MAX_PLAN_REPLAYS >= 128
+    asked = []
+    monkeypatch.setattr(_plans, "replay_for", lambda tensors, cap=None: asked.append(cap))
+
+    class Call:
+        replay, runs = None, 0
+
+        def run(self, ref, tensors):
+            self.runs += 1
+    call = Call()
+    for _ in range(3):
+        _plans.run_kept(call, None, ())
+    assert asked == [_plans._MAX_PLAN_REPLAYS] and call.replay is False and call.runs == 3
