@@ -190,13 +190,17 @@ __device__ __forceinline__ void put_bits8(uint8_t * row, int64_t j, uint32_t byt
     if (!row) return;
     row[j] = n >= 8 ? (uint8_t)byte : (uint8_t)((row[j] & (0xffu << n)) | (byte & ((1u << n) - 1u)));
 }
+// Groups of 8 elements a lane of the packer loads at once (16-byte vectors): 4 of f32, 8 of a 2-byte
+// type, but 4 in the STE form of a 2-byte type, whose kernel (pack_ste_rows) then fits four blocks a
+// multiprocessor: with 8 loads a lane and its heavier work per group only two fit, too few warps
+// to keep the memory busy.
+template <typename T, bool STE> __host__ __device__ constexpr int pack_pu() { return sizeof(T) == 4 || STE ? 4 : 8; }
 // The whole groups of a row that pack_contiguous_rows takes PU at a time: groups j, j + 32, ...
 // below j1 (a lane's share) while PU of them lie inside K, their loads issued before any store
 // (which the compiler may not move them past), so that a row is a few round trips. f(g, raw)
 // takes group g's 8 loaded elements. Returns the first group left.
-template <typename T, typename F>
+template <typename T, int PU, typename F>
 __device__ __forceinline__ int64_t vector_groups(const T * src, int64_t j, int64_t j1, int64_t K, F && f) {
-    constexpr int PU = sizeof(T) == 4 ? 4 : 8;
     for (; (j + 32 * (PU - 1)) * 8 + 8 <= K && j + 32 * (PU - 1) < j1; j += 32 * PU) {
         raw8<T> v[PU];
 #pragma unroll
@@ -227,7 +231,7 @@ __device__ __forceinline__ void group_xprime(const pack_src & p, int64_t g, cons
 template <typename T, bool STE, bool BIAS>
 __device__ __forceinline__ int64_t sign_groups(const pack_src & p, const T * src, int64_t j, int64_t j1, int64_t K,
                                                float s, bool bin_s, uint8_t * dst, uint8_t * mdst, int & cnt) {
-    return vector_groups<T>(src, j, j1, K, [&](int64_t g, const raw8<T> & r) {
+    return vector_groups<T, pack_pu<T, STE>()>(src, j, j1, K, [&](int64_t g, const raw8<T> & r) {
         float f[8];
         uint32_t byte;
         if constexpr (BIAS) {
@@ -259,7 +263,7 @@ __device__ __forceinline__ int64_t code_groups(const pack_src & p, const T * src
                                                float s, uint8_t * dst) {
     const int lo = qlo(p.quant), hi = qhi(p.quant);
     const float inv = __frcp_rn(s);
-    return vector_groups<T>(src, j, j1, K, [&](int64_t g, const raw8<T> & r) {
+    return vector_groups<T, pack_pu<T, false>()>(src, j, j1, K, [&](int64_t g, const raw8<T> & r) {
         float f[8];
         group_xprime<T, BIAS>(p, g, r, f);
         ((uint2 *)dst)[g] = quant_codes8_r(f, s, inv, lo, hi);
@@ -274,7 +278,7 @@ __device__ __forceinline__ int64_t table_groups(const T * src, int64_t j, int64_
                                                 uint32_t period, uint8_t * dst, int & cnt) {
     const uint32_t step = 256u % period; // 32 groups of 8 elements
     uint32_t idx = (uint32_t)qmod(j * 8, period);
-    return vector_groups<T>(src, j, j1, K, [&](int64_t g, const raw8<T> & r) {
+    return vector_groups<T, pack_pu<T, false>()>(src, j, j1, K, [&](int64_t g, const raw8<T> & r) {
         const uint32_t byte = sign_bits8_thr<T>(r, thr + idx);
         dst[g] = (uint8_t)byte;
         cnt += __popc(byte);
@@ -282,9 +286,10 @@ __device__ __forceinline__ int64_t table_groups(const T * src, int64_t j, int64_
         idx = idx >= period ? idx - period : idx;
     });
 }
+// The packer's body, in the kernels below.
 template <typename T, bool STE, bool BIAS>
-__global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
-                                     int64_t seg_groups, ste_out so, uint32_t table) {
+__device__ __forceinline__ void contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
+                                                int64_t seg_groups, ste_out so, uint32_t table) {
     griddep_launch_dependents(); // a few-rows GEMM after it starts at once (and waits for it)
     // table > 0 (binary, bias_a, no clamp, not STE): the sign thresholds of bias elements [0, table)
     extern __shared__ __align__(16) unsigned char pack_smem[];
@@ -356,10 +361,23 @@ __global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, u
         }
     }
 }
+template <typename T, bool STE, bool BIAS>
+__global__ void pack_contiguous_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
+                                     int64_t seg_groups, ste_out so, uint32_t table) {
+    contiguous_rows<T, STE, BIAS>(p, rows, kbytes, out, pop, seg_groups, so, table);
+}
+// The STE form of a 2-byte x, four blocks a multiprocessor (pack_pu).
+template <typename T, bool BIAS>
+__global__ void __launch_bounds__(256, 4) pack_ste_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t * out,
+                                                        int * pop, int64_t seg_groups, ste_out so, uint32_t table) {
+    contiguous_rows<T, true, BIAS>(p, rows, kbytes, out, pop, seg_groups, so, table);
+}
 template <typename T, bool STE>
 void launch_contiguous_kernel(const pack_src & p, unsigned grid, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
                               int64_t seg, const ste_out & so, cudaStream_t stream) {
-    auto kern = p.bias.data ? pack_contiguous_rows<T, STE, true> : pack_contiguous_rows<T, STE, false>;
+    void (*kern)(pack_src, int64_t, int64_t, uint8_t *, int *, int64_t, ste_out, uint32_t);
+    if constexpr (STE && sizeof(T) == 2) kern = p.bias.data ? pack_ste_rows<T, true> : pack_ste_rows<T, false>;
+    else kern = p.bias.data ? pack_contiguous_rows<T, STE, true> : pack_contiguous_rows<T, STE, false>;
     // the thresholds' table: binary sign bits of x + bias_a without a clamp, a table of one period
     // (pixels' channels) or of a row's K elements that fits
     const int64_t n = p.bias_period ? (int64_t)p.bias_period : p.g.K;
@@ -467,7 +485,7 @@ __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t 
 bool launch_contiguous(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream,
                        const ste_out * so) {
     const int64_t groups = so ? (p.g.K + 7) / 8 : p.quant == BIE_QUANT_BINARY ? kbytes : kbytes / 8;
-    const int64_t round = 32 * (p.t.dtype == BIE_DTYPE_F32 ? 4 : 8); // a warp's groups in one vector_groups round
+    const int64_t round = 32 * (p.t.dtype == BIE_DTYPE_F32 || so ? 4 : 8); // a warp's groups in one vector_groups round
     const int64_t seg = pop ? groups : groups >= round && rows * groups >= 64 * round ? round : 32;
     const unsigned grid = grid_for(rows * ((groups + seg - 1) / seg), 8);
     if (so) return launch_contiguous_as<true>(p, grid, rows, kbytes, out, pop, seg, *so, stream);
