@@ -373,8 +373,12 @@ __global__ void __launch_bounds__(256, 4) pack_ste_rows(pack_src p, int64_t rows
     contiguous_rows<T, true, BIAS>(p, rows, kbytes, out, pop, seg_groups, so, table);
 }
 template <typename T, bool STE>
-void launch_contiguous_kernel(const pack_src & p, unsigned grid, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
-                              int64_t seg, const ste_out & so, cudaStream_t stream) {
+void launch_contiguous_kernel(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
+                              int64_t groups, const ste_out & so, cudaStream_t stream) {
+    // a warp's segment of a row (see launch_contiguous); a round: its lanes' pack_pu loads
+    const int64_t round = 32 * pack_pu<T, STE>();
+    const int64_t seg = pop ? groups : groups >= round && rows * groups >= 64 * round ? round : 32;
+    const unsigned grid = grid_for(rows * ((groups + seg - 1) / seg), 8);
     void (*kern)(pack_src, int64_t, int64_t, uint8_t *, int *, int64_t, ste_out, uint32_t);
     if constexpr (STE && sizeof(T) == 2) kern = p.bias.data ? pack_ste_rows<T, true> : pack_ste_rows<T, false>;
     else kern = p.bias.data ? pack_contiguous_rows<T, STE, true> : pack_contiguous_rows<T, STE, false>;
@@ -387,14 +391,13 @@ void launch_contiguous_kernel(const pack_src & p, unsigned grid, int64_t rows, i
     kern<<<grid, 256, smem, stream>>>(p, rows, kbytes, out, pop, seg, so, table ? (uint32_t)n : 0u);
 }
 template <bool STE>
-bool launch_contiguous_as(const pack_src & p, unsigned grid, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
-                          int64_t seg, const ste_out & so, cudaStream_t stream) {
-    if (p.t.dtype == BIE_DTYPE_F32)
-        launch_contiguous_kernel<float, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
+bool launch_contiguous_as(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, int64_t groups,
+                          const ste_out & so, cudaStream_t stream) {
+    if (p.t.dtype == BIE_DTYPE_F32) launch_contiguous_kernel<float, STE>(p, rows, kbytes, out, pop, groups, so, stream);
     else if (p.t.dtype == BIE_DTYPE_F16)
-        launch_contiguous_kernel<__half, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
+        launch_contiguous_kernel<__half, STE>(p, rows, kbytes, out, pop, groups, so, stream);
     else if (p.t.dtype == BIE_DTYPE_BF16)
-        launch_contiguous_kernel<__nv_bfloat16, STE>(p, grid, rows, kbytes, out, pop, seg, so, stream);
+        launch_contiguous_kernel<__nv_bfloat16, STE>(p, rows, kbytes, out, pop, groups, so, stream);
     else return false;
     return true;
 }
@@ -485,11 +488,8 @@ __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t 
 bool launch_contiguous(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream,
                        const ste_out * so) {
     const int64_t groups = so ? (p.g.K + 7) / 8 : p.quant == BIE_QUANT_BINARY ? kbytes : kbytes / 8;
-    const int64_t round = 32 * (p.t.dtype == BIE_DTYPE_F32 || so ? 4 : 8); // a warp's groups in one vector_groups round
-    const int64_t seg = pop ? groups : groups >= round && rows * groups >= 64 * round ? round : 32;
-    const unsigned grid = grid_for(rows * ((groups + seg - 1) / seg), 8);
-    if (so) return launch_contiguous_as<true>(p, grid, rows, kbytes, out, pop, seg, *so, stream);
-    return launch_contiguous_as<false>(p, grid, rows, kbytes, out, pop, seg, ste_out{NULL, NULL, 0, 0}, stream);
+    if (so) return launch_contiguous_as<true>(p, rows, kbytes, out, pop, groups, *so, stream);
+    return launch_contiguous_as<false>(p, rows, kbytes, out, pop, groups, ste_out{NULL, NULL, 0, 0}, stream);
 }
 
 void launch_pack_rows(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream) {
