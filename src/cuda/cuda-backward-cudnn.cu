@@ -110,12 +110,15 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
         return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED,
                              "x: CUDA reads saved bits of a conv as channels-last pixel "
                              "rows on whole bytes");
-    // grad_y as it is when dense NCHW or NHWC, else (broadcast, gapped, misaligned) copied into dense NHWC first
+    // grad_y as it is when dense NHWC, or dense NCHW read by one of the two convolutions; else
+    // (broadcast, gapped, misaligned, or NCHW read by both, which would each turn it into NHWC
+    // first) copied into dense NHWC once
     const int64_t * ys = gy.stride;
     const int64_t P = g.OH * g.OW;
     const bool nchw = ys[3] == 1 && ys[2] == g.OW && ys[1] == P && ys[0] == g.O * P;
     const bool nhwc = ys[1] == 1 && ys[3] == g.O && ys[2] == g.OW * g.O && ys[0] == P * g.O;
-    const bool gy_copy = !(nchw || nhwc) || ((uintptr_t)gy.data % 16) != 0; // (cuDNN's plans take 16-byte alignment)
+    const bool gy_copy = !(nhwc || (nchw && !(want_gx && want_gw))) ||
+                         ((uintptr_t)gy.data % 16) != 0; // (cuDNN's plans take 16-byte alignment)
     const int64_t ynumel = g.batch * g.O * P;
     cudnn_conv_shape k = {(int)g.batch,
                           (int)g.C,
