@@ -117,8 +117,8 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     const int64_t P = g.OH * g.OW;
     const bool nchw = ys[3] == 1 && ys[2] == g.OW && ys[1] == P && ys[0] == g.O * P;
     const bool nhwc = ys[1] == 1 && ys[3] == g.O && ys[2] == g.OW * g.O && ys[0] == P * g.O;
-    const bool gy_copy = !(nhwc || (nchw && !(want_gx && want_gw))) ||
-                         ((uintptr_t)gy.data % 16) != 0; // (cuDNN's plans take 16-byte alignment)
+    const bool in_place = nhwc || (nchw && !(want_gx && want_gw));
+    const bool gy_copy = !in_place || ((uintptr_t)gy.data % 16) != 0; // (cuDNN's plans take 16-byte alignment)
     const int64_t ynumel = g.batch * g.O * P;
     cudnn_conv_shape k = {(int)g.batch,
                           (int)g.C,
