@@ -7,6 +7,8 @@
 //               binary +-1 (x' >= 0 -> +1, NaN -> -1), n-bit clamp(rne(x'/scale_a), lo, hi)
 //   im2col      A[m][k] = P[pixel that tap t of output position m reads][c],  k = t*C + c < K,
 //               the pad value where the tap lies outside the image, 0 for K <= k < ld
+#include <type_traits>
+
 #include "cuda-impl.cuh"
 
 namespace {
@@ -253,6 +255,67 @@ __global__ void pixel_rows_pairs(struct dview t, struct dview bias, int64_t HW, 
     });
 }
 
+// pixel_rows of 2-byte values as they are (no quant, the output of t's dtype), from dense NCHW
+// planes into rows of C % 8 == 0 channels, both 16-byte aligned: a block moves a tile of 64
+// channels x 128 pixels through shared memory, reading each channel's pixels V at a time (V = 8:
+// 16-byte loads, HW % 8 == 0; V = 4: 8-byte loads, HW % 4 == 0; either way a load stays inside one
+// sample) and writing each pixel's channels 8 at a time (16-byte stores). A channel's 16-byte
+// chunks of 8 pixels sit in shared memory at chunk positions XORed with the channel's eighth
+// within the tile (c / 8 % 8), so that the eight channels a write gathers, and the chunks a load
+// puts, fall in different banks. Same values as pixel_rows.
+constexpr int CP_C = 64, CP_P = 128, CP_THREADS = 256;
+
+template <int V>
+__global__ void __launch_bounds__(CP_THREADS)
+    pixel_rows_copy16(const uint16_t * __restrict__ t, int64_t HW, int64_t C, int64_t sn, int64_t sc, int64_t P,
+                      int64_t out_ld, uint16_t * __restrict__ out) {
+    using vec = typename std::conditional<V == 8, uint4, uint2>::type;
+    constexpr int PER_ROW = CP_P / V;                      // loads per channel of the tile
+    constexpr int LOADS = CP_C * PER_ROW / CP_THREADS;     // loads per thread
+    constexpr int STORES = CP_P * (CP_C / 8) / CP_THREADS; // 16-byte stores per thread
+    __shared__ __align__(16) uint16_t tile[CP_C][CP_P];    // [channel][swizzled pixel]
+    const int64_t ptiles = (P + CP_P - 1) / CP_P;
+    const int64_t p0 = (blockIdx.x % ptiles) * CP_P, c0 = (blockIdx.x / ptiles) * CP_C;
+    vec v[LOADS];
+#pragma unroll
+    for (int k = 0; k < LOADS; k++) { // the loads first, all in flight at once
+        const int i = threadIdx.x + CP_THREADS * k, r = i / PER_ROW;
+        const int64_t p = p0 + (i % PER_ROW) * V, c = c0 + r;
+        v[k] = vec{};
+        if (p < P && c < C) {
+            const int64_t n = qdiv(p, HW);
+            v[k] = *(const vec *)(t + n * sn + c * sc + (p - n * HW));
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < LOADS; k++) {
+        const int i = threadIdx.x + CP_THREADS * k, r = i / PER_ROW, e = (i % PER_ROW) * V;
+        const int pos = (((e >> 3) ^ (r >> 3)) << 3) | (e & 7);
+        *(vec *)&tile[r][pos] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < STORES; k++) {
+        const int i = threadIdx.x + CP_THREADS * k, pl = i >> 3, oc = i & 7;
+        const int64_t p = p0 + pl, c = c0 + 8 * oc;
+        if (p >= P || c >= C) continue;
+        const int pos = (((pl >> 3) ^ oc) << 3) | (pl & 7);
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) w[j] = tile[8 * oc + 2 * j][pos] | (uint32_t)tile[8 * oc + 2 * j + 1][pos] << 16;
+        *(uint4 *)(out + row_off(p, c, HW, C, out_ld)) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+template <int V>
+void launch_pixel_rows_copy16(const struct dview & t, int64_t HW, int64_t C, int64_t out_ld, void * out,
+                              cudaStream_t s) {
+    const int64_t P = t.shape[0] * HW;
+    const int64_t blocks = (P + CP_P - 1) / CP_P * ((C + CP_C - 1) / CP_C);
+    pixel_rows_copy16<V><<<(unsigned)blocks, CP_THREADS, 0, s>>>(
+        (const uint16_t *)t.data, HW, C, t.shape[0] > 1 ? t.stride[0] : 0, t.stride[1], P, out_ld, (uint16_t *)out);
+}
+
 // A warp per row of A, units of U (a whole number of units per pixel row of P, cu, and per row of
 // A, ldu) one per lane; the row's (n, oh, ow) is worked out once.
 template <typename U>
@@ -317,6 +380,15 @@ enum bie_status bie_cuda_pixel_rows(bie_context_t * ctx, cudaStream_t s, const s
             launch_pixel_codes((const __nv_bfloat16 *)t.data, bias, n8, C, quant, sc, (int8_t *)out, g8, s);
         else launch_pixel_codes((const float *)t.data, bias, n8, C, quant, sc, (int8_t *)out, g8, s);
         return bie_cuda_check_launch(ctx, "pixel codes (channels-last)");
+    }
+    const int64_t sn = N > 1 ? t.stride[0] : 0;
+    if (!quant && es == 2 && out_dtype == t.dtype && dense_planes && C % 8 == 0 && HW % 4 == 0 && sn % 4 == 0 &&
+        t.stride[1] % 4 == 0 && out_ld % 8 == 0 && (uintptr_t)t.data % 8 == 0 && (uintptr_t)out % 16 == 0 &&
+        (N * HW + CP_P - 1) / CP_P * ((C + CP_C - 1) / CP_C) <= INT32_MAX) {
+        if (HW % 8 == 0 && sn % 8 == 0 && t.stride[1] % 8 == 0 && (uintptr_t)t.data % 16 == 0)
+            launch_pixel_rows_copy16<8>(t, HW, C, out_ld, out, s);
+        else launch_pixel_rows_copy16<4>(t, HW, C, out_ld, out, s);
+        return bie_cuda_check_launch(ctx, "pixel rows (16-byte copy)");
     }
     if (es && dense_planes && HW % 2 == 0 && t.stride[0] % 2 == 0 && t.stride[1] % 2 == 0 &&
         (uintptr_t)t.data % (2 * es) == 0) {

@@ -377,6 +377,19 @@ int main(int argc, char ** argv) {
         random_case(&c, i % 2 ? 2 : 3);
         test_backward(&c, 0, 0);
     }
+    // convs whose dense NCHW f16 / bf16 grad_y is copied to pixel rows by 16- or 8-byte vectors:
+    // O % 8 == 0, OH * OW % 8 == 0 or % 4 == 0 (sizes past a 64 x 128 tile and short of one)
+    for (int i = 0; i < (cuda_test_quick() ? 2 : 8); i++) {
+        struct lcase c;
+        random_case(&c, 2);
+        c.O = c.cd.out_channels = 8 * test_rand_int(1, 40);
+        c.H = 4 * test_rand_int(1, 6) + (i % 2 ? 0 : 2); // stride 1: OH * OW % 8 == 0 or % 4 == 0
+        c.W = i % 2 ? test_rand_int(1, 24) : c.H;
+        c.cd.stride[0] = c.cd.stride[1] = 1;
+        c.gdt = test_rand_int(0, 1) ? BIE_DTYPE_F16 : BIE_DTYPE_BF16;
+        c.ykind = 0;
+        test_backward(&c, 0, 0);
+    }
     // the backward from the bits that bie_binarize_ste saves
     for (int i = 0; i < n / 2; i++) test_binarize(0);
     for (int i = 0; i < (cuda_test_quick() ? 1 : 4); i++) test_binarize(1);
