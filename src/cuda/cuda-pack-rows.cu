@@ -372,13 +372,26 @@ __global__ void __launch_bounds__(256, 4) pack_ste_rows(pack_src p, int64_t rows
                                                         int * pop, int64_t seg_groups, ste_out so, uint32_t table) {
     contiguous_rows<T, true, BIAS>(p, rows, kbytes, out, pop, seg_groups, so, table);
 }
+// The blocks of kern (256 threads, smem bytes) that the current device's multiprocessors hold at
+// once, or 0 where the runtime cannot say (its error then cleared, so that the launch check after
+// the kernel does not take it for the kernel's).
+static int64_t one_wave(const void * kern, size_t smem) {
+    int dev = 0, sms = 0, per_sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, smem) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return (int64_t)sms * per_sm;
+}
 template <typename T, bool STE>
 void launch_contiguous_kernel(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
                               int64_t groups, const ste_out & so, cudaStream_t stream) {
     // a warp's segment of a row (see launch_contiguous); a round: its lanes' pack_pu loads
     const int64_t round = 32 * pack_pu<T, STE>();
     const int64_t seg = pop ? groups : groups >= round && rows * groups >= 64 * round ? round : 32;
-    const unsigned grid = grid_for(rows * ((groups + seg - 1) / seg), 8);
+    const int64_t blocks = grid_for(rows * ((groups + seg - 1) / seg), 8);
     void (*kern)(pack_src, int64_t, int64_t, uint8_t *, int *, int64_t, ste_out, uint32_t);
     if constexpr (STE && sizeof(T) == 2) kern = p.bias.data ? pack_ste_rows<T, true> : pack_ste_rows<T, false>;
     else kern = p.bias.data ? pack_contiguous_rows<T, STE, true> : pack_contiguous_rows<T, STE, false>;
@@ -388,6 +401,10 @@ void launch_contiguous_kernel(const pack_src & p, int64_t rows, int64_t kbytes, 
     const bool table = !STE && p.bias.data && p.quant == BIE_QUANT_BINARY && !(p.s.clamp > 0.0f) && n % 8 == 0 &&
                        n * (int64_t)sizeof(T) <= BIAS_TABLE_BYTES;
     const size_t smem = table ? (size_t)n * sizeof(T) : 0;
+    // with a table, at most one wave of blocks, striding over the segments: each block fills its
+    // table once
+    const int64_t wave = table ? one_wave((const void *)kern, smem) : 0;
+    const unsigned grid = (unsigned)(wave > 0 && wave < blocks ? wave : blocks);
     kern<<<grid, 256, smem, stream>>>(p, rows, kbytes, out, pop, seg, so, table ? (uint32_t)n : 0u);
 }
 template <bool STE>
