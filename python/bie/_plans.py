@@ -142,19 +142,26 @@ class Replay:
         calls()
 
     def _record(self, ctx, key, calls):
-        """Records calls() as key's graph and replays it; False where it could not (calls not run)."""
+        """Records calls() as key's graph and replays it; False where it could not (calls not run).
+        Graphs dropped while it records (by the garbage collector, say) are destroyed after it:
+        destroying one during the recording would invalidate it (_destroy)."""
         lib = ctx.lib
         self.graphs[key] = False
         if lib.bie_cuda_record_begin(ctx.handle):
             return False
-        try:
-            calls()
-        except Exception:  # (nothing ran: the caller makes the calls again, and sees the error)
-            lib.bie_cuda_record_end(ctx.handle, None)
-            return False
         g = ctypes.c_void_p()
-        if lib.bie_cuda_record_end(ctx.handle, ctypes.byref(g)) or not g.value:
-            return False
+        _tls.recording = True
+        try:
+            try:
+                calls()
+            except Exception:  # (nothing ran: the caller makes the calls again, and sees the error)
+                lib.bie_cuda_record_end(ctx.handle, None)
+                return False
+            if lib.bie_cuda_record_end(ctx.handle, ctypes.byref(g)) or not g.value:
+                return False
+        finally:
+            _tls.recording = False
+            _destroy([])
         self.graphs[key] = g
         status = lib.bie_cuda_replay(ctx.handle, g)
         if status:
@@ -178,10 +185,11 @@ _doomed = []  # graphs to destroy once this thread's stream is not being capture
 
 
 def _destroy(graphs):
-    """Destroys the graphs, or keeps them for later while the current stream is being captured into
-    a CUDA graph (destroying one then would end that capture)."""
+    """Destroys the graphs, or keeps them for later while this thread records libbie calls
+    (Replay._record) or its current stream is being captured into a CUDA graph: destroying one then
+    would invalidate that capture."""
     _doomed.extend(graphs)
-    if not _doomed:
+    if not _doomed or getattr(_tls, "recording", False):
         return
     import torch
     if torch.cuda.is_current_stream_capturing():

@@ -2,7 +2,8 @@
 """bie._plans.Replay's policy, on a stand-in for libbie's recording calls (no GPU needed): a key's
 calls run as usual the first time, are recorded and replayed the second, replayed after; a graph
 that fails to replay is dropped and recorded again; a Replay keeps `cap` keys, and calls that cycle
-through more keys than that never record (each key is dropped before it comes back)."""
+through more keys than that never record (each key is dropped before it comes back); graphs
+dropped while calls are recorded are destroyed after the recording, not during it."""
 import pytest
 import torch
 
@@ -14,11 +15,14 @@ class FakeLib:
 
     def __init__(self):
         self.recorded, self.replays, self.fail_replay = 0, [], False
+        self.recording, self.destroyed, self.during = False, [], []
 
     def bie_cuda_record_begin(self, handle):
+        self.recording = True
         return 0
 
     def bie_cuda_record_end(self, handle, graph):
+        self.recording = False
         if graph is not None:
             self.recorded += 1
             graph._obj.value = 0x1000 + self.recorded
@@ -27,6 +31,9 @@ class FakeLib:
     def bie_cuda_replay(self, handle, graph):
         self.replays.append(graph.value)
         return 1 if self.fail_replay else 0
+
+    def bie_cuda_graph_destroy(self, graph):  # (a destruction during a recording would invalidate it)
+        (self.during if self.recording else self.destroyed).append(graph.value)
 
 
 class FakeContext:
@@ -106,3 +113,22 @@ def test_run_kept_makes_its_replay_once_with_the_plan_cap(monkeypatch):
     for _ in range(3):
         _plans.run_kept(call, None, ())
     assert asked == [_plans._MAX_PLAN_REPLAYS] and call.replay is False and call.runs == 3
+
+
+def test_graphs_dropped_during_a_recording_are_destroyed_after_it(monkeypatch):
+    """A Replay dropped while another records (the garbage collector may run anywhere) has its graph
+    destroyed once the recording has ended, and the recording succeeds; nor is the current stream's
+    capture state asked during it."""
+    monkeypatch.setattr(_plans, "_REPLAY", True)
+    ctx = FakeContext()
+    monkeypatch.setattr(_plans._lib, "context", lambda: ctx)
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: asked.append(ctx.lib.recording) or False)
+    old, new = _plans.Replay(4), _plans.Replay(4)
+    for _ in range(2):
+        old.run(ctx, "a", lambda: None)
+    assert ctx.lib.recorded == 1 and len(old.graphs) == 1
+    new.run(ctx, "b", lambda: None)
+    new.run(ctx, "b", old._drop)  # (recorded: old's graph goes while the calls are recorded)
+    assert ctx.lib.recorded == 2 and new.graphs["b"]
+    assert ctx.lib.during == [] and ctx.lib.destroyed == [0x1001] and True not in asked
