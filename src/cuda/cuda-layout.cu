@@ -312,6 +312,7 @@ void launch_pixel_rows_copy16(const struct dview & t, int64_t HW, int64_t C, int
                               cudaStream_t s) {
     const int64_t P = t.shape[0] * HW;
     const int64_t blocks = (P + CP_P - 1) / CP_P * ((C + CP_C - 1) / CP_C);
+    if (blocks == 0) return; // (no pixels or no channels: nothing to copy)
     pixel_rows_copy16<V><<<(unsigned)blocks, CP_THREADS, 0, s>>>(
         (const uint16_t *)t.data, HW, C, t.shape[0] > 1 ? t.stride[0] : 0, t.stride[1], P, out_ld, (uint16_t *)out);
 }
