@@ -181,7 +181,7 @@ class Replay:
 
 _MAX_REPLAYS = 4
 _UNSEEN = object()
-_doomed = []  # graphs to destroy once this thread's stream is not being captured
+_doomed = []  # graphs to destroy once this thread neither records libbie calls nor has its stream captured
 
 
 def _destroy(graphs):

@@ -431,7 +431,7 @@ extern "C" enum bie_status bie_cuda_binarize_ste(bie_context_t * ctx, const stru
         }
         const ste_out so = {(uint8_t *)vb.data, (uint8_t *)vm.data, bits && rows > 1 ? vb.stride[0] * per / 8 : 0,
                             mask && rows > 1 ? vm.stride[0] * per / 8 : 0};
-        if (launch_contiguous(p, rows, 0, NULL, NULL, st->stream, &so)) {
+        if (launch_contiguous(ctx, p, rows, 0, NULL, NULL, st->stream, &so)) {
             LAUNCHED(ctx, "binarize_ste");
             return BIE_STATUS_OK;
         }

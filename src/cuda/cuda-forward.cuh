@@ -45,8 +45,8 @@ struct ste_out {
 
 // Launches pack_contiguous_rows for a float p.t (rows p.t.stride[0] elements apart); false for
 // other dtypes. so: bie_binarize_ste's outputs instead of the GEMM rows `out` (NULL: none).
-bool launch_contiguous(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream,
-                       const ste_out * so = NULL);
+bool launch_contiguous(bie_context_t * ctx, const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
+                       cudaStream_t stream, const ste_out * so = NULL);
 // Queues pack_rows (any view, element by element) or pack_int_rows (contiguous I8/S4 weight rows).
 void launch_pack_rows(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream);
 void launch_pack_int_rows(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, cudaStream_t stream);

@@ -307,14 +307,16 @@ __global__ void __launch_bounds__(CP_THREADS)
     }
 }
 
+// The blocks of pixel_rows_copy16 for P pixels of C channels (0: nothing to copy).
+static int64_t copy16_blocks(int64_t P, int64_t C) { return (P + CP_P - 1) / CP_P * ((C + CP_C - 1) / CP_C); }
+
 template <int V>
-void launch_pixel_rows_copy16(const struct dview & t, int64_t HW, int64_t C, int64_t out_ld, void * out,
+void launch_pixel_rows_copy16(const struct dview & t, int64_t HW, int64_t C, int64_t sn, int64_t out_ld, void * out,
                               cudaStream_t s) {
-    const int64_t P = t.shape[0] * HW;
-    const int64_t blocks = (P + CP_P - 1) / CP_P * ((C + CP_C - 1) / CP_C);
-    if (blocks == 0) return; // (no pixels or no channels: nothing to copy)
-    pixel_rows_copy16<V><<<(unsigned)blocks, CP_THREADS, 0, s>>>(
-        (const uint16_t *)t.data, HW, C, t.shape[0] > 1 ? t.stride[0] : 0, t.stride[1], P, out_ld, (uint16_t *)out);
+    const int64_t P = t.shape[0] * HW, blocks = copy16_blocks(P, C);
+    if (blocks == 0) return;
+    pixel_rows_copy16<V><<<(unsigned)blocks, CP_THREADS, 0, s>>>((const uint16_t *)t.data, HW, C, sn, t.stride[1], P,
+                                                                 out_ld, (uint16_t *)out);
 }
 
 // A warp per row of A, units of U (a whole number of units per pixel row of P, cu, and per row of
@@ -385,10 +387,10 @@ enum bie_status bie_cuda_pixel_rows(bie_context_t * ctx, cudaStream_t s, const s
     const int64_t sn = N > 1 ? t.stride[0] : 0;
     if (!quant && es == 2 && out_dtype == t.dtype && dense_planes && C % 8 == 0 && HW % 4 == 0 && sn % 4 == 0 &&
         t.stride[1] % 4 == 0 && out_ld % 8 == 0 && (uintptr_t)t.data % 8 == 0 && (uintptr_t)out % 16 == 0 &&
-        (N * HW + CP_P - 1) / CP_P * ((C + CP_C - 1) / CP_C) <= INT32_MAX) {
+        copy16_blocks(N * HW, C) <= INT32_MAX) {
         if (HW % 8 == 0 && sn % 8 == 0 && t.stride[1] % 8 == 0 && (uintptr_t)t.data % 16 == 0)
-            launch_pixel_rows_copy16<8>(t, HW, C, out_ld, out, s);
-        else launch_pixel_rows_copy16<4>(t, HW, C, out_ld, out, s);
+            launch_pixel_rows_copy16<8>(t, HW, C, sn, out_ld, out, s);
+        else launch_pixel_rows_copy16<4>(t, HW, C, sn, out_ld, out, s);
         return bie_cuda_check_launch(ctx, "pixel rows (16-byte copy)");
     }
     if (es && dense_planes && HW % 2 == 0 && t.stride[0] % 2 == 0 && t.stride[1] % 2 == 0 &&

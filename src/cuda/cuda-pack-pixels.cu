@@ -214,7 +214,7 @@ enum bie_status pack_pixel_bits(bie_context_t * ctx, cudaStream_t stream, const 
         pp.g.K = g.C * per;
         pp.t.stride[0] = st[3] * per;
         pp.bias_period = per > 1 && p.bias.data ? (uint32_t)g.C : 0;
-        launch_contiguous(pp, pixels / per, g.C * per / 8, scratch, NULL, stream);
+        launch_contiguous(ctx, pp, pixels / per, g.C * per / 8, scratch, NULL, stream);
     } else {
         launch_plane_bits(p, g.H * g.W * (g.C / 32), (uint32_t *)scratch, stream);
     }
@@ -364,7 +364,7 @@ enum bie_status pack_any(bie_context_t * ctx, cudaStream_t stream, const pack_sr
     if (word_pixels(p))
         return launch_im2col_words(ctx, stream, (const uint32_t *)p.t.data, g, st[0] / 32, st[2] / 32, st[3] / 32, rows,
                                    kbytes, (uint32_t *)out, pop);
-    if (contiguous && launch_contiguous(p, rows, kbytes, out, pop, stream)) {
+    if (contiguous && launch_contiguous(ctx, p, rows, kbytes, out, pop, stream)) {
     } else if (contiguous && p.is_weight && p.quant != BIE_QUANT_BINARY &&
                (p.t.dtype == BIE_DTYPE_I8 || p.t.dtype == BIE_DTYPE_S4))
         launch_pack_int_rows(p, rows, kbytes, out, stream);

@@ -372,22 +372,23 @@ __global__ void __launch_bounds__(256, 4) pack_ste_rows(pack_src p, int64_t rows
                                                         int * pop, int64_t seg_groups, ste_out so, uint32_t table) {
     contiguous_rows<T, true, BIAS>(p, rows, kbytes, out, pop, seg_groups, so, table);
 }
-// The blocks of kern (256 threads, smem bytes) that the current device's multiprocessors hold at
-// once, or 0 where the runtime cannot say (its error then cleared, so that the launch check after
-// the kernel does not take it for the kernel's).
-static int64_t one_wave(const void * kern, size_t smem) {
-    int dev = 0, sms = 0, per_sm = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, smem) != cudaSuccess) {
+// The grid of `blocks` blocks of kern (256 threads, smem bytes) capped at one wave: the blocks that
+// the device's sms multiprocessors hold at once. The runtime is asked only for a grid larger than
+// sms; where it cannot say, the grid stays (and its error is cleared, so that the launch check
+// after the kernel does not take it for the kernel's).
+static unsigned one_wave_grid(const void * kern, size_t smem, int64_t blocks, int sms) {
+    int per_sm = 0;
+    if (sms <= 0 || blocks <= sms) return (unsigned)blocks;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, smem) != cudaSuccess) {
         (void)cudaGetLastError();
-        return 0;
+        return (unsigned)blocks;
     }
-    return (int64_t)sms * per_sm;
+    const int64_t wave = (int64_t)sms * per_sm;
+    return (unsigned)(wave > 0 && wave < blocks ? wave : blocks);
 }
 template <typename T, bool STE>
 void launch_contiguous_kernel(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
-                              int64_t groups, const ste_out & so, cudaStream_t stream) {
+                              int64_t groups, const ste_out & so, int sms, cudaStream_t stream) {
     // a warp's segment of a row (see launch_contiguous); a round: its lanes' pack_pu loads
     const int64_t round = 32 * pack_pu<T, STE>();
     const int64_t seg = pop ? groups : groups >= round && rows * groups >= 64 * round ? round : 32;
@@ -403,18 +404,18 @@ void launch_contiguous_kernel(const pack_src & p, int64_t rows, int64_t kbytes, 
     const size_t smem = table ? (size_t)n * sizeof(T) : 0;
     // with a table, at most one wave of blocks, striding over the segments: each block fills its
     // table once
-    const int64_t wave = table ? one_wave((const void *)kern, smem) : 0;
-    const unsigned grid = (unsigned)(wave > 0 && wave < blocks ? wave : blocks);
+    const unsigned grid = table ? one_wave_grid((const void *)kern, smem, blocks, sms) : (unsigned)blocks;
     kern<<<grid, 256, smem, stream>>>(p, rows, kbytes, out, pop, seg, so, table ? (uint32_t)n : 0u);
 }
 template <bool STE>
 bool launch_contiguous_as(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, int64_t groups,
-                          const ste_out & so, cudaStream_t stream) {
-    if (p.t.dtype == BIE_DTYPE_F32) launch_contiguous_kernel<float, STE>(p, rows, kbytes, out, pop, groups, so, stream);
+                          const ste_out & so, int sms, cudaStream_t stream) {
+    if (p.t.dtype == BIE_DTYPE_F32)
+        launch_contiguous_kernel<float, STE>(p, rows, kbytes, out, pop, groups, so, sms, stream);
     else if (p.t.dtype == BIE_DTYPE_F16)
-        launch_contiguous_kernel<__half, STE>(p, rows, kbytes, out, pop, groups, so, stream);
+        launch_contiguous_kernel<__half, STE>(p, rows, kbytes, out, pop, groups, so, sms, stream);
     else if (p.t.dtype == BIE_DTYPE_BF16)
-        launch_contiguous_kernel<__nv_bfloat16, STE>(p, rows, kbytes, out, pop, groups, so, stream);
+        launch_contiguous_kernel<__nv_bfloat16, STE>(p, rows, kbytes, out, pop, groups, so, sms, stream);
     else return false;
     return true;
 }
@@ -502,11 +503,12 @@ __global__ void pack_int_rows(pack_src p, int64_t rows, int64_t kbytes, uint8_t 
 // for one load, not sixteen in turn), else of one round of vector_groups (its PU loads a lane in
 // flight together; whole rows of thousands of groups would leave too few warps, each waiting for
 // round after round).
-bool launch_contiguous(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream,
-                       const ste_out * so) {
+bool launch_contiguous(bie_context_t * ctx, const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop,
+                       cudaStream_t stream, const ste_out * so) {
+    const int sms = bie_cuda_sm_count(ctx);
     const int64_t groups = so ? (p.g.K + 7) / 8 : p.quant == BIE_QUANT_BINARY ? kbytes : kbytes / 8;
-    if (so) return launch_contiguous_as<true>(p, rows, kbytes, out, pop, groups, *so, stream);
-    return launch_contiguous_as<false>(p, rows, kbytes, out, pop, groups, ste_out{NULL, NULL, 0, 0}, stream);
+    if (so) return launch_contiguous_as<true>(p, rows, kbytes, out, pop, groups, *so, sms, stream);
+    return launch_contiguous_as<false>(p, rows, kbytes, out, pop, groups, ste_out{NULL, NULL, 0, 0}, sms, stream);
 }
 
 void launch_pack_rows(const pack_src & p, int64_t rows, int64_t kbytes, uint8_t * out, int * pop, cudaStream_t stream) {
