@@ -7,12 +7,15 @@
 // codes are exact in f16 and bf16), f32 accumulation, no TF32 for f32 (FMA math only).
 // f16 and bf16 go through cuDNN's graph API: per shape, an operation graph of the one convolution,
 // its heuristics' engine configurations in order (those with reduced-precision reductions or
-// down-converted inputs left out: sums stay f32), the first that finalises as an execution plan;
-// each call then only binds the data pointers (a variant pack) and executes the plan. f32 goes
-// through the convolution API, its algorithm measured once per shape (cudnnFind*, no TF32). Both
-// are kept in a small cache per context.
+// down-converted inputs left out: sums stay f32), the first that finalises as an execution plan,
+// and up to GALT deterministic others as alternatives. The first call made outside a CUDA graph
+// capture times them all once and keeps the fastest where it beats the first by a clear margin (a
+// shape first run inside a capture keeps the first); each call then only binds the data pointers
+// (a variant pack) and executes the plan. f32 goes through the convolution API, its algorithm
+// measured once per shape (cudnnFind*, no TF32). Both are kept in a small cache per context.
 #include "cuda-impl.cuh"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,13 +26,21 @@ namespace {
 
 constexpr int CACHE = 64;                  // shapes kept per context
 constexpr size_t ALGO_WS_CAP = 1ull << 30; // largest cuDNN workspace an algorithm may ask for
+// The graph API's alternatives to its heuristics' first plan: at most GALT, each asking for no more
+// workspace than that plan or GALT_WS, kept when faster than it by GALT_MARGIN (measured once).
+constexpr int GALT = 5;
+constexpr int64_t GALT_WS = 32ll << 20;
+constexpr float GALT_MARGIN = 0.9f;
 
 // An execution plan of the graph API and what it holds on to.
 struct gplan {
     cudnnBackendDescriptor_t t[3], conv, op, graph, plan; // (NULL where not made)
-    int64_t uid[3];                                       // the tensors' ids, in the order of run()'s pointers
-    int64_t ws;
-    bool tried, ok;
+    cudnnBackendDescriptor_t alt[GALT];                   // the alternatives, until measured
+    int64_t alt_ws[GALT];
+    int nalt;
+    int64_t uid[3];     // the tensors' ids, in the order of run()'s pointers
+    int64_t ws, ws_all; // the plan's workspace, and the largest of its and the alternatives'
+    bool tried, ok, measured;
 };
 
 struct entry {
@@ -70,14 +81,22 @@ cudnnDataType_t dnn_type(int dt) {
     return dt == BIE_DTYPE_F16 ? CUDNN_DATA_HALF : dt == BIE_DTYPE_BF16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
 }
 
+// Destroys the alternatives not kept.
+void gplan_drop_alts(gplan * g) {
+    for (int i = 0; i < g->nalt; i++)
+        if (g->alt[i]) cudnnBackendDestroyDescriptor(g->alt[i]);
+    g->nalt = 0;
+}
+
 void gplan_destroy(gplan * g) {
+    gplan_drop_alts(g);
     cudnnBackendDescriptor_t * all[7] = {&g->plan, &g->graph, &g->op, &g->conv, &g->t[0], &g->t[1], &g->t[2]};
     for (int i = 0; i < 7; i++)
         if (*all[i]) {
             cudnnBackendDestroyDescriptor(*all[i]);
             *all[i] = NULL;
         }
-    g->tried = g->ok = false;
+    g->tried = g->ok = g->measured = false;
 }
 
 void destroy_entry(entry * e) {
@@ -210,8 +229,9 @@ bool g_tensor(cudnnBackendDescriptor_t * t, int64_t uid, cudnnDataType_t dt, con
     return cudnnBackendFinalize(*t) == CUDNN_STATUS_SUCCESS;
 }
 
-// Whether an engine configuration keeps f32 sums of unconverted inputs.
-bool full_precision(cudnnBackendDescriptor_t cfg) {
+// Whether an engine configuration keeps f32 sums of unconverted inputs (and, deterministic, gives
+// the same bits on every run).
+bool full_precision(cudnnBackendDescriptor_t cfg, bool deterministic) {
     cudnnBackendDescriptor_t engine;
     if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine) != CUDNN_STATUS_SUCCESS) return false;
     int64_t n = 0;
@@ -223,7 +243,8 @@ bool full_precision(cudnnBackendDescriptor_t cfg) {
                                         CUDNN_NUMERICAL_NOTE_TYPE_COUNT, &n, notes) == CUDNN_STATUS_SUCCESS;
     for (int64_t i = 0; ok && i < n; i++)
         if (notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION ||
-            notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
+            notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS ||
+            (deterministic && notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC))
             ok = false;
     cudnnBackendDestroyDescriptor(engine);
     return ok;
@@ -284,7 +305,8 @@ bool g_build(cudnnHandle_t h, const cudnn_conv_shape & k, bool data, gplan * g) 
     if (!set_desc(g->graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, g->op)) return false;
     G_TRY(cudnnBackendSetAttribute(g->graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h));
     G_TRY(cudnnBackendFinalize(g->graph));
-    // the heuristics' configurations, in their order; the first full-precision one that finalises
+    // the heuristics' configurations, in their order; the first full-precision one that finalises,
+    // then the alternatives
     cudnnBackendDescriptor_t heur;
     G_TRY(cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
     const cudnnBackendHeurMode_t hm = CUDNN_HEUR_MODE_A;
@@ -306,8 +328,8 @@ bool g_build(cudnnHandle_t h, const cudnn_conv_shape & k, bool data, gplan * g) 
         int64_t got = 0;
         ok = made == n && cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                                    n, &got, cfg) == CUDNN_STATUS_SUCCESS;
-        for (int64_t i = 0; ok && i < got && !g->plan; i++) {
-            if (!full_precision(cfg[i])) continue;
+        for (int64_t i = 0; ok && i < got && g->nalt < GALT; i++) {
+            if (!full_precision(cfg[i], g->plan != NULL)) continue;
             cudnnBackendDescriptor_t plan;
             if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS)
                 break;
@@ -318,9 +340,14 @@ bool g_build(cudnnHandle_t h, const cudnn_conv_shape & k, bool data, gplan * g) 
                 cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS &&
                 cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &cnt,
                                          &w) == CUDNN_STATUS_SUCCESS &&
-                w >= 0 && (size_t)w <= ALGO_WS_CAP) {
-                g->plan = plan;
-                g->ws = w;
+                w >= 0 && (size_t)w <= ALGO_WS_CAP && (!g->plan || w <= g->ws || w <= GALT_WS)) {
+                if (!g->plan) {
+                    g->plan = plan;
+                    g->ws = w;
+                } else {
+                    g->alt[g->nalt] = plan;
+                    g->alt_ws[g->nalt++] = w;
+                }
             } else {
                 cudnnBackendDestroyDescriptor(plan);
             }
@@ -328,23 +355,88 @@ bool g_build(cudnnHandle_t h, const cudnn_conv_shape & k, bool data, gplan * g) 
     }
     for (int i = 0; i < made; i++) cudnnBackendDestroyDescriptor(cfg[i]);
     cudnnBackendDestroyDescriptor(heur);
+    g->ws_all = g->ws;
+    for (int i = 0; i < g->nalt; i++)
+        if (g->alt_ws[i] > g->ws_all) g->ws_all = g->alt_ws[i]; // (the workspace the measurement needs)
+    g->measured = g->nalt == 0;
     return g->plan != NULL;
 }
 
-// Runs plan g on (weight side, activation side, dY) pointers and the workspace.
-enum bie_status g_run(bie_context_t * ctx, cudnnHandle_t h, const gplan * g, void * w, void * x, const void * dy,
-                      void * ws) {
+// Executes plan p on (weight side, activation side, dY) pointers and the workspace.
+cudnnStatus_t g_exec(cudnnHandle_t h, const gplan * g, cudnnBackendDescriptor_t p, void * w, void * x, const void * dy,
+                     void * ws) {
     cudnnBackendDescriptor_t vp;
-    DNN_TRY(ctx, cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp), "variant pack");
+    cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp);
+    if (s != CUDNN_STATUS_SUCCESS) return s;
     void * ptrs[3] = {w, x, (void *)dy};
-    cudnnStatus_t s = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, g->uid);
+    s = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, 3, g->uid);
     if (s == CUDNN_STATUS_SUCCESS)
         s = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, 3, ptrs);
     if (s == CUDNN_STATUS_SUCCESS)
         s = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
     if (s == CUDNN_STATUS_SUCCESS) s = cudnnBackendFinalize(vp);
-    if (s == CUDNN_STATUS_SUCCESS) s = cudnnBackendExecute(h, g->plan, vp);
+    if (s == CUDNN_STATUS_SUCCESS) s = cudnnBackendExecute(h, p, vp);
     cudnnBackendDestroyDescriptor(vp);
+    return s;
+}
+
+// The median time (ms) of 3 executions of plan p after one to warm it, or -1 where one fails.
+float g_time(cudnnHandle_t h, cudaStream_t stream, const gplan * g, cudnnBackendDescriptor_t p, void * w, void * x,
+             const void * dy, void * ws, cudaEvent_t ev[4]) {
+    if (g_exec(h, g, p, w, x, dy, ws) != CUDNN_STATUS_SUCCESS || cudaEventRecord(ev[0], stream) != cudaSuccess)
+        return -1.0f;
+    for (int r = 1; r < 4; r++)
+        if (g_exec(h, g, p, w, x, dy, ws) != CUDNN_STATUS_SUCCESS || cudaEventRecord(ev[r], stream) != cudaSuccess)
+            return -1.0f;
+    float t[3];
+    if (cudaEventSynchronize(ev[3]) != cudaSuccess) return -1.0f;
+    for (int r = 0; r < 3; r++)
+        if (cudaEventElapsedTime(&t[r], ev[r], ev[r + 1]) != cudaSuccess) return -1.0f;
+    const float lo = fminf(t[0], fminf(t[1], t[2])), hi = fmaxf(t[0], fmaxf(t[1], t[2]));
+    return t[0] + t[1] + t[2] - lo - hi;
+}
+
+// Times g's plan and its alternatives once, on the call's own pointers (each execution writes the
+// whole output, so the last, by the plan kept, leaves the call's result), and keeps the fastest
+// where it takes under GALT_MARGIN of the plan's time. Inside a capture nothing is timed and the
+// plan stays. Errors while timing leave the plan as it was.
+void g_measure(bie_context_t * ctx, cudnnHandle_t h, gplan * g, void * w, void * x, const void * dy, void * ws) {
+    g->measured = true;
+    cudaStream_t stream = ctx->cuda->stream;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+        cudaGetLastError();
+        gplan_drop_alts(g);
+        return;
+    }
+    cudaEvent_t ev[4] = {};
+    int made = 0;
+    while (made < 4 && cudaEventCreate(&ev[made]) == cudaSuccess) made++;
+    if (made == 4) {
+        const float t0 = g_time(h, stream, g, g->plan, w, x, dy, ws, ev);
+        float best = t0 * GALT_MARGIN;
+        int pick = -1;
+        for (int i = 0; t0 > 0.0f && i < g->nalt; i++) {
+            const float t = g_time(h, stream, g, g->alt[i], w, x, dy, ws, ev);
+            if (t > 0.0f && t < best) best = t, pick = i;
+        }
+        if (pick >= 0) {
+            cudnnBackendDestroyDescriptor(g->plan);
+            g->plan = g->alt[pick];
+            g->ws = g->alt_ws[pick];
+            g->alt[pick] = NULL;
+        }
+    }
+    cudaGetLastError();
+    for (int i = 0; i < made; i++) cudaEventDestroy(ev[i]);
+    gplan_drop_alts(g);
+}
+
+// Runs plan g on (weight side, activation side, dY) pointers and the workspace (its first run
+// outside a capture measures the alternatives first).
+enum bie_status g_run(bie_context_t * ctx, cudnnHandle_t h, gplan * g, void * w, void * x, const void * dy, void * ws) {
+    if (!g->measured) g_measure(ctx, h, g, w, x, dy, ws);
+    const cudnnStatus_t s = g_exec(h, g, g->plan, w, x, dy, ws);
     if (s != CUDNN_STATUS_SUCCESS) return fail(ctx, s, "cudnnBackendExecute");
     return BIE_STATUS_OK;
 }
@@ -417,8 +509,9 @@ enum bie_status bie_cudnn_conv_prepare(bie_context_t * ctx, const cudnn_conv_sha
     cudnnHandle_t h;
     BIE_TRY(lookup(ctx, k, dx, dw, &e, &h));
     const bool graph = k.dtype != BIE_DTYPE_F32;
-    const size_t a = !dx ? 0 : graph ? (size_t)e->gdata.ws : e->data_ws;
-    const size_t b = !dw ? 0 : graph ? (size_t)e->gfilter.ws : e->filter_ws;
+    const gplan &gd = e->gdata, &gf = e->gfilter;
+    const size_t a = !dx ? 0 : graph ? (size_t)(gd.measured ? gd.ws : gd.ws_all) : e->data_ws;
+    const size_t b = !dw ? 0 : graph ? (size_t)(gf.measured ? gf.ws : gf.ws_all) : e->filter_ws;
     *ws_bytes = a > b ? a : b;
     return BIE_STATUS_OK;
 }
