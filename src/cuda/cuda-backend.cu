@@ -48,6 +48,9 @@ void bie_cuda_state_destroy(struct bie_cuda_state * state) {
         cudaGetLastError();
     }
     if (state->record_stream) cudaStreamDestroy(state->record_stream);
+    if (state->side) cudaStreamDestroy(state->side);
+    if (state->fork_ev) cudaEventDestroy(state->fork_ev);
+    if (state->join_ev) cudaEventDestroy(state->join_ev);
     free(state);
 }
 
@@ -89,6 +92,36 @@ static enum bie_status ensure_state(bie_context_t * ctx) {
 }
 
 } // extern "C"
+
+enum bie_status bie_cuda_fork(bie_context_t * ctx, cudaStream_t * side) {
+    struct bie_cuda_state * s = ctx->cuda;
+    int dev = -1;
+    CU_TRY(ctx, cudaGetDevice(&dev), "cudaGetDevice");
+    if (s->side && s->side_device != dev) { // (made on another device: made again here)
+        cudaStreamDestroy(s->side);
+        s->side = NULL;
+    }
+    if (!s->side) { // (events left by a failed start, or of another device, go first)
+        if (s->fork_ev) cudaEventDestroy(s->fork_ev);
+        if (s->join_ev) cudaEventDestroy(s->join_ev);
+        s->fork_ev = s->join_ev = NULL;
+        CU_TRY(ctx, cudaEventCreateWithFlags(&s->fork_ev, cudaEventDisableTiming), "cudaEventCreate");
+        CU_TRY(ctx, cudaEventCreateWithFlags(&s->join_ev, cudaEventDisableTiming), "cudaEventCreate");
+        CU_TRY(ctx, cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking), "cudaStreamCreate");
+        s->side_device = dev;
+    }
+    CU_TRY(ctx, cudaEventRecord(s->fork_ev, s->stream), "cudaEventRecord");
+    CU_TRY(ctx, cudaStreamWaitEvent(s->side, s->fork_ev, 0), "cudaStreamWaitEvent");
+    *side = s->side;
+    return BIE_STATUS_OK;
+}
+
+enum bie_status bie_cuda_join(bie_context_t * ctx) {
+    struct bie_cuda_state * s = ctx->cuda;
+    CU_TRY(ctx, cudaEventRecord(s->join_ev, s->side), "cudaEventRecord");
+    CU_TRY(ctx, cudaStreamWaitEvent(s->stream, s->join_ev, 0), "cudaStreamWaitEvent");
+    return BIE_STATUS_OK;
+}
 
 enum bie_status bie_cuda_fail(bie_context_t * ctx, cudaError_t e, const char * what) {
     cudaGetLastError(); // clear a non-sticky error so the next call starts clean

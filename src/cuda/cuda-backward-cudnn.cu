@@ -76,6 +76,8 @@ bool cudnn_route(bie_context_t * ctx, const struct bie_layer_call * c) {
 //   then the STE pass over x with one tap sum per pixel: gx = scale_w * dX (as the GEMM route)
 //   A [N][H][W][C] = activation codes;  dW = conv_weight(A, grad_y);  grad_W = scale_a * dW
 // x is float, or (binary) the sign bits of bie_binarize_ste with their mask (pixel rows on whole bytes).
+// With both gradients asked for, grad_weight's part runs on the context's side stream
+// (bie_cuda_fork), beside grad_x's on stream s.
 enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call * c, cudaStream_t s) {
     const struct dgeom g = dgeom_make(c->g);
     const int gdt = c->grad_y.dtype;
@@ -141,10 +143,12 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
         const int nhwc_st[4] = {(int)(P * g.O), 1, (int)(g.OW * g.O), (int)g.O};
         memcpy(k.gy_stride, nhwc_st, sizeof nhwc_st);
     }
-    size_t dnn_ws = 0;
-    const enum bie_status found = bie_cudnn_conv_prepare(ctx, k, want_gx, want_gw, &dnn_ws);
+    size_t dnn_x = 0, dnn_w = 0; // the two convolutions' cuDNN workspaces
+    const enum bie_status found = bie_cudnn_conv_prepare(ctx, k, want_gx, want_gw, &dnn_x);
     if (found == BIE_STATUS_UNSUPPORTED && !saved) return BIE_DECLINED; // (no algorithm: the GEMM route)
     BIE_TRY(found);
+    BIE_TRY(bie_cudnn_conv_prepare(ctx, k, want_gx, false, &dnn_x));
+    BIE_TRY(bie_cudnn_conv_prepare(ctx, k, false, want_gw, &dnn_w));
 
     const struct dscale sa = dscale_make(c, true), sw = dscale_make(c, false);
     ste_pass_job pj;
@@ -174,24 +178,27 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     if (c->grad_bias_a.data) dview_make(&c->grad_bias_a, &pj.gb);
     if (c->grad_scale_a.data) dview_make(&c->grad_scale_a, &pj.gsa);
 
-    // The workspace: weight codes, dX, activation codes, dW, cuDNN's, the STE pass's, grad_y copied.
-    enum { D_WC, D_DX, D_A, D_DW, D_DNN, D_PASS, D_GY, D_REGIONS };
+    // The workspace: weight codes, dX, activation codes, dW, the two convolutions' cuDNN workspaces,
+    // the STE pass's, grad_y copied.
+    enum { D_WC, D_DX, D_A, D_DW, D_DNNX, D_DNNW, D_PASS, D_GY, D_REGIONS };
     const size_t size[D_REGIONS] = {want_gx ? (size_t)(O * K) * es : 0,
                                     want_gx ? (size_t)xnumel * es : 0,
                                     want_gw ? (size_t)xnumel * es : 0,
                                     want_gw ? (size_t)(O * K) * es : 0,
-                                    dnn_ws,
+                                    dnn_x,
+                                    dnn_w,
                                     want_gx ? bie_cuda_ste_pass_workspace(pj) : 0,
                                     gy_copy ? (size_t)ynumel * es : 0};
     size_t o[D_REGIONS];
     const size_t off = ws_layout(size, o, D_REGIONS);
-    const size_t oWc = o[D_WC], oDX = o[D_DX], oA = o[D_A], oDW = o[D_DW], oDnn = o[D_DNN], oPass = o[D_PASS],
-                 oGy = o[D_GY];
+    const size_t oWc = o[D_WC], oDX = o[D_DX], oA = o[D_A], oDW = o[D_DW], oDnnX = o[D_DNNX], oDnnW = o[D_DNNW],
+                 oPass = o[D_PASS], oGy = o[D_GY];
+    const bool both = want_gx && want_gw; // (grad_weight's work then runs beside grad_x's, on a second stream)
     if (c->plan) {
         snprintf(c->plan->route, sizeof c->plan->route,
-                 "cuda:%d, cuDNN convolutions in %s (grad_x: %s; grad_weight: %s); STE pass by %s; x %s; grad_y %s",
+                 "cuda:%d, cuDNN convolutions in %s (grad_x: %s; grad_weight: %s%s); STE pass by %s; x %s; grad_y %s",
                  (int)c->device_index, bie_dtype_name((enum bie_dtype)gdt), want_gx ? "dgrad" : "not asked",
-                 want_gw ? "wgrad" : "not asked", rows ? "pixel rows" : "tiles",
+                 want_gw ? "wgrad" : "not asked", both ? ", beside grad_x" : "", rows ? "pixel rows" : "tiles",
                  saved ? "from saved bits and mask" : bie_dtype_name((enum bie_dtype)x.dtype),
                  gy_copy ? "copied to dense NHWC"
                  : nhwc  ? "NHWC"
@@ -207,25 +214,33 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
         gyd = ws + oGy;
     }
 
-    if (want_gx) {
-        struct dview wr;
-        const bool w_rows = weight_rows_view(w, g, &wr);
+    // grad_weight's codes, convolution and scaling (on stream t)
+    auto grad_w = [&](cudaStream_t t) -> enum bie_status {
+        if (!(x_rows && launch_codes_rows(xr, xmr, true, xpix, g.C, saved ? bias_none() : bias, (int)c->quant, sa, gdt,
+                                          ws + oA, t)))
+            BIE_TRY(bie_cuda_pixel_rows(ctx, t, x, bias, (int)c->quant, sa, gdt, 0, ws + oA));
+        LAUNCHED(ctx, "activation codes");
+        BIE_TRY(bie_cudnn_conv_wgrad(ctx, t, k, ws + oA, gyd, ws + oDW, ws + oDnnW, dnn_w));
+        launch_grad_w(t, gdt, ws + oDW, g, sa, gwo);
+        LAUNCHED(ctx, "scale grad_weight");
+        return BIE_STATUS_OK;
+    };
+    // grad_x's codes, convolution and STE pass (on stream s)
+    auto grad_x = [&]() -> enum bie_status {
+        struct dview wr; const bool w_rows = weight_rows_view(w, g, &wr);
         if (!(w_rows && (bie_dtype_is_float((enum bie_dtype)w.dtype) || w.dtype == BIE_DTYPE_B1) &&
               launch_codes_rows(wr, bias_none(), true, O, K, bias_none(), (int)c->quant, sw, gdt, ws + oWc, s)))
             launch_weight_codes(s, w, g, (int)c->quant, sw, gdt, 0, ws + oWc);
         LAUNCHED(ctx, "weight codes");
-        BIE_TRY(bie_cudnn_conv_dgrad(ctx, k, ws + oWc, gyd, ws + oDX, ws + oDnn, dnn_ws));
+        BIE_TRY(bie_cudnn_conv_dgrad(ctx, s, k, ws + oWc, gyd, ws + oDX, ws + oDnnX, dnn_x));
         pj.dcol = ws + oDX;
-        BIE_TRY(bie_cuda_ste_pass(ctx, s, pj, ws + oPass));
-    }
-    if (want_gw) {
-        if (!(x_rows && launch_codes_rows(xr, xmr, true, xpix, g.C, saved ? bias_none() : bias, (int)c->quant, sa, gdt,
-                                          ws + oA, s)))
-            BIE_TRY(bie_cuda_pixel_rows(ctx, s, x, bias, (int)c->quant, sa, gdt, 0, ws + oA));
-        LAUNCHED(ctx, "activation codes");
-        BIE_TRY(bie_cudnn_conv_wgrad(ctx, k, ws + oA, gyd, ws + oDW, ws + oDnn, dnn_ws));
-        launch_grad_w(s, gdt, ws + oDW, g, sa, gwo);
-        LAUNCHED(ctx, "scale grad_weight");
-    }
-    return BIE_STATUS_OK;
+        return bie_cuda_ste_pass(ctx, s, pj, ws + oPass);
+    };
+    if (!both) return want_gx ? grad_x() : want_gw ? grad_w(s) : BIE_STATUS_OK;
+    // Both: grad_weight's work forks to the side stream, and the caller's stream joins it at the end
+    // (joined even after an error, so that a capture stays whole).
+    cudaStream_t side;
+    BIE_TRY(bie_cuda_fork(ctx, &side));
+    const enum bie_status sw_st = grad_w(side), sx_st = grad_x(), sj = bie_cuda_join(ctx);
+    return sw_st != BIE_STATUS_OK ? sw_st : sx_st != BIE_STATUS_OK ? sx_st : sj;
 }

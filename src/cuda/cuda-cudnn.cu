@@ -400,11 +400,17 @@ float g_time(cudnnHandle_t h, cudaStream_t stream, const gplan * g, cudnnBackend
 // whole output, so the last, by the plan kept, leaves the call's result), and keeps the fastest
 // where it takes under GALT_MARGIN of the plan's time. Inside a capture nothing is timed and the
 // plan stays. Errors while timing leave the plan as it was.
-void g_measure(bie_context_t * ctx, cudnnHandle_t h, gplan * g, void * w, void * x, const void * dy, void * ws) {
+void g_measure(cudaStream_t stream, cudnnHandle_t h, gplan * g, void * w, void * x, const void * dy, void * ws) {
     g->measured = true;
-    cudaStream_t stream = ctx->cuda->stream;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+        cudaGetLastError();
+        gplan_drop_alts(g);
+        return;
+    }
+    // (the device idle first, so that no work beside the timed runs, such as the other convolution's
+    // on a second stream, skews them)
+    if (cudaDeviceSynchronize() != cudaSuccess) {
         cudaGetLastError();
         gplan_drop_alts(g);
         return;
@@ -432,10 +438,11 @@ void g_measure(bie_context_t * ctx, cudnnHandle_t h, gplan * g, void * w, void *
     gplan_drop_alts(g);
 }
 
-// Runs plan g on (weight side, activation side, dY) pointers and the workspace (its first run
-// outside a capture measures the alternatives first).
-enum bie_status g_run(bie_context_t * ctx, cudnnHandle_t h, gplan * g, void * w, void * x, const void * dy, void * ws) {
-    if (!g->measured) g_measure(ctx, h, g, w, x, dy, ws);
+// Runs plan g on (weight side, activation side, dY) pointers and the workspace, on the handle's
+// stream (its first run outside a capture measures the alternatives first).
+enum bie_status g_run(bie_context_t * ctx, cudaStream_t stream, cudnnHandle_t h, gplan * g, void * w, void * x,
+                      const void * dy, void * ws) {
+    if (!g->measured) g_measure(stream, h, g, w, x, dy, ws);
     const cudnnStatus_t s = g_exec(h, g, g->plan, w, x, dy, ws);
     if (s != CUDNN_STATUS_SUCCESS) return fail(ctx, s, "cudnnBackendExecute");
     return BIE_STATUS_OK;
@@ -516,12 +523,13 @@ enum bie_status bie_cudnn_conv_prepare(bie_context_t * ctx, const cudnn_conv_sha
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_cudnn_conv_dgrad(bie_context_t * ctx, const cudnn_conv_shape & k, const void * w_krsc,
-                                     const void * gy, void * dx_nhwc, void * ws, size_t ws_bytes) {
+enum bie_status bie_cudnn_conv_dgrad(bie_context_t * ctx, cudaStream_t s, const cudnn_conv_shape & k,
+                                     const void * w_krsc, const void * gy, void * dx_nhwc, void * ws, size_t ws_bytes) {
     entry * e;
     cudnnHandle_t h;
     BIE_TRY(lookup(ctx, k, true, false, &e, &h));
-    if (k.dtype != BIE_DTYPE_F32) return g_run(ctx, h, &e->gdata, (void *)w_krsc, dx_nhwc, gy, ws);
+    DNN_TRY(ctx, cudnnSetStream(h, s), "cudnnSetStream");
+    if (k.dtype != BIE_DTYPE_F32) return g_run(ctx, s, h, &e->gdata, (void *)w_krsc, dx_nhwc, gy, ws);
     const float one = 1.0f, zero = 0.0f;
     DNN_TRY(ctx, cudnnSetConvolutionMathType(e->conv, e->data_math), "math type");
     DNN_TRY(ctx,
@@ -531,12 +539,13 @@ enum bie_status bie_cudnn_conv_dgrad(bie_context_t * ctx, const cudnn_conv_shape
     return BIE_STATUS_OK;
 }
 
-enum bie_status bie_cudnn_conv_wgrad(bie_context_t * ctx, const cudnn_conv_shape & k, const void * a_nhwc,
-                                     const void * gy, void * dw_krsc, void * ws, size_t ws_bytes) {
+enum bie_status bie_cudnn_conv_wgrad(bie_context_t * ctx, cudaStream_t s, const cudnn_conv_shape & k,
+                                     const void * a_nhwc, const void * gy, void * dw_krsc, void * ws, size_t ws_bytes) {
     entry * e;
     cudnnHandle_t h;
     BIE_TRY(lookup(ctx, k, false, true, &e, &h));
-    if (k.dtype != BIE_DTYPE_F32) return g_run(ctx, h, &e->gfilter, dw_krsc, (void *)a_nhwc, gy, ws);
+    DNN_TRY(ctx, cudnnSetStream(h, s), "cudnnSetStream");
+    if (k.dtype != BIE_DTYPE_F32) return g_run(ctx, s, h, &e->gfilter, dw_krsc, (void *)a_nhwc, gy, ws);
     const float one = 1.0f, zero = 0.0f;
     DNN_TRY(ctx, cudnnSetConvolutionMathType(e->conv, e->filter_math), "math type");
     DNN_TRY(ctx,
@@ -553,12 +562,12 @@ void bie_cudnn_state_destroy(struct bie_cudnn_state *) {}
 enum bie_status bie_cudnn_conv_prepare(bie_context_t * ctx, const cudnn_conv_shape &, bool, bool, size_t *) {
     return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: this build has no cuDNN");
 }
-enum bie_status bie_cudnn_conv_dgrad(bie_context_t * ctx, const cudnn_conv_shape &, const void *, const void *, void *,
-                                     void *, size_t) {
+enum bie_status bie_cudnn_conv_dgrad(bie_context_t * ctx, cudaStream_t, const cudnn_conv_shape &, const void *,
+                                     const void *, void *, void *, size_t) {
     return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: this build has no cuDNN");
 }
-enum bie_status bie_cudnn_conv_wgrad(bie_context_t * ctx, const cudnn_conv_shape &, const void *, const void *, void *,
-                                     void *, size_t) {
+enum bie_status bie_cudnn_conv_wgrad(bie_context_t * ctx, cudaStream_t, const cudnn_conv_shape &, const void *,
+                                     const void *, void *, void *, size_t) {
     return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: this build has no cuDNN");
 }
 

@@ -42,6 +42,10 @@ struct bie_cuda_state {
     // record_device on first use), which captures them; `stream` is the caller's again at the end.
     cudaStream_t record_stream, record_user;
     int record_device;
+    // bie_cuda_fork / _join: the side stream on side_device and the events of a fork and a join.
+    cudaStream_t side;
+    int side_device;
+    cudaEvent_t fork_ev, join_ev;
     bool recording;
     // What a recorded graph checks before a replay: the state it was recorded with (a number no
     // other state takes) and the epoch, which goes up when something a graph may use is released
@@ -62,13 +66,19 @@ void bie_cudnn_state_destroy(struct bie_cudnn_state * d);
 // Finds (first use of a shape) the algorithms asked for; *ws_bytes: the cuDNN workspace they need.
 enum bie_status bie_cudnn_conv_prepare(bie_context_t * ctx, const cudnn_conv_shape & k, bool dx, bool dw,
                                        size_t * ws_bytes);
-// dx [n][h][w][c] = conv_transpose(grad_y, w [o][kh][kw][c]) (dense NHWC and KRSC, k.dtype).
-enum bie_status bie_cudnn_conv_dgrad(bie_context_t * ctx, const cudnn_conv_shape & k, const void * w_krsc,
-                                     const void * gy, void * dx_nhwc, void * ws, size_t ws_bytes);
-// dw [o][kh][kw][c] = the weight gradient of conv(a [n][h][w][c], .) under grad_y.
-enum bie_status bie_cudnn_conv_wgrad(bie_context_t * ctx, const cudnn_conv_shape & k, const void * a_nhwc,
-                                     const void * gy, void * dw_krsc, void * ws, size_t ws_bytes);
+// dx [n][h][w][c] = conv_transpose(grad_y, w [o][kh][kw][c]) (dense NHWC and KRSC, k.dtype), on stream s.
+enum bie_status bie_cudnn_conv_dgrad(bie_context_t * ctx, cudaStream_t s, const cudnn_conv_shape & k,
+                                     const void * w_krsc, const void * gy, void * dx_nhwc, void * ws, size_t ws_bytes);
+// dw [o][kh][kw][c] = the weight gradient of conv(a [n][h][w][c], .) under grad_y, on stream s.
+enum bie_status bie_cudnn_conv_wgrad(bie_context_t * ctx, cudaStream_t s, const cudnn_conv_shape & k,
+                                     const void * a_nhwc, const void * gy, void * dw_krsc, void * ws, size_t ws_bytes);
 
+// Work beside the context's stream: bie_cuda_fork makes the state's side stream (created on first
+// use, on the current device) wait for what is queued on the context's stream so far, and
+// bie_cuda_join makes the context's stream wait for what is queued on the side stream. Both are
+// event records and waits, so they are captured into CUDA graphs as a fork and a join.
+enum bie_status bie_cuda_fork(bie_context_t * ctx, cudaStream_t * side);
+enum bie_status bie_cuda_join(bie_context_t * ctx);
 // Ensures ctx->cuda exists and the current device is usable; DEVICE_ERROR/UNSUPPORTED otherwise.
 enum bie_status bie_cuda_state_get(bie_context_t * ctx, int device_index, struct bie_cuda_state ** out);
 // Device workspace of at least `bytes` (256-byte aligned), valid until the next call that asks.
