@@ -215,7 +215,7 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
     }
 
     // grad_weight's codes, convolution and scaling (on stream t)
-    auto grad_w = [&](cudaStream_t t) -> enum bie_status {
+    auto grad_w = [&](cudaStream_t t) -> bie_status {
         if (!(x_rows && launch_codes_rows(xr, xmr, true, xpix, g.C, saved ? bias_none() : bias, (int)c->quant, sa, gdt,
                                           ws + oA, t)))
             BIE_TRY(bie_cuda_pixel_rows(ctx, t, x, bias, (int)c->quant, sa, gdt, 0, ws + oA));
@@ -226,8 +226,9 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
         return BIE_STATUS_OK;
     };
     // grad_x's codes, convolution and STE pass (on stream s)
-    auto grad_x = [&]() -> enum bie_status {
-        struct dview wr; const bool w_rows = weight_rows_view(w, g, &wr);
+    auto grad_x = [&]() -> bie_status {
+        struct dview wr;
+        const bool w_rows = weight_rows_view(w, g, &wr);
         if (!(w_rows && (bie_dtype_is_float((enum bie_dtype)w.dtype) || w.dtype == BIE_DTYPE_B1) &&
               launch_codes_rows(wr, bias_none(), true, O, K, bias_none(), (int)c->quant, sw, gdt, ws + oWc, s)))
             launch_weight_codes(s, w, g, (int)c->quant, sw, gdt, 0, ws + oWc);
