@@ -144,11 +144,9 @@ enum bie_status backward_cudnn(bie_context_t * ctx, const struct bie_layer_call 
         memcpy(k.gy_stride, nhwc_st, sizeof nhwc_st);
     }
     size_t dnn_x = 0, dnn_w = 0; // the two convolutions' cuDNN workspaces
-    const enum bie_status found = bie_cudnn_conv_prepare(ctx, k, want_gx, want_gw, &dnn_x);
+    const enum bie_status found = bie_cudnn_conv_prepare(ctx, k, want_gx, want_gw, &dnn_x, &dnn_w);
     if (found == BIE_STATUS_UNSUPPORTED && !saved) return BIE_DECLINED; // (no algorithm: the GEMM route)
     BIE_TRY(found);
-    BIE_TRY(bie_cudnn_conv_prepare(ctx, k, want_gx, false, &dnn_x));
-    BIE_TRY(bie_cudnn_conv_prepare(ctx, k, false, want_gw, &dnn_w));
 
     const struct dscale sa = dscale_make(c, true), sw = dscale_make(c, false);
     ste_pass_job pj;

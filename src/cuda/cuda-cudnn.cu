@@ -35,12 +35,12 @@ constexpr float GALT_MARGIN = 0.9f;
 // An execution plan of the graph API and what it holds on to.
 struct gplan {
     cudnnBackendDescriptor_t t[3], conv, op, graph, plan; // (NULL where not made)
-    cudnnBackendDescriptor_t alt[GALT];                   // the alternatives, until measured
+    cudnnBackendDescriptor_t alt[GALT];                   // the alternatives still to be timed
     int64_t alt_ws[GALT];
-    int nalt;
-    int64_t uid[3];     // the tensors' ids, in the order of run()'s pointers
-    int64_t ws, ws_all; // the plan's workspace, and the largest of its and the alternatives'
-    bool tried, ok, measured;
+    int nalt;       // (0 once timed, or when there are none)
+    int64_t uid[3]; // the tensors' ids, in the order of run()'s pointers
+    int64_t ws;     // the plan's workspace
+    bool tried, ok;
 };
 
 struct entry {
@@ -96,7 +96,15 @@ void gplan_destroy(gplan * g) {
             cudnnBackendDestroyDescriptor(*all[i]);
             *all[i] = NULL;
         }
-    g->tried = g->ok = g->measured = false;
+    g->tried = g->ok = false;
+}
+
+// The workspace g's next run needs: its plan's, and while the alternatives wait to be timed on
+// that run, the largest of theirs too.
+size_t gplan_ws(const gplan & g) {
+    int64_t w = g.ws;
+    for (int i = 0; i < g.nalt; i++) w = g.alt_ws[i] > w ? g.alt_ws[i] : w;
+    return (size_t)w;
 }
 
 void destroy_entry(entry * e) {
@@ -355,10 +363,6 @@ bool g_build(cudnnHandle_t h, const cudnn_conv_shape & k, bool data, gplan * g) 
     }
     for (int i = 0; i < made; i++) cudnnBackendDestroyDescriptor(cfg[i]);
     cudnnBackendDestroyDescriptor(heur);
-    g->ws_all = g->ws;
-    for (int i = 0; i < g->nalt; i++)
-        if (g->alt_ws[i] > g->ws_all) g->ws_all = g->alt_ws[i]; // (the workspace the measurement needs)
-    g->measured = g->nalt == 0;
     return g->plan != NULL;
 }
 
@@ -401,16 +405,11 @@ float g_time(cudnnHandle_t h, cudaStream_t stream, const gplan * g, cudnnBackend
 // where it takes under GALT_MARGIN of the plan's time. Inside a capture nothing is timed and the
 // plan stays. Errors while timing leave the plan as it was.
 void g_measure(cudaStream_t stream, cudnnHandle_t h, gplan * g, void * w, void * x, const void * dy, void * ws) {
-    g->measured = true;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-        cudaGetLastError();
-        gplan_drop_alts(g);
-        return;
-    }
     // (the device idle first, so that no work beside the timed runs, such as the other convolution's
     // on a second stream, skews them)
-    if (cudaDeviceSynchronize() != cudaSuccess) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone ||
+        cudaDeviceSynchronize() != cudaSuccess) {
         cudaGetLastError();
         gplan_drop_alts(g);
         return;
@@ -442,7 +441,7 @@ void g_measure(cudaStream_t stream, cudnnHandle_t h, gplan * g, void * w, void *
 // stream (its first run outside a capture measures the alternatives first).
 enum bie_status g_run(bie_context_t * ctx, cudaStream_t stream, cudnnHandle_t h, gplan * g, void * w, void * x,
                       const void * dy, void * ws) {
-    if (!g->measured) g_measure(stream, h, g, w, x, dy, ws);
+    if (g->nalt) g_measure(stream, h, g, w, x, dy, ws);
     const cudnnStatus_t s = g_exec(h, g, g->plan, w, x, dy, ws);
     if (s != CUDNN_STATUS_SUCCESS) return fail(ctx, s, "cudnnBackendExecute");
     return BIE_STATUS_OK;
@@ -511,15 +510,13 @@ void bie_cudnn_state_destroy(struct bie_cudnn_state * d) {
 }
 
 enum bie_status bie_cudnn_conv_prepare(bie_context_t * ctx, const cudnn_conv_shape & k, bool dx, bool dw,
-                                       size_t * ws_bytes) {
+                                       size_t * dx_ws, size_t * dw_ws) {
     entry * e;
     cudnnHandle_t h;
     BIE_TRY(lookup(ctx, k, dx, dw, &e, &h));
     const bool graph = k.dtype != BIE_DTYPE_F32;
-    const gplan &gd = e->gdata, &gf = e->gfilter;
-    const size_t a = !dx ? 0 : graph ? (size_t)(gd.measured ? gd.ws : gd.ws_all) : e->data_ws;
-    const size_t b = !dw ? 0 : graph ? (size_t)(gf.measured ? gf.ws : gf.ws_all) : e->filter_ws;
-    *ws_bytes = a > b ? a : b;
+    *dx_ws = !dx ? 0 : graph ? gplan_ws(e->gdata) : e->data_ws;
+    *dw_ws = !dw ? 0 : graph ? gplan_ws(e->gfilter) : e->filter_ws;
     return BIE_STATUS_OK;
 }
 
@@ -559,7 +556,7 @@ enum bie_status bie_cudnn_conv_wgrad(bie_context_t * ctx, cudaStream_t s, const 
 
 bool bie_cudnn_present(void) { return false; }
 void bie_cudnn_state_destroy(struct bie_cudnn_state *) {}
-enum bie_status bie_cudnn_conv_prepare(bie_context_t * ctx, const cudnn_conv_shape &, bool, bool, size_t *) {
+enum bie_status bie_cudnn_conv_prepare(bie_context_t * ctx, const cudnn_conv_shape &, bool, bool, size_t *, size_t *) {
     return bie_set_error(ctx, BIE_STATUS_UNSUPPORTED, "cuda: this build has no cuDNN");
 }
 enum bie_status bie_cudnn_conv_dgrad(bie_context_t * ctx, cudaStream_t, const cudnn_conv_shape &, const void *,

@@ -63,9 +63,10 @@ struct bie_cudnn_state;
 // Whether this build has cuDNN.
 bool bie_cudnn_present(void);
 void bie_cudnn_state_destroy(struct bie_cudnn_state * d);
-// Finds (first use of a shape) the algorithms asked for; *ws_bytes: the cuDNN workspace they need.
+// Finds (first use of a shape) the algorithms asked for; *dx_ws, *dw_ws: the cuDNN workspaces that
+// the dgrad and the wgrad need (0 for one not asked for).
 enum bie_status bie_cudnn_conv_prepare(bie_context_t * ctx, const cudnn_conv_shape & k, bool dx, bool dw,
-                                       size_t * ws_bytes);
+                                       size_t * dx_ws, size_t * dw_ws);
 // dx [n][h][w][c] = conv_transpose(grad_y, w [o][kh][kw][c]) (dense NHWC and KRSC, k.dtype), on stream s.
 enum bie_status bie_cudnn_conv_dgrad(bie_context_t * ctx, cudaStream_t s, const cudnn_conv_shape & k,
                                      const void * w_krsc, const void * gy, void * dx_nhwc, void * ws, size_t ws_bytes);
